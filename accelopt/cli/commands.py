@@ -1,0 +1,75 @@
+"""``accelopt plugins`` and ``accelopt matrix``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from rich.console import Console
+from rich.table import Table
+
+from accelopt.errors import UserError
+from accelopt.plugin import Registry, valid_combinations
+
+
+def list_plugins(args: list[str]) -> int:
+    """A table of installed plugins: what each does and how it combines with others."""
+    parser = argparse.ArgumentParser(prog="accelopt plugins", description=list_plugins.__doc__)
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    opts = parser.parse_args(args)
+    registry = Registry.discover()
+    specs = registry.all()
+    if opts.json:
+        print(json.dumps([_describe(s, registry) for s in specs], indent=2))
+        return 0
+    table = Table(title="installed accelopt plugins (installed is not enabled: +plugins=[...])")
+    for column in ("name", "description", "slots", "requires", "conflicts", "order", "source"):
+        table.add_column(column, overflow="fold")
+    for spec in specs:
+        d = _describe(spec, registry)
+        table.add_row(d["name"], d["description"], ", ".join(d["slots"]),
+                      ", ".join(d["requires"]), ", ".join(d["conflicts"]), d["order"], d["source"])
+    console = Console()
+    console.print(table)
+    for name, reason in sorted(registry.broken.items()):
+        console.print(f"[red]broken[/red] {name}: {reason}")
+    if not specs:
+        console.print("no plugins installed (or ACCELOPT_DISABLE_PLUGIN_AUTOLOAD is set)")
+    return 0
+
+
+def _describe(spec, registry: Registry) -> dict:
+    ep = registry.entry_points.get(spec.name)
+    order = " ".join([*(f"before:{n}" for n in spec.before), *(f"after:{n}" for n in spec.after)])
+    return {
+        "name": spec.name,
+        "description": spec.description,
+        "slots": list(spec.slots),
+        "requires": list(spec.requires),
+        "conflicts": list(spec.conflicts),
+        "order": order,
+        "source": ep.value if ep is not None else "added in code",
+    }
+
+
+def matrix(args: list[str]) -> int:
+    """Valid plugin combinations as a GitHub Actions matrix (JSON) or a Hydra sweep."""
+    parser = argparse.ArgumentParser(prog="accelopt matrix", description=matrix.__doc__)
+    parser.add_argument("--plugins", default="", help="comma-separated subset (default: all)")
+    parser.add_argument("--max-size", type=int, default=None, help="largest combination size")
+    parser.add_argument("--format", choices=("json", "hydra"), default="json",
+                        help="json: {'include': [...]} for strategy.matrix; hydra: a -m override")
+    opts = parser.parse_args(args)
+    registry = Registry.discover()
+    names = [n for n in opts.plugins.split(",") if n]
+    specs = [registry.get(n) for n in names] if names else registry.all()
+    if opts.max_size is not None and opts.max_size < 0:
+        raise UserError("--max-size must be >= 0")
+    combos = valid_combinations(specs, opts.max_size)
+    if opts.format == "hydra":
+        print("+plugins=" + ",".join(f"[{','.join(c)}]" for c in combos))
+    else:
+        include = [{"name": "+".join(c) or "baseline", "plugins": f"[{','.join(c)}]"}
+                   for c in combos]
+        print(json.dumps({"include": include}))
+    return 0

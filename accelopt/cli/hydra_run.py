@@ -1,0 +1,157 @@
+"""``accelopt run``: compose the config with Hydra, validate it up front, execute it.
+
+Hydra prints its own multi-line errors (and exit code 1) when composition fails. We want
+one line and exit code 2 for every user mistake, so before handing the command line to
+Hydra we compose each requested configuration ourselves with Hydra's compose API and turn
+any failure into a :class:`ConfigError`. Unknown plugin names are caught even earlier, from
+the parsed overrides, so the message can list the installed plugins and the closest match.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from pathlib import Path
+from typing import Any
+
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
+from omegaconf import DictConfig, OmegaConf
+
+from accelopt.config import register_plugin_configs, register_schema
+from accelopt.errors import AccelOptError, ConfigError, JobsUnfinished
+from accelopt.plugin import Registry, resolve
+
+HYDRA_PASSTHROUGH_FLAGS = ("--help", "-h", "--hydra-help", "--info", "-i", "--cfg", "-c",
+                           "--resolve", "--package", "-p", "--shell-completion", "-sc")
+
+
+def config_dir() -> str:
+    """The directory of ``configs/``: in a checkout, an editable or a wheel install alike."""
+    import accelopt.configs
+
+    return str(Path(accelopt.configs.__file__).parent)
+
+
+def plugin_selections(overrides: list[str]) -> list[list[str]]:
+    """Every plugin list the command line asks for (several with ``-m`` sweeps)."""
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except HydraException as exc:
+        raise ConfigError(f"cannot parse the overrides: {_first_line(exc)}") from None
+    selections: list[list[str]] = []
+    for override in parsed:
+        if override.key_or_group != "plugins":
+            continue
+        if override.is_sweep_override():
+            values = list(override.sweep_iterator())
+        else:
+            values = [override.value()]
+        for value in values:
+            names = value if isinstance(value, list) else [value]
+            selections.append([str(n) for n in names])
+    return selections or [[]]
+
+
+def expand_sweeps(overrides: list[str]) -> list[list[str]]:
+    """The cartesian product of ``-m`` sweep overrides, as plain override lists."""
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    choices: list[list[str]] = []
+    for override in parsed:
+        if override.is_sweep_override():
+            key = override.get_key_element()
+            choices.append([f"{key}={v}" for v in override.sweep_string_iterator()])
+        else:
+            choices.append([override.input_line])
+    return [list(combo) for combo in itertools.product(*choices)]
+
+
+def prepare(overrides: list[str], registry: Registry, multirun: bool) -> None:
+    """Load the selected plugins, register configs, and compose every requested config
+    once so that any mistake surfaces as one line before Hydra starts."""
+    selections = plugin_selections(overrides)
+    specs = {}
+    for names in selections:
+        for spec in resolve(names, registry):
+            specs[spec.name] = spec
+    register_schema()
+    register_plugin_configs(list(specs.values()))
+    for combo in expand_sweeps(overrides) if multirun else [overrides]:
+        compose_checked(combo)
+
+
+def compose_checked(overrides: list[str]) -> DictConfig:
+    """Compose one configuration with Hydra's compose API; errors become one line."""
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
+            cfg = compose("config", overrides=overrides)
+            OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+            return cfg
+    except HydraException as exc:
+        raise ConfigError(describe_config_error(exc)) from None
+    except Exception as exc:  # omegaconf's ValidationError and friends
+        raise ConfigError(describe_config_error(exc)) from None
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def describe_config_error(exc: BaseException) -> str:
+    """One line naming the key and what was expected, from Hydra/OmegaConf's errors."""
+    cause: Any = exc
+    while getattr(cause, "__cause__", None) is not None:
+        cause = cause.__cause__
+    key = getattr(cause, "full_key", None)
+    message = _first_line(cause if cause is not exc else exc)
+    if "Could not override" in str(exc) or "Could not append" in str(exc):
+        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+        return "; ".join(lines[:2])
+    return f"{key}: {message}" if key else message
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def run_hydra(args: list[str], registry: Registry, debug: bool) -> int:
+    """Hand the command line to Hydra (single run or ``-m`` multirun)."""
+    import hydra
+
+    from accelopt.runtime.run import execute
+
+    exit_code = 0
+
+    @hydra.main(version_base="1.3", config_path=config_dir(), config_name="config")
+    def task(cfg: DictConfig) -> None:
+        nonlocal exit_code
+        from hydra.core.hydra_config import HydraConfig
+
+        run_dir = Path(HydraConfig.get().runtime.output_dir)
+        try:
+            record = execute(cfg, run_dir=run_dir, registry=registry)
+            unfinished = [j for j in record.jobs if j.status in ("failed", "rejected")]
+            if unfinished:
+                first = unfinished[0]
+                raise JobsUnfinished(
+                    f"{len(unfinished)} of {len(record.jobs)} jobs did not complete; "
+                    f"'{first.job.name}' {first.status}: {first.error} "
+                    f"(outputs kept in {run_dir})"
+                )
+        except AccelOptError as exc:
+            if debug:
+                raise
+            print(f"error: {exc}", file=sys.stderr)
+            exit_code = exc.exit_code
+            if not HydraConfig.get().mode.name == "MULTIRUN":
+                raise SystemExit(exc.exit_code) from None
+
+    saved = sys.argv
+    sys.argv = ["accelopt run", *args]
+    try:
+        task()
+    finally:
+        sys.argv = saved
+    return exit_code

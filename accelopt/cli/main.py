@@ -1,0 +1,124 @@
+"""The ``accelopt`` command: run, plugins, matrix, new-plugin, and plugins' own subcommands.
+
+User mistakes print ``error: <one line>`` and exit 2; a plugin's own exception exits 1 with
+a line naming the plugin and hook. ``--debug`` (anywhere on the line) or
+``ACCELOPT_DEBUG=1`` shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import sys
+import warnings
+from collections.abc import Callable
+
+from accelopt.errors import AccelOptError, UserError
+from accelopt.plugin import Registry
+
+CORE_COMMANDS: dict[str, str] = {
+    "run": "run the configured workload (Hydra overrides; -m for a sweep)",
+    "plugins": "list installed plugins",
+    "matrix": "print valid plugin combinations for a CI matrix / Hydra sweep",
+    "new-plugin": "scaffold an installable third-party plugin package",
+}
+
+USAGE = """usage: accelopt COMMAND [ARGS...]
+
+  accelopt run                                  the default workload, no plugins
+  accelopt run +plugins=[noop] workload=trace   compose plugins and pick a workload
+  accelopt run -m '+plugins=[],[noop]'          Hydra multirun sweep
+  accelopt plugins | matrix | new-plugin NAME
+
+commands:
+"""
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in args or os.environ.get("ACCELOPT_DEBUG", "") not in ("", "0")
+    args = [a for a in args if a != "--debug"]
+    warnings.simplefilter("default", RuntimeWarning)
+    try:
+        code = dispatch(args, debug)
+    except AccelOptError as exc:
+        if debug:
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        code = exc.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        code = 130
+    sys.exit(code)
+
+
+def dispatch(args: list[str], debug: bool) -> int:
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(_usage(Registry.discover()))
+        return 0
+    command, rest = args[0], args[1:]
+    if command == "run":
+        return _run(rest, debug)
+    if command == "plugins":
+        from accelopt.cli.commands import list_plugins
+
+        return list_plugins(rest)
+    if command == "matrix":
+        from accelopt.cli.commands import matrix
+
+        return matrix(rest)
+    if command == "new-plugin":
+        from accelopt.cli.scaffold import new_plugin_command
+
+        return new_plugin_command(rest)
+    registry = Registry.discover()
+    plugin_commands = plugin_cli_commands(registry)
+    if command in plugin_commands:
+        return int(plugin_commands[command](rest) or 0)
+    known = [*CORE_COMMANDS, *plugin_commands]
+    close = difflib.get_close_matches(command, known, n=1)
+    hint = f"; did you mean '{close[0]}'?" if close else ""
+    raise UserError(f"unknown command '{command}'{hint} (commands: {', '.join(known)})")
+
+
+def _run(rest: list[str], debug: bool) -> int:
+    from accelopt.cli.hydra_run import HYDRA_PASSTHROUGH_FLAGS, prepare, run_hydra
+
+    registry = Registry.discover()
+    multirun = "-m" in rest or "--multirun" in rest
+    overrides = [a for a in rest if not a.startswith("-")]
+    passthrough = any(a.split("=")[0] in HYDRA_PASSTHROUGH_FLAGS for a in rest)
+    prepare(overrides, registry, multirun=multirun and not passthrough)
+    return run_hydra(rest, registry, debug)
+
+
+def plugin_cli_commands(registry: Registry) -> dict[str, Callable[[list[str]], int]]:
+    """Subcommands contributed by installed plugins through ``accelopt_cli_commands``."""
+    from accelopt.host import PluginHost
+
+    commands: dict[str, Callable[[list[str]], int]] = {}
+    for spec in registry.all():
+        try:
+            host = PluginHost([(spec, spec.instantiate())])
+            answers = host.call("accelopt_cli_commands")
+        except Exception as exc:
+            warnings.warn(f"plugin '{spec.name}' could not list its commands: {exc}",
+                          RuntimeWarning, stacklevel=2)
+            continue
+        for answer in answers:
+            for command in answer or []:
+                if command.name in CORE_COMMANDS or command.name in commands:
+                    warnings.warn(f"plugin '{spec.name}': command '{command.name}' is already "
+                                  "taken; ignored", RuntimeWarning, stacklevel=2)
+                    continue
+                commands[command.name] = command.run
+    return commands
+
+
+def _usage(registry: Registry) -> str:
+    lines = [f"  {name:<12} {text}" for name, text in CORE_COMMANDS.items()]
+    return USAGE + "\n".join(lines)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

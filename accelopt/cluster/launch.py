@@ -1,0 +1,210 @@
+"""Starting the processes of a cluster run and collecting what they measured.
+
+Locally, :func:`run_cluster` spawns one process per rank with ``torch.multiprocessing``
+(spawn context), optionally inside a shaped network namespace, watches them and returns a
+:class:`ClusterOutcome`. Under ``torchrun`` (RANK, WORLD_SIZE, MASTER_ADDR set) this
+process *is* one rank: nothing is spawned, and rank 0's outcome carries every rank's data.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import signal
+import socket
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch.multiprocessing as mp
+from omegaconf import DictConfig, OmegaConf
+
+from accelopt.cluster import faults, netns
+from accelopt.cluster.outcome import build_outcome
+from accelopt.cluster.rank import RankResult, job_spec, run_rank
+from accelopt.cluster.settings import ClusterSettings, settings_from
+from accelopt.errors import ConfigError
+from accelopt.records import JobResult, Span
+from accelopt.types import ReportRow
+
+TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR")
+
+
+@dataclass
+class ClusterOutcome:
+    """What a cluster run hands back to the single-process runner.
+
+    ``results``: one JobResult for the job (losses are the global batch's); ``spans``: every
+    rank's timeline (process ``"rank N (role)"``, tracks ``compute``, ``wait``,
+    ``iteration`` and ``link A->B``); ``metrics``: flat run-level figures;
+    ``plugin_rows``: the ranks' report rows, deduplicated; ``state``: the trained
+    parameters (plus the first worker's buffers); ``primary``: False on torchrun ranks other
+    than 0, which should write no outputs.
+    """
+
+    results: list[JobResult] = field(default_factory=list)
+    spans: list[Span] = field(default_factory=list)
+    metrics: dict[str, Any] = field(default_factory=dict)
+    plugin_rows: list[ReportRow] = field(default_factory=list)
+    state: dict[str, Any] = field(default_factory=dict)
+    per_iteration: list[dict[str, Any]] = field(default_factory=list)
+    ranks: list[RankResult] = field(default_factory=list)
+    primary: bool = True
+
+
+def under_torchrun(env: dict[str, str] | None = None) -> bool:
+    env = dict(os.environ) if env is None else env
+    return all(env.get(v) for v in TORCHRUN_VARS)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def validate(cfg: DictConfig, settings: ClusterSettings) -> None:
+    spec = job_spec(cfg)
+    if spec.kind != "train":
+        raise ConfigError(
+            f"job '{spec.name}': cluster runs train; set kind: train or cluster.mode=none"
+        )
+    if spec.batch_size < settings.workers:
+        raise ConfigError(
+            f"job '{spec.name}': batch_size {spec.batch_size} is smaller than "
+            f"cluster.workers={settings.workers}; every worker needs at least one sample"
+        )
+
+
+def run_cluster(cfg: DictConfig, *, run_dir: str | os.PathLike[str] = ".",
+                console: Any = None) -> ClusterOutcome:
+    """Run ``cfg.workload.jobs[0]`` data-parallel as ``cfg.cluster`` says."""
+    settings = settings_from(cfg.cluster)
+    validate(cfg, settings)
+    t0 = time.time()
+    if under_torchrun():
+        return _run_torchrun(cfg, settings, t0, str(run_dir))
+    if settings.shaped:
+        netns.check_possible(netns.Shape(settings.bandwidth_bps, settings.latency_s))
+    if console is not None:
+        console.print(_banner(settings))
+    with tempfile.TemporaryDirectory(prefix="accelopt-cluster-") as work:
+        ranks = _spawn(cfg, settings, t0, work, str(run_dir))
+    return build_outcome(ranks, settings, cfg)
+
+
+def _banner(s: ClusterSettings) -> str:
+    who = f"{s.workers} workers" + (f" + {s.servers} servers" if s.mode == "ps" else "")
+    net = ""
+    if s.shaped:
+        bw = f"{s.bandwidth_bps / 1e6:g} Mbit/s" if s.bandwidth_bps else "unlimited"
+        lat = f", {s.latency_s * 1e3:g} ms" if s.latency_s else ""
+        net = f", shaped loopback {bw}{lat}"
+    return f"cluster: {s.mode} mode, {who}{net}"
+
+
+def _spawn(cfg: DictConfig, settings: ClusterSettings, t0: float, work: str,
+           run_dir: str) -> list[RankResult]:
+    cfg_yaml = OmegaConf.to_yaml(cfg, resolve=True)
+    shape = netns.Shape(settings.bandwidth_bps, settings.latency_s)
+    space = netns.Namespace(shape) if settings.shaped else contextlib.nullcontext()
+    with _terminate_on_sigterm(), space as ns:
+        port = settings.master_port or free_port()
+        name = ns.name if ns is not None else None
+        ctx = mp.get_context("spawn")
+        children = []
+        watchdog = faults.Watchdog(children, work)
+        try:
+            for rank in range(settings.world_size):
+                proc = ctx.Process(
+                    target=child_main,
+                    args=(rank, settings.world_size, cfg_yaml, port, t0, work, name, run_dir),
+                    name=f"accelopt-rank{rank}",
+                )
+                proc.start()
+                children.append(faults.Child(rank, settings.role(rank), proc))
+            watchdog.wait()
+        finally:
+            watchdog.kill_all()
+    path = Path(work) / "results.pkl"
+    if not path.exists():
+        raise faults.RankFailed("rank 0 exited without reporting results", rank=0, pid=None,
+                                iteration=None, cause="no results")
+    with open(path, "rb") as fh:
+        return pickle.load(fh)
+
+
+@contextlib.contextmanager
+def _terminate_on_sigterm() -> Iterator[None]:
+    """Turn SIGTERM into SystemExit while children run, so cleanup (kill the ranks, delete
+    the namespace) happens; only possible from the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, _frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def child_main(rank: int, world: int, cfg_yaml: str, port: int, t0: float, work: str,
+               namespace: str | None, run_dir: str) -> None:
+    """Entry point of a spawned rank (module-level so the spawn context can import it)."""
+    faults.die_with_parent()
+    settings = None
+    progress = None
+    try:
+        if namespace is not None:
+            netns.enter(namespace)
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                          WORLD_SIZE=str(world), LOCAL_RANK=str(rank), GLOO_SOCKET_IFNAME="lo")
+        cfg = OmegaConf.create(cfg_yaml)
+        settings = settings_from(cfg.cluster)
+        progress = faults.Progress(work, rank)
+        gathered = run_rank(cfg, settings, rank=rank, world=world, t0_epoch=t0,
+                            init_method=f"tcp://127.0.0.1:{port}", run_dir=run_dir,
+                            progress=progress)
+        if rank == 0:
+            tmp = Path(work) / ".results.tmp"
+            with open(tmp, "wb") as fh:
+                pickle.dump(gathered, fh)
+            os.replace(tmp, Path(work) / "results.pkl")
+    except BaseException as exc:  # noqa: BLE001 - every failure is reported, then exit 1
+        role = settings.role(rank) if settings is not None else "?"
+        iteration = progress.iteration if progress is not None else None
+        try:
+            faults.write_failure(work, rank, role, iteration, exc)
+        finally:
+            os._exit(1)
+    os._exit(0)  # skip interpreter teardown (gloo threads); results are on disk
+
+
+def _run_torchrun(cfg: DictConfig, settings: ClusterSettings, t0: float,
+                  run_dir: str) -> ClusterOutcome:
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if world != settings.world_size:
+        raise ConfigError(
+            f"torchrun started {world} processes but cluster.mode={settings.mode} with "
+            f"workers={settings.workers}, servers={settings.servers} needs "
+            f"{settings.world_size}; make --nnodes x --nproc-per-node match"
+        )
+    if settings.shaped:
+        raise ConfigError(
+            "cluster.network shaping is for local runs; under torchrun the real network is "
+            "used, so drop cluster.network.bandwidth/latency"
+        )
+    gathered = run_rank(cfg, settings, rank=rank, world=world, t0_epoch=t0,
+                        init_method="env://", run_dir=run_dir)
+    if rank != 0 or gathered is None:
+        return ClusterOutcome(primary=False)
+    return build_outcome(gathered, settings, cfg)

@@ -1,0 +1,113 @@
+"""The run configuration's schema, as structured configs registered with Hydra.
+
+Typing the schema means a wrong type or an unknown key fails at composition time with the
+key's name (``run.seed=abc`` -> "run.seed: expected int"), before any job is built.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+
+
+@dataclass
+class JobConfig:
+    """One job of a workload. ``dataset: null`` picks the model's default synthetic data."""
+
+    name: str = "job"
+    model: str = "mlp"
+    dataset: Optional[str] = None
+    kind: str = "train"
+    batch_size: int = 32
+    iterations: int = 50
+    arrival_s: float = 0.0
+    optimizer: str = "sgd"
+    lr: float = 0.05
+    momentum: float = 0.9
+    width: Optional[int] = None
+    seed: int = 0
+
+
+@dataclass
+class TraceGeneratorConfig:
+    """A seeded Poisson trace appended to the workload's explicit jobs (``n_jobs: 0``: none)."""
+
+    n_jobs: int = 0
+    seed: int = 0
+    mean_interarrival_s: float = 1.0
+    models: list[str] = field(default_factory=lambda: ["mlp", "cnn"])
+    batch_sizes: list[int] = field(default_factory=lambda: [16, 32])
+    min_iterations: int = 10
+    max_iterations: int = 200
+    pareto_alpha: float = 1.5
+
+
+@dataclass
+class WorkloadConfig:
+    name: str = "default"
+    jobs: list[JobConfig] = field(default_factory=list)
+    generate: TraceGeneratorConfig = field(default_factory=TraceGeneratorConfig)
+
+
+@dataclass
+class NetworkConfig:
+    """A shaped network for cluster runs (``bandwidth: null``: unshaped loopback)."""
+
+    bandwidth: Optional[str] = None
+    latency: Optional[str] = None
+
+
+@dataclass
+class ClusterConfig:
+    """Data parallelism over torch.distributed processes (``mode: none``: one process)."""
+
+    mode: str = "none"
+    workers: int = 2
+    servers: int = 1
+    backend: str = "auto"
+    bucket_mb: float = 1.0
+    timeout_s: float = 30.0
+    master_port: int = 0
+    network: NetworkConfig = field(default_factory=NetworkConfig)
+
+
+@dataclass
+class RunSettings:
+    seed: int = 0
+    device: str = "auto"
+    threads: int = 0
+    """torch intra-op threads (0: leave torch's default)."""
+    deterministic: bool = True
+    memory_capacity: str = "auto"
+    """Device memory the allocation hook is told about: 'auto' (the real device memory on
+    CUDA, the machine's RAM on CPU) or a size such as '2GiB'."""
+    checkpoint_every: int = 0
+    resume: Optional[str] = None
+    save_weights: bool = True
+    profile: bool = True
+    progress: bool = True
+    telemetry_interval_s: float = 0.5
+    trace_hooks: bool = True
+
+
+@dataclass
+class AccelConfig:
+    run: RunSettings = field(default_factory=RunSettings)
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    plugins: dict[str, Any] = field(default_factory=dict)
+
+
+def register_schema() -> None:
+    """Register the base schema (``base_config``) that ``configs/config.yaml`` extends."""
+    ConfigStore.instance().store(name="base_config", node=AccelConfig)
+
+
+def register_plugin_configs(specs: list[Any]) -> None:
+    """Register each plugin's config dataclass as ``plugins/<name>`` at ``plugins.<name>``,
+    so ``+plugins=[a,b]`` selects them and ``plugins.a.key=value`` is type-checked."""
+    cs = ConfigStore.instance()
+    for spec in specs:
+        cs.store(group="plugins", name=spec.name, node=spec.config, package=f"plugins.{spec.name}")

@@ -1,0 +1,51 @@
+"""Errors that reach the user as one line, without a traceback.
+
+``UserError`` and its subclasses mean "the input is wrong, here is the fix": the CLI prints
+``error: <message>`` and exits with code 2. ``PluginHookError`` means a plugin's own code
+raised: it names the plugin and the hook, and exits with code 1 (the traceback is shown
+with ``--debug``).
+"""
+
+from __future__ import annotations
+
+
+class AccelOptError(Exception):
+    """Base class of every error accelopt raises on purpose."""
+
+    exit_code = 1
+
+
+class UserError(AccelOptError):
+    """Bad input from the user: unknown plugin, wrong type, impossible request."""
+
+    exit_code = 2
+
+
+class ConfigError(UserError):
+    """The run configuration does not validate."""
+
+
+class PluginResolutionError(UserError):
+    """The selected plugins cannot be combined (unknown, conflicting, missing, cyclic)."""
+
+
+class PluginHookError(AccelOptError):
+    """A plugin raised inside one of its hooks."""
+
+    def __init__(self, plugin: str, hook: str, error: BaseException) -> None:
+        self.plugin = plugin
+        self.hook = hook
+        self.error = error
+        super().__init__(
+            f"plugin '{plugin}' raised in hook {hook}: {type(error).__name__}: {error}"
+        )
+
+
+class JobFailed(AccelOptError):
+    """A job raised mid-iteration; the run goes on without it."""
+
+
+class JobsUnfinished(AccelOptError):
+    """The run completed, but some jobs failed or were rejected (outputs are written)."""
+
+    exit_code = 3

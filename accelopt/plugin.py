@@ -1,0 +1,261 @@
+"""Typed plugin records, discovery through entry points, and resolution of a selection.
+
+A plugin package exposes one :class:`PluginSpec` object under the entry-point group
+``accelopt.plugins``. The built-in plugins are found the same way, so nothing about living in
+this repository is special. Discovery lists entry-point *names* without importing them; a
+plugin's code is imported only when it is selected, listed or asked for CLI subcommands.
+A broken entry point becomes a warning, never a crash of the whole tool.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import warnings
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from importlib import import_module
+from importlib.metadata import EntryPoint, entry_points
+from typing import Any
+
+from accelopt.errors import PluginResolutionError
+
+ENTRY_POINT_GROUP = "accelopt.plugins"
+DISABLE_AUTOLOAD_ENV = "ACCELOPT_DISABLE_PLUGIN_AUTOLOAD"
+EXPLICIT_PLUGINS_ENV = "ACCELOPT_PLUGINS"
+
+
+@dataclass(frozen=True)
+class PluginSpec:
+    """Everything the core needs to know about a plugin, declared once by the plugin.
+
+    ``factory`` builds the object whose ``@hookimpl`` methods implement the hooks, from an
+    instance of ``config`` (a dataclass, registered in Hydra's ConfigStore under group
+    ``plugins`` with package ``plugins.<name>``). ``before``/``after`` order it relative to
+    other selected plugins, ``requires`` must also be selected, ``conflicts`` must not be,
+    and at most one selected plugin may claim each of its exclusive ``slots`` (for example
+    ``"scheduler"``).
+    """
+
+    name: str
+    factory: Callable[[Any], object]
+    config: type | None = None
+    description: str = ""
+    before: tuple[str, ...] = ()
+    after: tuple[str, ...] = ()
+    requires: tuple[str, ...] = ()
+    conflicts: tuple[str, ...] = ()
+    slots: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.name.isidentifier():
+            raise ValueError(f"plugin name {self.name!r} must be a Python identifier")
+        if self.config is None:
+            empty = dataclasses.make_dataclass(f"{self.name.title()}Config", [])
+            object.__setattr__(self, "config", empty)
+        if not dataclasses.is_dataclass(self.config):
+            raise TypeError(f"plugin '{self.name}': config must be a dataclass type")
+        for attr in ("before", "after", "requires", "conflicts", "slots"):
+            object.__setattr__(self, attr, tuple(getattr(self, attr)))
+
+    def default_config(self) -> Any:
+        assert self.config is not None
+        return self.config()
+
+    def instantiate(self, config: Any | None = None) -> object:
+        return self.factory(self.default_config() if config is None else config)
+
+
+@dataclass
+class Registry:
+    """The plugins this process can use: entry points (imported lazily) plus specs added
+    in code (tests, notebooks)."""
+
+    entry_points: dict[str, EntryPoint] = field(default_factory=dict)
+    loaded: dict[str, PluginSpec] = field(default_factory=dict)
+    broken: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def discover(cls, autoload: bool | None = None) -> Registry:
+        """List installed plugins. ``autoload=False`` (or the environment variable
+        ``ACCELOPT_DISABLE_PLUGIN_AUTOLOAD=1``) ignores entry points; plugins named in
+        ``ACCELOPT_PLUGINS=module:attr,...`` are loaded either way."""
+        if autoload is None:
+            autoload = os.environ.get(DISABLE_AUTOLOAD_ENV, "") in ("", "0", "false")
+        registry = cls()
+        if autoload:
+            for ep in entry_points(group=ENTRY_POINT_GROUP):
+                registry.entry_points.setdefault(ep.name, ep)
+        for ref in filter(None, os.environ.get(EXPLICIT_PLUGINS_ENV, "").split(",")):
+            registry._load_reference(ref.strip())
+        return registry
+
+    def add(self, spec: PluginSpec) -> None:
+        self.loaded[spec.name] = spec
+
+    def names(self) -> list[str]:
+        return sorted((set(self.entry_points) | set(self.loaded)) - set(self.broken))
+
+    def get(self, name: str) -> PluginSpec:
+        if name in self.loaded:
+            return self.loaded[name]
+        if name in self.entry_points and name not in self.broken:
+            spec = self._load_entry_point(self.entry_points[name])
+            if spec is not None:
+                return spec
+        raise unknown_plugin_error(name, self.names(), self.broken.get(name))
+
+    def all(self) -> list[PluginSpec]:
+        """Import every installed plugin (broken ones become warnings)."""
+        for name in sorted(self.entry_points):
+            if name not in self.loaded and name not in self.broken:
+                self._load_entry_point(self.entry_points[name])
+        return [self.loaded[n] for n in sorted(self.loaded)]
+
+    def _load_entry_point(self, ep: EntryPoint) -> PluginSpec | None:
+        try:
+            spec = ep.load()
+            _check_spec(spec, f"entry point '{ep.name} = {ep.value}'")
+            if spec.name != ep.name:
+                raise TypeError(f"declares name '{spec.name}' but is registered as '{ep.name}'")
+        except Exception as exc:  # a third party's bug must not take the tool down
+            reason = f"{type(exc).__name__}: {exc}"
+            self.broken[ep.name] = reason
+            warnings.warn(
+                f"accelopt plugin '{ep.name}' ({ep.value}) could not be loaded and is "
+                f"skipped: {reason}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            return None
+        self.loaded[spec.name] = spec
+        return spec
+
+    def _load_reference(self, ref: str) -> None:
+        module, _, attr = ref.partition(":")
+        try:
+            spec = getattr(import_module(module), attr or "PLUGIN")
+            _check_spec(spec, ref)
+        except Exception as exc:
+            self.broken[ref] = f"{type(exc).__name__}: {exc}"
+            warnings.warn(f"{EXPLICIT_PLUGINS_ENV}: cannot load {ref!r}: {exc}", stacklevel=2)
+            return
+        self.loaded[spec.name] = spec
+
+
+def _check_spec(spec: object, where: str) -> None:
+    if not isinstance(spec, PluginSpec):
+        raise TypeError(f"{where} must point to an accelopt.PluginSpec, got {type(spec).__name__}")
+
+
+def unknown_plugin_error(
+    name: str, installed: Sequence[str], broken_reason: str | None = None
+) -> PluginResolutionError:
+    if broken_reason:
+        return PluginResolutionError(
+            f"plugin '{name}' is installed but failed to load ({broken_reason}); "
+            "reinstall it or remove it from +plugins"
+        )
+    close = difflib.get_close_matches(name, installed, n=1)
+    hint = f"; did you mean '{close[0]}'?" if close else ""
+    listing = ", ".join(installed) if installed else "none"
+    return PluginResolutionError(
+        f"unknown plugin '{name}' (installed: {listing}){hint} "
+        "Run `accelopt plugins` to list them."
+    )
+
+
+def resolve(selected: Sequence[str], registry: Registry) -> list[PluginSpec]:
+    """Turn a user's selection into the activation order, or raise one clear error.
+
+    Order: command-line order, then the declared ``before``/``after`` constraints (a stable
+    topological sort: among plugins free to go next, the one named first goes first).
+    """
+    seen: set[str] = set()
+    for name in selected:
+        if name in seen:
+            raise PluginResolutionError(f"plugin '{name}' is selected twice; list it once")
+        seen.add(name)
+    specs = {name: registry.get(name) for name in selected}
+    _check_requirements(specs)
+    _check_conflicts(specs)
+    _check_slots(specs)
+    return _order(list(selected), specs)
+
+
+def _check_requirements(specs: dict[str, PluginSpec]) -> None:
+    for spec in specs.values():
+        for need in spec.requires:
+            if need not in specs:
+                wanted = ",".join([*specs, need])
+                raise PluginResolutionError(
+                    f"plugin '{spec.name}' requires plugin '{need}', which is not selected; "
+                    f"select both: +plugins=[{wanted}]"
+                )
+
+
+def _check_conflicts(specs: dict[str, PluginSpec]) -> None:
+    for spec in specs.values():
+        for other in spec.conflicts:
+            if other in specs:
+                raise PluginResolutionError(
+                    f"plugins '{spec.name}' and '{other}' conflict ('{spec.name}' declares it); "
+                    "select only one of them"
+                )
+
+
+def _check_slots(specs: dict[str, PluginSpec]) -> None:
+    holder: dict[str, str] = {}
+    for spec in specs.values():
+        for slot in spec.slots:
+            if slot in holder:
+                raise PluginResolutionError(
+                    f"plugins '{holder[slot]}' and '{spec.name}' both fill the exclusive slot "
+                    f"'{slot}'; select only one of them"
+                )
+            holder[slot] = spec.name
+
+
+def _order(selected: list[str], specs: dict[str, PluginSpec]) -> list[PluginSpec]:
+    after: dict[str, set[str]] = {name: set() for name in selected}  # name -> must come after
+    for spec in specs.values():
+        for other in spec.before:
+            if other in after:
+                after[other].add(spec.name)
+        for other in spec.after:
+            if other in after:
+                after[spec.name].add(other)
+    ordered: list[str] = []
+    remaining = list(selected)
+    while remaining:
+        ready = [n for n in remaining if not (after[n] - set(ordered))]
+        if not ready:
+            raise PluginResolutionError(
+                "plugins "
+                + ", ".join(f"'{n}'" for n in remaining)
+                + " declare before/after constraints that form a cycle; "
+                "remove one of them from +plugins"
+            )
+        ordered.append(ready[0])
+        remaining.remove(ready[0])
+    return [specs[n] for n in ordered]
+
+
+def valid_combinations(specs: Iterable[PluginSpec], max_size: int | None = None) -> list[list[str]]:
+    """Every selection of the given plugins that :func:`resolve` accepts, smallest first,
+    each in resolved order (for CI matrices and ablation sweeps)."""
+    from itertools import combinations
+
+    pool = {s.name: s for s in specs}
+    registry = Registry(loaded=dict(pool))
+    names = sorted(pool)
+    limit = len(names) if max_size is None else min(max_size, len(names))
+    out: list[list[str]] = []
+    for size in range(limit + 1):
+        for combo in combinations(names, size):
+            try:
+                out.append([s.name for s in resolve(list(combo), registry)])
+            except PluginResolutionError:
+                continue
+    return out

@@ -1,0 +1,92 @@
+"""What a run measured, as plain data: the runtime fills these, ``accelopt.report`` writes them.
+
+Keeping the record separate from both sides means a report can be re-rendered from a saved
+``metrics.json`` and the runtime never formats output itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from accelopt.types import JobInfo, ReportRow, RunInfo
+
+JobStatus = Literal["done", "failed", "rejected", "pending"]
+
+
+@dataclass
+class Span:
+    """A timed interval on one track of the timeline (seconds since the run started).
+
+    ``track`` groups spans into one row of the Chrome trace / PNG timeline, e.g.
+    ``"lane default"``, ``"job mlp-a"``, ``"hooks"`` or ``"rank 1 link 0->1"``.
+    """
+
+    name: str
+    track: str
+    start_s: float
+    end_s: float
+    category: str = "iteration"
+    args: dict[str, float | int | str] = field(default_factory=dict)
+    process: str = "executor"
+
+
+@dataclass
+class TelemetrySample:
+    """One sample of the machine: GPU utilisation/memory where pynvml sees a GPU, else the
+    process's CPU percentage and resident memory."""
+
+    t_s: float
+    source: Literal["nvml", "process"]
+    utilization_pct: float
+    memory_bytes: int
+
+
+@dataclass
+class JobResult:
+    """Outcome and timing of one job.
+
+    JCT (job completion time) is measured from arrival to the end of its last iteration;
+    queueing delay from arrival to the start of its first iteration.
+    """
+
+    job: JobInfo
+    status: JobStatus = "pending"
+    lane: str = ""
+    error: str = ""
+    admitted_s: float | None = None
+    first_start_s: float | None = None
+    end_s: float | None = None
+    iterations_done: int = 0
+    service_s: float = 0.0
+    samples: int = 0
+    final_loss: float | None = None
+    losses: list[float] = field(default_factory=list)
+
+    @property
+    def jct_s(self) -> float | None:
+        return None if self.end_s is None else self.end_s - self.job.arrival_s
+
+    @property
+    def queueing_s(self) -> float | None:
+        return None if self.first_start_s is None else self.first_start_s - self.job.arrival_s
+
+    @property
+    def throughput(self) -> float | None:
+        """Samples per second of the job's own service time."""
+        return self.samples / self.service_s if self.service_s > 0 else None
+
+
+@dataclass
+class RunRecord:
+    """Everything one run measured."""
+
+    info: RunInfo
+    duration_s: float = 0.0
+    jobs: list[JobResult] = field(default_factory=list)
+    spans: list[Span] = field(default_factory=list)
+    plugin_rows: list[ReportRow] = field(default_factory=list)
+    telemetry: list[TelemetrySample] = field(default_factory=list)
+    telemetry_note: str = ""
+    metrics: dict[str, float | int | str] = field(default_factory=dict)
+    """Run-level figures (e.g. average JCT, makespan, or a cluster's E)."""

@@ -1,0 +1,111 @@
+"""Export a run's spans as Chrome Trace Event Format, viewable in https://ui.perfetto.dev or
+``chrome://tracing``.
+
+Format reference: "Trace Event Format" (Google doc linked from the Catapult project). Each
+``Span.process`` becomes a process and each ``(process, track)`` a thread; numeric ids are
+given in order of first appearance so the same record always yields the same file (diffable,
+testable).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from accelopt.records import RunRecord
+from accelopt.report.metrics import clean
+
+_US = 1_000_000.0
+TELEMETRY_PROCESS = "telemetry"
+
+
+def _us(seconds: float) -> float:
+    """Seconds to microseconds, rounded to a nanosecond so float noise does not leak."""
+    return round(seconds * _US, 3)
+
+
+def _meta(kind: str, pid: int, tid: int, **args: Any) -> dict[str, Any]:
+    return {"name": kind, "ph": "M", "pid": pid, "tid": tid, "args": args}
+
+
+def _assign_ids(record: RunRecord) -> tuple[dict[str, int], dict[tuple[str, str], int]]:
+    """pid per process and tid per (process, track), numbered from 1 by first appearance."""
+    pids: dict[str, int] = {}
+    tids: dict[tuple[str, str], int] = {}
+    for span in record.spans:
+        pids.setdefault(span.process, len(pids) + 1)
+        tids.setdefault((span.process, span.track), len(tids) + 1)
+    return pids, tids
+
+
+def _metadata_events(
+    pids: dict[str, int], tids: dict[tuple[str, str], int]
+) -> list[dict[str, Any]]:
+    """Name processes and threads, and pin their order so viewers do not sort by name."""
+    events: list[dict[str, Any]] = []
+    for process, pid in pids.items():
+        events.append(_meta("process_name", pid, 0, name=process))
+        events.append(_meta("process_sort_index", pid, 0, sort_index=pid))
+    for (process, track), tid in tids.items():
+        events.append(_meta("thread_name", pids[process], tid, name=track))
+        events.append(_meta("thread_sort_index", pids[process], tid, sort_index=tid))
+    return events
+
+
+def _span_events(
+    record: RunRecord, pids: dict[str, int], tids: dict[tuple[str, str], int]
+) -> list[dict[str, Any]]:
+    events = []
+    for span in record.spans:
+        events.append(
+            {
+                "name": span.name,
+                "cat": span.category,
+                "ph": "X",
+                "ts": _us(span.start_s),
+                # A span that ends before it starts is a recording bug; show it as an instant
+                # rather than produce a negative duration that viewers silently drop.
+                "dur": _us(max(0.0, span.end_s - span.start_s)),
+                "pid": pids[span.process],
+                "tid": tids[(span.process, span.track)],
+                "args": dict(span.args),
+            }
+        )
+    return events
+
+
+def _counter_events(record: RunRecord, pid: int) -> list[dict[str, Any]]:
+    """Telemetry as two counter tracks (utilisation %, memory MiB) in their own process."""
+    events: list[dict[str, Any]] = []
+    if not record.telemetry:
+        return events
+    events.append(_meta("process_name", pid, 0, name=TELEMETRY_PROCESS))
+    events.append(_meta("process_sort_index", pid, 0, sort_index=pid))
+    for sample in record.telemetry:
+        what = "GPU" if sample.source == "nvml" else "process CPU"
+        common = {"ph": "C", "pid": pid, "tid": 0, "ts": _us(sample.t_s), "cat": "telemetry"}
+        events.append(
+            {**common, "name": f"{what} utilization %", "args": {"value": sample.utilization_pct}}
+        )
+        events.append(
+            {
+                **common,
+                "name": f"{what} memory MiB",
+                "args": {"value": round(sample.memory_bytes / 2**20, 3)},
+            }
+        )
+    return events
+
+
+def chrome_trace(record: RunRecord) -> dict[str, Any]:
+    """The record as a Chrome trace JSON object (``{"traceEvents": [...], ...}``)."""
+    pids, tids = _assign_ids(record)
+    events = _metadata_events(pids, tids)
+    events += _span_events(record, pids, tids)
+    events += _counter_events(record, len(pids) + 1)
+    return clean(
+        {
+            "traceEvents": events,
+            "displayTimeUnit": "ms",
+            "otherData": {"run_dir": record.info.run_dir, "device": record.info.device},
+        }
+    )

@@ -1,0 +1,154 @@
+"""Turn a :class:`~accelopt.records.RunRecord` into flat, JSON-ready figures.
+
+Every renderer (JSON, CSV, terminal summary) reads these dicts rather than the record, so the
+numbers a user sees in the terminal are exactly the numbers written to disk.
+Missing measurements are ``None`` (JSON ``null``), never ``0``: a job that never ran has no
+JCT, and an average over zero jobs does not exist.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict
+from typing import Any
+
+from accelopt.records import JobResult, RunRecord
+
+JOB_COLUMNS: tuple[str, ...] = (
+    "job_id",
+    "name",
+    "model",
+    "status",
+    "lane",
+    "error",
+    "arrival_s",
+    "admitted_s",
+    "first_start_s",
+    "end_s",
+    "jct_s",
+    "queueing_s",
+    "iterations",
+    "samples",
+    "throughput",
+    "final_loss",
+    "persistent_bytes",
+    "peak_bytes",
+    "ephemeral_bytes",
+    "iteration_seconds",
+)
+"""Column order of ``metrics.csv``; fixed so that files from different runs line up."""
+
+_PROFILE_FIELDS = ("persistent_bytes", "peak_bytes", "ephemeral_bytes", "iteration_seconds")
+
+
+def clean(value: Any) -> Any:
+    """Replace NaN/inf by ``None`` (recursively): strict JSON readers, Perfetto included,
+    reject ``NaN`` and a diverged loss must not make the whole file unreadable."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [clean(v) for v in value]
+    return value
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """The ``q``-th percentile with linear interpolation (numpy's default method).
+
+    Written out rather than imported so the report does not depend on numpy's API and an
+    empty list gives ``None`` instead of a warning plus NaN.
+    """
+    if not values:
+        return None
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def job_metrics(result: JobResult) -> dict[str, Any]:
+    """One job as a flat dict with the keys of :data:`JOB_COLUMNS`, in that order.
+
+    Profile fields are always present (``None`` without a profile) so every job has the same
+    columns.
+    """
+    job = result.job
+    row: dict[str, Any] = {
+        "job_id": job.job_id,
+        "name": job.name,
+        "model": job.model,
+        "status": result.status,
+        "lane": result.lane,
+        "error": result.error,
+        "arrival_s": job.arrival_s,
+        "admitted_s": result.admitted_s,
+        "first_start_s": result.first_start_s,
+        "end_s": result.end_s,
+        "jct_s": result.jct_s,
+        "queueing_s": result.queueing_s,
+        "iterations": result.iterations_done,
+        "samples": result.samples,
+        "throughput": result.throughput,
+        "final_loss": result.final_loss,
+    }
+    for name in _PROFILE_FIELDS:
+        row[name] = getattr(job.profile, name) if job.profile is not None else None
+    return clean(row)
+
+
+def run_metrics(record: RunRecord) -> dict[str, Any]:
+    """Run-level figures; JCT statistics only over jobs that finished (``status == "done"``).
+
+    ``record.metrics`` is merged last, so a figure the runtime or a plugin measured itself
+    takes precedence over the one derived here.
+    """
+    jobs = record.jobs
+    done = [j for j in jobs if j.status == "done"]
+    jcts = [j.jct_s for j in done if j.jct_s is not None]
+    queueing = [j.queueing_s for j in jobs if j.queueing_s is not None]
+    ends = [j.end_s for j in jobs if j.end_s is not None]
+    makespan = max(ends) - min(j.job.arrival_s for j in jobs) if ends else None
+    summary: dict[str, Any] = {
+        "n_jobs": len(jobs),
+        "n_done": len(done),
+        "n_failed": sum(1 for j in jobs if j.status == "failed"),
+        "n_rejected": sum(1 for j in jobs if j.status == "rejected"),
+        "avg_jct_s": _mean(jcts),
+        "p95_jct_s": percentile(jcts, 95),
+        "makespan_s": makespan,
+        "avg_queueing_s": _mean(queueing),
+        "duration_s": record.duration_s,
+    }
+    summary.update(record.metrics)
+    return clean(summary)
+
+
+def to_json_dict(record: RunRecord) -> dict[str, Any]:
+    """The whole record as the document stored in ``metrics.json``."""
+    info = record.info
+    return clean(
+        {
+            "run": {
+                "run_dir": info.run_dir,
+                "device": info.device,
+                "plugins": list(info.plugins),
+                "seed": info.seed,
+            },
+            "summary": run_metrics(record),
+            "jobs": [job_metrics(j) for j in record.jobs],
+            "plugins": [
+                {"plugin": r.plugin, "summary": r.summary, "metrics": dict(r.metrics)}
+                for r in record.plugin_rows
+            ],
+            "telemetry": {
+                "note": record.telemetry_note,
+                "samples": [asdict(s) for s in record.telemetry],
+            },
+        }
+    )

@@ -1,0 +1,106 @@
+"""The end-of-run summary printed to the terminal.
+
+Reads the same dicts as ``metrics.json`` (:mod:`accelopt.report.metrics`) so the terminal
+and the file never disagree.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from accelopt.records import RunRecord
+from accelopt.report.metrics import job_metrics, run_metrics
+
+_MIB = 2**20
+_STATUS_STYLE = {"done": "green", "failed": "bold red", "rejected": "red", "pending": "yellow"}
+
+
+def fmt(value: Any, digits: int = 2) -> str:
+    """Numbers to short text; ``None`` (not measured) as an en dash rather than ``0``."""
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def _mib(value: int | None) -> str:
+    return fmt(None if value is None else value / _MIB, 1)
+
+
+def _loss(value: float | None) -> str:
+    if value is None:
+        return "–"
+    return f"{value:.4g}"
+
+
+def _jobs_table(record: RunRecord) -> Table:
+    table = Table(title="Jobs", title_justify="left", expand=False, pad_edge=False)
+    table.add_column("job", overflow="fold", max_width=16)
+    table.add_column("model", overflow="fold", max_width=12)
+    table.add_column("status")
+    table.add_column("lane", overflow="fold", max_width=10)
+    for header in ("iters", "JCT s", "queue s", "samples/s", "pers MiB", "eph MiB", "loss"):
+        table.add_column(header, justify="right")
+    for result in record.jobs:
+        m = job_metrics(result)
+        style = _STATUS_STYLE.get(m["status"], "")
+        table.add_row(
+            escape(m["name"]),
+            escape(m["model"]),
+            f"[{style}]{m['status']}[/]" if style else m["status"],
+            escape(m["lane"]) or "–",
+            f"{m['iterations']}/{result.job.iterations}",
+            fmt(m["jct_s"]),
+            fmt(m["queueing_s"]),
+            fmt(m["throughput"], 1),
+            _mib(m["persistent_bytes"]),
+            _mib(m["ephemeral_bytes"]),
+            _loss(m["final_loss"]),
+        )
+    return table
+
+
+def _errors(record: RunRecord) -> list[str]:
+    """Errors go below the table: they are long and would wreck its column widths."""
+    return [
+        f"[bold red]{r.status}[/] {escape(r.job.name)}: {escape(r.error)}"
+        for r in record.jobs
+        if r.error
+    ]
+
+
+def _run_line(record: RunRecord) -> str:
+    s = run_metrics(record)
+    return (
+        f"[bold]Run:[/] {s['n_done']}/{s['n_jobs']} done, {s['n_failed']} failed  "
+        f"avg JCT {fmt(s['avg_jct_s'])} s  p95 JCT {fmt(s['p95_jct_s'])} s  "
+        f"makespan {fmt(s['makespan_s'])} s  duration {fmt(s['duration_s'])} s"
+    )
+
+
+def _plugins_table(record: RunRecord) -> Table:
+    table = Table(title="Plugins", title_justify="left", pad_edge=False)
+    table.add_column("plugin", style="cyan", no_wrap=True)
+    table.add_column("summary", overflow="fold")
+    for row in record.plugin_rows:
+        table.add_row(escape(row.plugin), escape(row.summary))
+    return table
+
+
+def render_summary(record: RunRecord, console: Console) -> None:
+    """Print jobs, run-level figures, plugin rows and the telemetry note."""
+    console.print(_jobs_table(record))
+    for line in _errors(record):
+        console.print(line)
+    console.print(_run_line(record))
+    if not record.info.plugins:
+        console.print("[bold]Plugins:[/] no plugins active (baseline run)")
+    if record.plugin_rows:
+        console.print(_plugins_table(record))
+    if record.telemetry_note:
+        console.print(f"[bold]Telemetry:[/] {escape(record.telemetry_note)}")

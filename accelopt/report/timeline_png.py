@@ -1,0 +1,103 @@
+"""A static Gantt chart of a run's spans (``timeline.png``), for a glance without Perfetto.
+
+Uses ``matplotlib.figure.Figure`` with the Agg canvas directly instead of ``pyplot``: pyplot
+keeps global figure state and picks a GUI backend, which is wrong inside a library that may
+run in a headless worker thread or next to a user's own plots.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+from accelopt.atomic import atomic_open
+from accelopt.records import RunRecord, Span
+
+MAX_LEGEND_ENTRIES = 20
+_BAR_HEIGHT = 0.8
+
+
+def _colour_key(span: Span) -> str:
+    """Colour by job so one job's iterations read as one colour across tracks."""
+    return str(span.args.get("job", span.name))
+
+
+def _colour(cmap, i: int):
+    """tab20 in a fixed order, saturated hues first: tab20 alternates dark/light pairs of
+    one hue, and neighbouring jobs should not look alike. Job k gets the same colour in
+    every run."""
+    return cmap((2 * i) % 20 + (i // 10) % 2)
+
+
+def _row_labels(spans: list[Span]) -> list[tuple[str, str]]:
+    """(process, track) rows in order of first appearance; top row is the first seen."""
+    rows: dict[tuple[str, str], None] = {}
+    for span in spans:
+        rows.setdefault((span.process, span.track), None)
+    return list(rows)
+
+
+def _bars(spans: list[Span], rows: list[tuple[str, str]]):
+    """Group spans by (row, colour key) so each group is one ``broken_barh`` call: a run
+    with thousands of iterations then draws in milliseconds instead of one artist per span."""
+    index = {row: i for i, row in enumerate(rows)}
+    groups: dict[tuple[int, str], list[tuple[float, float]]] = defaultdict(list)
+    for span in spans:
+        width = max(0.0, span.end_s - span.start_s)
+        groups[(index[(span.process, span.track)], _colour_key(span))].append((span.start_s, width))
+    return groups
+
+
+def plot_timeline(record: RunRecord, path: Path) -> Path:
+    """Draw one row per track and one colour per job; write the PNG atomically to ``path``."""
+    from matplotlib import colormaps
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
+
+    path = Path(path)
+    spans = record.spans
+    rows = _row_labels(spans)
+    many_processes = len({p for p, _ in rows}) > 1
+    labels = [f"{p}: {t}" if many_processes else t for p, t in rows]
+
+    height = min(2.0 + 0.35 * max(len(rows), 1), 30.0)
+    fig = Figure(figsize=(11, height), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    ax.set_title(f"accelopt timeline: {Path(record.info.run_dir).name or record.info.run_dir}")
+    ax.set_xlabel("time since run start (s)")
+    ax.set_ylabel("track")
+
+    if not spans:
+        ax.text(0.5, 0.5, "no spans", ha="center", va="center", transform=ax.transAxes)
+        ax.set_yticks([])
+    else:
+        keys = list(dict.fromkeys(_colour_key(s) for s in spans))
+        colour = {k: _colour(colormaps["tab20"], i) for i, k in enumerate(keys)}
+        for (row, key), segments in _bars(spans, rows).items():
+            # Thin white edges keep back-to-back iterations of one job distinguishable.
+            ax.broken_barh(
+                segments,
+                (row - _BAR_HEIGHT / 2, _BAR_HEIGHT),
+                facecolor=colour[key],
+                edgecolor="white",
+                linewidth=0.4,
+            )
+        ax.set_yticks(range(len(rows)), labels=labels)
+        ax.set_ylim(len(rows) - 0.5, -0.5)
+        ax.set_xlim(left=min(0.0, min(s.start_s for s in spans)))
+        ax.grid(axis="x", alpha=0.3)
+        if len(keys) <= MAX_LEGEND_ENTRIES:
+            handles = [Patch(color=colour[k], label=k) for k in keys]
+            ax.legend(
+                handles=handles,
+                loc="upper left",
+                bbox_to_anchor=(1.01, 1.0),
+                fontsize="small",
+                title="job (or span)",
+            )
+
+    with atomic_open(path, "wb") as fh:
+        fig.savefig(fh, format="png")
+    return path

@@ -1,0 +1,320 @@
+"""The executor: owns one device, admits jobs through the allocation hook and runs their
+iterations, asking plugins at every iteration boundary which job goes next.
+
+Concurrency model. Every admitted job sits in a *lane* (the allocation decision names it).
+Each lane has one thread; iterations inside a lane run one at a time, lanes run
+concurrently. All bookkeeping and every hook call happen under one lock, so plugins never
+see concurrent hook calls; only ``Job.step`` (the actual compute) runs outside it.
+Without plugins there is one lane, ``"default"``, and the default choice is the earliest
+arrival: one job at a time, in arrival order, to completion (FIFO).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from accelopt.errors import AccelOptError
+from accelopt.host import PluginHost
+from accelopt.records import JobResult, Span
+from accelopt.runtime.job import Job
+from accelopt.types import (
+    AllocationDecision,
+    AllocationRequest,
+    IterationContext,
+    IterationResult,
+    JobProfile,
+    JobState,
+)
+from accelopt.units import format_bytes
+
+DEFAULT_LANE = "default"
+Profiler = Callable[[Job], JobProfile]
+IterationCallback = Callable[[Job, JobResult], None]
+
+
+@dataclass
+class _Entry:
+    job: Job
+    result: JobResult
+    lane: str = ""
+    last_iteration_s: float | None = None
+    busy: bool = False
+
+    @property
+    def finished(self) -> bool:
+        return self.result.status in ("done", "failed", "rejected")
+
+    def state(self) -> JobState:
+        return JobState(
+            job=self.job.info,
+            lane=self.lane,
+            iterations_done=self.job.iteration,
+            service_seconds=self.result.service_s,
+            last_iteration_seconds=self.last_iteration_s,
+            admitted_at_s=self.result.admitted_s or 0.0,
+        )
+
+
+class Executor:
+    """Runs a list of jobs to completion (or failure) under the active plugins."""
+
+    def __init__(
+        self,
+        host: PluginHost,
+        jobs: list[Job],
+        *,
+        capacity_bytes: int | None,
+        device: str,
+        profiler: Profiler | None = None,
+        on_iteration: IterationCallback | None = None,
+        on_finish: IterationCallback | None = None,
+        results: dict[str, JobResult] | None = None,
+    ) -> None:
+        self.host = host
+        self.capacity_bytes = capacity_bytes
+        self.device = device
+        self.profiler = profiler
+        self.on_iteration = on_iteration
+        self.on_finish = on_finish
+        self.spans: list[Span] = []
+        self._cv = threading.Condition()
+        self._t0 = time.perf_counter()
+        self._entries = {
+            job.info.job_id: _Entry(job, (results or {}).get(job.info.job_id) or JobResult(job.info))
+            for job in jobs
+        }
+        self._arrivals = sorted(
+            (e for e in self._entries.values() if not e.finished),
+            key=lambda e: (e.job.info.arrival_s, e.job.info.job_id),
+        )
+        self._pending: list[_Entry] = []
+        self._lanes: dict[str, threading.Thread] = {}
+        self._running = 0
+        self._fatal: BaseException | None = None
+
+    # -- public --------------------------------------------------------------------------
+
+    def now(self) -> float:
+        return time.perf_counter() - self._t0
+
+    def run(self) -> list[JobResult]:
+        """Drive arrivals and admissions until every job has finished; return the results."""
+        self._t0 = time.perf_counter()
+        arrivals = list(self._arrivals)
+        while True:
+            while arrivals and arrivals[0].job.info.arrival_s <= self.now():
+                self._arrive(arrivals.pop(0))
+            with self._cv:
+                if self._fatal is not None:
+                    break
+                self._admit_pending()
+                if not arrivals and not self._lanes:
+                    self._reject_unadmittable()
+                    if not self._pending:
+                        break
+                timeout = arrivals[0].job.info.arrival_s - self.now() if arrivals else None
+                if timeout is None or timeout > 0:
+                    self._cv.wait(timeout)
+        for thread in list(self._lanes.values()):
+            thread.join()
+        if self._fatal is not None:
+            raise self._fatal
+        return [e.result for e in self._entries.values()]
+
+    # -- admission -----------------------------------------------------------------------
+
+    def _arrive(self, entry: _Entry) -> None:
+        if self.profiler is not None and entry.job.info.profile is None:
+            try:
+                entry.job.with_profile(self.profiler(entry.job))
+            except Exception as exc:  # the job's own code raised: it fails alone
+                with self._cv:
+                    self._finish(entry, "failed", f"while profiling: {type(exc).__name__}: {exc}")
+                return
+            entry.result.job = entry.job.info
+        with self._cv:
+            self._pending.append(entry)
+
+    def _admit_pending(self) -> None:
+        """Offer every pending job to the allocation hook, in arrival order. A later small
+        job may be admitted before an earlier large one that does not fit yet."""
+        for entry in list(self._pending):
+            decision = self._allocate(entry, "admission")
+            if decision.reject is not None:
+                self._pending.remove(entry)
+                self._finish(entry, "rejected", decision.reject)
+            elif decision.granted:
+                self._pending.remove(entry)
+                entry.lane = decision.lane
+                entry.result.lane = decision.lane
+                entry.result.admitted_s = self.now()
+                self._start_lane(decision.lane)
+
+    def _allocate(self, entry: _Entry, phase: str) -> AllocationDecision:
+        profile = entry.job.info.profile
+        request = AllocationRequest(
+            job=entry.job.info,
+            phase=phase,  # type: ignore[arg-type]
+            persistent_bytes=profile.persistent_bytes if profile else 0,
+            ephemeral_bytes=profile.ephemeral_bytes if profile else 0,
+            device=self.device,
+            capacity_bytes=self.capacity_bytes,
+        )
+        decision = self.host.call("accelopt_allocate", request=request)
+        if decision is not None:
+            return decision
+        return self._default_allocation(request)
+
+    def _default_allocation(self, request: AllocationRequest) -> AllocationDecision:
+        need = request.persistent_bytes + request.ephemeral_bytes
+        cap = request.capacity_bytes
+        if request.phase == "admission" and cap is not None and need > cap:
+            return AllocationDecision(
+                granted=False,
+                reject=(
+                    f"job '{request.job.name}' needs {format_bytes(need)} (persistent + one "
+                    f"iteration) but the device has {format_bytes(cap)}: {format_bytes(need - cap)} too much; "
+                    "lower its batch_size/width or raise run.memory_capacity"
+                ),
+            )
+        return AllocationDecision(granted=True, lane=DEFAULT_LANE, reason="exclusive (default)")
+
+    def _reject_unadmittable(self) -> None:
+        """Nothing runs and nothing will arrive: a job still deferred would wait forever."""
+        for entry in list(self._pending):
+            self._pending.remove(entry)
+            self._finish(
+                entry,
+                "rejected",
+                "deferred by the allocation hook while the device was idle; it can never be "
+                "admitted with the active plugins' memory settings",
+            )
+
+    # -- lanes ---------------------------------------------------------------------------
+
+    def _start_lane(self, lane: str) -> None:
+        if lane in self._lanes:
+            self._cv.notify_all()
+            return
+        thread = threading.Thread(target=self._lane_loop, args=(lane,), name=f"lane-{lane}")
+        self._lanes[lane] = thread
+        thread.start()
+
+    def _lane_loop(self, lane: str) -> None:
+        try:
+            while True:
+                with self._cv:
+                    entry = self._next_in_lane(lane)
+                    if entry is None:
+                        del self._lanes[lane]
+                        self._cv.notify_all()
+                        return
+                    if entry is _WAIT:
+                        self._cv.wait()
+                        continue
+                    context = IterationContext(entry.job.info, lane, entry.job.iteration, self.now())
+                    self.host.call("accelopt_iteration_start", context=context)
+                    entry.busy = True
+                    self._running += 1
+                self._iterate(entry, context)
+        except BaseException as exc:  # a plugin bug or an interrupt: stop the whole run
+            with self._cv:
+                self._fatal = self._fatal or exc
+                self._lanes.pop(lane, None)
+                self._cv.notify_all()
+
+    def _next_in_lane(self, lane: str) -> _Entry | object | None:
+        ready = [e for e in self._entries.values() if e.lane == lane and not e.finished]
+        if not ready:
+            return None
+        if self._fatal is not None:
+            return None
+        chosen = None
+        if self.host.implements("accelopt_select_next"):
+            states = [e.state() for e in ready]
+            job_id = self.host.call(
+                "accelopt_select_next", lane=lane, ready=states, now_s=self.now()
+            )
+            if job_id is not None:
+                chosen = self._entries.get(job_id)
+                if chosen is None or chosen not in ready:
+                    raise AccelOptError(
+                        f"accelopt_select_next returned {job_id!r}, which is not a ready job "
+                        f"of lane '{lane}' (ready: {', '.join(e.job.info.job_id for e in ready)})"
+                    )
+        if chosen is None:
+            chosen = min(ready, key=lambda e: (e.job.info.arrival_s, e.job.info.job_id))
+        if self.host.implements("accelopt_allocate"):
+            decision = self._allocate(chosen, "iteration")
+            if not decision.granted:
+                if self._running == 0:
+                    self._finish(
+                        chosen,
+                        "failed",
+                        "the allocation hook refused its iteration while nothing else ran: "
+                        "it would wait forever",
+                    )
+                    return _WAIT
+                return _WAIT
+        return chosen
+
+    def _iterate(self, entry: _Entry, context: IterationContext) -> None:
+        job, result = entry.job, entry.result
+        start = self.now()
+        error = None
+        try:
+            loss, samples = job.step()
+        except Exception as exc:  # the job fails alone; the run goes on
+            error = f"{type(exc).__name__}: {exc}"
+            loss, samples = None, 0
+            result.error_traceback = traceback.format_exc()  # type: ignore[attr-defined]
+        end = self.now()
+        with self._cv:
+            entry.busy = False
+            self._running -= 1
+            if result.first_start_s is None:
+                result.first_start_s = start
+            result.service_s += end - start
+            self.spans.append(
+                Span(
+                    name=job.info.name,
+                    track=f"lane {entry.lane}",
+                    start_s=start,
+                    end_s=end,
+                    args={"job": job.info.name, "iteration": context.iteration},
+                )
+            )
+            if error is not None:
+                self._finish(entry, "failed", error, end)
+                return
+            entry.last_iteration_s = end - start
+            result.iterations_done = job.iteration
+            result.samples += samples
+            if loss is not None:
+                result.losses.append(loss)
+                result.final_loss = loss
+            it = IterationResult(job.info.job_id, context.iteration, start, end, loss, samples)
+            self.host.call("accelopt_iteration_end", context=context, result=it)
+        if self.on_iteration is not None:
+            self.on_iteration(job, result)
+        if job.done:
+            with self._cv:
+                self._finish(entry, "done", "", end)
+
+    def _finish(self, entry: _Entry, status: str, error: str, end: float | None = None) -> None:
+        """Record a job's end, release its memory and wake everyone (pending jobs may fit)."""
+        entry.result.status = status  # type: ignore[assignment]
+        entry.result.error = error
+        entry.result.end_s = self.now() if end is None else end
+        if status != "rejected" or entry.lane:
+            self.host.call("accelopt_release", job=entry.job.info, lane=entry.lane, status=status)
+        if self.on_finish is not None:
+            self.on_finish(entry.job, entry.result)
+        self._cv.notify_all()
+
+
+_WAIT = object()

@@ -1,0 +1,127 @@
+"""Measure a job's memory and time profile (SALUS's persistent / ephemeral split).
+
+Method (``docs/ARCHITECTURE.md`` repeats it):
+
+* **persistent** = the exact sum of the byte sizes of the distinct storages of the model's
+  parameters and buffers, their gradients and the optimizer's state tensors, taken after
+  one real step (Adam creates its state lazily). Exact on every device.
+* **ephemeral**, on CUDA: the SALUS authors' recipe: ``max_memory_allocated`` during one
+  iteration minus ``memory_allocated`` at the iteration boundary.
+* **ephemeral**, on CPU there are no allocator statistics: we count the distinct storages
+  autograd saves for backward (via ``saved_tensors_hooks``), plus the batch and the output.
+  That is exactly what an iteration must keep alive at its peak; temporaries freed inside a
+  single op are not seen, so it is a lower bound of the allocator's true peak.
+* **iteration time**: the median of a few timed iterations after a warm-up.
+
+The profile runs on a deep copy of the job's model and optimizer, so measuring never moves
+the real job's weights, optimizer state or data position.
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+from typing import Any
+
+import torch
+
+from accelopt.runtime.job import Job
+from accelopt.types import JobProfile
+
+TIMED_ITERATIONS = 3
+
+
+def tensor_bytes(tensors: Any) -> int:
+    """Sum of distinct storages' sizes (a storage shared by two tensors counts once)."""
+    seen: dict[int, int] = {}
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and t.device.type != "meta":
+            storage = t.untyped_storage()
+            seen[storage.data_ptr()] = storage.nbytes()
+    return sum(seen.values())
+
+
+def persistent_tensors(job: Job) -> list[torch.Tensor]:
+    tensors: list[torch.Tensor] = [*job.model.parameters(), *job.model.buffers()]
+    tensors += [p.grad for p in job.model.parameters() if p.grad is not None]
+    if job.optimizer is not None:
+        for state in job.optimizer.state.values():
+            tensors += [v for v in state.values() if isinstance(v, torch.Tensor)]
+    return tensors
+
+
+def measure_profile(job: Job) -> JobProfile:
+    """Profile ``job`` on a copy of it; the job itself is left untouched."""
+    probe = _clone(job)
+    probe.step()  # warm-up: creates gradients and lazy optimizer state
+    persistent = tensor_bytes(persistent_tensors(probe))
+    if job.device.type == "cuda":
+        ephemeral, method = _cuda_ephemeral(probe)
+    else:
+        ephemeral, method = _saved_tensor_ephemeral(probe)
+    seconds = []
+    for _ in range(TIMED_ITERATIONS):
+        start = time.perf_counter()
+        probe.step()
+        _sync(job.device)
+        seconds.append(time.perf_counter() - start)
+    return JobProfile(
+        persistent_bytes=persistent,
+        peak_bytes=persistent + ephemeral,
+        ephemeral_bytes=ephemeral,
+        iteration_seconds=statistics.median(seconds),
+        device=str(job.device),
+        method=method,
+    )
+
+
+def _clone(job: Job) -> Job:
+    probe = copy.copy(job)
+    probe.model = copy.deepcopy(job.model)
+    probe.info = job.info
+    if job.optimizer is not None:
+        optimizer = type(job.optimizer)(probe.model.parameters(), **job.optimizer.defaults)
+        optimizer.load_state_dict(copy.deepcopy(job.optimizer.state_dict()))
+        probe.optimizer = optimizer
+    probe.iteration = job.iteration
+    return probe
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _cuda_ephemeral(probe: Job) -> tuple[int, str]:
+    device = probe.device
+    torch.cuda.synchronize(device)
+    base = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    probe.step()
+    torch.cuda.synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device)
+    return max(0, peak - base), "cuda allocator: max_memory_allocated - memory_allocated"
+
+
+def _saved_tensor_ephemeral(probe: Job) -> tuple[int, str]:
+    saved: list[torch.Tensor] = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saved.append(t)
+        return t
+
+    x, y = probe.dataset.batch(probe.iteration, probe.info.batch_size)
+    params = {p.untyped_storage().data_ptr() for p in probe.model.parameters()}
+    if probe.optimizer is None:
+        with torch.inference_mode():
+            out = probe.model(x)
+        return tensor_bytes([x, y, out]), "cpu: batch + output (inference keeps no activations)"
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = probe.model(x)
+        loss = probe.loss_fn(out, y)
+    activations = [t for t in saved if t.untyped_storage().data_ptr() not in params]
+    total = tensor_bytes([x, y, out, *activations])
+    loss.backward()  # release the graph the same way a real step does
+    probe.optimizer.zero_grad(set_to_none=False)
+    return total, "cpu: batch + output + tensors saved for backward (lower bound of peak)"

@@ -1,0 +1,403 @@
+"""The conformance suite every plugin (built-in or third-party) should pass.
+
+Each check raises :class:`AssertionError` whose message names the plugin, what is wrong
+and what to change, because the reader is a plugin author looking at a red test, not
+someone who knows accelopt's internals. Use it either as one call::
+
+    def test_conformance(tmp_path):
+        conformance(PLUGIN, tmp_path)
+
+or as a base class, which gives one pytest test per check::
+
+    class TestMyPlugin(PluginConformance):
+        spec = PLUGIN
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import gc
+import inspect
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pluggy
+from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
+
+from accelopt import hookspecs
+from accelopt.config import register_plugin_configs
+from accelopt.errors import AccelOptError
+from accelopt.host import PluginHost
+from accelopt.plugin import PluginSpec, Registry
+from accelopt.records import RunRecord
+from accelopt.runtime.run import plugin_rows
+from accelopt.testing.harness import run_workload
+from accelopt.testing.recorder import HookRecorder, hook_names
+from accelopt.types import RunInfo
+
+DECLARATION_FIELDS = ("before", "after", "requires", "conflicts", "slots")
+IMPL_MARKER = f"{hookspecs.PROJECT}_impl"
+HOOK_DOCS = "docs/hooks.md"
+
+
+def conformance(spec: PluginSpec, tmp_path: Path, *, check_retention: bool = True) -> None:
+    """Run every check on ``spec``; the first failure raises ``AssertionError``."""
+    check_spec(spec)
+    check_declarations(spec)
+    check_config(spec)
+    check_hookimpls(spec)
+    instances = check_run(spec, tmp_path)
+    if check_retention:
+        check_no_retained_job_state(spec, instances)
+
+
+# --- (a) the spec and its config ---------------------------------------------------------
+
+
+def check_spec(spec: object) -> None:
+    """The entry point names a described :class:`PluginSpec`."""
+    if not isinstance(spec, PluginSpec):
+        raise AssertionError(
+            f"expected an accelopt.PluginSpec (the object your entry point names), got "
+            f"{type(spec).__name__}; define PLUGIN = PluginSpec(name=..., factory=..., ...)"
+        )
+    if not spec.description.strip():
+        raise AssertionError(
+            f"plugin '{spec.name}': PluginSpec.description is empty; give one sentence "
+            "saying what the plugin does (`accelopt plugins` shows it)"
+        )
+    if not callable(spec.factory):
+        raise AssertionError(
+            f"plugin '{spec.name}': PluginSpec.factory must be callable (a class or function "
+            "taking the config instance and returning the object with the @hookimpl methods)"
+        )
+
+
+def check_config(spec: PluginSpec) -> None:
+    """The config dataclass works with defaults alone, is a valid OmegaConf schema and is
+    registered where ``+plugins=[name]`` and ``plugins.name.key=value`` look for it."""
+    config_type = spec.config
+    name = spec.name
+    if not (isinstance(config_type, type) and dataclasses.is_dataclass(config_type)):
+        raise AssertionError(f"plugin '{name}': PluginSpec.config must be a dataclass type")
+    try:
+        default = spec.default_config()
+    except Exception as exc:
+        raise AssertionError(
+            f"plugin '{name}': {config_type.__name__}() failed ({exc}); give every field a "
+            f"default so +plugins=[{name}] works without settings"
+        ) from exc
+    try:
+        OmegaConf.structured(config_type)
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise AssertionError(
+            f"plugin '{name}': {config_type.__name__} is not a valid OmegaConf schema ({first}); "
+            "use int, float, str, bool, Enum, Optional[...], list[...], dict[str, ...] or "
+            "nested dataclasses for its fields"
+        ) from exc
+    register_plugin_configs([spec])
+    try:
+        node = ConfigStore.instance().load(config_path=f"plugins/{name}.yaml")
+    except Exception as exc:
+        raise AssertionError(
+            f"plugin '{name}': its config is not in Hydra's ConfigStore as plugins/{name} "
+            f"after register_plugin_configs ({exc})"
+        ) from exc
+    if node.package != f"plugins.{name}":
+        raise AssertionError(
+            f"plugin '{name}': config registered at package '{node.package}', expected "
+            f"'plugins.{name}'"
+        )
+    try:
+        spec.instantiate(default)
+    except Exception as exc:
+        raise AssertionError(
+            f"plugin '{name}': factory({config_type.__name__}()) raised "
+            f"{type(exc).__name__}: {exc}; the plugin must build from its default config"
+        ) from exc
+
+
+# --- (e) declared relations --------------------------------------------------------------
+
+
+def check_declarations(spec: PluginSpec) -> None:
+    """``before/after/requires/conflicts/slots`` hold identifiers, and make sense together."""
+    for field in DECLARATION_FIELDS:
+        for value in getattr(spec, field):
+            if not (isinstance(value, str) and value.isidentifier()):
+                raise AssertionError(
+                    f"plugin '{spec.name}': {field} contains {value!r}; it must be a tuple of "
+                    f"plugin (or slot) names, each a Python identifier, e.g. {field}=('other',)"
+                )
+    for field in ("before", "after", "requires", "conflicts"):
+        if spec.name in getattr(spec, field):
+            raise AssertionError(f"plugin '{spec.name}': names itself in {field}; remove it")
+    both = set(spec.requires) & set(spec.conflicts)
+    if both:
+        raise AssertionError(
+            f"plugin '{spec.name}': {', '.join(sorted(both))} is both required and conflicting"
+        )
+    cycle = set(spec.before) & set(spec.after)
+    if cycle:
+        raise AssertionError(
+            f"plugin '{spec.name}': {', '.join(sorted(cycle))} is both in before and after"
+        )
+
+
+# --- (b), (c) hook implementations -------------------------------------------------------
+
+
+def check_hookimpls(spec: PluginSpec) -> None:
+    """Every hook implementation names a real hook, takes arguments the hook passes, in a
+    form the core can pass them; then pluggy itself validates the plugin."""
+    instance = spec.instantiate()
+    specs = {name: getattr(hookspecs, name) for name in hook_names()}
+    impls = list(_hookimpls(spec, instance))
+    if not impls:
+        raise AssertionError(
+            f"plugin '{spec.name}': no method is decorated with @accelopt.hookimpl, so the "
+            f"plugin can never do anything; see {HOOK_DOCS}"
+        )
+    for attr, function, hook in impls:
+        if hook not in specs:
+            close = difflib.get_close_matches(hook, list(specs), n=1)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            raise AssertionError(
+                f"plugin '{spec.name}': {attr} is not an accelopt hook{hint} "
+                f"(hooks are listed in {HOOK_DOCS})"
+            )
+        _check_signature(spec.name, attr, function, hook, specs[hook])
+    try:
+        PluginHost([(spec, instance)])  # registers with pluggy and runs check_pending()
+    except pluggy.PluginValidationError as exc:
+        raise AssertionError(f"plugin '{spec.name}': pluggy refuses it: {exc}") from exc
+
+
+def _hookimpls(spec: PluginSpec, instance: object) -> Iterator[tuple[str, Any, str]]:
+    """(attribute, function, hook name) of each implementation; an ``accelopt_*`` method
+    without the marker is an error, because pluggy silently ignores it."""
+    for attr in sorted(dir(instance)):
+        if attr.startswith("__"):
+            continue
+        value = getattr(instance, attr, None)
+        opts = getattr(value, IMPL_MARKER, None)
+        if opts is None:
+            if attr.startswith("accelopt_") and callable(value):
+                raise AssertionError(
+                    f"plugin '{spec.name}': {attr} looks like a hook but is not decorated with "
+                    "@accelopt.hookimpl, so it is never called; add the decorator"
+                )
+            continue
+        yield attr, value, opts.get("specname") or attr
+
+
+def _check_signature(plugin: str, attr: str, function: Any, hook: str, hookspec: Any) -> None:
+    """Pluggy passes a hook's arguments by name, and only those an implementation names as
+    plain parameters without defaults; the core's chained calls pass them as keywords."""
+    provided = [p for p in inspect.signature(hookspec).parameters]
+    where = f"plugin '{plugin}': {attr}"
+    for param in inspect.signature(function).parameters.values():
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            raise AssertionError(
+                f"{where} takes {'*' if param.kind is param.VAR_POSITIONAL else '**'}"
+                f"{param.name}, which pluggy never fills; name the arguments you need from: "
+                f"{', '.join(provided)}"
+            )
+        if param.kind in (param.POSITIONAL_ONLY, param.KEYWORD_ONLY):
+            raise AssertionError(
+                f"{where}: argument '{param.name}' is {param.kind.description}; hook arguments "
+                "are passed by name, so declare it as an ordinary parameter"
+            )
+        if param.name not in provided:
+            close = difflib.get_close_matches(param.name, provided, n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise AssertionError(
+                f"{where}: argument '{param.name}' is not passed by {hook}{hint}; it passes: "
+                f"{', '.join(provided) or 'nothing'}"
+            )
+        if param.default is not param.empty:
+            raise AssertionError(
+                f"{where}: argument '{param.name}' has a default, so pluggy never passes it "
+                "(it always sees the default); remove the default"
+            )
+
+
+# --- (d) a real run ------------------------------------------------------------------------
+
+
+def check_run(spec: PluginSpec, tmp_path: Path, workload: str = "tiny") -> list[object]:
+    """Run ``workload`` under the plugin (plus the plugins it requires): it must not raise,
+    every job must finish, and the plugin must report at least one row of its own.
+    Returns the plugin objects the run built (for :func:`check_no_retained_job_state`)."""
+    instances: list[object] = []
+
+    def capturing_factory(config: Any) -> object:
+        instance = spec.factory(config)
+        instances.append(instance)
+        return instance
+
+    probe = dataclasses.replace(spec, factory=capturing_factory)
+    registry = Registry.discover()
+    missing = [name for name in spec.requires if name not in registry.names()]
+    if missing:
+        raise AssertionError(
+            f"plugin '{spec.name}' requires {', '.join(missing)}, which is not installed; "
+            "install it to run the conformance suite"
+        )
+    try:
+        record = run_workload(
+            [*spec.requires, probe], tmp_path=tmp_path, workload=workload,
+            recorder=HookRecorder(), registry=registry,
+        )
+    except AccelOptError as exc:
+        raise AssertionError(
+            f"plugin '{spec.name}': the '{workload}' workload failed under it: {exc}"
+        ) from exc
+    except Exception as exc:
+        raise AssertionError(
+            f"plugin '{spec.name}': the '{workload}' workload raised {type(exc).__name__}: "
+            f"{exc} (does accelopt_report_rows return a list of ReportRow?)"
+        ) from exc
+    _check_jobs_done(spec.name, workload, record)
+    _check_reported(spec.name, record)
+    return instances
+
+
+def _check_jobs_done(name: str, workload: str, record: RunRecord) -> None:
+    unfinished = [job for job in record.jobs if job.status != "done"]
+    if unfinished:
+        details = "; ".join(
+            f"{job.job.name} {job.status}: {job.error or 'no error recorded'}"
+            for job in unfinished
+        )
+        raise AssertionError(
+            f"plugin '{name}': {len(unfinished)} of {len(record.jobs)} jobs of the "
+            f"'{workload}' workload did not finish ({details})"
+        )
+
+
+def _check_reported(name: str, record: RunRecord) -> None:
+    placeholder = _no_report_summary()
+    own = [row for row in record.plugin_rows if row.plugin == name and row.summary != placeholder]
+    if not own:
+        raise AssertionError(
+            f"plugin '{name}': accelopt_report_rows gave no ReportRow(plugin='{name}', ...); "
+            "implement it and say what the plugin did on this run, or why it did nothing, "
+            "so users never have to guess whether it was active"
+        )
+
+
+def _no_report_summary() -> str:
+    """The summary the core writes for a plugin that reported nothing, taken from the core
+    itself (a host whose one plugin implements no hook) rather than copied here."""
+    silent = PluginSpec(name="silent", factory=lambda _config: object())
+    host = PluginHost([(silent, object())])
+    rows = plugin_rows(host, RunInfo("", "cpu", host.names, (), 0))
+    return rows[0].summary
+
+
+# --- (f) no job state kept ---------------------------------------------------------------
+
+
+def check_no_retained_job_state(spec: PluginSpec, instances: list[object]) -> None:
+    """After a run, the plugin object must not keep the jobs' models, parameters or
+    optimizers alive: that would hold device memory across runs (plugins are built per
+    run, but a user's notebook or a sweep may keep the object). Plain tensors a plugin
+    owns (e.g. error-feedback residuals) are allowed."""
+    gc.collect()
+    for instance in instances:
+        found = _find_job_state(instance, f"{type(instance).__name__}", depth=4, seen=set())
+        if found is not None:
+            path, kind = found
+            raise AssertionError(
+                f"plugin '{spec.name}': after the run it still holds {kind} at {path}; keep "
+                "only numbers or your own tensors (drop references in accelopt_release or "
+                "accelopt_run_end), or opt out with check_retention=False"
+            )
+
+
+def _find_job_state(obj: Any, path: str, depth: int, seen: set[int]) -> tuple[str, str] | None:
+    import torch
+
+    if id(obj) in seen:
+        return None
+    seen.add(id(obj))
+    if isinstance(obj, torch.nn.Module):
+        return path, f"a model/layer ({type(obj).__name__})"
+    if isinstance(obj, torch.optim.Optimizer):
+        return path, f"an optimizer ({type(obj).__name__})"
+    if isinstance(obj, torch.Tensor):
+        if isinstance(obj, torch.nn.Parameter) or obj.requires_grad:
+            return path, "a job's parameter or autograd tensor"
+        return None
+    if depth == 0 or isinstance(obj, (str, bytes, int, float, bool, type(None))):
+        return None
+    for key, child in _children(obj):
+        found = _find_job_state(child, f"{path}{key}", depth - 1, seen)
+        if found is not None:
+            return found
+    return None
+
+
+def _children(obj: Any) -> Iterator[tuple[str, Any]]:
+    if isinstance(obj, dict):
+        for key, value in list(obj.items()):
+            yield f"[{key!r}]", value
+    elif isinstance(obj, (list, tuple, set, frozenset)):
+        for index, value in enumerate(list(obj)):
+            yield f"[{index}]", value
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        for field in dataclasses.fields(obj):
+            yield f".{field.name}", getattr(obj, field.name, None)
+    elif hasattr(obj, "__dict__") and not isinstance(obj, type):
+        for key, value in list(vars(obj).items()):
+            yield f".{key}", value
+
+
+# --- pytest base class ---------------------------------------------------------------------
+
+
+class PluginConformance:
+    """Subclass it in a test module, set ``spec``, and pytest runs one test per check.
+
+    ``spec`` is the plugin's :class:`PluginSpec` (or the name of an installed plugin).
+    Set ``check_retention = False`` if the plugin must keep job objects by design.
+    """
+
+    spec: ClassVar[PluginSpec | str]
+    check_retention: ClassVar[bool] = True
+    workload: ClassVar[str] = "tiny"
+
+    def _spec(self) -> PluginSpec:
+        spec = getattr(self, "spec", None)
+        if isinstance(spec, str):
+            return Registry.discover().get(spec)
+        if spec is None:
+            raise AssertionError(f"{type(self).__name__}: set the class attribute spec = PLUGIN")
+        check_spec(spec)
+        return spec
+
+    def test_spec_is_described(self) -> None:
+        check_spec(self._spec())
+
+    def test_declarations_are_names(self) -> None:
+        check_declarations(self._spec())
+
+    def test_config_registers_with_hydra(self) -> None:
+        check_config(self._spec())
+
+    def test_hookimpls_match_hookspecs(self) -> None:
+        check_hookimpls(self._spec())
+
+    def test_runs_workload_and_reports(self, tmp_path: Path) -> None:
+        check_run(self._spec(), tmp_path, self.workload)
+
+    def test_does_not_retain_job_state(self, tmp_path: Path) -> None:
+        if not self.check_retention:
+            return
+        spec = self._spec()
+        check_no_retained_job_state(spec, check_run(spec, tmp_path, self.workload))

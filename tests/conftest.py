@@ -1,0 +1,49 @@
+"""Shared fixtures: a tiny composed config and a runner that executes it in-process."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import pytest
+from omegaconf import DictConfig
+from rich.console import Console
+
+from accelopt.cli.hydra_run import compose_checked
+from accelopt.config import register_plugin_configs, register_schema
+from accelopt.plugin import PluginSpec, Registry
+from accelopt.records import RunRecord
+from accelopt.runtime.run import execute
+
+RunFn = Callable[..., RunRecord]
+
+
+def compose_with(specs: Sequence[PluginSpec], overrides: Sequence[str]) -> DictConfig:
+    register_schema()
+    register_plugin_configs(list(specs))
+    selection = ",".join(s.name for s in specs)
+    plugin_override = [f"+plugins=[{selection}]"] if specs else []
+    return compose_checked([*plugin_override, *overrides])
+
+
+@pytest.fixture
+def run_tiny(tmp_path: Path) -> RunFn:
+    """Run a workload (default ``tiny``) in-process with the given plugin specs."""
+
+    counter = iter(range(1000))
+
+    def run(
+        *specs: PluginSpec, overrides: Sequence[str] = (), workload: str = "tiny"
+    ) -> RunRecord:
+        registry = Registry.discover()
+        for spec in specs:
+            registry.add(spec)
+        cfg = compose_with(
+            specs, [f"workload={workload}", "run.progress=false", "run.telemetry_interval_s=5",
+                    *overrides]
+        )
+        run_dir = tmp_path / f"run{next(counter)}"
+        return execute(cfg, run_dir=run_dir, registry=registry, console=Console(file=io.StringIO()))
+
+    return run

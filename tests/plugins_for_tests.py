@@ -1,0 +1,187 @@
+"""Small plugins used by the core's tests: each exercises one hook point for real."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import nn
+
+from accelopt import (
+    AllocationDecision,
+    AllocationRequest,
+    JobState,
+    LayerOffer,
+    PluginSpec,
+    ReportRow,
+    RunInfo,
+    hookimpl,
+)
+
+
+class LastArrivalFirst:
+    """A scheduler that always runs the most recently arrived job (LIFO)."""
+
+    def __init__(self, config: Any) -> None:
+        self.choices: list[str] = []
+
+    @hookimpl
+    def accelopt_select_next(self, lane: str, ready: Sequence[JobState], now_s: float) -> str:
+        job = max(ready, key=lambda s: (s.job.arrival_s, s.job.job_id)).job.job_id
+        self.choices.append(job)
+        return job
+
+    @hookimpl
+    def accelopt_report_rows(self, run: RunInfo) -> list[ReportRow]:
+        return [ReportRow("lifo", f"made {len(self.choices)} choices")]
+
+
+LIFO = PluginSpec(name="lifo", factory=LastArrivalFirst, slots=("scheduler",),
+                  description="last arrival first (test)")
+OTHER_SCHEDULER = PluginSpec(name="other_sched", factory=LastArrivalFirst, slots=("scheduler",),
+                             description="a second scheduler (test)")
+
+
+@dataclass
+class LanesConfig:
+    capacity_jobs: int = 1
+    """How many jobs may be admitted at once; the rest are deferred."""
+
+
+class OneLanePerJob:
+    """Admits up to ``capacity_jobs`` jobs, each in its own lane; defers the rest."""
+
+    def __init__(self, config: LanesConfig) -> None:
+        self.capacity = config.capacity_jobs
+        self.admitted: set[str] = set()
+        self.deferred: list[str] = []
+        self.released: list[tuple[str, str]] = []
+        self.max_concurrent = 0
+
+    @hookimpl
+    def accelopt_allocate(self, request: AllocationRequest) -> AllocationDecision | None:
+        if request.phase == "iteration":
+            return None
+        if len(self.admitted) >= self.capacity:
+            self.deferred.append(request.job.job_id)
+            return AllocationDecision(granted=False, reason="full")
+        self.admitted.add(request.job.job_id)
+        self.max_concurrent = max(self.max_concurrent, len(self.admitted))
+        return AllocationDecision(granted=True, lane=request.job.job_id)
+
+    @hookimpl
+    def accelopt_release(self, job: Any, lane: str, status: str) -> None:
+        self.admitted.discard(job.job_id)
+        self.released.append((job.job_id, status))
+
+
+LANES = PluginSpec(name="lanes", factory=OneLanePerJob, config=LanesConfig,
+                   description="one lane per job, bounded admission (test)")
+
+
+class Rejector:
+    @hookimpl
+    def accelopt_allocate(self, request: AllocationRequest) -> AllocationDecision:
+        return AllocationDecision(granted=False, reject="too big for this test")
+
+
+REJECT = PluginSpec(name="reject", factory=lambda c: Rejector(), description="rejects (test)")
+
+
+class Boom:
+    @hookimpl
+    def accelopt_iteration_end(self, context: Any, result: Any) -> None:
+        raise ValueError("boom")
+
+
+BOOM = PluginSpec(name="boom", factory=lambda c: Boom(), description="raises (test)")
+
+
+class TimesTwo(nn.Module):
+    """Wraps a Linear and doubles its output: a visible, checkable replacement."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: Any) -> Any:
+        return self.inner(x) * 2
+
+
+@dataclass
+class WrapConfig:
+    paths: list[str] = field(default_factory=list)
+
+
+class WrapLinears:
+    def __init__(self, config: WrapConfig) -> None:
+        self.offers: list[LayerOffer] = []
+
+    @hookimpl
+    def accelopt_layer_build(self, layer: LayerOffer) -> nn.Module | None:
+        self.offers.append(layer)
+        if layer.module_type == "Linear":
+            return TimesTwo(layer.module)
+        return None
+
+
+WRAP = PluginSpec(name="wrap", factory=WrapLinears, config=WrapConfig,
+                  description="wraps every Linear (test)")
+
+
+class RaiseOnCall(nn.Module):
+    """Wraps a model and raises on its ``fail_at``-th forward: a job failing mid-run."""
+
+    def __init__(self, inner: nn.Module, fail_at: int) -> None:
+        super().__init__()
+        self.inner = inner
+        self.calls = 0
+        self.fail_at = fail_at
+
+    def forward(self, x: Any) -> Any:
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise RuntimeError(f"injected failure at call {self.calls}")
+        return self.inner(x)
+
+
+@dataclass
+class SabotageConfig:
+    job: str = "tiny-mlp"
+    fail_at: int = 3
+
+
+class Sabotage:
+    def __init__(self, config: SabotageConfig) -> None:
+        self.config = config
+
+    @hookimpl
+    def accelopt_layer_build(self, layer: LayerOffer) -> nn.Module | None:
+        if layer.path == "" and layer.job.name == self.config.job:
+            return RaiseOnCall(layer.module, self.config.fail_at)
+        return None
+
+
+SABOTAGE = PluginSpec(name="sabotage", factory=Sabotage, config=SabotageConfig,
+                      description="makes one job raise mid-run (test)")
+
+
+class Greeter:
+    """Contributes ``accelopt greet`` through accelopt_cli_commands."""
+
+    def __init__(self, config: Any) -> None:
+        pass
+
+    @hookimpl
+    def accelopt_cli_commands(self) -> list[Any]:
+        from accelopt import CliCommand
+
+        def greet(args: list[str]) -> int:
+            print("hello " + " ".join(args))
+            return 0
+
+        return [CliCommand("greet", "say hello", greet)]
+
+
+GREETER = PluginSpec(name="greeter", factory=Greeter, description="adds a command (test)")

@@ -1,0 +1,92 @@
+"""Checkpoints at iteration boundaries: atomic, and a killed run resumes to the same weights."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from accelopt.runtime.checkpoint import atomic_torch_save
+from clirun import accelopt, accelopt_cmd, cli_env
+
+JOB = [
+    "workload=single",
+    "workload.jobs.0.iterations=1500",
+    "workload.jobs.0.width=64",
+    "run.threads=1",
+    "run.progress=false",
+    "run.checkpoint_every=25",
+]
+
+
+def _weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    (path,) = (run_dir / "weights").glob("*.pt")
+    return torch.load(path, weights_only=True)
+
+
+def _wait_for(predicate, proc: subprocess.Popen, deadline_s: float) -> None:
+    end = time.monotonic() + deadline_s
+    while not predicate():
+        if proc.poll() is not None:
+            pytest.fail(f"run ended (rc={proc.returncode}) before the condition held")
+        if time.monotonic() > end:
+            pytest.fail("condition not reached in time")
+        time.sleep(0.005)  # polling a file, not synchronising threads
+
+
+@pytest.mark.timeout(240)
+def test_sigkill_then_resume_reaches_the_same_weights(tmp_path):
+    ref_dir = tmp_path / "reference"
+    done = accelopt("run", *JOB, f"hydra.run.dir={ref_dir}", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+
+    run_dir = tmp_path / "killed"
+    proc = subprocess.Popen(
+        accelopt_cmd("run", *JOB, f"hydra.run.dir={run_dir}"),
+        cwd=tmp_path, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+    try:
+        ckpt = run_dir / "checkpoints"
+        _wait_for(lambda: ckpt.is_dir() and any(ckpt.glob("*.pt")), proc, 120)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == -signal.SIGKILL
+    assert not (run_dir / "weights").exists(), "the run finished before it could be killed"
+    state = torch.load(next(ckpt.glob("*.pt")), weights_only=False)
+    assert 0 < state["job"]["iteration"] < 1500
+
+    resumed = accelopt("run", f"run.resume={run_dir}", "run.progress=false", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming" in resumed.stdout
+    ref, got = _weights(ref_dir), _weights(run_dir)
+    assert ref.keys() == got.keys()
+    for key in ref:
+        assert torch.equal(ref[key], got[key]), key  # bitwise
+
+
+def test_resume_of_a_directory_without_a_run_is_one_line(tmp_path):
+    result = accelopt("run", f"run.resume={tmp_path}", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "has no config.yaml" in result.stderr
+
+
+def test_atomic_save_leaves_old_file_on_failure(tmp_path):
+    path = tmp_path / "x.pt"
+    atomic_torch_save({"a": 1}, path)
+
+    class Unpicklable:
+        def __reduce__(self):
+            raise RuntimeError("cannot pickle")
+
+    with pytest.raises(RuntimeError):
+        atomic_torch_save({"a": Unpicklable()}, path)
+    assert torch.load(path, weights_only=False) == {"a": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["x.pt"]

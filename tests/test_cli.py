@@ -1,0 +1,122 @@
+"""The ``accelopt`` command as a user runs it: outputs, sweeps, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from clirun import accelopt
+
+pytestmark = pytest.mark.timeout(180)
+
+TINY = ["workload=tiny", "run.progress=false"]
+
+
+def _run_dirs(root: Path) -> list[Path]:
+    return sorted(p.parent for p in root.glob("runs/**/metrics.json"))
+
+
+def test_run_writes_every_output(tmp_path):
+    result = accelopt("run", *TINY, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    (run_dir,) = _run_dirs(tmp_path)
+    for name in ("config.yaml", "metrics.json", "metrics.csv", "trace.json", "timeline.png"):
+        assert (run_dir / name).is_file(), name
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert [j["status"] for j in metrics["jobs"]] == ["done", "done"]
+    trace = json.loads((run_dir / "trace.json").read_text())
+    assert any(e.get("ph") == "X" for e in trace["traceEvents"])
+    assert "no plugins active" in result.stdout
+    assert "no NVIDIA GPU found" in result.stdout or "GPU" in result.stdout
+
+
+def test_plugin_summary_line(tmp_path):
+    result = accelopt("run", "+plugins=[noop]", *TINY, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "noop" in result.stdout and "hook calls" in result.stdout
+
+
+def test_multirun_sweep_gives_every_run_its_metrics(tmp_path):
+    result = accelopt("run", "-m", "+plugins=[],[noop]", *TINY, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    runs = _run_dirs(tmp_path)
+    assert len(runs) == 2
+    plugins = sorted(tuple(json.loads((r / "metrics.json").read_text())["run"]["plugins"])
+                     for r in runs)
+    assert plugins == [(), ("noop",)]
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["+plugins=[nosuch]"], "unknown plugin 'nosuch' (installed: "),
+        (["+plugins=[nop]"], "did you mean 'noop'"),
+        (["run.seed=abc"], "run.seed:"),
+        (["run.nokey=1"], "run.nokey"),
+        (["+plugins=[noop]", "plugins.noop.record=maybe"], "plugins.noop.record"),
+        (["+plugins=[noop,noop]"], "selected twice"),
+        (["workload=nosuch"], "workload/nosuch"),
+        (["workload.jobs.0.model=foo"], "unknown model 'foo'"),
+        (["workload.jobs.0.optimizer=rmsprop"], "optimizer must be one of"),
+        (["run.device=tpu"], "run.device"),
+    ],
+)
+def test_user_errors_are_one_line_exit_2(tmp_path, args, needle):
+    result = accelopt("run", *TINY, *args, cwd=tmp_path)
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ") and needle in lines[0]
+    assert "Traceback" not in result.stderr
+
+
+def test_conflicting_plugins_one_line(tmp_path):
+    result = accelopt("run", *TINY, "+plugins=[lifo,other_sched]", cwd=tmp_path,
+                      ACCELOPT_PLUGINS="plugins_for_tests:LIFO,plugins_for_tests:OTHER_SCHEDULER")
+    assert result.returncode == 2
+    assert "'lifo' and 'other_sched' both fill the exclusive slot 'scheduler'" in result.stderr
+
+
+def test_plugin_raising_names_plugin_and_hook(tmp_path):
+    result = accelopt("run", *TINY, "+plugins=[boom]", cwd=tmp_path,
+                      ACCELOPT_PLUGINS="plugins_for_tests:BOOM")
+    assert result.returncode == 1
+    assert "plugin 'boom' raised in hook accelopt_iteration_end: ValueError: boom" in result.stderr
+    assert "Traceback" not in result.stderr
+    debug = accelopt("run", *TINY, "+plugins=[boom]", "--debug", cwd=tmp_path,
+                     ACCELOPT_PLUGINS="plugins_for_tests:BOOM")
+    assert "Traceback" in debug.stderr
+
+
+def test_impossible_memory_budget_exits_nonzero_keeping_outputs(tmp_path):
+    result = accelopt("run", *TINY, "run.memory_capacity=1KiB", cwd=tmp_path)
+    assert result.returncode == 3
+    assert "too much" in result.stderr and "memory_capacity" in result.stderr
+    assert _run_dirs(tmp_path)  # nothing already written is lost
+
+
+def test_plugins_command_lists_installed(tmp_path):
+    result = accelopt("plugins", "--json", cwd=tmp_path)
+    assert result.returncode == 0
+    listed = {p["name"]: p for p in json.loads(result.stdout)}
+    assert listed["noop"]["source"] == "accelopt_plugins.noop:PLUGIN"
+
+
+def test_matrix_json_and_hydra(tmp_path):
+    env = {"ACCELOPT_PLUGINS": "plugins_for_tests:LIFO,plugins_for_tests:OTHER_SCHEDULER"}
+    result = accelopt("matrix", cwd=tmp_path, **env)
+    assert result.returncode == 0, result.stderr
+    include = json.loads(result.stdout)["include"]
+    sets = [entry["plugins"] for entry in include]
+    assert "[]" in sets and "[noop]" in sets and "[lifo,noop]" in sets
+    assert "[lifo,other_sched]" not in sets  # one scheduler slot
+    hydra = accelopt("matrix", "--format", "hydra", "--plugins", "noop", cwd=tmp_path)
+    assert hydra.stdout.strip() == "+plugins=[],[noop]"
+
+
+def test_unknown_command(tmp_path):
+    result = accelopt("rnu", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "did you mean 'run'" in result.stderr

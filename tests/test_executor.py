@@ -1,0 +1,145 @@
+"""The executor's scheduling, admission and failure behaviour, on real tiny jobs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from accelopt.errors import PluginHookError
+from accelopt.runtime.profile import persistent_tensors, tensor_bytes
+from plugins_for_tests import BOOM, LANES, LIFO, REJECT, SABOTAGE, WRAP, TimesTwo
+
+TWO_JOBS_SAME_ARRIVAL = [
+    "workload.jobs.1.arrival_s=0.0",
+]
+
+
+def _lane_order(record) -> list[str]:
+    return [s.args["job"] for s in record.spans if s.category == "iteration"]
+
+
+def test_default_is_fifo_one_job_at_a_time(run_tiny):
+    record = run_tiny()
+    order = _lane_order(record)
+    assert order == ["tiny-mlp"] * 6 + ["tiny-cnn"] * 4
+    assert all(j.status == "done" for j in record.jobs)
+    assert {j.lane for j in record.jobs} == {"default"}
+    # one lane: iterations never overlap in time
+    spans = sorted((s for s in record.spans if s.category == "iteration"), key=lambda s: s.start_s)
+    assert all(a.end_s <= b.start_s for a, b in zip(spans, spans[1:]))
+
+
+def test_select_next_hook_picks_the_job(run_tiny):
+    record = run_tiny(LIFO, overrides=TWO_JOBS_SAME_ARRIVAL)
+    order = _lane_order(record)
+    # both arrive at 0; LIFO prefers the later id (tiny-cnn) and runs it first
+    assert order[:4] == ["tiny-cnn"] * 4
+    assert order[4:] == ["tiny-mlp"] * 6
+    assert any(r.plugin == "lifo" for r in record.plugin_rows)
+
+
+def test_deferred_job_admitted_when_memory_is_released(run_tiny):
+    record = run_tiny(LANES, overrides=TWO_JOBS_SAME_ARRIVAL)
+    by_name = {j.job.name: j for j in record.jobs}
+    assert all(j.status == "done" for j in record.jobs)
+    first, second = by_name["tiny-mlp"], by_name["tiny-cnn"]
+    assert first.lane != second.lane
+    # capacity 1: the second job starts only after the first one finished
+    assert second.first_start_s >= first.end_s
+
+
+def test_lanes_run_concurrently_when_admitted_together(run_tiny):
+    record = run_tiny(LANES, overrides=[*TWO_JOBS_SAME_ARRIVAL, "plugins.lanes.capacity_jobs=2",
+                                        "workload.jobs.0.iterations=40",
+                                        "workload.jobs.1.iterations=40"])
+    tracks = {s.track for s in record.spans if s.category == "iteration"}
+    assert len(tracks) == 2
+    a, b = (j for j in record.jobs)
+    # the two jobs' lifetimes overlap: real concurrency, not one after another
+    assert a.first_start_s < b.end_s and b.first_start_s < a.end_s
+
+
+def test_rejected_job_is_reported_not_run(run_tiny):
+    record = run_tiny(REJECT)
+    assert [j.status for j in record.jobs] == ["rejected", "rejected"]
+    assert all("too big" in j.error for j in record.jobs)
+    assert not [s for s in record.spans if s.category == "iteration"]
+
+
+def test_impossible_memory_budget_rejected_with_amount(run_tiny):
+    record = run_tiny(overrides=["run.memory_capacity=1KiB"])
+    assert all(j.status == "rejected" for j in record.jobs)
+    assert "too much" in record.jobs[0].error and "memory_capacity" in record.jobs[0].error
+
+
+def test_plugin_exception_names_plugin_and_hook(run_tiny):
+    with pytest.raises(PluginHookError) as info:
+        run_tiny(BOOM)
+    assert info.value.plugin == "boom"
+    assert info.value.hook == "accelopt_iteration_end"
+    assert "boom" in str(info.value)
+
+
+def test_failing_job_fails_alone(run_tiny):
+    # profiling runs 5 forwards on a deep copy (with its own call counter), so the real
+    # model raises on its own 6th forward: after five completed iterations
+    record = run_tiny(SABOTAGE, overrides=["plugins.sabotage.fail_at=6",
+                                           "workload.jobs.0.iterations=10"])
+    by_name = {j.job.name: j for j in record.jobs}
+    failed = by_name["tiny-mlp"]
+    assert failed.status == "failed"
+    assert "injected failure" in failed.error
+    assert failed.iterations_done == 5
+    assert by_name["tiny-cnn"].status == "done"
+
+
+def test_job_failing_while_profiled_fails_alone(run_tiny):
+    record = run_tiny(SABOTAGE, overrides=["plugins.sabotage.fail_at=2"])
+    failed = next(j for j in record.jobs if j.job.name == "tiny-mlp")
+    assert failed.status == "failed" and "while profiling" in failed.error
+    assert next(j for j in record.jobs if j.job.name == "tiny-cnn").status == "done"
+
+
+def test_layer_build_hook_replaces_layers_once_at_build(run_tiny):
+    from accelopt.host import PluginHost
+    from accelopt.runtime.run import build_jobs
+    from accelopt.config import JobConfig
+
+    plugin = WRAP.instantiate()
+    host = PluginHost([(WRAP, plugin)])
+    (job,) = build_jobs([JobConfig(name="m", model="mlp", width=8)], torch.device("cpu"), host)
+    wrapped = [m for m in job.model.modules() if isinstance(m, TimesTwo)]
+    assert len(wrapped) == 3  # two hidden Linear layers and the head
+    paths = [o.path for o in plugin.offers]
+    assert paths[-1] == "" and len(paths) == len(set(paths))  # each offered exactly once
+    before = len(plugin.offers)
+    job.step()
+    assert len(plugin.offers) == before  # nothing pluggy-related runs per forward
+
+
+def test_profile_persistent_bytes_are_exact(run_tiny):
+    record = run_tiny()
+    from accelopt.host import PluginHost
+    from accelopt.runtime.run import build_jobs
+    from accelopt.config import JobConfig
+
+    (job,) = build_jobs([JobConfig(name="m", model="mlp", width=32, optimizer="adam", lr=1e-3)],
+                        torch.device("cpu"), PluginHost())
+    from accelopt.runtime.profile import measure_profile
+
+    before = {k: v.clone() for k, v in job.model.state_dict().items()}
+    profile = measure_profile(job)
+    # measuring does not move the real job
+    assert job.iteration == 0
+    assert all(torch.equal(before[k], v) for k, v in job.model.state_dict().items())
+    params = sum(p.numel() * p.element_size() for p in job.model.parameters())
+    buffers = sum(b.numel() * b.element_size() for b in job.model.buffers())
+    # parameters + gradients + Adam's exp_avg and exp_avg_sq (+ one scalar step per param)
+    n_params = len(list(job.model.parameters()))
+    expected = params + buffers + params + 2 * params + n_params * 4
+    assert profile.persistent_bytes == expected
+    assert profile.ephemeral_bytes > 0 and profile.iteration_seconds > 0
+    assert profile.peak_bytes == profile.persistent_bytes + profile.ephemeral_bytes
+    job.step()
+    assert tensor_bytes(persistent_tensors(job)) == profile.persistent_bytes
+    assert record.jobs[0].job.profile is not None

@@ -1,0 +1,138 @@
+"""Selecting plugins: order, constraints, and the one-line errors that name the culprits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from accelopt.errors import PluginResolutionError
+from accelopt.plugin import PluginSpec, Registry, resolve, valid_combinations
+
+
+def spec(name: str, **kw) -> PluginSpec:
+    return PluginSpec(name=name, factory=lambda c: object(), **kw)
+
+
+def registry(*specs: PluginSpec) -> Registry:
+    return Registry(loaded={s.name: s for s in specs})
+
+
+def names(specs) -> list[str]:
+    return [s.name for s in specs]
+
+
+def test_command_line_order_is_kept():
+    reg = registry(spec("a"), spec("b"), spec("c"))
+    assert names(resolve(["c", "a", "b"], reg)) == ["c", "a", "b"]
+
+
+def test_before_and_after_reorder():
+    reg = registry(spec("a", after=("b",)), spec("b"), spec("c", before=("a",)))
+    assert names(resolve(["a", "b", "c"], reg)) == ["b", "c", "a"]
+
+
+def test_constraints_on_unselected_plugins_are_ignored():
+    reg = registry(spec("a", after=("zzz",)), spec("b"))
+    assert names(resolve(["a", "b"], reg)) == ["a", "b"]
+
+
+def test_cycle_is_an_error_naming_plugins():
+    reg = registry(spec("a", after=("b",)), spec("b", after=("a",)))
+    with pytest.raises(PluginResolutionError, match="'a', 'b'.*cycle"):
+        resolve(["a", "b"], reg)
+
+
+def test_unknown_plugin_lists_installed_and_closest():
+    reg = registry(spec("salus"), spec("tictac"))
+    with pytest.raises(PluginResolutionError) as info:
+        resolve(["salsu"], reg)
+    message = str(info.value)
+    assert "unknown plugin 'salsu'" in message
+    assert "salus, tictac" in message and "did you mean 'salus'" in message
+    assert "\n" not in message
+
+
+def test_conflict_names_both():
+    reg = registry(spec("a", conflicts=("b",)), spec("b"))
+    with pytest.raises(PluginResolutionError, match="'a' and 'b' conflict"):
+        resolve(["b", "a"], reg)
+
+
+def test_missing_requirement_names_both_and_the_fix():
+    reg = registry(spec("a", requires=("b",)), spec("b"))
+    with pytest.raises(PluginResolutionError, match=r"'a' requires plugin 'b'.*\+plugins=\[a,b\]"):
+        resolve(["a"], reg)
+    assert names(resolve(["a", "b"], reg)) == ["a", "b"]
+
+
+def test_exclusive_slot_names_both():
+    reg = registry(spec("srtf", slots=("scheduler",)), spec("fair", slots=("scheduler",)))
+    with pytest.raises(PluginResolutionError, match="'srtf' and 'fair'.*'scheduler'"):
+        resolve(["srtf", "fair"], reg)
+
+
+def test_duplicate_selection_is_an_error():
+    with pytest.raises(PluginResolutionError, match="twice"):
+        resolve(["a", "a"], registry(spec("a")))
+
+
+def test_spec_validation():
+    with pytest.raises(ValueError, match="identifier"):
+        spec("not-valid")
+
+    @dataclass
+    class Cfg:
+        x: int = 1
+
+    assert spec("ok", config=Cfg).default_config().x == 1
+    with pytest.raises(TypeError):
+        spec("bad", config=int)
+
+
+def test_valid_combinations_respect_constraints():
+    specs = [spec("a", conflicts=("b",)), spec("b"), spec("c", requires=("a",))]
+    combos = valid_combinations(specs)
+    assert [] in combos and ["a"] in combos and ["b"] in combos
+    assert ["a", "b"] not in combos and ["c"] not in combos
+    assert ["a", "c"] in combos
+    assert all(len(c) <= 1 for c in valid_combinations(specs, max_size=1))
+
+
+@st.composite
+def plugin_sets(draw):
+    n = draw(st.integers(1, 6))
+    pool = [f"p{i}" for i in range(n)]
+    specs = []
+    for name in pool:
+        others = [p for p in pool if p != name]
+        specs.append(
+            spec(
+                name,
+                before=tuple(draw(st.lists(st.sampled_from(others), max_size=2))) if others else (),
+                slots=tuple(draw(st.lists(st.sampled_from(["s1", "s2"]), max_size=1))),
+            )
+        )
+    selection = draw(st.permutations(pool))
+    return specs, list(selection)
+
+
+@settings(max_examples=200, deadline=None)
+@given(plugin_sets())
+def test_resolution_either_satisfies_every_constraint_or_explains(data):
+    specs, selection = data
+    reg = registry(*specs)
+    try:
+        ordered = names(resolve(selection, reg))
+    except PluginResolutionError as exc:
+        assert "\n" not in str(exc)
+        return
+    assert sorted(ordered) == sorted(selection)
+    position = {n: i for i, n in enumerate(ordered)}
+    for s in specs:
+        for other in s.before:
+            assert position[s.name] < position[other]
+    slots = [slot for s in specs for slot in s.slots]
+    assert len(slots) == len(set(slots))

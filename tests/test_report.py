@@ -1,0 +1,245 @@
+"""Tests for accelopt.report: hand-built RunRecords, checked against hand-computed figures."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from accelopt.records import JobResult, RunRecord, Span, TelemetrySample
+from accelopt.report import (
+    JobProgress,
+    chrome_trace,
+    job_metrics,
+    load_metrics,
+    plot_timeline,
+    render_summary,
+    run_metrics,
+    write_run_outputs,
+)
+from accelopt.atomic import atomic_open
+from accelopt.report.metrics import JOB_COLUMNS, percentile
+from accelopt.types import JobInfo, JobProfile, ReportRow, RunInfo
+
+MIB = 2**20
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _job(job_id: str, name: str, arrival: float, profile: bool = True) -> JobInfo:
+    prof = JobProfile(
+        persistent_bytes=4 * MIB,
+        peak_bytes=6 * MIB,
+        ephemeral_bytes=2 * MIB,
+        iteration_seconds=0.01,
+        device="cpu",
+        method="test",
+    )
+    return JobInfo(job_id, name, "mlp", "train", arrival, 10, 8, prof if profile else None)
+
+
+def make_record(plugins: tuple[str, ...] = ("noop", "swap")) -> RunRecord:
+    """Three jobs: two done (JCT 3.0 and 5.0), one failed with an error and no profile."""
+    a = _job("j0", "mlp-a", 0.0)
+    b = _job("j1", "mlp-b", 1.0)
+    c = _job("j2", "mlp-c", 2.0, profile=False)
+    jobs = [
+        JobResult(a, "done", "default", "", 0.0, 0.5, 3.0, 10, 2.0, 80, 0.25, [0.5, 0.25]),
+        JobResult(b, "done", "lane1", "", 1.0, 2.0, 6.0, 10, 4.0, 80, float("nan")),
+        JobResult(c, "failed", "default", "out of memory [bold]x", 2.0, 3.0, None, 3, 0.5, 24),
+    ]
+    spans = [
+        Span("iter 0", "lane default", 0.5, 1.5, args={"job": "mlp-a", "iteration": 0}),
+        Span("iter 1", "lane default", 1.5, 3.0, args={"job": "mlp-a", "iteration": 1}),
+        Span("iter 0", "lane lane1", 2.0, 6.0, args={"job": "mlp-b", "iteration": 0}),
+        Span("swap", "hooks", 2.5, 2.6, category="hook", process="plugins"),
+    ]
+    telemetry = [TelemetrySample(t, "process", 50.0 + t, 100 * MIB) for t in (0.5, 1.0, 1.5)]
+    info = RunInfo("runs/2024-01-01_test", "cpu", plugins, (a, b, c), 7)
+    rows = [
+        ReportRow("noop", "did nothing: no hooks implemented", {}),
+        ReportRow("swap", "swapped 3 tensors", {"swapped": 3}),
+    ]
+    return RunRecord(
+        info=info,
+        duration_s=6.5,
+        jobs=jobs,
+        spans=spans,
+        plugin_rows=rows if plugins else [],
+        telemetry=telemetry,
+        telemetry_note="no NVIDIA GPU found (NVML: test): sampling this process's CPU and RSS",
+        metrics={"custom": 1},
+    )
+
+
+def test_percentile_matches_linear_interpolation() -> None:
+    assert percentile([], 95) is None
+    assert percentile([3.0], 95) == 3.0
+    assert percentile([3.0, 5.0], 95) == pytest.approx(3.0 + 0.95 * 2.0)
+    assert percentile([1.0, 2.0, 3.0, 4.0, 5.0], 50) == 3.0
+
+
+def test_run_metrics_against_hand_values() -> None:
+    s = run_metrics(make_record())
+    assert (s["n_jobs"], s["n_done"], s["n_failed"]) == (3, 2, 1)
+    assert s["avg_jct_s"] == pytest.approx(4.0)  # (3.0 + 5.0) / 2, failed job excluded
+    assert s["p95_jct_s"] == pytest.approx(4.9)  # 3.0 + 0.95 * (5.0 - 3.0)
+    assert s["makespan_s"] == pytest.approx(6.0)  # first arrival 0.0 to last end 6.0
+    assert s["avg_queueing_s"] == pytest.approx((0.5 + 1.0 + 1.0) / 3)
+    assert s["duration_s"] == 6.5
+    assert s["custom"] == 1
+
+
+def test_run_metrics_empty_record_gives_none() -> None:
+    record = RunRecord(info=RunInfo("runs/empty", "cpu", (), (), 0))
+    s = run_metrics(record)
+    assert s["n_jobs"] == 0
+    assert s["avg_jct_s"] is None and s["p95_jct_s"] is None and s["makespan_s"] is None
+
+
+def test_job_metrics_fields_and_nan_cleaning() -> None:
+    record = make_record()
+    a, b, c = (job_metrics(j) for j in record.jobs)
+    assert list(a) == list(JOB_COLUMNS)
+    assert a["throughput"] == pytest.approx(40.0) and a["jct_s"] == 3.0
+    assert a["persistent_bytes"] == 4 * MIB and a["iteration_seconds"] == 0.01
+    assert b["final_loss"] is None  # NaN would make strict JSON readers fail
+    assert c["jct_s"] is None and c["persistent_bytes"] is None and c["status"] == "failed"
+
+
+def test_write_outputs_round_trip_and_no_temp_files(tmp_path: Path) -> None:
+    record = make_record()
+    paths = write_run_outputs(record, tmp_path)
+    assert set(paths) == {"metrics.json", "metrics.csv", "trace.json", "timeline.png"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(paths)  # no .tmp left
+
+    loaded = load_metrics(tmp_path)
+    assert loaded["summary"]["avg_jct_s"] == pytest.approx(4.0)
+    assert [j["name"] for j in loaded["jobs"]] == ["mlp-a", "mlp-b", "mlp-c"]
+    assert loaded["run"] == {
+        "run_dir": "runs/2024-01-01_test",
+        "device": "cpu",
+        "plugins": ["noop", "swap"],
+        "seed": 7,
+    }
+    assert [p["plugin"] for p in loaded["plugins"]] == ["noop", "swap"]
+    assert len(loaded["telemetry"]["samples"]) == 3
+    assert load_metrics(paths["metrics.json"]) == loaded
+
+    with paths["metrics.csv"].open(newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert len(rows) == 3
+    assert list(rows[0]) == list(JOB_COLUMNS)
+    assert rows[2]["jct_s"] == ""  # None stays empty, not "None"
+
+    assert paths["timeline.png"].read_bytes()[:8] == PNG_MAGIC
+
+
+def test_chrome_trace_is_valid_and_tracks_are_named(tmp_path: Path) -> None:
+    record = make_record()
+    write_run_outputs(record, tmp_path)
+    trace = json.loads((tmp_path / "trace.json").read_text())
+    assert trace == chrome_trace(record)  # deterministic
+    events = trace["traceEvents"]
+    threads = {
+        (e["pid"], e["tid"]): e["args"]["name"]
+        for e in events
+        if e["ph"] == "M" and e["name"] == "thread_name"
+    }
+    processes = {
+        e["pid"]: e["args"]["name"]
+        for e in events
+        if e["ph"] == "M" and e["name"] == "process_name"
+    }
+    spans = [e for e in events if e["ph"] == "X"]
+    assert len(spans) == 4
+    for e in spans:
+        assert e["ts"] >= 0 and e["dur"] >= 0
+        assert (e["pid"], e["tid"]) in threads
+    assert spans[0]["ts"] == 500_000 and spans[0]["dur"] == 1_000_000
+    assert spans[0]["args"] == {"job": "mlp-a", "iteration": 0}
+    assert spans[3]["cat"] == "hook"
+    assert sorted(threads.values()) == ["hooks", "lane default", "lane lane1"]
+    assert set(processes.values()) == {"executor", "plugins", "telemetry"}
+    counters = [e for e in events if e["ph"] == "C"]
+    assert len(counters) == 6 and all("value" in e["args"] for e in counters)
+
+
+def test_plot_timeline_without_spans(tmp_path: Path) -> None:
+    record = RunRecord(info=RunInfo("runs/empty", "cpu", (), (), 0))
+    out = plot_timeline(record, tmp_path / "t.png")
+    assert out.read_bytes()[:8] == PNG_MAGIC
+    assert [p.name for p in tmp_path.iterdir()] == ["t.png"]
+
+
+def test_load_metrics_rejects_malformed(tmp_path: Path) -> None:
+    bad = tmp_path / "metrics.json"
+    bad.write_text("{not json")
+    with pytest.raises(ValueError, match="is not a metrics.json written by accelopt") as info:
+        load_metrics(tmp_path)
+    assert str(bad) in str(info.value) and "\n" not in str(info.value)
+
+    bad.write_text(json.dumps({"run": {}}))
+    with pytest.raises(ValueError, match="missing key"):
+        load_metrics(tmp_path)
+    with pytest.raises(ValueError, match="file not found"):
+        load_metrics(tmp_path / "nowhere")
+
+
+def _render(record: RunRecord) -> str:
+    console = Console(record=True, width=100, force_terminal=False, color_system=None)
+    render_summary(record, console)
+    return console.export_text()
+
+
+def test_summary_renders_jobs_plugins_and_errors() -> None:
+    text = _render(make_record())
+    for name in ("mlp-a", "mlp-b", "mlp-c"):
+        assert name in text
+    assert "did nothing: no hooks implemented" in text and "swapped 3 tensors" in text
+    assert "out of memory [bold]x" in text  # error shown, markup escaped
+    assert "avg JCT 4.00 s" in text and "p95 JCT 4.90 s" in text
+    assert "no NVIDIA GPU found" in text
+    assert "no plugins active" not in text
+    assert max(len(line) for line in text.splitlines()) <= 100
+
+
+def test_summary_baseline_run_says_no_plugins() -> None:
+    assert "no plugins active (baseline run)" in _render(make_record(plugins=()))
+
+
+def test_job_progress_disabled_is_noop() -> None:
+    console = Console(record=True, width=100, force_terminal=False)
+    with JobProgress(console, enabled=True) as progress:  # not a terminal: disabled
+        assert not progress.enabled
+        progress.add_job("j0", "mlp-a", 10)
+        progress.advance("j0")
+        progress.finish("j0", "failed")
+    assert console.export_text() == ""
+
+
+def test_job_progress_enabled_marks_failed() -> None:
+    console = Console(record=True, width=100, force_terminal=True, color_system=None)
+    with JobProgress(console, enabled=True) as progress:
+        progress.add_job("j0", "mlp-a", 4)
+        progress.add_job("j1", "mlp-b", 4)
+        progress.advance("j0", 4)
+        progress.advance("j1")
+        progress.advance("unknown")  # ignored, never raises
+        progress.finish("j0", "done")
+        progress.finish("j1", "failed")
+    text = console.export_text()
+    assert "4/4" in text and "1/4" in text
+    assert "✗ mlp-b (failed)" in text
+
+
+def test_interrupted_write_keeps_old_file_and_no_temp(tmp_path: Path) -> None:
+    target = tmp_path / "metrics.json"
+    target.write_text("old")
+    with pytest.raises(KeyboardInterrupt), atomic_open(target) as fh:
+        fh.write("half a fi")
+        raise KeyboardInterrupt
+    assert target.read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["metrics.json"]

@@ -1,0 +1,249 @@
+"""accelopt.testing: the recorder, run_workload and the conformance suite, on real runs of
+the ``tiny`` workload (no mocks of the runtime)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from accelopt import (
+    IterationContext,
+    IterationResult,
+    LayerOffer,
+    PluginSpec,
+    Registry,
+    ReportRow,
+    RunInfo,
+    hookimpl,
+)
+from accelopt.testing import (
+    RECORDER_NAME,
+    HookRecorder,
+    PluginConformance,
+    check_config,
+    check_declarations,
+    check_hookimpls,
+    check_no_retained_job_state,
+    check_run,
+    check_spec,
+    conformance,
+    hook_names,
+    run_workload,
+)
+from accelopt.testing.recorder import RecorderPlugin
+
+TINY_ITERATIONS = 6 + 4  # configs/workload/tiny.yaml
+
+
+# --- the recorder ------------------------------------------------------------------------
+
+
+def test_recorder_sees_the_noop_lifecycle_in_order(tmp_path: Path) -> None:
+    recorder = HookRecorder()
+    record = run_workload(["noop"], tmp_path=tmp_path, recorder=recorder)
+    recorder.assert_order(
+        ["configure", "run_start", "allocate", "iteration_start", "iteration_end", "release",
+         "run_end", "report_rows"]
+    )
+    assert recorder.count("iteration_end") == TINY_ITERATIONS
+    assert recorder.count("accelopt_run_start") == 1
+    assert recorder.count("release") == len(record.jobs) == 2
+    ends = recorder.calls("iteration_end")
+    assert [c["result"].iteration for c in ends if c["context"].job.name == "tiny-mlp"] == list(
+        range(6)
+    )
+    assert record.info.plugins == ("noop", RECORDER_NAME)
+
+
+def test_recorder_implements_every_hook() -> None:
+    implemented = {name for name in dir(RecorderPlugin) if name.startswith("accelopt_")}
+    assert implemented == set(hook_names()), "add the new hook to accelopt/testing/recorder.py"
+
+
+def test_assert_order_message_shows_the_actual_sequence() -> None:
+    recorder = HookRecorder()
+    for hook in ("accelopt_run_start", "accelopt_iteration_end", "accelopt_iteration_end"):
+        recorder.record(hook)
+    recorder.assert_order(["run_start", "iteration_end"])
+    with pytest.raises(AssertionError) as info:
+        recorder.assert_order(["iteration_end", "run_start"])
+    message = str(info.value)
+    assert "run_start was not called after iteration_end" in message
+    assert "actual sequence: run_start, iteration_end x2" in message
+    with pytest.raises(AssertionError, match="run_end was never called"):
+        recorder.assert_order(["run_end"])
+
+
+def test_a_misspelled_hook_name_is_refused_not_counted_as_zero() -> None:
+    with pytest.raises(ValueError, match="'iteraton_end' is not an accelopt hook"):
+        HookRecorder().count("iteraton_end")
+
+
+# --- run_workload ------------------------------------------------------------------------
+
+
+def test_run_workload_applies_plugin_overrides_and_keeps_runs_apart(tmp_path: Path) -> None:
+    first = run_workload(["noop"], ["plugins.noop.record=false"], tmp_path=tmp_path)
+    second = run_workload(["noop"], tmp_path=tmp_path)
+    assert first.info.run_dir != second.info.run_dir
+    assert (Path(first.info.run_dir) / "config.yaml").is_file()
+    (noop_off,) = [r for r in first.plugin_rows if r.plugin == "noop"]
+    (noop_on,) = [r for r in second.plugin_rows if r.plugin == "noop"]
+    assert noop_off.metrics == {} and noop_on.metrics["accelopt_iteration_end"] == TINY_ITERATIONS
+
+
+def test_run_workload_refuses_a_plugin_selection_in_overrides(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="plugins argument"):
+        run_workload(overrides=["+plugins=[noop]"], tmp_path=tmp_path)
+
+
+# --- conformance: every installed plugin passes ------------------------------------------
+
+
+@pytest.mark.parametrize("spec", Registry.discover().all(), ids=lambda s: s.name)
+def test_conformance_passes_for_installed_plugin(spec: PluginSpec, tmp_path: Path) -> None:
+    conformance(spec, tmp_path)
+
+
+class TestNoopConformance(PluginConformance):
+    """The base class as a third-party test module uses it (here by installed name)."""
+
+    spec = "noop"
+
+
+# --- conformance: broken plugins fail with a message that says what to fix ---------------
+
+
+class Counter:
+    """A correct minimal plugin the broken variants below start from."""
+
+    def __init__(self, config: Any) -> None:
+        self.n = 0
+
+    @hookimpl
+    def accelopt_iteration_end(self, context: IterationContext, result: IterationResult) -> None:
+        self.n += 1
+
+    @hookimpl
+    def accelopt_report_rows(self, run: RunInfo) -> list[ReportRow]:
+        return [ReportRow(plugin="counter", summary=f"counted {self.n} iterations")]
+
+
+def make_spec(factory: Any, **fields: Any) -> PluginSpec:
+    return PluginSpec(**{"name": "counter", "factory": factory, "description": "counts", **fields})
+
+
+def test_the_correct_minimal_plugin_passes(tmp_path: Path) -> None:
+    conformance(make_spec(Counter), tmp_path)
+
+
+def test_a_plugin_that_reports_nothing_fails(tmp_path: Path) -> None:
+    class Silent(Counter):
+        @hookimpl
+        def accelopt_report_rows(self, run: RunInfo) -> list[ReportRow]:
+            return []
+
+    with pytest.raises(AssertionError, match=r"accelopt_report_rows gave no ReportRow\(plugin='counter'"):
+        check_run(make_spec(Silent), tmp_path)
+
+
+def test_a_misspelled_argument_fails_and_names_the_right_one() -> None:
+    class Misspelled(Counter):
+        @hookimpl
+        def accelopt_iteration_end(self, context: IterationContext, reslt: Any) -> None:
+            pass
+
+    with pytest.raises(AssertionError, match=r"argument 'reslt' is not passed by accelopt_iteration_end "
+                       r"\(did you mean 'result'\?\)"):
+        check_hookimpls(make_spec(Misspelled))
+
+
+def test_a_misspelled_hook_fails_with_a_suggestion() -> None:
+    class WrongHook(Counter):
+        @hookimpl
+        def accelopt_iteration_ends(self, context: Any) -> None:
+            pass
+
+    with pytest.raises(AssertionError, match="did you mean accelopt_iteration_end"):
+        check_hookimpls(make_spec(WrongHook))
+
+
+def test_an_undecorated_hook_method_fails() -> None:
+    class Undecorated(Counter):
+        def accelopt_run_start(self, run: RunInfo) -> None:
+            pass
+
+    with pytest.raises(AssertionError, match="accelopt_run_start looks like a hook but is not decorated"):
+        check_hookimpls(make_spec(Undecorated))
+
+
+def test_an_argument_with_a_default_fails() -> None:
+    class Defaulted(Counter):
+        @hookimpl
+        def accelopt_run_end(self, run: RunInfo, metrics: Any = None) -> None:
+            pass
+
+    with pytest.raises(AssertionError, match="'metrics' has a default, so pluggy never passes it"):
+        check_hookimpls(make_spec(Defaulted))
+
+
+def test_a_keyword_only_argument_fails() -> None:
+    class KeywordOnly(Counter):
+        @hookimpl
+        def accelopt_run_start(self, *, run: RunInfo) -> None:
+            pass
+
+    with pytest.raises(AssertionError, match="'run' is keyword-only"):
+        check_hookimpls(make_spec(KeywordOnly))
+
+
+def test_spec_without_description_or_with_bad_declarations_fails() -> None:
+    with pytest.raises(AssertionError, match="description is empty"):
+        check_spec(make_spec(Counter, description=""))
+    with pytest.raises(AssertionError, match="after contains 'not-a-name'"):
+        check_declarations(make_spec(Counter, after=("not-a-name",)))
+    with pytest.raises(AssertionError, match="names itself in requires"):
+        check_declarations(make_spec(Counter, requires=("counter",)))
+
+
+def test_config_without_defaults_or_with_unsupported_types_fails() -> None:
+    @dataclass
+    class NoDefault:
+        threshold: float
+
+    @dataclass
+    class BadType:
+        layers: object = None
+
+    with pytest.raises(AssertionError, match="give every field a default"):
+        check_config(make_spec(Counter, config=NoDefault))
+    with pytest.raises(AssertionError, match="not a valid OmegaConf schema"):
+        check_config(make_spec(Counter, config=BadType))
+
+
+def test_a_plugin_that_raises_fails_naming_plugin_and_hook(tmp_path: Path) -> None:
+    class Raising(Counter):
+        @hookimpl
+        def accelopt_iteration_end(self, context: IterationContext, result: IterationResult) -> None:
+            raise RuntimeError("boom")
+
+    with pytest.raises(AssertionError, match="plugin 'counter' raised in hook accelopt_iteration_end"):
+        check_run(make_spec(Raising), tmp_path)
+
+
+def test_a_plugin_that_keeps_the_jobs_layers_fails_the_retention_check(tmp_path: Path) -> None:
+    class Hoarder(Counter):
+        def __init__(self, config: Any) -> None:
+            super().__init__(config)
+            self.layers: list[Any] = []
+
+        @hookimpl
+        def accelopt_layer_build(self, layer: LayerOffer) -> None:
+            self.layers.append(layer.module)
+
+    spec = make_spec(Hoarder)
+    with pytest.raises(AssertionError, match=r"still holds a model/layer \(\w+\) at Hoarder.layers\[0\]"):
+        check_no_retained_job_state(spec, check_run(spec, tmp_path))
