@@ -110,7 +110,8 @@ def accelopt_release(job: JobInfo, lane: str, status: str) -> None:
 def accelopt_select_next(lane: str, ready: Sequence[JobState], now_s: float) -> str | None:
     """Choose which admitted job of ``lane`` runs its next iteration; return its ``job_id``.
 
-    Called at every iteration boundary of the lane. ``ready`` is never empty. Returning
+    Called at every iteration boundary of the lane where there is a choice (two or more
+    ready jobs; with one the answer is forced and the call is skipped). Returning
     ``None`` leaves the choice to the next plugin or the default (earliest arrival first,
     which runs each job to completion: FIFO).
     """

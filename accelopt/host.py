@@ -41,11 +41,12 @@ class PluginHost:
                     if impl.plugin is instance:
                         self._code_owner[getattr(impl.function, "__code__", None)] = name
         self.timer: HookTimer | None = None
-        self._implemented = {
-            name
+        self._callers = {
+            name: getattr(self.pm.hook, name)
             for name in dir(self.pm.hook)
             if name.startswith("accelopt_") and getattr(self.pm.hook, name).get_hookimpls()
         }
+        self._implemented = frozenset(self._callers)
 
     def implements(self, hook: str) -> bool:
         """Whether any active plugin implements ``hook`` (lets hot paths skip the call)."""
@@ -53,19 +54,21 @@ class PluginHost:
 
     def call(self, hook: str, **kwargs: Any) -> Any:
         """Call a hook; a plugin's exception becomes :class:`PluginHookError`."""
-        if hook not in self._implemented:
-            caller = getattr(self.pm.hook, hook)
-            return None if caller.spec.opts.get("firstresult") else []
-        start = time.perf_counter()
+        caller = self._callers.get(hook)
+        if caller is None:
+            spec = getattr(self.pm.hook, hook).spec
+            return None if spec.opts.get("firstresult") else []
+        timer = self.timer
+        start = time.perf_counter() if timer is not None else 0.0
         try:
-            return getattr(self.pm.hook, hook)(**kwargs)
+            return caller(**kwargs)
         except AccelOptError:
             raise
         except Exception as exc:
             raise PluginHookError(self._owner_of(exc), hook, exc) from exc
         finally:
-            if self.timer is not None:
-                self.timer(hook, start, time.perf_counter())
+            if timer is not None:
+                timer(hook, start, time.perf_counter())
 
     def chain(
         self, hook: str, value: Any, make_kwargs: Callable[[Any], dict[str, Any]], *,
@@ -79,8 +82,9 @@ class PluginHost:
             return value
         impls = getattr(self.pm.hook, hook).get_hookimpls()  # pluggy order: last-first
         for impl in impls if reverse else reversed(impls):
+            kwargs = make_kwargs(value)
             try:
-                out = impl.function(**make_kwargs(value))
+                out = impl.function(**{k: kwargs[k] for k in impl.argnames})
             except AccelOptError:
                 raise
             except Exception as exc:
@@ -94,7 +98,7 @@ class PluginHost:
         for impl in getattr(self.pm.hook, hook).get_hookimpls():
             if impl.plugin_name == plugin:
                 try:
-                    return impl.function(**kwargs)
+                    return impl.function(**{k: kwargs[k] for k in impl.argnames})
                 except AccelOptError:
                     raise
                 except Exception as exc:

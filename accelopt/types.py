@@ -15,7 +15,7 @@ AllocationPhase = Literal["admission", "iteration"]
 TransferKind = Literal["param", "grad"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class JobProfile:
     """Measured memory and time of one job (never guessed; see ``runtime/profile.py``).
 
@@ -33,7 +33,7 @@ class JobProfile:
     method: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class JobInfo:
     """Identity and plan of a job, as a plugin sees it."""
 
@@ -47,7 +47,7 @@ class JobInfo:
     profile: JobProfile | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class AllocationRequest:
     """A job asks for memory: its persistent bytes at admission, or one iteration's ephemeral
     bytes before that iteration starts."""
@@ -61,7 +61,7 @@ class AllocationRequest:
     """Device capacity the run was configured with (``None``: unlimited / not known)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class AllocationDecision:
     """A plugin's answer to an :class:`AllocationRequest`.
 
@@ -77,7 +77,7 @@ class AllocationDecision:
     reject: str | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class JobState:
     """A snapshot of one admitted job at an iteration boundary."""
 
@@ -94,7 +94,7 @@ class JobState:
         return self.job.iterations - self.iterations_done
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class IterationContext:
     """Facts about the iteration that is about to start or has just ended."""
 
@@ -104,7 +104,7 @@ class IterationContext:
     now_s: float
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class IterationResult:
     """What one iteration measured."""
 
@@ -120,7 +120,7 @@ class IterationResult:
         return self.end_s - self.start_s
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TransferRecord:
     """One parameter or gradient transfer between two processes of a cluster."""
 
@@ -134,7 +134,7 @@ class TransferRecord:
     kind: TransferKind
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class LayerOffer:
     """A layer offered to plugins once, at model build time.
 
@@ -152,7 +152,7 @@ class LayerOffer:
     out_features: int | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RunInfo:
     """The run as a whole: where it writes, which plugins are active, on which device."""
 
@@ -163,7 +163,7 @@ class RunInfo:
     seed: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ReportRow:
     """One line a plugin contributes to the run summary: what it did, or why it did nothing."""
 
@@ -172,7 +172,7 @@ class ReportRow:
     metrics: dict[str, float | int | str] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class CliCommand:
     """A subcommand a plugin adds to ``accelopt`` (``accelopt <name> ...``).
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from clirun import accelopt, accelopt_cmd, cli_env
 
 from accelopt.runtime.checkpoint import atomic_torch_save
-from clirun import accelopt, accelopt_cmd, cli_env
 
 JOB = [
     "workload=single",

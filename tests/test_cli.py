@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from clirun import accelopt
 
 pytestmark = pytest.mark.timeout(180)

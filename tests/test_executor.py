@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from plugins_for_tests import BOOM, LANES, LIFO, REJECT, SABOTAGE, WRAP, TimesTwo
 
 from accelopt.errors import PluginHookError
 from accelopt.runtime.profile import persistent_tensors, tensor_bytes
-from plugins_for_tests import BOOM, LANES, LIFO, REJECT, SABOTAGE, WRAP, TimesTwo
 
 TWO_JOBS_SAME_ARRIVAL = [
     "workload.jobs.1.arrival_s=0.0",
@@ -26,7 +26,7 @@ def test_default_is_fifo_one_job_at_a_time(run_tiny):
     assert {j.lane for j in record.jobs} == {"default"}
     # one lane: iterations never overlap in time
     spans = sorted((s for s in record.spans if s.category == "iteration"), key=lambda s: s.start_s)
-    assert all(a.end_s <= b.start_s for a, b in zip(spans, spans[1:]))
+    assert all(a.end_s <= b.start_s for a, b in zip(spans, spans[1:], strict=False))
 
 
 def test_select_next_hook_picks_the_job(run_tiny):
@@ -101,9 +101,9 @@ def test_job_failing_while_profiled_fails_alone(run_tiny):
 
 
 def test_layer_build_hook_replaces_layers_once_at_build(run_tiny):
+    from accelopt.config import JobConfig
     from accelopt.host import PluginHost
     from accelopt.runtime.run import build_jobs
-    from accelopt.config import JobConfig
 
     plugin = WRAP.instantiate()
     host = PluginHost([(WRAP, plugin)])
@@ -119,9 +119,9 @@ def test_layer_build_hook_replaces_layers_once_at_build(run_tiny):
 
 def test_profile_persistent_bytes_are_exact(run_tiny):
     record = run_tiny()
+    from accelopt.config import JobConfig
     from accelopt.host import PluginHost
     from accelopt.runtime.run import build_jobs
-    from accelopt.config import JobConfig
 
     (job,) = build_jobs([JobConfig(name="m", model="mlp", width=32, optimizer="adam", lr=1e-3)],
                         torch.device("cpu"), PluginHost())

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from accelopt.atomic import atomic_open
 from accelopt.records import JobResult, RunRecord, Span, TelemetrySample
 from accelopt.report import (
     JobProgress,
@@ -20,7 +21,6 @@ from accelopt.report import (
     run_metrics,
     write_run_outputs,
 )
-from accelopt.atomic import atomic_open
 from accelopt.report.metrics import JOB_COLUMNS, percentile
 from accelopt.types import JobInfo, JobProfile, ReportRow, RunInfo
 

@@ -247,3 +247,16 @@ def test_a_plugin_that_keeps_the_jobs_layers_fails_the_retention_check(tmp_path:
     spec = make_spec(Hoarder)
     with pytest.raises(AssertionError, match=r"still holds a model/layer \(\w+\) at Hoarder.layers\[0\]"):
         check_no_retained_job_state(spec, check_run(spec, tmp_path))
+
+
+def test_a_plugin_taking_a_subset_of_arguments_passes(tmp_path: Path) -> None:
+    class Subset(Counter):
+        @hookimpl
+        def accelopt_configure(self, config: Any) -> None:
+            self.config = config
+
+        @hookimpl
+        def accelopt_layer_build(self, layer: LayerOffer) -> None:
+            return None
+
+    conformance(make_spec(Subset), tmp_path)

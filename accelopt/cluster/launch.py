@@ -17,7 +17,6 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,36 +24,12 @@ import torch.multiprocessing as mp
 from omegaconf import DictConfig, OmegaConf
 
 from accelopt.cluster import faults, netns
-from accelopt.cluster.outcome import build_outcome
+from accelopt.cluster.outcome import ClusterOutcome, build_outcome
 from accelopt.cluster.rank import RankResult, job_spec, run_rank
 from accelopt.cluster.settings import ClusterSettings, settings_from
 from accelopt.errors import ConfigError
-from accelopt.records import JobResult, Span
-from accelopt.types import ReportRow
 
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR")
-
-
-@dataclass
-class ClusterOutcome:
-    """What a cluster run hands back to the single-process runner.
-
-    ``results``: one JobResult for the job (losses are the global batch's); ``spans``: every
-    rank's timeline (process ``"rank N (role)"``, tracks ``compute``, ``wait``,
-    ``iteration`` and ``link A->B``); ``metrics``: flat run-level figures;
-    ``plugin_rows``: the ranks' report rows, deduplicated; ``state``: the trained
-    parameters (plus the first worker's buffers); ``primary``: False on torchrun ranks other
-    than 0, which should write no outputs.
-    """
-
-    results: list[JobResult] = field(default_factory=list)
-    spans: list[Span] = field(default_factory=list)
-    metrics: dict[str, Any] = field(default_factory=dict)
-    plugin_rows: list[ReportRow] = field(default_factory=list)
-    state: dict[str, Any] = field(default_factory=dict)
-    per_iteration: list[dict[str, Any]] = field(default_factory=list)
-    ranks: list[RankResult] = field(default_factory=list)
-    primary: bool = True
 
 
 def under_torchrun(env: dict[str, str] | None = None) -> bool:
@@ -93,13 +68,32 @@ def run_cluster(cfg: DictConfig, *, run_dir: str | os.PathLike[str] = ".",
         netns.check_possible(netns.Shape(settings.bandwidth_bps, settings.latency_s))
     if console is not None:
         console.print(_banner(settings))
-    with tempfile.TemporaryDirectory(prefix="accelopt-cluster-") as work:
+    with tempfile.TemporaryDirectory(prefix="accelopt-cluster-") as work, own_mp_helpers():
         ranks = _spawn(cfg, settings, t0, work, str(run_dir))
     return build_outcome(ranks, settings, cfg)
 
 
+@contextlib.contextmanager
+def own_mp_helpers() -> Iterator[None]:
+    """Starting a spawn-context process also starts multiprocessing's resource tracker; if
+    this run started it, stop it afterwards so the run leaves no process behind."""
+    from multiprocessing import resource_tracker
+
+    tracker = getattr(resource_tracker, "_resource_tracker", None)
+    was_running = tracker is None or getattr(tracker, "_pid", None) is not None
+    try:
+        yield
+    finally:
+        if not was_running and getattr(tracker, "_pid", None) is not None:
+            with contextlib.suppress(Exception):
+                tracker._stop()  # type: ignore[union-attr]
+
+
 def _banner(s: ClusterSettings) -> str:
-    who = f"{s.workers} workers" + (f" + {s.servers} servers" if s.mode == "ps" else "")
+    def n(count: int, what: str) -> str:
+        return f"{count} {what}" + ("s" if count != 1 else "")
+
+    who = n(s.workers, "worker") + (" + " + n(s.servers, "server") if s.mode == "ps" else "")
     net = ""
     if s.shaped:
         bw = f"{s.bandwidth_bps / 1e6:g} Mbit/s" if s.bandwidth_bps else "unlimited"

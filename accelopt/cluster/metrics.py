@@ -45,7 +45,7 @@ def overlap_metrics(
     return {
         "mc_s": mc,
         "pc_s": pc,
-        "makespan_s": makespan,
+        "iteration_makespan_s": makespan,
         "efficiency_e": efficiency,
         "ratio_a": mc / pc if pc > 0 else None,
         "speedup_potential_s": (upper - lower) / lower if lower > 0 else None,
@@ -129,7 +129,7 @@ def summarize(
     """Run-level medians. ``X`` excludes the first ``warmup`` iterations (when the run has
     more); ``X_with_warmup`` includes every iteration."""
     out: dict[str, float | int | None] = {}
-    keys = ("mc_s", "pc_s", "makespan_s", "efficiency_e", "ratio_a")
+    keys = ("mc_s", "pc_s", "iteration_makespan_s", "efficiency_e", "ratio_a")
     n_iter = len(iteration_seconds)
     skip = warmup if n_iter > warmup else 0
     steady = [r for r in rows if r["iteration"] >= skip]

@@ -75,7 +75,6 @@ def run_server(rt: RankRuntime) -> None:
     batch = rt.spec.batch_size
     weights = {w: (stop - start) / batch
                for w, (start, stop) in zip(workers, shard_rows(batch, len(workers)), strict=True)}
-    expected = {p.index: p for p in shard}
     timer = Timer(rt)
     for i in range(rt.spec.iterations):
         start, ctx = rt.iteration_start(i)
@@ -84,8 +83,8 @@ def run_server(rt: RankRuntime) -> None:
         for w in workers:
             records = {p.index: _record(rt, p, i, w, rt.rank, "grad") for p in shard}
 
-            def deliver(rec: TransferRecord, payload: Any, w: int = w) -> None:
-                grads[w][rec.tensor] = payload
+            def deliver(rec: TransferRecord, payload: Any, got: dict = grads[w]) -> None:
+                got[rec.tensor] = payload
 
             receivers.start(rt.transport.receive, i, w, records, deliver)
         for w in workers:
@@ -200,7 +199,7 @@ def run_worker(rt: RankRuntime) -> None:
         state["iteration"], state["posted"] = i, set()
         layers.reset(i)
         receivers = _Receivers()
-        receivers.on_error = lambda: layers.fail(receivers.error)
+        receivers.on_error = lambda r=receivers: layers.fail(r.error)
         for s, shard in shards.items():
             receivers.start(rt.transport.receive, i, s,
                             {p.index: _record(rt, p, i, s, rt.rank, "param") for p in shard},

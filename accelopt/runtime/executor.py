@@ -234,7 +234,7 @@ class Executor:
         if self._fatal is not None:
             return None
         chosen = None
-        if self.host.implements("accelopt_select_next"):
+        if len(ready) > 1 and self.host.implements("accelopt_select_next"):
             states = [e.state() for e in ready]
             job_id = self.host.call(
                 "accelopt_select_next", lane=lane, ready=states, now_s=self.now()

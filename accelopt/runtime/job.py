@@ -77,7 +77,7 @@ class Job:
             if layer_hook is not None:
                 model = offer_layers(model, self.info, layer_hook)
         self.model = model.to(device)
-        self.loss_fn = nn.CrossEntropyLoss()
+        self.loss_fn = job_loss(self.dataset)
         self.optimizer = make_optimizer(spec, self.model) if spec.kind == "train" else None
         self.iteration = 0
         if spec.kind == "infer":
@@ -125,6 +125,20 @@ class Job:
         if self.optimizer is not None and state["optimizer"] is not None:
             self.optimizer.load_state_dict(state["optimizer"])
         self.iteration = int(state["iteration"])
+
+
+def job_loss(dataset: Any) -> Callable[[Any, torch.Tensor], torch.Tensor]:
+    """The training loss: the dataset's own ``loss_fn(out, y)`` when it has one (multi-label
+    targets need one), else cross-entropy over class indices. A model output that has a
+    ``loss_against(y)`` method computes its own loss (a sampled output layer only knows which
+    logits it computed once it sees the targets)."""
+    base = getattr(dataset, "loss_fn", None) or nn.CrossEntropyLoss()
+
+    def loss(out: Any, y: torch.Tensor) -> torch.Tensor:
+        own = getattr(out, "loss_against", None)
+        return own(y) if callable(own) else base(out, y)
+
+    return loss
 
 
 def _validate(spec: JobConfig) -> None:

@@ -45,7 +45,7 @@ def execute(
     console: Console | None = None,
 ) -> RunRecord:
     """Run the configured workload; return what it measured (outputs already written)."""
-    console = console or Console(stderr=False)
+    console = console or default_console()
     registry = registry or Registry.discover()
     cfg, run_dir, resuming = _maybe_resume(cfg, run_dir, console)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -108,6 +108,13 @@ def execute(
     record.jobs = results
     record.spans = executor.spans + hook_spans
     return _finish(record, host, run_dir, console)
+
+
+def default_console() -> Console:
+    """A terminal gets its own width; a pipe or CI log gets 120 columns instead of rich's
+    80, so the summary table stays readable in logs."""
+    console = Console()
+    return console if console.is_terminal else Console(width=120)
 
 
 def _finish(record: RunRecord, host: PluginHost, run_dir: Path, console: Console) -> RunRecord:

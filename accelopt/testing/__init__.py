@@ -16,6 +16,7 @@ See ``docs/plugin-guide.md``.
 
 from __future__ import annotations
 
+from accelopt.records import RunRecord
 from accelopt.testing.conformance import (
     PluginConformance,
     check_config,
@@ -34,6 +35,7 @@ __all__ = [
     "HookCall",
     "HookRecorder",
     "PluginConformance",
+    "RunRecord",
     "check_config",
     "check_declarations",
     "check_hookimpls",

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from accelopt.workloads.models import InputKind, model_input_kind
+from accelopt.workloads.refs import is_ref, resolve_ref
 
 DATASET_NAMES: tuple[str, ...] = (
     "synthetic_vectors",
@@ -243,7 +244,12 @@ def build_dataset(name: str, *, seed: int, n_train: int | None = None) -> Datase
     """Build dataset ``name``; ``seed`` fixes both its content (synthetic ones) and batch order.
 
     ``n_train`` defaults to 2048 for synthetic datasets and the full 80% split for digits.
+    ``name`` may be a ``"module:factory"`` reference, called as ``factory(seed=, n_train=)``;
+    it returns any object with ``Dataset``'s interface (``batch``, ``input_shape``,
+    ``num_classes``, ``vocab_size``, ``input_kind``) and may add ``loss_fn(out, y)``.
     """
+    if is_ref(name):
+        return resolve_ref(name, "dataset")(seed=seed, n_train=n_train)  # type: ignore[no-any-return]
     if name not in DATASET_NAMES:
         raise ValueError(f"unknown dataset {name!r}; known datasets: {', '.join(DATASET_NAMES)}")
     if n_train is not None and n_train < 1:
@@ -260,6 +266,8 @@ def build_dataset(name: str, *, seed: int, n_train: int | None = None) -> Datase
 
 def default_dataset_for(model: str) -> str:
     """The synthetic dataset that matches a model family's input kind."""
+    if is_ref(model):
+        raise ValueError(f"model {model!r} is a reference: set the job's dataset explicitly")
     return _DEFAULT_FOR_KIND[model_input_kind(model)]
 
 
@@ -267,7 +275,11 @@ def check_compatible(model: str, dataset: Dataset) -> None:
     """Reject a model/dataset pair before any compute is spent (one line, names the fix).
 
     The MLP flattens, so it takes vectors or images; every other family needs its own kind.
+    A referenced model (``module:factory``) or a dataset of a kind the zoo does not know
+    (e.g. sparse inputs from a referenced factory) is its author's to match: not checked.
     """
+    if is_ref(model) or dataset.input_kind not in _PLURAL:
+        return
     needed = model_input_kind(model)
     accepted: tuple[InputKind, ...] = ("vector", "image") if model == "mlp" else (needed,)
     if dataset.input_kind in accepted:

@@ -24,6 +24,8 @@ from typing import Literal
 import torch
 from torch import nn
 
+from accelopt.workloads.refs import is_ref, resolve_ref
+
 InputKind = Literal["vector", "image", "sequence"]
 
 MODEL_NAMES: tuple[str, ...] = ("mlp", "cnn", "resnet", "inception", "lstm", "transformer")
@@ -290,10 +292,19 @@ def build_model(
 ) -> nn.Module:
     """Build a zoo model for inputs of ``input_shape`` (per sample, no batch dimension).
 
+    ``name`` may also be a ``"module:factory"`` reference (see ``workloads/refs.py``): the
+    factory is called with the same keyword arguments and returns the module.
+
     Images are (C, H, W) float tensors; sequences are (seq_len,) integer tokens and need
     ``vocab_size``. ``width`` is the hidden size (MLP, LSTM, Transformer) or the base channel
     count (CNN families); ``None`` picks a small default that keeps a step in milliseconds.
     """
+    if is_ref(name):
+        factory = resolve_ref(name, "model")
+        return factory(  # type: ignore[no-any-return]
+            input_shape=tuple(input_shape), num_classes=num_classes, vocab_size=vocab_size,
+            width=width,
+        )
     _check_known(name)
     input_shape = tuple(int(d) for d in input_shape)
     if not input_shape or any(d < 1 for d in input_shape):

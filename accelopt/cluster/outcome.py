@@ -1,0 +1,121 @@
+"""Turn the ranks' raw results into what the runner records: one JobResult, the merged
+timeline, run-level metrics and the plugins' report rows."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import DictConfig
+
+from accelopt.cluster import metrics as cm
+from accelopt.cluster.model import shard_rows
+from accelopt.cluster.rank import RankResult
+from accelopt.cluster.settings import ClusterSettings
+from accelopt.records import JobResult, Span
+from accelopt.types import ReportRow
+
+
+@dataclass
+class ClusterOutcome:
+    """What a cluster run hands back to the single-process runner.
+
+    ``results``: one JobResult for the job (losses are the global batch's); ``spans``: every
+    rank's timeline (process ``"rank N (role)"``, tracks ``compute``, ``wait``,
+    ``iteration`` and ``link A->B``); ``metrics``: flat run-level figures;
+    ``plugin_rows``: the ranks' report rows, deduplicated; ``state``: the trained
+    parameters (plus the first worker's buffers); ``per_iteration``: Mc/Pc/U/E/a per worker
+    and iteration; ``primary``: False on torchrun ranks other than 0 (write no outputs).
+    """
+
+    results: list[JobResult] = field(default_factory=list)
+    spans: list[Span] = field(default_factory=list)
+    metrics: dict[str, Any] = field(default_factory=dict)
+    plugin_rows: list[ReportRow] = field(default_factory=list)
+    state: dict[str, Any] = field(default_factory=dict)
+    per_iteration: list[dict[str, Any]] = field(default_factory=list)
+    ranks: list[RankResult] = field(default_factory=list)
+    primary: bool = True
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def build_outcome(ranks: list[RankResult], settings: ClusterSettings,
+                  cfg: DictConfig) -> ClusterOutcome:
+    ranks = sorted(ranks, key=lambda r: r.rank)
+    workers = [r for r in ranks if r.role == "worker"]
+    info = workers[0].job
+    batch = info.batch_size
+    shares = [(b - a) / batch for a, b in shard_rows(batch, settings.workers)]
+    n_iter = info.iterations
+    losses, starts, ends, seconds, samples = [], [], [], [], 0
+    for i in range(n_iter):
+        rows = [w.iterations[i] for w in workers]
+        losses.append(sum(r["loss"] * share for r, share in zip(rows, shares, strict=True)))
+        starts.append(min(r["start_s"] for r in rows))
+        ends.append(max(r["end_s"] for r in rows))
+        seconds.append(max(r["end_s"] - r["start_s"] for r in rows))
+        samples += sum(r["samples"] for r in rows)
+    result = JobResult(
+        job=info, status="done", lane=f"cluster {settings.mode}",
+        admitted_s=starts[0], first_start_s=starts[0], end_s=ends[-1],
+        iterations_done=n_iter, service_s=ends[-1] - starts[0], samples=samples,
+        final_loss=losses[-1], losses=losses,
+    )
+    spans = [s for r in ranks for s in r.spans]
+    worker_ranks = settings.worker_ranks()
+    per_iter = cm.per_worker_iteration(spans, worker_ranks)
+    summary = cm.summarize(per_iter, seconds, cm.link_bandwidth(spans))
+    skip = int(summary["warmup_iterations"] or 0)
+
+    param_bytes = sum(p.numel() * p.element_size() for r in ranks for p in r.params.values())
+    if settings.mode == "allreduce":
+        param_bytes = sum(p.numel() * p.element_size() for p in ranks[0].params.values())
+    wire = [sum(r.stats.bytes_by_iteration.get(i, 0) for r in ranks) for i in range(n_iter)]
+    metrics: dict[str, Any] = {
+        "cluster_mode": settings.mode,
+        "cluster_workers": settings.workers,
+        "cluster_servers": settings.servers,
+        "cluster_backend": ranks[0].backend,
+        "param_bytes": param_bytes,
+        "bytes_per_iteration": _median(wire[skip:]) if wire[skip:] else _median(wire),
+        "transfers": sum(r.stats.transfers for r in ranks),
+        "transfers_dropped": sum(r.stats.dropped for r in ranks),
+        "transfers_ordered": sum(r.stats.ordered for r in ranks),
+        "transfers_held": sum(r.stats.held for r in ranks),
+    }
+    ordered = metrics["transfers_ordered"]
+    metrics["out_of_order_fraction"] = (
+        sum(r.stats.inversions for r in ranks) / ordered if ordered else 0.0
+    )
+    if settings.mode == "ps":
+        metrics["expected_bytes_per_iteration"] = 2 * param_bytes * settings.workers
+    if settings.bandwidth_bps:
+        metrics["configured_bandwidth_bps"] = settings.bandwidth_bps
+    if settings.latency_s:
+        metrics["configured_latency_s"] = settings.latency_s
+    lo = ranks[0].loopback_bytes
+    if len(lo) >= 2:
+        diffs = [b - a for (_, a), (_, b) in zip(lo, lo[1:], strict=False)]
+        metrics["loopback_bytes_per_iteration"] = _median(diffs[skip:]) or _median(diffs)
+    metrics.update(summary)
+    rows: list[ReportRow] = []
+    seen: set[tuple[str, str]] = set()
+    for r in ranks:
+        for row in r.plugin_rows:
+            key = (row.plugin, row.summary)
+            if key not in seen:
+                seen.add(key)
+                rows.append(row)
+    state: dict[str, Any] = {}
+    for r in ranks:
+        state.update(r.buffers)
+        state.update(r.params)
+    return ClusterOutcome(
+        results=[result], spans=spans,
+        metrics={k: v for k, v in metrics.items() if v is not None},
+        plugin_rows=rows, state=state, per_iteration=per_iter, ranks=ranks,
+    )

@@ -1,0 +1,135 @@
+"""Single process vs parameter server vs all-reduce, same model and total batch, on a
+shaped loopback (a fresh network namespace with tc tbf). Needs root and iproute2.
+
+Prints, side by side: iterations/s, the TicTac metrics (Mc, Pc, E, a), bytes per
+iteration (transport count and the kernel's lo counter) against the model's parameter
+bytes x workers x 2, and the achieved bandwidth of one large transfer against the limit.
+
+    sudo python benchmarks/cluster_modes.py --bandwidth 1gbit --width 1024 --batch 512
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import time
+
+import torch
+from omegaconf import OmegaConf
+
+from accelopt.cluster import run_cluster
+from accelopt.cluster.probe import measure_bandwidth
+from accelopt.cluster.settings import parse_rate
+from accelopt.config import AccelConfig, JobConfig
+from accelopt.runtime.job import Job
+
+WARMUP = 2
+
+
+def config(args: argparse.Namespace, mode: str) -> object:
+    cfg = OmegaConf.structured(AccelConfig)
+    cfg.workload.jobs = [OmegaConf.structured(JobConfig(
+        name="bench", model=args.model, width=args.width, batch_size=args.batch,
+        iterations=args.iterations, seed=0))]
+    cfg.cluster.mode = mode
+    cfg.cluster.workers = args.workers
+    cfg.cluster.servers = args.servers
+    cfg.cluster.bucket_mb = args.bucket_mb
+    cfg.cluster.timeout_s = 120
+    cfg.cluster.network.bandwidth = args.bandwidth
+    return cfg
+
+
+def single(args: argparse.Namespace) -> dict[str, float]:
+    torch.set_num_threads(1)  # each cluster rank runs with one thread too
+    cfg = config(args, "none")
+    spec = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(JobConfig),
+                                               cfg.workload.jobs[0]))
+    job = Job(spec, job_id="single", device=torch.device("cpu"))
+    times = []
+    for _ in range(args.iterations):
+        t = time.perf_counter()
+        job.step()
+        times.append(time.perf_counter() - t)
+    it = statistics.median(times[WARMUP:])
+    return {"iterations_per_s": 1 / it, "pc_s": it}
+
+
+def median_of(runs: list[dict[str, float]], key: str) -> float | None:
+    vals = [r[key] for r in runs if r.get(key) is not None]
+    return statistics.median(vals) if vals else None
+
+
+def fmt(value: float | None, spec: str) -> str:
+    if value is None:
+        return "-".rjust(int(spec.split(".")[0] or 1))
+    return format(value, spec)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--bandwidth", default="1gbit")
+    ap.add_argument("--model", default="mlp")
+    ap.add_argument("--width", type=int, default=1024)
+    ap.add_argument("--batch", type=int, default=512)
+    ap.add_argument("--iterations", type=int, default=8)
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--servers", type=int, default=1)
+    ap.add_argument("--bucket-mb", type=float, default=1.0)
+    args = ap.parse_args()
+    limit = parse_rate(args.bandwidth)
+
+    rows: dict[str, list[dict[str, float]]] = {"single": [], "ps": [], "allreduce": []}
+    for _ in range(args.repeats):
+        rows["single"].append(single(args))
+        for mode in ("ps", "allreduce"):
+            rows[mode].append(run_cluster(config(args, mode), run_dir=".").metrics)
+    probe = measure_bandwidth(limit, nbytes=32 * 2**20, repeats=3)
+
+    print(f"machine: {platform.node()} {platform.machine()}, {os.cpu_count()} CPUs, "
+          f"kernel {platform.release()}, torch {torch.__version__}, gloo over a tc-shaped lo")
+    print(f"settings: {args.model} width {args.width}, total batch {args.batch}, "
+          f"{args.iterations} iterations (first {WARMUP} excluded), {args.workers} workers, "
+          f"{args.servers} server(s) in ps mode, bucket {args.bucket_mb} MB, "
+          f"bandwidth {args.bandwidth}, medians of {args.repeats} repeat(s)")
+    print()
+    header = (f"{'mode':<10} {'it/s':>7} {'Mc ms':>8} {'Pc ms':>8} {'U ms':>8} {'E':>6} "
+              f"{'a':>6} {'MB/iter':>8} {'lo MB/iter':>10} {'expected MB':>11} {'link Mbit/s':>11}")
+    print(header)
+    print("-" * len(header))
+    for mode, runs in rows.items():
+        ms = {k: median_of(runs, k) for k in (
+            "iterations_per_s", "mc_s", "pc_s", "iteration_makespan_s", "efficiency_e",
+            "ratio_a", "bytes_per_iteration", "loopback_bytes_per_iteration",
+            "expected_bytes_per_iteration", "achieved_bandwidth_bps")}
+
+        def scaled(key: str, factor: float, ms: dict = ms) -> float | None:
+            return None if ms[key] is None else ms[key] * factor
+
+        print(f"{mode:<10} {fmt(ms['iterations_per_s'], '7.2f')} "
+              f"{fmt(scaled('mc_s', 1e3), '8.1f')} {fmt(scaled('pc_s', 1e3), '8.1f')} "
+              f"{fmt(scaled('iteration_makespan_s', 1e3), '8.1f')} "
+              f"{fmt(ms['efficiency_e'], '6.2f')} {fmt(ms['ratio_a'], '6.2f')} "
+              f"{fmt(scaled('bytes_per_iteration', 1e-6), '8.3f')} "
+              f"{fmt(scaled('loopback_bytes_per_iteration', 1e-6), '10.3f')} "
+              f"{fmt(scaled('expected_bytes_per_iteration', 1e-6), '11.3f')} "
+              f"{fmt(scaled('achieved_bandwidth_bps', 1e-6), '11.1f')}")
+    ps = rows["ps"][0]
+    print()
+    print(f"bytes on the wire (ps): transport {ps['bytes_per_iteration']:.0f} B/iter, "
+          f"lo {ps.get('loopback_bytes_per_iteration', float('nan')):.0f} B/iter vs "
+          f"params x workers x 2 = {ps['expected_bytes_per_iteration']:.0f} B: "
+          f"{100 * (ps['bytes_per_iteration'] / ps['expected_bytes_per_iteration'] - 1):+.3f}% "
+          f"(transport), "
+          f"{100 * (ps.get('loopback_bytes_per_iteration', 0) / ps['expected_bytes_per_iteration'] - 1):+.2f}% (lo)")
+    achieved = statistics.median(probe)
+    print(f"achieved bandwidth, one 32 MiB gloo transfer: {achieved / 1e6:.1f} Mbit/s vs "
+          f"configured {limit / 1e6:.0f} Mbit/s ({100 * (achieved / limit - 1):+.1f}%); "
+          f"runs: {', '.join(f'{p / 1e6:.1f}' for p in probe)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""Configuration of the gpu_kernels plugin (``plugins.gpu_kernels.<key>=<value>``).
+
+Every technique is off by default: selecting the plugin alone changes nothing and says so in
+the report, so a user switches on exactly the tricks they want to measure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from accelopt.errors import ConfigError
+
+CRITERIA = ("l1", "l2")
+TILED_MODES = ("off", "tiled", "register_blocked")
+LAYOUT_MODES = ("off", "on", "auto")
+
+
+@dataclass
+class GpuKernelsConfig:
+    """Keys users set as ``plugins.gpu_kernels.key=value``."""
+
+    prune_amount: float = 0.0
+    """Fraction of neurons/channels removed from every prunable layer, in [0, 1)."""
+    prune_criterion: str = "l1"
+    """Importance of a neuron/channel: ``l1`` or ``l2`` norm of its weights (first-order
+    Taylor needs data and gradients, so it is offered by the library, not at build time)."""
+    prune_rounds: int = 1
+    """Iterative schedule: reach ``prune_amount`` in this many equal-ratio rounds."""
+    conv_autotune: bool = False
+    """Replace every Conv2d by an autotuned one (direct / im2col / FFT / Winograd)."""
+    conv_cache: str = "~/.cache/accelopt/gpu_kernels_conv.json"
+    """JSON file of autotuning decisions per (device, dtype, shape); ``""`` disables it."""
+    autotune_reps: int = 7
+    """Timed repetitions per algorithm (median compared)."""
+    autotune_min_gain: float = 0.05
+    """An alternative replaces direct only if its median is at least this much faster
+    and the timing distributions do not overlap (see ``autotune.py``)."""
+    tiled_linear: str = "off"
+    """``tiled`` or ``register_blocked``: numba.cuda kernels for Linear layers (CUDA only)."""
+    channels_last: str = "off"
+    """``on``: always; ``auto``: measured at the first forward, kept only if faster."""
+
+    def validate(self) -> None:
+        """Raise ConfigError with one line naming the key and the fix."""
+        p = "plugins.gpu_kernels"
+        if not 0.0 <= float(self.prune_amount) < 1.0:
+            raise ConfigError(
+                f"{p}.prune_amount={self.prune_amount}: must be in [0, 1) "
+                "(1.0 would remove whole layers); e.g. prune_amount=0.5"
+            )
+        if self.prune_criterion not in CRITERIA:
+            raise ConfigError(
+                f"{p}.prune_criterion={self.prune_criterion!r}: use one of {', '.join(CRITERIA)}"
+            )
+        if int(self.prune_rounds) < 1:
+            raise ConfigError(f"{p}.prune_rounds={self.prune_rounds}: must be >= 1")
+        if int(self.autotune_reps) < 3:
+            raise ConfigError(f"{p}.autotune_reps={self.autotune_reps}: must be >= 3")
+        if not 0.0 <= float(self.autotune_min_gain) < 1.0:
+            raise ConfigError(f"{p}.autotune_min_gain={self.autotune_min_gain}: must be in [0, 1)")
+        if self.tiled_linear not in TILED_MODES:
+            raise ConfigError(
+                f"{p}.tiled_linear={self.tiled_linear!r}: use one of {', '.join(TILED_MODES)}"
+            )
+        if self.channels_last not in LAYOUT_MODES:
+            raise ConfigError(
+                f"{p}.channels_last={self.channels_last!r}: use one of {', '.join(LAYOUT_MODES)}"
+            )

@@ -1,0 +1,155 @@
+"""Scheduling policies, decided at every iteration boundary of a lane, and their registry.
+
+A policy answers one question: of the admitted, unfinished jobs of this lane, whose
+iteration runs next? Jobs that are not chosen are preempted simply by not running their next
+iteration; their state stays resident (SALUS's cheap switch). ``max_lanes`` is how many
+lanes the policy wants the lane manager to open (0 = as many as fit).
+
+Mapping of SALUS's policies onto lanes (one device):
+
+* ``pack``: as many lanes as fit run concurrently; inside a lane, arrival order.
+* ``fifo``: one lane; earliest arrival runs to completion (the executor's default order).
+* ``srtf``: one lane, so it is a real preemptive single-server schedule; smallest remaining
+  time (refined iteration time x remaining iterations) first.
+* ``fair``: one lane; least service time first (equal progress).
+* ``rr``: one lane; the job that ran least recently goes next (one iteration each, in turn).
+
+``plugins.salus.max_lanes=N`` overrides the lane count of any policy; each lane then applies
+the policy to its own jobs.
+
+Adding a policy: subclass :class:`Policy`, decorate it with ``@register_policy("name")`` and
+select ``plugins.salus.policy=name`` (the module must be imported), or name it by import path
+``plugins.salus.policy=my_module:MyPolicy`` (imported for you).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from importlib import import_module
+from typing import ClassVar
+
+from accelopt import ConfigError, JobState
+
+IterationTime = Callable[[JobState], float]
+
+
+def _profile_seconds(state: JobState) -> float:
+    if state.last_iteration_seconds is not None:
+        return state.last_iteration_seconds
+    profile = state.job.profile
+    return profile.iteration_seconds if profile is not None else 0.0
+
+
+def arrival_key(state: JobState) -> tuple[float, str]:
+    """Earliest arrival first; ties by job id (deterministic)."""
+    return (state.job.arrival_s, state.job.job_id)
+
+
+class Policy:
+    """Base class: override :meth:`select`; optionally :meth:`observe`."""
+
+    name: ClassVar[str] = ""
+    max_lanes: ClassVar[int] = 1
+    """Lanes this policy wants by default (0 = as many as fit)."""
+
+    def __init__(self) -> None:
+        self.iteration_time: IterationTime = _profile_seconds
+        """Seconds one iteration of a job takes: the plugin installs its refined estimate."""
+
+    def select(self, lane: str, ready: Sequence[JobState], now_s: float) -> str:
+        """Return the ``job_id`` of one of ``ready`` (never empty)."""
+        raise NotImplementedError
+
+    def observe(self, job_id: str, seconds: float) -> None:
+        """An iteration of ``job_id`` just took ``seconds`` (default: ignore)."""
+
+    def remaining_seconds(self, state: JobState) -> float:
+        return self.iteration_time(state) * state.remaining_iterations
+
+
+POLICIES: dict[str, type[Policy]] = {}
+
+
+def register_policy(name: str) -> Callable[[type[Policy]], type[Policy]]:
+    """Class decorator: make a policy selectable as ``plugins.salus.policy=<name>``."""
+
+    def add(cls: type[Policy]) -> type[Policy]:
+        if not name.isidentifier():
+            raise ValueError(f"policy name {name!r} must be an identifier")
+        cls.name = name
+        POLICIES[name] = cls
+        return cls
+
+    return add
+
+
+def make_policy(ref: str) -> Policy:
+    """A registered name, or ``module:Class`` to import; one-line ConfigError otherwise."""
+    if ":" in ref:
+        module, _, attr = ref.partition(":")
+        try:
+            cls = getattr(import_module(module), attr)
+        except (ImportError, AttributeError) as exc:
+            raise ConfigError(
+                f"plugins.salus.policy: cannot import {ref!r} ({type(exc).__name__}: {exc}); "
+                "use module:Class of a Policy subclass"
+            ) from None
+        if not (isinstance(cls, type) and issubclass(cls, Policy)):
+            raise ConfigError(f"plugins.salus.policy: {ref!r} is not a salus Policy subclass")
+        return cls()
+    if ref not in POLICIES:
+        raise ConfigError(
+            f"plugins.salus.policy: unknown policy {ref!r}; choose one of "
+            f"{', '.join(sorted(POLICIES))} or give module:Class"
+        )
+    return POLICIES[ref]()
+
+
+@register_policy("fifo")
+class Fifo(Policy):
+    """One job at a time, in arrival order, to completion (the baseline)."""
+
+    def select(self, lane: str, ready: Sequence[JobState], now_s: float) -> str:
+        return min(ready, key=arrival_key).job.job_id
+
+
+@register_policy("pack")
+class Pack(Policy):
+    """Utilization: as many lanes as fit run concurrently; arrival order inside a lane."""
+
+    max_lanes = 0
+
+    def select(self, lane: str, ready: Sequence[JobState], now_s: float) -> str:
+        return min(ready, key=arrival_key).job.job_id
+
+
+@register_policy("srtf")
+class Srtf(Policy):
+    """Shortest remaining time first (preemptive at iteration boundaries)."""
+
+    def select(self, lane: str, ready: Sequence[JobState], now_s: float) -> str:
+        return min(ready, key=lambda s: (self.remaining_seconds(s), *arrival_key(s))).job.job_id
+
+
+@register_policy("fair")
+class Fair(Policy):
+    """Least device time used so far first: equal progress, no starvation."""
+
+    def select(self, lane: str, ready: Sequence[JobState], now_s: float) -> str:
+        return min(ready, key=lambda s: (s.service_seconds, *arrival_key(s))).job.job_id
+
+
+@register_policy("rr")
+class RoundRobin(Policy):
+    """One iteration each, in turn: the job chosen least recently goes next."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._clock = itertools.count()
+        self._last: dict[str, int] = {}
+
+    def select(self, lane: str, ready: Sequence[JobState], now_s: float) -> str:
+        chosen = min(ready, key=lambda s: (self._last.get(s.job.job_id, -1), *arrival_key(s)))
+        self._last[chosen.job.job_id] = next(self._clock)
+        return chosen.job.job_id

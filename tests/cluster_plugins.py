@@ -1,0 +1,87 @@
+"""Plugins used by tests/test_cluster*.py inside spawned cluster processes.
+
+Children find them through ``ACCELOPT_PLUGINS=cluster_plugins:NAME`` (tests/ is put on
+PYTHONPATH by the tests), exactly as a third-party plugin named there would be found.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+import torch
+
+from accelopt.hookspecs import hookimpl
+from accelopt.plugin import PluginSpec
+from accelopt.types import ReportRow
+
+
+class _Reverse:
+    @hookimpl
+    def accelopt_transfer_order(self, transfers, destination):
+        return [t.tensor for t in reversed(list(transfers))]
+
+    @hookimpl
+    def accelopt_report_rows(self, run):
+        return [ReportRow("reverse_order", "sent every transfer in reverse layer order")]
+
+
+class _Bogus:
+    @hookimpl
+    def accelopt_transfer_order(self, transfers, destination):
+        return ["no.such.tensor", *[t.tensor for t in transfers]]
+
+
+@dataclass
+class PauseConfig:
+    rank: int = -1
+    iteration: int = 2
+    pid_file: str = ""
+
+
+class _Pause:
+    """On ``rank`` at ``iteration``: write the pid to ``pid_file`` and sleep (to be killed)."""
+
+    def __init__(self, config: PauseConfig) -> None:
+        self.config = config
+
+    @hookimpl
+    def accelopt_iteration_start(self, context):
+        if int(os.environ.get("RANK", -1)) == self.config.rank and \
+                context.iteration == self.config.iteration:
+            with open(self.config.pid_file + ".tmp", "w") as fh:
+                fh.write(str(os.getpid()))
+            os.replace(self.config.pid_file + ".tmp", self.config.pid_file)
+            time.sleep(120)
+
+
+class _Half:
+    """Encode float32 payloads as a pickled dict holding float16; decode back."""
+
+    @hookimpl
+    def accelopt_transfer_encode(self, record, payload):
+        if isinstance(payload, torch.Tensor) and payload.dtype == torch.float32:
+            return {"half": payload.to(torch.float16)}
+        return None
+
+    @hookimpl
+    def accelopt_transfer_decode(self, record, payload):
+        if isinstance(payload, dict) and "half" in payload:
+            return payload["half"].to(torch.float32)
+        return None
+
+
+class _DropBias:
+    """Filter: drop every bias gradient (the server then applies a zero gradient)."""
+
+    @hookimpl
+    def accelopt_transfer_filter(self, record):
+        return not (record.kind == "grad" and record.tensor.endswith("bias"))
+
+
+REVERSE = PluginSpec(name="reverse_order", factory=lambda c: _Reverse())
+BOGUS = PluginSpec(name="bogus_order", factory=lambda c: _Bogus())
+PAUSE = PluginSpec(name="pause_rank", factory=_Pause, config=PauseConfig)
+HALF = PluginSpec(name="half_codec", factory=lambda c: _Half())
+DROP_BIAS = PluginSpec(name="drop_bias", factory=lambda c: _DropBias())

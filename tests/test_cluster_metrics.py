@@ -1,0 +1,106 @@
+"""Cluster pieces that need no processes: metrics on hand-made spans, settings, sharding."""
+
+from __future__ import annotations
+
+import pytest
+from omegaconf import OmegaConf
+
+from accelopt.cluster import metrics as cm
+from accelopt.cluster.model import buckets_by_bytes, param_table, shard_by_bytes, shard_rows
+from accelopt.cluster.settings import parse_duration, parse_rate, settings_from
+from accelopt.config import ClusterConfig
+from accelopt.errors import ConfigError
+from accelopt.records import Span
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def test_union_length_counts_overlaps_once():
+    assert cm.union_length([]) == 0
+    assert cm.union_length([(0, 1), (0.5, 2), (3, 4), (3.2, 3.5)]) == pytest.approx(3.0)
+
+
+def test_overlap_metrics_by_hand():
+    # comm [0,4] and [6,7] -> Mc 5; compute [3,6] -> Pc 3; U = 7 - 0 = 7
+    m = cm.overlap_metrics([(0, 4), (6, 7)], [(3, 6)])
+    assert m["mc_s"] == pytest.approx(5)
+    assert m["pc_s"] == pytest.approx(3)
+    assert m["iteration_makespan_s"] == pytest.approx(7)
+    # E = (Mc+Pc-U)/(Mc+Pc-max) = (8-7)/(8-5) = 1/3; a = 5/3
+    assert m["efficiency_e"] == pytest.approx(1 / 3)
+    assert m["ratio_a"] == pytest.approx(5 / 3)
+    # no overlap at all -> E = 0; perfect overlap -> E = 1
+    assert cm.overlap_metrics([(0, 1)], [(1, 3)])["efficiency_e"] == pytest.approx(0)
+    assert cm.overlap_metrics([(0, 2)], [(0, 3)])["efficiency_e"] == pytest.approx(1)
+
+
+def _span(process, track, start, end, category, **args):
+    return Span(name="s", track=track, start_s=start, end_s=end, category=category,
+                process=process, args=args)
+
+
+def test_per_worker_iteration_and_summary_from_spans():
+    spans = []
+    for it in range(4):
+        base = 10 * it
+        # server rank 0 -> worker 1 params, then worker 1 -> server grads
+        spans.append(_span("rank 1 (worker)", "link 0->1", base, base + 2, "comm",
+                           iteration=it, source=0, destination=1, bytes=100))
+        spans.append(_span("rank 1 (worker)", "compute", base + 1, base + 4, "compute",
+                           iteration=it))
+        spans.append(_span("rank 0 (server)", "link 1->0", base + 3, base + 5, "comm",
+                           iteration=it, source=1, destination=0, bytes=100))
+        spans.append(_span("rank 1 (worker)", "iteration", base, base + 5, "iteration",
+                           iteration=it))
+    rows = cm.per_worker_iteration(spans, [1])
+    assert len(rows) == 4
+    # Mc = [0,2]+[3,5] = 4, Pc = 3, U = 5 -> E = (7-5)/(7-4) = 2/3
+    assert rows[0]["mc_s"] == pytest.approx(4)
+    assert rows[0]["pc_s"] == pytest.approx(3)
+    assert rows[0]["efficiency_e"] == pytest.approx(2 / 3)
+    assert rows[0]["bytes"] == 200
+    summary = cm.summarize(rows, [5.0] * 4, cm.link_bandwidth(spans))
+    assert summary["warmup_iterations"] == 2
+    assert summary["efficiency_e"] == pytest.approx(2 / 3)
+    assert summary["iterations_per_s"] == pytest.approx(0.2)
+    # 200 bytes over 4 s of link busy time
+    assert summary["achieved_bandwidth_bps"] == pytest.approx(8 * 200 / 4)
+
+
+def _cluster(**kw):
+    cfg = OmegaConf.structured(ClusterConfig)
+    for k, v in kw.items():
+        OmegaConf.update(cfg, k, v)
+    return cfg
+
+
+def test_settings_validate_with_one_line_errors():
+    s = settings_from(_cluster(mode="ps", workers=3, servers=2))
+    assert s.world_size == 5 and s.server_ranks() == [0, 1] and s.worker_ranks() == [2, 3, 4]
+    assert settings_from(_cluster(mode="allreduce", workers=2)).world_size == 2
+    for bad, words in (
+        (dict(mode="ring"), "cluster.mode"),
+        (dict(mode="ps", workers=0), "cluster.workers"),
+        (dict(mode="ps", servers=0), "cluster.servers"),
+        (dict(mode="ps", **{"network.bandwidth": "fast"}), "1gbit"),
+    ):
+        with pytest.raises(ConfigError, match=words) as info:
+            settings_from(_cluster(**bad))
+        assert "\n" not in str(info.value)
+    assert parse_rate("1gbit") == 10**9 and parse_rate("100 mbit") == 10**8
+    assert parse_duration("1ms") == pytest.approx(1e-3)
+
+
+def test_sharding_balances_bytes_and_buckets_follow_backward_order():
+    from torch import nn
+
+    model = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 8), nn.Linear(8, 2))
+    table = param_table(model)
+    assert [p.layer_index for p in table] == [0, 0, 1, 1, 2, 2]
+    shards = shard_by_bytes(table, 2)
+    loads = [sum(p.nbytes for p in s) for s in shards]
+    assert sorted(p.index for s in shards for p in s) == list(range(6))
+    assert max(loads) - min(loads) <= max(p.nbytes for p in table)
+    buckets = buckets_by_bytes(table, 4 * 64 * 64)
+    assert buckets[0][0].name == "2.bias"  # last layer first
+    assert shard_rows(10, 3) == [(0, 4), (4, 7), (7, 10)]
