@@ -47,6 +47,11 @@ class PluginHost:
             if name.startswith("accelopt_") and getattr(self.pm.hook, name).get_hookimpls()
         }
         self._implemented = frozenset(self._callers)
+        self._no_answer: dict[str, Any] = {
+            name: None if getattr(self.pm.hook, name).spec.opts.get("firstresult") else ()
+            for name in dir(self.pm.hook)
+            if name.startswith("accelopt_")
+        }
 
     def implements(self, hook: str) -> bool:
         """Whether any active plugin implements ``hook`` (lets hot paths skip the call)."""
@@ -55,9 +60,8 @@ class PluginHost:
     def call(self, hook: str, **kwargs: Any) -> Any:
         """Call a hook; a plugin's exception becomes :class:`PluginHookError`."""
         caller = self._callers.get(hook)
-        if caller is None:
-            spec = getattr(self.pm.hook, hook).spec
-            return None if spec.opts.get("firstresult") else []
+        if caller is None:  # nobody implements it: the answer pluggy would give, for free
+            return self._no_answer[hook]
         timer = self.timer
         start = time.perf_counter() if timer is not None else 0.0
         try:

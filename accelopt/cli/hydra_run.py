@@ -9,8 +9,11 @@ the parsed overrides, so the message can list the installed plugins and the clos
 
 from __future__ import annotations
 
+import difflib
 import itertools
+import re
 import sys
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -106,9 +109,54 @@ def describe_config_error(exc: BaseException) -> str:
     key = getattr(cause, "full_key", None)
     message = _first_line(cause if cause is not exc else exc)
     if "Could not override" in str(exc) or "Could not append" in str(exc):
+        unknown = re.search(r"Could not override '([\w.]+)'", str(exc))
+        if unknown:
+            return unknown_key_message(unknown.group(1))
         lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
         return "; ".join(lines[:2])
     return f"{key}: {message}" if key else message
+
+
+def unknown_key_message(key: str) -> str:
+    """'run.sed' -> "unknown config key 'run.sed'; did you mean 'run.seed'?" (from the schema
+    or, for ``plugins.NAME.*``, from the plugin's config dataclass)."""
+    parent, _, leaf = key.rpartition(".")
+    fields = _schema_fields(parent)
+    close = difflib.get_close_matches(leaf, fields, n=1)
+    hint = f"; did you mean '{parent}.{close[0]}'?" if close else ""
+    known = f" (keys of {parent or 'the config'}: {', '.join(fields)})" if fields else ""
+    return f"unknown config key '{key}'{hint}{known}"
+
+
+def _schema_fields(path: str) -> list[str]:
+    from hydra.core.config_store import ConfigStore
+
+    from accelopt.config import AccelConfig
+
+    parts = path.split(".") if path else []
+    node: Any = AccelConfig
+    if parts[:1] == ["plugins"] and len(parts) >= 2:
+        stored = ConfigStore.instance().repo.get("plugins", {}).get(f"{parts[1]}.yaml")
+        node = getattr(stored, "node", None)
+        parts = parts[2:]
+        if node is None:
+            return []
+        node = OmegaConf.to_object(node) if not isinstance(node, type) else node
+        node = type(node) if not isinstance(node, type) else node
+    for part in parts:
+        if part.isdigit() and typing.get_origin(node) is list:
+            node = typing.get_args(node)[0]
+            continue
+        try:
+            hints = typing.get_type_hints(node)
+        except Exception:
+            return []
+        if part not in hints:
+            return []
+        node = hints[part]
+        if typing.get_origin(node) is typing.Union:  # Optional[X]
+            node = next(a for a in typing.get_args(node) if a is not type(None))
+    return sorted(getattr(node, "__dataclass_fields__", {}))
 
 
 def _first_line(exc: BaseException) -> str:

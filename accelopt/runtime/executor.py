@@ -95,6 +95,8 @@ class Executor:
         self._lanes: dict[str, threading.Thread] = {}
         self._running = 0
         self._fatal: BaseException | None = None
+        self._observe_start = host.implements("accelopt_iteration_start")
+        self._observe_end = host.implements("accelopt_iteration_end")
 
     # -- public --------------------------------------------------------------------------
 
@@ -217,7 +219,8 @@ class Executor:
                         self._cv.wait()
                         continue
                     context = IterationContext(entry.job.info, lane, entry.job.iteration, self.now())
-                    self.host.call("accelopt_iteration_start", context=context)
+                    if self._observe_start:
+                        self.host.call("accelopt_iteration_start", context=context)
                     entry.busy = True
                     self._running += 1
                 self._iterate(entry, context)
@@ -297,8 +300,9 @@ class Executor:
             if loss is not None:
                 result.losses.append(loss)
                 result.final_loss = loss
-            it = IterationResult(job.info.job_id, context.iteration, start, end, loss, samples)
-            self.host.call("accelopt_iteration_end", context=context, result=it)
+            if self._observe_end:
+                it = IterationResult(job.info.job_id, context.iteration, start, end, loss, samples)
+                self.host.call("accelopt_iteration_end", context=context, result=it)
         if self.on_iteration is not None:
             self.on_iteration(job, result)
         if job.done:

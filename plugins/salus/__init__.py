@@ -1,4 +1,9 @@
-"""salus: one execution service shares a device among many jobs (being built)."""
+"""salus: one execution service shares a device among many jobs (Yu & Chowdhury, MLSys 2020).
+
+Memory lanes (allocation hook), iteration-granularity switching and PACK / SRTF / FAIR / FIFO
+/ RR policies (iteration-boundary hook), and a long-lived service (``accelopt serve``,
+``submit``, ``status``, ``cancel``). See README.md, the method card.
+"""
 
 from __future__ import annotations
 
@@ -9,14 +14,33 @@ from accelopt import PluginSpec
 
 @dataclass
 class SalusConfig:
-    """Placeholder config (replaced shortly)."""
+    """``accelopt run +plugins=[salus] plugins.salus.policy=srtf plugins.salus.capacity=2GiB``"""
 
-    policy: str = "fifo"
+    policy: str = "pack"
+    """pack | srtf | fair | fifo | rr, another registered name, or module:Class."""
+    capacity: str = ""
+    """Device memory shared by the lanes, e.g. '2GiB'. Empty: run.memory_capacity (on CUDA
+    the real device memory; on CPU, where lanes are accounted not enforced, the RAM)."""
+    max_lanes: int = -1
+    """-1: the policy's default (pack: as many as fit; the others: 1); 0: as many as fit."""
+    threads: int = 0
+    """CPU intra-op threads per lane; 0: auto (fixed cores // lanes when run.deterministic,
+    else re-split between the active lanes at every iteration)."""
+    headroom: float = 1.05
+    persistent_headroom: float = 1.1
+    """A job asks for headroom x (persistent_headroom x P + E), as in SALUS's code."""
 
 
-class _Stub:
-    def __init__(self, config: object) -> None:
-        self.config = config
+def _factory(config: SalusConfig) -> object:
+    from accelopt_plugins.salus.plugin import SalusPlugin
+
+    return SalusPlugin(config)
 
 
-PLUGIN = PluginSpec(name="salus", factory=_Stub, config=SalusConfig, description="SALUS (WIP)")
+PLUGIN = PluginSpec(
+    name="salus",
+    factory=_factory,
+    config=SalusConfig,
+    description="SALUS: memory lanes + iteration-boundary PACK/SRTF/FAIR sharing of one device",
+    slots=("scheduler", "allocator"),
+)

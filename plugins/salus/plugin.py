@@ -1,0 +1,381 @@
+"""The SALUS hook implementations: lanes (allocation), policies (iteration boundary), metrics.
+
+How SALUS maps onto the core (see README.md):
+
+* ``accelopt_allocate(phase="admission")`` = the lane manager's admission (new lane first,
+  then best fit, else defer, or reject with the amount over capacity);
+  ``accelopt_release`` returns the memory, removes an empty lane, shrinks the others; the core
+  rescans every pending job in arrival order right after.
+* ``accelopt_allocate(phase="iteration")`` = the second guard: reserve the lane's ephemeral
+  memory for this iteration (refused -> the iteration waits).
+* ``accelopt_select_next`` = the policy, per lane, at every iteration boundary.
+* ``accelopt_iteration_start/end``: per-lane CPU thread count (or, on CUDA, the lane's
+  MemPool and stream), refined iteration-time estimates, switch-latency samples, re-layout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from accelopt import (
+    AllocationDecision,
+    AllocationRequest,
+    CliCommand,
+    ConfigError,
+    IterationContext,
+    IterationResult,
+    JobInfo,
+    JobState,
+    ReportRow,
+    RunInfo,
+    hookimpl,
+)
+from accelopt.units import format_bytes, parse_bytes
+from accelopt_plugins.salus.lanes import LaneManager
+from accelopt_plugins.salus.metrics import (
+    Interval,
+    busy_fraction,
+    contention_fairness,
+    percentile,
+)
+from accelopt_plugins.salus.policies import Policy, make_policy
+
+CPU_NOTE = "lanes are accounted, not enforced (CPU: no device allocator to partition)"
+CUDA_NOTE = "lanes are real torch.cuda.MemPool pools with one CUDA stream each"
+EMA = 0.3
+"""Weight of the newest measured iteration time in a job's refined estimate."""
+
+
+def cpu_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+class SalusPlugin:
+    """One execution service's scheduling brain (all hooks are called under the core's lock)."""
+
+    def __init__(self, config: Any) -> None:
+        self.config = config
+        self.policy: Policy = make_policy(str(config.policy))
+        self.capacity: int | None = None
+        self.max_lanes = 0
+        self.deterministic = True
+        self.device = "cpu"
+        self.run_dir: Path | None = None
+        self.manager: LaneManager | None = None
+        self.cores = cpu_cores()
+        self._fixed_threads: int | None = None
+        self._estimates: dict[str, float] = {}
+        self._intervals: list[Interval] = []
+        self._switch: list[float] = []
+        self._continue: list[float] = []
+        self._last_end: dict[str, tuple[str, float]] = {}
+        self._boundary: dict[str, tuple[str, float]] = {}
+        self._admitted_at: dict[str, float] = {}
+        self._left_at: dict[str, float] = {}
+        self._status: dict[str, str] = {}
+        self._names: dict[str, str] = {}
+        self._rejected: dict[str, str] = {}
+        self._deferrals = 0
+        self._guard_waits = 0
+        self._lane_jobs: dict[str, set[str]] = defaultdict(set)
+        self._cuda: dict[str, Any] = {}
+        self._pool_peak: dict[str, int] = {}
+        self._active_ctx: dict[int, Any] = {}
+        self._lock = threading.Lock()
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    @hookimpl
+    def accelopt_configure(self, config: Any, run_config: Any) -> None:
+        self.config = config
+        self.policy = make_policy(str(config.policy))
+        self.policy.iteration_time = self.iteration_seconds
+        if config.max_lanes < -1:
+            raise ConfigError("plugins.salus.max_lanes must be -1 (policy default), 0 (as many "
+                              f"as fit) or a positive count; got {config.max_lanes}")
+        self.max_lanes = self.policy.max_lanes if config.max_lanes == -1 else int(config.max_lanes)
+        if config.threads < 0:
+            raise ConfigError(f"plugins.salus.threads must be >= 0 (0 = auto); got {config.threads}")
+        if config.headroom < 1.0 or config.persistent_headroom < 1.0:
+            raise ConfigError("plugins.salus.headroom and persistent_headroom must be >= 1.0 "
+                              "(they only ever add safety margin)")
+        if config.capacity:
+            self.capacity = parse_bytes(str(config.capacity), "plugins.salus.capacity")
+            if self.capacity <= 0:
+                raise ConfigError("plugins.salus.capacity must be positive, e.g. 2GiB")
+        run = getattr(run_config, "run", None)
+        self.deterministic = bool(getattr(run, "deterministic", True))
+        self.device = str(getattr(run, "device", "cpu"))
+        lanes_for_threads = self.max_lanes if self.max_lanes > 0 else self.cores
+        if config.threads:
+            self._fixed_threads = int(config.threads)
+        elif self.deterministic:
+            # Fixed per job, whatever else runs: CPU kernels' results depend on the thread
+            # count, and a job must end bitwise equal to the same job run alone.
+            self._fixed_threads = max(1, self.cores // max(1, lanes_for_threads))
+
+    @hookimpl
+    def accelopt_run_start(self, run: RunInfo) -> None:
+        self.run_dir = Path(run.run_dir)
+        self.device = run.device
+        self._names.update({j.job_id: j.name for j in run.jobs})
+
+    @hookimpl
+    def accelopt_run_end(self, run: RunInfo, metrics: dict[str, Any]) -> None:
+        if self.run_dir is None:
+            return
+        document = {"summary": self.summary(), "jobs": self.job_table()}
+        (self.run_dir / "salus.json").write_text(json.dumps(document, indent=2) + "\n")
+
+    @hookimpl
+    def accelopt_report_rows(self, run: RunInfo) -> list[ReportRow]:
+        return [ReportRow("salus", self.summary_line(), self.report_metrics())]
+
+    @hookimpl
+    def accelopt_cli_commands(self) -> Sequence[CliCommand]:
+        from accelopt_plugins.salus.cli import commands
+
+        return commands()
+
+    # -- allocation ----------------------------------------------------------------------
+
+    def _lanes(self, request: AllocationRequest) -> LaneManager:
+        if self.manager is None:
+            capacity = self.capacity or request.capacity_bytes
+            if capacity is None:
+                raise ConfigError("plugins.salus.capacity is not set and the run has no "
+                                  "memory capacity; set plugins.salus.capacity=2GiB")
+            self.capacity = int(capacity)
+            self.manager = LaneManager(
+                self.capacity,
+                max_lanes=self.max_lanes,
+                headroom=float(self.config.headroom),
+                persistent_headroom=float(self.config.persistent_headroom),
+            )
+        return self.manager
+
+    @hookimpl
+    def accelopt_allocate(self, request: AllocationRequest) -> AllocationDecision:
+        lanes = self._lanes(request)
+        job = request.job
+        self._names[job.job_id] = job.name
+        if request.phase == "iteration":
+            if lanes.reserve_iteration(job.job_id):
+                return AllocationDecision(granted=True, lane=lanes.job_lane[job.job_id])
+            self._guard_waits += 1
+            return AllocationDecision(granted=False, reason="lane busy or out of memory")
+        admission = lanes.admit(job.job_id, request.persistent_bytes, request.ephemeral_bytes)
+        if admission.reject is not None:
+            self._rejected[job.job_id] = admission.reject
+            self._status[job.job_id] = "rejected"
+            return AllocationDecision(granted=False, reject=f"job '{job.name}' {admission.reject}")
+        if admission.lane is None:
+            self._deferrals += 1
+            return AllocationDecision(granted=False, reason=admission.reason)
+        self._status[job.job_id] = "admitted"
+        self._lane_jobs[admission.lane].add(job.job_id)
+        return AllocationDecision(granted=True, lane=admission.lane, reason=admission.reason)
+
+    @hookimpl
+    def accelopt_release(self, job: JobInfo, lane: str, status: str) -> None:
+        self._status[job.job_id] = status
+        self._close_cuda_context()
+        if self.manager is None:
+            return
+        left = self.manager.release(job.job_id)
+        if left is not None and left not in self.manager.lanes:
+            self._cuda.pop(left, None)  # the lane is gone: drop its pool and stream
+
+    # -- iteration boundary --------------------------------------------------------------
+
+    def iteration_seconds(self, state: JobState) -> float:
+        """Refined estimate of one iteration: EMA of measured times, seeded by the profile."""
+        estimate = self._estimates.get(state.job.job_id)
+        if estimate is not None:
+            return estimate
+        if state.job.profile is not None:
+            return state.job.profile.iteration_seconds
+        return state.last_iteration_seconds or 0.0
+
+    @hookimpl
+    def accelopt_select_next(self, lane: str, ready: Sequence[JobState], now_s: float) -> str:
+        for state in ready:
+            self._admitted_at.setdefault(state.job.job_id, state.admitted_at_s)
+        chosen = self.policy.select(lane, ready, now_s)
+        admitted = next(s.admitted_at_s for s in ready if s.job.job_id == chosen)
+        self._boundary[lane] = (chosen, admitted)
+        return chosen
+
+    @hookimpl
+    def accelopt_iteration_start(self, context: IterationContext) -> None:
+        if self.device.startswith("cuda"):
+            self._enter_cuda_lane(context.lane)
+            return
+        threads = self._fixed_threads
+        if threads is None:
+            active = max(1, len(self.manager.lanes) if self.manager else 1)
+            threads = max(1, self.cores // active)
+        import torch
+
+        # Per calling thread with the OpenMP backend: each lane thread sets its own count.
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
+
+    @hookimpl
+    def accelopt_iteration_end(self, context: IterationContext, result: IterationResult) -> None:
+        job_id, lane = context.job.job_id, context.lane
+        if self.device.startswith("cuda"):
+            self._exit_cuda_lane(lane)
+        seconds = result.end_s - result.start_s
+        old = self._estimates.get(job_id)
+        self._estimates[job_id] = seconds if old is None else (1 - EMA) * old + EMA * seconds
+        self.policy.observe(job_id, seconds)
+        self._intervals.append(Interval(job_id, lane, result.start_s, result.end_s))
+        self._left_at[job_id] = result.end_s
+        previous = self._last_end.get(lane)
+        boundary = self._boundary.get(lane)
+        if previous is not None and boundary is not None and boundary[0] == job_id:
+            prev_job, prev_end = previous
+            if boundary[1] <= prev_end:  # it was ready when the previous iteration ended
+                gap = max(0.0, result.start_s - prev_end)
+                (self._continue if prev_job == job_id else self._switch).append(gap)
+        self._last_end[lane] = (job_id, result.end_s)
+        if self.manager is not None:
+            self.manager.end_iteration(job_id)
+
+    # -- CUDA lanes ------------------------------------------------------------------------
+
+    def _enter_cuda_lane(self, lane: str) -> None:
+        import torch
+
+        pool, stream = self._cuda.get(lane, (None, None))
+        if pool is None:
+            pool, stream = torch.cuda.MemPool(), torch.cuda.Stream()
+            self._cuda[lane] = (pool, stream)
+        ctx = torch.cuda.use_mem_pool(pool)
+        ctx.__enter__()
+        previous = torch.cuda.current_stream()
+        torch.cuda.set_stream(stream)
+        self._active_ctx[threading.get_ident()] = (ctx, previous, stream)
+
+    def _exit_cuda_lane(self, lane: str) -> None:
+        import torch
+
+        entry = self._active_ctx.pop(threading.get_ident(), None)
+        if entry is None:
+            return
+        ctx, previous, stream = entry
+        stream.synchronize()
+        torch.cuda.set_stream(previous)
+        ctx.__exit__(None, None, None)
+        pool = self._cuda.get(lane, (None, None))[0]
+        if pool is not None:
+            reserved = sum(int(s.get("total_size", 0)) for s in pool.snapshot())
+            self._pool_peak[lane] = max(self._pool_peak.get(lane, 0), reserved)
+
+    def _close_cuda_context(self) -> None:
+        """A job failed mid-iteration on CUDA: leave its lane's pool context (same thread)."""
+        entry = self._active_ctx.pop(threading.get_ident(), None)
+        if entry is not None:
+            import torch
+
+            ctx, previous, _ = entry
+            torch.cuda.set_stream(previous)
+            ctx.__exit__(None, None, None)
+
+    # -- figures ---------------------------------------------------------------------------
+
+    def lanes_note(self) -> str:
+        return CUDA_NOTE if self.device.startswith("cuda") else CPU_NOTE
+
+    def summary(self) -> dict[str, Any]:
+        """Every figure the plugin measured (also written to ``salus.json``)."""
+        m = self.manager
+        intervals = self._intervals
+        start = min((i.start_s for i in intervals), default=0.0)
+        end = max((i.end_s for i in intervals), default=0.0)
+        active = {
+            j: (self._admitted_at[j], self._left_at[j])
+            for j in self._admitted_at
+            if j in self._left_at
+        }
+        window = max((end - start) / 50.0, 1e-3)
+        fairness, windows = contention_fairness(intervals, active, window)
+        return {
+            "policy": self.policy.name or type(self.policy).__name__,
+            "max_lanes": self.max_lanes,
+            "device": self.device,
+            "lanes_note": self.lanes_note(),
+            "capacity_bytes": self.capacity,
+            "peak_accounted_bytes": m.peak_used if m else 0,
+            "peak_lanes": m.peak_lanes if m else 0,
+            "peak_resident_jobs": m.peak_jobs if m else 0,
+            "lanes_opened": m.lanes_opened if m else 0,
+            "relayouts": m.relayouts if m else 0,
+            "open_lanes_at_end": len(m.lanes) if m else 0,
+            "deferrals": self._deferrals,
+            "guard_waits": self._guard_waits,
+            "threads_per_lane": self._fixed_threads if self._fixed_threads else "auto",
+            "busy_fraction": busy_fraction(intervals, start, end),
+            "jain_fairness": fairness,
+            "contention_windows": windows,
+            "switches": len(self._switch),
+            "switch_latency_median_s": percentile(self._switch, 50),
+            "switch_latency_p99_s": percentile(self._switch, 99),
+            "boundary_latency_median_s": percentile(self._continue, 50),
+            "failed": sorted(j for j, s in self._status.items() if s == "failed"),
+            "rejected": dict(self._rejected),
+            "cuda_pool_peak_bytes": dict(self._pool_peak),
+        }
+
+    def job_table(self) -> list[dict[str, Any]]:
+        rows = []
+        for job_id in sorted(self._status):
+            lane = next((ln for ln, jobs in self._lane_jobs.items() if job_id in jobs), "")
+            rows.append({"job_id": job_id, "name": self._names.get(job_id, job_id),
+                         "status": self._status[job_id], "lane": lane})
+        return rows
+
+    def report_metrics(self) -> dict[str, float | int | str]:
+        out: dict[str, float | int | str] = {}
+        for key, value in self.summary().items():
+            if isinstance(value, (int, float, str)) and not isinstance(value, bool):
+                out[key] = value
+        return out
+
+    def summary_line(self) -> str:
+        s = self.summary()
+        m = self.manager
+        if m is None or not self._status:
+            return f"policy {s['policy']}: no job reached admission; nothing to share"
+        n_jobs = len([st for st in self._status.values() if st != "rejected"])
+        parts = [
+            f"policy {s['policy']}: {n_jobs} job(s) in {s['lanes_opened']} lane(s) "
+            f"(peak {s['peak_lanes']} concurrent lane(s), {s['peak_resident_jobs']} resident "
+            f"job(s) vs 1 under exclusive allocation)",
+            f"peak accounted memory {format_bytes(s['peak_accounted_bytes'])} of "
+            f"{format_bytes(s['capacity_bytes'] or 0)}",
+        ]
+        if s["switch_latency_median_s"] is not None:
+            parts.append(
+                f"switch latency median {s['switch_latency_median_s'] * 1e3:.3f} ms, p99 "
+                f"{s['switch_latency_p99_s'] * 1e3:.3f} ms over {s['switches']} switches"
+            )
+        if n_jobs == 1:
+            parts.append("only one job: nothing to share, it ran alone")
+        if s["failed"]:
+            parts.append(f"{len(s['failed'])} failed, lane memory reclaimed: "
+                         + ", ".join(self._names.get(j, j) for j in s["failed"]))
+        if s["rejected"]:
+            parts.append(f"{len(s['rejected'])} rejected (never fit)")
+        parts.append(self.lanes_note())
+        return "; ".join(parts)

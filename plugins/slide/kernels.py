@@ -1,0 +1,301 @@
+"""The SLIDE training kernels (numba): active-set selection, sparse forward/backward, sparse Adam.
+
+Parallelism is SLIDE's: the batch is split into ``n_chunks`` interleaved slices (one per
+thread: sample b belongs to chunk b % n_chunks), every sample is processed by one thread,
+and gradients are accumulated into the shared gradient rows without locks (HOGWILD). Each
+chunk owns preallocated scratch rows (hit counters, candidate lists, key buffers) that are
+cleared incrementally, so a step allocates nothing proportional to the layer width. With one
+thread every step is bit-for-bit reproducible; with more, HOGWILD races make float sums
+order-dependent (as in the paper).
+
+Modes of active-set selection (``mode``): 0 = union of the L retrieved buckets, 1 = neurons
+retrieved in more than ``threshold`` tables, 2 = the ``topk`` neurons by number of tables
+that retrieved them. Training adds the true labels and then random neurons until
+``min_active`` are active.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from numba import njit, prange
+
+from accelopt_plugins.slide.hashing import table_keys_one
+from accelopt_plugins.slide.tables import xorshift
+
+UNION, THRESHOLD, TOPK = 0, 1, 2
+_SELECTED = -1
+_LABEL = -2
+
+
+@njit(parallel=True, cache=True)
+def select_active(
+    h, labels, step_seed, kind, idx, sgn, k, l, bits, range_pow,  # noqa: E741
+    tables, counts, mode, threshold, topk, min_active,
+    hits, cand, keys, hist, ids, n_active, is_label, retrieved,
+):
+    """Fill ids[b, :n_active[b]] with sample b's active neurons; mark labels in is_label.
+
+    ``labels`` is int64 [B, M] padded with -1 (M may be 0: inference, no labels added).
+    ``retrieved[b]`` receives how many distinct neurons the tables returned (for recall
+    statistics). ``hits``/``cand``/``keys``/``hist`` are per-chunk scratch buffers.
+    """
+    batch = h.shape[0]
+    n = hits.shape[1]
+    cap_active = ids.shape[1]
+    n_chunks = hits.shape[0]
+    cap = tables.shape[2]
+    for c in prange(n_chunks):
+        hit = hits[c]
+        cl = cand[c]
+        key = keys[c]
+        hs = hist[c]
+        for b in range(c, batch, n_chunks):
+            table_keys_one(h[b], kind, idx, sgn, k, l, bits, range_pow, key)
+            n_cand = 0
+            for t in range(l):
+                bucket = key[t]
+                size = min(counts[t, bucket], cap)
+                for s in range(size):
+                    j = tables[t, bucket, s]
+                    if hit[j] == 0:
+                        cl[n_cand] = j
+                        n_cand += 1
+                    hit[j] += 1
+            retrieved[b] = n_cand
+            n_lab = 0
+            for q in range(labels.shape[1]):
+                if labels[b, q] >= 0:
+                    n_lab += 1
+            room = cap_active - n_lab
+            na = 0
+            if mode == UNION:
+                for i in range(n_cand):
+                    if na >= room:
+                        break
+                    ids[b, na] = cl[i]
+                    na += 1
+            elif mode == THRESHOLD:
+                for i in range(n_cand):
+                    if na >= room:
+                        break
+                    if hit[cl[i]] > threshold:
+                        ids[b, na] = cl[i]
+                        na += 1
+            else:
+                want = min(topk, room)
+                hs[:] = 0
+                for i in range(n_cand):
+                    hs[hit[cl[i]]] += 1
+                cut = l
+                above = 0
+                while cut > 0 and above + hs[cut] < want:
+                    above += hs[cut]
+                    cut -= 1
+                take_at_cut = want - above
+                for i in range(n_cand):
+                    j = cl[i]
+                    if hit[j] > cut or (hit[j] == cut and take_at_cut > 0 and cut > 0):
+                        if hit[j] == cut:
+                            take_at_cut -= 1
+                        ids[b, na] = j
+                        na += 1
+            for i in range(n_cand):
+                hit[cl[i]] = 0
+            for i in range(na):
+                hit[ids[b, i]] = _SELECTED
+            for q in range(labels.shape[1]):
+                j = labels[b, q]
+                if j < 0:
+                    continue
+                if hit[j] != _SELECTED and hit[j] != _LABEL:
+                    ids[b, na] = j
+                    na += 1
+                hit[j] = _LABEL
+            target = min(min_active, n, cap_active)
+            if na < target:
+                state = np.uint64(step_seed) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(b + 1)
+                if target * 2 > n:  # dense regime: walk all neurons from a random start
+                    state, r = xorshift(state)
+                    start = np.int64(r % np.uint64(n))
+                    for o in range(n):
+                        if na >= target:
+                            break
+                        j = (start + o) % n
+                        if hit[j] == 0:
+                            ids[b, na] = j
+                            hit[j] = _SELECTED
+                            na += 1
+                else:
+                    while na < target:
+                        state, r = xorshift(state)
+                        j = np.int64(r % np.uint64(n))
+                        if hit[j] == 0:
+                            ids[b, na] = j
+                            hit[j] = _SELECTED
+                            na += 1
+            for i in range(na):
+                j = ids[b, i]
+                is_label[b, i] = 1 if hit[j] == _LABEL else 0
+                hit[j] = 0
+            n_active[b] = na
+
+
+@njit(parallel=True, cache=True)
+def forward_active(h, w, bias, ids, n_active, is_label, logits, dz, loss):
+    """Logits of the active neurons, softmax over them, loss with 1/|y| targets per label.
+
+    ``dz`` receives d loss_b / d logit (softmax - target); a sample without labels gets loss
+    0 and zero gradient (inference passes no labels and ignores dz and loss).
+    """
+    batch, dim = h.shape
+    for b in prange(batch):
+        na = n_active[b]
+        zmax = -np.inf
+        for i in range(na):
+            j = ids[b, i]
+            acc = bias[j]
+            for d in range(dim):
+                acc += w[j, d] * h[b, d]
+            logits[b, i] = acc
+            if acc > zmax:
+                zmax = acc
+        total = 0.0
+        n_lab = 0
+        for i in range(na):
+            total += np.exp(logits[b, i] - zmax)
+            n_lab += is_label[b, i]
+        log_total = np.log(total)
+        lb = 0.0
+        for i in range(na):
+            logp = logits[b, i] - zmax - log_total
+            if n_lab > 0:
+                target = is_label[b, i] / n_lab
+                lb -= target * logp
+                dz[b, i] = np.exp(logp) - target
+            else:
+                dz[b, i] = 0.0
+        loss[b] = lb
+
+
+@njit(parallel=True, cache=True)
+def backward_active(h, w, ids, n_active, dz, scale, dh, grad_w, grad_b):
+    """dh = sum_i dz_i w[j_i] (from the weights before the update); grad rows accumulate
+    dz_i * h without locks (HOGWILD)."""
+    batch, dim = h.shape
+    n_chunks = min(batch, max(1, numba.get_num_threads()))
+    for c in prange(n_chunks):
+        for b in range(c, batch, n_chunks):
+            for d in range(dim):
+                dh[b, d] = 0.0
+            for i in range(n_active[b]):
+                j = ids[b, i]
+                g = dz[b, i] * scale
+                if g == 0.0:
+                    continue
+                for d in range(dim):
+                    dh[b, d] += g * w[j, d]
+                    grad_w[j, d] += g * h[b, d]
+                grad_b[j] += g
+
+
+@njit(cache=True)
+def touched_rows(ids, n_active, flag, out):
+    """The union of the batch's active rows, in first-seen order (flag is left cleared)."""
+    n = 0
+    for b in range(ids.shape[0]):
+        for i in range(n_active[b]):
+            j = ids[b, i]
+            if flag[j] == 0:
+                flag[j] = 1
+                out[n] = j
+                n += 1
+    for r in range(n):
+        flag[out[r]] = 0
+    return n
+
+
+@njit(parallel=True, cache=True)
+def sparse_adam(rows, n_rows, w, grad_w, m_w, v_w, bias, grad_b, m_b, v_b, steps, dirty,
+                lr, beta1, beta2, eps):
+    """Adam on the given rows only; each row's bias correction uses its own update count
+    (lazy Adam: a row's moments have seen exactly that many updates). Gradients of the
+    updated rows are zeroed; rows are flagged dirty for change-triggered rehashing."""
+    dim = w.shape[1]
+    for r in prange(n_rows):
+        j = rows[r]
+        steps[j] += 1
+        t = steps[j]
+        c1 = 1.0 - beta1**t
+        c2 = np.sqrt(1.0 - beta2**t)
+        step_size = lr / c1
+        for d in range(dim):
+            g = grad_w[j, d]
+            m = beta1 * m_w[j, d] + (1.0 - beta1) * g
+            v = beta2 * v_w[j, d] + (1.0 - beta2) * g * g
+            m_w[j, d] = m
+            v_w[j, d] = v
+            w[j, d] -= step_size * m / (np.sqrt(v) / c2 + eps)
+            grad_w[j, d] = 0.0
+        if bias.shape[0] > 0:
+            g = grad_b[j]
+            m = beta1 * m_b[j] + (1.0 - beta1) * g
+            v = beta2 * v_b[j] + (1.0 - beta2) * g * g
+            m_b[j] = m
+            v_b[j] = v
+            bias[j] -= step_size * m / (np.sqrt(v) / c2 + eps)
+            grad_b[j] = 0.0
+        dirty[j] = 1
+
+
+# ------------------------------------------------------------------ sparse input layer
+
+
+@njit(parallel=True, cache=True)
+def sparse_input_forward(feat, vals, w, bias, out):
+    """out[b] = bias + sum_p vals[b, p] * w[feat[b, p]] over the non-padding (>= 0) ids."""
+    batch, width = feat.shape
+    dim = w.shape[1]
+    for b in prange(batch):
+        for d in range(dim):
+            out[b, d] = bias[d]
+        for p in range(width):
+            f = feat[b, p]
+            if f < 0:
+                continue
+            v = vals[b, p]
+            for d in range(dim):
+                out[b, d] += v * w[f, d]
+
+
+@njit(parallel=True, cache=True)
+def sparse_input_backward(feat, vals, grad_out, grad_w):
+    """grad_w[f] += vals * grad_out[b] for every feature of every sample (HOGWILD)."""
+    batch, width = feat.shape
+    dim = grad_w.shape[1]
+    n_chunks = min(batch, max(1, numba.get_num_threads()))
+    for c in prange(n_chunks):
+        for b in range(c, batch, n_chunks):
+            for p in range(width):
+                f = feat[b, p]
+                if f < 0:
+                    continue
+                v = vals[b, p]
+                for d in range(dim):
+                    grad_w[f, d] += v * grad_out[b, d]
+
+
+@njit(cache=True)
+def touched_features(feat, flag, out):
+    """The distinct feature ids of a batch (flag is left cleared)."""
+    n = 0
+    for b in range(feat.shape[0]):
+        for p in range(feat.shape[1]):
+            f = feat[b, p]
+            if f >= 0 and flag[f] == 0:
+                flag[f] = 1
+                out[n] = f
+                n += 1
+    for r in range(n):
+        flag[out[r]] = 0
+    return n
