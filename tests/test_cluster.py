@@ -21,6 +21,7 @@ from accelopt.config import AccelConfig, JobConfig
 from accelopt.errors import ConfigError
 from accelopt.runtime.job import Job
 
+pytestmark = pytest.mark.timeout(120)
 TESTS = str(Path(__file__).parent)
 ITERATIONS = 4
 # float32 sums in a different order: each worker's mean over its half of the batch, then a

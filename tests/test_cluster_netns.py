@@ -19,6 +19,7 @@ from test_cluster import make_cfg, no_children_left  # noqa: E402
 
 from accelopt.cluster import run_cluster  # noqa: E402
 
+pytestmark = pytest.mark.timeout(120)
 needs_root = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("tc") is None or shutil.which("ip") is None,
     reason="shaped networks need root and iproute2 (ip, tc): run as root with iproute2 installed",

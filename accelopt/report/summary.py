@@ -83,6 +83,21 @@ def _run_line(record: RunRecord) -> str:
     )
 
 
+def _cluster_line(record: RunRecord) -> str | None:
+    """Communication/computation figures of a cluster run (medians over iterations after the
+    warm-up; E < 0 means the iteration took longer than communication plus computation)."""
+    m = record.metrics
+    if "cluster_mode" not in m:
+        return None
+    return (
+        f"[bold]Cluster:[/] {m['cluster_mode']} on {m.get('cluster_backend', '?')}, "
+        f"{m.get('cluster_workers', '?')} workers  {fmt(m.get('iterations_per_s'))} it/s  "
+        f"Mc {fmt(m.get('mc_s'), 4)} s  Pc {fmt(m.get('pc_s'), 4)} s  "
+        f"U {fmt(m.get('iteration_makespan_s'), 4)} s  E {fmt(m.get('efficiency_e'))}  "
+        f"a {fmt(m.get('ratio_a'))}  {fmt(m.get('bytes_per_iteration', 0) / 2**20)} MiB/iteration"
+    )
+
+
 def _plugins_table(record: RunRecord) -> Table:
     table = Table(title="Plugins", title_justify="left", pad_edge=False)
     table.add_column("plugin", style="cyan", no_wrap=True)
@@ -98,6 +113,9 @@ def render_summary(record: RunRecord, console: Console) -> None:
     for line in _errors(record):
         console.print(line)
     console.print(_run_line(record))
+    cluster = _cluster_line(record)
+    if cluster:
+        console.print(cluster)
     if not record.info.plugins:
         console.print("[bold]Plugins:[/] no plugins active (baseline run)")
     if record.plugin_rows:

@@ -265,12 +265,13 @@ def _execute_cluster(
     started = time.perf_counter()
     outcome = run_cluster(cfg, run_dir=run_dir, console=console)
     record.duration_s = time.perf_counter() - started
+    if not outcome.primary:  # under torchrun, only rank 0 writes the run's outputs
+        return record
     record.jobs = list(outcome.results)
     record.spans = list(outcome.spans)
     record.metrics.update(outcome.metrics)
     record.info = dataclasses.replace(info, jobs=tuple(r.job for r in record.jobs))
     record.telemetry_note = "cluster run: per-rank timelines are in trace.json"
-    host.call("accelopt_run_end", run=record.info, metrics=run_metrics(record))
     record.plugin_rows = list(outcome.plugin_rows) or plugin_rows(host, record.info)
     write_run_outputs(record, run_dir)
     render_summary(record, console)

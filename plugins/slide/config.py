@@ -1,12 +1,100 @@
-"""Configuration of the slide plugin (``plugins.slide.<key>=<value>``)."""
+"""Configuration of the slide plugin (``plugins.slide.<key>=<value>``) and its validation."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Optional
+
+from accelopt.errors import ConfigError
+
+HASHES = ("dwta", "wta", "simhash")
+SAMPLINGS = ("union", "threshold", "topk")
+INSERTIONS = ("fifo", "reservoir")
+REBUILDS = ("fixed", "decay", "changed")
+INFERENCES = ("dense", "lsh")
 
 
 @dataclass
 class SlideConfig:
-    """Keys users set as ``plugins.slide.key=value``."""
+    """Keys users set as ``plugins.slide.key=value``; defaults follow the paper (DWTA, K=8,
+    L=50, buckets of 128, rebuild every 50 batches, Adam)."""
 
     min_width: int = 4096
+    """Replace Linear layers with at least this many outputs."""
+    sparse_input: bool = True
+    """Also replace the XC network's sparse-input first layer (sparse Adam on used rows)."""
+    hash: str = "dwta"
+    k: int = 8
+    l: int = 50  # noqa: E741 - the paper's name
+    bin_size: int = 8
+    simhash_density: float = 0.33
+    range_pow: int = 0
+    """log2 of buckets per table; 0: chosen from the width (about 16 neurons per bucket)."""
+    bucket_size: int = 128
+    insertion: str = "fifo"
+    sampling: str = "union"
+    threshold: int = 1
+    """``sampling=threshold``: keep neurons retrieved in more than this many tables."""
+    topk: int = 1000
+    """``sampling=topk``: keep this many neurons, by number of tables that retrieved them."""
+    min_active: int = 1000
+    """Top up each sample's active set with random neurons to at least this many."""
+    max_active: int = 0
+    """Cap on a sample's active set; 0: L * bucket_size + min_active."""
+    rebuild: str = "fixed"
+    rebuild_period: int = 50
+    rebuild_growth: float = 1.5
+    rebuild_max_period: int = 2000
+    change_threshold: float = 0.05
+    inference: str = "dense"
+    lr: Optional[float] = None
+    """Learning rate of the sparse Adam; null: the job's own lr (its optimizer must be adam)."""
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    threads: int = 0
+    """numba threads (0: numba's default, one per core); 1 makes runs bit-for-bit reproducible."""
+    seed: int = 0
+
+
+def validate(cfg: SlideConfig) -> None:
+    """Raise ConfigError (one line: the key and the fix) on the first bad value."""
+    choices = {
+        "hash": HASHES, "sampling": SAMPLINGS, "insertion": INSERTIONS, "rebuild": REBUILDS,
+        "inference": INFERENCES,
+    }
+    for key, allowed in choices.items():
+        if getattr(cfg, key) not in allowed:
+            raise ConfigError(
+                f"plugins.slide.{key}={getattr(cfg, key)!r}: choose one of {', '.join(allowed)}"
+            )
+    positive = ("min_width", "k", "l", "bucket_size", "rebuild_period", "topk")
+    for key in positive:
+        if int(getattr(cfg, key)) < 1:
+            raise ConfigError(f"plugins.slide.{key} must be >= 1, got {getattr(cfg, key)}")
+    non_negative = ("min_active", "max_active", "threshold", "threads", "range_pow")
+    for key in non_negative:
+        if int(getattr(cfg, key)) < 0:
+            raise ConfigError(f"plugins.slide.{key} must be >= 0, got {getattr(cfg, key)}")
+    if cfg.bin_size < 2 or cfg.bin_size & (cfg.bin_size - 1):
+        raise ConfigError(f"plugins.slide.bin_size must be a power of two >= 2, got {cfg.bin_size}")
+    if cfg.range_pow > 30:
+        raise ConfigError(f"plugins.slide.range_pow must be <= 30, got {cfg.range_pow}")
+    if not 0.0 < cfg.simhash_density <= 1.0:
+        raise ConfigError("plugins.slide.simhash_density must be in (0, 1]")
+    if not 0.0 <= cfg.change_threshold <= 1.0:
+        raise ConfigError("plugins.slide.change_threshold must be in [0, 1]")
+    if cfg.rebuild_growth < 1.0:
+        raise ConfigError("plugins.slide.rebuild_growth must be >= 1 (gaps grow over time)")
+    if cfg.lr is not None and cfg.lr <= 0:
+        raise ConfigError(f"plugins.slide.lr must be > 0, got {cfg.lr}")
+    if cfg.threshold >= cfg.l and cfg.sampling == "threshold":
+        raise ConfigError(f"plugins.slide.threshold must be < l ({cfg.l}) or nothing is retrieved")
+
+
+def as_config(obj: object) -> SlideConfig:
+    """Copy any object with SlideConfig's attributes (an OmegaConf node) into a SlideConfig."""
+    if isinstance(obj, SlideConfig):
+        return obj
+    return SlideConfig(**{f.name: getattr(obj, f.name) for f in fields(SlideConfig)
+                          if hasattr(obj, f.name)})

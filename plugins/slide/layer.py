@@ -1,0 +1,398 @@
+"""SLIDE layers as torch modules: the LSH-sampled wide output layer and the sparse-input layer.
+
+Why buffers, not parameters: the weights of both layers are updated by this module's own
+sparse Adam (only the rows a batch used), so they must be invisible to the job's dense
+torch optimizer, which would otherwise touch every row each step (the pitfall of the
+original code). As buffers they still count in the job's memory profile, travel with
+``state_dict`` (checkpoint/resume) and follow ``deepcopy``.
+
+Training forward of :class:`SlideLinear` returns a :class:`SlideLogits`: the active set needs
+the true labels, which only the loss sees, so the logits are computed when the job calls
+``loss_against(y)`` (the core's generic hook for outputs that compute their own loss). The
+weight update happens inside backward, right after the input gradient is computed from the
+pre-update weights, which is what a separate optimizer step would do.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import numba
+import numpy as np
+import torch
+import torch.nn.functional as F  # noqa: N812
+from torch import nn
+
+from accelopt_plugins.slide import kernels
+from accelopt_plugins.slide.config import SlideConfig
+from accelopt_plugins.slide.hashing import FAMILIES, _keys_dense_par, make_family
+from accelopt_plugins.slide.tables import INSERTIONS, RebuildSchedule, build_tables
+
+SAMPLING_MODE = {"union": kernels.UNION, "threshold": kernels.THRESHOLD, "topk": kernels.TOPK}
+PHASES = ("hash", "forward", "backward", "optimizer", "rebuild")
+
+
+def check_finite(t: torch.Tensor, what: str) -> None:
+    """Reject NaN/inf early with the row that holds it (a NaN would silently poison Adam)."""
+    ok = torch.isfinite(t)
+    if not bool(ok.all()):
+        row = int((~ok).reshape(t.shape[0], -1).any(1).nonzero()[0, 0])
+        raise ValueError(f"slide: {what} contains NaN or inf (batch row {row}); clean the data")
+
+
+def auto_range_pow(n: int, code_bits: int) -> int:
+    """About 16 neurons per bucket on average, at least 2**4 and at most the code's bits."""
+    return int(max(4, min(code_bits, 20, round(math.log2(max(n / 16, 1))))))
+
+
+def set_threads(threads: int) -> None:
+    if threads:
+        numba.set_num_threads(min(int(threads), numba.config.NUMBA_NUM_THREADS))
+
+
+class SlideLogits:
+    """The training output of :class:`SlideLinear`: hidden activations waiting for targets."""
+
+    def __init__(self, layer: SlideLinear, h: torch.Tensor) -> None:
+        self.layer = layer
+        self.h = h
+        self.shape = (h.shape[0], layer.out_features)
+
+    def loss_against(self, y: torch.Tensor) -> torch.Tensor:
+        """Softmax over the active set with 1/|y| targets; y is [B] or [B, M] padded with -1."""
+        return _SlideLoss.apply(self.h, y, self.layer)
+
+
+class SlideLinear(nn.Module):
+    """A wide Linear(in_features -> out_features) trained the SLIDE way (see module doc)."""
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        cfg: SlideConfig,
+        *,
+        lr: float,
+        weight: torch.Tensor | None = None,
+        bias: torch.Tensor | None = None,
+    ) -> None:
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.cfg, self.lr = cfg, float(lr)
+        n, d = out_features, in_features
+        if weight is None:
+            bound = 1.0 / math.sqrt(d)
+            weight = torch.empty(n, d).uniform_(-bound, bound)
+            bias = torch.empty(n).uniform_(-bound, bound)
+        bias = torch.zeros(n) if bias is None else bias
+        f32 = dict(dtype=torch.float32)
+        self.register_buffer("weight", weight.detach().to(**f32).clone().contiguous())
+        self.register_buffer("bias", bias.detach().to(**f32).clone().contiguous())
+        for name in ("m_w", "v_w", "grad_w"):
+            self.register_buffer(name, torch.zeros(n, d, **f32))
+        for name in ("m_b", "v_b", "grad_b"):
+            self.register_buffer(name, torch.zeros(n, **f32))
+        self.register_buffer("steps", torch.zeros(n, dtype=torch.int64))
+        self.register_buffer("dirty", torch.zeros(n, dtype=torch.uint8))
+        bits = 1 if cfg.hash == "simhash" else cfg.bin_size.bit_length() - 1
+        rp = cfg.range_pow or auto_range_pow(n, cfg.k * bits)
+        family = make_family(
+            cfg.hash, d, cfg.k, cfg.l, seed=cfg.seed, bin_size=cfg.bin_size,
+            density=cfg.simhash_density, range_pow=rp,
+        )
+        self.family_args = (FAMILIES[cfg.hash], cfg.k, cfg.l, family.bits, family.range_pow)
+        self.register_buffer("hash_idx", torch.from_numpy(family.idx))
+        self.register_buffer("hash_sgn", torch.from_numpy(family.sgn))
+        self.register_buffer("tables", torch.zeros(cfg.l, 1 << rp, cfg.bucket_size, dtype=torch.int32))
+        self.register_buffer("counts", torch.zeros(cfg.l, 1 << rp, dtype=torch.int32))
+        self.register_buffer("keys", torch.zeros(n, cfg.l, dtype=torch.int32))
+        # step, next rebuild/check at, rebuilds done, tables built (0/1)
+        self.register_buffer("sched", torch.zeros(4, dtype=torch.int64))
+        self.max_active = min(n, cfg.max_active or cfg.l * cfg.bucket_size + cfg.min_active)
+        self.schedule = RebuildSchedule(
+            cfg.rebuild, cfg.rebuild_period, cfg.rebuild_growth, cfg.rebuild_max_period,
+            cfg.change_threshold,
+        )
+        self._scratch: dict[str, np.ndarray] = {}
+        self.stats: dict[str, float] = {}
+        self.reset_stats()
+
+    def extra_repr(self) -> str:
+        c = self.cfg
+        return (f"in_features={self.in_features}, out_features={self.out_features}, hash={c.hash}, "
+                f"K={c.k}, L={c.l}, buckets=2^{self.family_args[4]}x{c.bucket_size}, "
+                f"sampling={c.sampling}, rebuild={c.rebuild}")
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, cfg: SlideConfig, *, lr: float) -> SlideLinear:
+        return cls(linear.in_features, linear.out_features, cfg, lr=lr,
+                   weight=linear.weight, bias=linear.bias)
+
+    # -- statistics -------------------------------------------------------------------
+
+    def reset_stats(self) -> None:
+        self.stats = {f"t_{p}": 0.0 for p in PHASES}
+        self.stats.update(steps=0, samples=0, active=0, union=0, retrieved=0, rebuilds=0,
+                          checks=0)
+
+    def summary(self) -> dict[str, float]:
+        """Per-step means: active fraction, union of active rows, share of time rebuilding."""
+        s = self.stats
+        steps, samples = max(s["steps"], 1), max(s["samples"], 1)
+        total = sum(s[f"t_{p}"] for p in PHASES)
+        return {
+            "active_fraction": s["active"] / samples / self.out_features,
+            "active_per_sample": s["active"] / samples,
+            "retrieved_per_sample": s["retrieved"] / samples,
+            "union_rows_per_batch": s["union"] / steps,
+            "rebuild_time_share": s["t_rebuild"] / total if total else 0.0,
+            "rebuilds": s["rebuilds"],
+            **{f"ms_{p}": 1e3 * s[f"t_{p}"] / steps for p in PHASES},
+        }
+
+    # -- tables -----------------------------------------------------------------------
+
+    def family(self) -> tuple:
+        kind, k, l, bits, rp = self.family_args  # noqa: E741
+        return (kind, self.hash_idx.numpy(), self.hash_sgn.numpy(), k, l, bits, rp)
+
+    def _neuron_keys(self, rows: np.ndarray | None = None) -> np.ndarray:
+        w = self.weight.numpy() if rows is None else self.weight.numpy()[rows]
+        out = np.empty((w.shape[0], self.cfg.l), dtype=np.int32)
+        _keys_dense_par(np.ascontiguousarray(w), *self.family(), out)
+        return out
+
+    def rebuild(self) -> None:
+        """Rehash every neuron and refill the tables (one writer per table)."""
+        keys = self._neuron_keys()
+        self.keys.numpy()[:] = keys
+        build_tables(keys, self.tables.numpy(), self.counts.numpy(),
+                     INSERTIONS[self.cfg.insertion], self.cfg.seed + int(self.sched[2]))
+        self.dirty.zero_()
+        self.sched[3] = 1
+
+    def _maybe_rebuild(self) -> None:
+        start = time.perf_counter()
+        step = int(self.sched[0])
+        self.schedule.next_at, self.schedule.rebuilds = int(self.sched[1]), int(self.sched[2])
+        if not int(self.sched[3]):
+            self.rebuild()
+            self.schedule.done(step, rebuilt=False)
+        elif self.schedule.due(step):
+            rebuilt = True
+            if self.cfg.rebuild == "changed":
+                self.stats["checks"] += 1
+                rebuilt = self._changed_fraction() > self.cfg.change_threshold
+            if rebuilt:
+                self.rebuild()
+                self.stats["rebuilds"] += 1
+            self.schedule.done(step, rebuilt)
+        else:
+            return
+        self.sched[1], self.sched[2] = self.schedule.next_at, self.schedule.rebuilds
+        self.stats["t_rebuild"] += time.perf_counter() - start
+
+    def _changed_fraction(self) -> float:
+        rows = np.nonzero(self.dirty.numpy())[0]
+        if not len(rows):
+            return 0.0
+        new = self._neuron_keys(rows)
+        changed = int((new != self.keys.numpy()[rows]).any(axis=1).sum())
+        return changed / self.out_features
+
+    # -- scratch ----------------------------------------------------------------------
+
+    def scratch(self, batch: int) -> dict[str, np.ndarray]:
+        """Per-chunk and per-batch buffers, reallocated only when the shapes change."""
+        chunks = numba.get_num_threads()
+        n, c = self.out_features, self.cfg
+        key = (chunks, batch)
+        if self._scratch.get("key") != key:
+            a = self.max_active
+            self._scratch = {
+                "key": key,  # type: ignore[dict-item]
+                "hits": np.zeros((chunks, n), np.int32),
+                "cand": np.zeros((chunks, c.l * c.bucket_size), np.int32),
+                "keys": np.zeros((chunks, c.l), np.int32),
+                "hist": np.zeros((chunks, c.l + 1), np.int64),
+                "ids": np.zeros((batch, a), np.int32),
+                "n_active": np.zeros(batch, np.int32),
+                "is_label": np.zeros((batch, a), np.int32),
+                "retrieved": np.zeros(batch, np.int32),
+                "logits": np.zeros((batch, a), np.float32),
+                "dz": np.zeros((batch, a), np.float32),
+                "loss": np.zeros(batch, np.float32),
+                "flag": np.zeros(n, np.uint8),
+                "rows": np.zeros(min(n, batch * a), np.int32),
+            }
+        return self._scratch
+
+    # -- forward ----------------------------------------------------------------------
+
+    def select(self, h: np.ndarray, labels: np.ndarray, min_active: int) -> dict[str, np.ndarray]:
+        """Active sets of a batch (hash + table lookups + labels + random top-up)."""
+        s = self.scratch(h.shape[0])
+        c = self.cfg
+        kernels.select_active(
+            h, labels, c.seed * 1_000_003 + int(self.sched[0]), *self.family(),
+            self.tables.numpy(), self.counts.numpy(), SAMPLING_MODE[c.sampling], c.threshold,
+            c.topk, min_active, s["hits"], s["cand"], s["keys"], s["hist"], s["ids"],
+            s["n_active"], s["is_label"], s["retrieved"],
+        )
+        return s
+
+    def forward(self, h: torch.Tensor) -> Any:
+        check_finite(h, "the input of the SLIDE output layer")
+        if self.training:
+            return SlideLogits(self, h)
+        if self.cfg.inference == "dense":
+            return F.linear(h, self.weight, self.bias)
+        return self.sparse_logits(h)
+
+    def sparse_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """LSH inference: logits of the retrieved neurons, -inf elsewhere."""
+        set_threads(self.cfg.threads)
+        if not int(self.sched[3]):
+            self.rebuild()
+        hn = np.ascontiguousarray(h.detach().numpy(), dtype=np.float32)
+        s = self.select(hn, np.zeros((hn.shape[0], 0), np.int64), 0)
+        kernels.forward_active(hn, self.weight.numpy(), self.bias.numpy(), s["ids"],
+                               s["n_active"], s["is_label"], s["logits"], s["dz"], s["loss"])
+        out = torch.full((hn.shape[0], self.out_features), -math.inf)
+        for b in range(hn.shape[0]):
+            na = int(s["n_active"][b])
+            out[b, torch.from_numpy(s["ids"][b, :na].astype(np.int64))] = torch.from_numpy(
+                s["logits"][b, :na].copy())
+        return out
+
+
+def as_label_matrix(y: torch.Tensor, n: int) -> np.ndarray:
+    """Targets as int64 [B, M] padded with -1 (a 1-D class-index target becomes M = 1)."""
+    lab = y.detach().to(torch.int64)
+    if lab.dim() == 1:
+        lab = lab[:, None]
+    if lab.dim() != 2:
+        raise ValueError(f"slide: targets must be [B] or [B, M] label ids, got shape {tuple(y.shape)}")
+    arr = np.ascontiguousarray(lab.numpy())
+    if arr.size and (arr.max() >= n or arr.min() < -1):
+        raise ValueError(f"slide: label ids must be in [0, {n}) (or -1 padding)")
+    return arr
+
+
+class _SlideLoss(torch.autograd.Function):
+    """Mean over the batch of the sampled softmax loss; backward updates the layer in place."""
+
+    @staticmethod
+    def forward(ctx: Any, h: torch.Tensor, y: torch.Tensor, layer: SlideLinear) -> torch.Tensor:
+        set_threads(layer.cfg.threads)
+        layer._maybe_rebuild()
+        hn = np.ascontiguousarray(h.detach().numpy(), dtype=np.float32)
+        labels = as_label_matrix(y, layer.out_features)
+        t0 = time.perf_counter()
+        s = layer.select(hn, labels, layer.cfg.min_active)
+        t1 = time.perf_counter()
+        kernels.forward_active(hn, layer.weight.numpy(), layer.bias.numpy(), s["ids"],
+                               s["n_active"], s["is_label"], s["logits"], s["dz"], s["loss"])
+        t2 = time.perf_counter()
+        st = layer.stats
+        st["t_hash"] += t1 - t0
+        st["t_forward"] += t2 - t1
+        st["samples"] += hn.shape[0]
+        st["active"] += int(s["n_active"].sum())
+        st["retrieved"] += int(s["retrieved"].sum())
+        ctx.layer, ctx.h = layer, hn
+        return torch.tensor(float(s["loss"].mean(dtype=np.float64)), dtype=h.dtype)
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, None, None]:
+        layer: SlideLinear = ctx.layer
+        hn = ctx.h
+        s = layer.scratch(hn.shape[0])
+        t0 = time.perf_counter()
+        dh = np.zeros_like(hn)
+        kernels.backward_active(
+            hn, layer.weight.numpy(), s["ids"], s["n_active"], s["dz"],
+            np.float32(float(grad_out) / hn.shape[0]), dh, layer.grad_w.numpy(),
+            layer.grad_b.numpy(),
+        )
+        t1 = time.perf_counter()
+        n_rows = kernels.touched_rows(s["ids"], s["n_active"], s["flag"], s["rows"])
+        c = layer.cfg
+        kernels.sparse_adam(
+            s["rows"], n_rows, layer.weight.numpy(), layer.grad_w.numpy(), layer.m_w.numpy(),
+            layer.v_w.numpy(), layer.bias.numpy(), layer.grad_b.numpy(), layer.m_b.numpy(),
+            layer.v_b.numpy(), layer.steps.numpy(), layer.dirty.numpy(), layer.lr, c.beta1, c.beta2, c.eps,
+        )
+        t2 = time.perf_counter()
+        st = layer.stats
+        st["t_backward"] += t1 - t0
+        st["t_optimizer"] += t2 - t1
+        st["union"] += n_rows
+        st["steps"] += 1
+        layer.sched[0] += 1
+        return torch.from_numpy(dh), None, None
+
+
+class SlideSparseInput(nn.Module):
+    """First layer on padded sparse input x [B, 2, P] (ids, values; id -1 = padding):
+    out = bias + sum_p v_p W[f_p]. Weight rows get sparse Adam on the batch's features only;
+    the (narrow) bias stays an ordinary parameter for the job's optimizer."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor, cfg: SlideConfig, *,
+                 lr: float) -> None:
+        super().__init__()
+        self.in_features, self.out_features = int(weight.shape[0]), int(weight.shape[1])
+        self.cfg, self.lr = cfg, float(lr)
+        d = self.in_features
+        self.register_buffer("weight", weight.detach().float().clone().contiguous())
+        for name in ("m_w", "v_w", "grad_w"):
+            self.register_buffer(name, torch.zeros_like(self.weight))
+        self.register_buffer("steps", torch.zeros(d, dtype=torch.int64))
+        self.register_buffer("dirty", torch.zeros(d, dtype=torch.uint8))
+        self.bias = nn.Parameter(bias.detach().float().clone())
+        self.flag = np.zeros(d, np.uint8)
+        self.rows = np.zeros(d, np.int32)
+        self.t_forward = self.t_backward = self.t_optimizer = 0.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        check_finite(x, "the sparse input")
+        return _SparseInput.apply(self.bias, x, self)
+
+
+class _SparseInput(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, bias: torch.Tensor, x: torch.Tensor, layer: SlideSparseInput) -> Any:
+        set_threads(layer.cfg.threads)
+        t0 = time.perf_counter()
+        feat = np.ascontiguousarray(x[:, 0, :].numpy()).astype(np.int64)
+        vals = np.ascontiguousarray(x[:, 1, :].numpy(), dtype=np.float32)
+        if feat.size and feat.max() >= layer.in_features:
+            raise ValueError(f"slide: feature id {feat.max()} >= {layer.in_features} features")
+        out = np.empty((feat.shape[0], layer.out_features), np.float32)
+        kernels.sparse_input_forward(feat, vals, layer.weight.numpy(),
+                                     bias.detach().numpy(), out)
+        ctx.layer, ctx.feat, ctx.vals = layer, feat, vals
+        layer.t_forward += time.perf_counter() - t0
+        return torch.from_numpy(out)
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, None, None]:
+        layer: SlideSparseInput = ctx.layer
+        t0 = time.perf_counter()
+        g = np.ascontiguousarray(grad_out.numpy(), dtype=np.float32)
+        kernels.sparse_input_backward(ctx.feat, ctx.vals, g, layer.grad_w.numpy())
+        t1 = time.perf_counter()
+        rows = layer.rows
+        n_rows = kernels.touched_features(ctx.feat, layer.flag, rows)
+        empty = np.zeros(0, np.float32)
+        c = layer.cfg
+        kernels.sparse_adam(
+            rows, n_rows, layer.weight.numpy(), layer.grad_w.numpy(), layer.m_w.numpy(),
+            layer.v_w.numpy(), empty, empty, empty, empty, layer.steps.numpy(),
+            layer.dirty.numpy(), layer.lr, c.beta1, c.beta2, c.eps,
+        )
+        layer.t_backward += t1 - t0
+        layer.t_optimizer += time.perf_counter() - t1
+        return grad_out.sum(0), None, None
