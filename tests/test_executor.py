@@ -143,3 +143,23 @@ def test_profile_persistent_bytes_are_exact(run_tiny):
     job.step()
     assert tensor_bytes(persistent_tensors(job)) == profile.persistent_bytes
     assert record.jobs[0].job.profile is not None
+
+
+def test_inference_job_runs_forward_only(run_tiny):
+    record = run_tiny(overrides=["workload.jobs.0.kind=infer"])
+    infer = next(j for j in record.jobs if j.job.name == "tiny-mlp")
+    assert infer.status == "done" and infer.job.kind == "infer"
+    assert infer.final_loss is None and infer.samples == 6 * 16
+    assert infer.job.profile.persistent_bytes > 0  # parameters only: no grads, no optimizer
+
+
+def test_generated_trace_workload_runs(run_tiny):
+    record = run_tiny(workload="trace", overrides=[
+        "workload.generate.n_jobs=3", "workload.generate.max_iterations=4",
+        "workload.generate.min_iterations=2", "workload.generate.mean_interarrival_s=0.01",
+        "workload.generate.models=[mlp,lstm]",
+    ])
+    assert len(record.jobs) == 3
+    assert all(j.status == "done" for j in record.jobs)
+    arrivals = [j.job.arrival_s for j in record.jobs]
+    assert arrivals == sorted(arrivals) and arrivals[0] == 0.0

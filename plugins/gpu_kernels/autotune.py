@@ -190,19 +190,19 @@ def time_callables(
     return samples
 
 
-def pick(samples: dict[str, list[float]], min_gain: float) -> str:
+def pick(samples: dict[str, list[float]], min_gain: float, baseline: str = "direct") -> str:
     """Apply the noise rule (module docstring): the fastest alternative, only if it is
-    measurably faster than ``direct``."""
-    direct = samples["direct"]
-    med_direct = statistics.median(direct)
-    q25_direct = _quantile(direct, 0.25)
-    best = "direct"
+    measurably faster than ``baseline``."""
+    base = samples[baseline]
+    med_base = statistics.median(base)
+    q25_base = _quantile(base, 0.25)
+    best = baseline
     for name, times in samples.items():
-        if name == "direct":
+        if name == baseline:
             continue
         med = statistics.median(times)
-        if (med <= (1.0 - min_gain) * med_direct and _quantile(times, 0.75) < q25_direct
-                and (best == "direct" or med < statistics.median(samples[best]))):
+        if (med <= (1.0 - min_gain) * med_base and _quantile(times, 0.75) < q25_base
+                and (best == baseline or med < statistics.median(samples[best]))):
             best = name
     return best
 

@@ -87,8 +87,8 @@ def conv2d_im2col(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, stri
     oh = _out_size(h, kh, stride[0], padding[0], dilation[0])
     ow = _out_size(wd, kw, stride[1], padding[1], dilation[1])
     cols = F.unfold(x, (kh, kw), dilation=dilation, padding=padding, stride=stride)
-    cols = cols.view(n, groups, cg * kh * kw, oh * ow)
-    y = torch.matmul(w.view(groups, o // groups, cg * kh * kw), cols)  # (N, G, O/G, L)
+    cols = cols.reshape(n, groups, cg * kh * kw, oh * ow)
+    y = torch.matmul(w.reshape(groups, o // groups, cg * kh * kw), cols)  # (N, G, O/G, L)
     y = y.reshape(n, o, oh, ow)
     return y if b is None else y + b.view(1, o, 1, 1)
 
@@ -105,8 +105,8 @@ def conv2d_fft(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, stride:
         w, kh, kw = dk, dk.shape[2], dk.shape[3]
     xp = F.pad(x, (padding[1], padding[1], padding[0], padding[0]))
     hp, wp = xp.shape[2], xp.shape[3]
-    xf = torch.fft.rfft2(xp, s=(hp, wp)).view(n, groups, cg, hp, -1)
-    wf = torch.fft.rfft2(w, s=(hp, wp)).view(groups, o // groups, cg, hp, -1).conj()
+    xf = torch.fft.rfft2(xp, s=(hp, wp)).reshape(n, groups, cg, hp, -1)
+    wf = torch.fft.rfft2(w, s=(hp, wp)).reshape(groups, o // groups, cg, hp, -1).conj()
     yf = torch.einsum("ngchw,gochw->ngohw", xf, wf).reshape(n, o, hp, -1)
     y = torch.fft.irfft2(yf, s=(hp, wp))[:, :, : hp - kh + 1 : stride[0], : wp - kw + 1 : stride[1]]
     y = y.contiguous()
@@ -136,7 +136,7 @@ def conv2d_winograd(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, st
     v = v.permute(4, 5, 1, 0, 2, 3).reshape(16, c, n * th * tw)
     u = u.permute(2, 3, 0, 1).reshape(16, o, c)
     m = torch.bmm(u, v)  # (16, O, tiles): the only multiplies that scale with C*O
-    m = m.view(4, 4, o, n, th, tw).permute(3, 2, 4, 5, 0, 1)  # (N, O, th, tw, 4, 4)
+    m = m.reshape(4, 4, o, n, th, tw).permute(3, 2, 4, 5, 0, 1)  # (N, O, th, tw, 4, 4)
     y = at @ m @ at.t()  # output transform, (N, O, th, tw, 2, 2)
     y = y.permute(0, 1, 2, 4, 3, 5).reshape(n, o, 2 * th, 2 * tw)[:, :, :oh, :ow].contiguous()
     return y if b is None else y + b.view(1, o, 1, 1)

@@ -1,16 +1,221 @@
-"""The gpu_kernels hook implementations (placeholder while the modules land)."""
+"""The gpu_kernels hook implementations.
+
+Everything happens in ``accelopt_layer_build`` when the *whole model* is offered (path
+``""``, offered last): node pruning needs whole-model surgery (a pruned layer's consumers
+are sliced too), and the other transforms must see the pruned layers. Order: prune ->
+autotuned convs -> tiled Linear -> channels_last.
+
+Why at build time and not after N iterations: the optimizer is created right after the
+model is built and holds the Parameter objects; pruning later would need a new optimizer,
+which a plugin cannot reach through the hooks. So in a run the importance criterion sees
+freshly initialised weights (the *speed* effect is real, the accuracy effect is that of
+pruning at initialisation: the network is trained at its pruned size). To prune a trained
+model by importance, use ``pruning.node_prune`` as a library (benchmarks do: train,
+prune, fine-tune).
+
+At the first forward a one-shot probe measures, on the real input, FLOPs and inference
+latency of the dense copy kept at build time vs the pruned model (deep copies, eval mode,
+so the training run is not disturbed).
+"""
 
 from __future__ import annotations
 
+import copy
+import statistics
+from dataclasses import dataclass, field
 from typing import Any
 
-from accelopt import ReportRow, RunInfo, hookimpl
+import torch
+from torch import nn
+
+from accelopt import LayerOffer, ReportRow, RunInfo, hookimpl
+from accelopt_plugins.gpu_kernels.autotune import (
+    AutotunedConv2d,
+    ConvAutotuner,
+    DecisionCache,
+    autotune_model,
+    time_callables,
+)
+from accelopt_plugins.gpu_kernels.config import GpuKernelsConfig
+from accelopt_plugins.gpu_kernels.layout import ChannelsLast
+from accelopt_plugins.gpu_kernels.pruning import PruneReport, count_flops, node_prune
+from accelopt_plugins.gpu_kernels.tiled import TiledLinear
+
+
+@dataclass
+class _JobRecord:
+    """What the plugin did to one job's model."""
+
+    prune: PruneReport | None = None
+    probe: dict[str, float] = field(default_factory=dict)
+    convs: list[AutotunedConv2d] = field(default_factory=list)
+    tiled: list[TiledLinear] = field(default_factory=list)
+    layout: ChannelsLast | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+class _PruneProbe:
+    """One-shot forward pre-hook: dense vs pruned FLOPs and latency on the real input."""
+
+    def __init__(self, model: nn.Module, dense: nn.Module, record: _JobRecord) -> None:
+        self.dense, self.record = dense, record
+        self.armed = True
+        self.handle = model.register_forward_pre_hook(self._pre)
+
+    def _pre(self, model: nn.Module, args: tuple[Any, ...]) -> None:
+        if not self.armed:
+            return
+        self.armed = False  # deep copies below carry this hook disarmed
+        self.handle.remove()
+        x = args[0].detach() if args and isinstance(args[0], torch.Tensor) else None
+        if x is None:
+            return
+        try:
+            dense = self.dense.to(x.device).eval()
+            pruned = copy.deepcopy(model).eval()
+            self.record.probe["flops_dense"] = count_flops(dense, x)
+            self.record.probe["flops_pruned"] = count_flops(pruned, x)
+
+            def infer(m: nn.Module) -> Any:
+                def run() -> Any:
+                    with torch.no_grad():
+                        return m(x)
+                return run
+
+            samples = time_callables({"dense": infer(dense), "pruned": infer(pruned)},
+                                     x.device, reps=5)
+            med = {k: statistics.median(v) for k, v in samples.items()}
+            self.record.probe["latency_dense_ms"] = round(med["dense"] * 1e3, 4)
+            self.record.probe["latency_pruned_ms"] = round(med["pruned"] * 1e3, 4)
+        except Exception as exc:  # the probe only reports; it must never break training
+            self.record.notes.append(f"probe failed: {type(exc).__name__}: {exc}")
+        finally:
+            self.dense = None  # type: ignore[assignment]
 
 
 class GpuKernelsPlugin:
-    def __init__(self, config: Any) -> None:
+    """Applies the configured tricks to every job's model at build time and reports them."""
+
+    def __init__(self, config: GpuKernelsConfig) -> None:
         self.config = config
+        self.jobs: dict[str, _JobRecord] = {}
+        self.tuner: ConvAutotuner | None = None
+
+    @property
+    def enabled(self) -> bool:
+        c = self.config
+        return (c.prune_amount > 0 or c.conv_autotune or c.tiled_linear != "off"
+                or c.channels_last != "off")
+
+    @hookimpl
+    def accelopt_configure(self, config: Any, run_config: Any) -> None:
+        self.config = config
+        config.validate()
+
+    def _tuner(self) -> ConvAutotuner:
+        if self.tuner is None:
+            self.tuner = ConvAutotuner(
+                DecisionCache.load(self.config.conv_cache or None),
+                reps=int(self.config.autotune_reps),
+                min_gain=float(self.config.autotune_min_gain),
+            )
+        return self.tuner
+
+    @hookimpl
+    def accelopt_layer_build(self, layer: LayerOffer) -> Any | None:
+        if layer.path != "" or not self.enabled or not isinstance(layer.module, nn.Module):
+            return None
+        c = self.config
+        model: nn.Module = layer.module
+        record = self.jobs.setdefault(layer.job.job_id, _JobRecord())
+        if c.prune_amount > 0:
+            dense = copy.deepcopy(model)
+            record.prune = node_prune(model, float(c.prune_amount),
+                                      criterion=c.prune_criterion, rounds=int(c.prune_rounds))
+            if record.prune.pruned:
+                _PruneProbe(model, dense, record)
+        if c.conv_autotune:
+            autotune_model(model, self._tuner())
+            record.convs = [m for m in model.modules() if isinstance(m, AutotunedConv2d)]
+        if c.tiled_linear != "off":
+            for path, module in list(model.named_modules()):
+                if type(module) is nn.Linear:
+                    new = TiledLinear.from_linear(module, c.tiled_linear)
+                    parent_path, _, name = path.rpartition(".")
+                    setattr(model.get_submodule(parent_path) if parent_path else model, name, new)
+                    record.tiled.append(new)
+        if c.channels_last != "off":
+            record.layout = ChannelsLast(model, c.channels_last, reps=int(c.autotune_reps),
+                                         min_gain=float(c.autotune_min_gain))
+        return model
 
     @hookimpl
     def accelopt_report_rows(self, run: RunInfo) -> list[ReportRow]:
-        return [ReportRow("gpu_kernels", "nothing enabled")]
+        if not self.enabled:
+            return [ReportRow("gpu_kernels", "nothing enabled: set plugins.gpu_kernels."
+                              "prune_amount, conv_autotune, tiled_linear or channels_last")]
+        if not self.jobs:
+            return [ReportRow("gpu_kernels", "no model was offered (no job was built)")]
+        return [self._row(job_id, rec) for job_id, rec in self.jobs.items()]
+
+    def _row(self, job_id: str, rec: _JobRecord) -> ReportRow:
+        parts: list[str] = []
+        metrics: dict[str, float | int | str] = {"job": job_id}
+        if rec.prune is not None:
+            p = rec.prune
+            if p.pruned:
+                parts.append(
+                    f"node-pruned {len(p.pruned)} layers at build time (fresh weights, trained "
+                    f"at the pruned size), params {p.params_before}->{p.params_after}")
+            else:
+                parts.append("node pruning: no prunable layer")
+            if p.refused:
+                parts.append(f"refused {len(p.refused)}: " + "; ".join(
+                    f"{k}: {v}" for k, v in list(p.refused.items())[:3]))
+            metrics.update(params_before=p.params_before, params_after=p.params_after,
+                           layers_pruned=len(p.pruned), layers_refused=len(p.refused))
+            pr = rec.probe
+            if "flops_dense" in pr:
+                parts.append(f"FLOPs {pr['flops_dense']:.0f}->{pr['flops_pruned']:.0f}")
+            if "latency_dense_ms" in pr:
+                speed = pr["latency_dense_ms"] / max(pr["latency_pruned_ms"], 1e-9)
+                parts.append(f"inference {pr['latency_dense_ms']:.3f}->"
+                             f"{pr['latency_pruned_ms']:.3f} ms ({speed:.2f}x)")
+                metrics["prune_speedup"] = round(speed, 3)
+            metrics.update({k: v for k, v in pr.items()})
+        if rec.convs:
+            chosen = self._conv_choices(rec)
+            parts.append(f"autotuned {len(rec.convs)} convs: " + (", ".join(
+                f"{a} x{n}" for a, n in chosen.items()) or "not run yet"))
+            metrics.update({f"conv_{a}": n for a, n in chosen.items()})
+        elif self.config.conv_autotune:
+            parts.append("conv autotune: the model has no Conv2d")
+        if self.config.tiled_linear != "off":
+            paths = {t.last_path for t in rec.tiled}
+            if not rec.tiled:
+                parts.append("tiled Linear: no Linear layer")
+            elif paths <= {"torch", "none"}:
+                parts.append(f"tiled Linear on {len(rec.tiled)} layers, but inputs were not "
+                             "CUDA float32: ran torch's F.linear (kernels need a GPU)")
+            else:
+                parts.append(f"{self.config.tiled_linear} numba.cuda kernel on "
+                             f"{len(rec.tiled)} Linear layers")
+        if rec.layout is not None:
+            d = rec.layout.decision
+            if d is None:
+                parts.append("channels_last: model never ran")
+            else:
+                parts.append(f"channels_last {'on' if d.channels_last else 'off'} ({d.reason}"
+                             + (f", ms {d.median_ms}" if d.median_ms else "") + ")")
+                metrics["channels_last"] = int(d.channels_last)
+        parts += rec.notes
+        return ReportRow("gpu_kernels", f"{job_id}: " + "; ".join(parts), metrics)
+
+    @staticmethod
+    def _conv_choices(rec: _JobRecord) -> dict[str, int]:
+        """Algorithm -> number of (layer, input shape) pairs that use it."""
+        counts: dict[str, int] = {}
+        for conv in rec.convs:
+            for algo in conv._chosen.values():  # type: ignore[attr-defined]
+                counts[algo] = counts.get(algo, 0) + 1
+        return counts

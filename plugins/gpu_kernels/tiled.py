@@ -25,7 +25,6 @@ installed, and the kernels use only APIs both provide.
 
 from __future__ import annotations
 
-import functools
 import math
 import os
 from typing import Any
@@ -36,6 +35,13 @@ from torch import nn
 
 KERNELS = ("tiled", "register_blocked")
 TILE = 16
+
+
+def const_input_kernel(x: Any, tile: int = TILE) -> Any:
+    """The constant-memory-input kernel for host array ``x`` (see the module docstring)."""
+    from accelopt_plugins.gpu_kernels import _cuda_kernels as kernels
+
+    return kernels.const_input_kernel(x, tile)
 
 
 def launch_matmul(kind: str, a: Any, b: Any, c: Any, bias: Any = None, stream: Any = 0) -> None:

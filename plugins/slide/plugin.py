@@ -1,18 +1,89 @@
-"""Hook implementations of the slide plugin (being built)."""
+"""Hook implementations of the slide plugin.
+
+``accelopt_layer_build`` swaps a job's wide output ``nn.Linear`` (>= ``min_width`` outputs)
+for a :class:`SlideLinear` initialised from the same weights, and (``sparse_input``) the XC
+network's sparse first layer for :class:`SlideSparseInput`. Both train with their own sparse
+Adam, at the job's learning rate unless ``plugins.slide.lr`` says otherwise.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from accelopt import ReportRow, RunInfo, hookimpl
+from torch import nn
+
+from accelopt import ConfigError, LayerOffer, ReportRow, RunInfo, hookimpl
+from accelopt_plugins.slide.config import SlideConfig, as_config, validate
+from accelopt_plugins.slide.layer import SlideLinear, SlideSparseInput
+from accelopt_plugins.slide.xcmodel import SparseInput
 
 
 class SlidePlugin:
-    """Placeholder while the layer lands."""
+    """Replaces wide output layers at build time and reports what the layers did."""
 
     def __init__(self, config: Any) -> None:
-        self.config = config
+        self.cfg: SlideConfig = as_config(config)
+        self.job_lr: dict[str, tuple[str, float]] = {}
+        self.layers: list[tuple[str, str, SlideLinear]] = []
+        self.inputs: list[tuple[str, str, SlideSparseInput]] = []
+        self.skipped: list[str] = []
+
+    @hookimpl
+    def accelopt_configure(self, config: Any, run_config: Any) -> None:
+        self.cfg = as_config(config)
+        validate(self.cfg)
+        for job in getattr(getattr(run_config, "workload", None), "jobs", None) or []:
+            self.job_lr[str(job.name)] = (str(job.optimizer), float(job.lr))
+
+    def _lr(self, job_name: str) -> float:
+        if self.cfg.lr is not None:
+            return float(self.cfg.lr)
+        optimizer, lr = self.job_lr.get(job_name, ("?", 0.0))
+        if optimizer != "adam":
+            raise ConfigError(
+                f"plugins.slide.lr: job '{job_name}' uses optimizer {optimizer!r}; SLIDE trains "
+                "with Adam, so set the job's optimizer to adam or give plugins.slide.lr=<rate>"
+            )
+        return lr
+
+    @hookimpl
+    def accelopt_layer_build(self, layer: LayerOffer) -> Any | None:
+        module = layer.module
+        if isinstance(module, nn.Linear) and module.out_features >= self.cfg.min_width:
+            new = SlideLinear.from_linear(module, self.cfg, lr=self._lr(layer.job.name))
+            self.layers.append((layer.job.name, layer.path, new))
+            return new
+        if isinstance(module, nn.Linear) and module.out_features >= 1024:
+            self.skipped.append(f"{layer.job.name}:{layer.path} ({module.out_features} outputs)")
+        if self.cfg.sparse_input and isinstance(module, SparseInput):
+            new_in = SlideSparseInput(module.weight, module.bias, self.cfg,
+                                      lr=self._lr(layer.job.name))
+            self.inputs.append((layer.job.name, layer.path, new_in))
+            return new_in
+        return None
 
     @hookimpl
     def accelopt_report_rows(self, run: RunInfo) -> list[ReportRow]:
-        return [ReportRow(plugin="slide", summary="slide is being built; nothing done")]
+        if not self.layers:
+            why = (f"no Linear layer has >= {self.cfg.min_width} outputs "
+                   f"(plugins.slide.min_width)")
+            if self.skipped:
+                why += f"; narrower wide layers left dense: {', '.join(self.skipped)}"
+            return [ReportRow(plugin="slide", summary=f"nothing to do on this workload: {why}")]
+        rows = []
+        for job, path, lay in self.layers:
+            s = lay.summary()
+            rows.append(ReportRow(
+                plugin="slide",
+                summary=(
+                    f"{job}:{path} {lay.out_features} outputs trained with LSH-sampled softmax "
+                    f"({self.cfg.hash} K={self.cfg.k} L={self.cfg.l}): "
+                    f"{100 * s['active_fraction']:.2f}% active per sample, "
+                    f"{s['union_rows_per_batch']:.0f} rows updated per batch, "
+                    f"{100 * s['rebuild_time_share']:.1f}% of layer time rebuilding tables"
+                    + (f"; sparse-input first layer: {len(self.inputs)} replaced"
+                       if self.inputs else "")
+                ),
+                metrics={k: round(float(v), 6) for k, v in s.items()},
+            ))
+        return rows

@@ -1,0 +1,40 @@
+"""Under torchrun (RANK/WORLD_SIZE/MASTER_ADDR set) accelopt spawns nothing: each process is
+one rank, and rank 0 alone writes the run's outputs."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from clirun import cli_env
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_torchrun_runs_the_same_config_as_ranks(tmp_path):
+    run_dir = tmp_path / "run"
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3",
+        "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
+        "-m", "accelopt.cli.main", "run", "workload=tiny", "cluster.mode=ps",
+        "cluster.workers=2", "cluster.servers=1", "run.progress=false",
+        f"hydra.run.dir={run_dir}",
+    ]
+    result = subprocess.run(cmd, cwd=tmp_path, env=cli_env(), capture_output=True, text=True,
+                            timeout=200)
+    assert result.returncode == 0, result.stderr[-2000:]
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["summary"]["cluster_mode"] == "ps"
+    assert metrics["summary"]["cluster_workers"] == 2
+    assert [j["status"] for j in metrics["jobs"]] == ["done"]
+    assert result.stdout.count("Run: 1/1 done") == 1  # only rank 0 reports
