@@ -90,6 +90,8 @@ class RunSettings:
     progress: bool = True
     telemetry_interval_s: float = 0.5
     trace_hooks: bool = True
+    repeat: int = 0
+    """A label only (no effect): lets a sweep repeat identical runs (``accelopt bench``)."""
 
 
 @dataclass

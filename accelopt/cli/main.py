@@ -21,6 +21,7 @@ CORE_COMMANDS: dict[str, str] = {
     "plugins": "list installed plugins",
     "matrix": "print valid plugin combinations for a CI matrix / Hydra sweep",
     "new-plugin": "scaffold an installable third-party plugin package",
+    "bench": "ablation: one workload under several plugin sets, gains and interactions",
 }
 
 USAGE = """usage: accelopt COMMAND [ARGS...]
@@ -28,6 +29,7 @@ USAGE = """usage: accelopt COMMAND [ARGS...]
   accelopt run                                  the default workload, no plugins
   accelopt run +plugins=[noop] workload=trace   compose plugins and pick a workload
   accelopt run -m '+plugins=[],[noop]'          Hydra multirun sweep
+  accelopt bench --plugins a,b workload=trace   ablation with interaction effects
   accelopt plugins | matrix | new-plugin NAME
 
 commands:
@@ -67,6 +69,10 @@ def dispatch(args: list[str], debug: bool) -> int:
         from accelopt.cli.commands import matrix
 
         return matrix(rest)
+    if command == "bench":
+        from accelopt.bench.runner import bench_command
+
+        return bench_command(rest)
     if command == "new-plugin":
         from accelopt.cli.scaffold import new_plugin_command
 

@@ -24,6 +24,7 @@ from accelopt.host import PluginHost
 from accelopt.plugin import Registry
 from accelopt.records import JobResult, RunRecord, Span
 from accelopt.report import JobProgress, render_summary, run_metrics, write_run_outputs
+from accelopt.report.console import default_console
 from accelopt.runtime.activation import activate
 from accelopt.runtime.checkpoint import Checkpointer, restore
 from accelopt.runtime.executor import Executor
@@ -108,13 +109,6 @@ def execute(
     record.jobs = results
     record.spans = executor.spans + hook_spans
     return _finish(record, host, run_dir, console)
-
-
-def default_console() -> Console:
-    """A terminal gets its own width; a pipe or CI log gets 120 columns instead of rich's
-    80, so the summary table stays readable in logs."""
-    console = Console()
-    return console if console.is_terminal else Console(width=120)
 
 
 def _finish(record: RunRecord, host: PluginHost, run_dir: Path, console: Console) -> RunRecord:

@@ -58,21 +58,24 @@ class _PruneProbe:
     """One-shot forward pre-hook: dense vs pruned FLOPs and latency on the real input."""
 
     def __init__(self, model: nn.Module, dense: nn.Module, record: _JobRecord) -> None:
-        self.dense, self.record = dense, record
+        # copies of both models as they are right after pruning: the later transforms
+        # (autotuned convs, tiled Linear, layout) are measured by their own rules
+        self.dense, self.pruned, self.record = dense, copy.deepcopy(model), record
         self.armed = True
         self.handle = model.register_forward_pre_hook(self._pre)
 
     def _pre(self, model: nn.Module, args: tuple[Any, ...]) -> None:
         if not self.armed:
             return
-        self.armed = False  # deep copies below carry this hook disarmed
+        self.armed = False
         self.handle.remove()
         x = args[0].detach() if args and isinstance(args[0], torch.Tensor) else None
         if x is None:
             return
         try:
             dense = self.dense.to(x.device).eval()
-            pruned = copy.deepcopy(model).eval()
+            pruned = self.pruned.to(x.device).eval()
+            x = x.contiguous()
             self.record.probe["flops_dense"] = count_flops(dense, x)
             self.record.probe["flops_pruned"] = count_flops(pruned, x)
 
@@ -90,7 +93,7 @@ class _PruneProbe:
         except Exception as exc:  # the probe only reports; it must never break training
             self.record.notes.append(f"probe failed: {type(exc).__name__}: {exc}")
         finally:
-            self.dense = None  # type: ignore[assignment]
+            self.dense = self.pruned = None  # type: ignore[assignment]
 
 
 class GpuKernelsPlugin:

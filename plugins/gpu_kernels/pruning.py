@@ -52,8 +52,9 @@ _BATCHNORMS = (nn.BatchNorm1d, nn.BatchNorm2d)
 
 @dataclass
 class _Use:
-    """Producer channel c occupies indices ``base + c*mult + [0, mult)`` of a consumer's
-    input dimension (``mult`` > 1 after a flatten of spatial positions)."""
+    """Producer channel c occupies indices ``(base + c)*mult + [0, mult)`` of a consumer's
+    input dimension: ``base`` is its channel offset in a concat, ``mult`` > 1 after a
+    flatten of spatial positions (channel-major, as NCHW flattens)."""
 
     path: str
     kind: str  # "linear_in" | "conv_in" | "bn"
@@ -442,7 +443,7 @@ def prune_channels(model: nn.Module, keep: Mapping[str, torch.Tensor]) -> PruneR
             size = _input_size(modules[use.path], use.kind)
             mask = in_masks.setdefault((use.path, use.kind), torch.ones(size, dtype=torch.bool))
             for c in dropped.nonzero().flatten().tolist():
-                start = use.base + c * use.mult
+                start = (use.base + c) * use.mult
                 mask[start:start + use.mult] = False
         _slice_out(modules[path], idx)
         report.pruned[path] = (plan.channels, int(idx.numel()))

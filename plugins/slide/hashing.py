@@ -69,7 +69,7 @@ class HashFamily:
             raise ValueError(f"CSR column index outside [0, {self.dim})")
         _keys_csr_par(
             np.asarray(indptr, np.int64), np.asarray(indices, np.int64),
-            np.asarray(data, np.float32), *self.args(), out,
+            np.asarray(data, np.float32), *self.args(), out, numba.get_num_threads(),
         )
         return out
 
@@ -187,9 +187,9 @@ def _keys_dense_par(x, kind, idx, sgn, k, l, bits, range_pow, out):  # noqa: E74
 
 
 @njit(parallel=True, cache=True)
-def _keys_csr_par(indptr, indices, data, kind, idx, sgn, k, l, bits, range_pow, out):  # noqa: E741
+def _keys_csr_par(indptr, indices, data, kind, idx, sgn, k, l, bits, range_pow, out, threads):  # noqa: E501, E741
     n = len(indptr) - 1
-    n_chunks = min(numba.get_num_threads(), max(n, 1))
+    n_chunks = min(threads, max(n, 1))
     dim = 1 + (idx.max() if idx.size else 0)
     dim = max(dim, (indices.max() + 1) if len(indices) else 0)
     scratch = np.zeros((n_chunks, dim), dtype=np.float32)

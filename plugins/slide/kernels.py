@@ -16,7 +16,6 @@ that retrieved them. Training adds the true labels and then random neurons until
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 from numba import njit, prange
 
@@ -179,11 +178,11 @@ def forward_active(h, w, bias, ids, n_active, is_label, logits, dz, loss):
 
 
 @njit(parallel=True, cache=True)
-def backward_active(h, w, ids, n_active, dz, scale, dh, grad_w, grad_b):
+def backward_active(h, w, ids, n_active, dz, scale, dh, grad_w, grad_b, n_chunks):
     """dh = sum_i dz_i w[j_i] (from the weights before the update); grad rows accumulate
     dz_i * h without locks (HOGWILD)."""
     batch, dim = h.shape
-    n_chunks = min(batch, max(1, numba.get_num_threads()))
+    n_chunks = min(batch, max(1, n_chunks))
     for c in prange(n_chunks):
         for b in range(c, batch, n_chunks):
             for d in range(dim):
@@ -269,11 +268,11 @@ def sparse_input_forward(feat, vals, w, bias, out):
 
 
 @njit(parallel=True, cache=True)
-def sparse_input_backward(feat, vals, grad_out, grad_w):
+def sparse_input_backward(feat, vals, grad_out, grad_w, n_chunks):
     """grad_w[f] += vals * grad_out[b] for every feature of every sample (HOGWILD)."""
     batch, width = feat.shape
     dim = grad_w.shape[1]
-    n_chunks = min(batch, max(1, numba.get_num_threads()))
+    n_chunks = min(batch, max(1, n_chunks))
     for c in prange(n_chunks):
         for b in range(c, batch, n_chunks):
             for p in range(width):

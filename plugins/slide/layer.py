@@ -315,7 +315,7 @@ class _SlideLoss(torch.autograd.Function):
         kernels.backward_active(
             hn, layer.weight.numpy(), s["ids"], s["n_active"], s["dz"],
             np.float32(float(grad_out) / hn.shape[0]), dh, layer.grad_w.numpy(),
-            layer.grad_b.numpy(),
+            layer.grad_b.numpy(), numba.get_num_threads(),
         )
         t1 = time.perf_counter()
         n_rows = kernels.touched_rows(s["ids"], s["n_active"], s["flag"], s["rows"])
@@ -382,7 +382,8 @@ class _SparseInput(torch.autograd.Function):
         layer: SlideSparseInput = ctx.layer
         t0 = time.perf_counter()
         g = np.ascontiguousarray(grad_out.numpy(), dtype=np.float32)
-        kernels.sparse_input_backward(ctx.feat, ctx.vals, g, layer.grad_w.numpy())
+        kernels.sparse_input_backward(ctx.feat, ctx.vals, g, layer.grad_w.numpy(),
+                                      numba.get_num_threads())
         t1 = time.perf_counter()
         rows = layer.rows
         n_rows = kernels.touched_features(ctx.feat, layer.flag, rows)

@@ -1,0 +1,261 @@
+"""The worker's graph as TicTac sees it: compute ops plus one recv op per parameter tensor.
+
+Why torch.fx: it gives the op graph of a PyTorch model without running it (also on the meta
+device), so the same tracer serves the real zoo models and the simulator's large models.
+A ``call_module`` node reads every parameter of its (leaf) module; a ``get_attr`` node that
+names a parameter *is* that parameter's recv. dep(op) = the recvs an op transitively needs,
+kept as Python-int bitsets (one bit per recv) so even ResNet-152 is built in milliseconds.
+
+Two execution models, because they are different machines:
+
+* ``dataflow`` (TensorFlow, the paper's setting): any op whose inputs are ready may run.
+* ``eager`` (PyTorch, what accelopt's workers do): forward runs in program order, so op k
+  also waits for op k-1. That program order is a real dependency, and adding it as a chain
+  edge lets TIC/TAC reason about the machine the order is enforced on.
+
+Training adds one backward op per forward compute op (it needs the forward op and the
+backward ops of the op's users); backward needs no new recvs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import torch
+import torch.fx as fx
+from torch import nn
+
+from accelopt.errors import UserError
+
+Execution = Literal["eager", "dataflow"]
+RECV, COMPUTE = "recv", "compute"
+
+
+@dataclass
+class Dag:
+    """Ops in a topological order. ``recvs[i]`` is the op index of recv i (``named_parameters``
+    order); ``program`` lists compute ops in program (execution) order."""
+
+    names: list[str]
+    kinds: list[str]
+    inputs: list[tuple[int, ...]]
+    nbytes: list[int]
+    recvs: list[int]
+    program: list[int]
+    flops: list[float] = field(default_factory=list)
+    mem_bytes: list[float] = field(default_factory=list)
+    backward_of: dict[int, int] = field(default_factory=dict)
+    """backward op -> its forward op (training DAGs only)."""
+    model: str = ""
+
+    @property
+    def n(self) -> int:
+        return len(self.names)
+
+    @property
+    def recv_names(self) -> list[str]:
+        return [self.names[i] for i in self.recvs]
+
+    @property
+    def recv_bytes(self) -> np.ndarray:
+        return np.array([self.nbytes[i] for i in self.recvs], dtype=np.float64)
+
+    def fingerprint(self) -> str:
+        """Identifies the structure (ops, recvs, bytes): a cache keyed by it goes stale when
+        the model changes."""
+        import hashlib
+
+        h = hashlib.sha256()
+        for name, kind, ins, nb in zip(self.names, self.kinds, self.inputs, self.nbytes,
+                                       strict=True):
+            h.update(f"{name}|{kind}|{','.join(map(str, ins))}|{nb};".encode())
+        return h.hexdigest()[:16]
+
+    def users(self) -> list[list[int]]:
+        out: list[list[int]] = [[] for _ in range(self.n)]
+        for op, ins in enumerate(self.inputs):
+            for i in ins:
+                out[i].append(op)
+        return out
+
+    def dep_bits(self, execution: Execution = "dataflow") -> list[int]:
+        """dep(op) as an int bitset over recv indices; ``eager`` adds the program-order chain."""
+        bit = {op: 1 << r for r, op in enumerate(self.recvs)}
+        dep = [0] * self.n
+        prev: dict[int, int] = {}
+        if execution == "eager":
+            prev = {b: a for a, b in zip(self.program, self.program[1:], strict=False)}
+        for op in range(self.n):  # ops are topologically ordered, the program order too
+            if self.kinds[op] == RECV:
+                dep[op] = bit[op]
+                continue
+            d = 0
+            for i in self.inputs[op]:
+                d |= dep[i]
+            if op in prev:
+                d |= dep[prev[op]]
+            dep[op] = d
+        return dep
+
+    def dep_matrix(self, execution: Execution = "dataflow") -> np.ndarray:
+        """Compute ops (program order) x recvs, True where the op needs the recv."""
+        bits = self.dep_bits(execution)
+        nr = len(self.recvs)
+        nbytes = (nr + 7) // 8
+        rows = [bits[op].to_bytes(nbytes, "little") if nr else b"" for op in self.program]
+        if not rows or nr == 0:
+            return np.zeros((len(self.program), nr), dtype=bool)
+        raw = np.frombuffer(b"".join(rows), dtype=np.uint8).reshape(len(rows), nbytes)
+        return np.unpackbits(raw, axis=1, bitorder="little")[:, :nr].astype(bool)
+
+
+class _Tracer(fx.Tracer):
+    """Remembers the module being traced, so a failure can name it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.current: list[tuple[str, str]] = []
+
+    def call_module(self, m: nn.Module, forward: Any, args: Any, kwargs: Any) -> Any:
+        path = self.path_of_module(m)
+        self.current.append((path, type(m).__name__))
+        out = super().call_module(m, forward, args, kwargs)
+        self.current.pop()
+        return out
+
+
+def trace(model: nn.Module, name: str = "") -> fx.GraphModule:
+    """``torch.fx`` graph of ``model``; a model fx cannot trace is one line naming the module."""
+    tracer = _Tracer()
+    try:
+        graph = tracer.trace(model)
+    except Exception as exc:  # fx raises many types (TraceError, TypeError, ...)
+        where = tracer.current[-1] if tracer.current else ("", type(model).__name__)
+        path = where[0] or "<root>"
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise UserError(
+            f"tictac: torch.fx cannot trace module '{path}' ({where[1]}) of model "
+            f"'{name or type(model).__name__}': {first}; make its forward free of "
+            "data-dependent control flow or pick heuristic=named"
+        ) from None
+    return fx.GraphModule(tracer.root, graph)
+
+
+def build_dag(model: nn.Module, name: str = "", gm: fx.GraphModule | None = None) -> Dag:
+    """Forward DAG of ``model``: compute ops from the fx graph, one recv per parameter."""
+    gm = trace(model, name) if gm is None else gm
+    params = dict(model.named_parameters())
+    by_id = {id(p): n for n, p in params.items()}
+    names: list[str] = []
+    kinds: list[str] = []
+    inputs: list[tuple[int, ...]] = []
+    nbytes: list[int] = []
+    recv_of: dict[str, int] = {}
+    for pname, p in params.items():  # recvs first, in named_parameters order
+        recv_of[pname] = len(names)
+        names.append(pname)
+        kinds.append(RECV)
+        inputs.append(())
+        nbytes.append(p.numel() * p.element_size())
+    node_op: dict[fx.Node, int] = {}
+    program: list[int] = []
+    modules = dict(gm.named_modules())
+    for node in gm.graph.nodes:
+        if node.op in ("placeholder", "output"):
+            continue
+        if node.op == "get_attr":
+            obj = _attr(gm, str(node.target))
+            if isinstance(obj, nn.Parameter) and id(obj) in by_id:
+                node_op[node] = recv_of[by_id[id(obj)]]
+            continue
+        ins = {node_op[a] for a in node.all_input_nodes if a in node_op}
+        if node.op == "call_module":
+            mod = modules[str(node.target)]
+            ins |= {recv_of[by_id[id(p)]] for p in mod.parameters() if id(p) in by_id}
+        node_op[node] = len(names)
+        program.append(len(names))
+        names.append(str(node.name))
+        kinds.append(COMPUTE)
+        inputs.append(tuple(sorted(ins)))
+        nbytes.append(0)
+    return Dag(names, kinds, inputs, nbytes, list(range(len(params))), program, model=name)
+
+
+def _attr(gm: nn.Module, target: str) -> Any:
+    obj: Any = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def training_dag(fwd: Dag) -> Dag:
+    """Add backward: bwd(op) needs fwd(op) and bwd(u) for every compute user u of op. The
+    program runs backward in reverse forward order (autograd's order for a chain)."""
+    users = fwd.users()
+    names, kinds = list(fwd.names), list(fwd.kinds)
+    inputs, nbytes = list(fwd.inputs), list(fwd.nbytes)
+    flops, mem = list(fwd.flops), list(fwd.mem_bytes)
+    bwd: dict[int, int] = {}
+    program = list(fwd.program)
+    backward_of: dict[int, int] = {}
+    for op in reversed(fwd.program):
+        ins = [op] + [bwd[u] for u in users[op] if u in bwd]
+        bwd[op] = len(names)
+        backward_of[len(names)] = op
+        program.append(len(names))
+        names.append(f"{fwd.names[op]}.backward")
+        kinds.append(COMPUTE)
+        inputs.append(tuple(sorted(ins)))
+        nbytes.append(0)
+        if fwd.flops:
+            flops.append(2 * fwd.flops[op])
+            mem.append(2 * fwd.mem_bytes[op])
+    # bwd ops were appended in reverse forward order, and each one's inputs come earlier
+    return Dag(names, kinds, inputs, nbytes, list(fwd.recvs), program, flops, mem,
+               backward_of, fwd.model)
+
+
+def annotate_costs(dag: Dag, gm: fx.GraphModule, example: torch.Tensor) -> None:
+    """FLOPs and bytes touched per forward op, from shapes (works on the meta device)."""
+    from torch.fx.passes.shape_prop import ShapeProp
+
+    ShapeProp(gm).propagate(example)
+    modules = dict(gm.named_modules())
+    by_name = {dag.names[op]: op for op in dag.program}
+    dag.flops = [0.0] * dag.n
+    dag.mem_bytes = [0.0] * dag.n
+    for node in gm.graph.nodes:
+        op = by_name.get(str(node.name))
+        if op is None:
+            continue
+        out = _numel(node.meta.get("tensor_meta"))
+        ins = sum(_numel(a.meta.get("tensor_meta")) for a in node.all_input_nodes)
+        flops = float(out)
+        pbytes = 0.0
+        if node.op == "call_module":
+            mod = modules[str(node.target)]
+            pbytes = float(sum(p.numel() for p in mod.parameters()))
+            if isinstance(mod, nn.Conv2d):
+                k = mod.kernel_size[0] * mod.kernel_size[1] * mod.in_channels // mod.groups
+                flops = 2.0 * out * k
+            elif isinstance(mod, nn.Linear):
+                flops = 2.0 * out * mod.in_features
+        dag.flops[op] = flops
+        dag.mem_bytes[op] = 4.0 * (out + ins + pbytes)
+
+
+def _numel(meta: Any) -> int:
+    if meta is None:
+        return 0
+    if hasattr(meta, "shape"):
+        n = 1
+        for d in meta.shape:
+            n *= int(d)
+        return n
+    if isinstance(meta, (list, tuple)):
+        return sum(_numel(m) for m in meta)
+    if isinstance(meta, dict):
+        return sum(_numel(m) for m in meta.values())
+    return 0

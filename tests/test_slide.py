@@ -1,0 +1,396 @@
+"""Tests of the slide plugin: hash families, tables, the SLIDE layer's math, sparse Adam,
+XC data, reproducibility and the plugin on ``workload=xc``. Sizes are small; numba kernels
+compile once per process (cached on disk)."""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from accelopt.errors import ConfigError
+from accelopt_plugins.slide import PLUGIN, kernels
+from accelopt_plugins.slide.config import SlideConfig, validate
+from accelopt_plugins.slide.hashing import make_family
+from accelopt_plugins.slide.layer import SlideLinear, SlideSparseInput
+from accelopt_plugins.slide.metrics import precision_at_k
+from accelopt_plugins.slide.tables import RebuildSchedule, build_tables
+from accelopt_plugins.slide.xcdata import XCSpec, generate, read_xc, write_xc
+from accelopt_plugins.slide.xcmodel import XCNet, xc_softmax_loss
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tests run single-threaded (deterministic); the thread-scaling figures are benchmarks."""
+    before = numba.get_num_threads()
+    numba.set_num_threads(1)
+    yield
+    numba.set_num_threads(before)
+
+
+def _pair_at_angle(rng: np.random.Generator, dim: int, theta: float) -> np.ndarray:
+    a = rng.standard_normal(dim)
+    a /= np.linalg.norm(a)
+    b = rng.standard_normal(dim)
+    b -= (b @ a) * a
+    b /= np.linalg.norm(b)
+    return np.stack([a, math.cos(theta) * a + math.sin(theta) * b]).astype(np.float32)
+
+
+# --------------------------------------------------------------------------------- hashing
+
+
+@pytest.mark.parametrize("density", [1.0, 1.0 / 3.0])
+def test_simhash_collision_probability_is_one_minus_theta_over_pi(density: float) -> None:
+    fam = make_family("simhash", 48, 1, 3000, seed=1, density=density)
+    rng = np.random.default_rng(0)
+    for theta in (0.3, 1.0, 1.8, 2.6):
+        rates = []
+        for _ in range(4):
+            v = fam.values_dense(_pair_at_angle(rng, 48, theta))
+            rates.append(np.mean(v[0] == v[1]))
+        expected = 1.0 - theta / math.pi
+        tol = 0.03 if density == 1.0 else 0.06  # sparse projections approximate the sphere
+        assert abs(np.mean(rates) - expected) < tol, (theta, np.mean(rates), expected)
+
+
+@pytest.mark.parametrize("kind", ["simhash", "wta", "dwta"])
+def test_csr_and_dense_inputs_give_identical_keys(kind: str) -> None:
+    rng = np.random.default_rng(2)
+    dense = rng.standard_normal((30, 200)).astype(np.float32)
+    dense[rng.random(dense.shape) < 0.9] = 0.0  # sparse rows, some bins empty
+    dense[3] = 0.0  # an all-zero row
+    fam = make_family(kind, 200, 4, 6, seed=3, range_pow=10)
+    indptr = np.concatenate([[0], np.cumsum((dense != 0).sum(1))])
+    rows, cols = np.nonzero(dense)
+    keys_csr = fam.keys_csr(indptr, cols, dense[rows, cols])
+    assert np.array_equal(keys_csr, fam.keys_dense(dense))
+    assert keys_csr.min() >= 0 and keys_csr.max() < fam.n_buckets
+
+
+def test_dwta_densification_fills_empty_bins_and_tracks_similarity() -> None:
+    rng = np.random.default_rng(4)
+    dim = 1000
+    fam = make_family("dwta", dim, 1, 400, seed=5, bin_size=8)
+    base = np.zeros(dim, np.float32)
+    support = rng.choice(dim, 20, replace=False)
+    base[support] = rng.random(20) + 0.1
+    near, far = base.copy(), np.zeros(dim, np.float32)
+    near[support[:2]] *= 0.5  # perturb two of twenty values
+    far[rng.choice(dim, 20, replace=False)] = rng.random(20) + 0.1
+    v = fam.values_dense(np.stack([base, near, far]))
+    # with 20 of 1000 coordinates set, most bins of 8 are empty: values still span the range
+    assert len(np.unique(v[0])) > 1
+    assert np.mean(v[0] == v[1]) > np.mean(v[0] == v[2]) + 0.3
+
+
+def test_bad_family_arguments() -> None:
+    with pytest.raises(ValueError, match="hash family must be one of"):
+        make_family("minhash", 8, 1, 1, seed=0)
+    with pytest.raises(ValueError, match="power of two"):
+        make_family("wta", 8, 1, 1, seed=0, bin_size=6)
+
+
+# ---------------------------------------------------------------------------------- tables
+
+
+@pytest.mark.parametrize("reservoir", [0, 1])
+def test_tables_hold_each_neuron_in_its_bucket_and_cap_overflow(reservoir: int) -> None:
+    rng = np.random.default_rng(6)
+    n, n_tables, n_buckets, cap = 500, 3, 16, 8
+    keys = rng.integers(0, n_buckets, (n, n_tables)).astype(np.int32)
+    keys[:40, 0] = 5  # bucket 5 of table 0 overflows
+    tables = np.full((n_tables, n_buckets, cap), -1, np.int32)
+    counts = np.zeros((n_tables, n_buckets), np.int32)
+    build_tables(keys, tables, counts, reservoir, 7)
+    for t in range(n_tables):
+        assert counts[t].sum() == n
+        for b in range(n_buckets):
+            size = min(counts[t, b], cap)
+            members = tables[t, b, :size]
+            assert np.all(keys[members, t] == b)
+            assert len(set(members.tolist())) == size
+    if reservoir:  # a uniform sample of the 40+ inserts, not just the last 8
+        assert tables[0, 5].min() < 40 - cap
+    else:  # FIFO ring keeps the last `cap` inserts
+        last = [i for i in range(n) if keys[i, 0] == 5][-cap:]
+        assert sorted(tables[0, 5].tolist()) == sorted(last)
+    again = np.full_like(tables, -1)
+    numba.set_num_threads(min(2, numba.config.NUMBA_NUM_THREADS))
+    build_tables(keys, again, counts.copy(), reservoir, 7)
+    assert np.array_equal(again, tables)  # deterministic whatever the thread count
+
+
+def test_rebuild_schedules() -> None:
+    fixed = RebuildSchedule("fixed", period=10)
+    points = []
+    for step in range(60):
+        if fixed.due(step):
+            points.append(step)
+            fixed.done(step, rebuilt=True)
+    assert points == [10, 20, 30, 40, 50]
+    decay = RebuildSchedule("decay", period=10, growth=2.0, max_period=35)
+    points = []
+    for step in range(200):
+        if decay.due(step):
+            points.append(step)
+            decay.done(step, rebuilt=True)
+    assert np.diff(points).tolist()[:3] == [20, 35, 35]
+    with pytest.raises(ValueError, match="rebuild schedule"):
+        RebuildSchedule("weekly")
+
+
+# ----------------------------------------------------------------------------- the layer
+
+
+def _layer(n: int = 300, d: int = 16, **kw) -> SlideLinear:
+    cfg = SlideConfig(**{"k": 4, "l": 8, "bucket_size": 16, "min_active": 40, **kw})
+    torch.manual_seed(0)
+    return SlideLinear(d, n, cfg, lr=1e-2)
+
+
+def test_active_set_contains_labels_and_reaches_min_active() -> None:
+    layer = _layer()
+    layer.rebuild()
+    h = np.random.default_rng(8).standard_normal((6, 16)).astype(np.float32)
+    labels = np.array([[3, 299, -1]] * 6, np.int64)
+    s = layer.select(h, labels, 40)
+    for b in range(6):
+        ids = s["ids"][b, : s["n_active"][b]]
+        assert len(set(ids.tolist())) == len(ids) >= 40
+        assert {3, 299} <= set(ids.tolist())
+        assert s["is_label"][b, : len(ids)].sum() == 2
+
+
+@pytest.mark.parametrize(("sampling", "limit"), [("topk", 25), ("threshold", None)])
+def test_sampling_modes(sampling: str, limit: int | None) -> None:
+    layer = _layer(sampling=sampling, topk=25, threshold=2, min_active=0)
+    layer.rebuild()
+    h = np.random.default_rng(9).standard_normal((4, 16)).astype(np.float32)
+    s = layer.select(h, np.zeros((4, 0), np.int64), 0)
+    union = _layer(min_active=0)
+    union.rebuild()
+    su = union.select(h, np.zeros((4, 0), np.int64), 0)
+    for b in range(4):
+        assert 0 < s["n_active"][b] <= su["n_active"][b]
+        if limit:
+            assert s["n_active"][b] == min(limit, su["n_active"][b])
+
+
+def test_gradients_on_active_set_equal_dense_autograd() -> None:
+    layer = _layer()
+    layer.rebuild()
+    rng = np.random.default_rng(10)
+    h = rng.standard_normal((5, 16)).astype(np.float32)
+    labels = np.array([[1, 7, -1], [2, -1, -1], [0, 5, 9], [4, -1, -1], [8, 3, -1]], np.int64)
+    s = layer.select(h, labels, 40)
+    kernels.forward_active(h, layer.weight.numpy(), layer.bias.numpy(), s["ids"], s["n_active"],
+                           s["is_label"], s["logits"], s["dz"], s["loss"])
+    dh = np.zeros_like(h)
+    kernels.backward_active(h, layer.weight.numpy(), s["ids"], s["n_active"], s["dz"],
+                            np.float32(1.0 / 5), dh, layer.grad_w.numpy(), layer.grad_b.numpy(), 1)
+    w = layer.weight.clone().requires_grad_(True)
+    bias = layer.bias.clone().requires_grad_(True)
+    ht = torch.from_numpy(h).requires_grad_(True)
+    total = 0.0
+    for b in range(5):
+        ids = torch.from_numpy(s["ids"][b, : s["n_active"][b]].astype(np.int64))
+        logits = w[ids] @ ht[b] + bias[ids]
+        target = torch.tensor([float(int(j) in labels[b]) for j in ids])
+        target /= target.sum()
+        total = total - (target * torch.log_softmax(logits, 0)).sum()
+    (total / 5).backward()
+    np.testing.assert_allclose(s["loss"].mean(), float(total.detach()) / 5, rtol=1e-5)
+    np.testing.assert_allclose(dh, ht.grad.numpy(), rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(layer.grad_w.numpy(), w.grad.numpy(), rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(layer.grad_b.numpy(), bias.grad.numpy(), rtol=1e-4, atol=1e-6)
+
+
+def test_sparse_adam_matches_torch_adam_and_leaves_other_rows_alone() -> None:
+    rng = np.random.default_rng(11)
+    n, d = 6, 5
+    w0 = rng.standard_normal((n, d)).astype(np.float32)
+    w, m, v, g = w0.copy(), np.zeros_like(w0), np.zeros_like(w0), np.zeros_like(w0)
+    b, mb, vb, gb = (np.zeros(n, np.float32) for _ in range(4))
+    steps, dirty = np.zeros(n, np.int64), np.zeros(n, np.uint8)
+    ref = torch.nn.Parameter(torch.from_numpy(w0[:3].copy()))
+    opt = torch.optim.Adam([ref], lr=0.01)
+    for step in range(5):
+        grad = rng.standard_normal((3, d)).astype(np.float32)
+        g[:3] = grad
+        rows = np.array([0, 1, 2], np.int32)
+        kernels.sparse_adam(rows, 3, w, g, m, v, b, gb, mb, vb, steps, dirty, 0.01, 0.9, 0.999,
+                            1e-8)
+        ref.grad = torch.from_numpy(grad)
+        opt.step()
+    np.testing.assert_allclose(w[:3], ref.detach().numpy(), rtol=1e-5, atol=1e-6)
+    assert np.array_equal(w[3:], w0[3:]) and not g.any()  # untouched rows, grads zeroed
+    assert steps.tolist() == [5, 5, 5, 0, 0, 0] and dirty.tolist() == [1, 1, 1, 0, 0, 0]
+    # lazy bias correction: a row updated for the first time uses t = 1 (a full-size step)
+    g[4] = 1.0
+    kernels.sparse_adam(np.array([4], np.int32), 1, w, g, m, v, b, gb, mb, vb, steps, dirty,
+                        0.01, 0.9, 0.999, 1e-8)
+    np.testing.assert_allclose(w[4], w0[4] - 0.01, rtol=1e-5)
+
+
+def test_nan_and_inf_inputs_are_rejected() -> None:
+    layer = _layer()
+    h = torch.zeros(3, 16)
+    h[1, 2] = float("nan")
+    with pytest.raises(ValueError, match="NaN or inf.*row 1"):
+        layer(h)
+    sparse = SlideSparseInput(torch.zeros(10, 4), torch.zeros(4), SlideConfig(), lr=1e-3)
+    x = torch.zeros(2, 2, 3)
+    x[0, 1, 1] = float("inf")
+    with pytest.raises(ValueError, match="NaN or inf.*row 0"):
+        sparse(x)
+
+
+def test_lsh_inference_scores_only_retrieved_neurons() -> None:
+    layer = _layer(inference="lsh", min_active=0)
+    layer.eval()
+    out = layer(torch.randn(4, 16))
+    finite = torch.isfinite(out)
+    assert 0 < int(finite.sum(1).min()) and int(finite.sum(1).max()) < layer.out_features
+    layer.cfg.inference = "dense"
+    assert torch.isfinite(layer(torch.randn(4, 16))).all()
+
+
+# --------------------------------------------------------------------------------- data
+
+
+def test_generator_shape_and_determinism() -> None:
+    spec = XCSpec(n_labels=500, n_features=800, n_train=2000, n_test=300, seed=3)
+    train, test = generate(spec)
+    again, _ = generate(spec)
+    assert np.array_equal(train.indices, again.indices) and np.array_equal(train.data, again.data)
+    per_point = np.diff(train.label_ptr)
+    assert 4.0 < per_point.mean() < 6.0 and per_point.min() >= 1
+    freq = np.sort(np.bincount(train.labels, minlength=500))[::-1]
+    assert freq[0] > 10 * np.median(freq)  # Zipf: a heavy head, a long tail
+    norms = np.sqrt(np.add.reduceat(train.data.astype(np.float64) ** 2, train.indptr[:-1]))
+    np.testing.assert_allclose(norms, 1.0, rtol=1e-5)
+    assert test.n == 300 and test.n_labels == 500
+
+
+def test_xc_format_round_trip(tmp_path) -> None:
+    train, _ = generate(XCSpec(n_labels=50, n_features=80, n_train=40, n_test=5))
+    path = tmp_path / "train.txt"
+    write_xc(path, train)
+    back = read_xc(path)
+    for f in ("indptr", "indices", "label_ptr", "labels"):
+        assert np.array_equal(getattr(back, f), getattr(train, f)), f
+    np.testing.assert_allclose(back.data, train.data, rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("body", "fragment"),
+    [
+        ("2 5 3\n0,1 0:1.0\n1 3:0.5 x\n", ":3: expected 'feature:value'"),
+        ("2 5 3\n0 0:1.0\n7 1:1\n", ":3: expected label ids in [0, 3)"),
+        ("2 5 3\n0 9:1.0\n1 1:1\n", ":2: expected 'feature:value' with feature in [0, 5)"),
+        ("2 5 3\n0 1:nan\n1 1:1\n", ":2: expected 'feature:value'"),
+        ("2 five 3\n", ":1: expected header 'N D L'"),
+        ("3 5 3\n0 1:1\n", "header says 3 points but the file has 1"),
+    ],
+)
+def test_malformed_xc_file_names_the_line(tmp_path, body: str, fragment: str) -> None:
+    path = tmp_path / "bad.txt"
+    path.write_text(body)
+    with pytest.raises(ValueError, match=fragment.replace("[", r"\[").replace(")", r"\)")):
+        read_xc(path)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 9), min_size=0, max_size=3, unique=True), min_size=1,
+                max_size=6))
+def test_xc_loss_equals_mean_of_per_label_cross_entropy(label_sets) -> None:
+    torch.manual_seed(0)
+    logits = torch.randn(len(label_sets), 10)
+    y = torch.full((len(label_sets), 3), -1)
+    for i, labs in enumerate(label_sets):
+        y[i, : len(labs)] = torch.tensor(labs, dtype=torch.long)
+    expected = torch.stack([
+        torch.stack([torch.nn.functional.cross_entropy(logits[i : i + 1], torch.tensor([j]))
+                     for j in labs]).mean() if labs else torch.tensor(0.0)
+        for i, labs in enumerate(label_sets)
+    ]).mean()
+    torch.testing.assert_close(xc_softmax_loss(logits, y), expected)
+
+
+# ------------------------------------------------------------------------------ training
+
+
+def _train_slide(steps: int, seed: int = 0):
+    from accelopt_plugins.slide.xcdata import xc_2k
+
+    ds = xc_2k(seed)
+    cfg = SlideConfig(k=6, l=10, bucket_size=32, min_active=150, threads=1, rebuild_period=25)
+    torch.manual_seed(seed)
+    model = XCNet(ds.vocab_size, ds.num_classes)
+    model.out = SlideLinear.from_linear(model.out, cfg, lr=2e-3)
+    model.embed = SlideSparseInput(model.embed.weight, model.embed.bias, cfg, lr=2e-3)
+    opt = torch.optim.Adam(model.parameters(), lr=2e-3)
+    for i in range(steps):
+        x, y = ds.batch(i, 128)
+        loss = model(x).loss_against(y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return model, ds
+
+
+def test_small_xc_problem_learns_far_above_chance() -> None:
+    model, ds = _train_slide(120)
+    p1, p5 = precision_at_k(model, ds, (1, 5), limit=1000)
+    top_label = np.bincount(ds.train.labels).argmax()
+    majority = np.mean([top_label in s for s in ds.test.label_sets()[:1000]])
+    assert p1 > max(0.15, 4 * majority), (p1, majority)
+    assert p5 > 0.05
+    assert 0 < model.out.summary()["active_fraction"] < 0.2
+
+
+def test_single_thread_training_is_bit_for_bit_reproducible() -> None:
+    a, _ = _train_slide(12)
+    b, _ = _train_slide(12)
+    for (name, ta), tb in zip(a.state_dict().items(), b.state_dict().values()):
+        assert torch.equal(ta, tb), name
+
+
+# -------------------------------------------------------------------------------- plugin
+
+
+def test_config_validation_names_the_key() -> None:
+    with pytest.raises(ConfigError, match=r"plugins\.slide\.hash='md5'"):
+        validate(SlideConfig(hash="md5"))
+    with pytest.raises(ConfigError, match=r"plugins\.slide\.bin_size"):
+        validate(SlideConfig(bin_size=3))
+
+
+XC_SMALL = [
+    "workload=xc", "workload.jobs.0.dataset=accelopt_plugins.slide.xcdata:xc_2k",
+    "workload.jobs.0.iterations=6", "workload.jobs.0.batch_size=64", "run.profile=false",
+]
+
+
+def test_workload_xc_runs_with_and_without_the_plugin(run_tiny) -> None:
+    dense = run_tiny(overrides=XC_SMALL, workload="xc")
+    slide = run_tiny(PLUGIN, overrides=[*XC_SMALL, "plugins.slide.min_width=1000",
+                                        "plugins.slide.l=8", "plugins.slide.threads=1"],
+                     workload="xc")
+    assert dense.jobs[0].status == slide.jobs[0].status == "done"
+    row = next(r for r in slide.plugin_rows if r.plugin == "slide")
+    assert "LSH-sampled softmax" in row.summary and row.metrics["union_rows_per_batch"] > 0
+
+
+def test_plugin_reports_nothing_to_do_on_narrow_outputs(run_tiny) -> None:
+    record = run_tiny(PLUGIN, overrides=["run.profile=false"])
+    row = next(r for r in record.plugin_rows if r.plugin == "slide")
+    assert row.summary.startswith("nothing to do on this workload")
