@@ -111,6 +111,20 @@ def test_ps_equals_single_process_and_counts_every_byte():
         assert key in m, key
     assert len(out.per_iteration) == 2 * ITERATIONS
 
+    # per-layer waits, not wait-for-all: in some iteration a worker's wait for layer 0 ended
+    # (its forward began) before the last parameter transfer into that worker had arrived
+    early = 0
+    for rank in (1, 2):
+        process = f"rank {rank} (worker)"
+        for it in range(ITERATIONS):
+            wait0 = [s for s in out.spans if s.process == process and s.name == "wait layer 0"
+                     and s.args.get("iteration") == it]
+            arrivals = [s.end_s for s in out.spans if s.process == process
+                        and s.track == f"link 0->{rank}" and s.args.get("iteration") == it]
+            if wait0 and arrivals and wait0[0].end_s < max(arrivals):
+                early += 1
+    assert early > 0
+
 
 @pytest.mark.timeout(120)
 def test_allreduce_equals_single_process_with_buckets_overlapping_backward():

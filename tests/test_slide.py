@@ -352,7 +352,7 @@ def test_small_xc_problem_learns_far_above_chance() -> None:
     p1, p5 = precision_at_k(model, ds, (1, 5), limit=1000)
     top_label = np.bincount(ds.train.labels).argmax()
     majority = np.mean([top_label in s for s in ds.test.label_sets()[:1000]])
-    assert p1 > max(0.15, 4 * majority), (p1, majority)
+    assert p1 > max(0.3, 2.5 * majority), (p1, majority)  # majority label: ~0.13
     assert p5 > 0.05
     assert 0 < model.out.summary()["active_fraction"] < 0.2
 

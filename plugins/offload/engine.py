@@ -26,6 +26,7 @@ exists); the engine's byte counts then say what would leave device memory on a G
 
 from __future__ import annotations
 
+import bisect
 import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -124,8 +125,8 @@ class OffloadEngine:
         self._group = 0
         self._group_type = ""
         self._groups: dict[int, list[weakref.ReferenceType[_Handle]]] = {}
-        self._dedupe: dict[tuple[Any, ...], _Handle] = {}
-        self._depth = 0
+        self._dedupe: dict[tuple[Any, ...], tuple[weakref.ReferenceType[torch.Tensor], _Handle]] = {}
+        self._group_ids: list[int] = []
         self._contexts: list[Any] = []
         self._stream: Any = None
         self._leaf_hooked: set[int] = set()
@@ -165,8 +166,7 @@ class OffloadEngine:
         # backward begins with the last layers: bring them back now
         self._dedupe.clear()
         if self.prefetch_layers > 0:
-            for g in range(self._group, self._group - self.prefetch_layers, -1):
-                self._prefetch_group(g)
+            self._prefetch_before(self._group + 1)
 
     def _enter(self, module: nn.Module, args: Any) -> None:
         if self._root is None:  # installed on a layer of a model never tracked
@@ -211,12 +211,17 @@ class OffloadEngine:
             return t
         key = (ptr, t.storage_offset(), tuple(t.shape), t.stride(), t.dtype, t._version)
         seen = self._dedupe.get(key)
-        if seen is not None:
+        # the first tensor must still be alive: otherwise its memory may have been reused
+        # by a new tensor with the same address, shape and version
+        if seen is not None and seen[0]() is not None:
             s.deduplicated += 1
-            return seen
+            return seen[1]
         handle = self._offload(t, nbytes)
-        self._dedupe[key] = handle
-        self._groups.setdefault(self._group, []).append(weakref.ref(handle))
+        self._dedupe[key] = (weakref.ref(t), handle)
+        if self._group not in self._groups:
+            self._groups[self._group] = []
+            self._group_ids.append(self._group)  # ascending: groups are numbered in order
+        self._groups[self._group].append(weakref.ref(handle))
         s.offloaded_bytes += nbytes
         s.offloaded_tensors += 1
         return handle
@@ -228,15 +233,16 @@ class OffloadEngine:
         if out is None:
             self.current.fetched_on_demand += 1
             out = self._fetch(packed, sync=True)
+            packed.device_copy = out
         else:
             self.current.prefetched += 1
             if packed.event is not None:
                 stream = torch.cuda.current_stream(packed.device)
                 stream.wait_event(packed.event)
                 out.record_stream(stream)
-        packed.device_copy = None  # autograd owns it now; a second unpack fetches again
-        for g in range(packed.group - 1, packed.group - 1 - self.prefetch_layers, -1):
-            self._prefetch_group(g)
+        # kept until the handle dies with its autograd nodes: a tensor saved by two layers
+        # (a ReLU's output and the next layer's input) is unpacked twice, copied once
+        self._prefetch_before(packed.group)
         return out
 
     # -- copies ----------------------------------------------------------------------------
@@ -283,10 +289,19 @@ class OffloadEngine:
         h.event = event
         return dev
 
+    def _prefetch_before(self, group: int) -> None:
+        """vDNN's prefetch: the next ``prefetch_layers`` layers backward will reach (the
+        closest earlier layers that still have feature maps on the host)."""
+        ids = self._group_ids
+        pos = bisect.bisect_left(ids, group)
+        for g in ids[max(0, pos - self.prefetch_layers):pos]:
+            self._prefetch_group(g)
+
     def _prefetch_group(self, g: int) -> None:
         refs = self._groups.pop(g, None)
         if not refs:
             return
+        self._group_ids.remove(g)
         for ref in refs:
             h = ref()
             if h is not None and h.device_copy is None:
@@ -300,6 +315,7 @@ class OffloadEngine:
             self.totals.add(s)
         self.current = PassStats()
         self._groups.clear()
+        self._group_ids.clear()
         self._dedupe.clear()
 
 
