@@ -14,6 +14,12 @@ import pytest
 from accelopt.cluster import netns
 from accelopt.cluster.netns import Shape, ShapingError, leftover_namespaces
 
+
+def new_namespaces(before: set[str]) -> set[str]:
+    """Namespaces created since ``before`` and still there (other runs on the machine may
+    own the ones that already existed)."""
+    return set(leftover_namespaces()) - before
+
 sys.path.insert(0, str(Path(__file__).parent))
 from test_cluster import make_cfg, no_children_left  # noqa: E402
 
@@ -37,18 +43,20 @@ def test_shaping_without_root_is_a_one_line_error(monkeypatch):
 @needs_root
 @pytest.mark.timeout(120)
 def test_shaped_loopback_delivers_the_configured_bandwidth():
+    before = set(leftover_namespaces())
     from accelopt.cluster.probe import measure_bandwidth
 
     limit = 200_000_000
     achieved = measure_bandwidth(limit, nbytes=4 * 2**20, repeats=3)
     assert abs(statistics.median(achieved) / limit - 1) < 0.10, achieved
-    assert leftover_namespaces() == []
+    assert not new_namespaces(before)
 
 
 @pytest.mark.root
 @needs_root
 @pytest.mark.timeout(120)
 def test_cluster_run_inside_a_shaped_namespace_is_cleaned_up():
+    before = set(leftover_namespaces())
     # width 256: ~0.3 MB of parameters, so per-packet TCP/IP overhead is small
     cfg = make_cfg("ps", iterations=4, **{"network.bandwidth": "200mbit"})
     cfg.workload.jobs[0].width = 256
@@ -61,7 +69,7 @@ def test_cluster_run_inside_a_shaped_namespace_is_cleaned_up():
     assert 1.0 <= ratio < 1.05, ratio
     # the links never beat the configured limit (all links share the one shaped lo)
     assert m["achieved_bandwidth_bps"] < 1.1 * 200_000_000
-    assert leftover_namespaces() == []
+    assert not new_namespaces(before)
     assert no_children_left()
 
 
@@ -69,15 +77,16 @@ def test_cluster_run_inside_a_shaped_namespace_is_cleaned_up():
 @needs_root
 @pytest.mark.timeout(60)
 def test_namespace_is_removed_on_error_and_latency_needs_netem():
+    before = set(leftover_namespaces())
     with pytest.raises(RuntimeError):
         with netns.Namespace(Shape(10**9, None)) as ns:
             assert ns.name in leftover_namespaces()
             assert "tbf" in ns.qdisc()
             raise RuntimeError("boom")
-    assert leftover_namespaces() == []
+    assert not new_namespaces(before)
     try:
         with netns.Namespace(Shape(None, 0.001)) as ns:
             assert "netem" in ns.qdisc()
     except ShapingError as exc:
         assert "netem" in str(exc) and "\n" not in str(exc)
-    assert leftover_namespaces() == []
+    assert not new_namespaces(before)

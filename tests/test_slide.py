@@ -10,10 +10,6 @@ import numba
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
-from accelopt.errors import ConfigError
 from accelopt_plugins.slide import PLUGIN, kernels
 from accelopt_plugins.slide.config import SlideConfig, validate
 from accelopt_plugins.slide.hashing import make_family
@@ -22,6 +18,10 @@ from accelopt_plugins.slide.metrics import precision_at_k
 from accelopt_plugins.slide.tables import RebuildSchedule, build_tables
 from accelopt_plugins.slide.xcdata import XCSpec, generate, read_xc, write_xc
 from accelopt_plugins.slide.xcmodel import XCNet, xc_softmax_loss
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from accelopt.errors import ConfigError
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -222,7 +222,7 @@ def test_sparse_adam_matches_torch_adam_and_leaves_other_rows_alone() -> None:
     steps, dirty = np.zeros(n, np.int64), np.zeros(n, np.uint8)
     ref = torch.nn.Parameter(torch.from_numpy(w0[:3].copy()))
     opt = torch.optim.Adam([ref], lr=0.01)
-    for step in range(5):
+    for _ in range(5):
         grad = rng.standard_normal((3, d)).astype(np.float32)
         g[:3] = grad
         rows = np.array([0, 1, 2], np.int32)
@@ -360,7 +360,7 @@ def test_small_xc_problem_learns_far_above_chance() -> None:
 def test_single_thread_training_is_bit_for_bit_reproducible() -> None:
     a, _ = _train_slide(12)
     b, _ = _train_slide(12)
-    for (name, ta), tb in zip(a.state_dict().items(), b.state_dict().values()):
+    for (name, ta), tb in zip(a.state_dict().items(), b.state_dict().values(), strict=True):
         assert torch.equal(ta, tb), name
 
 

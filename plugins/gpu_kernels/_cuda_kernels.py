@@ -17,7 +17,7 @@ TILE = 16
 CONST_BYTES = 64 * 1024  # constant memory per kernel
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def tiled_kernel(tile: int = TILE) -> Any:
     """Shared-memory tiled matmul; launch with blocks of (tile, tile) threads."""
     T = tile
@@ -57,7 +57,7 @@ def tiled_kernel(tile: int = TILE) -> Any:
     return kernel
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def register_blocked_kernel(bm: int = 64, bn: int = 64, bk: int = 8, tm: int = 4,
                             tn: int = 4) -> Any:
     """Register-blocked matmul; launch with blocks of (bn // tn, bm // tm) threads.
@@ -131,7 +131,6 @@ def const_input_kernel(x: Any, tile: int = TILE) -> Any:
     thread keeps its partial sum in a register. Launch with blocks of (tile, tile) threads.
     threadIdx.x walks columns, so a warp reads one X element at a time: a constant-cache
     broadcast."""
-    import numpy as np
     xc_host = np.ascontiguousarray(x, dtype=np.float32)
     if xc_host.nbytes > CONST_BYTES:
         raise ValueError(f"input of {xc_host.nbytes} bytes does not fit 64 KiB of constant memory")

@@ -32,15 +32,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
-
-from accelopt.atomic import atomic_open
 from accelopt_plugins.gpu_kernels.conv_algos import (
     AlgoConv2d,
     conv_params,
     run_algorithm,
     valid_algorithms,
 )
+from torch import nn
+
+from accelopt.atomic import atomic_open
 
 CACHE_VERSION = 1
 
@@ -279,14 +279,17 @@ class AutotunedConv2d(AlgoConv2d):
         new = super().from_conv(conv, None)
         new._tuner = tuner  # type: ignore[attr-defined]
         new._chosen = {}  # type: ignore[attr-defined]
+        new.decisions = {}  # (input shape, dtype, training) -> Decision
         return new  # type: ignore[return-value]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         key = (tuple(x.shape), x.dtype, self.training and torch.is_grad_enabled())
         algo = self._chosen.get(key)
         if algo is None:
-            algo = self._tuner.choose(self, x).algorithm
+            decision = self._tuner.choose(self, x)
+            algo = decision.algorithm
             self._chosen[key] = algo
+            self.decisions[key] = decision
         self.algorithm = algo
         return run_algorithm(algo, self, x)
 

@@ -196,7 +196,7 @@ def _transform(mat: Sequence[Sequence[float]], vec: Sequence[Any]) -> list[Any]:
     out = []
     for row in mat:
         acc: Any = None
-        for coef, value in zip(row, vec):
+        for coef, value in zip(row, vec, strict=False):
             if coef == 0:
                 continue
             term = value if coef == 1 else (-value if coef == -1 else value * coef)
@@ -207,9 +207,9 @@ def _transform(mat: Sequence[Sequence[float]], vec: Sequence[Any]) -> list[Any]:
 
 def _transform_2d(mat: Sequence[Sequence[float]], tile: Sequence[Sequence[Any]]) -> list[list[Any]]:
     """``mat @ tile @ mat^T`` with the free-coefficient rule above."""
-    cols = list(zip(*tile))
+    cols = list(zip(*tile, strict=False))
     left = [_transform(mat, list(col)) for col in cols]  # each column transformed
-    left_t = [list(r) for r in zip(*left)]  # rows of mat @ tile
+    left_t = [list(r) for r in zip(*left, strict=False)]  # rows of mat @ tile
     return [_transform(mat, row) for row in left_t]
 
 

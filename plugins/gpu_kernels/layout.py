@@ -15,9 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch import nn
-
 from accelopt_plugins.gpu_kernels.autotune import pick, time_callables
+from torch import nn
 
 
 @dataclass

@@ -26,9 +26,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch import nn
-
-from accelopt import LayerOffer, ReportRow, RunInfo, hookimpl
 from accelopt_plugins.gpu_kernels.autotune import (
     AutotunedConv2d,
     ConvAutotuner,
@@ -40,6 +37,9 @@ from accelopt_plugins.gpu_kernels.config import GpuKernelsConfig
 from accelopt_plugins.gpu_kernels.layout import ChannelsLast
 from accelopt_plugins.gpu_kernels.pruning import PruneReport, count_flops, node_prune
 from accelopt_plugins.gpu_kernels.tiled import TiledLinear
+from torch import nn
+
+from accelopt import LayerOffer, ReportRow, RunInfo, hookimpl
 
 
 @dataclass

@@ -1,13 +1,26 @@
-"""offload plugin (being built): PLUGIN is exposed first so the registry does not warn."""
+"""offload: vDNN feature-map offloading (Rhu et al., MICRO 2016).
+
+The feature maps a layer saves for backward leave device memory during forward (to pinned
+host memory, on a side stream) and are prefetched back just ahead of the layer's backward.
+See ``engine.py`` for the mechanism and ``README.md`` for the method card.
+"""
 
 from __future__ import annotations
+
+from accelopt_plugins.offload.config import OffloadConfig
 
 from accelopt import PluginSpec
 
 
-class _Placeholder:
-    def __init__(self, config: object) -> None:
-        self.config = config
+def _factory(config: OffloadConfig) -> object:
+    from accelopt_plugins.offload.plugin import OffloadPlugin
+
+    return OffloadPlugin(config)
 
 
-PLUGIN = PluginSpec(name="offload", factory=_Placeholder, description="(being built)")
+PLUGIN = PluginSpec(
+    name="offload",
+    factory=_factory,
+    config=OffloadConfig,
+    description="vDNN: offloads saved feature maps to host memory and prefetches them back.",
+)

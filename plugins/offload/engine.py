@@ -51,7 +51,8 @@ class PassStats:
     """Saved tensors that are parameters (or views of them): never offloaded."""
     deduplicated: int = 0
     prefetched: int = 0
-    """Unpacks served by a prefetch started ahead of need."""
+    """First unpacks served by a prefetch started ahead of need (a second unpack of the
+    same feature map reuses the copy and counts in neither)."""
     fetched_on_demand: int = 0
     """Unpacks that had to copy synchronously (a prefetch miss)."""
 
@@ -73,7 +74,8 @@ class _Handle:
     """What autograd keeps instead of the feature map: the host copy and, once prefetched,
     the device copy with the event that says it has arrived."""
 
-    __slots__ = ("__weakref__", "device", "device_copy", "event", "group", "host", "nbytes")
+    __slots__ = ("__weakref__", "device", "device_copy", "event", "group", "host", "nbytes",
+                 "unpacked")
 
     def __init__(self, host: torch.Tensor, device: torch.device, group: int, nbytes: int,
                  event: Any) -> None:
@@ -83,6 +85,7 @@ class _Handle:
         self.nbytes = nbytes
         self.event = event  # offload finished (CUDA) / None
         self.device_copy: torch.Tensor | None = None
+        self.unpacked = False
 
 
 def dense_layout(t: torch.Tensor) -> bool:
@@ -235,11 +238,13 @@ class OffloadEngine:
             out = self._fetch(packed, sync=True)
             packed.device_copy = out
         else:
-            self.current.prefetched += 1
+            if not packed.unpacked:
+                self.current.prefetched += 1
             if packed.event is not None:
                 stream = torch.cuda.current_stream(packed.device)
                 stream.wait_event(packed.event)
                 out.record_stream(stream)
+        packed.unpacked = True
         # kept until the handle dies with its autograd nodes: a tensor saved by two layers
         # (a ReLU's output and the next layer's input) is unpacked twice, copied once
         self._prefetch_before(packed.group)

@@ -125,7 +125,7 @@ class SalusPlugin:
 
     @hookimpl
     def accelopt_run_start(self, run: RunInfo) -> None:
-        self.run_dir = Path(run.run_dir)
+        self.run_dir = Path(run.run_dir) if run.run_dir else None
         self.device = run.device
         self._names.update({j.job_id: j.name for j in run.jobs})
 
@@ -134,6 +134,7 @@ class SalusPlugin:
         if self.run_dir is None:
             return
         document = {"summary": self.summary(), "jobs": self.job_table()}
+        self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "salus.json").write_text(json.dumps(document, indent=2) + "\n")
 
     @hookimpl

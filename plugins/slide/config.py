@@ -8,7 +8,7 @@ from typing import Optional
 from accelopt.errors import ConfigError
 
 HASHES = ("dwta", "wta", "simhash")
-SAMPLINGS = ("union", "threshold", "topk")
+SAMPLINGS = ("union", "threshold", "topk", "random")
 INSERTIONS = ("fifo", "reservoir")
 REBUILDS = ("fixed", "decay", "changed")
 INFERENCES = ("dense", "lsh")

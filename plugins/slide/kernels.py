@@ -17,10 +17,9 @@ that retrieved them. Training adds the true labels and then random neurons until
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
-
 from accelopt_plugins.slide.hashing import table_keys_one
 from accelopt_plugins.slide.tables import xorshift
+from numba import njit, prange
 
 UNION, THRESHOLD, TOPK = 0, 1, 2
 _SELECTED = -1

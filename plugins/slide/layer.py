@@ -23,14 +23,15 @@ import numba
 import numpy as np
 import torch
 import torch.nn.functional as F  # noqa: N812
-from torch import nn
-
 from accelopt_plugins.slide import kernels
 from accelopt_plugins.slide.config import SlideConfig
 from accelopt_plugins.slide.hashing import FAMILIES, _keys_dense_par, make_family
 from accelopt_plugins.slide.tables import INSERTIONS, RebuildSchedule, build_tables
+from torch import nn
 
-SAMPLING_MODE = {"union": kernels.UNION, "threshold": kernels.THRESHOLD, "topk": kernels.TOPK}
+SAMPLING_MODE = {"union": kernels.UNION, "threshold": kernels.THRESHOLD, "topk": kernels.TOPK,
+                 "random": kernels.UNION}
+"""``random`` is the ablation baseline: no table lookups, labels plus uniform random neurons."""
 PHASES = ("hash", "forward", "backward", "optimizer", "rebuild")
 
 
@@ -174,6 +175,8 @@ class SlideLinear(nn.Module):
         self.sched[3] = 1
 
     def _maybe_rebuild(self) -> None:
+        if self.cfg.sampling == "random":
+            return
         start = time.perf_counter()
         step = int(self.sched[0])
         self.schedule.next_at, self.schedule.rebuilds = int(self.sched[1]), int(self.sched[2])
@@ -237,11 +240,19 @@ class SlideLinear(nn.Module):
         c = self.cfg
         kernels.select_active(
             h, labels, c.seed * 1_000_003 + int(self.sched[0]), *self.family(),
-            self.tables.numpy(), self.counts.numpy(), SAMPLING_MODE[c.sampling], c.threshold,
+            self.tables.numpy(), self._counts(), SAMPLING_MODE[c.sampling], c.threshold,
             c.topk, min_active, s["hits"], s["cand"], s["keys"], s["hist"], s["ids"],
             s["n_active"], s["is_label"], s["retrieved"],
         )
         return s
+
+    def _counts(self) -> np.ndarray:
+        """Bucket sizes for lookups; all zero in ``random`` mode (nothing is retrieved)."""
+        if self.cfg.sampling == "random":
+            if "zero_counts" not in self._scratch:
+                self._scratch["zero_counts"] = np.zeros_like(self.counts.numpy())
+            return self._scratch["zero_counts"]
+        return self.counts.numpy()
 
     def forward(self, h: torch.Tensor) -> Any:
         check_finite(h, "the input of the SLIDE output layer")

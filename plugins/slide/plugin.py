@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from torch import nn
-
-from accelopt import ConfigError, LayerOffer, ReportRow, RunInfo, hookimpl
 from accelopt_plugins.slide.config import SlideConfig, as_config, validate
 from accelopt_plugins.slide.layer import SlideLinear, SlideSparseInput
 from accelopt_plugins.slide.xcmodel import SparseInput
+from torch import nn
+
+from accelopt import ConfigError, LayerOffer, ReportRow, RunInfo, hookimpl
 
 
 class SlidePlugin:

@@ -23,9 +23,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from numba import njit
-
 from accelopt_plugins.slide.xcmodel import xc_softmax_loss
+from numba import njit
 
 MAX_FEATURES = 1 << 24  # feature ids travel as float32 in x
 
@@ -132,7 +131,7 @@ def generate(spec: XCSpec) -> tuple[XCData, XCData]:
     df = np.bincount(parts[0][3], minlength=nf)
     idf = np.log((spec.n_train + 1) / (df + 1)) + 1.0
     out = []
-    for (rows, labs, frows, feats, tf), n in zip(parts, (spec.n_train, spec.n_test)):
+    for (rows, labs, frows, feats, tf), n in zip(parts, (spec.n_train, spec.n_test), strict=True):
         values = (1.0 + np.log(tf)) * idf[feats]
         norms = np.sqrt(np.bincount(frows, weights=values**2, minlength=n))
         values = values / norms[frows]
@@ -188,7 +187,7 @@ def write_xc(path: str | Path, data: XCData) -> None:
             labs = ",".join(str(int(v)) for v in data.labels[data.label_ptr[i]:data.label_ptr[i + 1]])
             lo, hi = data.indptr[i], data.indptr[i + 1]
             feats = " ".join(f"{int(f)}:{float(v):.9g}"
-                             for f, v in zip(data.indices[lo:hi], data.data[lo:hi]))
+                             for f, v in zip(data.indices[lo:hi], data.data[lo:hi], strict=True))
             fh.write(f"{labs} {feats}".rstrip() + "\n")
 
 

@@ -4,21 +4,30 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-HEURISTICS = ("tac", "tic", "random", "reverse", "named", "off")
+HEURISTIC_CHOICES = ("tac", "tic", "random", "reverse", "named", "off")
+EXECUTIONS = ("eager", "dataflow")
 
 
 @dataclass
 class TictacConfig:
     """Keys users set as ``plugins.tictac.<key>=value``.
 
-    ``heuristic`` chooses the order (tac, tic, random, reverse, named, or off = transport
-    default); ``force`` enforces even when the simulator predicts no gain (self-limiting off).
+    ``heuristic``: tac, tic, random (a fresh seeded order every iteration, TensorFlow's
+    behaviour), reverse, named (``named_parameters()`` order) or off (the transport's own
+    order). ``execution``: the worker's compute model the orders are computed for (eager =
+    PyTorch program order; dataflow = TensorFlow's any-ready-op). ``force``: enforce TIC/TAC
+    even when the simulator predicts less gain than the plugin's own overhead.
+    ``bandwidth_bytes_per_s`` (0 = the shaped network's rate, then the transport's measured
+    rate) and ``message_s`` (per-transfer cost; -1 = fit it from the transport) feed the
+    time oracle. ``order_file``: a saved priority list to use (checked against the model).
     """
 
     heuristic: str = "tac"
+    execution: str = "eager"
     seed: int = 0
     force: bool = False
     oracle_runs: int = 5
-    bandwidth_bytes_per_s: float = 0.0  # 0 = use the transport's measured bandwidth
-    cache: bool = True
-    min_gain_fraction: float = 0.0  # extra margin over the measured overhead
+    bandwidth_bytes_per_s: float = 0.0
+    message_s: float = -1.0
+    replan_iteration: int = 2
+    order_file: str = ""

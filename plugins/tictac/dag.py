@@ -50,6 +50,22 @@ class Dag:
     """backward op -> its forward op (training DAGs only)."""
     model: str = ""
 
+    @classmethod
+    def from_spec(cls, recvs: dict[str, int], ops: list[tuple[str, list[str]]]) -> Dag:
+        """A hand-written DAG: ``recvs`` name -> bytes, ``ops`` (name, input names) in
+        program order (tests and examples)."""
+        names = list(recvs)
+        index = {n: i for i, n in enumerate(names)}
+        inputs: list[tuple[int, ...]] = [() for _ in names]
+        for name, ins in ops:
+            index[name] = len(names)
+            names.append(name)
+            inputs.append(tuple(sorted(index[i] for i in ins)))
+        kinds = [RECV] * len(recvs) + [COMPUTE] * len(ops)
+        nbytes = list(recvs.values()) + [0] * len(ops)
+        return cls(names, kinds, inputs, nbytes, list(range(len(recvs))),
+                   list(range(len(recvs), len(names))))
+
     @property
     def n(self) -> int:
         return len(self.names)

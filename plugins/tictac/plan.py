@@ -101,8 +101,11 @@ def dag_for(model: nn.Module, name: str, kind: str) -> tuple[Dag, Any]:
 def plan_measured(model: nn.Module, example: torch.Tensor, *, name: str, kind: str,
                   bytes_per_s: float, message_s: float = 0.0, execution: Execution = "eager",
                   runs: int = 5, run_dir: str | Path | None = None, device: str = "cpu",
-                  loss: Callable[[Any], torch.Tensor] | None = None) -> Plan:
-    """A plan for a real model: measured op times (cached in ``run_dir``)."""
+                  loss: Callable[[Any], torch.Tensor] | None = None,
+                  threads: int | None = 1) -> Plan:
+    """A plan for a real model: measured op times (cached in ``run_dir``), with as many
+    intra-op threads as the ranks use (a cluster rank runs with 1 unless run.threads says
+    otherwise; a 2-thread pool on a loaded 2-core machine turns a 10 us op into 15 ms)."""
     dag, gm = dag_for(model, name, kind)
     fwd_fp = build_dag(model, name, gm).fingerprint()
     compute, where = None, ""
@@ -113,7 +116,13 @@ def plan_measured(model: nn.Module, example: torch.Tensor, *, name: str, kind: s
         if compute is not None:
             where += " (cached)"
     if compute is None:
-        compute = oracle.measure(gm, example, runs=runs, loss=loss)
+        before = torch.get_num_threads()
+        if threads:
+            torch.set_num_threads(threads)
+        try:
+            compute = oracle.measure(gm, example, runs=runs, loss=loss)
+        finally:
+            torch.set_num_threads(before)
         compute.fingerprint = fwd_fp
         compute.key = {"model": name, "batch": int(example.shape[0]), "device": device}
         if run_dir is not None:

@@ -1,0 +1,108 @@
+"""Convolution algorithm choice (REFERENCE.md section 4): per-layer autotuning on the zoo's
+CNNs vs always-direct, and the FFT/direct crossover kernel size on this machine.
+
+Part 1: for cnn, resnet and inception (synthetic 3x16x16 images, batch 32, training step =
+forward + backward), every Conv2d is autotuned on its real input shape (direct / im2col /
+FFT / Winograd, noise rule in ``autotune.py``); the per-layer choices are printed, then the
+whole training step is timed with the tuned model and the always-direct model, interleaved
+(median of reps). The tuned model must never be slower beyond noise.
+
+Part 2: one conv (16 -> 16 channels, 64x64 input, batch 8, 'same' zero padding), kernel
+size k swept; direct vs FFT forward time. Reference (measured before on this machine):
+crossover between k=15 and k=31.
+
+    flock /tmp/accelopt-bench.lock python benchmarks/gpu_kernels_conv.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+
+import torch
+from accelopt_plugins.gpu_kernels.autotune import (
+    AutotunedConv2d,
+    ConvAutotuner,
+    DecisionCache,
+    autotune_model,
+    time_callables,
+)
+from accelopt_plugins.gpu_kernels.conv_algos import run_algorithm
+from torch import nn
+
+from accelopt.workloads import build_model
+
+
+def step_fn(model: nn.Module, x: torch.Tensor):  # type: ignore[no-untyped-def]
+    def run() -> None:
+        model.zero_grad(set_to_none=True)
+        model(x).sum().backward()
+    return run
+
+
+def part1(reps: int, tune_reps: int) -> None:
+    print("## Part 1: per-layer autotuning, training step (forward+backward), batch 32, 3x16x16")
+    for name in ("cnn", "resnet", "inception"):
+        torch.manual_seed(0)
+        direct = build_model(name, input_shape=(3, 16, 16), num_classes=10)
+        torch.manual_seed(0)
+        tuned = build_model(name, input_shape=(3, 16, 16), num_classes=10)
+        x = torch.randn(32, 3, 16, 16)
+        tuner = ConvAutotuner(DecisionCache(None), reps=tune_reps)
+        autotune_model(tuned, tuner)
+        step_fn(tuned, x)()  # first forward: tuning happens here
+        print(f"\n### {name}")
+        print(f"{'layer':<28} {'input':<14} {'kernel':<6} {'choice':<9} median ms per algorithm")
+        for path, mod in tuned.named_modules():
+            if isinstance(mod, AutotunedConv2d):
+                for (shape, _dtype, _train), d in mod.decisions.items():
+                    times = ", ".join(f"{a} {t:.3f}" for a, t in d.median_ms.items())
+                    print(f"{path:<28} {'x'.join(map(str, shape)):<14} {mod.kernel_size[0]}x"
+                          f"{mod.kernel_size[1]:<4} {d.algorithm:<9} {times or '(only direct valid)'}")
+        samples = time_callables({"always-direct": step_fn(direct, x),
+                                  "autotuned": step_fn(tuned, x)}, x.device, reps)
+        med = {k: statistics.median(v) * 1e3 for k, v in samples.items()}
+        print(f"whole training step: always-direct {med['always-direct']:.3f} ms, autotuned "
+              f"{med['autotuned']:.3f} ms -> {med['always-direct'] / med['autotuned']:.2f}x")
+
+
+def part2(reps: int) -> None:
+    print("\n## Part 2: FFT vs direct crossover (16->16 channels, 64x64, batch 8, forward)")
+    print(f"{'k':>3} {'direct ms':>10} {'fft ms':>10} {'fft speed-up':>12}")
+    crossover = None
+    for k in (3, 5, 7, 9, 11, 15, 21, 31):
+        torch.manual_seed(0)
+        conv = nn.Conv2d(16, 16, k, padding=k // 2)
+        x = torch.randn(8, 16, 64, 64)
+
+        def algo(a: str, conv: nn.Module = conv, x: torch.Tensor = x):  # type: ignore[no-untyped-def]
+            def run() -> None:
+                with torch.no_grad():
+                    run_algorithm(a, conv, x)
+            return run
+
+        samples = time_callables({"direct": algo("direct"), "fft": algo("fft")}, x.device, reps)
+        d, f = (statistics.median(samples[a]) * 1e3 for a in ("direct", "fft"))
+        if crossover is None and f < d:
+            crossover = k
+        print(f"{k:>3} {d:>10.3f} {f:>10.3f} {d / f:>11.2f}x")
+    print(f"first kernel size where FFT beats direct: {crossover}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--reps", type=int, default=15)
+    args = ap.parse_args()
+    reps = 5 if args.quick else args.reps
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+          f"torch {torch.__version__}, threads {torch.get_num_threads()}; "
+          f"load average {os.getloadavg()[0]:.1f}; reps {reps}\n")
+    part1(reps, tune_reps=7 if not args.quick else 3)
+    part2(reps)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,223 @@
+"""vDNN feature-map offloading vs the run without it vs torch's save_on_cpu vs
+torch.utils.checkpoint, on one VGG-16-shaped network, in one run.
+
+Prints, side by side: the saved-activation bytes left on the compute device after forward
+(what vDNN cuts), the bytes copied to the host, step time (median of --repeats timed steps
+after warm-up), and whether the gradients are bitwise equal to the baseline's.
+
+On CUDA the activation memory is measured (``torch.cuda.max_memory_allocated`` during
+forward+backward minus what was allocated before: parameters, gradients, optimizer state).
+On a CPU there is no device memory to save: the figures are counted bytes (every saved
+tensor passes through a counting hook), and the step times show the cost of the copies.
+
+    flock /tmp/accelopt-bench.lock /work/venv/bin/python benchmarks/offload_compare.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from accelopt_plugins.offload.engine import OffloadEngine, install_on
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+MiB = 2**20
+VGG16 = [64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M"]
+
+
+class VGG(nn.Module):
+    """VGG-16 (Simonyan & Zisserman), channels divided by ``shrink``; ``segments`` are the
+    five conv blocks (checkpoint boundaries)."""
+
+    def __init__(self, shrink: int, image: int, classes: int = 10) -> None:
+        super().__init__()
+        blocks: list[nn.Module] = []
+        layers: list[nn.Module] = []
+        c = 3
+        for v in VGG16:
+            if v == "M":
+                layers.append(nn.MaxPool2d(2))
+                blocks.append(nn.Sequential(*layers))
+                layers = []
+            else:
+                out = max(4, int(v) // shrink)
+                layers += [nn.Conv2d(c, out, 3, padding=1), nn.ReLU(inplace=True)]
+                c = out
+        self.blocks = nn.Sequential(*blocks)
+        side = image // 32
+        self.head = nn.Sequential(nn.Flatten(), nn.Linear(c * side * side, 256),
+                                  nn.ReLU(inplace=True), nn.Linear(256, classes))
+        self.checkpointed = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            if self.checkpointed:
+                x = checkpoint(block, x, use_reentrant=True)
+            else:
+                x = block(x)
+        return self.head(x)
+
+
+class Counter:
+    """Counts the bytes of saved tensors (each storage once) as they are saved, split into
+    parameters and activations; ``move`` copies them to the host (``save_on_cpu``-style)."""
+
+    def __init__(self, params: set[int], move: bool) -> None:
+        self.params, self.move = params, move
+        self.seen: set[int] = set()
+        self.activation_bytes = self.param_bytes = self.copied_bytes = 0
+
+    def pack(self, t: torch.Tensor) -> Any:
+        ptr = t.untyped_storage().data_ptr()
+        nbytes = t.numel() * t.element_size()
+        if ptr in self.params:
+            self.param_bytes += nbytes
+        elif ptr not in self.seen:
+            self.seen.add(ptr)
+            self.activation_bytes += nbytes
+        if not self.move:
+            return t
+        self.copied_bytes += nbytes
+        host = torch.empty(t.size(), dtype=t.dtype, layout=t.layout,
+                           pin_memory=t.device.type == "cuda")
+        host.copy_(t)
+        return (t.device, host)
+
+    @staticmethod
+    def unpack(packed: Any) -> torch.Tensor:
+        if isinstance(packed, tuple):
+            device, host = packed
+            return host.to(device, non_blocking=True)
+        return packed
+
+
+def run_variant(name: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+                args: argparse.Namespace) -> dict[str, Any]:
+    device = x.device
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    engine = None
+    if name == "offload (vDNN)":
+        engine = OffloadEngine(policy=args.policy, prefetch_layers=args.prefetch)
+        install_on(model, engine)
+    if name == "checkpoint":
+        model.checkpointed = True  # type: ignore[assignment]
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+    def step(counter: Counter | None) -> None:
+        opt.zero_grad(set_to_none=False)
+        inp = x.requires_grad_(name == "checkpoint")  # reentrant checkpoint needs it
+        if counter is not None:
+            with torch.autograd.graph.saved_tensors_hooks(counter.pack, counter.unpack):
+                out = model(inp)
+        else:
+            out = model(inp)
+        nn.functional.cross_entropy(out, y).backward()
+
+    def counted() -> Counter | None:
+        if name == "offload (vDNN)":
+            return None  # the engine's own hooks are the inner ones: it counts itself
+        return Counter(params, move=name == "save_on_cpu")
+
+    for _ in range(args.warmup):
+        step(counted())
+        opt.step()
+    # one measured pass (memory), then timed steps
+    opt.zero_grad(set_to_none=False)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+    counter = counted()
+    step(counter)
+    grads = [p.grad.detach().clone() for p in model.parameters()]
+    peak = None
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - base
+    times = []
+    for _ in range(args.repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        step(counted())
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    if engine is not None:
+        engine.close_pass()
+        s = engine.totals.stats
+        n = max(1, engine.totals.passes)
+        resident, copied = s.resident_bytes // n, s.offloaded_bytes // n
+    else:
+        assert counter is not None
+        resident = 0 if name == "save_on_cpu" else counter.activation_bytes
+        copied = counter.copied_bytes
+    return {"name": name, "resident": resident, "copied": copied, "peak": peak,
+            "step_s": statistics.median(times), "grads": grads}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--shrink", type=int, default=4, help="VGG-16 channels divided by this")
+    ap.add_argument("--image", type=int, default=64)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--policy", default="all")
+    ap.add_argument("--prefetch", type=int, default=1)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--threads", type=int, default=0)
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    torch.manual_seed(0)
+    reference = VGG(args.shrink, args.image)
+    x = torch.randn(args.batch, 3, args.image, args.image, device=device)
+    y = torch.randint(0, 10, (args.batch,), device=device)
+    variants = ["baseline", "offload (vDNN)", "save_on_cpu", "checkpoint"]
+    results = []
+    for name in variants:
+        model = copy.deepcopy(reference).to(device)
+        results.append(run_variant(name, model, x.clone(), y, args))
+    base = results[0]
+    print(f"machine: {platform.node()} {platform.processor() or platform.machine()}, "
+          f"{os.cpu_count()} CPUs, torch {torch.__version__}, threads {torch.get_num_threads()}, "
+          f"device {device}" + (f" ({torch.cuda.get_device_name(device)})"
+                                if device.type == "cuda" else ""))
+    print(f"model: VGG-16 channels/{args.shrink}, {args.image}x{args.image} images, batch "
+          f"{args.batch}; offload policy {args.policy}, prefetch {args.prefetch} layer(s); "
+          f"step time = median of {args.repeats} steps after {args.warmup} warm-up")
+    if device.type != "cuda":
+        print("cpu: no device memory exists; 'resident' counts saved-activation bytes the "
+              "autograd graph keeps on the compute device (what would stay in GPU memory)")
+    header = (f"{'variant':<16}{'resident MiB':>13}{'vs base':>9}{'to host MiB':>12}"
+              f"{'peak MiB':>10}{'step ms':>9}{'vs base':>9}  grads")
+    print(header)
+    print("-" * len(header))
+    for r in results:
+        same = all(torch.equal(a, b) for a, b in zip(r["grads"], base["grads"], strict=True))
+        cut = 1 - r["resident"] / base["resident"] if base["resident"] else 0.0
+        peak = "-" if r["peak"] is None else f"{r['peak'] / MiB:.1f}"
+        slow = r["step_s"] / base["step_s"] - 1
+        print(f"{r['name']:<16}{r['resident'] / MiB:>13.2f}{-cut:>+9.0%}{r['copied'] / MiB:>12.2f}"
+              f"{peak:>10}{r['step_s'] * 1e3:>9.1f}{slow:>+9.0%}  "
+              f"{'bitwise equal' if same else 'differ'}")
+    if device.type == "cuda":
+        off = results[1]
+        cut = 1 - off["peak"] / base["peak"]
+        slow = off["step_s"] / base["step_s"] - 1
+        print(f"vDNN goal: >= 80% less activation memory ({cut:.0%}) with <= 20% slowdown "
+              f"({slow:+.0%}): {'PASS' if cut >= 0.8 and slow <= 0.2 else 'FAIL'}")
+
+
+if __name__ == "__main__":
+    main()

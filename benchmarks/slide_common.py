@@ -1,0 +1,238 @@
+"""Shared pieces of the SLIDE benchmarks: the three trainers compared side by side.
+
+* ``dense``: PyTorch EmbeddingBag(sparse=True) first layer + SparseAdam, ReLU, full
+  Linear(128 -> L) with Adam, full softmax with 1/|y| targets (the fair dense baseline).
+* ``sampled``: the same first layer; output rows held in a sparse Embedding; per batch the
+  candidates are the batch's labels plus uniform negatives so that each sample scores as many
+  neurons as SLIDE's average active set; softmax over the candidates; SparseAdam.
+* ``slide``: the plugin's layers (SlideSparseInput + SlideLinear), the same network.
+
+All three read the same preloaded padded batches and use the same thread count.
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+from dataclasses import replace
+
+import numba
+import numpy as np
+import torch
+import torch.nn.functional as F  # noqa: N812
+from accelopt_plugins.slide.config import SlideConfig
+from accelopt_plugins.slide.layer import SlideLinear, SlideSparseInput
+from accelopt_plugins.slide.xcmodel import XCNet, xc_softmax_loss
+from torch import nn
+
+HIDDEN = 128
+
+
+def set_threads(n: int) -> None:
+    torch.set_num_threads(n)
+    numba.set_num_threads(n)
+
+
+def machine() -> str:
+    return (f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads, "
+            f"{numba.get_num_threads()} numba threads, torch {torch.__version__}, "
+            f"numba {numba.__version__}")
+
+
+def preload(ds, first: int, count: int, batch: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [ds.batch(i, batch) for i in range(first, first + count)]
+
+
+def _ids_vals(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    ids = x[:, 0, :].to(torch.int64)
+    return ids.clamp(min=0), x[:, 1, :] * (ids >= 0)
+
+
+class DenseNet(nn.Module):
+    def __init__(self, n_features: int, init: XCNet, with_output: bool = True) -> None:
+        super().__init__()
+        self.embed = nn.EmbeddingBag(n_features, HIDDEN, mode="sum", sparse=True)
+        with torch.no_grad():
+            self.embed.weight.copy_(init.embed.weight)
+        self.bias = nn.Parameter(init.embed.bias.detach().clone())
+        if with_output:
+            self.out = nn.Linear(HIDDEN, init.out.out_features)
+            self.out.load_state_dict(init.out.state_dict())
+
+    def hidden(self, x: torch.Tensor) -> torch.Tensor:
+        ids, vals = _ids_vals(x)
+        return F.relu(self.embed(ids, per_sample_weights=vals) + self.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.hidden(x))
+
+
+class Trainer:
+    """step(x, y) -> loss; ``times`` accumulates seconds per phase."""
+
+    name = "?"
+
+    def __init__(self) -> None:
+        self.times: dict[str, float] = {}
+        self.steps = 0
+
+    def tick(self, phase: str, start: float) -> float:
+        now = time.perf_counter()
+        self.times[phase] = self.times.get(phase, 0.0) + now - start
+        return now
+
+    def reset(self) -> None:
+        self.times, self.steps = {}, 0
+
+
+class DenseTrainer(Trainer):
+    name = "dense"
+
+    def __init__(self, n_features: int, n_labels: int, lr: float, init: XCNet) -> None:
+        super().__init__()
+        self.model = DenseNet(n_features, init)
+        self.sparse_opt = torch.optim.SparseAdam(list(self.model.embed.parameters()), lr=lr)
+        self.opt = torch.optim.Adam([self.model.bias, *self.model.out.parameters()], lr=lr)
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> float:
+        t = time.perf_counter()
+        loss = xc_softmax_loss(self.model(x), y)
+        t = self.tick("forward", t)
+        self.opt.zero_grad()
+        self.sparse_opt.zero_grad()
+        loss.backward()
+        t = self.tick("backward", t)
+        self.opt.step()
+        self.sparse_opt.step()
+        self.tick("optimizer", t)
+        self.steps += 1
+        return float(loss.detach())
+
+    def eval_model(self) -> nn.Module:
+        return self.model
+
+
+class SampledTrainer(Trainer):
+    """Sampled softmax: labels of the batch + uniform negatives, shared by the batch."""
+
+    name = "sampled"
+
+    def __init__(self, n_features: int, n_labels: int, lr: float, init: XCNet,
+                 per_sample: int, seed: int = 0) -> None:
+        super().__init__()
+        self.first = DenseNet(n_features, init, with_output=False)
+        self.w = nn.Embedding(n_labels, HIDDEN, sparse=True)
+        self.b = nn.Embedding(n_labels, 1, sparse=True)
+        with torch.no_grad():
+            self.w.weight.copy_(init.out.weight)
+            self.b.weight.copy_(init.out.bias[:, None])
+        self.n_labels, self.per_sample = n_labels, per_sample
+        self.gen = torch.Generator().manual_seed(seed)
+        self.sparse_opt = torch.optim.SparseAdam(
+            [*self.first.embed.parameters(), self.w.weight, self.b.weight], lr=lr)
+        self.opt = torch.optim.Adam([self.first.bias], lr=lr)
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> float:
+        t = time.perf_counter()
+        labels = y[y >= 0].unique()
+        extra = max(0, self.per_sample - len(labels))
+        neg = torch.randint(self.n_labels, (extra,), generator=self.gen)
+        cand = torch.cat([labels, neg])
+        pos = torch.searchsorted(labels, y.clamp(min=0))  # label -> its candidate column
+        pos = torch.where(y >= 0, pos, torch.full_like(pos, -1))
+        t = self.tick("hash", t)  # candidate sampling plays the role of SLIDE's hashing
+        h = self.first.hidden(x)
+        logits = h @ self.w(cand).T + self.b(cand)[:, 0]
+        loss = xc_softmax_loss(logits, pos)
+        t = self.tick("forward", t)
+        self.opt.zero_grad()
+        self.sparse_opt.zero_grad()
+        loss.backward()
+        t = self.tick("backward", t)
+        self.opt.step()
+        self.sparse_opt.step()
+        self.tick("optimizer", t)
+        self.steps += 1
+        return float(loss.detach())
+
+    def eval_model(self) -> nn.Module:
+        first, w, b = self.first, self.w, self.b
+
+        class Full(nn.Module):
+            def forward(self, x: torch.Tensor) -> torch.Tensor:
+                return first.hidden(x) @ w.weight.T + b.weight[:, 0]
+
+        return Full()
+
+
+class SlideTrainer(Trainer):
+    name = "slide"
+
+    def __init__(self, n_features: int, n_labels: int, lr: float, init: XCNet,
+                 cfg: SlideConfig) -> None:
+        super().__init__()
+        import copy
+
+        self.model = copy.deepcopy(init)
+        self.model.out = SlideLinear.from_linear(init.out, cfg, lr=lr)
+        self.model.embed = SlideSparseInput(init.embed.weight, init.embed.bias, cfg, lr=lr)
+        self.opt = torch.optim.Adam(list(self.model.parameters()), lr=lr)
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> float:
+        t = time.perf_counter()
+        loss = self.model(x).loss_against(y)
+        t = self.tick("fwd_total", t)
+        self.opt.zero_grad()
+        loss.backward()
+        t = self.tick("bwd_total", t)
+        self.opt.step()
+        self.tick("opt_total", t)
+        self.steps += 1
+        return float(loss.detach())
+
+    def reset(self) -> None:
+        super().reset()
+        self.model.out.reset_stats()
+        emb = self.model.embed
+        emb.t_forward = emb.t_backward = emb.t_optimizer = 0.0
+
+    def phases(self) -> dict[str, float]:
+        """Seconds per phase: hash (+ table lookups), forward, backward, optimizer, rebuild;
+        the sparse first layer's time is added to forward/backward/optimizer."""
+        s, emb = self.model.out.stats, self.model.embed
+        out = {
+            "hash": s["t_hash"],
+            "forward": s["t_forward"] + emb.t_forward,
+            "backward": s["t_backward"] + emb.t_backward,
+            "optimizer": s["t_optimizer"] + emb.t_optimizer,
+            "rebuild": s["t_rebuild"],
+        }
+        total = sum(self.times.values())
+        out["other"] = max(0.0, total - sum(out.values()))
+        return out
+
+    def eval_model(self) -> nn.Module:
+        return self.model
+
+
+def init_net(n_features: int, n_labels: int, seed: int = 0) -> XCNet:
+    torch.manual_seed(seed)
+    return XCNet(n_features, n_labels, HIDDEN)
+
+
+def slide_config(n_labels: int, **kw) -> SlideConfig:
+    """The benchmark's SLIDE settings (paper: DWTA K=8, L=50, buckets of 128, rebuild every 50)."""
+    base = SlideConfig(hash="dwta", k=8, l=50, bucket_size=128, min_active=1000,
+                       rebuild="fixed", rebuild_period=50)
+    return replace(base, **kw)
+
+
+def p_at_k(model: nn.Module, ds, limit: int = 2000) -> tuple[float, float]:
+    from accelopt_plugins.slide.metrics import precision_at_k
+
+    p1, p5 = precision_at_k(model, ds, (1, 5), limit=limit)
+    return p1, p5
+
+
+def median(values: list[float]) -> float:
+    return float(np.median(values))

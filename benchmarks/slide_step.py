@@ -1,0 +1,157 @@
+"""Per-step time of SLIDE vs a dense PyTorch baseline vs sampled softmax, by output width.
+
+Same synthetic XC data (preloaded padded batches), same network (sparse input -> 128 ReLU ->
+L outputs), batch 128, Adam lr 1e-4... 1e-3, same thread count on each side; only training
+steps are timed. Each method: warm-up steps (JIT compile, first table build), then ``--reps``
+blocks of steps; the figure is the median over blocks of the mean step time in a block
+(SLIDE's blocks each span a table rebuild, so the rebuild is amortised in them).
+
+    flock /tmp/accelopt-bench.lock python benchmarks/slide_step.py --widths 2k 20k 200k 670k
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import numpy as np  # noqa: E402
+from accelopt_plugins.slide.xcdata import synthetic  # noqa: E402
+from slide_common import (  # noqa: E402
+    DenseTrainer,
+    SampledTrainer,
+    SlideTrainer,
+    init_net,
+    machine,
+    median,
+    preload,
+    set_threads,
+    slide_config,
+)
+
+BATCH = 128
+LR = 1e-3
+
+
+def run(trainer, batches, warmup: int, reps: int, per_rep: int) -> tuple[float, dict]:
+    i = 0
+    for _ in range(warmup):
+        trainer.step(*batches[i % len(batches)])
+        i += 1
+    trainer.reset()
+    blocks = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        for _ in range(per_rep):
+            trainer.step(*batches[i % len(batches)])
+            i += 1
+        blocks.append((time.perf_counter() - start) / per_rep)
+    steps = reps * per_rep
+    phases = trainer.phases() if hasattr(trainer, "phases") else dict(trainer.times)
+    return median(blocks), {k: 1e3 * v / steps for k, v in phases.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--widths", nargs="+", default=["2k", "20k", "200k", "670k"])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--slide-steps", type=int, default=50, help="steps per SLIDE block")
+    ap.add_argument("--dense-budget-s", type=float, default=40.0,
+                    help="rough seconds of timed dense steps per width")
+    ap.add_argument("--scaling-width", default="200k", help="width of the 1 vs 2 thread test")
+    args = ap.parse_args()
+    set_threads(args.threads)
+    print(f"# machine: {machine()}")
+    print(f"# batch {BATCH}, hidden 128, Adam lr {LR}, {args.reps} timed blocks per method")
+    rows = []
+    for size in args.widths:
+        ds = synthetic(size)
+        n, d = ds.num_classes, ds.vocab_size
+        cfg = slide_config(n)
+        batches = preload(ds, 0, 60, BATCH)
+        init = init_net(d, n)
+        slide = SlideTrainer(d, n, LR, init, cfg)
+        t_slide, ph_slide = run(slide, batches, 5, args.reps, args.slide_steps)
+        summ = slide.model.out.summary()
+        active = int(round(summ["active_per_sample"]))
+        del slide
+        gc.collect()
+        dense = DenseTrainer(d, n, LR, init)
+        probe = time.perf_counter()
+        dense.step(*batches[0])
+        dense.step(*batches[1])
+        per = (time.perf_counter() - probe) / 2
+        per_rep = int(np.clip(args.dense_budget_s / max(per, 1e-3) / args.reps, 2, 50))
+        t_dense, ph_dense = run(dense, batches, 1, args.reps, per_rep)
+        del dense
+        gc.collect()
+        sampled = SampledTrainer(d, n, LR, init, per_sample=active)
+        t_samp, ph_samp = run(sampled, batches, 3, args.reps, 20)
+        del sampled, init
+        gc.collect()
+        rows.append((n, t_dense, t_samp, t_slide, active, summ, ph_dense, ph_samp, ph_slide))
+        print(f"\n## {n} labels ({d} features): dense {1e3 * t_dense:.1f} ms, sampled "
+              f"{1e3 * t_samp:.1f} ms, slide {1e3 * t_slide:.1f} ms per step")
+        print(f"  slide: {active} active/sample ({100 * summ['active_fraction']:.2f}%), "
+              f"{summ['retrieved_per_sample']:.0f} retrieved/sample, "
+              f"{summ['union_rows_per_batch']:.0f} rows updated/batch, "
+              f"rebuild share {100 * summ['rebuild_time_share']:.1f}% of layer time")
+        for name, ph in (("dense", ph_dense), ("sampled", ph_samp), ("slide", ph_slide)):
+            print(f"  {name:8s} ms/step: " + ", ".join(f"{k} {v:.1f}" for k, v in ph.items()))
+        sys.stdout.flush()
+
+    print("\n| labels | dense ms/step | sampled softmax ms/step | SLIDE ms/step | SLIDE vs dense "
+          "| SLIDE vs sampled | active/sample | rows updated/batch | rebuild share |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for n, td, ts, tl, act, summ, *_ in rows:
+        print(f"| {n:,} | {1e3 * td:.1f} | {1e3 * ts:.1f} | {1e3 * tl:.1f} | {td / tl:.1f}x "
+              f"| {ts / tl:.2f}x | {act} ({100 * summ['active_fraction']:.2f}%) "
+              f"| {summ['union_rows_per_batch']:.0f} | {100 * summ['rebuild_time_share']:.1f}% |")
+    print("\nper-step breakdown (ms): hash = hashing + table lookups + active-set building")
+    print("| labels | method | hash | forward | backward | optimizer | rebuild (amortised) | other |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|")
+    for n, _, _, _, _, _, pd, ps, pl in rows:
+        for name, ph in (("dense", pd), ("sampled", ps), ("slide", pl)):
+            cells = [ph.get(k, 0.0) for k in ("hash", "forward", "backward", "optimizer",
+                                               "rebuild", "other")]
+            print(f"| {n:,} | {name} | " + " | ".join(f"{c:.1f}" for c in cells) + " |")
+    ratios = [(n, td / tl) for n, td, _, tl, *_ in rows]
+    print("\nbreak-even width (SLIDE = dense per step): " + break_even(ratios))
+
+    if args.scaling_width:
+        ds = synthetic(args.scaling_width)
+        n, d = ds.num_classes, ds.vocab_size
+        batches = preload(ds, 0, 60, BATCH)
+        res = {}
+        for threads in (1, 2):
+            set_threads(threads)
+            init = init_net(d, n)
+            tr = SlideTrainer(d, n, LR, init, slide_config(n))
+            res[threads], _ = run(tr, batches, 5, args.reps, args.slide_steps)
+            del tr, init
+            gc.collect()
+        print(f"\nthread scaling, SLIDE at {n:,} labels: 1 thread {1e3 * res[1]:.1f} ms/step, "
+              f"2 threads {1e3 * res[2]:.1f} ms/step, speed-up {res[1] / res[2]:.2f}x")
+
+
+def break_even(ratios: list[tuple[int, float]]) -> str:
+    """Interpolate log(speed-up) linearly in log(width) between measured widths."""
+    ratios = sorted(ratios)
+    if all(r > 1 for _, r in ratios):
+        return f"below {ratios[0][0]:,} labels (SLIDE is already faster at every measured width)"
+    if all(r < 1 for _, r in ratios):
+        return f"above {ratios[-1][0]:,} labels (dense is faster at every measured width)"
+    for (n0, r0), (n1, r1) in zip(ratios, ratios[1:], strict=False):
+        if (r0 - 1) * (r1 - 1) <= 0 and r0 != r1:
+            f = np.log(r0) / (np.log(r0) - np.log(r1))
+            return f"about {int(np.exp(np.log(n0) + f * (np.log(n1) - np.log(n0)))):,} labels"
+    return "not bracketed by the measured widths"
+
+
+if __name__ == "__main__":
+    main()

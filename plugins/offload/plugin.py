@@ -1,0 +1,102 @@
+"""The offload plugin's hooks: install the engine at model build time, report what it did."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import torch
+from accelopt_plugins.offload.config import OffloadConfig, validate
+from accelopt_plugins.offload.engine import OffloadEngine
+
+from accelopt import LayerOffer, ReportRow, RunInfo, hookimpl
+
+MiB = 2**20
+
+
+class OffloadPlugin:
+    """One engine per job. The engine is installed through ``accelopt_layer_build``: on the
+    whole model (offered last, under path ``""``) or on the layers ``layers`` matches. The
+    modules are kept (hooks are added to them), so parameter names do not change."""
+
+    def __init__(self, config: OffloadConfig) -> None:
+        self.config = config
+        self.engines: dict[str, OffloadEngine] = {}
+        self._pattern: re.Pattern[str] | None = None
+        self._taken: dict[str, list[str]] = {}
+
+    @hookimpl
+    def accelopt_configure(self, config: OffloadConfig, run_config: Any) -> None:
+        validate(config)
+        self.config = config
+        self._pattern = re.compile(config.layers) if config.layers else None
+
+    def _engine(self, job_id: str) -> OffloadEngine:
+        if job_id not in self.engines:
+            c = self.config
+            self.engines[job_id] = OffloadEngine(
+                policy=c.policy, min_bytes=int(c.min_kib * 1024),
+                prefetch_layers=c.prefetch_layers, pin_memory=c.pin_memory,
+            )
+        return self.engines[job_id]
+
+    @hookimpl
+    def accelopt_layer_build(self, layer: LayerOffer) -> Any | None:
+        if layer.job.kind != "train":
+            return None  # inference saves nothing for backward
+        engine = self._engine(layer.job.job_id)
+        taken = self._taken.setdefault(layer.job.job_id, [])
+        if layer.path == "":
+            engine.track(layer.module)
+            if self._pattern is None:
+                engine.install(layer.module, "")
+            return None
+        if self._pattern is not None and self._pattern.search(layer.path):
+            if not any(layer.path.startswith(t + ".") for t in taken):
+                engine.install(layer.module, layer.path)
+                taken.append(layer.path)
+        return None
+
+    @hookimpl
+    def accelopt_report_rows(self, run: RunInfo) -> list[ReportRow]:
+        c = self.config
+        if not self.engines:
+            return [ReportRow("offload", "nothing to do: no training job (inference saves no "
+                              "feature maps for backward)")]
+        rows = []
+        cpu = not run.device.startswith("cuda")
+        for job_id, engine in self.engines.items():
+            engine.close_pass()
+            t = engine.totals
+            if t.passes == 0:
+                where = ", ".join(engine.installed) or "no layer"
+                rows.append(ReportRow("offload", f"{job_id}: nothing to do: no saved tensor "
+                                      f"passed through the hooks ({where} matched)",
+                                      {"job": job_id}))
+                continue
+            s, n = t.stats, t.passes
+            off, res, par = s.offloaded_bytes / n, s.resident_bytes / n, s.param_bytes / n
+            share = off / (off + res) if off + res else 0.0
+            unpacks = s.prefetched + s.fetched_on_demand
+            hit = s.prefetched / unpacks if unpacks else 0.0
+            text = (
+                f"{job_id}: policy {c.policy}: {off / MiB:.2f} MiB/iteration of saved feature "
+                f"maps offloaded to host ({share:.0%}), {res / MiB:.2f} MiB stayed resident, "
+                f"{par / MiB:.2f} MiB parameters never offloaded; prefetch served "
+                f"{hit:.0%} of unpacks"
+            )
+            metrics: dict[str, float | int | str] = {
+                "job": job_id, "passes": n, "offloaded_bytes_per_iteration": int(off),
+                "resident_bytes_per_iteration": int(res), "param_bytes_per_iteration": int(par),
+                "offloaded_fraction": round(share, 4), "prefetch_hit_rate": round(hit, 4),
+                "fetched_on_demand": s.fetched_on_demand,
+            }
+            if cpu:
+                text += ("; on cpu this is accounting only: a CPU has no device memory to "
+                         "save (these bytes would leave GPU memory)")
+            elif torch.cuda.is_available():
+                peak = torch.cuda.max_memory_allocated()
+                metrics["cuda_max_memory_allocated"] = int(peak)
+                text += f"; cuda max_memory_allocated {peak / MiB:.1f} MiB"
+            rows.append(ReportRow("offload", text, metrics))
+        return rows

@@ -1,0 +1,342 @@
+"""The tictac hooks: answer ``accelopt_transfer_order`` for parameter transfers.
+
+Where it acts: in parameter-server mode the servers send every parameter to every worker
+each iteration; the transport asks the order hook once per (iteration, destination) and
+enforces the answer (priority p starts only after 0..p-1 to that destination have started).
+Only ``param`` transfers are ordered: gradients leave in the order autograd produces them.
+
+The plan (trace -> oracle -> order -> simulator prediction) is made lazily in the server
+rank on its first order call, cached in the run directory, and made again after the warm-up
+iterations with the link the transport actually measured. TIC/TAC stay out of the way when
+the predicted gain over the transport's default order does not pay for the plugin's own
+measured overhead (``force=true`` overrides); the report row says which happened.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from accelopt import ConfigError, ReportRow, RunInfo, TransferRecord, hookimpl
+from accelopt.types import CliCommand
+from accelopt_plugins.tictac.config import EXECUTIONS, HEURISTIC_CHOICES, TictacConfig
+
+DEFAULT_BYTES_PER_S = 125e6  # 1 Gbit/s when nothing better is known
+
+
+class TictacPlugin:
+    """One instance per process (each cluster rank activates its own)."""
+
+    def __init__(self, config: TictacConfig) -> None:
+        self.config = config
+        self.run_config: Any = None
+        self.mode = "none"
+        self.rank = int(os.environ.get("RANK", "-1"))
+        self.role = "single"
+        self.run_dir: str | None = None
+        self.plan: Any = None
+        self.plan_s = 0.0
+        self.enforce = True
+        self.decision = ""
+        self.link: tuple[float, float] | None = None
+        self.link_source = ""
+        self.samples: dict[int, list[tuple[float, float, int]]] = {}
+        self.hook_s = 0.0
+        self.calls = 0
+        self.skipped = 0
+        self.replanned = False
+        self.warnings: list[str] = []
+        self.iterations = 1
+        self.gain_s = 0.0
+        self.overhead_s = 0.0
+        self.order_source = "computed"
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    @hookimpl
+    def accelopt_configure(self, config: Any, run_config: Any) -> None:
+        c = config
+        if c.heuristic not in HEURISTIC_CHOICES:
+            raise ConfigError(f"plugins.tictac.heuristic={c.heuristic!r} is not one of "
+                              f"{', '.join(HEURISTIC_CHOICES)}; pick one of them")
+        if c.execution not in EXECUTIONS:
+            raise ConfigError(f"plugins.tictac.execution={c.execution!r} must be eager or "
+                              "dataflow")
+        if c.oracle_runs < 1:
+            raise ConfigError("plugins.tictac.oracle_runs must be >= 1 (the oracle keeps the "
+                              "minimum over that many runs)")
+        if c.bandwidth_bytes_per_s < 0:
+            raise ConfigError("plugins.tictac.bandwidth_bytes_per_s must be >= 0 (0: measure)")
+        if c.order_file and not Path(c.order_file).exists():
+            raise ConfigError(f"plugins.tictac.order_file={c.order_file!r} does not exist; "
+                              "give a JSON list of tensor names or leave it empty")
+        self.config = c
+        self.run_config = run_config
+        cluster = run_config.get("cluster") if run_config is not None else None
+        self.mode = str(cluster.get("mode", "none")) if cluster is not None else "none"
+        if self.mode == "ps" and self.rank >= 0:
+            from accelopt.cluster.settings import settings_from
+
+            self.role = settings_from(cluster).role(self.rank)
+
+    @hookimpl
+    def accelopt_run_start(self, run: RunInfo) -> None:
+        self.run_dir = run.run_dir
+
+    # -- the order -------------------------------------------------------------------------
+
+    @hookimpl
+    def accelopt_transfer_order(self, transfers: Sequence[TransferRecord],
+                                destination: int) -> Sequence[str] | None:
+        if not transfers or destination < 0 or transfers[0].kind != "param":
+            return None
+        if self.config.heuristic == "off":
+            return None
+        iteration = transfers[0].iteration
+        if self.plan is None:
+            self._make_plan()
+        elif (not self.replanned and iteration >= self.config.replan_iteration
+              and self.config.bandwidth_bytes_per_s == 0):
+            self._replan()
+        t0 = time.perf_counter()  # planning is counted in plan_s, not here
+        self.calls += 1
+        if not self.enforce:
+            self.skipped += 1
+            self.hook_s += time.perf_counter() - t0
+            return None
+        names = self._names(iteration, destination)
+        answer = self._restrict(names, transfers)
+        self.hook_s += time.perf_counter() - t0
+        return answer
+
+    def _names(self, iteration: int, destination: int) -> list[str]:
+        h = self.config.heuristic
+        rng = random.Random(f"{self.config.seed}-{iteration}-{destination}") \
+            if h == "random" else None
+        return [self.plan.dag.recv_names[r] for r in self.plan.order_for(h, rng)]
+
+    def _restrict(self, names: list[str], transfers: Sequence[TransferRecord]) -> list[str]:
+        """The plan's order limited to what this sender sends (a server sends its shard); a
+        tensor the plan does not know means the plan is stale: rebuild it once, warn."""
+        wanted = {t.tensor for t in transfers}
+        known = set(names)
+        if not wanted <= known:
+            missing = sorted(wanted - known)[:3]
+            self._warn(f"tictac: the priority list does not match the model (unknown tensor(s) "
+                       f"{missing}); rebuilding the plan")
+            self._make_plan(ignore_files=True)
+            names = self._names(transfers[0].iteration, transfers[0].destination)
+            known = set(names)
+        order = [n for n in names if n in wanted]
+        order += [t.tensor for t in transfers if t.tensor not in known]
+        return order
+
+    # -- planning --------------------------------------------------------------------------
+
+    def _job(self) -> tuple[Any, Any, Any, int]:
+        """The job's model and one worker's batch, built exactly as the ranks build them."""
+        import torch
+
+        from accelopt.cluster.model import shard_rows
+        from accelopt.cluster.rank import job_spec
+        from accelopt.runtime.job import Job
+
+        spec = job_spec(self.run_config)
+        job = Job(spec, job_id=spec.name, device=torch.device("cpu"))
+        workers = int(self.run_config.cluster.get("workers", 1)) if self.mode == "ps" else 1
+        row0, row1 = shard_rows(spec.batch_size, workers)[0]
+        x, y = job.dataset.batch(0, spec.batch_size)
+        self.iterations = int(spec.iterations)
+        return job, x[row0:row1], y[row0:row1], spec
+
+    def _link(self) -> tuple[float, float]:
+        """(per-message seconds, bytes/s): configured, measured, shaped rate, or default."""
+        c = self.config
+        message = max(0.0, c.message_s)
+        if c.bandwidth_bytes_per_s > 0:
+            self.link_source = "configured"
+            return message, c.bandwidth_bytes_per_s
+        if self.link is not None:
+            self.link_source = "measured from the transport"
+            return (self.link[0] if c.message_s < 0 else message), self.link[1]
+        net = self.run_config.get("cluster", {}).get("network", {}) if self.run_config else {}
+        if net and net.get("bandwidth"):
+            from accelopt.cluster.settings import parse_rate
+
+            self.link_source = "shaped-network rate"
+            return message, parse_rate(str(net.get("bandwidth"))) / 8.0
+        self.link_source = "default 1 Gbit/s"
+        return message, DEFAULT_BYTES_PER_S
+
+    def _make_plan(self, ignore_files: bool = False) -> None:
+        from accelopt_plugins.tictac.plan import plan_measured
+
+        t0 = time.perf_counter()
+        self.order_source = "computed"
+        job, x, y, spec = self._job()
+        message, bw = self._link()
+        self.plan = plan_measured(
+            job.model, x, name=f"{spec.model}-w{spec.width}", kind=spec.kind,
+            bytes_per_s=bw, message_s=message, execution=self.config.execution,  # type: ignore[arg-type]
+            runs=self.config.oracle_runs, run_dir=self.run_dir,
+            loss=lambda out: job.loss_fn(out, y), threads=None)
+        if not ignore_files:
+            self._load_order_file()
+        self._decide()
+        self.plan_s += time.perf_counter() - t0
+        self._save()
+
+    def _replan(self) -> None:
+        """After warm-up: the link as measured, then the orders and the decision again."""
+        from accelopt_plugins.tictac import oracle
+
+        self.replanned = True
+        samples = [s for it in sorted(self.samples) for s in self.samples[it]]
+        fit = oracle.fit_link(samples) if samples else None
+        if fit is None:
+            return
+        t0 = time.perf_counter()
+        self.link = fit
+        message, bw = self._link()
+        plan = self.plan
+        plan.times = oracle.op_times(plan.dag, plan.compute, bw, message)
+        plan.bytes_per_s, plan.message_s = bw, message
+        h = self.config.heuristic
+        keep = {h: plan.orders[h]} if self.order_source != "computed" and h in plan.orders else {}
+        plan.orders, plan.predicted = keep, {}
+        self._decide()
+        self.plan_s += time.perf_counter() - t0
+        self._save()
+
+    def _load_order_file(self) -> None:
+        """A user-given or previously saved priority list, if it still matches the model."""
+        path = self.config.order_file
+        if not path:
+            return
+        try:
+            names = json.loads(Path(path).read_text())
+            if isinstance(names, dict):
+                names = names.get("order", [])
+        except ValueError as exc:
+            self._warn(f"tictac: order_file {path} is not JSON ({exc}); rebuilding the order")
+            return
+        current = self.plan.dag.recv_names
+        if sorted(map(str, names)) != sorted(current):
+            self._warn(f"tictac: order_file {path} does not match the model ({len(names)} names "
+                       f"vs {len(current)} parameters, or different names): stale or edited; "
+                       f"rebuilt the {self.config.heuristic} order instead")
+            return
+        index = {n: i for i, n in enumerate(current)}
+        self.plan.orders[self.config.heuristic] = [index[n] for n in names]
+        self.plan.schedule_s[self.config.heuristic] = 0.0
+        self.order_source = f"order_file {path}"
+
+    def _decide(self) -> None:
+        """Predict the gain over the transport's default (named) order; compare with the
+        plugin's own overhead per iteration; enforce only if it pays (TIC/TAC)."""
+        plan = self.plan
+        h = self.config.heuristic
+        plan.predict(("named", h) if h != "named" else ("named",), samples=200,
+                     seed=self.config.seed)
+        base = plan.predicted["named"]["makespan_s"]
+        mine = plan.predicted[h]["makespan_s"]
+        gain = base - mine
+        per_iter = self.plan_s / max(1, self.iterations) + self.hook_s / max(1, self.calls)
+        per_iter += plan.schedule_s.get(h, 0.0) / max(1, self.iterations)
+        self.gain_s, self.overhead_s = gain, per_iter
+        if h in ("tic", "tac") and not self.config.force and gain <= per_iter:
+            self.enforce = False
+            self.decision = (f"stayed out of the way: predicted gain {gain * 1e3:.3f} ms/iteration "
+                             f"over the default order <= own overhead {per_iter * 1e3:.3f} ms "
+                             f"(a = {plan.ratio_a:.2f}); force=true enforces anyway")
+        else:
+            self.enforce = True
+            self.decision = (f"enforced {h}: predicted makespan {mine * 1e3:.2f} ms vs "
+                             f"{base * 1e3:.2f} ms for the default order (gain "
+                             f"{gain * 1e3:.3f} ms, own overhead {per_iter * 1e3:.3f} ms, "
+                             f"a = {plan.ratio_a:.2f})")
+
+    def _save(self) -> None:
+        if self.run_dir is None or self.plan is None:
+            return
+        from accelopt_plugins.tictac.simulate import Simulator
+
+        out = Path(self.run_dir) / "tictac"
+        out.mkdir(parents=True, exist_ok=True)
+        plan, h = self.plan, self.config.heuristic
+        order = plan.order_for(h, random.Random(self.config.seed))
+        sim = Simulator(plan.dag, plan.times, plan.execution)
+        result = sim.run(order)
+        data = {
+            "heuristic": h, "enforced": self.enforce, "decision": self.decision,
+            "order": [plan.dag.recv_names[r] for r in order],
+            "fingerprint": plan.dag.fingerprint(), "predicted": plan.predicted,
+            "bytes_per_s": plan.bytes_per_s, "message_s": plan.message_s,
+            "link_source": self.link_source, "ratio_a": plan.ratio_a,
+            "schedule_s": plan.schedule_s, "oracle_cache": plan.cache,
+        }
+        suffix = f"-rank{self.rank}" if self.rank >= 0 else ""
+        (out / f"plan{suffix}.json").write_text(json.dumps(data, indent=1))
+        trace = {"traceEvents": sim.chrome_trace(result, order, f"predicted {h}")}
+        (out / f"predicted{suffix}.trace.json").write_text(json.dumps(trace))
+
+    def _warn(self, message: str) -> None:
+        self.warnings.append(message)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+    # -- observing the link ----------------------------------------------------------------
+
+    @hookimpl
+    def accelopt_transfer_done(self, record: TransferRecord, start_s: float,
+                               end_s: float) -> None:
+        if self.role != "server" or record.iteration >= self.config.replan_iteration:
+            return
+        self.samples.setdefault(record.iteration, []).append((start_s, end_s, record.nbytes))
+
+    # -- reports ---------------------------------------------------------------------------
+
+    @hookimpl
+    def accelopt_report_rows(self, run: RunInfo) -> list[ReportRow]:
+        if self.mode != "ps":
+            why = ("cluster.mode=none: no parameter transfers" if self.mode == "none"
+                   else f"cluster.mode={self.mode}: all-reduce has no parameter recvs to order")
+            return [ReportRow("tictac", f"nothing to order ({why}); use cluster.mode=ps")]
+        if self.role == "worker":
+            return [ReportRow("tictac", "workers receive parameters in the order the servers "
+                              "enforce; measured E per iteration is in the run metrics "
+                              "(efficiency_e, with and without warm-up)")]
+        if self.config.heuristic == "off":
+            return [ReportRow("tictac", "heuristic=off: the transport's default order was used")]
+        if self.plan is None:
+            return [ReportRow("tictac", "no parameter transfers were ordered (no iteration ran)")]
+        metrics: dict[str, float | int | str] = {
+            "heuristic": self.config.heuristic, "enforced": int(self.enforce),
+            "calls": self.calls, "skipped": self.skipped,
+            "plan_s": round(self.plan_s, 4), "hook_ms": round(1e3 * self.hook_s
+                                                              / max(1, self.calls), 4),
+            "predicted_gain_ms": round(1e3 * self.gain_s, 4),
+            "overhead_ms": round(1e3 * self.overhead_s, 4),
+            "link_bytes_per_s": round(self.plan.bytes_per_s, 1),
+            "message_ms": round(1e3 * self.plan.message_s, 4),
+            "ratio_a": round(self.plan.ratio_a, 3), "warnings": len(self.warnings),
+        }
+        for h, p in self.plan.predicted.items():
+            metrics[f"predicted_{h}_ms"] = round(1e3 * p["makespan_s"], 4)
+        summary = (f"{self.decision}; link {self.plan.bytes_per_s / 1e6:.2f} MB/s "
+                   f"({self.link_source}); plan in {self.plan_s:.3f} s; "
+                   f"predicted schedule in {self.run_dir}/tictac/")
+        return [ReportRow("tictac", summary, metrics)]
+
+    @hookimpl
+    def accelopt_cli_commands(self) -> Sequence[CliCommand]:
+        from accelopt_plugins.tictac.cli import order_command
+
+        return [CliCommand("tictac", "TicTac: print the transfer order and predicted makespan "
+                           "(accelopt tictac order workload=... plugins.tictac.heuristic=tac)",
+                           order_command)]
