@@ -99,8 +99,9 @@ def accelopt_allocate(request: AllocationRequest) -> AllocationDecision | None:
 
 @hookspec
 def accelopt_release(job: JobInfo, lane: str, status: str) -> None:
-    """A job left the device (``status`` is ``done``, ``failed`` or ``rejected``); free what
-    was granted to it. Pending jobs are offered to ``accelopt_allocate`` again right after."""
+    """An admitted job left the device (``status`` is ``done`` or ``failed``); free what was
+    granted to it. Called only for jobs that were granted a lane. Pending jobs are offered to
+    ``accelopt_allocate`` again right after."""
 
 
 # --- iteration boundary -----------------------------------------------------------------

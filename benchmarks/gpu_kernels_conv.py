@@ -28,6 +28,7 @@ from accelopt_plugins.gpu_kernels.autotune import (
     DecisionCache,
     autotune_model,
     time_callables,
+    verify_model,
 )
 from accelopt_plugins.gpu_kernels.conv_algos import run_algorithm
 from torch import nn
@@ -61,11 +62,29 @@ def part1(reps: int, tune_reps: int) -> None:
                     times = ", ".join(f"{a} {t:.3f}" for a, t in d.median_ms.items())
                     print(f"{path:<28} {'x'.join(map(str, shape)):<14} {mod.kernel_size[0]}x"
                           f"{mod.kernel_size[1]:<4} {d.algorithm:<9} {times or '(only direct valid)'}")
+        kept = verify_model(tuned, x, training=True, reps=tune_reps)
+        convs = [m for m in tuned.modules() if isinstance(m, AutotunedConv2d)]
+
+        def with_override(value: str | None, model: nn.Module = tuned,  # type: ignore[no-untyped-def]
+                          inp: torch.Tensor = x, layers: list = convs):  # noqa: B006
+            inner = step_fn(model, inp)
+
+            def run() -> None:
+                for m in layers:
+                    m.override = value
+                inner()
+            return run
+
+        guarded = "direct" if not kept else None
         samples = time_callables({"always-direct": step_fn(direct, x),
-                                  "autotuned": step_fn(tuned, x)}, x.device, reps)
+                                  "per-layer": with_override(None),
+                                  "guarded": with_override(guarded)}, x.device, reps)
         med = {k: statistics.median(v) * 1e3 for k, v in samples.items()}
-        print(f"whole training step: always-direct {med['always-direct']:.3f} ms, autotuned "
-              f"{med['autotuned']:.3f} ms -> {med['always-direct'] / med['autotuned']:.2f}x")
+        d = med["always-direct"]
+        print(f"whole-model guard: {'kept the tuned choices' if kept else 'reverted to direct'}")
+        print(f"whole training step: always-direct {d:.3f} ms | per-layer choices "
+              f"{med['per-layer']:.3f} ms ({d / med['per-layer']:.2f}x) | with guard "
+              f"{med['guarded']:.3f} ms ({d / med['guarded']:.2f}x)")
 
 
 def part2(reps: int) -> None:

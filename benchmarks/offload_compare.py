@@ -21,7 +21,6 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Callable
 from typing import Any
 
 import torch

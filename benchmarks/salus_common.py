@@ -134,7 +134,7 @@ def run_all_at_once(
         procs.append(proc)
         spawn.append(t)
     startup = []
-    for proc, t in zip(procs, spawn):
+    for proc, t in zip(procs, spawn, strict=True):
         line = proc.stdout.readline()  # type: ignore[union-attr]
         if line.strip() != "ready":
             raise RuntimeError(f"child failed to start: {line!r}")
@@ -148,10 +148,16 @@ def run_all_at_once(
         procs[i].stdin.write("go\n")  # type: ignore[union-attr]
         procs[i].stdin.flush()  # type: ignore[union-attr]
     out = []
-    for spec, proc in zip(specs, procs):
-        line = proc.stdout.readline()  # type: ignore[union-attr]
-        proc.wait(timeout=timeout_s)
-        times = json.loads(line)
+    deadline = time.time() + timeout_s
+    for spec, proc in zip(specs, procs, strict=True):
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            for other in procs:
+                other.kill()
+                other.wait()
+            raise TimeoutError(f"the processes had not finished after {timeout_s:.0f}s") from None
+        times = json.loads(proc.stdout.readline())  # type: ignore[union-attr]
         arrival = t0 + spec.arrival_s
         out.append({"arrival": spec.arrival_s, "end": times["end"] - t0,
                     "jct": times["end"] - arrival})

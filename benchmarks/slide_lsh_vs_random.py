@@ -2,8 +2,9 @@
 of the exact top-10 logits in the LSH-retrieved set.
 
 Both runs train the same SLIDE network from the same weights on the same batches; the only
-difference is ``sampling``: ``union`` (LSH buckets + labels + random top-up) or ``random``
-(labels + uniform neurons up to the LSH run's measured average active count).
+difference is ``sampling``: the LSH default (top 1000 of the retrieved buckets by hits, plus
+labels, topped up at random) or ``random`` (labels + uniform neurons up to the LSH run's
+measured average active count).
 
     flock /tmp/accelopt-bench.lock python benchmarks/slide_lsh_vs_random.py --width 200k
 """
@@ -59,8 +60,8 @@ def main() -> None:
           "initial weights for both")
     results = {}
     active = None
-    for mode in ("union", "random"):
-        cfg = slide_config(n) if mode == "union" else slide_config(
+    for mode in ("lsh", "random"):
+        cfg = slide_config(n) if mode == "lsh" else slide_config(
             n, sampling="random", min_active=active, max_active=active + 64)
         tr = SlideTrainer(d, n, LR, init_net(d, n), cfg)
         rows = []
@@ -69,22 +70,22 @@ def main() -> None:
             tr.step(*ds.batch(step - 1, BATCH))
             if step % args.eval_every == 0:
                 p1, p5 = p_at_k(tr.eval_model(), ds, args.eval_n)
-                rec = recall_top10(tr, ds) if mode == "union" else (None, None)
+                rec = recall_top10(tr, ds) if mode == "lsh" else (None, None)
                 rows.append((step, p1, p5, *rec))
                 print(f"  {mode:6s} step {step:4d}: P@1 {p1:.4f} P@5 {p5:.4f}"
                       + (f" recall@10 of retrieved {rec[0]:.3f} ({rec[1]:.0f} retrieved)"
                          if rec[0] is not None else ""), flush=True)
         s = tr.model.out.summary()
-        if mode == "union":
+        if mode == "lsh":
             active = int(round(s["active_per_sample"]))
         results[mode] = (rows, s, time.perf_counter() - start)
         del tr
-    print(f"\nactive neurons per sample: LSH {results['union'][1]['active_per_sample']:.0f}, "
+    print(f"\nactive neurons per sample: LSH {results['lsh'][1]['active_per_sample']:.0f}, "
           f"random {results['random'][1]['active_per_sample']:.0f} (of {n:,})")
     print("| step | P@1 LSH | P@1 random | P@5 LSH | P@5 random | recall of exact top-10 in "
           "LSH-retrieved set | retrieved / sample | recall of a random set that size |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for (st, p1l, p5l, rec, size), (_, p1r, p5r, *_) in zip(results["union"][0],
+    for (st, p1l, p5l, rec, size), (_, p1r, p5r, *_) in zip(results["lsh"][0],
                                                              results["random"][0], strict=True):
         print(f"| {st} | {p1l:.4f} | {p1r:.4f} | {p5l:.4f} | {p5r:.4f} | {rec:.3f} | {size:.0f} "
               f"| {size / n:.4f} |")

@@ -9,7 +9,6 @@ import subprocess
 import sys
 
 import pytest
-
 from clirun import cli_env
 
 pytestmark = pytest.mark.timeout(240)

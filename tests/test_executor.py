@@ -163,3 +163,40 @@ def test_generated_trace_workload_runs(run_tiny):
     assert all(j.status == "done" for j in record.jobs)
     arrivals = [j.job.arrival_s for j in record.jobs]
     assert arrivals == sorted(arrivals) and arrivals[0] == 0.0
+
+
+def test_open_executor_takes_submissions_and_cancels():
+    """keep_open: the service form of the executor (used by `accelopt serve`)."""
+    import threading
+
+    from accelopt.config import JobConfig
+    from accelopt.host import PluginHost
+    from accelopt.runtime.executor import CANCELLED, Executor
+    from accelopt.runtime.run import build_jobs
+
+    host = PluginHost()
+    executor = Executor(host, [], capacity_bytes=None, device="cpu", keep_open=True)
+    results: list = []
+    runner = threading.Thread(target=lambda: results.extend(executor.run()))
+    runner.start()
+    try:
+        short, long = build_jobs(
+            [JobConfig(name="short", width=8, iterations=3),
+             JobConfig(name="long", width=8, iterations=100000)],
+            torch.device("cpu"), host)
+        executor.submit(short)
+        assert executor.wait(short.info.job_id, timeout_s=60) == "done"
+        executor.submit(long)
+        message = executor.cancel(long.info.job_id)
+        assert long.info.job_id in message
+        assert executor.wait(long.info.job_id, timeout_s=60) == "failed"
+        with pytest.raises(Exception, match="already submitted"):
+            executor.submit(short)
+    finally:
+        executor.close()
+        runner.join(timeout=60)
+    assert not runner.is_alive()
+    by_name = {r.job.name: r for r in results}
+    assert by_name["short"].status == "done" and by_name["short"].iterations_done == 3
+    assert by_name["long"].error == CANCELLED and by_name["long"].iterations_done < 100000
+    assert [info.name for info, _, _ in executor.snapshot()] == ["short", "long"]

@@ -482,6 +482,7 @@ def test_plugin_in_a_run(run_tiny, tmp_path: Path) -> None:  # type: ignore[no-u
     assert mlp.metrics["params_after"] < mlp.metrics["params_before"]
     assert mlp.metrics["flops_pruned"] < mlp.metrics["flops_dense"]
     assert "autotuned 3 convs" in cnn.summary and "channels_last" in cnn.summary
+    assert "whole-model guard" in cnn.summary
     assert "refused 1" in cnn.summary and (tmp_path / "conv.json").exists()
 
 
@@ -498,3 +499,20 @@ def test_plugin_rejects_bad_config(run_tiny) -> None:  # type: ignore[no-untyped
         warnings.simplefilter("ignore")
         with pytest.raises(ConfigError, match="channels_last"):
             run_tiny(PLUGIN, overrides=["plugins.gpu_kernels.channels_last=maybe"])
+
+
+def test_whole_model_guard_reverts_choices_that_do_not_pay(monkeypatch: pytest.MonkeyPatch) -> None:
+    model, x = zoo("cnn")
+    tuner = at.ConvAutotuner(at.DecisionCache(None), reps=3)
+    at.autotune_model(model, tuner)
+    model(x)
+    convs = [m for m in model.modules() if isinstance(m, at.AutotunedConv2d)]
+    for m in convs:  # pretend the per-layer rule picked im2col everywhere
+        m._chosen = {k: "im2col" for k in m._chosen}
+    fake = {"direct": [1.0, 1.0, 1.0], "tuned": [1.5, 1.5, 1.5]}
+    monkeypatch.setattr(at, "time_callables", lambda *a, **k: fake)
+    assert not at.verify_model(model, x, training=True, reps=3)
+    assert all(m.override == "direct" for m in convs)
+    fake.update(tuned=[0.5, 0.5, 0.5])
+    assert at.verify_model(model, x, training=True, reps=3)
+    assert all(m.override is None for m in convs)

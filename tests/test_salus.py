@@ -38,7 +38,8 @@ THREADS = "plugins.salus.threads=1"
 @pytest.fixture
 def run(run_tiny):
     def go(*specs, overrides=(), workload="tiny"):
-        return run_tiny(*specs, overrides=[THREADS, *overrides], workload=workload)
+        return run_tiny(*specs, overrides=[THREADS, "run.threads=1", *overrides],
+                        workload=workload)
 
     return go
 
@@ -127,7 +128,7 @@ def _weights(record, name):
 
 @pytest.mark.parametrize("policy", ["pack", "srtf", "fair"])
 def test_job_next_to_others_is_bitwise_equal_to_alone(run_tiny, policy):
-    common = [f"plugins.salus.policy={policy}", CAP, "run.deterministic=true"]
+    common = [f"plugins.salus.policy={policy}", CAP, "run.deterministic=true", "run.threads=1"]
     shared = run_tiny(PLUGIN, overrides=common, workload=MIX)
     alone = run_tiny(PLUGIN, overrides=[*common, ALONE], workload=MIX)
     assert len(alone.jobs) == 1
@@ -183,7 +184,7 @@ def test_pending_jobs_are_admitted_when_memory_frees(run):
                                     "plugins.salus.policy=pack"])
     assert [r.status for r in record.jobs] == ["done"] * 3
     ordered = sorted(record.jobs, key=lambda r: r.admitted_s)
-    for earlier, later in zip(ordered, ordered[1:]):
+    for earlier, later in zip(ordered, ordered[1:], strict=False):
         assert later.admitted_s >= earlier.end_s
     metrics = salus_row(record).metrics
     assert metrics["deferrals"] >= 2
@@ -210,7 +211,9 @@ class _Saboteur:
     @hookimpl
     def accelopt_layer_build(self, layer):
         if layer.path == "" and layer.job.name == "s-cnn":
-            return _Boom(layer.module, at=5)  # profile runs 4 forwards on a copy; 5 = iter 1
+            # profiling runs 5 forwards on a deep copy (with its own counter), so the real
+            # model raises on its 6th forward: mid-run, in the last of its 6 iterations
+            return _Boom(layer.module, at=6)
         return None
 
 

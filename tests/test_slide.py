@@ -394,3 +394,30 @@ def test_plugin_reports_nothing_to_do_on_narrow_outputs(run_tiny) -> None:
     record = run_tiny(PLUGIN, overrides=["run.profile=false"])
     row = next(r for r in record.plugin_rows if r.plugin == "slide")
     assert row.summary.startswith("nothing to do on this workload")
+
+
+def test_sgd_job_without_slide_lr_is_a_one_line_config_error(run_tiny) -> None:
+    with pytest.raises(ConfigError, match=r"plugins\.slide\.lr: job 'xc-20k' uses optimizer 'sgd'"):
+        run_tiny(PLUGIN, overrides=[*XC_SMALL, "workload.jobs.0.optimizer=sgd",
+                                    "plugins.slide.min_width=1000"], workload="xc")
+
+
+def test_wide_hidden_layers_stay_dense(run_tiny) -> None:
+    """Only the output layer may return deferred logits: a wide hidden Linear is left alone."""
+    record = run_tiny(PLUGIN, overrides=["run.profile=false", "plugins.slide.min_width=20"])
+    assert all(j.status == "done" for j in record.jobs)
+    row = next(r for r in record.plugin_rows if r.plugin == "slide")
+    assert "not the output layer" in row.summary and "tiny-mlp:net.1" in row.summary
+
+
+@pytest.mark.parametrize(("threshold", "expect_rebuild"), [(0.0, True), (1.0, False)])
+def test_change_triggered_rebuild(threshold: float, expect_rebuild: bool) -> None:
+    layer = _layer(rebuild="changed", rebuild_period=2, change_threshold=threshold)
+    h = torch.randn(8, 16)
+    y = torch.randint(300, (8, 2))
+    for _ in range(4):
+        layer(h).loss_against(y).backward()
+    assert layer.stats["checks"] >= 1
+    assert (layer.stats["rebuilds"] > 0) == expect_rebuild
+    if expect_rebuild:  # Adam moved weights between checks, so every check rebuilt
+        assert layer.stats["rebuilds"] == layer.stats["checks"]

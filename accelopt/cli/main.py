@@ -123,7 +123,29 @@ def plugin_cli_commands(registry: Registry) -> dict[str, Callable[[list[str]], i
 
 def _usage(registry: Registry) -> str:
     lines = [f"  {name:<12} {text}" for name, text in CORE_COMMANDS.items()]
+    contributed = plugin_command_help(registry)
+    if contributed:
+        lines += ["", "commands contributed by installed plugins:"]
+        lines += [f"  {name:<12} {text}" for name, text in contributed.items()]
     return USAGE + "\n".join(lines)
+
+
+def plugin_command_help(registry: Registry) -> dict[str, str]:
+    """name -> help of every subcommand installed plugins contribute."""
+    from accelopt.host import PluginHost
+
+    helps: dict[str, str] = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for spec in registry.all():
+            try:
+                answers = PluginHost([(spec, spec.instantiate())]).call("accelopt_cli_commands")
+            except Exception:
+                continue
+            for answer in answers:
+                for command in answer or []:
+                    helps.setdefault(command.name, f"{command.help} [{spec.name}]")
+    return helps
 
 
 if __name__ == "__main__":  # pragma: no cover

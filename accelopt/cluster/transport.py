@@ -359,10 +359,14 @@ class Transport:
 
     def _start_allreduce(self, stream: _OutStream, item: _Item, seq: int) -> None:
         payload = item.payload
+        if isinstance(payload, tuple) and all(isinstance(p, torch.Tensor) for p in payload):
+            self._start_allgather(item, seq)
+            return
         if not isinstance(payload, torch.Tensor):
             raise CommunicationError(
-                f"rank {self.rank}: an all-reduce payload must stay a tensor after "
-                f"accelopt_transfer_encode, got {type(payload).__name__}"
+                f"rank {self.rank}: an all-reduce payload must stay a tensor (summed) or "
+                f"become a tuple of tensors (gathered) after accelopt_transfer_encode, got "
+                f"{type(payload).__name__}"
             )
         if not item.keep:  # a collective cannot be skipped by one rank: contribute zeros
             payload = torch.zeros_like(payload)
@@ -376,6 +380,39 @@ class Transport:
         if self._completer is None:
             self._completer = _Completer(self)
         self._completer.put((item.record, payload, work, start_s, seq))
+
+    def _start_allgather(self, item: _Item, seq: int) -> None:
+        """A bucket an encoder turned into a tuple of tensors (e.g. sparse indices and
+        values, which cannot be summed) is all-gathered instead of all-reduced: the decoder
+        then receives a list with every rank's tuple, in rank order (1-D parts; sizes may
+        differ between ranks, dtypes may not). A filtered bucket contributes empty parts."""
+        parts = [p.detach().reshape(-1) for p in item.payload]
+        if not item.keep:
+            parts = [p[:0] for p in parts]
+            self.stats.dropped += 1
+        start_s = self.now()
+        world = dist.get_world_size()
+        sizes = torch.tensor([p.numel() for p in parts], dtype=torch.int64, device=self.device)
+        all_sizes = [torch.empty_like(sizes) for _ in range(world)]
+        dist.all_gather(all_sizes, sizes)  # tiny and synchronous: the padded length below
+        widths = [p.element_size() for p in parts]
+        lengths = [sum(int(n) * w for n, w in zip(s.tolist(), widths, strict=True))
+                   for s in all_sizes]
+        longest = max(lengths + [1])
+        flat = torch.zeros(longest, dtype=torch.uint8, device=self.device)
+        if parts and lengths[self.rank]:
+            flat[:lengths[self.rank]] = torch.cat([p.contiguous().view(torch.uint8)
+                                                   for p in parts])
+        outs = [torch.empty_like(flat) for _ in range(world)]
+        work = dist.all_gather(outs, flat, async_op=True)
+        gathered = _Gathered(outs, [s.tolist() for s in all_sizes],
+                             [p.dtype for p in parts], widths)
+        self.stats.payload_bytes += lengths[self.rank]
+        by_it = self.stats.bytes_by_iteration
+        by_it[item.record.iteration] = by_it.get(item.record.iteration, 0) + lengths[self.rank]
+        if self._completer is None:
+            self._completer = _Completer(self)
+        self._completer.put((item.record, gathered, work, start_s, seq))
 
     def finish_allreduce(self, iteration: int) -> dict[str, torch.Tensor]:
         """Wait for every bucket of ``iteration``; return decoded, summed payloads by name."""
@@ -423,6 +460,8 @@ class _Completer:
                 _wait(work, t.timeout, f"rank {t.rank}: all-reduce of {rec.tensor} at "
                       f"iteration {rec.iteration}")
                 end_s = t.now()
+                if isinstance(payload, _Gathered):
+                    payload = payload.per_rank()
                 if t._decode:
                     payload = t.host.chain(
                         "accelopt_transfer_decode", payload,
@@ -457,6 +496,27 @@ class _Completer:
 
     def stop(self) -> None:
         self.queue.put(None)
+
+
+@dataclass
+class _Gathered:
+    """The buffers of one all-gathered bucket; ``per_rank()`` cuts them back into every
+    rank's tuple of tensors once the gather has finished."""
+
+    outs: list[torch.Tensor]
+    sizes: list[list[int]]
+    dtypes: list[torch.dtype]
+    widths: list[int]
+
+    def per_rank(self) -> list[tuple[torch.Tensor, ...]]:
+        result = []
+        for buf, counts in zip(self.outs, self.sizes, strict=True):
+            parts, offset = [], 0
+            for n, dtype, width in zip(counts, self.dtypes, self.widths, strict=True):
+                parts.append(buf[offset:offset + n * width].clone().view(dtype))
+                offset += n * width
+            result.append(tuple(parts))
+        return result
 
 
 # -- helpers -----------------------------------------------------------------------------

@@ -11,13 +11,14 @@ arrival: one job at a time, in arrival order, to completion (FIFO).
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from accelopt.errors import AccelOptError
+from accelopt.errors import AccelOptError, UserError
 from accelopt.host import PluginHost
 from accelopt.records import JobResult, Span
 from accelopt.runtime.job import Job
@@ -26,6 +27,7 @@ from accelopt.types import (
     AllocationRequest,
     IterationContext,
     IterationResult,
+    JobInfo,
     JobProfile,
     JobState,
 )
@@ -36,6 +38,9 @@ Profiler = Callable[[Job], JobProfile]
 IterationCallback = Callable[[Job, JobResult], None]
 
 
+CANCELLED = "cancelled by user"
+
+
 @dataclass
 class _Entry:
     job: Job
@@ -43,6 +48,7 @@ class _Entry:
     lane: str = ""
     last_iteration_s: float | None = None
     busy: bool = False
+    cancel_requested: bool = False
 
     @property
     def finished(self) -> bool:
@@ -73,6 +79,7 @@ class Executor:
         on_iteration: IterationCallback | None = None,
         on_finish: IterationCallback | None = None,
         results: dict[str, JobResult] | None = None,
+        keep_open: bool = False,
     ) -> None:
         self.host = host
         self.capacity_bytes = capacity_bytes
@@ -95,6 +102,9 @@ class Executor:
         self._lanes: dict[str, threading.Thread] = {}
         self._running = 0
         self._fatal: BaseException | None = None
+        self._keep_open = keep_open
+        self._closing = False
+        self._inbox: list[_Entry] = []
         self._observe_start = host.implements("accelopt_iteration_start")
         self._observe_end = host.implements("accelopt_iteration_end")
 
@@ -104,19 +114,29 @@ class Executor:
         return time.perf_counter() - self._t0
 
     def run(self) -> list[JobResult]:
-        """Drive arrivals and admissions until every job has finished; return the results."""
+        """Drive arrivals and admissions until every job has finished; return the results.
+
+        With ``keep_open=True`` (a long-lived service) it also takes jobs given to
+        :meth:`submit` while it runs, and returns only after :meth:`close`.
+        """
+        # Profile before the clock starts (SALUS profiles offline): measuring one job must
+        # not delay the admission of another, nor count in anybody's queueing delay.
+        arrivals = [e for e in self._arrivals if self._profiled(e)]
         self._t0 = time.perf_counter()
-        arrivals = list(self._arrivals)
         while True:
-            while arrivals and arrivals[0].job.info.arrival_s <= self.now():
-                self._arrive(arrivals.pop(0))
             with self._cv:
+                while arrivals and arrivals[0].job.info.arrival_s <= self.now():
+                    self._pending.append(arrivals.pop(0))
+                self._pending += self._inbox
+                self._inbox = []
                 if self._fatal is not None:
                     break
                 self._admit_pending()
+                if self._inbox:
+                    continue
                 if not arrivals and not self._lanes:
                     self._reject_unadmittable()
-                    if not self._pending:
+                    if not self._pending and (self._closing or not self._keep_open):
                         break
                 timeout = arrivals[0].job.info.arrival_s - self.now() if arrivals else None
                 if timeout is None or timeout > 0:
@@ -127,19 +147,90 @@ class Executor:
             raise self._fatal
         return [e.result for e in self._entries.values()]
 
+    def submit(self, job: Job) -> None:
+        """Hand a job to a running executor (thread-safe); it arrives now."""
+        with self._cv:
+            if self._closing:
+                raise UserError("the executor is shutting down and accepts no new jobs")
+            if job.info.job_id in self._entries:
+                raise UserError(f"a job with id {job.info.job_id!r} was already submitted")
+        entry = _Entry(job, JobResult(job.info))
+        if not self._profiled(entry):  # profiled in the caller's thread, outside the lock
+            raise UserError(f"job {job.info.name!r} failed while profiling: {entry.result.error}")
+        with self._cv:
+            job.info = dataclasses.replace(job.info, arrival_s=self.now())
+            entry.result.job = job.info
+            self._entries[job.info.job_id] = entry
+            self._inbox.append(entry)
+            self._cv.notify_all()
+
+    def cancel(self, job_id: str) -> str:
+        """Cancel a job wherever it is (waiting, pending, between or inside an iteration);
+        returns one line saying what happened. A running iteration is never interrupted:
+        the job stops at its end."""
+        with self._cv:
+            entry = self._entries.get(job_id)
+            if entry is None:
+                raise UserError(f"no job {job_id!r}; known jobs: {', '.join(self._entries)}")
+            if entry.finished:
+                return f"{job_id} already {entry.result.status}"
+            if entry in self._inbox:
+                self._inbox.remove(entry)
+                self._finish(entry, "failed", CANCELLED)
+                return f"{job_id} cancelled before it arrived"
+            if entry in self._pending:
+                self._pending.remove(entry)
+                self._finish(entry, "failed", CANCELLED)
+                return f"{job_id} cancelled while waiting for memory"
+            if not entry.busy and entry.lane:
+                self._finish(entry, "failed", CANCELLED)
+                return f"{job_id} cancelled between iterations; lane {entry.lane} reclaimed"
+            entry.cancel_requested = True
+            return f"{job_id} will stop at the end of its current iteration"
+
+    def wait(self, job_id: str, timeout_s: float) -> str:
+        """Block until the job has ended or ``timeout_s`` passed; return its status."""
+        deadline = time.monotonic() + timeout_s
+        with self._cv:
+            entry = self._entries.get(job_id)
+            if entry is None:
+                raise UserError(f"no job {job_id!r}; known jobs: {', '.join(self._entries)}")
+            while not entry.finished and time.monotonic() < deadline:
+                self._cv.wait(max(0.0, deadline - time.monotonic()))
+            return entry.result.status
+
+    def close(self) -> None:
+        """Stop accepting jobs; :meth:`run` returns once the admitted ones have finished."""
+        with self._cv:
+            self._closing = True
+            self._cv.notify_all()
+
+    @property
+    def lock(self) -> threading.Condition:
+        """The lock every hook is called under: hold it to read state that plugins' hooks
+        mutate (e.g. a lane table) consistently from another thread."""
+        return self._cv
+
+    def snapshot(self) -> list[tuple[JobInfo, JobResult, bool]]:
+        """(job, result so far, iteration running now) for every job, consistently."""
+        with self._cv:
+            return [(e.job.info, e.result, e.busy) for e in self._entries.values()]
+
     # -- admission -----------------------------------------------------------------------
 
-    def _arrive(self, entry: _Entry) -> None:
-        if self.profiler is not None and entry.job.info.profile is None:
-            try:
-                entry.job.with_profile(self.profiler(entry.job))
-            except Exception as exc:  # the job's own code raised: it fails alone
-                with self._cv:
-                    self._finish(entry, "failed", f"while profiling: {type(exc).__name__}: {exc}")
-                return
-            entry.result.job = entry.job.info
-        with self._cv:
-            self._pending.append(entry)
+    def _profiled(self, entry: _Entry) -> bool:
+        """Measure the job's profile if it has none; a job whose own code raises while
+        being profiled fails alone (returns False)."""
+        if self.profiler is None or entry.job.info.profile is not None:
+            return True
+        try:
+            entry.job.with_profile(self.profiler(entry.job))
+        except Exception as exc:
+            with self._cv:
+                self._finish(entry, "failed", f"while profiling: {type(exc).__name__}: {exc}")
+            return False
+        entry.result.job = entry.job.info
+        return True
 
     def _admit_pending(self) -> None:
         """Offer every pending job to the allocation hook, in arrival order. A later small
@@ -305,16 +396,20 @@ class Executor:
                 self.host.call("accelopt_iteration_end", context=context, result=it)
         if self.on_iteration is not None:
             self.on_iteration(job, result)
-        if job.done:
-            with self._cv:
+        with self._cv:
+            if entry.finished:
+                return
+            if job.done:
                 self._finish(entry, "done", "", end)
+            elif entry.cancel_requested:
+                self._finish(entry, "failed", CANCELLED, end)
 
     def _finish(self, entry: _Entry, status: str, error: str, end: float | None = None) -> None:
         """Record a job's end, release its memory and wake everyone (pending jobs may fit)."""
         entry.result.status = status  # type: ignore[assignment]
         entry.result.error = error
         entry.result.end_s = self.now() if end is None else end
-        if status != "rejected" or entry.lane:
+        if entry.lane:  # only an admitted job holds memory to give back
             self.host.call("accelopt_release", job=entry.job.info, lane=entry.lane, status=status)
         if self.on_finish is not None:
             self.on_finish(entry.job, entry.result)

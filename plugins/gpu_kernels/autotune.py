@@ -282,7 +282,13 @@ class AutotunedConv2d(AlgoConv2d):
         new.decisions = {}  # (input shape, dtype, training) -> Decision
         return new  # type: ignore[return-value]
 
+    override: str | None = None
+    """Set by ``verify_model``: ``"direct"`` when the tuned choices did not make the whole
+    model measurably faster."""
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.override is not None:
+            return self._conv_forward(x, self.weight, self.bias)
         key = (tuple(x.shape), x.dtype, self.training and torch.is_grad_enabled())
         algo = self._chosen.get(key)
         if algo is None:
@@ -291,6 +297,8 @@ class AutotunedConv2d(AlgoConv2d):
             self._chosen[key] = algo
             self.decisions[key] = decision
         self.algorithm = algo
+        if algo == "direct":
+            return self._conv_forward(x, self.weight, self.bias)
         return run_algorithm(algo, self, x)
 
 
@@ -306,3 +314,37 @@ def autotune_model(model: nn.Module, tuner: ConvAutotuner) -> list[str]:
             setattr(parent, name, AutotunedConv2d.from_tuner(module, tuner))
             replaced.append(path)
     return replaced
+
+
+def verify_model(model: nn.Module, x: torch.Tensor, *, training: bool, reps: int = 7,
+                 min_gain: float = 0.05) -> bool:
+    """Whole-model guard on top of the per-layer rule: per-layer timings in isolation can
+    mislead (caches, layout conversions between layers, a noisy machine), so a deep copy of
+    ``model`` is timed with its tuned choices vs forced to direct, under the same noise
+    rule. Unless the tuned model is measurably faster, every AutotunedConv2d of ``model`` is
+    forced back to direct. Returns whether the tuned choices were kept."""
+    import copy
+
+    tuned = [m for m in model.modules() if isinstance(m, AutotunedConv2d)]
+    if not any(a != "direct" for m in tuned for a in m._chosen.values()):  # type: ignore[attr-defined]
+        return False
+    clone = copy.deepcopy(model)
+    convs = [m for m in clone.modules() if isinstance(m, AutotunedConv2d)]
+
+    def run(override: str | None) -> Callable[[], Any]:
+        def step() -> Any:
+            for m in convs:
+                m.override = override
+            if training:
+                clone.zero_grad(set_to_none=True)
+                clone(x).float().sum().backward()
+                return None
+            with torch.no_grad():
+                return clone(x)
+        return step
+
+    samples = time_callables({"direct": run("direct"), "tuned": run(None)}, x.device, reps)
+    keep = pick(samples, min_gain) == "tuned"
+    for m in tuned:
+        m.override = None if keep else "direct"
+    return keep

@@ -180,7 +180,9 @@ class AlgoConv2d(nn.Conv2d):
         return new
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return run_algorithm(self.algorithm or "direct", self, x)
+        if self.algorithm in (None, "direct"):  # exactly nn.Conv2d's own path
+            return self._conv_forward(x, self.weight, self.bias)
+        return run_algorithm(self.algorithm, self, x)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, algorithm={self.algorithm}"

@@ -32,6 +32,7 @@ from accelopt_plugins.gpu_kernels.autotune import (
     DecisionCache,
     autotune_model,
     time_callables,
+    verify_model,
 )
 from accelopt_plugins.gpu_kernels.config import GpuKernelsConfig
 from accelopt_plugins.gpu_kernels.layout import ChannelsLast
@@ -51,6 +52,7 @@ class _JobRecord:
     convs: list[AutotunedConv2d] = field(default_factory=list)
     tiled: list[TiledLinear] = field(default_factory=list)
     layout: ChannelsLast | None = None
+    conv_guard: str = "not run"
     notes: list[str] = field(default_factory=list)
 
 
@@ -94,6 +96,32 @@ class _PruneProbe:
             self.record.notes.append(f"probe failed: {type(exc).__name__}: {exc}")
         finally:
             self.dense = self.pruned = None  # type: ignore[assignment]
+
+
+class _ConvGuard:
+    """One-shot forward hook: after the first forward (per-layer tuning done inside it),
+    run ``verify_model`` on the real input; the tuned choices stay only if the whole model
+    is measurably faster than always-direct."""
+
+    def __init__(self, model: nn.Module, reps: int, min_gain: float, record: _JobRecord) -> None:
+        self.reps, self.min_gain, self.record = reps, min_gain, record
+        self.armed = True
+        self.handle = model.register_forward_hook(self._post)
+
+    def _post(self, model: nn.Module, args: tuple[Any, ...], _out: Any) -> None:
+        if not self.armed:
+            return
+        self.armed = False
+        self.handle.remove()
+        if not args or not isinstance(args[0], torch.Tensor):
+            return
+        try:
+            kept = verify_model(model, args[0].detach(),
+                                training=model.training and torch.is_grad_enabled(),
+                                reps=self.reps, min_gain=self.min_gain)
+            self.record.conv_guard = "kept" if kept else "all direct"
+        except Exception as exc:  # measuring must never break training
+            self.record.notes.append(f"conv guard failed: {type(exc).__name__}: {exc}")
 
 
 class GpuKernelsPlugin:
@@ -140,6 +168,8 @@ class GpuKernelsPlugin:
         if c.conv_autotune:
             autotune_model(model, self._tuner())
             record.convs = [m for m in model.modules() if isinstance(m, AutotunedConv2d)]
+            if record.convs:
+                _ConvGuard(model, int(c.autotune_reps), float(c.autotune_min_gain), record)
         if c.tiled_linear != "off":
             for path, module in list(model.named_modules()):
                 if type(module) is nn.Linear:
@@ -189,7 +219,9 @@ class GpuKernelsPlugin:
         if rec.convs:
             chosen = self._conv_choices(rec)
             parts.append(f"autotuned {len(rec.convs)} convs: " + (", ".join(
-                f"{a} x{n}" for a, n in chosen.items()) or "not run yet"))
+                f"{a} x{n}" for a, n in chosen.items()) or "not run yet")
+                + f" (whole-model guard: {rec.conv_guard})")
+            metrics["conv_guard"] = rec.conv_guard
             metrics.update({f"conv_{a}": n for a, n in chosen.items()})
         elif self.config.conv_autotune:
             parts.append("conv autotune: the model has no Conv2d")

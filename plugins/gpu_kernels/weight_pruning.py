@@ -12,9 +12,17 @@ inference. Scalpel (Yu et al. ISCA 2017) measured this kind of execution at 0.41
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+
+def _csr(dense: torch.Tensor) -> torch.Tensor:
+    with warnings.catch_warnings():  # "sparse CSR support is in beta": known, not news
+        warnings.simplefilter("ignore", UserWarning)
+        return dense.detach().to_sparse_csr()
 
 
 def magnitude_mask(weight: torch.Tensor, amount: float) -> torch.Tensor:
@@ -79,7 +87,7 @@ class CSRLinear(nn.Module):
         super().__init__()
         self.in_features = weight.shape[1]
         self.out_features = weight.shape[0]
-        self.weight = weight.detach().to_sparse_csr()
+        self.weight = _csr(weight)
         self.bias = None if bias is None else bias.detach().clone()
 
     @property
@@ -104,7 +112,7 @@ class CSRConv2d(nn.Module):
         self.out_channels = conv.out_channels
         self.kernel_size, self.stride = conv.kernel_size, conv.stride
         self.padding, self.dilation = conv.padding, conv.dilation
-        self.weight = conv.weight.detach().flatten(1).to_sparse_csr()
+        self.weight = _csr(conv.weight.flatten(1))
         self.bias = None if conv.bias is None else conv.bias.detach().clone()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

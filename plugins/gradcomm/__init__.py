@@ -1,13 +1,29 @@
-"""gradcomm plugin (being built): PLUGIN is exposed first so the registry does not warn."""
+"""gradcomm: gradient communication tricks for all-reduce data parallelism.
+
+fp16/bf16 compression of gradient buckets, threshold / top-k sparsification with error
+feedback (nothing that is not sent is lost: it is added to the next iteration's gradient),
+bucket fusion (the core's ``cluster.bucket_mb``) and overlap of per-bucket communication
+with backward (on by default; ``overlap=false`` holds every bucket until backward ends).
+Everything goes through the send/recv hook point (``accelopt_transfer_encode/decode``).
+"""
 
 from __future__ import annotations
+
+from accelopt_plugins.gradcomm.config import GradcommConfig
 
 from accelopt import PluginSpec
 
 
-class _Placeholder:
-    def __init__(self, config: object) -> None:
-        self.config = config
+def _factory(config: GradcommConfig) -> object:
+    from accelopt_plugins.gradcomm.plugin import GradcommPlugin
+
+    return GradcommPlugin(config)
 
 
-PLUGIN = PluginSpec(name="gradcomm", factory=_Placeholder, description="(being built)")
+PLUGIN = PluginSpec(
+    name="gradcomm",
+    factory=_factory,
+    config=GradcommConfig,
+    description="fp16/bf16 gradients, top-k/threshold sparsification with error feedback, "
+    "fusion and overlap for all-reduce.",
+)

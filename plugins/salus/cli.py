@@ -1,9 +1,160 @@
-"""CLI commands contributed by salus (filled in by the service module)."""
+"""``accelopt serve | submit | status | cancel``: the SALUS execution service from the shell.
+
+Kept free of torch imports until a command runs, because ``accelopt --help`` lists every
+plugin's commands.
+"""
 
 from __future__ import annotations
 
-from accelopt import CliCommand
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from accelopt import CliCommand, UserError
 
 
 def commands() -> list[CliCommand]:
-    return []
+    return [
+        CliCommand("serve", "salus: run the execution service on a local socket", serve_cmd),
+        CliCommand("submit", "salus: submit a job to `accelopt serve`", submit_cmd),
+        CliCommand("status", "salus: lanes, jobs, progress and memory of the service",
+                   status_cmd),
+        CliCommand("cancel", "salus: cancel a job of the service", cancel_cmd),
+    ]
+
+
+def _socket_arg(parser: argparse.ArgumentParser) -> None:
+    from accelopt_plugins.salus.service import default_socket
+
+    parser.add_argument("--socket", type=Path, default=None,
+                        help=f"Unix socket of the service (default {default_socket()}, or "
+                             "$ACCELOPT_SALUS_SOCKET)")
+
+
+def _path(opts: argparse.Namespace) -> Path:
+    from accelopt_plugins.salus.service import default_socket
+
+    return opts.socket or default_socket()
+
+
+def _ask(opts: argparse.Namespace, message: dict[str, Any]) -> dict[str, Any]:
+    from accelopt_plugins.salus.service import request
+
+    reply = request(_path(opts), message)
+    if not reply.get("ok"):
+        raise UserError(str(reply.get("error", "the service refused the request")))
+    return reply
+
+
+def serve_cmd(args: list[str]) -> int:
+    """Run the execution service in the foreground until `accelopt serve --stop`."""
+    parser = argparse.ArgumentParser(prog="accelopt serve", description=serve_cmd.__doc__)
+    _socket_arg(parser)
+    parser.add_argument("--root", type=Path, default=Path("runs/serve"),
+                        help="where each job's run directory goes (<root>/jobs/<id>/)")
+    parser.add_argument("--policy", default="pack", help="pack | srtf | fair | fifo | rr")
+    parser.add_argument("--capacity", default="", help="memory shared by the lanes, e.g. 2GiB")
+    parser.add_argument("--max-lanes", type=int, default=-1)
+    parser.add_argument("--threads", type=int, default=0, help="CPU threads per lane")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or auto")
+    parser.add_argument("--stop", action="store_true",
+                        help="ask the running service to stop (its jobs finish first)")
+    opts = parser.parse_args(args)
+    if opts.stop:
+        print(_ask(opts, {"op": "shutdown"})["message"])
+        return 0
+    from accelopt_plugins.salus.policies import make_policy
+    from accelopt_plugins.salus.service import ServeOptions, serve
+
+    make_policy(opts.policy)  # one-line error before anything starts
+    options = ServeOptions(socket=_path(opts), root=opts.root, policy=opts.policy,
+                           capacity=opts.capacity, max_lanes=opts.max_lanes,
+                           threads=opts.threads, device=opts.device)
+    return serve(options, ready=lambda line: print(line, flush=True))
+
+
+def _key_values(items: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UserError(f"expected key=value, got {item!r} (e.g. model=cnn iterations=100)")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def submit_cmd(args: list[str]) -> int:
+    """Submit a job: `accelopt submit model=cnn iterations=200 batch_size=32 [name=x]`,
+    `accelopt submit --workload tiny`, or `accelopt submit --factory mod:fn key=value`."""
+    parser = argparse.ArgumentParser(prog="accelopt submit", description=submit_cmd.__doc__)
+    _socket_arg(parser)
+    parser.add_argument("--workload", help="submit every job of a built-in workload")
+    parser.add_argument("--factory", help="module:function returning a JobConfig/dict/Job")
+    parser.add_argument("overrides", nargs="*", help="job config key=value pairs")
+    opts = parser.parse_args(args)
+    fields = _key_values(opts.overrides)
+    if opts.workload:
+        message: dict[str, Any] = {"op": "submit", "workload": opts.workload}
+    elif opts.factory:
+        message = {"op": "submit", "factory": opts.factory, "args": fields}
+    else:
+        message = {"op": "submit", "job": fields}
+    for job_id in _ask(opts, message)["submitted"]:
+        print(job_id)
+    return 0
+
+
+def status_cmd(args: list[str]) -> int:
+    """Show the service's lanes, jobs, progress and memory."""
+    parser = argparse.ArgumentParser(prog="accelopt status", description=status_cmd.__doc__)
+    _socket_arg(parser)
+    parser.add_argument("--json", action="store_true")
+    opts = parser.parse_args(args)
+    reply = _ask(opts, {"op": "status"})
+    if opts.json:
+        print(json.dumps(reply, indent=1))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    from accelopt.units import format_bytes
+
+    def size(value: Any) -> str:
+        return "-" if value is None else format_bytes(value)
+
+    console = Console() if sys.stdout.isatty() else Console(width=120)
+    console.print(f"policy {reply['policy']} on {reply['device']} (pid {reply['pid']}): "
+                  f"{size(reply['used'])} of {size(reply['capacity'])} in lanes; "
+                  f"[italic]{reply['note']}[/italic]")
+    lanes = Table(title="lanes")
+    for column in ("lane", "size", "needed", "jobs", "running"):
+        lanes.add_column(column)
+    for lane in reply["lanes"]:
+        lanes.add_row(lane["id"], size(lane["size"]), size(lane["used"]),
+                      ", ".join(lane["jobs"]), lane["busy"] or "-")
+    console.print(lanes)
+    jobs = Table(title="jobs")
+    for column in ("id", "model", "state", "lane", "progress", "JCT s", "pers", "eph", "error"):
+        jobs.add_column(column, overflow="fold")
+    for job in reply["jobs"]:
+        jct = "-" if job["jct_s"] is None else f"{job['jct_s']:.2f}"
+        jobs.add_row(job["id"], job["model"], job["state"], job["lane"] or "-",
+                     f"{job['done']}/{job['iterations']}", jct, size(job["persistent"]),
+                     size(job["ephemeral"]), job["error"] or "")
+    console.print(jobs)
+    return 0
+
+
+def cancel_cmd(args: list[str]) -> int:
+    """Cancel a job by id (from `accelopt status` or `accelopt submit`)."""
+    parser = argparse.ArgumentParser(prog="accelopt cancel", description=cancel_cmd.__doc__)
+    _socket_arg(parser)
+    parser.add_argument("job_id")
+    opts = parser.parse_args(args)
+    print(_ask(opts, {"op": "cancel", "id": opts.job_id})["message"])
+    return 0

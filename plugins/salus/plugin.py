@@ -23,6 +23,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from accelopt_plugins.salus.lanes import LaneManager
+from accelopt_plugins.salus.metrics import (
+    Interval,
+    busy_fraction,
+    contention_fairness,
+    percentile,
+)
+from accelopt_plugins.salus.policies import Policy, make_policy
+
 from accelopt import (
     AllocationDecision,
     AllocationRequest,
@@ -37,14 +46,6 @@ from accelopt import (
     hookimpl,
 )
 from accelopt.units import format_bytes, parse_bytes
-from accelopt_plugins.salus.lanes import LaneManager
-from accelopt_plugins.salus.metrics import (
-    Interval,
-    busy_fraction,
-    contention_fairness,
-    percentile,
-)
-from accelopt_plugins.salus.policies import Policy, make_policy
 
 CPU_NOTE = "lanes are accounted, not enforced (CPU: no device allocator to partition)"
 CUDA_NOTE = "lanes are real torch.cuda.MemPool pools with one CUDA stream each"
@@ -89,6 +90,7 @@ class SalusPlugin:
         self._lane_jobs: dict[str, set[str]] = defaultdict(set)
         self._cuda: dict[str, Any] = {}
         self._pool_peak: dict[str, int] = {}
+        self._lane_size_peak: dict[str, int] = {}
         self._active_ctx: dict[int, Any] = {}
         self._lock = threading.Lock()
 
@@ -251,6 +253,9 @@ class SalusPlugin:
                 (self._continue if prev_job == job_id else self._switch).append(gap)
         self._last_end[lane] = (job_id, result.end_s)
         if self.manager is not None:
+            lane_obj = self.manager.lanes.get(lane)
+            if lane_obj is not None:
+                self._lane_size_peak[lane] = max(self._lane_size_peak.get(lane, 0), lane_obj.size)
             self.manager.end_iteration(job_id)
 
     # -- CUDA lanes ------------------------------------------------------------------------
@@ -336,6 +341,7 @@ class SalusPlugin:
             "failed": sorted(j for j, s in self._status.items() if s == "failed"),
             "rejected": dict(self._rejected),
             "cuda_pool_peak_bytes": dict(self._pool_peak),
+            "lane_size_peak_bytes": dict(self._lane_size_peak),
         }
 
     def job_table(self) -> list[dict[str, Any]]:

@@ -16,23 +16,25 @@ INFERENCES = ("dense", "lsh")
 
 @dataclass
 class SlideConfig:
-    """Keys users set as ``plugins.slide.key=value``; defaults follow the paper (DWTA, K=8,
-    L=50, buckets of 128, rebuild every 50 batches, Adam)."""
+    """Keys users set as ``plugins.slide.key=value``. Defaults: the paper's SimHash K=9, L=50
+    (its Delicious setting; its Amazon setting, DWTA K=8, retrieved no better than random on
+    our 128-wide ReLU hidden layer, see docs/benchmarks_slide.md), buckets of 128 filled by
+    reservoir sampling, the top 1000 neurons by table hits, rebuild every 50 batches."""
 
     min_width: int = 4096
     """Replace Linear layers with at least this many outputs."""
     sparse_input: bool = True
     """Also replace the XC network's sparse-input first layer (sparse Adam on used rows)."""
-    hash: str = "dwta"
-    k: int = 8
+    hash: str = "simhash"
+    k: int = 9
     l: int = 50  # noqa: E741 - the paper's name
     bin_size: int = 8
     simhash_density: float = 0.33
     range_pow: int = 0
     """log2 of buckets per table; 0: chosen from the width (about 16 neurons per bucket)."""
     bucket_size: int = 128
-    insertion: str = "fifo"
-    sampling: str = "union"
+    insertion: str = "reservoir"
+    sampling: str = "topk"
     threshold: int = 1
     """``sampling=threshold``: keep neurons retrieved in more than this many tables."""
     topk: int = 1000

@@ -171,10 +171,27 @@ def hash_value(x, kind, idx, sgn, h):
 def table_keys_one(x, kind, idx, sgn, k, l, bits, range_pow, out):  # noqa: E741
     """The L table keys of one dense vector, written to out[0:L]."""
     code_bits = k * bits
+    m = idx.shape[1]
     for t in range(l):
         key = np.uint64(0)
         for j in range(k):
-            key = (key << np.uint64(bits)) | np.uint64(hash_value(x, kind, idx, sgn, t * k + j))
+            h = t * k + j
+            if kind == 0:
+                v = hash_value(x, kind, idx, sgn, h)
+            else:  # inlined WTA argmax (5x faster); DWTA falls back when a bin holds a zero
+                v = 0
+                best = x[idx[h, 0]]
+                zero = best == 0.0
+                for p in range(1, m):
+                    val = x[idx[h, p]]
+                    if val == 0.0:
+                        zero = True
+                    if val > best:
+                        best = val
+                        v = p
+                if zero and kind == 2:
+                    v = hash_value(x, kind, idx, sgn, h)
+            key = (key << np.uint64(bits)) | np.uint64(v)
         if code_bits > range_pow:
             key = (key * _GOLDEN) >> np.uint64(64 - range_pow)
         out[t] = np.int32(key)

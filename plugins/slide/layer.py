@@ -63,7 +63,10 @@ class SlideLogits:
 
     def loss_against(self, y: torch.Tensor) -> torch.Tensor:
         """Softmax over the active set with 1/|y| targets; y is [B] or [B, M] padded with -1."""
-        return _SlideLoss.apply(self.h, y, self.layer)
+        h = self.h
+        if torch.is_grad_enabled() and not h.requires_grad:
+            h = h.detach().requires_grad_(True)  # the layer trains in backward: make it run
+        return _SlideLoss.apply(h, y, self.layer)
 
 
 class SlideLinear(nn.Module):
@@ -91,10 +94,12 @@ class SlideLinear(nn.Module):
         f32 = dict(dtype=torch.float32)
         self.register_buffer("weight", weight.detach().to(**f32).clone().contiguous())
         self.register_buffer("bias", bias.detach().to(**f32).clone().contiguous())
+        # zero_() writes every page now: calloc'd pages would otherwise fault in one by one
+        # during the first epochs and be billed to the training steps
         for name in ("m_w", "v_w", "grad_w"):
-            self.register_buffer(name, torch.zeros(n, d, **f32))
+            self.register_buffer(name, torch.empty(n, d, **f32).zero_())
         for name in ("m_b", "v_b", "grad_b"):
-            self.register_buffer(name, torch.zeros(n, **f32))
+            self.register_buffer(name, torch.empty(n, **f32).zero_())
         self.register_buffer("steps", torch.zeros(n, dtype=torch.int64))
         self.register_buffer("dirty", torch.zeros(n, dtype=torch.uint8))
         bits = 1 if cfg.hash == "simhash" else cfg.bin_size.bit_length() - 1
@@ -106,7 +111,8 @@ class SlideLinear(nn.Module):
         self.family_args = (FAMILIES[cfg.hash], cfg.k, cfg.l, family.bits, family.range_pow)
         self.register_buffer("hash_idx", torch.from_numpy(family.idx))
         self.register_buffer("hash_sgn", torch.from_numpy(family.sgn))
-        self.register_buffer("tables", torch.zeros(cfg.l, 1 << rp, cfg.bucket_size, dtype=torch.int32))
+        self.register_buffer(
+            "tables", torch.empty(cfg.l, 1 << rp, cfg.bucket_size, dtype=torch.int32).zero_())
         self.register_buffer("counts", torch.zeros(cfg.l, 1 << rp, dtype=torch.int32))
         self.register_buffer("keys", torch.zeros(n, cfg.l, dtype=torch.int32))
         # step, next rebuild/check at, rebuilds done, tables built (0/1)
@@ -358,8 +364,8 @@ class SlideSparseInput(nn.Module):
         self.cfg, self.lr = cfg, float(lr)
         d = self.in_features
         self.register_buffer("weight", weight.detach().float().clone().contiguous())
-        for name in ("m_w", "v_w", "grad_w"):
-            self.register_buffer(name, torch.zeros_like(self.weight))
+        for name in ("m_w", "v_w", "grad_w"):  # zero_(): fault pages in now, not mid-training
+            self.register_buffer(name, torch.empty_like(self.weight).zero_())
         self.register_buffer("steps", torch.zeros(d, dtype=torch.int64))
         self.register_buffer("dirty", torch.zeros(d, dtype=torch.uint8))
         self.bias = nn.Parameter(bias.detach().float().clone())

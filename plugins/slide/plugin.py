@@ -35,9 +35,11 @@ class SlidePlugin:
         for job in getattr(getattr(run_config, "workload", None), "jobs", None) or []:
             self.job_lr[str(job.name)] = (str(job.optimizer), float(job.lr))
 
-    def _lr(self, job_name: str) -> float:
+    def _lr(self, job_name: str, kind: str = "train") -> float:
         if self.cfg.lr is not None:
             return float(self.cfg.lr)
+        if kind != "train":
+            return 1e-3  # an inference job never updates weights
         optimizer, lr = self.job_lr.get(job_name, ("?", 0.0))
         if optimizer != "adam":
             raise ConfigError(
@@ -49,26 +51,44 @@ class SlidePlugin:
     @hookimpl
     def accelopt_layer_build(self, layer: LayerOffer) -> Any | None:
         module = layer.module
-        if isinstance(module, nn.Linear) and module.out_features >= self.cfg.min_width:
-            new = SlideLinear.from_linear(module, self.cfg, lr=self._lr(layer.job.name))
-            self.layers.append((layer.job.name, layer.path, new))
-            return new
-        if isinstance(module, nn.Linear) and module.out_features >= 1024:
-            self.skipped.append(f"{layer.job.name}:{layer.path} ({module.out_features} outputs)")
+        if layer.path == "":  # the root comes last: now the output layer is known
+            self._replace_output(module, layer)
+            return None
         if self.cfg.sparse_input and isinstance(module, SparseInput):
             new_in = SlideSparseInput(module.weight, module.bias, self.cfg,
-                                      lr=self._lr(layer.job.name))
+                                      lr=self._lr(layer.job.name, layer.job.kind))
             self.inputs.append((layer.job.name, layer.path, new_in))
             return new_in
         return None
 
+    def _replace_output(self, model: nn.Module, layer: LayerOffer) -> None:
+        """Replace the model's last parameterised module if it is a wide Linear: only an
+        output layer may return SLIDE's deferred logits (a wide hidden layer stays dense)."""
+        last = None
+        for path, mod in model.named_modules():
+            if path and any(True for _ in mod.parameters(recurse=False)) or isinstance(
+                    mod, SlideSparseInput):
+                last = (path, mod)
+        job = layer.job.name
+        for path, mod in model.named_modules():
+            if not (isinstance(mod, nn.Linear) and mod.out_features >= self.cfg.min_width):
+                continue
+            if last is None or mod is not last[1]:
+                self.skipped.append(f"{job}:{path} ({mod.out_features} outputs, not the output "
+                                    "layer)")
+                continue
+            new = SlideLinear.from_linear(mod, self.cfg, lr=self._lr(job, layer.job.kind))
+            parent_path, _, name = path.rpartition(".")
+            setattr(model.get_submodule(parent_path), name, new)
+            self.layers.append((job, path, new))
+
     @hookimpl
     def accelopt_report_rows(self, run: RunInfo) -> list[ReportRow]:
         if not self.layers:
-            why = (f"no Linear layer has >= {self.cfg.min_width} outputs "
+            why = (f"no output Linear layer has >= {self.cfg.min_width} outputs "
                    f"(plugins.slide.min_width)")
             if self.skipped:
-                why += f"; narrower wide layers left dense: {', '.join(self.skipped)}"
+                why += f"; wide layers left dense: {', '.join(self.skipped)}"
             return [ReportRow(plugin="slide", summary=f"nothing to do on this workload: {why}")]
         rows = []
         for job, path, lay in self.layers:

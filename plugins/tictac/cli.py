@@ -12,8 +12,9 @@ import dataclasses
 import sys
 from typing import Any
 
-from accelopt import UserError
 from accelopt_plugins.tictac.config import TictacConfig
+
+from accelopt import UserError
 
 USAGE = ("usage: accelopt tictac order [workload=NAME | model=resnet50|resnet152|inception_v3|"
          "vgg16|alexnet batch=N kind=infer|train a=RATIO] [plugins.tictac.heuristic=tac] "
@@ -79,9 +80,10 @@ def make_plan(config: TictacConfig, meta: dict[str, str], overrides: list[str]) 
                              execution=config.execution)  # type: ignore[arg-type]
         except KeyError as exc:
             raise UserError(f"tictac order: {exc.args[0]}") from None
+    from accelopt_plugins.tictac.plugin import TictacPlugin
+
     from accelopt.cli.hydra_run import compose_checked
     from accelopt.config import register_schema
-    from accelopt_plugins.tictac.plugin import TictacPlugin
 
     register_schema()
     cfg = compose_checked(overrides)

@@ -26,7 +26,6 @@ from typing import Any
 import numpy as np
 import torch
 import torch.fx as fx
-
 from accelopt_plugins.tictac.dag import RECV, Dag
 
 
@@ -45,13 +44,20 @@ class ComputeTimes:
 
 
 class _TimedInterpreter(fx.Interpreter):
-    def __init__(self, gm: fx.GraphModule) -> None:
+    """Times each node; on CUDA it synchronises around each node (kernels are async)."""
+
+    def __init__(self, gm: fx.GraphModule, cuda: bool = False) -> None:
         super().__init__(gm)
         self.samples: dict[str, list[float]] = {}
+        self.cuda = cuda
 
     def run_node(self, n: fx.Node) -> Any:
+        if self.cuda:
+            torch.cuda.synchronize()
         t = time.perf_counter()
         out = super().run_node(n)
+        if self.cuda:
+            torch.cuda.synchronize()
         if n.op not in ("placeholder", "output", "get_attr"):
             self.samples.setdefault(n.name, []).append(time.perf_counter() - t)
         return out
@@ -60,7 +66,8 @@ class _TimedInterpreter(fx.Interpreter):
 def measure(gm: fx.GraphModule, example: torch.Tensor, runs: int = 5,
             loss: Any = None) -> ComputeTimes:
     """Min over ``runs`` of each forward node; min over ``runs`` of one backward."""
-    interp = _TimedInterpreter(gm)
+    cuda = example.device.type == "cuda"
+    interp = _TimedInterpreter(gm, cuda)
     with torch.no_grad():
         interp.run(example)  # warm-up (allocations, lazy init), not counted
         interp.samples.clear()
@@ -74,8 +81,12 @@ def measure(gm: fx.GraphModule, example: torch.Tensor, runs: int = 5,
         for _ in range(runs + 1):
             out = gm(example)
             value = loss(out) if loss is not None else _sum_loss(out)
+            if cuda:
+                torch.cuda.synchronize()
             t = time.perf_counter()
             value.backward()
+            if cuda:
+                torch.cuda.synchronize()
             backward.append(time.perf_counter() - t)
             gm.zero_grad(set_to_none=True)
     return ComputeTimes(forward, min(backward[1:]) if len(backward) > 1 else 0.0, "measured",

@@ -16,7 +16,6 @@ import random as _random
 from dataclasses import dataclass
 
 import numpy as np
-
 from accelopt_plugins.tictac.dag import Dag, Execution
 
 HEURISTICS = ("tac", "tic", "random", "reverse", "named")

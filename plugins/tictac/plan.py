@@ -15,13 +15,18 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
-
 from accelopt_plugins.tictac import oracle
-from accelopt_plugins.tictac.dag import Dag, Execution, annotate_costs, build_dag, trace, \
-    training_dag
+from accelopt_plugins.tictac.dag import (
+    Dag,
+    Execution,
+    annotate_costs,
+    build_dag,
+    trace,
+    training_dag,
+)
 from accelopt_plugins.tictac.order import HEURISTICS, compute_order
 from accelopt_plugins.tictac.simulate import Simulator, efficiency
+from torch import nn
 
 RANDOM_SAMPLES = 1000
 

@@ -23,9 +23,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from accelopt_plugins.tictac.config import EXECUTIONS, HEURISTIC_CHOICES, TictacConfig
+
 from accelopt import ConfigError, ReportRow, RunInfo, TransferRecord, hookimpl
 from accelopt.types import CliCommand
-from accelopt_plugins.tictac.config import EXECUTIONS, HEURISTIC_CHOICES, TictacConfig
 
 DEFAULT_BYTES_PER_S = 125e6  # 1 Gbit/s when nothing better is known
 

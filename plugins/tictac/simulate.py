@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-
 from accelopt_plugins.tictac.dag import RECV, Dag, Execution
 
 

@@ -1,0 +1,98 @@
+"""GPU check for salus (about a minute on one CUDA GPU; skips cleanly without CUDA).
+
+Runs two training jobs in two lanes (PACK, max 2 lanes) through the real core executor with
+the salus plugin on CUDA, where each lane is a real ``torch.cuda.MemPool`` with its own
+stream, and verifies:
+
+1. both lanes existed at once and both jobs finished;
+2. each job's iteration allocations landed in its own lane's pool (the pool holds segments,
+   and the memory outside the pools did not grow by more than a small slack while the jobs
+   ran: their activations did not go to the default pool);
+3. each pool's peak reserved bytes (an upper bound of its peak allocated bytes) stays under
+   the lane's size plus one large-segment rounding (20 MiB);
+4. the capacity used is the real device memory (torch.cuda.mem_get_info).
+
+    python benchmarks/gpu/salus_check.py
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+SLACK = 20 * 2**20
+
+
+def main() -> int:
+    if not torch.cuda.is_available():
+        print("SKIP: no CUDA device (salus GPU check needs one)")
+        return 0
+    from accelopt_plugins.salus import PLUGIN, SalusConfig
+    from omegaconf import OmegaConf
+
+    from accelopt.config import AccelConfig, JobConfig
+    from accelopt.host import PluginHost
+    from accelopt.runtime.executor import Executor
+    from accelopt.runtime.job import Job
+    from accelopt.runtime.profile import measure_profile
+    from accelopt.types import RunInfo
+
+    device = torch.device("cuda")
+    specs = [
+        JobConfig(name="gpu-cnn", model="cnn", batch_size=512, iterations=60, width=64, seed=1),
+        JobConfig(name="gpu-resnet", model="resnet", batch_size=256, iterations=40, width=32,
+                  seed=2),
+    ]
+    jobs = [Job(s, job_id=f"{i:02d}-{s.name}", device=device) for i, s in enumerate(specs)]
+    for job in jobs:
+        job.with_profile(measure_profile(job))
+    free, total = torch.cuda.mem_get_info()
+    config = SalusConfig(policy="pack", max_lanes=2)
+    plugin = PLUGIN.instantiate(config)
+    host = PluginHost([(PLUGIN, plugin)])
+    run_cfg = OmegaConf.structured(AccelConfig)
+    run_cfg.run.device = "cuda"
+    host.call("accelopt_configure", config=config, run_config=run_cfg)
+    info = RunInfo("", "cuda:0", host.names, tuple(j.info for j in jobs), 0)
+    host.call("accelopt_run_start", run=info)
+    torch.cuda.synchronize()
+    outside_before = torch.cuda.memory_reserved()
+    executor = Executor(host, jobs, capacity_bytes=int(total), device="cuda:0")
+    results = executor.run()
+    torch.cuda.synchronize()
+    summary = plugin.summary()
+    pools = summary["cuda_pool_peak_bytes"]
+    sizes = summary["lane_size_peak_bytes"]
+    pool_total = sum(pools.values())
+    outside_growth = torch.cuda.memory_reserved() - outside_before - pool_total
+
+    checks: list[tuple[str, bool, str]] = []
+    checks.append(("both jobs done", all(r.status == "done" for r in results),
+                   ", ".join(f"{r.job.name}={r.status} {r.error}" for r in results)))
+    checks.append(("two lanes at once", summary["peak_lanes"] == 2 and len(pools) == 2,
+                   f"peak lanes {summary['peak_lanes']}, pools {sorted(pools)}"))
+    for lane, reserved in sorted(pools.items()):
+        checks.append((f"lane {lane}: allocations in its pool", reserved > 0,
+                       f"pool reserved {reserved / 2**20:.1f} MiB"))
+        checks.append((f"lane {lane}: pool peak <= lane size (+20 MiB rounding)",
+                       reserved <= sizes.get(lane, 0) + SLACK,
+                       f"pool {reserved / 2**20:.1f} MiB vs lane {sizes.get(lane, 0) / 2**20:.1f}"
+                       " MiB"))
+    checks.append(("activations did not go to the default pool", outside_growth <= 2 * SLACK,
+                   f"reserved outside pools grew {outside_growth / 2**20:.1f} MiB"))
+    checks.append(("capacity is the real device memory", plugin.capacity == int(total),
+                   f"{plugin.capacity} vs mem_get_info total {total}"))
+    print(f"device: {torch.cuda.get_device_name()}, {total / 2**30:.1f} GiB "
+          f"({free / 2**30:.1f} GiB free at start)")
+    print(f"salus: {plugin.summary_line()}")
+    failed = 0
+    for name, ok, detail in checks:
+        failed += not ok
+        print(f"{'PASS' if ok else 'FAIL'}  {name}: {detail}")
+    print(f"SUMMARY: {'PASS' if not failed else 'FAIL'} ({len(checks) - failed}/{len(checks)})")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

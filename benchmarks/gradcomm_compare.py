@@ -1,0 +1,234 @@
+"""Gradient communication on a shaped network, one invocation: accelopt's plain all-reduce vs
+each gradcomm option vs PyTorch DDP (plain, fp16_compress_hook, powerSGD_hook), same model,
+data, total batch, optimizer and bucket size, 2 workers on gloo.
+
+Prints per variant: bytes on the wire per iteration (the kernel's loopback counter inside the
+shaped namespace: every byte of every process), median iteration time (warm-up excluded),
+the loss curve (global batch) at a few points, and final accuracy on the digits test split.
+Needs root (network namespace + tc tbf; no latency shaping: netem is missing on this kernel).
+
+    flock /tmp/accelopt-bench.lock /work/venv/bin/python benchmarks/gradcomm_compare.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pickle
+import platform
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from omegaconf import OmegaConf
+
+from accelopt.cluster import netns, run_cluster
+from accelopt.cluster.launch import free_port
+from accelopt.cluster.model import shard_rows
+from accelopt.cluster.settings import parse_rate
+from accelopt.config import AccelConfig, JobConfig
+from accelopt.runtime.job import Job, make_optimizer
+
+WARMUP = 2
+
+
+@dataclass
+class Result:
+    name: str
+    wire_bytes: float | None
+    iteration_s: float | None
+    losses: list[float]
+    accuracy: float
+    note: str = ""
+    ratio_a: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def job_config(args: argparse.Namespace) -> JobConfig:
+    return JobConfig(name="bench", model=args.model, dataset="digits", width=args.width,
+                     batch_size=args.batch, iterations=args.iterations, seed=0,
+                     optimizer="sgd", lr=args.lr, momentum=0.9)
+
+
+def accuracy(spec: JobConfig, params: dict[str, torch.Tensor]) -> float:
+    job = Job(spec, job_id="eval", device=torch.device("cpu"))
+    job.model.load_state_dict(params, strict=False)
+    x, y = job.dataset.eval_set()
+    with torch.no_grad():
+        return float((job.model(x).argmax(1) == y).float().mean())
+
+
+def accelopt_variant(args: argparse.Namespace, name: str, gradcomm: dict[str, Any] | None,
+                     bucket_mb: float) -> Result:
+    cfg = OmegaConf.structured(AccelConfig)
+    cfg.workload.jobs = [OmegaConf.structured(job_config(args))]
+    cfg.cluster.mode = "allreduce"
+    cfg.cluster.workers = 2
+    cfg.cluster.bucket_mb = bucket_mb
+    cfg.cluster.timeout_s = 120
+    cfg.cluster.network.bandwidth = args.bandwidth
+    cfg.run.threads = 1
+    if gradcomm is not None:
+        cfg.plugins = {"gradcomm": gradcomm}
+    out = run_cluster(cfg, run_dir=tempfile.gettempdir())
+    m = out.metrics
+    rows = [r for r in out.plugin_rows if r.plugin == "gradcomm"]
+    note = ""
+    if rows and "sent_fraction" in rows[0].metrics:
+        note = f"sent {float(rows[0].metrics['sent_fraction']):.2%} of elements"
+    return Result(name, m.get("loopback_bytes_per_iteration"), m.get("iteration_s"),
+                  list(out.results[0].losses), accuracy(job_config(args), out.state), note,
+                  m.get("ratio_a"))
+
+
+def ddp_child(rank: int, world: int, port: int, namespace: str, spec: JobConfig, hook: str,
+              bucket_mb: float, rank_power: int, out_dir: str) -> None:
+    """One DDP rank inside the shaped namespace: same job, same rows of each global batch."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    netns.enter(namespace)
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world, timeout=timedelta(seconds=120))
+    torch.manual_seed(0)
+    job = Job(spec, job_id="ddp", device=torch.device("cpu"))
+    model = DDP(job.model, bucket_cap_mb=bucket_mb)
+    if hook == "fp16":
+        model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif hook == "powersgd":
+        state = powerSGD_hook.PowerSGDState(process_group=None,
+                                            matrix_approximation_rank=rank_power,
+                                            start_powerSGD_iter=2)
+        model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+    opt = make_optimizer(spec, model)
+    row0, row1 = shard_rows(spec.batch_size, world)[rank]
+    times, losses, lo = [], [], []
+    for i in range(spec.iterations):
+        lo.append(netns.loopback_tx_bytes())
+        t0 = time.perf_counter()
+        x, y = job.dataset.batch(i, spec.batch_size)
+        x, y = x[row0:row1], y[row0:row1]
+        opt.zero_grad(set_to_none=True)
+        loss = job.loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        times.append(time.perf_counter() - t0)
+        losses.append(float(loss.detach()) * (row1 - row0) / spec.batch_size)
+    lo.append(netns.loopback_tx_bytes())
+    params = {n: p.detach().clone() for n, p in job.model.named_parameters()}
+    with open(Path(out_dir) / f"rank{rank}.pkl", "wb") as fh:
+        pickle.dump({"times": times, "losses": losses, "lo": lo, "params": params}, fh)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def ddp_variant(args: argparse.Namespace, name: str, hook: str, bucket_mb: float) -> Result:
+    spec = job_config(args)
+    shape = netns.Shape(parse_rate(args.bandwidth), None)
+    with tempfile.TemporaryDirectory() as out_dir, netns.Namespace(shape) as ns:
+        ctx = mp.get_context("spawn")
+        port = free_port()
+        procs = [ctx.Process(target=ddp_child, args=(r, 2, port, ns.name, spec, hook, bucket_mb,
+                                                     args.powersgd_rank, out_dir))
+                 for r in range(2)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(timeout=600)
+            if p.exitcode != 0:
+                raise RuntimeError(f"DDP rank failed ({name}): exit code {p.exitcode}")
+        ranks = [pickle.load(open(Path(out_dir) / f"rank{r}.pkl", "rb")) for r in range(2)]
+    r0 = ranks[0]
+    losses = [a + b for a, b in zip(ranks[0]["losses"], ranks[1]["losses"], strict=True)]
+    lo = r0["lo"]
+    diffs = [b - a for a, b in zip(lo, lo[1:], strict=False)]
+    return Result(name, statistics.median(diffs[WARMUP:]), statistics.median(r0["times"][WARMUP:]),
+                  losses, accuracy(spec, r0["params"]))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--bandwidth", default="200mbit")
+    ap.add_argument("--model", default="mlp")
+    ap.add_argument("--width", type=int, default=512)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--iterations", type=int, default=150)
+    ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--bucket-mb", type=float, default=0.25)
+    ap.add_argument("--density", type=float, default=0.01)
+    ap.add_argument("--threshold", type=float, default=0.002)
+    ap.add_argument("--powersgd-rank", type=int, default=2)
+    ap.add_argument("--only", default="", help="comma-separated variant numbers to run")
+    args = ap.parse_args()
+    d = args.density
+    variants: list[tuple[str, Any]] = [
+        ("all-reduce fp32", lambda: accelopt_variant(args, "all-reduce fp32", None, args.bucket_mb)),
+        ("  no overlap", lambda: accelopt_variant(args, "  no overlap", {"overlap": False},
+                                                   args.bucket_mb)),
+        ("  no fusion", lambda: accelopt_variant(args, "  no fusion", None, 1e-6)),
+        ("gradcomm fp16", lambda: accelopt_variant(args, "gradcomm fp16", {"dtype": "fp16"},
+                                                   args.bucket_mb)),
+        ("gradcomm bf16", lambda: accelopt_variant(args, "gradcomm bf16", {"dtype": "bf16"},
+                                                   args.bucket_mb)),
+        (f"top-k {d:g}", lambda: accelopt_variant(
+            args, f"top-k {d:g}", {"sparsify": "topk", "density": d}, args.bucket_mb)),
+        (f"top-k {d:g} fp16", lambda: accelopt_variant(
+            args, f"top-k {d:g} fp16", {"sparsify": "topk", "density": d, "dtype": "fp16"},
+            args.bucket_mb)),
+        (f"top-k {d:g} no EF", lambda: accelopt_variant(
+            args, f"top-k {d:g} no EF", {"sparsify": "topk", "density": d,
+                                          "error_feedback": False}, args.bucket_mb)),
+        (f"threshold {args.threshold:g}", lambda: accelopt_variant(
+            args, f"threshold {args.threshold:g}",
+            {"sparsify": "threshold", "threshold": args.threshold}, args.bucket_mb)),
+        ("DDP fp32", lambda: ddp_variant(args, "DDP fp32", "none", args.bucket_mb)),
+        ("DDP fp16_compress", lambda: ddp_variant(args, "DDP fp16_compress", "fp16",
+                                                  args.bucket_mb)),
+        (f"DDP powerSGD r={args.powersgd_rank}", lambda: ddp_variant(
+            args, f"DDP powerSGD r={args.powersgd_rank}", "powersgd", args.bucket_mb)),
+    ]
+    chosen = {int(s) for s in args.only.split(",") if s} or set(range(len(variants)))
+    print(f"machine: {platform.node()}, {os.cpu_count()} CPUs, torch {torch.__version__}, gloo, "
+          f"2 workers x 1 thread, shaped loopback {args.bandwidth} (tbf, shared by all links)")
+    print(f"job: {args.model} width {args.width} on digits, global batch {args.batch}, "
+          f"{args.iterations} iterations, SGD lr {args.lr} momentum 0.9, bucket "
+          f"{args.bucket_mb:g} MiB (no fusion: one bucket per tensor); times are medians "
+          f"over iterations after {WARMUP} warm-up")
+    results: list[Result] = []
+    for k, (name, fn) in enumerate(variants):
+        if k in chosen:
+            t0 = time.time()
+            results.append(fn())
+            print(f"  ran {name.strip()} in {time.time() - t0:.0f} s", flush=True)
+    base = results[0]
+    n = len(base.losses)
+    points = sorted({0, n // 4, n // 2, 3 * n // 4, n - 1})
+    header = (f"{'variant':<22}{'wire KiB/it':>12}{'vs fp32':>9}{'iter ms':>9}{'vs fp32':>9}"
+              f"{'test acc':>10}{'d acc':>7}  loss at it {','.join(str(p) for p in points)}")
+    print(header)
+    print("-" * len(header))
+    for r in results:
+        wire = "-" if r.wire_bytes is None else f"{r.wire_bytes / 1024:.1f}"
+        fewer = (f"{base.wire_bytes / r.wire_bytes:.1f}x" if r.wire_bytes and base.wire_bytes
+                 else "-")
+        it = "-" if r.iteration_s is None else f"{r.iteration_s * 1e3:.1f}"
+        speed = (f"{r.iteration_s / base.iteration_s:.2f}" if r.iteration_s and base.iteration_s
+                 else "-")
+        curve = " ".join(f"{r.losses[p]:.3f}" for p in points if p < len(r.losses))
+        print(f"{r.name:<22}{wire:>12}{'1/' + fewer:>9}{it:>9}{speed:>9}{r.accuracy:>10.2%}"
+              f"{(r.accuracy - base.accuracy) * 100:>+7.1f}  {curve}  {r.note}")
+    print(f"a = Mc/Pc of plain all-reduce (median over iterations): "
+          f"{base.ratio_a:.2f}" if base.ratio_a is not None else "a: not measured")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,171 @@
+"""gradcomm's hooks: the codec on the send/recv hook point of all-reduce buckets, the
+overlap switch on the order hook, and the non-finite guard that names the layer."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from accelopt_plugins.gradcomm.codec import BucketCodec, CastOverflow
+from accelopt_plugins.gradcomm.config import GradcommConfig, validate
+
+from accelopt import ReportRow, RunInfo, TransferRecord, hookimpl
+from accelopt.errors import AccelOptError
+
+ALL_RANKS = -1
+
+
+class NonFiniteGradient(AccelOptError):
+    """A gradient bucket held NaN/Inf (or overflowed the wire dtype): it is not sent, so it
+    cannot spread to the other workers' replicas; the run stops naming the layer."""
+
+
+Span = tuple[str, str, int, int]
+"""(parameter name, owning module path, first element, end element) inside a bucket."""
+
+
+class GradcommPlugin:
+    """One instance per rank (each cluster process activates its own plugins), so the
+    error-feedback residuals are naturally per rank."""
+
+    def __init__(self, config: GradcommConfig) -> None:
+        self.config = config
+        self.codec = BucketCodec()
+        self.run_config: Any = None
+        self.mode = "none"
+        self.bucket_mb: float | None = None
+        self.layout: dict[str, list[Span]] | None = None
+        self.bucket_names: set[str] = set()
+        self.iterations: set[int] = set()
+
+    @hookimpl
+    def accelopt_configure(self, config: GradcommConfig, run_config: Any) -> None:
+        validate(config)
+        self.config = config
+        self.run_config = run_config
+        cluster = run_config.get("cluster") if run_config is not None else None
+        if cluster is not None:
+            self.mode = str(cluster.get("mode", "none"))
+            self.bucket_mb = float(cluster.get("bucket_mb", 0) or 0) or None
+        self.codec = BucketCodec(dtype=config.dtype, sparsify=config.sparsify,
+                                 density=config.density, threshold=config.threshold,
+                                 error_feedback=config.error_feedback)
+
+    # -- send / recv -------------------------------------------------------------------
+
+    @staticmethod
+    def _ours(record: TransferRecord) -> bool:
+        return record.kind == "grad" and record.destination == ALL_RANKS
+
+    @hookimpl
+    def accelopt_transfer_order(self, transfers: Sequence[TransferRecord],
+                                destination: int) -> list[str] | None:
+        if self.config.overlap or destination != ALL_RANKS:
+            return None
+        if not transfers or not all(self._ours(t) and t.tensor.startswith("bucket")
+                                    for t in transfers):
+            return None
+        # the bucket of the first layers is the last one backward produces: naming it first
+        # holds every bucket until backward has ended (no overlap)
+        return [t.tensor for t in sorted(transfers, key=lambda t: -int(t.tensor[6:]))]
+
+    @hookimpl
+    def accelopt_transfer_encode(self, record: TransferRecord, payload: Any) -> Any | None:
+        if not self._ours(record) or not isinstance(payload, torch.Tensor):
+            return None
+        self.bucket_names.add(record.tensor)
+        self.iterations.add(record.iteration)
+        if self.config.check_finite and not bool(torch.isfinite(payload).all()):
+            raise NonFiniteGradient(self._describe(record, payload, "non-finite gradient"))
+        try:
+            return self.codec.encode(record.tensor, payload)
+        except CastOverflow as exc:
+            marked = torch.zeros_like(payload)
+            marked[exc.index] = float("inf")
+            raise NonFiniteGradient(self._describe(
+                record, marked, f"gradient overflows {self.config.dtype}",
+                fix="use plugins.gradcomm.dtype=bf16 (same range as float32) or scale the loss",
+            )) from None
+
+    @hookimpl
+    def accelopt_transfer_decode(self, record: TransferRecord, payload: Any) -> Any | None:
+        if not self._ours(record):
+            return None
+        return self.codec.decode(record.tensor, payload)
+
+    # -- non-finite gradients ------------------------------------------------------------
+
+    def _describe(self, record: TransferRecord, flat: torch.Tensor, what: str,
+                  fix: str = "lower the learning rate or clip gradients") -> str:
+        flat = flat.detach().reshape(-1)
+        nan, inf = torch.isnan(flat), torch.isinf(flat)
+        where = "an unknown layer"
+        layout = self._layout().get(record.tensor, [])
+        for param, module, lo, hi in layout:
+            n_nan, n_inf = int(nan[lo:hi].sum()), int(inf[lo:hi].sum())
+            if n_nan or n_inf:
+                where = f"layer '{module or '<model>'}' ({param}: {n_nan} NaN, {n_inf} Inf)"
+                break
+        return (f"rank {record.source}, iteration {record.iteration}: {what} in {where}, "
+                f"{record.tensor}; not sent, so no other worker received it; {fix}")
+
+    def _layout(self) -> dict[str, list[Span]]:
+        """bucket name -> the parameters it holds. Built only when needed (an error): the
+        cluster rank builds the same model from the same spec, so a fresh build has the same
+        parameter table and the same buckets."""
+        if self.layout is not None:
+            return self.layout
+        self.layout = {}
+        try:
+            from accelopt.cluster.model import buckets_by_bytes, param_table
+            from accelopt.cluster.rank import job_spec
+            from accelopt.cluster.settings import settings_from
+            from accelopt.runtime.job import Job
+
+            job = Job(job_spec(self.run_config), job_id="layout", device=torch.device("cpu"))
+            numel = {n: p.numel() for n, p in job.model.named_parameters()}
+            table = param_table(job.model)
+            buckets = buckets_by_bytes(table, settings_from(self.run_config.cluster).bucket_bytes)
+            for b, bucket in enumerate(buckets):
+                spans, offset = [], 0
+                for p in bucket:
+                    spans.append((p.name, p.module, offset, offset + numel[p.name]))
+                    offset += numel[p.name]
+                self.layout[f"bucket{b}"] = spans
+        except Exception:  # noqa: BLE001 - naming the layer is best effort; the error stands
+            pass
+        return self.layout
+
+    # -- report --------------------------------------------------------------------------
+
+    @hookimpl
+    def accelopt_report_rows(self, run: RunInfo) -> list[ReportRow]:
+        c = self.config
+        if self.mode != "allreduce":
+            return [ReportRow("gradcomm", f"nothing to do: gradcomm acts on the gradient buckets "
+                              f"of cluster.mode=allreduce; this run is cluster.mode={self.mode}")]
+        st = self.codec.stats
+        iters = max(1, len(self.iterations))
+        fusion = (f"{len(self.bucket_names)} bucket(s) of <= {self.bucket_mb:g} MiB"
+                  if self.bucket_mb else f"{len(self.bucket_names)} bucket(s)")
+        overlap = "overlapping backward" if c.overlap else "held until backward ended"
+        if self.codec.lossless or st.elements == 0:
+            text = f"fp32 dense all-reduce (no compression), {fusion}, {overlap}"
+            return [ReportRow("gradcomm", text, {"buckets": len(self.bucket_names)})]
+        method = {"none": "dense", "topk": f"top-k density {c.density:g}",
+                  "threshold": f"threshold {c.threshold:g}"}[c.sparsify]
+        ratio = st.dense_bytes / st.wire_bytes if st.wire_bytes else float("inf")
+        ef = "with error feedback" if c.error_feedback else "without error feedback"
+        residual = sum(float(r.abs().sum()) for r in self.codec.residual.values())
+        text = (f"{method}, {c.dtype} values, {ef}: sent {st.sent_elements / st.elements:.2%} "
+                f"of gradient elements, {st.wire_bytes / iters / 2**20:.3f} MiB/iteration "
+                f"from this rank ({ratio:.1f}x fewer bytes than fp32); {fusion}, {overlap}")
+        metrics: dict[str, float | int | str] = {
+            "sent_fraction": round(st.sent_elements / st.elements, 6),
+            "wire_bytes_per_iteration": st.wire_bytes // iters,
+            "dense_bytes_per_iteration": st.dense_bytes // iters,
+            "compression_ratio": round(ratio, 3), "residual_l1": residual,
+            "buckets": len(self.bucket_names),
+        }
+        return [ReportRow("gradcomm", text, metrics)]

@@ -1,0 +1,349 @@
+"""The execution service as a long-lived process: ``accelopt serve``.
+
+One process owns the device. Jobs are submitted over a local Unix socket (owner-only
+permissions) while others run; the core executor (kept open: ``Executor(keep_open=True)``)
+admits them through salus's lanes and switches between them at iteration boundaries under the
+configured policy. A job belongs to the service, not to the client that submitted it: the
+client may exit at once. Each job writes its results to ``<root>/jobs/<job_id>/``
+(``job.json`` with status, metrics and losses; ``weights.pt`` when it finished).
+
+Protocol: one JSON object per line each way. Requests: ``{"op": "submit", "job": {...}}``
+(JobConfig keys), ``{"op": "submit", "workload": "tiny"}``, ``{"op": "submit", "factory":
+"module:function", "args": {...}}`` (the function returns a JobConfig, a dict of its keys, or a
+``Job``), ``{"op": "status"}``, ``{"op": "cancel", "id": "..."}``, ``{"op": "ping"}``,
+``{"op": "wait", "id": "...", "timeout_s": 60}`` (block until the job ended),
+``{"op": "shutdown"}`` (stop accepting, let the jobs finish, exit). Replies carry
+``"ok": true`` or ``"ok": false, "error": "one line"``; a malformed request gets an error
+reply and the service keeps running.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import json
+import os
+import signal
+import socket
+import socketserver
+import threading
+import traceback
+from importlib import import_module
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from accelopt import UserError
+from accelopt.config import AccelConfig, JobConfig
+from accelopt.host import PluginHost
+from accelopt.records import JobResult
+from accelopt.report import job_metrics
+from accelopt.runtime.executor import CANCELLED, Executor
+from accelopt.runtime.job import Job
+from accelopt.runtime.profile import measure_profile
+from accelopt.runtime.run import job_specs, memory_capacity, pick_device
+
+MAX_REQUEST = 1 << 20
+
+
+def default_socket() -> Path:
+    env = os.environ.get("ACCELOPT_SALUS_SOCKET")
+    if env:
+        return Path(env)
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    base = Path(runtime) if runtime else Path.home() / ".accelopt"
+    return base / "accelopt-salus.sock"
+
+
+@dataclasses.dataclass
+class ServeOptions:
+    socket: Path
+    root: Path
+    policy: str = "pack"
+    capacity: str = ""
+    max_lanes: int = -1
+    threads: int = 0
+    device: str = "cpu"
+
+
+class Service:
+    """The executor, the salus plugin and the request handlers of one ``accelopt serve``."""
+
+    def __init__(self, options: ServeOptions) -> None:
+        from accelopt_plugins.salus import PLUGIN, SalusConfig
+
+        self.options = options
+        self.root = options.root
+        self.device = pick_device(options.device)
+        config = SalusConfig(policy=options.policy, capacity=options.capacity,
+                             max_lanes=options.max_lanes, threads=options.threads)
+        self.plugin = PLUGIN.instantiate(config)
+        self.host = PluginHost([(PLUGIN, self.plugin)])
+        run_cfg = OmegaConf.structured(AccelConfig)
+        run_cfg.run.device = str(self.device)
+        self.host.call("accelopt_configure", config=config, run_config=run_cfg)
+        capacity = self.plugin.capacity or memory_capacity("auto", self.device)
+        self.plugin.device = str(self.device)
+        self.executor = Executor(self.host, [], capacity_bytes=capacity, device=str(self.device),
+                                 profiler=measure_profile, on_finish=self._job_finished,
+                                 keep_open=True)
+        self._ids = 0
+        self._lock = threading.Lock()
+
+    # -- requests --------------------------------------------------------------------------
+
+    def handle(self, request: Any) -> dict[str, Any]:
+        if not isinstance(request, dict) or not isinstance(request.get("op"), str):
+            raise UserError('a request is a JSON object with an "op" string')
+        op = request["op"]
+        if op == "ping":
+            return {"pid": os.getpid()}
+        if op == "submit":
+            return {"submitted": [self._submit(spec) for spec in self._specs(request)]}
+        if op == "status":
+            return self.status()
+        if op == "cancel":
+            job_id = request.get("id")
+            if not isinstance(job_id, str):
+                raise UserError('cancel needs "id": a job id string')
+            return {"message": self.executor.cancel(job_id)}
+        if op == "wait":
+            job_id = request.get("id")
+            if not isinstance(job_id, str):
+                raise UserError('wait needs "id": a job id string')
+            timeout = float(request.get("timeout_s", 60.0))
+            return {"status": self.executor.wait(job_id, timeout)}
+        if op == "shutdown":
+            self.executor.close()
+            return {"message": "stopping: no new jobs; running jobs finish first"}
+        raise UserError(f"unknown op {op!r}; use submit, status, cancel, wait, ping or shutdown")
+
+    def _specs(self, request: dict[str, Any]) -> list[Any]:
+        if "workload" in request:
+            name = str(request["workload"])
+            path = Path(import_module("accelopt.configs").__file__).parent / "workload"
+            if not (path / f"{name}.yaml").is_file():
+                known = ", ".join(sorted(p.stem for p in path.glob("*.yaml")))
+                raise UserError(f"unknown workload {name!r}; built-in workloads: {known}")
+            cfg = OmegaConf.structured(AccelConfig)
+            cfg.workload = OmegaConf.merge(cfg.workload, OmegaConf.load(path / f"{name}.yaml"))
+            return job_specs(cfg)
+        if "factory" in request:
+            return [self._from_factory(str(request["factory"]), request.get("args") or {})]
+        if "job" in request:
+            return [_job_config(request["job"])]
+        raise UserError('submit needs "job", "workload" or "factory"')
+
+    def _from_factory(self, ref: str, args: dict[str, Any]) -> Any:
+        module, _, attr = ref.partition(":")
+        try:
+            fn = getattr(import_module(module), attr or "make_job")
+        except (ImportError, AttributeError, ValueError) as exc:
+            raise UserError(f"cannot import {ref!r}: {type(exc).__name__}: {exc}") from None
+        made = fn(**args)
+        if isinstance(made, Job):
+            return made
+        if isinstance(made, dict):
+            return _job_config(made)
+        if isinstance(made, JobConfig):
+            return made
+        raise UserError(f"{ref} returned {type(made).__name__}; return a JobConfig, a dict of "
+                        "its keys, or an accelopt Job")
+
+    def _submit(self, spec: Any) -> str:
+        with self._lock:
+            self._ids += 1
+            number = self._ids
+        now = self.executor.now()
+        if isinstance(spec, Job):
+            job = spec
+            job.info = dataclasses.replace(job.info, job_id=f"{number:03d}-{job.info.name}",
+                                           arrival_s=now)
+        else:
+            spec = dataclasses.replace(spec, arrival_s=now)
+            job = Job(spec, job_id=f"{number:03d}-{spec.name}", device=self.device)
+        job_dir = self.root / "jobs" / job.info.job_id
+        job_dir.mkdir(parents=True, exist_ok=True)
+        if not isinstance(spec, Job):
+            (job_dir / "config.json").write_text(json.dumps(dataclasses.asdict(spec), indent=1))
+        self.executor.submit(job)
+        return job.info.job_id
+
+    # -- outputs -----------------------------------------------------------------------------
+
+    def _job_finished(self, job: Job, result: JobResult) -> None:
+        job_dir = self.root / "jobs" / job.info.job_id
+        job_dir.mkdir(parents=True, exist_ok=True)
+        document = {"job": job_metrics(result), "losses": result.losses,
+                    "lanes_note": self.plugin.lanes_note()}
+        tmp = job_dir / "job.json.tmp"
+        tmp.write_text(json.dumps(document, indent=1, default=str))
+        tmp.replace(job_dir / "job.json")
+        if result.status == "done":
+            torch.save(job.model.state_dict(), job_dir / "weights.pt")
+
+    def status(self) -> dict[str, Any]:
+        jobs = []
+        for info, result, busy in self.executor.snapshot():
+            state = result.status
+            if state == "pending":
+                state = "running" if busy else ("admitted" if result.lane else "waiting")
+            if result.status == "failed" and CANCELLED in result.error:
+                state = "cancelled"
+            profile = info.profile
+            jobs.append({
+                "id": info.job_id, "name": info.name, "model": info.model,
+                "state": state, "lane": result.lane, "done": result.iterations_done,
+                "iterations": info.iterations, "jct_s": result.jct_s,
+                "persistent": profile.persistent_bytes if profile else None,
+                "ephemeral": profile.ephemeral_bytes if profile else None,
+                "error": result.error,
+            })
+        with self.executor.lock:
+            manager = self.plugin.manager
+            lanes = [] if manager is None else [
+                {"id": lane.lane_id, "size": lane.size, "used": lane.need,
+                 "jobs": sorted(lane.jobs), "busy": lane.in_flight}
+                for lane in manager.lanes.values()
+            ]
+            used = manager.used if manager else 0
+        return {"policy": self.plugin.policy.name, "device": str(self.device),
+                "capacity": self.executor.capacity_bytes, "used": used, "lanes": lanes,
+                "jobs": jobs, "note": self.plugin.lanes_note(), "pid": os.getpid()}
+
+
+def _job_config(fields: Any) -> JobConfig:
+    if not isinstance(fields, dict):
+        raise UserError('"job" must be an object of JobConfig keys (model, iterations, ...)')
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(JobConfig), fields)
+    except OmegaConfBaseException as exc:
+        key = getattr(exc, "full_key", None) or getattr(exc, "key", None) or "job"
+        raise UserError(f"bad job: {key}: {str(exc).splitlines()[0]}") from None
+    spec = OmegaConf.to_object(merged)
+    assert isinstance(spec, JobConfig)
+    if spec.name == "job":
+        spec.name = f"{spec.model}"
+    return spec
+
+
+# -- the socket server ----------------------------------------------------------------------
+
+
+class _Handler(socketserver.StreamRequestHandler):
+    def handle(self) -> None:
+        service: Service = self.server.service  # type: ignore[attr-defined]
+        try:
+            line = self.rfile.readline(MAX_REQUEST + 1)
+        except OSError:
+            return  # the client went away: nothing to answer
+        if not line:
+            return
+        try:
+            if len(line) > MAX_REQUEST:
+                raise UserError(f"request longer than {MAX_REQUEST} bytes")
+            try:
+                request = json.loads(line)
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                raise UserError(f"malformed request: not JSON ({exc})") from None
+            reply = {"ok": True, **service.handle(request)}
+        except UserError as exc:
+            reply = {"ok": False, "error": str(exc)}
+        except Exception as exc:  # a bug or a user factory's error: answer, keep serving
+            reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+            traceback.print_exc()
+        try:
+            self.wfile.write((json.dumps(reply, default=str) + "\n").encode())
+        except OSError:
+            pass  # the client was killed before reading its answer
+
+
+class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+
+
+def _take_lock(path: Path) -> Any:
+    """Hold ``<socket>.lock`` for the server's lifetime; a second serve cannot take it."""
+    handle = open(path.with_name(path.name + ".lock"), "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        pid = handle.read().strip() or "?"
+        handle.close()
+        raise UserError(
+            f"another accelopt serve (pid {pid}) is already running on {path}; stop it with "
+            f"`accelopt serve --stop --socket {path}` or pick another --socket"
+        ) from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(str(os.getpid()))
+    handle.flush()
+    return handle
+
+
+def serve(options: ServeOptions, ready: Any = print) -> int:
+    """Run the service until a shutdown request (or SIGTERM/SIGINT) and its jobs finish."""
+    path = options.socket
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    lock = _take_lock(path)
+    try:
+        if path.exists() or path.is_symlink():
+            path.unlink()  # stale: its server is gone (we hold the lock)
+        service = Service(options)
+        old_umask = os.umask(0o177)
+        try:
+            server = _Server(str(path), _Handler)
+        finally:
+            os.umask(old_umask)
+        os.chmod(path, 0o600)
+        server.service = service  # type: ignore[attr-defined]
+        threading.Thread(target=server.serve_forever, name="salus-socket", daemon=True).start()
+
+        def stop(signum: int, frame: Any) -> None:
+            service.executor.close()
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, stop)
+        ready(f"accelopt serve: listening on {path} (pid {os.getpid()}, policy "
+              f"{service.plugin.policy.name}, {service.plugin.lanes_note()}); job outputs "
+              f"in {options.root}/jobs/")
+        try:
+            service.executor.run()
+        finally:
+            server.shutdown()
+            server.server_close()
+            if path.exists():
+                path.unlink()
+        return 0
+    finally:
+        lock.close()
+
+
+# -- the client -----------------------------------------------------------------------------
+
+
+def request(path: Path, message: dict[str, Any], timeout_s: float = 30.0) -> dict[str, Any]:
+    """Send one request, return the reply; a one-line UserError if no service answers."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout_s)
+    try:
+        sock.connect(str(path))
+    except (FileNotFoundError, ConnectionRefusedError):
+        sock.close()
+        raise UserError(f"no accelopt serve is running on {path}; start one with "
+                        "`accelopt serve` (or pass --socket)") from None
+    with sock:
+        sock.sendall((json.dumps(message) + "\n").encode())
+        data = b""
+        while not data.endswith(b"\n"):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    if not data:
+        raise UserError(f"the service on {path} closed the connection without answering")
+    return json.loads(data)

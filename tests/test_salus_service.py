@@ -1,0 +1,175 @@
+"""`accelopt serve` as a real long-lived process: submit, status, cancel, wait; malformed
+requests, killed clients and a second server must not disturb it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from accelopt_plugins.salus.service import ServeOptions, request, serve
+
+from accelopt import UserError
+
+pytestmark = pytest.mark.timeout(120)
+TESTS = Path(__file__).resolve().parent
+SERVER = (
+    "import sys; from accelopt_plugins.salus.cli import serve_cmd; "
+    "sys.exit(serve_cmd(sys.argv[1:]))"
+)
+
+
+def make_job(iterations: int = 5) -> dict:
+    """A user's job factory (imported by the server: `--factory test_salus_service:make_job`)."""
+    return {"name": "factory-job", "model": "mlp", "iterations": iterations, "width": 16,
+            "batch_size": 8, "seed": 3}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("serve")
+    sock = tmp / "s.sock"
+    env = {**os.environ, "PYTHONPATH": f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SERVER, "--socket", str(sock), "--root", str(tmp / "root"),
+         "--capacity", "256MiB", "--threads", "1", "--policy", "fair"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )
+    line = proc.stdout.readline()  # blocks until the server says it listens
+    assert "listening on" in line, proc.stderr.read()
+    assert "accounted, not enforced" in line
+    yield sock, tmp / "root", proc
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+def ask(sock: Path, message: dict) -> dict:
+    return request(sock, message, timeout_s=60)
+
+
+def raw(sock: Path, payload: bytes) -> dict:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(30)
+        s.connect(str(sock))
+        s.sendall(payload)
+        data = b""
+        while not data.endswith(b"\n"):
+            chunk = s.recv(4096)
+            if not chunk:
+                break
+            data += chunk
+    return json.loads(data)
+
+
+TINY = {"model": "mlp", "iterations": 8, "width": 16, "batch_size": 8}
+
+
+def test_socket_is_owner_only(server):
+    sock, _, _ = server
+    assert stat.S_IMODE(sock.stat().st_mode) == 0o600
+
+
+def test_submit_wait_and_outputs_in_the_job_directory(server):
+    sock, root, _ = server
+    (job_id,) = ask(sock, {"op": "submit", "job": {**TINY, "name": "a"}})["submitted"]
+    assert ask(sock, {"op": "wait", "id": job_id})["status"] == "done"
+    doc = json.loads((root / "jobs" / job_id / "job.json").read_text())
+    assert doc["job"]["status"] == "done" and doc["job"]["iterations"] == 8
+    assert len(doc["losses"]) == 8 and doc["job"]["jct_s"] > 0
+    assert (root / "jobs" / job_id / "weights.pt").stat().st_size > 0
+    status = ask(sock, {"op": "status"})
+    row = next(j for j in status["jobs"] if j["id"] == job_id)
+    assert row["state"] == "done" and row["done"] == 8 and row["persistent"] > 0
+    assert status["note"].startswith("lanes are accounted, not enforced")
+
+
+@pytest.mark.parametrize("payload, error", [
+    (b"this is not json\n", "not JSON"),
+    (b"[1, 2, 3]\n", '"op" string'),
+    (b'{"op": "frobnicate"}\n', "unknown op"),
+    (b'{"op": "submit", "job": {"modell": "cnn"}}\n', "modell"),
+    (b'{"op": "submit", "job": {"model": "cnn", "iterations": "many"}}\n', "iterations"),
+    (b'{"op": "submit", "workload": "nope"}\n', "unknown workload"),
+    (b'{"op": "cancel", "id": "no-such-job"}\n', "no job"),
+    (b'{"op": "submit", "factory": "no_such_module:f"}\n', "cannot import"),
+])
+def test_malformed_requests_get_an_error_reply_and_the_service_lives(server, payload, error):
+    sock, _, proc = server
+    reply = raw(sock, payload)
+    assert reply["ok"] is False and error in reply["error"]
+    assert "\n" not in reply["error"]
+    assert ask(sock, {"op": "ping"})["pid"] == proc.pid
+
+
+def test_killed_clients_do_not_disturb_the_service(server):
+    sock, _, proc = server
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:  # half a request, then gone
+        s.connect(str(sock))
+        s.sendall(b'{"op": "sta')
+    client = subprocess.Popen(
+        [sys.executable, "-c",
+         "import socket, sys; s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); "
+         "s.sendall(b'{\"op\": \"status\"'); print('connected', flush=True); "
+         "sys.stdin.readline()",
+         str(sock)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+    assert client.stdout.readline().strip() == "connected"
+    client.send_signal(signal.SIGKILL)
+    client.wait()
+    assert ask(sock, {"op": "ping"})["pid"] == proc.pid
+    assert proc.poll() is None
+
+
+def test_second_serve_on_the_same_socket_refuses(server, tmp_path):
+    sock, _, _ = server
+    with pytest.raises(UserError, match=r"already running on .*s\.sock"):
+        serve(ServeOptions(socket=sock, root=tmp_path))
+    assert ask(sock, {"op": "ping"})["ok"]
+
+
+def test_job_survives_its_client_exiting(server):
+    """The real CLI client submits and exits; the job still runs to completion."""
+    sock, root, _ = server
+    out = subprocess.run(
+        [sys.executable, "-m", "accelopt.cli.main", "submit", "--socket", str(sock),
+         "model=mlp", "iterations=12", "width=16", "batch_size=8", "name=orphan"],
+        capture_output=True, text=True, timeout=90,
+    )
+    assert out.returncode == 0, out.stderr
+    job_id = out.stdout.strip().splitlines()[-1]
+    assert job_id.endswith("-orphan")
+    assert ask(sock, {"op": "wait", "id": job_id})["status"] == "done"
+    assert (root / "jobs" / job_id / "job.json").is_file()
+
+
+def test_factory_job_and_cancel(server):
+    sock, root, _ = server
+    (fact,) = ask(sock, {"op": "submit", "factory": "test_salus_service:make_job",
+                         "args": {"iterations": 4}})["submitted"]
+    (long,) = ask(sock, {"op": "submit", "job": {**TINY, "iterations": 10**7,
+                                                 "name": "forever"}})["submitted"]
+    assert ask(sock, {"op": "wait", "id": fact})["status"] == "done"
+    message = ask(sock, {"op": "cancel", "id": long})["message"]
+    assert long in message
+    assert ask(sock, {"op": "wait", "id": long})["status"] == "failed"
+    status = ask(sock, {"op": "status"})
+    row = next(j for j in status["jobs"] if j["id"] == long)
+    assert row["state"] == "cancelled" and row["done"] < 10**7
+    assert all(long not in lane["jobs"] for lane in status["lanes"]), "lane reclaimed"
+    doc = json.loads((root / "jobs" / long / "job.json").read_text())
+    assert doc["job"]["status"] == "failed" and "cancelled" in doc["job"]["error"]
+
+
+def test_zz_shutdown_lets_the_service_exit(server):
+    sock, _, proc = server
+    assert "stopping" in ask(sock, {"op": "shutdown"})["message"]
+    assert proc.wait(timeout=60) == 0
+    assert not sock.exists()

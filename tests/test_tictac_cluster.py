@@ -1,0 +1,182 @@
+"""tictac on the parameter-server transport: in-process hook checks (self-limiting, stale
+priority lists, a transfer that never comes) and real cluster runs (orders enforced with no
+inversion; numerics bitwise equal with and without the plugin)."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+import torch
+from accelopt_plugins.tictac import PLUGIN
+from accelopt_plugins.tictac.config import TictacConfig
+from accelopt_plugins.tictac.plugin import TictacPlugin
+from omegaconf import OmegaConf
+
+from accelopt import RunInfo, TransferRecord
+from accelopt.cluster import TransferOrderError, run_cluster
+from accelopt.config import AccelConfig, JobConfig
+from accelopt.errors import ConfigError
+from accelopt.host import PluginHost
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def make_cfg(iterations: int = 4, plugins: dict | None = None, workers: int = 2):
+    cfg = OmegaConf.structured(AccelConfig)
+    cfg.workload.jobs = [OmegaConf.structured(JobConfig(
+        name="tiny", model="mlp", width=32, batch_size=16, iterations=iterations, seed=0))]
+    cfg.cluster.mode = "ps"
+    cfg.cluster.workers = workers
+    cfg.cluster.servers = 1
+    cfg.cluster.timeout_s = 20
+    if plugins:
+        cfg.plugins = plugins
+    return cfg
+
+
+def server_plugin(tmp_path, monkeypatch, **config) -> tuple[TictacPlugin, list[TransferRecord]]:
+    """The plugin as rank 0 (the server) of a 1-server, 2-worker run would hold it."""
+    monkeypatch.setenv("RANK", "0")
+    cfg = make_cfg()
+    conf = TictacConfig(oracle_runs=1, **config)
+    plugin = TictacPlugin(conf)
+    plugin.accelopt_configure(conf, cfg)
+    plugin.accelopt_run_start(RunInfo(str(tmp_path), "cpu", ("tictac",), (), 0))
+    from accelopt.cluster.model import param_table
+    from accelopt.runtime.job import Job
+    job = Job(OmegaConf.to_object(cfg.workload.jobs[0]), job_id="tiny",
+              device=torch.device("cpu"))
+    records = [TransferRecord("tiny", 0, 0, 1, p.name, p.nbytes, p.layer_index, "param")
+               for p in param_table(job.model)]
+    return plugin, records
+
+
+def test_configure_rejects_bad_keys_in_one_line():
+    plugin = TictacPlugin(TictacConfig())
+    with pytest.raises(ConfigError, match="plugins.tictac.heuristic"):
+        plugin.accelopt_configure(TictacConfig(heuristic="fastest"), make_cfg())
+    with pytest.raises(ConfigError, match="plugins.tictac.execution"):
+        plugin.accelopt_configure(TictacConfig(execution="async"), make_cfg())
+
+
+def test_self_limiting_tac_stays_out_and_says_so(tmp_path, monkeypatch):
+    plugin, records = server_plugin(tmp_path, monkeypatch, heuristic="tac")
+    # an MLP is a chain: TAC's order is the default order, so there is nothing to gain
+    assert plugin.accelopt_transfer_order(transfers=records, destination=1) is None
+    row = plugin.accelopt_report_rows(run=None)[0]
+    assert "stayed out of the way" in row.summary and row.metrics["enforced"] == 0
+    assert (tmp_path / "tictac" / "plan-rank0.json").exists()
+    forced, _ = server_plugin(tmp_path, monkeypatch, heuristic="tac", force=True)
+    order = forced.accelopt_transfer_order(transfers=records, destination=1)
+    assert order == [r.tensor for r in records]
+
+
+def test_random_is_fresh_each_iteration_and_seeded(tmp_path, monkeypatch):
+    plugin, records = server_plugin(tmp_path, monkeypatch, heuristic="random")
+    orders = set()
+    for it in range(4):
+        recs = [TransferRecord(r.job_id, it, 0, 1, r.tensor, r.nbytes, r.layer_index, "param")
+                for r in records]
+        order = plugin.accelopt_transfer_order(transfers=recs, destination=1)
+        assert sorted(order) == sorted(r.tensor for r in records)
+        orders.add(tuple(order))
+    assert len(orders) > 1
+    again, _ = server_plugin(tmp_path, monkeypatch, heuristic="random")
+    assert tuple(again.accelopt_transfer_order(transfers=records, destination=1)) in orders
+    grads = [TransferRecord("tiny", 0, 1, 0, r.tensor, r.nbytes, r.layer_index, "grad")
+             for r in records]
+    assert plugin.accelopt_transfer_order(transfers=grads, destination=0) is None
+
+
+def test_stale_order_file_is_detected_and_rebuilt(tmp_path, monkeypatch):
+    stale = tmp_path / "order.json"
+    stale.write_text(json.dumps(["net.1.weight", "old.layer.weight"]))
+    with pytest.warns(RuntimeWarning, match="does not match the model"):
+        plugin, records = server_plugin(tmp_path, monkeypatch, heuristic="reverse",
+                                        order_file=str(stale))
+        order = plugin.accelopt_transfer_order(transfers=records, destination=1)
+    assert order == [r.tensor for r in reversed(records)]
+    good = tmp_path / "good.json"
+    wanted = [r.tensor for r in records][::2] + [r.tensor for r in records][1::2]
+    good.write_text(json.dumps(wanted))
+    plugin, records = server_plugin(tmp_path, monkeypatch, heuristic="named",
+                                    order_file=str(good))
+    assert plugin.accelopt_transfer_order(transfers=records, destination=1) == wanted
+
+
+def test_unknown_tensor_means_stale_plan_rebuilt(tmp_path, monkeypatch):
+    plugin, records = server_plugin(tmp_path, monkeypatch, heuristic="named")
+    plugin.accelopt_transfer_order(transfers=records, destination=1)
+    plugin.plan.dag.names[plugin.plan.dag.recvs[0]] = "edited.name"  # the plan goes stale
+    with pytest.warns(RuntimeWarning, match="does not match the model"):
+        order = plugin.accelopt_transfer_order(transfers=records, destination=1)
+    assert order == [r.tensor for r in records]
+
+
+def test_transfer_that_never_comes_is_an_error_naming_tensor_and_priority(tmp_path,
+                                                                         monkeypatch):
+    """The real Transport, driven by tictac's order: the first-priority tensor is never
+    posted, so the others are held; the wait ends in TransferOrderError, not a hang."""
+    from accelopt.cluster.transport import Transport
+
+    plugin, records = server_plugin(tmp_path, monkeypatch, heuristic="reverse")
+    host = PluginHost([(PLUGIN, plugin)])
+    transport = Transport(rank=0, host=host, t0_epoch=0.0, process="rank 0 (server)",
+                          timeout_s=1.0, device=torch.device("cpu"))
+    transport.plan(0, 1, records)
+    first = records[-1]  # reverse order: the last layer's tensor has priority 0
+    for rec in records[:-1]:
+        transport.post(rec, torch.zeros(1))
+    box: dict = {}
+    thread = threading.Thread(target=lambda: box.setdefault("r", _catch(
+        transport.wait_started, 0)))
+    thread.start()
+    thread.join(timeout=10)
+    assert not thread.is_alive()
+    err = box["r"]
+    assert isinstance(err, TransferOrderError)
+    assert f"'{first.tensor}' (priority 0)" in str(err)
+
+
+def _catch(fn, *args):
+    try:
+        fn(*args)
+    except Exception as exc:  # noqa: BLE001
+        return exc
+    return None
+
+
+def test_report_row_outside_ps_mode():
+    plugin = TictacPlugin(TictacConfig())
+    cfg = make_cfg()
+    cfg.cluster.mode = "none"
+    plugin.accelopt_configure(TictacConfig(), cfg)
+    row = plugin.accelopt_report_rows(run=None)[0]
+    assert "nothing to order" in row.summary
+
+
+def test_cluster_orders_enforced_and_numerics_bitwise_equal(tmp_path):
+    """Random orders (fresh every iteration) move every transfer around; parameters after N
+    iterations must still be bitwise equal to the run without the plugin."""
+    base = run_cluster(make_cfg(), run_dir=tmp_path / "base")
+    ordered = run_cluster(make_cfg(plugins={"tictac": {"heuristic": "random",
+                                                       "oracle_runs": 1}}),
+                          run_dir=tmp_path / "tictac")
+    assert base.metrics["transfers_ordered"] == 0
+    n_params = len(base.state) - 0
+    assert ordered.metrics["transfers_ordered"] == 4 * 2 * n_params  # iterations x workers
+    assert ordered.metrics["out_of_order_fraction"] == 0.0
+    for name, value in base.state.items():
+        assert torch.equal(value, ordered.state[name]), name
+    rows = [r for r in ordered.plugin_rows if r.plugin == "tictac"]
+    assert any("enforced random" in r.summary for r in rows)
+    started = [s for r in ordered.ranks if r.role == "server"
+               for s in r.stats.started_log if s[1] == 1]
+    per_it = {}
+    for it, _dest, _seq, tensor in started:
+        per_it.setdefault(it, []).append(tensor)
+    assert len({tuple(v) for v in per_it.values() if len(v) == n_params}) > 1  # fresh orders
+    plan = json.loads((tmp_path / "tictac" / "tictac" / "plan-rank0.json").read_text())
+    assert plan["heuristic"] == "random" and len(plan["order"]) == n_params
