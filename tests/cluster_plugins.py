@@ -80,8 +80,31 @@ class _DropBias:
         return not (record.kind == "grad" and record.tensor.endswith("bias"))
 
 
+class _CountDone:
+    """Observes accelopt_transfer_done on the receiving rank: counts transfers and bytes."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.nbytes = 0
+        self.negative = 0
+
+    @hookimpl
+    def accelopt_transfer_done(self, record, start_s, end_s):
+        self.count += 1
+        self.nbytes += record.nbytes
+        self.negative += end_s < start_s
+
+    @hookimpl
+    def accelopt_report_rows(self, run):
+        rank = os.environ.get("RANK", "?")
+        return [ReportRow("count_done", f"rank {rank} received {self.count} transfers",
+                          {"rank": rank, "done": self.count, "bytes": self.nbytes,
+                           "negative": self.negative})]
+
+
 REVERSE = PluginSpec(name="reverse_order", factory=lambda c: _Reverse())
 BOGUS = PluginSpec(name="bogus_order", factory=lambda c: _Bogus())
 PAUSE = PluginSpec(name="pause_rank", factory=_Pause, config=PauseConfig)
 HALF = PluginSpec(name="half_codec", factory=lambda c: _Half())
 DROP_BIAS = PluginSpec(name="drop_bias", factory=lambda c: _DropBias())
+COUNT_DONE = PluginSpec(name="count_done", factory=lambda c: _CountDone())

@@ -182,7 +182,23 @@ def test_an_order_naming_a_missing_transfer_fails_clearly(test_plugins):
 
 
 @pytest.mark.timeout(120)
+def test_transfer_done_is_called_once_per_received_transfer(test_plugins):
+    test_plugins("COUNT_DONE")
+    cfg = make_cfg("ps", iterations=2, plugins={"count_done": {}})
+    out = run_cluster(cfg, run_dir=".")
+    rows = {r.metrics["rank"]: r.metrics for r in out.plugin_rows if r.plugin == "count_done"}
+    n_params = len(list(single_process(cfg, iterations=0)[0].model.parameters()))
+    # accelopt_transfer_done runs on the receiver: each worker receives every parameter each
+    # iteration, the one server receives every gradient from both workers
+    assert rows["1"]["done"] == rows["2"]["done"] == n_params * 2
+    assert rows["0"]["done"] == 2 * n_params * 2
+    assert all(r["negative"] == 0 for r in rows.values())
+
+
+@pytest.mark.timeout(120)
 def test_codec_and_filter_plugins_transform_payloads(test_plugins):
+    """accelopt_transfer_encode / accelopt_transfer_decode change the payload on the wire;
+    accelopt_transfer_filter drops the bias gradients."""
     test_plugins("HALF", "DROP_BIAS")
     cfg = make_cfg("ps", iterations=2, plugins={"half_codec": {}, "drop_bias": {}})
     out = run_cluster(cfg, run_dir=".")

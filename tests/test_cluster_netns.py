@@ -67,8 +67,11 @@ def test_cluster_run_inside_a_shaped_namespace_is_cleaned_up():
     # framing) vs the model's parameter bytes x workers x 2: within a few percent
     ratio = m["loopback_bytes_per_iteration"] / m["expected_bytes_per_iteration"]
     assert 1.0 <= ratio < 1.05, ratio
-    # the links never beat the configured limit (all links share the one shaped lo)
-    assert m["achieved_bandwidth_bps"] < 1.1 * 200_000_000
+    # the links never beat the configured limit by more than tbf's burst allows (all links
+    # share the one shaped lo; short transfers can ride the token bucket's burst, so the
+    # busy-time average may exceed the rate a little; the 10% criterion is checked on one
+    # large transfer by test_shaped_loopback_delivers_the_configured_bandwidth)
+    assert m["achieved_bandwidth_bps"] < 1.3 * 200_000_000
     assert not new_namespaces(before)
     assert no_children_left()
 

@@ -179,3 +179,17 @@ def test_threshold_mode_needs_a_positive_threshold():
     plugin = GradcommPlugin(GradcommConfig())
     with pytest.raises(ConfigError, match="plugins.gradcomm.threshold must be > 0"):
         plugin.accelopt_configure(config=GradcommConfig(sparsify="threshold"), run_config=None)
+
+
+def test_encode_decode_hooks_round_trip_a_bucket():
+    """accelopt_transfer_encode on the sender, accelopt_transfer_decode on every rank."""
+    g = torch.randn(10)
+    dense = plugin_with_layout(dtype="bf16")
+    wire = dense.accelopt_transfer_encode(record=record(), payload=g)
+    back = dense.accelopt_transfer_decode(record=record(), payload=wire)
+    assert back.dtype == torch.float32 and torch.allclose(back, g, rtol=1e-2)
+    sparse = plugin_with_layout(sparsify="topk", density=0.3)
+    idx, values = sparse.accelopt_transfer_encode(record=record(), payload=g)
+    summed = sparse.accelopt_transfer_decode(record=record(), payload=[(idx, values)] * 2)
+    assert torch.equal(summed[idx.long()], 2 * g[idx.long()])
+    assert int((summed != 0).sum()) == 3

@@ -304,6 +304,8 @@ def test_fit_link_recovers_overhead_and_bandwidth():
     alpha, bw = oracle.fit_link(samples)
     assert alpha == pytest.approx(0.003, rel=1e-6)
     assert bw == pytest.approx(1e6, rel=1e-6)
+    alpha, bw = oracle.fit_link(samples, bytes_per_s=1e6)  # shaped: only alpha is fitted
+    assert alpha == pytest.approx(0.003, rel=1e-6) and bw == 1e6
 
 
 # -- CLI -------------------------------------------------------------------------------------

@@ -167,8 +167,34 @@ class SlideLinear(nn.Module):
 
     def _neuron_keys(self, rows: np.ndarray | None = None) -> np.ndarray:
         w = self.weight.numpy() if rows is None else self.weight.numpy()[rows]
+        if self.cfg.hash == "simhash":
+            return self._simhash_keys_blas(w)
         out = np.empty((w.shape[0], self.cfg.l), dtype=np.int32)
         _keys_dense_par(np.ascontiguousarray(w), *self.family(), out)
+        return out
+
+    def _simhash_keys_blas(self, w: np.ndarray, chunk: int = 65536) -> np.ndarray:
+        """SimHash keys of many rows as one matmul with the (sparse +-1) projections written
+        densely: rehashing 670K neurons is a GEMM, ~10x faster than the per-row kernel. The
+        same keys as the query path, except that a dot product within rounding of 0 may take
+        the other sign (the sum order differs), which LSH tolerates."""
+        kind, k, l, bits, rp = self.family_args  # noqa: E741
+        idx, sgn = self.hash_idx.numpy(), self.hash_sgn.numpy()
+        if "proj" not in self._scratch:
+            proj = np.zeros((idx.shape[0], self.in_features), np.float32)
+            np.add.at(proj, (np.arange(idx.shape[0])[:, None], idx), sgn)
+            self._scratch["proj"] = proj
+        proj_t = torch.from_numpy(self._scratch["proj"]).T
+        out = np.empty((w.shape[0], l), np.int32)
+        for lo in range(0, w.shape[0], chunk):
+            bit = (torch.from_numpy(np.ascontiguousarray(w[lo:lo + chunk])) @ proj_t) >= 0
+            bit3 = bit.numpy().reshape(-1, l, k)
+            code = np.zeros(bit3.shape[:2], np.uint64)
+            for j in range(k):  # first hash = most significant bit, as in table_keys_one
+                code = (code << np.uint64(1)) | bit3[:, :, j].astype(np.uint64)
+            if k * bits > rp:
+                code = (code * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(64 - rp)
+            out[lo:lo + chunk] = code.astype(np.int32)
         return out
 
     def rebuild(self) -> None:

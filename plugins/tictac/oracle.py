@@ -183,12 +183,22 @@ def save_cached(path: Path, times: ComputeTimes) -> None:
 # -- the link, from what the transport observed -----------------------------------------------
 
 
-def fit_link(samples: list[tuple[float, float, int]]) -> tuple[float, float] | None:
+def fit_link(samples: list[tuple[float, float, int]],
+             bytes_per_s: float | None = None) -> tuple[float, float] | None:
     """(per-message seconds, bytes/s) from observed transfers (start_s, end_s, nbytes) of
     one receiver: consecutive arrivals on a busy link are spaced by one transfer's time, so
-    gap = alpha + bytes / bandwidth is a least-squares line. None when it cannot be fitted."""
+    gap = alpha + bytes / bandwidth is a least-squares line. With a known rate (a shaped
+    link) only alpha is fitted, as the median of gap - bytes / rate (robust to the CPU
+    contention that spreads single gaps). None when it cannot be fitted."""
     if len(samples) < 3:
         return None
+    if bytes_per_s:
+        ordered = sorted(samples, key=lambda s: s[1])
+        rest = [end - max(prev_end, start) - nbytes / bytes_per_s
+                for (_, prev_end, _), (start, end, nbytes) in zip(ordered, ordered[1:],
+                                                                  strict=False)
+                if end - max(prev_end, start) > 0]
+        return (max(0.0, float(np.median(rest))) if rest else 0.0, float(bytes_per_s))
     samples = sorted(samples, key=lambda s: s[1])
     gaps, sizes = [], []
     for (_, prev_end, _), (start, end, nbytes) in zip(samples, samples[1:], strict=False):

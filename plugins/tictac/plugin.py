@@ -164,16 +164,24 @@ class TictacPlugin:
             self.link_source = "configured"
             return message, c.bandwidth_bytes_per_s
         if self.link is not None:
-            self.link_source = "measured from the transport"
+            self.link_source = ("shaped rate + per-message cost measured from the transport"
+                                if self._shaped_rate() else "measured from the transport")
             return (self.link[0] if c.message_s < 0 else message), self.link[1]
+        shaped = self._shaped_rate()
+        if shaped:
+            self.link_source = "shaped-network rate"
+            return message, shaped
+        self.link_source = "default 1 Gbit/s"
+        return message, DEFAULT_BYTES_PER_S
+
+    def _shaped_rate(self) -> float | None:
+        """Bytes/s of ``cluster.network.bandwidth`` (a shaped run), else None."""
         net = self.run_config.get("cluster", {}).get("network", {}) if self.run_config else {}
         if net and net.get("bandwidth"):
             from accelopt.cluster.settings import parse_rate
 
-            self.link_source = "shaped-network rate"
-            return message, parse_rate(str(net.get("bandwidth"))) / 8.0
-        self.link_source = "default 1 Gbit/s"
-        return message, DEFAULT_BYTES_PER_S
+            return parse_rate(str(net.get("bandwidth"))) / 8.0
+        return None
 
     def _make_plan(self, ignore_files: bool = False) -> None:
         from accelopt_plugins.tictac.plan import plan_measured
@@ -199,7 +207,8 @@ class TictacPlugin:
 
         self.replanned = True
         samples = [s for it in sorted(self.samples) for s in self.samples[it]]
-        fit = oracle.fit_link(samples) if samples else None
+        shaped = self._shaped_rate()
+        fit = oracle.fit_link(samples, shaped) if samples else None
         if fit is None:
             return
         t0 = time.perf_counter()
