@@ -18,6 +18,8 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
+
 from accelopt.errors import AccelOptError, UserError
 from accelopt.host import PluginHost
 from accelopt.records import JobResult, Span
@@ -105,6 +107,9 @@ class Executor:
         self._keep_open = keep_open
         self._closing = False
         self._inbox: list[_Entry] = []
+        # torch's intra-op thread count is per OS thread under OpenMP: lane threads would
+        # otherwise ignore run.threads and use the library default
+        self._torch_threads = torch.get_num_threads()
         self._observe_start = host.implements("accelopt_iteration_start")
         self._observe_end = host.implements("accelopt_iteration_end")
 
@@ -298,6 +303,7 @@ class Executor:
         thread.start()
 
     def _lane_loop(self, lane: str) -> None:
+        torch.set_num_threads(self._torch_threads)
         try:
             while True:
                 with self._cv:
