@@ -200,3 +200,23 @@ def test_open_executor_takes_submissions_and_cancels():
     assert by_name["short"].status == "done" and by_name["short"].iterations_done == 3
     assert by_name["long"].error == CANCELLED and by_name["long"].iterations_done < 100000
     assert [info.name for info, _, _ in executor.snapshot()] == ["short", "long"]
+
+
+def test_lane_threads_use_the_runs_thread_count(run_tiny):
+    """OpenMP thread counts are per OS thread: lanes must inherit run.threads."""
+    from accelopt import PluginSpec, hookimpl
+
+    seen: list[int] = []
+
+    class Probe:
+        @hookimpl
+        def accelopt_iteration_start(self, context):
+            seen.append(torch.get_num_threads())  # called in the lane's thread
+
+    previous = torch.get_num_threads()
+    try:
+        run_tiny(PluginSpec(name="thread_probe", factory=lambda c: Probe()),
+                 overrides=["run.threads=1"])
+    finally:
+        torch.set_num_threads(previous)
+    assert seen and set(seen) == {1}
