@@ -169,6 +169,7 @@ def main() -> None:
     ap.add_argument("--density", type=float, default=0.01)
     ap.add_argument("--threshold", type=float, default=0.002)
     ap.add_argument("--powersgd-rank", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--only", default="", help="comma-separated variant numbers to run")
     args = ap.parse_args()
     d = args.density
@@ -186,6 +187,8 @@ def main() -> None:
         (f"top-k {d:g} fp16", lambda: accelopt_variant(
             args, f"top-k {d:g} fp16", {"sparsify": "topk", "density": d, "dtype": "fp16"},
             args.bucket_mb)),
+        (f"top-k {d:g} 1 bucket", lambda: accelopt_variant(
+            args, f"top-k {d:g} 1 bucket", {"sparsify": "topk", "density": d}, 25.0)),
         (f"top-k {d:g} no EF", lambda: accelopt_variant(
             args, f"top-k {d:g} no EF", {"sparsify": "topk", "density": d,
                                           "error_feedback": False}, args.bucket_mb)),
@@ -206,18 +209,31 @@ def main() -> None:
           f"2 workers x 1 thread, shaped loopback {args.bandwidth} (tbf, shared by all links)")
     print(f"job: {args.model} width {args.width} on digits, global batch {args.batch}, "
           f"{args.iterations} iterations, SGD lr {args.lr} momentum 0.9, bucket "
-          f"{args.bucket_mb:g} MiB (no fusion: one bucket per tensor); times are medians "
-          f"over iterations after {WARMUP} warm-up")
-    results: list[Result] = []
-    for k, (name, fn) in enumerate(variants):
-        if k in chosen:
+          f"{args.bucket_mb:g} MiB (no fusion: one bucket per tensor); iter ms = median over "
+          f"{args.repeats} runs of each run's median iteration (after {WARMUP} warm-up)")
+    runs: dict[int, list[Result]] = {}
+    for rep in range(args.repeats):  # round-robin, so slow drift hits every variant alike
+        for k, (name, fn) in enumerate(variants):
+            if k not in chosen:
+                continue
             t0 = time.time()
             try:
-                results.append(fn())
+                runs.setdefault(k, []).append(fn())
             except Exception as exc:  # noqa: BLE001 - one failed variant must not hide the rest
                 print(f"  FAILED {name.strip()}: {type(exc).__name__}: {exc}", flush=True)
                 continue
-            print(f"  ran {name.strip()} in {time.time() - t0:.0f} s", flush=True)
+            print(f"  repeat {rep + 1}: ran {name.strip()} in {time.time() - t0:.0f} s",
+                  flush=True)
+    results: list[Result] = []
+    for k in sorted(runs):
+        rs = runs[k]
+        first = rs[0]
+        times = [r.iteration_s for r in rs if r.iteration_s is not None]
+        wires = [r.wire_bytes for r in rs if r.wire_bytes is not None]
+        first.iteration_s = statistics.median(times) if times else None
+        first.wire_bytes = statistics.median(wires) if wires else None
+        first.extra["iteration_s_runs"] = times
+        results.append(first)  # losses and accuracy are deterministic (same seed, same data)
     base = results[0]
     n = len(base.losses)
     points = sorted({0, n // 4, n // 2, 3 * n // 4, n - 1})
