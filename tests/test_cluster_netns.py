@@ -15,10 +15,23 @@ from accelopt.cluster import netns
 from accelopt.cluster.netns import Shape, ShapingError, leftover_namespaces
 
 
-def new_namespaces(before: set[str]) -> set[str]:
-    """Namespaces created since ``before`` and still there (other runs on the machine may
-    own the ones that already existed)."""
-    return set(leftover_namespaces()) - before
+@pytest.fixture
+def own_namespaces(monkeypatch):
+    """The names of the namespaces this test creates (other runs on the machine may create
+    their own meanwhile: only ours must be gone afterwards)."""
+    created: list[str] = []
+    original = netns.Namespace.__init__
+
+    def spy(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        created.append(self.name)
+
+    monkeypatch.setattr(netns.Namespace, "__init__", spy)
+    return created
+
+
+def still_there(created: list[str]) -> set[str]:
+    return set(created) & set(leftover_namespaces())
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_cluster import make_cfg, no_children_left  # noqa: E402
@@ -42,21 +55,19 @@ def test_shaping_without_root_is_a_one_line_error(monkeypatch):
 @pytest.mark.root
 @needs_root
 @pytest.mark.timeout(120)
-def test_shaped_loopback_delivers_the_configured_bandwidth():
-    before = set(leftover_namespaces())
+def test_shaped_loopback_delivers_the_configured_bandwidth(own_namespaces):
     from accelopt.cluster.probe import measure_bandwidth
 
     limit = 200_000_000
     achieved = measure_bandwidth(limit, nbytes=4 * 2**20, repeats=3)
     assert abs(statistics.median(achieved) / limit - 1) < 0.10, achieved
-    assert not new_namespaces(before)
+    assert own_namespaces and not still_there(own_namespaces)
 
 
 @pytest.mark.root
 @needs_root
 @pytest.mark.timeout(120)
-def test_cluster_run_inside_a_shaped_namespace_is_cleaned_up():
-    before = set(leftover_namespaces())
+def test_cluster_run_inside_a_shaped_namespace_is_cleaned_up(own_namespaces):
     # width 256: ~0.3 MB of parameters, so per-packet TCP/IP overhead is small
     cfg = make_cfg("ps", iterations=4, **{"network.bandwidth": "200mbit"})
     cfg.workload.jobs[0].width = 256
@@ -72,24 +83,23 @@ def test_cluster_run_inside_a_shaped_namespace_is_cleaned_up():
     # busy-time average may exceed the rate a little; the 10% criterion is checked on one
     # large transfer by test_shaped_loopback_delivers_the_configured_bandwidth)
     assert m["achieved_bandwidth_bps"] < 1.3 * 200_000_000
-    assert not new_namespaces(before)
+    assert own_namespaces and not still_there(own_namespaces)
     assert no_children_left()
 
 
 @pytest.mark.root
 @needs_root
 @pytest.mark.timeout(60)
-def test_namespace_is_removed_on_error_and_latency_needs_netem():
-    before = set(leftover_namespaces())
+def test_namespace_is_removed_on_error_and_latency_needs_netem(own_namespaces):
     with pytest.raises(RuntimeError):
         with netns.Namespace(Shape(10**9, None)) as ns:
             assert ns.name in leftover_namespaces()
             assert "tbf" in ns.qdisc()
             raise RuntimeError("boom")
-    assert not new_namespaces(before)
+    assert own_namespaces and not still_there(own_namespaces)
     try:
         with netns.Namespace(Shape(None, 0.001)) as ns:
             assert "netem" in ns.qdisc()
     except ShapingError as exc:
         assert "netem" in str(exc) and "\n" not in str(exc)
-    assert not new_namespaces(before)
+    assert own_namespaces and not still_there(own_namespaces)
