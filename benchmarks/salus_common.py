@@ -175,7 +175,7 @@ def jct_stats(jcts: list[float], ends: list[float], arrivals: list[float]) -> di
 
 
 def _pct(values: list[float], q: float) -> float:
-    from accelopt_plugins.salus.metrics import percentile
+    from accelopt.report.metrics import percentile
 
     result = percentile(values, q)
     assert result is not None

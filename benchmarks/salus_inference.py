@@ -17,10 +17,10 @@ import argparse
 import random
 import statistics
 
-from accelopt_plugins.salus.metrics import percentile
 from salus_common import machine, profile_all, run_policy
 
 from accelopt.config import JobConfig
+from accelopt.report.metrics import percentile
 from accelopt.units import format_bytes
 
 ZOO = ["mlp", "cnn", "lstm", "transformer", "resnet", "inception"]

@@ -11,6 +11,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from accelopt.cluster.metrics import union_length
+
 
 @dataclass(frozen=True)
 class Interval:
@@ -22,31 +24,9 @@ class Interval:
     end_s: float
 
 
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """Linear-interpolated percentile (numpy's default); ``None`` for no values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
-
-
 def union_seconds(intervals: Sequence[tuple[float, float]]) -> float:
     """Length of the union of intervals (overlaps counted once)."""
-    total = 0.0
-    cur_start = cur_end = None
-    for start, end in sorted(intervals):
-        if cur_end is None or start > cur_end:
-            if cur_end is not None:
-                total += cur_end - cur_start  # type: ignore[operator]
-            cur_start, cur_end = start, end
-        else:
-            cur_end = max(cur_end, end)
-    if cur_end is not None:
-        total += cur_end - cur_start  # type: ignore[operator]
-    return total
+    return union_length(intervals)
 
 
 def busy_fraction(intervals: Sequence[Interval], start_s: float, end_s: float) -> float | None:

@@ -28,7 +28,6 @@ from accelopt_plugins.salus.metrics import (
     Interval,
     busy_fraction,
     contention_fairness,
-    percentile,
 )
 from accelopt_plugins.salus.policies import Policy, make_policy
 
@@ -45,6 +44,7 @@ from accelopt import (
     RunInfo,
     hookimpl,
 )
+from accelopt.report.metrics import percentile
 from accelopt.units import format_bytes, parse_bytes
 
 CPU_NOTE = "lanes are accounted, not enforced (CPU: no device allocator to partition)"
