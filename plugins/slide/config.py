@@ -18,7 +18,7 @@ INFERENCES = ("dense", "lsh")
 class SlideConfig:
     """Keys users set as ``plugins.slide.key=value``. Defaults: the paper's SimHash K=9, L=50
     (its Delicious setting; its Amazon setting, DWTA K=8, retrieved no better than random on
-    our 128-wide ReLU hidden layer, see docs/benchmarks_slide.md), buckets of 128 filled by
+    our 128-wide ReLU hidden layer, see docs/benchmarks.md, section slide), buckets of 128 filled by
     reservoir sampling, the top 1000 neurons by table hits, rebuild every 50 batches."""
 
     min_width: int = 4096
