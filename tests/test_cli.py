@@ -122,3 +122,13 @@ def test_unknown_command(tmp_path):
     result = accelopt("rnu", cwd=tmp_path)
     assert result.returncode == 2
     assert "did you mean 'run'" in result.stderr
+
+
+def test_hydra_flags_with_values_are_not_overrides(tmp_path):
+    from accelopt.cli.main import hydra_overrides
+
+    assert hydra_overrides(["--cfg", "job", "workload=tiny", "-m", "--info", "defaults",
+                            "+plugins=[noop]", "--debug"]) == ["workload=tiny", "+plugins=[noop]"]
+    result = accelopt("run", "--cfg", "job", "+plugins=[noop]", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "noop:" in result.stdout and "record: true" in result.stdout

@@ -92,10 +92,33 @@ def _run(rest: list[str], debug: bool) -> int:
 
     registry = Registry.discover()
     multirun = "-m" in rest or "--multirun" in rest
-    overrides = [a for a in rest if not a.startswith("-")]
+    overrides = hydra_overrides(rest)
     passthrough = any(a.split("=")[0] in HYDRA_PASSTHROUGH_FLAGS for a in rest)
     prepare(overrides, registry, multirun=multirun and not passthrough)
     return run_hydra(rest, registry, debug)
+
+
+FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name",
+                    "-cn", "--config-dir", "-cd", "--experimental-rerun", "--shell-completion",
+                    "-sc"}
+INFO_TOPICS = {"all", "config", "defaults", "defaults-tree", "plugins", "searchpath"}
+
+
+def hydra_overrides(args: list[str]) -> list[str]:
+    """The overrides of an ``accelopt run`` line: everything but Hydra's own flags and their
+    values (``--cfg job``, ``--info defaults``)."""
+    overrides: list[str] = []
+    skip = False
+    for i, arg in enumerate(args):
+        if skip:
+            skip = False
+            continue
+        if arg.startswith("-"):
+            skip = arg in FLAGS_WITH_VALUE or (
+                arg in ("--info", "-i") and i + 1 < len(args) and args[i + 1] in INFO_TOPICS)
+            continue
+        overrides.append(arg)
+    return overrides
 
 
 def plugin_cli_commands(registry: Registry) -> dict[str, Callable[[list[str]], int]]:
