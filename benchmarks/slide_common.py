@@ -84,6 +84,19 @@ class Trainer:
     def reset(self) -> None:
         self.times, self.steps = {}, 0
 
+    def backward_and_update(self, loss: torch.Tensor, t: float) -> float:
+        """The timed tail every trainer with a dense and a sparse optimizer shares."""
+        t = self.tick("forward", t)
+        self.opt.zero_grad()
+        self.sparse_opt.zero_grad()
+        loss.backward()
+        t = self.tick("backward", t)
+        self.opt.step()
+        self.sparse_opt.step()
+        self.tick("optimizer", t)
+        self.steps += 1
+        return float(loss.detach())
+
 
 class DenseTrainer(Trainer):
     name = "dense"
@@ -97,16 +110,7 @@ class DenseTrainer(Trainer):
     def step(self, x: torch.Tensor, y: torch.Tensor) -> float:
         t = time.perf_counter()
         loss = xc_softmax_loss(self.model(x), y)
-        t = self.tick("forward", t)
-        self.opt.zero_grad()
-        self.sparse_opt.zero_grad()
-        loss.backward()
-        t = self.tick("backward", t)
-        self.opt.step()
-        self.sparse_opt.step()
-        self.tick("optimizer", t)
-        self.steps += 1
-        return float(loss.detach())
+        return self.backward_and_update(loss, t)
 
     def eval_model(self) -> nn.Module:
         return self.model
@@ -144,16 +148,7 @@ class SampledTrainer(Trainer):
         h = self.first.hidden(x)
         logits = h @ self.w(cand).T + self.b(cand)[:, 0]
         loss = xc_softmax_loss(logits, pos)
-        t = self.tick("forward", t)
-        self.opt.zero_grad()
-        self.sparse_opt.zero_grad()
-        loss.backward()
-        t = self.tick("backward", t)
-        self.opt.step()
-        self.sparse_opt.step()
-        self.tick("optimizer", t)
-        self.steps += 1
-        return float(loss.detach())
+        return self.backward_and_update(loss, t)
 
     def eval_model(self) -> nn.Module:
         first, w, b = self.first, self.w, self.b

@@ -13,6 +13,7 @@ inference. Scalpel (Yu et al. ISCA 2017) measured this kind of execution at 0.41
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -43,6 +44,16 @@ def magnitude_mask(weight: torch.Tensor, amount: float) -> torch.Tensor:
     return mask
 
 
+def _masked_copy(new: nn.Module, layer: nn.Module, amount: float) -> Any:
+    """Load ``layer``'s weights into ``new``, attach the magnitude mask and zero the pruned
+    weights (shared by the masked Linear and Conv2d)."""
+    new.load_state_dict(layer.state_dict())
+    new.register_buffer("mask", magnitude_mask(layer.weight, amount))
+    with torch.no_grad():
+        new.weight.mul_(new.mask)
+    return new
+
+
 class MaskedLinear(nn.Linear):
     """A Linear whose pruned weights stay zero during fine-tuning (mask applied in forward)."""
 
@@ -51,11 +62,7 @@ class MaskedLinear(nn.Linear):
     @classmethod
     def from_dense(cls, layer: nn.Linear, amount: float) -> MaskedLinear:
         new = cls(layer.in_features, layer.out_features, bias=layer.bias is not None)
-        new.load_state_dict(layer.state_dict())
-        new.register_buffer("mask", magnitude_mask(layer.weight, amount))
-        with torch.no_grad():
-            new.weight.mul_(new.mask)
-        return new
+        return _masked_copy(new, layer, amount)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight * self.mask, self.bias)
@@ -70,11 +77,7 @@ class MaskedConv2d(nn.Conv2d):
     def from_dense(cls, layer: nn.Conv2d, amount: float) -> MaskedConv2d:
         new = cls(layer.in_channels, layer.out_channels, layer.kernel_size, layer.stride,
                   layer.padding, layer.dilation, layer.groups, bias=layer.bias is not None)
-        new.load_state_dict(layer.state_dict())
-        new.register_buffer("mask", magnitude_mask(layer.weight, amount))
-        with torch.no_grad():
-            new.weight.mul_(new.mask)
-        return new
+        return _masked_copy(new, layer, amount)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._conv_forward(x, self.weight * self.mask, self.bias)
