@@ -14,6 +14,7 @@ samples per second over the whole run; latency is per request (one iteration = o
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import statistics
 
@@ -46,7 +47,9 @@ def main() -> None:
           f"need per model {format_bytes(need[0])}..{format_bytes(need[-1])}; "
           f"{args.repeats} repeats, medians")
     sides = {"one device per job (exclusive, one at a time)": dict(policy="fifo", threads=1),
-             "SALUS lanes (PACK), 1 thread per lane": dict(policy="pack", threads=1)}
+             "SALUS lanes (PACK), 1 thread per lane": dict(policy="pack", threads=1),
+             "SALUS lanes (PACK), lanes <= cores, 1 thread": dict(policy="pack", threads=1,
+                                                               max_lanes=os.cpu_count() or 1)}
     stats: dict[str, dict[str, list[float]]] = {k: {"tput": [], "p95": [], "fit": []}
                                                 for k in sides}
     for rep in range(args.repeats):
