@@ -106,11 +106,23 @@ def ddp_child(rank: int, world: int, port: int, namespace: str, spec: JobConfig,
     model = DDP(job.model, bucket_cap_mb=bucket_mb)
     if hook == "fp16":
         model.register_comm_hook(None, default_hooks.fp16_compress_hook)
-    elif hook == "powersgd":
+    elif hook in ("powersgd", "powersgd-sync"):
         state = powerSGD_hook.PowerSGDState(process_group=None,
                                             matrix_approximation_rank=rank_power,
                                             start_powerSGD_iter=2)
-        model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+        if hook == "powersgd":
+            model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+        else:
+            def in_order(st, bucket):  # no annotations: DDP checks them (strings here)
+                """powerSGD_hook issues its P and Q all-reduces from future callbacks (gloo's
+                threads), racing the next bucket's first all-reduce from the autograd
+                thread: the ranks issue them in different orders. Waiting for each bucket's
+                whole chain keeps one order on every rank, at the cost of overlap."""
+                fut = powerSGD_hook.powerSGD_hook(st, bucket)
+                fut.wait()
+                return fut
+
+            model.register_comm_hook(state, in_order)
     opt = make_optimizer(spec, model)
     row0, row1 = shard_rows(spec.batch_size, world)[rank]
     times, losses, lo = [], [], []
@@ -173,6 +185,10 @@ def main() -> None:
     ap.add_argument("--only", default="", help="comma-separated variant numbers to run")
     args = ap.parse_args()
     d = args.density
+    topk = {"sparsify": "topk", "density": d, "topk_scope": "bucket"}
+    thr = {"sparsify": "threshold", "threshold": args.threshold}
+    no_mc, mc = {"momentum_correction": False}, {"momentum_correction": True}
+    shared = {"topk_scope": "model"}
     variants: list[tuple[str, Any]] = [
         ("all-reduce fp32", lambda: accelopt_variant(args, "all-reduce fp32", None, args.bucket_mb)),
         ("  no overlap", lambda: accelopt_variant(args, "  no overlap", {"overlap": False},
@@ -182,19 +198,39 @@ def main() -> None:
                                                    args.bucket_mb)),
         ("gradcomm bf16", lambda: accelopt_variant(args, "gradcomm bf16", {"dtype": "bf16"},
                                                    args.bucket_mb)),
+        # the rows of the recorded table: error feedback only (no momentum correction)
         (f"top-k {d:g}", lambda: accelopt_variant(
-            args, f"top-k {d:g}", {"sparsify": "topk", "density": d}, args.bucket_mb)),
+            args, f"top-k {d:g}", {**topk, **no_mc}, args.bucket_mb)),
         (f"top-k {d:g} fp16", lambda: accelopt_variant(
-            args, f"top-k {d:g} fp16", {"sparsify": "topk", "density": d, "dtype": "fp16"},
-            args.bucket_mb)),
+            args, f"top-k {d:g} fp16", {**topk, **no_mc, "dtype": "fp16"}, args.bucket_mb)),
         (f"top-k {d:g} 1 bucket", lambda: accelopt_variant(
-            args, f"top-k {d:g} 1 bucket", {"sparsify": "topk", "density": d}, 25.0)),
+            args, f"top-k {d:g} 1 bucket", {**topk, **no_mc}, 25.0)),
         (f"top-k {d:g} no EF", lambda: accelopt_variant(
-            args, f"top-k {d:g} no EF", {"sparsify": "topk", "density": d,
-                                          "error_feedback": False}, args.bucket_mb)),
+            args, f"top-k {d:g} no EF", {**topk, **no_mc, "error_feedback": False},
+            args.bucket_mb)),
         (f"threshold {args.threshold:g}", lambda: accelopt_variant(
-            args, f"threshold {args.threshold:g}",
-            {"sparsify": "threshold", "threshold": args.threshold}, args.bucket_mb)),
+            args, f"threshold {args.threshold:g}", {**thr, **no_mc}, args.bucket_mb)),
+        # DGC momentum correction (+ factor masking unless said), the plugin's default for
+        # sparse modes under SGD with momentum
+        (f"top-k {d:g} +MC", lambda: accelopt_variant(
+            args, f"top-k {d:g} +MC", {**topk, **mc}, args.bucket_mb)),
+        (f"top-k {d:g} fp16 +MC", lambda: accelopt_variant(
+            args, f"top-k {d:g} fp16 +MC", {**topk, **mc, "dtype": "fp16"}, args.bucket_mb)),
+        (f"top-k {d:g} 1 bucket +MC", lambda: accelopt_variant(
+            args, f"top-k {d:g} 1 bucket +MC", {**topk, **mc}, 25.0)),
+        (f"top-k {d:g} +MC no mask", lambda: accelopt_variant(
+            args, f"top-k {d:g} +MC no mask", {**topk, **mc, "factor_masking": False},
+            args.bucket_mb)),
+        (f"threshold {args.threshold:g} +MC", lambda: accelopt_variant(
+            args, f"threshold {args.threshold:g} +MC", {**thr, **mc}, args.bucket_mb)),
+        # k shared over the whole model (one step stale), buckets still overlap backward
+        (f"top-k {d:g} model", lambda: accelopt_variant(
+            args, f"top-k {d:g} model", {**topk, **no_mc, **shared}, args.bucket_mb)),
+        (f"top-k {d:g} model +MC", lambda: accelopt_variant(
+            args, f"top-k {d:g} model +MC", {**topk, **mc, **shared}, args.bucket_mb)),
+        (f"top-k {d:g} model fp16 +MC", lambda: accelopt_variant(
+            args, f"top-k {d:g} model fp16 +MC", {**topk, **mc, **shared, "dtype": "fp16"},
+            args.bucket_mb)),
         ("DDP fp32", lambda: ddp_variant(args, "DDP fp32", "none", args.bucket_mb)),
         ("DDP fp16_compress", lambda: ddp_variant(args, "DDP fp16_compress", "fp16",
                                                   args.bucket_mb)),
@@ -203,6 +239,9 @@ def main() -> None:
         # doesn't match expected size ... collective mismatch"); one bucket is a chain
         (f"DDP powerSGD r={args.powersgd_rank}", lambda: ddp_variant(
             args, f"DDP powerSGD r={args.powersgd_rank}*", "powersgd", 100.0)),
+        (f"DDP powerSGD r={args.powersgd_rank} sync", lambda: ddp_variant(
+            args, f"DDP powerSGD r={args.powersgd_rank} sync+", "powersgd-sync",
+            args.bucket_mb)),
     ]
     chosen = {int(s) for s in args.only.split(",") if s} or set(range(len(variants)))
     print(f"machine: {platform.node()}, {os.cpu_count()} CPUs, torch {torch.__version__}, gloo, "
@@ -227,6 +266,8 @@ def main() -> None:
     results: list[Result] = []
     for k in sorted(runs):
         rs = runs[k]
+        if not rs:  # failed in every repeat (printed above)
+            continue
         first = rs[0]
         times = [r.iteration_s for r in rs if r.iteration_s is not None]
         wires = [r.wire_bytes for r in rs if r.wire_bytes is not None]
@@ -255,7 +296,13 @@ def main() -> None:
         print(f"{r.name:<22}{pay_s:>12}{wire:>12}{'1/' + fewer:>9}{it:>9}{speed:>9}{r.accuracy:>10.2%}"
               f"{(r.accuracy - base.accuracy) * 100:>+7.1f}  {curve}  {r.note}")
     print("* powerSGD runs with one DDP bucket (with several, its callback-issued gloo "
-          "collectives mismatch between ranks)")
+          "collectives mismatch between ranks); + the same hook with the default buckets, "
+          "each bucket's all-reduce chain awaited inside the hook (one order on every rank, "
+          "no overlap)")
+    print("+MC: DGC momentum correction with momentum factor masking (no mask: without); "
+          "rows without +MC set momentum_correction=false (error feedback only); top-k rows "
+          "without 'model' take k per bucket (topk_scope=bucket), 'model' shares k over the "
+          "model (topk_scope=model, the plugin's default)")
     print("payload: what one rank hands to gloo per iteration (transport count: all-reduce "
           "input or all-gather contribution); wire: every byte on the shaped loopback per "
           "iteration (kernel counter, both ranks, TCP/IP and gloo framing included)")

@@ -193,3 +193,214 @@ def test_encode_decode_hooks_round_trip_a_bucket():
     summed = sparse.accelopt_transfer_decode(record=record(), payload=[(idx, values)] * 2)
     assert torch.equal(summed[idx.long()], 2 * g[idx.long()])
     assert int((summed != 0).sum()) == 3
+
+
+# -- DGC momentum correction and factor masking ------------------------------------------
+
+
+def run_corrected(codec: BucketCodec, n: int, steps: int, seed: int, m: float):
+    """Feed random gradients; return (sum of the reference velocities, sum of what was sent).
+    The reference ``u <- m*u + g`` is computed here, independently of the codec, and masked
+    only from what the wire shows (the sent indices) when the codec masks."""
+    gen = torch.Generator().manual_seed(seed)
+    u = torch.zeros(n, dtype=torch.float64)
+    velocity_sum = torch.zeros(n, dtype=torch.float64)
+    sent_sum = torch.zeros(n, dtype=torch.float64)
+    for _ in range(steps):
+        g = torch.randn(n, generator=gen) * torch.rand(n, generator=gen)
+        u = m * u + g.double()
+        velocity_sum += u
+        idx, values = codec.encode("bucket0", g)
+        sent_sum.index_add_(0, idx.long(), values.double())
+        if codec.corrected and codec.factor_masking:
+            u[idx.long()] = 0.0
+            assert not codec.velocity["bucket0"][idx.long()].any()
+    return velocity_sum, sent_sum
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"sparsify": "topk", "density": 0.01},
+    {"sparsify": "topk", "density": 0.05, "dtype": "fp16"},
+    {"sparsify": "topk", "density": 0.01, "factor_masking": False},
+    {"sparsify": "threshold", "threshold": 1.0, "dtype": "bf16"},
+])
+def test_corrected_residual_plus_sent_equals_the_velocity_sum(kwargs):
+    """The corrected form of the mass identity: nothing of the accumulated velocity is lost.
+    Without masking the reference velocities are dense momentum SGD's own (what it applies,
+    in units of the learning rate)."""
+    codec = BucketCodec(momentum=0.9, **kwargs)
+    assert codec.corrected
+    velocity_sum, sent_sum = run_corrected(codec, n=2000, steps=30, seed=1, m=0.9)
+    residual = codec.residual["bucket0"].double()
+    torch.testing.assert_close(sent_sum + residual, velocity_sum, atol=2e-4, rtol=1e-6)
+    # and the correction really changed what is sent: the plain codec sends other values
+    _, plain_sent = run_corrected(BucketCodec(**kwargs), n=2000, steps=30, seed=1, m=0.0)
+    assert not torch.allclose(plain_sent, sent_sum)
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(1, 300), density=st.floats(0.001, 1.0), steps=st.integers(1, 8),
+       seed=st.integers(0, 2**16), m=st.floats(0.1, 0.99), masking=st.booleans(),
+       dtype=st.sampled_from(["fp32", "fp16", "bf16"]))
+def test_corrected_identity_property(n, density, steps, seed, m, masking, dtype):
+    codec = BucketCodec(sparsify="topk", density=density, dtype=dtype, momentum=m,
+                        factor_masking=masking)
+    velocity_sum, sent_sum = run_corrected(codec, n=n, steps=steps, seed=seed, m=m)
+    torch.testing.assert_close(sent_sum + codec.residual["bucket0"].double(), velocity_sum,
+                               atol=1e-4, rtol=1e-5)
+
+
+def sgd_momentum(lr: float = 0.1, m: float = 0.9, n: int = 64):
+    """The job's own optimizer, as the core builds it, on one flat parameter."""
+    from accelopt.config import JobConfig
+    from accelopt.runtime.job import make_optimizer
+
+    model = torch.nn.Linear(n, 1, bias=False)
+    with torch.no_grad():
+        model.weight.zero_()
+    return model.weight, make_optimizer(JobConfig(name="t", lr=lr, momentum=m), model)
+
+
+@pytest.mark.parametrize("masking", [True, False])
+def test_the_decoder_cancels_the_optimizers_momentum(masking):
+    """Two ranks' codecs; every rank decodes the same gathered payloads to the same tensor,
+    and the job's SGD-with-momentum then moves the weights by exactly lr * (sum of the sent
+    values): DGC's update, with no momentum applied on top."""
+    n, lr = 64, 0.1
+    w, opt = sgd_momentum(lr=lr, n=n)
+    ranks = [BucketCodec(sparsify="topk", density=0.1, momentum=0.9, factor_masking=masking)
+             for _ in range(2)]
+    gen = torch.Generator().manual_seed(3)
+    applied = torch.zeros(n, dtype=torch.float64)
+    for _ in range(25):
+        payloads = [c.encode("b", torch.randn(n, generator=gen)) for c in ranks]
+        for idx, values in payloads:
+            applied.index_add_(0, idx.long(), values.double())
+        decoded = [c.decode("b", payloads) for c in ranks]
+        assert torch.equal(decoded[0], decoded[1])  # replicas stay identical
+        w.grad = decoded[0].view_as(w).clone()
+        opt.step()
+    torch.testing.assert_close(w.detach().double().reshape(-1), -lr * applied,
+                               atol=1e-5, rtol=1e-5)
+
+
+def test_density_one_without_masking_is_dense_momentum_sgd():
+    n = 64
+    w, opt = sgd_momentum(n=n)
+    w_dense, opt_dense = sgd_momentum(n=n)
+    ranks = [BucketCodec(sparsify="topk", density=1.0, momentum=0.9, factor_masking=False)
+             for _ in range(2)]
+    gen = torch.Generator().manual_seed(4)
+    for _ in range(20):
+        grads = [torch.randn(n, generator=gen) for _ in ranks]
+        payloads = [c.encode("b", g) for c, g in zip(ranks, grads, strict=True)]
+        w.grad = ranks[0].decode("b", payloads).view_as(w).clone()
+        w_dense.grad = (grads[0] + grads[1]).view_as(w)
+        opt.step()
+        opt_dense.step()
+    torch.testing.assert_close(w, w_dense, atol=1e-5, rtol=1e-5)
+
+
+def configured(options: dict, optimizer: str | None = "sgd", momentum: float = 0.9):
+    run_config = {"cluster": {"mode": "allreduce", "bucket_mb": 25}}
+    if optimizer is not None:
+        run_config["workload"] = {"jobs": [{"name": "j", "optimizer": optimizer,
+                                            "momentum": momentum}]}
+    plugin = GradcommPlugin(GradcommConfig())
+    plugin.accelopt_configure(config=GradcommConfig(**options),
+                              run_config=OmegaConf.create(run_config))
+    return plugin
+
+
+def test_momentum_correction_is_on_by_default_only_where_it_applies():
+    topk = {"sparsify": "topk", "density": 0.1}
+    assert configured(topk).codec.momentum == 0.9 and configured(topk).codec.corrected
+    assert configured({"sparsify": "threshold", "threshold": 0.1}).codec.corrected
+    assert not configured(topk, optimizer="adam").codec.corrected
+    assert not configured(topk, momentum=0.0).codec.corrected
+    assert not configured(topk, optimizer=None).codec.corrected
+    assert not configured({**topk, "error_feedback": False}).codec.corrected
+    assert not configured({"dtype": "fp16"}).codec.corrected
+    assert not configured({**topk, "momentum_correction": False}).codec.corrected
+
+
+@pytest.mark.parametrize("options, optimizer, momentum, reason", [
+    ({"sparsify": "topk"}, "adam", 0.9, "optimizer is adam"),
+    ({"sparsify": "topk"}, "sgd", 0.0, "momentum 0"),
+    ({"dtype": "fp16"}, "sgd", 0.9, "sparsify=topk"),
+    ({"sparsify": "topk", "error_feedback": False}, "sgd", 0.9, "error_feedback=true"),
+])
+def test_momentum_correction_true_where_it_cannot_apply_is_one_line(options, optimizer,
+                                                                    momentum, reason):
+    with pytest.raises(ConfigError) as info:
+        configured({**options, "momentum_correction": True}, optimizer, momentum)
+    message = str(info.value)
+    assert "plugins.gradcomm.momentum_correction" in message and reason in message
+    assert "\n" not in message
+
+
+def test_momentum_correction_override_reaches_the_plugin(run_tiny):
+    """``plugins.gradcomm.momentum_correction=true`` parses (an optional bool) and is checked
+    against the workload's optimizer (tiny: SGD momentum 0.9 by default, Adam refused)."""
+    record_ = run_tiny(PLUGIN, overrides=["plugins.gradcomm.sparsify=topk",
+                                          "plugins.gradcomm.momentum_correction=true"])
+    assert any(r.plugin == "gradcomm" for r in record_.plugin_rows)
+    with pytest.raises(ConfigError, match="optimizer is adam"):
+        run_tiny(PLUGIN, overrides=["plugins.gradcomm.sparsify=topk",
+                                    "plugins.gradcomm.momentum_correction=true",
+                                    "workload.jobs.0.optimizer=adam"])
+
+
+# -- top-k budget shared over the model --------------------------------------------------
+
+
+def test_model_scope_moves_the_budget_to_where_the_largest_values_are():
+    """Bucket 'head' is small with large gradients, 'body' large with small ones. Per bucket,
+    the head gets 1% of its own entries; with scope=model it gets the share of the model's
+    top-1% it holds (from the second step on), and the total stays the model's budget."""
+    gen = torch.Generator().manual_seed(5)
+    sizes = {"head": 500, "body": 9500}
+    k_model = math.ceil(0.01 * sum(sizes.values()))
+    per_bucket, per_model = (BucketCodec(sparsify="topk", density=0.01, scope=s)
+                             for s in ("bucket", "model"))
+    sent = {"bucket": [], "model": []}
+    for it in range(6):
+        grads = {"head": 10 * torch.randn(500, generator=gen),
+                 "body": torch.randn(9500, generator=gen)}
+        for scope, codec in (("bucket", per_bucket), ("model", per_model)):
+            counts = {b: codec.encode(b, g, iteration=it)[0].numel() for b, g in grads.items()}
+            sent[scope].append(counts)
+    assert all(c == {"head": 5, "body": 95} for c in sent["bucket"])
+    assert sent["model"][0] == {"head": 5, "body": 95}  # first step: nothing known yet
+    for counts in sent["model"][1:]:
+        assert counts["head"] > 40  # most of the model's largest values are in the head
+        assert k_model <= sum(counts.values()) <= k_model + len(sizes)
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_model_scope_keeps_the_mass_identity(momentum):
+    codec = BucketCodec(sparsify="topk", density=0.02, scope="model", momentum=momentum,
+                        dtype="fp16")
+    gen = torch.Generator().manual_seed(6)
+    n = {"b0": 300, "b1": 1700}
+    u = {b: torch.zeros(k, dtype=torch.float64) for b, k in n.items()}
+    reference = {b: torch.zeros(k, dtype=torch.float64) for b, k in n.items()}
+    sent = {b: torch.zeros(k, dtype=torch.float64) for b, k in n.items()}
+    for it in range(12):
+        for b, k in n.items():
+            g = torch.randn(k, generator=gen) * (5.0 if b == "b0" else 1.0)
+            u[b] = momentum * u[b] + g.double()
+            reference[b] += u[b]
+            idx, values = codec.encode(b, g, iteration=it)
+            sent[b].index_add_(0, idx.long(), values.double())
+            if codec.corrected:
+                u[b][idx.long()] = 0.0
+    for b in n:
+        torch.testing.assert_close(sent[b] + codec.residual[b].double(), reference[b],
+                                   atol=2e-4, rtol=1e-6)
+
+
+def test_unknown_topk_scope_is_a_one_line_error():
+    with pytest.raises(ConfigError, match="plugins.gradcomm.topk_scope: unknown scope 'layer'"):
+        GradcommPlugin(GradcommConfig()).accelopt_configure(
+            config=GradcommConfig(sparsify="topk", topk_scope="layer"), run_config=None)

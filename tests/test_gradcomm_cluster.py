@@ -106,6 +106,8 @@ def test_replicas_stay_identical_every_n_iterations(tmp_path):
     # and the replicas really moved: the parameter digests change between checks
     assert len(set(digests[0])) == len(digests[0])
     assert all(any("error feedback" in line for line in ls) for ls in lines)
+    # the job is SGD with momentum 0.9: DGC momentum correction is on by default
+    assert all(any("momentum correction (m=0.9" in line for line in ls) for ls in lines)
 
 
 def test_fp16_halves_the_bytes_and_sparse_buckets_train():
@@ -133,3 +135,24 @@ def test_a_diverging_run_stops_naming_the_layer_instead_of_spreading_nan():
     assert "NonFiniteGradient" in message and "in layer 'net." in message
     assert "not sent" in message and "\n" not in message
     print(message)
+
+
+def test_momentum_correction_at_density_one_is_plain_momentum_sgd():
+    """Sending every element with momentum correction (no masking) must train exactly like
+    the plain all-reduce with the job's SGD momentum: the velocity moves into the codec and
+    the decoder cancels the optimizer's own momentum, in the real runtime, over several
+    buckets."""
+    plain = run_cluster(make_cfg(), run_dir=".")
+    corrected = run_cluster(make_cfg(sparsify="topk", density=1.0, momentum_correction=True,
+                                     factor_masking=False), run_dir=".")
+    assert plain.state.keys() == corrected.state.keys()
+    for name, value in plain.state.items():
+        torch.testing.assert_close(corrected.state[name], value, atol=1e-5, rtol=1e-4)
+    rows = [r for r in corrected.plugin_rows if r.plugin == "gradcomm"]
+    assert rows and "without factor masking" in rows[0].summary
+    assert rows[0].metrics["buckets"] > 1
+    # and with masking the same density-1 run is different training (sent entries lose
+    # their momentum): the check above can tell them apart
+    masked = run_cluster(make_cfg(sparsify="topk", density=1.0), run_dir=".")
+    assert any(not torch.allclose(masked.state[n], v, atol=1e-5, rtol=1e-4)
+               for n, v in plain.state.items())

@@ -1,7 +1,8 @@
 """gradcomm: gradient communication tricks for all-reduce data parallelism.
 
 fp16/bf16 compression of gradient buckets, threshold / top-k sparsification with error
-feedback (nothing that is not sent is lost: it is added to the next iteration's gradient),
+feedback (nothing that is not sent is lost: it is added to the next iteration's gradient)
+and, under SGD with momentum, DGC's momentum correction and factor masking,
 bucket fusion (the core's ``cluster.bucket_mb``) and overlap of per-bucket communication
 with backward (on by default; ``overlap=false`` holds every bucket until backward ends).
 Everything goes through the send/recv hook point (``accelopt_transfer_encode/decode``).
@@ -24,6 +25,6 @@ PLUGIN = PluginSpec(
     name="gradcomm",
     factory=_factory,
     config=GradcommConfig,
-    description="fp16/bf16 gradients, top-k/threshold sparsification with error feedback, "
-    "fusion and overlap for all-reduce.",
+    description="fp16/bf16 gradients, top-k/threshold sparsification with error feedback and "
+    "DGC momentum correction, fusion and overlap for all-reduce.",
 )

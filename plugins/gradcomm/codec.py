@@ -7,6 +7,25 @@ gradient means nothing is lost, only delayed: after any number of steps,
 ``sum(sent) + residual == sum(gradients)`` on every rank (exactly, up to float32 rounding
 of the running sums), which is what keeps sparse training converging.
 
+Why momentum correction (DGC, Lin et al. 2018, section 3.2): with SGD momentum, sparsifying
+the *gradient* and letting the optimizer apply momentum to the sparse sum is not momentum
+SGD: a coordinate's delayed mass arrives in one lump and is then echoed by the momentum
+buffer for ~1/(1-m) steps, which makes training oscillate when many small buckets each
+release stale residuals. DGC moves the momentum before the sparsification: each rank keeps
+its velocity ``u <- m*u + g`` and accumulates ``v <- v + u``, sends top-k of ``v``, and the
+update applies the summed sent values *without* further momentum. Momentum factor masking
+zeroes ``u`` (and ``v``) where a value was sent, so a sent coordinate's old momentum does
+not keep pushing it. The invariant becomes ``sum(sent) + residual == sum(velocities)``;
+without masking the velocities are exactly dense momentum SGD's (the update dense momentum
+SGD applies, in units of the learning rate).
+
+The job's optimizer (torch SGD with momentum m, dampening 0, no Nesterov) keeps its own
+momentum buffer, which the plugin cannot reach through the hooks. The decoder cancels it
+instead: it hands the optimizer ``S_t - m * S_{t-1}`` (``S`` the summed sent values of the
+bucket), so the optimizer's buffer ``b_t = m*b_{t-1} + S_t - m*S_{t-1}`` equals ``S_t`` at
+every step (``b_0 = S_0``) and the step is exactly ``w -= lr * S_t``. ``S`` is identical on
+every rank (every rank decodes the same gathered payload), so the replicas stay identical.
+
 Wire formats:
 
 * dense (``sparsify=none``): the bucket as a tensor of ``dtype``; the transport all-reduces
@@ -51,13 +70,31 @@ class BucketCodec:
     """Per-rank state and the encode/decode of gradient buckets (see the module docstring)."""
 
     def __init__(self, *, dtype: str = "fp32", sparsify: str = "none", density: float = 0.01,
-                 threshold: float = 0.0, error_feedback: bool = True) -> None:
+                 threshold: float = 0.0, error_feedback: bool = True, momentum: float = 0.0,
+                 factor_masking: bool = True, scope: str = "bucket") -> None:
+        """``momentum`` > 0 turns on DGC's momentum correction with that factor (sparse
+        modes with error feedback only: the caller checks); ``factor_masking`` zeroes the
+        velocity where a value was sent. ``scope`` (top-k): ``bucket`` sends
+        ``density`` of every bucket; ``model`` shares the budget ``density`` x (all gradient
+        elements) between the buckets (see :meth:`budget_for`)."""
         self.dtype = WIRE_DTYPES[dtype]
         self.sparsify = sparsify
         self.density = float(density)
         self.threshold = float(threshold)
         self.error_feedback = error_feedback
+        self.momentum = float(momentum)
+        self.factor_masking = factor_masking
         self.residual: dict[str, torch.Tensor] = {}
+        self.velocity: dict[str, torch.Tensor] = {}
+        """Momentum correction: the rank's velocity ``u`` per bucket."""
+        self.last_sum: dict[str, torch.Tensor] = {}
+        """Momentum correction: the previous step's summed sent values per bucket (decoder)."""
+        self.scope = scope
+        self.candidates: dict[str, torch.Tensor] = {}
+        """scope=model: each bucket's largest accumulated magnitudes at its last encode."""
+        self.budget: dict[str, int] = {}
+        self.budget_iteration: int | None = None
+        """The step of the last top-k encode: a new step computes the next budget."""
         self.numel: dict[str, int] = {}
         self.stats = CodecStats()
 
@@ -65,24 +102,66 @@ class BucketCodec:
     def lossless(self) -> bool:
         return self.sparsify == "none" and self.dtype == torch.float32
 
-    def select(self, acc: torch.Tensor) -> torch.Tensor:
+    @property
+    def corrected(self) -> bool:
+        """DGC momentum correction is active (sparse, error feedback, momentum > 0)."""
+        return self.momentum > 0 and self.sparsify != "none" and self.error_feedback
+
+    def budget_for(self, name: str, n: int, iteration: int | None) -> int:
+        """k for this bucket. ``bucket`` scope: ``ceil(density * n)``. ``model`` scope: the
+        bucket's share of the last step's top ``K = ceil(density * all elements)`` over every
+        bucket's accumulated values (how many of them it held), at least 1: top-k over the
+        whole model, one step stale, while each bucket still leaves as soon as backward has
+        produced it (overlap kept; the model-wide k-th value is only known after backward).
+        Per-bucket top-k forces a small, dense-gradient bucket (the output layer) to wait
+        ~1/density steps per entry; one bucket for the model avoids that but loses overlap.
+        Ranks may choose different k (the all-gather takes any lengths); the first step of a
+        run, and any bucket not seen yet, use the bucket scope."""
+        own = max(1, math.ceil(self.density * n))
+        if self.scope != "model" or iteration is None:
+            return own
+        previous, self.budget_iteration = self.budget_iteration, iteration
+        if previous is not None and iteration != previous and self.candidates:
+            total = sum(self.numel[b] for b in self.candidates)
+            k_model = max(1, math.ceil(self.density * total))
+            mags = torch.cat(list(self.candidates.values()))
+            kth = torch.topk(mags, min(k_model, mags.numel())).values.min()
+            self.budget = {b: max(1, int((c >= kth).sum())) for b, c in self.candidates.items()}
+        return min(n, self.budget.get(name, own))
+
+    def select(self, name: str, acc: torch.Tensor, iteration: int | None = None) -> torch.Tensor:
         """Indices (sorted, int64) of the entries to send this step."""
         if self.sparsify == "topk":
-            k = max(1, math.ceil(self.density * acc.numel()))
-            idx = torch.topk(acc.abs(), k, sorted=False).indices
+            k = self.budget_for(name, acc.numel(), iteration)
+            if self.scope == "model":  # keep this bucket's candidates for the next budget
+                # the model's top K can hold at most K of a bucket's values; before the first
+                # budget (first step) K is not known yet (buckets still to come): keep all
+                k_model = math.ceil(self.density * sum(self.numel.values()))
+                keep = acc.numel() if not self.budget else min(acc.numel(), max(k, k_model))
+                values, order = torch.topk(acc.abs(), keep, sorted=True)
+                self.candidates[name] = values
+                idx = order[:k]
+            else:
+                idx = torch.topk(acc.abs(), k, sorted=False).indices
         else:
             idx = torch.nonzero(acc.abs() >= self.threshold).reshape(-1)
         return torch.sort(idx).values
 
-    def encode(self, name: str, flat: torch.Tensor) -> Any | None:
-        """``flat``: the rank's (weighted) float32 bucket. Returns the wire payload, or
-        ``None`` when the codec is lossless (plain float32, nothing to do)."""
+    def encode(self, name: str, flat: torch.Tensor, iteration: int | None = None) -> Any | None:
+        """``flat``: the rank's (weighted) float32 bucket of step ``iteration``. Returns the
+        wire payload, or ``None`` when the codec is lossless (plain float32, nothing to do)."""
         if self.lossless:
             return None
         flat = flat.detach().reshape(-1)
         n = flat.numel()
         self.numel[name] = n
         acc = flat.float()
+        velocity = None
+        if self.corrected:
+            velocity = self.velocity.get(name)
+            velocity = acc.clone() if velocity is None else velocity.mul_(self.momentum).add_(acc)
+            self.velocity[name] = velocity
+            acc = velocity.clone()
         residual = self.residual.get(name)
         if self.error_feedback and residual is not None:
             acc = acc + residual
@@ -98,13 +177,15 @@ class BucketCodec:
             st.sent_elements += n
             st.wire_bytes += wire.numel() * wire.element_size()
             return wire
-        idx = self.select(acc)
+        idx = self.select(name, acc, iteration)
         values = acc[idx].to(self.dtype)
         self._check_cast(name, acc[idx], values)
         if self.error_feedback:
             rest = acc.clone()
             rest[idx] -= values.float()  # exactly 0 in float32; the rounding error in 16 bits
             self.residual[name] = rest
+        if velocity is not None and self.factor_masking:
+            velocity[idx] = 0.0
         wire_idx = idx.to(torch.int32)
         st.sent_elements += idx.numel()
         st.wire_bytes += (wire_idx.numel() * wire_idx.element_size()
@@ -120,7 +201,8 @@ class BucketCodec:
 
     def decode(self, name: str, payload: Any) -> torch.Tensor | None:
         """Dense: the summed tensor back in float32. Sparse: every rank's (indices, values)
-        added into a dense float32 bucket, in rank order."""
+        added into a dense float32 bucket, in rank order; with momentum correction, minus
+        ``m`` times the previous sum (cancels the optimizer's momentum, module docstring)."""
         if isinstance(payload, torch.Tensor):
             return None if payload.dtype == torch.float32 else payload.float()
         if isinstance(payload, list):
@@ -128,5 +210,9 @@ class BucketCodec:
             out = torch.zeros(self.numel[name], dtype=torch.float32, device=device)
             for idx, values in payload:
                 out.index_add_(0, idx.long(), values.float())
-            return out
+            if not self.corrected:
+                return out
+            previous = self.last_sum.get(name)
+            self.last_sum[name] = out
+            return out if previous is None else out - self.momentum * previous
         return None

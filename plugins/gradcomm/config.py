@@ -4,23 +4,35 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Optional
 
 from accelopt.errors import ConfigError
 
 DTYPES = ("fp32", "fp16", "bf16")
 SPARSIFY = ("none", "topk", "threshold")
+SCOPES = ("bucket", "model")
 
 
 @dataclass
 class GradcommConfig:
     """The codec runs its stages in this declared order on each gradient bucket:
-    error-feedback accumulate -> sparsify -> cast to ``dtype`` -> wire; decoding runs in
-    reverse. ``density``: fraction of a bucket's elements top-k sends (0 < d <= 1);
+    momentum-correction velocity -> error-feedback accumulate -> sparsify (then factor
+    masking) -> cast to ``dtype`` -> wire; decoding runs in reverse. ``density``: fraction of a bucket's elements top-k sends (0 < d <= 1);
     ``threshold``: send elements with |value| >= threshold (threshold mode);
     ``error_feedback``: keep what was not sent (and the cast's rounding error) and add it
     to the next gradient; ``overlap``: start each bucket's all-reduce as soon as backward
     has produced it (false: all buckets wait for the end of backward, for comparison);
-    ``check_finite``: refuse to send a NaN/Inf gradient and name its layer."""
+    ``check_finite``: refuse to send a NaN/Inf gradient and name its layer;
+    ``momentum_correction``: DGC's momentum correction for top-k/threshold (each rank
+    accumulates its own velocity and sends top-k of the accumulated velocity; the job's
+    optimizer then applies the sent values without its own momentum). ``null`` (default):
+    on when sparsifying with error feedback and the job's optimizer is SGD with momentum
+    > 0, off otherwise; ``true`` where it cannot apply (Adam, no momentum, dense, no error
+    feedback) is a one-line error. ``factor_masking``: with momentum correction, zero the
+    velocity of the entries just sent (DGC's momentum factor masking). ``topk_scope``:
+    ``bucket`` sends ``density`` of every bucket; ``model`` shares the budget ``density`` x
+    (all gradient elements) between buckets by where the last step's model-wide top-k fell
+    (top-k over the whole model, one step stale, overlap kept)."""
 
     dtype: str = "fp32"
     sparsify: str = "none"
@@ -29,6 +41,9 @@ class GradcommConfig:
     error_feedback: bool = True
     overlap: bool = True
     check_finite: bool = True
+    momentum_correction: Optional[bool] = None  # OmegaConf 2.3 needs Optional
+    factor_masking: bool = True
+    topk_scope: str = "model"
 
 
 def validate(c: GradcommConfig) -> None:
@@ -41,6 +56,11 @@ def validate(c: GradcommConfig) -> None:
             f"plugins.gradcomm.sparsify: unknown method {c.sparsify!r}; use one of "
             f"{', '.join(SPARSIFY)}"
         )
+    if c.topk_scope not in SCOPES:
+        raise ConfigError(
+            f"plugins.gradcomm.topk_scope: unknown scope {c.topk_scope!r}; use one of "
+            f"{', '.join(SCOPES)}"
+        )
     if not (isinstance(c.density, (int, float)) and math.isfinite(c.density)
             and 0 < c.density <= 1):
         raise ConfigError(
@@ -50,3 +70,30 @@ def validate(c: GradcommConfig) -> None:
         raise ConfigError(
             f"plugins.gradcomm.threshold must be > 0 with sparsify=threshold, got {c.threshold}"
         )
+
+
+def momentum_factor(c: GradcommConfig, optimizer: str | None, momentum: float) -> float:
+    """The momentum factor the codec corrects for (0: no correction), from the option and
+    the job's optimizer (``None``: unknown, e.g. no workload). ``momentum_correction=true``
+    where it cannot apply is a one-line ``ConfigError`` naming the reason."""
+    wanted = c.momentum_correction
+    if wanted is False:
+        return 0.0
+    reason = None
+    if c.sparsify == "none":
+        reason = "it corrects sparsification (set plugins.gradcomm.sparsify=topk or threshold)"
+    elif not c.error_feedback:
+        reason = "it accumulates what is not sent (set plugins.gradcomm.error_feedback=true)"
+    elif optimizer is None:
+        reason = "the run has no job (workload.jobs) whose optimizer it could correct"
+    elif optimizer != "sgd":
+        reason = (f"the job's optimizer is {optimizer}; it needs SGD with momentum (Adam keeps "
+                  f"per-element statistics that a sparse sum cannot replace)")
+    elif not momentum > 0:
+        reason = f"the job's SGD has momentum {momentum:g}, so there is no momentum to correct"
+    if reason is None:
+        return float(momentum)
+    if wanted:
+        raise ConfigError(f"plugins.gradcomm.momentum_correction=true cannot apply: {reason}; "
+                          f"or set it to false")
+    return 0.0

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 from accelopt_plugins.gradcomm.codec import BucketCodec, CastOverflow
-from accelopt_plugins.gradcomm.config import GradcommConfig, validate
+from accelopt_plugins.gradcomm.config import GradcommConfig, momentum_factor, validate
 
 from accelopt import ReportRow, RunInfo, TransferRecord, hookimpl
 from accelopt.errors import AccelOptError
@@ -48,9 +48,13 @@ class GradcommPlugin:
         if cluster is not None:
             self.mode = str(cluster.get("mode", "none"))
             self.bucket_mb = float(cluster.get("bucket_mb", 0) or 0) or None
+        optimizer, momentum = _job_optimizer(run_config)
         self.codec = BucketCodec(dtype=config.dtype, sparsify=config.sparsify,
                                  density=config.density, threshold=config.threshold,
-                                 error_feedback=config.error_feedback)
+                                 error_feedback=config.error_feedback,
+                                 momentum=momentum_factor(config, optimizer, momentum),
+                                 factor_masking=config.factor_masking,
+                                 scope=config.topk_scope)
 
     # -- send / recv -------------------------------------------------------------------
 
@@ -79,7 +83,7 @@ class GradcommPlugin:
         if self.config.check_finite and not bool(torch.isfinite(payload).all()):
             raise NonFiniteGradient(self._describe(record, payload, "non-finite gradient"))
         try:
-            return self.codec.encode(record.tensor, payload)
+            return self.codec.encode(record.tensor, payload, record.iteration)
         except CastOverflow as exc:
             marked = torch.zeros_like(payload)
             marked[exc.index] = float("inf")
@@ -153,10 +157,15 @@ class GradcommPlugin:
         if self.codec.lossless or st.elements == 0:
             text = f"fp32 dense all-reduce (no compression), {fusion}, {overlap}"
             return [ReportRow("gradcomm", text, {"buckets": len(self.bucket_names)})]
-        method = {"none": "dense", "topk": f"top-k density {c.density:g}",
+        scope = "k over the model" if c.topk_scope == "model" else "k per bucket"
+        method = {"none": "dense", "topk": f"top-k density {c.density:g} ({scope})",
                   "threshold": f"threshold {c.threshold:g}"}[c.sparsify]
         ratio = st.dense_bytes / st.wire_bytes if st.wire_bytes else float("inf")
         ef = "with error feedback" if c.error_feedback else "without error feedback"
+        if self.codec.corrected:
+            masking = "with" if c.factor_masking else "without"
+            ef += (f" and DGC momentum correction (m={self.codec.momentum:g}, {masking} "
+                   f"factor masking; the optimizer's own momentum is cancelled)")
         residual = sum(float(r.abs().sum()) for r in self.codec.residual.values())
         text = (f"{method}, {c.dtype} values, {ef}: sent {st.sent_elements / st.elements:.2%} "
                 f"of gradient elements, {st.wire_bytes / iters / 2**20:.3f} MiB/iteration "
@@ -167,5 +176,23 @@ class GradcommPlugin:
             "dense_bytes_per_iteration": st.dense_bytes // iters,
             "compression_ratio": round(ratio, 3), "residual_l1": residual,
             "buckets": len(self.bucket_names),
+            "momentum_correction": self.codec.momentum if self.codec.corrected else 0.0,
         }
         return [ReportRow("gradcomm", text, metrics)]
+
+
+def _job_optimizer(run_config: Any) -> tuple[str | None, float]:
+    """(optimizer, momentum) of the job a cluster run trains (``workload.jobs[0]``, with the
+    core's defaults), or ``(None, 0)`` when the run config names no job. The plugin never
+    sees the optimizer object; the job's spec is what ``make_optimizer`` builds it from."""
+    from omegaconf import OmegaConf
+
+    from accelopt.config import JobConfig
+
+    jobs = OmegaConf.select(run_config, "workload.jobs") if run_config is not None else None
+    if not jobs:
+        return None, 0.0
+    defaults = JobConfig()
+    job = jobs[0]
+    return (str(job.get("optimizer", defaults.optimizer)),
+            float(job.get("momentum", defaults.momentum)))
