@@ -92,6 +92,10 @@ class RunSettings:
     trace_hooks: bool = True
     repeat: int = 0
     """A label only (no effect): lets a sweep repeat identical runs (``accelopt bench``)."""
+    compare: str = "none"
+    """none | baseline | each: with plugins selected, also run the same workload without
+    plugins (baseline), and each selected plugin alone (each), in this invocation, and print
+    them side by side. Ignored in a multirun sweep (a sweep is its own comparison)."""
 
 
 @dataclass

@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from accelopt.cluster import faults, netns
 from accelopt.cluster.outcome import ClusterOutcome, build_outcome
-from accelopt.cluster.rank import RankResult, job_spec, run_rank
+from accelopt.cluster.rank import RankResult, run_rank
 from accelopt.cluster.settings import ClusterSettings, settings_from
 from accelopt.errors import ConfigError
 
@@ -44,21 +44,31 @@ def free_port() -> int:
 
 
 def validate(cfg: DictConfig, settings: ClusterSettings) -> None:
-    spec = job_spec(cfg)
-    if spec.kind != "train":
+    """Every job must be able to run data-parallel; several jobs need ps mode."""
+    from accelopt.cluster.multijob import cluster_job_specs
+
+    specs = cluster_job_specs(cfg)
+    if len(specs) > 1 and settings.mode != "ps":
         raise ConfigError(
-            f"job '{spec.name}': cluster runs train; set kind: train or cluster.mode=none"
+            f"cluster.mode={settings.mode} trains one job, but the workload has {len(specs)}; "
+            "use cluster.mode=ps (jobs share the workers) or keep one job in workload.jobs"
         )
-    if spec.batch_size < settings.workers:
-        raise ConfigError(
-            f"job '{spec.name}': batch_size {spec.batch_size} is smaller than "
-            f"cluster.workers={settings.workers}; every worker needs at least one sample"
-        )
+    for spec in specs:
+        if spec.kind != "train":
+            raise ConfigError(
+                f"job '{spec.name}': cluster runs train; set kind: train or cluster.mode=none"
+            )
+        if spec.batch_size < settings.workers:
+            raise ConfigError(
+                f"job '{spec.name}': batch_size {spec.batch_size} is smaller than "
+                f"cluster.workers={settings.workers}; every worker needs at least one sample"
+            )
 
 
 def run_cluster(cfg: DictConfig, *, run_dir: str | os.PathLike[str] = ".",
                 console: Any = None) -> ClusterOutcome:
-    """Run ``cfg.workload.jobs[0]`` data-parallel as ``cfg.cluster`` says."""
+    """Run the workload's jobs data-parallel as ``cfg.cluster`` says (several jobs: ps mode,
+    sharing the processes; see ``cluster/multijob.py``)."""
     settings = settings_from(cfg.cluster)
     validate(cfg, settings)
     t0 = time.time()

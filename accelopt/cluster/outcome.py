@@ -3,6 +3,7 @@ timeline, run-level metrics and the plugins' report rows."""
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,6 +47,14 @@ def _median(values: list[float]) -> float | None:
 def build_outcome(ranks: list[RankResult], settings: ClusterSettings,
                   cfg: DictConfig) -> ClusterOutcome:
     ranks = sorted(ranks, key=lambda r: r.rank)
+    if ranks[0].parts:
+        return _multi_job_outcome(ranks, settings, cfg)
+    return _job_outcome(ranks, settings, cfg)
+
+
+def _job_outcome(ranks: list[RankResult], settings: ClusterSettings,
+                 cfg: DictConfig) -> ClusterOutcome:
+    """One job's outcome from every rank's result for that job."""
     workers = [r for r in ranks if r.role == "worker"]
     info = workers[0].job
     batch = info.batch_size
@@ -119,3 +128,92 @@ def build_outcome(ranks: list[RankResult], settings: ClusterSettings,
         metrics={k: v for k, v in metrics.items() if v is not None},
         plugin_rows=rows, state=state, per_iteration=per_iter, ranks=ranks,
     )
+
+
+JOB_METRICS = ("efficiency_e", "efficiency_e_with_warmup", "iteration_s", "mc_s", "pc_s",
+               "ratio_a", "iteration_makespan_s", "bytes_per_iteration")
+"""Per-job figures copied into the run's metrics as ``job.<name>.<key>``."""
+
+
+def _multi_job_outcome(ranks: list[RankResult], settings: ClusterSettings,
+                       cfg: DictConfig) -> ClusterOutcome:
+    """Several jobs on the same processes: each job's outcome as if it were alone (its own
+    spans and transfers), then run-level figures over all of them. Job arrival times count
+    from ``train_t0`` (every rank had built every job), so JCT and queueing delay exclude
+    process start-up; the timeline keeps the run's own time origin."""
+    from accelopt.cluster.multijob import merge_rows
+
+    leader = ranks[0]
+    t0 = float(leader.train_t0 or 0.0)
+    out = ClusterOutcome(ranks=ranks)
+    job_ids = list(leader.parts)
+    names = [leader.parts[j].job.name for j in job_ids]
+    steady_e: list[float] = []
+    all_e: list[float] = []
+    steady_rows: list[dict[str, Any]] = []
+    wire: list[float] = []
+    iteration_s: list[float] = []
+    totals = {"transfers": 0, "transfers_dropped": 0, "transfers_ordered": 0,
+              "transfers_held": 0}
+    inversions = 0
+    for job_id in job_ids:
+        parts = [r.parts[job_id] for r in ranks]
+        one = _job_outcome(parts, settings, cfg)
+        result = one.results[0]
+        arrival = t0 + result.job.arrival_s
+        result.job = dataclasses.replace(result.job, arrival_s=arrival)
+        result.admitted_s = arrival
+        result.lane = f"cluster {settings.mode}"
+        out.results.append(result)
+        out.spans.extend(one.spans)
+        out.state[job_id] = one.state
+        skip = int(one.metrics.get("warmup_iterations", 0) or 0)
+        for row in one.per_iteration:
+            out.per_iteration.append({"job": job_id, **row})
+            if row["iteration"] >= skip:
+                steady_rows.append(row)
+            if row["efficiency_e"] is not None:
+                all_e.append(row["efficiency_e"])
+                if row["iteration"] >= skip:
+                    steady_e.append(row["efficiency_e"])
+        if one.metrics.get("bytes_per_iteration") is not None:
+            wire.append(float(one.metrics["bytes_per_iteration"]))
+        worker_rows = [it for p in parts if p.role == "worker" for it in p.iterations]
+        by_iter: dict[int, float] = {}
+        for it in worker_rows:
+            by_iter[it["iteration"]] = max(by_iter.get(it["iteration"], 0.0),
+                                           it["end_s"] - it["start_s"])
+        iteration_s.extend(v for i, v in by_iter.items() if i >= skip)
+        for key in totals:
+            totals[key] += int(one.metrics.get(key, 0))
+        inversions += sum(p.stats.inversions for p in parts)
+        name = result.job.name
+        for key in JOB_METRICS:
+            if one.metrics.get(key) is not None:
+                out.metrics[f"job.{name}.{key}"] = one.metrics[key]
+    switches = sum(1 for a, b in zip(leader.schedule, leader.schedule[1:], strict=False)
+                   if a["run"] != b["run"])
+    out.metrics.update({
+        "cluster_mode": settings.mode,
+        "cluster_workers": settings.workers,
+        "cluster_servers": settings.servers,
+        "cluster_backend": leader.backend,
+        "cluster_jobs": len(job_ids),
+        "efficiency_e": _median(steady_e) if steady_e else _median(all_e),
+        "efficiency_e_with_warmup": _median(all_e),
+        "iteration_s": _median(iteration_s),
+        "iterations_per_s": 1.0 / _median(iteration_s) if iteration_s else None,
+        "bytes_per_iteration": _median(wire),
+        **{key: _median([r[key] for r in steady_rows if r.get(key) is not None])
+           for key in ("mc_s", "pc_s", "iteration_makespan_s", "ratio_a")},
+        "scheduling_decisions": len(leader.schedule),
+        "job_switches": switches,
+        **totals,
+        "out_of_order_fraction": inversions / totals["transfers_ordered"]
+        if totals["transfers_ordered"] else 0.0,
+    })
+    if settings.bandwidth_bps:
+        out.metrics["configured_bandwidth_bps"] = settings.bandwidth_bps
+    out.metrics = {k: v for k, v in out.metrics.items() if v is not None}
+    out.plugin_rows = merge_rows([r.plugin_rows for r in ranks], names)
+    return out

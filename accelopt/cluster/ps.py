@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -67,6 +67,18 @@ def _shards(rt: RankRuntime) -> dict[int, list[Any]]:
 
 
 def run_server(rt: RankRuntime) -> None:
+    for _ in server_steps(rt):
+        pass
+
+
+def run_worker(rt: RankRuntime) -> None:
+    for _ in worker_steps(rt):
+        pass
+
+
+def server_steps(rt: RankRuntime) -> Iterator[int]:
+    """The server's loop, one iteration per ``next()`` (it yields the iteration it just
+    finished), so a multi-job run can interleave several jobs' iterations in one process."""
     shard = _shards(rt)[rt.rank]
     params = dict(rt.job.model.named_parameters())
     mine = [params[p.name] for p in shard]
@@ -109,6 +121,7 @@ def run_server(rt: RankRuntime) -> None:
             optimizer.zero_grad(set_to_none=True)
         timer.end()
         rt.iteration_end(ctx, start, None, 0)
+        yield i
     rt.result.params = {p.name: params[p.name].detach().cpu().clone() for p in shard}
 
 
@@ -153,7 +166,8 @@ class _Layers:
                 )
 
 
-def run_worker(rt: RankRuntime) -> None:
+def worker_steps(rt: RankRuntime) -> Iterator[int]:
+    """The worker's loop, one iteration per ``next()`` (see :func:`server_steps`)."""
     model = rt.job.model
     params = dict(model.named_parameters())
     shards = _shards(rt)
@@ -163,14 +177,23 @@ def run_worker(rt: RankRuntime) -> None:
     state: dict[str, Any] = {"iteration": 0, "posted": set()}
 
     def wait_layer(layer: int) -> None:
-        if layers.ready(layer):
+        needed = inside[layer]
+        if all(layers.ready(n) for n in needed):
             return
         name = timer.pause()
         t = rt.now()
-        layers.wait(layer)
+        for n in needed:
+            layers.wait(n)
         rt.span(f"wait layer {layer}", "wait", t, rt.now(), "wait", iteration=layers.iteration)
         timer.resume(name)
 
+    # A module's forward may use its submodules' parameters without calling their forward
+    # (nn.MultiheadAttention reads out_proj.weight directly), so layer L also waits for the
+    # layers below its module; the root module waits only for its own parameters.
+    path = {p.layer_index: p.module for p in rt.table}
+    inside = {layer: sorted(n for n, sub in path.items()
+                            if n == layer or (mod and sub.startswith(mod + ".")))
+              for layer, mod in path.items()}
     # per-layer waits, installed once: forward of layer L starts when L's parameters are in
     for layer, module in layer_modules(model, rt.table).items():
         module.register_forward_pre_hook(lambda _m, _a, layer=layer: wait_layer(layer))
@@ -221,6 +244,7 @@ def run_worker(rt: RankRuntime) -> None:
         rt.transport.complete(i)
         receivers.join()
         rt.iteration_end(ctx, start, float(loss.detach()), int(y.shape[0]))
+        yield i
     if k == 0:
         names = set(params)
         rt.result.buffers = {n: t.detach().cpu().clone()

@@ -3,6 +3,8 @@ plugins exactly as a single-process run would, runs its role, and reports back."
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import os
 import time
 from dataclasses import dataclass, field
@@ -19,6 +21,7 @@ from accelopt.cluster.netns import loopback_tx_bytes
 from accelopt.cluster.settings import ClusterSettings
 from accelopt.cluster.transport import Transport, TransportStats
 from accelopt.config import JobConfig
+from accelopt.host import PluginHost
 from accelopt.plugin import Registry
 from accelopt.records import Span
 from accelopt.runtime.activation import activate
@@ -44,6 +47,14 @@ class RankResult:
     """(iteration, lo tx bytes at its start): only in a shaped run's private namespace."""
     device: str = "cpu"
     backend: str = "gloo"
+    parts: dict[str, RankResult] = field(default_factory=dict)
+    """Multi-job run: one result per job (job id -> its iterations, spans, stats, params);
+    the top level then holds the rank's plugin rows and, on the leader, the schedule."""
+    schedule: list[dict[str, Any]] = field(default_factory=list)
+    """Multi-job run, leader only: every decision (time, chosen job ids, policy)."""
+    train_t0: float | None = None
+    """Multi-job run: when training started (seconds since the run started); job arrival
+    times count from here."""
 
 
 def job_spec(cfg: DictConfig) -> JobConfig:
@@ -54,6 +65,13 @@ def job_spec(cfg: DictConfig) -> JobConfig:
         raise ConfigError("workload.jobs is empty; a cluster run trains workload.jobs[0]")
     merged = OmegaConf.merge(OmegaConf.structured(JobConfig), jobs[0])
     return OmegaConf.to_object(merged)  # type: ignore[return-value]
+
+
+def _specs(cfg: DictConfig) -> list[JobConfig]:
+    """Every job of the workload (a single-job run keeps ``job_spec``'s path exactly)."""
+    from accelopt.cluster.multijob import cluster_job_specs
+
+    return cluster_job_specs(cfg)
 
 
 def pick_backend(settings: ClusterSettings, cfg: DictConfig) -> str:
@@ -97,35 +115,51 @@ class RankRuntime:
 
     def __init__(self, cfg: DictConfig, settings: ClusterSettings, rank: int, world: int,
                  t0_epoch: float, device: torch.device, backend: str, run_dir: str,
-                 progress: Progress | None) -> None:
+                 progress: Progress | None, *, host: PluginHost | None = None,
+                 spec: JobConfig | None = None, job_id: str | None = None,
+                 group: Any = None, run_host: PluginHost | None = None,
+                 run_lock: Any = None) -> None:
+        """One job on this rank. A single-job run passes only the first arguments; a
+        multi-job run (``cluster/multijob.py``) passes each job's own ``host`` (its
+        transfer-hook plugins), ``spec``, ``job_id``, process ``group``, and the rank's
+        ``run_host`` (the run-level plugins, e.g. a scheduler) that also gets the iteration
+        hooks, under ``run_lock``."""
         self.cfg, self.settings, self.rank, self.world = cfg, settings, rank, world
         self.t0_epoch, self.device, self.backend = t0_epoch, device, backend
         self.role = settings.role(rank)
         self.process = f"rank {rank} ({self.role})"
         self.progress = progress
-        self.host = activate(cfg, Registry.discover())
-        self.spec = job_spec(cfg)
-        self.job = Job(self.spec, job_id=self.spec.name, device=device, layer_hook=None)
+        self.host = host if host is not None else activate(cfg, Registry.discover())
+        self.run_host = run_host
+        self.run_lock = run_lock if run_lock is not None else contextlib.nullcontext()
+        self.spec = spec if spec is not None else job_spec(cfg)
+        self.job = Job(self.spec, job_id=job_id or self.spec.name, device=device, layer_hook=None)
         self.table = param_table(self.job.model)
         self.transport = Transport(
             rank=rank, host=self.host, t0_epoch=t0_epoch, process=self.process,
             timeout_s=settings.timeout_s, device=device,
-            tensor_ids={p.name: p.index for p in self.table},
+            tensor_ids={p.name: p.index for p in self.table}, group=group,
         )
         self.spans: list[Span] = []
+        self.label = ""
+        """Prefix of this job's span names (multi-job runs: the job's name)."""
         self.result = RankResult(rank=rank, role=self.role, pid=os.getpid(), job=self.job.info,
                                  device=str(device), backend=backend)
         self.run_info = RunInfo(run_dir=run_dir, device=str(device), plugins=self.host.names,
                                 jobs=(self.job.info,), seed=int(cfg.run.seed))
+
+    def hosts(self) -> list[PluginHost]:
+        """The hosts whose plugins see this job's iteration hooks (each plugin once)."""
+        return [self.host] + ([self.run_host] if self.run_host is not None else [])
 
     def now(self) -> float:
         return time.time() - self.t0_epoch
 
     def span(self, name: str, track: str, start: float, end: float, category: str,
              **args: Any) -> None:
-        self.spans.append(Span(name=name, track=track, start_s=start, end_s=end,
+        self.spans.append(Span(name=self.label + name, track=track, start_s=start, end_s=end,
                                category=category, process=self.process,
-                               args={"rank": self.rank, **args}))
+                               args={"rank": self.rank, "job": self.job.info.job_id, **args}))
 
     def iteration_start(self, i: int) -> tuple[float, IterationContext]:
         if self.progress is not None:
@@ -135,7 +169,9 @@ class RankRuntime:
             if lo is not None:
                 self.result.loopback_bytes.append((i, lo))
         ctx = IterationContext(job=self.job.info, lane=self.process, iteration=i, now_s=self.now())
-        self.host.call("accelopt_iteration_start", context=ctx)
+        with self.run_lock:
+            for host in self.hosts():
+                host.call("accelopt_iteration_start", context=ctx)
         return ctx.now_s, ctx
 
     def iteration_end(self, ctx: IterationContext, start: float, loss: float | None,
@@ -148,7 +184,9 @@ class RankRuntime:
         )
         result = IterationResult(job_id=self.job.info.job_id, iteration=i, start_s=start,
                                  end_s=end, loss=loss, samples=samples)
-        self.host.call("accelopt_iteration_end", context=ctx, result=result)
+        with self.run_lock:
+            for host in self.hosts():
+                host.call("accelopt_iteration_end", context=ctx, result=result)
 
     def finish(self) -> RankResult:
         rows = self.host.call("accelopt_report_rows", run=self.run_info) or []
@@ -156,8 +194,16 @@ class RankRuntime:
             self.result.plugin_rows.extend(answer if isinstance(answer, list) else [answer])
         self.host.call("accelopt_run_end", run=self.run_info,
                        metrics={"rank": self.rank, "role": self.role})
+        return self.finish_job()
+
+    def finish_job(self) -> RankResult:
+        """Close the transport and collect this job's spans (its transfers tagged with the
+        job id) and transfer statistics."""
         self.transport.close()
-        self.result.spans = self.spans + self.transport.spans
+        job_id = self.job.info.job_id
+        transfers = [dataclasses.replace(s, args={**s.args, "job": job_id})
+                     for s in self.transport.spans]
+        self.result.spans = self.spans + transfers
         self.result.stats = self.transport.stats
         return self.result
 
@@ -184,13 +230,21 @@ def run_rank(cfg: DictConfig, settings: ClusterSettings, *, rank: int, world: in
     t0 = [t0_epoch]
     dist.broadcast_object_list(t0, src=0)  # one time origin for every rank's timeline
     torch.manual_seed(int(cfg.run.seed))
-    rt = RankRuntime(cfg, settings, rank, world, float(t0[0]), device, backend, run_dir, progress)
-    rt.host.call("accelopt_run_start", run=rt.run_info)
-    if settings.mode == "ps":
-        (ps.run_server if rt.role == "server" else ps.run_worker)(rt)
+    specs = _specs(cfg)
+    if len(specs) > 1:
+        from accelopt.cluster.multijob import run_jobs
+
+        result = run_jobs(cfg, settings, specs, rank=rank, world=world, t0_epoch=float(t0[0]),
+                          device=device, backend=backend, run_dir=run_dir, progress=progress)
     else:
-        allreduce.run_worker(rt)
-    result = rt.finish()
+        rt = RankRuntime(cfg, settings, rank, world, float(t0[0]), device, backend, run_dir,
+                         progress, spec=specs[0])
+        rt.host.call("accelopt_run_start", run=rt.run_info)
+        if settings.mode == "ps":
+            (ps.run_server if rt.role == "server" else ps.run_worker)(rt)
+        else:
+            allreduce.run_worker(rt)
+        result = rt.finish()
     gathered: list[Any] | None = [None] * world if rank == 0 else None
     dist.gather_object(result, gathered, dst=0)
     dist.barrier()

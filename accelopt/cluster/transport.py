@@ -132,8 +132,13 @@ class Transport:
         timeout_s: float,
         device: torch.device,
         tensor_ids: dict[str, int] | None = None,
+        group: Any = None,
     ) -> None:
         self.rank = rank
+        self.group = group
+        """Process group of the point-to-point transfers (``None``: the default group). A
+        multi-job cluster run gives each job its own group, so the transfers of different
+        jobs can never match each other's tags."""
         self.tensor_ids = dict(tensor_ids or {})
         self.host = host
         self.t0_epoch = t0_epoch
@@ -227,7 +232,8 @@ class Transport:
         header = header.to(self.device)
         stream.buffers.append(header)
         stream.works.append(
-            dist.isend(header, dst=rec.destination, tag=tag_for(rec.iteration, seq, 0))
+            dist.isend(header, dst=rec.destination, tag=tag_for(rec.iteration, seq, 0),
+                       group=self.group)
         )
         nbytes = HEADER_BYTES
         self.stats.header_bytes += HEADER_BYTES
@@ -235,7 +241,8 @@ class Transport:
             data = data.to(self.device)
             stream.buffers.append(data)
             stream.works.append(
-                dist.isend(data, dst=rec.destination, tag=tag_for(rec.iteration, seq, 1))
+                dist.isend(data, dst=rec.destination, tag=tag_for(rec.iteration, seq, 1),
+                           group=self.group)
             )
             nbytes += data.numel()
             self.stats.payload_bytes += data.numel()
@@ -304,7 +311,7 @@ class Transport:
             return
         where = f"rank {self.rank}: receiving from rank {source} at iteration {iteration}"
         header = torch.empty(HEADER_LEN, dtype=torch.int64, device=self.device)
-        hwork = dist.irecv(header, src=source, tag=tag_for(iteration, 0, 0))
+        hwork = dist.irecv(header, src=source, tag=tag_for(iteration, 0, 0), group=self.group)
         for k in range(n):
             _wait(hwork, self.timeout, where)
             h = header.cpu().tolist()
@@ -312,10 +319,12 @@ class Transport:
             pwork, data = None, None
             if status != DROPPED:
                 data = torch.empty(int(h[12]), dtype=torch.uint8, device=self.device)
-                pwork = dist.irecv(data, src=source, tag=tag_for(iteration, seq, 1))
+                pwork = dist.irecv(data, src=source, tag=tag_for(iteration, seq, 1),
+                                    group=self.group)
             if k + 1 < n:
                 header = torch.empty(HEADER_LEN, dtype=torch.int64, device=self.device)
-                hwork = dist.irecv(header, src=source, tag=tag_for(iteration, k + 1, 0))
+                hwork = dist.irecv(header, src=source, tag=tag_for(iteration, k + 1, 0),
+                                   group=self.group)
             if pwork is not None:
                 _wait(pwork, self.timeout, where)
             end_s = self.now()

@@ -6,6 +6,7 @@ checkpoints, report); each piece stays ignorant of the others.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
 import time
@@ -49,6 +50,10 @@ def execute(
     console = console or default_console()
     registry = registry or Registry.discover()
     cfg, run_dir, resuming = _maybe_resume(cfg, run_dir, console)
+    refs = _compare_first(cfg, run_dir, registry, console, resuming)
+    if refs:
+        cfg = copy.deepcopy(cfg)
+        cfg.run.compare = "none"
     run_dir.mkdir(parents=True, exist_ok=True)
     _save_config(cfg, run_dir)
     _setup_torch(cfg)
@@ -56,7 +61,7 @@ def execute(
     host = activate(cfg, registry)
     specs = job_specs(cfg)
     if cfg.cluster.mode != "none":
-        return _execute_cluster(cfg, run_dir, host, console)
+        return _execute_cluster(cfg, run_dir, host, console, refs)
 
     jobs = build_jobs(specs, device, host)
     info = RunInfo(
@@ -108,16 +113,42 @@ def execute(
     record.telemetry_note = sampler.note
     record.jobs = results
     record.spans = executor.spans + hook_spans
-    return _finish(record, host, run_dir, console)
+    return _finish(record, host, run_dir, console, refs)
 
 
-def _finish(record: RunRecord, host: PluginHost, run_dir: Path, console: Console) -> RunRecord:
+def _finish(record: RunRecord, host: PluginHost, run_dir: Path, console: Console,
+            refs: dict[str, RunRecord] | None = None) -> RunRecord:
     host.call("accelopt_run_end", run=record.info, metrics=run_metrics(record))
     record.plugin_rows = plugin_rows(host, record.info)
+    _write_and_render(record, run_dir, console, refs)
+    return record
+
+
+def _write_and_render(record: RunRecord, run_dir: Path, console: Console,
+                      refs: dict[str, RunRecord] | None) -> None:
+    if refs:
+        from accelopt.runtime import compare
+
+        compare.attach(record, refs)
     write_run_outputs(record, run_dir)
     render_summary(record, console)
+    if refs:
+        console.print(compare.table(record, refs))
     console.print(f"[dim]run directory: {run_dir}[/dim]")
-    return record
+
+
+def _compare_first(cfg: DictConfig, run_dir: Path, registry: Registry, console: Console,
+                   resuming: bool) -> dict[str, RunRecord]:
+    """``run.compare``: run the reference sets (no plugins; each plugin alone) before this
+    run, in this invocation; nothing to do without plugins, when resuming, or in a sweep."""
+    from accelopt.runtime import compare
+    from accelopt.runtime.activation import selected_plugins
+
+    mode = compare.compare_mode(cfg)
+    selected = selected_plugins(cfg)
+    if mode == "none" or not selected or resuming or compare.in_multirun():
+        return {}
+    return compare.run_references(cfg, selected, mode, run_dir, registry, console)
 
 
 def plugin_rows(host: PluginHost, info: RunInfo) -> list[ReportRow]:
@@ -250,7 +281,8 @@ def _maybe_resume(
 
 
 def _execute_cluster(
-    cfg: DictConfig, run_dir: Path, host: PluginHost, console: Console
+    cfg: DictConfig, run_dir: Path, host: PluginHost, console: Console,
+    refs: dict[str, RunRecord] | None = None,
 ) -> RunRecord:
     from accelopt.cluster import run_cluster
 
@@ -267,10 +299,18 @@ def _execute_cluster(
     record.info = dataclasses.replace(info, jobs=tuple(r.job for r in record.jobs))
     record.telemetry_note = "cluster run: per-rank timelines are in trace.json"
     record.plugin_rows = list(outcome.plugin_rows) or plugin_rows(host, record.info)
-    write_run_outputs(record, run_dir)
-    render_summary(record, console)
-    console.print(f"[dim]run directory: {run_dir}[/dim]")
+    if len(record.jobs) > 1:
+        _write_per_iteration(outcome.per_iteration, run_dir)
+    _write_and_render(record, run_dir, console, refs)
     return record
+
+
+def _write_per_iteration(rows: list[dict[str, Any]], run_dir: Path) -> None:
+    """A multi-job cluster run's per-(job, worker, iteration) Mc/Pc/U/E/a."""
+    import json
+
+    with atomic_open(run_dir / "per_iteration.json") as handle:
+        handle.write(json.dumps(rows, indent=1, default=str) + "\n")
 
 
 __all__ = ["execute", "job_specs", "build_jobs", "pick_device", "memory_capacity", "JobResult"]

@@ -93,6 +93,11 @@ class SalusPlugin:
         self._lane_size_peak: dict[str, int] = {}
         self._active_ctx: dict[int, Any] = {}
         self._lock = threading.Lock()
+        self.cluster_mode = "none"
+        self._decisions = 0
+        self._cluster_switches = 0
+        self._last_chosen: str | None = None
+        self._chosen: dict[str, int] = defaultdict(int)
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -114,6 +119,8 @@ class SalusPlugin:
             self.capacity = parse_bytes(str(config.capacity), "plugins.salus.capacity")
             if self.capacity <= 0:
                 raise ConfigError("plugins.salus.capacity must be positive, e.g. 2GiB")
+        cluster = getattr(run_config, "cluster", None)
+        self.cluster_mode = str(getattr(cluster, "mode", "none") or "none")
         run = getattr(run_config, "run", None)
         self.deterministic = bool(getattr(run, "deterministic", True))
         self.device = str(getattr(run, "device", "cpu"))
@@ -135,12 +142,22 @@ class SalusPlugin:
     def accelopt_run_end(self, run: RunInfo, metrics: dict[str, Any]) -> None:
         if self.run_dir is None:
             return
+        if self.cluster_mode != "none":
+            if not self._decisions:
+                return  # not the leader rank: the leader writes salus.json
+            document = {"summary": self.cluster_summary(), "jobs": [
+                {"job_id": j, "name": self._names.get(j, j), "iterations_chosen": n}
+                for j, n in sorted(self._chosen.items())]}
+            (Path(self.run_dir) / "salus.json").write_text(json.dumps(document, indent=2) + "\n")
+            return
         document = {"summary": self.summary(), "jobs": self.job_table()}
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "salus.json").write_text(json.dumps(document, indent=2) + "\n")
 
     @hookimpl
     def accelopt_report_rows(self, run: RunInfo) -> list[ReportRow]:
+        if self.cluster_mode != "none":
+            return self.cluster_rows(run)
         return [ReportRow("salus", self.summary_line(), self.report_metrics())]
 
     @hookimpl
@@ -214,12 +231,19 @@ class SalusPlugin:
         for state in ready:
             self._admitted_at.setdefault(state.job.job_id, state.admitted_at_s)
         chosen = self.policy.select(lane, ready, now_s)
+        self._decisions += 1
+        self._chosen[chosen] += 1
+        if self._last_chosen is not None and chosen != self._last_chosen:
+            self._cluster_switches += 1
+        self._last_chosen = chosen
         admitted = next(s.admitted_at_s for s in ready if s.job.job_id == chosen)
         self._boundary[lane] = (chosen, admitted)
         return chosen
 
     @hookimpl
     def accelopt_iteration_start(self, context: IterationContext) -> None:
+        if self.cluster_mode != "none":
+            return  # a cluster rank keeps its own thread count (run.threads, default 1)
         if self.device.startswith("cuda"):
             self._enter_cuda_lane(context.lane)
             return
@@ -297,6 +321,45 @@ class SalusPlugin:
             ctx, previous, _ = entry
             torch.cuda.set_stream(previous)
             ctx.__exit__(None, None, None)
+
+    # -- cluster runs ----------------------------------------------------------------------
+
+    def cluster_summary(self) -> dict[str, Any]:
+        """What the policy decided on the leader rank of a multi-job cluster run."""
+        return {
+            "policy": self.policy.name or type(self.policy).__name__,
+            "cluster_mode": self.cluster_mode,
+            "decisions": self._decisions,
+            "switches": self._cluster_switches,
+            "jobs": len(self._chosen),
+            "switch_latency_median_s": percentile(self._switch, 50),
+            "switch_latency_p99_s": percentile(self._switch, 99),
+        }
+
+    def cluster_rows(self, run: RunInfo) -> list[ReportRow]:
+        """Cluster run: the leader rank (where the policy decides) reports; the other ranks
+        only follow its broadcast decisions and say nothing."""
+        if not self._decisions:
+            if len(run.jobs) <= 1:
+                return [ReportRow("salus", "one job in the cluster run: nothing to schedule "
+                                  "(give the workload several jobs to share the workers)")]
+            return []
+        s = self.cluster_summary()
+        text = (f"policy {s['policy']} chose the job of every cluster iteration on the leader "
+                f"(rank 0) and broadcast it, servers and workers following: "
+                f"{s['decisions']} decisions over {s['jobs']} job(s), {s['switches']} switches "
+                "between jobs; every rank keeps every job resident, so a switch costs no "
+                "reload")
+        if s["switch_latency_median_s"] is not None:
+            text += (f"; switch latency median {s['switch_latency_median_s'] * 1e3:.2f} ms "
+                     "(leader's view, including the broadcast)")
+        if self.policy.max_lanes != 1:
+            text += (f"; {s['policy']} in one lane is arrival order: a PS cluster is one lane "
+                     "here (each iteration uses every worker and server), so expect FIFO's "
+                     "JCT — try plugins.salus.policy=srtf")
+        metrics = {k: v for k, v in s.items()
+                   if isinstance(v, (int, float, str)) and not isinstance(v, bool)}
+        return [ReportRow("salus", text, metrics)]
 
     # -- figures ---------------------------------------------------------------------------
 

@@ -129,7 +129,10 @@ class Service:
                 known = ", ".join(sorted(p.stem for p in path.glob("*.yaml")))
                 raise UserError(f"unknown workload {name!r}; built-in workloads: {known}")
             cfg = OmegaConf.structured(AccelConfig)
-            cfg.workload = OmegaConf.merge(cfg.workload, OmegaConf.load(path / f"{name}.yaml"))
+            loaded = OmegaConf.load(path / f"{name}.yaml")
+            if "workload" in loaded:  # a `@package _global_` workload (the embedded default)
+                loaded = loaded.workload
+            cfg.workload = OmegaConf.merge(cfg.workload, loaded)
             return job_specs(cfg)
         if "factory" in request:
             return [self._from_factory(str(request["factory"]), request.get("args") or {})]

@@ -1,0 +1,170 @@
+"""``run.compare``: the same workload without plugins (and each plugin alone), run in the
+same invocation, printed beside the run with plugins.
+
+Why a real second run and not an estimate: a plugin's gain is only meaningful against the
+same jobs, same seeds and the same machine state, so the reference runs are executed right
+before the run with plugins, in their own sub-directories (``<run_dir>/compare/<label>``),
+and every figure in the comparison is measured. One run each, so small differences are
+within noise: for medians of repeats use ``accelopt bench``.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+from rich.console import Console
+from rich.table import Table
+
+from accelopt.errors import ConfigError
+from accelopt.records import RunRecord
+from accelopt.types import ReportRow
+
+MODES = ("none", "baseline", "each")
+BASELINE = "baseline"
+FIGURES: tuple[tuple[str, str, str], ...] = (
+    # (metrics key, label, kind: "time" = lower is better and gain is a ratio; "e" = higher)
+    ("avg_jct_s", "avg JCT s", "time"),
+    ("p95_jct_s", "p95 JCT s", "time"),
+    ("makespan_s", "makespan s", "time"),
+    ("iteration_s", "iteration s (median)", "time"),
+    ("efficiency_e", "E (median)", "e"),
+)
+
+
+def compare_mode(cfg: DictConfig) -> str:
+    mode = str(cfg.run.get("compare", "none") or "none")
+    if mode not in MODES:
+        raise ConfigError(f"run.compare: {mode!r} is not one of {', '.join(MODES)}; "
+                          "baseline also runs the workload without plugins")
+    return mode
+
+
+def in_multirun() -> bool:
+    """A Hydra sweep (``-m``, ``accelopt bench``) compares its runs itself."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+    except Exception:  # noqa: BLE001 - no Hydra context: a direct call
+        return False
+
+
+def variants(selected: list[str], mode: str) -> list[tuple[str, ...]]:
+    """The reference plugin sets: none; with ``each``, every selected plugin alone too."""
+    out: list[tuple[str, ...]] = [()]
+    if mode == "each" and len(selected) > 1:
+        out += [(name,) for name in selected]
+    return out
+
+
+def label(subset: tuple[str, ...]) -> str:
+    return "+".join(subset) if subset else BASELINE
+
+
+def subset_config(cfg: DictConfig, subset: tuple[str, ...]) -> DictConfig:
+    sub = copy.deepcopy(cfg)
+    plugins = cfg.get("plugins") or {}
+    sub.plugins = {name: plugins[name] for name in subset}
+    sub.run.compare = "none"
+    sub.run.progress = False
+    return sub
+
+
+def run_references(cfg: DictConfig, selected: list[str], mode: str, run_dir: Path,
+                   registry: Any, console: Console) -> dict[str, RunRecord]:
+    """Run every reference set (quietly), return their records by label."""
+    from accelopt.runtime.run import execute
+
+    refs: dict[str, RunRecord] = {}
+    for subset in variants(selected, mode):
+        name = label(subset)
+        where = run_dir / "compare" / name
+        console.print(f"[dim]run.compare={mode}: running the same workload with "
+                      f"{'no plugins' if not subset else name} first ({where})[/dim]")
+        quiet = Console(file=io.StringIO(), width=120)
+        refs[name] = execute(subset_config(cfg, subset), run_dir=where, registry=registry,
+                             console=quiet)
+    return refs
+
+
+def figures(record: RunRecord) -> dict[str, Any]:
+    from accelopt.report import run_metrics
+
+    m = run_metrics(record)
+    return {key: m.get(key) for key, _, _ in FIGURES}
+
+
+def _fmt(value: Any) -> str:
+    return "–" if value is None else f"{value:.3f}"
+
+
+def _change(key_kind: str, base: Any, mine: Any) -> str:
+    if base is None or mine is None:
+        return ""
+    if key_kind == "e":
+        return f" ({mine - base:+.3f})"
+    return f" ({base / mine:.2f}x)" if mine > 0 else ""
+
+
+def describe(base: dict[str, Any], mine: dict[str, Any]) -> str:
+    parts = []
+    for key, name, kind in FIGURES:
+        if base.get(key) is None and mine.get(key) is None:
+            continue
+        parts.append(f"{name} {_fmt(base.get(key))} -> {_fmt(mine.get(key))}"
+                     f"{_change(kind, base.get(key), mine.get(key))}")
+    return ", ".join(parts)
+
+
+def attach(record: RunRecord, refs: dict[str, RunRecord]) -> None:
+    """Add each plugin's measured gain (a row after its own rows) and the reference figures
+    (``compare.<label>.<key>`` in the run's metrics)."""
+    mine = figures(record)
+    base = figures(refs[BASELINE])
+    for name, ref in refs.items():
+        for key, value in figures(ref).items():
+            if value is not None:
+                record.metrics[f"compare.{name}.{key}"] = value
+    plugins = list(record.info.plugins)
+    rows = list(record.plugin_rows)
+    for plugin in plugins:
+        alone = refs.get(plugin)
+        if alone is not None:
+            text = (f"measured gain vs the same run without plugins, {plugin} alone: "
+                    f"{describe(base, figures(alone))}; all selected plugins together: "
+                    f"{describe(base, mine)}")
+        elif len(plugins) == 1:
+            text = f"measured gain vs the same run without plugins: {describe(base, mine)}"
+        else:
+            text = (f"measured gain of all selected plugins together ({'+'.join(plugins)}) vs "
+                    f"the same run without plugins: {describe(base, mine)} "
+                    "(run.compare=each measures each plugin alone too)")
+        text += " [ratio > 1x: faster; one run each, this invocation]"
+        last = max((i for i, r in enumerate(rows) if r.plugin == plugin), default=len(rows) - 1)
+        rows.insert(last + 1, ReportRow(plugin, text))
+    record.plugin_rows = rows
+
+
+def table(record: RunRecord, refs: dict[str, RunRecord]) -> Table:
+    """Baseline, each reference and this run side by side."""
+    runs = [(name, figures(ref)) for name, ref in refs.items()]
+    runs.append(("+".join(record.info.plugins) or "this run", figures(record)))
+    out = Table(title="Compared in this invocation (one run each; ratio vs no plugins)",
+                title_justify="left", pad_edge=False)
+    out.add_column("figure", no_wrap=True)
+    for name, _ in runs:
+        out.add_column("no plugins" if name == BASELINE else name, justify="right")
+    base = runs[0][1]
+    for key, name, kind in FIGURES:
+        values = [f.get(key) for _, f in runs]
+        if all(v is None for v in values):
+            continue
+        cells = [_fmt(values[0])]
+        cells += [_fmt(v) + _change(kind, base.get(key), v) for v in values[1:]]
+        out.add_row(name, *cells)
+    return out

@@ -1,0 +1,126 @@
+"""SALUS + TicTac on the multi-job parameter-server workload: baseline / salus / tictac /
+salus+tictac, side by side, from ONE invocation.
+
+Every repeat runs the four plugin sets one after another (interleaved, so machine drift
+affects all alike); the table shows the median over repeats of average JCT, makespan and
+the median per-iteration E, each set's ratio to no plugins, and the interaction of the
+combination (its gain vs the product of its members' gains).
+
+    flock /tmp/accelopt-bench.lock /work/venv/bin/python benchmarks/combo_salus_tictac.py \
+        --repeats 3 [experiment=salus_tictac] [plugins.salus.policy=srtf] [other overrides]
+
+Without overrides it runs the embedded default workload (five jobs, 2 workers + 1 server on
+local processes, unshaped loopback); ``experiment=salus_tictac`` runs it on the shaped
+network (root). Plugin settings given as ``plugins.NAME.key=value`` apply to the sets that
+select NAME.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from accelopt.cli.hydra_run import compose_checked
+from accelopt.config import register_plugin_configs, register_schema
+from accelopt.plugin import Registry
+from accelopt.report import run_metrics
+from accelopt.runtime.run import execute
+
+SETS = ((), ("salus",), ("tictac",), ("salus", "tictac"))
+FIGURES = (("avg_jct_s", "avg JCT s"), ("makespan_s", "makespan s"),
+           ("efficiency_e", "E (median)"), ("iteration_s", "iteration s"))
+
+
+def compose(plugins: tuple[str, ...], overrides: list[str], registry: Registry):
+    register_schema()
+    register_plugin_configs([registry.get(n) for n in ("salus", "tictac")])
+    mine = [o for o in overrides
+            if not o.startswith("plugins.") or o.split(".")[1] in plugins]
+    cfg = compose_checked([f"+plugins=[{','.join(plugins)}]", *mine, "run.compare=none",
+                           "run.progress=false", "run.telemetry_interval_s=5"])
+    # an experiment file may name plugin settings for both: keep only this set's plugins
+    current = cfg.plugins or {}
+    cfg.plugins = {name: current[name] for name in current if name in plugins}
+    return cfg
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", default="runs/bench/combo_salus_tictac")
+    parser.add_argument("overrides", nargs="*")
+    opts = parser.parse_args()
+    registry = Registry.discover()
+    out = Path(opts.out) / time.strftime("%Y%m%d-%H%M%S")
+    results: dict[tuple[str, ...], list[dict]] = {s: [] for s in SETS}
+    quiet = Console(file=io.StringIO(), width=140)
+    started = time.time()
+    for r in range(opts.repeats):
+        for plugins in SETS:
+            name = "+".join(plugins) or "baseline"
+            cfg = compose(plugins, opts.overrides, registry)
+            t = time.time()
+            record = execute(cfg, run_dir=out / f"r{r}-{name}", registry=registry, console=quiet)
+            m = run_metrics(record)
+            results[plugins].append(m)
+            print(f"repeat {r} {name:13s} avg JCT {m.get('avg_jct_s', 0):7.3f} s  makespan "
+                  f"{m.get('makespan_s', 0):7.3f} s  E {m.get('efficiency_e', float('nan')):.3f}"
+                  f"  ({time.time() - t:.1f} s)", flush=True)
+
+    def med(plugins: tuple[str, ...], key: str) -> float | None:
+        vals = [m[key] for m in results[plugins] if m.get(key) is not None]
+        return statistics.median(vals) if vals else None
+
+    def spread(plugins: tuple[str, ...], key: str) -> str:
+        vals = [m[key] for m in results[plugins] if m.get(key) is not None]
+        return f"[{min(vals):.3f}-{max(vals):.3f}]" if len(vals) > 1 else ""
+
+    console = Console(width=160)
+    table = Table(title=f"multi-job PS workload, medians of {opts.repeats} interleaved repeats "
+                  "(ratio: baseline / set, > 1 is faster; E: difference)", title_justify="left")
+    table.add_column("figure")
+    for plugins in SETS:
+        table.add_column("+".join(plugins) or "baseline", justify="right")
+    for key, label in FIGURES:
+        base = med((), key)
+        cells = []
+        for plugins in SETS:
+            v = med(plugins, key)
+            if v is None:
+                cells.append("–")
+                continue
+            text = f"{v:.3f} {spread(plugins, key)}"
+            if plugins and base is not None:
+                text += f" ({v - base:+.3f})" if key == "efficiency_e" else f" ({base / v:.2f}x)"
+            cells.append(text)
+        table.add_row(label, *cells)
+    console.print(table)
+    for key, label in FIGURES[:2]:
+        base, s, t, st = (med(p, key) for p in SETS)
+        if None in (base, s, t, st):
+            continue
+        gs, gt, gst = base / s, base / t, base / st
+        expected = gs * gt
+        verdict = ("additive" if abs(gst / expected - 1) <= 0.05 else
+                   "synergistic" if gst > expected else "interfering")
+        console.print(f"interaction on {label}: salus {gs:.2f}x, tictac {gt:.2f}x, together "
+                      f"{gst:.2f}x vs product {expected:.2f}x -> {verdict} (within 5% = additive)")
+    console.print(f"machine: {platform.node()} {platform.machine()}, {os.cpu_count()} CPUs, "
+                  f"python {sys.version.split()[0]}; overrides: {' '.join(opts.overrides) or '-'};"
+                  f" wall {time.time() - started:.0f} s; runs in {out}")
+    (out / "combo.json").write_text(json.dumps(
+        {"+".join(p) or "baseline": results[p] for p in SETS}, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
