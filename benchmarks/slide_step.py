@@ -63,7 +63,8 @@ def main() -> None:
     ap.add_argument("--slide-steps", type=int, default=50, help="steps per SLIDE block")
     ap.add_argument("--dense-budget-s", type=float, default=40.0,
                     help="rough seconds of timed dense steps per width")
-    ap.add_argument("--scaling-width", default="200k", help="width of the 1 vs 2 thread test")
+    ap.add_argument("--scaling-width", nargs="*", default=["200k", "670k"],
+                    help="widths of the 1 vs 2 thread test (none: skip it)")
     args = ap.parse_args()
     set_threads(args.threads)
     print(f"# machine: {machine()}")
@@ -123,8 +124,8 @@ def main() -> None:
     ratios = [(n, td / tl) for n, td, _, tl, *_ in rows]
     print("\nbreak-even width (SLIDE = dense per step): " + break_even(ratios))
 
-    if args.scaling_width:
-        ds = synthetic(args.scaling_width)
+    for width in args.scaling_width:
+        ds = synthetic(width)
         n, d = ds.num_classes, ds.vocab_size
         batches = preload(ds, 0, 60, BATCH)
         res = {}
@@ -136,7 +137,7 @@ def main() -> None:
             del tr, init
             gc.collect()
         print(f"\nthread scaling, SLIDE at {n:,} labels: 1 thread {1e3 * res[1]:.1f} ms/step, "
-              f"2 threads {1e3 * res[2]:.1f} ms/step, speed-up {res[1] / res[2]:.2f}x")
+              f"2 threads {1e3 * res[2]:.1f} ms/step, speed-up {res[1] / res[2]:.2f}x", flush=True)
 
 
 def break_even(ratios: list[tuple[int, float]]) -> str:

@@ -421,3 +421,42 @@ def test_change_triggered_rebuild(threshold: float, expect_rebuild: bool) -> Non
     assert (layer.stats["rebuilds"] > 0) == expect_rebuild
     if expect_rebuild:  # Adam moved weights between checks, so every check rebuilt
         assert layer.stats["rebuilds"] == layer.stats["checks"]
+
+
+# ----------------------------------------------------------------- rebuild (rehash dirty)
+
+
+@pytest.mark.parametrize("hash_", ["simhash", "dwta"])
+def test_neuron_keys_equal_the_query_path(hash_: str) -> None:
+    """The rebuild's batched rehash (a GEMM + a packing kernel for SimHash) gives the keys
+    the per-vector query path gives (random weights: no projection within rounding of 0)."""
+    layer = _layer(hash=hash_, k=5 if hash_ == "simhash" else 2)
+    keys = layer._neuron_keys()
+    kind, idx, sgn, k, l, bits, rp = layer.family()  # noqa: E741
+    ref = make_family(hash_, 16, k, l, seed=0, range_pow=rp,
+                      density=layer.cfg.simhash_density).keys_dense(layer.weight.numpy())
+    assert np.array_equal(keys, ref)
+
+
+@pytest.mark.parametrize("rebuild", ["fixed", "changed"])
+def test_rebuild_rehashes_only_updated_rows_and_matches_a_full_rebuild(rebuild: str) -> None:
+    layer = _layer(rebuild=rebuild, rebuild_period=3, change_threshold=0.0)
+    h = torch.randn(8, 16, generator=torch.Generator().manual_seed(3))
+    y = torch.randint(300, (8, 2), generator=torch.Generator().manual_seed(4))
+    for _ in range(7):  # builds at step 0, rebuilds at steps 3 and 6
+        layer(h).loss_against(y).backward()
+    s = layer.stats
+    assert s["rebuilds"] == 2
+    assert layer.out_features < s["rehashed"] < 3 * layer.out_features  # not all, each time
+    assert layer.keys.stride() == (1, layer.out_features)  # column-major: tables read columns
+    layer.rebuild()  # brings the keys up to date with the weights
+    assert np.array_equal(layer.keys.numpy(), layer._neuron_keys())
+    tables, counts = layer.tables.numpy().copy(), layer.counts.numpy().copy()
+    fresh = _layer(rebuild=rebuild)
+    fresh.load_state_dict(layer.state_dict())
+    fresh.sched[3] = 0  # force a rebuild from scratch: every neuron rehashed
+    fresh.sched[2] = layer.sched[2]
+    fresh.rebuild()
+    assert np.array_equal(fresh.keys.numpy(), layer.keys.numpy())
+    assert np.array_equal(fresh.counts.numpy(), counts)
+    assert np.array_equal(fresh.tables.numpy(), tables)

@@ -22,6 +22,9 @@ from accelopt_plugins.slide.tables import xorshift
 from numba import njit, prange
 
 UNION, THRESHOLD, TOPK = 0, 1, 2
+FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
+"""Reassociation lets LLVM vectorise float32 reductions; no ``nnan``/``ninf``: the kernels
+compare against -inf and inputs are checked for NaN/inf before they get here."""
 _SELECTED = -1
 _LABEL = -2
 
@@ -139,22 +142,27 @@ def select_active(
             n_active[b] = na
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, fastmath=FASTMATH)
 def forward_active(h, w, bias, ids, n_active, is_label, logits, dz, loss):
     """Logits of the active neurons, softmax over them, loss with 1/|y| targets per label.
 
     ``dz`` receives d loss_b / d logit (softmax - target); a sample without labels gets loss
-    0 and zero gradient (inference passes no labels and ignores dz and loss).
+    0 and zero gradient (inference passes no labels and ignores dz and loss). The dot
+    products may be reassociated (``FASTMATH``) so that they vectorise: 2-3x faster at 670K
+    labels; the sum order is fixed by the code, so a thread count still gives the same bits.
     """
     batch, dim = h.shape
     for b in prange(batch):
         na = n_active[b]
+        hb = h[b]
         zmax = -np.inf
         for i in range(na):
             j = ids[b, i]
-            acc = bias[j]
+            wj = w[j]
+            acc = np.float32(0.0)
             for d in range(dim):
-                acc += w[j, d] * h[b, d]
+                acc += wj[d] * hb[d]
+            acc += bias[j]
             logits[b, i] = acc
             if acc > zmax:
                 zmax = acc
@@ -213,35 +221,38 @@ def touched_rows(ids, n_active, flag, out):
     return n
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, fastmath=FASTMATH)
 def sparse_adam(rows, n_rows, w, grad_w, m_w, v_w, bias, grad_b, m_b, v_b, steps, dirty,
                 lr, beta1, beta2, eps):
     """Adam on the given rows only; each row's bias correction uses its own update count
     (lazy Adam: a row's moments have seen exactly that many updates). Gradients of the
-    updated rows are zeroed; rows are flagged dirty for change-triggered rehashing."""
+    updated rows are zeroed; rows are flagged dirty for rehashing. The per-element update
+    runs in float32 (as torch's Adam does), the per-row corrections in float64."""
     dim = w.shape[1]
+    b1, b2, e = np.float32(beta1), np.float32(beta2), np.float32(eps)
+    ob1, ob2 = np.float32(1.0) - b1, np.float32(1.0) - b2
     for r in prange(n_rows):
         j = rows[r]
         steps[j] += 1
         t = steps[j]
-        c1 = 1.0 - beta1**t
-        c2 = np.sqrt(1.0 - beta2**t)
-        step_size = lr / c1
+        step_size = np.float32(lr / (1.0 - beta1**t))
+        inv_c2 = np.float32(1.0 / np.sqrt(1.0 - beta2**t))
+        wj, gj, mj, vj = w[j], grad_w[j], m_w[j], v_w[j]
         for d in range(dim):
-            g = grad_w[j, d]
-            m = beta1 * m_w[j, d] + (1.0 - beta1) * g
-            v = beta2 * v_w[j, d] + (1.0 - beta2) * g * g
-            m_w[j, d] = m
-            v_w[j, d] = v
-            w[j, d] -= step_size * m / (np.sqrt(v) / c2 + eps)
-            grad_w[j, d] = 0.0
+            g = gj[d]
+            m = b1 * mj[d] + ob1 * g
+            v = b2 * vj[d] + ob2 * g * g
+            mj[d] = m
+            vj[d] = v
+            wj[d] -= step_size * m / (np.sqrt(v) * inv_c2 + e)
+            gj[d] = 0.0
         if bias.shape[0] > 0:
             g = grad_b[j]
-            m = beta1 * m_b[j] + (1.0 - beta1) * g
-            v = beta2 * v_b[j] + (1.0 - beta2) * g * g
+            m = b1 * m_b[j] + ob1 * g
+            v = b2 * v_b[j] + ob2 * g * g
             m_b[j] = m
             v_b[j] = v
-            bias[j] -= step_size * m / (np.sqrt(v) / c2 + eps)
+            bias[j] -= step_size * m / (np.sqrt(v) * inv_c2 + e)
             grad_b[j] = 0.0
         dirty[j] = 1
 

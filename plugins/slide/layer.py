@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from accelopt_plugins.slide import kernels
 from accelopt_plugins.slide.config import SlideConfig
-from accelopt_plugins.slide.hashing import FAMILIES, _keys_dense_par, make_family
+from accelopt_plugins.slide.hashing import FAMILIES, _keys_dense_par, make_family, pack_sign_keys
 from accelopt_plugins.slide.tables import INSERTIONS, RebuildSchedule, build_tables
 from torch import nn
 
@@ -114,7 +114,8 @@ class SlideLinear(nn.Module):
         self.register_buffer(
             "tables", torch.empty(cfg.l, 1 << rp, cfg.bucket_size, dtype=torch.int32).zero_())
         self.register_buffer("counts", torch.zeros(cfg.l, 1 << rp, dtype=torch.int32))
-        self.register_buffer("keys", torch.zeros(n, cfg.l, dtype=torch.int32))
+        # column-major (a transposed [L, n] tensor): filling table t reads one contiguous column
+        self.register_buffer("keys", torch.zeros(cfg.l, n, dtype=torch.int32).t())
         # step, next rebuild/check at, rebuilds done, tables built (0/1)
         self.register_buffer("sched", torch.zeros(4, dtype=torch.int64))
         self.max_active = min(n, cfg.max_active or cfg.l * cfg.bucket_size + cfg.min_active)
@@ -142,7 +143,7 @@ class SlideLinear(nn.Module):
     def reset_stats(self) -> None:
         self.stats = {f"t_{p}": 0.0 for p in PHASES}
         self.stats.update(steps=0, samples=0, active=0, union=0, retrieved=0, rebuilds=0,
-                          checks=0)
+                          checks=0, rehashed=0)
 
     def summary(self) -> dict[str, float]:
         """Per-step means: active fraction, union of active rows, share of time rebuilding."""
@@ -156,6 +157,7 @@ class SlideLinear(nn.Module):
             "union_rows_per_batch": s["union"] / steps,
             "rebuild_time_share": s["t_rebuild"] / total if total else 0.0,
             "rebuilds": s["rebuilds"],
+            "rehashed_per_rebuild": s["rehashed"] / max(s["rebuilds"], 1),
             **{f"ms_{p}": 1e3 * s[f"t_{p}"] / steps for p in PHASES},
         }
 
@@ -165,19 +167,24 @@ class SlideLinear(nn.Module):
         kind, k, l, bits, rp = self.family_args  # noqa: E741
         return (kind, self.hash_idx.numpy(), self.hash_sgn.numpy(), k, l, bits, rp)
 
-    def _neuron_keys(self, rows: np.ndarray | None = None) -> np.ndarray:
+    def _neuron_keys(self, rows: np.ndarray | None = None, out: np.ndarray | None = None
+                     ) -> np.ndarray:
+        """Table keys (int32 [rows, L]) of all neurons or of ``rows``, written to ``out``."""
         w = self.weight.numpy() if rows is None else self.weight.numpy()[rows]
+        if out is None:
+            out = np.empty((w.shape[0], self.cfg.l), dtype=np.int32)
         if self.cfg.hash == "simhash":
-            return self._simhash_keys_blas(w)
-        out = np.empty((w.shape[0], self.cfg.l), dtype=np.int32)
-        _keys_dense_par(np.ascontiguousarray(w), *self.family(), out)
+            self._simhash_keys_blas(w, out)
+        else:
+            _keys_dense_par(np.ascontiguousarray(w), *self.family(), out)
         return out
 
-    def _simhash_keys_blas(self, w: np.ndarray, chunk: int = 65536) -> np.ndarray:
+    def _simhash_keys_blas(self, w: np.ndarray, out: np.ndarray, chunk: int = 16384) -> None:
         """SimHash keys of many rows as one matmul with the (sparse +-1) projections written
-        densely: rehashing 670K neurons is a GEMM, ~10x faster than the per-row kernel. The
-        same keys as the query path, except that a dot product within rounding of 0 may take
-        the other sign (the sum order differs), which LSH tolerates."""
+        densely: rehashing 670K neurons is a GEMM, ~10x faster than the per-row kernel, and
+        the bits are packed into keys by a parallel kernel. The same keys as the query path,
+        except that a dot product within rounding of 0 may take the other sign (the sum
+        order differs), which LSH tolerates."""
         kind, k, l, bits, rp = self.family_args  # noqa: E741
         idx, sgn = self.hash_idx.numpy(), self.hash_sgn.numpy()
         if "proj" not in self._scratch:
@@ -185,22 +192,28 @@ class SlideLinear(nn.Module):
             np.add.at(proj, (np.arange(idx.shape[0])[:, None], idx), sgn)
             self._scratch["proj"] = proj
         proj_t = torch.from_numpy(self._scratch["proj"]).T
-        out = np.empty((w.shape[0], l), np.int32)
         for lo in range(0, w.shape[0], chunk):
-            bit = (torch.from_numpy(np.ascontiguousarray(w[lo:lo + chunk])) @ proj_t) >= 0
-            bit3 = bit.numpy().reshape(-1, l, k)
-            code = np.zeros(bit3.shape[:2], np.uint64)
-            for j in range(k):  # first hash = most significant bit, as in table_keys_one
-                code = (code << np.uint64(1)) | bit3[:, :, j].astype(np.uint64)
-            if k * bits > rp:
-                code = (code * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(64 - rp)
-            out[lo:lo + chunk] = code.astype(np.int32)
-        return out
+            p = torch.from_numpy(np.ascontiguousarray(w[lo:lo + chunk])) @ proj_t
+            pack_sign_keys(p.numpy(), k, l, rp, out, lo)
 
-    def rebuild(self) -> None:
-        """Rehash every neuron and refill the tables (one writer per table)."""
-        keys = self._neuron_keys()
-        self.keys.numpy()[:] = keys
+    def rebuild(self, rows: np.ndarray | None = None, new: np.ndarray | None = None) -> None:
+        """Rehash the neurons whose weights changed since the last build (all of them the
+        first time) and refill the tables (one writer per table).
+
+        Why only the changed ones: a neuron's key depends only on its own weight row, and
+        the sparse Adam flags every row it moves (``dirty``), so the keys of clean rows are
+        still exact; this skips the rows no batch touched since the last build. ``rows`` and
+        ``new`` pass keys the change-triggered check already computed."""
+        keys = self.keys.numpy()  # column-major [n, L]: a table's keys are contiguous
+        if not int(self.sched[3]):
+            self._neuron_keys(out=keys)
+        else:
+            if rows is None:
+                rows = np.nonzero(self.dirty.numpy())[0]
+                new = self._neuron_keys(rows) if len(rows) else None
+            if new is not None:
+                keys[rows] = new
+        self.stats["rehashed"] += self.out_features if not int(self.sched[3]) else len(rows)
         build_tables(keys, self.tables.numpy(), self.counts.numpy(),
                      INSERTIONS[self.cfg.insertion], self.cfg.seed + int(self.sched[2]))
         self.dirty.zero_()
@@ -217,11 +230,13 @@ class SlideLinear(nn.Module):
             self.schedule.done(step, rebuilt=False)
         elif self.schedule.due(step):
             rebuilt = True
+            rows = new = None
             if self.cfg.rebuild == "changed":
                 self.stats["checks"] += 1
-                rebuilt = self._changed_fraction() > self.cfg.change_threshold
+                rows, new, changed = self._changed()
+                rebuilt = changed / self.out_features > self.cfg.change_threshold
             if rebuilt:
-                self.rebuild()
+                self.rebuild(rows, new)
                 self.stats["rebuilds"] += 1
             self.schedule.done(step, rebuilt)
         else:
@@ -229,13 +244,13 @@ class SlideLinear(nn.Module):
         self.sched[1], self.sched[2] = self.schedule.next_at, self.schedule.rebuilds
         self.stats["t_rebuild"] += time.perf_counter() - start
 
-    def _changed_fraction(self) -> float:
+    def _changed(self) -> tuple[np.ndarray, np.ndarray | None, int]:
+        """Rows updated since the last build, their new keys, and how many keys changed."""
         rows = np.nonzero(self.dirty.numpy())[0]
         if not len(rows):
-            return 0.0
+            return rows, None, 0
         new = self._neuron_keys(rows)
-        changed = int((new != self.keys.numpy()[rows]).any(axis=1).sum())
-        return changed / self.out_features
+        return rows, new, int((new != self.keys.numpy()[rows]).any(axis=1).sum())
 
     # -- scratch ----------------------------------------------------------------------
 
