@@ -16,8 +16,12 @@ from accelopt import PluginSpec
 class SalusConfig:
     """``accelopt run +plugins=[salus] plugins.salus.policy=srtf plugins.salus.capacity=2GiB``"""
 
-    policy: str = "pack"
-    """pack | srtf | fair | fifo | rr, another registered name, or module:Class."""
+    policy: str = "auto"
+    """auto | pack | srtf | fair | fifo | rr, another registered name, or module:Class.
+    ``auto``: pack on one device (lanes run concurrently, so packing raises utilization);
+    srtf in a parameter-server cluster, where every iteration uses every worker and server so
+    only one job runs at a time and packing would be arrival order: there the policy that
+    minimises average JCT is the useful one."""
     capacity: str = ""
     """Device memory shared by the lanes, e.g. '2GiB'. Empty: run.memory_capacity (on CUDA
     the real device memory; on CPU, where lanes are accounted not enforced, the RAM)."""

@@ -29,7 +29,7 @@ from accelopt_plugins.salus.metrics import (
     busy_fraction,
     contention_fairness,
 )
-from accelopt_plugins.salus.policies import Policy, make_policy
+from accelopt_plugins.salus.policies import Policy, make_policy, resolve_auto
 
 from accelopt import (
     AllocationDecision,
@@ -65,7 +65,8 @@ class SalusPlugin:
 
     def __init__(self, config: Any) -> None:
         self.config = config
-        self.policy: Policy = make_policy(str(config.policy))
+        self.policy: Policy = make_policy(resolve_auto(str(config.policy), "none"))
+        self.policy_auto = str(config.policy) == "auto"
         self.capacity: int | None = None
         self.max_lanes = 0
         self.deterministic = True
@@ -75,6 +76,7 @@ class SalusPlugin:
         self.cores = cpu_cores()
         self._fixed_threads: int | None = None
         self._estimates: dict[str, float] = {}
+        self._warmed_up: set[str] = set()
         self._intervals: list[Interval] = []
         self._switch: list[float] = []
         self._continue: list[float] = []
@@ -104,7 +106,10 @@ class SalusPlugin:
     @hookimpl
     def accelopt_configure(self, config: Any, run_config: Any) -> None:
         self.config = config
-        self.policy = make_policy(str(config.policy))
+        cluster = getattr(run_config, "cluster", None)
+        self.cluster_mode = str(getattr(cluster, "mode", "none") or "none")
+        self.policy = make_policy(resolve_auto(str(config.policy), self.cluster_mode))
+        self.policy_auto = str(config.policy) == "auto"
         self.policy.iteration_time = self.iteration_seconds
         if config.max_lanes < -1:
             raise ConfigError("plugins.salus.max_lanes must be -1 (policy default), 0 (as many "
@@ -119,8 +124,6 @@ class SalusPlugin:
             self.capacity = parse_bytes(str(config.capacity), "plugins.salus.capacity")
             if self.capacity <= 0:
                 raise ConfigError("plugins.salus.capacity must be positive, e.g. 2GiB")
-        cluster = getattr(run_config, "cluster", None)
-        self.cluster_mode = str(getattr(cluster, "mode", "none") or "none")
         run = getattr(run_config, "run", None)
         self.deterministic = bool(getattr(run, "deterministic", True))
         self.device = str(getattr(run, "device", "cpu"))
@@ -218,13 +221,26 @@ class SalusPlugin:
     # -- iteration boundary --------------------------------------------------------------
 
     def iteration_seconds(self, state: JobState) -> float:
-        """Refined estimate of one iteration: EMA of measured times, seeded by the profile."""
+        """Refined estimate of one iteration: EMA of measured times, seeded by the profile.
+        A job with neither (a cluster job before its second iteration) counts as 0 s: it is
+        probed first, so its first real measurement comes soon."""
         estimate = self._estimates.get(state.job.job_id)
         if estimate is not None:
             return estimate
         if state.job.profile is not None:
             return state.job.profile.iteration_seconds
-        return state.last_iteration_seconds or 0.0
+        return 0.0
+
+    def _refine_estimate(self, job_id: str, seconds: float) -> None:
+        """Fold one measured iteration into the job's EMA, except its first: that one pays
+        the job's warm-up (allocator, lazy initialisation, a plugin planning in it, such as
+        tictac tracing the model on a server) and would make a short job look long to SRTF
+        until the EMA forgets it."""
+        if job_id not in self._warmed_up:
+            self._warmed_up.add(job_id)
+            return
+        old = self._estimates.get(job_id)
+        self._estimates[job_id] = seconds if old is None else (1 - EMA) * old + EMA * seconds
 
     @hookimpl
     def accelopt_select_next(self, lane: str, ready: Sequence[JobState], now_s: float) -> str:
@@ -263,8 +279,7 @@ class SalusPlugin:
         if self.device.startswith("cuda"):
             self._exit_cuda_lane(lane)
         seconds = result.end_s - result.start_s
-        old = self._estimates.get(job_id)
-        self._estimates[job_id] = seconds if old is None else (1 - EMA) * old + EMA * seconds
+        self._refine_estimate(job_id, seconds)
         self.policy.observe(job_id, seconds)
         self._intervals.append(Interval(job_id, lane, result.start_s, result.end_s))
         self._left_at[job_id] = result.end_s
@@ -345,7 +360,8 @@ class SalusPlugin:
                                   "(give the workload several jobs to share the workers)")]
             return []
         s = self.cluster_summary()
-        text = (f"policy {s['policy']} chose the job of every cluster iteration on the leader "
+        chosen_by = " (auto: srtf in a PS cluster)" if self.policy_auto else ""
+        text = (f"policy {s['policy']}{chosen_by} chose the job of every cluster iteration on the leader "
                 f"(rank 0) and broadcast it, servers and workers following: "
                 f"{s['decisions']} decisions over {s['jobs']} job(s), {s['switches']} switches "
                 "between jobs; every rank keeps every job resident, so a switch costs no "

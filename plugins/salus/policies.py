@@ -84,6 +84,17 @@ def register_policy(name: str) -> Callable[[type[Policy]], type[Policy]]:
     return add
 
 
+AUTO = "auto"
+
+
+def resolve_auto(ref: str, cluster_mode: str) -> str:
+    """``auto`` -> ``srtf`` in a parameter-server cluster (one job's iteration at a time: a
+    single lane, where PACK degenerates to arrival order), ``pack`` otherwise."""
+    if ref != AUTO:
+        return ref
+    return "srtf" if cluster_mode not in ("", "none") else "pack"
+
+
 def make_policy(ref: str) -> Policy:
     """A registered name, or ``module:Class`` to import; one-line ConfigError otherwise."""
     if ":" in ref:
@@ -101,7 +112,7 @@ def make_policy(ref: str) -> Policy:
     if ref not in POLICIES:
         raise ConfigError(
             f"plugins.salus.policy: unknown policy {ref!r}; choose one of "
-            f"{', '.join(sorted(POLICIES))} or give module:Class"
+            f"{', '.join(sorted([AUTO, *POLICIES]))} or give module:Class"
         )
     return POLICIES[ref]()
 
