@@ -296,6 +296,41 @@ class Transport:
 
     # -- receiving -------------------------------------------------------------------------
 
+    def _post_receives(self, iteration: int, source: int, n: int,
+                       where: str) -> queue.Queue[Any]:
+        """Post every header receive at once and, from a poster thread, each payload's
+        receive the moment its header is in, in sequence order; queue ``(header, work,
+        buffer)`` per transfer (or the exception that stopped the poster).
+
+        Why a thread: gloo's TCP transport moves a payload only once its receive is posted.
+        Posting it from the thread that then blocks on the payload put one wake-up of that
+        Python thread on the link's critical path per transfer; while forward ran at the same
+        time (what a good transfer order achieves) it competed for the GIL and the cores and
+        the link idled between transfers (0.21 vs 0.03 ms per transfer measured by the tictac
+        benchmark). The order on the link is unchanged: receives are posted in sequence."""
+        headers = [torch.empty(HEADER_LEN, dtype=torch.int64, device=self.device)
+                   for _ in range(n)]
+        hworks = [dist.irecv(headers[k], src=source, tag=tag_for(iteration, k, 0),
+                             group=self.group) for k in range(n)]
+        ready: queue.Queue[Any] = queue.Queue()
+
+        def poster() -> None:
+            try:
+                for k in range(n):
+                    _wait(hworks[k], self.timeout, where)
+                    h = headers[k].cpu().tolist()
+                    pwork, data = None, None
+                    if int(h[0]) != DROPPED:
+                        data = torch.empty(int(h[12]), dtype=torch.uint8, device=self.device)
+                        pwork = dist.irecv(data, src=source, tag=tag_for(iteration, int(h[15]), 1),
+                                           group=self.group)
+                    ready.put((h, pwork, data))
+            except BaseException as exc:  # noqa: BLE001 - re-raised by the receiving thread
+                ready.put(exc)
+
+        threading.Thread(target=poster, name=f"recv-post {source}", daemon=True).start()
+        return ready
+
     def receive(
         self,
         iteration: int,
@@ -310,21 +345,13 @@ class Transport:
         if n == 0:
             return
         where = f"rank {self.rank}: receiving from rank {source} at iteration {iteration}"
-        header = torch.empty(HEADER_LEN, dtype=torch.int64, device=self.device)
-        hwork = dist.irecv(header, src=source, tag=tag_for(iteration, 0, 0), group=self.group)
-        for k in range(n):
-            _wait(hwork, self.timeout, where)
-            h = header.cpu().tolist()
+        ready = self._post_receives(iteration, source, n, where)
+        for _k in range(n):
+            item = ready.get()
+            if isinstance(item, BaseException):
+                raise item
+            h, pwork, data = item
             status, tensor_id, seq = int(h[0]), int(h[1]), int(h[15])
-            pwork, data = None, None
-            if status != DROPPED:
-                data = torch.empty(int(h[12]), dtype=torch.uint8, device=self.device)
-                pwork = dist.irecv(data, src=source, tag=tag_for(iteration, seq, 1),
-                                    group=self.group)
-            if k + 1 < n:
-                header = torch.empty(HEADER_LEN, dtype=torch.int64, device=self.device)
-                hwork = dist.irecv(header, src=source, tag=tag_for(iteration, k + 1, 0),
-                                   group=self.group)
             if pwork is not None:
                 _wait(pwork, self.timeout, where)
             end_s = self.now()
