@@ -6,9 +6,14 @@ import json
 import math
 
 import pytest
+import torch
 from clirun import accelopt
 
 from accelopt.bench.analysis import SetResult, classify, summarize
+from accelopt.bench.child import drop_unselected, selection_from_task_overrides
+from accelopt.bench.evaluate import hits_at_1
+from accelopt.bench.runner import bench_command, run_plan, set_overrides, split_overrides
+from accelopt.errors import UserError
 
 
 def test_gain_orientation_and_interaction():
@@ -32,6 +37,32 @@ def test_classify():
     assert classify(1.2) == "synergistic"
     assert classify(0.8) == "interfering"
     assert classify(1.01).startswith("independent")
+    assert classify(1.2, 1.1, 1.3) == "synergistic"
+    assert classify(1.2, 0.95, 1.5).startswith("inconclusive")  # the spread includes 1
+
+
+def test_a_plugin_that_does_nothing_never_looks_synergistic():
+    # 'noop' changes nothing; its runs only carry the machine's noise (as on a shared CPU)
+    results = [
+        SetResult((), (10.0, 9.0, 11.0)),
+        SetResult(("a",), (5.0, 5.2, 4.8)),
+        SetResult(("noop",), (11.0, 8.0, 12.0)),
+        SetResult(("a", "noop"), (4.3, 4.5, 4.1)),  # fast by chance
+    ]
+    combo = {s.label: s for s in summarize(results, "duration_s")}["a+noop"]
+    assert combo.interaction > 1.05  # the point estimate alone would say "synergistic"
+    assert combo.interaction_low < 1 < combo.interaction_high
+    assert combo.verdict.startswith("inconclusive")
+
+
+def test_run_plan_warms_up_every_set_then_rotates_the_order():
+    sets = [[], ["a"], ["b"]]
+    plan = run_plan(sets, 3)
+    assert plan[:3] == [(-1, [], True), (-1, ["a"], True), (-1, ["b"], True)]
+    assert len(plan) == 3 + 3 * 3 and not any(w for _, _, w in plan[3:])
+    measured = [[p for r, p, w in plan if r == rep] for rep in range(3)]
+    # every set once in every position over three repeats (a cyclic Latin square)
+    assert measured == [[[], ["a"], ["b"]], [["a"], ["b"], []], [["b"], [], ["a"]]]
 
 
 def test_baseline_required():
@@ -39,19 +70,88 @@ def test_baseline_required():
         summarize([SetResult(("a",), (1.0,))], "duration_s")
 
 
+def test_plugin_settings_go_only_to_the_sets_that_select_the_plugin():
+    common, per_plugin = split_overrides(
+        ["workload=tiny", "plugins.gpu_kernels.prune_amount=0.5", "+plugins.noop.x=1"])
+    assert common == ["workload=tiny"]
+    assert per_plugin == {"gpu_kernels": ["plugins.gpu_kernels.prune_amount=0.5"],
+                          "noop": ["plugins.noop.x=1"]}
+    assert set_overrides([], common, per_plugin) == ["+plugins=[]", "workload=tiny"]
+    assert set_overrides(["gpu_kernels"], common, per_plugin) == [
+        "+plugins=[gpu_kernels]", "workload=tiny", "plugins.gpu_kernels.prune_amount=0.5"]
+    for bad in ("+plugins=[noop]", "plugins=[noop]"):
+        with pytest.raises(UserError, match="--plugins/--sets"):
+            split_overrides([bad])
+
+
+def test_child_drops_settings_of_plugins_the_run_does_not_select():
+    from omegaconf import OmegaConf
+
+    from accelopt.config import AccelConfig
+
+    cfg = OmegaConf.merge(OmegaConf.structured(AccelConfig),
+                          {"plugins": {"noop": {}, "gpu_kernels": {"prune_amount": 0.5}}})
+    selected = selection_from_task_overrides(["run.repeat=0", "+plugins=[noop]"])
+    assert selected == ["noop"]
+    assert drop_unselected(cfg, selected) == ["gpu_kernels"]
+    assert list(cfg.plugins.keys()) == ["noop"]
+    assert selection_from_task_overrides(["+plugins=[]"]) == []
+
+
+def test_hits_at_1_single_and_multi_label():
+    logits = torch.tensor([[0.1, 0.9, 0.0], [0.8, 0.1, 0.1], [0.0, 0.2, 0.7]])
+    assert hits_at_1(logits, torch.tensor([1, 2, 2])).tolist() == [1.0, 0.0, 1.0]
+    multi = torch.tensor([[0, 1], [2, -1], [-1, -1]])  # -1 pads; no label: a miss
+    assert hits_at_1(logits, multi).tolist() == [1.0, 0.0, 0.0]
+
+
+@pytest.mark.timeout(60)
+def test_a_set_that_cannot_run_is_named_in_one_line_before_the_sweep(tmp_path):
+    out = tmp_path / "never"
+    with pytest.raises(UserError) as info:
+        bench_command(["--sets", "[],[offload]", "--repeats", "1", "--out", str(out),
+                       "workload=tiny", "cluster.mode=allreduce"])
+    message = str(info.value)
+    assert message.startswith("set [offload] cannot run: offload is not active in cluster")
+    assert "\n" not in message and not out.exists()
+    with pytest.raises(UserError, match="no set selects them"):
+        bench_command(["--sets", "[],[noop]", "workload=tiny",
+                       "plugins.gpu_kernels.prune_amount=0.5"])
+
+
 @pytest.mark.timeout(240)
 def test_bench_runs_an_interleaved_sweep(tmp_path):
+    # every valid set of noop and gpu_kernels; gpu_kernels' setting must reach only its sets
+    # (a plain Hydra sweep would fail to compose it for the baseline and noop)
     out = tmp_path / "bench"
-    result = accelopt("bench", "--plugins", "noop", "--repeats", "2", "--metric", "avg_jct_s",
-                      "--out", str(out), "workload=tiny", cwd=tmp_path)
+    result = accelopt("bench", "--plugins", "noop,gpu_kernels", "--repeats", "1", "--eval",
+                      "--metric", "avg_jct_s", "--out", str(out), "workload=tiny",
+                      "plugins.gpu_kernels.prune_amount=0.5", cwd=tmp_path, timeout=200)
     assert result.returncode == 0, result.stderr
     report = json.loads((out / "bench.json").read_text())
-    labels = [s["label"] for s in report["sets"]]
-    assert sorted(labels) == ["baseline", "noop"]
-    assert all(s["n"] == 2 for s in report["sets"])  # warm-up runs are not counted
-    assert len(list((out / "runs").glob("*/metrics.json"))) == 2 * 3
+    by = {s["label"]: s for s in report["sets"]}
+    combo = next(label for label in by if "+" in label)
+    assert sorted(by) == sorted(["baseline", "gpu_kernels", "noop", combo])
+    assert set(combo.split("+")) == {"noop", "gpu_kernels"}
+    assert all(s["n"] == 1 for s in by.values())  # warm-up runs are not counted
+    assert by[combo]["expected_gain"] is not None
+    assert all(0.0 <= s["quality"] <= 1.0 for s in by.values())  # --eval scored every set
+    runs = sorted((out / "runs").glob("*/config.yaml"), key=lambda p: int(p.parent.name))
+    assert len(runs) == 4 + 4  # one warm-up run per set, then the measured repeat
+    for path in runs:
+        cfg = path.read_text()
+        selected = json.loads((path.parent / "metrics.json").read_text())["run"]["plugins"]
+        assert ("prune_amount: 0.5" in cfg) == ("gpu_kernels" in selected)
+        assert ("gpu_kernels:" in cfg) == ("gpu_kernels" in selected)
     assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "| baseline |" in (out / "bench.md").read_text()
+    md = (out / "bench.md").read_text()
+    assert "| baseline |" in md and "top1" in md and "overrides: workload=tiny" in md
+    # --reanalyze rebuilds the same report from the runs, running nothing
+    (out / "bench.md").unlink()
+    assert bench_command(["--reanalyze", "--out", str(out)]) == 0
+    again = json.loads((out / "bench.json").read_text())
+    assert [s["median"] for s in again["sets"]] == [s["median"] for s in report["sets"]]
+    assert (out / "bench.md").read_text() == md
 
 
 def test_bench_unknown_metric_is_one_line(tmp_path):
@@ -59,3 +159,19 @@ def test_bench_unknown_metric_is_one_line(tmp_path):
                       "--out", str(tmp_path / "b"), "workload=tiny", cwd=tmp_path)
     assert result.returncode == 2
     assert "metric 'nope' is not in" in result.stderr and "avg_jct_s" in result.stderr
+
+
+def test_paired_interaction_cancels_drift_between_repeats():
+    # the machine slows down from repeat to repeat, by the same factor for every set; within
+    # each repeat, a+b is 1.2x faster than the product of a's and b's gains (synergy)
+    slow = (1.0, 1.3, 1.6)
+    base = SetResult((), tuple(10.0 * k for k in slow), repeats=(0, 1, 2))
+    a = SetResult(("a",), tuple(5.0 * k for k in slow), repeats=(0, 1, 2))
+    b = SetResult(("b",), tuple(8.0 * k for k in slow), repeats=(0, 1, 2))
+    ab = SetResult(("a", "b"), tuple(4.0 / 1.2 * k for k in slow), repeats=(0, 1, 2))
+    combo = {s.label: s for s in summarize([base, a, b, ab], "duration_s")}["a+b"]
+    assert math.isclose(combo.interaction_low, 1.2) and math.isclose(combo.interaction_high, 1.2)
+    assert combo.verdict == "synergistic"
+    unpaired = [SetResult(r.plugins, r.values) for r in (base, a, b, ab)]
+    loose = {s.label: s for s in summarize(unpaired, "duration_s")}["a+b"]
+    assert loose.verdict.startswith("inconclusive")  # the drift swamps the unpaired bound

@@ -516,3 +516,12 @@ def test_whole_model_guard_reverts_choices_that_do_not_pay(monkeypatch: pytest.M
     fake.update(tuned=[0.5, 0.5, 0.5])
     assert at.verify_model(model, x, training=True, reps=3)
     assert all(m.override is None for m in convs)
+
+
+def test_cluster_runs_are_refused_in_one_line(run_tiny) -> None:  # type: ignore[no-untyped-def]
+    # cluster ranks build their model without accelopt_layer_build: nothing would be pruned
+    with pytest.raises(ConfigError) as info:
+        run_tiny(PLUGIN, overrides=["cluster.mode=allreduce",
+                                    "plugins.gpu_kernels.prune_amount=0.5"])
+    message = str(info.value)
+    assert "not active in cluster runs" in message and "\n" not in message

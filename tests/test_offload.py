@@ -203,3 +203,29 @@ def test_bad_options_are_one_line_errors(run_tiny, override, key):
         run_tiny(PLUGIN, overrides=[override])
     message = str(info.value)
     assert key in message and "\n" not in message
+
+
+def test_cluster_runs_are_refused_in_one_line(run_tiny):
+    # cluster ranks build their model without accelopt_layer_build: offload would silently
+    # do nothing, so the run stops before anything starts, naming the reason
+    with pytest.raises(ConfigError) as info:
+        run_tiny(PLUGIN, overrides=["cluster.mode=allreduce"])
+    message = str(info.value)
+    assert "not active in cluster runs" in message and "cluster.mode=none" in message
+    assert "\n" not in message
+
+
+def test_offload_hooks_the_model_after_gpu_kernels_replaced_its_layers(run_tiny):
+    from accelopt_plugins.gpu_kernels import PLUGIN as GPU_KERNELS
+
+    from accelopt.plugin import Registry, resolve
+
+    registry = Registry.discover()
+    order = [s.name for s in resolve(["offload", "gpu_kernels"], registry)]
+    assert order == ["gpu_kernels", "offload"]  # whatever the command-line order
+    # gpu_kernels swaps every Linear for a TiledLinear at the whole-model offer; offload,
+    # coming after, hooks those new leaves, so prefetch still serves the unpacks
+    record = run_tiny(PLUGIN, GPU_KERNELS, overrides=["plugins.gpu_kernels.tiled_linear=tiled"])
+    rows = {r.metrics.get("job"): r for r in record.plugin_rows if r.plugin == "offload"}
+    assert rows["00-tiny-mlp"].metrics["prefetch_hit_rate"] > 0.5
+    assert rows["00-tiny-mlp"].metrics["offloaded_bytes_per_iteration"] > 0

@@ -14,13 +14,29 @@ from accelopt.bench.analysis import SetSummary
 COLUMNS = ("set", "median", "min-max", "gain", "gain range", "expected", "interaction", "verdict")
 
 
-def _row(s: SetSummary) -> list[str]:
+def columns(context: dict[str, Any]) -> tuple[str, ...]:
+    quality = context.get("quality")
+    return COLUMNS + ((f"{quality} (median)",) if quality else ())
+
+
+def _row(s: SetSummary, context: dict[str, Any]) -> list[str]:
     def opt(x: float | None) -> str:
         return "–" if x is None else f"{x:.3f}"
 
-    return [s.label, f"{s.median:.4g}", f"{s.low:.4g}-{s.high:.4g}", f"{s.gain:.3f}x",
-            f"{s.gain_low:.3f}-{s.gain_high:.3f}", opt(s.expected_gain), opt(s.interaction),
-            s.verdict]
+    row = [s.label, f"{s.median:.4g}", f"{s.low:.4g}-{s.high:.4g}", f"{s.gain:.3f}x",
+           f"{s.gain_low:.3f}-{s.gain_high:.3f}", opt(s.expected_gain), _interaction(s),
+           s.verdict]
+    if context.get("quality"):
+        row.append(opt(s.quality) if s.quality is None else f"{s.quality:.4f}")
+    return row
+
+
+def _interaction(s: SetSummary) -> str:
+    if s.interaction is None:
+        return "–"
+    if s.interaction_low is None or s.interaction_high is None:
+        return f"{s.interaction:.3f}"
+    return f"{s.interaction:.3f} ({s.interaction_low:.2f}-{s.interaction_high:.2f})"
 
 
 def render_table(summary: Sequence[SetSummary], context: dict[str, Any]) -> Table:
@@ -28,10 +44,10 @@ def render_table(summary: Sequence[SetSummary], context: dict[str, Any]) -> Tabl
     table = Table(title=f"{context['metric']} ({direction} is better), medians of "
                   f"{context['repeats']} interleaved repeats; gain > 1 = better than baseline",
                   title_justify="left")
-    for column in COLUMNS:
+    for column in columns(context):
         table.add_column(column, justify="left" if column in ("set", "verdict") else "right")
     for s in summary:
-        table.add_row(*_row(s))
+        table.add_row(*_row(s, context))
     return table
 
 
@@ -44,17 +60,27 @@ def render_markdown(summary: Sequence[SetSummary], context: dict[str, Any]) -> s
         f"Machine: {context['machine']}, Python {context['python']}. "
         f"{context['repeats']} repeats, sets interleaved within each repeat.",
         "",
-        "| " + " | ".join(COLUMNS) + " |",
-        "|" + "---|" * len(COLUMNS),
+        f"Settings: {context.get('settings', '')}. Sweep: {context.get('sweep_s', '?')} s.",
+        "",
+        "| " + " | ".join(columns(context)) + " |",
+        "|" + "---|" * len(columns(context)),
     ]
-    lines += ["| " + " | ".join(_row(s)) + " |" for s in summary]
+    lines += ["| " + " | ".join(_row(s, context)) + " |" for s in summary]
     lines += [
         "",
         "Gain: baseline / value when lower is better, value / baseline when higher is better. "
-        "Expected: the product of the members' gains alone. Interaction: gain / expected "
-        "(1 = independent; > 1.05 synergistic; < 0.95 interfering).",
+        "Expected: the product of the members' gains alone. Interaction: computed within "
+        "each repeat against that repeat's own baseline run (paired), median and in brackets "
+        "min-max over the repeats (gain / expected when runs carry no repeat) "
+        "(1 +- 0.05 = independent; "
+        "above synergistic, below interfering, unless the range includes 1: inconclusive). "
+        "Runs are interleaved and the order of the sets rotates from repeat to repeat.",
         "",
     ]
+    if context.get("quality"):
+        lines[-1:-1] = [f"{context['quality']}: held-out top-1 of each run's saved weights "
+                        "(accuracy; P@1 for multi-label data), median over the repeats; not "
+                        "part of the gain.", ""]
     return "\n".join(lines)
 
 
@@ -74,7 +100,9 @@ def render_png(summary: Sequence[SetSummary], context: dict[str, Any], path: Pat
         if s.expected_gain is not None:
             ax.plot([i - 0.4, i + 0.4], [s.expected_gain] * 2, color="#dd8452", linewidth=2)
     ax.set_ylabel(f"gain over baseline ({context['metric']})")
-    ax.set_title("bars: measured gain (min-max); orange: product of members' gains")
+    # two short lines: one long title was clipped on charts of a few sets
+    ax.set_title("bars: measured gain (min-max)\norange: product of the members' gains",
+                 fontsize=9)
     ax.tick_params(axis="x", rotation=30)
     fig.tight_layout()
     with atomic_open(path, "wb") as handle:

@@ -1,29 +1,37 @@
 """``accelopt bench``: one workload under several plugin sets, repeated and interleaved.
 
 The sweep itself is Hydra's multirun (``accelopt run -m``), run as a child process so that
-no state of one run leaks into the next through this process. ``run.repeat`` comes first in
-the sweep, so Hydra's product visits every plugin set once per repeat: machine drift during
-the sweep affects all sets alike instead of penalising whichever set ran last.
+no state of the runs leaks into this process. The sweep visits every plugin set once per
+repeat, so machine drift during the sweep affects all sets alike instead of penalising
+whichever set ran last; and the order of the sets rotates from one repeat to the next
+(repeat r starts with set r mod n), because the runs share the child process and a run can
+leave state behind for the next one (warm thread pools, allocator caches, JIT code). The
+sweep starts with one discarded warm-up run of every set. It is one Hydra sweep over
+``+plugins`` whose values are the plan, in order (Hydra keeps repeated values).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import subprocess
 import sys
 import time
 from collections import defaultdict
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
+from typing import Any
 
+import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from accelopt.bench.analysis import SetResult, higher_is_better, summarize
+from accelopt.bench.evaluate import EVAL_METRIC, evaluate_run
 from accelopt.bench.render import render_markdown, render_png, render_table
-from accelopt.errors import UserError
+from accelopt.errors import AccelOptError, UserError
 from accelopt.plugin import Registry, resolve, valid_combinations
 from accelopt.report.console import default_console
 
@@ -42,7 +50,14 @@ def parse_args(args: list[str]) -> argparse.Namespace:
                         help="a key of metrics.json's summary (default: duration_s)")
     parser.add_argument("--higher-is-better", choices=("auto", "yes", "no"), default="auto")
     parser.add_argument("--out", default="", help="output directory (default: runs/bench/<time>)")
-    parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run")
+    parser.add_argument("--eval", action="store_true",
+                        help="also score each run's saved weights on the held-out set (top-1 "
+                        "accuracy, or P@1 for multi-label data), after the sweep")
+    parser.add_argument("--reanalyze", action="store_true",
+                        help="run nothing: re-read the finished bench in --out (its bench.json "
+                        "and runs) and write its table, chart and report again")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run; "
+                        "plugins.NAME.key=value applies only to the sets that select NAME")
     opts = parser.parse_args(args)
     if opts.repeats < 1:
         raise UserError("--repeats must be >= 1")
@@ -63,32 +78,103 @@ def plugin_sets(opts: argparse.Namespace, registry: Registry) -> list[list[str]]
     return [[s.name for s in resolve(chosen, registry)] for chosen in sets]
 
 
+def split_overrides(overrides: list[str]) -> tuple[list[str], dict[str, list[str]]]:
+    """(overrides for every run, {plugin: its ``plugins.NAME.*`` settings})."""
+    common: list[str] = []
+    per_plugin: dict[str, list[str]] = defaultdict(list)
+    for override in overrides:
+        key = override.split("=", 1)[0].lstrip("+~")
+        if key == "plugins" or (key.startswith("plugins") and "." not in key):
+            raise UserError("give plugin sets with --plugins/--sets, not +plugins= overrides")
+        if key.startswith("plugins."):
+            name = key.split(".")[1]
+            if "=" not in override or not name:
+                raise UserError(f"'{override}': plugin settings look like "
+                                "plugins.NAME.key=value")
+            per_plugin[name].append(override.lstrip("+"))
+        else:
+            common.append(override)
+    return common, dict(per_plugin)
+
+
+def set_overrides(plugins: list[str], common: list[str],
+                  per_plugin: dict[str, list[str]]) -> list[str]:
+    """The complete override list of one set's run (what ``accelopt run`` would be given)."""
+    mine = [o for name in plugins for o in per_plugin.get(name, [])]
+    return [f"+plugins=[{','.join(plugins)}]", *common, *mine]
+
+
+def preflight(sets: list[list[str]], common: list[str], per_plugin: dict[str, list[str]],
+              registry: Registry) -> None:
+    """Compose each set's configuration and activate its plugins (their
+    ``accelopt_configure`` validates the whole run config) before anything runs, so a set
+    that cannot run is named in one line instead of failing minutes into the sweep."""
+    from accelopt.cli.hydra_run import compose_checked
+    from accelopt.config import register_plugin_configs, register_schema
+    from accelopt.runtime.activation import activate
+
+    unused = sorted(set(per_plugin) - {name for s in sets for name in s})
+    if unused:
+        raise UserError(f"settings for plugin(s) {', '.join(unused)} but no set selects them "
+                        f"(sets: {', '.join(_label(s) for s in sets)})")
+    register_schema()
+    register_plugin_configs([registry.get(n) for n in {n for s in sets for n in s}])
+    failed: list[tuple[list[str], str]] = []
+    for plugins in sets:
+        try:
+            cfg = compose_checked(set_overrides(plugins, common, per_plugin))
+            activate(cfg, registry)
+        except AccelOptError as exc:
+            failed.append((plugins, str(exc)))
+    if failed:
+        others = [_label(p) for p, _ in failed[1:]]
+        also = f" (also cannot run: {', '.join(others)})" if others else ""
+        raise UserError(f"set {_label(failed[0][0])} cannot run: {failed[0][1]}{also}")
+
+
+def _label(plugins: list[str]) -> str:
+    return "[" + ",".join(plugins) + "]"
+
+
+def settings_line(common: list[str], per_plugin: dict[str, list[str]]) -> str:
+    torch_threads = torch.get_num_threads()
+    parts = [f"{os.cpu_count()} CPUs", f"torch {torch.__version__} ({torch_threads} threads)",
+             "overrides: " + (" ".join([*common, *(o for v in per_plugin.values() for o in v)])
+                              or "none")]
+    return ", ".join(parts)
+
+
 def bench_command(args: list[str]) -> int:
     opts = parse_args(args)
-    if any(o.startswith(("+plugins", "plugins=")) for o in opts.overrides):
-        raise UserError("give plugin sets with --plugins/--sets, not +plugins= overrides")
+    if opts.reanalyze:
+        return reanalyze(opts)
+    common, per_plugin = split_overrides(opts.overrides)
     registry = Registry.discover()
     sets = plugin_sets(opts, registry)
+    preflight(sets, common, per_plugin, registry)
     out = Path(opts.out or f"runs/bench/{time.strftime('%Y-%m-%d_%H-%M-%S')}").resolve()
     out.mkdir(parents=True, exist_ok=True)
     console = default_console()
-    # Each repeat starts with one extra, discarded run of the first set: the first run in a
-    # process pays one-off costs (lazy initialisation, first autograd pass, JIT caches).
-    sweep = ",".join(f"[{','.join(s)}]" for s in [sets[0], *sets])
+    plan = run_plan(sets, opts.repeats)
+    sweep = ",".join(_label(s) for _, s, _ in plan)
+    # Plugin settings are force-added (++) so that composing them works for every set; the
+    # child drops them from the sets that do not select the plugin (see bench/child.py).
+    forced = [f"++{o}" for v in per_plugin.values() for o in v]
     command = [
-        sys.executable, "-m", "accelopt.cli.main", "run", "-m",
-        f"run.repeat={','.join(str(r) for r in range(opts.repeats))}",
+        sys.executable, "-m", "accelopt.bench.child", "-m",
         f"+plugins={sweep}", "run.progress=false",
         f"hydra.sweep.dir={out / 'runs'}", "hydra.sweep.subdir=${hydra.job.num}",
-        *opts.overrides,
+        *common, *forced,
     ]
-    total = (len(sets) + 1) * opts.repeats
+    total = len(plan)
     console.print(f"bench: {len(sets)} plugin sets x {opts.repeats} repeats (+1 warm-up run "
-                  f"per repeat) = {total} runs, interleaved; log: {out / 'sweep.log'}")
+                  f"per set) = {total} runs, interleaved; log: {out / 'sweep.log'}")
+    started = time.perf_counter()
     _run_sweep(command, out, total, console)
-    results = collect(out / "runs", opts.metric, per_repeat=len(sets) + 1)
+    results = collect(out / "runs", opts.metric, plan)
+    if opts.eval:
+        results = with_quality(results, out / "runs", plan, registry, console)
     higher = {"auto": None, "yes": True, "no": False}[opts.higher_is_better]
-    summary = summarize(results, opts.metric, higher)
     context = {
         "command": "accelopt bench " + " ".join(args),
         "metric": opts.metric,
@@ -96,10 +182,43 @@ def bench_command(args: list[str]) -> int:
         "repeats": opts.repeats,
         "machine": f"{platform.node()} {platform.machine()} {platform.platform()}",
         "python": platform.python_version(),
+        "settings": settings_line(common, per_plugin),
+        "sweep_s": round(time.perf_counter() - started, 1),
+        "quality": EVAL_METRIC if opts.eval else None,
     }
+    return report(results, context, plan, out, console)
+
+
+def reanalyze(opts: argparse.Namespace) -> int:
+    """``--reanalyze``: the same report from the runs a finished bench left in ``--out``."""
+    if not opts.out:
+        raise UserError("--reanalyze needs --out DIR, the directory of a finished bench")
+    out = Path(opts.out).resolve()
+    try:
+        saved = json.loads((out / "bench.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise UserError(f"--reanalyze: cannot read {out / 'bench.json'} ({exc})") from None
+    if "runs" not in saved:
+        raise UserError(f"--reanalyze: {out / 'bench.json'} predates the run plan; rerun it")
+    plan = [(int(r["repeat"]), list(r["plugins"]), bool(r["warmup"])) for r in saved["runs"]]
+    context = dict(saved["context"])
+    console = default_console()
+    results = collect(out / "runs", context["metric"], plan)
+    if context.get("quality"):
+        results = with_quality(results, out / "runs", plan, Registry.discover(), console)
+    return report(results, context, plan, out, console)
+
+
+def report(results: list[SetResult], context: dict[str, Any],
+           plan: list[tuple[int, list[str], bool]], out: Path, console: Console) -> int:
+    """Summarize, print the table and write bench.json, bench.png and bench.md."""
+    summary = summarize(results, context["metric"], context["higher_is_better"])
     console.print(render_table(summary, context))
+    console.print(f"machine: {context['machine']}; {context['settings']}; sweep took "
+                  f"{context['sweep_s']} s")
+    runs = [{"run": i, "repeat": r, "plugins": p, "warmup": w} for i, (r, p, w) in enumerate(plan)]
     (out / "bench.json").write_text(json.dumps(
-        {"context": context, "sets": [asdict(s) for s in summary]}, indent=2))
+        {"context": context, "sets": [asdict(s) for s in summary], "runs": runs}, indent=2))
     render_png(summary, context, out / "bench.png")
     (out / "bench.md").write_text(render_markdown(summary, context))
     console.print(f"report: {out / 'bench.md'}  chart: {out / 'bench.png'}")
@@ -126,21 +245,60 @@ def _run_sweep(command: list[str], out: Path, total: int, console: Console) -> N
                         f"(full log: {out / 'sweep.log'})")
 
 
-def collect(runs_dir: Path, metric: str, per_repeat: int) -> list[SetResult]:
-    """Group every run's metric by its plugin set, skipping each repeat's warm-up run (the
-    first of every ``per_repeat`` Hydra job numbers)."""
+def run_plan(sets: list[list[str]], repeats: int) -> list[tuple[int, list[str], bool]]:
+    """(repeat, plugin set, is warm-up) for each run, in sweep order. First one discarded
+    warm-up run of *every* set: the runs share one process, and each set pays its own
+    one-off costs on its first run there (numba JIT compilation, lazy imports, first
+    autograd pass), which a steady-state comparison must not count. Then repeat r runs the
+    sets rotated by r (a cyclic Latin square when ``repeats`` is the number of sets: every
+    set runs once in every position, after every other set)."""
+    plan: list[tuple[int, list[str], bool]] = [(-1, s, True) for s in sets]
+    for r in range(repeats):
+        k = r % len(sets)
+        plan += [(r, s, False) for s in sets[k:] + sets[:k]]
+    return plan
+
+
+def _measured(runs_dir: Path, plan: list[tuple[int, list[str], bool]]) -> list[Path]:
+    """The metrics.json of every run that is not a warm-up, in sweep order."""
+    paths = sorted(runs_dir.glob("*/metrics.json"), key=lambda p: int(p.parent.name))
+    return [p for p in paths if int(p.parent.name) < len(plan) and not plan[int(p.parent.name)][2]]
+
+
+def collect(runs_dir: Path, metric: str, plan: list[tuple[int, list[str], bool]]) -> list[SetResult]:
+    """Group every measured run's metric by its plugin set (warm-up runs skipped)."""
     values: dict[tuple[str, ...], list[float]] = defaultdict(list)
+    repeats: dict[tuple[str, ...], list[int]] = defaultdict(list)
     available: set[str] = set()
-    for path in sorted(runs_dir.glob("*/metrics.json")):
-        if int(path.parent.name) % per_repeat == 0:
-            continue
+    for path in _measured(runs_dir, plan):
         data = json.loads(path.read_text())
         summary = data["summary"]
         available |= {k for k, v in summary.items() if isinstance(v, (int, float))}
         value = summary.get(metric)
         if isinstance(value, (int, float)):
-            values[tuple(data["run"]["plugins"])].append(float(value))
+            key = tuple(data["run"]["plugins"])
+            values[key].append(float(value))
+            repeats[key].append(plan[int(path.parent.name)][0])
     if not values:
         raise UserError(f"metric '{metric}' is not in the runs' metrics.json summary; "
                         f"choose one of: {', '.join(sorted(available))}")
-    return [SetResult(plugins, tuple(v)) for plugins, v in values.items()]
+    return [SetResult(plugins, tuple(v), repeats=tuple(repeats[plugins]))
+            for plugins, v in values.items()]
+
+
+def with_quality(results: list[SetResult], runs_dir: Path,
+                 plan: list[tuple[int, list[str], bool]], registry: Registry,
+                 console: Console) -> list[SetResult]:
+    """Attach each set's held-out top-1 scores (``--eval``), one per measured run."""
+    scores: dict[tuple[str, ...], list[float]] = defaultdict(list)
+    paths = _measured(runs_dir, plan)
+    with console.status(f"scoring {len(paths)} runs' weights on the held-out set"):
+        for path in paths:
+            plugins = tuple(json.loads(path.read_text())["run"]["plugins"])
+            value = evaluate_run(path.parent, registry)
+            if value is not None:
+                scores[plugins].append(value)
+    if not scores:
+        console.print("--eval: no run saved weights of a training job (cluster runs and "
+                      "run.save_weights=false are not scored)")
+    return [replace(r, quality=tuple(scores.get(r.plugins, ()))) for r in results]

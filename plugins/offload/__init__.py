@@ -23,4 +23,8 @@ PLUGIN = PluginSpec(
     factory=_factory,
     config=OffloadConfig,
     description="vDNN: offloads saved feature maps to host memory and prefetches them back.",
+    # The engine hooks the model's leaf modules when the whole model is offered: it must see
+    # the final model, after plugins that replace modules there (gpu_kernels swaps Conv2d /
+    # Linear for autotuned / tiled ones), or its hooks would sit on modules no longer used.
+    after=("gpu_kernels",),
 )
