@@ -197,8 +197,7 @@ class TictacPlugin:
             loss=lambda out: job.loss_fn(out, y), threads=None)
         if not ignore_files:
             self._load_order_file()
-        self._decide()
-        self.plan_s += time.perf_counter() - t0
+        self._decide_counting_plan(t0)
         self._save()
 
     def _replan(self) -> None:
@@ -220,8 +219,7 @@ class TictacPlugin:
         h = self.config.heuristic
         keep = {h: plan.orders[h]} if self.order_source != "computed" and h in plan.orders else {}
         plan.orders, plan.predicted = keep, {}
-        self._decide()
-        self.plan_s += time.perf_counter() - t0
+        self._decide_counting_plan(t0)
         self._save()
 
     def _load_order_file(self) -> None:
@@ -246,6 +244,14 @@ class TictacPlugin:
         self.plan.orders[self.config.heuristic] = [index[n] for n in names]
         self.plan.schedule_s[self.config.heuristic] = 0.0
         self.order_source = f"order_file {path}"
+
+    def _decide_counting_plan(self, t0: float) -> None:
+        """Add the planning time so far to ``plan_s`` *before* deciding (the decision weighs
+        the plugin's own overhead, planning included), then the decision's own time."""
+        t1 = time.perf_counter()
+        self.plan_s += t1 - t0
+        self._decide()
+        self.plan_s += time.perf_counter() - t1
 
     def _decide(self) -> None:
         """Predict the gain over the transport's default (named) order; compare with the
