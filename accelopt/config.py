@@ -91,7 +91,7 @@ class RunSettings:
     telemetry_interval_s: float = 0.5
     trace_hooks: bool = True
     repeat: int = 0
-    """A label only (no effect): lets a sweep repeat identical runs (``accelopt bench``)."""
+    """A label only (no effect): lets a Hydra multirun sweep repeat identical runs."""
     compare: str = "none"
     """none | baseline | each: with plugins selected, also run the same workload without
     plugins (baseline), and each selected plugin alone (each), in this invocation, and print
