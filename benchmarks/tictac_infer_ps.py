@@ -41,9 +41,9 @@ from omegaconf import DictConfig, OmegaConf
 from accelopt.cluster import faults, netns
 from accelopt.cluster.model import layer_modules, shard_rows
 from accelopt.cluster.outcome import ClusterOutcome, build_outcome
+from accelopt.cluster.ps import LayerArrivals
 from accelopt.cluster.rank import RankRuntime, Timer
 from accelopt.cluster.settings import settings_from
-from accelopt.cluster.transport import CommunicationError
 from accelopt.types import TransferRecord
 
 
@@ -155,48 +155,11 @@ def _serve(rt: RankRuntime, control: Any) -> None:
         rt.iteration_end(ctx, start, None, 0)
 
 
-class _Arrivals:
-    """Which layers' parameters are in this iteration (a forward pre-hook waits on it)."""
-
-    def __init__(self, counts: Counter[int], timeout_s: float) -> None:
-        self.counts, self.timeout_s = counts, timeout_s
-        self.arrived: Counter[int] = Counter()
-        self.error: BaseException | None = None
-        self.cv = threading.Condition()
-
-    def reset(self) -> None:
-        with self.cv:
-            self.arrived, self.error = Counter(), None
-
-    def arrive(self, layer: int) -> None:
-        with self.cv:
-            self.arrived[layer] += 1
-            self.cv.notify_all()
-
-    def fail(self, exc: BaseException) -> None:
-        with self.cv:
-            self.error = exc
-            self.cv.notify_all()
-
-    def ready(self, layer: int) -> bool:
-        return self.arrived[layer] >= self.counts[layer]
-
-    def wait(self, layer: int) -> None:
-        with self.cv:
-            ok = self.cv.wait_for(lambda: self.error is not None or self.ready(layer),
-                                  timeout=self.timeout_s)
-            if self.error is not None:
-                raise self.error
-            if not ok:
-                raise CommunicationError(f"parameters of layer {layer} did not arrive within "
-                                         f"{self.timeout_s:g} s")
-
-
 def _infer(rt: RankRuntime, control: Any) -> None:
     model = rt.job.model
     model.eval()
     params = dict(model.named_parameters())
-    arrivals = _Arrivals(Counter(p.layer_index for p in rt.table), rt.settings.timeout_s)
+    arrivals = LayerArrivals(Counter(p.layer_index for p in rt.table), rt.settings.timeout_s)
     timer = Timer(rt)
     state = {"iteration": 0}
 
@@ -225,7 +188,7 @@ def _infer(rt: RankRuntime, control: Any) -> None:
     for i in range(rt.spec.iterations):
         start, ctx = rt.iteration_start(i)
         state["iteration"] = i
-        arrivals.reset()
+        arrivals.reset(i)
         errors: list[BaseException] = []
 
         def receive(i: int = i, errors: list[BaseException] = errors) -> None:

@@ -125,8 +125,9 @@ def server_steps(rt: RankRuntime) -> Iterator[int]:
     rt.result.params = {p.name: params[p.name].detach().cpu().clone() for p in shard}
 
 
-class _Layers:
-    """Which layers' parameters have arrived in the current iteration."""
+class LayerArrivals:
+    """Which layers' parameters have arrived in the current iteration (a forward pre-hook
+    per layer waits on it, so forward starts as soon as its first layer is in)."""
 
     def __init__(self, counts: Counter[int], timeout_s: float) -> None:
         self.counts = counts
@@ -172,7 +173,7 @@ def worker_steps(rt: RankRuntime) -> Iterator[int]:
     params = dict(model.named_parameters())
     shards = _shards(rt)
     owner = {p.name: s for s, shard in shards.items() for p in shard}
-    layers = _Layers(Counter(p.layer_index for p in rt.table), rt.settings.timeout_s)
+    layers = LayerArrivals(Counter(p.layer_index for p in rt.table), rt.settings.timeout_s)
     timer = Timer(rt)
     state: dict[str, Any] = {"iteration": 0, "posted": set()}
 
