@@ -39,6 +39,7 @@ import torch.multiprocessing as mp
 from omegaconf import DictConfig, OmegaConf
 
 from accelopt.cluster import faults, netns
+from accelopt.cluster.launch import free_port, join_local_rank
 from accelopt.cluster.model import layer_modules, shard_rows
 from accelopt.cluster.outcome import ClusterOutcome, build_outcome
 from accelopt.cluster.ps import LayerArrivals
@@ -62,7 +63,7 @@ def run_inference(cfg: DictConfig, run_dir: str) -> ClusterOutcome:
             space = stack.enter_context(netns.Namespace(shape)) if settings.shaped else None
             name = space.name if space is not None else None
             ctx = mp.get_context("spawn")
-            port = _free_port()
+            port = free_port()
             procs = [ctx.Process(target=_child, args=(r, settings.world_size, cfg_yaml, port,
                                                       t0, name, run_dir, str(out)))
                      for r in range(settings.world_size)]
@@ -85,22 +86,11 @@ def run_inference(cfg: DictConfig, run_dir: str) -> ClusterOutcome:
     return build_outcome(ranks, settings, cfg)
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _child(rank: int, world: int, cfg_yaml: str, port: int, t0: float,
            namespace: str | None, run_dir: str, out: str) -> None:
     faults.die_with_parent()
     try:
-        if namespace is not None:
-            netns.enter(namespace)
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                          WORLD_SIZE=str(world), LOCAL_RANK=str(rank), GLOO_SOCKET_IFNAME="lo")
+        join_local_rank(rank, world, port, namespace)
         cfg = OmegaConf.create(cfg_yaml)
         settings = settings_from(cfg.cluster)
         torch.set_num_threads(1)  # as a cluster rank does

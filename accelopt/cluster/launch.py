@@ -161,6 +161,15 @@ def _terminate_on_sigterm() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+def join_local_rank(rank: int, world: int, port: int, namespace: str | None) -> None:
+    """In a spawned local rank: enter the shaped namespace (if any) and set the environment
+    torch.distributed reads, all on 127.0.0.1 over ``lo``."""
+    if namespace is not None:
+        netns.enter(namespace)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank), GLOO_SOCKET_IFNAME="lo")
+
+
 def child_main(rank: int, world: int, cfg_yaml: str, port: int, t0: float, work: str,
                namespace: str | None, run_dir: str) -> None:
     """Entry point of a spawned rank (module-level so the spawn context can import it)."""
@@ -168,10 +177,7 @@ def child_main(rank: int, world: int, cfg_yaml: str, port: int, t0: float, work:
     settings = None
     progress = None
     try:
-        if namespace is not None:
-            netns.enter(namespace)
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                          WORLD_SIZE=str(world), LOCAL_RANK=str(rank), GLOO_SOCKET_IFNAME="lo")
+        join_local_rank(rank, world, port, namespace)
         cfg = OmegaConf.create(cfg_yaml)
         settings = settings_from(cfg.cluster)
         progress = faults.Progress(work, rank)
