@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import statistics
 import sys
+import traceback
 
 import torch
 from torch import nn
@@ -157,6 +158,7 @@ def main() -> int:
         try:
             part()
         except Exception as exc:
+            traceback.print_exc()
             record(part.__name__, False, f"{type(exc).__name__}: {exc}")
     print("\nSUMMARY")
     for name, status in RESULTS:

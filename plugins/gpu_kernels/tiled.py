@@ -29,9 +29,17 @@ import math
 import os
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+if not hasattr(np, "row_stack"):
+    # numpy 2.5 removed this alias of vstack, but numba-cuda's typing registry still names it
+    # when it compiles a kernel (seen on an H200 image: numpy 2.5.2, every kernel launch
+    # failed with "module 'numpy' has no attribute 'row_stack'"). Restoring the alias is
+    # exact: it was defined as vstack.
+    np.row_stack = np.vstack
 
 KERNELS = ("tiled", "register_blocked")
 TILE = 16

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from accelopt_plugins.salus.cuda_lanes import CudaLanes
 from accelopt_plugins.salus.lanes import LaneManager
 from accelopt_plugins.salus.metrics import (
     Interval,
@@ -90,10 +91,8 @@ class SalusPlugin:
         self._deferrals = 0
         self._guard_waits = 0
         self._lane_jobs: dict[str, set[str]] = defaultdict(set)
-        self._cuda: dict[str, Any] = {}
-        self._pool_peak: dict[str, int] = {}
+        self._cuda: CudaLanes | None = None
         self._lane_size_peak: dict[str, int] = {}
-        self._active_ctx: dict[int, Any] = {}
         self._lock = threading.Lock()
         self.cluster_mode = "none"
         self._decisions = 0
@@ -143,6 +142,8 @@ class SalusPlugin:
 
     @hookimpl
     def accelopt_run_end(self, run: RunInfo, metrics: dict[str, Any]) -> None:
+        if self._cuda is not None:
+            self._cuda.close()
         if self.run_dir is None:
             return
         if self.cluster_mode != "none":
@@ -216,7 +217,8 @@ class SalusPlugin:
             return
         left = self.manager.release(job.job_id)
         if left is not None and left not in self.manager.lanes:
-            self._cuda.pop(left, None)  # the lane is gone: drop its pool and stream
+            if self._cuda is not None:
+                self._cuda.retire(left)  # pool kept alive until the run ends (cuda_lanes.py)
 
     # -- iteration boundary --------------------------------------------------------------
 
@@ -297,45 +299,23 @@ class SalusPlugin:
                 self._lane_size_peak[lane] = max(self._lane_size_peak.get(lane, 0), lane_obj.size)
             self.manager.end_iteration(job_id)
 
-    # -- CUDA lanes ------------------------------------------------------------------------
+    # -- CUDA lanes (plugins/salus/cuda_lanes.py) -----------------------------------------
+
+    def _lanes_on_cuda(self) -> CudaLanes:
+        if self._cuda is None:
+            self._cuda = CudaLanes()
+        return self._cuda
 
     def _enter_cuda_lane(self, lane: str) -> None:
-        import torch
-
-        pool, stream = self._cuda.get(lane, (None, None))
-        if pool is None:
-            pool, stream = torch.cuda.MemPool(), torch.cuda.Stream()
-            self._cuda[lane] = (pool, stream)
-        ctx = torch.cuda.use_mem_pool(pool)
-        ctx.__enter__()
-        previous = torch.cuda.current_stream()
-        torch.cuda.set_stream(stream)
-        self._active_ctx[threading.get_ident()] = (ctx, previous, stream)
+        self._lanes_on_cuda().enter(lane)
 
     def _exit_cuda_lane(self, lane: str) -> None:
-        import torch
-
-        entry = self._active_ctx.pop(threading.get_ident(), None)
-        if entry is None:
-            return
-        ctx, previous, stream = entry
-        stream.synchronize()
-        torch.cuda.set_stream(previous)
-        ctx.__exit__(None, None, None)
-        pool = self._cuda.get(lane, (None, None))[0]
-        if pool is not None:
-            reserved = sum(int(s.get("total_size", 0)) for s in pool.snapshot())
-            self._pool_peak[lane] = max(self._pool_peak.get(lane, 0), reserved)
+        self._lanes_on_cuda().exit(lane)
 
     def _close_cuda_context(self) -> None:
-        """A job failed mid-iteration on CUDA: leave its lane's pool context (same thread)."""
-        entry = self._active_ctx.pop(threading.get_ident(), None)
-        if entry is not None:
-            import torch
-
-            ctx, previous, _ = entry
-            torch.cuda.set_stream(previous)
-            ctx.__exit__(None, None, None)
+        """A job failed mid-iteration on CUDA: leave its lane's pool (same thread)."""
+        if self._cuda is not None:
+            self._cuda.abandon_current()
 
     # -- cluster runs ----------------------------------------------------------------------
 
@@ -419,7 +399,8 @@ class SalusPlugin:
             "boundary_latency_median_s": percentile(self._continue, 50),
             "failed": sorted(j for j, s in self._status.items() if s == "failed"),
             "rejected": dict(self._rejected),
-            "cuda_pool_peak_bytes": dict(self._pool_peak),
+            "cuda_pool_peak_bytes": dict(self._cuda.pool_peak) if self._cuda else {},
+            "cuda_routing": self._cuda.routing if self._cuda else None,
             "lane_size_peak_bytes": dict(self._lane_size_peak),
         }
 
