@@ -110,9 +110,9 @@ def test_a_set_that_cannot_run_is_named_in_one_line_before_the_sweep(tmp_path):
     out = tmp_path / "never"
     with pytest.raises(UserError) as info:
         bench_command(["--sets", "[],[offload]", "--repeats", "1", "--out", str(out),
-                       "workload=tiny", "cluster.mode=allreduce"])
+                       "workload=tiny", "plugins.offload.policy=fast"])
     message = str(info.value)
-    assert message.startswith("set [offload] cannot run: offload is not active in cluster")
+    assert message.startswith("set [offload] cannot run:") and "plugins.offload.policy" in message
     assert "\n" not in message and not out.exists()
     with pytest.raises(UserError, match="no set selects them"):
         bench_command(["--sets", "[],[noop]", "workload=tiny",

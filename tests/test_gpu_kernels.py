@@ -518,10 +518,29 @@ def test_whole_model_guard_reverts_choices_that_do_not_pay(monkeypatch: pytest.M
     assert all(m.override is None for m in convs)
 
 
-def test_cluster_runs_are_refused_in_one_line(run_tiny) -> None:  # type: ignore[no-untyped-def]
-    # cluster ranks build their model without accelopt_layer_build: nothing would be pruned
-    with pytest.raises(ConfigError) as info:
-        run_tiny(PLUGIN, overrides=["cluster.mode=allreduce",
-                                    "plugins.gpu_kernels.prune_amount=0.5"])
-    message = str(info.value)
-    assert "not active in cluster runs" in message and "\n" not in message
+@pytest.mark.timeout(120)
+def test_pruning_in_a_parameter_server_run_agrees_on_every_rank() -> None:
+    # server and workers each build the model through accelopt_layer_build; node pruning is
+    # deterministic from the seeded weights, so every rank holds the same pruned shapes and
+    # the parameter server trains the pruned model
+    from omegaconf import OmegaConf
+
+    from accelopt.cluster import run_cluster
+    from accelopt.config import AccelConfig, JobConfig
+    from accelopt.runtime.job import Job
+
+    spec = JobConfig(name="m", model="mlp", width=32, batch_size=16, iterations=3, seed=0)
+    cfg = OmegaConf.structured(AccelConfig)
+    cfg.workload.jobs = [OmegaConf.structured(spec)]
+    cfg.cluster.mode = "ps"
+    cfg.cluster.workers = 2
+    cfg.cluster.timeout_s = 30
+    cfg.plugins = {"gpu_kernels": {"prune_amount": 0.5}}
+    out = run_cluster(cfg, run_dir=".")
+    dense = Job(spec, job_id="dense", device=torch.device("cpu")).model
+    dense_sizes = {n: p.numel() for n, p in dense.named_parameters()}
+    pruned = {n: v.numel() for n, v in out.state.items() if n in dense_sizes}
+    assert pruned and sum(pruned.values()) < sum(dense_sizes.values())
+    rows = [r.summary for r in out.plugin_rows if r.plugin == "gpu_kernels"]
+    assert rows and any("prun" in r for r in rows), rows
+    assert len(out.results[0].losses) == 3

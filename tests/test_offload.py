@@ -205,14 +205,27 @@ def test_bad_options_are_one_line_errors(run_tiny, override, key):
     assert key in message and "\n" not in message
 
 
-def test_cluster_runs_are_refused_in_one_line(run_tiny):
-    # cluster ranks build their model without accelopt_layer_build: offload would silently
-    # do nothing, so the run stops before anything starts, naming the reason
-    with pytest.raises(ConfigError) as info:
-        run_tiny(PLUGIN, overrides=["cluster.mode=allreduce"])
-    message = str(info.value)
-    assert "not active in cluster runs" in message and "cluster.mode=none" in message
-    assert "\n" not in message
+@pytest.mark.timeout(120)
+def test_offload_is_active_on_every_worker_of_an_allreduce_run():
+    # cluster ranks build their model through accelopt_layer_build like a single-process
+    # run, so the engine is installed on each worker and reports what it moved
+    from omegaconf import OmegaConf
+
+    from accelopt.cluster import run_cluster
+    from accelopt.config import AccelConfig, JobConfig
+
+    cfg = OmegaConf.structured(AccelConfig)
+    cfg.workload.jobs = [OmegaConf.structured(JobConfig(
+        name="c", model="cnn", width=8, batch_size=8, iterations=3, seed=0))]
+    cfg.cluster.mode = "allreduce"
+    cfg.cluster.workers = 2
+    cfg.cluster.timeout_s = 30
+    cfg.plugins = {"offload": {"min_kib": 0}}
+    out = run_cluster(cfg, run_dir=".")
+    rows = [r for r in out.plugin_rows if r.plugin == "offload"]
+    assert rows, [r.plugin for r in out.plugin_rows]
+    assert any("offloaded" in r.summary for r in rows), [r.summary for r in rows]
+    assert len(out.results[0].losses) == 3
 
 
 def test_offload_hooks_the_model_after_gpu_kernels_replaced_its_layers(run_tiny):

@@ -25,7 +25,7 @@ from accelopt.host import PluginHost
 from accelopt.plugin import Registry
 from accelopt.records import Span
 from accelopt.runtime.activation import activate
-from accelopt.runtime.job import Job
+from accelopt.runtime.job import Job, layer_build_hook
 from accelopt.types import IterationContext, IterationResult, ReportRow, RunInfo
 
 
@@ -133,7 +133,8 @@ class RankRuntime:
         self.run_host = run_host
         self.run_lock = run_lock if run_lock is not None else contextlib.nullcontext()
         self.spec = spec if spec is not None else job_spec(cfg)
-        self.job = Job(self.spec, job_id=job_id or self.spec.name, device=device, layer_hook=None)
+        self.job = Job(self.spec, job_id=job_id or self.spec.name, device=device,
+                       layer_hook=layer_build_hook(*self.hosts()))
         self.table = param_table(self.job.model)
         self.transport = Transport(
             rank=rank, host=self.host, t0_epoch=t0_epoch, process=self.process,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -17,6 +17,9 @@ from torch import nn
 from accelopt.config import JobConfig
 from accelopt.errors import ConfigError
 from accelopt.types import JobInfo, JobProfile, LayerOffer
+
+if TYPE_CHECKING:
+    from accelopt.host import PluginHost
 from accelopt.workloads import (
     build_dataset,
     build_model,
@@ -162,6 +165,26 @@ def make_optimizer(spec: JobConfig, model: nn.Module) -> torch.optim.Optimizer:
     if spec.optimizer == "adam":
         return torch.optim.Adam(params, lr=spec.lr)
     return torch.optim.SGD(params, lr=spec.lr, momentum=spec.momentum)
+
+
+def layer_build_hook(*hosts: PluginHost) -> LayerHook | None:
+    """The layer hook a job is built with: every layer offered to ``accelopt_layer_build``
+    of each host in turn (a multi-job cluster rank has a per-job and a run-level host), or
+    None when no plugin implements it. One function so a single-process run and every
+    cluster rank transform a model identically (a parameter server and its workers must
+    agree on the parameters' shapes)."""
+    building = [h for h in hosts if h.implements("accelopt_layer_build")]
+    if not building:
+        return None
+
+    def layer_hook(offer: LayerOffer) -> Any:
+        module = offer.module
+        for host in building:
+            module = host.chain("accelopt_layer_build", module,
+                                lambda m: {"layer": dataclasses.replace(offer, module=m)})
+        return module
+
+    return layer_hook
 
 
 def offer_layers(model: nn.Module, job: JobInfo, layer_hook: LayerHook) -> nn.Module:

@@ -29,10 +29,10 @@ from accelopt.report.console import default_console
 from accelopt.runtime.activation import activate
 from accelopt.runtime.checkpoint import Checkpointer, restore
 from accelopt.runtime.executor import Executor
-from accelopt.runtime.job import Job
+from accelopt.runtime.job import Job, layer_build_hook
 from accelopt.runtime.profile import measure_profile
 from accelopt.telemetry import TelemetrySampler
-from accelopt.types import LayerOffer, ReportRow, RunInfo
+from accelopt.types import ReportRow, RunInfo
 from accelopt.units import parse_bytes
 from accelopt.workloads import generate_trace
 
@@ -206,16 +206,7 @@ def job_specs(cfg: DictConfig) -> list[JobConfig]:
 
 def build_jobs(specs: list[JobConfig], device: torch.device, host: PluginHost) -> list[Job]:
     """Build every job's model once, offering each layer to the layer-forward hook."""
-    layer_hook = None
-    if host.implements("accelopt_layer_build"):
-
-        def layer_hook(offer: LayerOffer) -> Any:
-            return host.chain(
-                "accelopt_layer_build",
-                offer.module,
-                lambda module: {"layer": dataclasses.replace(offer, module=module)},
-            )
-
+    layer_hook = layer_build_hook(host)
     return [
         Job(spec, job_id=f"{i:02d}-{spec.name}", device=device, layer_hook=layer_hook)
         for i, spec in enumerate(specs)

@@ -41,7 +41,6 @@ from accelopt_plugins.gpu_kernels.tiled import TiledLinear
 from torch import nn
 
 from accelopt import LayerOffer, ReportRow, RunInfo, hookimpl
-from accelopt.errors import ConfigError
 
 
 @dataclass
@@ -125,14 +124,6 @@ class _ConvGuard:
             self.record.notes.append(f"conv guard failed: {type(exc).__name__}: {exc}")
 
 
-def _cluster_mode(run_config: Any) -> str:
-    """``cluster.mode`` of the run config (``none`` when absent, e.g. a bare test config)."""
-    try:
-        return str(run_config.cluster.mode)
-    except Exception:
-        return "none"
-
-
 class GpuKernelsPlugin:
     """Applies the configured tricks to every job's model at build time and reports them."""
 
@@ -151,14 +142,6 @@ class GpuKernelsPlugin:
     def accelopt_configure(self, config: Any, run_config: Any) -> None:
         self.config = config
         config.validate()
-        mode = _cluster_mode(run_config)
-        if self.enabled and mode != "none":
-            # Cluster ranks build their model without offering it to accelopt_layer_build
-            # (accelopt/cluster/rank.py), so nothing would be pruned or replaced.
-            raise ConfigError(
-                f"gpu_kernels is not active in cluster runs (cluster.mode={mode}): cluster "
-                "ranks build their model without accelopt_layer_build, so there is no model "
-                "to prune or transform; run gpu_kernels with cluster.mode=none")
 
     def _tuner(self) -> ConvAutotuner:
         if self.tuner is None:

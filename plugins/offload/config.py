@@ -25,27 +25,6 @@ class OffloadConfig:
     pin_memory: bool = True
 
 
-def check_single_process(run_config: object) -> None:
-    """Refuse cluster runs in one line: their ranks build the model without offering its
-    layers to ``accelopt_layer_build`` (``accelopt/cluster/rank.py``), so the engine would
-    never be installed and the run would silently measure plain training."""
-    mode = cluster_mode(run_config)
-    if mode != "none":
-        raise ConfigError(
-            f"offload is not active in cluster runs (cluster.mode={mode}): cluster ranks build "
-            "their model without accelopt_layer_build, so there is no model to hook; run "
-            "offload with cluster.mode=none"
-        )
-
-
-def cluster_mode(run_config: object) -> str:
-    """``cluster.mode`` of the run config (``none`` when absent)."""
-    try:
-        return str(run_config.cluster.mode)  # type: ignore[attr-defined]
-    except Exception:  # a bare config (tests) has no cluster section
-        return "none"
-
-
 def validate(config: OffloadConfig) -> None:
     """One-line errors naming the key and the fix."""
     if config.policy not in POLICIES:

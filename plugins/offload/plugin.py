@@ -6,7 +6,7 @@ import re
 from typing import Any
 
 import torch
-from accelopt_plugins.offload.config import OffloadConfig, check_single_process, validate
+from accelopt_plugins.offload.config import OffloadConfig, validate
 from accelopt_plugins.offload.engine import OffloadEngine
 
 from accelopt import LayerOffer, ReportRow, RunInfo, hookimpl
@@ -28,7 +28,6 @@ class OffloadPlugin:
     @hookimpl
     def accelopt_configure(self, config: OffloadConfig, run_config: Any) -> None:
         validate(config)
-        check_single_process(run_config)
         self.config = config
         self._pattern = re.compile(config.layers) if config.layers else None
 
