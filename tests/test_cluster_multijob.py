@@ -210,3 +210,31 @@ def test_merge_rows_collapses_what_every_job_says():
     assert [(r.plugin, r.summary) for r in merged] == [
         ("t", f"all jobs: {same}"), ("t", "job b: planned"), ("s", "decided")]
     assert merged[1].metrics == {"x": 1}
+
+
+def test_merge_rows_accepts_job_ids_from_run_level_plugins():
+    # gpu_kernels and offload run once per rank (run level) and tag their rows with the
+    # job's id; the merged row names the job, and an unknown tag does not break the report
+    from accelopt.cluster.multijob import merge_rows
+    from accelopt.types import ReportRow
+
+    rows = [[ReportRow("g", "pruned", {"job": "01-b"}), ReportRow("g", "pruned", {"job": "00-a"}),
+             ReportRow("o", "moved", {"job": "01-b"}), ReportRow("o", "odd", {"job": "zz"})]]
+    merged = merge_rows(rows, ["a", "b"], ["00-a", "01-b"])
+    assert [r.summary for r in merged] == ["all jobs: pruned", "job b: moved", "job zz: odd"]
+
+
+def test_run_level_rows_come_from_one_worker_and_per_job_rows_from_every_rank():
+    from accelopt.cluster.multijob import merge_rows, representative_rows
+    from accelopt.types import ReportRow
+
+    server = [ReportRow("g", "00-a: nothing to do", {"job": "00-a"}),
+              ReportRow("s", "decided"), ReportRow("t", "planned", {"job": "a"})]
+    worker1 = [ReportRow("g", "00-a: pruned; 1.2x", {"job": "00-a"}),
+               ReportRow("t", "received in order", {"job": "a"})]
+    worker2 = [ReportRow("g", "00-a: pruned; 1.1x", {"job": "00-a"})]
+    kept = representative_rows([server, worker1, worker2], ["server", "worker", "worker"], ["a"])
+    merged = merge_rows(kept, ["a"], ["00-a"])
+    assert [(r.plugin, r.summary) for r in merged] == [
+        ("s", "decided"), ("t", "job a: planned"), ("g", "job a: pruned; 1.2x"),
+        ("t", "job a: received in order")]

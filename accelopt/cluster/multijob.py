@@ -222,18 +222,53 @@ def run_jobs(cfg: DictConfig, settings: Any, specs: list[JobConfig], *, rank: in
     return out
 
 
-def merge_rows(rows_by_rank: list[list[ReportRow]], job_names: list[str]) -> list[ReportRow]:
-    """One row per (plugin, summary): per-job rows (tagged ``metrics["job"]``) that say the
+def representative_rows(rows_by_rank: list[list[ReportRow]], roles: list[str],
+                        job_names: list[str]) -> list[list[ReportRow]]:
+    """Keep one rank's view of each run-level plugin's rows.
+
+    Per-job plugins (tictac, gradcomm) report through each job's host and their rows are
+    tagged with the job's *name*: every rank's rows are kept (a server's plan and a worker's
+    view differ). Run-level plugins (gpu_kernels, offload, salus) run once per rank and would
+    repeat themselves on every rank, with a parameter server saying "nothing to do" because
+    it never runs forward. Their rows are taken from the first worker that reported the
+    plugin, else from the first rank that did (salus reports on the leader only)."""
+    order = sorted(range(len(rows_by_rank)), key=lambda i: roles[i] != "worker")
+    source: dict[str, int] = {}
+    for i in order:
+        for row in rows_by_rank[i]:
+            job = row.metrics.get("job") if row.metrics else None
+            if job not in job_names:
+                source.setdefault(row.plugin, i)
+    kept = []
+    for i, rows in enumerate(rows_by_rank):
+        kept.append([r for r in rows
+                     if (r.metrics or {}).get("job") in job_names or source.get(r.plugin) == i])
+    return kept
+
+
+def merge_rows(rows_by_rank: list[list[ReportRow]], job_names: list[str],
+               job_ids: list[str] | None = None) -> list[ReportRow]:
+    """One row per (plugin, summary): per-job rows (tagged ``metrics["job"]``, with the job's
+    name or its id: run-level plugins such as gpu_kernels tag rows with job ids) that say the
     same for several jobs collapse into one row naming them ("all jobs" when every job)."""
+    name_of = dict(zip(job_ids or [], job_names, strict=False))
+
+    def rank_of(job: str) -> int:
+        return job_names.index(job) if job in job_names else len(job_names)
+
     groups: dict[tuple[str, str], list[Any]] = {}
     order: list[tuple[str, str]] = []
     for rows in rows_by_rank:
         for row in rows:
-            key = (row.plugin, row.summary)
-            if key not in groups:
-                groups[key] = [row, []]
-                order.append(key)
             job = row.metrics.get("job") if row.metrics else None
+            summary = row.summary
+            if job in name_of and summary.startswith(f"{job}: "):
+                summary = summary[len(job) + 2:]  # named by id; the merged row names it once
+            key = (row.plugin, summary)
+            if key not in groups:
+                groups[key] = [dataclasses.replace(row, summary=summary), []]
+                order.append(key)
+            job = name_of.get(job, job) if job is not None else None
             if job is not None and job not in groups[key][1]:
                 groups[key][1].append(job)
     out = []
@@ -241,7 +276,7 @@ def merge_rows(rows_by_rank: list[list[ReportRow]], job_names: list[str]) -> lis
         row, jobs = groups[key]
         if jobs:
             who = ("all jobs" if len(jobs) == len(job_names) and len(jobs) > 1
-                   else "job " + ", ".join(sorted(jobs, key=job_names.index)))
+                   else "job " + ", ".join(sorted(jobs, key=rank_of)))
             metrics = {k: v for k, v in row.metrics.items() if k != "job"}
             row = ReportRow(row.plugin, f"{who}: {row.summary}", metrics)
         out.append(row)

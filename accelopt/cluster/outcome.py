@@ -141,7 +141,7 @@ def _multi_job_outcome(ranks: list[RankResult], settings: ClusterSettings,
     spans and transfers), then run-level figures over all of them. Job arrival times count
     from ``train_t0`` (every rank had built every job), so JCT and queueing delay exclude
     process start-up; the timeline keeps the run's own time origin."""
-    from accelopt.cluster.multijob import merge_rows
+    from accelopt.cluster.multijob import merge_rows, representative_rows
 
     leader = ranks[0]
     t0 = float(leader.train_t0 or 0.0)
@@ -215,5 +215,6 @@ def _multi_job_outcome(ranks: list[RankResult], settings: ClusterSettings,
     if settings.bandwidth_bps:
         out.metrics["configured_bandwidth_bps"] = settings.bandwidth_bps
     out.metrics = {k: v for k, v in out.metrics.items() if v is not None}
-    out.plugin_rows = merge_rows([r.plugin_rows for r in ranks], names)
+    rows = representative_rows([r.plugin_rows for r in ranks], [r.role for r in ranks], names)
+    out.plugin_rows = merge_rows(rows, names, job_ids)
     return out
