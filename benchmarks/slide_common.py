@@ -217,7 +217,8 @@ def init_net(n_features: int, n_labels: int, seed: int = 0) -> XCNet:
 
 def slide_config(n_labels: int, **kw) -> SlideConfig:
     """The benchmark's SLIDE settings: the plugin's defaults (SimHash K=9, L=50, buckets of 128
-    with reservoir insertion, top 1000 by hits, at least 1000 active, rebuild every 50)."""
+    with reservoir insertion, top 1000 by hits, at least 1000 active, rebuild every 50, sparse
+    Adam with global bias correction)."""
     base = SlideConfig(hash="simhash", k=9, l=50, bucket_size=128, insertion="reservoir",
                        sampling="topk", topk=1000, min_active=1000, rebuild="fixed",
                        rebuild_period=50)

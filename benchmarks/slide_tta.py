@@ -98,15 +98,24 @@ def main() -> None:
     steps = {m: c[-1][1] for m, c in curves.items()}
     target = 0.95 * best.get("dense", max(best.values()))
     print(f"\ntarget: P@1 >= {target:.4f} (95% of dense's best {best.get('dense', 0):.4f})")
-    print("| method | steps in budget | best P@1 | best P@5 | time to target (s) |")
-    print("|---|---:|---:|---:|---:|")
+    print("| method | steps in budget | final P@1 | best P@1 | best P@5 | time to target (s) | "
+          "P@1 rise over last 3 evals (points) |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     tt = {}
     for m, c in curves.items():
         tt[m] = time_to(c, target)
         shown = f"{tt[m]:.1f}" if tt[m] is not None else f"not reached in {args.budget_s:.0f}"
-        print(f"| {m} | {steps[m]} | {best[m]:.4f} | {max(p[3] for p in c):.4f} | {shown} |")
+        rise = 100 * (c[-1][2] - c[max(0, len(c) - 4)][2])
+        print(f"| {m} | {steps[m]} | {c[-1][2]:.4f} | {best[m]:.4f} | {max(p[3] for p in c):.4f} "
+              f"| {shown} | {rise:+.2f} over {c[-1][0] - c[max(0, len(c) - 4)][0]:.0f}s |")
     if tt.get("dense") and tt.get("slide"):
         print(f"\nSLIDE reaches the target {tt['dense'] / tt['slide']:.1f}x sooner than dense")
+    if "dense" in curves:
+        for m in curves:
+            if m != "dense":
+                print(f"{m}: final P@1 {100 * (curves[m][-1][2] - curves['dense'][-1][2]):+.2f} "
+                      f"points vs dense's final, best {100 * (best[m] - best['dense']):+.2f} "
+                      "points vs dense's best")
     plot(curves, args, n, target)
 
 

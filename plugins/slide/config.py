@@ -12,6 +12,7 @@ SAMPLINGS = ("union", "threshold", "topk", "random")
 INSERTIONS = ("fifo", "reservoir")
 REBUILDS = ("fixed", "decay", "changed")
 INFERENCES = ("dense", "lsh")
+CORRECTIONS = ("global", "row")
 
 
 @dataclass
@@ -54,6 +55,9 @@ class SlideConfig:
     beta1: float = 0.9
     beta2: float = 0.999
     eps: float = 1e-8
+    adam_correction: str = "global"
+    """Sparse Adam's bias correction: ``global`` step count (torch SparseAdam, TF LazyAdam) or
+    each row's own update count (``row``; learned less per step, see docs)."""
     threads: int = 0
     """numba threads (0: numba's default, one per core); 1 makes runs bit-for-bit reproducible."""
     seed: int = 0
@@ -63,7 +67,7 @@ def validate(cfg: SlideConfig) -> None:
     """Raise ConfigError (one line: the key and the fix) on the first bad value."""
     choices = {
         "hash": HASHES, "sampling": SAMPLINGS, "insertion": INSERTIONS, "rebuild": REBUILDS,
-        "inference": INFERENCES,
+        "inference": INFERENCES, "adam_correction": CORRECTIONS,
     }
     for key, allowed in choices.items():
         if getattr(cfg, key) not in allowed:

@@ -223,9 +223,16 @@ def touched_rows(ids, n_active, flag, out):
 
 @njit(parallel=True, cache=True, fastmath=FASTMATH)
 def sparse_adam(rows, n_rows, w, grad_w, m_w, v_w, bias, grad_b, m_b, v_b, steps, dirty,
-                lr, beta1, beta2, eps):
-    """Adam on the given rows only; each row's bias correction uses its own update count
-    (lazy Adam: a row's moments have seen exactly that many updates). Gradients of the
+                lr, beta1, beta2, eps, global_t):
+    """Adam on the given rows only (lazy Adam: untouched rows keep their moments and weights).
+
+    Bias correction: with ``global_t`` > 0 every row uses the global step count ``global_t``
+    (torch's SparseAdam and TF's LazyAdam do this); with ``global_t`` = 0 each row uses its
+    own update count ``steps[j]``. Why global is the default: a row's moments are not decayed
+    while the row is idle, so a rarely used row sees its few gradients at up to ~3-6x the
+    step size under global correction, which is what lets rare rows (feature embeddings,
+    rarely sampled labels) catch up; the per-row count divides that away and made SLIDE learn
+    less per step than the dense baseline (docs/benchmarks_slide_tta.md). Gradients of the
     updated rows are zeroed; rows are flagged dirty for rehashing. The per-element update
     runs in float32 (as torch's Adam does), the per-row corrections in float64."""
     dim = w.shape[1]
@@ -234,7 +241,7 @@ def sparse_adam(rows, n_rows, w, grad_w, m_w, v_w, bias, grad_b, m_b, v_b, steps
     for r in prange(n_rows):
         j = rows[r]
         steps[j] += 1
-        t = steps[j]
+        t = global_t if global_t > 0 else steps[j]
         step_size = np.float32(lr / (1.0 - beta1**t))
         inv_c2 = np.float32(1.0 / np.sqrt(1.0 - beta2**t))
         wj, gj, mj, vj = w[j], grad_w[j], m_w[j], v_w[j]

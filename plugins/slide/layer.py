@@ -48,6 +48,12 @@ def auto_range_pow(n: int, code_bits: int) -> int:
     return int(max(4, min(code_bits, 20, round(math.log2(max(n / 16, 1))))))
 
 
+def adam_global_t(cfg: SlideConfig, t: int) -> int:
+    """The sparse Adam's ``global_t`` argument: the layer's step count (1-based) under global
+    bias correction, 0 (each row's own count) under ``adam_correction=row``."""
+    return t if cfg.adam_correction == "global" else 0
+
+
 def set_threads(threads: int) -> None:
     if threads:
         numba.set_num_threads(min(int(threads), numba.config.NUMBA_NUM_THREADS))
@@ -382,6 +388,7 @@ class _SlideLoss(torch.autograd.Function):
             s["rows"], n_rows, layer.weight.numpy(), layer.grad_w.numpy(), layer.m_w.numpy(),
             layer.v_w.numpy(), layer.bias.numpy(), layer.grad_b.numpy(), layer.m_b.numpy(),
             layer.v_b.numpy(), layer.steps.numpy(), layer.dirty.numpy(), layer.lr, c.beta1, c.beta2, c.eps,
+            adam_global_t(c, int(layer.sched[0]) + 1),
         )
         t2 = time.perf_counter()
         st = layer.stats
@@ -409,6 +416,7 @@ class SlideSparseInput(nn.Module):
             self.register_buffer(name, torch.empty_like(self.weight).zero_())
         self.register_buffer("steps", torch.zeros(d, dtype=torch.int64))
         self.register_buffer("dirty", torch.zeros(d, dtype=torch.uint8))
+        self.register_buffer("step_count", torch.zeros(1, dtype=torch.int64))
         self.bias = nn.Parameter(bias.detach().float().clone())
         self.flag = np.zeros(d, np.uint8)
         self.rows = np.zeros(d, np.int32)
@@ -451,7 +459,9 @@ class _SparseInput(torch.autograd.Function):
             rows, n_rows, layer.weight.numpy(), layer.grad_w.numpy(), layer.m_w.numpy(),
             layer.v_w.numpy(), empty, empty, empty, empty, layer.steps.numpy(),
             layer.dirty.numpy(), layer.lr, c.beta1, c.beta2, c.eps,
+            adam_global_t(c, int(layer.step_count[0]) + 1),
         )
+        layer.step_count += 1
         layer.t_backward += t1 - t0
         layer.t_optimizer += time.perf_counter() - t1
         return grad_out.sum(0), None, None

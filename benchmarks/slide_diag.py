@@ -1,0 +1,101 @@
+"""Learning per step: P@1 against training steps (not time) for dense, sampled softmax and SLIDE
+variants, same data order, same initial weights, same lr. Used to find why SLIDE learned less
+per step than dense (docs/benchmarks_slide_tta.md, "diagnosis").
+
+A variant is ``name:key=value,key=value`` (keys of SlideConfig; ``dense`` and ``sampled`` are
+the baselines, ``sampled`` scoring ``--sampled-active`` candidates per sample).
+
+    flock /tmp/accelopt-bench.lock python benchmarks/slide_diag.py --width 20k --steps 1500 \\
+        dense slide "all:min_active=20000" "random:sampling=random"
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from accelopt_plugins.slide.xcdata import synthetic  # noqa: E402
+from slide_common import (  # noqa: E402
+    DenseTrainer,
+    SampledTrainer,
+    SlideTrainer,
+    init_net,
+    machine,
+    p_at_k,
+    set_threads,
+    slide_config,
+)
+
+
+def parse_variant(spec: str) -> tuple[str, dict]:
+    name, _, rest = spec.partition(":")
+    kw: dict = {}
+    for item in filter(None, rest.split(",")):
+        key, _, val = item.partition("=")
+        for conv in (int, float):
+            try:
+                kw[key] = conv(val)
+                break
+            except ValueError:
+                continue
+        else:
+            kw[key] = val
+    return name, kw
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--width", default="20k")
+    ap.add_argument("--steps", type=int, default=1500)
+    ap.add_argument("--eval-at", type=int, nargs="+", default=None,
+                    help="steps at which to evaluate (default: 5 evenly spaced)")
+    ap.add_argument("--eval-n", type=int, default=2000)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--sampled-active", type=int, default=1000)
+    ap.add_argument("variants", nargs="+")
+    args = ap.parse_args()
+    set_threads(args.threads)
+    ds = synthetic(args.width)
+    n, d = ds.num_classes, ds.vocab_size
+    evals = sorted(set(args.eval_at or [args.steps * i // 5 for i in range(1, 6)]))
+    print(f"# machine: {machine()}")
+    print(f"# {n:,} labels, batch {args.batch}, lr {args.lr}, {args.steps} steps, "
+          f"P@1 on {args.eval_n} held-out points at steps {evals}")
+    print("| variant | " + " | ".join(f"P@1 @{s}" for s in evals) + " | ms/step | active/sample |")
+    print("|---|" + "---:|" * (len(evals) + 2))
+    for spec in args.variants:
+        name, kw = parse_variant(spec)
+        init = init_net(d, n)
+        if name == "dense":
+            tr = DenseTrainer(d, n, args.lr, init)
+        elif name.startswith("sampled"):
+            tr = SampledTrainer(d, n, args.lr, init, per_sample=args.sampled_active)
+        else:
+            tr = SlideTrainer(d, n, args.lr, init, slide_config(n, **kw))
+        p1s, clock = [], 0.0
+        for step in range(1, args.steps + 1):
+            x, y = ds.batch(step - 1, args.batch)
+            t = time.perf_counter()
+            tr.step(x, y)
+            clock += time.perf_counter() - t
+            if step in evals:
+                p1s.append(p_at_k(tr.eval_model(), ds, args.eval_n)[0])
+        act = ""
+        if isinstance(tr, SlideTrainer):
+            s = tr.model.out.summary()
+            act = f"{s['active_per_sample']:.0f} (retrieved {s['retrieved_per_sample']:.0f})"
+        print(f"| {spec} | " + " | ".join(f"{p:.4f}" for p in p1s)
+              + f" | {1e3 * clock / args.steps:.1f} | {act} |", flush=True)
+        del tr, init
+        gc.collect()
+
+
+if __name__ == "__main__":
+    main()
