@@ -213,13 +213,19 @@ def test_gradients_on_active_set_equal_dense_autograd() -> None:
     np.testing.assert_allclose(layer.grad_b.numpy(), bias.grad.numpy(), rtol=1e-4, atol=1e-6)
 
 
-def test_sparse_adam_matches_torch_adam_and_leaves_other_rows_alone() -> None:
-    rng = np.random.default_rng(11)
-    n, d = 6, 5
+def _adam_rows(rng: np.random.Generator, n: int, d: int) -> tuple[np.ndarray, ...]:
+    """Initial weights and the zeroed state arrays ``kernels.sparse_adam`` updates in place:
+    (w0, w, m, v, g, b, mb, vb, gb, steps, dirty)."""
     w0 = rng.standard_normal((n, d)).astype(np.float32)
     w, m, v, g = w0.copy(), np.zeros_like(w0), np.zeros_like(w0), np.zeros_like(w0)
     b, mb, vb, gb = (np.zeros(n, np.float32) for _ in range(4))
-    steps, dirty = np.zeros(n, np.int64), np.zeros(n, np.uint8)
+    return w0, w, m, v, g, b, mb, vb, gb, np.zeros(n, np.int64), np.zeros(n, np.uint8)
+
+
+def test_sparse_adam_matches_torch_adam_and_leaves_other_rows_alone() -> None:
+    rng = np.random.default_rng(11)
+    n, d = 6, 5
+    w0, w, m, v, g, b, mb, vb, gb, steps, dirty = _adam_rows(rng, n, d)
     ref = torch.nn.Parameter(torch.from_numpy(w0[:3].copy()))
     opt = torch.optim.Adam([ref], lr=0.01)
     for _ in range(5):
@@ -245,10 +251,7 @@ def test_sparse_adam_global_correction_matches_torch_sparse_adam_on_intermittent
     many steps: per-row counts (the old behaviour) shrink a rare row's steps ~3x and fail."""
     rng = np.random.default_rng(12)
     n, d = 8, 4
-    w0 = rng.standard_normal((n, d)).astype(np.float32)
-    w, m, v, g = w0.copy(), np.zeros_like(w0), np.zeros_like(w0), np.zeros_like(w0)
-    b, mb, vb, gb = (np.zeros(n, np.float32) for _ in range(4))
-    steps, dirty = np.zeros(n, np.int64), np.zeros(n, np.uint8)
+    w0, w, m, v, g, b, mb, vb, gb, steps, dirty = _adam_rows(rng, n, d)
     emb = torch.nn.Embedding(n, d, sparse=True)
     emb.weight.data.copy_(torch.from_numpy(w0))
     opt = torch.optim.SparseAdam(emb.parameters(), lr=0.01)
