@@ -24,15 +24,18 @@ from typing import Any
 class CudaLanes:
     """Per-lane pools and streams; ``enter``/``exit`` bracket one iteration on its thread."""
 
-    def __init__(self) -> None:
-        import torch
+    def __init__(self, torch_module: Any = None) -> None:
+        """``torch_module``: torch itself by default; tests pass a recording stand-in."""
+        if torch_module is None:
+            import torch as torch_module
 
-        self._torch = torch
+        self._torch = torch = torch_module
         stream_routing = hasattr(torch._C, "_cuda_beginAllocateCurrentStreamToPool")
         self.routing = "stream" if stream_routing else "thread"
         self._lanes: dict[str, tuple[Any, Any]] = {}
         self._retired: list[tuple[Any, Any]] = []
-        self._active: dict[int, tuple[Any, Any, Any]] = {}  # thread -> (pool, stream, previous)
+        self._active: dict[int, tuple[str, Any, Any, Any]] = {}
+        """thread -> (lane, pool, stream, stream before enter)"""
         self.pool_peak: dict[str, int] = {}
         self.stream_ids: dict[str, int] = {}  # lane -> cudaStream_t, for allocator traces
         self._lock = threading.Lock()
@@ -52,15 +55,16 @@ class CudaLanes:
             torch._C._cuda_beginAllocateCurrentStreamToPool(device, pool.id)
         else:
             torch._C._cuda_beginAllocateCurrentThreadToPool(device, pool.id)
-        self._active[threading.get_ident()] = (pool, stream, previous)
+        self._active[threading.get_ident()] = (lane, pool, stream, previous)
 
-    def exit(self, lane: str, *, synchronize: bool = True) -> None:
-        """Leave the lane's pool (same thread as :meth:`enter`) and record its reserved peak."""
+    def exit(self, *, synchronize: bool = True) -> None:
+        """Leave this thread's lane pool (same thread as :meth:`enter`), record its reserved
+        peak. ``synchronize=False``: a job failed mid-iteration, do not wait for its work."""
         entry = self._active.pop(threading.get_ident(), None)
         if entry is None:
             return
         torch = self._torch
-        pool, stream, previous = entry
+        lane, pool, stream, previous = entry
         if synchronize:
             stream.synchronize()
         device = torch.cuda.current_device()
@@ -72,15 +76,6 @@ class CudaLanes:
         reserved = sum(int(s.get("total_size", 0)) for s in pool.snapshot())
         with self._lock:
             self.pool_peak[lane] = max(self.pool_peak.get(lane, 0), reserved)
-
-    def abandon_current(self) -> None:
-        """A job failed mid-iteration: leave whatever pool this thread is in, without waiting."""
-        for lane, (pool, _stream) in list(self._lanes.items()):
-            entry = self._active.get(threading.get_ident())
-            if entry is not None and entry[0] is pool:
-                self.exit(lane, synchronize=False)
-                return
-        self._active.pop(threading.get_ident(), None)
 
     def retire(self, lane: str) -> None:
         """The lane is gone: keep its pool alive (see the module docstring) until close()."""

@@ -263,7 +263,7 @@ class SalusPlugin:
         if self.cluster_mode != "none":
             return  # a cluster rank keeps its own thread count (run.threads, default 1)
         if self.device.startswith("cuda"):
-            self._enter_cuda_lane(context.lane)
+            self._lanes_on_cuda().enter(context.lane)
             return
         threads = self._fixed_threads
         if threads is None:
@@ -279,7 +279,7 @@ class SalusPlugin:
     def accelopt_iteration_end(self, context: IterationContext, result: IterationResult) -> None:
         job_id, lane = context.job.job_id, context.lane
         if self.device.startswith("cuda"):
-            self._exit_cuda_lane(lane)
+            self._lanes_on_cuda().exit()
         seconds = result.end_s - result.start_s
         self._refine_estimate(job_id, seconds)
         self.policy.observe(job_id, seconds)
@@ -306,16 +306,10 @@ class SalusPlugin:
             self._cuda = CudaLanes()
         return self._cuda
 
-    def _enter_cuda_lane(self, lane: str) -> None:
-        self._lanes_on_cuda().enter(lane)
-
-    def _exit_cuda_lane(self, lane: str) -> None:
-        self._lanes_on_cuda().exit(lane)
-
     def _close_cuda_context(self) -> None:
         """A job failed mid-iteration on CUDA: leave its lane's pool (same thread)."""
         if self._cuda is not None:
-            self._cuda.abandon_current()
+            self._cuda.exit(synchronize=False)
 
     # -- cluster runs ----------------------------------------------------------------------
 
