@@ -4,7 +4,8 @@
   Linear(128 -> L) with Adam, full softmax with 1/|y| targets (the fair dense baseline).
 * ``sampled``: the same first layer; output rows held in a sparse Embedding; per batch the
   candidates are the batch's labels plus uniform negatives so that each sample scores as many
-  neurons as SLIDE's average active set; softmax over the candidates; SparseAdam.
+  neurons as SLIDE's average active set; softmax over the candidates; SparseAdam. With
+  ``logq`` the negatives' logits get log(labels each stands for), the standard correction.
 * ``slide``: the plugin's layers (SlideSparseInput + SlideLinear), the same network.
 
 All three read the same preloaded padded batches and use the same thread count.
@@ -122,8 +123,9 @@ class SampledTrainer(Trainer):
     name = "sampled"
 
     def __init__(self, n_features: int, n_labels: int, lr: float, init: XCNet,
-                 per_sample: int, seed: int = 0) -> None:
+                 per_sample: int, seed: int = 0, logq: bool = False) -> None:
         super().__init__()
+        self.logq = logq
         self.first = DenseNet(n_features, init, with_output=False)
         self.w = nn.Embedding(n_labels, HIDDEN, sparse=True)
         self.b = nn.Embedding(n_labels, 1, sparse=True)
@@ -147,6 +149,10 @@ class SampledTrainer(Trainer):
         t = self.tick("hash", t)  # candidate sampling plays the role of SLIDE's hashing
         h = self.first.hidden(x)
         logits = h @ self.w(cand).T + self.b(cand)[:, 0]
+        if self.logq and extra:  # each negative stands for (n - labels) / extra neurons
+            shift = torch.zeros(len(cand))
+            shift[len(labels):] = float(np.log((self.n_labels - len(labels)) / extra))
+            logits = logits + shift
         loss = xc_softmax_loss(logits, pos)
         return self.backward_and_update(loss, t)
 
@@ -217,12 +223,54 @@ def init_net(n_features: int, n_labels: int, seed: int = 0) -> XCNet:
 
 def slide_config(n_labels: int, **kw) -> SlideConfig:
     """The benchmark's SLIDE settings: the plugin's defaults (SimHash K=9, L=50, buckets of 128
-    with reservoir insertion, top 1000 by hits, at least 1000 active, rebuild every 50, sparse
-    Adam with global bias correction)."""
+    with reservoir insertion, top 1000 by hits, at least 1000 active, log-Q corrected random
+    top-up, rebuild every 50, sparse Adam with global bias correction)."""
     base = SlideConfig(hash="simhash", k=9, l=50, bucket_size=128, insertion="reservoir",
                        sampling="topk", topk=1000, min_active=1000, rebuild="fixed",
                        rebuild_period=50)
     return replace(base, **kw)
+
+
+def parse_overrides(items: list[str]) -> dict:
+    """SlideConfig overrides from the command line: ``["logq=true", "topk=2000"]`` ->
+    {"logq": True, "topk": 2000}."""
+    out: dict = {}
+    for item in items:
+        key, sep, val = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--slide {item!r}: expected key=value")
+        low = val.lower()
+        if low in ("true", "false"):
+            out[key] = low == "true"
+            continue
+        for conv in (int, float):
+            try:
+                out[key] = conv(val)
+                break
+            except ValueError:
+                continue
+        else:
+            out[key] = val
+    return out
+
+
+def parse_variant(spec: str) -> tuple[str, dict]:
+    """``"name:key=value,key=value"`` -> (name, overrides); what the method name starts with
+    picks the trainer (``dense``, ``sampled``, anything else is SLIDE)."""
+    name, _, rest = spec.partition(":")
+    return name, parse_overrides(list(filter(None, rest.split(","))))
+
+
+def make_trainer(name: str, kw: dict, n_features: int, n_labels: int, lr: float, init: XCNet,
+                 sampled_active: int) -> Trainer:
+    """The trainer a variant names, with its overrides (``logq`` is the only key of
+    ``sampled``; SLIDE takes any SlideConfig key)."""
+    if name == "dense":
+        return DenseTrainer(n_features, n_labels, lr, init)
+    if name.startswith("sampled"):
+        return SampledTrainer(n_features, n_labels, lr, init, per_sample=sampled_active,
+                              logq=bool(kw.get("logq", False)))
+    return SlideTrainer(n_features, n_labels, lr, init, slide_config(n_labels, **kw))
 
 
 def p_at_k(model: nn.Module, ds, limit: int = 2000) -> tuple[float, float]:

@@ -2,8 +2,9 @@
 variants, same data order, same initial weights, same lr. Used to find why SLIDE learned less
 per step than dense (docs/benchmarks_slide_tta.md, "diagnosis").
 
-A variant is ``name:key=value,key=value`` (keys of SlideConfig; ``dense`` and ``sampled`` are
-the baselines, ``sampled`` scoring ``--sampled-active`` candidates per sample).
+A variant is ``name:key=value,key=value`` (keys of SlideConfig; ``dense`` and ``sampled*`` are
+the baselines, ``sampled`` scoring ``--sampled-active`` candidates per sample; ``sampled:logq=1``
+with the log-Q correction).
 
     flock /tmp/accelopt-bench.lock python benchmarks/slide_diag.py --width 20k --steps 1500 \\
         dense slide "all:min_active=20000" "random:sampling=random"
@@ -21,31 +22,14 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from accelopt_plugins.slide.xcdata import synthetic  # noqa: E402
 from slide_common import (  # noqa: E402
-    DenseTrainer,
-    SampledTrainer,
     SlideTrainer,
     init_net,
     machine,
+    make_trainer,
     p_at_k,
+    parse_variant,
     set_threads,
-    slide_config,
 )
-
-
-def parse_variant(spec: str) -> tuple[str, dict]:
-    name, _, rest = spec.partition(":")
-    kw: dict = {}
-    for item in filter(None, rest.split(",")):
-        key, _, val = item.partition("=")
-        for conv in (int, float):
-            try:
-                kw[key] = conv(val)
-                break
-            except ValueError:
-                continue
-        else:
-            kw[key] = val
-    return name, kw
 
 
 def main() -> None:
@@ -73,12 +57,7 @@ def main() -> None:
     for spec in args.variants:
         name, kw = parse_variant(spec)
         init = init_net(d, n)
-        if name == "dense":
-            tr = DenseTrainer(d, n, args.lr, init)
-        elif name.startswith("sampled"):
-            tr = SampledTrainer(d, n, args.lr, init, per_sample=args.sampled_active)
-        else:
-            tr = SlideTrainer(d, n, args.lr, init, slide_config(n, **kw))
+        tr = make_trainer(name, kw, d, n, args.lr, init, args.sampled_active)
         p1s, clock = [], 0.0
         for step in range(1, args.steps + 1):
             x, y = ds.batch(step - 1, args.batch)

@@ -184,15 +184,22 @@ def test_sampling_modes(sampling: str, limit: int | None) -> None:
             assert s["n_active"][b] == min(limit, su["n_active"][b])
 
 
-def test_gradients_on_active_set_equal_dense_autograd() -> None:
-    layer = _layer()
+@pytest.mark.parametrize("logq", [False, True])
+def test_gradients_on_active_set_equal_dense_autograd(logq: bool) -> None:
+    layer = _layer(logq=logq, topk=10)  # 10 retrieved + labels, topped up to 40
     layer.rebuild()
     rng = np.random.default_rng(10)
     h = rng.standard_normal((5, 16)).astype(np.float32)
     labels = np.array([[1, 7, -1], [2, -1, -1], [0, 5, 9], [4, -1, -1], [8, 3, -1]], np.int64)
     s = layer.select(h, labels, 40)
     kernels.forward_active(h, layer.weight.numpy(), layer.bias.numpy(), s["ids"], s["n_active"],
-                           s["is_label"], s["logits"], s["dz"], s["loss"])
+                           s["is_label"], s["n_fixed"], s["offset"], s["logits"], s["dz"], s["loss"])
+    n = layer.out_features
+    for b in range(5):  # the random top-up stands for the neurons outside the fixed part
+        fixed, drawn = int(s["n_fixed"][b]), int(s["n_active"][b] - s["n_fixed"][b])
+        assert drawn > 0
+        expected = np.log((n - fixed) / drawn) if logq else 0.0
+        assert s["offset"][b] == pytest.approx(expected, rel=1e-6)
     dh = np.zeros_like(h)
     kernels.backward_active(h, layer.weight.numpy(), s["ids"], s["n_active"], s["dz"],
                             np.float32(1.0 / 5), dh, layer.grad_w.numpy(), layer.grad_b.numpy(), 1)
@@ -203,6 +210,8 @@ def test_gradients_on_active_set_equal_dense_autograd() -> None:
     for b in range(5):
         ids = torch.from_numpy(s["ids"][b, : s["n_active"][b]].astype(np.int64))
         logits = w[ids] @ ht[b] + bias[ids]
+        logits = logits + torch.tensor(
+            [float(s["offset"][b]) if i >= s["n_fixed"][b] else 0.0 for i in range(len(ids))])
         target = torch.tensor([float(int(j) in labels[b]) for j in ids])
         target /= target.sum()
         total = total - (target * torch.log_softmax(logits, 0)).sum()

@@ -32,10 +32,17 @@ _LABEL = -2
 @njit(parallel=True, cache=True)
 def select_active(
     h, labels, step_seed, kind, idx, sgn, k, l, bits, range_pow,  # noqa: E741
-    tables, counts, mode, threshold, topk, min_active,
-    hits, cand, keys, hist, ids, n_active, is_label, retrieved,
+    tables, counts, mode, threshold, topk, min_active, logq,
+    hits, cand, keys, hist, ids, n_active, is_label, retrieved, n_fixed, offset,
 ):
     """Fill ids[b, :n_active[b]] with sample b's active neurons; mark labels in is_label.
+
+    The first ``n_fixed[b]`` active neurons are the retrieved ones and the labels; the rest
+    are the uniform random top-up. With ``logq`` true, ``offset[b]`` = log(the number of
+    neurons not in the fixed part / the number drawn from them): each drawn neuron stands for
+    that many, so the softmax over the active set estimates the full softmax's normaliser
+    (the log-Q correction of sampled softmax, Jean et al. 2015, applied to the part that was
+    sampled uniformly); otherwise 0 (the paper's plain softmax over the active set).
 
     ``labels`` is int64 [B, M] padded with -1 (M may be 0: inference, no labels added).
     ``retrieved[b]`` receives how many distinct neurons the tables returned (for recall
@@ -114,6 +121,7 @@ def select_active(
                     na += 1
                 hit[j] = _LABEL
             target = min(min_active, n, cap_active)
+            n_fixed[b] = na
             if na < target:
                 state = np.uint64(step_seed) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(b + 1)
                 if target * 2 > n:  # dense regime: walk all neurons from a random start
@@ -140,11 +148,17 @@ def select_active(
                 is_label[b, i] = 1 if hit[j] == _LABEL else 0
                 hit[j] = 0
             n_active[b] = na
+            drawn = na - n_fixed[b]
+            offset[b] = np.log((n - n_fixed[b]) / drawn) if logq and drawn > 0 else 0.0
 
 
 @njit(parallel=True, cache=True, fastmath=FASTMATH)
-def forward_active(h, w, bias, ids, n_active, is_label, logits, dz, loss):
+def forward_active(h, w, bias, ids, n_active, is_label, n_fixed, offset, logits, dz, loss):
     """Logits of the active neurons, softmax over them, loss with 1/|y| targets per label.
+
+    Logits of the random top-up (positions from ``n_fixed[b]`` on) get ``offset[b]`` added
+    (0 unless log-Q correction is on, see :func:`select_active`); the offset is a constant,
+    so d loss / d logit is unchanged in form and backward needs no change.
 
     ``dz`` receives d loss_b / d logit (softmax - target); a sample without labels gets loss
     0 and zero gradient (inference passes no labels and ignores dz and loss). The dot
@@ -163,6 +177,8 @@ def forward_active(h, w, bias, ids, n_active, is_label, logits, dz, loss):
             for d in range(dim):
                 acc += wj[d] * hb[d]
             acc += bias[j]
+            if i >= n_fixed[b]:
+                acc += offset[b]
             logits[b, i] = acc
             if acc > zmax:
                 zmax = acc

@@ -277,6 +277,8 @@ class SlideLinear(nn.Module):
                 "n_active": np.zeros(batch, np.int32),
                 "is_label": np.zeros((batch, a), np.int32),
                 "retrieved": np.zeros(batch, np.int32),
+                "n_fixed": np.zeros(batch, np.int32),
+                "offset": np.zeros(batch, np.float32),
                 "logits": np.zeros((batch, a), np.float32),
                 "dz": np.zeros((batch, a), np.float32),
                 "loss": np.zeros(batch, np.float32),
@@ -294,8 +296,8 @@ class SlideLinear(nn.Module):
         kernels.select_active(
             h, labels, c.seed * 1_000_003 + int(self.sched[0]), *self.family(),
             self.tables.numpy(), self._counts(), SAMPLING_MODE[c.sampling], c.threshold,
-            c.topk, min_active, s["hits"], s["cand"], s["keys"], s["hist"], s["ids"],
-            s["n_active"], s["is_label"], s["retrieved"],
+            c.topk, min_active, c.logq, s["hits"], s["cand"], s["keys"], s["hist"], s["ids"],
+            s["n_active"], s["is_label"], s["retrieved"], s["n_fixed"], s["offset"],
         )
         return s
 
@@ -323,7 +325,8 @@ class SlideLinear(nn.Module):
         hn = np.ascontiguousarray(h.detach().numpy(), dtype=np.float32)
         s = self.select(hn, np.zeros((hn.shape[0], 0), np.int64), 0)
         kernels.forward_active(hn, self.weight.numpy(), self.bias.numpy(), s["ids"],
-                               s["n_active"], s["is_label"], s["logits"], s["dz"], s["loss"])
+                               s["n_active"], s["is_label"], s["n_fixed"], s["offset"],
+                               s["logits"], s["dz"], s["loss"])
         out = torch.full((hn.shape[0], self.out_features), -math.inf)
         for b in range(hn.shape[0]):
             na = int(s["n_active"][b])
@@ -358,7 +361,8 @@ class _SlideLoss(torch.autograd.Function):
         s = layer.select(hn, labels, layer.cfg.min_active)
         t1 = time.perf_counter()
         kernels.forward_active(hn, layer.weight.numpy(), layer.bias.numpy(), s["ids"],
-                               s["n_active"], s["is_label"], s["logits"], s["dz"], s["loss"])
+                               s["n_active"], s["is_label"], s["n_fixed"], s["offset"],
+                               s["logits"], s["dz"], s["loss"])
         t2 = time.perf_counter()
         st = layer.stats
         st["t_hash"] += t1 - t0
