@@ -1,6 +1,6 @@
 """Learning per step: P@1 against training steps (not time) for dense, sampled softmax and SLIDE
 variants, same data order, same initial weights, same lr. Used to find why SLIDE learned less
-per step than dense (docs/benchmarks_slide_tta.md, "diagnosis").
+per step than dense (docs/benchmarks.md, "slide, session 3", section 1).
 
 A variant is ``name:key=value,key=value`` (keys of SlideConfig; ``dense`` and ``sampled*`` are
 the baselines, ``sampled`` scoring ``--sampled-active`` candidates per sample; ``sampled:logq=1``

@@ -238,17 +238,3 @@ def test_run_level_rows_come_from_one_worker_and_per_job_rows_from_every_rank():
     assert [(r.plugin, r.summary) for r in merged] == [
         ("s", "decided"), ("t", "job a: planned"), ("g", "job a: pruned; 1.2x"),
         ("t", "job a: received in order")]
-
-
-def test_single_job_report_lists_a_build_time_plugin_once():
-    # two workers time the same pruned model differently; the one-job report used to show
-    # both rows (deduplicated only by identical text); per-job rows stay, each text once
-    from accelopt.cluster.outcome import single_job_rows
-    from accelopt.types import ReportRow
-
-    server = [ReportRow("g", "nothing to do"), ReportRow("t", "planned", {"job": "a"})]
-    worker1 = [ReportRow("g", "pruned; 1.2x"), ReportRow("t", "in order", {"job": "a"})]
-    worker2 = [ReportRow("g", "pruned; 1.1x"), ReportRow("t", "in order", {"job": "a"})]
-    rows = single_job_rows([server, worker1, worker2], ["server", "worker", "worker"], "a")
-    assert [(r.plugin, r.summary) for r in rows] == [
-        ("t", "planned"), ("g", "pruned; 1.2x"), ("t", "in order")]

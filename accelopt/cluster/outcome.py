@@ -111,7 +111,14 @@ def _job_outcome(ranks: list[RankResult], settings: ClusterSettings,
         diffs = [b - a for (_, a), (_, b) in zip(lo, lo[1:], strict=False)]
         metrics["loopback_bytes_per_iteration"] = _median(diffs[skip:]) or _median(diffs)
     metrics.update(summary)
-    rows = single_job_rows([r.plugin_rows for r in ranks], [r.role for r in ranks], info.name)
+    rows: list[ReportRow] = []
+    seen: set[tuple[str, str]] = set()
+    for r in ranks:
+        for row in r.plugin_rows:
+            key = (row.plugin, row.summary)
+            if key not in seen:
+                seen.add(key)
+                rows.append(row)
     state: dict[str, Any] = {}
     for r in ranks:
         state.update(r.buffers)
@@ -121,25 +128,6 @@ def _job_outcome(ranks: list[RankResult], settings: ClusterSettings,
         metrics={k: v for k, v in metrics.items() if v is not None},
         plugin_rows=rows, state=state, per_iteration=per_iter, ranks=ranks,
     )
-
-
-def single_job_rows(rows_by_rank: list[list[ReportRow]], roles: list[str],
-                    job_name: str) -> list[ReportRow]:
-    """The report rows of a one-job cluster run: a run-level plugin's rows from one worker's
-    view (``representative_rows``: two workers timing the same build-time plugin would
-    otherwise give two rows that differ only in their measured figures), per-job rows from
-    every rank, and each distinct (plugin, summary) once."""
-    from accelopt.cluster.multijob import representative_rows
-
-    rows: list[ReportRow] = []
-    seen: set[tuple[str, str]] = set()
-    for rank_rows in representative_rows(rows_by_rank, roles, [job_name]):
-        for row in rank_rows:
-            key = (row.plugin, row.summary)
-            if key not in seen:
-                seen.add(key)
-                rows.append(row)
-    return rows
 
 
 JOB_METRICS = ("efficiency_e", "efficiency_e_with_warmup", "iteration_s", "mc_s", "pc_s",

@@ -248,7 +248,7 @@ def sparse_adam(rows, n_rows, w, grad_w, m_w, v_w, bias, grad_b, m_b, v_b, steps
     while the row is idle, so a rarely used row sees its few gradients at up to ~3-6x the
     step size under global correction, which is what lets rare rows (feature embeddings,
     rarely sampled labels) catch up; the per-row count divides that away and made SLIDE learn
-    less per step than the dense baseline (docs/benchmarks_slide_tta.md). Gradients of the
+    less per step than the dense baseline (docs/benchmarks.md, slide session 3). Gradients of the
     updated rows are zeroed; rows are flagged dirty for rehashing. The per-element update
     runs in float32 (as torch's Adam does), the per-row corrections in float64."""
     dim = w.shape[1]
