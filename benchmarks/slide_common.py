@@ -238,7 +238,7 @@ def parse_overrides(items: list[str]) -> dict:
     for item in items:
         key, sep, val = item.partition("=")
         if not sep:
-            raise SystemExit(f"--slide {item!r}: expected key=value")
+            raise SystemExit(f"variant setting {item!r}: expected key=value (e.g. logq=true)")
         low = val.lower()
         if low in ("true", "false"):
             out[key] = low == "true"
