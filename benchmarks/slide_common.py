@@ -265,6 +265,11 @@ def make_trainer(name: str, kw: dict, n_features: int, n_labels: int, lr: float,
                  sampled_active: int) -> Trainer:
     """The trainer a variant names, with its overrides (``logq`` is the only key of
     ``sampled``; SLIDE takes any SlideConfig key)."""
+    allowed = {"dense": set(), "sampled": {"logq"}}
+    kind = "dense" if name == "dense" else "sampled" if name.startswith("sampled") else None
+    if kind and set(kw) - allowed[kind]:
+        raise SystemExit(f"variant {name!r}: {kind} takes no setting "
+                         f"{sorted(set(kw) - allowed[kind])} (only {sorted(allowed[kind]) or 'none'})")
     if name == "dense":
         return DenseTrainer(n_features, n_labels, lr, init)
     if name.startswith("sampled"):
