@@ -175,6 +175,7 @@ class SlideTrainer(Trainer):
         import copy
 
         self.model = copy.deepcopy(init)
+        lr = cfg.lr or lr  # the variant's own sparse-Adam lr, as the plugin reads it
         self.model.out = SlideLinear.from_linear(init.out, cfg, lr=lr)
         self.model.embed = SlideSparseInput(init.embed.weight, init.embed.bias, cfg, lr=lr)
         self.opt = torch.optim.Adam(list(self.model.parameters()), lr=lr)
@@ -263,16 +264,20 @@ def parse_variant(spec: str) -> tuple[str, dict]:
 
 def make_trainer(name: str, kw: dict, n_features: int, n_labels: int, lr: float, init: XCNet,
                  sampled_active: int) -> Trainer:
-    """The trainer a variant names, with its overrides (``logq`` is the only key of
-    ``sampled``; SLIDE takes any SlideConfig key)."""
-    allowed = {"dense": set(), "sampled": {"logq"}}
-    kind = "dense" if name == "dense" else "sampled" if name.startswith("sampled") else None
+    """The trainer a variant names, with its overrides: ``lr`` (every method: its own
+    learning rate instead of the run's), ``logq`` (``sampled``); SLIDE takes any
+    SlideConfig key. A variant's name picks the trainer: ``dense*``, ``sampled*``, else SLIDE."""
+    allowed = {"dense": {"lr"}, "sampled": {"logq", "lr"}}
+    kind = ("dense" if name.startswith("dense") else
+            "sampled" if name.startswith("sampled") else None)
     if kind and set(kw) - allowed[kind]:
         raise SystemExit(f"variant {name!r}: {kind} takes no setting "
-                         f"{sorted(set(kw) - allowed[kind])} (only {sorted(allowed[kind]) or 'none'})")
-    if name == "dense":
+                         f"{sorted(set(kw) - allowed[kind])} (only {sorted(allowed[kind])})")
+    if kind:
+        lr = float(kw.get("lr", lr))
+    if kind == "dense":
         return DenseTrainer(n_features, n_labels, lr, init)
-    if name.startswith("sampled"):
+    if kind == "sampled":
         return SampledTrainer(n_features, n_labels, lr, init, per_sample=sampled_active,
                               logq=bool(kw.get("logq", False)))
     return SlideTrainer(n_features, n_labels, lr, init, slide_config(n_labels, **kw))

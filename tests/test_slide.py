@@ -184,9 +184,32 @@ def test_sampling_modes(sampling: str, limit: int | None) -> None:
             assert s["n_active"][b] == min(limit, su["n_active"][b])
 
 
+def test_batch_topup_shares_the_batch_labels_and_draws_with_every_sample() -> None:
+    layer = _layer(topup="batch", topk=10)
+    layer.rebuild()
+    h = np.random.default_rng(8).standard_normal((6, 16)).astype(np.float32)
+    labels = np.array([[3, 299], [5, -1], [7, 3], [11, -1], [13, -1], [17, 19]], np.int64)
+    shared, n_labels = layer.shared_candidates(labels, 40, 0)
+    assert shared[:n_labels].tolist() == [3, 5, 7, 11, 13, 17, 19, 299] and len(shared) == 40
+    s = layer.select(h, labels, 40)
+    for b in range(6):
+        ids = s["ids"][b, : s["n_active"][b]]
+        assert set(shared.tolist()) <= set(ids.tolist())  # every sample scores all of them
+        assert len(set(ids.tolist())) == len(ids)  # once each
+        own = {int(j) for j in labels[b] if j >= 0}
+        assert set(ids[s["is_label"][b, : len(ids)] == 1].tolist()) == own
+        fixed = set(ids[: s["n_fixed"][b]].tolist())
+        assert set(shared[:n_labels].tolist()) <= fixed  # other samples' labels count once
+        assert not set(ids[s["n_fixed"][b]:].tolist()) & set(shared[:n_labels].tolist())
+    # inference (no labels) and the paper's per-sample top-up share nothing
+    assert len(layer.shared_candidates(labels[:, :0], 40, 0)[0]) == 0
+    assert len(_layer().shared_candidates(labels, 40, 0)[0]) == 0
+
+
+@pytest.mark.parametrize("topup", ["sample", "batch"])
 @pytest.mark.parametrize("logq", [False, True])
-def test_gradients_on_active_set_equal_dense_autograd(logq: bool) -> None:
-    layer = _layer(logq=logq, topk=10)  # 10 retrieved + labels, topped up to 40
+def test_gradients_on_active_set_equal_dense_autograd(logq: bool, topup: str) -> None:
+    layer = _layer(logq=logq, topk=10, topup=topup)  # 10 retrieved + labels, topped up to 40
     layer.rebuild()
     rng = np.random.default_rng(10)
     h = rng.standard_normal((5, 16)).astype(np.float32)
@@ -457,6 +480,8 @@ def test_config_validation_names_the_key() -> None:
         validate(SlideConfig(bin_size=3))
     with pytest.raises(ConfigError, match=r"plugins\.slide\.adam_correction='step'"):
         validate(SlideConfig(adam_correction="step"))
+    with pytest.raises(ConfigError, match=r"plugins\.slide\.topup='shared'.*sample, batch"):
+        validate(SlideConfig(topup="shared"))
 
 
 XC_SMALL = [

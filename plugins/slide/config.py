@@ -13,6 +13,7 @@ INSERTIONS = ("fifo", "reservoir")
 REBUILDS = ("fixed", "decay", "changed")
 INFERENCES = ("dense", "lsh")
 CORRECTIONS = ("global", "row")
+TOPUPS = ("sample", "batch")
 
 
 @dataclass
@@ -45,6 +46,10 @@ class SlideConfig:
     """Top up each sample's active set with random neurons to at least this many."""
     max_active: int = 0
     """Cap on a sample's active set; 0: L * bucket_size + min_active."""
+    topup: str = "sample"
+    """Where the top-up comes from: ``sample``, uniform draws per sample (the paper);
+    ``batch``, one candidate list shared by the batch (its labels, then uniform draws up to
+    ``min_active``) scored by every sample beside its own retrieved neurons."""
     logq: bool = True
     """Log-Q correction of the random top-up: each uniformly drawn neuron's logit gets
     log(neurons it stands for), so the active set's softmax estimates the full softmax's
@@ -74,7 +79,7 @@ def validate(cfg: SlideConfig) -> None:
     """Raise ConfigError (one line: the key and the fix) on the first bad value."""
     choices = {
         "hash": HASHES, "sampling": SAMPLINGS, "insertion": INSERTIONS, "rebuild": REBUILDS,
-        "inference": INFERENCES, "adam_correction": CORRECTIONS,
+        "inference": INFERENCES, "adam_correction": CORRECTIONS, "topup": TOPUPS,
     }
     for key, allowed in choices.items():
         if getattr(cfg, key) not in allowed:

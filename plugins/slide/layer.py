@@ -260,13 +260,14 @@ class SlideLinear(nn.Module):
 
     # -- scratch ----------------------------------------------------------------------
 
-    def scratch(self, batch: int) -> dict[str, np.ndarray]:
-        """Per-chunk and per-batch buffers, reallocated only when the shapes change."""
+    def scratch(self, batch: int, width: int = 0) -> dict[str, np.ndarray]:
+        """Per-chunk and per-batch buffers, reallocated only when the shapes change or a
+        sample's active set needs more than ``width`` slots (they only grow)."""
         chunks = numba.get_num_threads()
         n, c = self.out_features, self.cfg
         key = (chunks, batch)
-        if self._scratch.get("key") != key:
-            a = self.max_active
+        if self._scratch.get("key") != key or width > self._scratch["ids"].shape[1]:
+            a = max(self.max_active, min(n, width))
             self._scratch = {
                 "key": key,  # type: ignore[dict-item]
                 "hits": np.zeros((chunks, n), np.int32),
@@ -291,15 +292,39 @@ class SlideLinear(nn.Module):
 
     def select(self, h: np.ndarray, labels: np.ndarray, min_active: int) -> dict[str, np.ndarray]:
         """Active sets of a batch (hash + table lookups + labels + random top-up)."""
-        s = self.scratch(h.shape[0])
         c = self.cfg
+        step_seed = c.seed * 1_000_003 + int(self.sched[0])
+        shared, n_labels = self.shared_candidates(labels, min_active, step_seed)
+        width = 0
+        if len(shared):
+            retrieved_cap = c.topk if c.sampling == "topk" else c.l * c.bucket_size
+            width = c.max_active or retrieved_cap + labels.shape[1] + len(shared)
+        s = self.scratch(h.shape[0], width)
         kernels.select_active(
-            h, labels, c.seed * 1_000_003 + int(self.sched[0]), *self.family(),
+            h, labels, step_seed, *self.family(),
             self.tables.numpy(), self._counts(), SAMPLING_MODE[c.sampling], c.threshold,
-            c.topk, min_active, c.logq, s["hits"], s["cand"], s["keys"], s["hist"], s["ids"],
-            s["n_active"], s["is_label"], s["retrieved"], s["n_fixed"], s["offset"],
+            c.topk, min_active, c.logq, shared, n_labels, s["hits"], s["cand"], s["keys"],
+            s["hist"], s["ids"], s["n_active"], s["is_label"], s["retrieved"], s["n_fixed"],
+            s["offset"],
         )
         return s
+
+    def shared_candidates(self, labels: np.ndarray, min_active: int, step_seed: int
+                          ) -> tuple[np.ndarray, int]:
+        """``topup=batch``: the batch's distinct labels, then uniform draws (with
+        replacement, shared by the batch) up to ``min_active`` candidates; every sample
+        scores them beside its own retrieved neurons. Why: the other samples' labels are
+        negatives drawn in proportion to label frequency, the wrong labels a softmax most
+        needs to push down, and they cost no extra rows (they are updated anyway), so the
+        union of active rows stays near the retrieved part. Empty otherwise (``sample``:
+        the paper's per-sample uniform top-up, done in the kernel)."""
+        if self.cfg.topup != "batch" or not labels.size or min_active <= 0:
+            return np.zeros(0, np.int32), 0
+        batch_labels = np.unique(labels[labels >= 0]).astype(np.int32)
+        draws = max(0, min(min_active, self.out_features) - len(batch_labels))
+        rng = np.random.default_rng((self.cfg.seed, step_seed))
+        drawn = rng.integers(0, self.out_features, draws, dtype=np.int32)
+        return np.concatenate([batch_labels, drawn]), len(batch_labels)
 
     def _counts(self) -> np.ndarray:
         """Bucket sizes for lookups; all zero in ``random`` mode (nothing is retrieved)."""
