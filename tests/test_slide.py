@@ -570,3 +570,27 @@ def test_rebuild_rehashes_only_updated_rows_and_matches_a_full_rebuild(rebuild: 
     assert np.array_equal(fresh.keys.numpy(), layer.keys.numpy())
     assert np.array_equal(fresh.counts.numpy(), counts)
     assert np.array_equal(fresh.tables.numpy(), tables)
+
+
+def test_benchmark_variants_set_each_methods_own_lr_and_reject_unknown_settings() -> None:
+    """benchmarks/slide_common.py: ``name:lr=...`` reaches the optimizer of every method (a
+    SLIDE variant's lr was once silently replaced by the run's), and a setting a baseline
+    does not take is an error, not ignored."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "slide_common.py"
+    spec = importlib.util.spec_from_file_location("slide_common_under_test", path)
+    common = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(common)
+
+    def trainer(variant: str):
+        name, kw = common.parse_variant(variant)
+        return common.make_trainer(name, kw, 50, 4096, 1e-3, common.init_net(50, 4096), 40)
+
+    assert trainer("slide:lr=0.003").model.out.lr == pytest.approx(3e-3)
+    assert trainer("slide").model.out.lr == pytest.approx(1e-3)
+    assert trainer("dense-lr3:lr=0.003").opt.param_groups[0]["lr"] == pytest.approx(3e-3)
+    assert trainer("sampled:lr=0.003").sparse_opt.param_groups[0]["lr"] == pytest.approx(3e-3)
+    with pytest.raises(SystemExit, match="dense takes no setting"):
+        trainer("dense:logq=true")
