@@ -32,7 +32,7 @@ _LABEL = -2
 @njit(parallel=True, cache=True)
 def select_active(
     h, labels, step_seed, kind, idx, sgn, k, l, bits, range_pow,  # noqa: E741
-    tables, counts, mode, threshold, topk, min_active, logq, shared, n_shared_fixed,
+    tables, counts, mode, threshold, topk, min_active, logq,
     hits, cand, keys, hist, ids, n_active, is_label, retrieved, n_fixed, offset,
 ):
     """Fill ids[b, :n_active[b]] with sample b's active neurons; mark labels in is_label.
@@ -43,11 +43,6 @@ def select_active(
     that many, so the softmax over the active set estimates the full softmax's normaliser
     (the log-Q correction of sampled softmax, Jean et al. 2015, applied to the part that was
     sampled uniformly); otherwise 0 (the paper's plain softmax over the active set).
-
-    ``shared`` (int32, may be empty) is a candidate list every sample of the batch scores
-    (``topup=batch``): its first ``n_shared_fixed`` entries (the batch's labels) join the
-    fixed part, the rest (uniform draws shared by the batch) are the top-up, and no
-    per-sample random top-up is drawn. Entries a sample already holds are skipped.
 
     ``labels`` is int64 [B, M] padded with -1 (M may be 0: inference, no labels added).
     ``retrieved[b]`` receives how many distinct neurons the tables returned (for recall
@@ -127,20 +122,6 @@ def select_active(
                 hit[j] = _LABEL
             target = min(min_active, n, cap_active)
             n_fixed[b] = na
-            if shared.shape[0] > 0:
-                target = 0  # the shared candidates replace the per-sample top-up
-                for i in range(shared.shape[0]):
-                    if na >= cap_active:
-                        break
-                    if i == n_shared_fixed:
-                        n_fixed[b] = na
-                    j = shared[i]
-                    if hit[j] == 0:
-                        ids[b, na] = j
-                        hit[j] = _SELECTED
-                        na += 1
-                if n_shared_fixed >= shared.shape[0]:
-                    n_fixed[b] = na
             if na < target:
                 state = np.uint64(step_seed) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(b + 1)
                 if target * 2 > n:  # dense regime: walk all neurons from a random start

@@ -72,7 +72,8 @@ class SlideLogits:
         h = self.h
         if torch.is_grad_enabled() and not h.requires_grad:
             h = h.detach().requires_grad_(True)  # the layer trains in backward: make it run
-        return _SlideLoss.apply(h, y, self.layer)
+        loss = _BatchTopupLoss if self.layer.cfg.topup == "batch" else _SlideLoss
+        return loss.apply(h, y, self.layer)
 
 
 class SlideLinear(nn.Module):
@@ -260,14 +261,13 @@ class SlideLinear(nn.Module):
 
     # -- scratch ----------------------------------------------------------------------
 
-    def scratch(self, batch: int, width: int = 0) -> dict[str, np.ndarray]:
-        """Per-chunk and per-batch buffers, reallocated only when the shapes change or a
-        sample's active set needs more than ``width`` slots (they only grow)."""
+    def scratch(self, batch: int) -> dict[str, np.ndarray]:
+        """Per-chunk and per-batch buffers, reallocated only when the shapes change."""
         chunks = numba.get_num_threads()
         n, c = self.out_features, self.cfg
         key = (chunks, batch)
-        if self._scratch.get("key") != key or width > self._scratch["ids"].shape[1]:
-            a = max(self.max_active, min(n, width))
+        if self._scratch.get("key") != key:
+            a = self.max_active
             self._scratch = {
                 "key": key,  # type: ignore[dict-item]
                 "hits": np.zeros((chunks, n), np.int32),
@@ -288,43 +288,53 @@ class SlideLinear(nn.Module):
             }
         return self._scratch
 
+    def update(self, rows: np.ndarray, n_rows: int, start: float) -> None:
+        """Sparse Adam on ``rows[:n_rows]`` (their gradients are in ``grad_w``/``grad_b``),
+        then count the step: the tail of every training step, whichever loss computed the
+        gradients. ``start``: when the optimizer phase began (for the time breakdown)."""
+        c = self.cfg
+        kernels.sparse_adam(
+            rows, n_rows, self.weight.numpy(), self.grad_w.numpy(), self.m_w.numpy(),
+            self.v_w.numpy(), self.bias.numpy(), self.grad_b.numpy(), self.m_b.numpy(),
+            self.v_b.numpy(), self.steps.numpy(), self.dirty.numpy(), self.lr, c.beta1, c.beta2,
+            c.eps, adam_global_t(c, int(self.sched[0]) + 1),
+        )
+        st = self.stats
+        st["t_optimizer"] += time.perf_counter() - start
+        st["union"] += n_rows
+        st["steps"] += 1
+        self.sched[0] += 1
+
     # -- forward ----------------------------------------------------------------------
 
     def select(self, h: np.ndarray, labels: np.ndarray, min_active: int) -> dict[str, np.ndarray]:
         """Active sets of a batch (hash + table lookups + labels + random top-up)."""
+        s = self.scratch(h.shape[0])
         c = self.cfg
-        step_seed = c.seed * 1_000_003 + int(self.sched[0])
-        shared, n_labels = self.shared_candidates(labels, min_active, step_seed)
-        width = 0
-        if len(shared):
-            retrieved_cap = c.topk if c.sampling == "topk" else c.l * c.bucket_size
-            width = c.max_active or retrieved_cap + labels.shape[1] + len(shared)
-        s = self.scratch(h.shape[0], width)
         kernels.select_active(
-            h, labels, step_seed, *self.family(),
+            h, labels, self.step_seed(), *self.family(),
             self.tables.numpy(), self._counts(), SAMPLING_MODE[c.sampling], c.threshold,
-            c.topk, min_active, c.logq, shared, n_labels, s["hits"], s["cand"], s["keys"],
-            s["hist"], s["ids"], s["n_active"], s["is_label"], s["retrieved"], s["n_fixed"],
-            s["offset"],
+            c.topk, min_active, c.logq, s["hits"], s["cand"], s["keys"], s["hist"], s["ids"],
+            s["n_active"], s["is_label"], s["retrieved"], s["n_fixed"], s["offset"],
         )
         return s
 
-    def shared_candidates(self, labels: np.ndarray, min_active: int, step_seed: int
-                          ) -> tuple[np.ndarray, int]:
-        """``topup=batch``: the batch's distinct labels, then uniform draws (with
-        replacement, shared by the batch) up to ``min_active`` candidates; every sample
-        scores them beside its own retrieved neurons. Why: the other samples' labels are
-        negatives drawn in proportion to label frequency, the wrong labels a softmax most
-        needs to push down, and they cost no extra rows (they are updated anyway), so the
-        union of active rows stays near the retrieved part. Empty otherwise (``sample``:
-        the paper's per-sample uniform top-up, done in the kernel)."""
-        if self.cfg.topup != "batch" or not labels.size or min_active <= 0:
-            return np.zeros(0, np.int32), 0
-        batch_labels = np.unique(labels[labels >= 0]).astype(np.int32)
+    def step_seed(self) -> int:
+        return self.cfg.seed * 1_000_003 + int(self.sched[0])
+
+    def shared_candidates(self, labels: np.ndarray, min_active: int) -> tuple[np.ndarray, int]:
+        """``topup=batch``: the batch's distinct labels (sorted), then distinct uniform draws
+        that are not labels, about ``min_active`` candidates in all; every sample scores them
+        beside its own retrieved neurons. Why: the other samples' labels are negatives drawn
+        in proportion to label frequency, the wrong labels a softmax most needs to push
+        down, and shared rows are updated once per batch, so the union of active rows (what
+        the sparse Adam pays for) stays near the retrieved part. Returns (candidates as
+        int64, number of labels at their head)."""
+        batch_labels = np.unique(labels[labels >= 0])
         draws = max(0, min(min_active, self.out_features) - len(batch_labels))
-        rng = np.random.default_rng((self.cfg.seed, step_seed))
-        drawn = rng.integers(0, self.out_features, draws, dtype=np.int32)
-        return np.concatenate([batch_labels, drawn]), len(batch_labels)
+        rng = np.random.default_rng((self.cfg.seed, self.step_seed()))
+        drawn = np.setdiff1d(rng.integers(0, self.out_features, draws), batch_labels)
+        return np.concatenate([batch_labels, drawn]).astype(np.int64), len(batch_labels)
 
     def _counts(self) -> np.ndarray:
         """Bucket sizes for lookups; all zero in ``random`` mode (nothing is retrieved)."""
@@ -411,22 +421,89 @@ class _SlideLoss(torch.autograd.Function):
             layer.grad_b.numpy(), numba.get_num_threads(),
         )
         t1 = time.perf_counter()
+        layer.stats["t_backward"] += t1 - t0
         n_rows = kernels.touched_rows(s["ids"], s["n_active"], s["flag"], s["rows"])
-        c = layer.cfg
-        kernels.sparse_adam(
-            s["rows"], n_rows, layer.weight.numpy(), layer.grad_w.numpy(), layer.m_w.numpy(),
-            layer.v_w.numpy(), layer.bias.numpy(), layer.grad_b.numpy(), layer.m_b.numpy(),
-            layer.v_b.numpy(), layer.steps.numpy(), layer.dirty.numpy(), layer.lr, c.beta1, c.beta2, c.eps,
-            adam_global_t(c, int(layer.sched[0]) + 1),
-        )
+        layer.update(s["rows"], n_rows, t1)
+        return torch.from_numpy(dh), None, None
+
+
+class _BatchTopupLoss(torch.autograd.Function):
+    """``topup=batch``: each sample's softmax runs over its own retrieved neurons and one
+    candidate list shared by the batch (:meth:`SlideLinear.shared_candidates`). Why torch
+    here and not the per-sample kernels: the shared part is the same for every sample, so
+    its logits and gradients are two GEMMs ([B, D] x [D, S]) instead of B x S dot products,
+    and the retrieved part (a few hundred per sample) is one batched gather. Autograd runs
+    on gathered copies of the rows; backward adds their gradients into the layer's rows and
+    hands the rows to the same sparse Adam as the default path.
+
+    Log-Q (``logq``): the drawn part of the list stands for the neurons outside the sample's
+    fixed part (its retrieved neurons and the batch's labels), as in the default path; a
+    retrieved neuron that was also drawn is scored once, in the shared list."""
+
+    @staticmethod
+    def forward(ctx: Any, h: torch.Tensor, y: torch.Tensor, layer: SlideLinear) -> torch.Tensor:
+        set_threads(layer.cfg.threads)
+        layer._maybe_rebuild()
+        hn = np.ascontiguousarray(h.detach().numpy(), dtype=np.float32)
+        labels = as_label_matrix(y, layer.out_features)
+        t0 = time.perf_counter()
+        s = layer.select(hn, labels, 0)  # retrieved + own labels, no per-sample top-up
+        shared_np, n_lab = layer.shared_candidates(labels, layer.cfg.min_active)
+        t1 = time.perf_counter()
+        batch, n = hn.shape[0], layer.out_features
+        width = max(1, int(s["n_active"].max()))
+        ids = torch.from_numpy(s["ids"][:, :width]).to(torch.int64)
+        shared = torch.from_numpy(shared_np)
+        own = torch.arange(width)[None, :] < torch.from_numpy(s["n_active"]).to(torch.int64)[:, None]
+        keep = own & ~torch.isin(ids, shared)  # own labels and re-drawn neurons: in the list
+        ids = torch.where(keep, ids, torch.zeros_like(ids))
+        with torch.enable_grad():
+            leaves = [h.detach().requires_grad_(True), layer.weight[ids].requires_grad_(True),
+                      layer.bias[ids].requires_grad_(True), layer.weight[shared].requires_grad_(True),
+                      layer.bias[shared].requires_grad_(True)]
+            hl, w_own, b_own, w_sh, b_sh = leaves
+            z_own = torch.einsum("brd,bd->br", w_own, hl) + b_own
+            z_own = z_own.masked_fill(~keep, -math.inf)
+            z_sh = hl @ w_sh.T + b_sh
+            drawn = len(shared_np) - n_lab
+            if layer.cfg.logq and drawn > 0:
+                fixed = keep.sum(1) + n_lab
+                offset = torch.log((n - fixed).to(torch.float32) / drawn)
+                z_sh = torch.cat([z_sh[:, :n_lab], z_sh[:, n_lab:] + offset[:, None]], 1)
+            logp = torch.log_softmax(torch.cat([z_own, z_sh], 1), 1)[:, width:]
+            lab = torch.from_numpy(labels)
+            pos = torch.searchsorted(shared[:n_lab], lab.clamp(min=0))
+            target = torch.zeros(batch, len(shared_np)).scatter_add_(
+                1, pos, (lab >= 0).to(torch.float32))
+            target = target / target.sum(1, keepdim=True).clamp(min=1)
+            loss = -(target * logp).sum(1).mean()
         t2 = time.perf_counter()
         st = layer.stats
-        st["t_backward"] += t1 - t0
-        st["t_optimizer"] += t2 - t1
-        st["union"] += n_rows
-        st["steps"] += 1
-        layer.sched[0] += 1
-        return torch.from_numpy(dh), None, None
+        st["t_hash"] += t1 - t0
+        st["t_forward"] += t2 - t1
+        st["samples"] += batch
+        st["active"] += int(keep.sum()) + batch * len(shared_np)
+        st["retrieved"] += int(s["retrieved"].sum())
+        ctx.layer, ctx.loss, ctx.leaves, ctx.ids, ctx.keep, ctx.shared = (
+            layer, loss, leaves, ids, keep, shared)
+        return loss.detach().to(h.dtype)
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, None, None]:
+        layer: SlideLinear = ctx.layer
+        t0 = time.perf_counter()
+        dh, g_w_own, g_b_own, g_w_sh, g_b_sh = torch.autograd.grad(ctx.loss, ctx.leaves, grad_out)
+        rows_own = ctx.ids[ctx.keep]
+        layer.grad_w.index_add_(0, rows_own, g_w_own[ctx.keep])
+        layer.grad_b.index_add_(0, rows_own, g_b_own[ctx.keep])
+        layer.grad_w.index_add_(0, ctx.shared, g_w_sh)
+        layer.grad_b.index_add_(0, ctx.shared, g_b_sh)
+        rows = torch.cat([rows_own, ctx.shared]).unique().to(torch.int32).numpy()
+        t1 = time.perf_counter()
+        layer.stats["t_backward"] += t1 - t0
+        layer.update(rows, len(rows), t1)
+        ctx.loss = ctx.leaves = None
+        return dh, None, None
 
 
 class SlideSparseInput(nn.Module):
