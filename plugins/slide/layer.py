@@ -288,6 +288,24 @@ class SlideLinear(nn.Module):
             }
         return self._scratch
 
+    def begin_step(self, h: torch.Tensor, y: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+        """What every training loss does first: threads, a due table rebuild, and the
+        batch as numpy (hidden activations float32, labels int64 [B, M])."""
+        set_threads(self.cfg.threads)
+        self._maybe_rebuild()
+        hn = np.ascontiguousarray(h.detach().numpy(), dtype=np.float32)
+        return hn, as_label_matrix(y, self.out_features)
+
+    def count_forward(self, t0: float, t1: float, t2: float, samples: int, active: int,
+                      retrieved: int) -> None:
+        """Statistics of a training forward: selection from t0 to t1, logits to t2."""
+        st = self.stats
+        st["t_hash"] += t1 - t0
+        st["t_forward"] += t2 - t1
+        st["samples"] += samples
+        st["active"] += active
+        st["retrieved"] += retrieved
+
     def update(self, rows: np.ndarray, n_rows: int, start: float) -> None:
         """Sparse Adam on ``rows[:n_rows]`` (their gradients are in ``grad_w``/``grad_b``),
         then count the step: the tail of every training step, whichever loss computed the
@@ -388,23 +406,15 @@ class _SlideLoss(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, h: torch.Tensor, y: torch.Tensor, layer: SlideLinear) -> torch.Tensor:
-        set_threads(layer.cfg.threads)
-        layer._maybe_rebuild()
-        hn = np.ascontiguousarray(h.detach().numpy(), dtype=np.float32)
-        labels = as_label_matrix(y, layer.out_features)
+        hn, labels = layer.begin_step(h, y)
         t0 = time.perf_counter()
         s = layer.select(hn, labels, layer.cfg.min_active)
         t1 = time.perf_counter()
         kernels.forward_active(hn, layer.weight.numpy(), layer.bias.numpy(), s["ids"],
                                s["n_active"], s["is_label"], s["n_fixed"], s["offset"],
                                s["logits"], s["dz"], s["loss"])
-        t2 = time.perf_counter()
-        st = layer.stats
-        st["t_hash"] += t1 - t0
-        st["t_forward"] += t2 - t1
-        st["samples"] += hn.shape[0]
-        st["active"] += int(s["n_active"].sum())
-        st["retrieved"] += int(s["retrieved"].sum())
+        layer.count_forward(t0, t1, time.perf_counter(), hn.shape[0], int(s["n_active"].sum()),
+                            int(s["retrieved"].sum()))
         ctx.layer, ctx.h = layer, hn
         return torch.tensor(float(s["loss"].mean(dtype=np.float64)), dtype=h.dtype)
 
@@ -442,10 +452,7 @@ class _BatchTopupLoss(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, h: torch.Tensor, y: torch.Tensor, layer: SlideLinear) -> torch.Tensor:
-        set_threads(layer.cfg.threads)
-        layer._maybe_rebuild()
-        hn = np.ascontiguousarray(h.detach().numpy(), dtype=np.float32)
-        labels = as_label_matrix(y, layer.out_features)
+        hn, labels = layer.begin_step(h, y)
         t0 = time.perf_counter()
         s = layer.select(hn, labels, 0)  # retrieved + own labels, no per-sample top-up
         shared_np, n_lab = layer.shared_candidates(labels, layer.cfg.min_active)
@@ -477,13 +484,8 @@ class _BatchTopupLoss(torch.autograd.Function):
                 1, pos, (lab >= 0).to(torch.float32))
             target = target / target.sum(1, keepdim=True).clamp(min=1)
             loss = -(target * logp).sum(1).mean()
-        t2 = time.perf_counter()
-        st = layer.stats
-        st["t_hash"] += t1 - t0
-        st["t_forward"] += t2 - t1
-        st["samples"] += batch
-        st["active"] += int(keep.sum()) + batch * len(shared_np)
-        st["retrieved"] += int(s["retrieved"].sum())
+        layer.count_forward(t0, t1, time.perf_counter(), batch,
+                            int(keep.sum()) + batch * len(shared_np), int(s["retrieved"].sum()))
         ctx.layer, ctx.loss, ctx.leaves, ctx.ids, ctx.keep, ctx.shared = (
             layer, loss, leaves, ids, keep, shared)
         return loss.detach().to(h.dtype)
