@@ -189,7 +189,11 @@ def test_batch_topup_candidates_are_the_batch_labels_then_distinct_draws() -> No
     labels = np.array([[3, 299], [5, -1], [7, 3], [11, -1], [13, -1], [17, 19]], np.int64)
     shared, n_labels = layer.shared_candidates(labels, 40)
     assert shared[:n_labels].tolist() == [3, 5, 7, 11, 13, 17, 19, 299]
-    assert len(set(shared.tolist())) == len(shared) and 30 <= len(shared) <= 40
+    assert len(set(shared.tolist())) == len(shared) == 40
+    assert np.array_equal(np.sort(shared), np.arange(300)[np.isin(np.arange(300), shared)])
+    many = layer.shared_candidates(np.arange(280).reshape(4, 70), 40)  # labels beyond 40
+    assert many[1] == 280 and many[0].tolist() == list(range(280))
+    assert len(layer.shared_candidates(labels, 1000)[0]) == 300  # capped at the width
     assert np.array_equal(shared, layer.shared_candidates(labels, 40)[0])  # seeded by step
 
 

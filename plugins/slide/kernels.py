@@ -200,6 +200,125 @@ def forward_active(h, w, bias, ids, n_active, is_label, n_fixed, offset, logits,
         loss[b] = lb
 
 
+@njit(cache=True)
+def shared_list(labels, n, want, seed, flag, out):
+    """``topup=batch``: the batch's distinct labels, sorted, then distinct uniform draws
+    among the other neurons, ``min(want, n)`` candidates in all (or just the labels if they
+    are more). Writes ``out[:count]`` and returns (count, number of labels at its head);
+    ``flag`` (one byte per neuron, zero on entry) is left cleared."""
+    n_lab = 0
+    for b in range(labels.shape[0]):
+        for q in range(labels.shape[1]):
+            j = labels[b, q]
+            if j >= 0 and flag[j] == 0:
+                flag[j] = 1
+                out[n_lab] = j
+                n_lab += 1
+    out[:n_lab].sort()
+    target = max(n_lab, min(want, n))
+    count = n_lab
+    state = np.uint64(seed) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(1)
+    if target * 2 > n:  # dense regime: walk all neurons from a random start
+        state, r = xorshift(state)
+        start = np.int64(r % np.uint64(n))
+        for o in range(n):
+            if count >= target:
+                break
+            j = (start + o) % n
+            if flag[j] == 0:
+                flag[j] = 1
+                out[count] = j
+                count += 1
+    else:
+        while count < target:
+            state, r = xorshift(state)
+            j = np.int64(r % np.uint64(n))
+            if flag[j] == 0:
+                flag[j] = 1
+                out[count] = j
+                count += 1
+    for i in range(count):
+        flag[out[i]] = 0
+    return count, n_lab
+
+
+@njit(parallel=True, cache=True)
+def drop_shared(ids, n_active, in_shared):
+    """``topup=batch``: remove from each sample's active list (in place, order kept) the
+    neurons of the shared list (``in_shared[j]`` = 1), which every sample scores anyway;
+    ``n_active`` becomes the number of the sample's own neurons."""
+    for b in prange(ids.shape[0]):
+        k = 0
+        for i in range(n_active[b]):
+            j = ids[b, i]
+            if in_shared[j] == 0:
+                ids[b, k] = j
+                k += 1
+        n_active[b] = k
+
+
+@njit(parallel=True, cache=True, fastmath=FASTMATH)
+def forward_batch_topup(h, w, bias, own, n_own, z_sh, n_lab_sh, logq, n, lab_pos, z_own, loss):
+    """``topup=batch``: the softmax of each sample over its own neurons ``own[b, :n_own[b]]``
+    and the shared list, whose logits ``z_sh`` [B, S] (h W_S^T + b_S, one GEMM) come in.
+
+    The shared list is the batch's ``n_lab_sh`` labels, then uniform draws; with ``logq`` the
+    drawn part gets log((n - own - labels) / drawn) added (each stands for that many
+    neurons). ``lab_pos[b, q]`` is the column of sample b's q-th label in the list (-1:
+    padding); every label weighs 1/(the sample's label count). On return ``z_own`` and
+    ``z_sh`` hold d loss_b / d logit (softmax - target) and ``loss[b]`` the sample's loss; a
+    sample without labels gets loss 0 and zero gradients."""
+    batch, dim = h.shape
+    width = z_sh.shape[1]
+    drawn = width - n_lab_sh
+    for b in prange(batch):
+        no = n_own[b]
+        hb = h[b]
+        off = np.float32(0.0)
+        if logq and drawn > 0:
+            off = np.float32(np.log((n - no - n_lab_sh) / drawn))
+        zmax = -np.inf
+        for i in range(no):
+            wj = w[own[b, i]]
+            acc = np.float32(0.0)
+            for d in range(dim):
+                acc += wj[d] * hb[d]
+            acc += bias[own[b, i]]
+            z_own[b, i] = acc
+            zmax = max(zmax, acc)
+        for s in range(n_lab_sh, width):
+            z_sh[b, s] += off
+        for s in range(width):
+            zmax = max(zmax, z_sh[b, s])
+        total = 0.0
+        for i in range(no):
+            total += np.exp(z_own[b, i] - zmax)
+        for s in range(width):
+            total += np.exp(z_sh[b, s] - zmax)
+        norm = zmax + np.log(total)
+        n_lab = 0
+        for q in range(lab_pos.shape[1]):
+            if lab_pos[b, q] >= 0:
+                n_lab += 1
+        if n_lab == 0:
+            z_own[b, :no] = 0.0
+            z_sh[b, :] = 0.0
+            loss[b] = 0.0
+            continue
+        lb = 0.0
+        for q in range(lab_pos.shape[1]):
+            if lab_pos[b, q] >= 0:
+                lb -= (z_sh[b, lab_pos[b, q]] - norm) / n_lab
+        for i in range(no):
+            z_own[b, i] = np.exp(z_own[b, i] - norm)
+        for s in range(width):
+            z_sh[b, s] = np.exp(z_sh[b, s] - norm)
+        for q in range(lab_pos.shape[1]):
+            if lab_pos[b, q] >= 0:
+                z_sh[b, lab_pos[b, q]] -= np.float32(1.0 / n_lab)
+        loss[b] = lb
+
+
 @njit(parallel=True, cache=True)
 def backward_active(h, w, ids, n_active, dz, scale, dh, grad_w, grad_b, n_chunks):
     """dh = sum_i dz_i w[j_i] (from the weights before the update); grad rows accumulate

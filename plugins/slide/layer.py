@@ -342,17 +342,17 @@ class SlideLinear(nn.Module):
 
     def shared_candidates(self, labels: np.ndarray, min_active: int) -> tuple[np.ndarray, int]:
         """``topup=batch``: the batch's distinct labels (sorted), then distinct uniform draws
-        that are not labels, about ``min_active`` candidates in all; every sample scores them
-        beside its own retrieved neurons. Why: the other samples' labels are negatives drawn
-        in proportion to label frequency, the wrong labels a softmax most needs to push
-        down, and shared rows are updated once per batch, so the union of active rows (what
-        the sparse Adam pays for) stays near the retrieved part. Returns (candidates as
-        int64, number of labels at their head)."""
-        batch_labels = np.unique(labels[labels >= 0])
-        draws = max(0, min(min_active, self.out_features) - len(batch_labels))
-        rng = np.random.default_rng((self.cfg.seed, self.step_seed()))
-        drawn = np.setdiff1d(rng.integers(0, self.out_features, draws), batch_labels)
-        return np.concatenate([batch_labels, drawn]).astype(np.int64), len(batch_labels)
+        that are not labels, ``min_active`` candidates in all (capped at the width; only the
+        labels if they are more); every sample scores them beside its own retrieved neurons.
+        Why: the other samples' labels are negatives drawn in proportion to label frequency,
+        the wrong labels a softmax most needs to push down, and shared rows are updated once
+        per batch, so the union of active rows (what the sparse Adam pays for) stays near the
+        retrieved part. Returns (candidates as int64, number of labels at their head)."""
+        s = self.scratch(labels.shape[0])
+        out = np.empty(max(labels.size, min(min_active, self.out_features)), np.int64)
+        count, n_lab = kernels.shared_list(labels, self.out_features, min_active,
+                                           self.step_seed(), s["flag"], out)
+        return out[:count], n_lab
 
     def _counts(self) -> np.ndarray:
         """Bucket sizes for lookups; all zero in ``random`` mode (nothing is retrieved)."""
@@ -439,15 +439,20 @@ class _SlideLoss(torch.autograd.Function):
 
 class _BatchTopupLoss(torch.autograd.Function):
     """``topup=batch``: each sample's softmax runs over its own retrieved neurons and one
-    candidate list shared by the batch (:meth:`SlideLinear.shared_candidates`). Why torch
-    here and not the per-sample kernels: the shared part is the same for every sample, so
-    its logits and gradients are two GEMMs ([B, D] x [D, S]) instead of B x S dot products,
-    and the retrieved part (a few hundred per sample) is one batched gather. Autograd runs
-    on gathered copies of the rows; backward adds their gradients into the layer's rows and
-    hands the rows to the same sparse Adam as the default path.
+    candidate list shared by the batch (:meth:`SlideLinear.shared_candidates`). Why two
+    kinds of work: the shared part is the same for every sample, so its logits and
+    gradients are three GEMMs on one gathered block of rows ([B, D] x [D, S] and back),
+    while the retrieved part (tens to hundreds of rows per sample) is the per-sample numba
+    kernels' job (dot products, then HOGWILD gradient rows). Both hand their rows to the
+    same sparse Adam as the default path.
+
+    Why torch and not numpy for the GEMMs: numpy's OpenBLAS keeps its worker threads
+    spinning after each call, and on a machine with as many cores as numba threads they
+    took the cores from the numba kernels that follow (40 ms/step instead of 12 at 200K
+    labels, L=16, topk=50: docs/benchmarks.md, slide session 6).
 
     Log-Q (``logq``): the drawn part of the list stands for the neurons outside the sample's
-    fixed part (its retrieved neurons and the batch's labels), as in the default path; a
+    fixed part (its own retrieved neurons and the batch's labels), as in the default path; a
     retrieved neuron that was also drawn is scored once, in the shared list."""
 
     @staticmethod
@@ -455,57 +460,48 @@ class _BatchTopupLoss(torch.autograd.Function):
         hn, labels = layer.begin_step(h, y)
         t0 = time.perf_counter()
         s = layer.select(hn, labels, 0)  # retrieved + own labels, no per-sample top-up
-        shared_np, n_lab = layer.shared_candidates(labels, layer.cfg.min_active)
+        shared, n_lab = layer.shared_candidates(labels, layer.cfg.min_active)
+        flag = s["flag"]
+        flag[shared] = 1
+        kernels.drop_shared(s["ids"], s["n_active"], flag)  # own labels are in the list
+        flag[shared] = 0
         t1 = time.perf_counter()
-        batch, n = hn.shape[0], layer.out_features
-        width = max(1, int(s["n_active"].max()))
-        ids = torch.from_numpy(s["ids"][:, :width]).to(torch.int64)
-        shared = torch.from_numpy(shared_np)
-        own = torch.arange(width)[None, :] < torch.from_numpy(s["n_active"]).to(torch.int64)[:, None]
-        keep = own & ~torch.isin(ids, shared)  # own labels and re-drawn neurons: in the list
-        ids = torch.where(keep, ids, torch.zeros_like(ids))
-        with torch.enable_grad():
-            leaves = [h.detach().requires_grad_(True), layer.weight[ids].requires_grad_(True),
-                      layer.bias[ids].requires_grad_(True), layer.weight[shared].requires_grad_(True),
-                      layer.bias[shared].requires_grad_(True)]
-            hl, w_own, b_own, w_sh, b_sh = leaves
-            z_own = torch.einsum("brd,bd->br", w_own, hl) + b_own
-            z_own = z_own.masked_fill(~keep, -math.inf)
-            z_sh = hl @ w_sh.T + b_sh
-            drawn = len(shared_np) - n_lab
-            if layer.cfg.logq and drawn > 0:
-                fixed = keep.sum(1) + n_lab
-                offset = torch.log((n - fixed).to(torch.float32) / drawn)
-                z_sh = torch.cat([z_sh[:, :n_lab], z_sh[:, n_lab:] + offset[:, None]], 1)
-            logp = torch.log_softmax(torch.cat([z_own, z_sh], 1), 1)[:, width:]
-            lab = torch.from_numpy(labels)
-            pos = torch.searchsorted(shared[:n_lab], lab.clamp(min=0))
-            target = torch.zeros(batch, len(shared_np)).scatter_add_(
-                1, pos, (lab >= 0).to(torch.float32))
-            target = target / target.sum(1, keepdim=True).clamp(min=1)
-            loss = -(target * logp).sum(1).mean()
+        sh = torch.from_numpy(shared)
+        w_sh = layer.weight[sh]  # a copy: the rows before this step's update, for backward
+        z_sh = torch.addmm(layer.bias[sh], torch.from_numpy(hn), w_sh.T).numpy()
+        lab_pos = np.where(labels >= 0, np.searchsorted(shared[:n_lab], labels), -1)
+        kernels.forward_batch_topup(
+            hn, layer.weight.numpy(), layer.bias.numpy(), s["ids"], s["n_active"], z_sh, n_lab,
+            layer.cfg.logq, layer.out_features, lab_pos, s["dz"], s["loss"])
+        batch = hn.shape[0]
         layer.count_forward(t0, t1, time.perf_counter(), batch,
-                            int(keep.sum()) + batch * len(shared_np), int(s["retrieved"].sum()))
-        ctx.layer, ctx.loss, ctx.leaves, ctx.ids, ctx.keep, ctx.shared = (
-            layer, loss, leaves, ids, keep, shared)
-        return loss.detach().to(h.dtype)
+                            int(s["n_active"].sum()) + batch * len(shared),
+                            int(s["retrieved"].sum()))
+        ctx.layer, ctx.h, ctx.shared, ctx.w_sh, ctx.dz_sh = layer, hn, sh, w_sh, z_sh
+        return torch.tensor(float(s["loss"].mean(dtype=np.float64)), dtype=h.dtype)
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, None, None]:
         layer: SlideLinear = ctx.layer
+        hn, sh = ctx.h, ctx.shared
+        s = layer.scratch(hn.shape[0])
         t0 = time.perf_counter()
-        dh, g_w_own, g_b_own, g_w_sh, g_b_sh = torch.autograd.grad(ctx.loss, ctx.leaves, grad_out)
-        rows_own = ctx.ids[ctx.keep]
-        layer.grad_w.index_add_(0, rows_own, g_w_own[ctx.keep])
-        layer.grad_b.index_add_(0, rows_own, g_b_own[ctx.keep])
-        layer.grad_w.index_add_(0, ctx.shared, g_w_sh)
-        layer.grad_b.index_add_(0, ctx.shared, g_b_sh)
-        rows = torch.cat([rows_own, ctx.shared]).unique().to(torch.int32).numpy()
+        scale = np.float32(float(grad_out) / hn.shape[0])
+        dh = np.zeros_like(hn)
+        kernels.backward_active(  # the sample's own rows: dh, then HOGWILD gradient rows
+            hn, layer.weight.numpy(), s["ids"], s["n_active"], s["dz"], scale, dh,
+            layer.grad_w.numpy(), layer.grad_b.numpy(), numba.get_num_threads())
+        dz_sh = torch.from_numpy(ctx.dz_sh * scale)
+        dh += (dz_sh @ ctx.w_sh).numpy()
+        layer.grad_w.index_add_(0, sh, dz_sh.T @ torch.from_numpy(hn))  # disjoint from own rows
+        layer.grad_b.index_add_(0, sh, dz_sh.sum(0))
+        n_own = kernels.touched_rows(s["ids"], s["n_active"], s["flag"], s["rows"])
+        rows = np.concatenate([s["rows"][:n_own], ctx.shared.numpy().astype(np.int32)])
         t1 = time.perf_counter()
         layer.stats["t_backward"] += t1 - t0
         layer.update(rows, len(rows), t1)
-        ctx.loss = ctx.leaves = None
-        return dh, None, None
+        ctx.w_sh = ctx.dz_sh = None
+        return torch.from_numpy(dh), None, None
 
 
 class SlideSparseInput(nn.Module):
