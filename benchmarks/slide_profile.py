@@ -27,6 +27,7 @@ from slide_common import (  # noqa: E402
     SlideTrainer,
     init_net,
     machine,
+    parse_overrides,
     preload,
     set_threads,
     slide_config,
@@ -61,7 +62,10 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--hash", default="simhash")
     ap.add_argument("--k", type=int, default=9)
+    ap.add_argument("--slide", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="further SLIDE settings, e.g. topup=batch topk=50 l=16")
     args = ap.parse_args()
+    overrides = {"hash": args.hash, "k": args.k, **parse_overrides(args.slide)}
     ds = synthetic(args.width)
     n, d = ds.num_classes, ds.vocab_size
     batches = preload(ds, 0, 60, BATCH)
@@ -69,11 +73,11 @@ def main() -> None:
     for threads in args.threads:
         set_threads(threads)
         init = init_net(d, n)
-        tr = SlideTrainer(d, n, LR, init, slide_config(n, hash=args.hash, k=args.k))
+        tr = SlideTrainer(d, n, LR, init, slide_config(n, **overrides))
         t, ph = run(tr, batches, 5, args.reps, args.steps)
         summ = tr.model.out.summary()
         print(f"# machine: {machine()}, numba threading layer {numba.threading_layer()}")
-        print(f"## {n:,} labels, {threads} thread(s), {args.hash} K={args.k}: "
+        print(f"## {n:,} labels, {threads} thread(s), {overrides}: "
               f"{1e3 * t:.1f} ms/step (median of {args.reps} blocks of {args.steps})")
         print("  ms/step: " + ", ".join(f"{k} {v:.1f}" for k, v in ph.items()))
         print(f"  active/sample {summ['active_per_sample']:.0f}, retrieved/sample "

@@ -28,6 +28,7 @@ from slide_common import (  # noqa: E402
     init_net,
     machine,
     median,
+    parse_overrides,
     preload,
     set_threads,
     slide_config,
@@ -65,15 +66,19 @@ def main() -> None:
                     help="rough seconds of timed dense steps per width")
     ap.add_argument("--scaling-width", nargs="*", default=["200k", "670k"],
                     help="widths of the 1 vs 2 thread test (none: skip it)")
+    ap.add_argument("--slide", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="SLIDE settings instead of the defaults, e.g. topup=batch topk=50 l=16")
     args = ap.parse_args()
+    overrides = parse_overrides(args.slide)
     set_threads(args.threads)
     print(f"# machine: {machine()}")
-    print(f"# batch {BATCH}, hidden 128, Adam lr {LR}, {args.reps} timed blocks per method")
+    print(f"# batch {BATCH}, hidden 128, Adam lr {LR}, {args.reps} timed blocks per method"
+          + (f", SLIDE settings {overrides}" if overrides else ""))
     rows = []
     for size in args.widths:
         ds = synthetic(size)
         n, d = ds.num_classes, ds.vocab_size
-        cfg = slide_config(n)
+        cfg = slide_config(n, **overrides)
         batches = preload(ds, 0, 60, BATCH)
         init = init_net(d, n)
         slide = SlideTrainer(d, n, LR, init, cfg)
@@ -132,7 +137,7 @@ def main() -> None:
         for threads in (1, 2):
             set_threads(threads)
             init = init_net(d, n)
-            tr = SlideTrainer(d, n, LR, init, slide_config(n))
+            tr = SlideTrainer(d, n, LR, init, slide_config(n, **overrides))
             res[threads], _ = run(tr, batches, 5, args.reps, args.slide_steps)
             del tr, init
             gc.collect()

@@ -631,3 +631,22 @@ def test_benchmark_variants_set_each_methods_own_lr_and_reject_unknown_settings(
     assert trainer("sampled:lr=0.003").sparse_opt.param_groups[0]["lr"] == pytest.approx(3e-3)
     with pytest.raises(SystemExit, match="dense takes no setting"):
         trainer("dense:logq=true")
+
+
+def test_time_to_target_smoothed_ignores_a_single_lucky_evaluation() -> None:
+    """benchmarks/slide_tta.py: the plain time to target is the first evaluation at or above
+    it; the smoothed one needs the median of an evaluation and its neighbours there, so one
+    noisy evaluation above the target does not count."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "slide_tta.py"
+    spec = importlib.util.spec_from_file_location("slide_tta_under_test", path)
+    tta = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tta)
+    p1 = [0.1, 0.5, 0.71, 0.6, 0.65, 0.72, 0.73, 0.70, 0.74]
+    curve = [(10.0 * i, 100 * i, p, 0.0) for i, p in enumerate(p1)]
+    assert tta.time_to(curve, 0.7) == 20.0
+    assert tta.time_to_smoothed(curve, 0.7) == 50.0
+    assert tta.time_to_smoothed(curve, 0.75) is None
+    assert tta.time_to_smoothed(curve[:2], 0.0) is None  # no evaluation has two neighbours

@@ -49,7 +49,9 @@ class SlideConfig:
     topup: str = "sample"
     """Where the top-up comes from: ``sample``, uniform draws per sample (the paper);
     ``batch``, one candidate list shared by the batch (its labels, then uniform draws up to
-    ``min_active``) scored by every sample beside its own retrieved neurons."""
+    ``min_active``) scored by every sample beside its own retrieved neurons. With ``batch``
+    a few retrieved neurons per sample suffice: ``topup=batch l=16 topk=50`` is our fastest
+    setting to a given P@1 at 200K labels (docs/benchmarks.md, slide session 6)."""
     logq: bool = True
     """Log-Q correction of the random top-up: each uniformly drawn neuron's logit gets
     log(neurons it stands for), so the active set's softmax estimates the full softmax's
