@@ -29,6 +29,34 @@ _SELECTED = -1
 _LABEL = -2
 
 
+@njit(cache=True, inline="always")
+def draw_distinct(mark, marker, out, count, target, n, state):
+    """Append uniform draws among the neurons with ``mark[j] == 0`` to ``out[count:target]``,
+    marking each with ``marker`` so that none is drawn twice; returns the new count. With
+    more than half of all neurons wanted, walks them from a random start instead (rejection
+    sampling would stall)."""
+    if target * 2 > n:
+        state, r = xorshift(state)
+        start = np.int64(r % np.uint64(n))
+        for o in range(n):
+            if count >= target:
+                break
+            j = (start + o) % n
+            if mark[j] == 0:
+                out[count] = j
+                mark[j] = marker
+                count += 1
+    else:
+        while count < target:
+            state, r = xorshift(state)
+            j = np.int64(r % np.uint64(n))
+            if mark[j] == 0:
+                out[count] = j
+                mark[j] = marker
+                count += 1
+    return count
+
+
 @njit(parallel=True, cache=True)
 def select_active(
     h, labels, step_seed, kind, idx, sgn, k, l, bits, range_pow,  # noqa: E741
@@ -124,25 +152,7 @@ def select_active(
             n_fixed[b] = na
             if na < target:
                 state = np.uint64(step_seed) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(b + 1)
-                if target * 2 > n:  # dense regime: walk all neurons from a random start
-                    state, r = xorshift(state)
-                    start = np.int64(r % np.uint64(n))
-                    for o in range(n):
-                        if na >= target:
-                            break
-                        j = (start + o) % n
-                        if hit[j] == 0:
-                            ids[b, na] = j
-                            hit[j] = _SELECTED
-                            na += 1
-                else:
-                    while na < target:
-                        state, r = xorshift(state)
-                        j = np.int64(r % np.uint64(n))
-                        if hit[j] == 0:
-                            ids[b, na] = j
-                            hit[j] = _SELECTED
-                            na += 1
+                na = draw_distinct(hit, _SELECTED, ids[b], na, target, n, state)
             for i in range(na):
                 j = ids[b, i]
                 is_label[b, i] = 1 if hit[j] == _LABEL else 0
@@ -218,25 +228,7 @@ def shared_list(labels, n, want, seed, flag, out):
     target = max(n_lab, min(want, n))
     count = n_lab
     state = np.uint64(seed) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(1)
-    if target * 2 > n:  # dense regime: walk all neurons from a random start
-        state, r = xorshift(state)
-        start = np.int64(r % np.uint64(n))
-        for o in range(n):
-            if count >= target:
-                break
-            j = (start + o) % n
-            if flag[j] == 0:
-                flag[j] = 1
-                out[count] = j
-                count += 1
-    else:
-        while count < target:
-            state, r = xorshift(state)
-            j = np.int64(r % np.uint64(n))
-            if flag[j] == 0:
-                flag[j] = 1
-                out[count] = j
-                count += 1
+    count = draw_distinct(flag, 1, out, count, target, n, state)
     for i in range(count):
         flag[out[i]] = 0
     return count, n_lab
