@@ -216,15 +216,10 @@ def shared_list(labels, n, want, seed, flag, out):
     among the other neurons, ``min(want, n)`` candidates in all (or just the labels if they
     are more). Writes ``out[:count]`` and returns (count, number of labels at its head);
     ``flag`` (one byte per neuron, zero on entry) is left cleared."""
-    n_lab = 0
-    for b in range(labels.shape[0]):
-        for q in range(labels.shape[1]):
-            j = labels[b, q]
-            if j >= 0 and flag[j] == 0:
-                flag[j] = 1
-                out[n_lab] = j
-                n_lab += 1
+    n_lab = touched_features(labels, flag, out)  # the distinct ids of a padded id matrix
     out[:n_lab].sort()
+    for i in range(n_lab):
+        flag[out[i]] = 1  # labels are not drawn
     target = max(n_lab, min(want, n))
     count = n_lab
     state = np.uint64(seed) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(1)
