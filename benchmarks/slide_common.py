@@ -8,11 +8,13 @@
   ``logq`` the negatives' logits get log(labels each stands for), the standard correction.
 * ``slide``: the plugin's layers (SlideSparseInput + SlideLinear), the same network.
 
-All three read the same preloaded padded batches and use the same thread count.
+All three read the same preloaded padded batches and use the same thread count, in one
+process with one memory setting (:data:`HUGE_PAGES_ENV`).
 """
 
 from __future__ import annotations
 
+import os
 import platform
 import time
 from dataclasses import replace
@@ -27,6 +29,20 @@ from accelopt_plugins.slide.xcmodel import XCNet, xc_softmax_loss
 from torch import nn
 
 HIDDEN = 128
+HUGE_PAGES_ENV = "THP_MEM_ALLOC_ENABLE"
+"""torch's switch for transparent huge pages on its CPU allocations of 2 MB and more (read
+at each allocation; :func:`use_huge_pages`). Why on by default in every SLIDE benchmark: the dense baseline
+allocates its 100 MB logits and gradients afresh every step, and with 4 KB pages the page
+faults cost it a third of its step (500 -> 340 ms at 200K labels, docs/benchmarks.md, slide
+session 7). A baseline slowed down by page faults is not a fair one. Every method runs in
+the same process, so all get the same setting; ``THP_MEM_ALLOC_ENABLE=0`` in the
+environment turns it off for a comparison."""
+
+
+def use_huge_pages() -> None:
+    """Turn :data:`HUGE_PAGES_ENV` on unless the environment already sets it: called first by
+    every benchmark's main (not at import, so importing this module changes nothing)."""
+    os.environ.setdefault(HUGE_PAGES_ENV, "1")
 
 
 def set_threads(n: int) -> None:
@@ -34,10 +50,23 @@ def set_threads(n: int) -> None:
     numba.set_num_threads(n)
 
 
+def huge_pages_on() -> bool:
+    return os.environ.get(HUGE_PAGES_ENV, "0") not in ("", "0")
+
+
 def machine() -> str:
+    thp = "on" if huge_pages_on() else "off"
     return (f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads, "
             f"{numba.get_num_threads()} numba threads, torch {torch.__version__}, "
-            f"numba {numba.__version__}")
+            f"numba {numba.__version__}, huge pages for torch tensors >= 2 MB {thp} "
+            f"({HUGE_PAGES_ENV})")
+
+
+def dense_adam(params: list[nn.Parameter], lr: float) -> torch.optim.Adam:
+    """torch's Adam for a method's dense parameters, fused: one pass over each tensor instead
+    of torch's default per-operation loop, which cost the dense baseline 84 of its 340 ms per
+    step at 200K labels (27 ms fused; docs/benchmarks.md, slide session 7)."""
+    return torch.optim.Adam(params, lr=lr, fused=True)
 
 
 def preload(ds, first: int, count: int, batch: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -106,7 +135,7 @@ class DenseTrainer(Trainer):
         super().__init__()
         self.model = DenseNet(n_features, init)
         self.sparse_opt = torch.optim.SparseAdam(list(self.model.embed.parameters()), lr=lr)
-        self.opt = torch.optim.Adam([self.model.bias, *self.model.out.parameters()], lr=lr)
+        self.opt = dense_adam([self.model.bias, *self.model.out.parameters()], lr)
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> float:
         t = time.perf_counter()
@@ -136,7 +165,7 @@ class SampledTrainer(Trainer):
         self.gen = torch.Generator().manual_seed(seed)
         self.sparse_opt = torch.optim.SparseAdam(
             [*self.first.embed.parameters(), self.w.weight, self.b.weight], lr=lr)
-        self.opt = torch.optim.Adam([self.first.bias], lr=lr)
+        self.opt = dense_adam([self.first.bias], lr)
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> float:
         t = time.perf_counter()
@@ -178,7 +207,7 @@ class SlideTrainer(Trainer):
         lr = cfg.lr or lr  # the variant's own sparse-Adam lr, as the plugin reads it
         self.model.out = SlideLinear.from_linear(init.out, cfg, lr=lr)
         self.model.embed = SlideSparseInput(init.embed.weight, init.embed.bias, cfg, lr=lr)
-        self.opt = torch.optim.Adam(list(self.model.parameters()), lr=lr)
+        self.opt = dense_adam(list(self.model.parameters()), lr)
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> float:
         t = time.perf_counter()

@@ -29,10 +29,12 @@ from slide_common import (  # noqa: E402
     p_at_k,
     parse_variant,
     set_threads,
+    use_huge_pages,
 )
 
 
 def main() -> None:
+    use_huge_pages()  # before any model is built: the same memory setting for every method
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--width", default="20k")
     ap.add_argument("--steps", type=int, default=1500)

@@ -21,7 +21,15 @@ sys.path.insert(0, str(Path(__file__).parent))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from accelopt_plugins.slide.xcdata import synthetic  # noqa: E402
-from slide_common import SlideTrainer, init_net, machine, p_at_k, set_threads, slide_config  # noqa: E402
+from slide_common import (  # noqa: E402
+    SlideTrainer,
+    init_net,
+    machine,
+    p_at_k,
+    set_threads,
+    slide_config,
+    use_huge_pages,
+)
 
 BATCH = 128
 LR = 1e-3
@@ -45,6 +53,7 @@ def recall_top10(trainer: SlideTrainer, ds, n_points: int = 256) -> tuple[float,
 
 
 def main() -> None:
+    use_huge_pages()  # before any model is built: the same memory setting for every method
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--width", default="200k")
     ap.add_argument("--steps", type=int, default=400)

@@ -31,6 +31,7 @@ from slide_common import (  # noqa: E402
     preload,
     set_threads,
     slide_config,
+    use_huge_pages,
 )
 from slide_step import BATCH, LR, run  # noqa: E402
 
@@ -55,6 +56,7 @@ def rebuild_parts(layer) -> dict[str, float]:
 
 
 def main() -> None:
+    use_huge_pages()  # before any model is built: the same memory setting for every method
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--width", default="670k")
     ap.add_argument("--threads", type=int, nargs="+", default=[2])

@@ -32,6 +32,7 @@ from slide_common import (  # noqa: E402
     preload,
     set_threads,
     slide_config,
+    use_huge_pages,
 )
 
 BATCH = 128
@@ -57,6 +58,7 @@ def run(trainer, batches, warmup: int, reps: int, per_rep: int) -> tuple[float, 
 
 
 def main() -> None:
+    use_huge_pages()  # before any model is built: the same memory setting for every method
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--widths", nargs="+", default=["2k", "20k", "200k", "670k"])
     ap.add_argument("--threads", type=int, default=2)

@@ -32,6 +32,7 @@ from slide_common import (  # noqa: E402
     p_at_k,
     parse_variant,
     set_threads,
+    use_huge_pages,
 )
 
 BATCH = 128
@@ -102,6 +103,7 @@ def budgets(specs: list[str], methods: list[str]) -> dict[str, float]:
 
 
 def main() -> None:
+    use_huge_pages()  # before any model is built: the same memory setting for every method
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--width", default="20k")
     ap.add_argument("--budget-s", nargs="+", default=["150"],

@@ -5,6 +5,7 @@ compile once per process (cached on disk)."""
 from __future__ import annotations
 
 import math
+import os
 
 import numba
 import numpy as np
@@ -625,12 +626,36 @@ def test_benchmark_variants_set_each_methods_own_lr_and_reject_unknown_settings(
         name, kw = common.parse_variant(variant)
         return common.make_trainer(name, kw, 50, 4096, 1e-3, common.init_net(50, 4096), 40)
 
+    dense = trainer("dense")
+    assert dense.opt.defaults["fused"] is True  # the fair baseline: fused Adam (session 7)
     assert trainer("slide:lr=0.003").model.out.lr == pytest.approx(3e-3)
     assert trainer("slide").model.out.lr == pytest.approx(1e-3)
     assert trainer("dense-lr3:lr=0.003").opt.param_groups[0]["lr"] == pytest.approx(3e-3)
     assert trainer("sampled:lr=0.003").sparse_opt.param_groups[0]["lr"] == pytest.approx(3e-3)
     with pytest.raises(SystemExit, match="dense takes no setting"):
         trainer("dense:logq=true")
+
+
+def test_benchmarks_turn_huge_pages_on_for_every_method_only_when_asked(monkeypatch) -> None:
+    """benchmarks/slide_common.py: importing it leaves the environment alone; a benchmark's
+    main turns torch's huge pages on unless the user set the variable (e.g. to 0 for a
+    comparison), and the machine line says which."""
+    import importlib.util
+    from pathlib import Path
+
+    monkeypatch.delenv("THP_MEM_ALLOC_ENABLE", raising=False)
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "slide_common.py"
+    spec = importlib.util.spec_from_file_location("slide_common_env_test", path)
+    common = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(common)
+    assert "THP_MEM_ALLOC_ENABLE" not in os.environ
+    assert "huge pages for torch tensors >= 2 MB off" in common.machine()
+    common.use_huge_pages()
+    assert os.environ["THP_MEM_ALLOC_ENABLE"] == "1"
+    assert "huge pages for torch tensors >= 2 MB on" in common.machine()
+    monkeypatch.setenv("THP_MEM_ALLOC_ENABLE", "0")
+    common.use_huge_pages()
+    assert "huge pages for torch tensors >= 2 MB off" in common.machine()
 
 
 def test_time_to_target_smoothed_ignores_a_single_lucky_evaluation() -> None:
