@@ -213,8 +213,10 @@ def test_batch_topup_gradients_equal_autograd_over_retrieved_plus_shared(logq: b
     assert all(own) and len(shared) > n_lab  # something retrieved, something drawn
     captured = {}
 
-    def capture(rows, n_rows, start):
-        captured.update(w=layer.grad_w.clone(), b=layer.grad_b.clone(), rows=set(rows[:n_rows]))
+    def capture(start):
+        w, b = layer.grads.dense()
+        captured.update(w=torch.from_numpy(w), b=torch.from_numpy(b),
+                        rows=set(layer.grads.rows[:layer.grads.count].tolist()))
 
     layer.update = capture
     ht = torch.from_numpy(h).requires_grad_(True)
@@ -258,8 +260,13 @@ def test_gradients_on_active_set_equal_dense_autograd(logq: bool) -> None:
         expected = np.log((n - fixed) / drawn) if logq else 0.0
         assert s["offset"][b] == pytest.approx(expected, rel=1e-6)
     dh = np.zeros_like(h)
+    g = layer.grads
+    n_rows = g.assign(s["ids"], s["n_active"])
+    assert np.all(np.diff(g.rows[:n_rows]) > 0)  # distinct and sorted: Adam walks in order
+    assert g.slot[g.rows[:n_rows]].tolist() == list(range(n_rows))
     kernels.backward_active(h, layer.weight.numpy(), s["ids"], s["n_active"], s["dz"],
-                            np.float32(1.0 / 5), dh, layer.grad_w.numpy(), layer.grad_b.numpy(), 1)
+                            np.float32(1.0 / 5), dh, g.slot, g.w, g.b, 1)
+    grad_w, grad_b = g.dense()
     w = layer.weight.clone().requires_grad_(True)
     bias = layer.bias.clone().requires_grad_(True)
     ht = torch.from_numpy(h).requires_grad_(True)
@@ -275,13 +282,16 @@ def test_gradients_on_active_set_equal_dense_autograd(logq: bool) -> None:
     (total / 5).backward()
     np.testing.assert_allclose(s["loss"].mean(), float(total.detach()) / 5, rtol=1e-5)
     np.testing.assert_allclose(dh, ht.grad.numpy(), rtol=1e-4, atol=1e-6)
-    np.testing.assert_allclose(layer.grad_w.numpy(), w.grad.numpy(), rtol=1e-4, atol=1e-6)
-    np.testing.assert_allclose(layer.grad_b.numpy(), bias.grad.numpy(), rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(grad_w, w.grad.numpy(), rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(grad_b, bias.grad.numpy(), rtol=1e-4, atol=1e-6)
+    g.release()
+    assert (g.slot == -1).all()
 
 
 def _adam_rows(rng: np.random.Generator, n: int, d: int) -> tuple[np.ndarray, ...]:
     """Initial weights and the zeroed state arrays ``kernels.sparse_adam`` updates in place:
-    (w0, w, m, v, g, b, mb, vb, gb, steps, dirty)."""
+    (w0, w, m, v, g, b, mb, vb, gb, steps, dirty); g and gb are packed (row r of them is the
+    gradient of the r-th row passed)."""
     w0 = rng.standard_normal((n, d)).astype(np.float32)
     w, m, v, g = w0.copy(), np.zeros_like(w0), np.zeros_like(w0), np.zeros_like(w0)
     b, mb, vb, gb = (np.zeros(n, np.float32) for _ in range(4))
@@ -306,7 +316,7 @@ def test_sparse_adam_matches_torch_adam_and_leaves_other_rows_alone() -> None:
     assert np.array_equal(w[3:], w0[3:]) and not g.any()  # untouched rows, grads zeroed
     assert steps.tolist() == [5, 5, 5, 0, 0, 0] and dirty.tolist() == [1, 1, 1, 0, 0, 0]
     # lazy bias correction: a row updated for the first time uses t = 1 (a full-size step)
-    g[4] = 1.0
+    g[0] = 1.0  # packed: the first (only) row passed
     kernels.sparse_adam(np.array([4], np.int32), 1, w, g, m, v, b, gb, mb, vb, steps, dirty,
                         0.01, 0.9, 0.999, 1e-8, 0)
     np.testing.assert_allclose(w[4], w0[4] - 0.01, rtol=1e-5)
@@ -324,7 +334,7 @@ def test_sparse_adam_global_correction_matches_torch_sparse_adam_on_intermittent
     for t in range(1, 41):
         rows = np.array([0, 1] + ([5] if t % 13 == 0 else []) + ([6] if t == 30 else []), np.int32)
         grad = rng.standard_normal((len(rows), d)).astype(np.float32)
-        g[rows] = grad
+        g[: len(rows)] = grad
         kernels.sparse_adam(rows, len(rows), w, g, m, v, b, gb, mb, vb, steps, dirty, 0.01, 0.9,
                             0.999, 1e-8, t)
         opt.zero_grad()

@@ -1,0 +1,65 @@
+"""Packed gradients of the rows one batch touched: what both SLIDE layers hand to the sparse Adam.
+
+Why packed instead of an [n, d] gradient array like a dense layer's: a batch touches a few
+thousand of the n rows, so its gradients fit in cache as one [rows, d] block. Accumulating
+into that block and reading it back in the update replaces two passes over scattered rows
+of a 100 MB array (at 200K labels) with cache hits: the sparse Adam took ~40% less time at
+6,000 rows, and the layer no longer holds a gradient array as large as its weights.
+
+Row ``r`` of the block belongs to row ``rows[r]`` of the layer; ``slot[j]`` maps back
+(``-1``: not touched this batch). The block is all zeros between steps: the sparse Adam
+clears each row it consumes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from accelopt_plugins.slide import kernels
+
+
+class RowGradients:
+    """The packed gradient block of one layer (weights, and bias when ``with_bias``)."""
+
+    def __init__(self, n_rows: int, dim: int, with_bias: bool) -> None:
+        self.slot = np.full(n_rows, -1, np.int32)
+        self.rows = np.zeros(n_rows, np.int32)
+        self.dim, self.with_bias = dim, with_bias
+        self.w = np.zeros((0, dim), np.float32)
+        self.b = np.zeros(0, np.float32)
+        self.count = 0
+
+    def assign(self, ids: np.ndarray, counts: np.ndarray, extra: int = 0) -> int:
+        """Give the distinct ids of ``ids[b, :counts[b]]`` (sorted) packed rows 0..k-1, and
+        make room for ``extra`` more rows after them (the caller fills ``rows[k:k+extra]``,
+        which must be disjoint from the ids). Returns k."""
+        k = kernels.assign_slots(ids, counts, self.slot, self.rows)
+        self.count = k + extra
+        self.reserve(self.count)
+        return k
+
+    def reserve(self, count: int) -> None:
+        """Grow the block to at least ``count`` rows (by half again, so that a slowly
+        growing union of rows does not reallocate every step); new rows are zero."""
+        if count > self.w.shape[0]:
+            size = min(max(count, self.w.shape[0] * 3 // 2), self.rows.shape[0])
+            self.w = np.zeros((size, self.dim), np.float32)
+            self.b = np.zeros(size if self.with_bias else 0, np.float32)
+
+    def bias(self) -> np.ndarray:
+        """The bias gradients (an empty array when the layer's bias is not updated here)."""
+        return self.b if self.with_bias else self.b[:0]
+
+    def release(self) -> None:
+        """Forget this batch's slots (after the update consumed and cleared the block)."""
+        kernels.release_slots(self.rows, self.count, self.slot)
+        self.count = 0
+
+    def dense(self) -> tuple[np.ndarray, np.ndarray]:
+        """The pending gradients as full [n, d] and [n] arrays (for tests and debugging)."""
+        w = np.zeros((self.slot.shape[0], self.dim), np.float32)
+        b = np.zeros(self.slot.shape[0], np.float32)
+        rows = self.rows[:self.count]
+        w[rows] = self.w[:self.count]
+        if self.with_bias:
+            b[rows] = self.b[:self.count]
+        return w, b
