@@ -312,15 +312,11 @@ class SlideLinear(nn.Module):
         """Sparse Adam on the rows with pending gradients (``self.grads``), then count the
         step: the tail of every training step, whichever loss computed the gradients.
         ``start``: when the optimizer phase began (for the time breakdown)."""
-        c, g = self.cfg, self.grads
-        n_rows = g.count
-        kernels.sparse_adam(
-            g.rows, n_rows, self.weight.numpy(), g.w, self.m_w.numpy(), self.v_w.numpy(),
-            self.bias.numpy(), g.b, self.m_b.numpy(), self.v_b.numpy(), self.steps.numpy(),
-            self.dirty.numpy(), self.lr, c.beta1, c.beta2, c.eps,
-            adam_global_t(c, int(self.sched[0]) + 1),
+        n_rows = self.grads.adam_step(
+            self.weight.numpy(), self.m_w.numpy(), self.v_w.numpy(),
+            (self.bias.numpy(), self.m_b.numpy(), self.v_b.numpy()), self.steps.numpy(),
+            self.dirty.numpy(), self.lr, self.cfg, adam_global_t(self.cfg, int(self.sched[0]) + 1),
         )
-        g.release()
         st = self.stats
         st["t_optimizer"] += time.perf_counter() - start
         st["union"] += n_rows
@@ -568,19 +564,15 @@ class _SparseInput(torch.autograd.Function):
         g = np.ascontiguousarray(grad_out.numpy(), dtype=np.float32)
         grads = layer.grads
         feat = ctx.feat
-        n_rows = grads.assign(feat, np.full(feat.shape[0], feat.shape[1], np.int32))
+        grads.assign(feat, np.full(feat.shape[0], feat.shape[1], np.int32))
         kernels.sparse_input_backward(feat, ctx.vals, g, grads.slot, grads.w,
                                       numba.get_num_threads())
         t1 = time.perf_counter()
-        empty = np.zeros(0, np.float32)
-        c = layer.cfg
-        kernels.sparse_adam(
-            grads.rows, n_rows, layer.weight.numpy(), grads.w, layer.m_w.numpy(),
-            layer.v_w.numpy(), empty, grads.bias(), empty, empty, layer.steps.numpy(),
-            layer.dirty.numpy(), layer.lr, c.beta1, c.beta2, c.eps,
-            adam_global_t(c, int(layer.step_count[0]) + 1),
+        grads.adam_step(
+            layer.weight.numpy(), layer.m_w.numpy(), layer.v_w.numpy(), None,
+            layer.steps.numpy(), layer.dirty.numpy(), layer.lr, layer.cfg,
+            adam_global_t(layer.cfg, int(layer.step_count[0]) + 1),
         )
-        grads.release()
         layer.step_count += 1
         layer.t_backward += t1 - t0
         layer.t_optimizer += time.perf_counter() - t1

@@ -45,9 +45,18 @@ class RowGradients:
             self.w = np.zeros((size, self.dim), np.float32)
             self.b = np.zeros(size if self.with_bias else 0, np.float32)
 
-    def bias(self) -> np.ndarray:
-        """The bias gradients (an empty array when the layer's bias is not updated here)."""
-        return self.b if self.with_bias else self.b[:0]
+    def adam_step(self, w: np.ndarray, m_w: np.ndarray, v_w: np.ndarray,
+                  bias: tuple[np.ndarray, np.ndarray, np.ndarray] | None, steps: np.ndarray,
+                  dirty: np.ndarray, lr: float, cfg, global_t: int) -> int:
+        """The sparse Adam (:func:`kernels.sparse_adam`) on the rows with pending gradients,
+        then :meth:`release`: the one update both SLIDE layers make. ``bias``: (bias, m_b,
+        v_b), or None when the layer's bias is not updated here. Returns the rows updated."""
+        n_rows = self.count
+        b, m_b, v_b = bias if bias is not None else (self.b[:0],) * 3
+        kernels.sparse_adam(self.rows, n_rows, w, self.w, m_w, v_w, b, self.b, m_b, v_b, steps,
+                            dirty, lr, cfg.beta1, cfg.beta2, cfg.eps, global_t)
+        self.release()
+        return n_rows
 
     def release(self) -> None:
         """Forget this batch's slots (after the update consumed and cleared the block)."""
