@@ -43,10 +43,9 @@ def rebuild_parts(layer) -> dict[str, float]:
     t0 = time.perf_counter()
     layer._neuron_keys(out=keys)
     t1 = time.perf_counter()
-    rows = np.nonzero(layer.dirty.numpy())[0]
+    rows = np.flatnonzero(layer.dirty.numpy())
     t2 = time.perf_counter()
-    if len(rows):
-        layer._neuron_keys(rows)
+    layer._neuron_keys(rows, out=keys, scatter=True)
     t3 = time.perf_counter()
     build_tables(keys, layer.tables.numpy(), layer.counts.numpy(),
                  INSERTIONS[layer.cfg.insertion], 0)

@@ -68,6 +68,8 @@ def main() -> None:
                     help="rough seconds of timed dense steps per width")
     ap.add_argument("--scaling-width", nargs="*", default=["200k", "670k"],
                     help="widths of the 1 vs 2 thread test (none: skip it)")
+    ap.add_argument("--scaling-pairs", type=int, default=12,
+                    help="interleaved 1- and 2-thread block pairs of the scaling test")
     ap.add_argument("--slide", nargs="*", default=[], metavar="KEY=VALUE",
                     help="SLIDE settings instead of the defaults, e.g. topup=batch topk=50 l=16")
     args = ap.parse_args()
@@ -135,22 +137,26 @@ def main() -> None:
         ds = synthetic(width)
         n, d = ds.num_classes, ds.vocab_size
         batches = preload(ds, 0, 60, BATCH)
-        t1, t2, ratios = thread_scaling(d, n, batches, slide_config(n, **overrides), args.reps,
-                                        args.slide_steps)
+        t1, t2, ratios, phases = thread_scaling(d, n, batches, slide_config(n, **overrides),
+                                                args.scaling_pairs, args.slide_steps)
         print(f"\nthread scaling, SLIDE at {n:,} labels: 1 thread {1e3 * t1:.1f} ms/step, "
               f"2 threads {1e3 * t2:.1f} ms/step, speed-up {median(ratios):.2f}x (median of "
               f"{len(ratios)} interleaved block pairs: "
-              + ", ".join(f"{r:.2f}" for r in ratios) + ")", flush=True)
+              + ", ".join(f"{r:.2f}" for r in ratios) + ")")
+        print("  ms/step by phase, all pairs (1 thread / 2 threads = speed-up): " + ", ".join(
+            f"{k} {phases[1][k]:.1f} / {phases[2][k]:.1f} = {phases[1][k] / phases[2][k]:.2f}x"
+            for k in phases[1] if phases[2].get(k, 0.0) > 0.05), flush=True)
 
 
-def thread_scaling(d: int, n: int, batches, cfg, reps: int, per_rep: int
-                   ) -> tuple[float, float, list[float]]:
+def thread_scaling(d: int, n: int, batches, cfg, pairs: int, per_rep: int
+                   ) -> tuple[float, float, list[float], dict[int, dict[str, float]]]:
     """1 vs 2 threads, measured as interleaved blocks: two trainers (same initial weights and
     batches) take turns, one block each, and the speed-up is the median over block pairs of
     (1-thread time / 2-thread time). Why interleaved: on this VM the same code's speed drifts
     by up to 1.6x within minutes (docs/benchmarks.md, slide session 7); timing one thread
     count after the other measured that drift as much as the scaling. Returns (median
-    1-thread s/step, median 2-thread s/step, per-pair ratios)."""
+    1-thread s/step, median 2-thread s/step, the ``pairs`` per-pair ratios, each thread
+    count's ms/step by phase over all its timed blocks)."""
     init = init_net(d, n)
     trainers = {t: SlideTrainer(d, n, LR, init, cfg) for t in (1, 2)}
     pos = {1: 0, 2: 0}
@@ -165,13 +171,16 @@ def thread_scaling(d: int, n: int, batches, cfg, reps: int, per_rep: int
 
     for t in (1, 2):
         block(t, 5)  # warm-up: JIT, first table build
+        trainers[t].reset()
     times: dict[int, list[float]] = {1: [], 2: []}
-    for _ in range(max(reps, 3) * 2):
+    for _ in range(max(pairs, 1)):
         for t in (1, 2):
             times[t].append(block(t, per_rep))
     set_threads(2)
     ratios = [a / b for a, b in zip(times[1], times[2], strict=True)]
-    return median(times[1]), median(times[2]), ratios
+    steps = max(pairs, 1) * per_rep
+    phases = {t: {k: 1e3 * v / steps for k, v in trainers[t].phases().items()} for t in (1, 2)}
+    return median(times[1]), median(times[2]), ratios, phases
 
 
 def break_even(ratios: list[tuple[int, float]]) -> str:

@@ -16,6 +16,7 @@ from accelopt_plugins.slide.config import SlideConfig, validate
 from accelopt_plugins.slide.hashing import make_family
 from accelopt_plugins.slide.layer import SlideLinear, SlideLogits, SlideSparseInput
 from accelopt_plugins.slide.metrics import precision_at_k
+from accelopt_plugins.slide.rowgrads import RowGradients
 from accelopt_plugins.slide.tables import RebuildSchedule, build_tables
 from accelopt_plugins.slide.xcdata import XCSpec, generate, read_xc, write_xc
 from accelopt_plugins.slide.xcmodel import XCNet, xc_softmax_loss
@@ -243,9 +244,10 @@ def test_batch_topup_gradients_equal_autograd_over_retrieved_plus_shared(logq: b
     assert captured["rows"] == set(shared.tolist()) | {j for o in own for j in o}
 
 
-@pytest.mark.parametrize("logq", [False, True])
-def test_gradients_on_active_set_equal_dense_autograd(logq: bool) -> None:
-    layer = _layer(logq=logq, topk=10)  # 10 retrieved + labels, topped up to 40
+@pytest.mark.parametrize(("logq", "backward"), [(False, "rows"), (True, "rows"),
+                                               (True, "hogwild")])
+def test_gradients_on_active_set_equal_dense_autograd(logq: bool, backward: str) -> None:
+    layer = _layer(logq=logq, topk=10, backward=backward)  # 10 retrieved + labels, up to 40
     layer.rebuild()
     rng = np.random.default_rng(10)
     h = rng.standard_normal((5, 16)).astype(np.float32)
@@ -259,13 +261,11 @@ def test_gradients_on_active_set_equal_dense_autograd(logq: bool) -> None:
         assert drawn > 0
         expected = np.log((n - fixed) / drawn) if logq else 0.0
         assert s["offset"][b] == pytest.approx(expected, rel=1e-6)
-    dh = np.zeros_like(h)
     g = layer.grads
     n_rows = g.assign(s["ids"], s["n_active"])
     assert np.all(np.diff(g.rows[:n_rows]) > 0)  # distinct and sorted: Adam walks in order
     assert g.slot[g.rows[:n_rows]].tolist() == list(range(n_rows))
-    kernels.backward_active(h, layer.weight.numpy(), s["ids"], s["n_active"], s["dz"],
-                            np.float32(1.0 / 5), dh, g.slot, g.w, g.b, 1)
+    dh = layer.own_rows_backward(h, s, np.float32(1.0 / 5))
     grad_w, grad_b = g.dense()
     w = layer.weight.clone().requires_grad_(True)
     bias = layer.bias.clone().requires_grad_(True)
@@ -482,8 +482,8 @@ def _train_slide(steps: int, seed: int = 0, **kw):
     from accelopt_plugins.slide.xcdata import xc_2k
 
     ds = xc_2k(seed)
-    cfg = SlideConfig(k=6, l=10, bucket_size=32, min_active=150, threads=1, rebuild_period=25,
-                      **kw)
+    cfg = SlideConfig(**{"k": 6, "l": 10, "bucket_size": 32, "min_active": 150, "threads": 1,
+                         "rebuild_period": 25, **kw})
     torch.manual_seed(seed)
     model = XCNet(ds.vocab_size, ds.num_classes)
     model.out = SlideLinear.from_linear(model.out, cfg, lr=2e-3)
@@ -514,6 +514,21 @@ def test_small_xc_problem_learns_far_above_chance(topup: str) -> None:
 def test_single_thread_training_is_bit_for_bit_reproducible(topup: str) -> None:
     a, _ = _train_slide(12, topup=topup)
     b, _ = _train_slide(12, topup=topup)
+    for (name, ta), tb in zip(a.state_dict().items(), b.state_dict().values(), strict=True):
+        assert torch.equal(ta, tb), name
+
+
+@pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="needs 2 numba threads")
+@pytest.mark.parametrize("topup", ["sample", "batch"])
+def test_two_thread_training_with_the_row_backward_is_reproducible(topup: str) -> None:
+    """``backward=rows`` sums every gradient row in one thread and the input gradient in fixed
+    per-thread parts, so a 2-thread run repeats bit for bit too (HOGWILD's would not)."""
+    before = numba.get_num_threads()
+    try:
+        a, _ = _train_slide(12, topup=topup, threads=2)
+        b, _ = _train_slide(12, topup=topup, threads=2)
+    finally:
+        numba.set_num_threads(before)
     for (name, ta), tb in zip(a.state_dict().items(), b.state_dict().values(), strict=True):
         assert torch.equal(ta, tb), name
 
@@ -685,3 +700,91 @@ def test_time_to_target_smoothed_ignores_a_single_lucky_evaluation() -> None:
     assert tta.time_to_smoothed(curve, 0.7) == 50.0
     assert tta.time_to_smoothed(curve, 0.75) is None
     assert tta.time_to_smoothed(curve[:2], 0.0) is None  # no evaluation has two neighbours
+
+
+@pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="needs 2 numba threads")
+def test_thread_scaling_benchmark_interleaves_the_two_thread_counts() -> None:
+    """benchmarks/slide_step.py: one ratio per block pair, and a per-phase breakdown of each
+    thread count's timed steps (tiny sizes: this checks the bookkeeping, not the speed)."""
+    import importlib.util
+    from pathlib import Path
+
+    from accelopt_plugins.slide.xcdata import synthetic
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "slide_step.py"
+    spec = importlib.util.spec_from_file_location("slide_step_under_test", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    ds = synthetic("2k")
+    batches = [ds.batch(i, 32) for i in range(4)]
+    cfg = SlideConfig(k=4, l=6, bucket_size=16, min_active=60, rebuild_period=3)
+    torch_threads = torch.get_num_threads()
+    try:
+        t1, t2, ratios, phases = bench.thread_scaling(ds.vocab_size, ds.num_classes, batches,
+                                                      cfg, 3, 2)
+    finally:
+        torch.set_num_threads(torch_threads)
+    assert len(ratios) == 3 and all(r > 0 for r in ratios) and t1 > 0 and t2 > 0
+    for t in (1, 2):
+        assert {"hash", "forward", "backward", "optimizer", "rebuild"} <= set(phases[t])
+        assert phases[t]["backward"] > 0
+
+
+@pytest.mark.parametrize("parts", [1, 2, 3, 7])
+def test_row_index_is_the_transpose_of_the_active_lists(parts: int) -> None:
+    """index_rows: sorted distinct rows, the slot map, each row's entries in (b, i) order
+    (block by block), entry counts in ``start``; the counters are left clean for the next
+    batch, whatever the number of parts."""
+    rng = np.random.default_rng(13)
+    n, batch, width = 50, 6, 9
+    ids = rng.integers(-1, n, (batch, width)).astype(np.int32)
+    counts = rng.integers(0, width + 1, batch).astype(np.int32)
+    cnt, seen = np.zeros((parts, n), np.int32), np.zeros((parts, n), np.uint8)
+    slot, rows = np.full(n, -1, np.int32), np.zeros(n, np.int32)
+    start, bstart = np.zeros(n + 1, np.int64), np.zeros((parts, n + 1), np.int64)
+    ent = np.zeros(ids.size, np.int64)
+    touched = np.zeros(n, np.uint8)
+    k = kernels.index_rows(ids, counts, cnt, seen, touched, slot, rows, start, bstart, ent)
+    expected: dict[int, list[int]] = {}
+    for b in range(batch):
+        for i in range(counts[b]):
+            if ids[b, i] >= 0:
+                expected.setdefault(int(ids[b, i]), []).append(b * width + i)
+    assert rows[:k].tolist() == sorted(expected)
+    got = [np.concatenate([ent[bstart[q, r]:bstart[q, r + 1]] for q in range(parts)]).tolist()
+           for r in range(k)]
+    assert got == [expected[j] for j in sorted(expected)]
+    assert np.diff(start[:k + 1]).tolist() == [len(expected[j]) for j in sorted(expected)]
+    assert slot[rows[:k]].tolist() == list(range(k))
+    assert not cnt.any() and not seen.any() and not touched.any()
+    g = RowGradients(n, 4, with_bias=False)  # the wrapper: one part per numba thread
+    assert g.assign(ids, counts) == k
+    assert [g.entries(r).tolist() for r in range(k)] == got
+
+
+def test_row_parallel_gradients_equal_hogwild_and_do_not_depend_on_thread_count() -> None:
+    rng = np.random.default_rng(14)
+    n, batch, dim, width = 40, 8, 6, 12
+    ids = np.stack([rng.choice(n, width, replace=False) for _ in range(batch)]).astype(np.int32)
+    counts = rng.integers(1, width + 1, batch).astype(np.int32)
+    dz = rng.standard_normal((batch, width)).astype(np.float32)
+    h = rng.standard_normal((batch, dim)).astype(np.float32)
+    w = rng.standard_normal((n, dim)).astype(np.float32)
+    ref = RowGradients(n, dim, with_bias=True)
+    ref.assign(ids, counts)
+    dh_ref = np.zeros_like(h)
+    kernels.backward_active(h, w, ids, counts, dz, np.float32(0.5), dh_ref, ref.slot, ref.w,
+                            ref.b, 1)
+    results = []
+    for parts in (1, 2, 3):
+        g = RowGradients(n, dim, with_bias=True)
+        k = g.assign(ids, counts)
+        dh_parts = np.zeros((parts, batch, dim), np.float32)
+        kernels.accumulate_rows(g.rows, k, g.start, g.bstart, g.ent, dz, np.float32(0.5), h, w,
+                                dh_parts, g.w, g.b)
+        results.append((g.dense(), dh_parts.sum(0)))
+        np.testing.assert_allclose(g.dense()[0], ref.dense()[0], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(g.dense()[1], ref.dense()[1], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(dh_parts.sum(0), dh_ref, rtol=1e-5, atol=1e-6)
+    for (gw, gb), _ in results[1:]:  # each row summed by one thread in the same order
+        assert np.array_equal(gw, results[0][0][0]) and np.array_equal(gb, results[0][0][1])

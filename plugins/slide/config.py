@@ -14,6 +14,7 @@ REBUILDS = ("fixed", "decay", "changed")
 INFERENCES = ("dense", "lsh")
 CORRECTIONS = ("global", "row")
 TOPUPS = ("sample", "batch")
+BACKWARDS = ("rows", "hogwild")
 
 
 @dataclass
@@ -72,6 +73,13 @@ class SlideConfig:
     adam_correction: str = "global"
     """Sparse Adam's bias correction: ``global`` step count (torch SparseAdam, TF LazyAdam) or
     each row's own update count (``row``; learned less per step, see docs)."""
+    backward: str = "rows"
+    """How gradient rows are summed across the batch's samples. ``rows``: each row by one
+    thread from the batch's entries of that row (a transposed index of the active sets; no
+    races, the same row gradients for any thread count); ``hogwild``: the paper's, every
+    sample adds into the shared rows from its own thread without locks. ``rows`` took the
+    backward at 670K labels from 27 to 12 ms on one thread and scales with threads; HOGWILD's
+    scattered row updates miss cache (docs/benchmarks.md, slide session 8)."""
     threads: int = 0
     """numba threads (0: numba's default, one per core); 1 makes runs bit-for-bit reproducible."""
     seed: int = 0
@@ -82,6 +90,7 @@ def validate(cfg: SlideConfig) -> None:
     choices = {
         "hash": HASHES, "sampling": SAMPLINGS, "insertion": INSERTIONS, "rebuild": REBUILDS,
         "inference": INFERENCES, "adam_correction": CORRECTIONS, "topup": TOPUPS,
+        "backward": BACKWARDS,
     }
     for key, allowed in choices.items():
         if getattr(cfg, key) not in allowed:

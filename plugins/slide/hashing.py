@@ -228,18 +228,21 @@ def _values_dense(x, kind, idx, sgn, out):
 
 
 @njit(parallel=True, cache=True)
-def pack_sign_keys(p, k, l, range_pow, out, lo):  # noqa: E741
-    """SimHash table keys from precomputed projections: out[lo + i, t] for row i of p
-    (float32 [m, K*L], p[i, t*K + j] = the j-th projection of table t). Bit j of a key is
-    ``p >= 0`` with the first hash as most significant bit, folded like :func:`table_keys_one`,
-    so the keys equal the query path's up to the sign of a projection within rounding of 0.
-    Parallel over rows; ``out`` may be in any layout (the layer keeps it column-major so
-    that each table's column is contiguous when the tables are filled)."""
+def pack_sign_keys(p, k, l, range_pow, out, dest, lo):  # noqa: E741
+    """SimHash table keys from precomputed projections (float32 [m, K*L], p[i, t*K + j] =
+    the j-th projection of table t) into row ``dest[lo + i]`` of ``out`` for row i of p, or
+    row ``lo + i`` when ``dest`` is empty. Bit j of a key is ``p >= 0`` with the first hash
+    as most significant bit, folded like :func:`table_keys_one`, so the keys equal the query
+    path's up to the sign of a projection within rounding of 0. Parallel over rows; ``out``
+    may be in any layout (the layer keeps it column-major so that each table's column is
+    contiguous when the tables are filled), and writing through ``dest`` saves a serial
+    scatter of the new keys into it."""
     for i in prange(p.shape[0]):
+        row = dest[lo + i] if dest.shape[0] > 0 else lo + i
         for t in range(l):
             key = np.uint64(0)
             for j in range(k):
                 key = (key << np.uint64(1)) | np.uint64(1 if p[i, t * k + j] >= 0.0 else 0)
             if k > range_pow:
                 key = (key * _GOLDEN) >> np.uint64(64 - range_pow)
-            out[lo + i, t] = np.int32(key)
+            out[row, t] = np.int32(key)

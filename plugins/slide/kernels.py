@@ -334,30 +334,156 @@ def backward_active(h, w, ids, n_active, dz, scale, dh, slot, grad_w, grad_b, n_
                 grad_b[slot[j]] += g
 
 
-@njit(cache=True)
-def assign_slots(ids, counts, slot, out):
-    """The distinct ids >= 0 of ``ids[b, :counts[b]]``, sorted, in ``out[:k]`` (returns k),
-    and ``slot[j]`` = j's position there: the row of the packed gradient buffer that row j's
-    gradient accumulates into. ``slot`` must be -1 for every id on entry (see
-    :func:`release_slots`). Why sorted: the sparse Adam then walks the weight, moment and
-    state arrays in address order, which cost ~25% less than the first-seen order."""
-    k = 0
-    for b in range(ids.shape[0]):
+_COUNT, _WRITE, _CLEAR = 0, 1, 2
+
+
+@njit(cache=True, inline="always")
+def _walk_block(ids, counts, q, t_chunks, own, mark, ent, step):
+    """One pass of :func:`index_rows` over sample block q's ids >= 0: ``_COUNT`` counts and
+    marks them, ``_WRITE`` writes each one's flat position where its counter points (and
+    advances it), ``_CLEAR`` zeroes the counters and marks again. ``step`` is a constant at
+    every call site, so the inlined copies keep only their own branch."""
+    batch, width = ids.shape
+    for b in range(batch * q // t_chunks, batch * (q + 1) // t_chunks):
         for i in range(counts[b]):
             j = ids[b, i]
-            if j >= 0 and slot[j] < 0:
-                slot[j] = 0
-                out[k] = j
-                k += 1
-    out[:k].sort()
-    for r in range(k):
-        slot[out[r]] = r
+            if j < 0:
+                continue
+            if step == _COUNT:
+                own[j] += 1
+                mark[j] = 1
+            elif step == _WRITE:
+                ent[own[j]] = b * width + i
+                own[j] += 1
+            else:
+                own[j] = 0
+                mark[j] = 0
+
+
+@njit(parallel=True, cache=True)
+def index_rows(ids, counts, cnt, seen, touched, slot, rows, start, bstart, ent):
+    """Index a batch's active lists by row (a CSR transpose of ``ids``): the distinct ids
+    >= 0 of ``ids[b, :counts[b]]`` sorted in ``rows[:k]`` (returns k), ``slot[j]`` = j's
+    position there (the row of the packed gradient block it accumulates into), ``start[r]``
+    = how many entries the rows before r have, and the entries themselves, the flat
+    positions ``b * ids.shape[1] + i`` of row r's occurrences: sample block q's (see below)
+    in ``ent[bstart[q, r]:bstart[q, r + 1]]``, blocks in order, so (b, i) order overall.
+
+    Why a transpose: with it every gradient row is summed by one thread from its own
+    entries (:func:`accumulate_rows`), instead of every sample adding into shared rows
+    (HOGWILD), which at 670K labels missed cache on each of 128K scattered row updates.
+
+    Parallel in T = ``cnt.shape[0]`` parts, without races, sorting or shared cache lines:
+    part q counts the occurrences in its block of samples (``batch * q // T`` on) into its
+    own rows ``cnt[q]`` and ``seen[q]``; then part c ORs its range of the ``seen`` rows into
+    ``touched``, walks that range (so the rows come out sorted), gives each touched id its
+    packed row and turns the counters into where each block's entries of that row go; then
+    each block writes its entries into its own region of ``ent`` (one region per block:
+    blocks writing neighbouring entries of one row would share cache lines, as one shared
+    ``seen`` array did). ``cnt`` (int32 [T, n]), ``seen`` (uint8 [T, n]) and ``touched``
+    (uint8 [n]) are zero on entry and left zero; ``slot`` must be -1 for every id on entry
+    (see :func:`release_slots`); ``bstart`` is int64 [T, n + 1]."""
+    t_chunks, n = cnt.shape
+    for q in prange(t_chunks):
+        _walk_block(ids, counts, q, t_chunks, cnt[q], seen[q], ent, _COUNT)
+    n_rows = np.zeros(t_chunks + 1, np.int64)
+    part = np.zeros((t_chunks + 1, t_chunks), np.int64)  # [range c + 1, block q]: entries
+    for c in prange(t_chunks):
+        lo, hi = n * c // t_chunks, n * (c + 1) // t_chunks
+        for q in range(t_chunks):
+            part[c + 1, q] = np.sum(cnt[q, lo:hi])  # a slice sum vectorises
+        merged = touched[lo:hi]  # whole-slice ORs and sums vectorise; a loop over j did not
+        for q in range(t_chunks):
+            merged |= seen[q, lo:hi]
+        n_rows[c + 1] = np.sum(merged)
+    region = np.zeros(t_chunks + 1, np.int64)  # where block q's entries begin in ent
+    for q in range(t_chunks):
+        region[q + 1] = region[q] + np.sum(part[:, q])
+    for c in range(t_chunks):
+        n_rows[c + 1] += n_rows[c]
+        part[c + 1] += part[c]  # now: entries of each block in the ranges before c + 1
+    for c in prange(t_chunks):
+        cursor = region[:t_chunks] + part[c]
+        r, e = n_rows[c], np.sum(part[c])
+        for j in range(n * c // t_chunks, n * (c + 1) // t_chunks):
+            if touched[j] == 0:
+                continue
+            touched[j] = 0
+            rows[r] = j
+            slot[j] = r
+            start[r] = e
+            for q in range(t_chunks):  # counters become each block's write position
+                bstart[q, r] = cursor[q]
+                here = cnt[q, j]
+                if here > 0:  # a block without j keeps 0, so its counter is already clean
+                    cnt[q, j] = cursor[q]
+                    cursor[q] += here
+                    e += here
+            r += 1
+    k = n_rows[t_chunks]
+    for q in range(t_chunks):
+        bstart[q, k] = region[q + 1]
+    start[k] = region[t_chunks]
+    for q in prange(t_chunks):
+        _walk_block(ids, counts, q, t_chunks, cnt[q], seen[q], ent, _WRITE)
+        _walk_block(ids, counts, q, t_chunks, cnt[q], seen[q], ent, _CLEAR)
     return k
+
+
+@njit(parallel=True, cache=True, fastmath=FASTMATH)
+def accumulate_rows(rows, n_rows, start, bstart, ent, coef, scale, x, w, dh_parts, grad_w,
+                    grad_b):
+    """Row-parallel gradients from the index of :func:`index_rows`: for packed row r (layer
+    row j = ``rows[r]``) and each entry (b, i) of it, with g = coef[b, i] * scale,
+    ``grad_w[r] += g * x[b]`` and ``grad_b[r] += g`` (when ``grad_b`` is not empty); when
+    ``dh_parts`` [T, B, D] is not empty, also ``dh_parts[c, b] += g * w[j]`` (the input
+    gradient from the weights before the update), one part per thread, summed by the caller.
+
+    Threads take contiguous ranges of rows holding about equal numbers of entries. Each row
+    is summed by one thread in (b, i) order, so the row gradients are the same bits for any
+    thread count; the input gradient's parts split by thread count. Zero coefficients are
+    skipped, as in :func:`backward_active`."""
+    dim = x.shape[1]
+    width = coef.shape[1]
+    t_chunks = dh_parts.shape[0]
+    blocks = bstart.shape[0]
+    with_dh = dh_parts.shape[1] > 0
+    total = start[n_rows]
+    for c in prange(t_chunks):
+        lo = np.searchsorted(start[:n_rows], total * c // t_chunks)
+        hi = np.searchsorted(start[:n_rows], total * (c + 1) // t_chunks)
+        if c == t_chunks - 1:
+            hi = n_rows
+        if with_dh:
+            dh_parts[c, :, :] = 0.0
+        for r in range(lo, hi):
+            j = rows[r]
+            gr = grad_w[r]
+            gb = np.float32(0.0)
+            for q in range(blocks):
+                for e in range(bstart[q, r], bstart[q, r + 1]):
+                    b = ent[e] // width
+                    g = coef[b, ent[e] - b * width] * scale
+                    if g == 0.0:
+                        continue
+                    gb += g
+                    xb = x[b]
+                    if with_dh:
+                        db = dh_parts[c, b]
+                        wj = w[j]
+                        for d in range(dim):
+                            gr[d] += g * xb[d]
+                            db[d] += g * wj[d]
+                    else:
+                        for d in range(dim):
+                            gr[d] += g * xb[d]
+            if grad_b.shape[0] > 0:
+                grad_b[r] += gb
 
 
 @njit(cache=True)
 def release_slots(rows, n_rows, slot):
-    """Reset ``slot`` to -1 for ``rows[:n_rows]`` (what :func:`assign_slots` expects)."""
+    """Reset ``slot`` to -1 for ``rows[:n_rows]`` (what :func:`index_rows` expects)."""
     for r in range(n_rows):
         slot[rows[r]] = -1
 
@@ -368,7 +494,7 @@ def sparse_adam(rows, n_rows, w, grad_w, m_w, v_w, bias, grad_b, m_b, v_b, steps
     """Adam on the given rows only (lazy Adam: untouched rows keep their moments and weights).
 
     Gradients come packed: ``grad_w[r]`` / ``grad_b[r]`` belong to row ``rows[r]`` (see
-    :func:`assign_slots`). Why packed: the gradient block of one batch stays in cache while
+    :func:`index_rows`). Why packed: the gradient block of one batch stays in cache while
     it accumulates, and the update reads and clears it there instead of a scattered
     [n, d] array: ~40% less time for 6,000 rows of 128 at 200K labels
     (docs/benchmarks.md, slide session 7).
@@ -434,7 +560,7 @@ def sparse_input_forward(feat, vals, w, bias, out):
 @njit(parallel=True, cache=True)
 def sparse_input_backward(feat, vals, grad_out, slot, grad_w, n_chunks):
     """grad_w[slot[f]] += vals * grad_out[b] for every feature of every sample (HOGWILD; the
-    gradient rows are packed, see :func:`assign_slots`)."""
+    gradient rows are packed, see :func:`index_rows`)."""
     batch, width = feat.shape
     dim = grad_w.shape[1]
     n_chunks = min(batch, max(1, n_chunks))

@@ -9,10 +9,17 @@ of a 100 MB array (at 200K labels) with cache hits: the sparse Adam took ~40% le
 Row ``r`` of the block belongs to row ``rows[r]`` of the layer; ``slot[j]`` maps back
 (``-1``: not touched this batch). The block is all zeros between steps: the sparse Adam
 clears each row it consumes.
+
+Two ways to fill it (``plugins.slide.backward``): ``rows`` (default) sums each row from the
+batch's entries of that row, one thread per range of rows (:meth:`RowGradients.accumulate`,
+no races); ``hogwild``, the paper's, lets every sample add its rows in place from its own
+thread (the layers call :func:`kernels.backward_active` / :func:`kernels.sparse_input_backward`
+with :attr:`RowGradients.slot`). Both give the same gradients up to float summation order.
 """
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 from accelopt_plugins.slide import kernels
 
@@ -23,19 +30,57 @@ class RowGradients:
     def __init__(self, n_rows: int, dim: int, with_bias: bool) -> None:
         self.slot = np.full(n_rows, -1, np.int32)
         self.rows = np.zeros(n_rows, np.int32)
+        self.start = np.zeros(n_rows + 1, np.int64)
+        self.ent = np.zeros(0, np.int64)
+        self._cnt = np.zeros((0, n_rows), np.int32)
+        self._seen = np.zeros((0, n_rows), np.uint8)
+        self._touched = np.zeros(n_rows, np.uint8)
+        self.bstart = np.zeros((0, n_rows + 1), np.int64)
         self.dim, self.with_bias = dim, with_bias
         self.w = np.zeros((0, dim), np.float32)
         self.b = np.zeros(0, np.float32)
-        self.count = 0
+        self.count = self.indexed = 0
 
     def assign(self, ids: np.ndarray, counts: np.ndarray, extra: int = 0) -> int:
-        """Give the distinct ids of ``ids[b, :counts[b]]`` (sorted) packed rows 0..k-1, and
-        make room for ``extra`` more rows after them (the caller fills ``rows[k:k+extra]``,
-        which must be disjoint from the ids). Returns k."""
-        k = kernels.assign_slots(ids, counts, self.slot, self.rows)
+        """Give the distinct ids of ``ids[b, :counts[b]]`` (sorted) packed rows 0..k-1, index
+        each one's entries (see :func:`kernels.index_rows`), and make room for ``extra`` more
+        rows after them (the caller fills ``rows[k:k+extra]``, which must be disjoint from
+        the ids, and their gradients). Returns k."""
+        if self.ent.shape[0] < ids.size:
+            self.ent = np.zeros(ids.size, np.int64)
+        parts = max(1, min(numba.get_num_threads(), ids.shape[0]))
+        if self._cnt.shape[0] != parts:  # per-part counters (see kernels.index_rows)
+            n = self.slot.shape[0]
+            self._cnt = np.zeros((parts, n), np.int32)
+            self._seen = np.zeros((parts, n), np.uint8)
+            self.bstart = np.zeros((parts, n + 1), np.int64)
+        k = int(kernels.index_rows(ids, counts, self._cnt, self._seen, self._touched, self.slot,
+                                   self.rows, self.start, self.bstart, self.ent))
+        self.indexed = k
         self.count = k + extra
         self.reserve(self.count)
         return k
+
+    def entries(self, r: int) -> np.ndarray:
+        """The flat positions in ``ids`` (b * width + i) of packed row r's entries, in (b, i)
+        order (for tests and debugging)."""
+        return np.concatenate([self.ent[self.bstart[q, r]:self.bstart[q, r + 1]]
+                               for q in range(self.bstart.shape[0])])
+
+    def accumulate(self, coef: np.ndarray, scale: float, x: np.ndarray,
+                   w: np.ndarray | None = None) -> np.ndarray | None:
+        """Gradients of the indexed rows, ``sum over entries (b, i) of row r of coef[b, i] *
+        scale * x[b]`` (``coef`` is shaped like the ``ids`` given to :meth:`assign`), added
+        to the block; with ``w`` (the layer's weights before the update) also returns the
+        input gradient ``dh[b] = sum_i coef[b, i] * scale * w[ids[b, i]]``."""
+        parts = numba.get_num_threads()
+        batch, dim = x.shape
+        dh_parts = np.zeros((parts, batch if w is not None else 0, dim), np.float32)
+        kernels.accumulate_rows(
+            self.rows, self.indexed, self.start, self.bstart, self.ent, coef, np.float32(scale), x,
+            w if w is not None else np.zeros((0, dim), np.float32), dh_parts, self.w,
+            self.b if self.with_bias else self.b[:0])
+        return dh_parts.sum(0) if w is not None else None
 
     def reserve(self, count: int) -> None:
         """Grow the block to at least ``count`` rows (by half again, so that a slowly
@@ -61,7 +106,7 @@ class RowGradients:
     def release(self) -> None:
         """Forget this batch's slots (after the update consumed and cleared the block)."""
         kernels.release_slots(self.rows, self.count, self.slot)
-        self.count = 0
+        self.count = self.indexed = 0
 
     def dense(self) -> tuple[np.ndarray, np.ndarray]:
         """The pending gradients as full [n, d] and [n] arrays (for tests and debugging)."""
