@@ -744,7 +744,8 @@ def test_row_index_is_the_transpose_of_the_active_lists(parts: int) -> None:
     start, bstart = np.zeros(n + 1, np.int64), np.zeros((parts, n + 1), np.int64)
     ent = np.zeros(ids.size, np.int64)
     touched = np.zeros(n, np.uint8)
-    k = kernels.index_rows(ids, counts, cnt, seen, touched, slot, rows, start, bstart, ent)
+    k = kernels.index_rows(ids, counts, cnt, seen, touched, slot, rows, start, bstart, ent,
+                           True)
     expected: dict[int, list[int]] = {}
     for b in range(batch):
         for i in range(counts[b]):

@@ -361,7 +361,7 @@ def _walk_block(ids, counts, q, t_chunks, own, mark, ent, step):
 
 
 @njit(parallel=True, cache=True)
-def index_rows(ids, counts, cnt, seen, touched, slot, rows, start, bstart, ent):
+def index_rows(ids, counts, cnt, seen, touched, slot, rows, start, bstart, ent, with_entries):
     """Index a batch's active lists by row (a CSR transpose of ``ids``): the distinct ids
     >= 0 of ``ids[b, :counts[b]]`` sorted in ``rows[:k]`` (returns k), ``slot[j]`` = j's
     position there (the row of the packed gradient block it accumulates into), ``start[r]``
@@ -382,7 +382,8 @@ def index_rows(ids, counts, cnt, seen, touched, slot, rows, start, bstart, ent):
     blocks writing neighbouring entries of one row would share cache lines, as one shared
     ``seen`` array did). ``cnt`` (int32 [T, n]), ``seen`` (uint8 [T, n]) and ``touched``
     (uint8 [n]) are zero on entry and left zero; ``slot`` must be -1 for every id on entry
-    (see :func:`release_slots`); ``bstart`` is int64 [T, n + 1]."""
+    (see :func:`release_slots`); ``bstart`` is int64 [T, n + 1]. With ``with_entries``
+    false (the HOGWILD backward needs only rows and slots) ``ent`` is not written."""
     t_chunks, n = cnt.shape
     for q in prange(t_chunks):
         _walk_block(ids, counts, q, t_chunks, cnt[q], seen[q], ent, _COUNT)
@@ -425,7 +426,8 @@ def index_rows(ids, counts, cnt, seen, touched, slot, rows, start, bstart, ent):
         bstart[q, k] = region[q + 1]
     start[k] = region[t_chunks]
     for q in prange(t_chunks):
-        _walk_block(ids, counts, q, t_chunks, cnt[q], seen[q], ent, _WRITE)
+        if with_entries:
+            _walk_block(ids, counts, q, t_chunks, cnt[q], seen[q], ent, _WRITE)
         _walk_block(ids, counts, q, t_chunks, cnt[q], seen[q], ent, _CLEAR)
     return k
 

@@ -112,7 +112,7 @@ class SlideLinear(nn.Module):
             self.register_buffer(name, torch.empty(n, d, **f32).zero_())
         for name in ("m_b", "v_b"):
             self.register_buffer(name, torch.empty(n, **f32).zero_())
-        self.grads = RowGradients(n, d, with_bias=True)
+        self.grads = RowGradients(n, d, with_bias=True, by_rows=cfg.backward == "rows")
         self.register_buffer("steps", torch.zeros(n, dtype=torch.int64))
         self.register_buffer("dirty", torch.zeros(n, dtype=torch.uint8))
         bits = 1 if cfg.hash == "simhash" else cfg.bin_size.bit_length() - 1
@@ -351,7 +351,7 @@ class SlideLinear(nn.Module):
         ``self.grads.assign``) into the packed block, from ``s["dz"] * scale``; returns the
         input gradient, from the weights before the update (``cfg.backward`` says how)."""
         g = self.grads
-        if self.cfg.backward == "rows":
+        if g.by_rows:
             return g.accumulate(s["dz"], scale, hn, self.weight.numpy())
         dh = np.zeros_like(hn)
         kernels.backward_active(hn, self.weight.numpy(), s["ids"], s["n_active"], s["dz"],
@@ -559,7 +559,8 @@ class SlideSparseInput(nn.Module):
         self.register_buffer("dirty", torch.zeros(d, dtype=torch.uint8))
         self.register_buffer("step_count", torch.zeros(1, dtype=torch.int64))
         self.bias = nn.Parameter(bias.detach().float().clone())
-        self.grads = RowGradients(d, self.out_features, with_bias=False)
+        self.grads = RowGradients(d, self.out_features, with_bias=False,
+                                  by_rows=cfg.backward == "rows")
         self.t_forward = self.t_backward = self.t_optimizer = 0.0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -591,7 +592,7 @@ class _SparseInput(torch.autograd.Function):
         grads = layer.grads
         feat = ctx.feat
         grads.assign(feat, np.full(feat.shape[0], feat.shape[1], np.int32))
-        if layer.cfg.backward == "rows":
+        if grads.by_rows:
             grads.accumulate(ctx.vals, 1.0, g)
         else:
             kernels.sparse_input_backward(feat, ctx.vals, g, grads.slot, grads.w,

@@ -27,7 +27,10 @@ from accelopt_plugins.slide import kernels
 class RowGradients:
     """The packed gradient block of one layer (weights, and bias when ``with_bias``)."""
 
-    def __init__(self, n_rows: int, dim: int, with_bias: bool) -> None:
+    def __init__(self, n_rows: int, dim: int, with_bias: bool, by_rows: bool = True) -> None:
+        """``by_rows``: gradients will be summed by :meth:`accumulate` (``backward=rows``),
+        which needs each row's entries indexed; the HOGWILD kernels need the slots alone."""
+        self.by_rows = by_rows
         self.slot = np.full(n_rows, -1, np.int32)
         self.rows = np.zeros(n_rows, np.int32)
         self.start = np.zeros(n_rows + 1, np.int64)
@@ -45,7 +48,7 @@ class RowGradients:
         """Give the distinct ids of ``ids[b, :counts[b]]`` (sorted) packed rows 0..k-1, index
         each one's entries (see :func:`kernels.index_rows`), and make room for ``extra`` more
         rows after them (the caller fills ``rows[k:k+extra]``, which must be disjoint from
-        the ids, and their gradients). Returns k."""
+        the ids, and their gradients); the entries only when :attr:`by_rows`. Returns k."""
         if self.ent.shape[0] < ids.size:
             self.ent = np.zeros(ids.size, np.int64)
         parts = max(1, min(numba.get_num_threads(), ids.shape[0]))
@@ -55,7 +58,8 @@ class RowGradients:
             self._seen = np.zeros((parts, n), np.uint8)
             self.bstart = np.zeros((parts, n + 1), np.int64)
         k = int(kernels.index_rows(ids, counts, self._cnt, self._seen, self._touched, self.slot,
-                                   self.rows, self.start, self.bstart, self.ent))
+                                   self.rows, self.start, self.bstart, self.ent,
+                                   self.by_rows))
         self.indexed = k
         self.count = k + extra
         self.reserve(self.count)
