@@ -220,6 +220,7 @@ def test_batch_topup_gradients_equal_autograd_over_retrieved_plus_shared(logq: b
                         rows=set(layer.grads.rows[:layer.grads.count].tolist()))
 
     layer.update = capture
+    layer.fused_update = False  # keep the own rows' gradients in the block for capture
     ht = torch.from_numpy(h).requires_grad_(True)
     loss = SlideLogits(layer, ht).loss_against(torch.from_numpy(labels))
     loss.backward()
@@ -264,7 +265,8 @@ def test_gradients_on_active_set_equal_dense_autograd(logq: bool, backward: str)
     g = layer.grads
     n_rows = g.assign(s["ids"], s["n_active"])
     assert np.all(np.diff(g.rows[:n_rows]) > 0)  # distinct and sorted: Adam walks in order
-    assert g.slot[g.rows[:n_rows]].tolist() == list(range(n_rows))
+    if not g.by_rows:  # the HOGWILD kernels find a row's packed gradient by its slot
+        assert g.slot[g.rows[:n_rows]].tolist() == list(range(n_rows))
     dh = layer.own_rows_backward(h, s, np.float32(1.0 / 5))
     grad_w, grad_b = g.dense()
     w = layer.weight.clone().requires_grad_(True)
@@ -731,20 +733,24 @@ def test_thread_scaling_benchmark_interleaves_the_two_thread_counts() -> None:
 
 
 @pytest.mark.parametrize("parts", [1, 2, 3, 7])
-def test_row_index_is_the_transpose_of_the_active_lists(parts: int) -> None:
+@pytest.mark.parametrize("n", [50, 5000])
+def test_row_index_is_the_transpose_of_the_active_lists(parts: int, n: int) -> None:
     """index_rows: sorted distinct rows, the slot map, each row's entries in (b, i) order
-    (block by block), entry counts in ``start``; the counters are left clean for the next
-    batch, whatever the number of parts."""
+    and entry counts in ``start``, whatever the number of parts and radix passes (n = 5000:
+    two passes, the result in the second buffer pair; n = 50: one pass)."""
     rng = np.random.default_rng(13)
-    n, batch, width = 50, 6, 9
+    batch, width = 6, 9
     ids = rng.integers(-1, n, (batch, width)).astype(np.int32)
+    ids[2, :4] = ids[1, 5]  # one row several times in a sample and across samples
     counts = rng.integers(0, width + 1, batch).astype(np.int32)
-    cnt, seen = np.zeros((parts, n), np.int32), np.zeros((parts, n), np.uint8)
+    counts[1:3] = width
+    passes, bits = kernels.radix_passes(n)
+    assert passes == (1 if n == 50 else 2) and 2**(passes * bits) >= n
     slot, rows = np.full(n, -1, np.int32), np.zeros(n, np.int32)
-    start, bstart = np.zeros(n + 1, np.int64), np.zeros((parts, n + 1), np.int64)
-    ent = np.zeros(ids.size, np.int64)
-    touched = np.zeros(n, np.uint8)
-    k = kernels.index_rows(ids, counts, cnt, seen, touched, slot, rows, start, bstart, ent,
+    start = np.zeros(n + 1, np.int64)
+    buffers = [np.zeros(ids.size, np.int32) for _ in range(4)]
+    shift = kernels.entry_shift(width)
+    k = kernels.index_rows(ids, counts, parts, shift, passes, bits, *buffers, slot, rows, start,
                            True)
     expected: dict[int, list[int]] = {}
     for b in range(batch):
@@ -752,15 +758,74 @@ def test_row_index_is_the_transpose_of_the_active_lists(parts: int) -> None:
             if ids[b, i] >= 0:
                 expected.setdefault(int(ids[b, i]), []).append(b * width + i)
     assert rows[:k].tolist() == sorted(expected)
-    got = [np.concatenate([ent[bstart[q, r]:bstart[q, r + 1]] for q in range(parts)]).tolist()
-           for r in range(k)]
+    ent = buffers[1 if passes % 2 == 0 else 3]
+    got = [[(int(e) >> shift) * width + (int(e) & ((1 << shift) - 1))
+            for e in ent[start[r]:start[r + 1]]] for r in range(k)]
     assert got == [expected[j] for j in sorted(expected)]
-    assert np.diff(start[:k + 1]).tolist() == [len(expected[j]) for j in sorted(expected)]
     assert slot[rows[:k]].tolist() == list(range(k))
-    assert not cnt.any() and not seen.any() and not touched.any()
+    assert (np.delete(slot, rows[:k]) == -1).all()
     g = RowGradients(n, 4, with_bias=False)  # the wrapper: one part per numba thread
     assert g.assign(ids, counts) == k
     assert [g.entries(r).tolist() for r in range(k)] == got
+    assert (g.slot == -1).all()  # backward=rows needs no slots
+    hog = RowGradients(n, 4, with_bias=False, by_rows=False)
+    assert hog.assign(ids, counts) == k and hog.slot[rows[:k]].tolist() == list(range(k))
+    hog.release()
+    assert (hog.slot == -1).all()
+
+
+def test_radix_passes_cover_every_key() -> None:
+    for n in (1, 2, 3, 2048, 2049, 670_091, 2**31 - 1):
+        passes, bits = kernels.radix_passes(n)
+        assert bits <= kernels.RADIX_BITS and 2**(passes * bits) >= n
+        assert passes == max(1, -(-(max(n, 2) - 1).bit_length() // kernels.RADIX_BITS))
+    assert [kernels.entry_shift(w) for w in (1, 2, 3, 4, 5, 1000)] == [1, 1, 2, 2, 3, 10]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_fused_backward_and_adam_equal_the_two_passes_bit_for_bit(threads: int,
+                                                                  with_bias: bool) -> None:
+    """accumulate_and_update (the training path of backward=rows) gives the same weights,
+    moments, bias, step counts, dirty flags and input gradient as accumulate then adam_step,
+    over several steps, with extra rows (topup=batch's shared list) updated after it."""
+    n, batch, dim, width = 60, 7, 5, 10
+    cfg = SlideConfig()
+    states = []
+    for fused in (False, True):
+        r2 = np.random.default_rng(22)
+        w = r2.standard_normal((n, dim)).astype(np.float32)
+        arrays = [w, np.zeros_like(w), np.zeros_like(w)]
+        bias = tuple(np.zeros(n, np.float32) for _ in range(3)) if with_bias else None
+        steps, dirty = np.zeros(n, np.int64), np.zeros(n, np.uint8)
+        g = RowGradients(n, dim, with_bias=with_bias)
+        dhs = []
+        numba.set_num_threads(threads)
+        try:
+            for t in range(1, 4):
+                ids = np.stack([r2.choice(n - 5, width, replace=False) for _ in range(batch)])
+                ids = ids.astype(np.int32)
+                counts = r2.integers(1, width + 1, batch).astype(np.int32)
+                dz = r2.standard_normal((batch, width)).astype(np.float32)
+                x = r2.standard_normal((batch, dim)).astype(np.float32)
+                k = g.assign(ids, counts, extra=2)
+                g.rows[k:k + 2] = [n - 2, n - 1]  # rows no sample has, as topup=batch adds
+                g.w[k:k + 2] = 0.5
+                if fused:
+                    dh = g.accumulate_and_update(dz, 0.25, x, True, *arrays, bias, steps, dirty,
+                                                 1e-2, cfg, t)
+                else:
+                    dh = g.accumulate(dz, 0.25, x, arrays[0])
+                g.adam_step(*arrays, bias, steps, dirty, 1e-2, cfg, t)
+                dhs.append(dh)
+        finally:
+            numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+        states.append((arrays, bias or (), steps, dirty, dhs, g.w.copy()))
+    (a0, b0, s0, d0, h0, gw0), (a1, b1, s1, d1, h1, gw1) = states
+    for x0, x1 in zip([*a0, *b0, s0, d0, *h0], [*a1, *b1, s1, d1, *h1], strict=True):
+        assert np.array_equal(x0, x1)
+    assert not gw0.any() and not gw1.any()  # the block is left clean either way
+    assert np.array_equal(d0, (s0 > 0).astype(np.uint8)) and s0[n - 1] == 3 and s0.sum() > 3
 
 
 def test_row_parallel_gradients_equal_hogwild_and_do_not_depend_on_thread_count() -> None:
@@ -771,7 +836,7 @@ def test_row_parallel_gradients_equal_hogwild_and_do_not_depend_on_thread_count(
     dz = rng.standard_normal((batch, width)).astype(np.float32)
     h = rng.standard_normal((batch, dim)).astype(np.float32)
     w = rng.standard_normal((n, dim)).astype(np.float32)
-    ref = RowGradients(n, dim, with_bias=True)
+    ref = RowGradients(n, dim, with_bias=True, by_rows=False)  # HOGWILD: by slots
     ref.assign(ids, counts)
     dh_ref = np.zeros_like(h)
     kernels.backward_active(h, w, ids, counts, dz, np.float32(0.5), dh_ref, ref.slot, ref.w,
@@ -781,7 +846,7 @@ def test_row_parallel_gradients_equal_hogwild_and_do_not_depend_on_thread_count(
         g = RowGradients(n, dim, with_bias=True)
         k = g.assign(ids, counts)
         dh_parts = np.zeros((parts, batch, dim), np.float32)
-        kernels.accumulate_rows(g.rows, k, g.start, g.bstart, g.ent, dz, np.float32(0.5), h, w,
+        kernels.accumulate_rows(g.rows, k, g.start, g.ent, g.shift, dz, np.float32(0.5), h, w,
                                 dh_parts, g.w, g.b)
         results.append((g.dense(), dh_parts.sum(0)))
         np.testing.assert_allclose(g.dense()[0], ref.dense()[0], rtol=1e-5, atol=1e-6)

@@ -334,106 +334,139 @@ def backward_active(h, w, ids, n_active, dz, scale, dh, slot, grad_w, grad_b, n_
                 grad_b[slot[j]] += g
 
 
-_COUNT, _WRITE, _CLEAR = 0, 1, 2
+RADIX_BITS = 11
+"""At most this many key bits per radix pass: 2,048 counters per part stay in L1."""
+
+
+def radix_passes(n: int) -> tuple[int, int]:
+    """(passes, bits per pass) for sorting keys in [0, n): the fewest passes of at most
+    :data:`RADIX_BITS` bits, the bits spread evenly (670K rows: 2 passes of 10 bits)."""
+    bits = max(1, (max(n, 2) - 1).bit_length())
+    passes = -(-bits // RADIX_BITS)
+    return passes, -(-bits // passes)
+
+
+def entry_shift(width: int) -> int:
+    """Bits of the position within a sample in a packed entry ``b << shift | i``: a power of
+    two, so that decoding is a shift and a mask, not a division per entry."""
+    return max(1, (max(width, 2) - 1).bit_length())
 
 
 @njit(cache=True, inline="always")
-def _walk_block(ids, counts, q, t_chunks, own, mark, ent, step):
-    """One pass of :func:`index_rows` over sample block q's ids >= 0: ``_COUNT`` counts and
-    marks them, ``_WRITE`` writes each one's flat position where its counter points (and
-    advances it), ``_CLEAR`` zeroes the counters and marks again. ``step`` is a constant at
-    every call site, so the inlined copies keep only their own branch."""
-    batch, width = ids.shape
-    for b in range(batch * q // t_chunks, batch * (q + 1) // t_chunks):
-        for i in range(counts[b]):
-            j = ids[b, i]
-            if j < 0:
-                continue
-            if step == _COUNT:
-                own[j] += 1
-                mark[j] = 1
-            elif step == _WRITE:
-                ent[own[j]] = b * width + i
-                own[j] += 1
-            else:
-                own[j] = 0
-                mark[j] = 0
+def _split(total, c, parts):
+    """Part c's slice [lo, hi) of ``total`` items split into ``parts`` near-equal ones."""
+    return total * c // parts, total * (c + 1) // parts
 
 
 @njit(parallel=True, cache=True)
-def index_rows(ids, counts, cnt, seen, touched, slot, rows, start, bstart, ent, with_entries):
+def index_rows(ids, counts, parts, shift, passes, bits, key_a, ent_a, key_b, ent_b, slot, rows,
+               start, with_slots):
     """Index a batch's active lists by row (a CSR transpose of ``ids``): the distinct ids
-    >= 0 of ``ids[b, :counts[b]]`` sorted in ``rows[:k]`` (returns k), ``slot[j]`` = j's
-    position there (the row of the packed gradient block it accumulates into), ``start[r]``
-    = how many entries the rows before r have, and the entries themselves, the flat
-    positions ``b * ids.shape[1] + i`` of row r's occurrences: sample block q's (see below)
-    in ``ent[bstart[q, r]:bstart[q, r + 1]]``, blocks in order, so (b, i) order overall.
+    >= 0 of ``ids[b, :counts[b]]`` sorted in ``rows[:k]`` (returns k), ``start[r]`` = how
+    many entries the rows before r have, and row r's entries, packed ``b << shift | i``
+    (see :func:`entry_shift`), in (b, i) order in ``ent[start[r]:start[r + 1]]``, where
+    ``ent`` is ``ent_a`` after an even number of ``passes`` and ``ent_b`` after an odd one
+    (:meth:`RowGradients.assign` picks it). With ``with_slots``, also ``slot[j]`` = j's
+    position in ``rows`` (the HOGWILD kernels add into ``grad_w[slot[j]]``; the caller
+    resets it, see :func:`release_slots`).
 
     Why a transpose: with it every gradient row is summed by one thread from its own
     entries (:func:`accumulate_rows`), instead of every sample adding into shared rows
     (HOGWILD), which at 670K labels missed cache on each of 128K scattered row updates.
 
-    Parallel in T = ``cnt.shape[0]`` parts, without races, sorting or shared cache lines:
-    part q counts the occurrences in its block of samples (``batch * q // T`` on) into its
-    own rows ``cnt[q]`` and ``seen[q]``; then part c ORs its range of the ``seen`` rows into
-    ``touched``, walks that range (so the rows come out sorted), gives each touched id its
-    packed row and turns the counters into where each block's entries of that row go; then
-    each block writes its entries into its own region of ``ent`` (one region per block:
-    blocks writing neighbouring entries of one row would share cache lines, as one shared
-    ``seen`` array did). ``cnt`` (int32 [T, n]), ``seen`` (uint8 [T, n]) and ``touched``
-    (uint8 [n]) are zero on entry and left zero; ``slot`` must be -1 for every id on entry
-    (see :func:`release_slots`); ``bstart`` is int64 [T, n + 1]. With ``with_entries``
-    false (the HOGWILD backward needs only rows and slots) ``ent`` is not written."""
-    t_chunks, n = cnt.shape
-    for q in prange(t_chunks):
-        _walk_block(ids, counts, q, t_chunks, cnt[q], seen[q], ent, _COUNT)
-    n_rows = np.zeros(t_chunks + 1, np.int64)
-    part = np.zeros((t_chunks + 1, t_chunks), np.int64)  # [range c + 1, block q]: entries
-    for c in prange(t_chunks):
-        lo, hi = n * c // t_chunks, n * (c + 1) // t_chunks
-        for q in range(t_chunks):
-            part[c + 1, q] = np.sum(cnt[q, lo:hi])  # a slice sum vectorises
-        merged = touched[lo:hi]  # whole-slice ORs and sums vectorise; a loop over j did not
-        for q in range(t_chunks):
-            merged |= seen[q, lo:hi]
-        n_rows[c + 1] = np.sum(merged)
-    region = np.zeros(t_chunks + 1, np.int64)  # where block q's entries begin in ent
-    for q in range(t_chunks):
-        region[q + 1] = region[q] + np.sum(part[:, q])
-    for c in range(t_chunks):
-        n_rows[c + 1] += n_rows[c]
-        part[c + 1] += part[c]  # now: entries of each block in the ranges before c + 1
-    for c in prange(t_chunks):
-        cursor = region[:t_chunks] + part[c]
-        r, e = n_rows[c], np.sum(part[c])
-        for j in range(n * c // t_chunks, n * (c + 1) // t_chunks):
-            if touched[j] == 0:
-                continue
-            touched[j] = 0
-            rows[r] = j
-            slot[j] = r
-            start[r] = e
-            for q in range(t_chunks):  # counters become each block's write position
-                bstart[q, r] = cursor[q]
-                here = cnt[q, j]
-                if here > 0:  # a block without j keeps 0, so its counter is already clean
-                    cnt[q, j] = cursor[q]
-                    cursor[q] += here
-                    e += here
-            r += 1
-    k = n_rows[t_chunks]
-    for q in range(t_chunks):
-        bstart[q, k] = region[q + 1]
-    start[k] = region[t_chunks]
-    for q in prange(t_chunks):
-        if with_entries:
-            _walk_block(ids, counts, q, t_chunks, cnt[q], seen[q], ent, _WRITE)
-        _walk_block(ids, counts, q, t_chunks, cnt[q], seen[q], ent, _CLEAR)
+    How: a stable least-significant-digit radix sort of the (row, entry) pairs, ``passes``
+    passes of ``bits`` bits (:func:`radix_passes`), each split over the threads: a part
+    counts its contiguous slice's digits, one short serial prefix over (digit, part) gives
+    every part its write positions, and each part scatters its slice there. Stable, so a
+    row's entries keep their (b, i) order whatever the thread count. Why not counters per
+    id: they are as wide as the layer, and clearing or scanning them (670K ids, once per
+    thread) cost more than sorting the ~128K entries and scaled worse on two threads.
+    ``parts``: slices (one per thread); ``key_*`` and ``ent_*`` (int32) must hold
+    ``ids.size`` entries."""
+    batch = ids.shape[0]
+    # 1. the valid entries of each block of samples, then copied out in (b, i) order
+    per_block = np.zeros(parts + 1, np.int64)
+    for q in prange(parts):
+        lo, hi = _split(batch, q, parts)
+        m = 0
+        for b in range(lo, hi):
+            for i in range(counts[b]):
+                if ids[b, i] >= 0:
+                    m += 1
+        per_block[q + 1] = m
+    for q in range(parts):
+        per_block[q + 1] += per_block[q]
+    total = per_block[parts]
+    for q in prange(parts):
+        lo, hi = _split(batch, q, parts)
+        e = per_block[q]
+        for b in range(lo, hi):
+            for i in range(counts[b]):
+                j = ids[b, i]
+                if j >= 0:
+                    key_a[e] = j
+                    ent_a[e] = (b << shift) | i
+                    e += 1
+    # 2. radix passes, a <-> b
+    radix = 1 << bits
+    mask = radix - 1
+    hist = np.zeros((parts, radix), np.int64)
+    for p in range(passes):
+        src_k, src_e = (key_a, ent_a) if p % 2 == 0 else (key_b, ent_b)
+        dst_k, dst_e = (key_b, ent_b) if p % 2 == 0 else (key_a, ent_a)
+        sh = p * bits
+        for c in prange(parts):
+            lo, hi = _split(total, c, parts)
+            hc = hist[c]
+            hc[:] = 0
+            for e in range(lo, hi):
+                hc[(src_k[e] >> sh) & mask] += 1
+        pos = 0
+        for d in range(radix):
+            for c in range(parts):
+                here = hist[c, d]
+                hist[c, d] = pos
+                pos += here
+        for c in prange(parts):
+            lo, hi = _split(total, c, parts)
+            hc = hist[c]
+            for e in range(lo, hi):
+                key = src_k[e]
+                d = (key >> sh) & mask
+                at = hc[d]
+                hc[d] = at + 1
+                dst_k[at] = key
+                dst_e[at] = src_e[e]
+    key = key_a if passes % 2 == 0 else key_b
+    # 3. rows: where the sorted keys change
+    heads = np.zeros(parts + 1, np.int64)
+    for c in prange(parts):
+        lo, hi = _split(total, c, parts)
+        m = 0
+        for e in range(lo, hi):
+            if e == 0 or key[e] != key[e - 1]:
+                m += 1
+        heads[c + 1] = m
+    for c in range(parts):
+        heads[c + 1] += heads[c]
+    for c in prange(parts):
+        lo, hi = _split(total, c, parts)
+        r = heads[c]
+        for e in range(lo, hi):
+            if e == 0 or key[e] != key[e - 1]:
+                j = key[e]
+                rows[r] = j
+                start[r] = e
+                if with_slots:
+                    slot[j] = r
+                r += 1
+    k = heads[parts]
+    start[k] = total
     return k
 
 
 @njit(parallel=True, cache=True, fastmath=FASTMATH)
-def accumulate_rows(rows, n_rows, start, bstart, ent, coef, scale, x, w, dh_parts, grad_w,
+def accumulate_rows(rows, n_rows, start, ent, shift, coef, scale, x, w, dh_parts, grad_w,
                     grad_b):
     """Row-parallel gradients from the index of :func:`index_rows`: for packed row r (layer
     row j = ``rows[r]``) and each entry (b, i) of it, with g = coef[b, i] * scale,
@@ -446,9 +479,8 @@ def accumulate_rows(rows, n_rows, start, bstart, ent, coef, scale, x, w, dh_part
     thread count; the input gradient's parts split by thread count. Zero coefficients are
     skipped, as in :func:`backward_active`."""
     dim = x.shape[1]
-    width = coef.shape[1]
+    low = (1 << shift) - 1
     t_chunks = dh_parts.shape[0]
-    blocks = bstart.shape[0]
     with_dh = dh_parts.shape[1] > 0
     total = start[n_rows]
     for c in prange(t_chunks):
@@ -462,23 +494,22 @@ def accumulate_rows(rows, n_rows, start, bstart, ent, coef, scale, x, w, dh_part
             j = rows[r]
             gr = grad_w[r]
             gb = np.float32(0.0)
-            for q in range(blocks):
-                for e in range(bstart[q, r], bstart[q, r + 1]):
-                    b = ent[e] // width
-                    g = coef[b, ent[e] - b * width] * scale
-                    if g == 0.0:
-                        continue
-                    gb += g
-                    xb = x[b]
-                    if with_dh:
-                        db = dh_parts[c, b]
-                        wj = w[j]
-                        for d in range(dim):
-                            gr[d] += g * xb[d]
-                            db[d] += g * wj[d]
-                    else:
-                        for d in range(dim):
-                            gr[d] += g * xb[d]
+            for e in range(start[r], start[r + 1]):
+                b = ent[e] >> shift
+                g = coef[b, ent[e] & low] * scale
+                if g == 0.0:
+                    continue
+                gb += g
+                xb = x[b]
+                if with_dh:
+                    db = dh_parts[c, b]
+                    wj = w[j]
+                    for d in range(dim):
+                        gr[d] += g * xb[d]
+                        db[d] += g * wj[d]
+                else:
+                    for d in range(dim):
+                        gr[d] += g * xb[d]
             if grad_b.shape[0] > 0:
                 grad_b[r] += gb
 
@@ -488,6 +519,83 @@ def release_slots(rows, n_rows, slot):
     """Reset ``slot`` to -1 for ``rows[:n_rows]`` (what :func:`index_rows` expects)."""
     for r in range(n_rows):
         slot[rows[r]] = -1
+
+
+@njit(cache=True, inline="always", fastmath=FASTMATH)
+def _adam_row(j, w, gj, m_w, v_w, bias, gb, m_b, v_b, steps, dirty, lr, beta1, beta2, eps,
+              global_t):
+    """Adam on row j from its gradient ``gj`` (cleared on the way) and, when the layer's
+    ``bias`` is not empty, its bias from ``gb``; counts the row's step and flags it dirty.
+    The one update of :func:`sparse_adam` and :func:`accumulate_adam_rows`."""
+    b1, b2, e = np.float32(beta1), np.float32(beta2), np.float32(eps)
+    ob1, ob2 = np.float32(1.0) - b1, np.float32(1.0) - b2
+    steps[j] += 1
+    t = global_t if global_t > 0 else steps[j]
+    step_size = np.float32(lr / (1.0 - beta1**t))
+    inv_c2 = np.float32(1.0 / np.sqrt(1.0 - beta2**t))
+    wj, mj, vj = w[j], m_w[j], v_w[j]
+    for d in range(wj.shape[0]):
+        g = gj[d]
+        m = b1 * mj[d] + ob1 * g
+        v = b2 * vj[d] + ob2 * g * g
+        mj[d] = m
+        vj[d] = v
+        wj[d] -= step_size * m / (np.sqrt(v) * inv_c2 + e)
+        gj[d] = 0.0
+    if bias.shape[0] > 0:
+        m = b1 * m_b[j] + ob1 * gb
+        v = b2 * v_b[j] + ob2 * gb * gb
+        m_b[j] = m
+        v_b[j] = v
+        bias[j] -= step_size * m / (np.sqrt(v) * inv_c2 + e)
+    dirty[j] = 1
+
+
+@njit(parallel=True, cache=True, fastmath=FASTMATH)
+def accumulate_adam_rows(rows, n_rows, start, ent, shift, coef, scale, x, w, dh_parts, m_w,
+                         v_w, bias, m_b, v_b, steps, dirty, lr, beta1, beta2, eps, global_t):
+    """:func:`accumulate_rows` and :func:`sparse_adam` in one pass over the rows: each
+    thread sums a row's gradient into a private buffer, adds the row's share of the input
+    gradient (from the weights before the update), then updates the row at once.
+
+    Why: the row's weights are in cache from the input gradient when the update reads
+    them, and the packed gradient block (27 MB at 670K labels) is never written, read back
+    and cleared. The same float operations in the same order as the two kernels apart, so
+    the same bits (tested)."""
+    dim = x.shape[1]
+    low = (1 << shift) - 1
+    t_chunks = dh_parts.shape[0]
+    with_dh = dh_parts.shape[1] > 0
+    total = start[n_rows]
+    for c in prange(t_chunks):
+        lo = np.searchsorted(start[:n_rows], total * c // t_chunks)
+        hi = np.searchsorted(start[:n_rows], total * (c + 1) // t_chunks)
+        if c == t_chunks - 1:
+            hi = n_rows
+        if with_dh:
+            dh_parts[c, :, :] = 0.0
+        gr = np.zeros(dim, np.float32)
+        for r in range(lo, hi):
+            j = rows[r]
+            gb = np.float32(0.0)
+            for e in range(start[r], start[r + 1]):
+                b = ent[e] >> shift
+                g = coef[b, ent[e] & low] * scale
+                if g == 0.0:
+                    continue
+                gb += g
+                xb = x[b]
+                if with_dh:
+                    db = dh_parts[c, b]
+                    wj = w[j]
+                    for d in range(dim):
+                        gr[d] += g * xb[d]
+                        db[d] += g * wj[d]
+                else:
+                    for d in range(dim):
+                        gr[d] += g * xb[d]
+            _adam_row(j, w, gr, m_w, v_w, bias, gb, m_b, v_b, steps, dirty, lr, beta1, beta2,
+                      eps, global_t)
 
 
 @njit(parallel=True, cache=True, fastmath=FASTMATH)
@@ -510,33 +618,11 @@ def sparse_adam(rows, n_rows, w, grad_w, m_w, v_w, bias, grad_b, m_b, v_b, steps
     less per step than the dense baseline (docs/benchmarks.md, slide session 3). Gradients of the
     updated rows are zeroed; rows are flagged dirty for rehashing. The per-element update
     runs in float32 (as torch's Adam does), the per-row corrections in float64."""
-    dim = w.shape[1]
-    b1, b2, e = np.float32(beta1), np.float32(beta2), np.float32(eps)
-    ob1, ob2 = np.float32(1.0) - b1, np.float32(1.0) - b2
     for r in prange(n_rows):
-        j = rows[r]
-        steps[j] += 1
-        t = global_t if global_t > 0 else steps[j]
-        step_size = np.float32(lr / (1.0 - beta1**t))
-        inv_c2 = np.float32(1.0 / np.sqrt(1.0 - beta2**t))
-        wj, gj, mj, vj = w[j], grad_w[r], m_w[j], v_w[j]
-        for d in range(dim):
-            g = gj[d]
-            m = b1 * mj[d] + ob1 * g
-            v = b2 * vj[d] + ob2 * g * g
-            mj[d] = m
-            vj[d] = v
-            wj[d] -= step_size * m / (np.sqrt(v) * inv_c2 + e)
-            gj[d] = 0.0
-        if bias.shape[0] > 0:
-            g = grad_b[r]
-            m = b1 * m_b[j] + ob1 * g
-            v = b2 * v_b[j] + ob2 * g * g
-            m_b[j] = m
-            v_b[j] = v
-            bias[j] -= step_size * m / (np.sqrt(v) * inv_c2 + e)
+        _adam_row(rows[r], w, grad_w[r], m_w, v_w, bias,
+                  grad_b[r] if grad_b.shape[0] > 0 else np.float32(0.0), m_b, v_b, steps, dirty, lr, beta1, beta2, eps, global_t)
+        if grad_b.shape[0] > 0:
             grad_b[r] = 0.0
-        dirty[j] = 1
 
 
 # ------------------------------------------------------------------ sparse input layer

@@ -6,15 +6,18 @@ into that block and reading it back in the update replaces two passes over scatt
 of a 100 MB array (at 200K labels) with cache hits: the sparse Adam took ~40% less time at
 6,000 rows, and the layer no longer holds a gradient array as large as its weights.
 
-Row ``r`` of the block belongs to row ``rows[r]`` of the layer; ``slot[j]`` maps back
-(``-1``: not touched this batch). The block is all zeros between steps: the sparse Adam
-clears each row it consumes.
+Row ``r`` of the block belongs to row ``rows[r]`` of the layer (sorted); with HOGWILD
+``slot[j]`` maps back (``-1``: not touched this batch). The block is all zeros between
+steps: the sparse Adam clears each row it consumes.
 
 Two ways to fill it (``plugins.slide.backward``): ``rows`` (default) sums each row from the
-batch's entries of that row, one thread per range of rows (:meth:`RowGradients.accumulate`,
-no races); ``hogwild``, the paper's, lets every sample add its rows in place from its own
-thread (the layers call :func:`kernels.backward_active` / :func:`kernels.sparse_input_backward`
-with :attr:`RowGradients.slot`). Both give the same gradients up to float summation order.
+batch's entries of that row, one thread per range of rows, no races; in training the row is
+updated by the sparse Adam in the same pass, so its gradient never reaches the block
+(:meth:`RowGradients.accumulate_and_update`; :meth:`RowGradients.accumulate` fills the block
+instead, to read the gradients). ``hogwild``, the paper's, lets every
+sample add its rows in place from its own thread (the layers call
+:func:`kernels.backward_active` / :func:`kernels.sparse_input_backward` with
+:attr:`RowGradients.slot`). Both give the same gradients up to float summation order.
 """
 
 from __future__ import annotations
@@ -34,32 +37,32 @@ class RowGradients:
         self.slot = np.full(n_rows, -1, np.int32)
         self.rows = np.zeros(n_rows, np.int32)
         self.start = np.zeros(n_rows + 1, np.int64)
-        self.ent = np.zeros(0, np.int64)
-        self._cnt = np.zeros((0, n_rows), np.int32)
-        self._seen = np.zeros((0, n_rows), np.uint8)
-        self._touched = np.zeros(n_rows, np.uint8)
-        self.bstart = np.zeros((0, n_rows + 1), np.int64)
+        self._sort = (np.zeros(0, np.int32),) * 4  # radix sort buffers: keys, entries, twice
+        self.ent = self._sort[1]
+        self.shift = self.width = 1
         self.dim, self.with_bias = dim, with_bias
         self.w = np.zeros((0, dim), np.float32)
         self.b = np.zeros(0, np.float32)
-        self.count = self.indexed = 0
+        self.count = self.indexed = self.done = 0
 
     def assign(self, ids: np.ndarray, counts: np.ndarray, extra: int = 0) -> int:
         """Give the distinct ids of ``ids[b, :counts[b]]`` (sorted) packed rows 0..k-1, index
         each one's entries (see :func:`kernels.index_rows`), and make room for ``extra`` more
         rows after them (the caller fills ``rows[k:k+extra]``, which must be disjoint from
-        the ids, and their gradients); the entries only when :attr:`by_rows`. Returns k."""
-        if self.ent.shape[0] < ids.size:
-            self.ent = np.zeros(ids.size, np.int64)
+        the ids, and their gradients); the slot map only when not :attr:`by_rows` (the
+        HOGWILD kernels add into ``w[slot[j]]``). Returns k."""
+        if 2 * ids.size >= 2**31:
+            raise ValueError(f"slide: {ids.size} active entries in one batch exceed the row "
+                             "index's int32 positions; use a smaller batch or active set")
+        if self._sort[0].shape[0] < ids.size:
+            self._sort = tuple(np.zeros(ids.size, np.int32) for _ in range(4))
+        self.shift = kernels.entry_shift(ids.shape[1])
+        passes, bits = kernels.radix_passes(self.slot.shape[0])
         parts = max(1, min(numba.get_num_threads(), ids.shape[0]))
-        if self._cnt.shape[0] != parts:  # per-part counters (see kernels.index_rows)
-            n = self.slot.shape[0]
-            self._cnt = np.zeros((parts, n), np.int32)
-            self._seen = np.zeros((parts, n), np.uint8)
-            self.bstart = np.zeros((parts, n + 1), np.int64)
-        k = int(kernels.index_rows(ids, counts, self._cnt, self._seen, self._touched, self.slot,
-                                   self.rows, self.start, self.bstart, self.ent,
-                                   self.by_rows))
+        k = int(kernels.index_rows(ids, counts, parts, self.shift, passes, bits, *self._sort,
+                                   self.slot, self.rows, self.start, not self.by_rows))
+        self.ent = self._sort[1 if passes % 2 == 0 else 3]
+        self.width = ids.shape[1]
         self.indexed = k
         self.count = k + extra
         self.reserve(self.count)
@@ -68,8 +71,8 @@ class RowGradients:
     def entries(self, r: int) -> np.ndarray:
         """The flat positions in ``ids`` (b * width + i) of packed row r's entries, in (b, i)
         order (for tests and debugging)."""
-        return np.concatenate([self.ent[self.bstart[q, r]:self.bstart[q, r + 1]]
-                               for q in range(self.bstart.shape[0])])
+        e = self.ent[self.start[r]:self.start[r + 1]].astype(np.int64)
+        return (e >> self.shift) * self.width + (e & ((1 << self.shift) - 1))
 
     def accumulate(self, coef: np.ndarray, scale: float, x: np.ndarray,
                    w: np.ndarray | None = None) -> np.ndarray | None:
@@ -81,10 +84,31 @@ class RowGradients:
         batch, dim = x.shape
         dh_parts = np.zeros((parts, batch if w is not None else 0, dim), np.float32)
         kernels.accumulate_rows(
-            self.rows, self.indexed, self.start, self.bstart, self.ent, coef, np.float32(scale), x,
+            self.rows, self.indexed, self.start, self.ent, self.shift, coef, np.float32(scale), x,
             w if w is not None else np.zeros((0, dim), np.float32), dh_parts, self.w,
             self.b if self.with_bias else self.b[:0])
         return dh_parts.sum(0) if w is not None else None
+
+    def accumulate_and_update(self, coef: np.ndarray, scale: float, x: np.ndarray,
+                              with_dh: bool, w: np.ndarray, m_w: np.ndarray, v_w: np.ndarray,
+                              bias: tuple[np.ndarray, np.ndarray, np.ndarray] | None,
+                              steps: np.ndarray, dirty: np.ndarray, lr: float, cfg,
+                              global_t: int) -> np.ndarray | None:
+        """:meth:`accumulate` then the sparse Adam on the indexed rows, fused into one pass
+        (:func:`kernels.accumulate_adam_rows`); the extra rows (``assign(extra=...)``) keep
+        their gradients in the block for :meth:`adam_step`, which must follow when there
+        are any. Returns the input gradient when ``with_dh`` (from the weights before the
+        update, as :meth:`accumulate` does)."""
+        parts = numba.get_num_threads()
+        batch, dim = x.shape
+        dh_parts = np.zeros((parts, batch if with_dh else 0, dim), np.float32)
+        b, m_b, v_b = bias if bias is not None else (self.b[:0],) * 3
+        kernels.accumulate_adam_rows(
+            self.rows, self.indexed, self.start, self.ent, self.shift, coef, np.float32(scale),
+            x, w, dh_parts, m_w, v_w, b, m_b, v_b, steps, dirty, lr, cfg.beta1, cfg.beta2,
+            cfg.eps, global_t)
+        self.done = self.indexed
+        return dh_parts.sum(0) if with_dh else None
 
     def reserve(self, count: int) -> None:
         """Grow the block to at least ``count`` rows (by half again, so that a slowly
@@ -97,20 +121,24 @@ class RowGradients:
     def adam_step(self, w: np.ndarray, m_w: np.ndarray, v_w: np.ndarray,
                   bias: tuple[np.ndarray, np.ndarray, np.ndarray] | None, steps: np.ndarray,
                   dirty: np.ndarray, lr: float, cfg, global_t: int) -> int:
-        """The sparse Adam (:func:`kernels.sparse_adam`) on the rows with pending gradients,
-        then :meth:`release`: the one update both SLIDE layers make. ``bias``: (bias, m_b,
-        v_b), or None when the layer's bias is not updated here. Returns the rows updated."""
-        n_rows = self.count
+        """The sparse Adam (:func:`kernels.sparse_adam`) on the rows with pending gradients
+        (those :meth:`accumulate_and_update` did not update already), then :meth:`release`:
+        the update both SLIDE layers end a step with. ``bias``: (bias, m_b, v_b), or None
+        when the layer's bias is not updated here. Returns the rows the step updated."""
+        n_rows, done = self.count, self.done
         b, m_b, v_b = bias if bias is not None else (self.b[:0],) * 3
-        kernels.sparse_adam(self.rows, n_rows, w, self.w, m_w, v_w, b, self.b, m_b, v_b, steps,
-                            dirty, lr, cfg.beta1, cfg.beta2, cfg.eps, global_t)
+        if n_rows > done:
+            kernels.sparse_adam(self.rows[done:], n_rows - done, w, self.w[done:], m_w, v_w,
+                                b, self.b[done:] if self.with_bias else self.b, m_b, v_b,
+                                steps, dirty, lr, cfg.beta1, cfg.beta2, cfg.eps, global_t)
         self.release()
         return n_rows
 
     def release(self) -> None:
         """Forget this batch's slots (after the update consumed and cleared the block)."""
-        kernels.release_slots(self.rows, self.count, self.slot)
-        self.count = self.indexed = 0
+        if not self.by_rows:  # only the HOGWILD kernels use slots
+            kernels.release_slots(self.rows, self.count, self.slot)
+        self.count = self.indexed = self.done = 0
 
     def dense(self) -> tuple[np.ndarray, np.ndarray]:
         """The pending gradients as full [n, d] and [n] arrays (for tests and debugging)."""
