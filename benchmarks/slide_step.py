@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import numpy as np  # noqa: E402
 from accelopt_plugins.slide.xcdata import synthetic  # noqa: E402
+from machine_scaling import describe, machine_scaling  # noqa: E402
 from slide_common import (  # noqa: E402
     DenseTrainer,
     SampledTrainer,
@@ -133,6 +134,8 @@ def main() -> None:
     ratios = [(n, td / tl) for n, td, _, tl, *_ in rows]
     print("\nbreak-even width (SLIDE = dense per step): " + break_even(ratios))
 
+    if args.scaling_width:  # the yardstick, before and after: the VM's load drifts
+        print(f"\n{describe(machine_scaling())} (before the scaling tests)", flush=True)
     for width in args.scaling_width:
         ds = synthetic(width)
         n, d = ds.num_classes, ds.vocab_size
@@ -146,6 +149,8 @@ def main() -> None:
         print("  ms/step by phase, all pairs (1 thread / 2 threads = speed-up): " + ", ".join(
             f"{k} {phases[1][k]:.1f} / {phases[2][k]:.1f} = {phases[1][k] / phases[2][k]:.2f}x"
             for k in phases[1] if phases[2].get(k, 0.0) > 0.05), flush=True)
+    if args.scaling_width:
+        print(f"\n{describe(machine_scaling())} (after the scaling tests)", flush=True)
 
 
 def thread_scaling(d: int, n: int, batches, cfg, pairs: int, per_rep: int

@@ -732,6 +732,28 @@ def test_thread_scaling_benchmark_interleaves_the_two_thread_counts() -> None:
         assert phases[t]["backward"] > 0
 
 
+@pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="needs 2 numba threads")
+def test_machine_scaling_probe_reports_each_kind_of_work_and_restores_threads() -> None:
+    """benchmarks/machine_scaling.py at tiny sizes: one positive median per probe, printed
+    by name, and numba's thread count as it was (bookkeeping, not speed)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    try:
+        from machine_scaling import describe, machine_scaling
+    finally:
+        sys.path.pop(0)
+    numba.set_num_threads(1)
+    try:
+        got = machine_scaling(pairs=2, n=500, updated=100, stream=4096, iters=1000)
+        assert numba.get_num_threads() == 1
+    finally:
+        numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+    assert list(got) == ["compute", "random rows", "stream"] and all(r > 0 for r in got.values())
+    assert "random rows" in describe(got) and describe(got).count("x,") == 2
+
+
 @pytest.mark.parametrize("parts", [1, 2, 3, 7])
 @pytest.mark.parametrize("n", [50, 5000])
 def test_row_index_is_the_transpose_of_the_active_lists(parts: int, n: int) -> None:

@@ -465,6 +465,16 @@ def index_rows(ids, counts, parts, shift, passes, bits, key_a, ent_a, key_b, ent
     return k
 
 
+@njit(cache=True, inline="always")
+def _row_range(start, n_rows, c, parts):
+    """Part c's contiguous range [lo, hi) of the ``n_rows`` indexed rows, the ranges holding
+    about equal numbers of entries (``start``: entries before each row)."""
+    total = start[n_rows]
+    lo = np.searchsorted(start[:n_rows], total * c // parts)
+    hi = n_rows if c == parts - 1 else np.searchsorted(start[:n_rows], total * (c + 1) // parts)
+    return lo, hi
+
+
 @njit(parallel=True, cache=True, fastmath=FASTMATH)
 def accumulate_rows(rows, n_rows, start, ent, shift, coef, scale, x, w, dh_parts, grad_w,
                     grad_b):
@@ -482,12 +492,8 @@ def accumulate_rows(rows, n_rows, start, ent, shift, coef, scale, x, w, dh_parts
     low = (1 << shift) - 1
     t_chunks = dh_parts.shape[0]
     with_dh = dh_parts.shape[1] > 0
-    total = start[n_rows]
     for c in prange(t_chunks):
-        lo = np.searchsorted(start[:n_rows], total * c // t_chunks)
-        hi = np.searchsorted(start[:n_rows], total * (c + 1) // t_chunks)
-        if c == t_chunks - 1:
-            hi = n_rows
+        lo, hi = _row_range(start, n_rows, c, t_chunks)
         if with_dh:
             dh_parts[c, :, :] = 0.0
         for r in range(lo, hi):
@@ -566,12 +572,8 @@ def accumulate_adam_rows(rows, n_rows, start, ent, shift, coef, scale, x, w, dh_
     low = (1 << shift) - 1
     t_chunks = dh_parts.shape[0]
     with_dh = dh_parts.shape[1] > 0
-    total = start[n_rows]
     for c in prange(t_chunks):
-        lo = np.searchsorted(start[:n_rows], total * c // t_chunks)
-        hi = np.searchsorted(start[:n_rows], total * (c + 1) // t_chunks)
-        if c == t_chunks - 1:
-            hi = n_rows
+        lo, hi = _row_range(start, n_rows, c, t_chunks)
         if with_dh:
             dh_parts[c, :, :] = 0.0
         gr = np.zeros(dim, np.float32)
