@@ -77,7 +77,7 @@ def _pair_ratios(run, pairs: int) -> list[float]:
     return ratios
 
 
-def machine_scaling(pairs: int = 9, seed: int = 0, n: int = 670_000, updated: int = 60_000,
+def machine_scaling(pairs: int = 15, seed: int = 0, n: int = 670_000, updated: int = 60_000,
                     stream: int = 1 << 25, iters: int = 1_000_000) -> dict[str, float]:
     """Median 1 -> 2 thread speed-up of each probe (see the module doc; the sizes are the
     defaults there, smaller only for tests); needs 2 numba threads."""
