@@ -7,11 +7,6 @@ median block). The rebuild is timed inside the blocks (amortised) and once more 
 with its parts: rehashing (keys of the neurons to rehash) and refilling the tables.
 
     flock /tmp/accelopt-bench.lock python benchmarks/slide_profile.py --width 670k --threads 1 2
-
-``--fused-ab PAIRS``: instead, the output layer's sparse Adam fused into the backward (the
-default of ``backward=rows``) against the same layer with the update as a separate pass,
-two trainers from the same weights taking turns, one block each, at every ``--threads``
-value; per-phase ms/step of each side and the median of the per-pair step-time ratios.
 """
 
 from __future__ import annotations
@@ -59,36 +54,6 @@ def rebuild_parts(layer) -> dict[str, float]:
             "fill tables": 1e3 * (t4 - t3), "dirty rows": dirty}
 
 
-def fused_ab(d: int, n: int, batches, cfg, threads: int, pairs: int, steps: int) -> None:
-    """Fused vs separate sparse Adam of the output layer, interleaved blocks (see module doc)."""
-    set_threads(threads)
-    init = init_net(d, n)
-    sides = {"fused": SlideTrainer(d, n, LR, init, cfg), "separate": SlideTrainer(d, n, LR, init, cfg)}
-    sides["separate"].model.out.fused_update = False
-    pos = dict.fromkeys(sides, 0)
-    times: dict[str, list[float]] = {k: [] for k in sides}
-    for name, tr in sides.items():  # warm-up: JIT, first table build
-        for _ in range(5):
-            tr.step(*batches[pos[name] % len(batches)])
-            pos[name] += 1
-        tr.reset()
-    for _ in range(pairs):
-        for name, tr in sides.items():
-            start = time.perf_counter()
-            for _ in range(steps):
-                tr.step(*batches[pos[name] % len(batches)])
-                pos[name] += 1
-            times[name].append((time.perf_counter() - start) / steps)
-    print(f"## {n:,} labels, {threads} thread(s), {pairs} interleaved pairs of {steps}-step blocks")
-    for name, tr in sides.items():
-        ph = {k: 1e3 * v / (pairs * steps) for k, v in tr.phases().items()}
-        print(f"  {name:8s} {1e3 * float(np.median(times[name])):.1f} ms/step (median block); "
-              + ", ".join(f"{k} {v:.1f}" for k, v in ph.items()))
-    ratios = [a / b for a, b in zip(times["separate"], times["fused"], strict=True)]
-    print(f"  separate / fused step time: median {float(np.median(ratios)):.3f} "
-          f"(pairs: {', '.join(f'{r:.2f}' for r in ratios)})", flush=True)
-
-
 def main() -> None:
     use_huge_pages()  # before any model is built: the same memory setting for every method
     ap = argparse.ArgumentParser(description=__doc__)
@@ -100,19 +65,11 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=9)
     ap.add_argument("--slide", nargs="*", default=[], metavar="KEY=VALUE",
                     help="further SLIDE settings, e.g. topup=batch topk=50 l=16")
-    ap.add_argument("--fused-ab", type=int, default=0, metavar="PAIRS",
-                    help="interleaved fused vs separate backward/Adam (see the module doc)")
     args = ap.parse_args()
     overrides = {"hash": args.hash, "k": args.k, **parse_overrides(args.slide)}
     ds = synthetic(args.width)
     n, d = ds.num_classes, ds.vocab_size
     batches = preload(ds, 0, 60, BATCH)
-    if args.fused_ab:
-        print(f"# machine: {machine()}, numba threading layer {numba.threading_layer()}")
-        for threads in args.threads:
-            fused_ab(d, n, batches, slide_config(n, **overrides), threads, args.fused_ab,
-                     args.steps)
-        return
     res = {}
     for threads in args.threads:
         set_threads(threads)

@@ -123,9 +123,7 @@ def main() -> None:
         print(f"| {n:,} | {1e3 * td:.1f} | {1e3 * ts:.1f} | {1e3 * tl:.1f} | {td / tl:.1f}x "
               f"| {ts / tl:.2f}x | {act} ({100 * summ['active_fraction']:.2f}%) "
               f"| {summ['union_rows_per_batch']:.0f} | {100 * summ['rebuild_time_share']:.1f}% |")
-    print("\nper-step breakdown (ms): hash = hashing + table lookups + active-set building; with "
-          "backward=rows (the default) SLIDE's sparse Adam runs inside its backward pass, so "
-          "its optimizer column holds only what is left (topup=batch's shared rows, bookkeeping)")
+    print("\nper-step breakdown (ms): hash = hashing + table lookups + active-set building")
     print("| labels | method | hash | forward | backward | optimizer | rebuild (amortised) | other |")
     print("|---:|---|---:|---:|---:|---:|---:|---:|")
     for n, _, _, _, _, _, pd, ps, pl in rows:

@@ -220,7 +220,6 @@ def test_batch_topup_gradients_equal_autograd_over_retrieved_plus_shared(logq: b
                         rows=set(layer.grads.rows[:layer.grads.count].tolist()))
 
     layer.update = capture
-    layer.fused_update = False  # keep the own rows' gradients in the block for capture
     ht = torch.from_numpy(h).requires_grad_(True)
     loss = SlideLogits(layer, ht).loss_against(torch.from_numpy(labels))
     loss.backward()
@@ -802,52 +801,6 @@ def test_radix_passes_cover_every_key() -> None:
         assert bits <= kernels.RADIX_BITS and 2**(passes * bits) >= n
         assert passes == max(1, -(-(max(n, 2) - 1).bit_length() // kernels.RADIX_BITS))
     assert [kernels.entry_shift(w) for w in (1, 2, 3, 4, 5, 1000)] == [1, 1, 2, 2, 3, 10]
-
-
-@pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("with_bias", [True, False])
-def test_fused_backward_and_adam_equal_the_two_passes_bit_for_bit(threads: int,
-                                                                  with_bias: bool) -> None:
-    """accumulate_and_update (the training path of backward=rows) gives the same weights,
-    moments, bias, step counts, dirty flags and input gradient as accumulate then adam_step,
-    over several steps, with extra rows (topup=batch's shared list) updated after it."""
-    n, batch, dim, width = 60, 7, 5, 10
-    cfg = SlideConfig()
-    states = []
-    for fused in (False, True):
-        r2 = np.random.default_rng(22)
-        w = r2.standard_normal((n, dim)).astype(np.float32)
-        arrays = [w, np.zeros_like(w), np.zeros_like(w)]
-        bias = tuple(np.zeros(n, np.float32) for _ in range(3)) if with_bias else None
-        steps, dirty = np.zeros(n, np.int64), np.zeros(n, np.uint8)
-        g = RowGradients(n, dim, with_bias=with_bias)
-        dhs = []
-        numba.set_num_threads(threads)
-        try:
-            for t in range(1, 4):
-                ids = np.stack([r2.choice(n - 5, width, replace=False) for _ in range(batch)])
-                ids = ids.astype(np.int32)
-                counts = r2.integers(1, width + 1, batch).astype(np.int32)
-                dz = r2.standard_normal((batch, width)).astype(np.float32)
-                x = r2.standard_normal((batch, dim)).astype(np.float32)
-                k = g.assign(ids, counts, extra=2)
-                g.rows[k:k + 2] = [n - 2, n - 1]  # rows no sample has, as topup=batch adds
-                g.w[k:k + 2] = 0.5
-                if fused:
-                    dh = g.accumulate_and_update(dz, 0.25, x, True, *arrays, bias, steps, dirty,
-                                                 1e-2, cfg, t)
-                else:
-                    dh = g.accumulate(dz, 0.25, x, arrays[0])
-                g.adam_step(*arrays, bias, steps, dirty, 1e-2, cfg, t)
-                dhs.append(dh)
-        finally:
-            numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
-        states.append((arrays, bias or (), steps, dirty, dhs, g.w.copy()))
-    (a0, b0, s0, d0, h0, gw0), (a1, b1, s1, d1, h1, gw1) = states
-    for x0, x1 in zip([*a0, *b0, s0, d0, *h0], [*a1, *b1, s1, d1, *h1], strict=True):
-        assert np.array_equal(x0, x1)
-    assert not gw0.any() and not gw1.any()  # the block is left clean either way
-    assert np.array_equal(d0, (s0 > 0).astype(np.uint8)) and s0[n - 1] == 3 and s0.sum() > 3
 
 
 def test_row_parallel_gradients_equal_hogwild_and_do_not_depend_on_thread_count() -> None:

@@ -527,79 +527,6 @@ def release_slots(rows, n_rows, slot):
         slot[rows[r]] = -1
 
 
-@njit(cache=True, inline="always", fastmath=FASTMATH)
-def _adam_row(j, w, gj, m_w, v_w, bias, gb, m_b, v_b, steps, dirty, lr, beta1, beta2, eps,
-              global_t):
-    """Adam on row j from its gradient ``gj`` (cleared on the way) and, when the layer's
-    ``bias`` is not empty, its bias from ``gb``; counts the row's step and flags it dirty.
-    The one update of :func:`sparse_adam` and :func:`accumulate_adam_rows`."""
-    b1, b2, e = np.float32(beta1), np.float32(beta2), np.float32(eps)
-    ob1, ob2 = np.float32(1.0) - b1, np.float32(1.0) - b2
-    steps[j] += 1
-    t = global_t if global_t > 0 else steps[j]
-    step_size = np.float32(lr / (1.0 - beta1**t))
-    inv_c2 = np.float32(1.0 / np.sqrt(1.0 - beta2**t))
-    wj, mj, vj = w[j], m_w[j], v_w[j]
-    for d in range(wj.shape[0]):
-        g = gj[d]
-        m = b1 * mj[d] + ob1 * g
-        v = b2 * vj[d] + ob2 * g * g
-        mj[d] = m
-        vj[d] = v
-        wj[d] -= step_size * m / (np.sqrt(v) * inv_c2 + e)
-        gj[d] = 0.0
-    if bias.shape[0] > 0:
-        m = b1 * m_b[j] + ob1 * gb
-        v = b2 * v_b[j] + ob2 * gb * gb
-        m_b[j] = m
-        v_b[j] = v
-        bias[j] -= step_size * m / (np.sqrt(v) * inv_c2 + e)
-    dirty[j] = 1
-
-
-@njit(parallel=True, cache=True, fastmath=FASTMATH)
-def accumulate_adam_rows(rows, n_rows, start, ent, shift, coef, scale, x, w, dh_parts, m_w,
-                         v_w, bias, m_b, v_b, steps, dirty, lr, beta1, beta2, eps, global_t):
-    """:func:`accumulate_rows` and :func:`sparse_adam` in one pass over the rows: each
-    thread sums a row's gradient into a private buffer, adds the row's share of the input
-    gradient (from the weights before the update), then updates the row at once.
-
-    Why: the row's weights are in cache from the input gradient when the update reads
-    them, and the packed gradient block (27 MB at 670K labels) is never written, read back
-    and cleared. The same float operations in the same order as the two kernels apart, so
-    the same bits (tested)."""
-    dim = x.shape[1]
-    low = (1 << shift) - 1
-    t_chunks = dh_parts.shape[0]
-    with_dh = dh_parts.shape[1] > 0
-    for c in prange(t_chunks):
-        lo, hi = _row_range(start, n_rows, c, t_chunks)
-        if with_dh:
-            dh_parts[c, :, :] = 0.0
-        gr = np.zeros(dim, np.float32)
-        for r in range(lo, hi):
-            j = rows[r]
-            gb = np.float32(0.0)
-            for e in range(start[r], start[r + 1]):
-                b = ent[e] >> shift
-                g = coef[b, ent[e] & low] * scale
-                if g == 0.0:
-                    continue
-                gb += g
-                xb = x[b]
-                if with_dh:
-                    db = dh_parts[c, b]
-                    wj = w[j]
-                    for d in range(dim):
-                        gr[d] += g * xb[d]
-                        db[d] += g * wj[d]
-                else:
-                    for d in range(dim):
-                        gr[d] += g * xb[d]
-            _adam_row(j, w, gr, m_w, v_w, bias, gb, m_b, v_b, steps, dirty, lr, beta1, beta2,
-                      eps, global_t)
-
-
 @njit(parallel=True, cache=True, fastmath=FASTMATH)
 def sparse_adam(rows, n_rows, w, grad_w, m_w, v_w, bias, grad_b, m_b, v_b, steps, dirty,
                 lr, beta1, beta2, eps, global_t):
@@ -620,11 +547,33 @@ def sparse_adam(rows, n_rows, w, grad_w, m_w, v_w, bias, grad_b, m_b, v_b, steps
     less per step than the dense baseline (docs/benchmarks.md, slide session 3). Gradients of the
     updated rows are zeroed; rows are flagged dirty for rehashing. The per-element update
     runs in float32 (as torch's Adam does), the per-row corrections in float64."""
+    dim = w.shape[1]
+    b1, b2, e = np.float32(beta1), np.float32(beta2), np.float32(eps)
+    ob1, ob2 = np.float32(1.0) - b1, np.float32(1.0) - b2
     for r in prange(n_rows):
-        _adam_row(rows[r], w, grad_w[r], m_w, v_w, bias,
-                  grad_b[r] if grad_b.shape[0] > 0 else np.float32(0.0), m_b, v_b, steps, dirty, lr, beta1, beta2, eps, global_t)
-        if grad_b.shape[0] > 0:
+        j = rows[r]
+        steps[j] += 1
+        t = global_t if global_t > 0 else steps[j]
+        step_size = np.float32(lr / (1.0 - beta1**t))
+        inv_c2 = np.float32(1.0 / np.sqrt(1.0 - beta2**t))
+        wj, gj, mj, vj = w[j], grad_w[r], m_w[j], v_w[j]
+        for d in range(dim):
+            g = gj[d]
+            m = b1 * mj[d] + ob1 * g
+            v = b2 * vj[d] + ob2 * g * g
+            mj[d] = m
+            vj[d] = v
+            wj[d] -= step_size * m / (np.sqrt(v) * inv_c2 + e)
+            gj[d] = 0.0
+        if bias.shape[0] > 0:
+            g = grad_b[r]
+            m = b1 * m_b[j] + ob1 * g
+            v = b2 * v_b[j] + ob2 * g * g
+            m_b[j] = m
+            v_b[j] = v
+            bias[j] -= step_size * m / (np.sqrt(v) * inv_c2 + e)
             grad_b[r] = 0.0
+        dirty[j] = 1
 
 
 # ------------------------------------------------------------------ sparse input layer

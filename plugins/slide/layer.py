@@ -113,11 +113,6 @@ class SlideLinear(nn.Module):
         for name in ("m_b", "v_b"):
             self.register_buffer(name, torch.empty(n, **f32).zero_())
         self.grads = RowGradients(n, d, with_bias=True, by_rows=cfg.backward == "rows")
-        self.fused_update = self.grads.by_rows
-        """Run the sparse Adam of the active rows inside the backward pass (``backward=rows``:
-        each row is finished by one thread, so it can be updated as soon as its gradient is
-        summed; see :meth:`RowGradients.accumulate_and_update`). Tests turn it off to read
-        the gradients before the update."""
         self.register_buffer("steps", torch.zeros(n, dtype=torch.int64))
         self.register_buffer("dirty", torch.zeros(n, dtype=torch.uint8))
         bits = 1 if cfg.hash == "simhash" else cfg.bin_size.bit_length() - 1
@@ -339,39 +334,29 @@ class SlideLinear(nn.Module):
         """Sparse Adam on the rows with pending gradients (``self.grads``), then count the
         step: the tail of every training step, whichever loss computed the gradients.
         ``start``: when the optimizer phase began (for the time breakdown)."""
-        n_rows = self.grads.adam_step(*self._adam_state(), self.lr, self.cfg,
-                                      adam_global_t(self.cfg, int(self.sched[0]) + 1))
+        n_rows = self.grads.adam_step(
+            self.weight.numpy(), self.m_w.numpy(), self.v_w.numpy(),
+            (self.bias.numpy(), self.m_b.numpy(), self.v_b.numpy()), self.steps.numpy(),
+            self.dirty.numpy(), self.lr, self.cfg, adam_global_t(self.cfg, int(self.sched[0]) + 1),
+        )
         st = self.stats
         st["t_optimizer"] += time.perf_counter() - start
         st["union"] += n_rows
         st["steps"] += 1
         self.sched[0] += 1
 
-    def own_rows_backward(self, hn: np.ndarray, s: dict[str, np.ndarray], scale: np.float32,
-                          update: bool = False) -> np.ndarray:
+    def own_rows_backward(self, hn: np.ndarray, s: dict[str, np.ndarray], scale: np.float32
+                          ) -> np.ndarray:
         """Gradients of the rows in the active lists ``s["ids"]`` (indexed by
-        ``self.grads.assign``) from ``s["dz"] * scale``; returns the input gradient, from the
-        weights before the update (``cfg.backward`` says how). With ``update`` and
-        ``backward=rows`` the sparse Adam of these rows runs in the same pass
-        (:meth:`RowGradients.accumulate_and_update`; :meth:`update` then does the rest);
-        otherwise the gradients wait in the packed block for :meth:`update`."""
+        ``self.grads.assign``) into the packed block, from ``s["dz"] * scale``; returns the
+        input gradient, from the weights before the update (``cfg.backward`` says how)."""
         g = self.grads
-        if g.by_rows and update:
-            return g.accumulate_and_update(
-                s["dz"], scale, hn, True, *self._adam_state(), self.lr, self.cfg,
-                adam_global_t(self.cfg, int(self.sched[0]) + 1))
         if g.by_rows:
             return g.accumulate(s["dz"], scale, hn, self.weight.numpy())
         dh = np.zeros_like(hn)
         kernels.backward_active(hn, self.weight.numpy(), s["ids"], s["n_active"], s["dz"],
                                 scale, dh, g.slot, g.w, g.b, numba.get_num_threads())
         return dh
-
-    def _adam_state(self) -> tuple:
-        """What the sparse Adam updates: weights, moments, (bias, its moments), steps, dirty."""
-        return (self.weight.numpy(), self.m_w.numpy(), self.v_w.numpy(),
-                (self.bias.numpy(), self.m_b.numpy(), self.v_b.numpy()), self.steps.numpy(),
-                self.dirty.numpy())
 
     # -- forward ----------------------------------------------------------------------
 
@@ -483,8 +468,7 @@ class _SlideLoss(torch.autograd.Function):
         s = layer.scratch(hn.shape[0])
         t0 = time.perf_counter()
         layer.grads.assign(s["ids"], s["n_active"])
-        dh = layer.own_rows_backward(hn, s, np.float32(float(grad_out) / hn.shape[0]),
-                                     layer.fused_update)
+        dh = layer.own_rows_backward(hn, s, np.float32(float(grad_out) / hn.shape[0]))
         t1 = time.perf_counter()
         layer.stats["t_backward"] += t1 - t0
         layer.update(t1)
@@ -545,7 +529,7 @@ class _BatchTopupLoss(torch.autograd.Function):
         n_own = g.assign(s["ids"], s["n_active"], extra=len(sh))
         end = n_own + len(sh)
         g.rows[n_own:end] = sh.numpy()
-        dh = layer.own_rows_backward(hn, s, scale, layer.fused_update)  # own (retrieved) rows
+        dh = layer.own_rows_backward(hn, s, scale)  # each sample's own (retrieved) rows
         dz_sh = torch.from_numpy(ctx.dz_sh * scale)
         dh += (dz_sh @ ctx.w_sh).numpy()
         torch.mm(dz_sh.T, torch.from_numpy(hn), out=torch.from_numpy(g.w[n_own:end]))
@@ -608,16 +592,17 @@ class _SparseInput(torch.autograd.Function):
         grads = layer.grads
         feat = ctx.feat
         grads.assign(feat, np.full(feat.shape[0], feat.shape[1], np.int32))
-        state = (layer.weight.numpy(), layer.m_w.numpy(), layer.v_w.numpy(), None,
-                 layer.steps.numpy(), layer.dirty.numpy(), layer.lr, layer.cfg,
-                 adam_global_t(layer.cfg, int(layer.step_count[0]) + 1))
-        if grads.by_rows:  # summed by rows and updated in the same pass
-            grads.accumulate_and_update(ctx.vals, 1.0, g, False, *state)
+        if grads.by_rows:
+            grads.accumulate(ctx.vals, 1.0, g)
         else:
             kernels.sparse_input_backward(feat, ctx.vals, g, grads.slot, grads.w,
                                           numba.get_num_threads())
         t1 = time.perf_counter()
-        grads.adam_step(*state)  # what is left: every row with HOGWILD, none by rows
+        grads.adam_step(
+            layer.weight.numpy(), layer.m_w.numpy(), layer.v_w.numpy(), None,
+            layer.steps.numpy(), layer.dirty.numpy(), layer.lr, layer.cfg,
+            adam_global_t(layer.cfg, int(layer.step_count[0]) + 1),
+        )
         layer.step_count += 1
         layer.t_backward += t1 - t0
         layer.t_optimizer += time.perf_counter() - t1

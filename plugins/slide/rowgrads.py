@@ -11,13 +11,10 @@ Row ``r`` of the block belongs to row ``rows[r]`` of the layer (sorted); with HO
 steps: the sparse Adam clears each row it consumes.
 
 Two ways to fill it (``plugins.slide.backward``): ``rows`` (default) sums each row from the
-batch's entries of that row, one thread per range of rows, no races; in training the row is
-updated by the sparse Adam in the same pass, so its gradient never reaches the block
-(:meth:`RowGradients.accumulate_and_update`; :meth:`RowGradients.accumulate` fills the block
-instead, to read the gradients). ``hogwild``, the paper's, lets every
-sample add its rows in place from its own thread (the layers call
-:func:`kernels.backward_active` / :func:`kernels.sparse_input_backward` with
-:attr:`RowGradients.slot`). Both give the same gradients up to float summation order.
+batch's entries of that row, one thread per range of rows (:meth:`RowGradients.accumulate`,
+no races); ``hogwild``, the paper's, lets every sample add its rows in place from its own
+thread (the layers call :func:`kernels.backward_active` / :func:`kernels.sparse_input_backward`
+with :attr:`RowGradients.slot`). Both give the same gradients up to float summation order.
 """
 
 from __future__ import annotations
@@ -43,7 +40,7 @@ class RowGradients:
         self.dim, self.with_bias = dim, with_bias
         self.w = np.zeros((0, dim), np.float32)
         self.b = np.zeros(0, np.float32)
-        self.count = self.indexed = self.done = 0
+        self.count = self.indexed = 0
 
     def assign(self, ids: np.ndarray, counts: np.ndarray, extra: int = 0) -> int:
         """Give the distinct ids of ``ids[b, :counts[b]]`` (sorted) packed rows 0..k-1, index
@@ -89,27 +86,6 @@ class RowGradients:
             self.b if self.with_bias else self.b[:0])
         return dh_parts.sum(0) if w is not None else None
 
-    def accumulate_and_update(self, coef: np.ndarray, scale: float, x: np.ndarray,
-                              with_dh: bool, w: np.ndarray, m_w: np.ndarray, v_w: np.ndarray,
-                              bias: tuple[np.ndarray, np.ndarray, np.ndarray] | None,
-                              steps: np.ndarray, dirty: np.ndarray, lr: float, cfg,
-                              global_t: int) -> np.ndarray | None:
-        """:meth:`accumulate` then the sparse Adam on the indexed rows, fused into one pass
-        (:func:`kernels.accumulate_adam_rows`); the extra rows (``assign(extra=...)``) keep
-        their gradients in the block for :meth:`adam_step`, which must follow when there
-        are any. Returns the input gradient when ``with_dh`` (from the weights before the
-        update, as :meth:`accumulate` does)."""
-        parts = numba.get_num_threads()
-        batch, dim = x.shape
-        dh_parts = np.zeros((parts, batch if with_dh else 0, dim), np.float32)
-        b, m_b, v_b = bias if bias is not None else (self.b[:0],) * 3
-        kernels.accumulate_adam_rows(
-            self.rows, self.indexed, self.start, self.ent, self.shift, coef, np.float32(scale),
-            x, w, dh_parts, m_w, v_w, b, m_b, v_b, steps, dirty, lr, cfg.beta1, cfg.beta2,
-            cfg.eps, global_t)
-        self.done = self.indexed
-        return dh_parts.sum(0) if with_dh else None
-
     def reserve(self, count: int) -> None:
         """Grow the block to at least ``count`` rows (by half again, so that a slowly
         growing union of rows does not reallocate every step); new rows are zero."""
@@ -121,16 +97,14 @@ class RowGradients:
     def adam_step(self, w: np.ndarray, m_w: np.ndarray, v_w: np.ndarray,
                   bias: tuple[np.ndarray, np.ndarray, np.ndarray] | None, steps: np.ndarray,
                   dirty: np.ndarray, lr: float, cfg, global_t: int) -> int:
-        """The sparse Adam (:func:`kernels.sparse_adam`) on the rows with pending gradients
-        (those :meth:`accumulate_and_update` did not update already), then :meth:`release`:
-        the update both SLIDE layers end a step with. ``bias``: (bias, m_b, v_b), or None
-        when the layer's bias is not updated here. Returns the rows the step updated."""
-        n_rows, done = self.count, self.done
+        """The sparse Adam (:func:`kernels.sparse_adam`) on the rows with pending gradients,
+        then :meth:`release`: the update both SLIDE layers end a step with. ``bias``: (bias,
+        m_b, v_b), or None when the layer's bias is not updated here. Returns the rows
+        updated."""
+        n_rows = self.count
         b, m_b, v_b = bias if bias is not None else (self.b[:0],) * 3
-        if n_rows > done:
-            kernels.sparse_adam(self.rows[done:], n_rows - done, w, self.w[done:], m_w, v_w,
-                                b, self.b[done:] if self.with_bias else self.b, m_b, v_b,
-                                steps, dirty, lr, cfg.beta1, cfg.beta2, cfg.eps, global_t)
+        kernels.sparse_adam(self.rows, n_rows, w, self.w, m_w, v_w, b, self.b, m_b, v_b, steps,
+                            dirty, lr, cfg.beta1, cfg.beta2, cfg.eps, global_t)
         self.release()
         return n_rows
 
@@ -138,7 +112,7 @@ class RowGradients:
         """Forget this batch's slots (after the update consumed and cleared the block)."""
         if not self.by_rows:  # only the HOGWILD kernels use slots
             kernels.release_slots(self.rows, self.count, self.slot)
-        self.count = self.indexed = self.done = 0
+        self.count = self.indexed = 0
 
     def dense(self) -> tuple[np.ndarray, np.ndarray]:
         """The pending gradients as full [n, d] and [n] arrays (for tests and debugging)."""
