@@ -732,6 +732,37 @@ def test_thread_scaling_benchmark_interleaves_the_two_thread_counts() -> None:
 
 
 @pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="needs 2 numba threads")
+def test_row_index_benchmark_times_a_captured_training_batch(monkeypatch, capsys) -> None:
+    """benchmarks/slide_row_index.py at 2K labels: the batch it captures is a real training
+    batch (active lists, gradients, hidden input of matching shapes) and it reports both parts
+    for both thread counts (bookkeeping, not speed)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    bench_dir = Path(__file__).resolve().parents[1] / "benchmarks"
+    monkeypatch.syspath_prepend(str(bench_dir))
+    monkeypatch.delenv("THP_MEM_ALLOC_ENABLE", raising=False)  # main() sets it; undone after
+    spec = importlib.util.spec_from_file_location("slide_row_index_under_test",
+                                                  bench_dir / "slide_row_index.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    torch_threads = torch.get_num_threads()
+    try:
+        ids, n_active, dz, h, w = bench.capture_batch("2k", 3)
+        assert ids.shape == dz.shape and h.shape == (128, w.shape[1]) and w.shape[0] == 2000
+        assert (n_active > 0).all() and np.isfinite(dz).all()
+        monkeypatch.setattr(sys, "argv", ["slide_row_index", "--width", "2k", "--steps", "3",
+                                          "--reps", "1"])
+        bench.main()
+    finally:
+        torch.set_num_threads(torch_threads)
+        numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+    out = capsys.readouterr().out
+    assert "2,000 labels" in out and out.count("speed-up") == 2
+
+
+@pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="needs 2 numba threads")
 def test_machine_scaling_probe_reports_each_kind_of_work_and_restores_threads() -> None:
     """benchmarks/machine_scaling.py at tiny sizes: one positive median per probe, printed
     by name, and numba's thread count as it was (bookkeeping, not speed)."""
