@@ -165,6 +165,15 @@ def accelopt_transfer_done(record: TransferRecord, start_s: float, end_s: float)
     """A transfer finished; observers (timelines, bandwidth estimators) see it here."""
 
 
+TRANSFER_HOOKS = frozenset({
+    "accelopt_transfer_order", "accelopt_transfer_filter", "accelopt_transfer_encode",
+    "accelopt_transfer_decode", "accelopt_transfer_done",
+})
+"""The send/recv hooks. A plugin that implements any of them acts on one job's transfers, so
+it is a per-job plugin: each job of a multi-job cluster gets its own instance, and every
+rank's report rows of it count (a server's plan and a worker's view differ)."""
+
+
 # --- layer forward ----------------------------------------------------------------------
 
 

@@ -53,6 +53,12 @@ class PluginHost:
             if name.startswith("accelopt_")
         }
 
+    def implementing(self, hooks: frozenset[str]) -> list[str]:
+        """The active plugins (activation order) that implement any of ``hooks``."""
+        return [name for name in self.names
+                if any(caller.name in hooks
+                       for caller in self.pm.get_hookcallers(self.instances[name]) or [])]
+
     def implements(self, hook: str) -> bool:
         """Whether any active plugin implements ``hook`` (lets hot paths skip the call)."""
         return hook in self._implemented

@@ -102,9 +102,20 @@ class _CountDone:
                            "negative": self.negative})]
 
 
+class _RankSays:
+    """A run-level plugin (no transfer hook) whose report differs by rank, as a build-time
+    plugin's measurement does."""
+
+    @hookimpl
+    def accelopt_report_rows(self, run):
+        rank = os.environ.get("RANK", "?")
+        return [ReportRow("rank_says", f"measured on rank {rank}", {"rank": rank})]
+
+
 REVERSE = PluginSpec(name="reverse_order", factory=lambda c: _Reverse())
 BOGUS = PluginSpec(name="bogus_order", factory=lambda c: _Bogus())
 PAUSE = PluginSpec(name="pause_rank", factory=_Pause, config=PauseConfig)
 HALF = PluginSpec(name="half_codec", factory=lambda c: _Half())
 DROP_BIAS = PluginSpec(name="drop_bias", factory=lambda c: _DropBias())
 COUNT_DONE = PluginSpec(name="count_done", factory=lambda c: _CountDone())
+RANK_SAYS = PluginSpec(name="rank_says", factory=lambda c: _RankSays())

@@ -193,9 +193,14 @@ def test_an_order_naming_a_missing_transfer_fails_clearly(test_plugins):
 
 @pytest.mark.timeout(120)
 def test_transfer_done_is_called_once_per_received_transfer(test_plugins):
-    test_plugins("COUNT_DONE")
-    cfg = make_cfg("ps", iterations=2, plugins={"count_done": {}})
+    test_plugins("COUNT_DONE", "RANK_SAYS")
+    cfg = make_cfg("ps", iterations=2, plugins={"count_done": {}, "rank_says": {}})
     out = run_cluster(cfg, run_dir=".")
+    # a run-level plugin's rows come from one rank (the first worker), not one per rank;
+    # a per-job (transfer-hook) plugin's rows from every rank
+    assert [r.summary for r in out.plugin_rows if r.plugin == "rank_says"] == [
+        "measured on rank 1"]
+    assert out.ranks[0].per_job_plugins == ["count_done"]
     rows = {r.metrics["rank"]: r.metrics for r in out.plugin_rows if r.plugin == "count_done"}
     n_params = len(list(single_process(cfg, iterations=0)[0].model.parameters()))
     # accelopt_transfer_done runs on the receiver: each worker receives every parameter each

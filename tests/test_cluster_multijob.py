@@ -225,7 +225,7 @@ def test_merge_rows_accepts_job_ids_from_run_level_plugins():
 
 
 def test_run_level_rows_come_from_one_worker_and_per_job_rows_from_every_rank():
-    from accelopt.cluster.multijob import merge_rows, representative_rows
+    from accelopt.cluster.multijob import merge_rows, representative_rows, tagged_with
     from accelopt.types import ReportRow
 
     server = [ReportRow("g", "00-a: nothing to do", {"job": "00-a"}),
@@ -233,8 +233,33 @@ def test_run_level_rows_come_from_one_worker_and_per_job_rows_from_every_rank():
     worker1 = [ReportRow("g", "00-a: pruned; 1.2x", {"job": "00-a"}),
                ReportRow("t", "received in order", {"job": "a"})]
     worker2 = [ReportRow("g", "00-a: pruned; 1.1x", {"job": "00-a"})]
-    kept = representative_rows([server, worker1, worker2], ["server", "worker", "worker"], ["a"])
+    kept = representative_rows([server, worker1, worker2], ["server", "worker", "worker"],
+                               tagged_with(["a"]))
     merged = merge_rows(kept, ["a"], ["00-a"])
     assert [(r.plugin, r.summary) for r in merged] == [
         ("s", "decided"), ("t", "job a: planned"), ("g", "job a: pruned; 1.2x"),
         ("t", "job a: received in order")]
+
+
+def test_per_job_plugins_are_the_ones_with_a_transfer_hook():
+    """PluginHost.implementing: what both the multi-job split and the single-job report use
+    to tell per-job plugins (every rank's rows kept) from run-level ones (one rank's)."""
+    from accelopt.hookspecs import TRANSFER_HOOKS, hookimpl
+    from accelopt.host import PluginHost
+    from accelopt.plugin import PluginSpec
+
+    class Sender:
+        @hookimpl
+        def accelopt_transfer_done(self, record, start_s, end_s):
+            return None
+
+    class Reporter:
+        @hookimpl
+        def accelopt_report_rows(self, run):
+            return []
+
+    host = PluginHost([(PluginSpec(name="reporter", factory=lambda c: None), Reporter()),
+                       (PluginSpec(name="sender", factory=lambda c: None), Sender())])
+    assert host.implementing(TRANSFER_HOOKS) == ["sender"]
+    assert host.implementing(frozenset({"accelopt_report_rows"})) == ["reporter"]
+    assert host.implementing(frozenset()) == []

@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch.distributed as dist
@@ -34,15 +34,12 @@ from omegaconf import DictConfig, OmegaConf
 from accelopt.cluster.rank import RankResult, RankRuntime
 from accelopt.config import JobConfig
 from accelopt.errors import PluginHookError
+from accelopt.hookspecs import TRANSFER_HOOKS
 from accelopt.host import PluginHost
 from accelopt.plugin import Registry, resolve
 from accelopt.runtime.activation import activate, selected_plugins
 from accelopt.types import JobState, ReportRow, RunInfo
 
-TRANSFER_HOOKS = frozenset({
-    "accelopt_transfer_order", "accelopt_transfer_filter", "accelopt_transfer_encode",
-    "accelopt_transfer_decode", "accelopt_transfer_done",
-})
 LEADER = 0
 
 
@@ -74,11 +71,7 @@ def job_view(cfg: DictConfig, spec: JobConfig, plugins: list[str]) -> DictConfig
 def split_plugins(cfg: DictConfig, registry: Registry) -> tuple[PluginHost, list[str]]:
     """(host of the run-level plugins, names of the per-job plugins)."""
     full = activate(cfg, registry)
-    per_job = []
-    for name, instance in full.instances.items():
-        hooks = {caller.name for caller in full.pm.get_hookcallers(instance) or []}
-        if hooks & TRANSFER_HOOKS:
-            per_job.append(name)
+    per_job = full.implementing(TRANSFER_HOOKS)
     specs = resolve(selected_plugins(cfg), registry)
     run_level = [(s, full.instances[s.name]) for s in specs if s.name not in per_job]
     return PluginHost(run_level), per_job
@@ -223,27 +216,29 @@ def run_jobs(cfg: DictConfig, settings: Any, specs: list[JobConfig], *, rank: in
 
 
 def representative_rows(rows_by_rank: list[list[ReportRow]], roles: list[str],
-                        job_names: list[str]) -> list[list[ReportRow]]:
+                        per_job: Callable[[ReportRow], bool]) -> list[list[ReportRow]]:
     """Keep one rank's view of each run-level plugin's rows.
 
-    Per-job plugins (tictac, gradcomm) report through each job's host and their rows are
-    tagged with the job's *name*: every rank's rows are kept (a server's plan and a worker's
-    view differ). Run-level plugins (gpu_kernels, offload, salus) run once per rank and would
-    repeat themselves on every rank, with a parameter server saying "nothing to do" because
-    it never runs forward. Their rows are taken from the first worker that reported the
-    plugin, else from the first rank that did (salus reports on the leader only)."""
+    Per-job plugins (tictac, gradcomm: ``per_job(row)`` is true) act on each job's transfers;
+    every rank's rows of them are kept (a server's plan and a worker's view differ).
+    Run-level plugins (gpu_kernels, offload, salus) run once per rank and would repeat
+    themselves on every rank, with a parameter server saying "nothing to do" because it never
+    runs forward. Their rows are taken from the first worker that reported the plugin, else
+    from the first rank that did (salus reports on the leader only)."""
     order = sorted(range(len(rows_by_rank)), key=lambda i: roles[i] != "worker")
     source: dict[str, int] = {}
     for i in order:
         for row in rows_by_rank[i]:
-            job = row.metrics.get("job") if row.metrics else None
-            if job not in job_names:
+            if not per_job(row):
                 source.setdefault(row.plugin, i)
-    kept = []
-    for i, rows in enumerate(rows_by_rank):
-        kept.append([r for r in rows
-                     if (r.metrics or {}).get("job") in job_names or source.get(r.plugin) == i])
-    return kept
+    return [[r for r in rows if per_job(r) or source.get(r.plugin) == i]
+            for i, rows in enumerate(rows_by_rank)]
+
+
+def tagged_with(job_names: list[str]) -> Callable[[ReportRow], bool]:
+    """``per_job`` for :func:`representative_rows` in a multi-job run: each job's host tags
+    its per-job plugins' rows with the job's name (``metrics["job"]``)."""
+    return lambda row: (row.metrics or {}).get("job") in job_names
 
 
 def merge_rows(rows_by_rank: list[list[ReportRow]], job_names: list[str],

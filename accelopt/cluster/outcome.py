@@ -111,14 +111,18 @@ def _job_outcome(ranks: list[RankResult], settings: ClusterSettings,
         diffs = [b - a for (_, a), (_, b) in zip(lo, lo[1:], strict=False)]
         metrics["loopback_bytes_per_iteration"] = _median(diffs[skip:]) or _median(diffs)
     metrics.update(summary)
+    from accelopt.cluster.multijob import representative_rows
+
+    per_job = {name for r in ranks for name in r.per_job_plugins}
+    kept = representative_rows([r.plugin_rows for r in ranks], [r.role for r in ranks],
+                               lambda row: row.plugin in per_job)
     rows: list[ReportRow] = []
     seen: set[tuple[str, str]] = set()
-    for r in ranks:
-        for row in r.plugin_rows:
-            key = (row.plugin, row.summary)
-            if key not in seen:
-                seen.add(key)
-                rows.append(row)
+    for row in (row for rank_rows in kept for row in rank_rows):
+        key = (row.plugin, row.summary)
+        if key not in seen:
+            seen.add(key)
+            rows.append(row)
     state: dict[str, Any] = {}
     for r in ranks:
         state.update(r.buffers)
@@ -141,7 +145,7 @@ def _multi_job_outcome(ranks: list[RankResult], settings: ClusterSettings,
     spans and transfers), then run-level figures over all of them. Job arrival times count
     from ``train_t0`` (every rank had built every job), so JCT and queueing delay exclude
     process start-up; the timeline keeps the run's own time origin."""
-    from accelopt.cluster.multijob import merge_rows, representative_rows
+    from accelopt.cluster.multijob import merge_rows, representative_rows, tagged_with
 
     leader = ranks[0]
     t0 = float(leader.train_t0 or 0.0)
@@ -215,6 +219,7 @@ def _multi_job_outcome(ranks: list[RankResult], settings: ClusterSettings,
     if settings.bandwidth_bps:
         out.metrics["configured_bandwidth_bps"] = settings.bandwidth_bps
     out.metrics = {k: v for k, v in out.metrics.items() if v is not None}
-    rows = representative_rows([r.plugin_rows for r in ranks], [r.role for r in ranks], names)
+    rows = representative_rows([r.plugin_rows for r in ranks], [r.role for r in ranks],
+                               tagged_with(names))
     out.plugin_rows = merge_rows(rows, names, job_ids)
     return out

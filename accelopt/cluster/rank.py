@@ -21,6 +21,7 @@ from accelopt.cluster.netns import loopback_tx_bytes
 from accelopt.cluster.settings import ClusterSettings
 from accelopt.cluster.transport import Transport, TransportStats
 from accelopt.config import JobConfig
+from accelopt.hookspecs import TRANSFER_HOOKS
 from accelopt.host import PluginHost
 from accelopt.plugin import Registry
 from accelopt.records import Span
@@ -48,6 +49,9 @@ class RankResult:
     device: str = "cpu"
     backend: str = "gloo"
     parts: dict[str, RankResult] = field(default_factory=dict)
+    per_job_plugins: list[str] = field(default_factory=list)
+    """The plugins that acted on this job's transfers (:data:`hookspecs.TRANSFER_HOOKS`):
+    every rank's report rows of them count; other plugins' rows are kept from one rank."""
     """Multi-job run: one result per job (job id -> its iterations, spans, stats, params);
     the top level then holds the rank's plugin rows and, on the leader, the schedule."""
     schedule: list[dict[str, Any]] = field(default_factory=list)
@@ -190,6 +194,7 @@ class RankRuntime:
                 host.call("accelopt_iteration_end", context=ctx, result=result)
 
     def finish(self) -> RankResult:
+        self.result.per_job_plugins = self.host.implementing(TRANSFER_HOOKS)
         rows = self.host.call("accelopt_report_rows", run=self.run_info) or []
         for answer in rows:
             self.result.plugin_rows.extend(answer if isinstance(answer, list) else [answer])
