@@ -35,6 +35,7 @@ class RowGradients:
         self.rows = np.zeros(n_rows, np.int32)
         self.start = np.zeros(n_rows + 1, np.int64)
         self._sort = (np.zeros(0, np.int32),) * 4  # radix sort buffers: keys, entries, twice
+        self._passes, self._bits = kernels.radix_passes(n_rows)  # fixed by the layer width
         self.ent = self._sort[1]
         self.shift = self.width = 1
         self.dim, self.with_bias = dim, with_bias
@@ -54,11 +55,11 @@ class RowGradients:
         if self._sort[0].shape[0] < ids.size:
             self._sort = tuple(np.zeros(ids.size, np.int32) for _ in range(4))
         self.shift = kernels.entry_shift(ids.shape[1])
-        passes, bits = kernels.radix_passes(self.slot.shape[0])
         parts = max(1, min(numba.get_num_threads(), ids.shape[0]))
-        k = int(kernels.index_rows(ids, counts, parts, self.shift, passes, bits, *self._sort,
-                                   self.slot, self.rows, self.start, not self.by_rows))
-        self.ent = self._sort[1 if passes % 2 == 0 else 3]
+        k = int(kernels.index_rows(ids, counts, parts, self.shift, self._passes, self._bits,
+                                   *self._sort, self.slot, self.rows, self.start,
+                                   not self.by_rows))
+        self.ent = self._sort[1 if self._passes % 2 == 0 else 3]
         self.width = ids.shape[1]
         self.indexed = k
         self.count = k + extra
