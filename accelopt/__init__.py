@@ -1,23 +1,29 @@
 """accelopt: a small core runtime with hook points; optimisation techniques are plugins.
 
-The public API for plugin authors is what this module exports; everything else may change.
+The public API for plugin authors is what this module exports (plus :mod:`accelopt.types`,
+:mod:`accelopt.errors` and :mod:`accelopt.testing`); everything else may change.
 """
 
 from __future__ import annotations
 
 from accelopt.errors import AccelOptError, ConfigError, PluginHookError, UserError
+from accelopt.extensions import ExtensionPoint, extension_point
 from accelopt.hookspecs import hookimpl, hookspec
 from accelopt.plugin import PluginSpec, Registry
 from accelopt.types import (
     AllocationDecision,
     AllocationRequest,
+    BuiltJob,
     CliCommand,
+    ClusterInfo,
     IterationContext,
     IterationResult,
     JobInfo,
     JobProfile,
     JobState,
     LayerOffer,
+    OptimizerRebuild,
+    ParamInfo,
     ReportRow,
     RunInfo,
     TransferRecord,
@@ -25,18 +31,38 @@ from accelopt.types import (
 
 __version__ = "0.1.0"
 
+_LAZY = {"Gradients": "accelopt.job.gradients", "isolated_rng": "accelopt.job.rng"}
+"""Exports that need torch: imported on first use, so ``import accelopt`` (and the CLI's
+``accelopt plugins``) stays fast."""
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'accelopt' has no attribute {name!r}")
+    from importlib import import_module
+
+    return getattr(import_module(module), name)
+
+
 __all__ = [
     "AccelOptError",
     "AllocationDecision",
     "AllocationRequest",
+    "BuiltJob",
     "CliCommand",
+    "ClusterInfo",
     "ConfigError",
+    "ExtensionPoint",
+    "Gradients",
     "IterationContext",
     "IterationResult",
     "JobInfo",
     "JobProfile",
     "JobState",
     "LayerOffer",
+    "OptimizerRebuild",
+    "ParamInfo",
     "PluginHookError",
     "PluginSpec",
     "Registry",
@@ -44,6 +70,8 @@ __all__ = [
     "RunInfo",
     "TransferRecord",
     "UserError",
+    "extension_point",
     "hookimpl",
     "hookspec",
+    "isolated_rng",
 ]

@@ -13,6 +13,8 @@ class AccelOptError(Exception):
     """Base class of every error accelopt raises on purpose."""
 
     exit_code = 1
+    hook: str | None = None
+    """The hook this error came out of, when a plugin raised it (set by the host)."""
 
 
 class UserError(AccelOptError):
@@ -49,3 +51,9 @@ class JobsUnfinished(AccelOptError):
     """The run completed, but some jobs failed or were rejected (outputs are written)."""
 
     exit_code = 3
+
+
+def raised_by_hook(exc: BaseException) -> bool:
+    """Whether ``exc`` came out of a hook call (a plugin's error stops the run; an error of a
+    job's own code fails that job alone)."""
+    return isinstance(exc, AccelOptError) and exc.hook is not None

@@ -1,41 +1,62 @@
 """The hook points of accelopt (pluggy project ``accelopt``).
 
-Every hook is called with keyword arguments only (pluggy refuses positional calls) and receives small frozen records from
-:mod:`accelopt.types`. Four hook points come from the design card (allocation, iteration
-boundary, send/recv, layer forward); the rest are lifecycle hooks. ``docs/hooks.md``
-documents each one with an example, and ``tests/test_hook_docs.py`` fails when a hookspec
-lacks its documentation or a test that exercises it.
+Every hook is called with keyword arguments only (pluggy refuses positional calls) and
+receives small frozen records from :mod:`accelopt.types`. Four hook points come from the
+design card (allocation, iteration boundary, send/recv, layer build); the iteration events
+around them (after forward, before the optimizer step, after it) and the lifecycle hooks
+complete the contract. ``docs/hooks.md`` documents each one with an example, and
+``tests/test_hook_docs.py`` fails when a hookspec and its documentation disagree, or when no
+test makes the core call it.
 
-Why these shapes:
+Each docstring below ends with three lines, modelled on pytest's ``hookspec.py``:
 
-* Decisions that only one plugin can make (admit a job, pick the next iteration, order
-  transfers) are ``firstresult`` hooks: the first plugin (command-line order) that answers
-  something other than ``None`` wins, and ``None`` means "no opinion, ask the next one".
-* Observations (iteration start/end, job end) go to every plugin.
-* Nothing here is called inside a layer's forward pass: ``accelopt_layer_build`` is asked
-  once at model build time and what it returns is an ordinary ``torch.nn.Module``.
+* ``Called:`` in which phase and by whom (the driver, the job's step, the transport);
+* ``Ranks:`` on which processes (``single`` is a one-process run; in a cluster run every
+  rank is a process: the ``leader`` is rank 0, ``server`` and ``worker`` its roles);
+* ``Thread:`` on which thread. Whatever the thread, the core calls a process's hooks one at a
+  time (one lock per process), so a plugin never sees two of its hook calls at once.
+
+The same sequence of events runs in every mode; a mode only changes how gradients and
+parameters move (``docs/ARCHITECTURE.md``, "One step"). Per job and iteration::
+
+    iteration_start -> [forward] -> after_forward -> [backward] -> [gradient exchange]
+      -> before_optimizer_step -> [optimizer step] -> after_step -> iteration_end
+
+Why these shapes: decisions only one plugin can make (admit a job, pick the next iteration,
+order transfers) are ``firstresult`` hooks (the first answer that is not ``None`` wins);
+transformations of one object (a layer, a payload, the loss, the optimizer) are *chained*,
+each plugin receiving the previous one's output; observations go to every plugin. Nothing
+here is called inside a layer's forward pass.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 
 from accelopt.types import (
     AllocationDecision,
     AllocationRequest,
+    BuiltJob,
     CliCommand,
     IterationContext,
     IterationResult,
     JobInfo,
     JobState,
     LayerOffer,
+    OptimizerRebuild,
     ReportRow,
     RunInfo,
     TransferRecord,
 )
+
+if TYPE_CHECKING:
+    import torch
+    from omegaconf import DictConfig
+
+    from accelopt.job.gradients import Gradients
 
 PROJECT = "accelopt"
 hookspec = pluggy.HookspecMarker(PROJECT)
@@ -46,23 +67,48 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 
 
 @hookspec
-def accelopt_configure(config: Any, run_config: Any) -> None:
+def accelopt_configure(config: Any, run_config: DictConfig) -> None:
     """Receive this plugin's validated config object and the whole resolved run config.
 
-    Called once per run, before any job is built. ``config`` is the plugin's own structured
-    config (an instance of the dataclass it declared); ``run_config`` is the read-only
-    OmegaConf tree of the run.
+    ``config`` is the plugin's own structured config (an instance of the dataclass it
+    declared); ``run_config`` is the read-only OmegaConf tree of the run. Raise
+    :class:`accelopt.UserError` for a bad setting: it is reported in one line (exit 2) before
+    anything is trained, because every selected plugin set (the run's and each
+    ``run.compare`` reference set) is configured once up front to validate it.
+
+    Called: once per plugin instance, before any job is built (and once more, on a fresh
+    instance, during the up-front validation).
+    Ranks: every process: single, and every rank of a cluster run.
+    Thread: the process's main thread.
+    """
+
+
+@hookspec
+def accelopt_job_built(run: RunInfo, job: BuiltJob) -> None:
+    """A job's model is built, on its device and attached to its exchange: inspect it.
+
+    ``job.job`` carries the parameter table and buckets; ``job.model``, ``job.inputs`` and
+    ``job.loss`` let a plugin trace or time the model (on a copy if that runs it). Use it for
+    work that belongs before the clock starts, such as planning a transfer order.
+
+    Called: once per job, after every job of the run is built and before
+    ``accelopt_run_start``.
+    Ranks: every process that builds the job: single, and every rank.
+    Thread: the process's main thread.
     """
 
 
 @hookspec
 def accelopt_run_start(run: RunInfo) -> None:
-    """The run is about to execute its jobs; ``run.run_dir`` exists."""
+    """The run is about to execute its jobs; ``run.run_dir`` exists.
 
+    ``run.rank``/``role``/``world_size``/``leader`` say where this process is; ``run.job`` is
+    the job a job-scoped plugin instance serves (``None`` for run-scoped plugins).
 
-@hookspec
-def accelopt_run_end(run: RunInfo, metrics: dict[str, Any]) -> None:
-    """The run has finished (jobs done, failed or rejected); ``metrics`` is the run summary."""
+    Called: once per plugin instance, after every job is built, before the first arrives.
+    Ranks: every process: single, and every rank.
+    Thread: the process's main thread.
+    """
 
 
 @hookspec
@@ -70,7 +116,25 @@ def accelopt_report_rows(run: RunInfo) -> list[ReportRow] | None:
     """Contribute lines to the run summary: what the plugin did, or why it did nothing.
 
     Every active plugin should answer, so the user never has to guess whether a plugin
-    was inert on this workload.
+    was inert on this workload. In a cluster run each rank answers for itself; a job-scoped
+    plugin's rows are kept from every rank, a run-scoped plugin's from one (the first worker
+    that reported, else the first rank): answer ``[]`` on a rank with nothing of its own to
+    say (a follower of the leader's decisions, say).
+
+    Called: once per plugin instance, after the last job ended, before ``accelopt_run_end``.
+    Ranks: every process: single, and every rank.
+    Thread: the process's main thread.
+    """
+
+
+@hookspec
+def accelopt_run_end(run: RunInfo, metrics: dict[str, Any]) -> None:
+    """The run has finished (jobs done, failed or rejected); ``metrics`` is this process's
+    summary of it (a cluster rank's own view: its iterations, its times).
+
+    Called: once per plugin instance, last, after ``accelopt_report_rows``.
+    Ranks: every process: single, and every rank.
+    Thread: the process's main thread.
     """
 
 
@@ -80,6 +144,10 @@ def accelopt_cli_commands() -> Sequence[CliCommand] | None:
 
     Asked of every *installed* plugin (no plugin config exists yet), so implement it as a
     function that does not depend on ``accelopt_configure`` having been called.
+
+    Called: by the ``accelopt`` command, when it lists or dispatches commands; never in a run.
+    Ranks: the command's own process only.
+    Thread: the process's main thread.
     """
 
 
@@ -93,7 +161,14 @@ def accelopt_allocate(request: AllocationRequest) -> AllocationDecision | None:
     ``request.phase == "admission"`` when a job arrives (its persistent bytes plus the
     ephemeral bytes of one iteration); ``"iteration"`` before each iteration (its ephemeral
     bytes). The default (no plugin answers) grants everything in the single lane
-    ``"default"``: one job at a time, exclusively.
+    ``"default"``: one job at a time, exclusively. A cluster run has no memory profile of its
+    jobs (the request's bytes are 0) and runs one iteration at a time on all ranks: lanes
+    there order iterations but do not run them concurrently.
+
+    Called: by the driver, when a job arrives (and again for each pending job whenever one
+    is released) and before each of its iterations.
+    Ranks: single, and the leader of a cluster run (its decision is broadcast).
+    Thread: the driver's main thread (admission) or the lane's thread (iteration).
     """
 
 
@@ -101,10 +176,15 @@ def accelopt_allocate(request: AllocationRequest) -> AllocationDecision | None:
 def accelopt_release(job: JobInfo, lane: str, status: str) -> None:
     """An admitted job left the device (``status`` is ``done`` or ``failed``); free what was
     granted to it. Called only for jobs that were granted a lane. Pending jobs are offered to
-    ``accelopt_allocate`` again right after."""
+    ``accelopt_allocate`` again right after.
+
+    Called: by the driver, when an admitted job ends, fails or is cancelled.
+    Ranks: single, and the leader of a cluster run.
+    Thread: the lane's thread where the job ended (the main thread for a cancellation).
+    """
 
 
-# --- iteration boundary -----------------------------------------------------------------
+# --- iteration boundary and the events of one iteration ---------------------------------
 
 
 @hookspec(firstresult=True)
@@ -114,18 +194,99 @@ def accelopt_select_next(lane: str, ready: Sequence[JobState], now_s: float) -> 
     Called at every iteration boundary of the lane where there is a choice (two or more
     ready jobs; with one the answer is forced and the call is skipped). Returning
     ``None`` leaves the choice to the next plugin or the default (earliest arrival first,
-    which runs each job to completion: FIFO).
+    which runs each job to completion: FIFO). The same choice function serves one process and
+    a cluster (where every rank then runs the chosen iteration).
+
+    Called: by the driver, at an iteration boundary of the lane.
+    Ranks: single, and the leader of a cluster run (its choice is broadcast).
+    Thread: the lane's thread.
     """
 
 
 @hookspec
 def accelopt_iteration_start(context: IterationContext) -> None:
-    """An iteration is about to start (ephemeral memory is empty here)."""
+    """An iteration of ``context.job`` is about to start (its ephemeral memory is empty).
+
+    Called: by the job's step, first, before any data is read.
+    Ranks: every process that runs the iteration: single, and every rank (servers too).
+    Thread: the thread running the iteration (single process: its lane's thread; a cluster
+    rank: the leader's lane thread on rank 0, the main thread elsewhere).
+    """
+
+
+@hookspec
+def accelopt_after_forward(context: IterationContext, loss: torch.Tensor) -> torch.Tensor | None:
+    """The forward pass and the loss are computed, backward has not started.
+
+    ``loss`` is the scalar tensor backward will start from. Return a replacement (a scaled
+    loss for mixed precision, a regularised one) or ``None`` to keep it; chained in plugin
+    order. The reported loss stays the job's own.
+
+    Called: by the job's step of a training job, after the loss, before backward.
+    Ranks: every process that runs forward: single and workers (never a parameter server).
+    Thread: the thread running the iteration.
+    """
+
+
+@hookspec
+def accelopt_before_optimizer_step(context: IterationContext, gradients: Gradients) -> None:
+    """The gradients are final, the optimizer has not stepped: read, clip, scale or skip them.
+
+    ``gradients`` maps parameter names to the tensors the optimizer will apply: after local
+    backward and after the exchange (the all-reduced sum; in PS mode the workers' average, on
+    the server that holds the shard). Change them in place or assign tensors of the same
+    shape; ``gradients.norm()`` is the norm of the job's *whole* gradient in every mode (a
+    parameter server's partial norms are combined across servers); ``gradients.skip(why)``
+    skips the step. A clipping plugin written on this hook works identically in every mode.
+
+    Called: by the job's step of a training job, once per iteration, after the exchange.
+    Ranks: every process that takes the optimizer step: single, all-reduce workers, PS servers.
+    Thread: the thread running the iteration.
+    """
+
+
+@hookspec
+def accelopt_after_step(context: IterationContext, stepped: bool) -> OptimizerRebuild | None:
+    """The optimizer step is done (``stepped`` is ``False`` when a plugin skipped it).
+
+    Answer :class:`~accelopt.types.OptimizerRebuild` when the model changed (a plugin pruned
+    or replaced parameters it got from ``accelopt_layer_build`` or ``accelopt_job_built``): the
+    core then builds the job's optimizer again over the current parameters, carrying each
+    unchanged parameter's state over, and offers it to ``accelopt_optimizer_build``.
+
+    Called: by the job's step of a training job, after the optimizer step (or its skip).
+    Ranks: every process that takes the optimizer step: single, all-reduce workers, PS servers.
+    Thread: the thread running the iteration.
+    """
 
 
 @hookspec
 def accelopt_iteration_end(context: IterationContext, result: IterationResult) -> None:
-    """An iteration has ended; this is where checkpoints are safe and profiles are refined."""
+    """An iteration has ended; ``result`` has its start/end time, loss and sample count (on a
+    worker: its own rows). Checkpoints are safe after it.
+
+    Called: by the job's step, last.
+    Ranks: every process that runs the iteration: single, and every rank.
+    Thread: the thread running the iteration.
+    """
+
+
+@hookspec
+def accelopt_optimizer_build(job: JobInfo, optimizer: torch.optim.Optimizer,
+                             parameters: dict[str, torch.nn.Parameter],
+                             previous: torch.optim.Optimizer | None) -> torch.optim.Optimizer | None:
+    """Wrap or replace a job's optimizer; chained in plugin order.
+
+    ``optimizer`` is the one the core built from the job's settings over ``parameters`` (the
+    parameters this process updates: all of them, or a server's shard). ``previous`` is
+    ``None`` at the first build and the optimizer being replaced at a rebuild (see
+    ``accelopt_after_step``), so a plugin can carry over state the core could not (that of a
+    parameter it resized). Return the optimizer to use, or ``None`` to keep it.
+
+    Called: when the job is built, and at every rebuild a plugin asked for.
+    Ranks: every process that takes the optimizer step: single, all-reduce workers, PS servers.
+    Thread: the main thread at build; the thread running the iteration at a rebuild.
+    """
 
 
 # --- send / recv ------------------------------------------------------------------------
@@ -139,6 +300,11 @@ def accelopt_transfer_order(
     the transfers of one iteration to ``destination``. The transport enforces it: a transfer
     with priority p starts only after those before it to that destination have started.
     ``None``: send in the order the sender issues them.
+
+    Called: by the transport, once per (job, iteration, destination), before the first send.
+    Ranks: every sender of a cluster run: PS servers (parameters), workers (gradients),
+    all-reduce workers (buckets, destination -1); never in a one-process run.
+    Thread: the thread running the iteration.
     """
 
 
@@ -146,43 +312,78 @@ def accelopt_transfer_order(
 def accelopt_transfer_encode(record: TransferRecord, payload: Any) -> Any | None:
     """Transform an outgoing payload (e.g. compress it). Return the new payload, or ``None``
     to leave it unchanged. Chained: encoders run in plugin order, each on the previous
-    one's output; decoders run in reverse order."""
+    one's output; decoders run in reverse order.
+
+    Called: by the transport, when a kept transfer is posted.
+    Ranks: the sending rank of a cluster run.
+    Thread: the thread that posts it: the iteration's thread, or autograd's thread for a
+    gradient posted the moment it was accumulated.
+    """
 
 
 @hookspec
 def accelopt_transfer_decode(record: TransferRecord, payload: Any) -> Any | None:
-    """Undo ``accelopt_transfer_encode`` on the receiving side; ``None`` leaves it as is."""
+    """Undo ``accelopt_transfer_encode`` on the receiving side; ``None`` leaves it as is.
+    ``record.wire_bytes`` is what crossed the link.
+
+    Called: by the transport, when a transfer has arrived.
+    Ranks: the receiving rank (all-reduce: every rank, for every bucket).
+    Thread: a receiving thread of the transport (PS: one per peer; all-reduce: the
+    completion thread).
+    """
 
 
 @hookspec
 def accelopt_transfer_filter(record: TransferRecord) -> bool | None:
     """Return ``False`` to drop a transfer (e.g. a gradient below a threshold whose value the
-    plugin keeps as error feedback). ``None``/``True`` keep it."""
+    plugin keeps as error feedback). ``None``/``True`` keep it; any ``False`` drops it.
+
+    Called: by the transport, when a transfer is posted, before encoding.
+    Ranks: the sending rank of a cluster run.
+    Thread: the thread that posts it (as for ``accelopt_transfer_encode``).
+    """
 
 
 @hookspec
 def accelopt_transfer_done(record: TransferRecord, start_s: float, end_s: float) -> None:
-    """A transfer finished; observers (timelines, bandwidth estimators) see it here."""
+    """A transfer finished; observers (timelines, bandwidth estimators, byte counters) see it
+    here. ``record.wire_bytes`` is what crossed the link for it (0 for a dropped one's
+    payload: only its header), the figure the core sums into ``bytes_per_iteration``.
+
+    Called: by the transport, once per transfer, when it has arrived and been decoded.
+    Ranks: the receiving rank (all-reduce: every rank, for its own contribution).
+    Thread: a receiving thread of the transport (as for ``accelopt_transfer_decode``).
+    """
 
 
 TRANSFER_HOOKS = frozenset({
     "accelopt_transfer_order", "accelopt_transfer_filter", "accelopt_transfer_encode",
     "accelopt_transfer_decode", "accelopt_transfer_done",
 })
-"""The send/recv hooks. A plugin that implements any of them acts on one job's transfers, so
-it is a per-job plugin: each job of a multi-job cluster gets its own instance, and every
-rank's report rows of it count (a server's plan and a worker's view differ)."""
+"""The send/recv hooks (called in cluster runs only)."""
+
+RUN_DECISION_HOOKS = frozenset({
+    "accelopt_allocate", "accelopt_release", "accelopt_select_next",
+})
+"""Decisions across jobs: a job-scoped plugin (one instance per job) cannot implement them."""
 
 
-# --- layer forward ----------------------------------------------------------------------
+# --- layer build ------------------------------------------------------------------------
 
 
 @hookspec
-def accelopt_layer_build(layer: LayerOffer) -> Any | None:
+def accelopt_layer_build(layer: LayerOffer) -> torch.nn.Module | None:
     """Offered each layer of a job's model once, at build time: return a replacement
     ``torch.nn.Module`` (a sampled output layer, a pruned layer, a wrapper that installs
     saved-tensor hooks) or ``None`` to keep it. Never called during forward.
 
     Chained in plugin order: each plugin is offered the module as the plugins before it
-    left it, so one plugin may prune a layer and the next wrap the pruned layer.
+    left it, so one plugin may prune a layer and the next wrap the pruned layer. Every
+    process builds the same model the same way (a parameter server and its workers must agree
+    on the parameters' shapes).
+
+    Called: once per submodule (pre-order; the whole model last, under path ``""``), while
+    the job is built, before it moves to its device.
+    Ranks: every process that builds the job: single, and every rank.
+    Thread: the process's main thread.
     """

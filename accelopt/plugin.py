@@ -20,10 +20,18 @@ from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
 from accelopt.errors import PluginResolutionError
+from accelopt.types import Scope
 
 ENTRY_POINT_GROUP = "accelopt.plugins"
 DISABLE_AUTOLOAD_ENV = "ACCELOPT_DISABLE_PLUGIN_AUTOLOAD"
 EXPLICIT_PLUGINS_ENV = "ACCELOPT_PLUGINS"
+SCOPES = ("run", "job")
+
+
+@dataclass
+class NoConfig:
+    """The config of a plugin that declares none (module level, so a spec can be pickled and
+    sent to a cluster's rank processes)."""
 
 
 @dataclass(frozen=True)
@@ -36,6 +44,12 @@ class PluginSpec:
     other selected plugins, ``requires`` must also be selected, ``conflicts`` must not be,
     and at most one selected plugin may claim each of its exclusive ``slots`` (for example
     ``"scheduler"``).
+
+    ``scope`` says how many instances a process makes: ``"run"`` (the default) builds one
+    that sees every job; ``"job"`` builds one per job, which sees only that job's layers,
+    iterations and transfers (``RunInfo.job`` names it). Declare ``"job"`` for state that
+    belongs to one job (a transfer plan, error-feedback residuals); a job-scoped plugin cannot
+    implement a decision across jobs (allocation, scheduling).
     """
 
     name: str
@@ -47,13 +61,16 @@ class PluginSpec:
     requires: tuple[str, ...] = ()
     conflicts: tuple[str, ...] = ()
     slots: tuple[str, ...] = ()
+    scope: Scope = "run"
 
     def __post_init__(self) -> None:
         if not self.name.isidentifier():
             raise ValueError(f"plugin name {self.name!r} must be a Python identifier")
+        if self.scope not in SCOPES:
+            raise ValueError(f"plugin '{self.name}': scope must be one of {', '.join(SCOPES)}, "
+                             f"got {self.scope!r}")
         if self.config is None:
-            empty = dataclasses.make_dataclass(f"{self.name.title()}Config", [])
-            object.__setattr__(self, "config", empty)
+            object.__setattr__(self, "config", NoConfig)
         if not dataclasses.is_dataclass(self.config):
             raise TypeError(f"plugin '{self.name}': config must be a dataclass type")
         for attr in ("before", "after", "requires", "conflicts", "slots"):
@@ -75,6 +92,9 @@ class Registry:
     entry_points: dict[str, EntryPoint] = field(default_factory=dict)
     loaded: dict[str, PluginSpec] = field(default_factory=dict)
     broken: dict[str, str] = field(default_factory=dict)
+    added: dict[str, PluginSpec] = field(default_factory=dict)
+    """Specs added in code (:meth:`add`), not found by discovery: a cluster run sends them to
+    its rank processes, which discover only what is installed."""
 
     @classmethod
     def discover(cls, autoload: bool | None = None) -> Registry:
@@ -93,6 +113,7 @@ class Registry:
 
     def add(self, spec: PluginSpec) -> None:
         self.loaded[spec.name] = spec
+        self.added[spec.name] = spec
 
     def names(self) -> list[str]:
         return sorted((set(self.entry_points) | set(self.loaded)) - set(self.broken))

@@ -3,21 +3,39 @@
 Hooks never receive the runtime's mutable objects (no "god object"): each hook gets the
 few facts it needs as immutable dataclasses, so a plugin cannot corrupt core state by
 accident and a recorded hook call can be compared later (see ``accelopt.testing``).
+
+The facts a plugin needs about *where* it runs (rank, role, world size, the cluster's
+settings) are in :class:`RunInfo`, and the facts about a job's model (its parameter table,
+gradient buckets, optimizer) in :class:`JobInfo`: a plugin never rebuilds a job or reads
+environment variables to learn them. The exceptions that hold live objects on purpose are
+marked as such (:class:`LayerOffer`, :class:`BuiltJob`): a plugin may change or inspect them
+during the call and must not keep them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:  # annotations only: importing torch here would slow every import
+    import torch
 
 JobKind = Literal["train", "infer"]
 AllocationPhase = Literal["admission", "iteration"]
 TransferKind = Literal["param", "grad"]
+ClusterMode = Literal["none", "ps", "allreduce"]
+Role = Literal["single", "server", "worker"]
+"""What a process does for its jobs: ``single`` (one process trains them), ``server`` (holds a
+shard of each job's parameters and takes its optimizer step: PS mode) or ``worker`` (runs
+forward and backward on its rows of every batch)."""
+Scope = Literal["run", "job"]
+"""How many instances of a plugin a process makes: one (``run``) or one per job (``job``)."""
 
 
 @dataclass(frozen=True, slots=True)
 class JobProfile:
-    """Measured memory and time of one job (never guessed; see ``runtime/profile.py``).
+    """Measured memory and time of one job (never guessed; see ``job/profile.py``).
 
     ``persistent_bytes`` lives for the whole job (parameters, gradients, optimizer state) and
     is the exact sum of those tensors' sizes. ``ephemeral_bytes`` is allocated and freed within
@@ -34,8 +52,39 @@ class JobProfile:
 
 
 @dataclass(frozen=True, slots=True)
+class ParamInfo:
+    """One parameter tensor of a job's model, as built (after every plugin's layer build).
+
+    ``index`` is its position in the job's parameter table (the id both ends of a transfer
+    share); ``layer_index`` the position of its owning module among the modules that own
+    parameters, in module (forward) order; ``module`` that module's dotted path.
+    """
+
+    index: int
+    name: str
+    layer_index: int
+    nbytes: int
+    module: str
+    shape: tuple[int, ...] = ()
+    dtype: str = "float32"
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+
+@dataclass(frozen=True, slots=True)
 class JobInfo:
-    """Identity and plan of a job, as a plugin sees it."""
+    """Identity, plan and model facts of a job, as a plugin sees it.
+
+    ``parameters`` and ``buckets`` are filled once the model is built (empty in the records a
+    plugin sees while the model is being built, ``accelopt_layer_build``). ``buckets`` are the
+    gradient buckets an all-reduce would send, in backward order, as indices into
+    ``parameters`` (``cluster.bucket_mb`` each, a tensor larger than that alone).
+    """
 
     job_id: str
     name: str
@@ -45,6 +94,38 @@ class JobInfo:
     iterations: int
     batch_size: int
     profile: JobProfile | None = None
+    optimizer: str = "sgd"
+    lr: float = 0.0
+    momentum: float = 0.0
+    parameters: tuple[ParamInfo, ...] = ()
+    buckets: tuple[tuple[int, ...], ...] = ()
+
+    def parameter(self, name: str) -> ParamInfo:
+        """The parameter called ``name`` (``KeyError`` naming the known ones otherwise)."""
+        for info in self.parameters:
+            if info.name == name:
+                return info
+        raise KeyError(f"job {self.job_id!r} has no parameter {name!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterInfo:
+    """The cluster settings of a run (``mode="none"``: one process, no transfers)."""
+
+    mode: ClusterMode = "none"
+    workers: int = 1
+    servers: int = 0
+    backend: str = "none"
+    bucket_bytes: int = 2**20
+    timeout_s: float = 30.0
+    bandwidth_bps: int | None = None
+    latency_s: float | None = None
+
+    @property
+    def world_size(self) -> int:
+        if self.mode == "none":
+            return 1
+        return self.workers + (self.servers if self.mode == "ps" else 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +177,11 @@ class JobState:
 
 @dataclass(frozen=True, slots=True)
 class IterationContext:
-    """Facts about the iteration that is about to start or has just ended."""
+    """Facts about the iteration that is about to start or has just ended.
+
+    ``lane`` is the lane the iteration runs in (a cluster run: the lane the leader granted);
+    ``now_s`` the time the iteration started, in seconds since the run's clock started.
+    """
 
     job: JobInfo
     lane: str
@@ -106,7 +191,7 @@ class IterationContext:
 
 @dataclass(frozen=True, slots=True)
 class IterationResult:
-    """What one iteration measured."""
+    """What one iteration measured (on the process that ran it: a worker's own rows)."""
 
     job_id: str
     iteration: int
@@ -121,8 +206,24 @@ class IterationResult:
 
 
 @dataclass(frozen=True, slots=True)
+class OptimizerRebuild:
+    """An answer of ``accelopt_after_step``: the model changed (e.g. it was pruned), so the core
+    builds the job's optimizer again over the model's current parameters. ``reason`` is
+    recorded in the run's log line."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class TransferRecord:
-    """One parameter or gradient transfer between two processes of a cluster."""
+    """One parameter or gradient transfer between two processes of a cluster.
+
+    ``nbytes`` is the tensor's own size (what the transfer carries before any encoding);
+    ``wire_bytes`` what crossed the link for it, header included, as the core counts it in
+    ``bytes_per_iteration``. ``wire_bytes`` is known once the transfer has started, so it is
+    0 in the records the order, filter and encode hooks see and filled in the record that
+    ``accelopt_transfer_decode`` and ``accelopt_transfer_done`` receive.
+    """
 
     job_id: str
     iteration: int
@@ -132,6 +233,7 @@ class TransferRecord:
     nbytes: int
     layer_index: int
     kind: TransferKind
+    wire_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,26 +243,61 @@ class LayerOffer:
     ``path`` is the dotted module path inside the model (``""`` for the model itself),
     ``index`` its position in the model's module order; ``in_features``/``out_features``
     are filled for Linear-like layers so plugins can decide without isinstance checks.
+    ``module`` is the live module: return a replacement, or change it in place, during the
+    call; do not keep it past the run.
     """
 
     job: JobInfo
     path: str
     index: int
-    module: Any
+    module: torch.nn.Module
     module_type: str
     in_features: int | None = None
     out_features: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
+class BuiltJob:
+    """A job whose model is built, moved to its device and attached to its exchange, as
+    ``accelopt_job_built`` shows it once, before the first iteration.
+
+    ``inputs``/``targets`` are the rows this process trains on of the job's first batch (a
+    parameter server, which trains on none, gets the first worker's rows), ``loss(out, y)``
+    the job's training loss. The model is the live one: inspect it (trace it, count its
+    FLOPs) on a copy if the inspection runs it, and do not keep a reference to it.
+    """
+
+    job: JobInfo
+    model: torch.nn.Module
+    inputs: Any
+    targets: Any
+    loss: Callable[[Any, Any], Any]
+
+
+@dataclass(frozen=True, slots=True)
 class RunInfo:
-    """The run as a whole: where it writes, which plugins are active, on which device."""
+    """The run as a whole, as this process sees it: where it writes, which plugins are active,
+    on which device, and the process's place in a cluster.
+
+    ``rank``/``role``/``world_size``/``leader``: a single-process run is rank 0 of 1, role
+    ``single``, leader. In a cluster run every rank is a process of its own; the leader (rank
+    0) is where scheduling decisions are made (``accelopt_allocate``, ``accelopt_select_next``)
+    and the rank whose view of a run-scoped plugin is reported. ``job`` is set for the
+    instances of a job-scoped plugin (``PluginSpec(scope="job")``): the job that instance
+    serves; it is ``None`` for run-scoped plugins.
+    """
 
     run_dir: str
     device: str
     plugins: tuple[str, ...]
     jobs: tuple[JobInfo, ...]
     seed: int
+    rank: int = 0
+    role: Role = "single"
+    world_size: int = 1
+    leader: bool = True
+    cluster: ClusterInfo = field(default_factory=ClusterInfo)
+    job: JobInfo | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,4 +318,30 @@ class CliCommand:
 
     name: str
     help: str
-    run: Any
+    run: Callable[[list[str]], int | None]
+
+
+__all__ = [
+    "AllocationDecision",
+    "AllocationPhase",
+    "AllocationRequest",
+    "BuiltJob",
+    "CliCommand",
+    "ClusterInfo",
+    "ClusterMode",
+    "IterationContext",
+    "IterationResult",
+    "JobInfo",
+    "JobKind",
+    "JobProfile",
+    "JobState",
+    "LayerOffer",
+    "OptimizerRebuild",
+    "ParamInfo",
+    "ReportRow",
+    "Role",
+    "RunInfo",
+    "Scope",
+    "TransferKind",
+    "TransferRecord",
+]

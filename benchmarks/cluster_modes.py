@@ -19,11 +19,11 @@ import time
 import torch
 from omegaconf import OmegaConf
 
-from accelopt.cluster import run_cluster
-from accelopt.cluster.probe import measure_bandwidth
-from accelopt.cluster.settings import parse_rate
 from accelopt.config import AccelConfig, JobConfig
-from accelopt.runtime.job import Job
+from accelopt.drivers.cluster import run_cluster
+from accelopt.drivers.cluster.probe import measure_bandwidth
+from accelopt.drivers.cluster.settings import parse_rate
+from accelopt.job import Job
 
 WARMUP = 2
 

@@ -29,12 +29,13 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from omegaconf import OmegaConf
 
-from accelopt.cluster import netns, run_cluster
-from accelopt.cluster.launch import free_port
-from accelopt.cluster.model import shard_rows
-from accelopt.cluster.settings import parse_rate
 from accelopt.config import AccelConfig, JobConfig
-from accelopt.runtime.job import Job, make_optimizer
+from accelopt.drivers.cluster import netns, run_cluster
+from accelopt.drivers.cluster.launch import free_port
+from accelopt.drivers.cluster.settings import parse_rate
+from accelopt.job import Job
+from accelopt.job.optim import make_optimizer
+from accelopt.job.params import shard_rows
 
 WARMUP = 2
 
@@ -123,7 +124,7 @@ def ddp_child(rank: int, world: int, port: int, namespace: str, spec: JobConfig,
                 return fut
 
             model.register_comm_hook(state, in_order)
-    opt = make_optimizer(spec, model)
+    opt = make_optimizer(spec, model.parameters())
     row0, row1 = shard_rows(spec.batch_size, world)[rank]
     times, losses, lo = [], [], []
     for i in range(spec.iterations):

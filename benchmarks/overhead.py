@@ -1,19 +1,24 @@
-"""Per-iteration overhead of the accelopt runtime and its hook machinery.
+"""Per-iteration overhead of the accelopt runtime and its hook machinery, on a real step.
 
-Runs the default MLP job (``workload=single``: MLP, batch 64) three ways, on the same model,
-data and number of iterations:
+Runs the default workload's MLP job (``mlp-a`` of ``configs/workload/default.yaml``: MLP of
+width 256, batch 64) three ways, on the same model, data and number of iterations:
 
-  (a) a plain hand-written PyTorch training loop,
-  (b) accelopt's executor with no plugins,
-  (c) accelopt's executor with the ``noop`` plugin implementing every hook.
+  (a) a plain hand-written PyTorch training loop doing the same work (the job's batch,
+      forward, loss, zero_grad, backward, optimizer step, reading the loss);
+  (b) accelopt's local driver running the job's one step (``Job.step``), no plugins;
+  (c) the same with the ``noop`` plugin implementing every hook (every per-iteration event
+      fires: allocation, iteration start, after forward, before the optimizer step with its
+      gradients view, after the step, iteration end), with the hook timeline on, as
+      ``accelopt run`` records it by default.
 
-Two clocks per side: wall time, and the process's CPU time. With ``--threads 1`` all of
-torch's compute runs on the calling thread, so CPU time counts exactly the work done and is
-far less disturbed by other processes on a busy machine than wall time. Model build and
-accelopt's one-off profiling of the job are excluded (profiling is reported separately).
-The three sides are interleaved in rotating order, repeated; medians are printed side by side.
+The clock is the process's CPU time with one torch thread, so all compute runs on the calling
+thread and a busy machine disturbs the figure far less than wall time. Model build and the
+one-off profiling are excluded. Each *pair* runs (a) and (b) (and (a) and (c)) back to back,
+in alternating order; the overhead is the median over the pairs of (b)/(a) - 1, printed with
+its spread (min, quartiles, max) and the number of pairs. The runtime's bookkeeping alone
+(an empty step) is printed after, as a diagnostic.
 
-    python benchmarks/overhead.py [--iterations 300] [--repeats 7] [--threads 1]
+    python benchmarks/overhead.py [--pairs 24] [--iterations 400] [--threads 1]
 """
 
 from __future__ import annotations
@@ -23,27 +28,28 @@ import os
 import platform
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 from torch import nn
 
+from accelopt.activation import PluginSet
 from accelopt.config import JobConfig
-from accelopt.host import PluginHost
+from accelopt.drivers.local import Executor
+from accelopt.job import Job, build_jobs
 from accelopt.plugin import Registry
-from accelopt.runtime.executor import Executor
-from accelopt.runtime.profile import measure_profile
-from accelopt.runtime.run import build_jobs
 
-SPEC = JobConfig(name="mlp", model="mlp", batch_size=64, iterations=300, seed=0)
+SPEC = JobConfig(name="mlp-a", model="mlp", batch_size=64, iterations=400, seed=1)
+"""The default workload's first job (configs/workload/default.yaml)."""
 
 
-def plain_loop(spec: JobConfig) -> tuple[float, float, float]:
-    """(a) What a user writes by hand: (wall s/iter, cpu s/iter, 0)."""
-    (job,) = build_jobs([spec], torch.device("cpu"), PluginHost())
+def plain_loop(spec: JobConfig) -> float:
+    """(a) What a user writes by hand: CPU seconds per iteration."""
+    (job,) = build_jobs([spec], torch.device("cpu"))
     model, data = job.model, job.dataset
     optimizer = torch.optim.SGD(model.parameters(), lr=spec.lr, momentum=spec.momentum)
     loss_fn = nn.CrossEntropyLoss()
-    start, cpu = time.perf_counter(), time.process_time()
+    cpu = time.process_time()
     for i in range(spec.iterations):
         x, y = data.batch(i, spec.batch_size)
         loss = loss_fn(model(x), y)
@@ -51,98 +57,93 @@ def plain_loop(spec: JobConfig) -> tuple[float, float, float]:
         loss.backward()
         optimizer.step()
         float(loss.detach())  # the runtime reads the loss every iteration too
-    n = spec.iterations
-    return (time.perf_counter() - start) / n, (time.process_time() - cpu) / n, 0.0
+    return (time.process_time() - cpu) / spec.iterations
 
 
-def accelopt_executor(spec: JobConfig, plugins: list[str]) -> tuple[float, float, float]:
-    """(b)/(c): (wall s/iter, cpu s/iter, one-off profiling seconds)."""
+def plugins_of(names: list[str]) -> PluginSet:
     registry = Registry.discover()
-    active = [(registry.get(n), registry.get(n).instantiate()) for n in plugins]
-    host = PluginHost(active)
-    (job,) = build_jobs([spec], torch.device("cpu"), host)
-    started = time.perf_counter()
-    job.with_profile(measure_profile(job))
-    profile_s = time.perf_counter() - started
-    executor = Executor(host, [job], capacity_bytes=None, device="cpu")
-    start, cpu = time.perf_counter(), time.process_time()
-    executor.run()
-    n = spec.iterations
-    return (time.perf_counter() - start) / n, (time.process_time() - cpu) / n, profile_s
+    return PluginSet.of((registry.get(n), registry.get(n).instantiate()) for n in names)
 
 
-def runtime_cost_per_iteration(spec: JobConfig, plugins: list[str]) -> float:
-    """CPU seconds the runtime itself spends per iteration: the executor driving a job whose
-    step does no work (it only advances the iteration counter). Stable even on a busy
-    machine, because it is pure bookkeeping measured with the CPU clock."""
-    registry = Registry.discover()
-    host = PluginHost([(registry.get(n), registry.get(n).instantiate()) for n in plugins])
-    (job,) = build_jobs([spec], torch.device("cpu"), host)
-    job.with_profile(measure_profile(job))
-
-    def empty_step() -> tuple[float, int]:
-        job.iteration += 1
-        return 0.0, spec.batch_size
-
-    job.step = empty_step  # type: ignore[method-assign]
-    executor = Executor(host, [job], capacity_bytes=None, device="cpu")
+def accelopt_driver(spec: JobConfig, names: list[str], trace_hooks: bool,
+                    step: Callable[[Job], None] | None = None) -> float:
+    """(b)/(c): CPU seconds per iteration of the local driver running the job."""
+    plugins = plugins_of(names)
+    (job,) = build_jobs([spec], torch.device("cpu"), plugins)
+    calls: list[tuple[str, float, float]] = []
+    if trace_hooks:
+        plugins.set_timer(lambda hook, start, end: calls.append((hook, start, end)))
+    if step is not None:
+        job.step = step.__get__(job)  # type: ignore[method-assign]
+    executor = Executor(plugins, [job], capacity_bytes=None, device="cpu")
     cpu = time.process_time()
     executor.run()
     return (time.process_time() - cpu) / spec.iterations
 
 
+def empty_step(self: Job, events: object = None) -> object:
+    """A step that does no work: what is left is the driver's own bookkeeping."""
+    from accelopt.types import IterationResult
+
+    self.iteration += 1
+    return IterationResult(self.info.job_id, self.iteration - 1, 0.0, 0.0, 0.0, 64)
+
+
+def spread(values: list[float]) -> str:
+    q = statistics.quantiles(values, n=4) if len(values) >= 2 else [values[0]] * 3
+    return (f"min {min(values):+.2%}  q1 {q[0]:+.2%}  median {statistics.median(values):+.2%}"
+            f"  q3 {q[2]:+.2%}  max {max(values):+.2%}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--iterations", type=int, default=300)
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--pairs", type=int, default=24)
+    parser.add_argument("--iterations", type=int, default=400)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (0: default)")
-    parser.add_argument("--width", type=int, default=256, help="MLP hidden width")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    spec = JobConfig(**{**SPEC.__dict__, "iterations": args.iterations, "width": args.width})
-    sides = {
-        "a plain loop": lambda: plain_loop(spec),
-        "b accelopt, no plugins": lambda: accelopt_executor(spec, []),
-        "c accelopt + noop (all hooks)": lambda: accelopt_executor(spec, ["noop"]),
+    spec = JobConfig(**{**SPEC.__dict__, "iterations": args.iterations})
+    sides: dict[str, Callable[[], float]] = {
+        "a": lambda: plain_loop(spec),
+        "b": lambda: accelopt_driver(spec, [], trace_hooks=True),
+        "c": lambda: accelopt_driver(spec, ["noop"], trace_hooks=True),
     }
-    names = list(sides)
-    wall: dict[str, list[float]] = {n: [] for n in names}
-    cpu: dict[str, list[float]] = {n: [] for n in names}
-    profile: dict[str, list[float]] = {n: [] for n in names}
-    for name in names:  # warm-up, not recorded
-        sides[name]()
-    for rep in range(args.repeats):
-        order = names[rep % 3:] + names[: rep % 3]
-        for name in order:
-            w, c, prof = sides[name]()
-            wall[name].append(w)
-            cpu[name].append(c)
-            profile[name].append(prof)
+    for side in sides.values():  # warm-up, not recorded
+        side()
+    seconds: dict[str, list[float]] = {k: [] for k in sides}
+    ratios: dict[str, list[float]] = {"b": [], "c": []}
+    for pair in range(args.pairs):
+        for other in ("b", "c"):
+            order = ("a", other) if pair % 2 == 0 else (other, "a")
+            got = {k: sides[k]() for k in order}
+            seconds["a"].append(got["a"])
+            seconds[other].append(got[other])
+            ratios[other].append(got[other] / got["a"] - 1)
 
-    base_wall = statistics.median(wall[names[0]])
-    base_cpu = statistics.median(cpu[names[0]])
-    print(f"machine: {platform.machine()} {platform.processor() or ''} "
-          f"{torch.get_num_threads()} torch threads, torch {torch.__version__}, "
-          f"python {platform.python_version()}")
-    print(f"job: MLP (width {args.width}), batch {spec.batch_size}, {spec.iterations} "
-          f"iterations, {args.repeats} repeats (interleaved), medians; load average "
-          f"{os.getloadavg()[0]:.2f}")
-    print(f"{'side':<32}{'wall us/it':>11}{'overhead':>10}{'cpu us/it':>11}{'overhead':>10}"
-          f"{'cpu min-max':>17}{'profile s':>11}")
-    for name in names:
-        w, c = statistics.median(wall[name]), statistics.median(cpu[name])
-        spread = f"{min(cpu[name]) * 1e6:.0f}-{max(cpu[name]) * 1e6:.0f}"
-        print(f"{name:<32}{w * 1e6:>11.1f}{(w / base_wall - 1) * 100:>9.2f}%"
-              f"{c * 1e6:>11.1f}{(c / base_cpu - 1) * 100:>9.2f}%{spread:>17}"
-              f"{statistics.median(profile[name]):>11.3f}")
+    print(f"machine: {platform.machine()} {platform.processor() or ''}, {os.cpu_count()} cores, "
+          f"{torch.get_num_threads()} torch thread(s), torch {torch.__version__}, python "
+          f"{platform.python_version()}; load average {os.getloadavg()[0]:.2f}")
+    print(f"job: {spec.name} (MLP width 256, batch {spec.batch_size}), {spec.iterations} "
+          f"iterations per side, {args.pairs} interleaved pairs per comparison, CPU clock")
+    print(f"{'side':<44}{'median us/it':>14}")
+    labels = {"a": "a plain hand-written loop",
+              "b": "b accelopt, no plugins",
+              "c": "c accelopt + noop (every hook), hook trace on"}
+    for key, label in labels.items():
+        print(f"{label:<44}{statistics.median(seconds[key]) * 1e6:>14.1f}")
+    print("\noverhead vs the plain loop, per pair ((x / a) - 1), over "
+          f"{args.pairs} pairs each:")
+    for key in ("b", "c"):
+        print(f"  {labels[key]:<44} {spread(ratios[key])}")
+    base = statistics.median(seconds["a"])
     empty = JobConfig(**{**spec.__dict__, "iterations": 20000})
-    print("\nruntime bookkeeping per iteration (empty job step, CPU clock, median of "
-          f"{args.repeats}), as a share of the plain loop's {base_cpu * 1e6:.0f} us iteration:")
-    for name, plugins in (("b accelopt, no plugins", []), ("c accelopt + noop", ["noop"])):
-        costs = [runtime_cost_per_iteration(empty, plugins) for _ in range(args.repeats)]
-        cost = statistics.median(costs)
-        print(f"  {name:<30}{cost * 1e6:>8.1f} us  = {cost / base_cpu * 100:.2f}% of an iteration")
+    print("\ndiagnostic: the driver's bookkeeping per iteration (a step that does no work, CPU "
+          f"clock, median of 5), as a share of the plain loop's {base * 1e6:.0f} us:")
+    for key, names in (("b", []), ("c", ["noop"])):
+        cost = statistics.median(accelopt_driver(empty, names, True, empty_step)
+                                 for _ in range(5))
+        print(f"  {labels[key]:<44}{cost * 1e6:>8.2f} us = {cost / base:.2%}")
 
 
 if __name__ == "__main__":

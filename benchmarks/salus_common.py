@@ -25,12 +25,12 @@ from accelopt_plugins.salus import PLUGIN, SalusConfig
 from omegaconf import OmegaConf
 
 from accelopt.config import AccelConfig, JobConfig
+from accelopt.drivers.local import Executor
 from accelopt.host import PluginHost
+from accelopt.job import Job
+from accelopt.job.profile import measure_profile
 from accelopt.records import JobResult, RunRecord
 from accelopt.report import write_run_outputs
-from accelopt.runtime.executor import Executor
-from accelopt.runtime.job import Job
-from accelopt.runtime.profile import measure_profile
 from accelopt.types import JobProfile, RunInfo
 from accelopt.units import parse_bytes
 
@@ -101,7 +101,7 @@ import torch
 if threads:
     torch.set_num_threads(threads)
 from accelopt.config import JobConfig
-from accelopt.runtime.job import Job
+from accelopt.job import Job
 job = Job(JobConfig(**spec), job_id=spec["name"], device=torch.device("cpu"))
 print("ready", flush=True)
 sys.stdin.readline()

@@ -48,7 +48,7 @@ from salus_common import (
 )
 
 from accelopt.config import AccelConfig, JobConfig
-from accelopt.runtime.run import job_specs
+from accelopt.job import job_specs
 from accelopt.types import JobProfile
 from accelopt.units import format_bytes, parse_bytes
 

@@ -4,11 +4,12 @@ The paper's largest claim (up to 37.7% more throughput) is for inference: each s
 worker receives every parameter from the parameter server and runs forward only, so the
 order of the transfers decides how much of forward hides behind the link. The cluster
 runtime trains only (``cluster.mode=ps`` needs ``kind: train``), so this module runs the
-same pieces with a forward-only loop: the job, the plugins and the transport of a cluster
-rank (:class:`accelopt.cluster.rank.RankRuntime`, hence the same ``accelopt_transfer_order``
-enforcement), the same shaped network namespace, the same per-layer waits (forward of a
-layer starts as soon as that layer's parameters are in), and the same metrics
-(:func:`accelopt.cluster.outcome.build_outcome`).
+core's own pieces with two exchanges of its own: the job's one step (``Job.step`` of an
+inference job), the plugins, their lifecycle and the transport of a cluster rank
+(:class:`accelopt.drivers.cluster.rank.RankJob`, hence the same ``accelopt_transfer_order``
+enforcement), the same shaped network namespace, the same per-layer waits (the PS worker's:
+forward of a layer starts as soon as that layer's parameters are in), and the same metrics
+(:func:`accelopt.drivers.cluster.outcome.build_outcome`).
 
 Per iteration: each worker posts its receives and asks for the parameters (a one-element
 request on a separate process group, as a TensorFlow worker's step starts its recvs); the
@@ -26,9 +27,7 @@ import contextlib
 import os
 import pickle
 import tempfile
-import threading
 import time
-from collections import Counter
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -38,14 +37,72 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from omegaconf import DictConfig, OmegaConf
 
-from accelopt.cluster import faults, netns
-from accelopt.cluster.launch import free_port, join_local_rank
-from accelopt.cluster.model import layer_modules, shard_rows
-from accelopt.cluster.outcome import ClusterOutcome, build_outcome
-from accelopt.cluster.ps import LayerArrivals
-from accelopt.cluster.rank import RankRuntime, Timer
-from accelopt.cluster.settings import settings_from
-from accelopt.types import TransferRecord
+from accelopt.activation import activate
+from accelopt.drivers.cluster import faults, netns
+from accelopt.drivers.cluster.launch import free_port, join_local_rank
+from accelopt.drivers.cluster.outcome import ClusterOutcome, build_outcome
+from accelopt.drivers.cluster.ps import ClusterExchange, PsWorker, Receivers
+from accelopt.drivers.cluster.rank import RankJob, RankResult
+from accelopt.drivers.cluster.settings import ClusterSettings, settings_from
+from accelopt.drivers.cluster.transport import Transport
+from accelopt.drivers.lifecycle import Lifecycle
+from accelopt.job import job_id_for, job_specs
+from accelopt.types import RunInfo
+
+
+class InferServer(ClusterExchange):
+    """Once every worker asked for iteration i (a one-element request on the control group),
+    post every parameter to every worker, in the order the plugins enforce."""
+
+    computes = False
+    steps = False
+
+    def __init__(self, settings: ClusterSettings, rank: int, transport: Transport,
+                 control: Any) -> None:
+        super().__init__(settings, rank, transport)
+        self.control = control
+
+    def attach(self, job: Any, timer: Any) -> None:
+        super().attach(job, timer)
+        self.params = dict(job.model.named_parameters())
+
+    def begin(self, iteration: int) -> None:
+        request = torch.zeros(1)
+        for w in self.settings.worker_ranks():  # every worker has started iteration i
+            dist.recv(request, src=w, group=self.control)
+        for w in self.settings.worker_ranks():
+            records = [self.record(p, iteration, self.rank, w, "param") for p in self.table]
+            self.transport.plan(iteration, w, records)
+            for rec in records:
+                self.transport.post(rec, self.params[rec.tensor].detach())
+
+    def end(self, iteration: int) -> None:
+        self.transport.complete(iteration)
+
+
+class InferWorker(PsWorker):
+    """The PS worker's per-layer waits and receives, asking the server for each iteration
+    first; no gradients (an inference step has none)."""
+
+    def __init__(self, settings: ClusterSettings, rank: int, transport: Transport,
+                 control: Any) -> None:
+        super().__init__(settings, rank, transport)
+        self.control = control
+
+    def begin(self, iteration: int) -> None:
+        server = self.settings.server_ranks()[0]
+        self._iteration = iteration
+        self.layers.reset(iteration)
+        receivers = Receivers(on_error=self.layers.fail)
+        receivers.start(self.transport.receive, iteration, server,
+                        {p.index: self.record(p, iteration, server, self.rank, "param")
+                         for p in self.table}, self._deliver)
+        self._receivers = receivers
+        dist.send(torch.full((1,), float(iteration)), dst=server, group=self.control)
+
+    def end(self, iteration: int) -> None:
+        assert self._receivers is not None
+        self._receivers.join()
 
 
 def run_inference(cfg: DictConfig, run_dir: str) -> ClusterOutcome:
@@ -83,7 +140,7 @@ def run_inference(cfg: DictConfig, run_dir: str) -> ClusterOutcome:
                 raise RuntimeError(f"inference ranks failed (rank, exit code): {bad}\n{detail}")
         with open(out, "rb") as fh:
             ranks = pickle.load(fh)
-    return build_outcome(ranks, settings, cfg)
+    return build_outcome(ranks, settings)
 
 
 def _child(rank: int, world: int, cfg_yaml: str, port: int, t0: float,
@@ -101,11 +158,30 @@ def _child(rank: int, world: int, cfg_yaml: str, port: int, t0: float,
         dist.broadcast_object_list(origin, src=0)
         torch.manual_seed(int(cfg.run.seed))
         control = dist.new_group(backend="gloo")  # the step requests, apart from the transfers
-        rt = RankRuntime(cfg, settings, rank, world, float(origin[0]), torch.device("cpu"),
-                         "gloo", run_dir, None)
-        rt.host.call("accelopt_run_start", run=rt.run_info)
-        (_serve if rt.role == "server" else _infer)(rt, control)
-        result = rt.finish()
+        (spec,) = job_specs(cfg)[:1]
+        spec.kind = "infer"  # forward only, whatever the config says
+        job_id = job_id_for(0, spec)
+        plugins = activate(cfg, _registry(), [job_id])
+        role = settings.role(rank)
+        exchange = (lambda t: InferServer(settings, rank, t, control)) if role == "server" \
+            else (lambda t: InferWorker(settings, rank, t, control))
+        job = RankJob(spec, job_id, settings=settings, rank=rank, device=torch.device("cpu"),
+                      backend="gloo", plugins=plugins, t0_epoch=float(origin[0]), group=None,
+                      servers_group=None, label="", exchange=exchange)
+        info = RunInfo(run_dir, "cpu", plugins.names, (), int(cfg.run.seed), rank=rank,
+                       role=role, world_size=world, leader=rank == 0,  # type: ignore[arg-type]
+                       cluster=settings.info("gloo"))
+        lifecycle = Lifecycle(plugins, info)
+        lifecycle.job_built([job.job])
+        lifecycle.start()
+        train_t0 = job.now()
+        for _ in range(spec.iterations):
+            job.step("cluster", None)
+        result = RankResult(rank=rank, role=role, pid=os.getpid(), train_t0=train_t0,
+                            job_scoped=plugins.job_scoped)
+        result.plugin_rows = lifecycle.rows()
+        lifecycle.end({"rank": rank, "role": role})
+        result.parts[job_id] = job.finish()
         gathered: list[Any] | None = [None] * world if rank == 0 else None
         dist.gather_object(result, gathered, dst=0)
         if rank == 0:
@@ -123,84 +199,7 @@ def _child(rank: int, world: int, cfg_yaml: str, port: int, t0: float,
     os._exit(0)
 
 
-def _record(rt: RankRuntime, info: Any, iteration: int, destination: int) -> TransferRecord:
-    return TransferRecord(job_id=rt.job.info.job_id, iteration=iteration, source=rt.rank,
-                          destination=destination, tensor=info.name, nbytes=info.nbytes,
-                          layer_index=info.layer_index, kind="param")
+def _registry() -> Any:
+    from accelopt.plugin import Registry
 
-
-def _serve(rt: RankRuntime, control: Any) -> None:
-    params = dict(rt.job.model.named_parameters())
-    request = torch.zeros(1)
-    for i in range(rt.spec.iterations):
-        for w in rt.settings.worker_ranks():  # every worker has started iteration i
-            dist.recv(request, src=w, group=control)
-        start, ctx = rt.iteration_start(i)
-        for w in rt.settings.worker_ranks():
-            records = [_record(rt, p, i, w) for p in rt.table]
-            rt.transport.plan(i, w, records)
-            for rec in records:
-                rt.transport.post(rec, params[rec.tensor].detach())
-        rt.transport.complete(i)
-        rt.iteration_end(ctx, start, None, 0)
-
-
-def _infer(rt: RankRuntime, control: Any) -> None:
-    model = rt.job.model
-    model.eval()
-    params = dict(model.named_parameters())
-    arrivals = LayerArrivals(Counter(p.layer_index for p in rt.table), rt.settings.timeout_s)
-    timer = Timer(rt)
-    state = {"iteration": 0}
-
-    def wait_layer(layer: int) -> None:
-        if arrivals.ready(layer):
-            return
-        name = timer.pause()
-        t = rt.now()
-        arrivals.wait(layer)
-        rt.span(f"wait layer {layer}", "wait", t, rt.now(), "wait",
-                iteration=state["iteration"])
-        timer.resume(name)
-
-    for layer, module in layer_modules(model, rt.table).items():
-        module.register_forward_pre_hook(lambda _m, _a, layer=layer: wait_layer(layer))
-
-    def deliver(rec: TransferRecord, payload: Any) -> None:
-        if payload is not None:
-            with torch.no_grad():
-                params[rec.tensor].copy_(payload)
-        arrivals.arrive(rec.layer_index)
-
-    server = rt.settings.server_ranks()[0]
-    k = rt.settings.worker_index(rt.rank)
-    row0, row1 = shard_rows(rt.spec.batch_size, rt.settings.workers)[k]
-    for i in range(rt.spec.iterations):
-        start, ctx = rt.iteration_start(i)
-        state["iteration"] = i
-        arrivals.reset(i)
-        errors: list[BaseException] = []
-
-        def receive(i: int = i, errors: list[BaseException] = errors) -> None:
-            try:
-                rt.transport.receive(
-                    i, server, {p.index: TransferRecord(
-                        rt.job.info.job_id, i, server, rt.rank, p.name, p.nbytes,
-                        p.layer_index, "param") for p in rt.table}, deliver)
-            except BaseException as exc:  # noqa: BLE001 - surfaced below
-                errors.append(exc)
-                arrivals.fail(exc)
-
-        thread = threading.Thread(target=receive, daemon=True)
-        thread.start()
-        dist.send(torch.full((1,), float(i)), dst=server, group=control)
-        x, y = rt.job.dataset.batch(i, rt.spec.batch_size)
-        x, y = x[row0:row1], y[row0:row1]
-        timer.begin("forward", i)
-        with torch.no_grad():
-            loss = rt.job.loss_fn(model(x), y)
-        timer.end()
-        thread.join()
-        if errors:
-            raise errors[0]
-        rt.iteration_end(ctx, start, float(loss), int(y.shape[0]))
+    return Registry.discover()

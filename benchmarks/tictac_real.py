@@ -38,9 +38,9 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from accelopt.cluster import run_cluster
-from accelopt.cluster.settings import parse_rate
 from accelopt.config import AccelConfig, JobConfig
+from accelopt.drivers.cluster import run_cluster
+from accelopt.drivers.cluster.settings import parse_rate
 
 HEURISTICS = ("none", "random", "named", "tic", "tac", "tac!")
 
@@ -127,7 +127,7 @@ def param_bytes(args: argparse.Namespace) -> int:
     """Bytes of the job's parameters (what a server sends each worker per iteration)."""
     import torch
 
-    from accelopt.runtime.job import Job
+    from accelopt.job import Job
 
     spec = JobConfig(name=args.model, model=args.model, width=args.width,
                      batch_size=args.batch, seed=0)
@@ -163,7 +163,7 @@ def main() -> int:
           f"iterations, ps 1 server + {args.workers} worker(s), loopback "
           f"{args.bandwidth}; {args.rounds} rounds x {heuristics}")
     if args.bandwidth != "none":
-        from accelopt.cluster.netns import Shape
+        from accelopt.drivers.cluster.netns import Shape
 
         tbf = Shape(parse_rate(args.bandwidth), None).tbf_args()
         burst = int(tbf[tbf.index("burst") + 1])

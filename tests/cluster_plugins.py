@@ -96,7 +96,7 @@ class _CountDone:
 
     @hookimpl
     def accelopt_report_rows(self, run):
-        rank = os.environ.get("RANK", "?")
+        rank = str(run.rank)  # the rank's record says where it runs
         return [ReportRow("count_done", f"rank {rank} received {self.count} transfers",
                           {"rank": rank, "done": self.count, "bytes": self.nbytes,
                            "negative": self.negative})]
@@ -112,10 +112,42 @@ class _RankSays:
         return [ReportRow("rank_says", f"measured on rank {rank}", {"rank": rank})]
 
 
+class _Digest:
+    """Every ``every`` steps, a digest of the job's parameters after the optimizer step, on
+    every rank that steps (what a replica check needs: accelopt_after_step)."""
+
+    every = 2
+
+    def __init__(self) -> None:
+        self.model = None
+        self.digests: list[str] = []
+
+    @hookimpl
+    def accelopt_job_built(self, run, job):
+        self.model = job.model  # a test plugin: it may keep the model for the run
+
+    @hookimpl
+    def accelopt_after_step(self, context, stepped):
+        if (context.iteration + 1) % self.every == 0:
+            import hashlib
+
+            h = hashlib.sha256()
+            for p in self.model.parameters():
+                h.update(p.detach().cpu().numpy().tobytes())
+            self.digests.append(f"{context.iteration}:{h.hexdigest()}")
+
+    @hookimpl
+    def accelopt_report_rows(self, run):
+        self.model = None
+        return [ReportRow("digest", f"rank {run.rank}: {len(self.digests)} digests",
+                          {"rank": run.rank, "digests": ";".join(self.digests)})]
+
+
 REVERSE = PluginSpec(name="reverse_order", factory=lambda c: _Reverse())
 BOGUS = PluginSpec(name="bogus_order", factory=lambda c: _Bogus())
 PAUSE = PluginSpec(name="pause_rank", factory=_Pause, config=PauseConfig)
 HALF = PluginSpec(name="half_codec", factory=lambda c: _Half())
 DROP_BIAS = PluginSpec(name="drop_bias", factory=lambda c: _DropBias())
-COUNT_DONE = PluginSpec(name="count_done", factory=lambda c: _CountDone())
+COUNT_DONE = PluginSpec(name="count_done", factory=lambda c: _CountDone(), scope="job")
 RANK_SAYS = PluginSpec(name="rank_says", factory=lambda c: _RankSays())
+DIGEST = PluginSpec(name="digest", factory=lambda c: _Digest(), scope="job")

@@ -185,3 +185,45 @@ class Greeter:
 
 
 GREETER = PluginSpec(name="greeter", factory=Greeter, description="adds a command (test)")
+
+
+class NeedsPartner:
+    """Refuses, at configure time, to run without the noop plugin: in a run that selects
+    both it is fine, but ``run.compare=each``'s "this plugin alone" reference set cannot run."""
+
+    def __init__(self, config: Any) -> None:
+        pass
+
+    @hookimpl
+    def accelopt_configure(self, config: Any, run_config: Any) -> None:
+        from accelopt import UserError
+
+        if "noop" not in (run_config.get("plugins") or {}):
+            raise UserError("plugins.partnered: needs the noop plugin; select +plugins=[partnered,noop]")
+
+    @hookimpl
+    def accelopt_report_rows(self, run: RunInfo) -> list[ReportRow]:
+        return [ReportRow("partnered", "ran next to noop")]
+
+
+PARTNERED = PluginSpec(name="partnered", factory=NeedsPartner,
+                       description="refuses to run without noop (test)")
+
+
+class RankReporter:
+    """Says which rank it ran on, from its RunInfo (module-level: a spec that can travel)."""
+
+    def __init__(self, config: Any) -> None:
+        self.rank = -1
+
+    @hookimpl
+    def accelopt_run_start(self, run: RunInfo) -> None:
+        self.rank = run.rank
+
+    @hookimpl
+    def accelopt_report_rows(self, run: RunInfo) -> list[ReportRow]:
+        return [ReportRow("rank_reporter", f"{run.role} rank {self.rank}", {"rank": self.rank})]
+
+
+RANK_REPORTER = PluginSpec(name="rank_reporter", factory=RankReporter,
+                           description="reports its rank (test)", scope="job")

@@ -12,7 +12,7 @@ import pytest
 import torch
 from clirun import accelopt, accelopt_cmd, cli_env
 
-from accelopt.runtime.checkpoint import atomic_torch_save
+from accelopt.job.checkpoint import atomic_torch_save
 
 JOB = [
     "workload=single",
@@ -39,15 +39,23 @@ def _wait_for(predicate, proc: subprocess.Popen, deadline_s: float) -> None:
         time.sleep(0.005)  # polling a file, not synchronising threads
 
 
+DROPOUT = ["workload.jobs.0.model=dropout_models:dropout_mlp",
+           "workload.jobs.0.dataset=synthetic_vectors"]
+"""A model with dropout: its masks come from the job's own generator, which the checkpoint
+carries, so resuming it is bitwise too."""
+
+
 @pytest.mark.timeout(240)
-def test_sigkill_then_resume_reaches_the_same_weights(tmp_path):
+@pytest.mark.parametrize("model", [[], DROPOUT], ids=["mlp", "dropout"])
+def test_sigkill_then_resume_reaches_the_same_weights(tmp_path, model):
+    job = [*JOB, *model]
     ref_dir = tmp_path / "reference"
-    done = accelopt("run", *JOB, f"hydra.run.dir={ref_dir}", cwd=tmp_path)
+    done = accelopt("run", *job, f"hydra.run.dir={ref_dir}", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
 
     run_dir = tmp_path / "killed"
     proc = subprocess.Popen(
-        accelopt_cmd("run", *JOB, f"hydra.run.dir={run_dir}"),
+        accelopt_cmd("run", *job, f"hydra.run.dir={run_dir}"),
         cwd=tmp_path, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )
     try:
@@ -62,6 +70,7 @@ def test_sigkill_then_resume_reaches_the_same_weights(tmp_path):
     assert not (run_dir / "weights").exists(), "the run finished before it could be killed"
     state = torch.load(next(ckpt.glob("*.pt")), weights_only=False)
     assert 0 < state["job"]["iteration"] < 1500
+    assert state["job"]["random"]["uses_rng"] is bool(model)  # the dropout job draws
 
     resumed = accelopt("run", f"run.resume={run_dir}", "run.progress=false", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr

@@ -31,6 +31,24 @@ def test_run_writes_every_output(tmp_path):
     assert "no NVIDIA GPU found" in result.stdout or "GPU" in result.stdout
 
 
+def test_a_reference_set_that_cannot_run_is_refused_before_anything_trains(tmp_path):
+    """run.compare=each runs the baseline, then each plugin alone, then the selection: a
+    plugin that cannot run alone is found by the up-front validation, so nothing trains."""
+    result = accelopt("run", "+plugins=[partnered,noop]", "run.compare=each", *TINY,
+                      f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path,
+                      ACCELOPT_PLUGINS="plugins_for_tests:PARTNERED")
+    assert result.returncode == 2, result.stderr
+    errors = [ln for ln in result.stderr.splitlines() if ln.startswith("error:")]
+    assert errors == ["error: plugins.partnered: needs the noop plugin; select "
+                      "+plugins=[partnered,noop]"]
+    assert "Traceback" not in result.stderr
+    assert not list(tmp_path.rglob("metrics.json"))  # no reference run, no run: nothing trained
+    assert not (tmp_path / "run" / "compare").exists()
+    ok = accelopt("run", "+plugins=[partnered,noop]", *TINY, cwd=tmp_path,
+                  ACCELOPT_PLUGINS="plugins_for_tests:PARTNERED")
+    assert ok.returncode == 0, ok.stderr  # the selection itself is fine
+
+
 def test_plugin_summary_line(tmp_path):
     result = accelopt("run", "+plugins=[noop]", *TINY, cwd=tmp_path)
     assert result.returncode == 0, result.stderr

@@ -16,10 +16,10 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from accelopt.cluster import RankFailed, run_cluster
 from accelopt.config import AccelConfig, JobConfig
+from accelopt.drivers.cluster import RankFailed, run_cluster
 from accelopt.errors import ConfigError
-from accelopt.runtime.job import Job
+from accelopt.job import Job
 
 pytestmark = pytest.mark.timeout(120)
 TESTS = str(Path(__file__).parent)
@@ -60,7 +60,7 @@ def single_process(cfg, iterations: int = ITERATIONS):
     spec = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(JobConfig),
                                                cfg.workload.jobs[0]))
     job = Job(spec, job_id="single", device=torch.device("cpu"))
-    losses = [job.step()[0] for _ in range(iterations)]
+    losses = [job.step().loss for _ in range(iterations)]
     return job, losses
 
 
@@ -196,11 +196,11 @@ def test_transfer_done_is_called_once_per_received_transfer(test_plugins):
     test_plugins("COUNT_DONE", "RANK_SAYS")
     cfg = make_cfg("ps", iterations=2, plugins={"count_done": {}, "rank_says": {}})
     out = run_cluster(cfg, run_dir=".")
-    # a run-level plugin's rows come from one rank (the first worker), not one per rank;
-    # a per-job (transfer-hook) plugin's rows from every rank
+    # a run-scoped plugin's rows come from one rank (the first worker), not one per rank;
+    # a job-scoped plugin's rows from every rank
     assert [r.summary for r in out.plugin_rows if r.plugin == "rank_says"] == [
         "measured on rank 1"]
-    assert out.ranks[0].per_job_plugins == ["count_done"]
+    assert out.ranks[0].job_scoped == ["count_done"]
     rows = {r.metrics["rank"]: r.metrics for r in out.plugin_rows if r.plugin == "count_done"}
     n_params = len(list(single_process(cfg, iterations=0)[0].model.parameters()))
     # accelopt_transfer_done runs on the receiver: each worker receives every parameter each

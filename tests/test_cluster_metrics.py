@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
-from accelopt.cluster import metrics as cm
-from accelopt.cluster.model import buckets_by_bytes, param_table, shard_by_bytes, shard_rows
-from accelopt.cluster.settings import parse_duration, parse_rate, settings_from
 from accelopt.config import ClusterConfig
+from accelopt.drivers.cluster import metrics as cm
+from accelopt.drivers.cluster.settings import parse_duration, parse_rate, settings_from
 from accelopt.errors import ConfigError
+from accelopt.job.params import buckets_by_bytes, param_table, shard_by_bytes, shard_rows
 from accelopt.records import Span
 
 pytestmark = pytest.mark.timeout(30)
@@ -102,5 +102,5 @@ def test_sharding_balances_bytes_and_buckets_follow_backward_order():
     assert sorted(p.index for s in shards for p in s) == list(range(6))
     assert max(loads) - min(loads) <= max(p.nbytes for p in table)
     buckets = buckets_by_bytes(table, 4 * 64 * 64)
-    assert buckets[0][0].name == "2.bias"  # last layer first
+    assert table[buckets[0][0]].name == "2.bias"  # last layer first (indices into the table)
     assert shard_rows(10, 3) == [(0, 4), (4, 7), (7, 10)]

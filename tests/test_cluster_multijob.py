@@ -19,8 +19,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from accelopt.cluster import run_cluster
 from accelopt.config import AccelConfig, JobConfig
+from accelopt.drivers.cluster import run_cluster
 from accelopt.errors import ConfigError
 
 pytestmark = pytest.mark.timeout(150)
@@ -120,12 +120,23 @@ def test_random_interleaving_with_salus_and_tictac_is_bitwise_equal(alone, tmp_p
     assert any("self_attn" in t for t in orders["tfm"])
     assert not any("self_attn" in t for t in orders["mlp"])
     rows = {r.plugin: r.summary for r in out.plugin_rows if r.plugin == "salus"}
-    assert "9 decisions over 3 job(s)" in rows["salus"]
+    assert "3 job(s)" in rows["salus"] and "over 9 iterations" in rows["salus"]
+    assert "decided on the leader (rank 0) and broadcast" in rows["salus"]
+
+
+def test_several_jobs_share_the_ranks_in_allreduce_mode_too(tmp_path):
+    """The same leader-broadcast driver runs every mode: FIFO over all-reduce jobs, each
+    bitwise equal to the same job trained alone in all-reduce mode."""
+    alone = run_cluster(make_cfg([JOBS[0]], mode="allreduce"), run_dir=str(tmp_path / "a"))
+    out = run_cluster(make_cfg(JOBS[:2], mode="allreduce"), run_dir=str(tmp_path / "b"))
+    ids = job_ids(out)
+    assert [r.status for r in out.results] == ["done", "done"]
+    order = [d["run"][0] for d in out.ranks[0].schedule]
+    assert order == [ids["mlp"]] * 4 + [ids["tfm"]] * 3
+    assert_bitwise(out.state[ids["mlp"]], alone.state)
 
 
 def test_config_mistakes_are_one_line():
-    with pytest.raises(ConfigError, match="cluster.mode=allreduce trains one job"):
-        run_cluster(make_cfg(mode="allreduce"), run_dir=".")
     small = [JOBS[0], JobConfig(name="tiny-batch", batch_size=1, iterations=1)]
     with pytest.raises(ConfigError, match="job 'tiny-batch': batch_size 1 is smaller"):
         run_cluster(make_cfg(small), run_dir=".")
@@ -134,13 +145,14 @@ def test_config_mistakes_are_one_line():
 def test_cli_error_for_a_job_list_that_cannot_run_is_one_line(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "accelopt.cli.main", "run", "cluster.mode=allreduce",
-         f"hydra.run.dir={tmp_path}"],
+         "cluster.workers=40", f"hydra.run.dir={tmp_path}"],
         capture_output=True, text=True, timeout=120, cwd=tmp_path,
     )
     assert proc.returncode == 2
     lines = [ln for ln in proc.stderr.splitlines() + proc.stdout.splitlines() if ln.strip()]
     assert len([ln for ln in lines if ln.startswith("error:")]) == 1
-    assert "cluster.mode=allreduce trains one job, but the workload has 5" in proc.stderr
+    assert "'cnn-b': batch_size 32 is smaller than cluster.workers=40" in proc.stderr
+    assert not (tmp_path / "metrics.json").exists()  # refused before anything ran
 
 
 def test_run_compare_runs_the_baseline_in_the_same_invocation(run_tiny):
@@ -178,28 +190,42 @@ def _fake_rt(job_id: str, arrival: float, iterations: int):
     return SimpleNamespace(job=SimpleNamespace(info=info))
 
 
-def test_scheduler_fifo_waits_for_arrivals_and_stops():
-    from accelopt.cluster.multijob import Scheduler
+def test_choose_next_is_fifo_by_default_and_checks_a_plugins_answer():
+    """The one choice function of the local driver and of the cluster's leader."""
+    from accelopt.drivers.scheduling import choose_next
+    from accelopt.errors import AccelOptError
+    from accelopt.hookspecs import hookimpl
     from accelopt.host import PluginHost
+    from accelopt.plugin import PluginSpec
+    from accelopt.types import JobState
 
-    clock = [100.0]
-    rts = [_fake_rt("a", 0.0, 2), _fake_rt("b", 0.0, 1), _fake_rt("c", 5.0, 1)]
-    s = Scheduler(rts, PluginHost(), "rank 0 (server)", 100.0, lambda: clock[0], 0.0)
-    assert s.decide() == {"run": ["a"]}
-    s.observe("a", 0.1)
-    assert s.decide() == {"run": ["a"]}  # run to completion, not round robin
-    s.observe("a", 0.1)
-    assert s.decide() == {"run": ["b"]}
-    s.observe("b", 0.1)
-    assert s.decide() == {"wait": 0.0}  # c has not arrived (max_wait_s=0: no real sleep)
-    clock[0] = 105.0
-    assert s.decide() == {"run": ["c"]}
-    s.observe("c", 0.1)
-    assert s.decide() == {"stop": True}
+    def state(job_id, arrival, done=0):
+        return JobState(_fake_rt(job_id, arrival, 3).job.info, "l", done, 0.0, None, 0.0)
+
+    ready = [state("b", 0.5), state("a", 0.5), state("c", 0.1, done=2)]
+    assert choose_next(PluginHost(), "l", ready, 0.0) == "c"  # earliest arrival, then id
+    assert choose_next(PluginHost(), "l", ready[:2], 0.0) == "a"
+
+    class Pick:
+        def __init__(self, answer):
+            self.answer, self.calls = answer, 0
+
+        @hookimpl
+        def accelopt_select_next(self, lane, ready, now_s):
+            self.calls += 1
+            return self.answer
+
+    picker = Pick("b")
+    host = PluginHost([(PluginSpec(name="pick", factory=lambda c: None), picker)])
+    assert choose_next(host, "l", ready, 0.0) == "b"
+    assert choose_next(host, "l", ready[:1], 0.0) == "b" and picker.calls == 1  # forced
+    bogus = PluginHost([(PluginSpec(name="pick", factory=lambda c: None), Pick("zz"))])
+    with pytest.raises(AccelOptError, match="'zz', which is not a ready job of lane 'l'"):
+        choose_next(bogus, "l", ready, 0.0)
 
 
 def test_merge_rows_collapses_what_every_job_says():
-    from accelopt.cluster.multijob import merge_rows
+    from accelopt.drivers.rows import merge_rows
     from accelopt.types import ReportRow
 
     same = "workers receive parameters in order"
@@ -215,7 +241,7 @@ def test_merge_rows_collapses_what_every_job_says():
 def test_merge_rows_accepts_job_ids_from_run_level_plugins():
     # gpu_kernels and offload run once per rank (run level) and tag their rows with the
     # job's id; the merged row names the job, and an unknown tag does not break the report
-    from accelopt.cluster.multijob import merge_rows
+    from accelopt.drivers.rows import merge_rows
     from accelopt.types import ReportRow
 
     rows = [[ReportRow("g", "pruned", {"job": "01-b"}), ReportRow("g", "pruned", {"job": "00-a"}),
@@ -225,7 +251,7 @@ def test_merge_rows_accepts_job_ids_from_run_level_plugins():
 
 
 def test_run_level_rows_come_from_one_worker_and_per_job_rows_from_every_rank():
-    from accelopt.cluster.multijob import merge_rows, representative_rows, tagged_with
+    from accelopt.drivers.rows import merge_rows, of_plugins, representative_rows
     from accelopt.types import ReportRow
 
     server = [ReportRow("g", "00-a: nothing to do", {"job": "00-a"}),
@@ -234,18 +260,23 @@ def test_run_level_rows_come_from_one_worker_and_per_job_rows_from_every_rank():
                ReportRow("t", "received in order", {"job": "a"})]
     worker2 = [ReportRow("g", "00-a: pruned; 1.1x", {"job": "00-a"})]
     kept = representative_rows([server, worker1, worker2], ["server", "worker", "worker"],
-                               tagged_with(["a"]))
-    merged = merge_rows(kept, ["a"], ["00-a"])
+                               of_plugins(["t"]))
+    merged = merge_rows(kept, ["a", "b"], ["00-a", "01-b"])
     assert [(r.plugin, r.summary) for r in merged] == [
         ("s", "decided"), ("t", "job a: planned"), ("g", "job a: pruned; 1.2x"),
         ("t", "job a: received in order")]
+    # a run of one job needs no "job a:" prefix
+    alone = merge_rows(kept, ["a"], ["00-a"])
+    assert [r.summary for r in alone] == ["decided", "planned", "pruned; 1.2x",
+                                          "received in order"]
 
 
-def test_per_job_plugins_are_the_ones_with_a_transfer_hook():
-    """PluginHost.implementing: what both the multi-job split and the single-job report use
-    to tell per-job plugins (every rank's rows kept) from run-level ones (one rank's)."""
-    from accelopt.hookspecs import TRANSFER_HOOKS, hookimpl
-    from accelopt.host import PluginHost
+def test_scope_is_declared_one_instance_per_job_or_per_run():
+    """PluginSpec.scope: a job-scoped plugin gets one instance per job (each configured), a
+    run-scoped one a single instance; a job-scoped plugin cannot decide across jobs."""
+    from accelopt.activation import PluginSet
+    from accelopt.errors import UserError
+    from accelopt.hookspecs import hookimpl
     from accelopt.plugin import PluginSpec
 
     class Sender:
@@ -258,8 +289,21 @@ def test_per_job_plugins_are_the_ones_with_a_transfer_hook():
         def accelopt_report_rows(self, run):
             return []
 
-    host = PluginHost([(PluginSpec(name="reporter", factory=lambda c: None), Reporter()),
-                       (PluginSpec(name="sender", factory=lambda c: None), Sender())])
-    assert host.implementing(TRANSFER_HOOKS) == ["sender"]
-    assert host.implementing(frozenset({"accelopt_report_rows"})) == ["reporter"]
-    assert host.implementing(frozenset()) == []
+    class Chooser:
+        @hookimpl
+        def accelopt_select_next(self, lane, ready, now_s):
+            return None
+
+    run_scoped = PluginSpec(name="reporter", factory=lambda c: Reporter())
+    job_scoped = PluginSpec(name="sender", factory=lambda c: Sender(), scope="job")
+    plugins = PluginSet([run_scoped, job_scoped], make_cfg())
+    a, b = plugins.for_job("00-a"), plugins.for_job("01-b")
+    assert a.names == b.names == ("reporter", "sender")
+    assert a.instances["reporter"] is b.instances["reporter"]
+    assert a.instances["sender"] is not b.instances["sender"]
+    assert plugins.job_scoped == ["sender"] and plugins.run.names == ("reporter",)
+    wrong = PluginSpec(name="chooser", factory=lambda c: Chooser(), scope="job")
+    with pytest.raises(UserError, match="scope='job'.*accelopt_select_next"):
+        PluginSet([wrong], make_cfg()).for_job("00-a")
+    with pytest.raises(ValueError, match="scope must be one of run, job"):
+        PluginSpec(name="x", factory=lambda c: None, scope="rank")

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from accelopt.cluster import netns
-from accelopt.cluster.netns import Shape, ShapingError, leftover_namespaces
+from accelopt.drivers.cluster import netns
+from accelopt.drivers.cluster.netns import Shape, ShapingError, leftover_namespaces
 
 
 @pytest.fixture
@@ -36,7 +36,7 @@ def still_there(created: list[str]) -> set[str]:
 sys.path.insert(0, str(Path(__file__).parent))
 from test_cluster import make_cfg, no_children_left  # noqa: E402
 
-from accelopt.cluster import run_cluster  # noqa: E402
+from accelopt.drivers.cluster import run_cluster  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 needs_root = pytest.mark.skipif(
@@ -56,7 +56,7 @@ def test_shaping_without_root_is_a_one_line_error(monkeypatch):
 @needs_root
 @pytest.mark.timeout(120)
 def test_shaped_loopback_delivers_the_configured_bandwidth(own_namespaces):
-    from accelopt.cluster.probe import measure_bandwidth
+    from accelopt.drivers.cluster.probe import measure_bandwidth
 
     limit = 200_000_000
     achieved = measure_bandwidth(limit, nbytes=4 * 2**20, repeats=3)

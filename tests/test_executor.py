@@ -7,7 +7,7 @@ import torch
 from plugins_for_tests import BOOM, LANES, LIFO, REJECT, SABOTAGE, WRAP, TimesTwo
 
 from accelopt.errors import PluginHookError
-from accelopt.runtime.profile import persistent_tensors, tensor_bytes
+from accelopt.job.profile import persistent_tensors, tensor_bytes
 
 TWO_JOBS_SAME_ARRIVAL = [
     "workload.jobs.1.arrival_s=0.0",
@@ -103,7 +103,7 @@ def test_job_failing_while_profiled_fails_alone(run_tiny):
 def test_layer_build_hook_replaces_layers_once_at_build(run_tiny):
     from accelopt.config import JobConfig
     from accelopt.host import PluginHost
-    from accelopt.runtime.run import build_jobs
+    from accelopt.job import build_jobs
 
     plugin = WRAP.instantiate()
     host = PluginHost([(WRAP, plugin)])
@@ -121,11 +121,11 @@ def test_profile_persistent_bytes_are_exact(run_tiny):
     record = run_tiny()
     from accelopt.config import JobConfig
     from accelopt.host import PluginHost
-    from accelopt.runtime.run import build_jobs
+    from accelopt.job import build_jobs
 
     (job,) = build_jobs([JobConfig(name="m", model="mlp", width=32, optimizer="adam", lr=1e-3)],
                         torch.device("cpu"), PluginHost())
-    from accelopt.runtime.profile import measure_profile
+    from accelopt.job.profile import measure_profile
 
     before = {k: v.clone() for k, v in job.model.state_dict().items()}
     profile = measure_profile(job)
@@ -170,9 +170,9 @@ def test_open_executor_takes_submissions_and_cancels():
     import threading
 
     from accelopt.config import JobConfig
+    from accelopt.drivers.local import CANCELLED, Executor
     from accelopt.host import PluginHost
-    from accelopt.runtime.executor import CANCELLED, Executor
-    from accelopt.runtime.run import build_jobs
+    from accelopt.job import build_jobs
 
     host = PluginHost()
     executor = Executor(host, [], capacity_bytes=None, device="cpu", keep_open=True)

@@ -525,9 +525,9 @@ def test_pruning_in_a_parameter_server_run_agrees_on_every_rank() -> None:
     # the parameter server trains the pruned model
     from omegaconf import OmegaConf
 
-    from accelopt.cluster import run_cluster
     from accelopt.config import AccelConfig, JobConfig
-    from accelopt.runtime.job import Job
+    from accelopt.drivers.cluster import run_cluster
+    from accelopt.job import Job
 
     spec = JobConfig(name="m", model="mlp", width=32, batch_size=16, iterations=3, seed=0)
     cfg = OmegaConf.structured(AccelConfig)

@@ -253,12 +253,13 @@ def test_corrected_identity_property(n, density, steps, seed, m, masking, dtype)
 def sgd_momentum(lr: float = 0.1, m: float = 0.9, n: int = 64):
     """The job's own optimizer, as the core builds it, on one flat parameter."""
     from accelopt.config import JobConfig
-    from accelopt.runtime.job import make_optimizer
+    from accelopt.job.optim import make_optimizer
 
     model = torch.nn.Linear(n, 1, bias=False)
     with torch.no_grad():
         model.weight.zero_()
-    return model.weight, make_optimizer(JobConfig(name="t", lr=lr, momentum=m), model)
+    return model.weight, make_optimizer(JobConfig(name="t", lr=lr, momentum=m),
+                                        model.parameters())
 
 
 @pytest.mark.parametrize("masking", [True, False])

@@ -4,19 +4,15 @@ moves, sparse buckets are gathered and still train, a diverging run stops naming
 
 from __future__ import annotations
 
-import hashlib
 import os
-import time
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from omegaconf import OmegaConf
 
-from accelopt.cluster import RankFailed, run_cluster
 from accelopt.config import AccelConfig, JobConfig
+from accelopt.drivers.cluster import RankFailed, run_cluster
 
 pytestmark = pytest.mark.timeout(120)
 CHECK_EVERY = 2
@@ -35,79 +31,26 @@ def make_cfg(iterations: int = 6, lr: float = 0.05, **gradcomm):
     return cfg
 
 
-def _replica_rank(rank: int, world: int, port: int, cfg_yaml: str, out_dir: str) -> None:
-    """One rank of the all-reduce runtime, recording a digest of its parameters every
-    CHECK_EVERY iterations (after the optimizer step) into ``out_dir``."""
-    import torch.distributed as dist
-
-    from accelopt.cluster import allreduce
-    from accelopt.cluster.rank import RankRuntime
-    from accelopt.cluster.settings import settings_from
-
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world))
-    torch.set_num_threads(1)
-    cfg = OmegaConf.create(cfg_yaml)
-    settings = settings_from(cfg.cluster)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world, timeout=timedelta(seconds=30))
-    torch.manual_seed(int(cfg.run.seed))
-    rt = RankRuntime(cfg, settings, rank, world, time.time(), torch.device("cpu"), "gloo",
-                     out_dir, None)
-    digests: list[str] = []
-    end = rt.iteration_end
-
-    def checked_end(ctx, start, loss, samples):
-        end(ctx, start, loss, samples)
-        if (ctx.iteration + 1) % CHECK_EVERY == 0:
-            h = hashlib.sha256()
-            for p in rt.job.model.parameters():
-                h.update(p.detach().numpy().tobytes())
-            digests.append(f"{ctx.iteration}:{h.hexdigest()}")
-
-    rt.iteration_end = checked_end  # type: ignore[method-assign]
-    allreduce.run_worker(rt)
-    result = rt.finish()
-    rows = [r.summary for r in result.plugin_rows if r.plugin == "gradcomm"]
-    Path(out_dir, f"rank{rank}.txt").write_text("\n".join(digests + rows))
-    dist.barrier()
-    dist.destroy_process_group()
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def test_replicas_stay_identical_every_n_iterations(tmp_path):
+def test_replicas_stay_identical_every_n_iterations(monkeypatch):
+    """A test plugin digests the parameters after the optimizer step every CHECK_EVERY
+    iterations on every rank (accelopt_after_step): the replicas agree at every check."""
+    tests = str(Path(__file__).parent)
+    monkeypatch.setenv("PYTHONPATH", tests + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    monkeypatch.setenv("ACCELOPT_PLUGINS", "cluster_plugins:DIGEST")
     cfg = make_cfg(iterations=6, sparsify="topk", density=0.05, dtype="fp16")
-    ctx = mp.get_context("spawn")
-    port = free_port()
-    procs = [ctx.Process(target=_replica_rank,
-                         args=(r, 2, port, OmegaConf.to_yaml(cfg), str(tmp_path)))
-             for r in range(2)]
-    for p in procs:
-        p.start()
-    try:
-        for p in procs:
-            p.join(timeout=90)
-        assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-                p.join()
-    lines = [Path(tmp_path, f"rank{r}.txt").read_text().splitlines() for r in range(2)]
-    digests = [[line for line in ls if line[0].isdigit()] for ls in lines]
-    assert len(digests[0]) == 6 // CHECK_EVERY
-    assert digests[0] == digests[1]
+    cfg.plugins["digest"] = {}
+    out = run_cluster(cfg, run_dir=".")
+    rows = {r.metrics["rank"]: r.metrics["digests"].split(";")
+            for r in out.plugin_rows if r.plugin == "digest"}
+    assert sorted(rows) == [0, 1]
+    assert len(rows[0]) == 6 // CHECK_EVERY
+    assert rows[0] == rows[1]
     # and the replicas really moved: the parameter digests change between checks
-    assert len(set(digests[0])) == len(digests[0])
-    assert all(any("error feedback" in line for line in ls) for ls in lines)
+    assert len(set(rows[0])) == len(rows[0])
+    summaries = [r.summary for r in out.plugin_rows if r.plugin == "gradcomm"]
+    assert summaries and all("error feedback" in line for line in summaries)
     # the job is SGD with momentum 0.9: DGC momentum correction is on by default
-    assert all(any("momentum correction (m=0.9" in line for line in ls) for ls in lines)
+    assert all("momentum correction (m=0.9" in line for line in summaries)
 
 
 def test_fp16_halves_the_bytes_and_sparse_buckets_train():

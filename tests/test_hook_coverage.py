@@ -6,14 +6,19 @@ from accelopt.plugin import Registry
 
 SINGLE_PROCESS_HOOKS = {
     "accelopt_configure": 1,
+    "accelopt_job_built": 2,
+    "accelopt_optimizer_build": 2,
     "accelopt_run_start": 1,
-    "accelopt_run_end": 1,
     "accelopt_allocate": 2 + 10,  # two admissions + one request per iteration
     "accelopt_release": 2,
     "accelopt_select_next": 6,  # only where there is a choice: while both jobs are ready
     "accelopt_iteration_start": 10,
+    "accelopt_after_forward": 10,
+    "accelopt_before_optimizer_step": 10,
+    "accelopt_after_step": 10,
     "accelopt_iteration_end": 10,
 }
+"""Calls counted before ``accelopt_report_rows`` (``accelopt_run_end`` comes after it)."""
 
 
 def test_noop_plugin_sees_every_single_process_hook(run_tiny):

@@ -211,8 +211,8 @@ def test_offload_is_active_on_every_worker_of_an_allreduce_run():
     # run, so the engine is installed on each worker and reports what it moved
     from omegaconf import OmegaConf
 
-    from accelopt.cluster import run_cluster
     from accelopt.config import AccelConfig, JobConfig
+    from accelopt.drivers.cluster import run_cluster
 
     cfg = OmegaConf.structured(AccelConfig)
     cfg.workload.jobs = [OmegaConf.structured(JobConfig(

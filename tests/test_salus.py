@@ -249,10 +249,10 @@ def test_readme_example_policy_runs(run):
     sys.modules[module.__name__] = module
     try:
         exec(compile(block, "README.md", "exec"), module.__dict__)
-        assert "lifo" in POLICIES
-        record = run(PLUGIN, overrides=["plugins.salus.policy=lifo", CAP], workload=MIX)
+        assert "newest" in POLICIES
+        record = run(PLUGIN, overrides=["plugins.salus.policy=newest", CAP], workload=MIX)
     finally:
-        POLICIES.pop("lifo", None)
+        POLICIES.unregister("newest")
         del sys.modules[module.__name__]
     order = [s.args["job"] for s in iteration_spans(record)]
     assert order[0] == "s-resnet", "newest first"

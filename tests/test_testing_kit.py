@@ -45,8 +45,9 @@ def test_recorder_sees_the_noop_lifecycle_in_order(tmp_path: Path) -> None:
     recorder = HookRecorder()
     record = run_workload(["noop"], tmp_path=tmp_path, recorder=recorder)
     recorder.assert_order(
-        ["configure", "run_start", "allocate", "iteration_start", "iteration_end", "release",
-         "run_end", "report_rows"]
+        ["configure", "layer_build", "optimizer_build", "job_built", "run_start", "allocate",
+         "iteration_start", "after_forward", "before_optimizer_step", "after_step",
+         "iteration_end", "release", "report_rows", "run_end"]
     )
     assert recorder.count("iteration_end") == TINY_ITERATIONS
     assert recorder.count("accelopt_run_start") == 1
@@ -260,3 +261,63 @@ def test_a_plugin_taking_a_subset_of_arguments_passes(tmp_path: Path) -> None:
             return None
 
     conformance(make_spec(Subset), tmp_path)
+
+
+# --- the kit in cluster runs ----------------------------------------------------------------
+
+ONE_JOB = ["workload.jobs=[{name: m, model: mlp, width: 8, batch_size: 8, iterations: 2}]",
+           "cluster.timeout_s=30"]
+
+
+@pytest.mark.timeout(180)
+def test_recorder_gathers_every_ranks_calls_in_a_ps_run(tmp_path: Path) -> None:
+    recorder = HookRecorder()
+    record = run_workload(["noop"], [*ONE_JOB, "cluster.mode=ps"], tmp_path=tmp_path,
+                          recorder=recorder)
+    assert [j.status for j in record.jobs] == ["done"]
+    assert recorder.ranks() == [0, 1, 2]  # the server and two workers
+    for rank in (0, 1, 2):
+        recorder.assert_order(["run_start", "iteration_start", "iteration_end", "report_rows",
+                               "run_end"], rank=rank)
+        assert recorder.count("iteration_end", rank=rank) == 2
+    # the server runs no forward; the workers take no optimizer step
+    assert recorder.count("after_forward", rank=0) == 0
+    assert recorder.count("before_optimizer_step", rank=0) == 2
+    assert recorder.count("after_forward", rank=1) == 2
+    assert recorder.count("before_optimizer_step", rank=1) == 0
+    assert recorder.count("transfer_done", rank=1) > 0
+    # decisions are the leader's
+    assert recorder.count("allocate", rank=0) > 0 and recorder.count("allocate", rank=1) == 0
+    (start,) = recorder.calls("run_start", rank=2)
+    assert (start["run"].rank, start["run"].role, start["run"].world_size) == (2, "worker", 3)
+
+
+@pytest.mark.timeout(180)
+def test_an_uninstalled_spec_reaches_every_rank(tmp_path: Path) -> None:
+    from plugins_for_tests import RANK_REPORTER
+
+    registry = Registry.discover(autoload=False)  # nothing installed: only what is added
+    record = run_workload([RANK_REPORTER], [*ONE_JOB, "cluster.mode=allreduce"],
+                          tmp_path=tmp_path, registry=registry)
+    rows = sorted(r.summary for r in record.plugin_rows if r.plugin == "rank_reporter")
+    assert rows == ["worker rank 0", "worker rank 1"]
+
+
+def test_a_spec_that_cannot_travel_to_the_ranks_is_refused_in_one_line(tmp_path: Path) -> None:
+    from accelopt.errors import UserError
+
+    local = PluginSpec(name="local_only", factory=lambda config: Counter(config),
+                       description="a lambda factory: it cannot be pickled")
+    with pytest.raises(UserError, match="'local_only' was added in code and cannot be sent") as info:
+        run_workload([local], [*ONE_JOB, "cluster.mode=ps"], tmp_path=tmp_path)
+    assert "\n" not in str(info.value)
+    assert not list(tmp_path.rglob("metrics.json"))
+
+
+class TestNoopInEveryMode(PluginConformance):
+    """The conformance suite with overrides and modes: noop in one process and both
+    cluster modes, on a one-job workload."""
+
+    spec = "noop"
+    modes = ("none", "ps", "allreduce")
+    overrides = ONE_JOB

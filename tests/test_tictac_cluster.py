@@ -4,6 +4,7 @@ inversion; numerics bitwise equal with and without the plugin)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 
@@ -14,9 +15,9 @@ from accelopt_plugins.tictac.config import TictacConfig
 from accelopt_plugins.tictac.plugin import TictacPlugin
 from omegaconf import OmegaConf
 
-from accelopt import RunInfo, TransferRecord
-from accelopt.cluster import TransferOrderError, run_cluster
+from accelopt import ClusterInfo, RunInfo, TransferRecord
 from accelopt.config import AccelConfig, JobConfig
+from accelopt.drivers.cluster import TransferOrderError, run_cluster
 from accelopt.errors import ConfigError
 from accelopt.host import PluginHost
 
@@ -36,20 +37,31 @@ def make_cfg(iterations: int = 4, plugins: dict | None = None, workers: int = 2)
     return cfg
 
 
+SERVER = ClusterInfo(mode="ps", workers=2, servers=1, backend="gloo")
+
+
+def server_run(tmp_path, jobs=()) -> RunInfo:
+    """What rank 0 (the server) of a 1-server, 2-worker run is told about itself."""
+    return RunInfo(str(tmp_path), "cpu", ("tictac",), tuple(jobs), 0, rank=0, role="server",
+                   world_size=3, leader=True, cluster=SERVER)
+
+
 def server_plugin(tmp_path, monkeypatch, **config) -> tuple[TictacPlugin, list[TransferRecord]]:
-    """The plugin as rank 0 (the server) of a 1-server, 2-worker run would hold it."""
-    monkeypatch.setenv("RANK", "0")
+    """The plugin as rank 0 (the server) of a 1-server, 2-worker run holds it: configured,
+    then told about its built job (where it plans), then the run starts."""
+    from accelopt.job import Job
+
     cfg = make_cfg()
     conf = TictacConfig(oracle_runs=1, **config)
     plugin = TictacPlugin(conf)
     plugin.accelopt_configure(conf, cfg)
-    plugin.accelopt_run_start(RunInfo(str(tmp_path), "cpu", ("tictac",), (), 0))
-    from accelopt.cluster.model import param_table
-    from accelopt.runtime.job import Job
     job = Job(OmegaConf.to_object(cfg.workload.jobs[0]), job_id="tiny",
               device=torch.device("cpu"))
+    run = dataclasses.replace(server_run(tmp_path, [job.info]), job=job.info)
+    plugin.accelopt_job_built(run=run, job=job.built())
+    plugin.accelopt_run_start(run=run)
     records = [TransferRecord("tiny", 0, 0, 1, p.name, p.nbytes, p.layer_index, "param")
-               for p in param_table(job.model)]
+               for p in job.info.parameters]
     return plugin, records
 
 
@@ -65,7 +77,7 @@ def test_self_limiting_tac_stays_out_and_says_so(tmp_path, monkeypatch):
     plugin, records = server_plugin(tmp_path, monkeypatch, heuristic="tac")
     # an MLP is a chain: TAC's order is the default order, so there is nothing to gain
     assert plugin.accelopt_transfer_order(transfers=records, destination=1) is None
-    row = plugin.accelopt_report_rows(run=None)[0]
+    row = plugin.accelopt_report_rows(run=server_run(tmp_path))[0]
     assert "stayed out of the way" in row.summary and row.metrics["enforced"] == 0
     assert (tmp_path / "tictac" / "plan-rank0.json").exists()
     forced, _ = server_plugin(tmp_path, monkeypatch, heuristic="tac", force=True)
@@ -119,7 +131,7 @@ def test_transfer_that_never_comes_is_an_error_naming_tensor_and_priority(tmp_pa
                                                                          monkeypatch):
     """The real Transport, driven by tictac's order: the first-priority tensor is never
     posted, so the others are held; the wait ends in TransferOrderError, not a hang."""
-    from accelopt.cluster.transport import Transport
+    from accelopt.drivers.cluster.transport import Transport
 
     plugin, records = server_plugin(tmp_path, monkeypatch, heuristic="reverse")
     host = PluginHost([(PLUGIN, plugin)])
@@ -148,11 +160,12 @@ def _catch(fn, *args):
     return None
 
 
-def test_report_row_outside_ps_mode():
+def test_report_row_outside_ps_mode(tmp_path):
     plugin = TictacPlugin(TictacConfig())
     cfg = make_cfg()
     cfg.cluster.mode = "none"
     plugin.accelopt_configure(TictacConfig(), cfg)
+    plugin.accelopt_run_start(run=RunInfo(str(tmp_path), "cpu", ("tictac",), (), 0))
     row = plugin.accelopt_report_rows(run=None)[0]
     assert "nothing to order" in row.summary
 
@@ -216,7 +229,7 @@ def test_inference_harness_enforces_the_order_and_measures_e(tmp_path):
 
 
 def _tiny_model():
-    from accelopt.runtime.job import Job
+    from accelopt.job import Job
 
     cfg = make_cfg()
     return Job(OmegaConf.to_object(cfg.workload.jobs[0]), job_id="tiny",

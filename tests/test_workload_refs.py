@@ -9,7 +9,7 @@ from torch import nn
 
 from accelopt.config import JobConfig
 from accelopt.errors import ConfigError
-from accelopt.runtime.job import Job, job_loss
+from accelopt.job import Job, job_loss
 from accelopt.workloads import build_dataset, build_model, check_compatible, default_dataset_for
 from accelopt.workloads.refs import is_ref, resolve_ref
 
@@ -96,8 +96,9 @@ def test_job_uses_reference_and_dataset_loss() -> None:
     x, y = job.dataset.batch(0, 8)
     expected = 0.5 * nn.functional.cross_entropy(job.model(x), y)
     torch.testing.assert_close(job.loss_fn(job.model(x), y), expected)
-    loss, samples = job.step()
-    assert samples == 8 and loss == pytest.approx(float(expected.detach()), rel=1e-5)
+    result = job.step()
+    assert result.samples == 8
+    assert result.loss == pytest.approx(float(expected.detach()), rel=1e-5)
 
 
 def test_bad_reference_in_job_is_config_error() -> None:

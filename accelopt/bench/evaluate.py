@@ -21,10 +21,11 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
+from accelopt.activation import activate
+from accelopt.job import build_jobs, job_id_for, job_specs
+from accelopt.job.checkpoint import WEIGHTS_DIR
 from accelopt.plugin import Registry
-from accelopt.runtime.activation import activate
-from accelopt.runtime.checkpoint import WEIGHTS_DIR
-from accelopt.runtime.run import CONFIG_FILE, build_jobs, job_specs
+from accelopt.runtime.run import CONFIG_FILE
 
 EVAL_METRIC = "top1"
 EVAL_BATCH = 1024
@@ -72,8 +73,9 @@ def evaluate_run(run_dir: Path, registry: Registry) -> float | None:
     if cfg.cluster.mode != "none":
         return None
     torch.manual_seed(int(cfg.run.seed))
-    host = activate(cfg, registry)  # type: ignore[arg-type]
-    jobs = build_jobs(job_specs(cfg), torch.device("cpu"), host)  # type: ignore[arg-type]
+    specs = job_specs(cfg)
+    plugins = activate(cfg, registry, [job_id_for(i, s) for i, s in enumerate(specs)])  # type: ignore[arg-type]
+    jobs = build_jobs(specs, torch.device("cpu"), plugins)
     scores = []
     for job in jobs:
         path = run_dir / WEIGHTS_DIR / f"{job.info.job_id}.pt"

@@ -109,9 +109,9 @@ def preflight(sets: list[list[str]], common: list[str], per_plugin: dict[str, li
     """Compose each set's configuration and activate its plugins (their
     ``accelopt_configure`` validates the whole run config) before anything runs, so a set
     that cannot run is named in one line instead of failing minutes into the sweep."""
+    from accelopt.activation import activate
     from accelopt.cli.hydra_run import compose_checked
     from accelopt.config import register_plugin_configs, register_schema
-    from accelopt.runtime.activation import activate
 
     unused = sorted(set(per_plugin) - {name for s in sets for name in s})
     if unused:

@@ -75,13 +75,14 @@ def subset_config(cfg: DictConfig, subset: tuple[str, ...]) -> DictConfig:
     return sub
 
 
-def run_references(cfg: DictConfig, selected: list[str], mode: str, run_dir: Path,
+def run_references(cfg: DictConfig, subsets: list[tuple[str, ...]], run_dir: Path,
                    registry: Any, console: Console) -> dict[str, RunRecord]:
     """Run every reference set (quietly), return their records by label."""
     from accelopt.runtime.run import execute
 
+    mode = compare_mode(cfg)
     refs: dict[str, RunRecord] = {}
-    for subset in variants(selected, mode):
+    for subset in subsets:
         name = label(subset)
         where = run_dir / "compare" / name
         console.print(f"[dim]run.compare={mode}: running the same workload with "

@@ -1,40 +1,46 @@
-"""A run: build the workload from config, drive it under the active plugins, write outputs.
+"""A run: validate everything the config selects, then drive the workload under the active
+plugins and write the outputs.
 
-This is the only place that wires the pieces together (plugins, jobs, executor, telemetry,
-checkpoints, report); each piece stays ignorant of the others.
+This is the only place that wires the pieces together (plugins, jobs, driver, telemetry,
+checkpoints, report); each piece stays ignorant of the others. The order, in every mode:
+
+1. validate: the jobs, the cluster settings, and every plugin set the run will activate (the
+   run's own and each ``run.compare`` reference set), each configured once: a mistake is one
+   line, exit 2, before anything is trained;
+2. the ``run.compare`` reference runs, if any;
+3. this run: one process (``LocalDriver``: the executor and its lanes) or a cluster
+   (``run_cluster``: every rank walks the same lifecycle in its own process).
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-import os
 import time
 from pathlib import Path
 from typing import Any
 
-import psutil
-import torch
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
+from accelopt.activation import activate, selected_plugins
 from accelopt.atomic import atomic_open
-from accelopt.config import JobConfig
-from accelopt.errors import ConfigError, UserError
-from accelopt.host import PluginHost
-from accelopt.plugin import Registry
+from accelopt.drivers.cluster.settings import local_info
+from accelopt.drivers.lifecycle import Lifecycle
+from accelopt.drivers.local import Executor
+from accelopt.drivers.rows import with_placeholders
+from accelopt.drivers.setup import memory_capacity, pick_device, setup_torch
+from accelopt.errors import UserError
+from accelopt.job import build_jobs, job_id_for, job_specs
+from accelopt.job.checkpoint import Checkpointer, restore
+from accelopt.job.profile import measure_profile
+from accelopt.plugin import Registry, resolve
 from accelopt.records import JobResult, RunRecord, Span
 from accelopt.report import JobProgress, render_summary, run_metrics, write_run_outputs
 from accelopt.report.console import default_console
-from accelopt.runtime.activation import activate
-from accelopt.runtime.checkpoint import Checkpointer, restore
-from accelopt.runtime.executor import Executor
-from accelopt.runtime.job import Job, layer_build_hook
-from accelopt.runtime.profile import measure_profile
+from accelopt.runtime import compare
 from accelopt.telemetry import TelemetrySampler
-from accelopt.types import ReportRow, RunInfo
-from accelopt.units import parse_bytes
-from accelopt.workloads import generate_trace
+from accelopt.types import RunInfo
 
 CONFIG_FILE = "config.yaml"
 
@@ -50,33 +56,61 @@ def execute(
     console = console or default_console()
     registry = registry or Registry.discover()
     cfg, run_dir, resuming = _maybe_resume(cfg, run_dir, console)
-    refs = _compare_first(cfg, run_dir, registry, console, resuming)
+    reference_sets = _reference_sets(cfg, resuming)
+    validate(cfg, registry, reference_sets)
+    refs = compare.run_references(cfg, reference_sets, run_dir, registry, console)
     if refs:
         cfg = copy.deepcopy(cfg)
         cfg.run.compare = "none"
     run_dir.mkdir(parents=True, exist_ok=True)
     _save_config(cfg, run_dir)
-    _setup_torch(cfg)
-    device = pick_device(str(cfg.run.device))
-    host = activate(cfg, registry)
-    specs = job_specs(cfg)
     if cfg.cluster.mode != "none":
-        return _execute_cluster(cfg, run_dir, host, console, refs)
+        return _execute_cluster(cfg, run_dir, registry, console, refs)
+    return _execute_local(cfg, run_dir, registry, console, refs, resuming)
 
-    jobs = build_jobs(specs, device, host)
-    info = RunInfo(
-        run_dir=str(run_dir),
-        device=str(device),
-        plugins=host.names,
-        jobs=tuple(j.info for j in jobs),
-        seed=int(cfg.run.seed),
-    )
-    record = RunRecord(info=info)
+
+def validate(cfg: DictConfig, registry: Registry,
+             reference_sets: list[tuple[str, ...]] = ()) -> None:
+    """Everything that can be checked before a job runs: the jobs, the cluster settings, and
+    each plugin set (this run's and every reference set's) activated and configured once."""
+    specs = job_specs(cfg)
+    ids = [job_id_for(i, s) for i, s in enumerate(specs)]
+    if cfg.cluster.mode != "none":
+        from accelopt.drivers.cluster.launch import validate as validate_cluster
+        from accelopt.drivers.cluster.settings import settings_from
+
+        validate_cluster(cfg, settings_from(cfg.cluster))
+    for subset in [None, *reference_sets]:
+        activate(cfg if subset is None else compare.subset_config(cfg, subset), registry, ids)
+
+
+def _reference_sets(cfg: DictConfig, resuming: bool) -> list[tuple[str, ...]]:
+    """``run.compare``: the reference sets (no plugins; each plugin alone) run before this
+    run, in this invocation; none without plugins, when resuming, or in a sweep."""
+    mode = compare.compare_mode(cfg)
+    selected = selected_plugins(cfg)
+    if mode == "none" or not selected or resuming or compare.in_multirun():
+        return []
+    return compare.variants(selected, mode)
+
+
+def _execute_local(cfg: DictConfig, run_dir: Path, registry: Registry, console: Console,
+                   refs: dict[str, RunRecord], resuming: bool) -> RunRecord:
+    setup_torch(cfg.run)
+    device = pick_device(str(cfg.run.device))
+    specs = job_specs(cfg)
+    plugins = activate(cfg, registry, [job_id_for(i, s) for i, s in enumerate(specs)])
+    jobs = build_jobs(specs, device, plugins, bucket_bytes=local_info(cfg.cluster).bucket_bytes)
+    info = RunInfo(run_dir=str(run_dir), device=str(device), plugins=plugins.names,
+                   jobs=tuple(j.info for j in jobs), seed=int(cfg.run.seed),
+                   cluster=local_info(cfg.cluster))
+    lifecycle = Lifecycle(plugins, info)
+    lifecycle.job_built(jobs)
     checkpointer = Checkpointer(run_dir, int(cfg.run.checkpoint_every), bool(cfg.run.save_weights))
     restored = restore(run_dir, jobs) if resuming else {}
     progress = JobProgress(console, enabled=bool(cfg.run.progress))
     executor = Executor(
-        host,
+        plugins,
         jobs,
         capacity_bytes=memory_capacity(str(cfg.run.memory_capacity), device),
         device=str(device),
@@ -91,13 +125,12 @@ def execute(
         ),
         results=restored,
     )
-    hook_spans: list[Span] = []
+    hook_calls: list[tuple[str, float, float]] = []  # spans made after the run: cheap here
     if cfg.run.trace_hooks:
-        host.timer = lambda hook, start, end: hook_spans.append(
-            Span(hook, "hooks", start - executor._t0, end - executor._t0, category="hook")
-        )
+        plugins.set_timer(lambda hook, start, end: hook_calls.append((hook, start, end)))
     sampler = TelemetrySampler(interval_s=float(cfg.run.telemetry_interval_s))
-    host.call("accelopt_run_start", run=info)
+    lifecycle.start()
+    record = RunRecord(info=lifecycle.info)
     started = time.perf_counter()
     with progress:
         for job in jobs:
@@ -112,14 +145,42 @@ def execute(
     record.duration_s = time.perf_counter() - started
     record.telemetry_note = sampler.note
     record.jobs = results
-    record.spans = executor.spans + hook_spans
-    return _finish(record, host, run_dir, console, refs)
+    t0 = executor._t0
+    record.spans = executor.spans + [Span(h, "hooks", s - t0, e - t0, category="hook")
+                                     for h, s, e in hook_calls]
+    lifecycle.update(jobs)
+    record.info = lifecycle.info
+    record.plugin_rows = with_placeholders(lifecycle.merged_rows(), plugins.names)
+    lifecycle.end(run_metrics(record))
+    _write_and_render(record, run_dir, console, refs)
+    return record
 
 
-def _finish(record: RunRecord, host: PluginHost, run_dir: Path, console: Console,
-            refs: dict[str, RunRecord] | None = None) -> RunRecord:
-    host.call("accelopt_run_end", run=record.info, metrics=run_metrics(record))
-    record.plugin_rows = plugin_rows(host, record.info)
+def _execute_cluster(cfg: DictConfig, run_dir: Path, registry: Registry, console: Console,
+                     refs: dict[str, RunRecord]) -> RunRecord:
+    from accelopt.drivers.cluster import run_cluster
+    from accelopt.drivers.cluster.settings import settings_from
+
+    names = tuple(s.name for s in resolve(selected_plugins(cfg), registry))
+    settings = settings_from(cfg.cluster)
+    info = RunInfo(str(run_dir), "cluster", names, (), int(cfg.run.seed),
+                   world_size=settings.world_size, cluster=settings.info(settings.backend))
+    record = RunRecord(info=info)
+    started = time.perf_counter()
+    outcome = run_cluster(cfg, run_dir=run_dir, console=console, registry=registry)
+    record.duration_s = time.perf_counter() - started
+    if not outcome.primary:  # under torchrun, only rank 0 writes the run's outputs
+        return record
+    record.jobs = list(outcome.results)
+    record.spans = list(outcome.spans)
+    record.metrics.update(outcome.metrics)
+    backend = str(outcome.metrics.get("cluster_backend", settings.backend))
+    record.info = dataclasses.replace(info, jobs=tuple(r.job for r in record.jobs),
+                                      cluster=settings.info(backend))
+    record.telemetry_note = "cluster run: per-rank timelines are in trace.json"
+    record.plugin_rows = with_placeholders(list(outcome.plugin_rows), names)
+    if len(record.jobs) > 1:
+        _write_per_iteration(outcome.per_iteration, run_dir)
     _write_and_render(record, run_dir, console, refs)
     return record
 
@@ -127,124 +188,12 @@ def _finish(record: RunRecord, host: PluginHost, run_dir: Path, console: Console
 def _write_and_render(record: RunRecord, run_dir: Path, console: Console,
                       refs: dict[str, RunRecord] | None) -> None:
     if refs:
-        from accelopt.runtime import compare
-
         compare.attach(record, refs)
     write_run_outputs(record, run_dir)
     render_summary(record, console)
     if refs:
         console.print(compare.table(record, refs))
     console.print(f"[dim]run directory: {run_dir}[/dim]")
-
-
-def _compare_first(cfg: DictConfig, run_dir: Path, registry: Registry, console: Console,
-                   resuming: bool) -> dict[str, RunRecord]:
-    """``run.compare``: run the reference sets (no plugins; each plugin alone) before this
-    run, in this invocation; nothing to do without plugins, when resuming, or in a sweep."""
-    from accelopt.runtime import compare
-    from accelopt.runtime.activation import selected_plugins
-
-    mode = compare.compare_mode(cfg)
-    selected = selected_plugins(cfg)
-    if mode == "none" or not selected or resuming or compare.in_multirun():
-        return {}
-    return compare.run_references(cfg, selected, mode, run_dir, registry, console)
-
-
-def plugin_rows(host: PluginHost, info: RunInfo) -> list[ReportRow]:
-    """Every active plugin gets a line: its own, or one saying it reported nothing."""
-    rows = [row for answer in host.call("accelopt_report_rows", run=info) for row in answer or []]
-    reported = {row.plugin for row in rows}
-    rows += [
-        ReportRow(plugin=name, summary="active, but reported nothing about what it did")
-        for name in host.names
-        if name not in reported
-    ]
-    return rows
-
-
-def job_specs(cfg: DictConfig) -> list[JobConfig]:
-    """The workload's explicit jobs followed by its generated trace (if any)."""
-    specs: list[JobConfig] = [OmegaConf.to_object(j) for j in cfg.workload.jobs]  # type: ignore[misc]
-    gen = cfg.workload.generate
-    if gen.n_jobs:
-        try:
-            trace = generate_trace(
-                n_jobs=int(gen.n_jobs),
-                seed=int(gen.seed),
-                mean_interarrival_s=float(gen.mean_interarrival_s),
-                models=list(gen.models),
-                batch_sizes=list(gen.batch_sizes),
-                min_iterations=int(gen.min_iterations),
-                max_iterations=int(gen.max_iterations),
-                pareto_alpha=float(gen.pareto_alpha),
-            )
-        except ValueError as exc:
-            raise ConfigError(f"workload.generate: {exc}") from None
-        specs += [
-            JobConfig(
-                name=t.name,
-                model=t.model,
-                dataset=t.dataset,
-                batch_size=t.batch_size,
-                iterations=t.iterations,
-                arrival_s=t.arrival_s,
-                seed=t.seed,
-                optimizer="adam" if t.model in ("lstm", "transformer") else "sgd",
-                lr=1e-3 if t.model in ("lstm", "transformer") else 0.05,
-            )
-            for t in trace
-        ]
-    if not specs:
-        raise ConfigError("the workload has no jobs; add workload.jobs or workload.generate.n_jobs")
-    names = [s.name for s in specs]
-    duplicates = sorted({n for n in names if names.count(n) > 1})
-    if duplicates:
-        raise ConfigError(f"workload job names must be unique; repeated: {', '.join(duplicates)}")
-    return specs
-
-
-def build_jobs(specs: list[JobConfig], device: torch.device, host: PluginHost) -> list[Job]:
-    """Build every job's model once, offering each layer to the layer-forward hook."""
-    layer_hook = layer_build_hook(host)
-    return [
-        Job(spec, job_id=f"{i:02d}-{spec.name}", device=device, layer_hook=layer_hook)
-        for i, spec in enumerate(specs)
-    ]
-
-
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise ConfigError(f"run.device: unknown device {name!r}; use auto, cpu or cuda[:N]") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UserError("run.device=cuda but no CUDA device is available; use run.device=cpu")
-    return device
-
-
-def memory_capacity(text: str, device: torch.device) -> int:
-    """The capacity allocation hooks are told about: the real device memory on CUDA, the
-    machine's RAM on CPU (where it is accounting only), or what the user configured."""
-    if text != "auto":
-        capacity = parse_bytes(text, "run.memory_capacity")
-        if capacity <= 0:
-            raise ConfigError("run.memory_capacity must be positive, e.g. 2GiB")
-        return capacity
-    if device.type == "cuda":
-        return int(torch.cuda.mem_get_info(device)[1])
-    return int(psutil.virtual_memory().total)
-
-
-def _setup_torch(cfg: DictConfig) -> None:
-    torch.manual_seed(int(cfg.run.seed))
-    if cfg.run.threads:
-        torch.set_num_threads(int(cfg.run.threads))
-    if cfg.run.deterministic:
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True, warn_only=True)
 
 
 def _save_config(cfg: DictConfig, run_dir: Path) -> None:
@@ -271,31 +220,6 @@ def _maybe_resume(
     return resumed, old_dir, True  # type: ignore[return-value]
 
 
-def _execute_cluster(
-    cfg: DictConfig, run_dir: Path, host: PluginHost, console: Console,
-    refs: dict[str, RunRecord] | None = None,
-) -> RunRecord:
-    from accelopt.cluster import run_cluster
-
-    info = RunInfo(str(run_dir), "cluster", host.names, (), int(cfg.run.seed))
-    record = RunRecord(info=info)
-    started = time.perf_counter()
-    outcome = run_cluster(cfg, run_dir=run_dir, console=console)
-    record.duration_s = time.perf_counter() - started
-    if not outcome.primary:  # under torchrun, only rank 0 writes the run's outputs
-        return record
-    record.jobs = list(outcome.results)
-    record.spans = list(outcome.spans)
-    record.metrics.update(outcome.metrics)
-    record.info = dataclasses.replace(info, jobs=tuple(r.job for r in record.jobs))
-    record.telemetry_note = "cluster run: per-rank timelines are in trace.json"
-    record.plugin_rows = list(outcome.plugin_rows) or plugin_rows(host, record.info)
-    if len(record.jobs) > 1:
-        _write_per_iteration(outcome.per_iteration, run_dir)
-    _write_and_render(record, run_dir, console, refs)
-    return record
-
-
 def _write_per_iteration(rows: list[dict[str, Any]], run_dir: Path) -> None:
     """A multi-job cluster run's per-(job, worker, iteration) Mc/Pc/U/E/a."""
     import json
@@ -304,4 +228,4 @@ def _write_per_iteration(rows: list[dict[str, Any]], run_dir: Path) -> None:
         handle.write(json.dumps(rows, indent=1, default=str) + "\n")
 
 
-__all__ = ["execute", "job_specs", "build_jobs", "pick_device", "memory_capacity", "JobResult"]
+__all__ = ["execute", "validate", "JobResult"]

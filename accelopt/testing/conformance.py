@@ -19,7 +19,7 @@ import dataclasses
 import difflib
 import gc
 import inspect
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -29,14 +29,13 @@ from omegaconf import OmegaConf
 
 from accelopt import hookspecs
 from accelopt.config import register_plugin_configs
+from accelopt.drivers.rows import SILENT_SUMMARY
 from accelopt.errors import AccelOptError
 from accelopt.host import PluginHost
 from accelopt.plugin import PluginSpec, Registry
 from accelopt.records import RunRecord
-from accelopt.runtime.run import plugin_rows
 from accelopt.testing.harness import run_workload
 from accelopt.testing.recorder import HookRecorder, hook_names
-from accelopt.types import RunInfo
 
 DECLARATION_FIELDS = ("before", "after", "requires", "conflicts", "slots")
 IMPL_MARKER = f"{hookspecs.PROJECT}_impl"
@@ -229,10 +228,20 @@ def _check_signature(plugin: str, attr: str, function: Any, hook: str, hookspec:
 # --- (d) a real run ------------------------------------------------------------------------
 
 
-def check_run(spec: PluginSpec, tmp_path: Path, workload: str = "tiny") -> list[object]:
-    """Run ``workload`` under the plugin (plus the plugins it requires): it must not raise,
-    every job must finish, and the plugin must report at least one row of its own.
-    Returns the plugin objects the run built (for :func:`check_no_retained_job_state`)."""
+MODES = ("none", "ps", "allreduce")
+
+
+def check_run(spec: PluginSpec, tmp_path: Path, workload: str = "tiny", *,
+              overrides: Sequence[str] = (), plugins: Sequence[PluginSpec | str] = (),
+              mode: str = "none") -> list[object]:
+    """Run ``workload`` under the plugin (after the plugins it requires and ``plugins``, the
+    others it needs, with ``overrides``), in ``mode`` (``none``, ``ps`` or ``allreduce``):
+    it must not raise, every job must finish, and the plugin must report at least one row
+    of its own. Returns the plugin objects the run built in this process (for
+    :func:`check_no_retained_job_state`; none in a cluster mode, where the plugin lives in
+    the rank processes)."""
+    if mode not in MODES:
+        raise ValueError(f"check_run: mode must be one of {', '.join(MODES)}, got {mode!r}")
     instances: list[object] = []
 
     def capturing_factory(config: Any) -> object:
@@ -240,7 +249,8 @@ def check_run(spec: PluginSpec, tmp_path: Path, workload: str = "tiny") -> list[
         instances.append(instance)
         return instance
 
-    probe = dataclasses.replace(spec, factory=capturing_factory)
+    # a cluster run sends the spec to its ranks (by reference): no capturing wrapper there
+    probe = spec if mode != "none" else dataclasses.replace(spec, factory=capturing_factory)
     registry = Registry.discover()
     missing = [name for name in spec.requires if name not in registry.names()]
     if missing:
@@ -248,26 +258,26 @@ def check_run(spec: PluginSpec, tmp_path: Path, workload: str = "tiny") -> list[
             f"plugin '{spec.name}' requires {', '.join(missing)}, which is not installed; "
             "install it to run the conformance suite"
         )
+    extra = [*overrides, *([f"cluster.mode={mode}"] if mode != "none" else [])]
+    where = f"the '{workload}' workload" + (f" in cluster.mode={mode}" if mode != "none" else "")
     try:
         record = run_workload(
-            [*spec.requires, probe], tmp_path=tmp_path, workload=workload,
+            [*spec.requires, *plugins, probe], extra, tmp_path=tmp_path, workload=workload,
             recorder=HookRecorder(), registry=registry,
         )
     except AccelOptError as exc:
-        raise AssertionError(
-            f"plugin '{spec.name}': the '{workload}' workload failed under it: {exc}"
-        ) from exc
+        raise AssertionError(f"plugin '{spec.name}': {where} failed under it: {exc}") from exc
     except Exception as exc:
         raise AssertionError(
-            f"plugin '{spec.name}': the '{workload}' workload raised {type(exc).__name__}: "
+            f"plugin '{spec.name}': {where} raised {type(exc).__name__}: "
             f"{exc} (does accelopt_report_rows return a list of ReportRow?)"
         ) from exc
-    _check_jobs_done(spec.name, workload, record)
+    _check_jobs_done(spec.name, where, record)
     _check_reported(spec.name, record)
     return instances
 
 
-def _check_jobs_done(name: str, workload: str, record: RunRecord) -> None:
+def _check_jobs_done(name: str, where: str, record: RunRecord) -> None:
     unfinished = [job for job in record.jobs if job.status != "done"]
     if unfinished:
         details = "; ".join(
@@ -275,8 +285,8 @@ def _check_jobs_done(name: str, workload: str, record: RunRecord) -> None:
             for job in unfinished
         )
         raise AssertionError(
-            f"plugin '{name}': {len(unfinished)} of {len(record.jobs)} jobs of the "
-            f"'{workload}' workload did not finish ({details})"
+            f"plugin '{name}': {len(unfinished)} of {len(record.jobs)} jobs of {where} did "
+            f"not finish ({details})"
         )
 
 
@@ -292,12 +302,8 @@ def _check_reported(name: str, record: RunRecord) -> None:
 
 
 def _no_report_summary() -> str:
-    """The summary the core writes for a plugin that reported nothing, taken from the core
-    itself (a host whose one plugin implements no hook) rather than copied here."""
-    silent = PluginSpec(name="silent", factory=lambda _config: object())
-    host = PluginHost([(silent, object())])
-    rows = plugin_rows(host, RunInfo("", "cpu", host.names, (), 0))
-    return rows[0].summary
+    """The summary the core writes for a plugin that reported nothing (the core's own)."""
+    return SILENT_SUMMARY
 
 
 # --- (f) no job state kept ---------------------------------------------------------------
@@ -365,12 +371,18 @@ class PluginConformance:
     """Subclass it in a test module, set ``spec``, and pytest runs one test per check.
 
     ``spec`` is the plugin's :class:`PluginSpec` (or the name of an installed plugin).
-    Set ``check_retention = False`` if the plugin must keep job objects by design.
+    ``workload``, ``overrides`` (Hydra overrides) and ``plugins`` (other plugins the run
+    needs, names or specs) shape the run check; ``modes`` lists the cluster modes it runs in
+    (``("none", "ps", "allreduce")`` checks every mode). Set ``check_retention = False`` if
+    the plugin must keep job objects by design.
     """
 
     spec: ClassVar[PluginSpec | str]
     check_retention: ClassVar[bool] = True
     workload: ClassVar[str] = "tiny"
+    overrides: ClassVar[Sequence[str]] = ()
+    plugins: ClassVar[Sequence[PluginSpec | str]] = ()
+    modes: ClassVar[Sequence[str]] = ("none",)
 
     def _spec(self) -> PluginSpec:
         spec = getattr(self, "spec", None)
@@ -393,11 +405,15 @@ class PluginConformance:
     def test_hookimpls_match_hookspecs(self) -> None:
         check_hookimpls(self._spec())
 
+    def _run(self, tmp_path: Path, mode: str) -> list[object]:
+        return check_run(self._spec(), tmp_path / mode, self.workload,
+                         overrides=self.overrides, plugins=self.plugins, mode=mode)
+
     def test_runs_workload_and_reports(self, tmp_path: Path) -> None:
-        check_run(self._spec(), tmp_path, self.workload)
+        for mode in self.modes:
+            self._run(tmp_path, mode)
 
     def test_does_not_retain_job_state(self, tmp_path: Path) -> None:
         if not self.check_retention:
             return
-        spec = self._spec()
-        check_no_retained_job_state(spec, check_run(spec, tmp_path, self.workload))
+        check_no_retained_job_state(self._spec(), self._run(tmp_path, "none"))

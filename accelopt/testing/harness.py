@@ -46,7 +46,9 @@ def run_workload(
 
     The record's ``jobs`` say whether each job finished (``status == "done"``) and its
     ``plugin_rows`` hold what each plugin reported; a plugin's exception propagates as
-    :class:`accelopt.PluginHookError`.
+    :class:`accelopt.PluginHookError`. ``overrides`` may select a cluster mode
+    (``cluster.mode=ps``): uninstalled specs are then sent to every rank (their factory and
+    config must be defined at module level) and the recorder gathers every rank's calls.
     """
     _refuse_selection_overrides(overrides)
     registry = registry if registry is not None else Registry.discover()
@@ -62,12 +64,16 @@ def run_workload(
     cfg = compose_checked(
         [f"workload={workload}", *selection, *QUIET_OVERRIDES, *overrides]
     )
-    return execute(
+    run_dir = _fresh_dir(Path(tmp_path))
+    record = execute(
         cfg,
-        run_dir=_fresh_dir(Path(tmp_path)),
+        run_dir=run_dir,
         registry=registry,
         console=Console(file=io.StringIO(), width=120),
     )
+    if recorder is not None:
+        recorder.collect(run_dir)  # a cluster run's ranks wrote their calls there
+    return record
 
 
 def _add_to(registry: Registry, plugin: PluginSpec | str) -> str:

@@ -6,7 +6,7 @@ Being a plugin rather than a pluggy call monitor means it also sees the calls th
 outside pluggy's dispatch (``accelopt_configure`` through ``call_one``, ``accelopt_layer_build``
 through ``chain``), and it needs nothing from ``execute()``.
 
-Three things a test author should know:
+Four things a test author should know:
 
 * ``tryfirst`` puts it ahead of every other implementation, so it sees ``firstresult``
   hooks (allocate, select_next, transfer_order) even when another plugin answers them.
@@ -14,14 +14,24 @@ Three things a test author should know:
   active plugin implements a hook (e.g. the per-iteration ``accelopt_allocate``). It always
   answers "no opinion", so the defaults still decide; only the call count changes.
 * It sees its own ``accelopt_configure`` call only: each plugin is configured separately,
-  with its own config.
+  with its own config (twice per run: once in the up-front validation, once for the run).
+* In a cluster run (``cluster.mode=ps|allreduce``) every rank is a process with its own
+  recorder plugin; each writes its calls into the run directory at ``accelopt_run_end`` and
+  :func:`~accelopt.testing.run_workload` reads them back, so the parent's recorder holds every
+  rank's calls, each tagged with its ``rank``. Values that cannot cross a process boundary
+  (a live model, the gradients view) arrive as a :class:`Shipped` description; tensors arrive
+  as copies.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import pickle
+import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from accelopt import hookspecs
@@ -30,12 +40,14 @@ from accelopt.plugin import PluginSpec
 from accelopt.types import (
     AllocationDecision,
     AllocationRequest,
+    BuiltJob,
     CliCommand,
     IterationContext,
     IterationResult,
     JobInfo,
     JobState,
     LayerOffer,
+    OptimizerRebuild,
     ReportRow,
     RunInfo,
     TransferRecord,
@@ -66,60 +78,100 @@ def normalize_hook(name: str) -> str:
 
 @dataclass(frozen=True)
 class HookCall:
-    """One recorded call: the hook's full name and the keyword arguments it was given."""
+    """One recorded call: the hook's full name, the keyword arguments it was given and the
+    rank of the process that made it (0 in a one-process run)."""
 
     hook: str
     kwargs: dict[str, Any]
+    rank: int = 0
+
+
+@dataclass(frozen=True)
+class Shipped:
+    """A value a rank's recorder could not send to the parent as it was (a live model, the
+    gradients view, a closure): its type and a short description."""
+
+    type: str
+    text: str
+
+
+DUMP_DIR = ".accelopt-hook-recorder"
+_RECORDERS: dict[str, HookRecorder] = {}
+"""The recorders of this process by token: a rank process has none, so its recorder plugin
+records locally and writes its calls for the parent to read."""
 
 
 class HookRecorder:
-    """Every hook call of a run, in the order the core made them.
+    """Every hook call of a run, in the order the core made them (in a cluster run: every
+    rank's calls, each rank's in its own order, ranks one after another).
 
     Pass it to :func:`run_workload` (``recorder=HookRecorder()``), then ask it questions.
-    Hook names may be given with or without the ``accelopt_`` prefix.
+    Hook names may be given with or without the ``accelopt_`` prefix; ``rank=N`` restricts a
+    question to one rank's calls.
     """
 
     def __init__(self) -> None:
         self.records: list[HookCall] = []
+        self.token = uuid.uuid4().hex
+        _RECORDERS[self.token] = self
 
     # -- recording -----------------------------------------------------------------------
 
     def record(self, hook: str, **kwargs: Any) -> None:
-        """Append one call (the executor holds its lock around hook calls, so no two
+        """Append one call (the core calls a process's hooks one at a time, so no two
         threads append at once)."""
         self.records.append(HookCall(hook, kwargs))
 
     def spec(self) -> PluginSpec:
-        """The plugin that feeds this recorder; :func:`run_workload` selects it for you."""
+        """The plugin that feeds this recorder; :func:`run_workload` selects it for you. Its
+        factory travels to a cluster run's ranks (a module-level callable with a token)."""
         return PluginSpec(
             name=RECORDER_NAME,
-            factory=lambda _config: RecorderPlugin(self),
+            factory=RecorderFactory(self.token),
             description="accelopt.testing: records every hook call of the run",
         )
 
     def clear(self) -> None:
         self.records.clear()
 
+    def collect(self, run_dir: str | Path) -> int:
+        """Read the calls the ranks of a cluster run wrote into ``run_dir`` (what
+        :func:`run_workload` does after such a run); returns how many ranks reported."""
+        folder = Path(run_dir) / DUMP_DIR / self.token
+        files = sorted(folder.glob("rank-*.pkl"), key=lambda p: int(p.stem.split("-")[1]))
+        for path in files:
+            with open(path, "rb") as fh:
+                self.records.extend(pickle.load(fh))
+        return len(files)
+
     # -- questions -----------------------------------------------------------------------
 
-    def names(self) -> list[str]:
-        """The hook names of every call, in order."""
-        return [call.hook for call in self.records]
+    def ranks(self) -> list[int]:
+        """The ranks whose calls were recorded."""
+        return sorted({call.rank for call in self.records})
 
-    def calls(self, hook: str) -> list[dict[str, Any]]:
+    def _of(self, rank: int | None) -> list[HookCall]:
+        return [c for c in self.records if rank is None or c.rank == rank]
+
+    def names(self, rank: int | None = None) -> list[str]:
+        """The hook names of every call, in order."""
+        return [call.hook for call in self._of(rank)]
+
+    def calls(self, hook: str, rank: int | None = None) -> list[dict[str, Any]]:
         """The keyword arguments of every call of ``hook``, in order."""
         full = normalize_hook(hook)
-        return [call.kwargs for call in self.records if call.hook == full]
+        return [call.kwargs for call in self._of(rank) if call.hook == full]
 
-    def count(self, hook: str) -> int:
+    def count(self, hook: str, rank: int | None = None) -> int:
         """How many times ``hook`` was called."""
-        return len(self.calls(hook))
+        return len(self.calls(hook, rank))
 
-    def assert_order(self, hooks: Sequence[str]) -> None:
+    def assert_order(self, hooks: Sequence[str], rank: int | None = None) -> None:
         """Assert that ``hooks`` occur in this order (as a subsequence: other calls may come
-        in between). The message shows where the expectation broke and the actual sequence."""
+        in between). The message shows where the expectation broke and the actual sequence.
+        In a cluster run, name the ``rank`` whose order you mean."""
         wanted = [normalize_hook(h) for h in hooks]
-        actual = self.names()
+        actual = self.names(rank)
         position = 0
         for index, hook in enumerate(wanted):
             try:
@@ -159,6 +211,54 @@ def _short(hook: str) -> str:
     return hook.removeprefix(HOOK_PREFIX)
 
 
+@dataclass(frozen=True)
+class RecorderFactory:
+    """Builds the recorder plugin: bound to the recorder of this process when there is one
+    (a one-process run), else recording locally and writing the calls at run end (a rank)."""
+
+    token: str
+
+    def __call__(self, _config: Any) -> RecorderPlugin:
+        recorder = _RECORDERS.get(self.token)
+        if recorder is not None:
+            return RecorderPlugin(recorder)
+        return RecorderPlugin(HookRecorder(), dump_token=self.token)
+
+
+def _portable(value: Any, depth: int = 0) -> Any:
+    """``value`` as it can cross a process boundary: tensors copied, records field by field,
+    anything else that pickle refuses described (:class:`Shipped`)."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().clone()
+    if isinstance(value, torch.nn.Module):
+        return Shipped(type(value).__name__, f"a module of {sum(1 for _ in value.parameters())} "
+                       "parameters (not sent)")
+    if depth < 3 and dataclasses.is_dataclass(value) and not isinstance(value, type):
+        try:
+            return dataclasses.replace(value, **{
+                f.name: _portable(getattr(value, f.name), depth + 1)
+                for f in dataclasses.fields(value) if f.init})
+        except Exception:  # noqa: BLE001 - a record that cannot be rebuilt is described
+            return Shipped(type(value).__name__, repr(value)[:120])
+    if depth < 3 and isinstance(value, dict):
+        return {k: _portable(v, depth + 1) for k, v in value.items()}
+    if depth < 3 and isinstance(value, (list, tuple)):
+        items = [_portable(v, depth + 1) for v in value]
+        return items if isinstance(value, list) else tuple(items)
+    if hasattr(value, "keys") and hasattr(value, "__getitem__") and not hasattr(value, "_metadata"):
+        try:  # a mapping view (the gradients): its tensors
+            return {k: _portable(value[k], depth + 1) for k in value.keys()}
+        except Exception:  # noqa: BLE001
+            pass
+    try:
+        pickle.dumps(value)
+        return value
+    except Exception:  # noqa: BLE001
+        return Shipped(type(value).__name__, repr(value)[:120])
+
+
 class RecorderPlugin:
     """Implements every hook: records the call and answers "no opinion".
 
@@ -167,20 +267,41 @@ class RecorderPlugin:
     fails if a hookspec is added without a method here.
     """
 
-    def __init__(self, recorder: HookRecorder) -> None:
+    def __init__(self, recorder: HookRecorder, dump_token: str | None = None) -> None:
         self.recorder = recorder
+        self.dump_token = dump_token
+        self.rank = 0
+        self.run_dir: str | None = None
+
+    def _dump(self) -> None:
+        """In a rank process: write this rank's calls where the parent's recorder reads."""
+        if self.dump_token is None or not self.run_dir:
+            return
+        folder = Path(self.run_dir) / DUMP_DIR / self.dump_token
+        folder.mkdir(parents=True, exist_ok=True)
+        calls = [HookCall(c.hook, _portable(c.kwargs), self.rank) for c in self.recorder.records]
+        tmp = folder / f".rank-{self.rank}.tmp"
+        with open(tmp, "wb") as fh:
+            pickle.dump(calls, fh)
+        tmp.replace(folder / f"rank-{self.rank}.pkl")
 
     @hookimpl(tryfirst=True)
     def accelopt_configure(self, config: Any, run_config: Any) -> None:
         self.recorder.record("accelopt_configure", config=config, run_config=run_config)
 
     @hookimpl(tryfirst=True)
+    def accelopt_job_built(self, run: RunInfo, job: BuiltJob) -> None:
+        self.recorder.record("accelopt_job_built", run=run, job=job)
+
+    @hookimpl(tryfirst=True)
     def accelopt_run_start(self, run: RunInfo) -> None:
+        self.rank, self.run_dir = run.rank, run.run_dir
         self.recorder.record("accelopt_run_start", run=run)
 
     @hookimpl(tryfirst=True)
     def accelopt_run_end(self, run: RunInfo, metrics: dict[str, Any]) -> None:
         self.recorder.record("accelopt_run_end", run=run, metrics=metrics)
+        self._dump()
 
     @hookimpl(tryfirst=True)
     def accelopt_report_rows(self, run: RunInfo) -> list[ReportRow]:
@@ -214,8 +335,31 @@ class RecorderPlugin:
         self.recorder.record("accelopt_iteration_start", context=context)
 
     @hookimpl(tryfirst=True)
+    def accelopt_after_forward(self, context: IterationContext, loss: Any) -> Any | None:
+        self.recorder.record("accelopt_after_forward", context=context, loss=loss)
+        return None
+
+    @hookimpl(tryfirst=True)
+    def accelopt_before_optimizer_step(self, context: IterationContext, gradients: Any) -> None:
+        self.recorder.record("accelopt_before_optimizer_step", context=context,
+                             gradients=gradients)
+
+    @hookimpl(tryfirst=True)
+    def accelopt_after_step(self, context: IterationContext,
+                            stepped: bool) -> OptimizerRebuild | None:
+        self.recorder.record("accelopt_after_step", context=context, stepped=stepped)
+        return None
+
+    @hookimpl(tryfirst=True)
     def accelopt_iteration_end(self, context: IterationContext, result: IterationResult) -> None:
         self.recorder.record("accelopt_iteration_end", context=context, result=result)
+
+    @hookimpl(tryfirst=True)
+    def accelopt_optimizer_build(self, job: JobInfo, optimizer: Any, parameters: Any,
+                                 previous: Any) -> Any | None:
+        self.recorder.record("accelopt_optimizer_build", job=job, optimizer=optimizer,
+                             parameters=parameters, previous=previous)
+        return None
 
     @hookimpl(tryfirst=True)
     def accelopt_transfer_order(

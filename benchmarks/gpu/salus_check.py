@@ -53,10 +53,10 @@ def main() -> int:
     from omegaconf import OmegaConf
 
     from accelopt.config import AccelConfig, JobConfig
+    from accelopt.drivers.local import Executor
     from accelopt.host import PluginHost
-    from accelopt.runtime.executor import Executor
-    from accelopt.runtime.job import Job
-    from accelopt.runtime.profile import measure_profile
+    from accelopt.job import Job
+    from accelopt.job.profile import measure_profile
     from accelopt.types import RunInfo
 
     device = torch.device("cuda")

@@ -18,6 +18,8 @@ import torch
 from accelopt_plugins.gpu_kernels.autotune import pick, time_callables
 from torch import nn
 
+from accelopt import isolated_rng
+
 
 @dataclass
 class LayoutDecision:
@@ -77,10 +79,11 @@ class ChannelsLast:
                 self.decision = LayoutDecision(True, reason="forced on")
             else:
                 self._measuring = True
-                try:
-                    self.decision = measure_channels_last(
-                        model, x, training=model.training and torch.is_grad_enabled(),
-                        reps=self.reps, min_gain=self.min_gain)
+                try:  # the measuring steps must not draw from the job's random stream
+                    with isolated_rng():
+                        self.decision = measure_channels_last(
+                            model, x, training=model.training and torch.is_grad_enabled(),
+                            reps=self.reps, min_gain=self.min_gain)
                 finally:
                     self._measuring = False
             if self.decision.channels_last:

@@ -40,7 +40,7 @@ from accelopt_plugins.gpu_kernels.pruning import PruneReport, count_flops, node_
 from accelopt_plugins.gpu_kernels.tiled import TiledLinear
 from torch import nn
 
-from accelopt import LayerOffer, ReportRow, RunInfo, hookimpl
+from accelopt import LayerOffer, ReportRow, RunInfo, hookimpl, isolated_rng
 
 
 @dataclass
@@ -74,24 +74,25 @@ class _PruneProbe:
         x = args[0].detach() if args and isinstance(args[0], torch.Tensor) else None
         if x is None:
             return
-        try:
-            dense = self.dense.to(x.device).eval()
-            pruned = self.pruned.to(x.device).eval()
-            x = x.contiguous()
-            self.record.probe["flops_dense"] = count_flops(dense, x)
-            self.record.probe["flops_pruned"] = count_flops(pruned, x)
+        try:  # the probe must not move the job's random stream
+            with isolated_rng():
+                dense = self.dense.to(x.device).eval()
+                pruned = self.pruned.to(x.device).eval()
+                x = x.contiguous()
+                self.record.probe["flops_dense"] = count_flops(dense, x)
+                self.record.probe["flops_pruned"] = count_flops(pruned, x)
 
-            def infer(m: nn.Module) -> Any:
-                def run() -> Any:
-                    with torch.no_grad():
-                        return m(x)
-                return run
+                def infer(m: nn.Module) -> Any:
+                    def run() -> Any:
+                        with torch.no_grad():
+                            return m(x)
+                    return run
 
-            samples = time_callables({"dense": infer(dense), "pruned": infer(pruned)},
-                                     x.device, reps=5)
-            med = {k: statistics.median(v) for k, v in samples.items()}
-            self.record.probe["latency_dense_ms"] = round(med["dense"] * 1e3, 4)
-            self.record.probe["latency_pruned_ms"] = round(med["pruned"] * 1e3, 4)
+                samples = time_callables({"dense": infer(dense), "pruned": infer(pruned)},
+                                         x.device, reps=5)
+                med = {k: statistics.median(v) for k, v in samples.items()}
+                self.record.probe["latency_dense_ms"] = round(med["dense"] * 1e3, 4)
+                self.record.probe["latency_pruned_ms"] = round(med["pruned"] * 1e3, 4)
         except Exception as exc:  # the probe only reports; it must never break training
             self.record.notes.append(f"probe failed: {type(exc).__name__}: {exc}")
         finally:
@@ -116,9 +117,10 @@ class _ConvGuard:
         if not args or not isinstance(args[0], torch.Tensor):
             return
         try:
-            kept = verify_model(model, args[0].detach(),
-                                training=model.training and torch.is_grad_enabled(),
-                                reps=self.reps, min_gain=self.min_gain)
+            with isolated_rng():  # its training-mode steps must not draw the job's masks
+                kept = verify_model(model, args[0].detach(),
+                                    training=model.training and torch.is_grad_enabled(),
+                                    reps=self.reps, min_gain=self.min_gain)
             self.record.conv_guard = "kept" if kept else "all direct"
         except Exception as exc:  # measuring must never break training
             self.record.notes.append(f"conv guard failed: {type(exc).__name__}: {exc}")

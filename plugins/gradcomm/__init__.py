@@ -27,4 +27,5 @@ PLUGIN = PluginSpec(
     config=GradcommConfig,
     description="fp16/bf16 gradients, top-k/threshold sparsification with error feedback and "
     "DGC momentum correction, fusion and overlap for all-reduce.",
+    scope="job",
 )

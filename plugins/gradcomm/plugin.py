@@ -10,7 +10,7 @@ import torch
 from accelopt_plugins.gradcomm.codec import BucketCodec, CastOverflow
 from accelopt_plugins.gradcomm.config import GradcommConfig, momentum_factor, validate
 
-from accelopt import ReportRow, RunInfo, TransferRecord, hookimpl
+from accelopt import JobInfo, ReportRow, RunInfo, TransferRecord, hookimpl
 from accelopt.errors import AccelOptError
 
 ALL_RANKS = -1
@@ -26,13 +26,13 @@ Span = tuple[str, str, int, int]
 
 
 class GradcommPlugin:
-    """One instance per rank (each cluster process activates its own plugins), so the
-    error-feedback residuals are naturally per rank."""
+    """One instance per job and rank (job-scoped; each cluster process activates its own),
+    so the error-feedback residuals are naturally per job and per rank."""
 
     def __init__(self, config: GradcommConfig) -> None:
         self.config = config
         self.codec = BucketCodec()
-        self.run_config: Any = None
+        self.job: JobInfo | None = None
         self.mode = "none"
         self.bucket_mb: float | None = None
         self.layout: dict[str, list[Span]] | None = None
@@ -43,18 +43,31 @@ class GradcommPlugin:
     def accelopt_configure(self, config: GradcommConfig, run_config: Any) -> None:
         validate(config)
         self.config = config
-        self.run_config = run_config
         cluster = run_config.get("cluster") if run_config is not None else None
         if cluster is not None:
             self.mode = str(cluster.get("mode", "none"))
             self.bucket_mb = float(cluster.get("bucket_mb", 0) or 0) or None
-        optimizer, momentum = _job_optimizer(run_config)
-        self.codec = BucketCodec(dtype=config.dtype, sparsify=config.sparsify,
-                                 density=config.density, threshold=config.threshold,
-                                 error_feedback=config.error_feedback,
-                                 momentum=momentum_factor(config, optimizer, momentum),
-                                 factor_masking=config.factor_masking,
-                                 scope=config.topk_scope)
+        jobs = _job_optimizers(run_config)
+        for optimizer, momentum in jobs or [(None, 0.0)]:  # refuse what cannot apply, up front
+            momentum_factor(config, optimizer, momentum)
+        self.codec = self._codec(*(jobs[0] if jobs else (None, 0.0)))
+
+    def _codec(self, optimizer: str | None, momentum: float) -> BucketCodec:
+        c = self.config
+        return BucketCodec(dtype=c.dtype, sparsify=c.sparsify, density=c.density,
+                           threshold=c.threshold, error_feedback=c.error_feedback,
+                           momentum=momentum_factor(c, optimizer, momentum),
+                           factor_masking=c.factor_masking, scope=c.topk_scope)
+
+    @hookimpl
+    def accelopt_run_start(self, run: RunInfo) -> None:
+        """The job this instance serves (its optimizer, parameter table and buckets) and the
+        run's mode come from the run's record."""
+        self.mode = run.cluster.mode
+        self.bucket_mb = run.cluster.bucket_bytes / 2**20
+        if run.job is not None:
+            self.job = run.job
+            self.codec = self._codec(run.job.optimizer, run.job.momentum)
 
     # -- send / recv -------------------------------------------------------------------
 
@@ -115,30 +128,21 @@ class GradcommPlugin:
                 f"{record.tensor}; not sent, so no other worker received it; {fix}")
 
     def _layout(self) -> dict[str, list[Span]]:
-        """bucket name -> the parameters it holds. Built only when needed (an error): the
-        cluster rank builds the same model from the same spec, so a fresh build has the same
-        parameter table and the same buckets."""
+        """bucket name -> the parameters it holds, from the job's record (its parameter table
+        and buckets, exactly those the core sends). Built only when needed (an error)."""
         if self.layout is not None:
             return self.layout
         self.layout = {}
-        try:
-            from accelopt.cluster.model import buckets_by_bytes, param_table
-            from accelopt.cluster.rank import job_spec
-            from accelopt.cluster.settings import settings_from
-            from accelopt.runtime.job import Job
-
-            job = Job(job_spec(self.run_config), job_id="layout", device=torch.device("cpu"))
-            numel = {n: p.numel() for n, p in job.model.named_parameters()}
-            table = param_table(job.model)
-            buckets = buckets_by_bytes(table, settings_from(self.run_config.cluster).bucket_bytes)
-            for b, bucket in enumerate(buckets):
-                spans, offset = [], 0
-                for p in bucket:
-                    spans.append((p.name, p.module, offset, offset + numel[p.name]))
-                    offset += numel[p.name]
-                self.layout[f"bucket{b}"] = spans
-        except Exception:  # noqa: BLE001 - naming the layer is best effort; the error stands
-            pass
+        job = self.job
+        if job is None:
+            return self.layout
+        for b, bucket in enumerate(job.buckets):
+            spans, offset = [], 0
+            for index in bucket:
+                p = job.parameters[index]
+                spans.append((p.name, p.module, offset, offset + p.numel))
+                offset += p.numel
+            self.layout[f"bucket{b}"] = spans
         return self.layout
 
     # -- report --------------------------------------------------------------------------
@@ -181,18 +185,14 @@ class GradcommPlugin:
         return [ReportRow("gradcomm", text, metrics)]
 
 
-def _job_optimizer(run_config: Any) -> tuple[str | None, float]:
-    """(optimizer, momentum) of the job a cluster run trains (``workload.jobs[0]``, with the
-    core's defaults), or ``(None, 0)`` when the run config names no job. The plugin never
-    sees the optimizer object; the job's spec is what ``make_optimizer`` builds it from."""
+def _job_optimizers(run_config: Any) -> list[tuple[str, float]]:
+    """(optimizer, momentum) of every job the run config names (``workload.jobs``, with the
+    core's defaults): what configure can check before any job is built."""
     from omegaconf import OmegaConf
 
     from accelopt.config import JobConfig
 
     jobs = OmegaConf.select(run_config, "workload.jobs") if run_config is not None else None
-    if not jobs:
-        return None, 0.0
     defaults = JobConfig()
-    job = jobs[0]
-    return (str(job.get("optimizer", defaults.optimizer)),
-            float(job.get("momentum", defaults.momentum)))
+    return [(str(job.get("optimizer", defaults.optimizer)),
+             float(job.get("momentum", defaults.momentum))) for job in jobs or []]

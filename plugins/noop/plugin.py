@@ -10,12 +10,14 @@ from accelopt import hookimpl
 from accelopt.types import (
     AllocationDecision,
     AllocationRequest,
+    BuiltJob,
     CliCommand,
     IterationContext,
     IterationResult,
     JobInfo,
     JobState,
     LayerOffer,
+    OptimizerRebuild,
     ReportRow,
     RunInfo,
     TransferRecord,
@@ -36,6 +38,10 @@ class NoopPlugin:
     @hookimpl
     def accelopt_configure(self, config: Any, run_config: Any) -> None:
         self._count("accelopt_configure")
+
+    @hookimpl
+    def accelopt_job_built(self, run: RunInfo, job: BuiltJob) -> None:
+        self._count("accelopt_job_built")
 
     @hookimpl
     def accelopt_run_start(self, run: RunInfo) -> None:
@@ -81,8 +87,29 @@ class NoopPlugin:
         self._count("accelopt_iteration_start")
 
     @hookimpl
+    def accelopt_after_forward(self, context: IterationContext, loss: Any) -> Any | None:
+        self._count("accelopt_after_forward")
+        return None
+
+    @hookimpl
+    def accelopt_before_optimizer_step(self, context: IterationContext, gradients: Any) -> None:
+        self._count("accelopt_before_optimizer_step")
+
+    @hookimpl
+    def accelopt_after_step(self, context: IterationContext,
+                            stepped: bool) -> OptimizerRebuild | None:
+        self._count("accelopt_after_step")
+        return None
+
+    @hookimpl
     def accelopt_iteration_end(self, context: IterationContext, result: IterationResult) -> None:
         self._count("accelopt_iteration_end")
+
+    @hookimpl
+    def accelopt_optimizer_build(self, job: JobInfo, optimizer: Any, parameters: Any,
+                                 previous: Any) -> Any | None:
+        self._count("accelopt_optimizer_build")
+        return None
 
     @hookimpl
     def accelopt_transfer_order(

@@ -11,7 +11,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from accelopt.cluster.metrics import union_length
+from accelopt.drivers.cluster.metrics import union_length
 
 
 @dataclass(frozen=True)

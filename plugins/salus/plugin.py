@@ -50,6 +50,11 @@ from accelopt.units import format_bytes, parse_bytes
 
 CPU_NOTE = "lanes are accounted, not enforced (CPU: no device allocator to partition)"
 CUDA_NOTE = "lanes are real torch.cuda.MemPool pools with one CUDA stream each"
+CLUSTER_NOTE = ("decided on the leader (rank 0) and broadcast, every rank running the chosen "
+                "iteration; every rank keeps every job resident, so a switch costs no reload; "
+                "lanes order iterations but do not run them concurrently (one iteration uses "
+                "every rank); jobs are not memory-profiled in a cluster run, so lanes are "
+                "accounted with 0 bytes")
 EMA = 0.3
 """Weight of the newest measured iteration time in a job's refined estimate."""
 
@@ -95,10 +100,10 @@ class SalusPlugin:
         self._lane_size_peak: dict[str, int] = {}
         self._lock = threading.Lock()
         self.cluster_mode = "none"
+        self.leader = True
+        self.world_size = 1
         self._decisions = 0
-        self._cluster_switches = 0
-        self._last_chosen: str | None = None
-        self._chosen: dict[str, int] = defaultdict(int)
+        self._iterations: dict[str, int] = defaultdict(int)
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -138,31 +143,25 @@ class SalusPlugin:
     def accelopt_run_start(self, run: RunInfo) -> None:
         self.run_dir = Path(run.run_dir) if run.run_dir else None
         self.device = run.device
+        self.leader = run.leader
+        self.world_size = run.world_size
         self._names.update({j.job_id: j.name for j in run.jobs})
+
+    @hookimpl
+    def accelopt_report_rows(self, run: RunInfo) -> list[ReportRow]:
+        if not run.leader:
+            return []  # decisions are the leader's; this rank only ran the chosen iterations
+        return [ReportRow("salus", self.summary_line(), self.report_metrics())]
 
     @hookimpl
     def accelopt_run_end(self, run: RunInfo, metrics: dict[str, Any]) -> None:
         if self._cuda is not None:
             self._cuda.close()
-        if self.run_dir is None:
-            return
-        if self.cluster_mode != "none":
-            if not self._decisions:
-                return  # not the leader rank: the leader writes salus.json
-            document = {"summary": self.cluster_summary(), "jobs": [
-                {"job_id": j, "name": self._names.get(j, j), "iterations_chosen": n}
-                for j, n in sorted(self._chosen.items())]}
-            (Path(self.run_dir) / "salus.json").write_text(json.dumps(document, indent=2) + "\n")
+        if self.run_dir is None or not run.leader:
             return
         document = {"summary": self.summary(), "jobs": self.job_table()}
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "salus.json").write_text(json.dumps(document, indent=2) + "\n")
-
-    @hookimpl
-    def accelopt_report_rows(self, run: RunInfo) -> list[ReportRow]:
-        if self.cluster_mode != "none":
-            return self.cluster_rows(run)
-        return [ReportRow("salus", self.summary_line(), self.report_metrics())]
 
     @hookimpl
     def accelopt_cli_commands(self) -> Sequence[CliCommand]:
@@ -250,18 +249,14 @@ class SalusPlugin:
             self._admitted_at.setdefault(state.job.job_id, state.admitted_at_s)
         chosen = self.policy.select(lane, ready, now_s)
         self._decisions += 1
-        self._chosen[chosen] += 1
-        if self._last_chosen is not None and chosen != self._last_chosen:
-            self._cluster_switches += 1
-        self._last_chosen = chosen
         admitted = next(s.admitted_at_s for s in ready if s.job.job_id == chosen)
         self._boundary[lane] = (chosen, admitted)
         return chosen
 
     @hookimpl
     def accelopt_iteration_start(self, context: IterationContext) -> None:
-        if self.cluster_mode != "none":
-            return  # a cluster rank keeps its own thread count (run.threads, default 1)
+        if self.world_size > 1:
+            return  # lanes split one process's cores; a cluster rank keeps run.threads
         if self.device.startswith("cuda"):
             self._lanes_on_cuda().enter(context.lane)
             return
@@ -281,6 +276,7 @@ class SalusPlugin:
         if self.device.startswith("cuda"):
             self._lanes_on_cuda().exit()
         seconds = result.end_s - result.start_s
+        self._iterations[job_id] += 1
         self._refine_estimate(job_id, seconds)
         self.policy.observe(job_id, seconds)
         self._intervals.append(Interval(job_id, lane, result.start_s, result.end_s))
@@ -311,49 +307,11 @@ class SalusPlugin:
         if self._cuda is not None:
             self._cuda.exit(synchronize=False)
 
-    # -- cluster runs ----------------------------------------------------------------------
-
-    def cluster_summary(self) -> dict[str, Any]:
-        """What the policy decided on the leader rank of a multi-job cluster run."""
-        return {
-            "policy": self.policy.name or type(self.policy).__name__,
-            "cluster_mode": self.cluster_mode,
-            "decisions": self._decisions,
-            "switches": self._cluster_switches,
-            "jobs": len(self._chosen),
-            "switch_latency_median_s": percentile(self._switch, 50),
-            "switch_latency_p99_s": percentile(self._switch, 99),
-        }
-
-    def cluster_rows(self, run: RunInfo) -> list[ReportRow]:
-        """Cluster run: the leader rank (where the policy decides) reports; the other ranks
-        only follow its broadcast decisions and say nothing."""
-        if not self._decisions:
-            if len(run.jobs) <= 1:
-                return [ReportRow("salus", "one job in the cluster run: nothing to schedule "
-                                  "(give the workload several jobs to share the workers)")]
-            return []
-        s = self.cluster_summary()
-        chosen_by = " (auto: srtf in a PS cluster)" if self.policy_auto else ""
-        text = (f"policy {s['policy']}{chosen_by} chose the job of every cluster iteration on the leader "
-                f"(rank 0) and broadcast it, servers and workers following: "
-                f"{s['decisions']} decisions over {s['jobs']} job(s), {s['switches']} switches "
-                "between jobs; every rank keeps every job resident, so a switch costs no "
-                "reload")
-        if s["switch_latency_median_s"] is not None:
-            text += (f"; switch latency median {s['switch_latency_median_s'] * 1e3:.2f} ms "
-                     "(leader's view, including the broadcast)")
-        if self.policy.max_lanes != 1:
-            text += (f"; {s['policy']} in one lane is arrival order: a PS cluster is one lane "
-                     "here (each iteration uses every worker and server), so expect FIFO's "
-                     "JCT — try plugins.salus.policy=srtf")
-        metrics = {k: v for k, v in s.items()
-                   if isinstance(v, (int, float, str)) and not isinstance(v, bool)}
-        return [ReportRow("salus", text, metrics)]
-
     # -- figures ---------------------------------------------------------------------------
 
     def lanes_note(self) -> str:
+        if self.world_size > 1:
+            return CLUSTER_NOTE
         return CUDA_NOTE if self.device.startswith("cuda") else CPU_NOTE
 
     def summary(self) -> dict[str, Any]:
@@ -371,6 +329,9 @@ class SalusPlugin:
         fairness, windows = contention_fairness(intervals, active, window)
         return {
             "policy": self.policy.name or type(self.policy).__name__,
+            "decisions": self._decisions,
+            "iterations": sum(self._iterations.values()),
+            "world_size": self.world_size,
             "max_lanes": self.max_lanes,
             "device": self.device,
             "lanes_note": self.lanes_note(),
@@ -403,7 +364,8 @@ class SalusPlugin:
         for job_id in sorted(self._status):
             lane = next((ln for ln, jobs in self._lane_jobs.items() if job_id in jobs), "")
             rows.append({"job_id": job_id, "name": self._names.get(job_id, job_id),
-                         "status": self._status[job_id], "lane": lane})
+                         "status": self._status[job_id], "lane": lane,
+                         "iterations_run": self._iterations.get(job_id, 0)})
         return rows
 
     def report_metrics(self) -> dict[str, float | int | str]:
@@ -419,10 +381,13 @@ class SalusPlugin:
         if m is None or not self._status:
             return f"policy {s['policy']}: no job reached admission; nothing to share"
         n_jobs = len([st for st in self._status.values() if st != "rejected"])
+        chosen_by = (" (auto: srtf in a cluster)" if self.policy_auto and self.world_size > 1
+                     else "")
         parts = [
-            f"policy {s['policy']}: {n_jobs} job(s) in {s['lanes_opened']} lane(s) "
+            f"policy {s['policy']}{chosen_by}: {n_jobs} job(s) in {s['lanes_opened']} lane(s) "
             f"(peak {s['peak_lanes']} concurrent lane(s), {s['peak_resident_jobs']} resident "
-            f"job(s) vs 1 under exclusive allocation)",
+            f"job(s) vs 1 under exclusive allocation); {s['decisions']} choices between ready "
+            f"jobs over {s['iterations']} iterations",
             f"peak accounted memory {format_bytes(s['peak_accounted_bytes'])} of "
             f"{format_bytes(s['capacity_bytes'] or 0)}",
         ]

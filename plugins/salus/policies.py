@@ -17,9 +17,20 @@ Mapping of SALUS's policies onto lanes (one device):
 ``plugins.salus.max_lanes=N`` overrides the lane count of any policy; each lane then applies
 the policy to its own jobs.
 
-Adding a policy: subclass :class:`Policy`, decorate it with ``@register_policy("name")`` and
-select ``plugins.salus.policy=name`` (the module must be imported), or name it by import path
-``plugins.salus.policy=my_module:MyPolicy`` (imported for you).
+Adding a policy, three ways, none of which needs salus to import your code:
+
+* a package of your own declares an entry point in the group ``accelopt_salus.policies``
+  (``lifo = "my_package:Lifo"``) and installs itself: ``plugins.salus.policy=lifo`` finds it
+  in every process of a run (ranks, ``run.compare`` reference runs, ``accelopt bench`` sets);
+* ``@register_policy("name")`` on a class in code that runs before the run (a notebook, a
+  test); it is sent to a cluster's ranks with the run;
+* an import path, ``plugins.salus.policy=my_module:MyPolicy`` (imported for you).
+
+A policy is any class with ``select(lane, ready, now_s) -> job_id``; optionally
+``observe(job_id, seconds)``, a ``max_lanes`` class attribute (default 1) and an
+``iteration_time`` attribute, which salus sets to its refined estimate of a job's iteration
+(``JobState -> seconds``). Subclassing :class:`Policy` gives all of these, but an installed
+package need not import salus to be one.
 """
 
 from __future__ import annotations
@@ -29,7 +40,7 @@ from collections.abc import Callable, Sequence
 from importlib import import_module
 from typing import ClassVar
 
-from accelopt import ConfigError, JobState
+from accelopt import ConfigError, JobState, UserError, extension_point
 
 IterationTime = Callable[[JobState], float]
 
@@ -68,20 +79,58 @@ class Policy:
         return self.iteration_time(state) * state.remaining_iterations
 
 
-POLICIES: dict[str, type[Policy]] = {}
+GROUP = "accelopt_salus.policies"
+POLICIES = extension_point(GROUP)
+"""Every policy by name: salus's own, packages' entry points, and those registered in code."""
 
 
-def register_policy(name: str) -> Callable[[type[Policy]], type[Policy]]:
-    """Class decorator: make a policy selectable as ``plugins.salus.policy=<name>``."""
+def register_policy(name: str) -> Callable[[type], type]:
+    """Class decorator: make a policy selectable as ``plugins.salus.policy=<name>``. A name is
+    taken once: another class under the same name is refused (``UserError``)."""
 
-    def add(cls: type[Policy]) -> type[Policy]:
-        if not name.isidentifier():
-            raise ValueError(f"policy name {name!r} must be an identifier")
-        cls.name = name
-        POLICIES[name] = cls
+    def add(cls: type) -> type:
+        POLICIES.register(name, cls)
+        if "name" not in vars(cls) or not vars(cls)["name"]:
+            cls.name = name  # type: ignore[attr-defined]
         return cls
 
     return add
+
+
+class _Adapted(Policy):
+    """A policy class that does not subclass :class:`Policy`, with the defaults filled in."""
+
+    def __init__(self, inner: object, name: str) -> None:
+        super().__init__()
+        self.inner = inner
+        self.name = getattr(inner, "name", "") or name  # type: ignore[misc]
+        self.max_lanes = int(getattr(inner, "max_lanes", 1))  # type: ignore[misc]
+
+    def __setattr__(self, key: str, value: object) -> None:
+        object.__setattr__(self, key, value)
+        if key == "iteration_time" and hasattr(self, "inner") and hasattr(self.inner, key):
+            setattr(self.inner, key, value)
+
+    def select(self, lane: str, ready: Sequence[JobState], now_s: float) -> str:
+        return self.inner.select(lane, ready, now_s)  # type: ignore[attr-defined]
+
+    def observe(self, job_id: str, seconds: float) -> None:
+        observe = getattr(self.inner, "observe", None)
+        if callable(observe):
+            observe(job_id, seconds)
+
+
+def as_policy(cls: object, ref: str) -> Policy:
+    """An instance of the policy class ``cls`` (named ``ref`` in errors)."""
+    if not isinstance(cls, type) or not callable(getattr(cls, "select", None)):
+        raise ConfigError(f"plugins.salus.policy: {ref!r} is not a policy class (it needs a "
+                          "select(lane, ready, now_s) method)")
+    try:
+        instance = cls()
+    except Exception as exc:
+        raise ConfigError(f"plugins.salus.policy: {ref!r}() failed: {type(exc).__name__}: "
+                          f"{exc}") from None
+    return instance if isinstance(instance, Policy) else _Adapted(instance, ref)
 
 
 AUTO = "auto"
@@ -96,7 +145,8 @@ def resolve_auto(ref: str, cluster_mode: str) -> str:
 
 
 def make_policy(ref: str) -> Policy:
-    """A registered name, or ``module:Class`` to import; one-line ConfigError otherwise."""
+    """A registered or installed name, or ``module:Class`` to import; one-line ConfigError
+    otherwise."""
     if ":" in ref:
         module, _, attr = ref.partition(":")
         try:
@@ -104,17 +154,19 @@ def make_policy(ref: str) -> Policy:
         except (ImportError, AttributeError) as exc:
             raise ConfigError(
                 f"plugins.salus.policy: cannot import {ref!r} ({type(exc).__name__}: {exc}); "
-                "use module:Class of a Policy subclass"
+                "use module:Class of a policy class"
             ) from None
-        if not (isinstance(cls, type) and issubclass(cls, Policy)):
-            raise ConfigError(f"plugins.salus.policy: {ref!r} is not a salus Policy subclass")
-        return cls()
-    if ref not in POLICIES:
+        return as_policy(cls, ref)
+    try:
+        cls = POLICIES.get(ref)
+    except UserError as exc:
+        raise ConfigError(f"plugins.salus.policy: {exc}") from None
+    if cls is None:
         raise ConfigError(
             f"plugins.salus.policy: unknown policy {ref!r}; choose one of "
-            f"{', '.join(sorted([AUTO, *POLICIES]))} or give module:Class"
+            f"{', '.join(sorted([AUTO, *POLICIES.names()]))} or give module:Class"
         )
-    return POLICIES[ref]()
+    return as_policy(cls, ref)
 
 
 @register_policy("fifo")

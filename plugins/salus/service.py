@@ -38,13 +38,13 @@ from omegaconf.errors import OmegaConfBaseException
 
 from accelopt import UserError
 from accelopt.config import AccelConfig, JobConfig
+from accelopt.drivers.local import CANCELLED, Executor
+from accelopt.drivers.setup import memory_capacity, pick_device
 from accelopt.host import PluginHost
+from accelopt.job import Job, job_specs
+from accelopt.job.profile import measure_profile
 from accelopt.records import JobResult
 from accelopt.report import job_metrics
-from accelopt.runtime.executor import CANCELLED, Executor
-from accelopt.runtime.job import Job
-from accelopt.runtime.profile import measure_profile
-from accelopt.runtime.run import job_specs, memory_capacity, pick_device
 
 MAX_REQUEST = 1 << 20
 

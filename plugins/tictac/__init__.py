@@ -18,4 +18,5 @@ PLUGIN = PluginSpec(
     factory=_factory,
     config=TictacConfig,
     description="Orders parameter-server transfers with TicTac's TIC/TAC heuristics.",
+    scope="job",
 )

@@ -89,10 +89,28 @@ def make_plan(config: TictacConfig, meta: dict[str, str], overrides: list[str]) 
     cfg = compose_checked(overrides)
     if not cfg.workload.jobs:
         raise UserError("tictac order: the workload has no jobs; pass workload=NAME")
+    import torch
+
+    from accelopt.job import Job, job_specs
+    from accelopt.job.params import shard_rows
+    from accelopt.types import ClusterInfo
+
     plugin = TictacPlugin(config)
     plugin.accelopt_configure(config, cfg)
-    plugin.mode = str(cfg.cluster.mode)
-    job, x, y, spec = plugin._job()
+    # a command line tool, not a run: it builds the workload's first job itself, as a
+    # worker of the configured cluster would see it (its rows of the first batch)
+    spec = job_specs(cfg)[0]
+    job = Job(spec, job_id=spec.name, device=torch.device("cpu"))
+    mode = str(cfg.cluster.mode)
+    workers = int(cfg.cluster.workers) if mode == "ps" else 1
+    row0, row1 = shard_rows(spec.batch_size, workers)[0]
+    x, y = job.dataset.batch(0, spec.batch_size)
+    x, y = x[row0:row1], y[row0:row1]
+    bandwidth = (cfg.cluster.get("network") or {}).get("bandwidth")
+    if bandwidth:
+        from accelopt.drivers.cluster.settings import parse_rate
+
+        plugin.cluster = ClusterInfo(bandwidth_bps=parse_rate(str(bandwidth)))
     message, bw = plugin._link()
     from accelopt_plugins.tictac.plan import plan_measured
 

@@ -5,17 +5,19 @@ each iteration; the transport asks the order hook once per (iteration, destinati
 enforces the answer (priority p starts only after 0..p-1 to that destination have started).
 Only ``param`` transfers are ordered: gradients leave in the order autograd produces them.
 
-The plan (trace -> oracle -> order -> simulator prediction) is made lazily in the server
-rank on its first order call, cached in the run directory, and made again after the warm-up
-iterations with the link the transport actually measured. TIC/TAC stay out of the way when
+The plan (trace -> oracle -> order -> simulator prediction) is made on each server rank when
+the job is built (``accelopt_job_built``: the core hands over the built model and a worker's
+batch, before the clock starts), cached in the run directory, and made again after the
+warm-up iterations with the link the transport actually measured. tictac is job-scoped: one
+instance per job, so each plan belongs to one job by construction. TIC/TAC stay out of the way when
 the predicted gain over the transport's default order does not pay for the plugin's own
 measured overhead (``force=true`` overrides); the report row says which happened.
 """
 
 from __future__ import annotations
 
+import copy
 import json
-import os
 import random
 import time
 import warnings
@@ -25,22 +27,26 @@ from typing import Any
 
 from accelopt_plugins.tictac.config import EXECUTIONS, HEURISTIC_CHOICES, TictacConfig
 
-from accelopt import ConfigError, ReportRow, RunInfo, TransferRecord, hookimpl
-from accelopt.types import CliCommand
+from accelopt import BuiltJob, ConfigError, ReportRow, RunInfo, TransferRecord, hookimpl
+from accelopt.types import CliCommand, ClusterInfo
 
 DEFAULT_BYTES_PER_S = 125e6  # 1 Gbit/s when nothing better is known
 
 
 class TictacPlugin:
-    """One instance per process (each cluster rank activates its own)."""
+    """One instance per job and process (each cluster rank activates its own)."""
 
     def __init__(self, config: TictacConfig) -> None:
         self.config = config
-        self.run_config: Any = None
         self.mode = "none"
-        self.rank = int(os.environ.get("RANK", "-1"))
+        self.rank = 0
         self.role = "single"
+        self.cluster = ClusterInfo()
         self.run_dir: str | None = None
+        self.out_dir: Path | None = None
+        self.source: tuple[Any, ...] | None = None
+        """(model copy, one worker's inputs, loss) while the run lasts: a stale plan is
+        rebuilt from it; dropped at the run's end."""
         self.plan: Any = None
         self.plan_s = 0.0
         self.enforce = True
@@ -78,24 +84,42 @@ class TictacPlugin:
             raise ConfigError(f"plugins.tictac.order_file={c.order_file!r} does not exist; "
                               "give a JSON list of tensor names or leave it empty")
         self.config = c
-        self.run_config = run_config
         cluster = run_config.get("cluster") if run_config is not None else None
         self.mode = str(cluster.get("mode", "none")) if cluster is not None else "none"
-        if self.mode == "ps" and self.rank >= 0:
-            from accelopt.cluster.settings import settings_from
 
-            self.role = settings_from(cluster).role(self.rank)
+    def _place(self, run: RunInfo) -> None:
+        """Where this instance runs, from the run's record (never the environment)."""
+        self.rank, self.role, self.cluster = run.rank, run.role, run.cluster
+        self.mode = run.cluster.mode
+        self.run_dir = run.run_dir
+        job = run.job
+        many = len(run.jobs) > 1 and job is not None
+        base = Path(run.run_dir) / "jobs" / job.job_id if many else Path(run.run_dir)  # type: ignore[union-attr]
+        self.out_dir = base / "tictac" if run.run_dir else None
+
+    @hookimpl
+    def accelopt_job_built(self, run: RunInfo, job: BuiltJob) -> None:
+        self._place(run)
+        self.iterations = int(job.job.iterations)
+        if self.mode == "ps" and self.role == "server" and self.config.heuristic != "off":
+            # Plan before the clock: a cluster rank builds every job and then announces it,
+            # before the barrier that starts training, so the fx trace and the time oracle
+            # never land inside a job's first iteration. Only the parameter senders (servers)
+            # plan; workers never order a transfer. The plan traces and times a copy: the
+            # oracle's forward and backward must not touch the job's own model.
+            y = job.targets
+            self.source = (copy.deepcopy(job.model).cpu(), job.inputs.detach().cpu(),
+                           lambda out, loss=job.loss, y=y.cpu(): loss(out, y),
+                           f"{job.job.model}-{job.job.job_id}", job.job.kind)
+            self._make_plan()
 
     @hookimpl
     def accelopt_run_start(self, run: RunInfo) -> None:
-        self.run_dir = run.run_dir
-        if self.mode == "ps" and self.role == "server" and self.config.heuristic != "off":
-            # Plan before the clock: a cluster rank calls run_start after building its jobs
-            # and before the barrier that starts training, so the fx trace and the time
-            # oracle no longer land inside the job's first iteration (they used to add
-            # 0.01-0.09 s to every job's completion time in multi-job runs). Only the
-            # parameter senders (servers) plan; workers never order a transfer.
-            self._make_plan()
+        self._place(run)
+
+    @hookimpl
+    def accelopt_run_end(self, run: RunInfo, metrics: dict[str, Any]) -> None:
+        self.source = None  # the model copy is not kept past the run
 
     # -- the order -------------------------------------------------------------------------
 
@@ -108,6 +132,8 @@ class TictacPlugin:
             return None
         iteration = transfers[0].iteration
         if self.plan is None:
+            if self.source is None:
+                return None  # no plan was made (no job was announced): the default order
             self._make_plan()
         elif (not self.replanned and iteration >= self.config.replan_iteration
               and self.config.bandwidth_bytes_per_s == 0):
@@ -147,22 +173,6 @@ class TictacPlugin:
 
     # -- planning --------------------------------------------------------------------------
 
-    def _job(self) -> tuple[Any, Any, Any, int]:
-        """The job's model and one worker's batch, built exactly as the ranks build them."""
-        import torch
-
-        from accelopt.cluster.model import shard_rows
-        from accelopt.cluster.rank import job_spec
-        from accelopt.runtime.job import Job
-
-        spec = job_spec(self.run_config)
-        job = Job(spec, job_id=spec.name, device=torch.device("cpu"))
-        workers = int(self.run_config.cluster.get("workers", 1)) if self.mode == "ps" else 1
-        row0, row1 = shard_rows(spec.batch_size, workers)[0]
-        x, y = job.dataset.batch(0, spec.batch_size)
-        self.iterations = int(spec.iterations)
-        return job, x[row0:row1], y[row0:row1], spec
-
     def _link(self) -> tuple[float, float]:
         """(per-message seconds, bytes/s): configured, measured, shaped rate, or default."""
         c = self.config
@@ -182,26 +192,22 @@ class TictacPlugin:
         return message, DEFAULT_BYTES_PER_S
 
     def _shaped_rate(self) -> float | None:
-        """Bytes/s of ``cluster.network.bandwidth`` (a shaped run), else None."""
-        net = self.run_config.get("cluster", {}).get("network", {}) if self.run_config else {}
-        if net and net.get("bandwidth"):
-            from accelopt.cluster.settings import parse_rate
-
-            return parse_rate(str(net.get("bandwidth"))) / 8.0
-        return None
+        """Bytes/s of the shaped network (``cluster.network.bandwidth``), else None."""
+        bps = self.cluster.bandwidth_bps
+        return bps / 8.0 if bps else None
 
     def _make_plan(self, ignore_files: bool = False) -> None:
         from accelopt_plugins.tictac.plan import plan_measured
 
         t0 = time.perf_counter()
         self.order_source = "computed"
-        job, x, y, spec = self._job()
+        assert self.source is not None
+        model, x, loss, name, kind = self.source
         message, bw = self._link()
         self.plan = plan_measured(
-            job.model, x, name=f"{spec.model}-w{spec.width}", kind=spec.kind,
+            model, x, name=name, kind=kind,
             bytes_per_s=bw, message_s=message, execution=self.config.execution,  # type: ignore[arg-type]
-            runs=self.config.oracle_runs, run_dir=self.run_dir,
-            loss=lambda out: job.loss_fn(out, y), threads=None)
+            runs=self.config.oracle_runs, run_dir=self.run_dir, loss=loss, threads=None)
         if not ignore_files:
             self._load_order_file()
         self._decide_counting_plan(t0)
@@ -286,11 +292,11 @@ class TictacPlugin:
                              f"a = {plan.ratio_a:.2f})")
 
     def _save(self) -> None:
-        if self.run_dir is None or self.plan is None:
+        if self.out_dir is None or self.plan is None:
             return
         from accelopt_plugins.tictac.simulate import Simulator
 
-        out = Path(self.run_dir) / "tictac"
+        out = self.out_dir
         out.mkdir(parents=True, exist_ok=True)
         plan, h = self.plan, self.config.heuristic
         order = plan.order_for(h, random.Random(self.config.seed))
@@ -304,7 +310,7 @@ class TictacPlugin:
             "link_source": self.link_source, "ratio_a": plan.ratio_a,
             "schedule_s": plan.schedule_s, "oracle_cache": plan.cache,
         }
-        suffix = f"-rank{self.rank}" if self.rank >= 0 else ""
+        suffix = f"-rank{self.rank}" if self.mode != "none" else ""
         (out / f"plan{suffix}.json").write_text(json.dumps(data, indent=1))
         trace = {"traceEvents": sim.chrome_trace(result, order, f"predicted {h}")}
         (out / f"predicted{suffix}.trace.json").write_text(json.dumps(trace))
@@ -353,7 +359,7 @@ class TictacPlugin:
             metrics[f"predicted_{h}_ms"] = round(1e3 * p["makespan_s"], 4)
         summary = (f"{self.decision}; link {self.plan.bytes_per_s / 1e6:.2f} MB/s "
                    f"({self.link_source}); plan in {self.plan_s:.3f} s; "
-                   f"predicted schedule in {self.run_dir}/tictac/")
+                   f"predicted schedule in {self.out_dir}/")
         return [ReportRow("tictac", summary, metrics)]
 
     @hookimpl

@@ -1,0 +1,222 @@
+"""Starting the processes of a cluster run and collecting what they measured.
+
+Locally, :func:`run_cluster` spawns one process per rank with ``torch.multiprocessing``
+(spawn context), optionally inside a shaped network namespace, watches them and returns a
+:class:`ClusterOutcome`. Under ``torchrun`` (RANK, WORLD_SIZE, MASTER_ADDR set) this
+process *is* one rank: nothing is spawned, and rank 0's outcome carries every rank's data.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import signal
+import socket
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch.multiprocessing as mp
+from omegaconf import DictConfig, OmegaConf
+
+from accelopt.drivers.cluster import faults, netns
+from accelopt.drivers.cluster.carried import Carried
+from accelopt.drivers.cluster.outcome import ClusterOutcome, build_outcome
+from accelopt.drivers.cluster.rank import RankResult, run_rank
+from accelopt.drivers.cluster.settings import ClusterSettings, settings_from
+from accelopt.errors import ConfigError
+from accelopt.job import job_specs
+from accelopt.plugin import Registry
+
+TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR")
+
+
+def under_torchrun(env: dict[str, str] | None = None) -> bool:
+    env = dict(os.environ) if env is None else env
+    return all(env.get(v) for v in TORCHRUN_VARS)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def validate(cfg: DictConfig, settings: ClusterSettings) -> None:
+    """Every job must be able to run data-parallel (several jobs share the processes in
+    either mode, one iteration at a time)."""
+    specs = job_specs(cfg)
+    for spec in specs:
+        if spec.kind != "train":
+            raise ConfigError(
+                f"job '{spec.name}': cluster runs train; set kind: train or cluster.mode=none"
+            )
+        if spec.batch_size < settings.workers:
+            raise ConfigError(
+                f"job '{spec.name}': batch_size {spec.batch_size} is smaller than "
+                f"cluster.workers={settings.workers}; every worker needs at least one sample"
+            )
+
+
+def run_cluster(cfg: DictConfig, *, run_dir: str | os.PathLike[str] = ".",
+                console: Any = None, registry: Registry | None = None) -> ClusterOutcome:
+    """Run the workload's jobs data-parallel as ``cfg.cluster`` says (several jobs: ps mode,
+    sharing the processes; see ``drivers/cluster/driver.py``). ``registry``: the parent's
+    plugins; those added to it in code are sent to the ranks (``carried.py``)."""
+    from accelopt.activation import selected_plugins
+
+    settings = settings_from(cfg.cluster)
+    validate(cfg, settings)
+    carried = Carried.of(registry, selected_plugins(cfg))
+    t0 = time.time()
+    if under_torchrun():
+        return _run_torchrun(cfg, settings, t0, str(run_dir), carried)
+    if settings.shaped:
+        netns.check_possible(netns.Shape(settings.bandwidth_bps, settings.latency_s))
+    if console is not None:
+        console.print(_banner(settings))
+    with tempfile.TemporaryDirectory(prefix="accelopt-cluster-") as work, own_mp_helpers():
+        ranks = _spawn(cfg, settings, t0, work, str(run_dir), carried)
+    return build_outcome(ranks, settings)
+
+
+@contextlib.contextmanager
+def own_mp_helpers() -> Iterator[None]:
+    """Starting a spawn-context process also starts multiprocessing's resource tracker; if
+    this run started it, stop it afterwards so the run leaves no process behind."""
+    from multiprocessing import resource_tracker
+
+    tracker = getattr(resource_tracker, "_resource_tracker", None)
+    was_running = tracker is None or getattr(tracker, "_pid", None) is not None
+    try:
+        yield
+    finally:
+        if not was_running and getattr(tracker, "_pid", None) is not None:
+            with contextlib.suppress(Exception):
+                tracker._stop()  # type: ignore[union-attr]
+
+
+def _banner(s: ClusterSettings) -> str:
+    def n(count: int, what: str) -> str:
+        return f"{count} {what}" + ("s" if count != 1 else "")
+
+    who = n(s.workers, "worker") + (" + " + n(s.servers, "server") if s.mode == "ps" else "")
+    net = ""
+    if s.shaped:
+        bw = f"{s.bandwidth_bps / 1e6:g} Mbit/s" if s.bandwidth_bps else "unlimited"
+        lat = f", {s.latency_s * 1e3:g} ms" if s.latency_s else ""
+        net = f", shaped loopback {bw}{lat}"
+    return f"cluster: {s.mode} mode, {who}{net}"
+
+
+def _spawn(cfg: DictConfig, settings: ClusterSettings, t0: float, work: str,
+           run_dir: str, carried: Carried) -> list[RankResult]:
+    cfg_yaml = OmegaConf.to_yaml(cfg, resolve=True)
+    shape = netns.Shape(settings.bandwidth_bps, settings.latency_s)
+    space = netns.Namespace(shape) if settings.shaped else contextlib.nullcontext()
+    with _terminate_on_sigterm(), space as ns:
+        port = settings.master_port or free_port()
+        name = ns.name if ns is not None else None
+        ctx = mp.get_context("spawn")
+        children = []
+        watchdog = faults.Watchdog(children, work)
+        try:
+            for rank in range(settings.world_size):
+                proc = ctx.Process(
+                    target=child_main,
+                    args=(rank, settings.world_size, cfg_yaml, port, t0, work, name, run_dir,
+                          carried),
+                    name=f"accelopt-rank{rank}",
+                )
+                proc.start()
+                children.append(faults.Child(rank, settings.role(rank), proc))
+            watchdog.wait()
+        finally:
+            watchdog.kill_all()
+    path = Path(work) / "results.pkl"
+    if not path.exists():
+        raise faults.RankFailed("rank 0 exited without reporting results", rank=0, pid=None,
+                                iteration=None, cause="no results")
+    with open(path, "rb") as fh:
+        return pickle.load(fh)
+
+
+@contextlib.contextmanager
+def _terminate_on_sigterm() -> Iterator[None]:
+    """Turn SIGTERM into SystemExit while children run, so cleanup (kill the ranks, delete
+    the namespace) happens; only possible from the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, _frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def join_local_rank(rank: int, world: int, port: int, namespace: str | None) -> None:
+    """In a spawned local rank: enter the shaped namespace (if any) and set the environment
+    torch.distributed reads, all on 127.0.0.1 over ``lo``."""
+    if namespace is not None:
+        netns.enter(namespace)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank), GLOO_SOCKET_IFNAME="lo")
+
+
+def child_main(rank: int, world: int, cfg_yaml: str, port: int, t0: float, work: str,
+               namespace: str | None, run_dir: str, carried: Carried | None = None) -> None:
+    """Entry point of a spawned rank (module-level so the spawn context can import it)."""
+    faults.die_with_parent()
+    settings = None
+    progress = None
+    try:
+        join_local_rank(rank, world, port, namespace)
+        cfg = OmegaConf.create(cfg_yaml)
+        settings = settings_from(cfg.cluster)
+        progress = faults.Progress(work, rank)
+        gathered = run_rank(cfg, settings, rank=rank, world=world, t0_epoch=t0,
+                            init_method=f"tcp://127.0.0.1:{port}", run_dir=run_dir,
+                            progress=progress, carried=carried)
+        if rank == 0:
+            tmp = Path(work) / ".results.tmp"
+            with open(tmp, "wb") as fh:
+                pickle.dump(gathered, fh)
+            os.replace(tmp, Path(work) / "results.pkl")
+    except BaseException as exc:  # noqa: BLE001 - every failure is reported, then exit 1
+        role = settings.role(rank) if settings is not None else "?"
+        iteration = progress.iteration if progress is not None else None
+        try:
+            faults.write_failure(work, rank, role, iteration, exc)
+        finally:
+            os._exit(1)
+    os._exit(0)  # skip interpreter teardown (gloo threads); results are on disk
+
+
+def _run_torchrun(cfg: DictConfig, settings: ClusterSettings, t0: float,
+                  run_dir: str, carried: Carried) -> ClusterOutcome:
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if world != settings.world_size:
+        raise ConfigError(
+            f"torchrun started {world} processes but cluster.mode={settings.mode} with "
+            f"workers={settings.workers}, servers={settings.servers} needs "
+            f"{settings.world_size}; make --nnodes x --nproc-per-node match"
+        )
+    if settings.shaped:
+        raise ConfigError(
+            "cluster.network shaping is for local runs; under torchrun the real network is "
+            "used, so drop cluster.network.bandwidth/latency"
+        )
+    gathered = run_rank(cfg, settings, rank=rank, world=world, t0_epoch=t0,
+                        init_method="env://", run_dir=run_dir, carried=carried)
+    if rank != 0 or gathered is None:
+        return ClusterOutcome(primary=False)
+    return build_outcome(gathered, settings)

@@ -1,0 +1,220 @@
+"""Turn the ranks' raw results into what the runner records: one JobResult per job, the
+merged timeline, run-level metrics and the plugins' report rows."""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from accelopt.drivers.cluster import metrics as cm
+from accelopt.drivers.cluster.rank import JobPart, RankResult
+from accelopt.drivers.cluster.settings import ClusterSettings
+from accelopt.drivers.rows import merge_rows, of_plugins, representative_rows
+from accelopt.job.params import shard_rows
+from accelopt.records import JobResult, Span
+from accelopt.types import ReportRow
+
+
+@dataclass
+class ClusterOutcome:
+    """What a cluster run hands back to the single-process runner.
+
+    ``results``: one JobResult for the job (losses are the global batch's); ``spans``: every
+    rank's timeline (process ``"rank N (role)"``, tracks ``compute``, ``wait``,
+    ``iteration`` and ``link A->B``); ``metrics``: flat run-level figures;
+    ``plugin_rows``: the ranks' report rows, deduplicated; ``state``: the trained
+    parameters (plus the first worker's buffers); ``per_iteration``: Mc/Pc/U/E/a per worker
+    and iteration; ``primary``: False on torchrun ranks other than 0 (write no outputs).
+    """
+
+    results: list[JobResult] = field(default_factory=list)
+    spans: list[Span] = field(default_factory=list)
+    metrics: dict[str, Any] = field(default_factory=dict)
+    plugin_rows: list[ReportRow] = field(default_factory=list)
+    state: dict[str, Any] = field(default_factory=dict)
+    per_iteration: list[dict[str, Any]] = field(default_factory=list)
+    ranks: list[RankResult] = field(default_factory=list)
+    primary: bool = True
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def build_outcome(ranks: list[RankResult], settings: ClusterSettings) -> ClusterOutcome:
+    """Every job's outcome as if it were alone (its own spans and transfers), run-level
+    figures over all of them (one job: that job's figures), and the plugins' rows merged over
+    the ranks. Job arrival times count from ``train_t0`` (every rank had built every job), so
+    JCT and queueing delay exclude process start-up; the timeline keeps the run's own time
+    origin."""
+    ranks = sorted(ranks, key=lambda r: r.rank)
+    leader = ranks[0]
+    t0 = float(leader.train_t0 or 0.0)
+    job_ids = list(leader.parts)
+    names = [leader.parts[j].job.name for j in job_ids]
+    out = ClusterOutcome(ranks=ranks)
+    outcomes = {}
+    for job_id in job_ids:
+        one = _job_outcome([r.parts[job_id] for r in ranks], settings,
+                           leader.statuses.get(job_id))
+        result = one.results[0]
+        arrival = t0 + result.job.arrival_s
+        result.job = dataclasses.replace(result.job, arrival_s=arrival)
+        result.admitted_s = arrival
+        outcomes[job_id] = one
+        out.results.append(result)
+        out.spans.extend(one.spans)
+    if len(job_ids) == 1:
+        one = outcomes[job_ids[0]]
+        out.metrics, out.state, out.per_iteration = one.metrics, one.state, one.per_iteration
+    else:
+        _aggregate(out, outcomes, names, settings)
+    switches = sum(1 for a, b in zip(leader.schedule, leader.schedule[1:], strict=False)
+                   if a["run"] != b["run"])
+    out.metrics.update({"scheduling_decisions": len(leader.schedule), "job_switches": switches})
+    rows = representative_rows([r.plugin_rows for r in ranks], [r.role for r in ranks],
+                               of_plugins(leader.job_scoped))
+    out.plugin_rows = merge_rows(rows, names, job_ids)
+    return out
+
+
+def _job_outcome(parts: list[JobPart], settings: ClusterSettings,
+                 status: tuple[str, str] | None = None) -> ClusterOutcome:
+    """One job's outcome from every rank's part of it."""
+    workers = [r for r in parts if r.role == "worker"]
+    info = workers[0].job
+    batch = info.batch_size
+    shares = [(b - a) / batch for a, b in shard_rows(batch, settings.workers)]
+    n_iter = min(len(w.iterations) for w in workers)
+    losses, starts, ends, seconds, samples = [], [], [], [], 0
+    for i in range(n_iter):
+        rows = [w.iterations[i] for w in workers]
+        if all(r["loss"] is not None for r in rows):  # inference iterations have no loss
+            losses.append(sum(r["loss"] * share for r, share in zip(rows, shares, strict=True)))
+        starts.append(min(r["start_s"] for r in rows))
+        ends.append(max(r["end_s"] for r in rows))
+        seconds.append(max(r["end_s"] - r["start_s"] for r in rows))
+        samples += sum(r["samples"] for r in rows)
+    state_status, error = status or (("done", "") if n_iter == info.iterations else
+                                     ("failed", "the run ended before the job did"))
+    result = JobResult(
+        job=info, status=state_status, lane=f"cluster {settings.mode}", error=error,  # type: ignore[arg-type]
+        admitted_s=starts[0] if starts else None, first_start_s=starts[0] if starts else None,
+        end_s=ends[-1] if ends else None, iterations_done=n_iter,
+        service_s=(ends[-1] - starts[0]) if starts else 0.0, samples=samples,
+        final_loss=losses[-1] if losses else None, losses=losses,
+    )
+    spans = [s for r in parts for s in r.spans]
+    worker_ranks = settings.worker_ranks()
+    per_iter = cm.per_worker_iteration(spans, worker_ranks)
+    summary = cm.summarize(per_iter, seconds, cm.link_bandwidth(spans))
+    skip = int(summary["warmup_iterations"] or 0)
+
+    param_bytes = sum(p.numel() * p.element_size() for r in parts for p in r.params.values())
+    if settings.mode == "allreduce":
+        param_bytes = sum(p.numel() * p.element_size() for p in parts[0].params.values())
+    wire = [sum(r.stats.bytes_by_iteration.get(i, 0) for r in parts) for i in range(n_iter)]
+    metrics: dict[str, Any] = {
+        "cluster_mode": settings.mode,
+        "cluster_workers": settings.workers,
+        "cluster_servers": settings.servers,
+        "cluster_backend": parts[0].backend,
+        "param_bytes": param_bytes,
+        "bytes_per_iteration": _median(wire[skip:]) if wire[skip:] else _median(wire),
+        "transfers": sum(r.stats.transfers for r in parts),
+        "transfers_dropped": sum(r.stats.dropped for r in parts),
+        "transfers_ordered": sum(r.stats.ordered for r in parts),
+        "transfers_held": sum(r.stats.held for r in parts),
+    }
+    ordered = metrics["transfers_ordered"]
+    metrics["out_of_order_fraction"] = (
+        sum(r.stats.inversions for r in parts) / ordered if ordered else 0.0
+    )
+    if settings.mode == "ps":
+        metrics["expected_bytes_per_iteration"] = 2 * param_bytes * settings.workers
+    if settings.bandwidth_bps:
+        metrics["configured_bandwidth_bps"] = settings.bandwidth_bps
+    if settings.latency_s:
+        metrics["configured_latency_s"] = settings.latency_s
+    lo = parts[0].loopback_bytes
+    if len(lo) >= 2:
+        diffs = [b - a for (_, a), (_, b) in zip(lo, lo[1:], strict=False)]
+        metrics["loopback_bytes_per_iteration"] = _median(diffs[skip:]) or _median(diffs)
+    metrics.update(summary)
+    state: dict[str, Any] = {}
+    for r in parts:
+        state.update(r.buffers)
+        state.update(r.params)
+    return ClusterOutcome(
+        results=[result], spans=spans,
+        metrics={k: v for k, v in metrics.items() if v is not None},
+        state=state, per_iteration=per_iter,
+    )
+
+
+JOB_METRICS = ("efficiency_e", "efficiency_e_with_warmup", "iteration_s", "mc_s", "pc_s",
+               "ratio_a", "iteration_makespan_s", "bytes_per_iteration")
+"""Per-job figures copied into the run's metrics as ``job.<name>.<key>``."""
+
+
+def _aggregate(out: ClusterOutcome, outcomes: dict[str, ClusterOutcome], names: list[str],
+               settings: ClusterSettings) -> None:
+    """Several jobs on the same processes: run-level figures over every job's."""
+    leader = out.ranks[0]
+    steady_e: list[float] = []
+    all_e: list[float] = []
+    steady_rows: list[dict[str, Any]] = []
+    wire: list[float] = []
+    iteration_s: list[float] = []
+    totals = {"transfers": 0, "transfers_dropped": 0, "transfers_ordered": 0,
+              "transfers_held": 0}
+    inversions = 0
+    for job_id, one in outcomes.items():
+        parts = [r.parts[job_id] for r in out.ranks]
+        out.state[job_id] = one.state
+        skip = int(one.metrics.get("warmup_iterations", 0) or 0)
+        for row in one.per_iteration:
+            out.per_iteration.append({"job": job_id, **row})
+            if row["iteration"] >= skip:
+                steady_rows.append(row)
+            if row["efficiency_e"] is not None:
+                all_e.append(row["efficiency_e"])
+                if row["iteration"] >= skip:
+                    steady_e.append(row["efficiency_e"])
+        if one.metrics.get("bytes_per_iteration") is not None:
+            wire.append(float(one.metrics["bytes_per_iteration"]))
+        worker_rows = [it for p in parts if p.role == "worker" for it in p.iterations]
+        by_iter: dict[int, float] = {}
+        for it in worker_rows:
+            by_iter[it["iteration"]] = max(by_iter.get(it["iteration"], 0.0),
+                                           it["end_s"] - it["start_s"])
+        iteration_s.extend(v for i, v in by_iter.items() if i >= skip)
+        for key in totals:
+            totals[key] += int(one.metrics.get(key, 0))
+        inversions += sum(p.stats.inversions for p in parts)
+        name = one.results[0].job.name
+        for key in JOB_METRICS:
+            if one.metrics.get(key) is not None:
+                out.metrics[f"job.{name}.{key}"] = one.metrics[key]
+    out.metrics.update({
+        "cluster_mode": settings.mode,
+        "cluster_workers": settings.workers,
+        "cluster_servers": settings.servers,
+        "cluster_backend": leader.backend,
+        "cluster_jobs": len(outcomes),
+        "efficiency_e": _median(steady_e) if steady_e else _median(all_e),
+        "efficiency_e_with_warmup": _median(all_e),
+        "iteration_s": _median(iteration_s),
+        "iterations_per_s": 1.0 / _median(iteration_s) if iteration_s else None,
+        "bytes_per_iteration": _median(wire),
+        **{key: _median([r[key] for r in steady_rows if r.get(key) is not None])
+           for key in ("mc_s", "pc_s", "iteration_makespan_s", "ratio_a")},
+        **totals,
+        "out_of_order_fraction": inversions / totals["transfers_ordered"]
+        if totals["transfers_ordered"] else 0.0,
+    })
+    if settings.bandwidth_bps:
+        out.metrics["configured_bandwidth_bps"] = settings.bandwidth_bps
+    out.metrics = {k: v for k, v in out.metrics.items() if v is not None}

@@ -1,0 +1,236 @@
+"""One process of a cluster run: joins the process group, activates its plugins and builds
+every job of the workload exactly as a one-process run would (only each job's exchange
+differs), walks the same lifecycle, runs the iterations the leader chooses
+(``driver.py``), and reports back to rank 0."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from omegaconf import DictConfig
+
+from accelopt.activation import PluginSet, activate
+from accelopt.config import JobConfig
+from accelopt.drivers.cluster.allreduce import AllReduce
+from accelopt.drivers.cluster.carried import Carried
+from accelopt.drivers.cluster.faults import Progress
+from accelopt.drivers.cluster.netns import loopback_tx_bytes
+from accelopt.drivers.cluster.ps import ClusterExchange, PsServer, PsWorker
+from accelopt.drivers.cluster.settings import ClusterSettings
+from accelopt.drivers.cluster.transport import Transport, TransportStats
+from accelopt.drivers.lifecycle import Lifecycle
+from accelopt.drivers.setup import setup_torch
+from accelopt.job import Job, StepEvents, job_id_for, job_specs
+from accelopt.job.timeline import PhaseTimer
+from accelopt.plugin import Registry
+from accelopt.records import Span
+from accelopt.types import IterationResult, JobInfo, ReportRow, RunInfo
+
+
+@dataclass
+class JobPart:
+    """One job as one rank saw it: sent to rank 0 with the rank's result."""
+
+    rank: int
+    role: str
+    job: JobInfo
+    backend: str = "gloo"
+    iterations: list[dict[str, Any]] = field(default_factory=list)
+    spans: list[Span] = field(default_factory=list)
+    stats: TransportStats = field(default_factory=TransportStats)
+    params: dict[str, torch.Tensor] = field(default_factory=dict)
+    """The final parameters this rank owns (a server's shard; all-reduce: rank 0, all)."""
+    buffers: dict[str, torch.Tensor] = field(default_factory=dict)
+    loopback_bytes: list[tuple[int, int]] = field(default_factory=list)
+    """(iteration, lo tx bytes at its start): only in a shaped run's private namespace."""
+
+
+@dataclass
+class RankResult:
+    """Everything one rank measured, sent to rank 0 with ``gather_object``."""
+
+    rank: int
+    role: str
+    pid: int
+    device: str = "cpu"
+    backend: str = "gloo"
+    parts: dict[str, JobPart] = field(default_factory=dict)
+    """job id -> that job on this rank (iterations, spans, transfer statistics, state)."""
+    plugin_rows: list[ReportRow] = field(default_factory=list)
+    job_scoped: list[str] = field(default_factory=list)
+    """The job-scoped plugins: every rank's report rows of them count."""
+    schedule: list[dict[str, Any]] = field(default_factory=list)
+    """Leader only: every decision (time, chosen job id, lane)."""
+    statuses: dict[str, tuple[str, str]] = field(default_factory=dict)
+    """Leader only: job id -> (status, error) as the leader's driver ended it."""
+    train_t0: float | None = None
+    """When training started (seconds since the run started); job arrivals count from here."""
+
+    @property
+    def stats(self) -> TransportStats:
+        """This rank's transport statistics over every job (one job: that job's)."""
+        parts = list(self.parts.values())
+        if len(parts) == 1:
+            return parts[0].stats
+        total = TransportStats()
+        for part in parts:
+            st = part.stats
+            for key in ("transfers", "dropped", "payload_bytes", "header_bytes",
+                        "logical_bytes", "ordered", "held", "inversions"):
+                setattr(total, key, getattr(total, key) + getattr(st, key))
+            for it, n in st.bytes_by_iteration.items():
+                total.bytes_by_iteration[it] = total.bytes_by_iteration.get(it, 0) + n
+            total.started_log += st.started_log
+            total.arrival_log += st.arrival_log
+        return total
+
+
+def pick_backend(settings: ClusterSettings, cfg: DictConfig) -> str:
+    if settings.backend != "auto":
+        return settings.backend
+    device = str(cfg.run.get("device", "auto"))
+    return "nccl" if torch.cuda.is_available() and device != "cpu" else "gloo"
+
+
+class RankJob:
+    """One job on this rank: the job (with its exchange), its transport and its timeline."""
+
+    def __init__(self, spec: JobConfig, job_id: str, *, settings: ClusterSettings, rank: int,
+                 device: torch.device, backend: str, plugins: PluginSet, t0_epoch: float,
+                 group: Any, servers_group: Any, label: str,
+                 exchange: Callable[[Transport], ClusterExchange] | None = None) -> None:
+        """``exchange``: build this rank's exchange on the job's transport (default: the
+        mode's, PS server/worker or all-reduce; a benchmark harness may bring its own)."""
+        self.rank, self.t0_epoch, self.label = rank, t0_epoch, label
+        self.role = settings.role(rank)
+        self.process = f"rank {rank} ({self.role})"
+        self.spans: list[Span] = []
+        self.iterations: list[dict[str, Any]] = []
+        self.loopback: list[tuple[int, int]] = []
+        self.shaped = settings.shaped
+        host = plugins.for_job(job_id)
+        self.transport = Transport(rank=rank, host=host, t0_epoch=t0_epoch, process=self.process,
+                                   timeout_s=settings.timeout_s, device=device, group=group)
+        self.exchange: ClusterExchange
+        if exchange is not None:
+            self.exchange = exchange(self.transport)
+        elif settings.mode == "ps":
+            self.exchange = (PsServer(settings, rank, self.transport, servers_group)
+                             if self.role == "server" else PsWorker(settings, rank, self.transport))
+        else:
+            self.exchange = AllReduce(settings, rank, self.transport)
+        self.job = Job(spec, job_id=job_id, device=device, host=host, exchange=self.exchange,
+                       bucket_bytes=settings.bucket_bytes, timer=PhaseTimer(self.span, self.now))
+        self.backend = backend
+        self._events: dict[str, StepEvents] = {}
+
+    def now(self) -> float:
+        return time.time() - self.t0_epoch
+
+    def span(self, name: str, track: str, start: float, end: float, category: str,
+             **args: Any) -> None:
+        self.spans.append(Span(name=self.label + name, track=track, start_s=start, end_s=end,
+                               category=category, process=self.process,
+                               args={"rank": self.rank, "job": self.job.info.job_id, **args}))
+
+    def step(self, lane: str, progress: Progress | None) -> IterationResult:
+        """Run this job's next iteration on this rank (what the leader chose)."""
+        i = self.job.iteration
+        if progress is not None:
+            progress.set(i)
+        if self.shaped:
+            lo = loopback_tx_bytes()
+            if lo is not None:
+                self.loopback.append((i, lo))
+        events = self._events.get(lane)
+        if events is None:
+            events = self._events[lane] = StepEvents(self.job.host, lane, self.now)
+        result = self.job.step(events)
+        self.span(f"iteration {i}", "iteration", result.start_s, result.end_s, "iteration",
+                  iteration=i)
+        self.iterations.append({"iteration": i, "start_s": result.start_s,
+                                "end_s": result.end_s, "loss": result.loss,
+                                "samples": result.samples})
+        return result
+
+    def finish(self) -> JobPart:
+        """Close the transport; this job's spans (transfers tagged with the job id),
+        transfer statistics and the state this rank owns."""
+        self.job.close()
+        job_id = self.job.info.job_id
+        transfers = [Span(s.name, s.track, s.start_s, s.end_s, s.category,
+                          {**s.args, "job": job_id}, s.process) for s in self.transport.spans]
+        params, buffers = self.exchange.final_state(self.job.model)
+        return JobPart(rank=self.rank, role=self.role, job=self.job.info, backend=self.backend,
+                       iterations=self.iterations, spans=self.spans + transfers,
+                       stats=self.transport.stats, params=params, buffers=buffers,
+                       loopback_bytes=self.loopback)
+
+
+def run_rank(cfg: DictConfig, settings: ClusterSettings, *, rank: int, world: int,
+             t0_epoch: float, init_method: str, run_dir: str,
+             progress: Progress | None = None,
+             carried: Carried | None = None) -> list[RankResult] | None:
+    """Run one rank to the end; rank 0 returns every rank's result, the others ``None``."""
+    from accelopt.drivers.cluster.driver import ClusterDriver
+
+    setup_torch(cfg.run, default_threads=1)
+    backend = pick_backend(settings, cfg)
+    if backend == "nccl":
+        local = int(os.environ.get("LOCAL_RANK", rank))
+        device = torch.device("cuda", local % max(1, torch.cuda.device_count()))
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world,
+                            timeout=timedelta(seconds=settings.timeout_s))
+    t0 = [t0_epoch]
+    dist.broadcast_object_list(t0, src=0)  # one time origin for every rank's timeline
+    t0_epoch = float(t0[0])
+    registry = Registry.discover()
+    if carried is not None:
+        carried.apply(registry)
+    specs = job_specs(cfg)
+    ids = [job_id_for(k, spec) for k, spec in enumerate(specs)]
+    plugins = activate(cfg, registry, ids)
+    role = settings.role(rank)
+    info = RunInfo(run_dir=run_dir, device=str(device), plugins=plugins.names, jobs=(),
+                   seed=int(cfg.run.seed), rank=rank, role=role,  # type: ignore[arg-type]
+                   world_size=world, leader=rank == 0, cluster=settings.info(backend))
+    servers = settings.server_ranks()
+    jobs: list[RankJob] = []
+    for spec, job_id in zip(specs, ids, strict=True):
+        group = dist.new_group(ranks=list(range(world)), backend=backend)
+        servers_group = (dist.new_group(ranks=servers, backend=backend)
+                         if len(servers) > 1 else None)
+        jobs.append(RankJob(spec, job_id, settings=settings, rank=rank, device=device,
+                            backend=backend, plugins=plugins, t0_epoch=t0_epoch, group=group,
+                            servers_group=servers_group,
+                            label=f"{spec.name} " if len(specs) > 1 else ""))
+    lifecycle = Lifecycle(plugins, info)
+    lifecycle.job_built([j.job for j in jobs])
+    lifecycle.start()
+    driver = ClusterDriver(cfg, jobs, plugins, rank=rank, device=device, progress=progress,
+                           clock=jobs[0].now)
+    driver.run()
+    result = RankResult(rank=rank, role=role, pid=os.getpid(), device=str(device),
+                        backend=backend, schedule=driver.schedule, statuses=driver.statuses,
+                        train_t0=driver.train_t0, job_scoped=plugins.job_scoped)
+    lifecycle.update([j.job for j in jobs])
+    result.plugin_rows = lifecycle.rows()
+    lifecycle.end({"rank": rank, "role": role,
+                   "iterations": sum(len(j.iterations) for j in jobs)})
+    for job in jobs:
+        result.parts[job.job.info.job_id] = job.finish()
+    gathered: list[Any] | None = [None] * world if rank == 0 else None
+    dist.gather_object(result, gathered, dst=0)
+    dist.barrier()
+    dist.destroy_process_group()
+    return gathered  # type: ignore[return-value]

@@ -1,0 +1,133 @@
+"""The cluster section of a run config, validated once into plain values.
+
+Every check fails with one line naming the key and the fix, before any process starts.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from accelopt.errors import ConfigError
+from accelopt.types import ClusterInfo
+
+MODES = ("ps", "allreduce")
+BACKENDS = ("auto", "gloo", "nccl")
+
+_RATE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)\s*bit(?:/s)?\s*$", re.IGNORECASE)
+_TIME = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(us|ms|s)\s*$", re.IGNORECASE)
+_SCALE = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+_SECONDS = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
+
+
+def parse_rate(text: str, key: str = "cluster.network.bandwidth") -> int:
+    """'1gbit' -> 1_000_000_000 bits/s (tc's units: k/m/g are powers of 10)."""
+    match = _RATE.match(str(text))
+    if not match:
+        raise ConfigError(f"{key}: cannot read {text!r} as a rate; write e.g. 1gbit or 100mbit")
+    bits = int(float(match.group(1)) * _SCALE[match.group(2).lower()])
+    if bits < 8000:
+        raise ConfigError(f"{key}: {text!r} is below 8kbit/s; give a larger rate")
+    return bits
+
+
+def parse_duration(text: str, key: str = "cluster.network.latency") -> float:
+    """'1ms' -> 0.001 seconds."""
+    match = _TIME.match(str(text))
+    if not match:
+        raise ConfigError(f"{key}: cannot read {text!r} as a duration; write e.g. 1ms or 200us")
+    return float(match.group(1)) * _SECONDS[match.group(2).lower()]
+
+
+@dataclass(frozen=True)
+class ClusterSettings:
+    mode: str
+    workers: int
+    servers: int
+    backend: str
+    bucket_bytes: int
+    timeout_s: float
+    master_port: int
+    bandwidth_bps: int | None
+    latency_s: float | None
+
+    @property
+    def world_size(self) -> int:
+        return self.workers + (self.servers if self.mode == "ps" else 0)
+
+    @property
+    def shaped(self) -> bool:
+        return self.bandwidth_bps is not None or self.latency_s is not None
+
+    def role(self, rank: int) -> str:
+        """PS mode: ranks 0..servers-1 are servers, the rest workers; all-reduce: all workers."""
+        if self.mode == "ps" and rank < self.servers:
+            return "server"
+        return "worker"
+
+    def worker_index(self, rank: int) -> int:
+        return rank - self.servers if self.mode == "ps" else rank
+
+    def worker_ranks(self) -> list[int]:
+        first = self.servers if self.mode == "ps" else 0
+        return list(range(first, first + self.workers))
+
+    def server_ranks(self) -> list[int]:
+        return list(range(self.servers)) if self.mode == "ps" else []
+
+    def info(self, backend: str) -> ClusterInfo:
+        """The record plugins see (``RunInfo.cluster``)."""
+        return ClusterInfo(mode=self.mode, workers=self.workers,  # type: ignore[arg-type]
+                           servers=self.servers, backend=backend,
+                           bucket_bytes=self.bucket_bytes, timeout_s=self.timeout_s,
+                           bandwidth_bps=self.bandwidth_bps, latency_s=self.latency_s)
+
+
+def bucket_bytes(cluster: Any) -> int:
+    """``cluster.bucket_mb`` in bytes (also the buckets a one-process job records)."""
+    return max(1, int(float(cluster.get("bucket_mb", 1.0)) * 2**20))
+
+
+def local_info(cluster: Any) -> ClusterInfo:
+    """``RunInfo.cluster`` of a one-process run (``cluster.mode=none``)."""
+    return ClusterInfo(mode="none", workers=1, servers=0, backend="none",
+                       bucket_bytes=bucket_bytes(cluster),
+                       timeout_s=float(cluster.get("timeout_s", 30.0)))
+
+
+def settings_from(cluster: Any) -> ClusterSettings:
+    mode = str(cluster.mode)
+    if mode not in MODES:
+        raise ConfigError(
+            f"cluster.mode: {mode!r} is not a distributed mode; use one of {', '.join(MODES)} "
+            "(or none for one process)"
+        )
+    workers, servers = int(cluster.workers), int(cluster.servers)
+    if workers < 1:
+        raise ConfigError(f"cluster.workers must be >= 1, got {workers}")
+    if mode == "ps" and servers < 1:
+        raise ConfigError(f"cluster.servers must be >= 1 in ps mode, got {servers}")
+    backend = str(cluster.backend)
+    if backend not in BACKENDS:
+        raise ConfigError(f"cluster.backend: {backend!r} unknown; use one of {', '.join(BACKENDS)}")
+    if float(cluster.bucket_mb) <= 0:
+        raise ConfigError(f"cluster.bucket_mb must be > 0, got {cluster.bucket_mb}")
+    if float(cluster.timeout_s) <= 0:
+        raise ConfigError(f"cluster.timeout_s must be > 0, got {cluster.timeout_s}")
+    port = int(cluster.master_port)
+    if not 0 <= port < 65536:
+        raise ConfigError(f"cluster.master_port must be in 0..65535 (0: pick a free one), got {port}")
+    network = cluster.get("network") or {}
+    bandwidth, latency = network.get("bandwidth"), network.get("latency")
+    return ClusterSettings(
+        mode=mode,
+        workers=workers,
+        servers=servers if mode == "ps" else 0,
+        backend=backend,
+        bucket_bytes=bucket_bytes(cluster),
+        timeout_s=float(cluster.timeout_s),
+        master_port=port,
+        bandwidth_bps=None if bandwidth in (None, "") else parse_rate(bandwidth),
+        latency_s=None if latency in (None, "") else parse_duration(latency),
+    )

@@ -1,0 +1,457 @@
+"""The local driver (the executor): owns one device, admits jobs through the allocation hook
+and runs their iterations, asking :func:`~accelopt.drivers.scheduling.choose_next` at every
+iteration boundary which job goes next.
+
+Concurrency model. Every admitted job sits in a *lane* (the allocation decision names it).
+Each lane has one thread; iterations inside a lane run one at a time, lanes run
+concurrently. The driver's bookkeeping and its own hook calls (allocation, release, the
+choice) happen under its lock; ``Job.step`` runs outside it and fires the iteration's events
+itself. Every hook call of the process is serialised by the host's lock, so plugins never
+see two at once. Without plugins there is one lane, ``"default"``, and the default choice is
+the earliest arrival: one job at a time, in arrival order, to completion (FIFO).
+
+A cluster run's leader drives its jobs with this same class: its ``stepper`` broadcasts each
+chosen iteration to the other ranks before running its own part (``drivers/cluster/
+driver.py``), so allocation and scheduling mean the same thing in every mode.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from accelopt.activation import PluginSet, as_plugin_set
+from accelopt.drivers.scheduling import choose_next
+from accelopt.errors import UserError, raised_by_hook
+from accelopt.host import PluginHost
+from accelopt.job import Job, StepEvents
+from accelopt.records import JobResult, Span
+from accelopt.types import (
+    AllocationDecision,
+    AllocationRequest,
+    IterationResult,
+    JobInfo,
+    JobProfile,
+    JobState,
+)
+from accelopt.units import format_bytes
+
+DEFAULT_LANE = "default"
+Profiler = Callable[[Job], JobProfile]
+IterationCallback = Callable[[Job, JobResult], None]
+Stepper = Callable[[Job, StepEvents], IterationResult]
+"""Runs one iteration of a job: ``job.step(events)`` here; a cluster leader's broadcasts first."""
+
+
+def local_step(job: Job, events: StepEvents) -> IterationResult:
+    return job.step(events)
+
+
+CANCELLED = "cancelled by user"
+
+
+@dataclass
+class _Entry:
+    job: Job
+    result: JobResult
+    lane: str = ""
+    last_iteration_s: float | None = None
+    busy: bool = False
+    cancel_requested: bool = False
+
+    @property
+    def finished(self) -> bool:
+        return self.result.status in ("done", "failed", "rejected")
+
+    def state(self) -> JobState:
+        return JobState(
+            job=self.job.info,
+            lane=self.lane,
+            iterations_done=self.job.iteration,
+            service_seconds=self.result.service_s,
+            last_iteration_seconds=self.last_iteration_s,
+            admitted_at_s=self.result.admitted_s or 0.0,
+        )
+
+
+class Executor:
+    """Runs a list of jobs to completion (or failure) under the active plugins."""
+
+    def __init__(
+        self,
+        plugins: PluginSet | PluginHost,
+        jobs: list[Job],
+        *,
+        capacity_bytes: int | None,
+        device: str,
+        profiler: Profiler | None = None,
+        on_iteration: IterationCallback | None = None,
+        on_finish: IterationCallback | None = None,
+        results: dict[str, JobResult] | None = None,
+        keep_open: bool = False,
+        stepper: Stepper = local_step,
+        clock: Callable[[], float] | None = None,
+        jobs_fail_alone: bool = True,
+    ) -> None:
+        """``clock``: seconds on a clock the caller shares (a cluster rank's run clock); by
+        default the driver's own, starting at 0 when :meth:`run` starts. Arrival times count
+        from the start of :meth:`run` either way. ``jobs_fail_alone=False`` turns an error of
+        a job's own code into the end of the run (a cluster cannot go on without a rank's
+        part of an iteration)."""
+        self.plugins = plugins = as_plugin_set(plugins)
+        self.host = plugins.run
+        self.stepper = stepper
+        self._external_clock = clock is not None
+        self._clock = clock or time.perf_counter
+        self._origin = 0.0
+        self._jobs_fail_alone = jobs_fail_alone
+        self._events: dict[tuple[str, str], StepEvents] = {}
+        self.capacity_bytes = capacity_bytes
+        self.device = device
+        self.profiler = profiler
+        self.on_iteration = on_iteration
+        self.on_finish = on_finish
+        self.spans: list[Span] = []
+        self._cv = threading.Condition()
+        self._t0 = 0.0 if self._external_clock else self._clock()
+        self._entries = {
+            job.info.job_id: _Entry(job, (results or {}).get(job.info.job_id) or JobResult(job.info))
+            for job in jobs
+        }
+        self._arrivals = sorted(
+            (e for e in self._entries.values() if not e.finished),
+            key=lambda e: (e.job.info.arrival_s, e.job.info.job_id),
+        )
+        self._pending: list[_Entry] = []
+        self._lanes: dict[str, threading.Thread] = {}
+        self._running = 0
+        self._fatal: BaseException | None = None
+        self._keep_open = keep_open
+        self._closing = False
+        self._inbox: list[_Entry] = []
+        # torch's intra-op thread count is per OS thread under OpenMP: lane threads would
+        # otherwise ignore run.threads and use the library default
+        self._torch_threads = torch.get_num_threads()
+
+    # -- public --------------------------------------------------------------------------
+
+    def now(self) -> float:
+        return self._clock() - self._t0
+
+    def run(self) -> list[JobResult]:
+        """Drive arrivals and admissions until every job has finished; return the results.
+
+        With ``keep_open=True`` (a long-lived service) it also takes jobs given to
+        :meth:`submit` while it runs, and returns only after :meth:`close`.
+        """
+        # Profile before the clock starts (SALUS profiles offline): measuring one job must
+        # not delay the admission of another, nor count in anybody's queueing delay.
+        arrivals = [e for e in self._arrivals if self._profiled(e)]
+        if self._external_clock:
+            self._origin = self.now()
+        else:
+            self._t0 = self._clock()
+        while True:
+            with self._cv:
+                while arrivals and self._due(arrivals[0]) <= self.now():
+                    self._pending.append(arrivals.pop(0))
+                self._pending += self._inbox
+                self._inbox = []
+                if self._fatal is not None:
+                    break
+                self._admit_pending()
+                if self._inbox:
+                    continue
+                if not arrivals and not self._lanes:
+                    self._reject_unadmittable()
+                    if not self._pending and (self._closing or not self._keep_open):
+                        break
+                timeout = self._due(arrivals[0]) - self.now() if arrivals else None
+                if timeout is None or timeout > 0:
+                    self._cv.wait(timeout)
+        for thread in list(self._lanes.values()):
+            thread.join()
+        if self._fatal is not None:
+            raise self._fatal
+        return [e.result for e in self._entries.values()]
+
+    def _due(self, entry: _Entry) -> float:
+        return self._origin + entry.job.info.arrival_s
+
+    def submit(self, job: Job) -> None:
+        """Hand a job to a running executor (thread-safe); it arrives now."""
+        with self._cv:
+            if self._closing:
+                raise UserError("the executor is shutting down and accepts no new jobs")
+            if job.info.job_id in self._entries:
+                raise UserError(f"a job with id {job.info.job_id!r} was already submitted")
+        entry = _Entry(job, JobResult(job.info))
+        if not self._profiled(entry):  # profiled in the caller's thread, outside the lock
+            raise UserError(f"job {job.info.name!r} failed while profiling: {entry.result.error}")
+        with self._cv:
+            job.info = dataclasses.replace(job.info, arrival_s=self.now() - self._origin)
+            entry.result.job = job.info
+            self._entries[job.info.job_id] = entry
+            self._inbox.append(entry)
+            self._cv.notify_all()
+
+    def cancel(self, job_id: str) -> str:
+        """Cancel a job wherever it is (waiting, pending, between or inside an iteration);
+        returns one line saying what happened. A running iteration is never interrupted:
+        the job stops at its end."""
+        with self._cv:
+            entry = self._entries.get(job_id)
+            if entry is None:
+                raise UserError(f"no job {job_id!r}; known jobs: {', '.join(self._entries)}")
+            if entry.finished:
+                return f"{job_id} already {entry.result.status}"
+            if entry in self._inbox:
+                self._inbox.remove(entry)
+                self._finish(entry, "failed", CANCELLED)
+                return f"{job_id} cancelled before it arrived"
+            if entry in self._pending:
+                self._pending.remove(entry)
+                self._finish(entry, "failed", CANCELLED)
+                return f"{job_id} cancelled while waiting for memory"
+            if not entry.busy and entry.lane:
+                self._finish(entry, "failed", CANCELLED)
+                return f"{job_id} cancelled between iterations; lane {entry.lane} reclaimed"
+            entry.cancel_requested = True
+            return f"{job_id} will stop at the end of its current iteration"
+
+    def wait(self, job_id: str, timeout_s: float) -> str:
+        """Block until the job has ended or ``timeout_s`` passed; return its status."""
+        deadline = time.monotonic() + timeout_s
+        with self._cv:
+            entry = self._entries.get(job_id)
+            if entry is None:
+                raise UserError(f"no job {job_id!r}; known jobs: {', '.join(self._entries)}")
+            while not entry.finished and time.monotonic() < deadline:
+                self._cv.wait(max(0.0, deadline - time.monotonic()))
+            return entry.result.status
+
+    def close(self) -> None:
+        """Stop accepting jobs; :meth:`run` returns once the admitted ones have finished."""
+        with self._cv:
+            self._closing = True
+            self._cv.notify_all()
+
+    @property
+    def lock(self) -> threading.Condition:
+        """The lock every hook is called under: hold it to read state that plugins' hooks
+        mutate (e.g. a lane table) consistently from another thread."""
+        return self._cv
+
+    def snapshot(self) -> list[tuple[JobInfo, JobResult, bool]]:
+        """(job, result so far, iteration running now) for every job, consistently."""
+        with self._cv:
+            return [(e.job.info, e.result, e.busy) for e in self._entries.values()]
+
+    # -- admission -----------------------------------------------------------------------
+
+    def _profiled(self, entry: _Entry) -> bool:
+        """Measure the job's profile if it has none; a job whose own code raises while
+        being profiled fails alone (returns False)."""
+        if self.profiler is None or entry.job.info.profile is not None:
+            return True
+        try:
+            entry.job.with_profile(self.profiler(entry.job))
+        except Exception as exc:
+            with self._cv:
+                self._finish(entry, "failed", f"while profiling: {type(exc).__name__}: {exc}")
+            return False
+        entry.result.job = entry.job.info
+        return True
+
+    def _admit_pending(self) -> None:
+        """Offer every pending job to the allocation hook, in arrival order. A later small
+        job may be admitted before an earlier large one that does not fit yet."""
+        for entry in list(self._pending):
+            decision = self._allocate(entry, "admission")
+            if decision.reject is not None:
+                self._pending.remove(entry)
+                self._finish(entry, "rejected", decision.reject)
+            elif decision.granted:
+                self._pending.remove(entry)
+                entry.lane = decision.lane
+                entry.result.lane = decision.lane
+                entry.result.admitted_s = self.now()
+                self._start_lane(decision.lane)
+
+    def _allocate(self, entry: _Entry, phase: str) -> AllocationDecision:
+        profile = entry.job.info.profile
+        request = AllocationRequest(
+            job=entry.job.info,
+            phase=phase,  # type: ignore[arg-type]
+            persistent_bytes=profile.persistent_bytes if profile else 0,
+            ephemeral_bytes=profile.ephemeral_bytes if profile else 0,
+            device=self.device,
+            capacity_bytes=self.capacity_bytes,
+        )
+        decision = self.host.call("accelopt_allocate", request=request)
+        if decision is not None:
+            return decision
+        return self._default_allocation(request)
+
+    def _default_allocation(self, request: AllocationRequest) -> AllocationDecision:
+        need = request.persistent_bytes + request.ephemeral_bytes
+        cap = request.capacity_bytes
+        if request.phase == "admission" and cap is not None and need > cap:
+            return AllocationDecision(
+                granted=False,
+                reject=(
+                    f"job '{request.job.name}' needs {format_bytes(need)} (persistent + one "
+                    f"iteration) but the device has {format_bytes(cap)}: {format_bytes(need - cap)} too much; "
+                    "lower its batch_size/width or raise run.memory_capacity"
+                ),
+            )
+        return AllocationDecision(granted=True, lane=DEFAULT_LANE, reason="exclusive (default)")
+
+    def _reject_unadmittable(self) -> None:
+        """Nothing runs and nothing will arrive: a job still deferred would wait forever."""
+        for entry in list(self._pending):
+            self._pending.remove(entry)
+            self._finish(
+                entry,
+                "rejected",
+                "deferred by the allocation hook while the device was idle; it can never be "
+                "admitted with the active plugins' memory settings",
+            )
+
+    # -- lanes ---------------------------------------------------------------------------
+
+    def _start_lane(self, lane: str) -> None:
+        if lane in self._lanes:
+            self._cv.notify_all()
+            return
+        thread = threading.Thread(target=self._lane_loop, args=(lane,), name=f"lane-{lane}")
+        self._lanes[lane] = thread
+        thread.start()
+
+    def _lane_loop(self, lane: str) -> None:
+        torch.set_num_threads(self._torch_threads)
+        try:
+            while True:
+                with self._cv:
+                    entry = self._next_in_lane(lane)
+                    if entry is None:
+                        del self._lanes[lane]
+                        self._cv.notify_all()
+                        return
+                    if entry is _WAIT:
+                        self._cv.wait()
+                        continue
+                    entry.busy = True
+                    self._running += 1
+                self._iterate(entry, lane)
+        except BaseException as exc:  # a plugin bug or an interrupt: stop the whole run
+            with self._cv:
+                self._fatal = self._fatal or exc
+                self._lanes.pop(lane, None)
+                self._cv.notify_all()
+
+    def _next_in_lane(self, lane: str) -> _Entry | object | None:
+        ready = [e for e in self._entries.values() if e.lane == lane and not e.finished]
+        if not ready:
+            return None
+        if self._fatal is not None:
+            return None
+        if len(ready) == 1:
+            chosen = ready[0]
+        else:
+            job_id = choose_next(self.host, lane, [e.state() for e in ready], self.now())
+            chosen = self._entries[job_id]
+        if self.host.implements("accelopt_allocate"):
+            decision = self._allocate(chosen, "iteration")
+            if not decision.granted:
+                if self._running == 0:
+                    self._finish(
+                        chosen,
+                        "failed",
+                        "the allocation hook refused its iteration while nothing else ran: "
+                        "it would wait forever",
+                    )
+                    return _WAIT
+                return _WAIT
+        return chosen
+
+    def events(self, job: Job, lane: str) -> StepEvents:
+        """The events of ``job``'s iterations in ``lane`` (its host: run-scoped plugins plus
+        the job's own job-scoped instances), on this driver's clock."""
+        key = (job.info.job_id, lane)
+        events = self._events.get(key)
+        if events is None:
+            events = StepEvents(self.plugins.for_job(job.info.job_id), lane, self.now)
+            self._events[key] = events
+        return events
+
+    def _iterate(self, entry: _Entry, lane: str) -> None:
+        job, result = entry.job, entry.result
+        iteration = job.iteration
+        start = self.now()
+        error = None
+        step: IterationResult | None = None
+        try:
+            step = self.stepper(job, self.events(job, lane))
+        except Exception as exc:
+            if raised_by_hook(exc) or not self._jobs_fail_alone:
+                raise  # a plugin's error stops the run, as any hook's does
+            # the job's own code raised: the job fails alone; the run goes on
+            error = f"{type(exc).__name__}: {exc}"
+            result.error_traceback = traceback.format_exc()  # type: ignore[attr-defined]
+        end = self.now()
+        seconds = step.seconds if step is not None else end - start
+        with self._cv:
+            entry.busy = False
+            self._running -= 1
+            if result.first_start_s is None:
+                result.first_start_s = start
+            result.service_s += seconds
+            self.spans.append(
+                Span(
+                    name=job.info.name,
+                    track=f"lane {entry.lane}",
+                    start_s=start,
+                    end_s=end,
+                    args={"job": job.info.name, "iteration": iteration},
+                )
+            )
+            if error is not None or step is None:
+                self._finish(entry, "failed", error or "the iteration produced no result", end)
+                return
+            entry.last_iteration_s = seconds
+            result.job = job.info
+            result.iterations_done = job.iteration
+            result.samples += step.samples
+            if step.loss is not None:
+                result.losses.append(step.loss)
+                result.final_loss = step.loss
+        if self.on_iteration is not None:
+            self.on_iteration(job, result)
+        with self._cv:
+            if entry.finished:
+                return
+            if job.done:
+                self._finish(entry, "done", "", end)
+            elif entry.cancel_requested:
+                self._finish(entry, "failed", CANCELLED, end)
+
+    def _finish(self, entry: _Entry, status: str, error: str, end: float | None = None) -> None:
+        """Record a job's end, release its memory and wake everyone (pending jobs may fit)."""
+        entry.result.status = status  # type: ignore[assignment]
+        entry.result.error = error
+        entry.result.end_s = self.now() if end is None else end
+        if entry.lane:  # only an admitted job holds memory to give back
+            self.host.call("accelopt_release", job=entry.job.info, lane=entry.lane, status=status)
+        if self.on_finish is not None:
+            self.on_finish(entry.job, entry.result)
+        self._cv.notify_all()
+
+
+_WAIT = object()

@@ -1,0 +1,99 @@
+"""Report rows: collected once per process (``drivers/lifecycle.py``), then merged.
+
+Within a process, a job-scoped plugin answers once per job; its rows are tagged with the
+job's name (``metrics["job"]``) and rows that say the same for several jobs collapse into one
+naming them. Across the ranks of a cluster run, a job-scoped plugin's rows are kept from every
+rank (a server's plan and a worker's view differ); a run-scoped plugin runs once per rank and
+would repeat itself, so its rows come from one rank. A plugin that answered nothing anywhere
+gets a row saying so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from accelopt.types import ReportRow
+
+SILENT_SUMMARY = "active, but reported nothing about what it did"
+
+
+def with_placeholders(rows: list[ReportRow], plugins: Sequence[str]) -> list[ReportRow]:
+    """Every active plugin gets a line: its own, or one saying it reported nothing."""
+    reported = {row.plugin for row in rows}
+    return rows + [ReportRow(plugin=name, summary=SILENT_SUMMARY)
+                   for name in plugins if name not in reported]
+
+
+def representative_rows(rows_by_rank: list[list[ReportRow]], roles: list[str],
+                        per_job: Callable[[ReportRow], bool]) -> list[list[ReportRow]]:
+    """Keep one rank's view of each run-level plugin's rows.
+
+    Job-scoped plugins (``per_job(row)`` is true: tictac, gradcomm) act on each job;
+    every rank's rows of them are kept (a server's plan and a worker's view differ).
+    Run-level plugins (gpu_kernels, offload, salus) run once per rank and would repeat
+    themselves on every rank, with a parameter server saying "nothing to do" because it never
+    runs forward. Their rows are taken from the first worker that reported the plugin, else
+    from the first rank that did (salus reports on the leader only)."""
+    order = sorted(range(len(rows_by_rank)), key=lambda i: roles[i] != "worker")
+    source: dict[str, int] = {}
+    for i in order:
+        for row in rows_by_rank[i]:
+            if not per_job(row):
+                source.setdefault(row.plugin, i)
+    return [[r for r in rows if per_job(r) or source.get(r.plugin) == i]
+            for i, rows in enumerate(rows_by_rank)]
+
+
+def of_plugins(names: Sequence[str]) -> Callable[[ReportRow], bool]:
+    """``per_job`` for :func:`representative_rows`: the rows of the job-scoped plugins."""
+    wanted = frozenset(names)
+    return lambda row: row.plugin in wanted
+
+
+def merge_rows(rows_by_rank: list[list[ReportRow]], job_names: list[str],
+               job_ids: list[str] | None = None,
+               only: Callable[[ReportRow], bool] | None = None) -> list[ReportRow]:
+    """One row per (plugin, summary): per-job rows (tagged ``metrics["job"]``, with the job's
+    name or its id: run-level plugins such as gpu_kernels tag rows with job ids) that say the
+    same for several jobs collapse into one row naming them ("all jobs" when every job).
+    ``only``: merge just the rows it accepts; the others are kept as they are, in place."""
+    name_of = dict(zip(job_ids or [], job_names, strict=False))
+
+    def rank_of(job: str) -> int:
+        return job_names.index(job) if job in job_names else len(job_names)
+
+    groups: dict[tuple[str, str], list[Any]] = {}
+    order: list[tuple[str, str]] = []
+    for rows in rows_by_rank:
+        for row in rows:
+            if only is not None and not only(row):
+                key = (row.plugin, f"\0{len(order)}")  # kept as it is, in place
+                groups[key] = [row, []]
+                order.append(key)
+                continue
+            job = row.metrics.get("job") if row.metrics else None
+            summary = row.summary
+            if job in name_of and summary.startswith(f"{job}: "):
+                summary = summary[len(job) + 2:]  # named by id; the merged row names it once
+            key = (row.plugin, summary)
+            if key not in groups:
+                groups[key] = [dataclasses.replace(row, summary=summary), []]
+                order.append(key)
+            job = name_of.get(job, job) if job is not None else None
+            if job is not None and job not in groups[key][1]:
+                groups[key][1].append(job)
+    out = []
+    for key in order:
+        row, jobs = groups[key]
+        if jobs:
+            metrics = {k: v for k, v in row.metrics.items() if k != "job"}
+            if len(job_names) > 1:  # a run of one job needs no "job X:" prefix
+                who = ("all jobs" if len(jobs) == len(job_names)
+                       else "job " + ", ".join(sorted(jobs, key=rank_of)))
+                row = ReportRow(row.plugin, f"{who}: {row.summary}", metrics)
+            else:
+                row = ReportRow(row.plugin, row.summary, metrics)
+        out.append(row)
+    return out

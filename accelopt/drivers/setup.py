@@ -1,0 +1,54 @@
+"""Process setup shared by every driver: torch's threads and determinism, the device, the
+memory capacity allocation hooks are told about. One place, so a one-process run and every
+rank of a cluster run set torch up the same way."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import psutil
+import torch
+
+from accelopt.errors import ConfigError, UserError
+from accelopt.units import parse_bytes
+
+CUBLAS_WORKSPACE = ":4096:8"
+
+
+def setup_torch(run: Any, *, default_threads: int = 0) -> None:
+    """Seed torch, set its intra-op threads (``run.threads``; 0: ``default_threads``, and 0
+    there too: torch's own default) and, with ``run.deterministic``, deterministic
+    algorithms (plus the cuBLAS workspace setting they need on CUDA)."""
+    torch.manual_seed(int(run.get("seed", 0)))
+    threads = int(run.get("threads", 0) or 0) or default_threads
+    if threads > 0:
+        torch.set_num_threads(threads)
+    if bool(run.get("deterministic", True)):
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
+        torch.use_deterministic_algorithms(True, warn_only=True)
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"run.device: unknown device {name!r}; use auto, cpu or cuda[:N]") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError("run.device=cuda but no CUDA device is available; use run.device=cpu")
+    return device
+
+
+def memory_capacity(text: str, device: torch.device) -> int:
+    """The capacity allocation hooks are told about: the real device memory on CUDA, the
+    machine's RAM on CPU (where it is accounting only), or what the user configured."""
+    if text != "auto":
+        capacity = parse_bytes(text, "run.memory_capacity")
+        if capacity <= 0:
+            raise ConfigError("run.memory_capacity must be positive, e.g. 2GiB")
+        return capacity
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[1])
+    return int(psutil.virtual_memory().total)

@@ -1,0 +1,123 @@
+"""Extension points: named objects that other packages contribute to a plugin, without
+importing it.
+
+A plugin that wants to be extended (salus and its scheduling policies) publishes an
+*entry-point group*; a package adds to it by declaring an entry point in that group and
+installing itself, exactly as plugins are found through ``accelopt.plugins``::
+
+    [project.entry-points."accelopt_salus.policies"]
+    lifo = "accelopt_lifo:Lifo"
+
+The plugin reads its group through :func:`extension_point`, which is the same in the parent
+process, in every rank of a cluster run, in ``run.compare`` reference runs and in
+``accelopt bench`` sets, because all of them discover installed packages the same way.
+Objects registered in code (``extension_point(group).register(name, obj)``, e.g. by a
+decorator at import time) are sent to a cluster run's rank processes along with the run, so
+they are found there too. A name is registered once: a second, different object under the
+same name is refused in one line.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import EntryPoint, entry_points
+from typing import Any
+
+from accelopt.errors import UserError
+
+
+class ExtensionPoint:
+    """The named objects of one entry-point group: installed ones (loaded lazily) plus the
+    ones registered in code."""
+
+    def __init__(self, group: str) -> None:
+        self.group = group
+        self._registered: dict[str, Any] = {}
+        self._entry_points: dict[str, EntryPoint] | None = None
+
+    def _installed(self) -> dict[str, EntryPoint]:
+        if self._entry_points is None:
+            self._entry_points = {ep.name: ep for ep in entry_points(group=self.group)}
+        return self._entry_points
+
+    def register(self, name: str, obj: Any) -> Any:
+        """Add ``obj`` under ``name``; registering the same object again is a no-op, another
+        object under a taken name is a :class:`UserError` naming both."""
+        if not isinstance(name, str) or not name.isidentifier():
+            raise UserError(f"{self.group}: extension name {name!r} must be an identifier")
+        taken = self._registered.get(name)
+        if taken is not None and taken is not obj:
+            raise UserError(f"{self.group}: '{name}' is already registered ({_where(taken)}); "
+                            f"register {_where(obj)} under another name")
+        installed = self._installed().get(name)
+        if taken is None and installed is not None and installed.value != _reference(obj):
+            raise UserError(f"{self.group}: '{name}' is already installed ({installed.value}); "
+                            f"register {_where(obj)} under another name")
+        self._registered[name] = obj
+        return obj
+
+    def unregister(self, name: str) -> None:
+        """Forget an object registered in code (tests, notebooks); installed ones stay."""
+        self._registered.pop(name, None)
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and (name in self._registered or name in self._installed())
+
+    def names(self) -> list[str]:
+        """Every name: registered in code or installed."""
+        return sorted(set(self._registered) | set(self._installed()))
+
+    def get(self, name: str) -> Any | None:
+        """The object called ``name`` (an installed one is imported now), or ``None``. An
+        installed entry point that fails to import is a :class:`UserError` saying so."""
+        if name in self._registered:
+            return self._registered[name]
+        ep = self._installed().get(name)
+        if ep is None:
+            return None
+        try:
+            obj = ep.load()
+        except Exception as exc:  # a third party's bug becomes one line, not a traceback
+            raise UserError(f"{self.group}: '{name}' ({ep.value}) is installed but failed to "
+                            f"load ({type(exc).__name__}: {exc}); reinstall that package") from None
+        self._registered[name] = obj
+        return obj
+
+    def registered_in_code(self) -> dict[str, Any]:
+        """What was registered in this process (not merely loaded from an entry point)."""
+        installed = self._installed()
+        return {n: o for n, o in self._registered.items()
+                if n not in installed or installed[n].value != _reference(o)}
+
+
+_POINTS: dict[str, ExtensionPoint] = {}
+
+
+def extension_point(group: str) -> ExtensionPoint:
+    """The process-wide extension point of ``group`` (created on first use)."""
+    point = _POINTS.get(group)
+    if point is None:
+        point = _POINTS[group] = ExtensionPoint(group)
+    return point
+
+
+def code_extensions() -> dict[str, dict[str, Any]]:
+    """group -> name -> object for everything registered in code in this process: what a
+    cluster run sends to its ranks (objects travel by reference, so they must be defined at
+    module level)."""
+    return {g: p.registered_in_code() for g, p in _POINTS.items() if p.registered_in_code()}
+
+
+def restore_code_extensions(snapshot: dict[str, dict[str, Any]]) -> None:
+    """Register a parent's :func:`code_extensions` in this process (a rank)."""
+    for group, objects in snapshot.items():
+        point = extension_point(group)
+        for name, obj in objects.items():
+            point.register(name, obj)
+
+
+def _reference(obj: Any) -> str:
+    return f"{getattr(obj, '__module__', '?')}:{getattr(obj, '__qualname__', type(obj).__name__)}"
+
+
+def _where(obj: Any) -> str:
+    return _reference(obj)

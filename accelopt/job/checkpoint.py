@@ -1,0 +1,93 @@
+"""Checkpoints at iteration boundaries, written atomically, and resume.
+
+Each job has its own file (``checkpoints/<job_id>.pt``): jobs in different lanes reach their
+boundaries at different times, and a job's state (model, optimizer, random state, iteration
+number) is independent of every other job's. A file is written to a temporary name in the same
+directory and renamed over the old one, so a kill at any instant leaves either the previous
+checkpoint or the new one, never half of one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from accelopt.atomic import atomic_open
+from accelopt.errors import UserError
+from accelopt.job.job import Job
+from accelopt.records import JobResult
+
+CHECKPOINT_DIR = "checkpoints"
+WEIGHTS_DIR = "weights"
+_RESULT_FIELDS = ("status", "lane", "error", "iterations_done", "service_s", "samples",
+                  "final_loss", "losses")
+
+
+def atomic_torch_save(obj: Any, path: Path) -> None:
+    """``torch.save`` through :func:`accelopt.atomic.atomic_open` (temp file + rename)."""
+    with atomic_open(path, "wb") as handle:
+        torch.save(obj, handle)
+
+
+class Checkpointer:
+    """Saves a job's state every ``every`` iterations and when it finishes."""
+
+    def __init__(self, run_dir: Path, every: int, save_weights: bool) -> None:
+        if every < 0:
+            raise UserError(f"run.checkpoint_every must be >= 0 (0 = off), got {every}")
+        self.dir = run_dir / CHECKPOINT_DIR
+        self.weights_dir = run_dir / WEIGHTS_DIR
+        self.every = every
+        self.save_weights = save_weights
+        self.written = 0
+
+    def after_iteration(self, job: Job, result: JobResult) -> None:
+        if self.every and job.iteration % self.every == 0 and not job.done:
+            self.save(job, result)
+
+    def save(self, job: Job, result: JobResult) -> None:
+        state = {
+            "job": job.state_dict(),
+            "result": {k: getattr(result, k) for k in _RESULT_FIELDS},
+            "spec": asdict(job.spec),
+        }
+        atomic_torch_save(state, self.dir / f"{job.info.job_id}.pt")
+        self.written += 1
+
+    def after_finish(self, job: Job, result: JobResult) -> None:
+        if self.every:
+            self.save(job, result)
+        if self.save_weights and result.status == "done":
+            atomic_torch_save(job.model.state_dict(), self.weights_dir / f"{job.info.job_id}.pt")
+
+
+def restore(run_dir: Path, jobs: list[Job]) -> dict[str, JobResult]:
+    """Load each job's latest checkpoint from ``run_dir``; return the restored results.
+
+    A job without a checkpoint starts from scratch. A checkpoint whose job spec differs from
+    the job being resumed is refused (it would silently train something else).
+    """
+    results: dict[str, JobResult] = {}
+    for job in jobs:
+        path = run_dir / CHECKPOINT_DIR / f"{job.info.job_id}.pt"
+        if not path.exists():
+            continue
+        try:
+            state = torch.load(path, map_location=job.device, weights_only=False)
+        except Exception as exc:
+            raise UserError(f"cannot read checkpoint {path}: {exc}; delete it to restart "
+                            "that job from scratch") from None
+        if state.get("spec") != asdict(job.spec):
+            raise UserError(f"checkpoint {path} was written for a different job spec; "
+                            "resume with the run's own config (run.resume=<that run dir>)")
+        job.load_state_dict(state["job"])
+        result = JobResult(job.info)
+        for key, value in state["result"].items():
+            setattr(result, key, value)
+        if result.status not in ("done", "failed", "rejected"):
+            result.status = "pending"
+        results[job.info.job_id] = result
+    return results

@@ -1,0 +1,69 @@
+"""How a job's gradients and parameters move: the one thing a mode changes.
+
+``Job.step`` is the same in every mode; it asks its exchange to move data at three points
+(``begin`` the iteration, make the ``gradients`` final after backward, ``end`` it) and asks
+it a few facts (does this process run forward? take the optimizer step? which rows of the
+batch are its own? which parameters does it update?). The local exchange below moves
+nothing: the gradients backward left in ``.grad`` are final. The cluster's exchanges
+(``drivers/cluster``) push and pull through the transport (parameter server) or sum buckets
+(all-reduce) behind the same methods.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from torch import nn
+
+from accelopt.types import Role
+
+if TYPE_CHECKING:
+    from accelopt.job.job import Job
+    from accelopt.job.timeline import PhaseTimer
+
+
+class Exchange:
+    """The local (one-process) exchange, and the interface every exchange implements."""
+
+    role: Role = "single"
+    computes: bool = True
+    """This process runs forward and backward (``False`` on a parameter server)."""
+    steps: bool = True
+    """This process takes the optimizer step over :meth:`stepped_parameters`."""
+    whole: bool = True
+    """This process holds every parameter of the job (``False`` on a server with a shard)."""
+    stream: int = 0
+    """Which of the job's random streams this process draws from (a worker's index)."""
+
+    def rows(self, batch_size: int) -> tuple[int, int]:
+        """Rows ``[start, stop)`` of each global batch this process trains on."""
+        return 0, batch_size
+
+    def attach(self, job: Job, timer: PhaseTimer) -> None:
+        """Once, after the job's model is built and on its device: install what moving the
+        job's data needs (forward pre-hooks, gradient hooks)."""
+
+    def stepped_parameters(self, model: nn.Module) -> dict[str, nn.Parameter]:
+        """The parameters this process's optimizer updates, by name."""
+        return dict(model.named_parameters())
+
+    def begin(self, iteration: int) -> None:
+        """The iteration starts (before the batch is read)."""
+
+    def gradients(self, iteration: int) -> None:
+        """After backward: move the gradients so that, on a process that steps, ``.grad`` of
+        every stepped parameter holds the final gradient."""
+
+    def end(self, iteration: int) -> None:
+        """The iteration's data movement is over (after the optimizer step)."""
+
+    def reduce(self, value: float, op: str) -> float:
+        """Combine ``value`` (``"sum"``/``"max"``) over the processes that hold parts of the
+        parameters; here one process holds them all."""
+        return value
+
+    def close(self) -> None:
+        """The job is over: stop background threads, release buffers."""
+
+
+LOCAL = Exchange()

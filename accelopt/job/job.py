@@ -1,0 +1,254 @@
+"""A job: model + data + optimizer + loss (or an inference loop), one iteration at a time.
+
+:meth:`Job.step` is *the* training step of accelopt: the single-process executor, every
+parameter server and every worker run it, and only the job's :class:`~accelopt.job.exchange.
+Exchange` differs between them (``accelopt/job/events.py`` lists the sequence). A job knows
+nothing about scheduling: a driver decides when ``step()`` runs.
+
+Its data is indexed by iteration (``dataset.batch(i)``) and its random numbers come from its
+own generator (:class:`~accelopt.job.rng.JobRandom`), so a job's whole state is its model,
+its optimizer, its generator state and one integer, which is what makes bitwise-exact resume
+possible and keeps jobs that share a process from perturbing each other.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from accelopt.config import JobConfig
+from accelopt.errors import ConfigError, UserError
+from accelopt.host import PluginHost
+from accelopt.job.events import SILENT, StepEvents
+from accelopt.job.exchange import LOCAL, Exchange
+from accelopt.job.gradients import Gradients
+from accelopt.job.layers import offer_layers
+from accelopt.job.optim import build_optimizer
+from accelopt.job.params import buckets_by_bytes, param_table
+from accelopt.job.rng import JobRandom
+from accelopt.job.specs import validate_spec
+from accelopt.job.timeline import NO_TIMER, PhaseTimer
+from accelopt.types import BuiltJob, IterationContext, IterationResult, JobInfo, JobProfile
+from accelopt.workloads import build_dataset, build_model, check_compatible, default_dataset_for
+
+DEFAULT_BUCKET_BYTES = 2**20
+
+
+class Job:
+    """One training or inference job, stepped by a driver."""
+
+    def __init__(
+        self,
+        spec: JobConfig,
+        *,
+        job_id: str,
+        device: torch.device,
+        host: PluginHost | None = None,
+        exchange: Exchange | None = None,
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        timer: PhaseTimer | None = None,
+    ) -> None:
+        validate_spec(spec)
+        self.spec = spec
+        self.device = device
+        self.host = host if host is not None else PluginHost()
+        self.exchange = exchange if exchange is not None else LOCAL
+        self.timer = timer or NO_TIMER
+        try:
+            dataset_name = spec.dataset or default_dataset_for(spec.model)
+            self.dataset = build_dataset(dataset_name, seed=spec.seed)
+            check_compatible(spec.model, self.dataset)
+        except ValueError as exc:
+            raise ConfigError(f"job '{spec.name}': {exc}") from None
+        info = JobInfo(
+            job_id=job_id,
+            name=spec.name,
+            model=spec.model,
+            kind=spec.kind,  # type: ignore[arg-type]
+            arrival_s=float(spec.arrival_s),
+            iterations=int(spec.iterations),
+            batch_size=int(spec.batch_size),
+            optimizer=spec.optimizer,
+            lr=float(spec.lr),
+            momentum=float(spec.momentum),
+        )
+        # Weights come from the job's own seed, not from whatever the global RNG holds, so
+        # a job built next to others starts from the same weights as when built alone.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(spec.seed)
+            try:
+                model = build_model(
+                    spec.model,
+                    input_shape=tuple(self.dataset.input_shape),
+                    num_classes=self.dataset.num_classes,
+                    vocab_size=self.dataset.vocab_size,
+                    width=spec.width,
+                )
+            except ValueError as exc:
+                raise ConfigError(f"job '{spec.name}': {exc}") from None
+            model = offer_layers(model, info, self.host)
+        self.model = model.to(device)
+        self.bucket_bytes = bucket_bytes
+        table = param_table(self.model)
+        self.info = dataclasses.replace(info, parameters=table,
+                                        buckets=buckets_by_bytes(table, bucket_bytes))
+        self.loss_fn = job_loss(self.dataset)
+        self.random = JobRandom(spec.seed, device, stream=self.exchange.stream)
+        self.iteration = 0
+        self.rebuilds: list[str] = []
+        """Why the optimizer was rebuilt, one entry per rebuild (``accelopt_after_step``)."""
+        self.exchange.attach(self, self.timer)
+        self._stepped = self.exchange.stepped_parameters(self.model)
+        self.optimizer: torch.optim.Optimizer | None = None
+        if spec.kind == "train" and self.exchange.steps:
+            self.optimizer = build_optimizer(self.info, spec, self._stepped, self.host)
+        if spec.kind == "infer":
+            self.model.eval()
+
+    # -- facts -----------------------------------------------------------------------------
+
+    @property
+    def done(self) -> bool:
+        return self.iteration >= self.info.iterations
+
+    @property
+    def training(self) -> bool:
+        return self.info.kind == "train"
+
+    def with_profile(self, profile: JobProfile) -> None:
+        self.info = dataclasses.replace(self.info, profile=profile)
+
+    def batch(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """This process's rows of the ``index``-th global batch, on the job's device."""
+        x, y = self.dataset.batch(index, self.info.batch_size)
+        start, stop = self.exchange.rows(self.info.batch_size)
+        if (start, stop) != (0, self.info.batch_size):
+            x, y = x[start:stop], y[start:stop]
+        return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+
+    def built(self) -> BuiltJob:
+        """The record ``accelopt_job_built`` receives: the model and this process's rows of
+        the first batch (a parameter server, which trains on none, gets worker 0's)."""
+        x, y = self.dataset.batch(0, self.info.batch_size)
+        start, stop = self.exchange.rows(self.info.batch_size)
+        return BuiltJob(job=self.info, model=self.model, inputs=x[start:stop].to(self.device),
+                        targets=y[start:stop].to(self.device), loss=self.loss_fn)
+
+    # -- the step --------------------------------------------------------------------------
+
+    def step(self, events: StepEvents = SILENT) -> IterationResult:
+        """Run the next iteration (the sequence in ``accelopt/job/events.py``)."""
+        i = self.iteration
+        exchange, timer = self.exchange, self.timer
+        start = events.now()
+        context = IterationContext(self.info, events.lane, i, start)
+        events.iteration_start(context)
+        loss_value: torch.Tensor | None = None
+        samples = 0
+        with self.random.active():
+            exchange.begin(i)
+            if exchange.computes:
+                x, y = self.batch(i)
+                samples = int(y.shape[0])
+                if not self.training:
+                    timer.begin("forward", i)
+                    with torch.inference_mode():
+                        self.model(x)
+                    timer.end()
+                else:
+                    if self.optimizer is not None:
+                        # set_to_none=False keeps gradient buffers alive between iterations:
+                        # they are part of the job's persistent memory, as the profile counts
+                        self.optimizer.zero_grad(set_to_none=False)
+                    else:  # a PS worker: fresh gradient tensors every iteration
+                        self.model.zero_grad(set_to_none=True)
+                    timer.begin("forward", i)
+                    loss = self.loss_fn(self.model(x), y)
+                    timer.end()
+                    loss_value = loss.detach()
+                    loss = events.after_forward(context, loss)
+                    timer.begin("backward", i)
+                    loss.backward()
+                    timer.end()
+            if self.training:
+                exchange.gradients(i)
+                if self.optimizer is not None:
+                    self._optimizer_step(context, events)
+            exchange.end(i)
+        self.iteration += 1
+        result = IterationResult(self.info.job_id, i, start, events.now(),
+                                 None if loss_value is None else float(loss_value), samples)
+        events.iteration_end(context, result)
+        return result
+
+    def _optimizer_step(self, context: IterationContext, events: StepEvents) -> None:
+        assert self.optimizer is not None
+        stepped = True
+        if events.wants_gradients:
+            gradients = Gradients(self.info, self._stepped, self.exchange.reduce,
+                                  whole=self.exchange.whole)
+            events.before_optimizer_step(context, gradients)
+            stepped = gradients.skipped is None
+        if stepped:
+            self.timer.begin("optimizer", context.iteration)
+            self.optimizer.step()
+            self.timer.end()
+        rebuilds = events.after_step(context, stepped)
+        if rebuilds:
+            self.rebuild_optimizer("; ".join(r.reason for r in rebuilds))
+
+    def rebuild_optimizer(self, reason: str) -> None:
+        """Build the optimizer again over the model's current parameters (a plugin changed
+        the model), carrying over the state of every parameter that is unchanged."""
+        table = param_table(self.model)
+        if table != self.info.parameters and self.exchange.role != "single":
+            raise UserError(
+                f"job '{self.info.name}': a plugin changed the model's parameters during a "
+                f"cluster run ({reason}); the {self.exchange.role}s' parameter tables would no "
+                "longer match. Change the model at build time (accelopt_layer_build) in "
+                "cluster runs")
+        self.info = dataclasses.replace(self.info, parameters=table,
+                                        buckets=buckets_by_bytes(table, self.bucket_bytes))
+        self._stepped = self.exchange.stepped_parameters(self.model)
+        self.optimizer = build_optimizer(self.info, self.spec, self._stepped, self.host,
+                                         previous=self.optimizer)
+        self.rebuilds.append(f"iteration {self.iteration}: {reason}")
+
+    # -- state -----------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "iteration": self.iteration,
+            "model": self.model.state_dict(),
+            "optimizer": None if self.optimizer is None else self.optimizer.state_dict(),
+            "random": self.random.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        if self.optimizer is not None and state["optimizer"] is not None:
+            self.optimizer.load_state_dict(state["optimizer"])
+        if state.get("random") is not None:
+            self.random.load_state_dict(state["random"])
+        self.iteration = int(state["iteration"])
+
+    def close(self) -> None:
+        self.exchange.close()
+
+
+def job_loss(dataset: Any) -> Callable[[Any, torch.Tensor], torch.Tensor]:
+    """The training loss: the dataset's own ``loss_fn(out, y)`` when it has one (multi-label
+    targets need one), else cross-entropy over class indices. A model output that has a
+    ``loss_against(y)`` method computes its own loss (a sampled output layer only knows which
+    logits it computed once it sees the targets)."""
+    base = getattr(dataset, "loss_fn", None) or nn.CrossEntropyLoss()
+
+    def loss(out: Any, y: torch.Tensor) -> torch.Tensor:
+        own = getattr(out, "loss_against", None)
+        return own(y) if callable(own) else base(out, y)
+
+    return loss

@@ -1,0 +1,84 @@
+"""A job's parameters as the runtime moves them: the parameter table (names, shapes, bytes,
+layer order), gradient buckets, shards over parameter servers, and rows of a batch per worker.
+
+These are facts of the built model, computed once by the core and carried in
+:class:`accelopt.types.JobInfo`, so no plugin has to rebuild a job to learn them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from accelopt.types import ParamInfo
+
+
+def param_table(model: nn.Module) -> tuple[ParamInfo, ...]:
+    """Every distinct parameter in module order; a tied parameter is listed once, under the
+    first module that owns it."""
+    out: list[ParamInfo] = []
+    seen: set[int] = set()
+    layer = 0
+    for path, module in model.named_modules():
+        own = [(n, p) for n, p in module.named_parameters(recurse=False) if id(p) not in seen]
+        if not own:
+            continue
+        for n, p in own:
+            seen.add(id(p))
+            name = f"{path}.{n}" if path else n
+            out.append(ParamInfo(
+                index=len(out), name=name, layer_index=layer,
+                nbytes=p.numel() * p.element_size(), module=path, shape=tuple(p.shape),
+                dtype=str(p.dtype).removeprefix("torch."),
+            ))
+        layer += 1
+    return tuple(out)
+
+
+def layer_modules(model: nn.Module, table: Sequence[ParamInfo]) -> dict[int, nn.Module]:
+    """layer_index -> the module that owns those parameters (forward pre-hooks go there)."""
+    modules = dict(model.named_modules())
+    return {p.layer_index: modules[p.module] for p in table}
+
+
+def shard_by_bytes(table: Sequence[ParamInfo], servers: int) -> list[list[ParamInfo]]:
+    """Balance parameter bytes over ``servers``: largest tensor first onto the least loaded
+    server (ties: lowest server). Each shard keeps layer order."""
+    load = [0] * servers
+    shards: list[list[ParamInfo]] = [[] for _ in range(servers)]
+    for info in sorted(table, key=lambda p: (-p.nbytes, p.index)):
+        target = min(range(servers), key=lambda s: (load[s], s))
+        load[target] += info.nbytes
+        shards[target].append(info)
+    return [sorted(shard, key=lambda p: p.index) for shard in shards]
+
+
+def buckets_by_bytes(table: Sequence[ParamInfo], bucket_bytes: int) -> tuple[tuple[int, ...], ...]:
+    """Gradient buckets in backward order (last layer first), each up to ``bucket_bytes``
+    (a tensor larger than a bucket gets a bucket of its own), like PyTorch DDP; as indices
+    into ``table``."""
+    buckets: list[tuple[int, ...]] = []
+    current: list[int] = []
+    size = 0
+    for info in reversed(table):
+        if current and size + info.nbytes > bucket_bytes:
+            buckets.append(tuple(current))
+            current, size = [], 0
+        current.append(info.index)
+        size += info.nbytes
+    if current:
+        buckets.append(tuple(current))
+    return tuple(buckets)
+
+
+def shard_rows(batch_size: int, workers: int) -> list[tuple[int, int]]:
+    """Rows [start, stop) of the global batch each worker takes: contiguous, sizes differ by
+    at most one (``torch.tensor_split``)."""
+    bounds = [len(t) for t in torch.tensor_split(torch.empty(batch_size), workers)]
+    out, start = [], 0
+    for n in bounds:
+        out.append((start, start + n))
+        start += n
+    return out

@@ -1,0 +1,86 @@
+"""The jobs a run config describes: explicit ``workload.jobs`` then a generated trace, each
+validated, each with its id. One function, used by the single-process run, by every rank of a
+cluster run and by the up-front validation, so all of them see the same jobs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from accelopt.config import AccelConfig, JobConfig
+from accelopt.errors import ConfigError
+from accelopt.workloads import generate_trace
+
+OPTIMIZERS = ("sgd", "adam")
+KINDS = ("train", "infer")
+
+
+def job_id_for(index: int, spec: JobConfig) -> str:
+    """The id of the ``index``-th job of a workload (stable across processes and resumes)."""
+    return f"{index:02d}-{spec.name}"
+
+
+def job_specs(cfg: DictConfig | Any) -> list[JobConfig]:
+    """The workload's explicit jobs followed by its generated trace (if any), validated."""
+    # typed against the schema whether the config was composed (typed) or read back from
+    # YAML in a rank process (untyped)
+    typed = OmegaConf.merge(OmegaConf.structured(AccelConfig),
+                            {"workload": OmegaConf.to_container(cfg.workload, resolve=True)})
+    workload = typed.workload
+    specs: list[JobConfig] = [OmegaConf.to_object(j) for j in workload.jobs]  # type: ignore[misc]
+    gen = workload.generate
+    if gen.n_jobs:
+        try:
+            trace = generate_trace(
+                n_jobs=int(gen.n_jobs),
+                seed=int(gen.seed),
+                mean_interarrival_s=float(gen.mean_interarrival_s),
+                models=list(gen.models),
+                batch_sizes=list(gen.batch_sizes),
+                min_iterations=int(gen.min_iterations),
+                max_iterations=int(gen.max_iterations),
+                pareto_alpha=float(gen.pareto_alpha),
+            )
+        except ValueError as exc:
+            raise ConfigError(f"workload.generate: {exc}") from None
+        specs += [
+            JobConfig(
+                name=t.name,
+                model=t.model,
+                dataset=t.dataset,
+                batch_size=t.batch_size,
+                iterations=t.iterations,
+                arrival_s=t.arrival_s,
+                seed=t.seed,
+                optimizer="adam" if t.model in ("lstm", "transformer") else "sgd",
+                lr=1e-3 if t.model in ("lstm", "transformer") else 0.05,
+            )
+            for t in trace
+        ]
+    if not specs:
+        raise ConfigError("the workload has no jobs; add workload.jobs or workload.generate.n_jobs")
+    names = [s.name for s in specs]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ConfigError(f"workload job names must be unique; repeated: {', '.join(duplicates)}")
+    for spec in specs:
+        validate_spec(spec)
+    return specs
+
+
+def validate_spec(spec: JobConfig) -> None:
+    """One line naming the job and the key for every value a job cannot run with."""
+    where = f"job '{spec.name}'"
+    if spec.kind not in KINDS:
+        raise ConfigError(f"{where}: kind must be one of {', '.join(KINDS)}, got {spec.kind!r}")
+    if spec.optimizer not in OPTIMIZERS:
+        raise ConfigError(
+            f"{where}: optimizer must be one of {', '.join(OPTIMIZERS)}, got {spec.optimizer!r}"
+        )
+    if spec.iterations < 1:
+        raise ConfigError(f"{where}: iterations must be >= 1, got {spec.iterations}")
+    if spec.batch_size < 1:
+        raise ConfigError(f"{where}: batch_size must be >= 1, got {spec.batch_size}")
+    if spec.lr <= 0:
+        raise ConfigError(f"{where}: lr must be > 0, got {spec.lr}")

@@ -1,0 +1,124 @@
+"""The one hook-call path (accelopt/host.py): pluggy wrappers are honoured for every shape of
+call (all plugins, a chain, one plugin's configure), errors name the plugin and the hook, and
+the process's hook calls never overlap."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+from torch import nn
+
+from accelopt import PluginHookError, PluginSpec, hookimpl
+from accelopt.host import PluginHost
+from accelopt.types import IterationContext, JobInfo, LayerOffer
+
+
+class Wrapper:
+    """Wraps every call of three hooks and notes what went through."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, object]] = []
+
+    @hookimpl(wrapper=True)
+    def accelopt_layer_build(self, layer):
+        result = yield
+        self.seen.append(("layer_build", result))
+        return result
+
+    @hookimpl(wrapper=True)
+    def accelopt_iteration_start(self, context):
+        self.seen.append(("iteration_start", context.iteration))
+        return (yield)
+
+    @hookimpl(wrapper=True)
+    def accelopt_configure(self, config, run_config):
+        self.seen.append(("configure", config))
+        return (yield)
+
+
+class Replacer:
+    def __init__(self) -> None:
+        self.configured = None
+
+    @hookimpl
+    def accelopt_layer_build(self, layer):
+        return nn.Identity() if layer.module_type == "ReLU" else None
+
+    @hookimpl
+    def accelopt_iteration_start(self, context):
+        if context.iteration == 99:
+            raise RuntimeError("iteration 99 is cursed")
+
+    @hookimpl
+    def accelopt_configure(self, config, run_config):
+        self.configured = config
+
+
+def host_of(*instances: tuple[str, object]) -> PluginHost:
+    return PluginHost([(PluginSpec(name=n, factory=lambda c: None), i) for n, i in instances])
+
+
+JOB = JobInfo("00-j", "j", "mlp", "train", 0.0, 1, 1)
+
+
+def test_wrappers_are_honoured_by_calls_chains_and_one_plugin_calls():
+    wrapper, replacer = Wrapper(), Replacer()
+    host = host_of(("wrapper", wrapper), ("replacer", replacer))
+    out = host.chain("accelopt_layer_build", nn.ReLU(), lambda m: {
+        "layer": LayerOffer(JOB, "r", 0, m, type(m).__name__)})
+    assert isinstance(out, nn.Identity)
+    assert ("layer_build", out) in wrapper.seen  # the wrapper saw the link's result
+    host.call("accelopt_iteration_start", context=IterationContext(JOB, "l", 3, 0.0))
+    assert ("iteration_start", 3) in wrapper.seen
+    host.call_one("replacer", "accelopt_configure", config="cfg", run_config=None)
+    assert replacer.configured == "cfg" and ("configure", "cfg") in wrapper.seen
+
+
+def test_a_plugins_error_names_the_plugin_and_the_hook():
+    host = host_of(("wrapper", Wrapper()), ("replacer", Replacer()))
+    with pytest.raises(PluginHookError) as info:
+        host.call("accelopt_iteration_start", context=IterationContext(JOB, "l", 99, 0.0))
+    assert info.value.plugin == "replacer" and info.value.hook == "accelopt_iteration_start"
+    assert "iteration 99 is cursed" in str(info.value)
+
+
+def test_hook_calls_of_a_process_never_overlap():
+    """Two hosts (two jobs' hosts share run-scoped plugins), two threads: one call at a time."""
+
+    class Slow:
+        def __init__(self) -> None:
+            self.inside = 0
+            self.most = 0
+
+        @hookimpl
+        def accelopt_iteration_end(self, context, result):
+            self.inside += 1
+            self.most = max(self.most, self.inside)
+            time.sleep(0.002)  # long enough for the other thread to try to enter
+            self.inside -= 1
+
+    slow = Slow()
+    hosts = [host_of(("slow", slow)), host_of(("slow", slow))]
+
+    def hammer(host: PluginHost) -> None:
+        for i in range(20):
+            host.call("accelopt_iteration_end", context=IterationContext(JOB, "l", i, 0.0),
+                      result=None)
+
+    threads = [threading.Thread(target=hammer, args=(h,)) for h in hosts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert slow.most == 1
+
+
+def test_a_hook_nobody_implements_costs_nothing_and_answers_like_pluggy():
+    host = host_of(("replacer", Replacer()))
+    assert host.call("accelopt_select_next", lane="l", ready=[], now_s=0.0) is None
+    assert host.call("accelopt_run_end", run=None, metrics={}) == []
+    assert torch.equal(host.chain("accelopt_transfer_encode", torch.ones(1),
+                                  lambda p: {"record": None, "payload": p}), torch.ones(1))
