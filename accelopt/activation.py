@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from accelopt.errors import ConfigError, UserError
 from accelopt.hookspecs import RUN_DECISION_HOOKS
-from accelopt.host import HookTimer, PluginHost
+from accelopt.host import PluginHost
 from accelopt.plugin import PluginSpec, Registry, resolve
 
 
@@ -60,7 +60,7 @@ class PluginSet:
                                if s.scope == "run"])
         self._own: dict[str, PluginHost] = {}
         self._all: dict[str, PluginHost] = {}
-        self._timer: HookTimer | None = None
+        self._trace: list[tuple[str, float, float]] | None = None
 
     @classmethod
     def of(cls, active: Iterable[tuple[PluginSpec, object]]) -> PluginSet:
@@ -93,8 +93,8 @@ class PluginSet:
         self._own[job_id] = PluginHost([(s, own[s.name]) for s in self.specs if s.name in own])
         pairs = [(s, own.get(s.name) or self._run_instances[s.name]) for s in self.specs]
         self._all[job_id] = host = PluginHost(pairs)
-        host.timer = self._timer
-        self._own[job_id].timer = self._timer
+        host.trace = self._trace
+        self._own[job_id].trace = self._trace
         return host
 
     def for_job(self, job_id: str) -> PluginHost:
@@ -113,11 +113,12 @@ class PluginSet:
     def job_scoped(self) -> list[str]:
         return [s.name for s in self.specs if s.scope == "job"]
 
-    def set_timer(self, timer: HookTimer | None) -> None:
-        """Time every hook call of every host (the run's ``hooks`` timeline track)."""
-        self._timer = timer
+    def set_trace(self, trace: list[tuple[str, float, float]] | None) -> None:
+        """Time every hook call of every host into ``trace`` as (hook, start, end) in
+        ``time.perf_counter`` seconds (the run's ``hooks`` timeline track)."""
+        self._trace = trace
         for host in [self.run, *self._own.values(), *self._all.values()]:
-            host.timer = timer
+            host.trace = trace
 
     def instances(self) -> list[object]:
         """Every plugin object of this process."""

@@ -356,12 +356,6 @@ def accelopt_transfer_done(record: TransferRecord, start_s: float, end_s: float)
     """
 
 
-TRANSFER_HOOKS = frozenset({
-    "accelopt_transfer_order", "accelopt_transfer_filter", "accelopt_transfer_encode",
-    "accelopt_transfer_decode", "accelopt_transfer_done",
-})
-"""The send/recv hooks (called in cluster runs only)."""
-
 RUN_DECISION_HOOKS = frozenset({
     "accelopt_allocate", "accelopt_release", "accelopt_select_next",
 })

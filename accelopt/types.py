@@ -269,9 +269,11 @@ class BuiltJob:
 
     job: JobInfo
     model: torch.nn.Module
-    inputs: Any
-    targets: Any
-    loss: Callable[[Any, Any], Any]
+    inputs: torch.Tensor
+    targets: torch.Tensor
+    loss: Callable[[Any, torch.Tensor], torch.Tensor]
+    """``loss(model_output, targets)``; the output may be a model's own object (a sampled
+    output layer computes its loss from it)."""
 
 
 @dataclass(frozen=True, slots=True)

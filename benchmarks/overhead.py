@@ -13,12 +13,16 @@ width 256, batch 64) three ways, on the same model, data and number of iteration
 
 The clock is the process's CPU time with one torch thread, so all compute runs on the calling
 thread and a busy machine disturbs the figure far less than wall time. Model build and the
-one-off profiling are excluded. Each *pair* runs (a) and (b) (and (a) and (c)) back to back,
-in alternating order; the overhead is the median over the pairs of (b)/(a) - 1, printed with
-its spread (min, quartiles, max) and the number of pairs. The runtime's bookkeeping alone
-(an empty step) is printed after, as a diagnostic.
+one-off profiling are excluded. Each side is timed in short blocks of iterations, and each
+*pair* is a block of (a) and a block of (b) (or of (c)) back to back, in alternating order,
+so both see the same state of a busy machine; the overhead is the median over the pairs of
+(b)/(a) - 1, printed with its spread (min, quartiles, max) and the number of pairs. The
+runtime's bookkeeping alone (an empty step) is printed after, as a diagnostic. On a shared
+VM the time of one iteration moves by tens of percent from one moment to the next, so
+``--instructions SHORT LONG`` also counts the instructions each side executes per iteration
+under valgrind's callgrind: a count that another process on the machine cannot change.
 
-    python benchmarks/overhead.py [--pairs 24] [--iterations 400] [--threads 1]
+    python benchmarks/overhead.py [--iterations 3000] [--threads 1] [--instructions 20 120]
 """
 
 from __future__ import annotations
@@ -36,28 +40,39 @@ from torch import nn
 from accelopt.activation import PluginSet
 from accelopt.config import JobConfig
 from accelopt.drivers.local import Executor
-from accelopt.job import Job, build_jobs
+from accelopt.job import Job, StepEvents, build_jobs
 from accelopt.plugin import Registry
 
 SPEC = JobConfig(name="mlp-a", model="mlp", batch_size=64, iterations=400, seed=1)
 """The default workload's first job (configs/workload/default.yaml)."""
 
 
-def plain_loop(spec: JobConfig) -> float:
-    """(a) What a user writes by hand: CPU seconds per iteration."""
-    (job,) = build_jobs([spec], torch.device("cpu"))
-    model, data = job.model, job.dataset
-    optimizer = torch.optim.SGD(model.parameters(), lr=spec.lr, momentum=spec.momentum)
-    loss_fn = nn.CrossEntropyLoss()
-    cpu = time.process_time()
-    for i in range(spec.iterations):
-        x, y = data.batch(i, spec.batch_size)
-        loss = loss_fn(model(x), y)
-        optimizer.zero_grad(set_to_none=False)
+class PlainLoop:
+    """(a) What a user writes by hand, continued block after block on one model."""
+
+    def __init__(self, spec: JobConfig) -> None:
+        (job,) = build_jobs([spec], torch.device("cpu"))
+        self.spec, self.model, self.data = spec, job.model, job.dataset
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=spec.lr,
+                                         momentum=spec.momentum)
+        self.loss_fn = nn.CrossEntropyLoss()
+        self.i = 0
+
+    def block(self, n: int) -> float:
+        """CPU seconds per iteration of the next ``n`` iterations."""
+        cpu = time.process_time()
+        for _ in range(n):
+            self.one()
+        return (time.process_time() - cpu) / n
+
+    def one(self) -> None:
+        x, y = self.data.batch(self.i, self.spec.batch_size)
+        loss = self.loss_fn(self.model(x), y)
+        self.optimizer.zero_grad(set_to_none=False)
         loss.backward()
-        optimizer.step()
+        self.optimizer.step()
         float(loss.detach())  # the runtime reads the loss every iteration too
-    return (time.process_time() - cpu) / spec.iterations
+        self.i += 1
 
 
 def plugins_of(names: list[str]) -> PluginSet:
@@ -65,20 +80,27 @@ def plugins_of(names: list[str]) -> PluginSet:
     return PluginSet.of((registry.get(n), registry.get(n).instantiate()) for n in names)
 
 
-def accelopt_driver(spec: JobConfig, names: list[str], trace_hooks: bool,
-                    step: Callable[[Job], None] | None = None) -> float:
-    """(b)/(c): CPU seconds per iteration of the local driver running the job."""
-    plugins = plugins_of(names)
-    (job,) = build_jobs([spec], torch.device("cpu"), plugins)
-    calls: list[tuple[str, float, float]] = []
-    if trace_hooks:
-        plugins.set_timer(lambda hook, start, end: calls.append((hook, start, end)))
-    if step is not None:
-        job.step = step.__get__(job)  # type: ignore[method-assign]
-    executor = Executor(plugins, [job], capacity_bytes=None, device="cpu")
-    cpu = time.process_time()
-    executor.run()
-    return (time.process_time() - cpu) / spec.iterations
+class Driver:
+    """(b)/(c): the local driver running the job for a block of iterations (a job of that
+    many iterations, built before the clock starts, with fresh plugin instances)."""
+
+    def __init__(self, spec: JobConfig, names: list[str], trace_hooks: bool = True,
+                 step: Callable[..., object] | None = None) -> None:
+        self.spec, self.names, self.trace_hooks, self.step = spec, names, trace_hooks, step
+
+    def block(self, n: int) -> float:
+        spec = JobConfig(**{**self.spec.__dict__, "iterations": n})
+        plugins = plugins_of(self.names)
+        (job,) = build_jobs([spec], torch.device("cpu"), plugins)
+        calls: list[tuple[str, float, float]] = []
+        if self.trace_hooks:  # as accelopt run records the hooks' timeline by default
+            plugins.set_trace(calls)
+        if self.step is not None:
+            job.step = self.step.__get__(job)  # type: ignore[method-assign]
+        executor = Executor(plugins, [job], capacity_bytes=None, device="cpu")
+        cpu = time.process_time()
+        executor.run()
+        return (time.process_time() - cpu) / n
 
 
 def empty_step(self: Job, events: object = None) -> object:
@@ -89,61 +111,146 @@ def empty_step(self: Job, events: object = None) -> object:
     return IterationResult(self.info.job_id, self.iteration - 1, 0.0, 0.0, 0.0, 64)
 
 
+def interleaved(names: list[str], iterations: int) -> list[float]:
+    """End to end, iteration by iteration: the local driver runs the job (its plugins
+    ``names``, hook timeline on) and, inside the driver's own lane thread, one iteration of
+    the hand-written loop beside each of its steps, alternately before and after it. The
+    accelopt side of iteration k is its step plus the driver's time from the end of step k to
+    the start of step k+1 (admission, choice, bookkeeping); the plain side is its one
+    iteration. Both run within microseconds of each other on the same thread, so a busy
+    machine slows both alike. Returns the per-iteration ratios (accelopt / plain) - 1."""
+    clock = time.process_time_ns
+    plain = PlainLoop(SPEC)
+    spec = JobConfig(**{**SPEC.__dict__, "iterations": iterations + 1})
+    plugins = plugins_of(names)
+    (job,) = build_jobs([spec], torch.device("cpu"), plugins)
+    calls: list[tuple[str, float, float]] = []
+    plugins.set_trace(calls)
+    marks: list[tuple[int, int, int, int]] = []  # (entry, plain, step start, step end)
+    state = {"exit": 0}
+
+    def stepper(job: Job, events: StepEvents) -> object:
+        entry = clock()
+        if len(marks) % 2:
+            t0 = clock()
+            plain.one()
+            t1 = clock()
+            result = job.step(events)
+            t2 = clock()
+            marks.append((state["exit"], entry, t1 - t0, t2 - t1))
+        else:
+            t0 = clock()
+            result = job.step(events)
+            t1 = clock()
+            plain.one()
+            t2 = clock()
+            marks.append((state["exit"], entry, t2 - t1, t1 - t0))
+        state["exit"] = clock()
+        return result
+
+    Executor(plugins, [job], capacity_bytes=None, device="cpu", stepper=stepper).run()
+    ratios = []
+    for k in range(1, len(marks)):  # the driver's time before step k belongs to step k-1
+        prev_exit, entry, plain_ns, step_ns = marks[k]
+        driver_ns = entry - prev_exit
+        _, _, prev_plain, prev_step = marks[k - 1]
+        ratios.append((prev_step + driver_ns) / prev_plain - 1)
+    return ratios
+
+
 def spread(values: list[float]) -> str:
     q = statistics.quantiles(values, n=4) if len(values) >= 2 else [values[0]] * 3
     return (f"min {min(values):+.2%}  q1 {q[0]:+.2%}  median {statistics.median(values):+.2%}"
             f"  q3 {q[2]:+.2%}  max {max(values):+.2%}")
 
 
+SIDES = {"a": [], "b": [], "c": ["noop"]}
+
+
+def measure(side: str, iterations: int) -> None:
+    """One side for ``iterations`` iterations, nothing else (what --instructions counts)."""
+    if side == "a":
+        PlainLoop(SPEC).block(iterations)
+    else:
+        Driver(SPEC, SIDES[side]).block(iterations)
+
+
+def instructions(short: int, long: int) -> dict[str, float]:
+    """Instructions per iteration of each side, counted by valgrind's callgrind (a count, not
+    a time: the same for the same binary and inputs whatever else the machine does): each
+    side runs in its own process for ``short`` and for ``long`` iterations, and the
+    difference of the two totals over ``long - short`` is the per-iteration count (imports,
+    build and start-up cancel out)."""
+    import re
+    import subprocess
+    import sys
+    import tempfile
+    from concurrent.futures import ThreadPoolExecutor
+
+    env = {**os.environ, "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1"}
+
+    def count(side: str, n: int, work: str) -> int:
+        path = f"{work}/{side}-{n}.out"
+        subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={path}",
+                        sys.executable, __file__, "--measure", side, "--iterations", str(n)],
+                       check=True, env=env, capture_output=True)
+        with open(path) as fh:
+            return int(re.search(r"^summary:\s*(\d+)", fh.read(), re.M).group(1))
+
+    with tempfile.TemporaryDirectory() as work, ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+        # counts do not depend on what runs beside them: the runs may share the cores
+        runs = {(side, n): pool.submit(count, side, n, work) for side in SIDES
+                for n in (short, long)}
+        return {side: (runs[side, long].result() - runs[side, short].result()) / (long - short)
+                for side in SIDES}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pairs", type=int, default=24)
-    parser.add_argument("--iterations", type=int, default=400)
+    parser.add_argument("--iterations", type=int, default=3000,
+                        help="interleaved iteration pairs per comparison")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (0: default)")
+    parser.add_argument("--instructions", nargs=2, type=int, metavar=("SHORT", "LONG"),
+                        help="also count instructions per iteration under callgrind, from runs "
+                             "of SHORT and LONG iterations (e.g. 20 120; minutes per side)")
+    parser.add_argument("--measure", choices=sorted(SIDES), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    spec = JobConfig(**{**SPEC.__dict__, "iterations": args.iterations})
-    sides: dict[str, Callable[[], float]] = {
-        "a": lambda: plain_loop(spec),
-        "b": lambda: accelopt_driver(spec, [], trace_hooks=True),
-        "c": lambda: accelopt_driver(spec, ["noop"], trace_hooks=True),
-    }
-    for side in sides.values():  # warm-up, not recorded
-        side()
-    seconds: dict[str, list[float]] = {k: [] for k in sides}
-    ratios: dict[str, list[float]] = {"b": [], "c": []}
-    for pair in range(args.pairs):
-        for other in ("b", "c"):
-            order = ("a", other) if pair % 2 == 0 else (other, "a")
-            got = {k: sides[k]() for k in order}
-            seconds["a"].append(got["a"])
-            seconds[other].append(got[other])
-            ratios[other].append(got[other] / got["a"] - 1)
-
+    if args.measure:
+        measure(args.measure, args.iterations)
+        return
+    labels = {"b": "b accelopt, no plugins",
+              "c": "c accelopt + noop (every hook), hook trace on"}
+    plain = PlainLoop(SPEC)
+    plain.block(50)  # warm-up
+    base = statistics.median(plain.block(200) for _ in range(5))
+    interleaved([], 50)  # warm-up
+    ratios = {"b": interleaved([], args.iterations), "c": interleaved(["noop"], args.iterations)}
     print(f"machine: {platform.machine()} {platform.processor() or ''}, {os.cpu_count()} cores, "
           f"{torch.get_num_threads()} torch thread(s), torch {torch.__version__}, python "
           f"{platform.python_version()}; load average {os.getloadavg()[0]:.2f}")
-    print(f"job: {spec.name} (MLP width 256, batch {spec.batch_size}), {spec.iterations} "
-          f"iterations per side, {args.pairs} interleaved pairs per comparison, CPU clock")
-    print(f"{'side':<44}{'median us/it':>14}")
-    labels = {"a": "a plain hand-written loop",
-              "b": "b accelopt, no plugins",
-              "c": "c accelopt + noop (every hook), hook trace on"}
-    for key, label in labels.items():
-        print(f"{label:<44}{statistics.median(seconds[key]) * 1e6:>14.1f}")
-    print("\noverhead vs the plain loop, per pair ((x / a) - 1), over "
-          f"{args.pairs} pairs each:")
+    print(f"job: {SPEC.name} (MLP width 256, batch {SPEC.batch_size}); plain loop "
+          f"{base * 1e6:.0f} us/iteration (median of 5 blocks of 200); CPU clock")
+    print(f"\nend to end, {args.iterations} interleaved iteration pairs per comparison "
+          "(accelopt / plain - 1, per pair):")
     for key in ("b", "c"):
-        print(f"  {labels[key]:<44} {spread(ratios[key])}")
-    base = statistics.median(seconds["a"])
-    empty = JobConfig(**{**spec.__dict__, "iterations": 20000})
-    print("\ndiagnostic: the driver's bookkeeping per iteration (a step that does no work, CPU "
-          f"clock, median of 5), as a share of the plain loop's {base * 1e6:.0f} us:")
+        print(f"  {labels[key]:<46} {spread(ratios[key])}")
+    print("\nthe driver's bookkeeping alone (a step that does no work, median of 5 blocks of "
+          "20000 iterations):")
     for key, names in (("b", []), ("c", ["noop"])):
-        cost = statistics.median(accelopt_driver(empty, names, True, empty_step)
-                                 for _ in range(5))
-        print(f"  {labels[key]:<44}{cost * 1e6:>8.2f} us = {cost / base:.2%}")
+        idle = Driver(SPEC, names, True, empty_step)
+        cost = statistics.median(idle.block(20000) for _ in range(5))
+        print(f"  {labels[key]:<46}{cost * 1e6:>8.2f} us = {cost / base:.2%} of an iteration")
+    if args.instructions:
+        short, long = args.instructions
+        counts = instructions(short, long)
+        print(f"\ninstructions per iteration (callgrind, runs of {short} and {long} iterations "
+              "per side; a count, not a time):")
+        print(f"  {'a plain hand-written loop':<46}{counts['a']:>14,.0f}")
+        for key in ("b", "c"):
+            print(f"  {labels[key]:<46}{counts[key]:>14,.0f}  = "
+                  f"{counts[key] / counts['a'] - 1:+.2%} vs the plain loop")
 
 
 if __name__ == "__main__":

@@ -227,3 +227,55 @@ class RankReporter:
 
 RANK_REPORTER = PluginSpec(name="rank_reporter", factory=RankReporter,
                            description="reports its rank (test)", scope="job")
+
+
+class ShrinkAfter:
+    """At iteration ``at`` (after the step) halves the hidden width of the job's MLP in
+    place (new, smaller Parameters for net.1 and net.3) and asks for an optimizer rebuild;
+    wraps the optimizer once at build to show accelopt_optimizer_build."""
+
+    at = 2
+
+    def __init__(self, config: Any) -> None:
+        self.model: nn.Module | None = None
+        self.builds: list[tuple[str, bool]] = []
+        self.shrunk_at: int | None = None
+
+    @hookimpl
+    def accelopt_layer_build(self, layer: LayerOffer) -> Any | None:
+        if layer.path == "":
+            self.model = layer.module  # a test plugin: it keeps the model for the run
+        return None
+
+    @hookimpl
+    def accelopt_optimizer_build(self, job, optimizer, parameters, previous):
+        self.builds.append((type(optimizer).__name__, previous is not None))
+        return None
+
+    @hookimpl
+    def accelopt_after_step(self, context, stepped):
+        import torch
+
+        from accelopt import OptimizerRebuild
+
+        if context.iteration != self.at or self.model is None:
+            return None
+        first, second = self.model.net[1], self.model.net[3]
+        keep = first.out_features // 2
+        with torch.no_grad():
+            first.weight = nn.Parameter(first.weight[:keep].clone())
+            first.bias = nn.Parameter(first.bias[:keep].clone())
+            first.out_features = keep
+            second.weight = nn.Parameter(second.weight[:, :keep].clone())
+            second.in_features = keep
+        self.shrunk_at = context.iteration
+        return OptimizerRebuild(f"hidden width halved to {keep}")
+
+    @hookimpl
+    def accelopt_report_rows(self, run: RunInfo) -> list[ReportRow]:
+        self.model = None
+        return [ReportRow("shrink", f"shrunk at {self.shrunk_at}",
+                          {"builds": ";".join(f"{n}:{p}" for n, p in self.builds)})]
+
+
+SHRINK = PluginSpec(name="shrink", factory=ShrinkAfter, description="shrinks a layer (test)")

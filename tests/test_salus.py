@@ -24,7 +24,7 @@ from accelopt_plugins.salus.metrics import (
 from accelopt_plugins.salus.policies import POLICIES
 from torch import nn
 
-from accelopt import ConfigError, PluginSpec, hookimpl
+from accelopt import ConfigError, PluginSpec, UserError, hookimpl
 
 pytestmark = pytest.mark.timeout(120)
 ROOT = Path(__file__).resolve().parents[1]
@@ -282,3 +282,37 @@ def test_fairness_and_busy_fraction():
     hog = [Interval("a", "L0", 0, 4)]
     index, _ = contention_fairness(hog, {"a": (0, 4), "b": (0, 4)}, 1.0)
     assert index == pytest.approx(0.5)
+
+
+# -- the policy extension point -------------------------------------------------------------
+
+
+def test_a_policy_name_is_taken_once():
+    from accelopt_plugins.salus.policies import Srtf, register_policy
+
+    class Impostor(Srtf):
+        pass
+
+    with pytest.raises(UserError, match="'srtf' is already registered"):
+        register_policy("srtf")(Impostor)
+    register_policy("srtf")(Srtf)  # the same class again is no conflict
+
+
+@pytest.mark.timeout(180)
+def test_a_policy_registered_in_code_reaches_every_rank_of_a_cluster(tmp_path):
+    """Registered in this process only: the cluster run sends it to its rank processes (the
+    leader, rank 0, is where it decides)."""
+    from multijob_policies import RandomPolicy
+
+    from accelopt.testing import run_workload
+
+    POLICIES.register("random_in_code", RandomPolicy)
+    try:
+        record = run_workload(["salus"], ["plugins.salus.policy=random_in_code",
+                                          "workload.jobs.1.arrival_s=0.0", "cluster.mode=ps",
+                                          "cluster.timeout_s=30"], tmp_path=tmp_path)
+    finally:
+        POLICIES.unregister("random_in_code")
+    assert [j.status for j in record.jobs] == ["done", "done"]
+    (row,) = [r for r in record.plugin_rows if r.plugin == "salus"]
+    assert row.summary.startswith("policy RandomPolicy:")

@@ -22,7 +22,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -50,10 +50,13 @@ Stepper = Callable[[Job, StepEvents], IterationResult]
 
 
 def local_step(job: Job, events: StepEvents) -> IterationResult:
+    """The local driver's stepper: the job's own step."""
     return job.step(events)
 
 
 CANCELLED = "cancelled by user"
+EXCLUSIVE = AllocationDecision(granted=True, lane=DEFAULT_LANE, reason="exclusive (default)")
+"""The default decision when no plugin answers (immutable, so one object serves)."""
 
 
 @dataclass
@@ -64,6 +67,9 @@ class _Entry:
     last_iteration_s: float | None = None
     busy: bool = False
     cancel_requested: bool = False
+    requests: dict[str, AllocationRequest] = field(default_factory=dict)
+    """The job's allocation requests by phase (rebuilt when its record changes)."""
+    events: StepEvents | None = None
 
     @property
     def finished(self) -> bool:
@@ -95,7 +101,7 @@ class Executor:
         on_finish: IterationCallback | None = None,
         results: dict[str, JobResult] | None = None,
         keep_open: bool = False,
-        stepper: Stepper = local_step,
+        stepper: Stepper | None = None,
         clock: Callable[[], float] | None = None,
         jobs_fail_alone: bool = True,
     ) -> None:
@@ -107,6 +113,7 @@ class Executor:
         self.plugins = plugins = as_plugin_set(plugins)
         self.host = plugins.run
         self.stepper = stepper
+        """Runs one iteration (``None``: the job's own step, called directly)."""
         self._external_clock = clock is not None
         self._clock = clock or time.perf_counter
         self._origin = 0.0
@@ -117,7 +124,7 @@ class Executor:
         self.profiler = profiler
         self.on_iteration = on_iteration
         self.on_finish = on_finish
-        self.spans: list[Span] = []
+        self._lane_spans: list[tuple[str, str, float, float, int]] = []
         self._cv = threading.Condition()
         self._t0 = 0.0 if self._external_clock else self._clock()
         self._entries = {
@@ -138,8 +145,17 @@ class Executor:
         # torch's intra-op thread count is per OS thread under OpenMP: lane threads would
         # otherwise ignore run.threads and use the library default
         self._torch_threads = torch.get_num_threads()
+        self._allocates = self.host.implements("accelopt_allocate")
 
     # -- public --------------------------------------------------------------------------
+
+    @property
+    def spans(self) -> list[Span]:
+        """Every iteration as a span on its lane's track (made on demand: the hot path only
+        keeps tuples)."""
+        return [Span(name=name, track=f"lane {lane}", start_s=start, end_s=end,
+                     args={"job": name, "iteration": iteration})
+                for name, lane, start, end, iteration in self._lane_spans]
 
     def now(self) -> float:
         return self._clock() - self._t0
@@ -285,18 +301,23 @@ class Executor:
                 self._start_lane(decision.lane)
 
     def _allocate(self, entry: _Entry, phase: str) -> AllocationDecision:
-        profile = entry.job.info.profile
-        request = AllocationRequest(
-            job=entry.job.info,
-            phase=phase,  # type: ignore[arg-type]
-            persistent_bytes=profile.persistent_bytes if profile else 0,
-            ephemeral_bytes=profile.ephemeral_bytes if profile else 0,
-            device=self.device,
-            capacity_bytes=self.capacity_bytes,
-        )
+        request = entry.requests.get(phase)
+        if request is None or request.job is not entry.job.info:  # made once per job record
+            profile = entry.job.info.profile
+            request = AllocationRequest(
+                job=entry.job.info,
+                phase=phase,  # type: ignore[arg-type]
+                persistent_bytes=profile.persistent_bytes if profile else 0,
+                ephemeral_bytes=profile.ephemeral_bytes if profile else 0,
+                device=self.device,
+                capacity_bytes=self.capacity_bytes,
+            )
+            entry.requests[phase] = request
         decision = self.host.call("accelopt_allocate", request=request)
         if decision is not None:
             return decision
+        if phase == "iteration":  # the default serves every iteration exclusively
+            return EXCLUSIVE
         return self._default_allocation(request)
 
     def _default_allocation(self, request: AllocationRequest) -> AllocationDecision:
@@ -311,7 +332,7 @@ class Executor:
                     "lower its batch_size/width or raise run.memory_capacity"
                 ),
             )
-        return AllocationDecision(granted=True, lane=DEFAULT_LANE, reason="exclusive (default)")
+        return EXCLUSIVE
 
     def _reject_unadmittable(self) -> None:
         """Nothing runs and nothing will arrive: a job still deferred would wait forever."""
@@ -336,19 +357,23 @@ class Executor:
 
     def _lane_loop(self, lane: str) -> None:
         torch.set_num_threads(self._torch_threads)
+        cv = self._cv
         try:
             while True:
-                with self._cv:
+                cv.acquire()  # acquire/release, not `with`: cheaper on this per-iteration path
+                try:
                     entry = self._next_in_lane(lane)
                     if entry is None:
                         del self._lanes[lane]
-                        self._cv.notify_all()
+                        cv.notify_all()
                         return
                     if entry is _WAIT:
-                        self._cv.wait()
+                        cv.wait()
                         continue
                     entry.busy = True
                     self._running += 1
+                finally:
+                    cv.release()
                 self._iterate(entry, lane)
         except BaseException as exc:  # a plugin bug or an interrupt: stop the whole run
             with self._cv:
@@ -367,7 +392,7 @@ class Executor:
         else:
             job_id = choose_next(self.host, lane, [e.state() for e in ready], self.now())
             chosen = self._entries[job_id]
-        if self.host.implements("accelopt_allocate"):
+        if self._allocates:
             decision = self._allocate(chosen, "iteration")
             if not decision.granted:
                 if self._running == 0:
@@ -391,6 +416,11 @@ class Executor:
             self._events[key] = events
         return events
 
+    def _events_of(self, entry: _Entry, lane: str) -> StepEvents:
+        if entry.events is None or entry.events.lane != lane:
+            entry.events = self.events(entry.job, lane)
+        return entry.events
+
     def _iterate(self, entry: _Entry, lane: str) -> None:
         job, result = entry.job, entry.result
         iteration = job.iteration
@@ -398,30 +428,24 @@ class Executor:
         error = None
         step: IterationResult | None = None
         try:
-            step = self.stepper(job, self.events(job, lane))
+            events = self._events_of(entry, lane)
+            step = job.step(events) if self.stepper is None else self.stepper(job, events)
         except Exception as exc:
             if raised_by_hook(exc) or not self._jobs_fail_alone:
                 raise  # a plugin's error stops the run, as any hook's does
             # the job's own code raised: the job fails alone; the run goes on
             error = f"{type(exc).__name__}: {exc}"
             result.error_traceback = traceback.format_exc()  # type: ignore[attr-defined]
-        end = self.now()
-        seconds = step.seconds if step is not None else end - start
-        with self._cv:
+        end = step.end_s if step is not None else self.now()  # the step's clock is ours
+        seconds = end - (step.start_s if step is not None else start)
+        self._cv.acquire()
+        try:
             entry.busy = False
             self._running -= 1
             if result.first_start_s is None:
                 result.first_start_s = start
             result.service_s += seconds
-            self.spans.append(
-                Span(
-                    name=job.info.name,
-                    track=f"lane {entry.lane}",
-                    start_s=start,
-                    end_s=end,
-                    args={"job": job.info.name, "iteration": iteration},
-                )
-            )
+            self._lane_spans.append((job.info.name, entry.lane, start, end, iteration))
             if error is not None or step is None:
                 self._finish(entry, "failed", error or "the iteration produced no result", end)
                 return
@@ -432,15 +456,23 @@ class Executor:
             if step.loss is not None:
                 result.losses.append(step.loss)
                 result.final_loss = step.loss
-        if self.on_iteration is not None:
-            self.on_iteration(job, result)
-        with self._cv:
-            if entry.finished:
+            if self.on_iteration is None:
+                self._after(entry, end)
                 return
-            if job.done:
-                self._finish(entry, "done", "", end)
-            elif entry.cancel_requested:
-                self._finish(entry, "failed", CANCELLED, end)
+        finally:
+            self._cv.release()
+        self.on_iteration(job, result)  # outside the lock: a checkpoint writes a file
+        with self._cv:
+            self._after(entry, end)
+
+    def _after(self, entry: _Entry, end: float) -> None:
+        """End the job if that was its last iteration or it was cancelled meanwhile."""
+        if entry.finished:
+            return
+        if entry.job.done:
+            self._finish(entry, "done", "", end)
+        elif entry.cancel_requested:
+            self._finish(entry, "failed", CANCELLED, end)
 
     def _finish(self, entry: _Entry, status: str, error: str, end: float | None = None) -> None:
         """Record a job's end, release its memory and wake everyone (pending jobs may fit)."""

@@ -53,51 +53,59 @@ class Event(str, Enum):
     """The iteration's result is known; checkpoints are safe after it."""
 
 
+_FORWARD = Event.AFTER_FORWARD.value
+
+
 class StepEvents:
-    """Fires one job's iteration events on its host, skipping the hooks nobody implements
-    (the hot path pays nothing for an event no plugin listens to)."""
+    """Fires one job's iteration events on its host. Each event is a callable, or ``None``
+    when no plugin listens to it, so the step pays nothing for an event nobody implements
+    (``if events.after_forward: loss = events.after_forward(context, loss)``)."""
 
     def __init__(self, host: PluginHost | None, lane: str = "default",
                  clock: Clock = time.perf_counter) -> None:
         self.host = host
         self.lane = lane
         self.now = clock
-        wants = (lambda e: host.implements(e.value)) if host is not None else (lambda e: False)
-        self._start = wants(Event.ITERATION_START)
-        self._forward = wants(Event.AFTER_FORWARD)
-        self._gradients = wants(Event.BEFORE_OPTIMIZER_STEP)
-        self._stepped = wants(Event.AFTER_STEP)
-        self._end = wants(Event.ITERATION_END)
 
-    @property
-    def wants_gradients(self) -> bool:
-        return self._gradients
+        def bound(event: Event) -> Callable[[dict[str, Any]], Any] | None:
+            return host.bound(event.value) if host is not None else None
 
-    def iteration_start(self, context: IterationContext) -> None:
-        if self._start:
-            self.host.call(Event.ITERATION_START.value, context=context)  # type: ignore[union-attr]
+        self._calls = {e: bound(e) for e in Event}
+        calls = self._calls
+        self.iteration_start = self._start if calls[Event.ITERATION_START] else None
+        self.after_forward = self._forward if calls[Event.AFTER_FORWARD] else None
+        self.before_optimizer_step = (self._gradients if calls[Event.BEFORE_OPTIMIZER_STEP]
+                                      else None)
+        self.after_step = self._stepped if calls[Event.AFTER_STEP] else None
+        self.iteration_end = self._end if calls[Event.ITERATION_END] else None
+        self._call_start = calls[Event.ITERATION_START]
+        self._call_gradients = calls[Event.BEFORE_OPTIMIZER_STEP]
+        self._call_stepped = calls[Event.AFTER_STEP]
+        self._call_end = calls[Event.ITERATION_END]
+        self.listens = any((self.iteration_start, self.after_forward,
+                            self.before_optimizer_step, self.after_step, self.iteration_end))
+        """Whether any event has a listener (else the step builds no context for them)."""
 
-    def after_forward(self, context: IterationContext, loss: torch.Tensor) -> torch.Tensor:
-        if not self._forward:
-            return loss
-        return self.host.chain(Event.AFTER_FORWARD.value, loss,  # type: ignore[union-attr]
+    # bound callers, made once: an Enum member's .value is a Python-level property, and
+    # host.call would add a frame, on every event of every iteration
+
+    def _start(self, context: IterationContext) -> None:
+        self._call_start({"context": context})  # type: ignore[misc]
+
+    def _forward(self, context: IterationContext, loss: torch.Tensor) -> torch.Tensor:
+        return self.host.chain(_FORWARD, loss,  # type: ignore[union-attr]
                                lambda value: {"context": context, "loss": value})
 
-    def before_optimizer_step(self, context: IterationContext, gradients: Gradients) -> None:
-        if self._gradients:
-            self.host.call(Event.BEFORE_OPTIMIZER_STEP.value,  # type: ignore[union-attr]
-                           context=context, gradients=gradients)
+    def _gradients(self, context: IterationContext, gradients: Gradients) -> None:
+        self._call_gradients({"context": context, "gradients": gradients})  # type: ignore[misc]
 
-    def after_step(self, context: IterationContext, stepped: bool) -> list[OptimizerRebuild]:
-        if not self._stepped:
-            return []
-        answers: list[Any] = self.host.call(Event.AFTER_STEP.value,  # type: ignore[union-attr]
-                                            context=context, stepped=stepped)
+    def _stepped(self, context: IterationContext, stepped: bool) -> list[OptimizerRebuild]:
+        answers: list[Any] = self._call_stepped(  # type: ignore[misc]
+            {"context": context, "stepped": stepped})
         return [a for a in answers if isinstance(a, OptimizerRebuild)]
 
-    def iteration_end(self, context: IterationContext, result: IterationResult) -> None:
-        if self._end:
-            self.host.call(Event.ITERATION_END.value, context=context, result=result)  # type: ignore[union-attr]
+    def _end(self, context: IterationContext, result: IterationResult) -> None:
+        self._call_end({"context": context, "result": result})  # type: ignore[misc]
 
 
 SILENT = StepEvents(None)

@@ -26,6 +26,9 @@ class Exchange:
     """The local (one-process) exchange, and the interface every exchange implements."""
 
     role: Role = "single"
+    moves: bool = False
+    """Whether ``begin``/``gradients``/``end`` move anything (the local exchange does not, so
+    the step does not call them)."""
     computes: bool = True
     """This process runs forward and backward (``False`` on a parameter server)."""
     steps: bool = True

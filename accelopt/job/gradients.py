@@ -37,13 +37,22 @@ class Gradients(Mapping[str, torch.Tensor]):
     def __init__(self, job: JobInfo, params: Mapping[str, nn.Parameter],
                  reduce: Reduce | None = None, *, whole: bool = True) -> None:
         self.job = job
-        self._params = {n: p for n, p in params.items() if p.grad is not None}
+        self._all = params
+        self._with_grad: dict[str, nn.Parameter] | None = None
         self._reduce = reduce or _local
         self.whole = whole
         """Whether this process holds every parameter of the job (``False`` on a parameter
         server that holds a shard: iterate over its part, use :meth:`norm` for the whole)."""
         self.skipped: str | None = None
         """The reason given to :meth:`skip`, or ``None`` when the step runs."""
+
+    @property
+    def _params(self) -> dict[str, nn.Parameter]:
+        """The parameters that have a gradient (found on first use: a plugin that only skips
+        or never looks costs nothing here)."""
+        if self._with_grad is None:
+            self._with_grad = {n: p for n, p in self._all.items() if p.grad is not None}
+        return self._with_grad
 
     # -- mapping ----------------------------------------------------------------------------
 

@@ -57,7 +57,8 @@ class Job:
         self.device = device
         self.host = host if host is not None else PluginHost()
         self.exchange = exchange if exchange is not None else LOCAL
-        self.timer = timer or NO_TIMER
+        self.timer = timer
+        """The compute spans of the job's iterations (``None``: not recorded)."""
         try:
             dataset_name = spec.dataset or default_dataset_for(spec.model)
             self.dataset = build_dataset(dataset_name, seed=spec.seed)
@@ -97,11 +98,12 @@ class Job:
         self.info = dataclasses.replace(info, parameters=table,
                                         buckets=buckets_by_bytes(table, bucket_bytes))
         self.loss_fn = job_loss(self.dataset)
+        self.training = spec.kind == "train"
         self.random = JobRandom(spec.seed, device, stream=self.exchange.stream)
         self.iteration = 0
         self.rebuilds: list[str] = []
         """Why the optimizer was rebuilt, one entry per rebuild (``accelopt_after_step``)."""
-        self.exchange.attach(self, self.timer)
+        self.exchange.attach(self, self.timer or NO_TIMER)
         self._stepped = self.exchange.stepped_parameters(self.model)
         self.optimizer: torch.optim.Optimizer | None = None
         if spec.kind == "train" and self.exchange.steps:
@@ -115,10 +117,6 @@ class Job:
     def done(self) -> bool:
         return self.iteration >= self.info.iterations
 
-    @property
-    def training(self) -> bool:
-        return self.info.kind == "train"
-
     def with_profile(self, profile: JobProfile) -> None:
         self.info = dataclasses.replace(self.info, profile=profile)
 
@@ -128,6 +126,8 @@ class Job:
         start, stop = self.exchange.rows(self.info.batch_size)
         if (start, stop) != (0, self.info.batch_size):
             x, y = x[start:stop], y[start:stop]
+        if self.device.type == "cpu" and x.device.type == "cpu" and y.device.type == "cpu":
+            return x, y  # already there (the common case: a dataset's batches live on the CPU)
         return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
 
     def built(self) -> BuiltJob:
@@ -141,24 +141,31 @@ class Job:
     # -- the step --------------------------------------------------------------------------
 
     def step(self, events: StepEvents = SILENT) -> IterationResult:
-        """Run the next iteration (the sequence in ``accelopt/job/events.py``)."""
+        """Run the next iteration (the sequence in ``accelopt/job/events.py``). Written for
+        the hot path: an event nobody listens to, an exchange that moves nothing and a
+        timeline nobody records cost no call."""
         i = self.iteration
         exchange, timer = self.exchange, self.timer
+        moves = exchange.moves
         start = events.now()
-        context = IterationContext(self.info, events.lane, i, start)
-        events.iteration_start(context)
+        context = IterationContext(self.info, events.lane, i, start) if events.listens else None
+        if events.iteration_start:
+            events.iteration_start(context)
         loss_value: torch.Tensor | None = None
         samples = 0
         with self.random.active():
-            exchange.begin(i)
+            if moves:
+                exchange.begin(i)
             if exchange.computes:
                 x, y = self.batch(i)
                 samples = int(y.shape[0])
                 if not self.training:
-                    timer.begin("forward", i)
+                    if timer:
+                        timer.begin("forward", i)
                     with torch.inference_mode():
                         self.model(x)
-                    timer.end()
+                    if timer:
+                        timer.end()
                 else:
                     if self.optimizer is not None:
                         # set_to_none=False keeps gradient buffers alive between iterations:
@@ -166,40 +173,52 @@ class Job:
                         self.optimizer.zero_grad(set_to_none=False)
                     else:  # a PS worker: fresh gradient tensors every iteration
                         self.model.zero_grad(set_to_none=True)
-                    timer.begin("forward", i)
+                    if timer:
+                        timer.begin("forward", i)
                     loss = self.loss_fn(self.model(x), y)
-                    timer.end()
+                    if timer:
+                        timer.end()
                     loss_value = loss.detach()
-                    loss = events.after_forward(context, loss)
-                    timer.begin("backward", i)
+                    if events.after_forward:
+                        loss = events.after_forward(context, loss)
+                    if timer:
+                        timer.begin("backward", i)
                     loss.backward()
-                    timer.end()
+                    if timer:
+                        timer.end()
             if self.training:
-                exchange.gradients(i)
+                if moves:
+                    exchange.gradients(i)
                 if self.optimizer is not None:
-                    self._optimizer_step(context, events)
-            exchange.end(i)
+                    self._optimizer_step(i, context, events)
+            if moves:
+                exchange.end(i)
         self.iteration += 1
         result = IterationResult(self.info.job_id, i, start, events.now(),
                                  None if loss_value is None else float(loss_value), samples)
-        events.iteration_end(context, result)
+        if events.iteration_end:
+            events.iteration_end(context, result)
         return result
 
-    def _optimizer_step(self, context: IterationContext, events: StepEvents) -> None:
+    def _optimizer_step(self, i: int, context: IterationContext | None,
+                        events: StepEvents) -> None:
         assert self.optimizer is not None
         stepped = True
-        if events.wants_gradients:
+        if events.before_optimizer_step:
             gradients = Gradients(self.info, self._stepped, self.exchange.reduce,
                                   whole=self.exchange.whole)
             events.before_optimizer_step(context, gradients)
             stepped = gradients.skipped is None
         if stepped:
-            self.timer.begin("optimizer", context.iteration)
+            if self.timer:
+                self.timer.begin("optimizer", i)
             self.optimizer.step()
-            self.timer.end()
-        rebuilds = events.after_step(context, stepped)
-        if rebuilds:
-            self.rebuild_optimizer("; ".join(r.reason for r in rebuilds))
+            if self.timer:
+                self.timer.end()
+        if events.after_step:
+            rebuilds = events.after_step(context, stepped)
+            if rebuilds:
+                self.rebuild_optimizer("; ".join(r.reason for r in rebuilds))
 
     def rebuild_optimizer(self, reason: str) -> None:
         """Build the optimizer again over the model's current parameters (a plugin changed

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 _RNG_LOCK = threading.Lock()
+_NOTHING = contextlib.nullcontext()
 
 
 def derive_seed(*parts: int) -> int:
@@ -57,7 +58,7 @@ class JobRandom:
     def active(self) -> contextlib.AbstractContextManager[None]:
         """Run the job's step with its own state as the process's default generator."""
         if self.uses_rng is False:
-            return contextlib.nullcontext()
+            return _NOTHING
         return _Active(self)
 
     def state_dict(self) -> dict[str, Any]:

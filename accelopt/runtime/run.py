@@ -127,7 +127,7 @@ def _execute_local(cfg: DictConfig, run_dir: Path, registry: Registry, console: 
     )
     hook_calls: list[tuple[str, float, float]] = []  # spans made after the run: cheap here
     if cfg.run.trace_hooks:
-        plugins.set_timer(lambda hook, start, end: hook_calls.append((hook, start, end)))
+        plugins.set_trace(hook_calls)
     sampler = TelemetrySampler(interval_s=float(cfg.run.telemetry_interval_s))
     lifecycle.start()
     record = RunRecord(info=lifecycle.info)

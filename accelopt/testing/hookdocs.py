@@ -32,13 +32,8 @@ def signature_line(name: str, spec: Callable[..., Any]) -> str:
 def fields(spec: Callable[..., Any]) -> dict[str, str]:
     """The docstring's ``Called``/``Ranks``/``Thread`` fields, whitespace collapsed (a field
     runs to the next field or the end of the docstring)."""
-    doc = inspect.getdoc(spec) or ""
-    found: dict[str, str] = {}
     names = "|".join(FIELDS)
-    pattern = rf"^({names}):\s*(.*?)(?=^(?:{names}):|\Z)"
-    for key, value in re.findall(pattern, doc, flags=re.S | re.M):
-        found[key] = " ".join(value.split())
-    return found
+    return _collapsed(rf"^({names}):\s*(.*?)(?=^(?:{names}):|\Z)", inspect.getdoc(spec) or "")
 
 
 def summary(spec: Callable[..., Any]) -> str:
@@ -55,15 +50,17 @@ def section(page: str, hook: str) -> str:
 
 def documented_fields(text: str) -> dict[str, str]:
     """The ``- **Called:** ...`` list items of a section, whitespace collapsed."""
-    found: dict[str, str] = {}
     names = "|".join(FIELDS)
-    pattern = rf"^- \*\*({names}):\*\*\s*(.*?)(?=^- \*\*|^\s*$|^```|\Z)"
-    for key, value in re.findall(pattern, text, flags=re.S | re.M):
-        found[key] = " ".join(value.split())
-    return found
+    return _collapsed(rf"^- \*\*({names}):\*\*\s*(.*?)(?=^- \*\*|^\s*$|^```|\Z)", text)
 
 
 def documented_signature(text: str) -> str | None:
     """The first inline-code signature of a section (`` `name(...) -> R` ``)."""
     match = re.search(r"^`(accelopt_\w+\(.*?\) -> .*?)`", text, flags=re.M)
     return match.group(1) if match else None
+
+
+def _collapsed(pattern: str, text: str) -> dict[str, str]:
+    """field -> its text with whitespace collapsed, for every match of ``pattern``."""
+    return {key: " ".join(value.split())
+            for key, value in re.findall(pattern, text, flags=re.S | re.M)}

@@ -6,12 +6,13 @@ are sliced too), and the other transforms must see the pruned layers. Order: pru
 autotuned convs -> tiled Linear -> channels_last.
 
 Why at build time and not after N iterations: the optimizer is created right after the
-model is built and holds the Parameter objects; pruning later would need a new optimizer,
-which a plugin cannot reach through the hooks. So in a run the importance criterion sees
-freshly initialised weights (the *speed* effect is real, the accuracy effect is that of
-pruning at initialisation: the network is trained at its pruned size). To prune a trained
-model by importance, use ``pruning.node_prune`` as a library (benchmarks do: train,
-prune, fine-tune).
+model is built and holds the Parameter objects; pruning later needs a new optimizer. The core
+offers that (answer ``accelopt_after_step`` with ``OptimizerRebuild`` and the optimizer is
+rebuilt over the current parameters, one-process runs), but this plugin still prunes at build
+time, so in a run the importance criterion sees freshly initialised weights (the *speed*
+effect is real, the accuracy effect is that of pruning at initialisation: the network is
+trained at its pruned size). To prune a trained model by importance, use
+``pruning.node_prune`` as a library (benchmarks do: train, prune, fine-tune).
 
 At the first forward a one-shot probe measures, on the real input, FLOPs and inference
 latency of the dense copy kept at build time vs the pruned model (deep copies, eval mode,

@@ -65,6 +65,8 @@ class ClusterExchange(Exchange):
     """What the PS and all-reduce exchanges share: the rank, the settings, the transport and
     the records of the job's transfers."""
 
+    moves = True
+
     def __init__(self, settings: ClusterSettings, rank: int, transport: Transport) -> None:
         self.settings = settings
         self.rank = rank

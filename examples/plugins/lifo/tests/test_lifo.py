@@ -62,3 +62,26 @@ def test_another_class_under_its_name_is_refused():
 
     with pytest.raises(UserError, match="'lifo' is already (installed|registered)"):
         extension_point(GROUP).register("lifo", Impostor)
+
+
+def test_accelopt_bench_sets_find_it(tmp_path):
+    """``accelopt bench`` runs its sets in a process of its own: the installed entry point is
+    found there too."""
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "bench"
+    result = subprocess.run(
+        [sys.executable, "-m", "accelopt.cli.main", "bench", "--plugins", "salus", "--repeats",
+         "1", "--metric", "avg_jct_s", "--out", str(out), "workload=tiny",
+         "plugins.salus.policy=lifo", "plugins.salus.capacity=1GiB"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=170)
+    assert result.returncode == 0, result.stderr
+    report = json.loads((out / "bench.json").read_text())
+    assert sorted(s["label"] for s in report["sets"]) == ["baseline", "salus"]
+    salus_runs = [p for p in (out / "runs").glob("*/metrics.json")
+                  if "salus" in json.loads(p.read_text())["run"]["plugins"]]
+    assert salus_runs
+    rows = json.loads(salus_runs[0].read_text())["plugins"]
+    assert any(r["summary"].startswith("policy lifo:") for r in rows)
