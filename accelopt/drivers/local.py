@@ -55,6 +55,7 @@ def local_step(job: Job, events: StepEvents) -> IterationResult:
 
 
 CANCELLED = "cancelled by user"
+ENDED = ("done", "failed", "rejected")
 EXCLUSIVE = AllocationDecision(granted=True, lane=DEFAULT_LANE, reason="exclusive (default)")
 """The default decision when no plugin answers (immutable, so one object serves)."""
 
@@ -67,13 +68,14 @@ class _Entry:
     last_iteration_s: float | None = None
     busy: bool = False
     cancel_requested: bool = False
+    finished: bool = False
+    """Whether the job ended (done, failed or rejected); set by the driver with its status."""
     requests: dict[str, AllocationRequest] = field(default_factory=dict)
     """The job's allocation requests by phase (rebuilt when its record changes)."""
     events: StepEvents | None = None
 
-    @property
-    def finished(self) -> bool:
-        return self.result.status in ("done", "failed", "rejected")
+    def __post_init__(self) -> None:
+        self.finished = self.result.status in ENDED  # a restored result may have ended
 
     def state(self) -> JobState:
         return JobState(
@@ -416,10 +418,7 @@ class Executor:
             self._events[key] = events
         return events
 
-    def _events_of(self, entry: _Entry, lane: str) -> StepEvents:
-        if entry.events is None or entry.events.lane != lane:
-            entry.events = self.events(entry.job, lane)
-        return entry.events
+
 
     def _iterate(self, entry: _Entry, lane: str) -> None:
         job, result = entry.job, entry.result
@@ -428,7 +427,9 @@ class Executor:
         error = None
         step: IterationResult | None = None
         try:
-            events = self._events_of(entry, lane)
+            events = entry.events
+            if events is None or events.lane != lane:
+                events = entry.events = self.events(job, lane)
             step = job.step(events) if self.stepper is None else self.stepper(job, events)
         except Exception as exc:
             if raised_by_hook(exc) or not self._jobs_fail_alone:
@@ -457,7 +458,8 @@ class Executor:
                 result.losses.append(step.loss)
                 result.final_loss = step.loss
             if self.on_iteration is None:
-                self._after(entry, end)
+                if job.iteration >= job.info.iterations or entry.cancel_requested:
+                    self._after(entry, end)
                 return
         finally:
             self._cv.release()
@@ -477,6 +479,7 @@ class Executor:
     def _finish(self, entry: _Entry, status: str, error: str, end: float | None = None) -> None:
         """Record a job's end, release its memory and wake everyone (pending jobs may fit)."""
         entry.result.status = status  # type: ignore[assignment]
+        entry.finished = status in ENDED
         entry.result.error = error
         entry.result.end_s = self.now() if end is None else end
         if entry.lane:  # only an admitted job holds memory to give back

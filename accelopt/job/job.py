@@ -104,6 +104,9 @@ class Job:
         self.rebuilds: list[str] = []
         """Why the optimizer was rebuilt, one entry per rebuild (``accelopt_after_step``)."""
         self.exchange.attach(self, self.timer or NO_TIMER)
+        rows = self.exchange.rows(self.info.batch_size)
+        self._rows = None if rows == (0, self.info.batch_size) else rows
+        """This process's rows of every batch (``None``: all of them)."""
         self._stepped = self.exchange.stepped_parameters(self.model)
         self.optimizer: torch.optim.Optimizer | None = None
         if spec.kind == "train" and self.exchange.steps:
@@ -123,8 +126,8 @@ class Job:
     def batch(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """This process's rows of the ``index``-th global batch, on the job's device."""
         x, y = self.dataset.batch(index, self.info.batch_size)
-        start, stop = self.exchange.rows(self.info.batch_size)
-        if (start, stop) != (0, self.info.batch_size):
+        if self._rows is not None:
+            start, stop = self._rows
             x, y = x[start:stop], y[start:stop]
         if self.device.type == "cpu" and x.device.type == "cpu" and y.device.type == "cpu":
             return x, y  # already there (the common case: a dataset's batches live on the CPU)
@@ -142,63 +145,76 @@ class Job:
 
     def step(self, events: StepEvents = SILENT) -> IterationResult:
         """Run the next iteration (the sequence in ``accelopt/job/events.py``). Written for
-        the hot path: an event nobody listens to, an exchange that moves nothing and a
-        timeline nobody records cost no call."""
+        the hot path: an event nobody listens to, an exchange that moves nothing, a timeline
+        nobody records and a random state nobody draws from cost no call."""
         i = self.iteration
-        exchange, timer = self.exchange, self.timer
-        moves = exchange.moves
         start = events.now()
         context = IterationContext(self.info, events.lane, i, start) if events.listens else None
         if events.iteration_start:
             events.iteration_start(context)
-        loss_value: torch.Tensor | None = None
-        samples = 0
-        with self.random.active():
-            if moves:
-                exchange.begin(i)
-            if exchange.computes:
-                x, y = self.batch(i)
-                samples = int(y.shape[0])
-                if not self.training:
-                    if timer:
-                        timer.begin("forward", i)
-                    with torch.inference_mode():
-                        self.model(x)
-                    if timer:
-                        timer.end()
-                else:
-                    if self.optimizer is not None:
-                        # set_to_none=False keeps gradient buffers alive between iterations:
-                        # they are part of the job's persistent memory, as the profile counts
-                        self.optimizer.zero_grad(set_to_none=False)
-                    else:  # a PS worker: fresh gradient tensors every iteration
-                        self.model.zero_grad(set_to_none=True)
-                    if timer:
-                        timer.begin("forward", i)
-                    loss = self.loss_fn(self.model(x), y)
-                    if timer:
-                        timer.end()
-                    loss_value = loss.detach()
-                    if events.after_forward:
-                        loss = events.after_forward(context, loss)
-                    if timer:
-                        timer.begin("backward", i)
-                    loss.backward()
-                    if timer:
-                        timer.end()
-            if self.training:
-                if moves:
-                    exchange.gradients(i)
-                if self.optimizer is not None:
-                    self._optimizer_step(i, context, events)
-            if moves:
-                exchange.end(i)
+        if self.random.uses_rng is False:  # known not to draw: no state to swap in
+            loss_value, samples = self._run(i, context, events)
+        else:
+            with self.random.active():
+                loss_value, samples = self._run(i, context, events)
         self.iteration += 1
         result = IterationResult(self.info.job_id, i, start, events.now(),
                                  None if loss_value is None else float(loss_value), samples)
         if events.iteration_end:
             events.iteration_end(context, result)
         return result
+
+    def _run(self, i: int, context: IterationContext | None,
+             events: StepEvents) -> tuple[torch.Tensor | None, int]:
+        """The iteration's work between its start and end events: (loss, samples)."""
+        exchange, timer = self.exchange, self.timer
+        moves = exchange.moves
+        loss_value: torch.Tensor | None = None
+        samples = 0
+        if moves:
+            exchange.begin(i)
+        if exchange.computes:
+            x, y = self.batch(i)
+            samples = int(y.shape[0])
+            if not self.training:
+                if timer:
+                    timer.begin("forward", i)
+                with torch.inference_mode():
+                    self.model(x)
+                if timer:
+                    timer.end()
+            else:
+                if self.optimizer is not None:
+                    # set_to_none=False keeps gradient buffers alive between iterations:
+                    # they are part of the job's persistent memory, as the profile counts
+                    self.optimizer.zero_grad(set_to_none=False)
+                else:  # a PS worker: fresh gradient tensors every iteration
+                    self.model.zero_grad(set_to_none=True)
+                if timer:
+                    timer.begin("forward", i)
+                loss = self.loss_fn(self.model(x), y)
+                if timer:
+                    timer.end()
+                loss_value = loss.detach()
+                if events.after_forward:
+                    loss = events.after_forward(context, loss)
+                if timer:
+                    timer.begin("backward", i)
+                loss.backward()
+                if timer:
+                    timer.end()
+        if self.training:
+            if moves:
+                exchange.gradients(i)
+            if self.optimizer is None:
+                pass  # this process takes no step (a PS worker)
+            elif events.before_optimizer_step or events.after_step or timer:
+                self._optimizer_step(i, context, events)
+            else:
+                self.optimizer.step()
+        if moves:
+            exchange.end(i)
+        return loss_value, samples
 
     def _optimizer_step(self, i: int, context: IterationContext | None,
                         events: StepEvents) -> None:
