@@ -49,24 +49,32 @@ def test_the_stream_belongs_to_the_job_not_to_the_process(run_tiny):
     assert not torch.equal(weights(first, "a")["1.weight"], weights(reseeded, "a")["1.weight"])
 
 
+@pytest.fixture(scope="module")
+def alone(tmp_path_factory) -> dict[str, dict[str, torch.Tensor]]:
+    """Each dropout job trained alone (one thread): its final weights."""
+    from accelopt.testing import run_workload
+
+    out = {}
+    for name in ("a", "c"):
+        record = run_workload([], [job_list(name), "run.threads=1"],
+                              tmp_path=tmp_path_factory.mktemp(f"alone-{name}"))
+        out[name] = weights(record, name)
+    return out
+
+
 @pytest.mark.parametrize("policy", [None, "fifo", "pack", "srtf", "fair", "rr"])
-def test_a_dropout_job_next_to_others_ends_bitwise_equal_to_alone(run_tiny, policy):
+def test_a_dropout_job_next_to_others_ends_bitwise_equal_to_alone(run_tiny, alone, policy):
     """Alone vs next to another dropout job and a plain one, all ready at once, under FIFO
     (no plugin) and every salus policy (one thread per lane, as alone)."""
     from accelopt_plugins.salus import PLUGIN as SALUS
 
-    alone = run_tiny(overrides=[job_list("a"), "run.threads=1"])
     plugins = () if policy is None else (SALUS,)
     salus = [] if policy is None else [f"plugins.salus.policy={policy}", "plugins.salus.threads=1",
                                        "plugins.salus.capacity=1GiB"]
     together = run_tiny(*plugins, overrides=[job_list("c", "a", "b"), "run.threads=1", *salus])
     assert [j.status for j in together.jobs] == ["done"] * 3
-    assert_bitwise(weights(alone, "a"), weights(together, "a"))
-    assert_bitwise(run_alone_weights(run_tiny, "c"), weights(together, "c"))
-
-
-def run_alone_weights(run_tiny, name: str) -> dict[str, torch.Tensor]:
-    return weights(run_tiny(overrides=[job_list(name), "run.threads=1"]), name)
+    assert_bitwise(alone["a"], weights(together, "a"))
+    assert_bitwise(alone["c"], weights(together, "c"))
 
 
 def test_a_gpu_kernels_measurement_forward_does_not_shift_the_masks(run_tiny):

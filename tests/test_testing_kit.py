@@ -312,12 +312,3 @@ def test_a_spec_that_cannot_travel_to_the_ranks_is_refused_in_one_line(tmp_path:
         run_workload([local], [*ONE_JOB, "cluster.mode=ps"], tmp_path=tmp_path)
     assert "\n" not in str(info.value)
     assert not list(tmp_path.rglob("metrics.json"))
-
-
-class TestNoopInEveryMode(PluginConformance):
-    """The conformance suite with overrides and modes: noop in one process and both
-    cluster modes, on a one-job workload."""
-
-    spec = "noop"
-    modes = ("none", "ps", "allreduce")
-    overrides = ONE_JOB

@@ -64,9 +64,9 @@ def validate(cfg: DictConfig, settings: ClusterSettings) -> None:
 
 def run_cluster(cfg: DictConfig, *, run_dir: str | os.PathLike[str] = ".",
                 console: Any = None, registry: Registry | None = None) -> ClusterOutcome:
-    """Run the workload's jobs data-parallel as ``cfg.cluster`` says (several jobs: ps mode,
-    sharing the processes; see ``drivers/cluster/driver.py``). ``registry``: the parent's
-    plugins; those added to it in code are sent to the ranks (``carried.py``)."""
+    """Run the workload's jobs data-parallel as ``cfg.cluster`` says (several jobs share the
+    processes, one iteration at a time: ``drivers/cluster/driver.py``). ``registry``: the
+    parent's plugins; those added to it in code are sent to the ranks (``carried.py``)."""
     from accelopt.activation import selected_plugins
 
     settings = settings_from(cfg.cluster)
