@@ -18,6 +18,7 @@ configure), goes through :meth:`PluginHost._execute`. That one place
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -34,9 +35,10 @@ HOOK_LOCK = threading.RLock()
 _acquire, _release = HOOK_LOCK.acquire, HOOK_LOCK.release
 
 
-Route = tuple[list[Any], bool, "tuple[tuple[Any, tuple[str, ...] | None], ...] | None"]
+Route = tuple[list[Any], bool,
+              "tuple[tuple[Any, tuple[str, ...] | None, bool | None], ...] | None"]
 """How to call one hook: (pluggy's implementations, firstresult, the direct call list when no
-wrapper is involved: (function, argument names, or ``None`` when it takes them all))."""
+wrapper is involved: see :func:`_direct`)."""
 
 
 class PluginHost:
@@ -60,6 +62,7 @@ class PluginHost:
         self._routes: dict[str, Route] = {}
         self._links: dict[str, list[Route]] = {}
         self._no_answer: dict[str, Any] = {}
+        self._spec_args: dict[str, tuple[str, ...]] = {}
         for name in dir(self.pm.hook):
             if not name.startswith("accelopt_"):
                 continue
@@ -69,7 +72,7 @@ class PluginHost:
             impls = caller.get_hookimpls()  # pluggy order: called last-first
             if not impls:
                 continue
-            spec_args = tuple(caller.spec.argnames)
+            spec_args = self._spec_args[name] = tuple(caller.spec.argnames)
             wrappers = [i for i in impls if i.wrapper or i.hookwrapper]
             plain = [i for i in reversed(impls) if not (i.wrapper or i.hookwrapper)]
             self._impls[name], self._wrappers[name] = impls, wrappers
@@ -101,15 +104,15 @@ class PluginHost:
             return self._no_answer[hook]
         return self._execute(hook, route, kwargs)
 
-    def bound(self, hook: str) -> Callable[[dict[str, Any]], Any] | None:
-        """A caller of ``hook`` taking the keyword arguments as one dict (``None`` when nobody
-        implements it): the same path as :meth:`call`, one frame shorter, for the events a
-        job's step fires every iteration."""
+    def bound(self, hook: str) -> Callable[..., Any] | None:
+        """A caller of ``hook`` taking its arguments positionally, in the hookspec's order
+        (``None`` when nobody implements it): the same path as :meth:`call` without building
+        a keyword dict or a Python frame of its own, for the events a job's step fires every
+        iteration."""
         route = self._routes.get(hook)
         if route is None:
             return None
-        execute = self._execute
-        return lambda kwargs: execute(hook, route, kwargs)
+        return functools.partial(self._execute, hook, route, None)
 
     def chain(
         self, hook: str, value: Any, make_kwargs: Callable[[Any], dict[str, Any]], *,
@@ -135,19 +138,25 @@ class PluginHost:
                 return self._execute(hook, route, kwargs)
         return None
 
-    def _execute(self, hook: str, route: Route, kwargs: dict[str, Any]) -> Any:
-        """The one path every hook call takes (see the module docstring)."""
+    def _execute(self, hook: str, route: Route, kwargs: dict[str, Any] | None,
+                 *args: Any) -> Any:
+        """The one path every hook call takes (see the module docstring): with the keyword
+        arguments, or (``kwargs=None``) with the arguments in the hookspec's order."""
         impls, firstresult, direct = route
         trace = self.trace
         _acquire()  # acquire/release, not `with`: a third of the cost on this hot path
         start = time.perf_counter() if trace is not None else 0.0
         try:
+            if kwargs is None and (direct is None or direct[0][2] is not None):
+                kwargs = dict(zip(self._spec_args[hook], args, strict=True))
             if direct is None:  # a wrapper is involved: pluggy runs it
                 return self.pm._hookexec(hook, impls, kwargs, firstresult)
             results = []
-            for function, argnames in direct:
-                result = (function(**kwargs) if argnames is None
-                          else function(*[kwargs[a] for a in argnames]))
+            for function, argnames, _ in direct:
+                if argnames is None:  # it takes every argument, as the hookspec orders them
+                    result = function(*args) if kwargs is None else function(**kwargs)
+                else:
+                    result = function(*[kwargs[a] for a in argnames])  # type: ignore[index]
                 if result is not None:
                     if firstresult:
                         return result
@@ -181,9 +190,12 @@ class PluginHost:
 
 
 def _direct(impls: list[Any], spec_args: tuple[str, ...]
-            ) -> tuple[tuple[Any, tuple[str, ...] | None], ...]:
-    """(function, argument names) per implementation, in call order; ``None`` for an
-    implementation that takes every argument of the spec (then called with the keywords as
-    they are, the cheapest call Python has)."""
-    return tuple((i.function, None if tuple(i.argnames) == spec_args else tuple(i.argnames))
-                 for i in impls)
+            ) -> tuple[tuple[Any, tuple[str, ...] | None, bool | None], ...]:
+    """(function, argument names, a marker) per implementation, in call order. The names are
+    ``None`` for an implementation that takes every argument of the spec (then called with
+    the keywords or the positional arguments as they are, the cheapest calls Python has);
+    the marker of the first entry is not ``None`` when some implementation takes a subset
+    (then a positional call first builds the keywords)."""
+    subset = any(tuple(i.argnames) != spec_args for i in impls)
+    return tuple((i.function, None if tuple(i.argnames) == spec_args else tuple(i.argnames),
+                  True if subset else None) for i in impls)

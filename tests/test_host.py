@@ -122,3 +122,37 @@ def test_a_hook_nobody_implements_costs_nothing_and_answers_like_pluggy():
     assert host.call("accelopt_run_end", run=None, metrics={}) == []
     assert torch.equal(host.chain("accelopt_transfer_encode", torch.ones(1),
                                   lambda p: {"record": None, "payload": p}), torch.ones(1))
+
+
+def test_the_steps_events_reach_subset_implementations_and_wrappers():
+    """A job's step fires its events positionally (``PluginHost.bound``): an implementation
+    taking a subset of the arguments, and a wrapper, get them as from any other call."""
+    from accelopt.config import JobConfig
+    from accelopt.job import Job, StepEvents
+
+    class Partial:
+        def __init__(self) -> None:
+            self.results: list[int] = []
+            self.stepped: list[bool] = []
+
+        @hookimpl
+        def accelopt_iteration_end(self, result):  # not the context
+            self.results.append(result.iteration)
+
+        @hookimpl
+        def accelopt_after_step(self, stepped):
+            self.stepped.append(stepped)
+
+    partial, wrapper = Partial(), Wrapper()
+    for host in (host_of(("partial", partial)), host_of(("partial", partial),
+                                                        ("wrapper", wrapper))):
+        partial.results.clear()
+        job = Job(JobConfig(name="j", model="mlp", width=4, batch_size=4, iterations=2),
+                  job_id="j", device=torch.device("cpu"), host=host)
+        events = StepEvents(host)
+        job.step(events)
+        job.step(events)
+        assert partial.results == [0, 1]
+    assert partial.stepped == [True] * 4
+    assert [seen for seen in wrapper.seen if seen[0] == "iteration_start"] == [
+        ("iteration_start", 0), ("iteration_start", 1)]

@@ -28,12 +28,11 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 from accelopt.host import PluginHost
-from accelopt.types import IterationContext, IterationResult, OptimizerRebuild
+from accelopt.types import IterationContext, OptimizerRebuild
 
 if TYPE_CHECKING:
     import torch
 
-    from accelopt.job.gradients import Gradients
 
 Clock = Callable[[], float]
 
@@ -67,45 +66,28 @@ class StepEvents:
         self.lane = lane
         self.now = clock
 
-        def bound(event: Event) -> Callable[[dict[str, Any]], Any] | None:
+        def bound(event: Event) -> Callable[..., Any] | None:
             return host.bound(event.value) if host is not None else None
 
-        self._calls = {e: bound(e) for e in Event}
-        calls = self._calls
-        self.iteration_start = self._start if calls[Event.ITERATION_START] else None
-        self.after_forward = self._forward if calls[Event.AFTER_FORWARD] else None
-        self.before_optimizer_step = (self._gradients if calls[Event.BEFORE_OPTIMIZER_STEP]
-                                      else None)
-        self.after_step = self._stepped if calls[Event.AFTER_STEP] else None
-        self.iteration_end = self._end if calls[Event.ITERATION_END] else None
-        self._call_start = calls[Event.ITERATION_START]
-        self._call_gradients = calls[Event.BEFORE_OPTIMIZER_STEP]
-        self._call_stepped = calls[Event.AFTER_STEP]
-        self._call_end = calls[Event.ITERATION_END]
+        # the host's positional callers themselves where the step needs nothing more from
+        # an event: no frame of ours between the step and the hook path
+        self.iteration_start = bound(Event.ITERATION_START)
+        self.after_forward = self._forward if bound(Event.AFTER_FORWARD) else None
+        self.before_optimizer_step = bound(Event.BEFORE_OPTIMIZER_STEP)
+        self._call_stepped = bound(Event.AFTER_STEP)
+        self.after_step = self._stepped if self._call_stepped else None
+        self.iteration_end = bound(Event.ITERATION_END)
         self.listens = any((self.iteration_start, self.after_forward,
                             self.before_optimizer_step, self.after_step, self.iteration_end))
         """Whether any event has a listener (else the step builds no context for them)."""
-
-    # bound callers, made once: an Enum member's .value is a Python-level property, and
-    # host.call would add a frame, on every event of every iteration
-
-    def _start(self, context: IterationContext) -> None:
-        self._call_start({"context": context})  # type: ignore[misc]
 
     def _forward(self, context: IterationContext, loss: torch.Tensor) -> torch.Tensor:
         return self.host.chain(_FORWARD, loss,  # type: ignore[union-attr]
                                lambda value: {"context": context, "loss": value})
 
-    def _gradients(self, context: IterationContext, gradients: Gradients) -> None:
-        self._call_gradients({"context": context, "gradients": gradients})  # type: ignore[misc]
-
     def _stepped(self, context: IterationContext, stepped: bool) -> list[OptimizerRebuild]:
-        answers: list[Any] = self._call_stepped(  # type: ignore[misc]
-            {"context": context, "stepped": stepped})
+        answers: list[Any] = self._call_stepped(context, stepped)  # type: ignore[misc]
         return [a for a in answers if isinstance(a, OptimizerRebuild)]
-
-    def _end(self, context: IterationContext, result: IterationResult) -> None:
-        self._call_end({"context": context, "result": result})  # type: ignore[misc]
 
 
 SILENT = StepEvents(None)
