@@ -85,6 +85,12 @@ class RunSettings:
     CUDA, the machine's RAM on CPU) or a size such as '2GiB'."""
     checkpoint_every: int = 0
     resume: Optional[str] = None
+    """A run directory to continue from its checkpoints, with its own config. The resumed
+    run writes into its own new directory (metrics.json records ``resumed_from``); the
+    original directory is only read."""
+    resume_finished: bool = False
+    """Resume even a run that finished (every job done): its jobs are carried over as they
+    ended and the run is reported again in the new directory. Without it that is refused."""
     save_weights: bool = True
     profile: bool = True
     progress: bool = True

@@ -301,10 +301,12 @@ def accelopt_transfer_order(
     with priority p starts only after those before it to that destination have started.
     ``None``: send in the order the sender issues them.
 
-    Called: by the transport, once per (job, iteration, destination), before the first send.
+    Called: by the transport, once per (job, iteration, destination), before the first send
+    (all-reduce: when the iteration starts; in a user's own DDP script through
+    ``accelopt.ddp.comm_hook``: at the iteration's first bucket).
     Ranks: every sender of a cluster run: PS servers (parameters), workers (gradients),
     all-reduce workers (buckets, destination -1); never in a one-process run.
-    Thread: the thread running the iteration.
+    Thread: the thread running the iteration (a user's DDP script: autograd's thread).
     """
 
 
@@ -314,10 +316,11 @@ def accelopt_transfer_encode(record: TransferRecord, payload: Any) -> Any | None
     to leave it unchanged. Chained: encoders run in plugin order, each on the previous
     one's output; decoders run in reverse order.
 
-    Called: by the transport, when a kept transfer is posted.
+    Called: by the transport, when a kept transfer is posted (all-reduce: from DDP's
+    communication hook, once per logical bucket, when DDP's reducer hands over its gradients).
     Ranks: the sending rank of a cluster run.
     Thread: the thread that posts it: the iteration's thread, or autograd's thread for a
-    gradient posted the moment it was accumulated.
+    gradient posted the moment it was accumulated (every all-reduce bucket).
     """
 
 

@@ -47,7 +47,9 @@ class JobResult:
     """Outcome and timing of one job.
 
     JCT (job completion time) is measured from arrival to the end of its last iteration;
-    queueing delay from arrival to the start of its first iteration.
+    queueing delay from arrival to the start of its first iteration. A job resumed from a
+    checkpoint carries the time it had already spent (``carried_s``, from its arrival in the
+    run it was resumed from until that checkpoint), so its JCT counts the whole job.
     """
 
     job: JobInfo
@@ -62,13 +64,19 @@ class JobResult:
     samples: int = 0
     final_loss: float | None = None
     losses: list[float] = field(default_factory=list)
+    carried_s: float = 0.0
+    """Time from arrival to the checkpoint this job was resumed from (0: not resumed)."""
+    carried_queueing_s: float | None = None
+    """The queueing delay it had before that checkpoint (``None``: it had not started)."""
 
     @property
     def jct_s(self) -> float | None:
-        return None if self.end_s is None else self.end_s - self.job.arrival_s
+        return None if self.end_s is None else self.end_s - self.job.arrival_s + self.carried_s
 
     @property
     def queueing_s(self) -> float | None:
+        if self.carried_queueing_s is not None:
+            return self.carried_queueing_s
         return None if self.first_start_s is None else self.first_start_s - self.job.arrival_s
 
     @property

@@ -13,6 +13,7 @@ Needs root (network namespace + tc tbf; no latency shaping: netem is missing on 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import pickle
 import platform
@@ -74,7 +75,7 @@ def accelopt_variant(args: argparse.Namespace, name: str, gradcomm: dict[str, An
     cfg.cluster.workers = 2
     cfg.cluster.bucket_mb = bucket_mb
     cfg.cluster.timeout_s = 120
-    cfg.cluster.network.bandwidth = args.bandwidth
+    cfg.cluster.network.bandwidth = None if args.bandwidth == "none" else args.bandwidth
     cfg.run.threads = 1
     if gradcomm is not None:
         cfg.plugins = {"gradcomm": gradcomm}
@@ -85,9 +86,12 @@ def accelopt_variant(args: argparse.Namespace, name: str, gradcomm: dict[str, An
     if rows and "sent_fraction" in rows[0].metrics:
         note = f"sent {float(rows[0].metrics['sent_fraction']):.2%} of elements"
     payload = sum(r.stats.payload_bytes for r in out.ranks) / 2 / args.iterations
+    first = next(r for r in out.ranks if r.rank == 0)
+    its = next(iter(first.parts.values())).iterations
+    steady = (its[-1]["end_s"] - its[WARMUP]["start_s"]) / (len(its) - WARMUP)
     return Result(name, m.get("loopback_bytes_per_iteration"), m.get("iteration_s"),
                   list(out.results[0].losses), accuracy(job_config(args), out.state), note,
-                  m.get("ratio_a"), {"payload": payload})
+                  m.get("ratio_a"), {"payload": payload, "wall_per_iteration_s": steady})
 
 
 def ddp_child(rank: int, world: int, port: int, namespace: str, spec: JobConfig, hook: str,
@@ -126,10 +130,11 @@ def ddp_child(rank: int, world: int, port: int, namespace: str, spec: JobConfig,
             model.register_comm_hook(state, in_order)
     opt = make_optimizer(spec, model.parameters())
     row0, row1 = shard_rows(spec.batch_size, world)[rank]
-    times, losses, lo = [], [], []
+    times, losses, lo, starts = [], [], [], []
     for i in range(spec.iterations):
         lo.append(netns.loopback_tx_bytes())
         t0 = time.perf_counter()
+        starts.append(t0)
         x, y = job.dataset.batch(i, spec.batch_size)
         x, y = x[row0:row1], y[row0:row1]
         opt.zero_grad(set_to_none=True)
@@ -138,22 +143,29 @@ def ddp_child(rank: int, world: int, port: int, namespace: str, spec: JobConfig,
         opt.step()
         times.append(time.perf_counter() - t0)
         losses.append(float(loss.detach()) * (row1 - row0) / spec.batch_size)
+    end = time.perf_counter()
     lo.append(netns.loopback_tx_bytes())
     params = {n: p.detach().clone() for n, p in job.model.named_parameters()}
     with open(Path(out_dir) / f"rank{rank}.pkl", "wb") as fh:
-        pickle.dump({"times": times, "losses": losses, "lo": lo, "params": params}, fh)
+        pickle.dump({"times": times, "losses": losses, "lo": lo, "params": params,
+                     "starts": starts, "end": end}, fh)
     dist.barrier()
     dist.destroy_process_group()
 
 
 def ddp_variant(args: argparse.Namespace, name: str, hook: str, bucket_mb: float) -> Result:
+    """Plain DDP in two spawned processes (``args.bandwidth`` ``none``: on this machine's
+    own loopback, unshaped and uncounted)."""
     spec = job_config(args)
-    shape = netns.Shape(parse_rate(args.bandwidth), None)
-    with tempfile.TemporaryDirectory() as out_dir, netns.Namespace(shape) as ns:
+    shaped = args.bandwidth != "none"
+    namespace = (netns.Namespace(netns.Shape(parse_rate(args.bandwidth), None)) if shaped
+                 else contextlib.nullcontext(None))
+    with tempfile.TemporaryDirectory() as out_dir, namespace as ns:
         ctx = mp.get_context("spawn")
         port = free_port()
-        procs = [ctx.Process(target=ddp_child, args=(r, 2, port, ns.name, spec, hook, bucket_mb,
-                                                     args.powersgd_rank, out_dir))
+        procs = [ctx.Process(target=ddp_child, args=(r, 2, port, ns.name if ns else "", spec,
+                                                     hook, bucket_mb, args.powersgd_rank,
+                                                     out_dir))
                  for r in range(2)]
         for p in procs:
             p.start()
@@ -165,9 +177,11 @@ def ddp_variant(args: argparse.Namespace, name: str, hook: str, bucket_mb: float
     r0 = ranks[0]
     losses = [a + b for a, b in zip(ranks[0]["losses"], ranks[1]["losses"], strict=True)]
     lo = r0["lo"]
-    diffs = [b - a for a, b in zip(lo, lo[1:], strict=False)]
-    return Result(name, statistics.median(diffs[WARMUP:]), statistics.median(r0["times"][WARMUP:]),
-                  losses, accuracy(spec, r0["params"]))
+    diffs = [b - a for a, b in zip(lo, lo[1:], strict=False) if a is not None and b is not None]
+    steady = (r0["end"] - r0["starts"][WARMUP]) / (len(r0["starts"]) - WARMUP)
+    return Result(name, statistics.median(diffs[WARMUP:]) if diffs[WARMUP:] else None,
+                  statistics.median(r0["times"][WARMUP:]), losses, accuracy(spec, r0["params"]),
+                  extra={"wall_per_iteration_s": steady})
 
 
 def main() -> None:

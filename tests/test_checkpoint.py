@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -72,19 +73,63 @@ def test_sigkill_then_resume_reaches_the_same_weights(tmp_path, model):
     assert 0 < state["job"]["iteration"] < 1500
     assert state["job"]["random"]["uses_rng"] is bool(model)  # the dropout job draws
 
-    resumed = accelopt("run", f"run.resume={run_dir}", "run.progress=false", cwd=tmp_path)
+    before = _files(run_dir)
+    new_dir = tmp_path / "resumed"
+    resumed = accelopt("run", f"run.resume={run_dir}", "run.progress=false",
+                       f"hydra.run.dir={new_dir}", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     assert "resuming" in resumed.stdout
-    ref, got = _weights(ref_dir), _weights(run_dir)
+    assert _files(run_dir) == before, "the resumed run wrote into the original directory"
+    ref, got = _weights(ref_dir), _weights(new_dir)
     assert ref.keys() == got.keys()
     for key in ref:
         assert torch.equal(ref[key], got[key]), key  # bitwise
+    metrics = json.loads((new_dir / "metrics.json").read_text())
+    assert metrics["summary"]["resumed_from"] == str(run_dir)
+    (job,) = metrics["jobs"]
+    assert job["iterations"] == 1500 and job["status"] == "done"
+    # the part before the kill counts: the JCT is more than the resumed part's own time
+    assert job["jct_s"] is not None and job["jct_s"] > metrics["summary"]["duration_s"]
+
+
+def _files(run_dir: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(run_dir)): p.read_bytes()
+            for p in sorted(run_dir.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.timeout(120)
+def test_resume_of_a_finished_run_is_refused_unless_asked_and_never_rewrites_it(tmp_path):
+    job = ["workload=single", "workload.jobs.0.iterations=20", "workload.jobs.0.width=16",
+           "run.progress=false", "run.checkpoint_every=5"]
+    first = tmp_path / "first"
+    assert accelopt("run", *job, f"hydra.run.dir={first}", cwd=tmp_path).returncode == 0
+    before = _files(first)
+    refused = accelopt("run", f"run.resume={first}", f"hydra.run.dir={tmp_path / 'again'}",
+                       cwd=tmp_path)
+    assert refused.returncode == 2
+    assert "already finished (all 1 job(s) done)" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    assert not (tmp_path / "again" / "metrics.json").exists()
+    same_dir = accelopt("run", f"run.resume={first}", f"hydra.run.dir={first}",
+                        "run.resume_finished=true", cwd=tmp_path)
+    assert same_dir.returncode == 2 and "writes into a new directory" in same_dir.stderr
+    again = tmp_path / "reported"
+    asked = accelopt("run", f"run.resume={first}", "run.resume_finished=true",
+                     f"hydra.run.dir={again}", cwd=tmp_path)
+    assert asked.returncode == 0, asked.stderr
+    assert _files(first) == before
+    old = json.loads((first / "metrics.json").read_text())["jobs"][0]
+    new = json.loads((again / "metrics.json").read_text())["jobs"][0]
+    assert new["status"] == "done" and new["iterations"] == 20
+    assert new["jct_s"] == pytest.approx(old["jct_s"]) and new["final_loss"] == old["final_loss"]
 
 
 def test_resume_of_a_directory_without_a_run_is_one_line(tmp_path):
     result = accelopt("run", f"run.resume={tmp_path}", cwd=tmp_path)
     assert result.returncode == 2
     assert "has no config.yaml" in result.stderr
+    missing = accelopt("run", f"run.resume={tmp_path / 'nowhere'}", cwd=tmp_path)
+    assert missing.returncode == 2 and "is not a directory" in missing.stderr
 
 
 def test_atomic_save_leaves_old_file_on_failure(tmp_path):

@@ -26,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from accelopt.config import register_plugin_configs, register_schema
 from accelopt.errors import AccelOptError, ConfigError, JobsUnfinished
 from accelopt.plugin import Registry, resolve
+from accelopt.report.console import default_console
 
 HYDRA_PASSTHROUGH_FLAGS = ("--help", "-h", "--hydra-help", "--info", "-i", "--cfg", "-c",
                            "--resolve", "--package", "-p", "--shell-completion", "-sc")
@@ -83,6 +84,17 @@ def prepare(overrides: list[str], registry: Registry, multirun: bool) -> None:
     register_plugin_configs(list(specs.values()))
     for combo in expand_sweeps(overrides) if multirun else [overrides]:
         compose_checked(combo)
+        refuse_resume_into_itself(combo)
+
+
+def refuse_resume_into_itself(overrides: list[str]) -> None:
+    """``run.resume=D hydra.run.dir=D`` would have Hydra rewrite D's ``.hydra/`` files before
+    the run could refuse: stop it before Hydra starts."""
+    values = dict(o.lstrip("+").split("=", 1) for o in overrides if "=" in o)
+    resume, out = values.get("run.resume"), values.get("hydra.run.dir")
+    if resume and out and Path(resume).expanduser().resolve() == Path(out).expanduser().resolve():
+        raise ConfigError(f"run.resume: {resume} is also this run's output directory; a resumed "
+                          "run writes into a new directory (drop hydra.run.dir)")
 
 
 def compose_checked(overrides: list[str]) -> DictConfig:
@@ -164,6 +176,20 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+def write_log(run_dir: Path, console: Any, error: str) -> None:
+    """``accelopt.log``: what the run printed (tables, progress lines, notes) and its error
+    line, appended after whatever Hydra's own logging wrote there (into the directory Hydra
+    made for the run; a run refused before that leaves none)."""
+    if not run_dir.is_dir():
+        return
+    text = console.export_text(clear=True)
+    if error:
+        text += error + "\n"
+    if text:
+        with open(run_dir / "accelopt.log", "a", encoding="utf-8") as handle:
+            handle.write(text)
+
+
 def run_hydra(args: list[str], registry: Registry, debug: bool) -> int:
     """Hand the command line to Hydra (single run or ``-m`` multirun)."""
     import hydra
@@ -178,8 +204,10 @@ def run_hydra(args: list[str], registry: Registry, debug: bool) -> int:
         from hydra.core.hydra_config import HydraConfig
 
         run_dir = Path(HydraConfig.get().runtime.output_dir)
+        console = default_console(record=True)
+        error = ""
         try:
-            record = execute(cfg, run_dir=run_dir, registry=registry)
+            record = execute(cfg, run_dir=run_dir, registry=registry, console=console)
             unfinished = [j for j in record.jobs if j.status in ("failed", "rejected")]
             if unfinished:
                 first = unfinished[0]
@@ -189,12 +217,18 @@ def run_hydra(args: list[str], registry: Registry, debug: bool) -> int:
                     f"(outputs kept in {run_dir})"
                 )
         except AccelOptError as exc:
+            error = f"error: {exc}"
             if debug:
                 raise
-            print(f"error: {exc}", file=sys.stderr)
+            print(error, file=sys.stderr)
             exit_code = exc.exit_code
             if not HydraConfig.get().mode.name == "MULTIRUN":
                 raise SystemExit(exc.exit_code) from None
+        except BaseException as exc:
+            error = f"error: {type(exc).__name__}: {exc}"
+            raise
+        finally:
+            write_log(run_dir, console, error)
 
     saved = sys.argv
     sys.argv = ["accelopt run", *args]

@@ -9,6 +9,7 @@ checkpoint or the new one, never half of one.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -43,15 +44,24 @@ class Checkpointer:
         self.every = every
         self.save_weights = save_weights
         self.written = 0
+        self.clock: Callable[[], float] | None = None
+        """The driver's clock (seconds since the run started): how long each job has run,
+        kept in its checkpoint so a resumed job's JCT counts the part before the resume."""
 
     def after_iteration(self, job: Job, result: JobResult) -> None:
         if self.every and job.iteration % self.every == 0 and not job.done:
             self.save(job, result)
 
     def save(self, job: Job, result: JobResult) -> None:
+        if result.status == "done" and result.jct_s is not None:
+            elapsed = result.jct_s
+        else:
+            now = self.clock() if self.clock is not None else job.info.arrival_s
+            elapsed = max(0.0, now - job.info.arrival_s) + result.carried_s
         state = {
             "job": job.state_dict(),
             "result": {k: getattr(result, k) for k in _RESULT_FIELDS},
+            "timing": {"elapsed_s": elapsed, "queueing_s": result.queueing_s},
             "spec": asdict(job.spec),
         }
         atomic_torch_save(state, self.dir / f"{job.info.job_id}.pt")
@@ -83,11 +93,22 @@ def restore(run_dir: Path, jobs: list[Job]) -> dict[str, JobResult]:
         if state.get("spec") != asdict(job.spec):
             raise UserError(f"checkpoint {path} was written for a different job spec; "
                             "resume with the run's own config (run.resume=<that run dir>)")
-        job.load_state_dict(state["job"])
+        try:
+            job.load_state_dict(state["job"])
+        except (RuntimeError, KeyError, ValueError) as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise UserError(f"checkpoint {path} does not fit job '{job.info.name}' ({first}); "
+                            "resume with the run's own config, or delete the checkpoint to "
+                            "restart that job") from None
         result = JobResult(job.info)
         for key, value in state["result"].items():
             setattr(result, key, value)
-        if result.status not in ("done", "failed", "rejected"):
+        timing = state.get("timing", {})
+        result.carried_s = float(timing.get("elapsed_s", 0.0))
+        result.carried_queueing_s = timing.get("queueing_s")
+        if result.status == "done":
+            result.end_s = job.info.arrival_s  # nothing more to run: its JCT is what it was
+        elif result.status not in ("failed", "rejected"):
             result.status = "pending"
         results[job.info.job_id] = result
     return results

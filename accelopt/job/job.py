@@ -103,6 +103,9 @@ class Job:
         self.iteration = 0
         self.rebuilds: list[str] = []
         """Why the optimizer was rebuilt, one entry per rebuild (``accelopt_after_step``)."""
+        self.forward: nn.Module = self.model
+        """What forward calls: the model, or the exchange's wrapper of it (all-reduce: PyTorch
+        DDP). Plugins, checkpoints and weights always see :attr:`model` itself."""
         self.exchange.attach(self, self.timer or NO_TIMER)
         rows = self.exchange.rows(self.info.batch_size)
         self._rows = None if rows == (0, self.info.batch_size) else rows
@@ -180,7 +183,7 @@ class Job:
                 if timer:
                     timer.begin("forward", i)
                 with torch.inference_mode():
-                    self.model(x)
+                    self.forward(x)
                 if timer:
                     timer.end()
             else:
@@ -192,7 +195,7 @@ class Job:
                     self.model.zero_grad(set_to_none=True)
                 if timer:
                     timer.begin("forward", i)
-                loss = self.loss_fn(self.model(x), y)
+                loss = self.loss_fn(self.forward(x), y)
                 if timer:
                     timer.end()
                 loss_value = loss.detach()

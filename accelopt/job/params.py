@@ -56,18 +56,19 @@ def shard_by_bytes(table: Sequence[ParamInfo], servers: int) -> list[list[ParamI
 
 
 def buckets_by_bytes(table: Sequence[ParamInfo], bucket_bytes: int) -> tuple[tuple[int, ...], ...]:
-    """Gradient buckets in backward order (last layer first), each up to ``bucket_bytes``
-    (a tensor larger than a bucket gets a bucket of its own), like PyTorch DDP; as indices
-    into ``table``."""
+    """Gradient buckets in backward order (last layer first), as indices into ``table``.
+    A bucket closes as soon as it holds ``bucket_bytes`` or more: PyTorch DDP's rule when it
+    rebuilds its buckets after the first iteration, so in all-reduce mode these are the
+    buckets DDP reduces (for a model whose gradients arrive in reverse layer order)."""
     buckets: list[tuple[int, ...]] = []
     current: list[int] = []
     size = 0
     for info in reversed(table):
-        if current and size + info.nbytes > bucket_bytes:
-            buckets.append(tuple(current))
-            current, size = [], 0
         current.append(info.index)
         size += info.nbytes
+        if size >= bucket_bytes:
+            buckets.append(tuple(current))
+            current, size = [], 0
     if current:
         buckets.append(tuple(current))
     return tuple(buckets)

@@ -85,6 +85,7 @@ def _clone(job: Job) -> Job:
     and its own copy of the job's random state; its steps fire no hooks."""
     probe = copy.copy(job)
     probe.model, probe.optimizer = copy.deepcopy((job.model, job.optimizer))
+    probe.forward = probe.model  # the profile runs on one process: no DDP wrapper
     probe._stepped = dict(probe.model.named_parameters())
     probe.random = job.random.copy()
     probe.info = job.info

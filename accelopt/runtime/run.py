@@ -30,7 +30,7 @@ from accelopt.drivers.lifecycle import Lifecycle
 from accelopt.drivers.local import Executor
 from accelopt.drivers.rows import with_placeholders
 from accelopt.drivers.setup import memory_capacity, pick_device, setup_torch
-from accelopt.errors import UserError
+from accelopt.errors import AccelOptError, UserError
 from accelopt.job import build_jobs, job_id_for, job_specs
 from accelopt.job.checkpoint import Checkpointer, restore
 from accelopt.job.profile import measure_profile
@@ -55,7 +55,8 @@ def execute(
     """Run the configured workload; return what it measured (outputs already written)."""
     console = console or default_console()
     registry = registry or Registry.discover()
-    cfg, run_dir, resuming = _maybe_resume(cfg, run_dir, console)
+    cfg, resume_from = _maybe_resume(cfg, run_dir, console)
+    resuming = resume_from is not None
     reference_sets = _reference_sets(cfg, resuming)
     validate(cfg, registry, reference_sets)
     refs = compare.run_references(cfg, reference_sets, run_dir, registry, console)
@@ -65,8 +66,8 @@ def execute(
     run_dir.mkdir(parents=True, exist_ok=True)
     _save_config(cfg, run_dir)
     if cfg.cluster.mode != "none":
-        return _execute_cluster(cfg, run_dir, registry, console, refs)
-    return _execute_local(cfg, run_dir, registry, console, refs, resuming)
+        return _execute_cluster(cfg, run_dir, registry, console, refs, resume_from)
+    return _execute_local(cfg, run_dir, registry, console, refs, resume_from)
 
 
 def validate(cfg: DictConfig, registry: Registry,
@@ -75,6 +76,9 @@ def validate(cfg: DictConfig, registry: Registry,
     each plugin set (this run's and every reference set's) activated and configured once."""
     specs = job_specs(cfg)
     ids = [job_id_for(i, s) for i, s in enumerate(specs)]
+    if int(cfg.run.checkpoint_every) < 0:
+        raise UserError(f"run.checkpoint_every must be >= 0 (0 = off), got "
+                        f"{cfg.run.checkpoint_every}")
     if cfg.cluster.mode != "none":
         from accelopt.drivers.cluster.launch import validate as validate_cluster
         from accelopt.drivers.cluster.settings import settings_from
@@ -95,7 +99,7 @@ def _reference_sets(cfg: DictConfig, resuming: bool) -> list[tuple[str, ...]]:
 
 
 def _execute_local(cfg: DictConfig, run_dir: Path, registry: Registry, console: Console,
-                   refs: dict[str, RunRecord], resuming: bool) -> RunRecord:
+                   refs: dict[str, RunRecord], resume_from: Path | None) -> RunRecord:
     setup_torch(cfg.run)
     device = pick_device(str(cfg.run.device))
     specs = job_specs(cfg)
@@ -107,7 +111,7 @@ def _execute_local(cfg: DictConfig, run_dir: Path, registry: Registry, console: 
     lifecycle = Lifecycle(plugins, info)
     lifecycle.job_built(jobs)
     checkpointer = Checkpointer(run_dir, int(cfg.run.checkpoint_every), bool(cfg.run.save_weights))
-    restored = restore(run_dir, jobs) if resuming else {}
+    restored = restore(resume_from, jobs) if resume_from is not None else {}
     progress = JobProgress(console, enabled=bool(cfg.run.progress))
     executor = Executor(
         plugins,
@@ -125,12 +129,15 @@ def _execute_local(cfg: DictConfig, run_dir: Path, registry: Registry, console: 
         ),
         results=restored,
     )
+    checkpointer.clock = executor.now
     hook_calls: list[tuple[str, float, float]] = []  # spans made after the run: cheap here
     if cfg.run.trace_hooks:
         plugins.set_trace(hook_calls)
     sampler = TelemetrySampler(interval_s=float(cfg.run.telemetry_interval_s))
     lifecycle.start()
     record = RunRecord(info=lifecycle.info)
+    if resume_from is not None:
+        record.metrics["resumed_from"] = str(resume_from)
     started = time.perf_counter()
     with progress:
         for job in jobs:
@@ -140,14 +147,18 @@ def _execute_local(cfg: DictConfig, run_dir: Path, registry: Registry, console: 
         sampler.start(started)
         try:
             results = executor.run()
-        finally:
+        except BaseException as exc:
             record.telemetry = sampler.stop()
+            record.duration_s = time.perf_counter() - started
+            record.jobs = [result for _info, result, _busy in executor.snapshot()]
+            record.spans = _local_spans(executor, hook_calls)
+            _keep_evidence(record, run_dir, exc)
+            raise
+        record.telemetry = sampler.stop()
     record.duration_s = time.perf_counter() - started
     record.telemetry_note = sampler.note
     record.jobs = results
-    t0 = executor._t0
-    record.spans = executor.spans + [Span(h, "hooks", s - t0, e - t0, category="hook")
-                                     for h, s, e in hook_calls]
+    record.spans = _local_spans(executor, hook_calls)
     lifecycle.update(jobs)
     record.info = lifecycle.info
     record.plugin_rows = with_placeholders(lifecycle.merged_rows(), plugins.names)
@@ -157,7 +168,7 @@ def _execute_local(cfg: DictConfig, run_dir: Path, registry: Registry, console: 
 
 
 def _execute_cluster(cfg: DictConfig, run_dir: Path, registry: Registry, console: Console,
-                     refs: dict[str, RunRecord]) -> RunRecord:
+                     refs: dict[str, RunRecord], resume_from: Path | None = None) -> RunRecord:
     from accelopt.drivers.cluster import run_cluster
     from accelopt.drivers.cluster.settings import settings_from
 
@@ -166,8 +177,20 @@ def _execute_cluster(cfg: DictConfig, run_dir: Path, registry: Registry, console
     info = RunInfo(str(run_dir), "cluster", names, (), int(cfg.run.seed),
                    world_size=settings.world_size, cluster=settings.info(settings.backend))
     record = RunRecord(info=info)
+    if resume_from is not None:
+        record.metrics["resumed_from"] = str(resume_from)
     started = time.perf_counter()
-    outcome = run_cluster(cfg, run_dir=run_dir, console=console, registry=registry)
+    try:
+        outcome = run_cluster(cfg, run_dir=run_dir, console=console, registry=registry)
+    except BaseException as exc:
+        record.duration_s = time.perf_counter() - started
+        specs = job_specs(cfg)
+        record.jobs = [JobResult(_unbuilt_info(job_id_for(i, s), s))
+                       for i, s in enumerate(specs)]
+        record.telemetry_note = ("the cluster run failed: the ranks' timelines ended with "
+                                 "their processes and are not in trace.json")
+        _keep_evidence(record, run_dir, exc)
+        raise
     record.duration_s = time.perf_counter() - started
     if not outcome.primary:  # under torchrun, only rank 0 writes the run's outputs
         return record
@@ -181,8 +204,58 @@ def _execute_cluster(cfg: DictConfig, run_dir: Path, registry: Registry, console
     record.plugin_rows = with_placeholders(list(outcome.plugin_rows), names)
     if len(record.jobs) > 1:
         _write_per_iteration(outcome.per_iteration, run_dir)
+    if cfg.run.save_weights:
+        _save_cluster_weights(record.jobs, outcome.state, run_dir)
     _write_and_render(record, run_dir, console, refs)
     return record
+
+
+def _local_spans(executor: Executor, hook_calls: list[tuple[str, float, float]]) -> list[Span]:
+    """The executor's iterations and every hook call, on the run's clock."""
+    t0 = executor._t0
+    return executor.spans + [Span(h, "hooks", s - t0, e - t0, category="hook")
+                             for h, s, e in hook_calls]
+
+
+def _keep_evidence(record: RunRecord, run_dir: Path, exc: BaseException) -> None:
+    """A run that stops on an error still leaves its evidence: metrics.json with every job's
+    status (a job that had not ended is ``failed`` with the run's error), the error line in
+    ``summary.error``, and the trace and timeline so far. Best effort: a failure while
+    writing must not hide the run's own error. A refusal of bad input writes nothing."""
+    if isinstance(exc, UserError):
+        return  # a refusal (bad input found before the work began): nothing to keep
+    error = _error_line(exc)
+    for result in record.jobs:
+        if result.status not in ("done", "failed", "rejected"):
+            result.status = "failed"
+            result.error = result.error or f"the run stopped: {error}"
+    record.metrics["error"] = error
+    try:
+        write_run_outputs(record, run_dir)
+    except Exception:  # noqa: BLE001 - the run's error is the one to report
+        pass
+
+
+def _error_line(exc: BaseException) -> str:
+    """The error as the command line prints it (accelopt's own errors are one line
+    already; anything else gets its type)."""
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted (Ctrl-C)"
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else ""
+    if isinstance(exc, AccelOptError):
+        return first
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
+def _unbuilt_info(job_id: str, spec: Any) -> Any:
+    """The record of a job the failed cluster run had not reported back (its spec only)."""
+    from accelopt.types import JobInfo
+
+    return JobInfo(job_id=job_id, name=spec.name, model=spec.model, kind=spec.kind,
+                   arrival_s=float(spec.arrival_s), iterations=int(spec.iterations),
+                   batch_size=int(spec.batch_size), optimizer=spec.optimizer,
+                   lr=float(spec.lr), momentum=float(spec.momentum))
 
 
 def _write_and_render(record: RunRecord, run_dir: Path, console: Console,
@@ -203,21 +276,63 @@ def _save_config(cfg: DictConfig, run_dir: Path) -> None:
 
 def _maybe_resume(
     cfg: DictConfig, run_dir: Path, console: Console
-) -> tuple[DictConfig, Path, bool]:
-    """``run.resume=<dir>``: continue that run, in that directory, with its own config."""
+) -> tuple[DictConfig, Path | None]:
+    """``run.resume=<dir>``: continue that run from its checkpoints, with its own config,
+    into this invocation's own ``run_dir``; the old directory is only read. Returns the
+    config to run and the directory resumed from (``None``: not resuming)."""
     if not cfg.run.resume:
-        return cfg, run_dir, False
+        return cfg, None
     old_dir = Path(str(cfg.run.resume)).expanduser()
+    if not old_dir.is_dir():
+        raise UserError(f"run.resume: {old_dir} is not a directory; pass the directory of a "
+                        "run that accelopt wrote (it holds config.yaml and checkpoints/)")
     saved = old_dir / CONFIG_FILE
     if not saved.is_file():
         raise UserError(f"run.resume: {old_dir} has no {CONFIG_FILE}; pass the directory of a "
                         "run that accelopt wrote")
+    if old_dir.resolve() == Path(run_dir).resolve():
+        raise UserError(f"run.resume: {old_dir} is also this run's output directory; a resumed "
+                        "run writes into a new directory (drop hydra.run.dir)")
     from accelopt.config import AccelConfig
 
+    resume_finished = bool(cfg.run.get("resume_finished", False))
     resumed = OmegaConf.merge(OmegaConf.structured(AccelConfig), OmegaConf.load(saved))
     resumed.run.resume = str(old_dir)
-    console.print(f"resuming {old_dir} from its checkpoints")
-    return resumed, old_dir, True  # type: ignore[return-value]
+    resumed.run.resume_finished = resume_finished
+    finished = _finished(old_dir)
+    if finished and not resume_finished:
+        raise UserError(f"run.resume: {old_dir} already finished ({finished}); nothing to "
+                        "resume. Start a new run, or add run.resume_finished=true to report "
+                        "it again in a new directory")
+    console.print(f"resuming {old_dir} from its checkpoints; writing into {run_dir}")
+    return resumed, old_dir  # type: ignore[return-value]
+
+
+def _finished(run_dir: Path) -> str:
+    """Why ``run_dir`` counts as finished (every job done, by its metrics.json), or ''."""
+    import json
+
+    try:
+        jobs = json.loads((run_dir / "metrics.json").read_text(encoding="utf-8"))["jobs"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+    statuses = [j.get("status") for j in jobs if isinstance(j, dict)]
+    if statuses and all(s == "done" for s in statuses):
+        return f"all {len(statuses)} job(s) done"
+    return ""
+
+
+def _save_cluster_weights(jobs: list[JobResult], state: dict[str, Any], run_dir: Path) -> None:
+    """``weights/<job_id>.pt`` of every job that finished, as a one-process run writes them:
+    the trained parameters (gathered from the servers in PS mode) and the buffers."""
+    from accelopt.job.checkpoint import WEIGHTS_DIR, atomic_torch_save
+
+    for result in jobs:
+        if result.status != "done":
+            continue
+        weights = state if len(jobs) == 1 else state.get(result.job.job_id, {})
+        if weights:
+            atomic_torch_save(weights, run_dir / WEIGHTS_DIR / f"{result.job.job_id}.pt")
 
 
 def _write_per_iteration(rows: list[dict[str, Any]], run_dir: Path) -> None:

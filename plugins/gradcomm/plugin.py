@@ -155,7 +155,7 @@ class GradcommPlugin:
                               f"of cluster.mode=allreduce; this run is cluster.mode={self.mode}")]
         st = self.codec.stats
         iters = max(1, len(self.iterations))
-        fusion = (f"{len(self.bucket_names)} bucket(s) of <= {self.bucket_mb:g} MiB"
+        fusion = (f"{len(self.bucket_names)} bucket(s) closed at {self.bucket_mb:g} MiB"
                   if self.bucket_mb else f"{len(self.bucket_names)} bucket(s)")
         overlap = "overlapping backward" if c.overlap else "held until backward ended"
         if self.codec.lossless or st.elements == 0:

@@ -1,12 +1,16 @@
-"""All-reduce mode as the exchange of a job's step: every rank holds the whole model;
-gradients are summed in buckets.
+"""All-reduce mode as the exchange of a job's step: every rank holds the whole model, wrapped
+in PyTorch's ``DistributedDataParallel`` (gloo on CPU, NCCL on CUDA) on the job's own
+process group.
 
-Buckets (``JobInfo.buckets``: ``cluster.bucket_mb`` each, backward order, like PyTorch DDP)
-are posted to the transport the moment autograd has accumulated all of their gradients, so
-their async ``all_reduce`` runs while backward continues on earlier layers. Each rank scales
-its gradients by its share of the global batch first, so the sum is the global batch's mean
-gradient. ``gradients`` waits for every bucket and writes the sums into ``.grad``; the job's
-step then runs ``accelopt_before_optimizer_step`` on them and every rank takes the same step.
+DDP does what it does in any script: it broadcasts rank 0's parameters at the start, fires
+each gradient bucket's all-reduce the moment autograd has produced it (so communication
+overlaps backward) and writes the reduced gradients into ``.grad`` before backward returns.
+What accelopt adds is DDP's communication hook (``ddp_hook.py``): every bucket goes through
+the transport, and so through the transfer hooks (filter, encode, order, decode, done), as the
+job's logical buckets (``JobInfo.buckets``, named ``bucket0``, ``bucket1``, … in every
+iteration). Each rank scales its gradients by its share of the global batch first, so the sum
+is the global batch's mean gradient. The job's step then runs
+``accelopt_before_optimizer_step`` on the final gradients and every rank takes the same step.
 """
 
 from __future__ import annotations
@@ -15,12 +19,13 @@ from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
+from accelopt.drivers.cluster.ddp_hook import BucketHook, reduce_bucket
 from accelopt.drivers.cluster.ps import ClusterExchange
 from accelopt.drivers.cluster.settings import ClusterSettings
-from accelopt.drivers.cluster.transport import ALL_RANKS, Transport
+from accelopt.drivers.cluster.transport import Transport
 from accelopt.job.params import shard_rows
-from accelopt.types import ParamInfo, TransferRecord
 
 if TYPE_CHECKING:
     from accelopt.job import Job
@@ -38,9 +43,8 @@ class AllReduce(ClusterExchange):
         super().__init__(settings, rank, transport)
         self.index = settings.worker_index(rank)
         self.stream = self.index
-        self._iteration = 0
-        self._ready: list[int] = []
-        self._posted: set[int] = set()
+        self.hook: BucketHook | None = None
+        self.ddp: DistributedDataParallel | None = None
 
     def rows(self, batch_size: int) -> tuple[int, int]:
         return shard_rows(batch_size, self.settings.workers)[self.index]
@@ -48,65 +52,31 @@ class AllReduce(ClusterExchange):
     def attach(self, job: Job, timer: PhaseTimer) -> None:
         super().attach(job, timer)
         self.params = dict(job.model.named_parameters())
-        self.buckets: list[list[ParamInfo]] = [[self.table[i] for i in b]
-                                               for b in job.info.buckets]
-        bucket_of = {p.name: b for b, bucket in enumerate(self.buckets) for p in bucket}
+        if job.info.kind != "train":
+            return  # nothing to reduce: every rank runs forward on its rows
         row0, row1 = self.rows(job.info.batch_size)
-        self.weight = (row1 - row0) / job.info.batch_size
-        self._ready = [0] * len(self.buckets)
-
-        def on_grad(name: str) -> None:
-            b = bucket_of[name]
-            self._ready[b] += 1
-            if self._ready[b] == len(self.buckets[b]):
-                self._post_bucket(b)
-
-        for name, p in self.params.items():
-            p.register_post_accumulate_grad_hook(lambda _p, name=name: on_grad(name))
-
-    def _record(self, b: int, iteration: int) -> TransferRecord:
-        bucket = self.buckets[b]
-        return TransferRecord(
-            job_id=self.job_id, iteration=iteration, source=self.rank, destination=ALL_RANKS,
-            tensor=f"bucket{b}", nbytes=sum(p.nbytes for p in bucket),
-            layer_index=min(p.layer_index for p in bucket), kind="grad",
+        self.hook = BucketHook(self.transport, job_id=self.job_id, table=self.table,
+                               buckets=job.info.buckets, model=job.model,
+                               weight=(row1 - row0) / job.info.batch_size)
+        device = next(job.model.parameters()).device
+        self.ddp = DistributedDataParallel(
+            job.model,
+            device_ids=[device.index] if device.type == "cuda" else None,
+            process_group=self.transport.group,
+            bucket_cap_mb=self.settings.bucket_bytes / 2**20,
         )
-
-    def _post_bucket(self, b: int) -> None:
-        self._posted.add(b)
-        with torch.no_grad():
-            flat = torch.cat([
-                (self.params[p.name].grad if self.params[p.name].grad is not None
-                 else torch.zeros_like(self.params[p.name])).reshape(-1)
-                for p in self.buckets[b]
-            ]).mul_(self.weight)
-        self.transport.post(self._record(b, self._iteration), flat)
+        self.ddp.register_comm_hook(self.hook, reduce_bucket)
+        job.forward = self.ddp
 
     def begin(self, iteration: int) -> None:
-        self._iteration = iteration
-        self._ready = [0] * len(self.buckets)
-        self._posted = set()
-        self.transport.plan(iteration, ALL_RANKS,
-                            [self._record(b, iteration) for b in range(len(self.buckets))])
+        if self.hook is not None:
+            self.hook.begin(iteration)
 
     def gradients(self, iteration: int) -> None:
-        for b in range(len(self.buckets)):
-            if b not in self._posted:
-                self._post_bucket(b)
-        summed = self.transport.finish_allreduce(iteration)
-        with torch.no_grad():
-            for b, bucket in enumerate(self.buckets):
-                flat = summed[f"bucket{b}"].reshape(-1)
-                offset = 0
-                for p in bucket:
-                    t = self.params[p.name]
-                    n = t.numel()
-                    value = flat[offset:offset + n].view_as(t).to(t.dtype)
-                    if t.grad is None:
-                        t.grad = value.clone()
-                    else:
-                        t.grad.copy_(value)
-                    offset += n
+        """DDP has already written the reduced buckets into ``.grad`` (backward waited for
+        them); collect the iteration's transfers and any error."""
+        if self.hook is not None:
+            self.transport.finish_allreduce(iteration)
 
     def final_state(self, model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         if self.rank != 0:

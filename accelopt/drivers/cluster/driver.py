@@ -29,6 +29,7 @@ from accelopt.activation import PluginSet
 from accelopt.drivers.local import Executor
 from accelopt.drivers.setup import memory_capacity
 from accelopt.job import Job, StepEvents
+from accelopt.records import JobResult
 from accelopt.types import IterationResult
 
 if TYPE_CHECKING:
@@ -60,6 +61,8 @@ class ClusterDriver:
         box: list[Any] = [self.clock()]
         dist.broadcast_object_list(box, src=LEADER)
         self.train_t0 = float(box[0])
+        for part in self.jobs.values():
+            part.train_t0 = self.train_t0
         if self.rank == LEADER:
             self._lead()
         else:
@@ -73,11 +76,22 @@ class ClusterDriver:
             capacity_bytes=memory_capacity(str(self.cfg.run.get("memory_capacity", "auto")),
                                            self.device),
             device=str(self.device), profiler=None, stepper=self._lead_step,
-            clock=self.clock, jobs_fail_alone=False,
+            clock=self.clock, jobs_fail_alone=False, results=self._resumed(),
         )
         results = executor.run()  # an error ends this rank; the watchdog stops the others
         self._send({"stop": True})
         self.statuses = {r.job.job_id: (r.status, r.error) for r in results}
+
+    def _resumed(self) -> dict[str, JobResult]:
+        """The jobs a checkpoint brought back part-way (or finished): the executor goes on
+        from their iteration (a finished one does not run again)."""
+        out = {}
+        for job_id, part in self.jobs.items():
+            job = part.job
+            if job.iteration:
+                out[job_id] = JobResult(job.info, status="done" if job.done else "pending",
+                                        iterations_done=job.iteration)
+        return out
 
     def _lead_step(self, job: Job, events: StepEvents) -> IterationResult:
         with self._broadcast:  # one broadcast step at a time, whatever the lanes

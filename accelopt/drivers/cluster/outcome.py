@@ -63,6 +63,8 @@ def build_outcome(ranks: list[RankResult], settings: ClusterSettings) -> Cluster
         arrival = t0 + result.job.arrival_s
         result.job = dataclasses.replace(result.job, arrival_s=arrival)
         result.admitted_s = arrival
+        if result.end_s is None and result.status == "done" and result.carried_s:
+            result.end_s = arrival  # finished before a resume: its JCT is what it was
         outcomes[job_id] = one
         out.results.append(result)
         out.spans.extend(one.spans)
@@ -89,14 +91,18 @@ def _job_outcome(parts: list[JobPart], settings: ClusterSettings,
     shares = [(b - a) / batch for a, b in shard_rows(batch, settings.workers)]
     n_iter = min(len(w.iterations) for w in workers)
     losses, starts, ends, seconds, samples = [], [], [], [], 0
+    resumed_at = 0  # iterations carried from a checkpoint: their times are another run's
     for i in range(n_iter):
         rows = [w.iterations[i] for w in workers]
         if all(r["loss"] is not None for r in rows):  # inference iterations have no loss
             losses.append(sum(r["loss"] * share for r, share in zip(rows, shares, strict=True)))
-        starts.append(min(r["start_s"] for r in rows))
-        ends.append(max(r["end_s"] for r in rows))
         seconds.append(max(r["end_s"] - r["start_s"] for r in rows))
         samples += sum(r["samples"] for r in rows)
+        if any(r.get("carried") for r in rows):
+            resumed_at = i + 1
+            continue
+        starts.append(min(r["start_s"] for r in rows))
+        ends.append(max(r["end_s"] for r in rows))
     state_status, error = status or (("done", "") if n_iter == info.iterations else
                                      ("failed", "the run ended before the job did"))
     result = JobResult(
@@ -105,6 +111,7 @@ def _job_outcome(parts: list[JobPart], settings: ClusterSettings,
         end_s=ends[-1] if ends else None, iterations_done=n_iter,
         service_s=(ends[-1] - starts[0]) if starts else 0.0, samples=samples,
         final_loss=losses[-1] if losses else None, losses=losses,
+        carried_s=max(p.carried_s for p in parts),
     )
     spans = [s for r in parts for s in r.spans]
     worker_ranks = settings.worker_ranks()
@@ -115,7 +122,8 @@ def _job_outcome(parts: list[JobPart], settings: ClusterSettings,
     param_bytes = sum(p.numel() * p.element_size() for r in parts for p in r.params.values())
     if settings.mode == "allreduce":
         param_bytes = sum(p.numel() * p.element_size() for p in parts[0].params.values())
-    wire = [sum(r.stats.bytes_by_iteration.get(i, 0) for r in parts) for i in range(n_iter)]
+    wire = [sum(r.stats.bytes_by_iteration.get(i, 0) for r in parts)
+            for i in range(resumed_at, n_iter)]
     metrics: dict[str, Any] = {
         "cluster_mode": settings.mode,
         "cluster_workers": settings.workers,

@@ -20,6 +20,7 @@ from accelopt.activation import PluginSet, activate
 from accelopt.config import JobConfig
 from accelopt.drivers.cluster.allreduce import AllReduce
 from accelopt.drivers.cluster.carried import Carried
+from accelopt.drivers.cluster.checkpoints import RankCheckpointer, restore_part
 from accelopt.drivers.cluster.faults import Progress
 from accelopt.drivers.cluster.netns import loopback_tx_bytes
 from accelopt.drivers.cluster.ps import ClusterExchange, PsServer, PsWorker
@@ -50,6 +51,8 @@ class JobPart:
     buffers: dict[str, torch.Tensor] = field(default_factory=dict)
     loopback_bytes: list[tuple[int, int]] = field(default_factory=list)
     """(iteration, lo tx bytes at its start): only in a shaped run's private namespace."""
+    carried_s: float = 0.0
+    """Resumed from a checkpoint: how long the job had run before it (from its arrival)."""
 
 
 @dataclass
@@ -130,6 +133,16 @@ class RankJob:
                        bucket_bytes=settings.bucket_bytes, timer=PhaseTimer(self.span, self.now))
         self.backend = backend
         self._events: dict[str, StepEvents] = {}
+        self.checkpointer: RankCheckpointer | None = None
+        self.train_t0 = 0.0
+        """When training started (seconds since the run started): arrivals count from it."""
+        self.carried_s = 0.0
+        """Resumed: the time the job had run before its checkpoint."""
+
+    def elapsed_s(self) -> float:
+        """How long this job has existed, from its arrival (a resumed job: since its arrival
+        in the run it was resumed from)."""
+        return max(0.0, self.now() - self.train_t0 - self.job.info.arrival_s) + self.carried_s
 
     def now(self) -> float:
         return time.time() - self.t0_epoch
@@ -152,12 +165,21 @@ class RankJob:
         events = self._events.get(lane)
         if events is None:
             events = self._events[lane] = StepEvents(self.job.host, lane, self.now)
-        result = self.job.step(events)
+        try:
+            result = self.job.step(events)
+        except RuntimeError:
+            # a collective's error reached DDP's backward through the hook's future and came
+            # out wrapped; raise the transport's own (one line, naming rank and bucket)
+            if self.transport.failure is not None:
+                raise self.transport.failure from None
+            raise
         self.span(f"iteration {i}", "iteration", result.start_s, result.end_s, "iteration",
                   iteration=i)
         self.iterations.append({"iteration": i, "start_s": result.start_s,
                                 "end_s": result.end_s, "loss": result.loss,
                                 "samples": result.samples})
+        if self.checkpointer is not None:
+            self.checkpointer.after_step(self)
         return result
 
     def finish(self) -> JobPart:
@@ -171,7 +193,7 @@ class RankJob:
         return JobPart(rank=self.rank, role=self.role, job=self.job.info, backend=self.backend,
                        iterations=self.iterations, spans=self.spans + transfers,
                        stats=self.transport.stats, params=params, buffers=buffers,
-                       loopback_bytes=self.loopback)
+                       loopback_bytes=self.loopback, carried_s=self.carried_s)
 
 
 def run_rank(cfg: DictConfig, settings: ClusterSettings, *, rank: int, world: int,
@@ -216,6 +238,13 @@ def run_rank(cfg: DictConfig, settings: ClusterSettings, *, rank: int, world: in
                             label=f"{spec.name} " if len(specs) > 1 else ""))
     lifecycle = Lifecycle(plugins, info)
     lifecycle.job_built([j.job for j in jobs])
+    every = int(cfg.run.get("checkpoint_every", 0) or 0)
+    resume = cfg.run.get("resume")
+    for part in jobs:
+        if every:
+            part.checkpointer = RankCheckpointer(run_dir, every, rank, world)
+        if resume:
+            restore_part(str(resume), part, rank, world)
     lifecycle.start()
     driver = ClusterDriver(cfg, jobs, plugins, rank=rank, device=device, progress=progress,
                            clock=jobs[0].now)

@@ -77,6 +77,9 @@ class _Item:
     payload: Any
     keep: bool
     posted_s: float
+    future: Any = None
+    """All-reduce only: a ``torch.futures.Future`` given the decoded sum when it is done (a
+    DDP communication hook returns it), instead of keeping it for ``finish_allreduce``."""
 
 
 @dataclass
@@ -153,6 +156,9 @@ class Transport:
         self._lock = threading.Condition()
         self._out: dict[tuple[int, int], _OutStream] = {}
         self._completer: _Completer | None = None
+        self.failure: BaseException | None = None
+        """The first error of a collective (timed out, a peer died) or of the order: a DDP
+        hook hands it to backward, which raises it wrapped; the rank raises this one."""
         self._filter = host.implements("accelopt_transfer_filter")
         self._encode = host.implements("accelopt_transfer_encode")
         self._decode = host.implements("accelopt_transfer_decode")
@@ -179,9 +185,10 @@ class Transport:
             if order:
                 self.stats.ordered += len(order)
 
-    def post(self, record: TransferRecord, payload: Any) -> None:
+    def post(self, record: TransferRecord, payload: Any, future: Any = None) -> None:
         """Hand over one transfer (any thread: autograd hooks post gradients). It starts now,
-        or when its predecessors in the enforced order have started."""
+        or when its predecessors in the enforced order have started. ``future`` (all-reduce
+        only) receives the decoded sum, or the error, when the collective is done."""
         keep = True
         if self._filter:
             answers = self.host.call("accelopt_transfer_filter", record=record)
@@ -190,7 +197,7 @@ class Transport:
             payload = self.host.chain(
                 "accelopt_transfer_encode", payload, lambda p: {"record": record, "payload": p}
             )
-        item = _Item(record, payload, keep, self.now())
+        item = _Item(record, payload, keep, self.now(), future)
         with self._lock:
             stream = self._out[(record.iteration, record.destination)]
             stream.posted += 1
@@ -261,7 +268,8 @@ class Transport:
                 while stream.started < stream.planned:
                     left = deadline - time.monotonic()
                     if left <= 0:
-                        raise self._order_error(stream)
+                        self.failure = self.failure or self._order_error(stream)
+                        raise self.failure
                     self._lock.wait(min(left, 0.5))
 
     def _order_error(self, stream: _OutStream) -> TransferOrderError:
@@ -419,7 +427,7 @@ class Transport:
         if self._completer is None:
             self._completer = _Completer(self)
         record = dataclasses.replace(item.record, wire_bytes=nbytes)
-        self._completer.put((record, payload, work, start_s, seq))
+        self._completer.put((record, payload, work, start_s, seq, item.future))
 
     def _start_allgather(self, item: _Item, seq: int) -> None:
         """A bucket an encoder turned into a tuple of tensors (e.g. sparse indices and
@@ -453,7 +461,7 @@ class Transport:
         if self._completer is None:
             self._completer = _Completer(self)
         record = dataclasses.replace(item.record, wire_bytes=lengths[self.rank])
-        self._completer.put((record, gathered, work, start_s, seq))
+        self._completer.put((record, gathered, work, start_s, seq, item.future))
 
     def finish_allreduce(self, iteration: int) -> dict[str, torch.Tensor]:
         """Wait for every bucket of ``iteration``; return decoded, summed payloads by name."""
@@ -496,7 +504,7 @@ class _Completer:
             entry = self.queue.get()
             if entry is None:
                 return
-            rec, payload, work, start_s, seq = entry
+            rec, payload, work, start_s, seq, future = entry
             try:
                 _wait(work, t.timeout, f"rank {t.rank}: all-reduce of {rec.tensor} at "
                       f"iteration {rec.iteration}")
@@ -511,7 +519,19 @@ class _Completer:
                 t._record(rec, start_s, end_s, seq)
             except BaseException as exc:  # handed to the main thread in drain()
                 with self.cv:
-                    self.error = exc
+                    self.error = self.error or exc
+                    t.failure = t.failure or exc
+                    self.pending -= 1
+                    self.cv.notify_all()
+                if future is not None:
+                    future.set_exception(exc)
+                continue
+            if future is not None:  # whoever waits on it (DDP) takes the result
+                future.set_result(payload)
+                # hold no collective's work between buckets: a process that ends while this
+                # thread still owns one may abort when its process group is destroyed
+                del entry, payload, work, future
+                with self.cv:
                     self.pending -= 1
                     self.cv.notify_all()
                 continue
@@ -537,6 +557,7 @@ class _Completer:
 
     def stop(self) -> None:
         self.queue.put(None)
+        self.thread.join(timeout=self.transport.timeout_s)
 
 
 @dataclass

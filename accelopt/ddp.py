@@ -1,0 +1,99 @@
+"""accelopt's transfer hooks inside *your own* PyTorch DDP script.
+
+``cluster.mode=allreduce`` wraps each job's model in ``DistributedDataParallel`` and carries
+its gradient buckets through the transfer hooks with a DDP communication hook. The same hook
+works in a training script that already uses DDP::
+
+    from accelopt.ddp import comm_hook
+
+    ddp = DistributedDataParallel(model)
+    state, hook = comm_hook(model, plugins=[my_plugin])
+    ddp.register_comm_hook(state, hook)
+
+Each bucket then goes through ``accelopt_transfer_filter``, ``accelopt_transfer_encode``,
+``accelopt_transfer_order`` (once per iteration), the all-reduce (or an all-gather when the
+encoder returns a tuple of tensors), ``accelopt_transfer_decode`` and
+``accelopt_transfer_done``, exactly as in an accelopt run, with records named ``bucket0``,
+``bucket1``, … by the model's logical buckets (``bucket_mb`` each, backward order). Plugins
+are told ``accelopt_run_start`` once, with a :class:`~accelopt.types.RunInfo` that says
+all-reduce mode, this rank and a :class:`~accelopt.types.JobInfo` of the model (its
+parameter table and buckets). Gradients are averaged over the ranks, as DDP's own hook does.
+
+For gradient compression without writing a plugin, ``accelopt_plugins.gradcomm.comm_hook``
+builds the gradcomm plugin and calls this function.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch.distributed as dist
+from torch import nn
+
+from accelopt.drivers.cluster.ddp_hook import BucketHook, reduce_bucket
+from accelopt.drivers.cluster.transport import Transport
+from accelopt.errors import UserError
+from accelopt.host import PluginHost
+from accelopt.job.params import buckets_by_bytes, param_table
+from accelopt.plugin import PluginSpec
+from accelopt.types import ClusterInfo, JobInfo, RunInfo
+
+DEFAULT_BUCKET_MB = 25.0
+"""DDP's own default bucket size."""
+
+
+def comm_hook(
+    model: nn.Module,
+    plugins: Sequence[object | tuple[PluginSpec, object]] = (),
+    *,
+    process_group: Any = None,
+    bucket_mb: float = DEFAULT_BUCKET_MB,
+    timeout_s: float = 300.0,
+    job: JobInfo | None = None,
+    run_dir: str = ".",
+) -> tuple[BucketHook, Callable[..., Any]]:
+    """``(state, hook)`` for ``ddp.register_comm_hook(state, hook)``.
+
+    ``model`` is the module DDP wraps (not the DDP wrapper); ``plugins`` are plugin objects
+    (their ``@hookimpl`` methods), or ``(PluginSpec, object)`` pairs to name them; the
+    process group defaults to the default one. ``job`` overrides the record the plugins are
+    given (its optimizer and momentum matter to a codec that corrects for momentum); its
+    parameter table and buckets are always the model's.
+    """
+    if isinstance(model, nn.parallel.DistributedDataParallel):
+        raise UserError("comm_hook takes the model DDP wraps, not the DDP wrapper: pass "
+                        "ddp.module")
+    if not dist.is_initialized():
+        raise UserError("comm_hook needs torch.distributed: call "
+                        "dist.init_process_group(...) first")
+    if bucket_mb <= 0:
+        raise UserError(f"bucket_mb must be > 0, got {bucket_mb}")
+    active = [p if isinstance(p, tuple) else
+              (PluginSpec(name=type(p).__name__, factory=lambda _c, p=p: p), p)
+              for p in plugins]
+    host = PluginHost(active)
+    rank = dist.get_rank(process_group)
+    world = dist.get_world_size(process_group)
+    table = param_table(model)
+    bucket_bytes = max(1, int(bucket_mb * 2**20))
+    buckets = buckets_by_bytes(table, bucket_bytes)
+    base = job or JobInfo(job_id="ddp", name="ddp", model=type(model).__name__, kind="train",
+                          arrival_s=0.0, iterations=0, batch_size=0)
+    info = JobInfo(**{**{f: getattr(base, f) for f in base.__dataclass_fields__},
+                      "parameters": table, "buckets": buckets})
+    device = next(model.parameters()).device
+    backend = str(dist.get_backend(process_group))
+    run = RunInfo(run_dir=run_dir, device=str(device), plugins=host.names, jobs=(info,),
+                  seed=0, rank=rank, role="worker", world_size=world, leader=rank == 0,
+                  cluster=ClusterInfo(mode="allreduce", workers=world, servers=0,
+                                      backend=backend, bucket_bytes=bucket_bytes,
+                                      timeout_s=timeout_s),
+                  job=info)
+    host.call("accelopt_run_start", run=run)
+    transport = Transport(rank=rank, host=host, t0_epoch=0.0, process=f"rank {rank} (worker)",
+                          timeout_s=timeout_s, device=device, group=process_group)
+    state = BucketHook(transport, job_id=info.job_id, table=table, buckets=buckets,
+                       model=model, weight=1.0 / world, self_planning=True)
+    state.run = run
+    return state, reduce_bucket

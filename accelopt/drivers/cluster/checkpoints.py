@@ -1,0 +1,110 @@
+"""Checkpoints of a cluster run: every rank saves its own part of each job, and a resumed run
+loads them back on the same ranks.
+
+A job's state is spread over the ranks (a parameter server holds its shard's parameters and
+optimizer state, each worker its own random stream and buffers; in all-reduce mode every
+rank a replica), so each rank writes what *it* holds, with :meth:`Job.state_dict`, to
+``checkpoints/<job_id>/rank<R>.it<N>.pt`` after iteration ``N`` (every ``run.checkpoint_every``
+iterations and when the job ends). The file also carries the rank's iteration records (so the
+resumed run's metrics cover the whole job) and how long the job had run.
+
+All ranks reach the same iteration boundaries in the same order (the leader broadcasts every
+step), but a kill can land while some ranks have written iteration ``N`` and others not yet:
+each rank keeps its last two generations, and a resume takes the newest iteration that
+*every* rank wrote. Each file is written atomically (temp file + rename).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from accelopt.errors import UserError
+from accelopt.job.checkpoint import CHECKPOINT_DIR, atomic_torch_save
+
+if TYPE_CHECKING:
+    from accelopt.drivers.cluster.rank import RankJob
+
+KEEP = 2
+"""Generations each rank keeps per job."""
+
+_NAME = re.compile(r"^rank(\d+)\.it(\d+)\.pt$")
+
+
+def job_dir(run_dir: str | Path, job_id: str) -> Path:
+    return Path(run_dir) / CHECKPOINT_DIR / job_id
+
+
+class RankCheckpointer:
+    """Writes this rank's part of a job after the iterations that need a checkpoint."""
+
+    def __init__(self, run_dir: str | Path, every: int, rank: int, world: int) -> None:
+        self.run_dir, self.every, self.rank, self.world = Path(run_dir), every, rank, world
+
+    def after_step(self, part: RankJob) -> None:
+        job = part.job
+        if not self.every or (job.iteration % self.every and not job.done):
+            return
+        directory = job_dir(self.run_dir, job.info.job_id)
+        state = {
+            "job": job.state_dict(),
+            "iterations": [{**r, "carried": True} for r in part.iterations],
+            "elapsed_s": part.elapsed_s(),
+            "spec": asdict(job.spec),
+            "rank": self.rank,
+            "world": self.world,
+        }
+        atomic_torch_save(state, directory / f"rank{self.rank}.it{job.iteration:08d}.pt")
+        mine = sorted(_generations(directory).get(self.rank, []))
+        for old in mine[:-KEEP]:
+            (directory / f"rank{self.rank}.it{old:08d}.pt").unlink(missing_ok=True)
+
+
+def _generations(directory: Path) -> dict[int, list[int]]:
+    """rank -> the iterations it has a checkpoint of, in ``directory``."""
+    out: dict[int, list[int]] = {}
+    if directory.is_dir():
+        for path in directory.iterdir():
+            match = _NAME.match(path.name)
+            if match:
+                out.setdefault(int(match.group(1)), []).append(int(match.group(2)))
+    return out
+
+
+def restore_part(resume_dir: str | Path, part: RankJob, rank: int, world: int) -> bool:
+    """Load this rank's part of ``part``'s job from the newest iteration every rank saved;
+    ``False`` when there is none (the job starts from scratch)."""
+    job = part.job
+    directory = job_dir(resume_dir, job.info.job_id)
+    generations = _generations(directory)
+    if not generations:
+        return False
+    if sorted(generations) != list(range(world)):
+        raise UserError(
+            f"checkpoints in {directory} were written by ranks {sorted(generations)}, but this "
+            f"run has {world} ranks; resume with the run's own cluster settings")
+    common = set.intersection(*(set(v) for v in generations.values()))
+    if not common:
+        return False
+    path = directory / f"rank{rank}.it{max(common):08d}.pt"
+    try:
+        state: dict[str, Any] = torch.load(path, map_location=job.device, weights_only=False)
+    except Exception as exc:  # noqa: BLE001 - any unreadable file is the same user problem
+        raise UserError(f"cannot read checkpoint {path}: {exc}; delete that job's checkpoint "
+                        "directory to restart it from scratch") from None
+    if state.get("spec") != asdict(job.spec):
+        raise UserError(f"checkpoint {path} was written for a different job spec; resume with "
+                        "the run's own config (run.resume=<that run dir>)")
+    try:
+        job.load_state_dict(state["job"])
+    except (RuntimeError, KeyError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UserError(f"checkpoint {path} does not fit job '{job.info.name}' ({first}); "
+                        "resume with the run's own config") from None
+    part.iterations = list(state["iterations"])
+    part.carried_s = float(state.get("elapsed_s", 0.0))
+    return True

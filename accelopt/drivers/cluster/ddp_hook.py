@@ -1,0 +1,230 @@
+"""The communication hook that carries PyTorch DDP's gradient buckets through the transport
+(and so through every transfer hook: filter, encode, order, decode, done).
+
+DDP decides *when* gradients are ready and groups them into its own buckets, which change
+once after the first iteration (DDP starts with a single bucket and rebuilds them in the
+order gradients arrived). The transfers plugins see must not change with that: they are the
+job's *logical* buckets (``JobInfo.buckets``: backward order, each closed once it holds
+``cluster.bucket_mb``, the rule DDP applies when it rebuilds), named ``bucket0``,
+``bucket1``, … in every iteration, so a codec's per-bucket state (error-feedback residuals)
+keeps its shape. When a DDP bucket holds exactly one logical bucket, in the same order (the
+common case once DDP has rebuilt), its flat buffer is sent as it is, with no copy, as DDP's
+built-in hook does. Otherwise the DDP bucket is cut into the logical buckets' parts, each
+logical bucket is sent once all its parts have arrived (possibly from several DDP buckets),
+and the results are written back into DDP's buffers.
+
+Each rank scales its gradients by its share of the global batch before sending (``weight``;
+``1 / world`` in a user's own DDP script), so the sum is the global batch's mean gradient.
+
+One instance per job and rank. ``begin(iteration)`` plans an iteration's transfers (the order
+hook is asked then); the runtime calls it from the job's exchange, and a user's DDP script,
+which has no such call, gets it from the first bucket of each iteration.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from accelopt.drivers.cluster.transport import ALL_RANKS, Transport
+from accelopt.types import ParamInfo, ReportRow, RunInfo, TransferRecord
+
+
+@dataclass(frozen=True)
+class _Piece:
+    """One parameter's gradient inside a DDP bucket: where it is in DDP's flat buffer and
+    which logical bucket (and position in it) it belongs to."""
+
+    bucket: int
+    position: int
+    offset: int
+    numel: int
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """How one DDP bucket (identified by its parameters) maps onto the logical buckets."""
+
+    pieces: tuple[_Piece, ...]
+    touched: tuple[int, ...]
+    exact: int | None
+    """The logical bucket this DDP bucket *is* (same parameters, same order), else ``None``."""
+
+
+class BucketHook:
+    """The state of :func:`reduce_bucket` (``ddp.register_comm_hook(state, reduce_bucket)``)."""
+
+    def __init__(self, transport: Transport, *, job_id: str, table: Sequence[ParamInfo],
+                 buckets: Sequence[Sequence[int]], model: nn.Module, weight: float,
+                 self_planning: bool = False) -> None:
+        self.transport = transport
+        self.job_id = job_id
+        self.weight = weight
+        self.self_planning = self_planning
+        """A user's DDP script: plan each iteration at its first bucket (nobody calls
+        :meth:`begin`)."""
+        params = dict(model.named_parameters())
+        self.logical = [[table[i] for i in bucket] for bucket in buckets]
+        self._where = {id(params[p.name]): (b, k)
+                       for b, bucket in enumerate(self.logical) for k, p in enumerate(bucket)}
+        self._sizes = [[params[p.name].numel() for p in bucket]
+                       for bucket in self.logical]
+        # frozen parameters never reach DDP: their slots are sent as zeros
+        self._expected = [sum(1 for p in bucket if params[p.name].requires_grad)
+                          for bucket in self.logical]
+        self._plans: dict[tuple[int, ...], _Plan] = {}
+        self.iteration = -1
+        self._futures: list[torch.futures.Future] = []
+        self._parts: dict[int, dict[int, torch.Tensor]] = {}
+        self.in_place = 0
+        """DDP buckets sent as they are (one logical bucket, same order: no copy)."""
+        self.cut = 0
+        """DDP buckets cut into logical buckets' parts (DDP's first iteration, a frozen
+        parameter, or gradients arriving out of layer order)."""
+        self.run: RunInfo | None = None
+        """The record the plugins were started with (a user's DDP script; for :meth:`report`)."""
+
+    # -- records and planning ----------------------------------------------------------
+
+    def record(self, b: int, iteration: int) -> TransferRecord:
+        bucket = self.logical[b]
+        return TransferRecord(
+            job_id=self.job_id, iteration=iteration, source=self.transport.rank,
+            destination=ALL_RANKS, tensor=f"bucket{b}", nbytes=sum(p.nbytes for p in bucket),
+            layer_index=min(p.layer_index for p in bucket), kind="grad",
+        )
+
+    def begin(self, iteration: int) -> None:
+        """Plan ``iteration``'s transfers: one per logical bucket, every iteration."""
+        self.iteration = iteration
+        self._futures = [torch.futures.Future() for _ in self.logical]
+        self._parts = {}
+        self.transport.plan(iteration, ALL_RANKS,
+                            [self.record(b, iteration) for b in range(len(self.logical))])
+
+    def _plan(self, params: Sequence[torch.Tensor]) -> _Plan:
+        pieces, offset = [], 0
+        for p in params:
+            where = self._where.get(id(p))
+            if where is None:
+                raise RuntimeError("DDP holds a parameter that is not in the job's parameter "
+                                   "table; was the model changed after it was wrapped?")
+            pieces.append(_Piece(where[0], where[1], offset, p.numel()))
+            offset += p.numel()
+        touched = tuple(dict.fromkeys(piece.bucket for piece in pieces))
+        exact = None
+        if len(touched) == 1:
+            b = touched[0]
+            if [piece.position for piece in pieces] == list(range(len(self.logical[b]))):
+                exact = b
+        return _Plan(tuple(pieces), touched, exact)
+
+    # -- the hook ----------------------------------------------------------------------
+
+    def __call__(self, bucket: dist.GradBucket) -> torch.futures.Future:
+        if self.self_planning and bucket.index() == 0:
+            if self.iteration >= 0:
+                self.transport.finish_allreduce(self.iteration)
+                self._forget()
+            self.begin(self.iteration + 1)
+        buffer = bucket.buffer()
+        params = bucket.parameters()
+        key = tuple(id(p) for p in params)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plans[key] = self._plan(params)
+        if plan.exact is not None:
+            b = plan.exact
+            self.in_place += 1
+            buffer.mul_(self.weight)
+            self._post(b, buffer)
+            out = self._futures[b].then(lambda f: _into(buffer, f.value(), b))
+        else:
+            self.cut += 1
+            for piece in plan.pieces:
+                parts = self._parts.setdefault(piece.bucket, {})
+                parts[piece.position] = buffer[piece.offset:piece.offset + piece.numel]
+                if len(parts) == self._expected[piece.bucket]:
+                    self._post(piece.bucket, self._gather(piece.bucket, parts).mul_(self.weight))
+            touched = [self._futures[b] for b in plan.touched]
+            out = torch.futures.collect_all(touched).then(
+                lambda _f: self._scatter(plan, buffer))
+        if bucket.is_last():
+            # every bucket of the iteration is posted: a transfer still held by the order
+            # hook waits for a tensor that never comes; say so instead of hanging backward
+            self.transport.wait_started(self.iteration)
+        return out
+
+    def _forget(self) -> None:
+        """A user's script may train for days: keep the counters, not a record per bucket."""
+        stats = self.transport.stats
+        self.transport.spans.clear()
+        stats.started_log.clear()
+        stats.bytes_by_iteration.clear()
+
+    def report(self) -> list[ReportRow]:
+        """The plugins' summary rows so far (``accelopt_report_rows``), e.g. gradcomm's
+        bytes sent and compression ratio."""
+        if self.run is None:
+            return []
+        answers = self.transport.host.call("accelopt_report_rows", run=self.run)
+        return [row for rows in answers or [] for row in (rows or [])]
+
+    def close(self) -> None:
+        """Stop the transport's completion thread (call it before
+        ``dist.destroy_process_group()``; an accelopt run does)."""
+        self.transport.close()
+
+    def _post(self, b: int, payload: torch.Tensor) -> None:
+        self.transport.post(self.record(b, self.iteration), payload, future=self._futures[b])
+
+    def _gather(self, b: int, parts: dict[int, torch.Tensor]) -> torch.Tensor:
+        """The logical bucket's flat gradient, in its own order (a copy)."""
+        some = next(iter(parts.values()))
+        return torch.cat([parts[k] if k in parts else some.new_zeros(n)
+                          for k, n in enumerate(self._sizes[b])])
+
+    def _scatter(self, plan: _Plan, buffer: torch.Tensor) -> torch.Tensor:
+        starts: dict[int, list[int]] = {}
+        for b in plan.touched:
+            acc, out = 0, []
+            for n in self._sizes[b]:
+                out.append(acc)
+                acc += n
+            starts[b] = out
+        results = {b: _flat(self._futures[b].value(), sum(self._sizes[b]), b)
+                   for b in plan.touched}
+        for piece in plan.pieces:
+            start = starts[piece.bucket][piece.position]
+            buffer[piece.offset:piece.offset + piece.numel].copy_(
+                results[piece.bucket][start:start + piece.numel])
+        return buffer
+
+
+def reduce_bucket(state, bucket):  # type: ignore[no-untyped-def]
+    """DDP's communication hook: ``ddp.register_comm_hook(state, reduce_bucket)`` with a
+    :class:`BucketHook` as the state; returns the ``Future`` of the bucket's reduced buffer.
+    (No annotations: DDP checks them as objects, and this module's are strings.)"""
+    return state(bucket)
+
+
+def _flat(value: object, numel: int, b: int) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor) or value.numel() != numel:
+        got = (f"a tensor of {value.numel()} elements" if isinstance(value, torch.Tensor)
+               else type(value).__name__)
+        raise RuntimeError(f"bucket{b}: accelopt_transfer_decode must give back the summed "
+                           f"bucket ({numel} elements), got {got}")
+    return value.reshape(-1)
+
+
+def _into(buffer: torch.Tensor, value: object, b: int) -> torch.Tensor:
+    """The decoded, summed bucket as DDP's buffer (in place when it already is)."""
+    if value is buffer:
+        return buffer
+    flat = _flat(value, buffer.numel(), b)
+    buffer.copy_(flat)
+    return buffer

@@ -1,0 +1,49 @@
+"""gradcomm's codecs as a DDP communication hook for any PyTorch DDP script."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from accelopt_plugins.gradcomm.config import GradcommConfig, momentum_factor, validate
+from torch import nn
+
+from accelopt import JobInfo
+from accelopt.errors import ConfigError
+
+
+def comm_hook(model: nn.Module, *, optimizer: str = "sgd", momentum: float = 0.0,
+              process_group: Any = None, bucket_mb: float = 25.0,
+              **options: Any) -> tuple[Any, Callable[..., Any]]:
+    """``(state, hook)`` for ``ddp.register_comm_hook(state, hook)``: gradcomm's codec on
+    every gradient bucket of your own DDP job.
+
+    ``options`` are gradcomm's settings (``dtype="fp16"|"bf16"``, ``sparsify="topk"|
+    "threshold"``, ``density``, ``threshold``, ``error_feedback``, ``momentum_correction``,
+    ``factor_masking``, ``topk_scope``, ``check_finite``, ``overlap``; see
+    :class:`~accelopt_plugins.gradcomm.config.GradcommConfig`), checked as on the command
+    line. ``optimizer``/``momentum`` describe your optimizer: DGC's momentum correction
+    (top-k or threshold with error feedback under SGD with momentum) needs them, and then
+    the hook's velocity replaces the optimizer's momentum, so build your SGD with
+    ``momentum=0``. ``state.report()`` gives gradcomm's summary row (bytes sent, ratio)."""
+    from accelopt_plugins.gradcomm import PLUGIN
+    from accelopt_plugins.gradcomm.plugin import GradcommPlugin
+
+    from accelopt.ddp import comm_hook as accelopt_comm_hook
+
+    known = {f.name for f in dataclasses.fields(GradcommConfig)}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ConfigError(f"gradcomm.comm_hook: unknown option(s) {', '.join(unknown)}; "
+                          f"known: {', '.join(sorted(known))}")
+    config = GradcommConfig(**options)
+    validate(config)
+    momentum_factor(config, optimizer, momentum)  # refuse what cannot apply, in one line
+    plugin = GradcommPlugin(config)
+    job = JobInfo(job_id="ddp", name="ddp", model=type(model).__name__, kind="train",
+                  arrival_s=0.0, iterations=0, batch_size=0, optimizer=optimizer,
+                  momentum=float(momentum))
+    spec = dataclasses.replace(PLUGIN, factory=lambda _c: plugin)
+    return accelopt_comm_hook(model, [(spec, plugin)], process_group=process_group,
+                              bucket_mb=bucket_mb, job=job)

@@ -1,0 +1,95 @@
+"""Checkpoints of cluster runs: every rank saves its own part; a rank SIGKILLed mid-run, then
+``run.resume`` into a new directory, reaches the weights of an uninterrupted run bit for bit
+(deterministic settings), in PS and in all-reduce mode, and leaves the killed run's files as
+they were."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from clirun import accelopt, accelopt_cmd, cli_env
+
+ITERATIONS = 300
+JOB = ["workload=single", f"workload.jobs.0.iterations={ITERATIONS}", "workload.jobs.0.width=64",
+       "run.threads=1", "run.progress=false", "run.checkpoint_every=20", "cluster.workers=2",
+       "cluster.timeout_s=20"]
+
+
+def _rank_pids(launcher: int) -> list[int]:
+    """The spawned rank processes of a run (children of the launcher that run spawn_main)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (entry / "cmdline").read_bytes()
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == launcher and b"spawn_main" in cmdline:
+            pids.append(int(entry.name))
+    return sorted(pids)
+
+
+def _files(run_dir: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(run_dir)): p.read_bytes()
+            for p in sorted(run_dir.rglob("*")) if p.is_file()}
+
+
+def _weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    (path,) = (run_dir / "weights").glob("*.pt")
+    return torch.load(path, weights_only=True)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("mode", ["ps", "allreduce"])
+def test_a_killed_rank_resumes_to_the_same_weights(tmp_path, mode):
+    job = [*JOB, f"cluster.mode={mode}"]
+    ref_dir = tmp_path / "reference"
+    done = accelopt("run", *job, f"hydra.run.dir={ref_dir}", cwd=tmp_path, timeout=200)
+    assert done.returncode == 0, done.stderr
+
+    run_dir = tmp_path / "killed"
+    proc = subprocess.Popen(accelopt_cmd("run", *job, f"hydra.run.dir={run_dir}"), cwd=tmp_path,
+                            env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        ranks = 3 if mode == "ps" else 2
+        while len({p.name.split(".")[0] for p in run_dir.glob("checkpoints/*/rank*.it*.pt")}) \
+                < ranks:
+            assert proc.poll() is None, "the run ended before it could be killed"
+            assert time.monotonic() < deadline, "no checkpoint from every rank in time"
+            time.sleep(0.005)  # polling files, not synchronising threads
+        victim = _rank_pids(proc.pid)[-1]
+        os.kill(victim, signal.SIGKILL)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, stderr.decode()[-2000:]
+    assert not (run_dir / "weights").exists(), "the run finished before it was killed"
+    killed = json.loads((run_dir / "metrics.json").read_text())  # the evidence is kept
+    assert killed["summary"]["error"] and killed["jobs"][0]["status"] == "failed"
+
+    before = _files(run_dir)
+    new_dir = tmp_path / "resumed"
+    resumed = accelopt("run", f"run.resume={run_dir}", f"hydra.run.dir={new_dir}", cwd=tmp_path,
+                       timeout=200)
+    assert resumed.returncode == 0, resumed.stderr
+    assert _files(run_dir) == before, "the resumed run wrote into the killed run's directory"
+    ref, got = _weights(ref_dir), _weights(new_dir)
+    assert ref.keys() == got.keys()
+    for key in ref:
+        assert torch.equal(ref[key], got[key]), key  # bitwise
+    metrics = json.loads((new_dir / "metrics.json").read_text())
+    (result,) = metrics["jobs"]
+    assert result["status"] == "done" and result["iterations"] == ITERATIONS
+    assert metrics["summary"]["resumed_from"] == str(run_dir)
+    assert result["jct_s"] > 0
