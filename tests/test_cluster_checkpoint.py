@@ -23,19 +23,21 @@ JOB = ["workload=single", f"workload.jobs.0.iterations={ITERATIONS}", "workload.
 
 
 def _rank_pids(launcher: int) -> list[int]:
-    """The spawned rank processes of a run (children of the launcher that run spawn_main)."""
-    pids = []
+    """The rank processes of a run: forked by the launcher's forkserver (or, where the
+    platform has none, spawned by the launcher itself)."""
+    parent: dict[int, int] = {}
+    cmdline: dict[int, bytes] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            cmdline = (entry / "cmdline").read_bytes()
+            parent[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            cmdline[int(entry.name)] = (entry / "cmdline").read_bytes()
         except (OSError, IndexError, ValueError):
             continue
-        if ppid == launcher and b"spawn_main" in cmdline:
-            pids.append(int(entry.name))
-    return sorted(pids)
+    servers = {p for p, pp in parent.items() if pp == launcher and b"forkserver" in cmdline[p]}
+    return sorted(p for p, pp in parent.items()
+                  if pp in servers or (pp == launcher and b"spawn_main" in cmdline[p]))
 
 
 def _files(run_dir: Path) -> dict[str, bytes]:

@@ -27,7 +27,9 @@ _REQUIRED_KEYS = ("run", "summary", "jobs")
 def _write_json(path: Path, document: dict[str, Any], indent: int | None = 2) -> Path:
     with atomic_open(path) as fh:
         # allow_nan=False: the documents are cleaned of NaN already; fail loudly if not.
-        json.dump(document, fh, indent=indent, allow_nan=False)
+        # dumps, not dump: only dumps uses the C encoder (dump encodes in Python, chunk by
+        # chunk: seconds for the trace of a cluster run)
+        fh.write(json.dumps(document, indent=indent, allow_nan=False))
         fh.write("\n")
     return path
 

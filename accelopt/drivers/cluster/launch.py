@@ -1,7 +1,8 @@
 """Starting the processes of a cluster run and collecting what they measured.
 
-Locally, :func:`run_cluster` spawns one process per rank with ``torch.multiprocessing``
-(spawn context), optionally inside a shaped network namespace, watches them and returns a
+Locally, :func:`run_cluster` starts one process per rank with ``torch.multiprocessing``
+(forked from a forkserver that has imported the runtime once, see :func:`rank_context`),
+optionally inside a shaped network namespace, watches them and returns a
 :class:`ClusterOutcome`. Under ``torchrun`` (RANK, WORLD_SIZE, MASTER_ADDR set) this
 process *is* one rank: nothing is spawned, and rank 0's outcome carries every rank's data.
 """
@@ -86,15 +87,21 @@ def run_cluster(cfg: DictConfig, *, run_dir: str | os.PathLike[str] = ".",
 
 @contextlib.contextmanager
 def own_mp_helpers() -> Iterator[None]:
-    """Starting a spawn-context process also starts multiprocessing's resource tracker; if
-    this run started it, stop it afterwards so the run leaves no process behind."""
-    from multiprocessing import resource_tracker
+    """Starting rank processes also starts multiprocessing's helpers (the resource tracker,
+    the forkserver); those this run started are stopped afterwards, so the run leaves no
+    process behind."""
+    from multiprocessing import forkserver, resource_tracker
 
     tracker = getattr(resource_tracker, "_resource_tracker", None)
     was_running = tracker is None or getattr(tracker, "_pid", None) is not None
+    server = getattr(forkserver, "_forkserver", None)
+    server_was_running = server is None or getattr(server, "_forkserver_pid", None) is not None
     try:
         yield
     finally:
+        if not server_was_running and getattr(server, "_forkserver_pid", None) is not None:
+            with contextlib.suppress(Exception):
+                server._stop()  # type: ignore[union-attr]
         if not was_running and getattr(tracker, "_pid", None) is not None:
             with contextlib.suppress(Exception):
                 tracker._stop()  # type: ignore[union-attr]
@@ -121,7 +128,7 @@ def _spawn(cfg: DictConfig, settings: ClusterSettings, t0: float, work: str,
     with _terminate_on_sigterm(), space as ns:
         port = settings.master_port or free_port()
         name = ns.name if ns is not None else None
-        ctx = mp.get_context("spawn")
+        ctx = rank_context()
         children = []
         watchdog = faults.Watchdog(children, work)
         try:
@@ -129,7 +136,7 @@ def _spawn(cfg: DictConfig, settings: ClusterSettings, t0: float, work: str,
                 proc = ctx.Process(
                     target=child_main,
                     args=(rank, settings.world_size, cfg_yaml, port, t0, work, name, run_dir,
-                          carried),
+                          carried, dict(os.environ)),
                     name=f"accelopt-rank{rank}",
                 )
                 proc.start()
@@ -172,10 +179,37 @@ def join_local_rank(rank: int, world: int, port: int, namespace: str | None) -> 
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank), GLOO_SOCKET_IFNAME="lo")
 
 
+def rank_context() -> Any:
+    """How ranks start: forked from a forkserver that has imported torch and the runtime once
+    (no rank repeats them: about 2 s of a default run's start on 2 cores), where the
+    platform has one; else spawn. The forkserver is stopped with the run
+    (:func:`own_mp_helpers`)."""
+    if "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["accelopt.drivers.cluster.launch"])
+    return ctx
+
+
+def _adopt_environment(environ: dict[str, str]) -> None:
+    """A forked rank has the forkserver's environment, from when it started: take the
+    launcher's as it is now (plugins named in ACCELOPT_PLUGINS, PYTHONPATH entries)."""
+    import sys
+
+    os.environ.clear()
+    os.environ.update(environ)
+    for entry in reversed(environ.get("PYTHONPATH", "").split(os.pathsep)):
+        if entry and entry not in sys.path:
+            sys.path.insert(0, entry)
+
+
 def child_main(rank: int, world: int, cfg_yaml: str, port: int, t0: float, work: str,
-               namespace: str | None, run_dir: str, carried: Carried | None = None) -> None:
-    """Entry point of a spawned rank (module-level so the spawn context can import it)."""
+               namespace: str | None, run_dir: str, carried: Carried | None = None,
+               environ: dict[str, str] | None = None) -> None:
+    """Entry point of a rank process (module-level so the start method can import it)."""
     faults.die_with_parent()
+    if environ is not None:
+        _adopt_environment(environ)
     settings = None
     progress = None
     try:
