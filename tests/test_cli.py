@@ -111,13 +111,12 @@ def test_plugin_raising_names_plugin_and_hook(tmp_path):
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("mode", ["none", "ps"])
-def test_a_failed_run_keeps_its_evidence(tmp_path, mode):
+def test_a_failed_run_keeps_its_evidence(tmp_path):
     """A plugin raising stops the run; its directory still holds metrics.json (every job
-    failed with the error; the error line in the summary), the trace so far (one process)
-    and accelopt.log with what the run printed and the error."""
-    result = accelopt("run", *TINY, "+plugins=[boom]", f"cluster.mode={mode}",
-                      "cluster.workers=1", cwd=tmp_path, timeout=170,
+    failed with the error; the error line in the summary), the trace so far and
+    accelopt.log with what the run printed and the error. (A cluster run killed mid-way
+    keeps the same: tests/test_cluster_checkpoint.py.)"""
+    result = accelopt("run", *TINY, "+plugins=[boom]", cwd=tmp_path, timeout=170,
                       ACCELOPT_PLUGINS="plugins_for_tests:BOOM")
     assert result.returncode == 1
     (run_dir,) = _run_dirs(tmp_path)
@@ -125,25 +124,10 @@ def test_a_failed_run_keeps_its_evidence(tmp_path, mode):
     assert "plugin 'boom' raised in hook accelopt_iteration_end" in metrics["summary"]["error"]
     assert metrics["jobs"] and all(j["status"] == "failed" for j in metrics["jobs"])
     assert all("boom" in j["error"] for j in metrics["jobs"])
-    if mode == "none":
-        trace = json.loads((run_dir / "trace.json").read_text())
-        assert trace["traceEvents"]
+    trace = json.loads((run_dir / "trace.json").read_text())
+    assert trace["traceEvents"]
     log = (run_dir / "accelopt.log").read_text()
     assert "error: " in log and "boom" in log
-
-
-@pytest.mark.timeout(180)
-def test_a_cluster_run_saves_its_weights(tmp_path):
-    done = accelopt("run", *TINY, "cluster.mode=ps", "cluster.workers=1", cwd=tmp_path,
-                    timeout=170)
-    assert done.returncode == 0, done.stderr
-    (run_dir,) = _run_dirs(tmp_path)
-    import torch
-
-    metrics = json.loads((run_dir / "metrics.json").read_text())
-    for job in metrics["jobs"]:  # the parameters came back from the server
-        weights = torch.load(run_dir / "weights" / f"{job['job_id']}.pt", weights_only=True)
-        assert weights and all(torch.isfinite(t).all() for t in weights.values())
 
 
 def test_impossible_memory_budget_exits_nonzero_keeping_outputs(tmp_path):

@@ -74,6 +74,28 @@ class Checkpointer:
             atomic_torch_save(job.model.state_dict(), self.weights_dir / f"{job.info.job_id}.pt")
 
 
+def load_into(path: Path, job: Job) -> dict[str, Any]:
+    """Load the checkpoint at ``path`` into ``job`` (model, optimizer, random state,
+    iteration) and return the whole saved state. Each way it can be wrong is one line: an
+    unreadable file, another job's spec, or a state that does not fit the model."""
+    try:
+        state = torch.load(path, map_location=job.device, weights_only=False)
+    except Exception as exc:  # noqa: BLE001 - any unreadable file is the same user problem
+        raise UserError(f"cannot read checkpoint {path}: {exc}; delete it to restart "
+                        "that job from scratch") from None
+    if state.get("spec") != asdict(job.spec):
+        raise UserError(f"checkpoint {path} was written for a different job spec; "
+                        "resume with the run's own config (run.resume=<that run dir>)")
+    try:
+        job.load_state_dict(state["job"])
+    except (RuntimeError, KeyError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UserError(f"checkpoint {path} does not fit job '{job.info.name}' ({first}); "
+                        "resume with the run's own config, or delete the checkpoint to "
+                        "restart that job") from None
+    return state
+
+
 def restore(run_dir: Path, jobs: list[Job]) -> dict[str, JobResult]:
     """Load each job's latest checkpoint from ``run_dir``; return the restored results.
 
@@ -85,21 +107,7 @@ def restore(run_dir: Path, jobs: list[Job]) -> dict[str, JobResult]:
         path = run_dir / CHECKPOINT_DIR / f"{job.info.job_id}.pt"
         if not path.exists():
             continue
-        try:
-            state = torch.load(path, map_location=job.device, weights_only=False)
-        except Exception as exc:
-            raise UserError(f"cannot read checkpoint {path}: {exc}; delete it to restart "
-                            "that job from scratch") from None
-        if state.get("spec") != asdict(job.spec):
-            raise UserError(f"checkpoint {path} was written for a different job spec; "
-                            "resume with the run's own config (run.resume=<that run dir>)")
-        try:
-            job.load_state_dict(state["job"])
-        except (RuntimeError, KeyError, ValueError) as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise UserError(f"checkpoint {path} does not fit job '{job.info.name}' ({first}); "
-                            "resume with the run's own config, or delete the checkpoint to "
-                            "restart that job") from None
+        state = load_into(path, job)
         result = JobResult(job.info)
         for key, value in state["result"].items():
             setattr(result, key, value)

@@ -19,12 +19,10 @@ from __future__ import annotations
 import re
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-import torch
+from typing import TYPE_CHECKING
 
 from accelopt.errors import UserError
-from accelopt.job.checkpoint import CHECKPOINT_DIR, atomic_torch_save
+from accelopt.job.checkpoint import CHECKPOINT_DIR, atomic_torch_save, load_into
 
 if TYPE_CHECKING:
     from accelopt.drivers.cluster.rank import RankJob
@@ -90,21 +88,7 @@ def restore_part(resume_dir: str | Path, part: RankJob, rank: int, world: int) -
     common = set.intersection(*(set(v) for v in generations.values()))
     if not common:
         return False
-    path = directory / f"rank{rank}.it{max(common):08d}.pt"
-    try:
-        state: dict[str, Any] = torch.load(path, map_location=job.device, weights_only=False)
-    except Exception as exc:  # noqa: BLE001 - any unreadable file is the same user problem
-        raise UserError(f"cannot read checkpoint {path}: {exc}; delete that job's checkpoint "
-                        "directory to restart it from scratch") from None
-    if state.get("spec") != asdict(job.spec):
-        raise UserError(f"checkpoint {path} was written for a different job spec; resume with "
-                        "the run's own config (run.resume=<that run dir>)")
-    try:
-        job.load_state_dict(state["job"])
-    except (RuntimeError, KeyError, ValueError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UserError(f"checkpoint {path} does not fit job '{job.info.name}' ({first}); "
-                        "resume with the run's own config") from None
+    state = load_into(directory / f"rank{rank}.it{max(common):08d}.pt", job)
     part.iterations = list(state["iterations"])
     part.carried_s = float(state.get("elapsed_s", 0.0))
     return True
