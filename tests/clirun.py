@@ -27,3 +27,17 @@ def accelopt(*args: str, cwd: Path, timeout: float = 120, **env: str) -> subproc
         accelopt_cmd(*args), cwd=cwd, env=cli_env(**env), capture_output=True, text=True,
         timeout=timeout,
     )
+
+
+def run_files(run_dir: Path) -> dict[str, bytes]:
+    """Every file of a run directory and its bytes (to prove nothing rewrote them)."""
+    return {str(p.relative_to(run_dir)): p.read_bytes()
+            for p in sorted(run_dir.rglob("*")) if p.is_file()}
+
+
+def saved_weights(run_dir: Path) -> dict:
+    """The one job's final weights a run saved (``weights/<job_id>.pt``)."""
+    import torch
+
+    (path,) = (run_dir / "weights").glob("*.pt")
+    return torch.load(path, weights_only=True)

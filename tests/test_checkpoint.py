@@ -7,11 +7,10 @@ import os
 import signal
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 import torch
-from clirun import accelopt, accelopt_cmd, cli_env
+from clirun import accelopt, accelopt_cmd, cli_env, run_files, saved_weights
 
 from accelopt.job.checkpoint import atomic_torch_save
 
@@ -24,10 +23,6 @@ JOB = [
     "run.checkpoint_every=25",
 ]
 
-
-def _weights(run_dir: Path) -> dict[str, torch.Tensor]:
-    (path,) = (run_dir / "weights").glob("*.pt")
-    return torch.load(path, weights_only=True)
 
 
 def _wait_for(predicate, proc: subprocess.Popen, deadline_s: float) -> None:
@@ -48,7 +43,7 @@ carries, so resuming it is bitwise too."""
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("model", [[], DROPOUT], ids=["mlp", "dropout"])
-def test_sigkill_then_resume_reaches_the_same_weights(tmp_path, model):
+def test_sigkill_then_resume_reaches_the_samesaved_weights(tmp_path, model):
     job = [*JOB, *model]
     ref_dir = tmp_path / "reference"
     done = accelopt("run", *job, f"hydra.run.dir={ref_dir}", cwd=tmp_path)
@@ -73,14 +68,14 @@ def test_sigkill_then_resume_reaches_the_same_weights(tmp_path, model):
     assert 0 < state["job"]["iteration"] < 1500
     assert state["job"]["random"]["uses_rng"] is bool(model)  # the dropout job draws
 
-    before = _files(run_dir)
+    before = run_files(run_dir)
     new_dir = tmp_path / "resumed"
     resumed = accelopt("run", f"run.resume={run_dir}", "run.progress=false",
                        f"hydra.run.dir={new_dir}", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     assert "resuming" in resumed.stdout
-    assert _files(run_dir) == before, "the resumed run wrote into the original directory"
-    ref, got = _weights(ref_dir), _weights(new_dir)
+    assert run_files(run_dir) == before, "the resumed run wrote into the original directory"
+    ref, got = saved_weights(ref_dir), saved_weights(new_dir)
     assert ref.keys() == got.keys()
     for key in ref:
         assert torch.equal(ref[key], got[key]), key  # bitwise
@@ -92,10 +87,6 @@ def test_sigkill_then_resume_reaches_the_same_weights(tmp_path, model):
     assert job["jct_s"] is not None and job["jct_s"] > metrics["summary"]["duration_s"]
 
 
-def _files(run_dir: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(run_dir)): p.read_bytes()
-            for p in sorted(run_dir.rglob("*")) if p.is_file()}
-
 
 @pytest.mark.timeout(120)
 def test_resume_of_a_finished_run_is_refused_unless_asked_and_never_rewrites_it(tmp_path):
@@ -103,7 +94,7 @@ def test_resume_of_a_finished_run_is_refused_unless_asked_and_never_rewrites_it(
            "run.progress=false", "run.checkpoint_every=5"]
     first = tmp_path / "first"
     assert accelopt("run", *job, f"hydra.run.dir={first}", cwd=tmp_path).returncode == 0
-    before = _files(first)
+    before = run_files(first)
     refused = accelopt("run", f"run.resume={first}", f"hydra.run.dir={tmp_path / 'again'}",
                        cwd=tmp_path)
     assert refused.returncode == 2
@@ -117,7 +108,7 @@ def test_resume_of_a_finished_run_is_refused_unless_asked_and_never_rewrites_it(
     asked = accelopt("run", f"run.resume={first}", "run.resume_finished=true",
                      f"hydra.run.dir={again}", cwd=tmp_path)
     assert asked.returncode == 0, asked.stderr
-    assert _files(first) == before
+    assert run_files(first) == before
     old = json.loads((first / "metrics.json").read_text())["jobs"][0]
     new = json.loads((again / "metrics.json").read_text())["jobs"][0]
     assert new["status"] == "done" and new["iterations"] == 20

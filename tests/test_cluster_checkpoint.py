@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from clirun import accelopt, accelopt_cmd, cli_env
+from clirun import accelopt, accelopt_cmd, cli_env, run_files, saved_weights
 
 ITERATIONS = 150
 JOB = ["workload=single", f"workload.jobs.0.iterations={ITERATIONS}", "workload.jobs.0.width=64",
@@ -42,19 +42,11 @@ def _rank_pids(launcher: int) -> list[int]:
                   if pp in servers or (pp == launcher and b"spawn_main" in cmdline[p]))
 
 
-def _files(run_dir: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(run_dir)): p.read_bytes()
-            for p in sorted(run_dir.rglob("*")) if p.is_file()}
-
-
-def _weights(run_dir: Path) -> dict[str, torch.Tensor]:
-    (path,) = (run_dir / "weights").glob("*.pt")
-    return torch.load(path, weights_only=True)
 
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("mode", ["ps", "allreduce"])
-def test_a_killed_rank_resumes_to_the_same_weights(tmp_path, mode):
+def test_a_killed_rank_resumes_to_the_samesaved_weights(tmp_path, mode):
     job = [*JOB, f"cluster.mode={mode}", f"cluster.workers={WORKERS[mode]}"]
     ref_dir = tmp_path / "reference"
     done = accelopt("run", *job, f"hydra.run.dir={ref_dir}", cwd=tmp_path, timeout=200)
@@ -82,13 +74,13 @@ def test_a_killed_rank_resumes_to_the_same_weights(tmp_path, mode):
     killed = json.loads((run_dir / "metrics.json").read_text())  # the evidence is kept
     assert killed["summary"]["error"] and killed["jobs"][0]["status"] == "failed"
 
-    before = _files(run_dir)
+    before = run_files(run_dir)
     new_dir = tmp_path / "resumed"
     resumed = accelopt("run", f"run.resume={run_dir}", f"hydra.run.dir={new_dir}", cwd=tmp_path,
                        timeout=200)
     assert resumed.returncode == 0, resumed.stderr
-    assert _files(run_dir) == before, "the resumed run wrote into the killed run's directory"
-    ref, got = _weights(ref_dir), _weights(new_dir)
+    assert run_files(run_dir) == before, "the resumed run wrote into the killed run's directory"
+    ref, got = saved_weights(ref_dir), saved_weights(new_dir)
     assert ref.keys() == got.keys()
     for key in ref:
         assert torch.equal(ref[key], got[key]), key  # bitwise

@@ -30,9 +30,9 @@ from accelopt.job.layers import offer_layers
 from accelopt.job.optim import build_optimizer
 from accelopt.job.params import buckets_by_bytes, param_table
 from accelopt.job.rng import JobRandom
-from accelopt.job.specs import validate_spec
+from accelopt.job.specs import job_info, validate_spec
 from accelopt.job.timeline import NO_TIMER, PhaseTimer
-from accelopt.types import BuiltJob, IterationContext, IterationResult, JobInfo, JobProfile
+from accelopt.types import BuiltJob, IterationContext, IterationResult, JobProfile
 from accelopt.workloads import build_dataset, build_model, check_compatible, default_dataset_for
 
 DEFAULT_BUCKET_BYTES = 2**20
@@ -65,18 +65,7 @@ class Job:
             check_compatible(spec.model, self.dataset)
         except ValueError as exc:
             raise ConfigError(f"job '{spec.name}': {exc}") from None
-        info = JobInfo(
-            job_id=job_id,
-            name=spec.name,
-            model=spec.model,
-            kind=spec.kind,  # type: ignore[arg-type]
-            arrival_s=float(spec.arrival_s),
-            iterations=int(spec.iterations),
-            batch_size=int(spec.batch_size),
-            optimizer=spec.optimizer,
-            lr=float(spec.lr),
-            momentum=float(spec.momentum),
-        )
+        info = job_info(spec, job_id)
         # Weights come from the job's own seed, not from whatever the global RNG holds, so
         # a job built next to others starts from the same weights as when built alone.
         with torch.random.fork_rng(devices=[]):

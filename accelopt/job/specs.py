@@ -10,6 +10,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from accelopt.config import AccelConfig, JobConfig
 from accelopt.errors import ConfigError
+from accelopt.types import JobInfo
 from accelopt.workloads import generate_trace
 
 OPTIMIZERS = ("sgd", "adam")
@@ -19,6 +20,16 @@ KINDS = ("train", "infer")
 def job_id_for(index: int, spec: JobConfig) -> str:
     """The id of the ``index``-th job of a workload (stable across processes and resumes)."""
     return f"{index:02d}-{spec.name}"
+
+
+def job_info(spec: JobConfig, job_id: str) -> JobInfo:
+    """The record of a job as its spec declares it (before the model exists: no parameter
+    table or buckets yet)."""
+    return JobInfo(job_id=job_id, name=spec.name, model=spec.model,
+                   kind=spec.kind,  # type: ignore[arg-type]
+                   arrival_s=float(spec.arrival_s), iterations=int(spec.iterations),
+                   batch_size=int(spec.batch_size), optimizer=spec.optimizer,
+                   lr=float(spec.lr), momentum=float(spec.momentum))
 
 
 def job_specs(cfg: DictConfig | Any) -> list[JobConfig]:

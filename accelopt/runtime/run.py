@@ -34,6 +34,7 @@ from accelopt.errors import AccelOptError, UserError
 from accelopt.job import build_jobs, job_id_for, job_specs
 from accelopt.job.checkpoint import Checkpointer, restore
 from accelopt.job.profile import measure_profile
+from accelopt.job.specs import job_info
 from accelopt.plugin import Registry, resolve
 from accelopt.records import JobResult, RunRecord, Span
 from accelopt.report import JobProgress, render_summary, run_metrics, write_run_outputs
@@ -185,8 +186,7 @@ def _execute_cluster(cfg: DictConfig, run_dir: Path, registry: Registry, console
     except BaseException as exc:
         record.duration_s = time.perf_counter() - started
         specs = job_specs(cfg)
-        record.jobs = [JobResult(_unbuilt_info(job_id_for(i, s), s))
-                       for i, s in enumerate(specs)]
+        record.jobs = [JobResult(job_info(s, job_id_for(i, s))) for i, s in enumerate(specs)]
         record.telemetry_note = ("the cluster run failed: the ranks' timelines ended with "
                                  "their processes and are not in trace.json")
         _keep_evidence(record, run_dir, exc)
@@ -246,16 +246,6 @@ def _error_line(exc: BaseException) -> str:
     if isinstance(exc, AccelOptError):
         return first
     return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
-
-
-def _unbuilt_info(job_id: str, spec: Any) -> Any:
-    """The record of a job the failed cluster run had not reported back (its spec only)."""
-    from accelopt.types import JobInfo
-
-    return JobInfo(job_id=job_id, name=spec.name, model=spec.model, kind=spec.kind,
-                   arrival_s=float(spec.arrival_s), iterations=int(spec.iterations),
-                   batch_size=int(spec.batch_size), optimizer=spec.optimizer,
-                   lr=float(spec.lr), momentum=float(spec.momentum))
 
 
 def _write_and_render(record: RunRecord, run_dir: Path, console: Console,

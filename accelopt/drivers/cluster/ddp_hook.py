@@ -73,6 +73,8 @@ class BucketHook:
                        for b, bucket in enumerate(self.logical) for k, p in enumerate(bucket)}
         self._sizes = [[params[p.name].numel() for p in bucket]
                        for bucket in self.logical]
+        self._starts = [[sum(sizes[:k]) for k in range(len(sizes))] for sizes in self._sizes]
+        """Where each parameter starts in its logical bucket's flat gradient."""
         # frozen parameters never reach DDP: their slots are sent as zeros
         self._expected = [sum(1 for p in bucket if params[p.name].requires_grad)
                           for bucket in self.logical]
@@ -189,13 +191,7 @@ class BucketHook:
                           for k, n in enumerate(self._sizes[b])])
 
     def _scatter(self, plan: _Plan, buffer: torch.Tensor) -> torch.Tensor:
-        starts: dict[int, list[int]] = {}
-        for b in plan.touched:
-            acc, out = 0, []
-            for n in self._sizes[b]:
-                out.append(acc)
-                acc += n
-            starts[b] = out
+        starts = self._starts
         results = {b: _flat(self._futures[b].value(), sum(self._sizes[b]), b)
                    for b in plan.touched}
         for piece in plan.pieces:
