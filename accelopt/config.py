@@ -53,10 +53,18 @@ class WorkloadConfig:
 
 @dataclass
 class NetworkConfig:
-    """A shaped network for cluster runs (``bandwidth: null``: unshaped loopback)."""
+    """A shaped network for cluster runs (``bandwidth: null`` and ``topology: shared``: the
+    machine's own loopback, unshaped)."""
 
     bandwidth: Optional[str] = None
     latency: Optional[str] = None
+    topology: str = "shared"
+    """``shared``: every rank on one shaped loopback; ``hosts``: a namespace per rank joined
+    by veth links to a switch, each link shaped on its own."""
+    links: Any = None
+    """Hosts topology: links with their own rate, ``{worker1: 25mbit}`` (or a rank number).
+    Typed ``Any`` and None by default: a struct-mode empty mapping would refuse every key of
+    ``cluster.network.links={...}`` (checked in ``drivers/cluster/settings.py``)."""
 
 
 @dataclass

@@ -120,6 +120,11 @@ class ClusterInfo:
     timeout_s: float = 30.0
     bandwidth_bps: int | None = None
     latency_s: float | None = None
+    topology: str = "none"
+    """``none`` (the machine's loopback), ``shared`` (one shaped loopback) or ``hosts`` (a
+    network namespace and a link per rank)."""
+    link_bandwidth_bps: tuple[int | None, ...] = ()
+    """Hosts topology: each rank's link rate (None: unlimited), by rank."""
 
     @property
     def world_size(self) -> int:

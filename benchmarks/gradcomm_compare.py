@@ -132,7 +132,7 @@ def ddp_child(rank: int, world: int, port: int, namespace: str, spec: JobConfig,
     row0, row1 = shard_rows(spec.batch_size, world)[rank]
     times, losses, lo, starts = [], [], [], []
     for i in range(spec.iterations):
-        lo.append(netns.loopback_tx_bytes())
+        lo.append(netns.tx_bytes())
         t0 = time.perf_counter()
         starts.append(t0)
         x, y = job.dataset.batch(i, spec.batch_size)
@@ -144,7 +144,7 @@ def ddp_child(rank: int, world: int, port: int, namespace: str, spec: JobConfig,
         times.append(time.perf_counter() - t0)
         losses.append(float(loss.detach()) * (row1 - row0) / spec.batch_size)
     end = time.perf_counter()
-    lo.append(netns.loopback_tx_bytes())
+    lo.append(netns.tx_bytes())
     params = {n: p.detach().clone() for n, p in job.model.named_parameters()}
     with open(Path(out_dir) / f"rank{rank}.pkl", "wb") as fh:
         pickle.dump({"times": times, "losses": losses, "lo": lo, "params": params,

@@ -112,17 +112,16 @@ def run_inference(cfg: DictConfig, run_dir: str) -> ClusterOutcome:
     if settings.mode != "ps" or settings.servers != 1:
         raise ValueError("the inference harness needs cluster.mode=ps with 1 server")
     cfg_yaml = OmegaConf.to_yaml(cfg, resolve=True)
-    shape = netns.Shape(settings.bandwidth_bps, settings.latency_s)
     t0 = time.time()
     with tempfile.TemporaryDirectory(prefix="tictac-infer-") as work:
         out = Path(work) / "results.pkl"
         with contextlib.ExitStack() as stack:
-            space = stack.enter_context(netns.Namespace(shape)) if settings.shaped else None
-            name = space.name if space is not None else None
+            ends = stack.enter_context(netns.network(settings.network, settings.links()))
             ctx = mp.get_context("spawn")
-            port = free_port()
+            port = free_port() if settings.network != "hosts" else 29500
             procs = [ctx.Process(target=_child, args=(r, settings.world_size, cfg_yaml, port,
-                                                      t0, name, run_dir, str(out)))
+                                                      t0, ends[r], ends[0].address, run_dir,
+                                                      str(out)))
                      for r in range(settings.world_size)]
             for p in procs:
                 p.start()
@@ -144,14 +143,14 @@ def run_inference(cfg: DictConfig, run_dir: str) -> ClusterOutcome:
 
 
 def _child(rank: int, world: int, cfg_yaml: str, port: int, t0: float,
-           namespace: str | None, run_dir: str, out: str) -> None:
+           endpoint: netns.Endpoint, master: str, run_dir: str, out: str) -> None:
     faults.die_with_parent()
     try:
-        join_local_rank(rank, world, port, namespace)
+        init_method = join_local_rank(rank, world, port, endpoint, master)
         cfg = OmegaConf.create(cfg_yaml)
         settings = settings_from(cfg.cluster)
         torch.set_num_threads(1)  # as a cluster rank does
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+        dist.init_process_group("gloo", init_method=init_method, rank=rank,
                                 world_size=world,
                                 timeout=timedelta(seconds=settings.timeout_s))
         origin = [t0]

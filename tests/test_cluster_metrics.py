@@ -83,11 +83,27 @@ def test_settings_validate_with_one_line_errors():
         (dict(mode="ps", workers=0), "cluster.workers"),
         (dict(mode="ps", servers=0), "cluster.servers"),
         (dict(mode="ps", **{"network.bandwidth": "fast"}), "1gbit"),
+        (dict(mode="ps", **{"network.topology": "mesh"}), "shared .* or hosts"),
+        (dict(mode="ps", **{"network.links": {"worker1": "1mbit"}}), "topology=hosts"),
+        (dict(mode="ps", **{"network.topology": "hosts", "network.links": {"worker2": "1mbit"}}),
+         "server0, worker0, worker1"),
+        (dict(mode="ps", **{"network.topology": "hosts", "network.links": {"worker1": "x"}}),
+         "cluster.network.links.worker1"),
+        (dict(mode="ps", **{"network.topology": "hosts", "network.links": "worker1"}),
+         "not a mapping"),
     ):
         with pytest.raises(ConfigError, match=words) as info:
             settings_from(_cluster(**bad))
         assert "\n" not in str(info.value)
     assert parse_rate("1gbit") == 10**9 and parse_rate("100 mbit") == 10**8
+    hosts = settings_from(_cluster(mode="ps", **{"network.topology": "hosts",
+                                                 "network.bandwidth": "100mbit",
+                                                 "network.links": {"worker1": "25mbit", "1": "50mbit"}}))
+    assert hosts.network == "hosts" and hosts.shaped
+    assert [s.bandwidth_bps for s in hosts.links()] == [100 * 10**6, 50 * 10**6, 25 * 10**6]
+    assert hosts.info("gloo").link_bandwidth_bps == (100 * 10**6, 50 * 10**6, 25 * 10**6)
+    assert settings_from(_cluster(mode="ps")).network == "none"
+    assert settings_from(_cluster(mode="ps", **{"network.bandwidth": "1gbit"})).network == "shared"
     assert parse_duration("1ms") == pytest.approx(1e-3)
 
 

@@ -1,5 +1,6 @@
-"""A real shaped network on one machine: a fresh namespace, tc on its loopback, gloo over
-TCP on 127.0.0.1. Needs root and iproute2 (CI runs as root)."""
+"""Real shaped networks on one machine: a fresh namespace with tc on its loopback (gloo over
+TCP on 127.0.0.1), or a namespace per rank joined by shaped veth links to a bridge. Needs
+root and iproute2 (CI runs as root)."""
 
 from __future__ import annotations
 
@@ -20,13 +21,13 @@ def own_namespaces(monkeypatch):
     """The names of the namespaces this test creates (other runs on the machine may create
     their own meanwhile: only ours must be gone afterwards)."""
     created: list[str] = []
-    original = netns.Namespace.__init__
+    original = netns._add_namespace
 
-    def spy(self, *args, **kwargs):
-        original(self, *args, **kwargs)
-        created.append(self.name)
+    def spy(name: str) -> None:
+        created.append(name)
+        original(name)
 
-    monkeypatch.setattr(netns.Namespace, "__init__", spy)
+    monkeypatch.setattr(netns, "_add_namespace", spy)
     return created
 
 
@@ -103,3 +104,103 @@ def test_namespace_is_removed_on_error_and_latency_needs_netem(own_namespaces):
     except ShapingError as exc:
         assert "netem" in str(exc) and "\n" not in str(exc)
     assert own_namespaces and not still_there(own_namespaces)
+
+
+@pytest.mark.root
+@needs_root
+@pytest.mark.timeout(120)
+def test_each_host_has_its_own_link(own_namespaces):
+    from accelopt.drivers.cluster.probe import measure_bandwidth
+
+    # rank 0 sends at 200 Mbit/s into rank 1's 50 Mbit/s link: the slower link decides
+    achieved = measure_bandwidth(200_000_000, nbytes=2 * 2**20, repeats=2, topology="hosts",
+                                 receiver_bps=50_000_000)
+    assert abs(statistics.median(achieved) / 50_000_000 - 1) < 0.10, achieved
+    assert len(own_namespaces) == 3 and not still_there(own_namespaces)  # 2 hosts + switch
+
+
+@pytest.mark.root
+@needs_root
+@pytest.mark.timeout(120)
+def test_a_straggler_link_paces_allreduce(own_namespaces):
+    # two hosts, worker1's link at 20 Mbit/s: a ring all-reduce of 2 ranks moves each
+    # rank's gradient bytes through that link in each direction every iteration
+    cfg = make_cfg("allreduce", iterations=5, **{
+        "network.topology": "hosts", "network.bandwidth": "200mbit",
+        "network.links": {"worker1": "20mbit"}})
+    cfg.workload.jobs[0].width = 256
+    m = run_cluster(cfg, run_dir=".").metrics
+    assert m["network_topology"] == "hosts"
+    assert m["link_bandwidth_bps.worker0"] == 200_000_000
+    assert m["link_bandwidth_bps.worker1"] == 20_000_000
+    bound = m["param_bytes"] * 8 / 20_000_000
+    assert m["iteration_s"] >= 0.9 * bound, (m["iteration_s"], bound)
+    # the kernel's count on both hosts' eth0 vs the gradients moved: within a few percent
+    ratio = m["wire_bytes_per_iteration"] / m["bytes_per_iteration"]
+    assert 1.0 <= ratio < 1.05, ratio
+    assert len(own_namespaces) == 3 and not still_there(own_namespaces)
+    assert no_children_left()
+
+
+def documented_torchrun_commands() -> list[tuple[dict[str, str], list[str]]]:
+    """The per-node commands of docs/distributed.md's torchrun section: (environment
+    assignments, argv) each."""
+    import shlex
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "distributed.md").read_text()
+    section = text.split("## Several machines: torchrun", 1)[1]
+    block = section.split("```bash", 1)[1].split("```", 1)[0].replace("\\\n", " ")
+    commands = []
+    for line in block.splitlines():
+        words = shlex.split(line, comments=True)
+        if not words:
+            continue
+        env = {}
+        while "=" in words[0] and not words[0].startswith("-"):
+            key, value = words.pop(0).split("=", 1)
+            env[key] = value
+        commands.append((env, words))
+    return commands
+
+
+@pytest.mark.root
+@pytest.mark.slow
+@needs_root
+@pytest.mark.timeout(240)
+def test_the_documented_torchrun_commands_run_on_two_hosts(own_namespaces, tmp_path):
+    import subprocess
+
+    commands = documented_torchrun_commands()
+    assert len(commands) == 2 and all(argv[0] == "torchrun" for _, argv in commands)
+    with netns.HostNetwork([Shape(None, None)] * 2) as net:
+        procs = []
+        for node, (env, argv) in enumerate(commands):
+            argv = [a.replace("10.0.0.1", net.address(0)) for a in argv]
+            assert f"--node-rank {node}" in " ".join(argv)
+            (tmp_path / f"node{node}").mkdir()
+            cmd = ["ip", "netns", "exec", net.hosts[node], "env", *(f"{k}={v}" for k, v in env.items()),
+                   sys.executable, "-m", "torch.distributed.run", *argv[1:],
+                   "workload=tiny", "run.progress=false"]
+            procs.append(subprocess.Popen(cmd, cwd=tmp_path / f"node{node}", text=True,
+                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                          start_new_session=True))
+        outputs = []
+        try:
+            for proc in procs:
+                outputs.append(proc.communicate(timeout=200)[0])
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, 9)
+                    proc.wait()
+    for proc, text in zip(procs, outputs, strict=True):
+        assert proc.returncode == 0, text[-3000:]
+    import json
+
+    node0 = list((tmp_path / "node0").glob("runs/*/*/metrics.json"))
+    assert len(node0) == 1 and len(list((tmp_path / "node0").glob("runs/*/*"))) == 1, \
+        "rank 0 writes the one run directory; rank 1 on the same node none"
+    record = json.loads(node0[0].read_text())
+    assert [j["status"] for j in record["jobs"]] == ["done", "done"]
+    assert not list((tmp_path / "node1").glob("runs/*/*")), "other ranks write no outputs"
+    assert len(own_namespaces) == 3 and not still_there(own_namespaces)

@@ -38,3 +38,36 @@ def test_torchrun_runs_the_same_config_as_ranks(tmp_path):
     # workload=tiny has two jobs: both share the three torchrun ranks (multi-job PS)
     assert [j["status"] for j in metrics["jobs"]] == ["done", "done"]
     assert result.stdout.count("Run: 2/2 done") == 1  # only rank 0 reports
+
+
+TORCHRUN_ENV = {"RANK": "1", "WORLD_SIZE": "3", "MASTER_ADDR": "10.0.0.1"}
+
+
+def test_other_ranks_get_a_scratch_run_directory_unless_one_is_named():
+    import os
+
+    from accelopt.cli.hydra_run import secondary_rank_dir
+
+    scratch = secondary_rank_dir(["workload=tiny"], TORCHRUN_ENV)
+    try:
+        assert scratch is not None and os.path.basename(scratch).startswith("accelopt-rank1-")
+    finally:
+        os.rmdir(scratch)
+    assert secondary_rank_dir(["hydra.run.dir=runs/x"], TORCHRUN_ENV) is None
+    assert secondary_rank_dir([], {**TORCHRUN_ENV, "RANK": "0"}) is None
+    assert secondary_rank_dir([], {}) is None  # not under torchrun
+
+
+def test_checkpoints_under_torchrun_need_one_named_run_directory(tmp_path, monkeypatch):
+    from test_cluster import make_cfg
+
+    from accelopt.drivers.cluster import run_cluster
+    from accelopt.errors import ConfigError
+
+    for key, value in TORCHRUN_ENV.items():
+        monkeypatch.setenv(key, value)
+    cfg = make_cfg("ps")
+    cfg.run.checkpoint_every = 2
+    with pytest.raises(ConfigError, match="hydra.run.dir") as info:
+        run_cluster(cfg, run_dir=tmp_path / "accelopt-rank1-abc")
+    assert "\n" not in str(info.value)

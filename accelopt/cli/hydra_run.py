@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import itertools
+import os
 import re
 import sys
 import typing
@@ -190,13 +191,35 @@ def write_log(run_dir: Path, console: Any, error: str) -> None:
             handle.write(text)
 
 
+def secondary_rank_dir(args: list[str], env: dict[str, str] | None = None) -> str | None:
+    """Under torchrun, a rank other than 0 writes no outputs (rank 0 gathers them): unless
+    the command names a ``hydra.run.dir`` (then every rank shares it, e.g. for checkpoint
+    parts), such a rank's Hydra directory is a temporary one, removed when it ends, so a
+    machine's ``runs/`` gets no directory per rank holding only a config."""
+    import tempfile
+
+    from accelopt.drivers.cluster.launch import SCRATCH_PREFIX, under_torchrun
+
+    env = dict(os.environ) if env is None else env
+    if not under_torchrun(env) or env["RANK"] == "0":
+        return None
+    if any(a.lstrip("+").startswith("hydra.run.dir=") for a in args):
+        return None
+    return tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{env['RANK']}-")
+
+
 def run_hydra(args: list[str], registry: Registry, debug: bool) -> int:
     """Hand the command line to Hydra (single run or ``-m`` multirun)."""
+    import shutil
+
     import hydra
 
     from accelopt.runtime.run import execute
 
     exit_code = 0
+    scratch = secondary_rank_dir(args)
+    if scratch is not None:
+        args = [*args, f"hydra.run.dir={scratch}"]
 
     @hydra.main(version_base="1.3", config_path=config_dir(), config_name="config")
     def task(cfg: DictConfig) -> None:
@@ -236,4 +259,6 @@ def run_hydra(args: list[str], registry: Registry, debug: bool) -> int:
         task()
     finally:
         sys.argv = saved
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
     return exit_code

@@ -34,6 +34,9 @@ from accelopt.job import job_specs
 from accelopt.plugin import Registry
 
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR")
+SCRATCH_PREFIX = "accelopt-rank"
+"""Under torchrun, a rank other than 0 whose command names no ``hydra.run.dir`` runs in a
+temporary directory with this prefix (``cli/hydra_run.py``), removed when it ends."""
 
 
 def under_torchrun(env: dict[str, str] | None = None) -> bool:
@@ -77,7 +80,7 @@ def run_cluster(cfg: DictConfig, *, run_dir: str | os.PathLike[str] = ".",
     if under_torchrun():
         return _run_torchrun(cfg, settings, t0, str(run_dir), carried)
     if settings.shaped:
-        netns.check_possible(netns.Shape(settings.bandwidth_bps, settings.latency_s))
+        netns.check_possible()
     if console is not None:
         console.print(_banner(settings))
     with tempfile.TemporaryDirectory(prefix="accelopt-cluster-") as work, own_mp_helpers():
@@ -112,22 +115,24 @@ def _banner(s: ClusterSettings) -> str:
         return f"{count} {what}" + ("s" if count != 1 else "")
 
     who = n(s.workers, "worker") + (" + " + n(s.servers, "server") if s.mode == "ps" else "")
-    net = ""
-    if s.shaped:
-        bw = f"{s.bandwidth_bps / 1e6:g} Mbit/s" if s.bandwidth_bps else "unlimited"
-        lat = f", {s.latency_s * 1e3:g} ms" if s.latency_s else ""
-        net = f", shaped loopback {bw}{lat}"
-    return f"cluster: {s.mode} mode, {who}{net}"
+    def rate(bps: int | None) -> str:
+        return f"{bps / 1e6:g} Mbit/s" if bps else "unlimited"
+
+    lat = f", {s.latency_s * 1e3:g} ms" if s.latency_s else ""
+    if s.network == "shared":
+        return f"cluster: {s.mode} mode, {who}, shaped loopback {rate(s.bandwidth_bps)}{lat}"
+    if s.network == "hosts":
+        odd = "".join(f", {s.link_name(r)} {rate(bps)}" for r, bps in s.link_bandwidth_bps)
+        return (f"cluster: {s.mode} mode, {who}, a host per rank, links "
+                f"{rate(s.bandwidth_bps)}{lat}{odd}")
+    return f"cluster: {s.mode} mode, {who}"
 
 
 def _spawn(cfg: DictConfig, settings: ClusterSettings, t0: float, work: str,
            run_dir: str, carried: Carried) -> list[RankResult]:
     cfg_yaml = OmegaConf.to_yaml(cfg, resolve=True)
-    shape = netns.Shape(settings.bandwidth_bps, settings.latency_s)
-    space = netns.Namespace(shape) if settings.shaped else contextlib.nullcontext()
-    with _terminate_on_sigterm(), space as ns:
-        port = settings.master_port or free_port()
-        name = ns.name if ns is not None else None
+    with _terminate_on_sigterm(), netns.network(settings.network, settings.links()) as ends:
+        port = settings.master_port or (free_port() if settings.network != "hosts" else 29500)
         ctx = rank_context()
         children = []
         watchdog = faults.Watchdog(children, work)
@@ -135,8 +140,8 @@ def _spawn(cfg: DictConfig, settings: ClusterSettings, t0: float, work: str,
             for rank in range(settings.world_size):
                 proc = ctx.Process(
                     target=child_main,
-                    args=(rank, settings.world_size, cfg_yaml, port, t0, work, name, run_dir,
-                          carried, dict(os.environ)),
+                    args=(rank, settings.world_size, cfg_yaml, port, t0, work, ends[rank],
+                          ends[0].address, run_dir, carried, dict(os.environ)),
                     name=f"accelopt-rank{rank}",
                 )
                 proc.start()
@@ -170,13 +175,18 @@ def _terminate_on_sigterm() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def join_local_rank(rank: int, world: int, port: int, namespace: str | None) -> None:
-    """In a spawned local rank: enter the shaped namespace (if any) and set the environment
-    torch.distributed reads, all on 127.0.0.1 over ``lo``."""
-    if namespace is not None:
-        netns.enter(namespace)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank), GLOO_SOCKET_IFNAME="lo")
+def join_local_rank(rank: int, world: int, port: int,
+                    endpoint: netns.Endpoint = netns.LOOPBACK,
+                    master_addr: str = "127.0.0.1") -> str:
+    """In a spawned local rank: enter its namespace (if any) and set the environment
+    torch.distributed reads (gloo pinned to the rank's interface). Returns the rendezvous
+    address (``tcp://master:port``)."""
+    if endpoint.namespace is not None:
+        netns.enter(endpoint.namespace)
+    os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                      GLOO_SOCKET_IFNAME=endpoint.interface)
+    return f"tcp://{master_addr}:{port}"
 
 
 def rank_context() -> Any:
@@ -204,8 +214,8 @@ def _adopt_environment(environ: dict[str, str]) -> None:
 
 
 def child_main(rank: int, world: int, cfg_yaml: str, port: int, t0: float, work: str,
-               namespace: str | None, run_dir: str, carried: Carried | None = None,
-               environ: dict[str, str] | None = None) -> None:
+               endpoint: netns.Endpoint, master_addr: str, run_dir: str,
+               carried: Carried | None = None, environ: dict[str, str] | None = None) -> None:
     """Entry point of a rank process (module-level so the start method can import it)."""
     faults.die_with_parent()
     if environ is not None:
@@ -213,12 +223,12 @@ def child_main(rank: int, world: int, cfg_yaml: str, port: int, t0: float, work:
     settings = None
     progress = None
     try:
-        join_local_rank(rank, world, port, namespace)
+        init_method = join_local_rank(rank, world, port, endpoint, master_addr)
         cfg = OmegaConf.create(cfg_yaml)
         settings = settings_from(cfg.cluster)
         progress = faults.Progress(work, rank)
         gathered = run_rank(cfg, settings, rank=rank, world=world, t0_epoch=t0,
-                            init_method=f"tcp://127.0.0.1:{port}", run_dir=run_dir,
+                            init_method=init_method, run_dir=run_dir,
                             progress=progress, carried=carried)
         if rank == 0:
             tmp = Path(work) / ".results.tmp"
@@ -247,7 +257,14 @@ def _run_torchrun(cfg: DictConfig, settings: ClusterSettings, t0: float,
     if settings.shaped:
         raise ConfigError(
             "cluster.network shaping is for local runs; under torchrun the real network is "
-            "used, so drop cluster.network.bandwidth/latency"
+            "used, so drop cluster.network.bandwidth/latency/topology"
+        )
+    if rank != 0 and int(cfg.run.get("checkpoint_every", 0) or 0) and (
+            Path(run_dir).name.startswith(SCRATCH_PREFIX)):
+        raise ConfigError(
+            "run.checkpoint_every under torchrun: every rank writes its part of each "
+            "checkpoint into the run directory, so give every machine the same one "
+            "(hydra.run.dir=runs/<name>)"
         )
     gathered = run_rank(cfg, settings, rank=rank, world=world, t0_epoch=t0,
                         init_method="env://", run_dir=run_dir, carried=carried)

@@ -142,14 +142,12 @@ def _job_outcome(parts: list[JobPart], settings: ClusterSettings,
     )
     if settings.mode == "ps":
         metrics["expected_bytes_per_iteration"] = 2 * param_bytes * settings.workers
-    if settings.bandwidth_bps:
-        metrics["configured_bandwidth_bps"] = settings.bandwidth_bps
-    if settings.latency_s:
-        metrics["configured_latency_s"] = settings.latency_s
-    lo = parts[0].loopback_bytes
-    if len(lo) >= 2:
-        diffs = [b - a for (_, a), (_, b) in zip(lo, lo[1:], strict=False)]
-        metrics["loopback_bytes_per_iteration"] = _median(diffs[skip:]) or _median(diffs)
+    metrics.update(network_metrics(settings))
+    sent = _wire_bytes_per_iteration(parts, settings)
+    if sent:
+        metrics["wire_bytes_per_iteration"] = _median(sent[skip:]) or _median(sent)
+        if settings.network == "shared":
+            metrics["loopback_bytes_per_iteration"] = metrics["wire_bytes_per_iteration"]
     metrics.update(summary)
     state: dict[str, Any] = {}
     for r in parts:
@@ -160,6 +158,36 @@ def _job_outcome(parts: list[JobPart], settings: ClusterSettings,
         metrics={k: v for k, v in metrics.items() if v is not None},
         state=state, per_iteration=per_iter,
     )
+
+
+def network_metrics(settings: ClusterSettings) -> dict[str, Any]:
+    """The configured network: its rate and delay, the topology and, with a host per rank,
+    each link's rate (``link_bandwidth_bps.worker1``; absent: unlimited)."""
+    out: dict[str, Any] = {"network_topology": settings.network}
+    if settings.bandwidth_bps:
+        out["configured_bandwidth_bps"] = settings.bandwidth_bps
+    if settings.latency_s:
+        out["configured_latency_s"] = settings.latency_s
+    if settings.network == "hosts":
+        for rank, shape in enumerate(settings.links()):
+            if shape.bandwidth_bps:
+                out[f"link_bandwidth_bps.{settings.link_name(rank)}"] = shape.bandwidth_bps
+    return out
+
+
+def _wire_bytes_per_iteration(parts: list[JobPart], settings: ClusterSettings) -> list[int]:
+    """What the kernel counted leaving the ranks' interfaces per iteration: the shared
+    topology's one ``lo`` (every rank sees the same counter) or the sum of every host's
+    ``eth0``."""
+    counted = [parts[0]] if settings.network == "shared" else parts
+    per_rank = []
+    for part in counted:
+        marks = part.wire_bytes
+        per_rank.append({i: b - a for (i, a), (_, b) in zip(marks, marks[1:], strict=False)})
+    if not per_rank or not all(per_rank):
+        return []
+    common = sorted(set.intersection(*(set(d) for d in per_rank)))
+    return [sum(d[i] for d in per_rank) for i in common]
 
 
 JOB_METRICS = ("efficiency_e", "efficiency_e_with_warmup", "iteration_s", "mc_s", "pc_s",
@@ -223,6 +251,5 @@ def _aggregate(out: ClusterOutcome, outcomes: dict[str, ClusterOutcome], names: 
         "out_of_order_fraction": inversions / totals["transfers_ordered"]
         if totals["transfers_ordered"] else 0.0,
     })
-    if settings.bandwidth_bps:
-        out.metrics["configured_bandwidth_bps"] = settings.bandwidth_bps
+    out.metrics.update(network_metrics(settings))
     out.metrics = {k: v for k, v in out.metrics.items() if v is not None}

@@ -1,5 +1,6 @@
-"""Measure what a shaped loopback really delivers: one large tensor, gloo, two processes
-inside a fresh namespace. Used by the shaped-network test and the benchmark."""
+"""Measure what a shaped network really delivers: one large tensor, gloo, two processes
+in fresh namespaces (one shaped loopback, or a host each). Used by the shaped-network tests
+and the benchmarks."""
 
 from __future__ import annotations
 
@@ -12,16 +13,15 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from accelopt.drivers.cluster import faults, netns
-from accelopt.drivers.cluster.launch import free_port, own_mp_helpers
+from accelopt.drivers.cluster.launch import free_port, join_local_rank, own_mp_helpers
 
 
-def _probe_child(rank: int, port: int, namespace: str, nbytes: int, repeats: int,
-                 out: str) -> None:
+def _probe_child(rank: int, port: int, endpoint: netns.Endpoint, master: str, nbytes: int,
+                 repeats: int, out: str) -> None:
     faults.die_with_parent()
-    netns.enter(namespace)
-    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    init_method = join_local_rank(rank, 2, port, endpoint, master)
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+    dist.init_process_group("gloo", init_method=init_method, rank=rank,
                             world_size=2, timeout=timedelta(seconds=60))
     data = torch.zeros(nbytes // 4, dtype=torch.float32)
     small = torch.zeros(1)
@@ -45,15 +45,21 @@ def _probe_child(rank: int, port: int, namespace: str, nbytes: int, repeats: int
     os._exit(0)
 
 
-def measure_bandwidth(bandwidth_bps: int, nbytes: int = 8 * 2**20, repeats: int = 3,
-                      latency_s: float | None = None, workdir: str = "/tmp") -> list[float]:
-    """Achieved bits/s of ``repeats`` transfers of ``nbytes`` over a loopback shaped to
-    ``bandwidth_bps``."""
+def measure_bandwidth(bandwidth_bps: int | None, nbytes: int = 8 * 2**20, repeats: int = 3,
+                      latency_s: float | None = None, workdir: str = "/tmp", *,
+                      topology: str = "shared",
+                      receiver_bps: int | None = None) -> list[float]:
+    """Achieved bits/s of ``repeats`` transfers of ``nbytes`` from rank 0 to rank 1 over a
+    network shaped to ``bandwidth_bps``: one loopback (``shared``) or a host each
+    (``hosts``; ``receiver_bps``: rank 1's link rate, default the same)."""
     out = os.path.join(workdir, f"accelopt-probe-{os.getpid()}-{time.time_ns()}.txt")
-    with own_mp_helpers(), netns.Namespace(netns.Shape(bandwidth_bps, latency_s)) as ns:
+    links = [netns.Shape(bandwidth_bps, latency_s),
+             netns.Shape(receiver_bps or bandwidth_bps, latency_s)]
+    with own_mp_helpers(), netns.network(topology, links) as ends:
         ctx = mp.get_context("spawn")
-        port = free_port()
-        procs = [ctx.Process(target=_probe_child, args=(r, port, ns.name, nbytes, repeats, out))
+        port = free_port() if topology != "hosts" else 29500
+        procs = [ctx.Process(target=_probe_child,
+                             args=(r, port, ends[r], ends[0].address, nbytes, repeats, out))
                  for r in range(2)]
         children = [faults.Child(r, "probe", p) for r, p in enumerate(procs)]
         for p in procs:

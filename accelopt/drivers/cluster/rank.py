@@ -22,7 +22,7 @@ from accelopt.drivers.cluster.allreduce import AllReduce
 from accelopt.drivers.cluster.carried import Carried
 from accelopt.drivers.cluster.checkpoints import RankCheckpointer, restore_part
 from accelopt.drivers.cluster.faults import Progress
-from accelopt.drivers.cluster.netns import loopback_tx_bytes
+from accelopt.drivers.cluster.netns import tx_bytes
 from accelopt.drivers.cluster.ps import ClusterExchange, PsServer, PsWorker
 from accelopt.drivers.cluster.settings import ClusterSettings
 from accelopt.drivers.cluster.transport import Transport, TransportStats
@@ -49,8 +49,9 @@ class JobPart:
     params: dict[str, torch.Tensor] = field(default_factory=dict)
     """The final parameters this rank owns (a server's shard; all-reduce: rank 0, all)."""
     buffers: dict[str, torch.Tensor] = field(default_factory=dict)
-    loopback_bytes: list[tuple[int, int]] = field(default_factory=list)
-    """(iteration, lo tx bytes at its start): only in a shaped run's private namespace."""
+    wire_bytes: list[tuple[int, int]] = field(default_factory=list)
+    """(iteration, bytes the rank's interface had sent at its start): shaped runs only (the
+    shared topology's ``lo`` counts every rank's traffic, a host's ``eth0`` its own)."""
     carried_s: float = 0.0
     """Resumed from a checkpoint: how long the job had run before it (from its arrival)."""
 
@@ -116,8 +117,9 @@ class RankJob:
         self.process = f"rank {rank} ({self.role})"
         self.spans: list[Span] = []
         self.iterations: list[dict[str, Any]] = []
-        self.loopback: list[tuple[int, int]] = []
-        self.shaped = settings.shaped
+        self.wire_bytes: list[tuple[int, int]] = []
+        self.wire = os.environ.get("GLOO_SOCKET_IFNAME", "lo") if settings.shaped else None
+        """The interface whose sent bytes are this rank's traffic (a shaped run only)."""
         host = plugins.for_job(job_id)
         self.transport = Transport(rank=rank, host=host, t0_epoch=t0_epoch, process=self.process,
                                    timeout_s=settings.timeout_s, device=device, group=group)
@@ -158,10 +160,10 @@ class RankJob:
         i = self.job.iteration
         if progress is not None:
             progress.set(i)
-        if self.shaped:
-            lo = loopback_tx_bytes()
-            if lo is not None:
-                self.loopback.append((i, lo))
+        if self.wire is not None:
+            sent = tx_bytes(self.wire)
+            if sent is not None:
+                self.wire_bytes.append((i, sent))
         events = self._events.get(lane)
         if events is None:
             events = self._events[lane] = StepEvents(self.job.host, lane, self.now)
@@ -193,7 +195,7 @@ class RankJob:
         return JobPart(rank=self.rank, role=self.role, job=self.job.info, backend=self.backend,
                        iterations=self.iterations, spans=self.spans + transfers,
                        stats=self.transport.stats, params=params, buffers=buffers,
-                       loopback_bytes=self.loopback, carried_s=self.carried_s)
+                       wire_bytes=self.wire_bytes, carried_s=self.carried_s)
 
 
 def run_rank(cfg: DictConfig, settings: ClusterSettings, *, rank: int, world: int,

@@ -6,15 +6,19 @@ Every check fails with one line naming the key and the fix, before any process s
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
+from accelopt.drivers.cluster.netns import Shape
 from accelopt.errors import ConfigError
 from accelopt.types import ClusterInfo
 
 MODES = ("ps", "allreduce")
+TOPOLOGIES = ("shared", "hosts")
 BACKENDS = ("auto", "gloo", "nccl")
 
+_LINK = re.compile(r"^(?:(worker|server)(\d+)|(\d+))$")
 _RATE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)\s*bit(?:/s)?\s*$", re.IGNORECASE)
 _TIME = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(us|ms|s)\s*$", re.IGNORECASE)
 _SCALE = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
@@ -51,6 +55,10 @@ class ClusterSettings:
     master_port: int
     bandwidth_bps: int | None
     latency_s: float | None
+    topology: str = "shared"
+    """``shared``: one shaped loopback for every rank; ``hosts``: one namespace per rank."""
+    link_bandwidth_bps: tuple[tuple[int, int], ...] = ()
+    """(rank, bits/s) of the links that differ from ``bandwidth_bps`` (hosts topology)."""
 
     @property
     def world_size(self) -> int:
@@ -58,7 +66,29 @@ class ClusterSettings:
 
     @property
     def shaped(self) -> bool:
-        return self.bandwidth_bps is not None or self.latency_s is not None
+        """The ranks run in network namespaces of their own (not the machine's loopback)."""
+        return self.network != "none"
+
+    @property
+    def network(self) -> str:
+        """``none`` (the machine's loopback), ``shared`` or ``hosts``."""
+        if self.topology == "hosts":
+            return "hosts"
+        return "shared" if self.bandwidth_bps is not None or self.latency_s is not None else "none"
+
+    def link(self, rank: int) -> Shape:
+        """The shape of rank ``rank``'s link (shared topology: the one loopback's)."""
+        bandwidth = dict(self.link_bandwidth_bps).get(rank, self.bandwidth_bps)
+        return Shape(bandwidth, self.latency_s)
+
+    def links(self) -> list[Shape]:
+        return [self.link(r) for r in range(self.world_size)]
+
+    def link_name(self, rank: int) -> str:
+        """``server0``, ``worker1``: how ``cluster.network.links`` names rank ``rank``."""
+        if self.role(rank) == "server":
+            return f"server{rank}"
+        return f"worker{self.worker_index(rank)}"
 
     def role(self, rank: int) -> str:
         """PS mode: ranks 0..servers-1 are servers, the rest workers; all-reduce: all workers."""
@@ -81,7 +111,10 @@ class ClusterSettings:
         return ClusterInfo(mode=self.mode, workers=self.workers,  # type: ignore[arg-type]
                            servers=self.servers, backend=backend,
                            bucket_bytes=self.bucket_bytes, timeout_s=self.timeout_s,
-                           bandwidth_bps=self.bandwidth_bps, latency_s=self.latency_s)
+                           bandwidth_bps=self.bandwidth_bps, latency_s=self.latency_s,
+                           topology=self.network,
+                           link_bandwidth_bps=tuple(s.bandwidth_bps for s in self.links())
+                           if self.network == "hosts" else ())
 
 
 def bucket_bytes(cluster: Any) -> int:
@@ -120,7 +153,13 @@ def settings_from(cluster: Any) -> ClusterSettings:
         raise ConfigError(f"cluster.master_port must be in 0..65535 (0: pick a free one), got {port}")
     network = cluster.get("network") or {}
     bandwidth, latency = network.get("bandwidth"), network.get("latency")
-    return ClusterSettings(
+    topology = str(network.get("topology") or "shared")
+    if topology not in TOPOLOGIES:
+        raise ConfigError(
+            f"cluster.network.topology: {topology!r} unknown; use shared (one shaped loopback) "
+            "or hosts (one network namespace per rank, a link each)"
+        )
+    settings = ClusterSettings(
         mode=mode,
         workers=workers,
         servers=servers if mode == "ps" else 0,
@@ -130,4 +169,39 @@ def settings_from(cluster: Any) -> ClusterSettings:
         master_port=port,
         bandwidth_bps=None if bandwidth in (None, "") else parse_rate(bandwidth),
         latency_s=None if latency in (None, "") else parse_duration(latency),
+        topology=topology,
     )
+    links = network.get("links") or {}
+    if not links:
+        return settings
+    if not isinstance(links, Mapping):
+        raise ConfigError(
+            f"cluster.network.links: {links!r} is not a mapping; write e.g. "
+            "'cluster.network.links={worker1:25mbit}'"
+        )
+    if topology != "hosts":
+        raise ConfigError(
+            "cluster.network.links gives links their own bandwidth, which needs "
+            "cluster.network.topology=hosts (in the shared topology every rank shares one "
+            "loopback)"
+        )
+    per_rank = {_link_rank(str(key), settings): parse_rate(value, f"cluster.network.links.{key}")
+                for key, value in links.items()}
+    return replace(settings, link_bandwidth_bps=tuple(sorted(per_rank.items())))
+
+
+def _link_rank(key: str, settings: ClusterSettings) -> int:
+    """``worker1`` / ``server0`` / ``3`` (a rank) -> the rank."""
+    names = {settings.link_name(r): r for r in range(settings.world_size)}
+    match = _LINK.match(key.strip())
+    rank = None
+    if match and match.group(3) is not None:
+        rank = int(match.group(3))
+    elif match:
+        rank = names.get(key.strip())
+    if rank is None or not 0 <= rank < settings.world_size:
+        raise ConfigError(
+            f"cluster.network.links: no rank {key!r} in this run; name one of "
+            f"{', '.join(names)} (or a rank 0..{settings.world_size - 1})"
+        )
+    return rank

@@ -1,0 +1,128 @@
+"""A straggler: one worker's link at a fraction of the others', parameter server and
+all-reduce, against all links equal, in one invocation. Needs root and iproute2.
+
+Every rank runs in a network namespace of its own (``cluster.network.topology=hosts``),
+joined to a switch by a veth link shaped in both directions; the straggler run gives the
+last worker's link ``1/--slowdown`` of the rate. Each repeat runs both networks back to back,
+alternating which goes first. The figure is the steady-state iteration time (the run's
+``iteration_s``: median over iterations after the warm-up, slowest worker per iteration),
+median over repeats, beside its wire bound: the busiest link's bytes in one direction at
+its rate (PS: a worker moves its parameters each way, a server ``workers/servers`` times
+its shard; a ring all-reduce moves ``2 (W-1)/W`` of the gradient each way through every
+link, so the slowest link paces all of them).
+
+    sudo python benchmarks/straggler.py [--bandwidth 100mbit] [--slowdown 4] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import tempfile
+from dataclasses import dataclass
+
+import torch
+from omegaconf import OmegaConf
+
+from accelopt.config import AccelConfig, JobConfig
+from accelopt.drivers.cluster import run_cluster
+from accelopt.drivers.cluster.settings import ClusterSettings, parse_rate, settings_from
+
+
+@dataclass
+class Case:
+    mode: str
+    straggler: bool
+
+
+def config(args: argparse.Namespace, case: Case) -> object:
+    cfg = OmegaConf.structured(AccelConfig)
+    cfg.workload.jobs = [OmegaConf.structured(JobConfig(
+        name="bench", model=args.model, width=args.width, batch_size=args.batch,
+        iterations=args.iterations, seed=0))]
+    cfg.cluster.mode = case.mode
+    cfg.cluster.workers = args.workers
+    cfg.cluster.servers = args.servers
+    cfg.cluster.timeout_s = 120
+    cfg.cluster.network.topology = "hosts"
+    cfg.cluster.network.bandwidth = args.bandwidth
+    if case.straggler:
+        slow = int(parse_rate(args.bandwidth) / args.slowdown)
+        cfg.cluster.network.links = {f"worker{args.workers - 1}": f"{slow}bit"}
+    return cfg
+
+
+def wire_bound_s(settings: ClusterSettings, param_bytes: int) -> float:
+    """The busiest link's bytes in one direction at its rate (links are full duplex)."""
+    worst = 0.0
+    for rank in range(settings.world_size):
+        rate = settings.link(rank).bandwidth_bps
+        if not rate:
+            continue
+        if settings.mode == "ps":
+            moved = (param_bytes * settings.workers / settings.servers
+                     if settings.role(rank) == "server" else param_bytes)
+        else:
+            moved = 2 * (settings.workers - 1) / settings.workers * param_bytes
+        worst = max(worst, moved * 8 / rate)
+    return worst
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--bandwidth", default="100mbit")
+    ap.add_argument("--slowdown", type=float, default=4.0,
+                    help="the straggler's link runs at bandwidth / slowdown")
+    ap.add_argument("--model", default="mlp")
+    ap.add_argument("--width", type=int, default=256)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--iterations", type=int, default=20)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--servers", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
+          f"python {platform.python_version()}, gloo, 1 thread per rank; load average "
+          f"{os.getloadavg()[0]:.2f}")
+    print(f"job: {args.model} width {args.width} on digits, global batch {args.batch}, "
+          f"{args.iterations} iterations; {args.workers} workers (+{args.servers} server in "
+          f"ps); links {args.bandwidth}, straggler worker{args.workers - 1} at 1/"
+          f"{args.slowdown:g}; {args.repeats} paired repeats, order alternating")
+    header = (f"{'mode':<10}{'links':<11}{'iteration ms':>13}{'min':>8}{'max':>8}{'n':>3}"
+              f"{'wire bound ms':>15}{'slowdown':>10}{'bound slowdown':>16}")
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="accelopt-straggler-") as run_dir:
+        for mode in ("ps", "allreduce"):
+            times: dict[bool, list[float]] = {False: [], True: []}
+            bounds: dict[bool, float] = {}
+            for rep in range(args.repeats):
+                order = [False, True] if rep % 2 == 0 else [True, False]
+                for straggler in order:
+                    cfg = config(args, Case(mode, straggler))
+                    out = run_cluster(cfg, run_dir=run_dir)
+                    times[straggler].append(float(out.metrics["iteration_s"]))
+                    bounds[straggler] = wire_bound_s(settings_from(cfg.cluster),
+                                                     int(out.metrics["param_bytes"]))
+                    print(f"  {mode} {'straggler' if straggler else 'equal'} repeat {rep + 1}: "
+                          f"{times[straggler][-1] * 1e3:.1f} ms/iteration", flush=True)
+            equal = statistics.median(times[False])
+            for straggler in (False, True):
+                t = times[straggler]
+                med = statistics.median(t)
+                rows.append(
+                    f"{mode:<10}{'straggler' if straggler else 'equal':<11}{med * 1e3:>13.1f}"
+                    f"{min(t) * 1e3:>8.1f}{max(t) * 1e3:>8.1f}{len(t):>3}"
+                    f"{bounds[straggler] * 1e3:>15.1f}{med / equal:>10.2f}"
+                    f"{bounds[straggler] / bounds[False]:>16.2f}")
+    print(header)
+    print("-" * len(header))
+    print("\n".join(rows))
+    print("iteration: median over repeats of the run's steady iteration time. wire bound: the "
+          "busiest link's bytes in one direction at its rate (headers excluded). slowdown: "
+          "over the equal links of the same mode.")
+
+
+if __name__ == "__main__":
+    main()
