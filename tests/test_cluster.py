@@ -69,25 +69,49 @@ def assert_same_params(job, state):
         torch.testing.assert_close(state[name], param.detach(), atol=ATOL, rtol=RTOL)
 
 
-def _is_resource_tracker(proc) -> bool:
-    """Python's multiprocessing resource tracker: one per interpreter, started by the first
-    in-process spawn (e.g. the tictac forward-only harness test) and alive until the
-    interpreter exits. It is not a rank, so it is not a leak."""
+def _is_mp_helper(proc) -> bool:
+    """Python's multiprocessing helpers, one each per interpreter: the resource tracker
+    (started by the first in-process spawn, e.g. the tictac forward-only harness test) and
+    the session's forkserver (``conftest.py``), both alive until the session ends. Neither
+    is a rank, so neither is a leak; a rank the forkserver forked is (it shares the
+    forkserver's command line, so only this process's own children count as helpers)."""
     try:
-        return any("multiprocessing.resource_tracker" in part for part in proc.cmdline())
+        cmdline = " ".join(proc.cmdline())
+        own = proc.ppid() == os.getpid()
     except psutil.Error:
         return False
+    return own and ("multiprocessing.resource_tracker" in cmdline
+                    or "multiprocessing.forkserver" in cmdline)
 
 
-def no_children_left():
-    deadline = time.monotonic() + 5
+def no_children_left(wait_s: float = 5.0):
+    deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
         alive = [p for p in psutil.Process().children(recursive=True) if p.is_running()
-                 and p.status() != psutil.STATUS_ZOMBIE and not _is_resource_tracker(p)]
+                 and p.status() != psutil.STATUS_ZOMBIE and not _is_mp_helper(p)]
         if not alive:
             return True
         time.sleep(0.1)
     return False
+
+
+def _wait_for(event) -> None:
+    event.wait(30)
+
+
+def test_no_children_left_sees_a_rank_forked_by_the_sessions_forkserver():
+    from accelopt.drivers.processes import rank_context
+
+    ctx = rank_context()
+    release = ctx.Event()
+    child = ctx.Process(target=_wait_for, args=(release,))
+    child.start()
+    try:
+        assert not no_children_left(wait_s=0.2)
+    finally:
+        release.set()
+        child.join(30)
+    assert no_children_left()
 
 
 @pytest.mark.timeout(120)

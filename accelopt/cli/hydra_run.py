@@ -73,9 +73,10 @@ def expand_sweeps(overrides: list[str]) -> list[list[str]]:
     return [list(combo) for combo in itertools.product(*choices)]
 
 
-def prepare(overrides: list[str], registry: Registry, multirun: bool) -> None:
+def prepare(overrides: list[str], registry: Registry, multirun: bool) -> bool:
     """Load the selected plugins, register configs, and compose every requested config
-    once so that any mistake surfaces as one line before Hydra starts."""
+    once so that any mistake surfaces as one line before Hydra starts. Returns whether any
+    of them is a cluster run (its ranks' forkserver can then start early)."""
     selections = plugin_selections(overrides)
     specs = {}
     for names in selections:
@@ -83,9 +84,12 @@ def prepare(overrides: list[str], registry: Registry, multirun: bool) -> None:
             specs[spec.name] = spec
     register_schema()
     register_plugin_configs(list(specs.values()))
+    cluster = False
     for combo in expand_sweeps(overrides) if multirun else [overrides]:
-        compose_checked(combo)
+        cfg = compose_checked(combo)
         refuse_resume_into_itself(combo)
+        cluster = cluster or str(cfg.cluster.mode) != "none"
+    return cluster
 
 
 def refuse_resume_into_itself(overrides: list[str]) -> None:
@@ -198,7 +202,7 @@ def secondary_rank_dir(args: list[str], env: dict[str, str] | None = None) -> st
     machine's ``runs/`` gets no directory per rank holding only a config."""
     import tempfile
 
-    from accelopt.drivers.cluster.launch import SCRATCH_PREFIX, under_torchrun
+    from accelopt.drivers.processes import SCRATCH_PREFIX, under_torchrun
 
     env = dict(os.environ) if env is None else env
     if not under_torchrun(env) or env["RANK"] == "0":

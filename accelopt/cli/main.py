@@ -94,8 +94,11 @@ def _run(rest: list[str], debug: bool) -> int:
     multirun = "-m" in rest or "--multirun" in rest
     overrides = hydra_overrides(rest)
     passthrough = any(a.split("=")[0] in HYDRA_PASSTHROUGH_FLAGS for a in rest)
-    prepare(overrides, registry, multirun=multirun and not passthrough)
-    return run_hydra(rest, registry, debug)
+    cluster = prepare(overrides, registry, multirun=multirun and not passthrough)
+    from accelopt.drivers.processes import rank_server_started_early
+
+    with rank_server_started_early(cluster and not passthrough):
+        return run_hydra(rest, registry, debug)
 
 
 FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name",

@@ -5,6 +5,7 @@ rank of a cluster run set torch up the same way."""
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 import psutil
@@ -26,7 +27,21 @@ def setup_torch(run: Any, *, default_threads: int = 0) -> None:
         torch.set_num_threads(threads)
     if bool(run.get("deterministic", True)):
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
-        torch.use_deterministic_algorithms(True, warn_only=True)
+        deterministic_algorithms()
+
+
+def deterministic_algorithms() -> None:
+    """``torch.use_deterministic_algorithms(True, warn_only=True)`` without its import of
+    ``torch._inductor.config``, which loads all of dynamo and inductor: 1.8 s of every
+    process's start on 2 cores, for a compiler a run need not use. Inductor gets the same
+    setting: directly if it is loaded already, else from the environment it reads when it
+    is (``TORCHINDUCTOR_DETERMINISTIC``)."""
+    torch._C._set_deterministic_algorithms(True, warn_only=True)
+    inductor = sys.modules.get("torch._inductor.config")
+    if inductor is not None:
+        inductor.deterministic = True  # type: ignore[attr-defined]
+    else:
+        os.environ.setdefault("TORCHINDUCTOR_DETERMINISTIC", "1")
 
 
 def pick_device(name: str) -> torch.device:

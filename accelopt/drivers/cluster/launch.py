@@ -1,7 +1,7 @@
 """Starting the processes of a cluster run and collecting what they measured.
 
-Locally, :func:`run_cluster` starts one process per rank with ``torch.multiprocessing``
-(forked from a forkserver that has imported the runtime once, see :func:`rank_context`),
+Locally, :func:`run_cluster` starts one process per rank (``drivers/processes.py``:
+forked from a forkserver that has imported the runtime once, else spawned),
 optionally inside a shaped network namespace, watches them and returns a
 :class:`ClusterOutcome`. Under ``torchrun`` (RANK, WORLD_SIZE, MASTER_ADDR set) this
 process *is* one rank: nothing is spawned, and rank 0's outcome carries every rank's data.
@@ -21,7 +21,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import torch.multiprocessing as mp
 from omegaconf import DictConfig, OmegaConf
 
 from accelopt.drivers.cluster import faults, netns
@@ -29,19 +28,10 @@ from accelopt.drivers.cluster.carried import Carried
 from accelopt.drivers.cluster.outcome import ClusterOutcome, build_outcome
 from accelopt.drivers.cluster.rank import RankResult, run_rank
 from accelopt.drivers.cluster.settings import ClusterSettings, settings_from
+from accelopt.drivers.processes import SCRATCH_PREFIX, rank_context, under_torchrun
 from accelopt.errors import ConfigError
 from accelopt.job import job_specs
 from accelopt.plugin import Registry
-
-TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR")
-SCRATCH_PREFIX = "accelopt-rank"
-"""Under torchrun, a rank other than 0 whose command names no ``hydra.run.dir`` runs in a
-temporary directory with this prefix (``cli/hydra_run.py``), removed when it ends."""
-
-
-def under_torchrun(env: dict[str, str] | None = None) -> bool:
-    env = dict(os.environ) if env is None else env
-    return all(env.get(v) for v in TORCHRUN_VARS)
 
 
 def free_port() -> int:
@@ -187,18 +177,6 @@ def join_local_rank(rank: int, world: int, port: int,
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
                       GLOO_SOCKET_IFNAME=endpoint.interface)
     return f"tcp://{master_addr}:{port}"
-
-
-def rank_context() -> Any:
-    """How ranks start: forked from a forkserver that has imported torch and the runtime once
-    (no rank repeats them: about 2 s of a default run's start on 2 cores), where the
-    platform has one; else spawn. The forkserver is stopped with the run
-    (:func:`own_mp_helpers`)."""
-    if "forkserver" not in mp.get_all_start_methods():
-        return mp.get_context("spawn")
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["accelopt.drivers.cluster.launch"])
-    return ctx
 
 
 def _adopt_environment(environ: dict[str, str]) -> None:
