@@ -1,7 +1,9 @@
 """accelopt: a small core runtime with hook points; optimisation techniques are plugins.
 
-The public API for plugin authors is what this module exports (plus :mod:`accelopt.types`,
-:mod:`accelopt.errors` and :mod:`accelopt.testing`); everything else may change.
+The public API is what this module exports: :func:`run` (``accelopt run`` as a function,
+``accelopt/api.py``) and, for plugin authors, the hook and record types (plus
+:mod:`accelopt.types`, :mod:`accelopt.errors` and :mod:`accelopt.testing`); everything
+else may change.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ from accelopt.types import (
 
 __version__ = "0.1.0"
 
-_LAZY = {"Gradients": "accelopt.job.gradients", "isolated_rng": "accelopt.job.rng"}
+_LAZY = {"Gradients": "accelopt.job.gradients", "isolated_rng": "accelopt.job.rng",
+         "run": "accelopt.api"}
 """Exports that need torch: imported on first use, so ``import accelopt`` (and the CLI's
 ``accelopt plugins``) stays fast."""
 
@@ -74,4 +77,5 @@ __all__ = [
     "hookimpl",
     "hookspec",
     "isolated_rng",
+    "run",
 ]

@@ -24,8 +24,24 @@ class JobConfig:
     iterations: int = 50
     arrival_s: float = 0.0
     optimizer: str = "sgd"
+    """``sgd``, ``adam`` or ``adamw``."""
     lr: float = 0.05
     momentum: float = 0.9
+    """SGD's momentum (the other optimizers ignore it)."""
+    weight_decay: Optional[float] = None
+    """L2 penalty (``sgd``, ``adam``) or decoupled decay (``adamw``); None: the optimizer's
+    own default (0, 0, 0.01)."""
+    lr_schedule: str = "constant"
+    """``constant``, ``cosine`` (to ``min_lr`` at the last iteration) or ``linear``; both
+    after ``warmup_iterations`` of linear warm-up from ``lr / warmup_iterations``."""
+    warmup_iterations: int = 0
+    min_lr: float = 0.0
+    grad_clip: Optional[float] = None
+    """Clip the job's whole gradient to this L2 norm before each step (in a cluster run, the
+    norm of the reduced gradient, over every parameter server's shard); None: no clipping."""
+    precision: str = "fp32"
+    """``fp32``; ``bf16``: forward and loss under bf16 autocast (CPU and CUDA); ``fp16``: fp16
+    autocast with a gradient scaler (CUDA, one process)."""
     width: Optional[int] = None
     seed: int = 0
 

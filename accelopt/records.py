@@ -7,7 +7,7 @@ Keeping the record separate from both sides means a report can be re-rendered fr
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from accelopt.types import JobInfo, ReportRow, RunInfo
 
@@ -97,4 +97,7 @@ class RunRecord:
     telemetry: list[TelemetrySample] = field(default_factory=list)
     telemetry_note: str = ""
     metrics: dict[str, float | int | str] = field(default_factory=dict)
-    """Run-level figures (e.g. average JCT, makespan, or a cluster's E)."""
+    """Run-level figures the runtime or a plugin measured (e.g. a cluster's E)."""
+    summary: dict[str, Any] = field(default_factory=dict)
+    """Once the run's outputs are written: ``metrics.json``'s ``summary`` (JCT statistics,
+    makespan, duration, and :attr:`metrics`)."""

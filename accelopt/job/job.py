@@ -27,7 +27,7 @@ from accelopt.job.events import SILENT, StepEvents
 from accelopt.job.exchange import LOCAL, Exchange
 from accelopt.job.gradients import Gradients
 from accelopt.job.layers import offer_layers
-from accelopt.job.optim import build_optimizer
+from accelopt.job.optim import build_optimizer, lr_factor, schedules, set_lr
 from accelopt.job.params import buckets_by_bytes, param_table
 from accelopt.job.rng import JobRandom
 from accelopt.job.specs import job_info, validate_spec
@@ -105,6 +105,15 @@ class Job:
             self.optimizer = build_optimizer(self.info, spec, self._stepped, self.host)
         if spec.kind == "infer":
             self.model.eval()
+        self._autocast = autocast_for(spec, device, self.exchange.role)
+        """``torch.autocast`` arguments for forward and loss (``None``: full precision)."""
+        self.scaler = (torch.amp.GradScaler(device.type) if spec.precision == "fp16"
+                       and self.training else None)
+        """fp16's gradient scaler (the loss is scaled before backward, the gradients
+        unscaled before any plugin or the clipping sees them)."""
+        self._schedules = schedules(spec)
+        self._custom_step = self._schedules or spec.grad_clip is not None or self.scaler is not None
+        """The step needs more than ``optimizer.step()`` (a schedule, clipping, a scaler)."""
 
     # -- facts -----------------------------------------------------------------------------
 
@@ -184,7 +193,11 @@ class Job:
                     self.model.zero_grad(set_to_none=True)
                 if timer:
                     timer.begin("forward", i)
-                loss = self.loss_fn(self.forward(x), y)
+                if self._autocast is None:
+                    loss = self.loss_fn(self.forward(x), y)
+                else:
+                    with torch.autocast(**self._autocast):
+                        loss = self.loss_fn(self.forward(x), y)
                 if timer:
                     timer.end()
                 loss_value = loss.detach()
@@ -192,7 +205,7 @@ class Job:
                     loss = events.after_forward(context, loss)
                 if timer:
                     timer.begin("backward", i)
-                loss.backward()
+                (loss if self.scaler is None else self.scaler.scale(loss)).backward()
                 if timer:
                     timer.end()
         if self.training:
@@ -200,7 +213,7 @@ class Job:
                 exchange.gradients(i)
             if self.optimizer is None:
                 pass  # this process takes no step (a PS worker)
-            elif events.before_optimizer_step or events.after_step or timer:
+            elif events.before_optimizer_step or events.after_step or timer or self._custom_step:
                 self._optimizer_step(i, context, events)
             else:
                 self.optimizer.step()
@@ -212,17 +225,33 @@ class Job:
                         events: StepEvents) -> None:
         assert self.optimizer is not None
         stepped = True
+        scaler = self.scaler
+        if scaler is not None:
+            scaler.unscale_(self.optimizer)  # plugins and clipping see true gradients
+        if self._schedules:
+            set_lr(self.optimizer, lr_factor(self.spec, i))
+        gradients = None
         if events.before_optimizer_step:
             gradients = Gradients(self.info, self._stepped, self.exchange.reduce,
                                   whole=self.exchange.whole)
             events.before_optimizer_step(context, gradients)
             stepped = gradients.skipped is None
+        if stepped and self.spec.grad_clip is not None:
+            if gradients is None:
+                gradients = Gradients(self.info, self._stepped, self.exchange.reduce,
+                                      whole=self.exchange.whole)
+            gradients.clip_norm_(float(self.spec.grad_clip))
         if stepped:
             if self.timer:
                 self.timer.begin("optimizer", i)
-            self.optimizer.step()
+            if scaler is None:
+                self.optimizer.step()
+            else:
+                scaler.step(self.optimizer)  # skipped when the scaled gradients overflowed
             if self.timer:
                 self.timer.end()
+        if scaler is not None:
+            scaler.update()
         if events.after_step:
             rebuilds = events.after_step(context, stepped)
             if rebuilds:
@@ -253,6 +282,7 @@ class Job:
             "model": self.model.state_dict(),
             "optimizer": None if self.optimizer is None else self.optimizer.state_dict(),
             "random": self.random.state_dict(),
+            "scaler": None if self.scaler is None else self.scaler.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -261,10 +291,38 @@ class Job:
             self.optimizer.load_state_dict(state["optimizer"])
         if state.get("random") is not None:
             self.random.load_state_dict(state["random"])
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
         self.iteration = int(state["iteration"])
 
     def close(self) -> None:
         self.exchange.close()
+
+
+def check_precision(spec: JobConfig, device_type: str | None, one_process: bool) -> None:
+    """One line when the job's ``precision`` cannot work: fp16 needs CUDA (``device_type``
+    None: not known yet) and, for training, one process (its gradient scaler would have to
+    agree across ranks)."""
+    if spec.precision != "fp16":
+        return
+    if not one_process and spec.kind == "train":
+        raise ConfigError(
+            f"job '{spec.name}': precision=fp16 trains in one process only (its gradient "
+            "scaler would have to agree across ranks); use precision=bf16 in cluster runs")
+    if device_type is not None and device_type != "cuda":
+        raise ConfigError(
+            f"job '{spec.name}': precision=fp16 needs CUDA (fp16 autocast and a gradient "
+            f"scaler); on {device_type} use precision=bf16")
+
+
+def autocast_for(spec: JobConfig, device: torch.device, role: str) -> dict[str, Any] | None:
+    """``torch.autocast`` arguments for the job's ``precision`` on ``device`` (``None``:
+    fp32)."""
+    if spec.precision == "fp32":
+        return None
+    check_precision(spec, device.type, role == "single")
+    dtype = torch.float16 if spec.precision == "fp16" else torch.bfloat16
+    return {"device_type": device.type, "dtype": dtype}
 
 
 def job_loss(dataset: Any) -> Callable[[Any, torch.Tensor], torch.Tensor]:

@@ -11,6 +11,7 @@ the previous optimizer).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 
 import torch
@@ -25,11 +26,47 @@ HOOK = "accelopt_optimizer_build"
 
 
 def make_optimizer(spec: JobConfig, params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
-    """The optimizer the job's settings name (``optimizer``, ``lr``, ``momentum``)."""
+    """The optimizer the job's settings name (``optimizer``, ``lr``, ``momentum``,
+    ``weight_decay``; None keeps the optimizer's own default)."""
     params = list(params)
+    decay = {} if spec.weight_decay is None else {"weight_decay": float(spec.weight_decay)}
     if spec.optimizer == "adam":
-        return torch.optim.Adam(params, lr=spec.lr)
-    return torch.optim.SGD(params, lr=spec.lr, momentum=spec.momentum)
+        return torch.optim.Adam(params, lr=spec.lr, **decay)
+    if spec.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=spec.lr, **decay)
+    return torch.optim.SGD(params, lr=spec.lr, momentum=spec.momentum, **decay)
+
+
+def lr_factor(spec: JobConfig, step: int) -> float:
+    """The learning rate of step ``step`` (0-based) over the configured ``lr``: a linear
+    warm-up over ``warmup_iterations`` steps, then ``constant``, ``cosine`` or ``linear``
+    decay to ``min_lr`` at the job's last iteration. A function of the step alone, so a
+    resumed job, a rebuilt optimizer and every parameter server agree without state."""
+    warmup = spec.warmup_iterations
+    if step < warmup:
+        return (step + 1) / warmup
+    if spec.lr_schedule == "constant":
+        return 1.0
+    span = max(1, spec.iterations - 1 - warmup)
+    progress = min(1.0, (step - warmup) / span)
+    floor = spec.min_lr / spec.lr
+    if spec.lr_schedule == "cosine":
+        return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    return floor + (1.0 - floor) * (1.0 - progress)
+
+
+def schedules(spec: JobConfig) -> bool:
+    """Whether the learning rate changes over the job (so each step sets it)."""
+    return spec.lr_schedule != "constant" or spec.warmup_iterations > 0
+
+
+def set_lr(optimizer: torch.optim.Optimizer, factor: float) -> None:
+    """Every parameter group's learning rate at ``factor`` times its own initial one (a
+    plugin's optimizer may give groups different rates; ``initial_lr`` as torch's schedulers
+    keep it)."""
+    for group in optimizer.param_groups:
+        group.setdefault("initial_lr", group["lr"])
+        group["lr"] = group["initial_lr"] * factor
 
 
 def build_optimizer(job: JobInfo, spec: JobConfig, parameters: Mapping[str, nn.Parameter],

@@ -13,8 +13,10 @@ from accelopt.errors import ConfigError
 from accelopt.types import JobInfo
 from accelopt.workloads import generate_trace
 
-OPTIMIZERS = ("sgd", "adam")
+OPTIMIZERS = ("sgd", "adam", "adamw")
 KINDS = ("train", "infer")
+SCHEDULES = ("constant", "cosine", "linear")
+PRECISIONS = ("fp32", "bf16", "fp16")
 
 
 def job_id_for(index: int, spec: JobConfig) -> str:
@@ -95,3 +97,18 @@ def validate_spec(spec: JobConfig) -> None:
         raise ConfigError(f"{where}: batch_size must be >= 1, got {spec.batch_size}")
     if spec.lr <= 0:
         raise ConfigError(f"{where}: lr must be > 0, got {spec.lr}")
+    if spec.weight_decay is not None and spec.weight_decay < 0:
+        raise ConfigError(f"{where}: weight_decay must be >= 0, got {spec.weight_decay}")
+    if spec.lr_schedule not in SCHEDULES:
+        raise ConfigError(f"{where}: lr_schedule must be one of {', '.join(SCHEDULES)}, got "
+                          f"{spec.lr_schedule!r}")
+    if spec.warmup_iterations < 0:
+        raise ConfigError(f"{where}: warmup_iterations must be >= 0, got {spec.warmup_iterations}")
+    if not 0 <= spec.min_lr <= spec.lr:
+        raise ConfigError(f"{where}: min_lr must be in [0, lr={spec.lr}], got {spec.min_lr}")
+    if spec.grad_clip is not None and spec.grad_clip <= 0:
+        raise ConfigError(f"{where}: grad_clip must be > 0 (or null: no clipping), got "
+                          f"{spec.grad_clip}")
+    if spec.precision not in PRECISIONS:
+        raise ConfigError(f"{where}: precision must be one of {', '.join(PRECISIONS)}, got "
+                          f"{spec.precision!r}")

@@ -33,6 +33,7 @@ from accelopt.drivers.setup import memory_capacity, pick_device, setup_torch
 from accelopt.errors import AccelOptError, UserError
 from accelopt.job import build_jobs, job_id_for, job_specs
 from accelopt.job.checkpoint import Checkpointer, restore
+from accelopt.job.job import check_precision
 from accelopt.job.profile import measure_profile
 from accelopt.job.specs import job_info
 from accelopt.plugin import Registry, resolve
@@ -85,6 +86,10 @@ def validate(cfg: DictConfig, registry: Registry,
         from accelopt.drivers.cluster.settings import settings_from
 
         validate_cluster(cfg, settings_from(cfg.cluster))
+    one_process = cfg.cluster.mode == "none"
+    device_type = pick_device(str(cfg.run.device)).type if one_process else None
+    for spec in specs:  # fp16 needs CUDA and one process: say so before anything starts
+        check_precision(spec, device_type, one_process)
     for subset in [None, *reference_sets]:
         activate(cfg if subset is None else compare.subset_config(cfg, subset), registry, ids)
 
@@ -252,6 +257,7 @@ def _write_and_render(record: RunRecord, run_dir: Path, console: Console,
                       refs: dict[str, RunRecord] | None) -> None:
     if refs:
         compare.attach(record, refs)
+    record.summary = run_metrics(record)
     write_run_outputs(record, run_dir)
     render_summary(record, console)
     if refs:

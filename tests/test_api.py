@@ -1,0 +1,68 @@
+"""``accelopt.run``: the CLI's run as a Python function, returning the run's record."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import accelopt
+from accelopt.errors import ConfigError, UserError
+
+pytestmark = pytest.mark.timeout(120)
+TINY = ["workload=tiny", "run.progress=false", "run.telemetry_interval_s=5"]
+
+
+def test_run_returns_the_record_and_writes_the_outputs(tmp_path):
+    record = accelopt.run([*TINY, "run.compare=none"], run_dir=tmp_path / "out")
+    assert [j.status for j in record.jobs] == ["done", "done"]
+    assert record.info.run_dir == str(tmp_path / "out")
+    written = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert written["summary"]["makespan_s"] == pytest.approx(record.summary["makespan_s"])
+    assert (tmp_path / "out" / "config.yaml").exists()
+
+
+def test_plugins_added_in_code_run_and_report(tmp_path, monkeypatch):
+    from plugins_for_tests import RANK_REPORTER
+
+    monkeypatch.chdir(tmp_path)
+    registry = accelopt.Registry.discover()
+    registry.add(RANK_REPORTER)
+    record = accelopt.run([*TINY, "+plugins=[rank_reporter]", "run.compare=none"],
+                          registry=registry)
+    assert [row.plugin for row in record.plugin_rows] == ["rank_reporter"]
+    assert list(tmp_path.glob("runs/*/*/metrics.json")), "the CLI's default run directory"
+
+
+@pytest.mark.parametrize("overrides, words", [
+    (["+plugins=[nosuch]"], "nosuch"),
+    (["run.sed=1"], "did you mean 'run.seed'"),
+    ("workload=tiny", "list of overrides"),
+    (["-m", "run.seed=1,2"], "once per point"),
+])
+def test_bad_input_raises_one_line(overrides, words, tmp_path):
+    with pytest.raises(UserError, match=words) as info:
+        accelopt.run(overrides, run_dir=tmp_path / "never")
+    assert "\n" not in str(info.value)
+    assert not (tmp_path / "never").exists()
+
+
+def test_a_finished_run_directory_is_never_overwritten(tmp_path):
+    out = tmp_path / "out"
+    accelopt.run([*TINY, "run.compare=none"], run_dir=out)
+    before = (out / "metrics.json").read_bytes()
+    with pytest.raises(ConfigError, match="already holds a run"):
+        accelopt.run([*TINY, "run.compare=none"], run_dir=out)
+    assert (out / "metrics.json").read_bytes() == before
+
+
+def test_the_documented_example_runs(tmp_path, monkeypatch, capsys):
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "your-model.md").read_text()
+    code = doc.split("## From Python", 1)[1].split("```python", 1)[1].split("```", 1)[0]
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code.replace('"workload=tiny"', '"workload=tiny", "run.progress=false"'),
+                 "docs/your-model.md", "exec"), {})
+    printed = capsys.readouterr().out
+    assert "salus" in printed and (tmp_path / "runs" / "salus-tiny" / "metrics.json").exists()
