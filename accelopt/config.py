@@ -44,6 +44,20 @@ class JobConfig:
     autocast with a gradient scaler (CUDA, one process)."""
     width: Optional[int] = None
     seed: int = 0
+    evaluate: bool = True
+    """Score the trained model on the dataset's held-out set when the job ends (top-1:
+    accuracy, or P@1 for multi-label data), outside the job's timed work."""
+    model_kwargs: Any = None
+    """Keywords for a ``module:factory`` model, e.g. ``{num_classes: 10}``: passed with the
+    standard ones (``input_shape``, ``num_classes``, ``vocab_size``, ``width``) that its
+    signature names. A mapping; typed ``Any`` so ``...model_kwargs={...}`` composes."""
+    dataset_kwargs: Any = None
+    """Keywords for a ``module:factory`` dataset (with ``seed``, ``n_train`` if it names
+    them)."""
+    loss: str = "auto"
+    """``auto``: the dataset's ``loss_fn`` if it has one, else cross-entropy over the
+    model's logits; ``model``: the model computes it, called as ``model(x, labels=y)`` and
+    its output's ``loss`` taken (HF transformers' convention)."""
 
 
 @dataclass

@@ -42,6 +42,18 @@ class TelemetrySample:
     memory_bytes: int
 
 
+@dataclass(frozen=True)
+class Quality:
+    """What a job learned: its final model's score on the held-out set
+    (``accelopt/job/quality.py``)."""
+
+    metric: str
+    """``accuracy`` (single-label data) or ``p_at_1`` (multi-label: precision@1)."""
+    value: float
+    samples: int
+    """Held-out points scored."""
+
+
 @dataclass
 class JobResult:
     """Outcome and timing of one job.
@@ -68,6 +80,11 @@ class JobResult:
     """Time from arrival to the checkpoint this job was resumed from (0: not resumed)."""
     carried_queueing_s: float | None = None
     """The queueing delay it had before that checkpoint (``None``: it had not started)."""
+    quality: Quality | None = None
+    """The trained model on the held-out set (``None``: not scored, see ``quality_note``)."""
+    quality_note: str = ""
+    """Why there is no quality: no held-out set, an inference job, the job did not finish,
+    ``evaluate: false``, or the one-line reason scoring failed."""
 
     @property
     def jct_s(self) -> float | None:

@@ -41,3 +41,19 @@ def saved_weights(run_dir: Path) -> dict:
 
     (path,) = (run_dir / "weights").glob("*.pt")
     return torch.load(path, weights_only=True)
+
+
+def run_in_process(*args: str, run_dir: Path):
+    """The same run as ``accelopt run ARGS hydra.run.dir=RUN_DIR``, in this process
+    (``accelopt.run``): no interpreter start and no imports to pay, for tests where the
+    command line itself is not what is tested. torch's thread count is restored after
+    (``run.threads`` sets it for the process)."""
+    import torch
+
+    import accelopt
+
+    threads = torch.get_num_threads()
+    try:
+        return accelopt.run(list(args), run_dir=run_dir)
+    finally:
+        torch.set_num_threads(threads)

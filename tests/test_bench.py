@@ -11,9 +11,9 @@ from clirun import accelopt
 
 from accelopt.bench.analysis import SetResult, classify, summarize
 from accelopt.bench.child import drop_unselected, selection_from_task_overrides
-from accelopt.bench.evaluate import hits_at_1
 from accelopt.bench.runner import bench_command, run_plan, set_overrides, split_overrides
 from accelopt.errors import UserError
+from accelopt.job.quality import hits_at_1
 
 
 def test_gain_orientation_and_interaction():
@@ -124,7 +124,7 @@ def test_bench_runs_an_interleaved_sweep(tmp_path):
     # every valid set of noop and gpu_kernels; gpu_kernels' setting must reach only its sets
     # (a plain Hydra sweep would fail to compose it for the baseline and noop)
     out = tmp_path / "bench"
-    result = accelopt("bench", "--plugins", "noop,gpu_kernels", "--repeats", "1", "--eval",
+    result = accelopt("bench", "--plugins", "noop,gpu_kernels", "--repeats", "1",
                       "--metric", "avg_jct_s", "--out", str(out), "workload=tiny",
                       "plugins.gpu_kernels.prune_amount=0.5", cwd=tmp_path, timeout=200)
     assert result.returncode == 0, result.stderr
@@ -135,7 +135,7 @@ def test_bench_runs_an_interleaved_sweep(tmp_path):
     assert set(combo.split("+")) == {"noop", "gpu_kernels"}
     assert all(s["n"] == 1 for s in by.values())  # warm-up runs are not counted
     assert by[combo]["expected_gain"] is not None
-    assert all(0.0 <= s["quality"] <= 1.0 for s in by.values())  # --eval scored every set
+    assert all(0.0 <= s["quality"] <= 1.0 for s in by.values())  # every set is scored
     runs = sorted((out / "runs").glob("*/config.yaml"), key=lambda p: int(p.parent.name))
     assert len(runs) == 4 + 4  # one warm-up run per set, then the measured repeat
     for path in runs:

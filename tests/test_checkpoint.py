@@ -10,7 +10,7 @@ import time
 
 import pytest
 import torch
-from clirun import accelopt, accelopt_cmd, cli_env, run_files, saved_weights
+from clirun import accelopt, accelopt_cmd, cli_env, run_files, run_in_process, saved_weights
 
 from accelopt.job.checkpoint import atomic_torch_save
 
@@ -46,8 +46,7 @@ carries, so resuming it is bitwise too."""
 def test_sigkill_then_resume_reaches_the_samesaved_weights(tmp_path, model):
     job = [*JOB, *model]
     ref_dir = tmp_path / "reference"
-    done = accelopt("run", *job, f"hydra.run.dir={ref_dir}", cwd=tmp_path)
-    assert done.returncode == 0, done.stderr
+    run_in_process(*job, run_dir=ref_dir)  # the uninterrupted run
 
     run_dir = tmp_path / "killed"
     proc = subprocess.Popen(
@@ -69,11 +68,8 @@ def test_sigkill_then_resume_reaches_the_samesaved_weights(tmp_path, model):
     assert state["job"]["random"]["uses_rng"] is bool(model)  # the dropout job draws
 
     before = run_files(run_dir)
-    new_dir = tmp_path / "resumed"
-    resumed = accelopt("run", f"run.resume={run_dir}", "run.progress=false",
-                       f"hydra.run.dir={new_dir}", cwd=tmp_path)
-    assert resumed.returncode == 0, resumed.stderr
-    assert "resuming" in resumed.stdout
+    new_dir = tmp_path / "resumed"  # the command line of a resume: test_resume_of_a_finished...
+    run_in_process(f"run.resume={run_dir}", "run.progress=false", run_dir=new_dir)
     assert run_files(run_dir) == before, "the resumed run wrote into the original directory"
     ref, got = saved_weights(ref_dir), saved_weights(new_dir)
     assert ref.keys() == got.keys()
@@ -93,7 +89,7 @@ def test_resume_of_a_finished_run_is_refused_unless_asked_and_never_rewrites_it(
     job = ["workload=single", "workload.jobs.0.iterations=20", "workload.jobs.0.width=16",
            "run.progress=false", "run.checkpoint_every=5"]
     first = tmp_path / "first"
-    assert accelopt("run", *job, f"hydra.run.dir={first}", cwd=tmp_path).returncode == 0
+    run_in_process(*job, run_dir=first)
     before = run_files(first)
     refused = accelopt("run", f"run.resume={first}", f"hydra.run.dir={tmp_path / 'again'}",
                        cwd=tmp_path)
@@ -106,8 +102,9 @@ def test_resume_of_a_finished_run_is_refused_unless_asked_and_never_rewrites_it(
     assert same_dir.returncode == 2 and "writes into a new directory" in same_dir.stderr
     again = tmp_path / "reported"
     asked = accelopt("run", f"run.resume={first}", "run.resume_finished=true",
-                     f"hydra.run.dir={again}", cwd=tmp_path)
+                     f"hydra.run.dir={again}", "run.progress=false", cwd=tmp_path)
     assert asked.returncode == 0, asked.stderr
+    assert "resuming" in asked.stdout
     assert run_files(first) == before
     old = json.loads((first / "metrics.json").read_text())["jobs"][0]
     new = json.loads((again / "metrics.json").read_text())["jobs"][0]

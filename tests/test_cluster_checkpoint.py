@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from clirun import accelopt, accelopt_cmd, cli_env, run_files, saved_weights
+from clirun import accelopt_cmd, cli_env, run_files, run_in_process, saved_weights
 
 ITERATIONS = 150
 JOB = ["workload=single", f"workload.jobs.0.iterations={ITERATIONS}", "workload.jobs.0.width=64",
@@ -49,8 +49,7 @@ def _rank_pids(launcher: int) -> list[int]:
 def test_a_killed_rank_resumes_to_the_samesaved_weights(tmp_path, mode):
     job = [*JOB, f"cluster.mode={mode}", f"cluster.workers={WORKERS[mode]}"]
     ref_dir = tmp_path / "reference"
-    done = accelopt("run", *job, f"hydra.run.dir={ref_dir}", cwd=tmp_path, timeout=200)
-    assert done.returncode == 0, done.stderr
+    run_in_process(*job, run_dir=ref_dir)  # the uninterrupted run
 
     run_dir = tmp_path / "killed"
     proc = subprocess.Popen(accelopt_cmd("run", *job, f"hydra.run.dir={run_dir}"), cwd=tmp_path,
@@ -76,9 +75,7 @@ def test_a_killed_rank_resumes_to_the_samesaved_weights(tmp_path, mode):
 
     before = run_files(run_dir)
     new_dir = tmp_path / "resumed"
-    resumed = accelopt("run", f"run.resume={run_dir}", f"hydra.run.dir={new_dir}", cwd=tmp_path,
-                       timeout=200)
-    assert resumed.returncode == 0, resumed.stderr
+    run_in_process(f"run.resume={run_dir}", run_dir=new_dir)
     assert run_files(run_dir) == before, "the resumed run wrote into the killed run's directory"
     ref, got = saved_weights(ref_dir), saved_weights(new_dir)
     assert ref.keys() == got.keys()

@@ -50,9 +50,11 @@ def parse_args(args: list[str]) -> argparse.Namespace:
                         help="a key of metrics.json's summary (default: duration_s)")
     parser.add_argument("--higher-is-better", choices=("auto", "yes", "no"), default="auto")
     parser.add_argument("--out", default="", help="output directory (default: runs/bench/<time>)")
-    parser.add_argument("--eval", action="store_true",
-                        help="also score each run's saved weights on the held-out set (top-1 "
-                        "accuracy, or P@1 for multi-label data), after the sweep")
+    parser.add_argument("--no-eval", dest="eval", action="store_false",
+                        help="leave out the quality column (each run's held-out top-1: "
+                        "accuracy, or P@1 for multi-label data, as the run scored it)")
+    parser.add_argument("--eval", dest="eval", action="store_true",
+                        help=argparse.SUPPRESS)  # the default; kept for old command lines
     parser.add_argument("--reanalyze", action="store_true",
                         help="run nothing: re-read the finished bench in --out (its bench.json "
                         "and runs) and write its table, chart and report again")
@@ -173,7 +175,7 @@ def bench_command(args: list[str]) -> int:
     _run_sweep(command, out, total, console)
     results = collect(out / "runs", opts.metric, plan)
     if opts.eval:
-        results = with_quality(results, out / "runs", plan, registry, console)
+        results = with_quality(results, out / "runs", plan, console)
     higher = {"auto": None, "yes": True, "no": False}[opts.higher_is_better]
     context = {
         "command": "accelopt bench " + " ".join(args),
@@ -205,7 +207,7 @@ def reanalyze(opts: argparse.Namespace) -> int:
     console = default_console()
     results = collect(out / "runs", context["metric"], plan)
     if context.get("quality"):
-        results = with_quality(results, out / "runs", plan, Registry.discover(), console)
+        results = with_quality(results, out / "runs", plan, console)
     return report(results, context, plan, out, console)
 
 
@@ -287,18 +289,16 @@ def collect(runs_dir: Path, metric: str, plan: list[tuple[int, list[str], bool]]
 
 
 def with_quality(results: list[SetResult], runs_dir: Path,
-                 plan: list[tuple[int, list[str], bool]], registry: Registry,
-                 console: Console) -> list[SetResult]:
-    """Attach each set's held-out top-1 scores (``--eval``), one per measured run."""
+                 plan: list[tuple[int, list[str], bool]], console: Console) -> list[SetResult]:
+    """Attach each set's held-out top-1 scores, one per measured run (as each run scored
+    its trained jobs, ``accelopt/job/quality.py``)."""
     scores: dict[tuple[str, ...], list[float]] = defaultdict(list)
-    paths = _measured(runs_dir, plan)
-    with console.status(f"scoring {len(paths)} runs' weights on the held-out set"):
-        for path in paths:
-            plugins = tuple(json.loads(path.read_text())["run"]["plugins"])
-            value = evaluate_run(path.parent, registry)
-            if value is not None:
-                scores[plugins].append(value)
+    for path in _measured(runs_dir, plan):
+        plugins = tuple(json.loads(path.read_text())["run"]["plugins"])
+        value = evaluate_run(path.parent)
+        if value is not None:
+            scores[plugins].append(value)
     if not scores:
-        console.print("--eval: no run saved weights of a training job (cluster runs and "
-                      "run.save_weights=false are not scored)")
+        console.print("quality: no run scored a training job on a held-out set (inference "
+                      "workloads and evaluate: false are not scored)")
     return [replace(r, quality=tuple(scores.get(r.plugins, ()))) for r in results]

@@ -70,3 +70,15 @@ class Exchange:
 
 
 LOCAL = Exchange()
+
+
+class BuildOnly(Exchange):
+    """A job built to be looked at, not trained: the same model (plugins offered the same
+    layers as for training) but no optimizer. Scoring a cluster run's gathered weights in
+    the launcher uses it."""
+
+    computes = False
+    steps = False
+
+
+BUILD_ONLY = BuildOnly()

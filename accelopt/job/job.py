@@ -14,7 +14,7 @@ possible and keeps jobs that share a process from perturbing each other.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -61,8 +61,10 @@ class Job:
         """The compute spans of the job's iterations (``None``: not recorded)."""
         try:
             dataset_name = spec.dataset or default_dataset_for(spec.model)
-            self.dataset = build_dataset(dataset_name, seed=spec.seed)
+            self.dataset = build_dataset(dataset_name, seed=spec.seed,
+                                         kwargs=spec.dataset_kwargs)
             check_compatible(spec.model, self.dataset)
+            check_batch(self.dataset, spec)
         except ValueError as exc:
             raise ConfigError(f"job '{spec.name}': {exc}") from None
         info = job_info(spec, job_id)
@@ -77,6 +79,7 @@ class Job:
                     num_classes=self.dataset.num_classes,
                     vocab_size=self.dataset.vocab_size,
                     width=spec.width,
+                    kwargs=spec.model_kwargs,
                 )
             except ValueError as exc:
                 raise ConfigError(f"job '{spec.name}': {exc}") from None
@@ -86,7 +89,14 @@ class Job:
         table = param_table(self.model)
         self.info = dataclasses.replace(info, parameters=table,
                                         buckets=buckets_by_bytes(table, bucket_bytes))
-        self.loss_fn = job_loss(self.dataset)
+        self.model_loss = spec.loss == "model"
+        """The model computes its loss: called as ``model(x, labels=y)``."""
+        if self.model_loss and not takes_labels(self.model):
+            raise ConfigError(
+                f"job '{spec.name}': loss=model calls model(x, labels=y), but "
+                f"{type(self.model).__name__}.forward takes no labels; use loss=auto (the "
+                "logits' cross-entropy, or the dataset's loss_fn)")
+        self.loss_fn = model_loss if self.model_loss else job_loss(self.dataset)
         self.training = spec.kind == "train"
         self.random = JobRandom(spec.seed, device, stream=self.exchange.stream)
         self.iteration = 0
@@ -194,10 +204,10 @@ class Job:
                 if timer:
                     timer.begin("forward", i)
                 if self._autocast is None:
-                    loss = self.loss_fn(self.forward(x), y)
+                    loss = self.loss_fn(self._call(x, y), y)
                 else:
                     with torch.autocast(**self._autocast):
-                        loss = self.loss_fn(self.forward(x), y)
+                        loss = self.loss_fn(self._call(x, y), y)
                 if timer:
                     timer.end()
                 loss_value = loss.detach()
@@ -220,6 +230,10 @@ class Job:
         if moves:
             exchange.end(i)
         return loss_value, samples
+
+    def _call(self, x: torch.Tensor, y: torch.Tensor) -> Any:
+        """Forward: ``model(x)``, or ``model(x, labels=y)`` when the model computes its loss."""
+        return self.forward(x, labels=y) if self.model_loss else self.forward(x)
 
     def _optimizer_step(self, i: int, context: IterationContext | None,
                         events: StepEvents) -> None:
@@ -327,13 +341,79 @@ def autocast_for(spec: JobConfig, device: torch.device, role: str) -> dict[str, 
 
 def job_loss(dataset: Any) -> Callable[[Any, torch.Tensor], torch.Tensor]:
     """The training loss: the dataset's own ``loss_fn(out, y)`` when it has one (multi-label
-    targets need one), else cross-entropy over class indices. A model output that has a
-    ``loss_against(y)`` method computes its own loss (a sampled output layer only knows which
-    logits it computed once it sees the targets)."""
+    targets need one), else cross-entropy over class indices, of the model's logits
+    (:func:`logits_of`: a tuple's first element, a ``ModelOutput``'s ``logits``). A model
+    output that has a ``loss_against(y)`` method computes its own loss (a sampled output
+    layer only knows which logits it computed once it sees the targets)."""
     base = getattr(dataset, "loss_fn", None) or nn.CrossEntropyLoss()
 
     def loss(out: Any, y: torch.Tensor) -> torch.Tensor:
         own = getattr(out, "loss_against", None)
-        return own(y) if callable(own) else base(out, y)
+        return own(y) if callable(own) else base(logits_of(out), y)
 
     return loss
+
+
+def logits_of(out: Any) -> Any:
+    """The logits in a model's output: a tensor as it is, a tuple's or list's first element,
+    a mapping's or ``ModelOutput``'s ``logits`` (HF transformers). Anything else is returned
+    as it is (a dataset's own ``loss_fn`` may know it)."""
+    if isinstance(out, torch.Tensor):
+        return out
+    logits = getattr(out, "logits", None)
+    if logits is None and isinstance(out, Mapping):
+        logits = out.get("logits")
+    if logits is None and isinstance(out, (tuple, list)) and out:
+        logits = out[0]
+    return out if logits is None else logits
+
+
+def model_loss(out: Any, y: torch.Tensor) -> torch.Tensor:
+    """``loss: model``: the loss the model computed (its output's ``loss``)."""
+    value = getattr(out, "loss", None)
+    if value is None and isinstance(out, Mapping):
+        value = out.get("loss")
+    if not isinstance(value, torch.Tensor):
+        raise UserError(
+            f"loss=model, but the model's output ({type(out).__name__}) has no loss tensor; "
+            "a model that computes its loss from labels= returns it as .loss (HF "
+            "transformers do when given labels), else use loss=auto")
+    return value
+
+
+def takes_labels(model: nn.Module) -> bool:
+    """Whether ``model.forward`` accepts ``labels=`` (by name, or through ``**kwargs``)."""
+    import inspect
+
+    try:
+        params = inspect.signature(model.forward).parameters.values()
+    except (TypeError, ValueError):
+        return True  # cannot tell: let the call say
+    return any(p.name == "labels" or p.kind is p.VAR_KEYWORD for p in params)
+
+
+def check_batch(dataset: Any, spec: JobConfig) -> None:
+    """Refuse, in one line naming the shapes, a dataset whose labels a job cannot train on:
+    not row-aligned with the inputs, or float where class indices are needed."""
+    x, y = dataset.batch(0, spec.batch_size)
+    try:
+        rows_x = len(x) if not isinstance(x, Mapping) else len(next(iter(x.values())))
+        rows_y = len(y)
+    except TypeError:  # inputs of a kind only their model knows: its author's to match
+        return
+    if rows_x != rows_y:
+        raise ValueError(
+            f"batch 0 has {rows_x} inputs but {rows_y} labels; labels must be row-aligned "
+            f"with the inputs (one label row per input row; inputs {_shape(x)}, labels "
+            f"{tuple(y.shape)})")
+    plain = spec.loss == "auto" and getattr(dataset, "loss_fn", None) is None
+    if plain and y.dim() == 1 and y.is_floating_point():
+        raise ValueError(
+            f"labels are {y.dtype} but cross-entropy needs class indices (int64, shape "
+            f"{tuple(y.shape)}); return integer labels, or give the dataset a loss_fn")
+
+
+def _shape(x: Any) -> str:
+    if isinstance(x, Mapping):
+        return "{" + ", ".join(f"{k}: {tuple(v.shape)}" for k, v in x.items()) + "}"
+    return str(tuple(x.shape))

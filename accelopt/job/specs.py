@@ -4,6 +4,7 @@ cluster run and by the up-front validation, so all of them see the same jobs."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -17,6 +18,7 @@ OPTIMIZERS = ("sgd", "adam", "adamw")
 KINDS = ("train", "infer")
 SCHEDULES = ("constant", "cosine", "linear")
 PRECISIONS = ("fp32", "bf16", "fp16")
+LOSSES = ("auto", "model")
 
 
 def job_id_for(index: int, spec: JobConfig) -> str:
@@ -109,6 +111,13 @@ def validate_spec(spec: JobConfig) -> None:
     if spec.grad_clip is not None and spec.grad_clip <= 0:
         raise ConfigError(f"{where}: grad_clip must be > 0 (or null: no clipping), got "
                           f"{spec.grad_clip}")
+    for key in ("model_kwargs", "dataset_kwargs"):
+        value = getattr(spec, key)
+        if value is not None and not isinstance(value, Mapping):
+            raise ConfigError(f"{where}: {key} must be a mapping, e.g. {key}={{num_classes:10}}; "
+                              f"got {value!r}")
+    if spec.loss not in LOSSES:
+        raise ConfigError(f"{where}: loss must be one of {', '.join(LOSSES)}, got {spec.loss!r}")
     if spec.precision not in PRECISIONS:
         raise ConfigError(f"{where}: precision must be one of {', '.join(PRECISIONS)}, got "
                           f"{spec.precision!r}")

@@ -35,6 +35,10 @@ JOB_COLUMNS: tuple[str, ...] = (
     "peak_bytes",
     "ephemeral_bytes",
     "iteration_seconds",
+    "quality_metric",
+    "quality",
+    "quality_samples",
+    "quality_note",
 )
 """Column order of ``metrics.csv``; fixed so that files from different runs line up."""
 
@@ -99,6 +103,11 @@ def job_metrics(result: JobResult) -> dict[str, Any]:
     }
     for name in _PROFILE_FIELDS:
         row[name] = getattr(job.profile, name) if job.profile is not None else None
+    quality = result.quality
+    row["quality_metric"] = quality.metric if quality is not None else None
+    row["quality"] = quality.value if quality is not None else None
+    row["quality_samples"] = quality.samples if quality is not None else None
+    row["quality_note"] = result.quality_note
     return clean(row)
 
 
@@ -124,6 +133,7 @@ def run_metrics(record: RunRecord) -> dict[str, Any]:
         "makespan_s": makespan,
         "avg_queueing_s": _mean(queueing),
         "duration_s": record.duration_s,
+        "avg_quality": _mean([j.quality.value for j in jobs if j.quality is not None]),
     }
     summary.update(record.metrics)
     return clean(summary)

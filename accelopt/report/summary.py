@@ -44,7 +44,8 @@ def _jobs_table(record: RunRecord) -> Table:
     table.add_column("model", overflow="fold", max_width=12)
     table.add_column("status")
     table.add_column("lane", overflow="fold", max_width=10)
-    for header in ("iters", "JCT s", "queue s", "samples/s", "pers MiB", "eph MiB", "loss"):
+    for header in ("iters", "JCT s", "queue s", "samples/s", "pers MiB", "eph MiB", "loss",
+                   "held-out"):
         table.add_column(header, justify="right")
     for result in record.jobs:
         m = job_metrics(result)
@@ -61,8 +62,20 @@ def _jobs_table(record: RunRecord) -> Table:
             _mib(m["persistent_bytes"]),
             _mib(m["ephemeral_bytes"]),
             _loss(m["final_loss"]),
+            _quality(m),
         )
     return table
+
+
+QUALITY_LABEL = {"accuracy": "acc", "p_at_1": "P@1"}
+
+
+def _quality(m: dict[str, Any]) -> str:
+    """``acc 0.934`` / ``P@1 0.412``: the trained model on the held-out set (``–``: not
+    scored; metrics.json's ``quality_note`` says why)."""
+    if m.get("quality") is None:
+        return "–"
+    return f"{QUALITY_LABEL.get(m['quality_metric'], m['quality_metric'])} {m['quality']:.3f}"
 
 
 def _errors(record: RunRecord) -> list[str]:

@@ -45,52 +45,16 @@ def _write_csv(path: Path, record: RunRecord) -> Path:
 
 
 def write_run_outputs(record: RunRecord, run_dir: Path) -> dict[str, Path]:
-    """Write metrics.json, metrics.csv, trace.json and timeline.png into ``run_dir``.
-
-    The PNG (matplotlib's import and drawing: ~2 s for a cluster run on 2 cores) is drawn
-    in a forked child while this process writes the JSON and CSV files, where that is safe
-    (a POSIX fork, no other thread running); if the child fails, it is drawn here, so its
-    error surfaces as usual."""
+    """Write metrics.json, metrics.csv, trace.json and timeline.png into ``run_dir``."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    png = run_dir / TIMELINE_PNG
-    drawing = _draw_in_child(record, png)
-    written = {
+    return {
         METRICS_JSON: _write_json(run_dir / METRICS_JSON, to_json_dict(record)),
         METRICS_CSV: _write_csv(run_dir / METRICS_CSV, record),
         # Compact: traces of long runs get large and nobody reads them by eye.
         TRACE_JSON: _write_json(run_dir / TRACE_JSON, chrome_trace(record), indent=None),
+        TIMELINE_PNG: plot_timeline(record, run_dir / TIMELINE_PNG),
     }
-    if drawing is None or not _child_succeeded(drawing):
-        plot_timeline(record, png)
-    written[TIMELINE_PNG] = png
-    return written
-
-
-def _draw_in_child(record: RunRecord, png: Path) -> int | None:
-    """The pid of a forked child drawing ``png``, or None where forking is not safe (no
-    ``os.fork``, or other threads that could hold a lock the child needs)."""
-    import os
-    import threading
-
-    if not hasattr(os, "fork") or threading.active_count() > 1:
-        return None
-    pid = os.fork()
-    if pid:
-        return pid
-    code = 1
-    try:
-        plot_timeline(record, png)
-        code = 0
-    finally:
-        os._exit(code)
-
-
-def _child_succeeded(pid: int) -> bool:
-    import os
-
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status) == 0
 
 
 def load_metrics(run_dir: Path) -> dict[str, Any]:

@@ -26,12 +26,14 @@ from accelopt.types import ReportRow
 MODES = ("none", "baseline", "each")
 BASELINE = "baseline"
 FIGURES: tuple[tuple[str, str, str], ...] = (
-    # (metrics key, label, kind: "time" = lower is better and gain is a ratio; "e" = higher)
+    # (metrics key, label, kind: "time" = lower is better and gain is a ratio; "e" = higher
+    # is better and the change is a difference)
     ("avg_jct_s", "avg JCT s", "time"),
     ("p95_jct_s", "p95 JCT s", "time"),
     ("makespan_s", "makespan s", "time"),
     ("iteration_s", "iteration s (median)", "time"),
     ("efficiency_e", "E (median)", "e"),
+    ("avg_quality", "held-out top-1 (mean)", "e"),
 )
 
 

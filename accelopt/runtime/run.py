@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
@@ -33,8 +34,10 @@ from accelopt.drivers.setup import memory_capacity, pick_device, setup_torch
 from accelopt.errors import AccelOptError, UserError
 from accelopt.job import build_jobs, job_id_for, job_specs
 from accelopt.job.checkpoint import Checkpointer, restore
-from accelopt.job.job import check_precision
+from accelopt.job.exchange import BUILD_ONLY
+from accelopt.job.job import Job, check_precision
 from accelopt.job.profile import measure_profile
+from accelopt.job.quality import score_result
 from accelopt.job.specs import job_info
 from accelopt.plugin import Registry, resolve
 from accelopt.records import JobResult, RunRecord, Span
@@ -164,6 +167,8 @@ def _execute_local(cfg: DictConfig, run_dir: Path, registry: Registry, console: 
     record.duration_s = time.perf_counter() - started
     record.telemetry_note = sampler.note
     record.jobs = results
+    for job, result in zip(jobs, results, strict=True):
+        score_result(result, job.spec, job.model, job.dataset, job.device)
     record.spans = _local_spans(executor, hook_calls)
     lifecycle.update(jobs)
     record.info = lifecycle.info
@@ -211,8 +216,33 @@ def _execute_cluster(cfg: DictConfig, run_dir: Path, registry: Registry, console
         _write_per_iteration(outcome.per_iteration, run_dir)
     if cfg.run.save_weights:
         _save_cluster_weights(record.jobs, outcome.state, run_dir)
+    _score_cluster_jobs(cfg, registry, record.jobs, outcome.state)
     _write_and_render(record, run_dir, console, refs)
     return record
+
+
+def _score_cluster_jobs(cfg: DictConfig, registry: Registry, results: list[JobResult],
+                        state: dict[str, Any]) -> None:
+    """Score each finished job's gathered weights here, in the launcher: the model is built
+    as the ranks built it (same plugins, so layers a plugin replaced at build time have the
+    same shapes) without an optimizer, then loaded."""
+    specs = job_specs(cfg)
+    ids = [job_id_for(i, s) for i, s in enumerate(specs)]
+    wanted = [r for r in results if r.status == "done" and r.job.kind == "train"]
+    plugins = activate(cfg, registry, ids) if wanted else None
+    for spec, job_id, result in zip(specs, ids, results, strict=True):
+        model = dataset = None
+        weights = state if len(results) == 1 else state.get(job_id, {})
+        if result in wanted and weights and spec.evaluate and plugins is not None:
+            try:
+                scorer = Job(spec, job_id=job_id, device=torch.device("cpu"),
+                             host=plugins.for_job(job_id), exchange=BUILD_ONLY)
+                scorer.model.load_state_dict(weights)
+                model, dataset = scorer.model, scorer.dataset
+            except Exception as exc:  # noqa: BLE001 - say why, never fail the finished run
+                result.quality_note = f"cannot rebuild the model to score it: {exc}"[:300]
+                continue
+        score_result(result, spec, model, dataset)
 
 
 def _local_spans(executor: Executor, hook_calls: list[tuple[str, float, float]]) -> list[Span]:

@@ -13,13 +13,15 @@ All datasets are small and generated or shipped locally: nothing is downloaded.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 import torch
 
 from accelopt.workloads.models import InputKind, model_input_kind
-from accelopt.workloads.refs import is_ref, resolve_ref
+from accelopt.workloads.refs import call_factory, is_ref
 
 DATASET_NAMES: tuple[str, ...] = (
     "synthetic_vectors",
@@ -57,6 +59,25 @@ def _epoch_permutation(seed: int, epoch: int, n: int) -> torch.Tensor:
     """Order of training samples in ``epoch``. Cached because consecutive batches share an
     epoch; the cache is a memo of a pure function, not loader state. Never mutate the result."""
     return torch.randperm(n, generator=_generator(seed, epoch, 1))
+
+
+def batch_rows(seed: int, n_train: int, index: int, batch_size: int) -> torch.Tensor:
+    """Training-set rows of batch ``index`` of a dataset of ``n_train`` rows: positions of the
+    per-epoch permutation stream (a pure function of its arguments). Each position picks its
+    own epoch, so a batch that straddles an epoch boundary (or is larger than the training
+    set) is still well defined."""
+    if index < 0:
+        raise ValueError(f"batch index must be >= 0; got {index}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1; got {batch_size}")
+    positions = torch.arange(index * batch_size, (index + 1) * batch_size)
+    epochs = positions // n_train
+    offsets = positions % n_train
+    out = torch.empty(batch_size, dtype=torch.int64)
+    for epoch in torch.unique(epochs).tolist():
+        mask = epochs == epoch
+        out[mask] = _epoch_permutation(seed, int(epoch), n_train)[offsets[mask]]
+    return out
 
 
 class Dataset:
@@ -102,18 +123,7 @@ class Dataset:
         Each position picks its own epoch, so a batch that straddles an epoch boundary (or is
         larger than the training set) is still well defined.
         """
-        if index < 0:
-            raise ValueError(f"batch index must be >= 0; got {index}")
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1; got {batch_size}")
-        positions = torch.arange(index * batch_size, (index + 1) * batch_size)
-        epochs = positions // self.n_train
-        offsets = positions % self.n_train
-        out = torch.empty(batch_size, dtype=torch.int64)
-        for epoch in torch.unique(epochs).tolist():
-            mask = epochs == epoch
-            out[mask] = _epoch_permutation(self.seed, int(epoch), self.n_train)[offsets[mask]]
-        return out
+        return batch_rows(self.seed, self.n_train, index, batch_size)
 
     def batch(self, index: int, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The ``index``-th training batch (inputs, labels): a pure function of (seed, index,
@@ -240,16 +250,26 @@ def _digits(seed: int, n_train: int | None) -> Dataset:
     )
 
 
-def build_dataset(name: str, *, seed: int, n_train: int | None = None) -> Dataset:
+def build_dataset(name: str, *, seed: int, n_train: int | None = None,
+                  kwargs: Mapping[str, Any] | None = None) -> Dataset:
     """Build dataset ``name``; ``seed`` fixes both its content (synthetic ones) and batch order.
 
     ``n_train`` defaults to 2048 for synthetic datasets and the full 80% split for digits.
-    ``name`` may be a ``"module:factory"`` reference, called as ``factory(seed=, n_train=)``;
-    it returns any object with ``Dataset``'s interface (``batch``, ``input_shape``,
-    ``num_classes``, ``vocab_size``, ``input_kind``) and may add ``loss_fn(out, y)``.
+    ``name`` may be a ``"module:factory"`` reference, called with ``kwargs`` (the job's
+    ``dataset_kwargs``) and whichever of ``seed=``, ``n_train=`` its signature names; it
+    returns any object with ``Dataset``'s interface (``batch``, ``input_shape``,
+    ``num_classes``, ``vocab_size``, ``input_kind``), may add ``loss_fn(out, y)`` and
+    ``eval_set()``, or a map-style ``torch.utils.data.Dataset`` of ``(input, label)`` pairs,
+    which is adapted (``workloads/adapters.py``).
     """
     if is_ref(name):
-        return resolve_ref(name, "dataset")(seed=seed, n_train=n_train)  # type: ignore[no-any-return]
+        from accelopt.workloads.adapters import adapt_dataset
+
+        built = call_factory(name, "dataset", {"seed": seed, "n_train": n_train}, kwargs)
+        return adapt_dataset(built, name=name, seed=seed)  # type: ignore[return-value]
+    if kwargs:
+        raise ValueError(f"dataset_kwargs {dict(kwargs)} given for the zoo dataset {name!r}; "
+                         "dataset_kwargs are for 'module:factory' datasets")
     if name not in DATASET_NAMES:
         raise ValueError(f"unknown dataset {name!r}; known datasets: {', '.join(DATASET_NAMES)}")
     if n_train is not None and n_train < 1:

@@ -19,12 +19,13 @@ Rules every model follows, because the runtime and plugins rely on them:
 from __future__ import annotations
 
 import math
-from typing import Literal
+from collections.abc import Mapping
+from typing import Any, Literal
 
 import torch
 from torch import nn
 
-from accelopt.workloads.refs import is_ref, resolve_ref
+from accelopt.workloads.refs import call_factory, is_ref
 
 InputKind = Literal["vector", "image", "sequence"]
 
@@ -289,22 +290,29 @@ def build_model(
     num_classes: int,
     vocab_size: int | None = None,
     width: int | None = None,
+    kwargs: Mapping[str, Any] | None = None,
 ) -> nn.Module:
     """Build a zoo model for inputs of ``input_shape`` (per sample, no batch dimension).
 
     ``name`` may also be a ``"module:factory"`` reference (see ``workloads/refs.py``): the
-    factory is called with the same keyword arguments and returns the module.
+    factory is called with ``kwargs`` (the job's ``model_kwargs``) and the standard keywords
+    above that its signature names, and returns the module.
 
     Images are (C, H, W) float tensors; sequences are (seq_len,) integer tokens and need
     ``vocab_size``. ``width`` is the hidden size (MLP, LSTM, Transformer) or the base channel
     count (CNN families); ``None`` picks a small default that keeps a step in milliseconds.
     """
     if is_ref(name):
-        factory = resolve_ref(name, "model")
-        return factory(  # type: ignore[no-any-return]
-            input_shape=tuple(input_shape), num_classes=num_classes, vocab_size=vocab_size,
-            width=width,
-        )
+        model = call_factory(name, "model", {
+            "input_shape": tuple(input_shape), "num_classes": num_classes,
+            "vocab_size": vocab_size, "width": width}, kwargs)
+        if not isinstance(model, nn.Module):
+            raise ValueError(f"model {name!r} returned {type(model).__name__}, not a "
+                             "torch.nn.Module")
+        return model
+    if kwargs:
+        raise ValueError(f"model_kwargs {dict(kwargs)} given for the zoo model {name!r}, which "
+                         "takes width only; model_kwargs are for 'module:factory' models")
     _check_known(name)
     input_shape = tuple(int(d) for d in input_shape)
     if not input_shape or any(d < 1 for d in input_shape):

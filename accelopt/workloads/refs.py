@@ -1,14 +1,22 @@
 """``"package.module:factory"`` references: workloads may name a model or dataset built elsewhere.
 
 The zoo knows its own names; anything else a workload needs (a plugin's sparse dataset, a
-user's model) is named by an import reference and built by calling the factory with the same
-keyword arguments the zoo builders take. This keeps the core free of any plugin import while
-letting a workload run unchanged with or without the plugin that optimises it.
+user's model, a model library's constructor) is named by an import reference and built by
+calling the factory. This keeps the core free of any plugin import while letting a workload
+run unchanged with or without the plugin that optimises it.
+
+What a factory is called with (:func:`call_factory`): the job's ``model_kwargs`` /
+``dataset_kwargs``, plus each *standard* keyword the core knows (a model's ``input_shape``,
+``num_classes``, ``vocab_size``, ``width``; a dataset's ``seed``, ``n_train``) that the
+factory's signature names. A factory that names none of them gets only the user's keywords,
+so a library constructor such as ``torchvision.models:resnet18`` (which passes ``**kwargs``
+on to its class) works as it is, with ``model_kwargs={num_classes: 10}``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import inspect
+from collections.abc import Callable, Mapping
 from importlib import import_module
 from typing import Any
 
@@ -21,13 +29,36 @@ def is_ref(name: str | None) -> bool:
 def resolve_ref(ref: str, what: str) -> Callable[..., Any]:
     """Import the factory ``ref`` points to, or raise ``ValueError`` in one line that says why."""
     module_name, _, attr = ref.partition(":")
-    if not module_name or not attr.isidentifier():
+    if not module_name or not all(p.isidentifier() for p in attr.split(".")):
         raise ValueError(f"{what} reference {ref!r} must look like 'package.module:factory'")
     try:
         module = import_module(module_name)
     except ImportError as exc:
         raise ValueError(f"{what} reference {ref!r}: cannot import {module_name!r} ({exc})") from None
-    factory = getattr(module, attr, None)
+    factory: Any = module
+    for part in attr.split("."):  # 'module:Class.from_config' names an attribute's attribute
+        factory = getattr(factory, part, None)
     if not callable(factory):
         raise ValueError(f"{what} reference {ref!r}: {module_name!r} has no callable {attr!r}")
     return factory  # type: ignore[no-any-return]
+
+
+def call_factory(ref: str, what: str, standard: Mapping[str, Any],
+                 extra: Mapping[str, Any] | None) -> Any:
+    """Build with the factory ``ref`` names: ``extra`` (the user's keywords) plus those of
+    ``standard`` its signature names (a keyword in both: the user's wins). A factory that
+    rejects its arguments raises ``ValueError`` in one line naming what it was given."""
+    factory = resolve_ref(ref, what)
+    extra = dict(extra or {})
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):  # a builtin without a signature: the user's keywords only
+        params = {}
+    named = {k: v for k, v in standard.items() if k in params and k not in extra}
+    kwargs = {**named, **extra}
+    try:
+        return factory(**kwargs)
+    except TypeError as exc:
+        given = ", ".join(kwargs) or "no arguments"
+        raise ValueError(f"{what} {ref!r} cannot be called with {given}: {exc}; set "
+                         f"{what}_kwargs to what it takes") from None

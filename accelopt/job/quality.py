@@ -1,0 +1,114 @@
+"""What a job learned: its trained model scored on its dataset's held-out set.
+
+A speed-up that costs quality is not a gain, so every run reports, per training job, the
+top-1 precision of the final model on the held-out set (``Dataset.eval_set()``, or the
+dataset's own ``eval_batches``): accuracy for single-label data, precision@1 (P@1) for
+multi-label data (labels ``[B, M]`` padded with -1, the extreme-classification convention).
+Scored after the job's last iteration, in eval mode without gradients, outside its timed
+work (JCT, makespan and iteration times do not include it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+
+from accelopt.job.job import logits_of
+from accelopt.records import JobResult, Quality
+
+EVAL_BATCH = 1024
+
+
+def hits_at_1(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Per point: 1.0 if the arg-max class is among its labels (``[B]`` class ids, or ``[B, M]``
+    label sets padded with -1), else 0.0."""
+    pred = logits.argmax(dim=1)
+    labels = labels.reshape(len(labels), -1)
+    return (labels == pred[:, None]).any(dim=1).to(torch.float64)
+
+
+def eval_batches(dataset: object, batch_size: int = EVAL_BATCH
+                 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]] | None:
+    """The dataset's held-out set in batches (its own ``eval_batches`` when it has one);
+    None when it has no held-out set."""
+    own = getattr(dataset, "eval_batches", None)
+    if callable(own):
+        return iter(own(batch_size))
+    held_out = getattr(dataset, "eval_set", None)
+    if not callable(held_out):
+        return None
+    x, y = held_out()
+
+    def batches() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for lo in range(0, len(y), batch_size):
+            yield x[lo:lo + batch_size], y[lo:lo + batch_size]
+
+    return batches()
+
+
+def score(model: torch.nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+          device: torch.device | None = None) -> tuple[float, int, bool]:
+    """(top-1 precision, points scored, multi-label) of ``model`` over ``batches`` (eval
+    mode, no gradients; the model's train/eval mode is restored afterwards)."""
+    was_training = model.training
+    model.eval()
+    hits, n, multi = 0.0, 0, False
+    try:
+        with torch.no_grad():
+            for x, y in batches:
+                if device is not None:
+                    x, y = x.to(device), y.to(device)
+                logits = logits_of(model(x))
+                if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
+                    raise ValueError(
+                        f"the model's output is {_shape(logits)}, not [batch, classes] "
+                        "logits; top-1 needs one score per class")
+                multi = multi or y.dim() > 1
+                hits += float(hits_at_1(logits, y).sum())
+                n += len(y)
+    finally:
+        model.train(was_training)
+    return (hits / n if n else float("nan")), n, multi
+
+
+def evaluate(model: torch.nn.Module, dataset: object,
+             device: torch.device | None = None) -> Quality | None:
+    """The model's held-out top-1 on ``dataset``; None if the dataset has no held-out set.
+    A model or dataset this cannot score raises ``ValueError`` in one line."""
+    batches = eval_batches(dataset)
+    if batches is None:
+        return None
+    value, n, multi = score(model, batches, device)
+    return Quality(metric="p_at_1" if multi else "accuracy", value=value, samples=n)
+
+
+def _shape(out: Any) -> str:
+    if isinstance(out, torch.Tensor):
+        return f"a tensor of shape {tuple(out.shape)}"
+    return f"a {type(out).__name__}"
+
+
+def score_result(result: JobResult, spec: Any, model: torch.nn.Module | None, dataset: object,
+                 device: torch.device | None = None) -> None:
+    """Set ``result.quality`` (or ``result.quality_note``, saying why not) for a job that
+    ran: scored only when it trained to the end, asks for it (``evaluate``), and its data
+    has a held-out set. Never raises: a model this cannot score gets a one-line note."""
+    if not getattr(spec, "evaluate", True):
+        result.quality_note = "evaluate: false"
+    elif spec.kind != "train":
+        result.quality_note = "an inference job (nothing trained)"
+    elif result.status != "done":
+        result.quality_note = f"the job did not finish ({result.status})"
+    elif model is None:
+        result.quality_note = "its trained weights are not in this process"
+    else:
+        try:
+            result.quality = evaluate(model, dataset, device)
+        except Exception as exc:  # noqa: BLE001 - a plugin's model may not score: say so
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            result.quality_note = f"cannot score: {type(exc).__name__}: {first}"[:300]
+            return
+        if result.quality is None:
+            result.quality_note = "its dataset has no held-out set"

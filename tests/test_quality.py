@@ -1,0 +1,84 @@
+"""Quality in every run: each training job's final model on its held-out set, beside the
+speed figures (``accelopt/job/quality.py``)."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+import torch
+from torch import nn
+
+from accelopt.config import JobConfig
+from accelopt.job import Job
+from accelopt.job.quality import evaluate, score_result
+from accelopt.records import JobResult
+from accelopt.report.metrics import run_metrics
+
+pytestmark = pytest.mark.timeout(120)
+CPU = torch.device("cpu")
+
+
+def test_every_training_job_reports_its_held_out_accuracy(run_tiny):
+    record = run_tiny(overrides=["run.compare=none"])
+    for result in record.jobs:
+        q = result.quality
+        assert q is not None and q.metric == "accuracy" and 0.0 <= q.value <= 1.0, result
+        assert q.samples > 0
+    assert run_metrics(record)["avg_quality"] == pytest.approx(
+        sum(r.quality.value for r in record.jobs) / len(record.jobs))
+    with open(f"{record.info.run_dir}/metrics.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    assert [float(r["quality"]) for r in rows] == [r.quality.value for r in record.jobs]
+
+
+def test_it_is_the_trained_model_scored_on_the_held_out_set():
+    spec = JobConfig(name="q", model="mlp", width=32, batch_size=32, iterations=30, seed=1,
+                     dataset="digits")
+    job = Job(spec, job_id="q", device=CPU)
+    untrained = evaluate(job.model, job.dataset)
+    for _ in range(spec.iterations):
+        job.step()
+    result = JobResult(job.info, status="done")
+    score_result(result, spec, job.model, job.dataset)
+    assert job.model.training, "scoring leaves the model in the mode it found it"
+    x, y = job.dataset.eval_set()
+    with torch.no_grad():
+        job.model.eval()
+        by_hand = float((job.model(x).argmax(1) == y).double().mean())
+    assert result.quality.value == pytest.approx(by_hand)
+    assert result.quality.samples == len(y) and result.quality.value > untrained.value + 0.2
+
+
+def test_jobs_that_are_not_scored_say_why():
+    spec = JobConfig(name="q", model="mlp", width=16, batch_size=8, iterations=1)
+    job = Job(spec, job_id="q", device=CPU)
+    cases = [
+        (JobConfig(**{**spec.__dict__, "evaluate": False}), "done", job.model, "evaluate: false"),
+        (JobConfig(**{**spec.__dict__, "kind": "infer"}), "done", job.model, "inference job"),
+        (spec, "failed", job.model, "did not finish"),
+        (spec, "done", None, "not in this process"),
+        (spec, "done", nn.Sequential(nn.Flatten(), nn.Unflatten(1, (4, 16))), "cannot score"),
+    ]
+    for s, status, model, words in cases:
+        result = JobResult(job.info, status=status)
+        score_result(result, s, model, job.dataset)  # never raises
+        assert result.quality is None and words in result.quality_note, result.quality_note
+        assert "\n" not in result.quality_note
+
+
+def test_a_cluster_run_scores_the_gathered_weights_like_one_process(run_tiny):
+    local = run_tiny(overrides=["run.compare=none"])
+    ps = run_tiny(overrides=["run.compare=none", "cluster.mode=ps"])
+    mlp = [r for r in local.jobs if r.job.model == "mlp"][0]
+    mlp_ps = [r for r in ps.jobs if r.job.model == "mlp"][0]
+    # PS trains the MLP as one process does (same weights up to float rounding)
+    assert abs(mlp_ps.quality.value - mlp.quality.value) <= 1 / mlp.quality.samples
+    assert all(r.quality is not None for r in ps.jobs)
+
+
+def test_run_compare_shows_quality_beside_speed(run_tiny):
+    from plugins_for_tests import RANK_REPORTER
+
+    record = run_tiny(RANK_REPORTER, overrides=["run.compare=baseline"])
+    assert "compare.baseline.avg_quality" in record.metrics
