@@ -42,7 +42,12 @@ def run(overrides: Sequence[str] = (), *, run_dir: str | Path | None = None,
     the run's tables and progress (default: discarded)."""
     from rich.console import Console
 
-    from accelopt.cli.hydra_run import compose_checked, prepare, refuse_resume_into_itself
+    from accelopt.cli.hydra_run import (
+        compose_checked,
+        drop_empty_plugin_selection,
+        prepare,
+        refuse_resume_into_itself,
+    )
     from accelopt.drivers.processes import rank_server_started_early
     from accelopt.report.writer import METRICS_JSON
     from accelopt.runtime.run import execute
@@ -50,7 +55,7 @@ def run(overrides: Sequence[str] = (), *, run_dir: str | Path | None = None,
     if isinstance(overrides, str):
         raise ConfigError(f"accelopt.run takes a list of overrides, got the string "
                           f"{overrides!r}; write accelopt.run([{overrides!r}])")
-    args = [str(o) for o in overrides]
+    args = drop_empty_plugin_selection([str(o) for o in overrides])
     if any(a in ("-m", "--multirun") for a in args):
         raise ConfigError("accelopt.run runs one configuration; for a sweep, call it once per "
                           "point (or use `accelopt run -m` from the shell)")

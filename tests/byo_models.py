@@ -119,3 +119,14 @@ class IgnoresLabels(nn.Module):
 
 def ignores_labels(*, input_shape, num_classes) -> nn.Module:
     return IgnoresLabels(input_shape, num_classes)
+
+
+def hf_vit(*, num_classes: int, input_shape) -> nn.Module:
+    """A small ViT from a transformers config (random weights, no download)."""
+    from transformers import ViTConfig, ViTForImageClassification
+
+    channels, height, _ = input_shape
+    config = ViTConfig(image_size=height, patch_size=4, num_channels=channels, hidden_size=32,
+                       num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                       num_labels=num_classes)
+    return ViTForImageClassification(config)

@@ -77,7 +77,7 @@ def test_multirun_sweep_gives_every_run_its_metrics(tmp_path):
         (["workload.jobs.0.modle=x"], "did you mean 'workload.jobs.0.model'"),
         (["+plugins=[noop]", "plugins.noop.record=maybe"], "plugins.noop.record"),
         (["+plugins=[noop,noop]"], "selected twice"),
-        (["workload=nosuch"], "workload/nosuch"),
+        (["workload=nosuch"], "no workload 'nosuch' (workloads: default, digits, lm,"),
         (["workload.jobs.0.model=foo"], "unknown model 'foo'"),
         (["workload.jobs.0.optimizer=rmsprop"], "optimizer must be one of"),
         (["run.device=tpu"], "run.device"),
@@ -170,3 +170,38 @@ def test_hydra_flags_with_values_are_not_overrides(tmp_path):
     result = accelopt("run", "--cfg", "job", "+plugins=[noop]", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "noop:" in result.stdout and "record: true" in result.stdout
+
+
+@pytest.mark.parametrize("overrides, needle", [
+    (["plugins.salus.policy=srtf"], "which this run does not select; add +plugins=[salus]"),
+    (["plugins.salsa.policy=srtf"], "no plugin 'salsa' is installed; did you mean 'salus'?"),
+    (["plugins=[salus]"], "plugins are selected with a leading +: +plugins=[salus]"),
+    (["workload=digit"], "no workload 'digit'; did you mean 'digits'?"),
+])
+def test_config_mistakes_name_the_fix(overrides, needle, tmp_path):
+    import accelopt
+    from accelopt.errors import UserError
+
+    with pytest.raises(UserError) as info:
+        accelopt.run([*TINY, *overrides], run_dir=tmp_path / "never")
+    assert needle in str(info.value) and "\n" not in str(info.value)
+
+
+def test_version_empty_selection_and_refusals_that_leave_no_directory(tmp_path):
+    version = accelopt("--version", cwd=tmp_path)
+    assert version.returncode == 0 and version.stdout.startswith("accelopt ")
+    assert "torch" in version.stdout
+    empty = accelopt("run", *TINY, "+plugins=[]", f"hydra.run.dir={tmp_path / 'empty'}",
+                     cwd=tmp_path)
+    assert empty.returncode == 0, empty.stderr  # no plugins, as without the override
+    assert (tmp_path / "empty" / "metrics.json").exists()
+    # refused by the validation inside the run (after Hydra made the directory): exit 2,
+    # one line, and no directory left behind; --debug adds the traceback, same exit code
+    for extra in ([], ["--debug"]):
+        out = tmp_path / f"refused{len(extra)}"
+        refused = accelopt("run", *TINY, "run.checkpoint_every=-1", f"hydra.run.dir={out}",
+                           *extra, cwd=tmp_path)
+        assert refused.returncode == 2, refused.stderr
+        assert "run.checkpoint_every must be >= 0" in refused.stderr
+        assert ("Traceback" in refused.stderr) == bool(extra)
+        assert not out.exists(), sorted(p.name for p in out.rglob("*"))

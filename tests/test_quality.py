@@ -30,6 +30,12 @@ def test_every_training_job_reports_its_held_out_accuracy(run_tiny):
     with open(f"{record.info.run_dir}/metrics.csv") as fh:
         rows = list(csv.DictReader(fh))
     assert [float(r["quality"]) for r in rows] == [r.quality.value for r in record.jobs]
+    import json
+
+    with open(f"{record.info.run_dir}/metrics.json") as fh:
+        jobs = json.load(fh)["jobs"]
+    for job, result in zip(jobs, record.jobs, strict=True):  # every run keeps its loss curve
+        assert job["losses"] == result.losses and len(job["losses"]) == result.job.iterations
 
 
 def test_it_is_the_trained_model_scored_on_the_held_out_set():

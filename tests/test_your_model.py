@@ -84,6 +84,21 @@ def test_a_transformers_encoder_trains_with_its_own_output_and_loss():
         assert all(v == v for v in losses) and losses[-1] < losses[0] + 0.5, losses
 
 
+def test_a_transformers_vit_trains_on_images_and_is_scored():
+    pytest.importorskip("transformers")
+    from accelopt.job.quality import score_result
+    from accelopt.records import JobResult
+
+    s = spec(model="byo_models:hf_vit", dataset="synthetic_images", optimizer="adamw",
+             lr=1e-3, iterations=5, batch_size=8)
+    job = Job(s, job_id="vit", device=CPU)
+    losses = train(job)
+    assert all(v == v for v in losses)
+    result = JobResult(job.info, status="done")
+    score_result(result, s, job.model, job.dataset)  # its ImageClassifierOutput's logits
+    assert result.quality is not None and 0.0 <= result.quality.value <= 1.0, result
+
+
 @pytest.mark.parametrize("options, error, words", [
     (dict(dataset="byo_models:misaligned", model="byo_models:kw_mlp"), ConfigError,
      "16 inputs but 15 labels; labels must be row-aligned"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from rich.console import Console
 from rich.table import Table
@@ -13,28 +14,46 @@ from accelopt.plugin import Registry, valid_combinations
 
 
 def list_plugins(args: list[str]) -> int:
-    """A table of installed plugins: what each does and how it combines with others."""
+    """The installed plugins: what each does and how it combines with others."""
     parser = argparse.ArgumentParser(prog="accelopt plugins", description=list_plugins.__doc__)
-    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument("--format", choices=("table", "plain", "json"), default=None,
+                        help="table (a terminal's default), plain (one block per plugin, full "
+                        "names; the default in a pipe), json (machine-readable)")
+    parser.add_argument("--json", action="store_true", help="the same as --format json")
     opts = parser.parse_args(args)
     registry = Registry.discover()
     specs = registry.all()
-    if opts.json:
-        print(json.dumps([_describe(s, registry) for s in specs], indent=2))
+    fmt = "json" if opts.json else opts.format or ("table" if sys.stdout.isatty() else "plain")
+    described = [_describe(s, registry) for s in specs]
+    if fmt == "json":
+        print(json.dumps(described, indent=2))
         return 0
-    table = Table(title="installed accelopt plugins (installed is not enabled: +plugins=[...])")
-    for column in ("name", "description", "slots", "requires", "conflicts", "order", "source"):
-        table.add_column(column, overflow="fold")
-    for spec in specs:
-        d = _describe(spec, registry)
-        table.add_row(d["name"], d["description"], ", ".join(d["slots"]),
-                      ", ".join(d["requires"]), ", ".join(d["conflicts"]), d["order"], d["source"])
     console = Console()
-    console.print(table)
+    if fmt == "plain":
+        for d in described:
+            print(f"{d['name']}: {d['description']}")
+            for key in ("slots", "requires", "conflicts"):
+                if d[key]:
+                    print(f"  {key}: {', '.join(d[key])}")
+            if d["order"]:
+                print(f"  order: {d['order']}")
+            print(f"  source: {d['source']}")
+    else:
+        table = Table(title="installed accelopt plugins (installed is not enabled: "
+                      "+plugins=[...])")
+        # names never wrap (a narrow terminal folds the description instead)
+        table.add_column("name", no_wrap=True, min_width=max([4, *(len(d["name"]) for d in described)]))
+        for column in ("description", "slots", "requires", "conflicts", "order", "source"):
+            table.add_column(column, overflow="fold")
+        for d in described:
+            table.add_row(d["name"], d["description"], ", ".join(d["slots"]),
+                          ", ".join(d["requires"]), ", ".join(d["conflicts"]), d["order"],
+                          d["source"])
+        console.print(table)
     for name, reason in sorted(registry.broken.items()):
-        console.print(f"[red]broken[/red] {name}: {reason}")
+        print(f"broken {name}: {reason}", file=sys.stderr)
     if not specs:
-        console.print("no plugins installed (or ACCELOPT_DISABLE_PLUGIN_AUTOLOAD is set)")
+        print("no plugins installed (or ACCELOPT_DISABLE_PLUGIN_AUTOLOAD is set)")
     return 0
 
 

@@ -13,6 +13,7 @@ import difflib
 import itertools
 import os
 import re
+import shutil
 import sys
 import typing
 from pathlib import Path
@@ -58,6 +59,16 @@ def plugin_selections(overrides: list[str]) -> list[list[str]]:
             names = value if isinstance(value, list) else [value]
             selections.append([str(n) for n in names])
     return selections or [[]]
+
+
+EMPTY_SELECTIONS = ("+plugins=[]", "plugins=[]", "++plugins=[]")
+
+
+def drop_empty_plugin_selection(args: list[str]) -> list[str]:
+    """``+plugins=[]`` in a single run means no plugins, which is the default: drop it
+    (Hydra cannot select an empty list of config-group options outside a sweep, which
+    ``accelopt matrix`` and ``-m '+plugins=[],[noop]'`` write)."""
+    return [a for a in args if a.replace(" ", "") not in EMPTY_SELECTIONS]
 
 
 def expand_sweeps(overrides: list[str]) -> list[list[str]]:
@@ -125,6 +136,9 @@ def describe_config_error(exc: BaseException) -> str:
         cause = cause.__cause__
     key = getattr(cause, "full_key", None)
     message = _first_line(cause if cause is not exc else exc)
+    missing = re.search(r"Could not find '(\w+)/([^']+)'", str(exc))
+    if missing:
+        return _unknown_option_message(missing.group(1), missing.group(2))
     if "Could not override" in str(exc) or "Could not append" in str(exc):
         unknown = re.search(r"Could not override '([\w.]+)'", str(exc))
         if unknown:
@@ -134,15 +148,51 @@ def describe_config_error(exc: BaseException) -> str:
     return f"{key}: {message}" if key else message
 
 
+def _unknown_option_message(group: str, name: str) -> str:
+    """``workload=nosuch``: the options of the group (the YAML files of ``configs/<group>``),
+    and the closest one."""
+    options = sorted(p.stem for p in (Path(config_dir()) / group).glob("*.yaml"))
+    close = difflib.get_close_matches(name, options, n=1)
+    hint = f"; did you mean '{close[0]}'?" if close else ""
+    listed = f" ({group}s: {', '.join(options)})" if options else ""
+    return f"no {group} '{name}'{hint}{listed}"
+
+
 def unknown_key_message(key: str) -> str:
     """'run.sed' -> "unknown config key 'run.sed'; did you mean 'run.seed'?" (from the schema
     or, for ``plugins.NAME.*``, from the plugin's config dataclass)."""
     parent, _, leaf = key.rpartition(".")
+    parts = key.split(".")
+    if key == "plugins":
+        return ("plugins are selected with a leading +: +plugins=[salus] (several: "
+                "+plugins=[salus,tictac]); plugins.NAME.key=value then sets their options")
+    if parts[0] == "plugins" and len(parts) >= 2:
+        # a valid option of a plugin (or any option of one whose config is not even known)
+        # that Hydra cannot set: the plugin is not selected
+        known = _schema_fields(f"plugins.{parts[1]}")
+        if not known or (len(parts) == 3 and parts[2] in known):
+            return _unselected_plugin_message(key, parts[1])
     fields = _schema_fields(parent)
+    if leaf in fields and parts[0] != "plugins":  # it exists, but cannot be replaced whole
+        return f"'{key}' cannot be set this way; set its keys instead ({key}.<key>=value)"
     close = difflib.get_close_matches(leaf, fields, n=1)
-    hint = f"; did you mean '{parent}.{close[0]}'?" if close else ""
-    known = f" (keys of {parent or 'the config'}: {', '.join(fields)})" if fields else ""
+    shown = parent or "the config"
+    hint = f"; did you mean '{parent}.{close[0]}'?" if close and parent else (
+        f"; did you mean '{close[0]}'?" if close else "")
+    known = f" (keys of {shown}: {', '.join(fields)})" if fields else ""
     return f"unknown config key '{key}'{hint}{known}"
+
+
+def _unselected_plugin_message(key: str, name: str) -> str:
+    """``plugins.salus.policy=srtf`` without ``+plugins=[salus]``: say to select it."""
+    installed = Registry.discover().names()
+    if name in installed:
+        return (f"'{key}' sets an option of plugin '{name}', which this run does not select; "
+                f"add +plugins=[{name}] (or list it among the others)")
+    close = difflib.get_close_matches(name, installed, n=1)
+    hint = f"; did you mean '{close[0]}'?" if close else ""
+    return (f"unknown config key '{key}': no plugin '{name}' is installed{hint} (installed: "
+            f"{', '.join(installed)})")
 
 
 def _schema_fields(path: str) -> list[str]:
@@ -212,10 +262,33 @@ def secondary_rank_dir(args: list[str], env: dict[str, str] | None = None) -> st
     return tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{env['RANK']}-")
 
 
+def remove_if_never_started(run_dir: Path) -> bool:
+    """A run refused before it started (a user error found by the up-front validation)
+    leaves no run directory behind. Only what Hydra itself wrote there is removed (its
+    ``.hydra/`` and its still empty job log ``accelopt.log``), and the directory only if that
+    leaves it empty: never a user's directory with anything else in it, never one that holds
+    a run's outputs."""
+    if not run_dir.is_dir():
+        return True
+    entries = list(run_dir.iterdir())
+    hydra_own = [p for p in entries if p.name == ".hydra" and p.is_dir()
+                 or p.name == "accelopt.log" and p.is_file() and p.stat().st_size == 0]
+    if len(hydra_own) != len(entries):
+        return False
+    for path in hydra_own:
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink()
+    try:
+        run_dir.rmdir()
+    except OSError:
+        return False
+    return True
+
+
 def run_hydra(args: list[str], registry: Registry, debug: bool) -> int:
     """Hand the command line to Hydra (single run or ``-m`` multirun)."""
-    import shutil
-
     import hydra
 
     from accelopt.runtime.run import execute
@@ -245,10 +318,14 @@ def run_hydra(args: list[str], registry: Registry, debug: bool) -> int:
                 )
         except AccelOptError as exc:
             error = f"error: {exc}"
-            if debug:
-                raise
+            if debug:  # the traceback too, and still the error's own exit code
+                import traceback
+
+                traceback.print_exc(file=sys.stderr)
             print(error, file=sys.stderr)
             exit_code = exc.exit_code
+            if remove_if_never_started(run_dir):
+                error = ""  # nothing started: no directory, no log
             if not HydraConfig.get().mode.name == "MULTIRUN":
                 raise SystemExit(exc.exit_code) from None
         except BaseException as exc:

@@ -2,7 +2,8 @@
 
 User mistakes print ``error: <one line>`` and exit 2; a plugin's own exception exits 1 with
 a line naming the plugin and hook. ``--debug`` (anywhere on the line) or
-``ACCELOPT_DEBUG=1`` shows the traceback instead.
+``ACCELOPT_DEBUG=1`` shows the traceback as well (the exit code stays the same).
+``accelopt --version`` prints the versions.
 """
 
 from __future__ import annotations
@@ -44,19 +45,28 @@ def main(argv: list[str] | None = None) -> None:
     try:
         code = dispatch(args, debug)
     except AccelOptError as exc:
-        if debug:
-            raise
+        if debug:  # the traceback as well, and still the error's own exit code
+            import traceback
+
+            traceback.print_exc(file=sys.stderr)
         print(f"error: {exc}", file=sys.stderr)
         code = exc.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         code = 130
+    except BrokenPipeError:  # `accelopt plugins | head`: the reader left; no traceback
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        code = 0
     sys.exit(code)
 
 
 def dispatch(args: list[str], debug: bool) -> int:
     if not args or args[0] in ("-h", "--help", "help"):
         print(_usage(Registry.discover()))
+        return 0
+    if args[0] in ("--version", "-V", "version"):
+        print(version_line())
         return 0
     command, rest = args[0], args[1:]
     if command == "run":
@@ -87,8 +97,30 @@ def dispatch(args: list[str], debug: bool) -> int:
     raise UserError(f"unknown command '{command}'{hint} (commands: {', '.join(known)})")
 
 
+def version_line() -> str:
+    """``accelopt 0.1.0 (python 3.11.7, torch 2.13.0)``: torch's version from its package
+    metadata, so printing it does not import torch."""
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    from accelopt import __version__
+
+    try:
+        torch_version = version("torch")
+    except PackageNotFoundError:
+        torch_version = "not installed"
+    return f"accelopt {__version__} (python {platform.python_version()}, torch {torch_version})"
+
+
 def _run(rest: list[str], debug: bool) -> int:
-    from accelopt.cli.hydra_run import HYDRA_PASSTHROUGH_FLAGS, prepare, run_hydra
+    from accelopt.cli.hydra_run import (
+        HYDRA_PASSTHROUGH_FLAGS,
+        drop_empty_plugin_selection,
+        prepare,
+        run_hydra,
+    )
+
+    rest = drop_empty_plugin_selection(rest)
 
     registry = Registry.discover()
     multirun = "-m" in rest or "--multirun" in rest

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from accelopt.job.job import Job
+from accelopt.job.job import Job, logits_of
 from accelopt.types import JobProfile
 
 TIMED_ITERATIONS = 3
@@ -147,10 +147,10 @@ def _saved_tensor_ephemeral(probe: Job) -> tuple[int, str]:
             out = probe.model(x)
         return tensor_bytes([x, y, out]), "cpu: batch + output (inference keeps no activations)"
     with probe.random.active(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = probe.model(x)
+        out = probe._call(x, y)  # as the step calls it (loss=model: with labels=)
         loss = probe.loss_fn(out, y)
     activations = [t for t in saved if t.untyped_storage().data_ptr() not in params]
-    total = tensor_bytes([x, y, out, *activations])
+    total = tensor_bytes([x, y, logits_of(out), *activations])
     loss.backward()  # release the graph the same way a real step does
     probe.optimizer.zero_grad(set_to_none=False)
     return total, "cpu: batch + output + tensors saved for backward (lower bound of peak)"

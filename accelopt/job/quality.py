@@ -4,6 +4,8 @@ A speed-up that costs quality is not a gain, so every run reports, per training 
 top-1 precision of the final model on the held-out set (``Dataset.eval_set()``, or the
 dataset's own ``eval_batches``): accuracy for single-label data, precision@1 (P@1) for
 multi-label data (labels ``[B, M]`` padded with -1, the extreme-classification convention).
+A dataset with a metric of its own scores the model itself (``evaluate_model(model)``:
+``workload=lm``'s held-out perplexity).
 Scored after the job's last iteration, in eval mode without gradients, outside its timed
 work (JCT, makespan and iteration times do not include it).
 """
@@ -77,6 +79,9 @@ def evaluate(model: torch.nn.Module, dataset: object,
              device: torch.device | None = None) -> Quality | None:
     """The model's held-out top-1 on ``dataset``; None if the dataset has no held-out set.
     A model or dataset this cannot score raises ``ValueError`` in one line."""
+    own = getattr(dataset, "evaluate_model", None)
+    if callable(own):  # a dataset with a metric of its own (a language model's perplexity)
+        return own(model)  # type: ignore[no-any-return]
     batches = eval_batches(dataset)
     if batches is None:
         return None

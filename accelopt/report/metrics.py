@@ -42,6 +42,10 @@ JOB_COLUMNS: tuple[str, ...] = (
 )
 """Column order of ``metrics.csv``; fixed so that files from different runs line up."""
 
+TOP1_METRICS = ("accuracy", "p_at_1")
+"""Held-out qualities where higher is better (``avg_quality``); perplexity is lower-better
+and has its own ``avg_perplexity``."""
+
 _PROFILE_FIELDS = ("persistent_bytes", "peak_bytes", "ephemeral_bytes", "iteration_seconds")
 
 
@@ -133,7 +137,10 @@ def run_metrics(record: RunRecord) -> dict[str, Any]:
         "makespan_s": makespan,
         "avg_queueing_s": _mean(queueing),
         "duration_s": record.duration_s,
-        "avg_quality": _mean([j.quality.value for j in jobs if j.quality is not None]),
+        "avg_quality": _mean([j.quality.value for j in jobs if j.quality is not None
+                              and j.quality.metric in TOP1_METRICS]),
+        "avg_perplexity": _mean([j.quality.value for j in jobs if j.quality is not None
+                                 and j.quality.metric == "perplexity"]),
     }
     summary.update(record.metrics)
     return clean(summary)
@@ -151,7 +158,8 @@ def to_json_dict(record: RunRecord) -> dict[str, Any]:
                 "seed": info.seed,
             },
             "summary": run_metrics(record),
-            "jobs": [job_metrics(j) for j in record.jobs],
+            # per job: its columns, and its loss curve (one value per iteration it ran)
+            "jobs": [{**job_metrics(j), "losses": list(j.losses)} for j in record.jobs],
             "plugins": [
                 {"plugin": r.plugin, "summary": r.summary, "metrics": dict(r.metrics)}
                 for r in record.plugin_rows

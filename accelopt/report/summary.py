@@ -40,13 +40,13 @@ def _loss(value: float | None) -> str:
 
 def _jobs_table(record: RunRecord) -> Table:
     table = Table(title="Jobs", title_justify="left", expand=False, pad_edge=False)
-    table.add_column("job", overflow="fold", max_width=16)
+    table.add_column("job", overflow="fold", min_width=6, max_width=16)
     table.add_column("model", overflow="fold", max_width=12)
     table.add_column("status")
     table.add_column("lane", overflow="fold", max_width=10)
-    for header in ("iters", "JCT s", "queue s", "samples/s", "pers MiB", "eph MiB", "loss",
-                   "held-out"):
+    for header in ("iters", "JCT s", "queue s", "samples/s", "pers MiB", "eph MiB", "loss"):
         table.add_column(header, justify="right")
+    table.add_column("held-out", justify="right", no_wrap=True)  # "acc 0.930" stays one line
     for result in record.jobs:
         m = job_metrics(result)
         style = _STATUS_STYLE.get(m["status"], "")
@@ -67,7 +67,7 @@ def _jobs_table(record: RunRecord) -> Table:
     return table
 
 
-QUALITY_LABEL = {"accuracy": "acc", "p_at_1": "P@1"}
+QUALITY_LABEL = {"accuracy": "acc", "p_at_1": "P@1", "perplexity": "ppl"}
 
 
 def _quality(m: dict[str, Any]) -> str:
@@ -75,7 +75,8 @@ def _quality(m: dict[str, Any]) -> str:
     scored; metrics.json's ``quality_note`` says why)."""
     if m.get("quality") is None:
         return "–"
-    return f"{QUALITY_LABEL.get(m['quality_metric'], m['quality_metric'])} {m['quality']:.3f}"
+    digits = 1 if m["quality_metric"] == "perplexity" else 3
+    return f"{QUALITY_LABEL.get(m['quality_metric'], m['quality_metric'])} {m['quality']:.{digits}f}"
 
 
 def _errors(record: RunRecord) -> list[str]:
@@ -93,6 +94,10 @@ def _run_line(record: RunRecord) -> str:
         f"[bold]Run:[/] {s['n_done']}/{s['n_jobs']} done, {s['n_failed']} failed  "
         f"avg JCT {fmt(s['avg_jct_s'])} s  p95 JCT {fmt(s['p95_jct_s'])} s  "
         f"makespan {fmt(s['makespan_s'])} s  duration {fmt(s['duration_s'])} s"
+        "\n[dim]  JCT: a job's arrival to its last iteration's end; queue: arrival to its first "
+        "iteration's start (waiting for the device, a lane, or the jobs before it); makespan: "
+        "first arrival to last end; duration: the run's wall time (a cluster's process "
+        "start-up included)[/dim]"
     )
 
 
@@ -108,6 +113,10 @@ def _cluster_line(record: RunRecord) -> str | None:
         f"Mc {fmt(m.get('mc_s'), 4)} s  Pc {fmt(m.get('pc_s'), 4)} s  "
         f"U {fmt(m.get('iteration_makespan_s'), 4)} s  E {fmt(m.get('efficiency_e'))}  "
         f"a {fmt(m.get('ratio_a'))}  {fmt(m.get('bytes_per_iteration', 0) / 2**20)} MiB/iteration"
+        "\n[dim]  medians per iteration after the warm-up: Mc communication, Pc computation, U "
+        "their union in time; E = (Mc+Pc-U)/(Mc+Pc-max(Mc,Pc)) is how much of the shorter one "
+        "overlaps the longer (1: fully hidden; < 0: the iteration also waited, idle); a = "
+        "Mc/Pc[/dim]"
     )
 
 

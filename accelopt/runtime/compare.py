@@ -34,6 +34,7 @@ FIGURES: tuple[tuple[str, str, str], ...] = (
     ("iteration_s", "iteration s (median)", "time"),
     ("efficiency_e", "E (median)", "e"),
     ("avg_quality", "held-out top-1 (mean)", "e"),
+    ("avg_perplexity", "held-out perplexity (mean)", "time"),
 )
 
 
