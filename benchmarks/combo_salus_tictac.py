@@ -6,7 +6,7 @@ affects all alike); the table shows the median over repeats of average JCT, make
 the median per-iteration E, each set's ratio to no plugins, and the interaction of the
 combination (its gain vs the product of its members' gains).
 
-    flock /tmp/accelopt-bench.lock /work/venv/bin/python benchmarks/combo_salus_tictac.py \
+    python benchmarks/combo_salus_tictac.py \
         --repeats 3 [experiment=salus_tictac] [plugins.salus.policy=srtf] [other overrides]
 
 Without overrides it runs the embedded default workload (five jobs, 2 workers + 1 server on

@@ -11,7 +11,7 @@ Part 2: one conv (16 -> 16 channels, 64x64 input, batch 8, 'same' zero padding),
 size k swept; direct vs FFT forward time. Reference (measured before on this machine):
 crossover between k=15 and k=31.
 
-    flock /tmp/accelopt-bench.lock python benchmarks/gpu_kernels_conv.py [--quick]
+    python benchmarks/gpu_kernels_conv.py [--quick]
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ every side) as a speed ratio vs dense, parameters, and held-out digits accuracy.
 Seed claim (Scalpel): node pruning speeds up, weight pruning slows down (CPU 2.61x vs
 1.06x; GPU 1.25x vs 0.41x).
 
-    flock /tmp/accelopt-bench.lock python benchmarks/gpu_kernels_pruning.py [--quick]
+    python benchmarks/gpu_kernels_pruning.py [--quick]
 """
 
 from __future__ import annotations

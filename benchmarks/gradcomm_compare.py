@@ -7,7 +7,7 @@ shaped namespace: every byte of every process), median iteration time (warm-up e
 the loss curve (global batch) at a few points, and final accuracy on the digits test split.
 Needs root (network namespace + tc tbf; no latency shaping: netem is missing on this kernel).
 
-    flock /tmp/accelopt-bench.lock /work/venv/bin/python benchmarks/gradcomm_compare.py
+    python benchmarks/gradcomm_compare.py
 """
 
 from __future__ import annotations

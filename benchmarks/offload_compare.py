@@ -10,7 +10,7 @@ forward+backward minus what was allocated before: parameters, gradients, optimiz
 On a CPU there is no device memory to save: the figures are counted bytes (every saved
 tensor passes through a counting hook), and the step times show the cost of the copies.
 
-    flock /tmp/accelopt-bench.lock /work/venv/bin/python benchmarks/offload_compare.py
+    python benchmarks/offload_compare.py
 """
 
 from __future__ import annotations

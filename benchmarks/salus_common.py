@@ -34,7 +34,7 @@ from accelopt.report import write_run_outputs
 from accelopt.types import JobProfile, RunInfo
 from accelopt.units import parse_bytes
 
-LOCK_HINT = "flock /tmp/accelopt-bench.lock /work/venv/bin/python benchmarks/<x>.py"
+LOCK_HINT = "python benchmarks/<x>.py"
 
 
 def machine() -> str:

@@ -6,7 +6,7 @@ not enforced, and the "device" is the cores: packing can win at most what the co
 (here 2 cores; a single-threaded lane leaves the other core idle, and two threads per job
 scale imperfectly), so the makespan ratio is reported against both serial variants.
 
-    flock /tmp/accelopt-bench.lock /work/venv/bin/python benchmarks/salus_hparam.py \
+    python benchmarks/salus_hparam.py \
         [--jobs 8] [--iterations 60] [--repeats 3]
 """
 

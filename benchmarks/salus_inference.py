@@ -7,7 +7,7 @@ device is a CPU with an accounted capacity (lanes are accounted, not enforced): 
 is the number of lanes the lane manager admits at once within ``--capacity``; throughput is
 samples per second over the whole run; latency is per request (one iteration = one batch).
 
-    flock /tmp/accelopt-bench.lock /work/venv/bin/python benchmarks/salus_inference.py \
+    python benchmarks/salus_inference.py \
         [--models 12] [--requests 200] [--repeats 3] [--capacity 64MiB]
 """
 

@@ -7,7 +7,7 @@ that on our trace, and, trace-independent, SRTF within 10% of the oracle SRPT av
 (computed from the jobs' true lengths, measured as their service time in the same SRTF run,
 with the same arrivals: the optimum for average JCT on one server with free preemption).
 
-    flock /tmp/accelopt-bench.lock /work/venv/bin/python benchmarks/salus_jct.py \
+    python benchmarks/salus_jct.py \
         [--jobs 40] [--load 1.0 | --interarrival S] [--repeats 3] [--seed 0] [--threads 1]
 
 The offered load is a design parameter, printed and documented: how much any schedule can

@@ -6,7 +6,7 @@ A variant is ``name:key=value,key=value`` (keys of SlideConfig; ``dense`` and ``
 the baselines, ``sampled`` scoring ``--sampled-active`` candidates per sample; ``sampled:logq=1``
 with the log-Q correction).
 
-    flock /tmp/accelopt-bench.lock python benchmarks/slide_diag.py --width 20k --steps 1500 \\
+    python benchmarks/slide_diag.py --width 20k --steps 1500 \\
         dense slide "all:min_active=20000" "random:sampling=random"
 """
 

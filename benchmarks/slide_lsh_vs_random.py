@@ -6,7 +6,7 @@ difference is ``sampling``: the LSH default (top 1000 of the retrieved buckets b
 labels, topped up at random) or ``random`` (labels + uniform neurons up to the LSH run's
 measured average active count).
 
-    flock /tmp/accelopt-bench.lock python benchmarks/slide_lsh_vs_random.py --width 200k
+    python benchmarks/slide_lsh_vs_random.py --width 200k
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ warm-up steps incl. JIT and first table build, then ``--reps`` blocks of ``--ste
 median block). The rebuild is timed inside the blocks (amortised) and once more in isolation
 with its parts: rehashing (keys of the neurons to rehash) and refilling the tables.
 
-    flock /tmp/accelopt-bench.lock python benchmarks/slide_profile.py --width 670k --threads 1 2
+    python benchmarks/slide_profile.py --width 670k --threads 1 2
 """
 
 from __future__ import annotations

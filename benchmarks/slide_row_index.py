@@ -8,7 +8,7 @@ activations are captured; each repetition then indexes and accumulates that batc
 (the packed block is cleared between repetitions, outside the timed region). Run it at two
 commits to compare two versions of the kernels on the same batch.
 
-    flock /tmp/accelopt-bench.lock python benchmarks/slide_row_index.py --width 670k
+    python benchmarks/slide_row_index.py --width 670k
 """
 
 from __future__ import annotations

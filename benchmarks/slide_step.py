@@ -6,7 +6,7 @@ steps are timed. Each method: warm-up steps (JIT compile, first table build), th
 blocks of steps; the figure is the median over blocks of the mean step time in a block
 (SLIDE's blocks each span a table rebuild, so the rebuild is amortised in them).
 
-    flock /tmp/accelopt-bench.lock python benchmarks/slide_step.py --widths 2k 20k 200k 670k
+    python benchmarks/slide_step.py --widths 2k 20k 200k 670k
 """
 
 from __future__ import annotations

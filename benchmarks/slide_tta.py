@@ -8,8 +8,8 @@ measured on ``--eval-n`` held-out points with full (dense) scoring. Reported: ea
 best P@1, the time each needs to reach 95% of the dense baseline's best, and a PNG of the
 curves. ``--slide key=value ...`` overrides the plugin's settings (e.g. ``logq=true``).
 
-    flock /tmp/accelopt-bench.lock python benchmarks/slide_tta.py --width 20k --budget-s 150
-    flock /tmp/accelopt-bench.lock python benchmarks/slide_tta.py --width 200k \
+    python benchmarks/slide_tta.py --width 20k --budget-s 150
+    python benchmarks/slide_tta.py --width 200k \
         --budget-s dense=3600 slide=600 sampled=600 --eval-every 60 --eval-n 1000
 """
 

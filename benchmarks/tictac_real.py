@@ -6,7 +6,7 @@ drift of the machine hits all of them alike; the table gives medians over the ro
 the per-run steady-state medians (first two warm-up iterations excluded) and the same with
 warm-up included.
 
-    flock /tmp/accelopt-bench.lock /work/venv/bin/python benchmarks/tictac_real.py \
+    python benchmarks/tictac_real.py \
         --model inception --width 32 --batch 64 --bandwidth 50mbit --rounds 3
 
 ``none`` is the transport without the plugin (its default: layer order, = named);

@@ -12,7 +12,7 @@ Sections (all by default):
   (max - min) of the workers' finish times per iteration.
 * ``schedule``: time to compute TIC and TAC on the ResNet-152 DAG (median of 5).
 
-    flock /tmp/accelopt-bench.lock /work/venv/bin/python benchmarks/tictac_sim.py
+    python benchmarks/tictac_sim.py
 
 Compute times are a roofline (FLOPs / 15 TFLOP/s vs bytes / 900 GB/s per op, a V100-class
 GPU): the meta device has no clock. Only relative op costs matter, because the link
