@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import statistics
 import sys
 from pathlib import Path
 
@@ -61,7 +60,9 @@ def test_shaped_loopback_delivers_the_configured_bandwidth(own_namespaces):
 
     limit = 200_000_000
     achieved = measure_bandwidth(limit, nbytes=4 * 2**20, repeats=3)
-    assert abs(statistics.median(achieved) / limit - 1) < 0.10, achieved
+    # noise is one-sided (a busy CPU only slows a transfer down), so the fastest transfer is
+    # the link's own rate: within 10% of the limit, and no transfer above it by more
+    assert abs(max(achieved) / limit - 1) < 0.10, achieved
     assert own_namespaces and not still_there(own_namespaces)
 
 
@@ -115,7 +116,7 @@ def test_each_host_has_its_own_link(own_namespaces):
     # rank 0 sends at 200 Mbit/s into rank 1's 50 Mbit/s link: the slower link decides
     achieved = measure_bandwidth(200_000_000, nbytes=2 * 2**20, repeats=2, topology="hosts",
                                  receiver_bps=50_000_000)
-    assert abs(statistics.median(achieved) / 50_000_000 - 1) < 0.10, achieved
+    assert abs(max(achieved) / 50_000_000 - 1) < 0.10, achieved  # the fastest: see above
     assert len(own_namespaces) == 3 and not still_there(own_namespaces)  # 2 hosts + switch
 
 
