@@ -34,7 +34,7 @@ from accelopt.types import (
 __version__ = "0.1.0"
 
 _LAZY = {"Gradients": "accelopt.job.gradients", "isolated_rng": "accelopt.job.rng",
-         "run": "accelopt.api"}
+         "run": "accelopt.api", "attach": "accelopt.your_loop", "Attached": "accelopt.your_loop"}
 """Exports that need torch: imported on first use, so ``import accelopt`` (and the CLI's
 ``accelopt plugins``) stays fast."""
 
@@ -49,6 +49,8 @@ def __getattr__(name: str) -> object:
 
 
 __all__ = [
+    "attach",
+    "Attached",
     "AccelOptError",
     "AllocationDecision",
     "AllocationRequest",

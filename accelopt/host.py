@@ -90,6 +90,11 @@ class PluginHost:
 
     # -- questions ---------------------------------------------------------------------------
 
+    def hooks_of(self, plugin: str) -> frozenset[str]:
+        """The hooks the plugin called ``plugin`` implements in this host."""
+        return frozenset(hook for hook, impls in self._impls.items()
+                         if any(i.plugin_name == plugin for i in impls))
+
     def implements(self, hook: str) -> bool:
         """Whether any active plugin implements ``hook`` (lets hot paths skip the call)."""
         return hook in self._implemented

@@ -130,3 +130,96 @@ def hf_vit(*, num_classes: int, input_shape) -> nn.Module:
                        num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
                        num_labels=num_classes)
     return ViTForImageClassification(config)
+
+
+class TokenClassification(Dataset):
+    """HF-datasets style samples: dicts of ``input_ids``, ``attention_mask`` and ``labels``
+    (a padded tail the mask hides; the label is whether token 1 occurs in the sequence)."""
+
+    vocab_size = 32
+
+    def __init__(self, n: int, length: int, seed: int) -> None:
+        g = torch.Generator().manual_seed(seed)
+        self.ids = torch.randint(2, self.vocab_size, (n, length), generator=g)
+        self.lengths = torch.randint(length // 2, length + 1, (n,), generator=g)
+        self.labels = torch.randint(2, (n,), generator=g)
+        for j in range(n):
+            if self.labels[j]:
+                self.ids[j, int(torch.randint(int(self.lengths[j]), (1,), generator=g))] = 1
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, j: int) -> dict[str, torch.Tensor]:
+        mask = (torch.arange(self.ids.shape[1]) < self.lengths[j]).long()
+        return {"input_ids": self.ids[j] * mask, "attention_mask": mask,
+                "labels": self.labels[j]}
+
+
+def token_dicts(*, seed: int, n: int = 96, length: int = 12):
+    return TokenClassification(n, length, seed), TokenClassification(n // 2, length, seed + 1)
+
+
+class TwoInputs(nn.Module):
+    """A model of two positional inputs: ``forward(features, extra)``."""
+
+    def __init__(self, input_shape, num_classes) -> None:
+        super().__init__()
+        self.a = nn.Linear(input_shape[0], 16)
+        self.b = nn.Linear(3, 16)
+        self.out = nn.Linear(16, num_classes)
+
+    def forward(self, features: torch.Tensor, extra: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.relu(self.a(features) + self.b(extra)))
+
+
+def two_inputs(*, input_shape, num_classes) -> nn.Module:
+    return TwoInputs(input_shape, num_classes)
+
+
+def pairs_of_inputs(*, seed: int, n: int = 64):
+    """Samples ``((features, extra), label)``: the model's two positional inputs."""
+    g = torch.Generator().manual_seed(seed)
+    x, e = torch.randn(n, 8, generator=g), torch.randn(n, 3, generator=g)
+    y = (x[:, 0] + e[:, 0] > 0).long()
+    return [((x[j], e[j]), y[j]) for j in range(n)]
+
+
+def loader(*, seed: int, n: int = 80, batch_size: int = 16, drop_last: bool = False):
+    """A ``DataLoader`` (an iterable of batches, no ``__getitem__``) over Gaussian blobs, with
+    a held-out loader; its last batch is short unless ``drop_last``."""
+    from torch.utils.data import DataLoader
+
+    train, held_out = blobs(seed=seed, n=n, dim=16, classes=4)
+    return (DataLoader(train, batch_size=batch_size, shuffle=False, drop_last=drop_last),
+            DataLoader(held_out, batch_size=batch_size))
+
+
+def one_pass(*, seed: int):
+    """A one-pass generator: a job could not read its batches again."""
+    return ((torch.zeros(4, 3), torch.zeros(4, dtype=torch.int64)) for _ in range(3))
+
+
+def doc_loop_model(*, input_shape, num_classes) -> nn.Module:
+    """The model of docs/your-model.md's own-loop example."""
+    return nn.Sequential(nn.Linear(input_shape[0], 256), nn.ReLU(), nn.Linear(256, num_classes))
+
+
+class DocLoopData:
+    """The data of docs/your-model.md's own-loop example, batch ``i`` = rows ``128 i ...``."""
+
+    input_shape, num_classes, vocab_size, input_kind = (64,), 4096, None, "vector"
+
+    def __init__(self) -> None:
+        g = torch.Generator().manual_seed(0)
+        teacher = torch.randn(64, 4096, generator=g)
+        self.x = torch.randn(2048, 64, generator=g)
+        self.y = (self.x @ teacher).argmax(1)
+
+    def batch(self, index: int, batch_size: int):
+        lo = (index * batch_size) % len(self.y)
+        return self.x[lo:lo + batch_size], self.y[lo:lo + batch_size]
+
+
+def doc_loop_data(**_: object) -> DocLoopData:
+    return DocLoopData()

@@ -42,6 +42,28 @@ def test_workload_lm_trains_and_reports_held_out_perplexity(run_tiny):
     assert job.losses[-1] < job.losses[0]
 
 
+def test_slide_trains_gpt2s_output_layer_through_its_own_causal_lm_loss(run_tiny):
+    """HF's loss path (float(), view(-1, V), cross-entropy with ignore_index on the shifted
+    labels) runs on SLIDE's sampled output; the tied embedding is reported as untied; the
+    held-out perplexity is scored with dense logits."""
+    pytest.importorskip("transformers")
+    kwargs = "{" + ", ".join(f"{k}: {v}" for k, v in SMALL.items()) + "}"
+    from accelopt import Registry
+
+    record = run_tiny(Registry.discover().get("slide"), workload="lm", overrides=[
+        "run.compare=none", "workload.jobs.0.iterations=6", "workload.jobs.0.batch_size=8",
+        "plugins.slide.lr=0.003", "plugins.slide.min_width=256",
+        f"workload.jobs.0.dataset_kwargs={kwargs}"])
+    (job,) = record.jobs
+    assert job.status == "done", job.error
+    (row,) = [r for r in record.plugin_rows if r.plugin == "slide"]
+    assert "lm_head" in row.summary and "tied to transformer.wte.weight" in row.summary
+    assert row.metrics["active_fraction"] > 0
+    vocab = stdlib_text(seed=0, **SMALL).vocab_size
+    assert job.quality.metric == "perplexity" and math.isfinite(job.quality.value)
+    assert job.quality.value < 2 * vocab
+
+
 def test_without_transformers_the_model_says_how_to_get_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "transformers", None)
     with pytest.raises(ValueError, match="pip install transformers") as info:

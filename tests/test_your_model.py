@@ -109,6 +109,10 @@ def test_a_transformers_vit_trains_on_images_and_is_scored():
     (dict(model="byo_models:kw_mlp", dataset="digits", model_kwargs={"nope": 1}), ConfigError,
      "cannot be called with"),
     (dict(loss="mine"), ConfigError, "loss must be one of auto, model"),
+    (dict(dataset="byo_models:token_dicts", model="byo_models:kw_mlp"), ConfigError,
+     r"inputs by name \(input_ids, attention_mask\) but Sequential.forward\(input\) takes no"),
+    (dict(dataset="byo_models:pairs_of_inputs", model="byo_models:kw_mlp"), ConfigError,
+     r"give 2 positional inputs but Sequential.forward\(input\) takes 1"),
 ])
 def test_data_and_models_a_job_cannot_use_are_one_line(options, error, words):
     with pytest.raises(error, match=words) as info:
@@ -126,3 +130,122 @@ def test_loss_model_needs_a_model_that_takes_labels_and_returns_a_loss():
     with pytest.raises(UserError, match="has no loss tensor") as info:
         job.step()
     assert "\n" not in str(info.value)
+
+
+def test_dict_samples_reach_the_model_as_keyword_arguments():
+    """HF-style samples ({input_ids, attention_mask, labels}): the model is called with the
+    inputs by name, and the mask really reaches it (the same batch without it scores
+    differently)."""
+    pytest.importorskip("transformers")
+    s = spec(model="byo_models:hf_bert", dataset="byo_models:token_dicts", loss="model",
+             optimizer="adamw", lr=1e-3, iterations=3, batch_size=8)
+    job = Job(s, job_id="dicts", device=CPU)
+    x, y = job.batch(0)
+    assert sorted(x) == ["attention_mask", "input_ids"] and x["input_ids"].shape == (8, 12)
+    assert job.dataset.input_shape == (12,) and job.dataset.num_classes == 2
+    job.model.eval()  # no dropout: the two calls below are comparable
+    with torch.no_grad():
+        masked = job.model(**x, labels=y).loss.item()
+        unmasked = job.model(input_ids=x["input_ids"], labels=y).loss.item()
+    assert masked != pytest.approx(unmasked)
+    job.model.train()
+    state = job.random.state_dict()
+    with job.random.active(), torch.no_grad():
+        expected = job.model(**x, labels=y).loss.item()  # the step's own dropout masks
+    job.random.load_state_dict(state)
+    assert job.step().loss == pytest.approx(expected, rel=1e-6)
+    assert all(v == v for v in train(job)[:2])
+
+
+def test_tuple_inputs_are_the_models_positional_arguments_and_are_scored():
+    from accelopt.job.quality import score_result
+    from accelopt.records import JobResult
+
+    s = spec(model="byo_models:two_inputs", dataset="byo_models:pairs_of_inputs", lr=0.1,
+             iterations=20)
+    job = Job(s, job_id="pairs", device=CPU)
+    (features, extra), y = job.batch(0)
+    assert features.shape == (16, 8) and extra.shape == (16, 3) and y.shape == (16,)
+    losses = train(job)
+    assert losses[-1] < losses[0]
+    result = JobResult(job.info, status="done")
+    score_result(result, s, job.model, job.dataset)  # no held-out set: none, and said so
+    assert result.quality is None and result.quality_note
+
+
+def test_a_dataloader_is_read_in_order_pass_after_pass():
+    from byo_models import blobs
+    from torch.utils.data import DataLoader
+
+    from accelopt.job.quality import score_result
+    from accelopt.records import JobResult
+
+    s = spec(model="mlp", dataset="byo_models:loader", dataset_kwargs={"n": 88}, lr=0.1,
+             iterations=12)
+    job = Job(s, job_id="loader", device=CPU)
+    train_set, _ = blobs(seed=0, n=88, dim=16, classes=4)
+    expected = list(DataLoader(train_set, batch_size=16, shuffle=False))
+    assert len(expected) == 6 and len(expected[-1][1]) == 8  # the short last batch
+    for i in (0, 4, 5, 6, 1):  # 5 full batches a pass; the short one is not trained on
+        x, y = job.dataset.batch(i, 16)
+        assert torch.equal(x, expected[i % 5][0]) and torch.equal(y, expected[i % 5][1]), i
+    assert job.dataset.num_classes == 4
+    losses = train(job)
+    again = Job(s, job_id="loader", device=CPU)
+    assert train(again) == losses  # a rebuilt job (a resume, another rank) reads the same
+    result = JobResult(job.info, status="done")
+    score_result(result, s, job.model, job.dataset)  # the held-out loader, concatenated
+    assert result.quality.samples == 44 and result.quality.value > 0.5
+
+
+@pytest.mark.parametrize("options, words", [
+    (dict(dataset="byo_models:loader", batch_size=8),
+     "yields batches of 16 rows but the job's batch_size is 8; set batch_size=16"),
+    (dict(dataset="byo_models:one_pass"), "one-pass iterator"),
+])
+def test_iterables_a_job_cannot_read_twice_or_whose_batches_do_not_fit_are_one_line(
+        options, words):
+    with pytest.raises(ConfigError, match=words) as info:
+        Job(spec(**options), job_id="bad", device=CPU)
+    assert "\n" not in str(info.value) and "job 'byo'" in str(info.value)
+
+
+def test_dict_inputs_train_in_an_allreduce_cluster(tmp_path, monkeypatch):
+    """Each worker takes its rows of every input tensor; DDP passes the mapping through to
+    the model by keyword."""
+    pytest.importorskip("transformers")
+    import os
+
+    import accelopt
+
+    tests = str(Path(__file__).parent)
+    monkeypatch.setenv("PYTHONPATH", tests + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    job = ('{name:bert,model:"byo_models:hf_bert",dataset:"byo_models:token_dicts",'
+           'loss:model,optimizer:adamw,lr:0.001,iterations:3,batch_size:8}')
+    record = accelopt.run(["workload=tiny", f"workload.jobs=[{job}]", "cluster.mode=allreduce",
+                           "cluster.workers=2", "run.compare=none", "run.progress=false"],
+                          run_dir=tmp_path / "run")
+    (result,) = record.jobs
+    assert result.status == "done" and len(result.losses) == 3
+    assert all(v == v for v in result.losses) and result.quality is not None
+
+
+def test_the_documented_dataloader_factory_trains_and_is_scored(monkeypatch):
+    import types
+
+    from accelopt.job.quality import score_result
+    from accelopt.records import JobResult
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "your-model.md").read_text()
+    code = next(block.split("```", 1)[0] for block in doc.split("```python")[1:]
+                if "def loaders" in block)
+    module = types.ModuleType("doc_loaders")
+    exec(compile(code, "docs/your-model.md", "exec"), module.__dict__)
+    monkeypatch.setitem(sys.modules, "doc_loaders", module)
+    s = spec(dataset="doc_loaders:loaders", batch_size=32, iterations=30, lr=0.1)
+    job = Job(s, job_id="doc", device=CPU)
+    assert job.dataset.input_shape == (20,) and job.dataset.num_classes == 5
+    train(job)
+    result = JobResult(job.info, status="done")
+    score_result(result, s, job.model, job.dataset)
+    assert result.quality.samples == 128

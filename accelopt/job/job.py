@@ -23,6 +23,7 @@ from torch import nn
 from accelopt.config import JobConfig
 from accelopt.errors import ConfigError, UserError
 from accelopt.host import PluginHost
+from accelopt.job import inputs
 from accelopt.job.events import SILENT, StepEvents
 from accelopt.job.exchange import LOCAL, Exchange
 from accelopt.job.gradients import Gradients
@@ -64,7 +65,8 @@ class Job:
             self.dataset = build_dataset(dataset_name, seed=spec.seed,
                                          kwargs=spec.dataset_kwargs)
             check_compatible(spec.model, self.dataset)
-            check_batch(self.dataset, spec)
+            self._one_tensor = check_batch(self.dataset, spec)
+            """Batches hold one input tensor (else a tuple or mapping of them)."""
         except ValueError as exc:
             raise ConfigError(f"job '{spec.name}': {exc}") from None
         info = job_info(spec, job_id)
@@ -85,6 +87,7 @@ class Job:
                 raise ConfigError(f"job '{spec.name}': {exc}") from None
             model = offer_layers(model, info, self.host)
         self.model = model.to(device)
+        self._on_cpu = device.type == "cpu"
         self.bucket_bytes = bucket_bytes
         table = param_table(self.model)
         self.info = dataclasses.replace(info, parameters=table,
@@ -96,6 +99,11 @@ class Job:
                 f"job '{spec.name}': loss=model calls model(x, labels=y), but "
                 f"{type(self.model).__name__}.forward takes no labels; use loss=auto (the "
                 "logits' cross-entropy, or the dataset's loss_fn)")
+        if not self._one_tensor:
+            sample, _ = self.dataset.batch(0, self.info.batch_size)
+            why = inputs.call_mismatch(self.model, sample, ("labels",) if self.model_loss else ())
+            if why:
+                raise ConfigError(f"job '{spec.name}': {why}")
         self.loss_fn = model_loss if self.model_loss else job_loss(self.dataset)
         self.training = spec.kind == "train"
         self.random = JobRandom(spec.seed, device, stream=self.exchange.stream)
@@ -134,22 +142,27 @@ class Job:
     def with_profile(self, profile: JobProfile) -> None:
         self.info = dataclasses.replace(self.info, profile=profile)
 
-    def batch(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def batch(self, index: int) -> tuple[inputs.Inputs, torch.Tensor]:
         """This process's rows of the ``index``-th global batch, on the job's device."""
         x, y = self.dataset.batch(index, self.info.batch_size)
         if self._rows is not None:
             start, stop = self._rows
-            x, y = x[start:stop], y[start:stop]
-        if self.device.type == "cpu" and x.device.type == "cpu" and y.device.type == "cpu":
-            return x, y  # already there (the common case: a dataset's batches live on the CPU)
-        return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+            x, y = inputs.slice_rows(x, start, stop), y[start:stop]
+        if self._on_cpu and y.device.type == "cpu" and (
+                not self._one_tensor or x.device.type == "cpu"):
+            if self._one_tensor:
+                return x, y  # already there (the common case: batches live on the CPU)
+            return inputs.to_device(x, self.device), y
+        return (inputs.to_device(x, self.device, non_blocking=True),
+                y.to(self.device, non_blocking=True))
 
     def built(self) -> BuiltJob:
         """The record ``accelopt_job_built`` receives: the model and this process's rows of
         the first batch (a parameter server, which trains on none, gets worker 0's)."""
         x, y = self.dataset.batch(0, self.info.batch_size)
         start, stop = self.exchange.rows(self.info.batch_size)
-        return BuiltJob(job=self.info, model=self.model, inputs=x[start:stop].to(self.device),
+        return BuiltJob(job=self.info, model=self.model,
+                        inputs=inputs.to_device(inputs.slice_rows(x, start, stop), self.device),
                         targets=y[start:stop].to(self.device), loss=self.loss_fn)
 
     # -- the step --------------------------------------------------------------------------
@@ -231,9 +244,12 @@ class Job:
             exchange.end(i)
         return loss_value, samples
 
-    def _call(self, x: torch.Tensor, y: torch.Tensor) -> Any:
-        """Forward: ``model(x)``, or ``model(x, labels=y)`` when the model computes its loss."""
-        return self.forward(x, labels=y) if self.model_loss else self.forward(x)
+    def _call(self, x: inputs.Inputs, y: torch.Tensor) -> Any:
+        """Forward: ``model(x)`` (a tuple's tensors positional, a mapping's by keyword:
+        :mod:`accelopt.job.inputs`), with ``labels=y`` when the model computes its loss."""
+        if self._one_tensor:
+            return self.forward(x, labels=y) if self.model_loss else self.forward(x)
+        return inputs.call(self.forward, x, **({"labels": y} if self.model_loss else {}))
 
     def _optimizer_step(self, i: int, context: IterationContext | None,
                         events: StepEvents) -> None:
@@ -392,28 +408,33 @@ def takes_labels(model: nn.Module) -> bool:
     return any(p.name == "labels" or p.kind is p.VAR_KEYWORD for p in params)
 
 
-def check_batch(dataset: Any, spec: JobConfig) -> None:
+def check_batch(dataset: Any, spec: JobConfig) -> bool:
     """Refuse, in one line naming the shapes, a dataset whose labels a job cannot train on:
-    not row-aligned with the inputs, or float where class indices are needed."""
+    not row-aligned with the inputs, or float where class indices are needed. Returns whether
+    the inputs are one tensor (else a tuple or mapping of tensors, :mod:`~accelopt.job.
+    inputs`)."""
     x, y = dataset.batch(0, spec.batch_size)
+    one_tensor = isinstance(x, torch.Tensor)
+    if not one_tensor and not inputs.tensors(x):
+        raise ValueError(
+            f"batch 0's inputs are a {type(x).__name__} holding no tensor; return a tensor, a "
+            "tuple of tensors (positional arguments) or a dict of tensors (keyword arguments)")
     try:
-        rows_x = len(x) if not isinstance(x, Mapping) else len(next(iter(x.values())))
+        rows_x = inputs.rows(x)
         rows_y = len(y)
     except TypeError:  # inputs of a kind only their model knows: its author's to match
-        return
-    if rows_x != rows_y:
+        return one_tensor
+    ragged = [t for t in inputs.tensors(x) if len(t) != rows_x]
+    if rows_x != rows_y or ragged:
         raise ValueError(
             f"batch 0 has {rows_x} inputs but {rows_y} labels; labels must be row-aligned "
-            f"with the inputs (one label row per input row; inputs {_shape(x)}, labels "
-            f"{tuple(y.shape)})")
+            f"with the inputs (one label row per input row; inputs {inputs.describe(x)}, "
+            f"labels {tuple(y.shape)})" if not ragged else
+            f"batch 0's input tensors have different row counts ({inputs.describe(x)}); every "
+            "input tensor needs one row per label")
     plain = spec.loss == "auto" and getattr(dataset, "loss_fn", None) is None
     if plain and y.dim() == 1 and y.is_floating_point():
         raise ValueError(
             f"labels are {y.dtype} but cross-entropy needs class indices (int64, shape "
             f"{tuple(y.shape)}); return integer labels, or give the dataset a loss_fn")
-
-
-def _shape(x: Any) -> str:
-    if isinstance(x, Mapping):
-        return "{" + ", ".join(f"{k}: {tuple(v.shape)}" for k, v in x.items()) + "}"
-    return str(tuple(x.shape))
+    return one_tensor

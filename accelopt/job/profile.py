@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from accelopt.job import inputs
 from accelopt.job.job import Job, logits_of
 from accelopt.types import JobProfile
 
@@ -144,13 +145,14 @@ def _saved_tensor_ephemeral(probe: Job) -> tuple[int, str]:
     params = {p.untyped_storage().data_ptr() for p in probe.model.parameters()}
     if probe.optimizer is None:
         with torch.inference_mode():
-            out = probe.model(x)
-        return tensor_bytes([x, y, out]), "cpu: batch + output (inference keeps no activations)"
+            out = inputs.call(probe.model, x)
+        return (tensor_bytes([*inputs.tensors(x), y, logits_of(out)]),
+                "cpu: batch + output (inference keeps no activations)")
     with probe.random.active(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = probe._call(x, y)  # as the step calls it (loss=model: with labels=)
         loss = probe.loss_fn(out, y)
     activations = [t for t in saved if t.untyped_storage().data_ptr() not in params]
-    total = tensor_bytes([x, y, logits_of(out), *activations])
+    total = tensor_bytes([*inputs.tensors(x), y, logits_of(out), *activations])
     loss.backward()  # release the graph the same way a real step does
     probe.optimizer.zero_grad(set_to_none=False)
     return total, "cpu: batch + output + tensors saved for backward (lower bound of peak)"

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from accelopt.job import inputs
 from accelopt.job.job import logits_of
 from accelopt.records import JobResult, Quality
 
@@ -45,7 +46,7 @@ def eval_batches(dataset: object, batch_size: int = EVAL_BATCH
 
     def batches() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         for lo in range(0, len(y), batch_size):
-            yield x[lo:lo + batch_size], y[lo:lo + batch_size]
+            yield inputs.slice_rows(x, lo, lo + batch_size), y[lo:lo + batch_size]
 
     return batches()
 
@@ -61,8 +62,8 @@ def score(model: torch.nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Te
         with torch.no_grad():
             for x, y in batches:
                 if device is not None:
-                    x, y = x.to(device), y.to(device)
-                logits = logits_of(model(x))
+                    x, y = inputs.to_device(x, device), y.to(device)
+                logits = logits_of(inputs.call(model, x))
                 if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
                     raise ValueError(
                         f"the model's output is {_shape(logits)}, not [batch, classes] "

@@ -6,6 +6,7 @@ and the file never disagree.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Console
@@ -14,6 +15,7 @@ from rich.table import Table
 
 from accelopt.records import RunRecord
 from accelopt.report.metrics import job_metrics, run_metrics
+from accelopt.types import ReportRow
 
 _MIB = 2**20
 _STATUS_STYLE = {"done": "green", "failed": "bold red", "rejected": "red", "pending": "yellow"}
@@ -120,11 +122,12 @@ def _cluster_line(record: RunRecord) -> str | None:
     )
 
 
-def _plugins_table(record: RunRecord) -> Table:
+def plugins_table(rows: Sequence[ReportRow]) -> Table:
+    """The plugins' report rows as the run summary prints them."""
     table = Table(title="Plugins", title_justify="left", pad_edge=False)
     table.add_column("plugin", style="cyan", no_wrap=True)
     table.add_column("summary", overflow="fold")
-    for row in record.plugin_rows:
+    for row in rows:
         table.add_row(escape(row.plugin), escape(row.summary))
     return table
 
@@ -141,6 +144,6 @@ def render_summary(record: RunRecord, console: Console) -> None:
     if not record.info.plugins:
         console.print("[bold]Plugins:[/] no plugins active (baseline run)")
     if record.plugin_rows:
-        console.print(_plugins_table(record))
+        console.print(plugins_table(record.plugin_rows))
     if record.telemetry_note:
         console.print(f"[bold]Telemetry:[/] {escape(record.telemetry_note)}")

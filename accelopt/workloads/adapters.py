@@ -1,4 +1,5 @@
-"""Bring your own data: a map-style ``torch.utils.data.Dataset`` as a job's dataset.
+"""Bring your own data: a map-style ``torch.utils.data.Dataset``, or an iterable of batches
+(a ``DataLoader``), as a job's dataset.
 
 A job reads its data as a pure function, ``batch(index, batch_size) -> (inputs, labels)``,
 so that every process of a cluster run, a resumed job and a repeated run see the same rows
@@ -6,7 +7,12 @@ so that every process of a cluster run, a resumed job and a repeated run see the
 ``__getitem__``; a torchvision or HF dataset with a transform, a user's own) becomes one:
 batch ``i`` is the rows the seeded per-epoch permutation puts there, fetched with
 ``dataset[j]`` and stacked. A factory may also return ``(train, held_out)``: the second is
-the held-out set every run scores (``job/quality.py``).
+the held-out set every run scores (``job/quality.py``). An iterable of ready-made batches
+(a ``DataLoader``, no ``__getitem__``) is read in order instead (:class:`IterableBatches`).
+
+A sample is ``(input, label)`` or a dict with a ``labels`` key (HF datasets); its input may
+be a tensor, a tuple of tensors (the model's positional arguments) or a dict of tensors (its
+keyword arguments: ``input_ids``, ``attention_mask``), see :mod:`accelopt.job.inputs`.
 
 What the job needs to know is read from the data: ``input_shape`` from the first sample;
 ``num_classes`` from the dataset's ``num_classes`` or ``classes`` attribute, else one pass
@@ -17,10 +23,12 @@ non-tensor samples, float labels) gets one line naming the problem and the fix.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
+from accelopt.job import inputs
 from accelopt.workloads.data import batch_rows
 
 BATCH_PROTOCOL = ("batch", "input_shape", "num_classes")
@@ -33,22 +41,87 @@ def adapt_dataset(built: Any, *, name: str, seed: int) -> Any:
     if all(hasattr(built, attr) for attr in BATCH_PROTOCOL):
         return built
     held_out = None
-    if isinstance(built, tuple) and len(built) == 2 and all(_map_style(b) for b in built):
+    if (isinstance(built, tuple) and len(built) == 2
+            and all(_map_style(b) or _iterable(b) for b in built)):
         built, held_out = built
-    if not _map_style(built):
-        raise ValueError(
-            f"dataset {name!r} returned {type(built).__name__}: neither the batch protocol "
-            f"({', '.join(BATCH_PROTOCOL)}) nor a map-style torch Dataset (__len__, "
-            "__getitem__) of (input, label) pairs")
-    return MapStyleDataset(built, held_out, name=name, seed=seed)
+    if _map_style(built):
+        return MapStyleDataset(built, held_out, name=name, seed=seed)
+    if _iterable(built):
+        return IterableBatches(built, held_out, name=name, seed=seed)
+    raise ValueError(
+        f"dataset {name!r} returned {type(built).__name__}: neither the batch protocol "
+        f"({', '.join(BATCH_PROTOCOL)}), a map-style torch Dataset (__len__, __getitem__) of "
+        "(input, label) samples, nor an iterable of (inputs, labels) batches")
 
 
 def _map_style(obj: Any) -> bool:
     return hasattr(obj, "__len__") and hasattr(obj, "__getitem__")
 
 
+def _iterable(obj: Any) -> bool:
+    return hasattr(obj, "__iter__") and not isinstance(obj, (str, bytes, torch.Tensor, Mapping))
+
+
+LABEL_KEYS = ("labels", "label")
+"""The label of a dict sample (HF datasets' convention); every other key is a model input."""
+
+
+def split_sample(item: Any, where: str) -> tuple[Any, torch.Tensor]:
+    """One sample as ``(inputs, label)``: an ``(input, label)`` pair (the input a tensor, a
+    tuple of tensors or a dict of tensors), or a dict whose ``labels``/``label`` key is the
+    label and whose other keys are the model's keyword inputs."""
+    if isinstance(item, Mapping):
+        key = next((k for k in LABEL_KEYS if k in item), None)
+        if key is None:
+            raise ValueError(
+                f"{where} is a dict without a label (keys {sorted(item)[:6]}); add a "
+                "'labels' (or 'label') entry, or return (inputs, label) pairs")
+        x: Any = {k: _tensor(v) for k, v in item.items() if k != key}
+        y = item[key]
+    elif isinstance(item, (tuple, list)) and len(item) == 2:
+        x, y = item
+        if isinstance(x, Mapping):
+            x = {k: _tensor(v) for k, v in x.items()}
+        elif isinstance(x, (tuple, list)):
+            x = tuple(_tensor(v) for v in x)
+        else:
+            x = _tensor(x)
+    else:
+        raise ValueError(
+            f"{where} is a {type(item).__name__}, not an (input, label) pair or a dict with "
+            "'labels'; return (tensor, label) or {'input_ids': ..., 'labels': ...}")
+    y = y if isinstance(y, torch.Tensor) else torch.as_tensor(y)
+    if y.is_floating_point():
+        raise ValueError(f"{where}: its label is {y.dtype}; class labels must be integers "
+                         "(class indices)")
+    return x, y
+
+
+def _tensor(v: Any) -> torch.Tensor:
+    return v if isinstance(v, torch.Tensor) else torch.as_tensor(v)
+
+
+def classes_attribute(*sources: Any) -> int | None:
+    """``num_classes`` (an int) or ``classes`` (a sequence) of the first source that has one."""
+    for data in sources:
+        for attr in ("num_classes", "classes"):
+            value = getattr(data, attr, None)
+            if isinstance(value, int):
+                return value
+            if value is not None and hasattr(value, "__len__"):
+                return len(value)
+    return None
+
+
+def sample_facts(first: torch.Tensor) -> tuple[tuple[int, ...], str]:
+    """``(input_shape, input_kind)`` from one sample's first input tensor."""
+    kind = ("sequence" if not first.is_floating_point()
+            else "image" if first.dim() == 3 else "vector")
+    return tuple(first.shape), kind
+
+
 class MapStyleDataset:
-    """The batch protocol over a map-style dataset of ``(input, label)`` pairs."""
+    """The batch protocol over a map-style dataset of samples (:func:`split_sample`)."""
 
     def __init__(self, train: Any, held_out: Any | None, *, name: str, seed: int) -> None:
         self.name, self.seed = name, seed
@@ -56,12 +129,10 @@ class MapStyleDataset:
         self.n_train = len(train)
         if self.n_train == 0:
             raise ValueError(f"dataset {name!r} is empty")
-        x, y = self._sample(train, 0)
-        self.input_shape: tuple[int, ...] = tuple(x.shape)
-        self.input_kind = ("sequence" if not x.is_floating_point()
-                           else "image" if x.dim() == 3 else "vector")
+        x, _y = self._sample(train, 0)
+        self.input_shape, self.input_kind = sample_facts(inputs.tensors(x)[0])
         self.vocab_size = getattr(train, "vocab_size", None)
-        self.num_classes = self._classes(train)
+        self.num_classes = classes_attribute(train) or self._max_label(train) + 1
         if held_out is not None:  # only then has it an eval_set: runs score it
             self.eval_set = self._eval_set
 
@@ -69,44 +140,131 @@ class MapStyleDataset:
         return (f"MapStyleDataset(name={self.name!r}, n_train={self.n_train}, input_shape="
                 f"{self.input_shape}, num_classes={self.num_classes})")
 
-    def _sample(self, data: Any, j: int) -> tuple[torch.Tensor, torch.Tensor]:
-        item = data[j]
-        if not (isinstance(item, (tuple, list)) and len(item) == 2):
-            raise ValueError(
-                f"dataset {self.name!r}: item {j} is a {type(item).__name__}, not an (input, "
-                "label) pair; return (tensor, label) from __getitem__")
-        x, y = item
-        x = x if isinstance(x, torch.Tensor) else torch.as_tensor(x)
-        y = torch.as_tensor(y)
-        if y.is_floating_point():
-            raise ValueError(
-                f"dataset {self.name!r}: label of item {j} is {y.dtype}; class labels must be "
-                "integers (class indices)")
-        return x, y
+    def _sample(self, data: Any, j: int) -> tuple[Any, torch.Tensor]:
+        return split_sample(data[j], f"dataset {self.name!r}: item {j}")
 
-    def _classes(self, data: Any) -> int:
-        for attr in ("num_classes", "classes"):
-            value = getattr(data, attr, None)
-            if isinstance(value, int):
-                return value
-            if value is not None and hasattr(value, "__len__"):
-                return len(value)
-        top = max(int(self._sample(data, j)[1].max()) for j in range(len(data)))
-        return top + 1
+    def _max_label(self, data: Any) -> int:
+        return max(int(self._sample(data, j)[1].max()) for j in range(len(data)))
 
-    def _stack(self, data: Any, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _stack(self, data: Any, rows: list[int]) -> tuple[Any, torch.Tensor]:
         pairs = [self._sample(data, j) for j in rows]
-        shapes = {tuple(x.shape) for x, _ in pairs}
-        if len(shapes) > 1:
-            raise ValueError(
-                f"dataset {self.name!r}: inputs of different shapes in one batch "
-                f"({', '.join(map(str, sorted(shapes)[:3]))}); pad or resize them to one shape")
-        return torch.stack([x for x, _ in pairs]), torch.stack([y for _, y in pairs])
+        try:
+            return inputs.stack([x for x, _ in pairs]), torch.stack([y for _, y in pairs])
+        except (ValueError, RuntimeError) as exc:
+            raise ValueError(f"dataset {self.name!r}: {exc}".splitlines()[0]) from None
 
-    def batch(self, index: int, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def batch(self, index: int, batch_size: int) -> tuple[Any, torch.Tensor]:
         """The ``index``-th training batch: a pure function of (seed, index, batch_size)."""
         rows = batch_rows(self.seed, self.n_train, index, batch_size).tolist()
         return self._stack(self._train, rows)
 
-    def _eval_set(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def _eval_set(self) -> tuple[Any, torch.Tensor]:
         return self._stack(self._held_out, list(range(len(self._held_out))))
+
+
+class IterableBatches:
+    """The batch protocol over an iterable of ready-made batches (a ``DataLoader``; a list
+    counts as a map-style dataset of samples, not as batches):
+    batch ``i`` is the iterable's ``i``-th batch, counting on into the next pass when one
+    ends, so it must yield the same batches in the same order every pass (a ``DataLoader``
+    with ``shuffle=False``, or one whose sampler has a seeded generator). A pass is read
+    again from its start only when a batch before the last one read is asked for (a resumed
+    or restarted job); the last few batches are kept, so the step's and a probe's reads of
+    one batch cost one read. A batch with fewer rows than the job's ``batch_size`` (a
+    ``DataLoader``'s last, without ``drop_last``) ends the pass and is not trained on."""
+
+    KEEP = 4
+    """Batches kept for repeated reads."""
+
+    def __init__(self, train: Any, held_out: Any | None, *, name: str, seed: int) -> None:
+        if iter(train) is train:
+            raise ValueError(
+                f"dataset {name!r} returned a one-pass iterator ({type(train).__name__}); a "
+                "job reads its batches again on resume and on every rank: return a "
+                "re-iterable (a DataLoader, or an object whose __iter__ starts a new pass)")
+        self.name, self.seed = name, seed
+        self._train, self._held_out = train, held_out
+        self._iter: Any = None
+        self._next = 0  # index of the batch self._iter yields next
+        self._pass_length: int | None = None
+        self._kept: dict[int, tuple[Any, torch.Tensor]] = {}
+        first = self._read(0)
+        x, y = first
+        self.batch_rows = len(y)
+        self.input_shape, self.input_kind = sample_facts(inputs.tensors(x)[0][0])
+        self.vocab_size = getattr(train, "vocab_size", None)
+        dataset = getattr(train, "dataset", None)
+        self.num_classes = classes_attribute(train, dataset) or self._max_label() + 1
+        if held_out is not None:
+            self.eval_set = self._eval_set
+
+    def __repr__(self) -> str:
+        return (f"IterableBatches(name={self.name!r}, batch_rows={self.batch_rows}, "
+                f"input_shape={self.input_shape}, num_classes={self.num_classes})")
+
+    def _pair(self, item: Any, index: int) -> tuple[Any, torch.Tensor]:
+        return split_sample(item, f"dataset {self.name!r}: batch {index}")
+
+    def _restart(self) -> None:
+        self._iter, self._next = iter(self._train), 0
+
+    def _read(self, index: int) -> tuple[Any, torch.Tensor]:
+        """Batch ``index`` of one pass (``index`` < the pass length)."""
+        if index in self._kept:
+            return self._kept[index]
+        if self._iter is None or index < self._next:
+            self._restart()
+        while True:
+            try:
+                item = next(self._iter)
+            except StopIteration:
+                self._pass_length = self._next
+                if index >= self._next:
+                    raise IndexError(index) from None
+                self._restart()
+                continue
+            at = self._next
+            self._next += 1
+            if at == index:
+                pair = self._pair(item, at)
+                self._kept[at] = pair
+                if len(self._kept) > self.KEEP:
+                    del self._kept[min(self._kept)]
+                return pair
+
+    def _max_label(self) -> int:
+        top = 0
+        for j, item in enumerate(self._train):
+            top = max(top, int(self._pair(item, j)[1].max()))
+        return top
+
+    def _length(self, batch_size: int) -> int:
+        """Full batches per pass (the first short batch ends a pass)."""
+        if self._pass_length is None:
+            n = 0
+            for item in self._train:
+                if len(self._pair(item, n)[1]) < batch_size:
+                    break
+                n += 1
+            self._pass_length = n
+        if self._pass_length == 0:
+            raise ValueError(
+                f"dataset {self.name!r}: no batch of {batch_size} rows (its batches have "
+                f"{self.batch_rows}); set the job's batch_size to {self.batch_rows}")
+        return self._pass_length
+
+    def batch(self, index: int, batch_size: int) -> tuple[Any, torch.Tensor]:
+        """Batch ``index`` (wrapping into further passes); its rows must be ``batch_size``."""
+        if batch_size != self.batch_rows:
+            raise ValueError(
+                f"dataset {self.name!r} yields batches of {self.batch_rows} rows but the job's "
+                f"batch_size is {batch_size}; set batch_size={self.batch_rows} (the iterable "
+                "decides the batch size)")
+        x, y = self._read(index % self._length(batch_size))
+        return x, y
+
+    def _eval_set(self) -> tuple[Any, torch.Tensor]:
+        pairs = [self._pair(item, j) for j, item in enumerate(self._held_out)]
+        if not pairs:
+            raise ValueError(f"dataset {self.name!r}: the held-out iterable yields no batch")
+        return inputs.concat([x for x, _ in pairs]), torch.cat([y for _, y in pairs])

@@ -65,12 +65,97 @@ def set_threads(threads: int) -> None:
 
 
 class SlideLogits:
-    """The training output of :class:`SlideLinear`: hidden activations waiting for targets."""
+    """The training output of :class:`SlideLinear`: hidden activations waiting for targets.
+
+    It stands where the logits would, so the code between a model's output layer and its
+    loss keeps working: ``float()``, ``view``/``reshape`` to ``[-1, out_features]`` (a
+    sequence model's ``[batch, time, d]`` activations become rows) and ``F.cross_entropy``
+    with ``ignore_index`` (HF transformers' causal-LM loss: padded positions are dropped
+    before sampling) and ``reduction`` mean or sum. Anything that needs the full rows of
+    scores is refused, naming eval mode, where the layer returns dense logits."""
 
     def __init__(self, layer: SlideLinear, h: torch.Tensor) -> None:
         self.layer = layer
         self.h = h
-        self.shape = (h.shape[0], layer.out_features)
+        self.shape = (*h.shape[:-1], layer.out_features)
+
+    @property
+    def device(self) -> torch.device:
+        return self.h.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return torch.float32  # the layer's arithmetic
+
+    def dim(self) -> int:
+        return len(self.shape)
+
+    def size(self, dim: int | None = None) -> Any:
+        return torch.Size(self.shape) if dim is None else self.shape[dim]
+
+    def float(self) -> SlideLogits:
+        return self  # the activations are float32 already; the layer computes in float32
+
+    def contiguous(self) -> SlideLogits:
+        return self
+
+    def view(self, *shape: Any) -> SlideLogits:
+        """Rows of activations: only a reshape that keeps the class dimension last."""
+        dims = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) \
+            else shape
+        if not dims or dims[-1] not in (-1, self.layer.out_features):
+            raise TypeError(
+                f"slide: view{dims} of the sampled output layer's training output: only "
+                f"shapes ending in its {self.layer.out_features} classes are defined")
+        return SlideLogits(self.layer, self.h.reshape(*dims[:-1], self.h.shape[-1]))
+
+    reshape = view
+
+    _CE_DEFAULTS = {"weight": None, "size_average": None, "ignore_index": -100,
+                    "reduce": None, "reduction": "mean", "label_smoothing": 0.0}
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: tuple = (),
+                           kwargs: dict | None = None) -> Any:
+        """``F.cross_entropy(out, y)`` (and ``nn.CrossEntropyLoss``) on this output is
+        :meth:`loss_against` over the rows whose target is not ``ignore_index``, so a
+        training loop or a model written for a dense output layer runs unchanged. Nothing
+        else is defined on sampled logits: the full row of scores is never computed in
+        training."""
+        kwargs = dict(kwargs or {})
+        if func is F.cross_entropy:
+            out, rest = args[0], list(args[1:])
+            target = rest.pop(0) if rest else kwargs.pop("target")
+            ignore = kwargs.pop("ignore_index", -100)
+            reduction = kwargs.pop("reduction", "mean")
+            changed = {k: v for k, v in kwargs.items()
+                       if k in cls._CE_DEFAULTS and v != cls._CE_DEFAULTS[k]}
+            if rest or changed or set(kwargs) - set(cls._CE_DEFAULTS) or reduction not in (
+                    "mean", "sum"):
+                raise TypeError(
+                    f"slide: cross-entropy on the sampled output layer takes ignore_index "
+                    f"and reduction mean|sum only (got {sorted(changed) or 'other arguments'}"
+                    "); drop them, or keep this layer dense (plugins.slide.min_width above "
+                    "its width)")
+            return out._cross_entropy(target, int(ignore), reduction)
+        name = getattr(func, "__name__", str(func))
+        raise TypeError(
+            f"slide: {name} on the wide output layer's training output: in training it is "
+            "sampled logits, of which only F.cross_entropy (or nn.CrossEntropyLoss) is "
+            "defined; compute other metrics in eval mode (model.eval(): dense logits)")
+
+    def _cross_entropy(self, target: torch.Tensor, ignore_index: int,
+                       reduction: str) -> torch.Tensor:
+        h, y = self.h, target
+        if h.dim() != 2 or y.dim() != 1:
+            h, y = h.reshape(-1, h.shape[-1]), y.reshape(-1)
+        keep = y != ignore_index
+        if not bool(keep.all()):
+            h, y = h[keep], y[keep]
+        if len(y) == 0:
+            return h.sum() * 0.0  # nothing to learn from: a zero loss with a graph
+        loss = SlideLogits(self.layer, h).loss_against(y)
+        return loss * len(y) if reduction == "sum" else loss
 
     def loss_against(self, y: torch.Tensor) -> torch.Tensor:
         """Softmax over the active set with 1/|y| targets; y is [B] or [B, M] padded with -1."""

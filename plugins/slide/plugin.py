@@ -27,6 +27,8 @@ class SlidePlugin:
         self.layers: list[tuple[str, str, SlideLinear]] = []
         self.inputs: list[tuple[str, str, SlideSparseInput]] = []
         self.skipped: list[str] = []
+        self.untied: list[str] = []
+        """Replaced layers whose weight another module shared (GPT-2's tied embedding)."""
 
     @hookimpl
     def accelopt_configure(self, config: Any, run_config: Any) -> None:
@@ -77,6 +79,11 @@ class SlidePlugin:
                 self.skipped.append(f"{job}:{path} ({mod.out_features} outputs, not the output "
                                     "layer)")
                 continue
+            tied = [n for n, p in model.named_parameters(remove_duplicate=False)
+                    if p is mod.weight and not n.startswith(path + ".")]
+            if tied:
+                self.untied.append(f"{job}:{path}'s weight was tied to {tied[0]}; SLIDE trains "
+                                   "its own copy (untied)")
             new = SlideLinear.from_linear(mod, self.cfg, lr=self._lr(job, layer.job.kind))
             parent_path, _, name = path.rpartition(".")
             setattr(model.get_submodule(parent_path), name, new)
@@ -103,6 +110,8 @@ class SlidePlugin:
                     f"{100 * s['rebuild_time_share']:.1f}% of layer time rebuilding tables"
                     + (f"; sparse-input first layer: {len(self.inputs)} replaced"
                        if self.inputs else "")
+                    + "".join(f"; {note}" for note in self.untied if note.startswith(
+                        f"{job}:{path}'"))
                 ),
                 metrics={k: round(float(v), 6) for k, v in s.items()},
             ))

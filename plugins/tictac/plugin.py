@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
 from accelopt_plugins.tictac.config import EXECUTIONS, HEURISTIC_CHOICES, TictacConfig
 
 from accelopt import BuiltJob, ConfigError, ReportRow, RunInfo, TransferRecord, hookimpl
@@ -59,6 +60,8 @@ class TictacPlugin:
         self.skipped = 0
         self.replanned = False
         self.warnings: list[str] = []
+        self.unplanned = ""
+        """Why no plan could be made for the job ('' : none refused)."""
         self.iterations = 1
         self.gain_s = 0.0
         self.overhead_s = 0.0
@@ -107,6 +110,11 @@ class TictacPlugin:
             # never land inside a job's first iteration. Only the parameter senders (servers)
             # plan; workers never order a transfer. The plan traces and times a copy: the
             # oracle's forward and backward must not touch the job's own model.
+            if not isinstance(job.inputs, torch.Tensor):
+                self.unplanned = (f"job '{job.job.name}' takes its inputs as a "
+                                  f"{type(job.inputs).__name__} of tensors; the planner "
+                                  "traces models of one input tensor")
+                return
             y = job.targets
             self.source = (copy.deepcopy(job.model).cpu(), job.inputs.detach().cpu(),
                            lambda out, loss=job.loss, y=y.cpu(): loss(out, y),
@@ -342,6 +350,9 @@ class TictacPlugin:
                               "(efficiency_e, with and without warm-up)")]
         if self.config.heuristic == "off":
             return [ReportRow("tictac", "heuristic=off: the transport's default order was used")]
+        if self.plan is None and self.unplanned:
+            return [ReportRow("tictac", f"not applied: {self.unplanned}; transfers kept the "
+                              "transport's default order")]
         if self.plan is None:
             return [ReportRow("tictac", "no parameter transfers were ordered (no iteration ran)")]
         metrics: dict[str, float | int | str] = {

@@ -1,0 +1,337 @@
+"""Plugins on a training loop you write yourself: ``accelopt.attach``.
+
+``accelopt run`` owns the loop; many researchers own theirs. ``attach`` gives such a loop the
+same plugins, activated and configured from the same overrides, walking the same lifecycle
+(``drivers/lifecycle.py``) and firing the same hooks, and ends with the same report rows::
+
+    import accelopt                                                      # + 1 line
+    ao = accelopt.attach(model, ["+plugins=[offload]"])                  # + 1
+    model = ao.model                                                     # + 1
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in ao.loop(loader):                                         # changed
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    ao.close()                                                           # + 1
+
+What fires where: ``accelopt_configure`` and the layer offers (``accelopt_layer_build``, the
+model transformed in place, its root possibly replaced: use ``ao.model``) in ``attach``, then
+``accelopt_job_built`` (with ``example``, the first batch, when a plugin needs one) and
+``accelopt_run_start``; ``accelopt_iteration_start``/``_end`` around each item of
+``ao.loop(...)`` (or each ``with ao.iteration():`` block); ``accelopt_after_forward`` in ``ao.backward(loss)`` (instead of
+``loss.backward()``); ``accelopt_before_optimizer_step`` and ``accelopt_after_step`` in
+``ao.step(opt)`` (instead of ``opt.step()``); ``accelopt_optimizer_build`` in
+``ao.optimizer(opt)``; ``accelopt_report_rows`` and ``accelopt_run_end`` in ``close()``. The
+last three are needed only by plugins that listen to them (a clipping plugin: ``ao.step``);
+``attach`` refuses, in one line, a plugin whose hooks would never fire here: decisions
+between jobs (salus: ``accelopt run`` schedules jobs, a loop has one) and transfers between
+processes (use ``accelopt_plugins.gradcomm.comm_hook`` in your own DDP script).
+
+Torch itself is left as the loop set it (threads, determinism: ``accelopt run`` sets them,
+``attach`` does not), and the loop's random numbers are its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import json
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+from omegaconf import OmegaConf
+from torch import nn
+
+from accelopt.activation import PluginSet, activate
+from accelopt.atomic import atomic_open
+from accelopt.config import JobConfig
+from accelopt.drivers.cluster.settings import local_info
+from accelopt.drivers.lifecycle import Lifecycle
+from accelopt.drivers.rows import with_placeholders
+from accelopt.errors import ConfigError, UserError
+from accelopt.hookspecs import RUN_DECISION_HOOKS
+from accelopt.host import PluginHost
+from accelopt.job import inputs
+from accelopt.job.events import StepEvents
+from accelopt.job.gradients import Gradients
+from accelopt.job.layers import offer_layers
+from accelopt.job.params import buckets_by_bytes, param_table
+from accelopt.job.specs import job_id_for, job_info
+from accelopt.plugin import Registry
+from accelopt.types import BuiltJob, IterationContext, IterationResult, JobInfo, ReportRow, RunInfo
+
+T = TypeVar("T")
+REPORT_FILE = "report.json"
+NEVER_FIRED_HERE = RUN_DECISION_HOOKS | {
+    "accelopt_transfer_order", "accelopt_transfer_encode", "accelopt_transfer_decode",
+    "accelopt_transfer_filter", "accelopt_transfer_done",
+}
+"""Hooks only accelopt's own drivers call: decisions between jobs, transfers between ranks."""
+FIRED_HERE = frozenset({
+    "accelopt_layer_build", "accelopt_job_built", "accelopt_iteration_start",
+    "accelopt_after_forward", "accelopt_before_optimizer_step", "accelopt_after_step",
+    "accelopt_iteration_end", "accelopt_optimizer_build",
+})
+"""The job's hooks a loop of your own fires (with the lifecycle's)."""
+
+
+def attach(
+    model: nn.Module,
+    overrides: Sequence[str] = (),
+    *,
+    example: tuple[Any, Any] | None = None,
+    name: str = "model",
+    optimizer: str = "sgd",
+    lr: float = 0.0,
+    iterations: int = 0,
+    run_dir: str | Path | None = None,
+    registry: Registry | None = None,
+    console: Any = None,
+) -> Attached:
+    """Activate the plugins ``overrides`` select (``["+plugins=[offload]", "plugins.offload.
+    min_kib=64"]``, as on the command line) on ``model`` and return the handle the loop
+    reports to. ``example``: one ``(inputs, labels)`` batch, for plugins that look at the
+    built job (``accelopt_job_built``: a pruning probe, a planner); required only when one
+    does. ``name``, ``optimizer``, ``lr``, ``iterations``: what the plugins read from the
+    job's record (slide trains with Adam at the job's ``lr``). ``run_dir``: where plugins
+    write and ``close()`` keeps ``report.json`` (default ``runs/<date>/<time>``, as the CLI;
+    one that holds a report already is refused). ``console``: a ``rich.console.Console`` for
+    ``close()``'s table (default: discarded)."""
+    from accelopt.api import default_run_dir
+    from accelopt.cli.hydra_run import compose_checked, drop_empty_plugin_selection, prepare
+
+    if not isinstance(model, nn.Module):
+        raise ConfigError(f"accelopt.attach takes the torch.nn.Module your loop trains, got "
+                          f"{type(model).__name__}")
+    if isinstance(overrides, str):
+        raise ConfigError(f"accelopt.attach takes a list of overrides, got the string "
+                          f"{overrides!r}; write [{overrides!r}]")
+    args = drop_empty_plugin_selection([str(o) for o in overrides])
+    if not any(a.lstrip("+").startswith("cluster.mode=") for a in args):
+        args.append("cluster.mode=none")  # the loop is one process, whatever the default
+    registry = registry or Registry.discover()
+    prepare(args, registry, multirun=False)
+    cfg = compose_checked(args)
+    if str(cfg.cluster.mode) != "none":
+        raise ConfigError(f"accelopt.attach runs in your loop's process; cluster.mode="
+                          f"{cfg.cluster.mode} needs accelopt's ranks (accelopt run), or wrap "
+                          "your model in DDP yourself and use gradcomm.comm_hook")
+    batch_size = inputs.rows(example[0]) if example is not None else 0
+    spec = JobConfig(name=name, model=type(model).__name__, dataset="your loop",
+                     kind="train" if model.training else "infer", batch_size=batch_size,
+                     iterations=int(iterations), optimizer=optimizer, lr=float(lr))
+    cfg.workload.jobs = [OmegaConf.structured(spec)]
+    cfg.workload.generate.n_jobs = 0
+    job_id = job_id_for(0, spec)
+    plugins = activate(cfg, registry, [job_id])
+    _refuse_plugins_that_would_not_fire(plugins, job_id)
+    if example is None and plugins.for_job(job_id).implements("accelopt_job_built"):
+        _YourJob(job_info(spec, job_id), model, None).built()  # refuses, naming the fix
+    out = Path(run_dir) if run_dir is not None else default_run_dir()
+    if (out / REPORT_FILE).exists():
+        raise ConfigError(f"{out} already holds a report ({REPORT_FILE}); give a new run_dir "
+                          "(results are never overwritten)")
+    return Attached(model, plugins, job_id, job_info(spec, job_id), example, out,
+                    int(cfg.run.seed), local_info(cfg.cluster), console)
+
+
+def _samples(item: Any) -> int:
+    """The rows of an ``(inputs, labels)`` item (0 when it is something else)."""
+    if isinstance(item, (tuple, list)) and len(item) == 2 and isinstance(item[1], torch.Tensor):
+        return int(item[1].shape[0]) if item[1].dim() else 1
+    return 0
+
+
+def _refuse_plugins_that_would_not_fire(plugins: PluginSet, job_id: str) -> None:
+    """A plugin that decides between jobs (one loop is one job), or that acts only on
+    transfers between ranks (one loop is one process), would do nothing here: say so."""
+    host = plugins.for_job(job_id)
+    for name in plugins.names:
+        hooks = host.hooks_of(name)
+        decisions = hooks & RUN_DECISION_HOOKS
+        transfers_only = hooks & NEVER_FIRED_HERE and not hooks & FIRED_HERE
+        if decisions or transfers_only:
+            missing = ", ".join(sorted(decisions or hooks & NEVER_FIRED_HERE))
+            raise ConfigError(
+                f"plugin '{name}' acts through {missing}, which only accelopt's own drivers "
+                "call (decisions between jobs, transfers between ranks): run it with "
+                "`accelopt run`, not in your own loop")
+
+
+class _YourJob:
+    """The lifecycle's view of the loop's job: its record and what ``job_built`` shows."""
+
+    def __init__(self, info: JobInfo, model: nn.Module, example: tuple[Any, Any] | None) -> None:
+        self.info, self.model, self.example = info, model, example
+
+    def built(self) -> BuiltJob:
+        if self.example is None:
+            raise ConfigError(
+                "a selected plugin looks at the built job (accelopt_job_built) and needs one "
+                "batch of your data: accelopt.attach(model, [...], example=(inputs, labels))")
+        x, y = self.example
+        return BuiltJob(job=self.info, model=self.model, inputs=x, targets=y,
+                        loss=nn.CrossEntropyLoss())
+
+
+class Attached:
+    """A loop's handle on its plugins: ``model`` (as the plugins transformed it), the
+    iteration context, the optional backward/step/optimizer calls and ``close()``."""
+
+    def __init__(self, model: nn.Module, plugins: PluginSet, job_id: str, info: JobInfo,
+                 example: tuple[Any, Any] | None, run_dir: Path, seed: int, cluster: Any,
+                 console: Any) -> None:
+        from rich.console import Console
+
+        self.plugins = plugins
+        self.host: PluginHost = plugins.for_job(job_id)
+        self.run_dir = run_dir
+        self.console = console or Console(file=io.StringIO(), width=120)
+        self.model: nn.Module = offer_layers(model, info, self.host)
+        """The model the loop trains (the same object unless a plugin replaced its root)."""
+        table = param_table(self.model)
+        self.info = dataclasses.replace(info, parameters=table,
+                                        buckets=buckets_by_bytes(table, cluster.bucket_bytes))
+        device = next((p.device for p in self.model.parameters()), torch.device("cpu"))
+        run_dir.mkdir(parents=True, exist_ok=True)
+        run = RunInfo(run_dir=str(run_dir), device=str(device), plugins=plugins.names,
+                      jobs=(self.info,), seed=seed, cluster=cluster)
+        self._job = _YourJob(self.info, self.model, example)
+        self.lifecycle = Lifecycle(plugins, run)
+        self.lifecycle.job_built([self._job])  # type: ignore[list-item]
+        self.lifecycle.start()
+        self.events = StepEvents(self.host)
+        self.iterations = 0
+        self.rebuild_requests: list[str] = []
+        """Optimizer rebuilds plugins asked for (``accelopt_after_step``); your loop builds
+        its optimizer, so ``step`` warns and keeps them here."""
+        self._context: IterationContext | None = None
+        self._loss: float | None = None
+        self._closed: list[ReportRow] | None = None
+        self._t0 = time.perf_counter()
+
+    # -- the iteration -------------------------------------------------------------------
+
+    def loop(self, iterable: Iterable[T]) -> Iterator[T]:
+        """``iterable`` as it is, each item one iteration: ``accelopt_iteration_start``
+        before the item is handed to the loop's body, ``_end`` when the body asks for the
+        next one (or leaves the loop). The one line a loop changes: ``for x, y in
+        ao.loop(loader):``."""
+        for item in iterable:
+            context = self._begin()
+            try:
+                yield item
+            except GeneratorExit:  # the body broke out of the loop after this item
+                self._end(context, _samples(item))
+                raise
+            self._end(context, _samples(item))
+
+    @contextlib.contextmanager
+    def iteration(self, samples: int = 0) -> Iterator[IterationContext]:
+        """One iteration as a ``with`` block, for a loop :meth:`loop` cannot wrap:
+        ``accelopt_iteration_start`` on entry, ``_end`` on a normal exit (with the loss
+        ``backward`` saw, and ``samples``); an exception ends it without ``_end``."""
+        context = self._begin()
+        try:
+            yield context
+        except BaseException:
+            self._context = None
+            raise
+        self._end(context, samples)
+
+    def _begin(self) -> IterationContext:
+        if self._closed is not None:
+            raise UserError("accelopt.attach: an iteration after close(); attach again")
+        context = IterationContext(self.info, self.events.lane, self.iterations,
+                                   time.perf_counter() - self._t0)
+        self._context, self._loss = context, None
+        if self.events.iteration_start:
+            self.events.iteration_start(context)
+        return context
+
+    def _end(self, context: IterationContext, samples: int) -> None:
+        self._context = None
+        self.iterations += 1
+        if self.events.iteration_end:
+            result = IterationResult(self.info.job_id, context.iteration, context.now_s,
+                                     time.perf_counter() - self._t0, self._loss, int(samples))
+            self.events.iteration_end(context, result)
+
+    def _current(self, call: str) -> IterationContext:
+        if self._context is None:
+            raise UserError(f"accelopt.attach: {call} outside `with ao.iteration():`; the "
+                            "hooks it fires belong to an iteration")
+        return self._context
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """``loss.backward()`` after ``accelopt_after_forward`` (which may replace it)."""
+        context = self._current("backward()")
+        self._loss = float(loss.detach())
+        if self.events.after_forward:
+            loss = self.events.after_forward(context, loss)
+        loss.backward()
+
+    def step(self, optimizer: torch.optim.Optimizer) -> bool:
+        """``optimizer.step()`` between ``accelopt_before_optimizer_step`` (the gradients by
+        parameter name: a plugin may clip, scale or skip them) and ``accelopt_after_step``.
+        Returns whether the optimizer stepped."""
+        context = self._current("step()")
+        stepped = True
+        if self.events.before_optimizer_step:
+            grads = Gradients(self.info, dict(self.model.named_parameters()))
+            self.events.before_optimizer_step(context, grads)
+            stepped = grads.skipped is None
+        if stepped:
+            optimizer.step()
+        if self.events.after_step:
+            for rebuild in self.events.after_step(context, stepped):
+                self.rebuild_requests.append(f"iteration {context.iteration}: "
+                                             f"{rebuild.reason}")
+                import warnings
+
+                warnings.warn(f"accelopt.attach: a plugin asked for an optimizer rebuild "
+                              f"({rebuild.reason}); build a new optimizer over "
+                              "ao.model.parameters() in your loop", RuntimeWarning,
+                              stacklevel=2)
+        return stepped
+
+    def optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        """The optimizer to use: yours, or what ``accelopt_optimizer_build`` made of it."""
+        params = dict(self.model.named_parameters())
+        return self.host.chain("accelopt_optimizer_build", optimizer, lambda o: {
+            "job": self.info, "optimizer": o, "parameters": params, "previous": None})
+
+    # -- the end ---------------------------------------------------------------------------
+
+    def close(self) -> list[ReportRow]:
+        """Every plugin's report rows (printed on the console, kept in ``report.json``) after
+        ``accelopt_run_end``; a second call returns the same rows."""
+        if self._closed is not None:
+            return self._closed
+        rows = with_placeholders(self.lifecycle.merged_rows(), self.plugins.names)
+        metrics = {"iterations": self.iterations,
+                   "duration_s": round(time.perf_counter() - self._t0, 6)}
+        self.lifecycle.end(metrics)
+        self._closed = rows
+        with atomic_open(self.run_dir / REPORT_FILE) as handle:
+            handle.write(json.dumps({
+                "plugins": list(self.plugins.names),
+                "job": {"name": self.info.name, "model": self.info.model,
+                        "parameters": len(self.info.parameters)},
+                **metrics, "plugin_rows": [dataclasses.asdict(r) for r in rows],
+                "rebuild_requests": self.rebuild_requests}, indent=1, default=str) + "\n")
+        from accelopt.report.summary import plugins_table
+
+        self.console.print(plugins_table(rows))
+        return rows
+
+    def __enter__(self) -> Attached:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,223 @@
+"""Plugins in a training loop the user writes (``accelopt.attach``, docs/your-model.md): the
+documented loop gains offload, gpu_kernels or slide with at most five lines, the same hooks
+fire as in ``accelopt run`` on the same model, the same report rows come back, and plugins
+that could not act in one loop are refused in one line."""
+
+from __future__ import annotations
+
+import collections
+import difflib
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import accelopt
+from accelopt import ConfigError, PluginSpec, Registry, UserError, hookimpl
+from accelopt.testing import run_workload
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+pytestmark = pytest.mark.timeout(180)
+DOC = Path(__file__).resolve().parents[1] / "docs" / "your-model.md"
+SLIDE = '["+plugins=[slide]"]'
+PLUGINS = {
+    "offload": '["+plugins=[offload]"]',
+    "gpu_kernels": '["+plugins=[gpu_kernels]", "plugins.gpu_kernels.prune_amount=0.5"]',
+    "slide": SLIDE,
+}
+
+
+def loops() -> tuple[str, str]:
+    """The section's plain loop and the same loop with accelopt."""
+    section = DOC.read_text().split("## In your own training loop", 1)[1]
+    blocks = [b.split("```", 1)[0] for b in section.split("```python")[1:]]
+    return blocks[0], blocks[1]
+
+
+class LoopRecorder:
+    """The hooks a loop of one's own can fire, recorded by name."""
+
+    def __init__(self, config: object = None) -> None:
+        self.calls: list[str] = []
+
+    def _note(self, name: str) -> None:
+        self.calls.append(name)
+
+    @hookimpl
+    def accelopt_configure(self, config, run_config):
+        self._note("configure")
+
+    @hookimpl
+    def accelopt_layer_build(self, layer):
+        self._note("layer_build")
+
+    @hookimpl
+    def accelopt_job_built(self, run, job):
+        self._note("job_built")
+
+    @hookimpl
+    def accelopt_run_start(self, run):
+        self._note("run_start")
+
+    @hookimpl
+    def accelopt_iteration_start(self, context):
+        self._note("iteration_start")
+
+    @hookimpl
+    def accelopt_iteration_end(self, context, result):
+        self._note("iteration_end")
+
+    @hookimpl
+    def accelopt_report_rows(self, run):
+        self._note("report_rows")
+
+    @hookimpl
+    def accelopt_run_end(self, run, metrics):
+        self._note("run_end")
+
+
+RECORDERS: list[LoopRecorder] = []
+
+
+def _recorder(config: object) -> LoopRecorder:
+    RECORDERS.append(LoopRecorder())
+    return RECORDERS[-1]
+
+
+RECORDER = PluginSpec(name="loop_recorder", factory=_recorder, scope="run")
+
+
+def registry() -> Registry:
+    reg = Registry.discover()
+    reg.add(RECORDER)
+    return reg
+
+
+def test_the_documented_loop_gains_a_plugin_with_at_most_five_lines():
+    plain, attached = loops()
+    assert len(plain.strip().splitlines()) <= 21  # a short loop of one's own
+    diff = [line for line in difflib.unified_diff(plain.splitlines(), attached.splitlines(),
+                                                  lineterm="", n=0)
+            if line[:1] in "+-" and not line.startswith(("+++", "---"))]
+    added = [line for line in diff if line.startswith("+") and line[1:].strip()]
+    removed = [line for line in diff if line.startswith("-") and line[1:].strip()]
+    assert len(added) <= 5 and len(removed) <= 1, diff  # one line changed, four added
+    assert SLIDE in attached
+
+
+def run_documented_loop(name: str, tmp_path: Path, monkeypatch) -> tuple[list, list[str], str]:
+    """The documented loop with ``name`` instead of slide (and the recorder): its rows, the
+    hooks it fired, and what it printed."""
+    import io
+
+    from rich.console import Console
+
+    _, attached = loops()
+    overrides = PLUGINS[name].replace(f"+plugins=[{name}]", f"+plugins=[{name},loop_recorder]")
+    code = attached.replace(SLIDE, overrides).replace(
+        "optimizer=\"adam\", lr=1e-3)",
+        "optimizer=\"adam\", lr=1e-3, run_dir=RUN_DIR, registry=REGISTRY, console=CONSOLE)")
+    assert code != attached
+    out = io.StringIO()
+    namespace = {"RUN_DIR": tmp_path / "loop", "REGISTRY": registry(),
+                 "CONSOLE": Console(file=out, width=200)}
+    RECORDERS.clear()
+    exec(compile(code, str(DOC), "exec"), namespace)
+    rows = namespace["ao"].close()  # the second call returns the rows the first printed
+    return rows, RECORDERS[-1].calls, out.getvalue()
+
+
+@pytest.mark.parametrize("name", sorted(PLUGINS))
+def test_the_documented_loop_fires_the_hooks_and_reports_the_rows_of_accelopt_run(
+        name, tmp_path, monkeypatch, capsys):
+    rows, loop_calls, printed = run_documented_loop(name, tmp_path, monkeypatch)
+    assert "train accuracy" in capsys.readouterr().out
+    rows = [r for r in rows if r.plugin != RECORDER.name]
+    assert [r.plugin for r in rows] == [name] and name in printed
+    assert (tmp_path / "loop" / "report.json").exists()
+    # the same model and data through `accelopt run` (the test's own factories)
+    overrides = [o.strip('"') for o in PLUGINS[name].strip("[]").split(", ")][1:]
+    RECORDERS.clear()
+    record = run_workload(
+        [name, RECORDER], [*overrides, "workload.jobs.0.name=model",
+                           "workload.jobs.0.model=byo_models:doc_loop_model",
+                           "workload.jobs.0.dataset=byo_models:doc_loop_data",
+                           "workload.jobs.0.batch_size=128", "workload.jobs.0.iterations=48",
+                           "workload.jobs.0.optimizer=adam", "workload.jobs.0.lr=0.001",
+                           "cluster.mode=none", "run.profile=false"],
+        tmp_path=tmp_path, workload="single", registry=registry())
+    run_calls = RECORDERS[-1].calls
+    ours = [r for r in record.plugin_rows if r.plugin == name]
+
+    def counts(calls: list[str]) -> collections.Counter:
+        return collections.Counter(c for c in calls if c != "configure")  # validation: twice
+
+    assert counts(loop_calls) == counts(run_calls)
+    assert loop_calls.count("iteration_start") == 48 and "configure" in loop_calls
+    assert [sorted(r.metrics) for r in rows] == [sorted(r.metrics) for r in ours]
+    shape_facts = {"offload": ("offloaded_bytes_per_iteration", "param_bytes_per_iteration"),
+                   "gpu_kernels": ("params_before", "params_after", "layers_pruned")}
+    for key in shape_facts.get(name, ()):
+        assert rows[0].metrics[key] == ours[0].metrics[key], key
+    if name == "slide":  # the same layer replaced, named the same way
+        assert rows[0].summary.split(" trained")[0] == ours[0].summary.split(" trained")[0]
+
+
+def test_the_step_and_backward_events_fire_in_a_loop_and_clipping_acts(tmp_path):
+    """The gradient-clipping example plugin, on ``ao.step``: a tiny max_norm changes what
+    the optimizer applies exactly as clipping the gradients by hand would."""
+    pytest.importorskip("accelopt_clip")
+
+    def trained(with_plugin: bool, run_dir: Path) -> torch.Tensor:
+        torch.manual_seed(0)
+        model = torch.nn.Linear(8, 3)
+        x, y = torch.randn(16, 8), torch.randint(3, (16,))
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        ao = accelopt.attach(model, ["+plugins=[clip]", "plugins.clip.max_norm=0.01"]
+                             if with_plugin else [], run_dir=run_dir)
+        for _ in ao.loop(range(3)):
+            loss = torch.nn.functional.cross_entropy(ao.model(x), y)
+            opt.zero_grad()
+            ao.backward(loss)
+            if not with_plugin:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 0.01)
+            ao.step(opt)
+        rows = ao.close()
+        assert [r.plugin for r in rows] == (["clip"] if with_plugin else [])
+        return model.weight.detach().clone()
+
+    clipped = trained(True, tmp_path / "plugin")
+    torch.testing.assert_close(clipped, trained(False, tmp_path / "by-hand"))
+    torch.manual_seed(0)
+    assert not torch.allclose(clipped, torch.nn.Linear(8, 3).weight)  # it did train
+
+
+@pytest.mark.parametrize("overrides, words", [
+    (["+plugins=[salus]"], "plugin 'salus' acts through accelopt_allocate"),
+    (["+plugins=[gradcomm]"], "plugin 'gradcomm' acts through accelopt_transfer"),
+    (["cluster.mode=allreduce"], "cluster.mode=allreduce needs accelopt's ranks"),
+    (["+plugins=[nope]"], "nope"),
+    ("+plugins=[slide]", "takes a list of overrides"),
+])
+def test_what_cannot_act_in_one_loop_is_refused_in_one_line(overrides, words, tmp_path):
+    with pytest.raises(UserError, match=words) as info:
+        accelopt.attach(torch.nn.Linear(4, 2), overrides, run_dir=tmp_path / "r")
+    assert "\n" not in str(info.value)
+    assert not (tmp_path / "r").exists()  # refused before anything was written
+
+
+def test_misuse_of_the_handle_is_one_line(tmp_path):
+    ao = accelopt.attach(torch.nn.Linear(4, 2), [], run_dir=tmp_path / "r")
+    with pytest.raises(UserError, match="outside `with ao.iteration"):
+        ao.step(torch.optim.SGD(ao.model.parameters(), lr=0.1))
+    assert ao.close() == [] and (tmp_path / "r" / "report.json").exists()
+    with pytest.raises(UserError, match="after close"):
+        with ao.iteration():
+            pass
+    with pytest.raises(ConfigError, match="already holds a report"):
+        accelopt.attach(torch.nn.Linear(4, 2), [], run_dir=tmp_path / "r")
+    with pytest.raises(ConfigError, match="needs one batch of your data"):  # job_built
+        accelopt.attach(torch.nn.Linear(4, 2), ["+plugins=[loop_recorder]"],
+                        run_dir=tmp_path / "s", registry=registry())
