@@ -52,6 +52,9 @@ class Quality:
     value: float
     samples: int
     """Held-out points scored."""
+    p_at_5: float | None = None
+    """Multi-label data: precision@5 (the mean share of the five best-scored classes that
+    are among a point's labels), the extreme-classification convention beside P@1."""
 
 
 @dataclass

@@ -115,9 +115,9 @@ def test_no_children_left_sees_a_rank_forked_by_the_sessions_forkserver():
 
 
 @pytest.mark.timeout(120)
-def test_ps_equals_single_process_and_counts_every_byte():
+def test_ps_equals_single_process_and_counts_every_byte(tmp_path):
     cfg = make_cfg("ps")
-    out = run_cluster(cfg, run_dir=".")
+    out = run_cluster(cfg, run_dir=tmp_path)
     job, losses = single_process(cfg)
     assert_same_params(job, out.state)
     assert out.results[0].losses == pytest.approx(losses, abs=1e-5)
@@ -161,9 +161,9 @@ def test_ps_equals_single_process_and_counts_every_byte():
 
 
 @pytest.mark.timeout(120)
-def test_allreduce_equals_single_process_with_buckets_overlapping_backward():
+def test_allreduce_equals_single_process_with_buckets_overlapping_backward(tmp_path):
     cfg = make_cfg("allreduce", bucket_mb=0.001)  # ~1 KB: the mlp's layers fall in 3 buckets
-    out = run_cluster(cfg, run_dir=".")
+    out = run_cluster(cfg, run_dir=tmp_path)
     job, losses = single_process(cfg)
     assert_same_params(job, out.state)
     assert out.results[0].losses == pytest.approx(losses, abs=1e-5)
@@ -179,9 +179,9 @@ def test_allreduce_equals_single_process_with_buckets_overlapping_backward():
 
 
 @pytest.mark.timeout(120)
-def test_transfer_order_from_a_plugin_is_enforced(test_plugins):
+def test_transfer_order_from_a_plugin_is_enforced(tmp_path, test_plugins):
     test_plugins("REVERSE")
-    out = run_cluster(make_cfg("ps", iterations=2, plugins={"reverse_order": {}}), run_dir=".")
+    out = run_cluster(make_cfg("ps", iterations=2, plugins={"reverse_order": {}}), run_dir=tmp_path)
     server, worker = out.ranks[0], out.ranks[1]
     names = [name for name, _ in single_process(make_cfg("ps"), 0)[0].model.named_parameters()]
     for it in range(2):
@@ -201,12 +201,12 @@ def test_transfer_order_from_a_plugin_is_enforced(test_plugins):
 
 
 @pytest.mark.timeout(120)
-def test_an_order_naming_a_missing_transfer_fails_clearly(test_plugins):
+def test_an_order_naming_a_missing_transfer_fails_clearly(tmp_path, test_plugins):
     test_plugins("BOGUS")
     cfg = make_cfg("ps", iterations=2, plugins={"bogus_order": {}}, timeout_s=6)
     start = time.monotonic()
     with pytest.raises(RankFailed) as info:
-        run_cluster(cfg, run_dir=".")
+        run_cluster(cfg, run_dir=tmp_path)
     message = str(info.value)
     assert "\n" not in message
     assert "rank 0 (server" in message and "TransferOrderError" in message
@@ -216,10 +216,10 @@ def test_an_order_naming_a_missing_transfer_fails_clearly(test_plugins):
 
 
 @pytest.mark.timeout(120)
-def test_transfer_done_is_called_once_per_received_transfer(test_plugins):
+def test_transfer_done_is_called_once_per_received_transfer(tmp_path, test_plugins):
     test_plugins("COUNT_DONE", "RANK_SAYS")
     cfg = make_cfg("ps", iterations=2, plugins={"count_done": {}, "rank_says": {}})
-    out = run_cluster(cfg, run_dir=".")
+    out = run_cluster(cfg, run_dir=tmp_path)
     # a run-scoped plugin's rows come from one rank (the first worker), not one per rank;
     # a job-scoped plugin's rows from every rank
     assert [r.summary for r in out.plugin_rows if r.plugin == "rank_says"] == [
@@ -235,12 +235,12 @@ def test_transfer_done_is_called_once_per_received_transfer(test_plugins):
 
 
 @pytest.mark.timeout(120)
-def test_codec_and_filter_plugins_transform_payloads(test_plugins):
+def test_codec_and_filter_plugins_transform_payloads(tmp_path, test_plugins):
     """accelopt_transfer_encode / accelopt_transfer_decode change the payload on the wire;
     accelopt_transfer_filter drops the bias gradients."""
     test_plugins("HALF", "DROP_BIAS")
     cfg = make_cfg("ps", iterations=2, plugins={"half_codec": {}, "drop_bias": {}})
-    out = run_cluster(cfg, run_dir=".")
+    out = run_cluster(cfg, run_dir=tmp_path)
     job, _ = single_process(cfg, iterations=2)
     m = out.metrics
     # bias gradients dropped (3 biases x 2 workers x 2 iterations); half-precision payloads
@@ -273,7 +273,7 @@ def test_sigkill_of_a_worker_fails_the_run_fast_and_leaves_nothing(test_plugins,
     thread = threading.Thread(target=killer, daemon=True)
     thread.start()
     with pytest.raises(RankFailed) as info:
-        run_cluster(cfg, run_dir=".")
+        run_cluster(cfg, run_dir=tmp_path)
     failed_at = time.monotonic()
     thread.join(5)
     message = str(info.value)
@@ -284,10 +284,10 @@ def test_sigkill_of_a_worker_fails_the_run_fast_and_leaves_nothing(test_plugins,
     assert no_children_left()
 
 
-def test_config_errors_are_one_line():
+def test_config_errors_are_one_line(tmp_path):
     with pytest.raises(ConfigError, match="cluster.mode"):
-        run_cluster(make_cfg("mesh"), run_dir=".")
+        run_cluster(make_cfg("mesh"), run_dir=tmp_path)
     cfg = make_cfg("ps")
     cfg.workload.jobs[0].batch_size = 1
     with pytest.raises(ConfigError, match="batch_size 1 is smaller than cluster.workers=2"):
-        run_cluster(cfg, run_dir=".")
+        run_cluster(cfg, run_dir=tmp_path)

@@ -48,11 +48,11 @@ def make_cfg(jobs=JOBS, plugins: dict | None = None, mode: str = "ps"):
 
 
 @pytest.fixture(scope="module")
-def alone():
+def alone(tmp_path_factory):
     """Each job trained alone in PS mode: its final parameters and buffers."""
     states = {}
     for spec in JOBS[:2]:
-        out = run_cluster(make_cfg([spec]), run_dir=".")
+        out = run_cluster(make_cfg([spec]), run_dir=tmp_path_factory.mktemp("run"))
         states[spec.name] = out.state
     return states
 
@@ -136,10 +136,10 @@ def test_several_jobs_share_the_ranks_in_allreduce_mode_too(tmp_path):
     assert_bitwise(out.state[ids["mlp"]], alone.state)
 
 
-def test_config_mistakes_are_one_line():
+def test_config_mistakes_are_one_line(tmp_path):
     small = [JOBS[0], JobConfig(name="tiny-batch", batch_size=1, iterations=1)]
     with pytest.raises(ConfigError, match="job 'tiny-batch': batch_size 1 is smaller"):
-        run_cluster(make_cfg(small), run_dir=".")
+        run_cluster(make_cfg(small), run_dir=tmp_path)
 
 
 def test_cli_error_for_a_job_list_that_cannot_run_is_one_line(tmp_path):

@@ -45,10 +45,10 @@ needs_root = pytest.mark.skipif(
 )
 
 
-def test_shaping_without_root_is_a_one_line_error(monkeypatch):
+def test_shaping_without_root_is_a_one_line_error(tmp_path, monkeypatch):
     monkeypatch.setattr(netns.os, "geteuid", lambda: 1000)
     with pytest.raises(ShapingError) as info:
-        run_cluster(make_cfg("ps", **{"network.bandwidth": "1gbit"}), run_dir=".")
+        run_cluster(make_cfg("ps", **{"network.bandwidth": "1gbit"}), run_dir=tmp_path)
     assert "needs root" in str(info.value) and "\n" not in str(info.value)
 
 
@@ -69,11 +69,11 @@ def test_shaped_loopback_delivers_the_configured_bandwidth(own_namespaces):
 @pytest.mark.root
 @needs_root
 @pytest.mark.timeout(120)
-def test_cluster_run_inside_a_shaped_namespace_is_cleaned_up(own_namespaces):
+def test_cluster_run_inside_a_shaped_namespace_is_cleaned_up(tmp_path, own_namespaces):
     # width 256: ~0.3 MB of parameters, so per-packet TCP/IP overhead is small
     cfg = make_cfg("ps", iterations=4, **{"network.bandwidth": "200mbit"})
     cfg.workload.jobs[0].width = 256
-    out = run_cluster(cfg, run_dir=".")
+    out = run_cluster(cfg, run_dir=tmp_path)
     m = out.metrics
     assert m["configured_bandwidth_bps"] == 200_000_000
     # what the kernel counted on lo (IP packets, incl. TCP/IP headers, ACKs and gloo's own
@@ -123,14 +123,14 @@ def test_each_host_has_its_own_link(own_namespaces):
 @pytest.mark.root
 @needs_root
 @pytest.mark.timeout(120)
-def test_a_straggler_link_paces_allreduce(own_namespaces):
+def test_a_straggler_link_paces_allreduce(tmp_path, own_namespaces):
     # two hosts, worker1's link at 20 Mbit/s: a ring all-reduce of 2 ranks moves each
     # rank's gradient bytes through that link in each direction every iteration
     cfg = make_cfg("allreduce", iterations=5, **{
         "network.topology": "hosts", "network.bandwidth": "200mbit",
         "network.links": {"worker1": "20mbit"}})
     cfg.workload.jobs[0].width = 256
-    m = run_cluster(cfg, run_dir=".").metrics
+    m = run_cluster(cfg, run_dir=tmp_path).metrics
     assert m["network_topology"] == "hosts"
     assert m["link_bandwidth_bps.worker0"] == 200_000_000
     assert m["link_bandwidth_bps.worker1"] == 20_000_000

@@ -519,7 +519,7 @@ def test_whole_model_guard_reverts_choices_that_do_not_pay(monkeypatch: pytest.M
 
 
 @pytest.mark.timeout(120)
-def test_pruning_in_a_parameter_server_run_agrees_on_every_rank() -> None:
+def test_pruning_in_a_parameter_server_run_agrees_on_every_rank(tmp_path) -> None:
     # server and workers each build the model through accelopt_layer_build; node pruning is
     # deterministic from the seeded weights, so every rank holds the same pruned shapes and
     # the parameter server trains the pruned model
@@ -536,11 +536,15 @@ def test_pruning_in_a_parameter_server_run_agrees_on_every_rank() -> None:
     cfg.cluster.workers = 2
     cfg.cluster.timeout_s = 30
     cfg.plugins = {"gpu_kernels": {"prune_amount": 0.5}}
-    out = run_cluster(cfg, run_dir=".")
+    out = run_cluster(cfg, run_dir=tmp_path)
     dense = Job(spec, job_id="dense", device=torch.device("cpu")).model
     dense_sizes = {n: p.numel() for n, p in dense.named_parameters()}
     pruned = {n: v.numel() for n, v in out.state.items() if n in dense_sizes}
     assert pruned and sum(pruned.values()) < sum(dense_sizes.values())
     rows = [r.summary for r in out.plugin_rows if r.plugin == "gpu_kernels"]
     assert rows and any("prun" in r for r in rows), rows
+    per_rank = {rank.rank: [r.metrics.get("params_after") for r in rank.plugin_rows
+                            if r.plugin == "gpu_kernels"] for rank in out.ranks}
+    assert len(per_rank) == 3, per_rank  # the server and both workers pruned, alike
+    assert len({tuple(v) for v in per_rank.values()}) == 1 and None not in per_rank[0]
     assert len(out.results[0].losses) == 3

@@ -31,7 +31,7 @@ def make_cfg(iterations: int = 6, lr: float = 0.05, **gradcomm):
     return cfg
 
 
-def test_replicas_stay_identical_every_n_iterations(monkeypatch):
+def test_replicas_stay_identical_every_n_iterations(tmp_path, monkeypatch):
     """A test plugin digests the parameters after the optimizer step every CHECK_EVERY
     iterations on every rank (accelopt_after_step): the replicas agree at every check."""
     tests = str(Path(__file__).parent)
@@ -39,7 +39,7 @@ def test_replicas_stay_identical_every_n_iterations(monkeypatch):
     monkeypatch.setenv("ACCELOPT_PLUGINS", "cluster_plugins:DIGEST")
     cfg = make_cfg(iterations=6, sparsify="topk", density=0.05, dtype="fp16")
     cfg.plugins["digest"] = {}
-    out = run_cluster(cfg, run_dir=".")
+    out = run_cluster(cfg, run_dir=tmp_path)
     rows = {r.metrics["rank"]: r.metrics["digests"].split(";")
             for r in out.plugin_rows if r.plugin == "digest"}
     assert sorted(rows) == [0, 1]
@@ -53,10 +53,10 @@ def test_replicas_stay_identical_every_n_iterations(monkeypatch):
     assert all("momentum correction (m=0.9" in line for line in summaries)
 
 
-def test_fp16_halves_the_bytes_and_sparse_buckets_train():
-    plain = run_cluster(make_cfg(), run_dir=".")
-    half = run_cluster(make_cfg(dtype="fp16", error_feedback=False), run_dir=".")
-    sparse = run_cluster(make_cfg(sparsify="threshold", threshold=0.01), run_dir=".")
+def test_fp16_halves_the_bytes_and_sparse_buckets_train(tmp_path):
+    plain = run_cluster(make_cfg(), run_dir=tmp_path)
+    half = run_cluster(make_cfg(dtype="fp16", error_feedback=False), run_dir=tmp_path)
+    sparse = run_cluster(make_cfg(sparsify="threshold", threshold=0.01), run_dir=tmp_path)
     payload = [sum(r.stats.payload_bytes for r in out.ranks) for out in (plain, half, sparse)]
     assert payload[1] * 2 == payload[0]
     # the few elements above the threshold as int32 index + fp32 value
@@ -70,24 +70,24 @@ def test_fp16_halves_the_bytes_and_sparse_buckets_train():
     print(rows[0])
 
 
-def test_a_diverging_run_stops_naming_the_layer_instead_of_spreading_nan():
+def test_a_diverging_run_stops_naming_the_layer_instead_of_spreading_nan(tmp_path):
     cfg = make_cfg(iterations=6, lr=1e30, dtype="bf16")  # weights explode, gradients go NaN
     with pytest.raises(RankFailed) as info:
-        run_cluster(cfg, run_dir=".")
+        run_cluster(cfg, run_dir=tmp_path)
     message = str(info.value)
     assert "NonFiniteGradient" in message and "in layer 'net." in message
     assert "not sent" in message and "\n" not in message
     print(message)
 
 
-def test_momentum_correction_at_density_one_is_plain_momentum_sgd():
+def test_momentum_correction_at_density_one_is_plain_momentum_sgd(tmp_path):
     """Sending every element with momentum correction (no masking) must train exactly like
     the plain all-reduce with the job's SGD momentum: the velocity moves into the codec and
     the decoder cancels the optimizer's own momentum, in the real runtime, over several
     buckets."""
-    plain = run_cluster(make_cfg(), run_dir=".")
+    plain = run_cluster(make_cfg(), run_dir=tmp_path)
     corrected = run_cluster(make_cfg(sparsify="topk", density=1.0, momentum_correction=True,
-                                     factor_masking=False), run_dir=".")
+                                     factor_masking=False), run_dir=tmp_path)
     assert plain.state.keys() == corrected.state.keys()
     for name, value in plain.state.items():
         torch.testing.assert_close(corrected.state[name], value, atol=1e-5, rtol=1e-4)
@@ -96,6 +96,6 @@ def test_momentum_correction_at_density_one_is_plain_momentum_sgd():
     assert rows[0].metrics["buckets"] > 1
     # and with masking the same density-1 run is different training (sent entries lose
     # their momentum): the check above can tell them apart
-    masked = run_cluster(make_cfg(sparsify="topk", density=1.0), run_dir=".")
+    masked = run_cluster(make_cfg(sparsify="topk", density=1.0), run_dir=tmp_path)
     assert any(not torch.allclose(masked.state[n], v, atol=1e-5, rtol=1e-4)
                for n, v in plain.state.items())

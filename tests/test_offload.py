@@ -206,7 +206,7 @@ def test_bad_options_are_one_line_errors(run_tiny, override, key):
 
 
 @pytest.mark.timeout(120)
-def test_offload_is_active_on_every_worker_of_an_allreduce_run():
+def test_offload_is_active_on_every_worker_of_an_allreduce_run(tmp_path):
     # cluster ranks build their model through accelopt_layer_build like a single-process
     # run, so the engine is installed on each worker and reports what it moved
     from omegaconf import OmegaConf
@@ -221,7 +221,7 @@ def test_offload_is_active_on_every_worker_of_an_allreduce_run():
     cfg.cluster.workers = 2
     cfg.cluster.timeout_s = 30
     cfg.plugins = {"offload": {"min_kib": 0}}
-    out = run_cluster(cfg, run_dir=".")
+    out = run_cluster(cfg, run_dir=tmp_path)
     rows = [r for r in out.plugin_rows if r.plugin == "offload"]
     assert rows, [r.plugin for r in out.plugin_rows]
     assert any("offloaded" in r.summary for r in rows), [r.summary for r in rows]

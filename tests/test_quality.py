@@ -88,3 +88,19 @@ def test_run_compare_shows_quality_beside_speed(run_tiny):
 
     record = run_tiny(RANK_REPORTER, overrides=["run.compare=baseline"])
     assert "compare.baseline.avg_quality" in record.metrics
+
+
+def test_multi_label_data_gets_p_at_1_and_p_at_5_as_defined():
+    """P@k: the share of the k best-scored classes among a point's labels (padded with -1)."""
+    from accelopt.job.quality import hits_at_1, hits_at_5, score
+
+    logits = torch.tensor([[9.0, 8, 7, 6, 5, 4, 0], [0.0, 1, 2, 3, 4, 5, 6]])
+    labels = torch.tensor([[0, 6, -1], [2, 3, 5]])
+    assert hits_at_1(logits, labels).tolist() == [1.0, 0.0]
+    # point 0: top five 0..4, labels {0, 6} -> 1 of 5; point 1: top five 6..2 -> {2, 3, 5}: 3/5
+    assert hits_at_5(logits, labels).tolist() == pytest.approx([0.2, 0.6])
+    model = nn.Identity()
+    p1, n, multi, p5 = score(model, [(logits, labels)])
+    assert (p1, n, multi) == (0.5, 2, True) and p5 == pytest.approx(0.4)
+    single = score(model, [(logits, torch.tensor([0, 6]))])
+    assert single[2] is False and single[0] == 1.0

@@ -107,7 +107,7 @@ def test_salus_json_and_timeline_written(run):
     doc = json.loads((run_dir / "salus.json").read_text())
     assert doc["summary"]["lanes_note"].startswith("lanes are accounted, not enforced")
     assert doc["summary"]["switches"] >= 1
-    assert doc["summary"]["switch_latency_median_s"] >= 0
+    assert 0 < doc["summary"]["switch_latency_median_s"] < 1.0  # a switch between iterations
     assert 0 < doc["summary"]["busy_fraction"] <= 1.0 + 1e-9
     assert (run_dir / "timeline.png").stat().st_size > 0
     trace = json.loads((run_dir / "trace.json").read_text())
@@ -142,19 +142,24 @@ def test_job_next_to_others_is_bitwise_equal_to_alone(run_tiny, policy):
 
 def test_set_num_threads_is_per_lane_thread():
     """Why per-lane thread counts work: with the OpenMP backend the count is per thread."""
+    if "OpenMP" not in torch.__config__.parallel_info():
+        pytest.skip("a per-thread count is OpenMP's; this torch build uses another backend")
     before = torch.get_num_threads()
+    torch.set_num_threads(2)  # a count the lane's 1 differs from, whatever the session set
     seen = []
 
     def lane():
         torch.set_num_threads(1)
         seen.append(torch.get_num_threads())
 
-    t = threading.Thread(target=lane)
-    t.start()
-    t.join()
-    assert seen == [1]
-    if "OpenMP" in torch.__config__.parallel_info() and before > 1:
-        assert torch.get_num_threads() == before
+    try:
+        t = threading.Thread(target=lane)
+        t.start()
+        t.join()
+        assert seen == [1]
+        assert torch.get_num_threads() == 2  # the main thread kept its own count
+    finally:
+        torch.set_num_threads(before)
 
 
 # -- admission, rejection, failure -----------------------------------------------------------

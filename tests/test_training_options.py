@@ -130,7 +130,7 @@ def test_options_survive_a_checkpoint_bitwise():
 
 
 @pytest.mark.parametrize("mode", ["ps", "allreduce"])
-def test_the_options_train_alike_in_a_cluster_run(mode):
+def test_the_options_train_alike_in_a_cluster_run(tmp_path, mode):
     from accelopt.drivers.cluster import run_cluster
 
     options = dict(optimizer="adamw", lr=1e-2, weight_decay=0.05, lr_schedule="cosine",
@@ -138,7 +138,7 @@ def test_the_options_train_alike_in_a_cluster_run(mode):
     cfg = make_cfg(mode, iterations=4)
     for key, value in options.items():
         OmegaConf.update(cfg, f"workload.jobs.0.{key}", value)
-    out = run_cluster(cfg, run_dir=".")
+    out = run_cluster(cfg, run_dir=tmp_path)
     s = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(JobConfig), cfg.workload.jobs[0]))
     single = Job(s, job_id="single", device=CPU)
     for _ in range(4):

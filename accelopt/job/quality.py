@@ -32,6 +32,15 @@ def hits_at_1(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return (labels == pred[:, None]).any(dim=1).to(torch.float64)
 
 
+def hits_at_5(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Per point: the share of its five best-scored classes that are among its labels
+    (``[B, M]`` label sets padded with -1; fewer than five classes: all of them)."""
+    k = min(5, logits.shape[1])
+    top = logits.topk(k, dim=1).indices
+    labels = labels.reshape(len(labels), -1)
+    return (top[:, :, None] == labels[:, None, :]).any(dim=2).to(torch.float64).sum(1) / k
+
+
 def eval_batches(dataset: object, batch_size: int = EVAL_BATCH
                  ) -> Iterator[tuple[torch.Tensor, torch.Tensor]] | None:
     """The dataset's held-out set in batches (its own ``eval_batches`` when it has one);
@@ -52,12 +61,13 @@ def eval_batches(dataset: object, batch_size: int = EVAL_BATCH
 
 
 def score(model: torch.nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
-          device: torch.device | None = None) -> tuple[float, int, bool]:
-    """(top-1 precision, points scored, multi-label) of ``model`` over ``batches`` (eval
-    mode, no gradients; the model's train/eval mode is restored afterwards)."""
+          device: torch.device | None = None) -> tuple[float, int, bool, float]:
+    """(top-1 precision, points scored, multi-label, precision@5) of ``model`` over
+    ``batches`` (eval mode, no gradients; the model's train/eval mode is restored
+    afterwards)."""
     was_training = model.training
     model.eval()
-    hits, n, multi = 0.0, 0, False
+    hits, hits5, n, multi = 0.0, 0.0, 0, False
     try:
         with torch.no_grad():
             for x, y in batches:
@@ -70,10 +80,13 @@ def score(model: torch.nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Te
                         "logits; top-1 needs one score per class")
                 multi = multi or y.dim() > 1
                 hits += float(hits_at_1(logits, y).sum())
+                if multi:
+                    hits5 += float(hits_at_5(logits, y).sum())
                 n += len(y)
     finally:
         model.train(was_training)
-    return (hits / n if n else float("nan")), n, multi
+    nan = float("nan")
+    return (hits / n if n else nan), n, multi, (hits5 / n if n else nan)
 
 
 def evaluate(model: torch.nn.Module, dataset: object,
@@ -86,8 +99,9 @@ def evaluate(model: torch.nn.Module, dataset: object,
     batches = eval_batches(dataset)
     if batches is None:
         return None
-    value, n, multi = score(model, batches, device)
-    return Quality(metric="p_at_1" if multi else "accuracy", value=value, samples=n)
+    value, n, multi, p5 = score(model, batches, device)
+    return Quality(metric="p_at_1" if multi else "accuracy", value=value, samples=n,
+                   p_at_5=p5 if multi else None)
 
 
 def _shape(out: Any) -> str:

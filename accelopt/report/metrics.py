@@ -38,6 +38,7 @@ JOB_COLUMNS: tuple[str, ...] = (
     "quality_metric",
     "quality",
     "quality_samples",
+    "quality_p_at_5",
     "quality_note",
 )
 """Column order of ``metrics.csv``; fixed so that files from different runs line up."""
@@ -111,6 +112,7 @@ def job_metrics(result: JobResult) -> dict[str, Any]:
     row["quality_metric"] = quality.metric if quality is not None else None
     row["quality"] = quality.value if quality is not None else None
     row["quality_samples"] = quality.samples if quality is not None else None
+    row["quality_p_at_5"] = quality.p_at_5 if quality is not None else None
     row["quality_note"] = result.quality_note
     return clean(row)
 

@@ -78,7 +78,10 @@ def _quality(m: dict[str, Any]) -> str:
     if m.get("quality") is None:
         return "–"
     digits = 1 if m["quality_metric"] == "perplexity" else 3
-    return f"{QUALITY_LABEL.get(m['quality_metric'], m['quality_metric'])} {m['quality']:.{digits}f}"
+    text = f"{QUALITY_LABEL.get(m['quality_metric'], m['quality_metric'])} {m['quality']:.{digits}f}"
+    if m.get("quality_p_at_5") is not None:
+        text += f" P@5 {m['quality_p_at_5']:.3f}"
+    return text
 
 
 def _errors(record: RunRecord) -> list[str]:
