@@ -4,6 +4,7 @@ a real transformers model, and one-line errors for data a job cannot train on.""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -249,3 +250,44 @@ def test_the_documented_dataloader_factory_trains_and_is_scored(monkeypatch):
     result = JobResult(job.info, status="done")
     score_result(result, s, job.model, job.dataset)
     assert result.quality.samples == 128
+
+
+def doc_commands(doc: str) -> list[list[str]]:
+    """The `accelopt run` commands of the doc's bash blocks, as argument lists."""
+    import shlex
+
+    commands = []
+    for block in doc.split("```bash")[1:]:
+        text = block.split("```", 1)[0].replace("\\\n", " ")
+        commands += [shlex.split(line)[2:] for line in text.splitlines()
+                     if line.startswith("accelopt run")]
+    return commands
+
+
+def test_the_documented_cli_examples_run_with_the_documented_modules(tmp_path):
+    """mypkg/nets.py and mypkg/data.py as the doc shows them, and its commands as typed
+    (fewer iterations; torchvision is not installed here): the model factory in the default
+    parameter-server mode, where every rank imports it."""
+    import json
+
+    from clirun import TESTS_DIR, accelopt
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "your-model.md").read_text()
+    pkg = tmp_path / "mypkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    for module, marker in (("nets", "def make_net"), ("data", "def loaders")):
+        code = next(b.split("```", 1)[0] for b in doc.split("```python")[1:] if marker in b)
+        (pkg / f"{module}.py").write_text(code)
+    commands = [c for c in doc_commands(doc) if "torchvision" not in " ".join(c)]
+    assert any("mypkg.nets:make_net" in " ".join(c) for c in commands)
+    commands.append(["workload=single", "workload.jobs.0.dataset=mypkg.data:loaders",
+                     "workload.jobs.0.batch_size=32", "cluster.mode=none"])
+    short = ["run.compare=none", "run.progress=false", "workload.jobs.0.iterations=4"]
+    for n, args in enumerate(commands):
+        out = tmp_path / f"run{n}"
+        done = accelopt("run", *args, *short, f"hydra.run.dir={out}", cwd=tmp_path,
+                        timeout=180, PYTHONPATH=f"{tmp_path}{os.pathsep}{TESTS_DIR}")
+        assert done.returncode == 0, (args, done.stdout[-800:], done.stderr[-800:])
+        (job,) = json.loads((out / "metrics.json").read_text())["jobs"]
+        assert job["status"] == "done" and job["quality"] is not None, (args, job)

@@ -1,0 +1,78 @@
+"""Real model libraries through the core and each plugin that acts in one process: a BERT
+encoder on HF-style dict samples, a ViT on images and GPT-2 on text (``workload=lm``), all
+from ``transformers`` configs (random weights, no download). Each run finishes, each plugin
+reports a row (what it did, or why it did nothing), the job is scored, and a plugin that
+leaves the numerics alone leaves the losses bitwise equal to no plugin."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from accelopt import Registry
+
+sys.path.insert(0, str(Path(__file__).parent))
+pytest.importorskip("transformers")
+
+pytestmark = pytest.mark.timeout(300)
+LM_DATA = "{max_files: 40, vocab: 800, seq_len: 16, eval_chunks: 32}"
+MODELS = {
+    "bert": ["workload=tiny", "workload.jobs=[{name:bert,model:'byo_models:hf_bert',"
+             "dataset:'byo_models:token_dicts',loss:model,optimizer:adamw,lr:0.001,"
+             "iterations:3,batch_size:8}]"],
+    "vit": ["workload=tiny", "workload.jobs=[{name:vit,model:'byo_models:hf_vit',"
+            "dataset:synthetic_images,optimizer:adamw,lr:0.001,iterations:3,batch_size:8}]"],
+    "gpt2": ["workload=lm", "workload.jobs.0.iterations=3", "workload.jobs.0.batch_size=8",
+             "workload.jobs.0.warmup_iterations=1", f"workload.jobs.0.dataset_kwargs={LM_DATA}"],
+}
+PLUGINS = {
+    "offload": [],
+    "gpu_kernels": ["plugins.gpu_kernels.prune_amount=0.5"],
+    "slide": ["plugins.slide.lr=0.003", "plugins.slide.min_width=256"],
+    "salus": [],
+}
+SAME_NUMERICS = {"offload"}
+"""Plugins that change no arithmetic of the step (offload moves saved tensors and back)."""
+SAME_BUT_THREADS = {"salus"}
+"""Plugins that change nothing but the thread count a job's kernels run on (a salus lane):
+the same arithmetic in another summation order, equal to float rounding."""
+
+
+@pytest.fixture(scope="module")
+def baselines(tmp_path_factory):
+    import accelopt
+
+    out = {}
+    for name, overrides in MODELS.items():
+        record = accelopt.run([*overrides, "run.compare=none", "run.progress=false"],
+                              run_dir=tmp_path_factory.mktemp(f"{name}-none"))
+        (job,) = record.jobs
+        assert job.status == "done", (name, job.error)
+        out[name] = job
+    return out
+
+
+@pytest.mark.parametrize("plugin", sorted(PLUGINS))
+@pytest.mark.parametrize("model", sorted(MODELS))
+def test_each_plugin_on_each_real_model_finishes_and_says_what_it_did(
+        model, plugin, baselines, tmp_path):
+    import accelopt
+
+    record = accelopt.run([*MODELS[model], f"+plugins=[{plugin}]", *PLUGINS[plugin],
+                           "run.compare=none", "run.progress=false"],
+                          run_dir=tmp_path / "run", registry=Registry.discover())
+    (job,) = record.jobs
+    assert job.status == "done", job.error
+    rows = [r for r in record.plugin_rows if r.plugin == plugin]
+    assert rows and all(r.summary for r in rows)
+    assert job.quality is not None, job.quality_note
+    if plugin in SAME_NUMERICS:
+        assert job.losses == baselines[model].losses
+        assert job.quality.value == baselines[model].quality.value
+    if plugin in SAME_BUT_THREADS:
+        assert job.losses == pytest.approx(baselines[model].losses, rel=1e-5)
+    if plugin == "slide":
+        replaced = "trained with LSH-sampled softmax" in rows[0].summary
+        assert replaced == (model == "gpt2"), rows[0].summary  # the only wide output layer
