@@ -289,6 +289,35 @@ def accelopt_optimizer_build(job: JobInfo, optimizer: torch.optim.Optimizer,
     """
 
 
+@hookspec
+def accelopt_state_save(job: JobInfo) -> dict[str, Any] | None:
+    """This plugin's state for ``job``, kept in the job's checkpoint so that a resumed run
+    continues exactly (an error-feedback residual, a momentum buffer of its own, a counter).
+    Return a dict of tensors and plain values (``torch.save`` writes it), or ``None`` when
+    there is nothing to keep. Called for each plugin on its own: the state goes back to the
+    plugin that saved it (``accelopt_state_load``), never to another.
+
+    Called: whenever the job's checkpoint is written (every ``run.checkpoint_every``
+    iterations and when the job ends), after the iteration it follows.
+    Ranks: every process that writes a part of the job's checkpoint: single, and every rank.
+    Thread: the thread that ran the iteration the checkpoint follows.
+    """
+
+
+@hookspec
+def accelopt_state_load(job: JobInfo, state: dict[str, Any]) -> None:
+    """Restore what this plugin's ``accelopt_state_save`` returned for ``job`` when the
+    checkpoint being resumed was written. A checkpoint holding the state of a plugin that is
+    not active, or that does not implement this hook, is refused in one line (its state
+    would be lost silently).
+
+    Called: when a resumed run has loaded the job's checkpoint, after
+    ``accelopt_run_start`` and before the job's next iteration.
+    Ranks: every process that loads a part of the job's checkpoint: single, and every rank.
+    Thread: the main thread.
+    """
+
+
 # --- send / recv ------------------------------------------------------------------------
 
 

@@ -132,3 +132,55 @@ def test_atomic_save_leaves_old_file_on_failure(tmp_path):
         atomic_torch_save({"a": Unpicklable()}, path)
     assert torch.load(path, weights_only=False) == {"a": 1}
     assert [p.name for p in tmp_path.iterdir()] == ["x.pt"]
+
+
+def test_each_plugins_state_goes_back_to_it_and_an_orphan_state_is_refused():
+    """``accelopt_state_save`` / ``_load`` through the job's checkpoint state: each plugin
+    gets its own state back after run_start; the state of a plugin that is not active is a
+    one-line refusal, not a silent loss."""
+    from accelopt import PluginSpec, UserError, hookimpl
+    from accelopt.activation import PluginSet
+    from accelopt.config import JobConfig
+    from accelopt.job import Job
+
+    class Counter:
+        def __init__(self, _config=None) -> None:
+            self.seen = 0
+            self.loaded = None
+
+        @hookimpl
+        def accelopt_iteration_end(self, context, result):
+            self.seen += 1
+
+        @hookimpl
+        def accelopt_state_save(self, job):
+            return {"seen": self.seen}
+
+        @hookimpl
+        def accelopt_state_load(self, job, state):
+            self.loaded = state
+
+    spec = JobConfig(name="s", model="mlp", width=8, batch_size=8, iterations=3, seed=0)
+    counter = Counter()
+    plugins = PluginSet.of([(PluginSpec(name="counter", factory=Counter), counter)])
+    job = Job(spec, job_id="s", device=torch.device("cpu"), host=plugins.for_job("s"))
+    from accelopt.job import StepEvents
+
+    events = StepEvents(job.host)
+    for _ in range(2):
+        job.step(events)
+    state = job.state_dict()
+    assert state["plugins"] == {"counter": {"seen": 2}}
+    fresh = Counter()
+    again = Job(spec, job_id="s", device=torch.device("cpu"),
+                host=PluginSet.of([(PluginSpec(name="counter", factory=Counter),
+                                    fresh)]).for_job("s"))
+    again.load_state_dict(state)
+    assert fresh.loaded is None  # not before the run has started
+    again.restore_plugin_states()
+    assert fresh.loaded == {"seen": 2}
+    orphan = Job(spec, job_id="s", device=torch.device("cpu"))
+    orphan.load_state_dict(state)
+    with pytest.raises(UserError, match="plugin 'counter', which is not active") as info:
+        orphan.restore_plugin_states()
+    assert "\n" not in str(info.value)

@@ -45,9 +45,16 @@ def _rank_pids(launcher: int) -> list[int]:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("mode", ["ps", "allreduce"])
+@pytest.mark.parametrize("mode", ["ps", "allreduce", "allreduce+gradcomm"])
 def test_a_killed_rank_resumes_to_the_samesaved_weights(tmp_path, mode):
+    """``allreduce+gradcomm``: top-k sparsified gradients with error feedback, whose
+    residuals (the plugin's state, ``accelopt_state_save``) the resumed ranks need to
+    continue bit for bit."""
+    mode, _, plugin = mode.partition("+")
     job = [*JOB, f"cluster.mode={mode}", f"cluster.workers={WORKERS[mode]}"]
+    if plugin:
+        job += ["+plugins=[gradcomm]", "plugins.gradcomm.sparsify=topk",
+                "plugins.gradcomm.density=0.05"]
     ref_dir = tmp_path / "reference"
     run_in_process(*job, run_dir=ref_dir)  # the uninterrupted run
 

@@ -76,6 +76,13 @@ def called(tmp_path_factory) -> dict[str, set[str]]:
         assert all(j.status == "done" for j in record.jobs)
         for name in recorder.names():
             out.setdefault(name, set()).add(mode)
+    recorder = HookRecorder()  # a checkpointed run, then resumed: the checkpoint hooks
+    first = run_workload([], [*one_job, "run.checkpoint_every=1"], recorder=recorder,
+                         tmp_path=tmp_path_factory.mktemp("checkpointed"))
+    run_workload([], [f"run.resume={first.info.run_dir}", "run.resume_finished=true"],
+                 recorder=recorder, tmp_path=tmp_path_factory.mktemp("resumed"))
+    for name in recorder.names():
+        out.setdefault(name, set()).add("resume")
     recorder = HookRecorder()
     registry = Registry.discover()
     registry.add(recorder.spec())

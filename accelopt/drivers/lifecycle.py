@@ -54,9 +54,13 @@ class Lifecycle:
             own.call("accelopt_job_built", run=dataclasses.replace(self.info, job=job.info),
                      job=built)
 
-    def start(self) -> None:
+    def start(self, jobs: Sequence[Job] = ()) -> None:
+        """``run_start``, then each resumed job's plugin states (``accelopt_state_load``):
+        after the plugins have set themselves up, before any iteration."""
         for host, info in self._hosts():
             host.call("accelopt_run_start", run=info)
+        for job in jobs:
+            job.restore_plugin_states()
 
     def rows(self) -> list[ReportRow]:
         """Every plugin's rows of this process; a job-scoped instance's tagged with its job's

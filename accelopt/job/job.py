@@ -37,6 +37,7 @@ from accelopt.types import BuiltJob, IterationContext, IterationResult, JobProfi
 from accelopt.workloads import build_dataset, build_model, check_compatible, default_dataset_for
 
 DEFAULT_BUCKET_BYTES = 2**20
+STATE_SAVE, STATE_LOAD = "accelopt_state_save", "accelopt_state_load"
 
 
 class Job:
@@ -109,6 +110,8 @@ class Job:
         self.random = JobRandom(spec.seed, device, stream=self.exchange.stream)
         self.iteration = 0
         self.rebuilds: list[str] = []
+        self.pending_plugin_states: dict[str, Any] = {}
+        """Plugins' states from the checkpoint loaded, until the run has started."""
         """Why the optimizer was rebuilt, one entry per rebuild (``accelopt_after_step``)."""
         self.forward: nn.Module = self.model
         """What forward calls: the model, or the exchange's wrapper of it (all-reduce: PyTorch
@@ -313,7 +316,33 @@ class Job:
             "optimizer": None if self.optimizer is None else self.optimizer.state_dict(),
             "random": self.random.state_dict(),
             "scaler": None if self.scaler is None else self.scaler.state_dict(),
+            "plugins": self.plugin_states(),
         }
+
+    def plugin_states(self) -> dict[str, Any]:
+        """Each plugin's own state for this job (``accelopt_state_save``), by plugin name."""
+        if not self.host.implements(STATE_SAVE):
+            return {}
+        out: dict[str, Any] = {}
+        for name in self.host.names:
+            if STATE_SAVE in self.host.hooks_of(name):
+                state = self.host.call_one(name, STATE_SAVE, job=self.info)
+                if state is not None:
+                    out[name] = state
+        return out
+
+    def restore_plugin_states(self) -> None:
+        """Hand each plugin the state it saved in the checkpoint this job was loaded from
+        (``accelopt_state_load``), once: the lifecycle calls this after ``run_start``, so a
+        plugin that sets itself up there is not reset afterwards."""
+        pending, self.pending_plugin_states = self.pending_plugin_states, {}
+        for name, state in pending.items():
+            if STATE_LOAD not in self.host.hooks_of(name):
+                raise UserError(
+                    f"job '{self.info.name}': its checkpoint holds the state of plugin "
+                    f"'{name}', which is not active here or cannot load it "
+                    "(accelopt_state_load); resume with the run's own plugins")
+            self.host.call_one(name, STATE_LOAD, job=self.info, state=state)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
@@ -323,6 +352,7 @@ class Job:
             self.random.load_state_dict(state["random"])
         if self.scaler is not None and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
+        self.pending_plugin_states = dict(state.get("plugins") or {})
         self.iteration = int(state["iteration"])
 
     def close(self) -> None:

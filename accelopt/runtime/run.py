@@ -143,7 +143,7 @@ def _execute_local(cfg: DictConfig, run_dir: Path, registry: Registry, console: 
     if cfg.run.trace_hooks:
         plugins.set_trace(hook_calls)
     sampler = TelemetrySampler(interval_s=float(cfg.run.telemetry_interval_s))
-    lifecycle.start()
+    lifecycle.start(jobs)
     record = RunRecord(info=lifecycle.info)
     if resume_from is not None:
         record.metrics["resumed_from"] = str(resume_from)

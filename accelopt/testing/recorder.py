@@ -12,7 +12,9 @@ Four things a test author should know:
   hooks (allocate, select_next, transfer_order) even when another plugin answers them.
 * Because it implements every hook, the core makes every call it would skip when no
   active plugin implements a hook (e.g. the per-iteration ``accelopt_allocate``). It always
-  answers "no opinion", so the defaults still decide; only the call count changes.
+  answers "no opinion", so the defaults still decide; only the call count changes. One
+  exception: ``accelopt_state_save`` returns a small marker (its call count), so a resumed
+  run calls ``accelopt_state_load`` and a test can see both.
 * It sees its own ``accelopt_configure`` call only: each plugin is configured separately,
   with its own config (twice per run: once in the up-front validation, once for the run).
 * In a cluster run (``cluster.mode=ps|allreduce``) every rank is a process with its own
@@ -360,6 +362,15 @@ class RecorderPlugin:
         self.recorder.record("accelopt_optimizer_build", job=job, optimizer=optimizer,
                              parameters=parameters, previous=previous)
         return None
+
+    @hookimpl(tryfirst=True)
+    def accelopt_state_save(self, job: JobInfo) -> dict[str, Any] | None:
+        self.recorder.record("accelopt_state_save", job=job)
+        return {"recorded_calls": len(self.recorder.records)}  # a marker: exercises the load
+
+    @hookimpl(tryfirst=True)
+    def accelopt_state_load(self, job: JobInfo, state: dict[str, Any]) -> None:
+        self.recorder.record("accelopt_state_load", job=job, state=state)
 
     @hookimpl(tryfirst=True)
     def accelopt_transfer_order(

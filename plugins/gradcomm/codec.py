@@ -58,6 +58,13 @@ class CodecStats:
     """What this rank contributed (indices + values for sparse buckets)."""
 
 
+def _copy(value: Any) -> Any:
+    """A copy of a carried value (a dict of tensors, or a plain value)."""
+    if isinstance(value, dict):
+        return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in value.items()}
+    return value
+
+
 class CastOverflow(ArithmeticError):
     """A finite gradient became Inf when cast to the wire dtype (fp16 tops out at 65504)."""
 
@@ -97,6 +104,22 @@ class BucketCodec:
         """The step of the last top-k encode: a new step computes the next budget."""
         self.numel: dict[str, int] = {}
         self.stats = CodecStats()
+
+    STATE = ("residual", "velocity", "last_sum", "candidates", "budget", "budget_iteration",
+             "numel")
+    """What carries from one step to the next: a resumed run needs all of it to continue
+    as the uninterrupted run would (the statistics are counted anew)."""
+
+    def state_dict(self) -> dict[str, Any] | None:
+        """The codec's carried state (copies), or ``None`` while it has none (lossless, or
+        nothing encoded yet)."""
+        if not (self.residual or self.velocity or self.last_sum or self.candidates):
+            return None
+        return {key: _copy(getattr(self, key)) for key in self.STATE}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for key in self.STATE:
+            setattr(self, key, _copy(state[key]))
 
     @property
     def lossless(self) -> bool:

@@ -69,6 +69,18 @@ class GradcommPlugin:
             self.job = run.job
             self.codec = self._codec(run.job.optimizer, run.job.momentum)
 
+    # -- checkpoints -------------------------------------------------------------------
+
+    @hookimpl
+    def accelopt_state_save(self, job: JobInfo) -> dict[str, Any] | None:
+        """The error-feedback residuals (and DGC's velocities) of this rank: without them a
+        resumed run would drop what the last steps held back."""
+        return self.codec.state_dict()
+
+    @hookimpl
+    def accelopt_state_load(self, job: JobInfo, state: dict[str, Any]) -> None:
+        self.codec.load_state_dict(state)
+
     # -- send / recv -------------------------------------------------------------------
 
     @staticmethod

@@ -112,6 +112,15 @@ class NoopPlugin:
         return None
 
     @hookimpl
+    def accelopt_state_save(self, job: JobInfo) -> dict[str, Any] | None:
+        self._count("accelopt_state_save")
+        return None
+
+    @hookimpl
+    def accelopt_state_load(self, job: JobInfo, state: dict[str, Any]) -> None:
+        self._count("accelopt_state_load")
+
+    @hookimpl
     def accelopt_transfer_order(
         self, transfers: Sequence[TransferRecord], destination: int
     ) -> Sequence[str] | None:

@@ -247,7 +247,7 @@ def run_rank(cfg: DictConfig, settings: ClusterSettings, *, rank: int, world: in
             part.checkpointer = RankCheckpointer(run_dir, every, rank, world)
         if resume:
             restore_part(str(resume), part, rank, world)
-    lifecycle.start()
+    lifecycle.start([j.job for j in jobs])
     driver = ClusterDriver(cfg, jobs, plugins, rank=rank, device=device, progress=progress,
                            clock=jobs[0].now)
     driver.run()
