@@ -43,10 +43,9 @@ def run(overrides: Sequence[str] = (), *, run_dir: str | Path | None = None,
     from rich.console import Console
 
     from accelopt.cli.hydra_run import (
-        compose_checked,
         drop_empty_plugin_selection,
-        prepare,
-        refuse_resume_into_itself,
+        prepared_configs,
+        refuse_bad_resume,
     )
     from accelopt.drivers.processes import rank_server_started_early
     from accelopt.report.writer import METRICS_JSON
@@ -64,9 +63,9 @@ def run(overrides: Sequence[str] = (), *, run_dir: str | Path | None = None,
     if named and run_dir is None:
         run_dir = named[-1].split("=", 1)[1]
     registry = registry or Registry.discover()
-    cluster = prepare(args, registry, multirun=False)
-    refuse_resume_into_itself([*args, f"hydra.run.dir={run_dir}"] if run_dir else args)
-    cfg = compose_checked(args)
+    (cfg,) = prepared_configs(args, registry)
+    cluster = str(cfg.cluster.mode) != "none"
+    refuse_bad_resume([*args, f"hydra.run.dir={run_dir}"] if run_dir else args)
     out = Path(run_dir) if run_dir is not None else default_run_dir()
     if (out / METRICS_JSON).exists():
         raise ConfigError(f"{out} already holds a run (metrics.json); give a new run_dir "

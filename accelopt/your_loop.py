@@ -103,7 +103,7 @@ def attach(
     one that holds a report already is refused). ``console``: a ``rich.console.Console`` for
     ``close()``'s table (default: discarded)."""
     from accelopt.api import default_run_dir
-    from accelopt.cli.hydra_run import compose_checked, drop_empty_plugin_selection, prepare
+    from accelopt.cli.hydra_run import drop_empty_plugin_selection, prepared_configs
 
     if not isinstance(model, nn.Module):
         raise ConfigError(f"accelopt.attach takes the torch.nn.Module your loop trains, got "
@@ -115,8 +115,7 @@ def attach(
     if not any(a.lstrip("+").startswith("cluster.mode=") for a in args):
         args.append("cluster.mode=none")  # the loop is one process, whatever the default
     registry = registry or Registry.discover()
-    prepare(args, registry, multirun=False)
-    cfg = compose_checked(args)
+    (cfg,) = prepared_configs(args, registry)
     if str(cfg.cluster.mode) != "none":
         raise ConfigError(f"accelopt.attach runs in your loop's process; cluster.mode="
                           f"{cfg.cluster.mode} needs accelopt's ranks (accelopt run), or wrap "

@@ -172,7 +172,7 @@ def bench_command(args: list[str]) -> int:
     console.print(f"bench: {len(sets)} plugin sets x {opts.repeats} repeats (+1 warm-up run "
                   f"per set) = {total} runs, interleaved; log: {out / 'sweep.log'}")
     started = time.perf_counter()
-    _run_sweep(command, out, total, console)
+    _run_sweep(command, out, total, console, metric=opts.metric)
     results = collect(out / "runs", opts.metric, plan)
     if opts.eval:
         results = with_quality(results, out / "runs", plan, console)
@@ -227,15 +227,26 @@ def report(results: list[SetResult], context: dict[str, Any],
     return 0
 
 
-def _run_sweep(command: list[str], out: Path, total: int, console: Console) -> None:
+def _run_sweep(command: list[str], out: Path, total: int, console: Console,
+               metric: str | None = None) -> None:
+    """Run the sweep with a progress bar; a ``metric`` the first run's summary lacks stops
+    it there (one line), instead of after every run."""
     log = (out / "sweep.log").open("w")
     columns = (TextColumn("runs"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as progress:
         task = progress.add_task("runs", total=total)
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
         while proc.poll() is None:
-            done = len(list((out / "runs").glob("*/metrics.json")))
-            progress.update(task, completed=done)
+            done = sorted((out / "runs").glob("*/metrics.json"))
+            progress.update(task, completed=len(done))
+            if metric is not None and done:
+                missing = _missing_metric(done[0], metric)
+                metric = None  # the first run decides
+                if missing:
+                    proc.kill()
+                    proc.wait()
+                    log.close()
+                    raise UserError(missing)
             try:
                 proc.wait(timeout=0.5)
             except subprocess.TimeoutExpired:
@@ -245,6 +256,22 @@ def _run_sweep(command: list[str], out: Path, total: int, console: Console) -> N
         tail = (out / "sweep.log").read_text().strip().splitlines()[-1:]
         raise UserError(f"the sweep failed (exit {proc.returncode}): {' '.join(tail)} "
                         f"(full log: {out / 'sweep.log'})")
+
+
+def _missing_metric(metrics_json: Path, metric: str) -> str:
+    """The one-line refusal when ``metric`` is not a key of a run's summary, else ''."""
+    try:
+        summary = json.loads(metrics_json.read_text())["summary"]
+    except (OSError, ValueError, KeyError):
+        return ""  # still being written, or not ours to judge: the end of the sweep decides
+    if metric in summary:
+        return ""
+    return unknown_metric(metric, {k for k, v in summary.items() if isinstance(v, (int, float))})
+
+
+def unknown_metric(metric: str, available: set[str]) -> str:
+    return (f"metric '{metric}' is not in the runs' metrics.json summary; choose one of: "
+            f"{', '.join(sorted(available))}")
 
 
 def run_plan(sets: list[list[str]], repeats: int) -> list[tuple[int, list[str], bool]]:
@@ -282,8 +309,7 @@ def collect(runs_dir: Path, metric: str, plan: list[tuple[int, list[str], bool]]
             values[key].append(float(value))
             repeats[key].append(plan[int(path.parent.name)][0])
     if not values:
-        raise UserError(f"metric '{metric}' is not in the runs' metrics.json summary; "
-                        f"choose one of: {', '.join(sorted(available))}")
+        raise UserError(unknown_metric(metric, available))
     return [SetResult(plugins, tuple(v), repeats=tuple(repeats[plugins]))
             for plugins, v in values.items()]
 

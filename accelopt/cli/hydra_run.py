@@ -29,6 +29,7 @@ from accelopt.config import register_plugin_configs, register_schema
 from accelopt.errors import AccelOptError, ConfigError, JobsUnfinished
 from accelopt.plugin import Registry, resolve
 from accelopt.report.console import default_console
+from accelopt.runtime.resume_target import refuse_finished, resume_target
 
 HYDRA_PASSTHROUGH_FLAGS = ("--help", "-h", "--hydra-help", "--info", "-i", "--cfg", "-c",
                            "--resolve", "--package", "-p", "--shell-completion", "-sc")
@@ -88,26 +89,37 @@ def prepare(overrides: list[str], registry: Registry, multirun: bool) -> bool:
     """Load the selected plugins, register configs, and compose every requested config
     once so that any mistake surfaces as one line before Hydra starts. Returns whether any
     of them is a cluster run (its ranks' forkserver can then start early)."""
-    selections = plugin_selections(overrides)
+    return any(str(cfg.cluster.mode) != "none"
+               for cfg in prepared_configs(overrides, registry, multirun))
+
+
+def prepared_configs(overrides: list[str], registry: Registry,
+                     multirun: bool = False) -> list[DictConfig]:
+    """:func:`prepare`'s work, returning the composed configs (one per sweep point), so a
+    caller that runs one (``accelopt.run``) need not compose it again."""
     specs = {}
-    for names in selections:
+    for names in plugin_selections(overrides):
         for spec in resolve(names, registry):
             specs[spec.name] = spec
     register_schema()
     register_plugin_configs(list(specs.values()))
-    cluster = False
+    out = []
     for combo in expand_sweeps(overrides) if multirun else [overrides]:
-        cfg = compose_checked(combo)
-        refuse_resume_into_itself(combo)
-        cluster = cluster or str(cfg.cluster.mode) != "none"
-    return cluster
+        out.append(compose_checked(combo))
+        refuse_bad_resume(combo)
+    return out
 
 
-def refuse_resume_into_itself(overrides: list[str]) -> None:
-    """``run.resume=D hydra.run.dir=D`` would have Hydra rewrite D's ``.hydra/`` files before
-    the run could refuse: stop it before Hydra starts."""
+def refuse_bad_resume(overrides: list[str]) -> None:
+    """A ``run.resume`` target that is not a run directory, or ``run.resume=D
+    hydra.run.dir=D`` (Hydra would rewrite D's ``.hydra/`` files before the run could
+    refuse): one line before Hydra, torch or any rank process starts."""
     values = dict(o.lstrip("+").split("=", 1) for o in overrides if "=" in o)
     resume, out = values.get("run.resume"), values.get("hydra.run.dir")
+    if resume and resume.lower() not in ("null", "none", "''", '""'):
+        target = resume_target(resume)  # not a run directory: one line before anything
+        asked = values.get("run.resume_finished", "false").lower() in ("true", "1", "yes")
+        refuse_finished(target, asked)
     if resume and out and Path(resume).expanduser().resolve() == Path(out).expanduser().resolve():
         raise ConfigError(f"run.resume: {resume} is also this run's output directory; a resumed "
                           "run writes into a new directory (drop hydra.run.dir)")

@@ -44,10 +44,9 @@ from accelopt.records import JobResult, RunRecord, Span
 from accelopt.report import JobProgress, render_summary, run_metrics, write_run_outputs
 from accelopt.report.console import default_console
 from accelopt.runtime import compare
+from accelopt.runtime.resume_target import CONFIG_FILE, refuse_finished, resume_target
 from accelopt.telemetry import TelemetrySampler
 from accelopt.types import RunInfo
-
-CONFIG_FILE = "config.yaml"
 
 
 def execute(
@@ -308,14 +307,8 @@ def _maybe_resume(
     config to run and the directory resumed from (``None``: not resuming)."""
     if not cfg.run.resume:
         return cfg, None
-    old_dir = Path(str(cfg.run.resume)).expanduser()
-    if not old_dir.is_dir():
-        raise UserError(f"run.resume: {old_dir} is not a directory; pass the directory of a "
-                        "run that accelopt wrote (it holds config.yaml and checkpoints/)")
+    old_dir = resume_target(str(cfg.run.resume))
     saved = old_dir / CONFIG_FILE
-    if not saved.is_file():
-        raise UserError(f"run.resume: {old_dir} has no {CONFIG_FILE}; pass the directory of a "
-                        "run that accelopt wrote")
     if old_dir.resolve() == Path(run_dir).resolve():
         raise UserError(f"run.resume: {old_dir} is also this run's output directory; a resumed "
                         "run writes into a new directory (drop hydra.run.dir)")
@@ -325,27 +318,9 @@ def _maybe_resume(
     resumed = OmegaConf.merge(OmegaConf.structured(AccelConfig), OmegaConf.load(saved))
     resumed.run.resume = str(old_dir)
     resumed.run.resume_finished = resume_finished
-    finished = _finished(old_dir)
-    if finished and not resume_finished:
-        raise UserError(f"run.resume: {old_dir} already finished ({finished}); nothing to "
-                        "resume. Start a new run, or add run.resume_finished=true to report "
-                        "it again in a new directory")
+    refuse_finished(old_dir, resume_finished)
     console.print(f"resuming {old_dir} from its checkpoints; writing into {run_dir}")
     return resumed, old_dir  # type: ignore[return-value]
-
-
-def _finished(run_dir: Path) -> str:
-    """Why ``run_dir`` counts as finished (every job done, by its metrics.json), or ''."""
-    import json
-
-    try:
-        jobs = json.loads((run_dir / "metrics.json").read_text(encoding="utf-8"))["jobs"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return ""
-    statuses = [j.get("status") for j in jobs if isinstance(j, dict)]
-    if statuses and all(s == "done" for s in statuses):
-        return f"all {len(statuses)} job(s) done"
-    return ""
 
 
 def _save_cluster_weights(jobs: list[JobResult], state: dict[str, Any], run_dir: Path) -> None:
