@@ -76,3 +76,36 @@ def test_each_plugin_on_each_real_model_finishes_and_says_what_it_did(
     if plugin == "slide":
         replaced = "trained with LSH-sampled softmax" in rows[0].summary
         assert replaced == (model == "gpt2"), rows[0].summary  # the only wide output layer
+
+
+CLUSTER = {
+    "gradcomm": ["cluster.mode=allreduce", "cluster.workers=2", "+plugins=[gradcomm]",
+                 "plugins.gradcomm.dtype=bf16"],
+    "tictac": ["cluster.mode=ps", "cluster.workers=2", "+plugins=[tictac]"],
+}
+"""The plugins that act on transfers between ranks, each in the mode it acts in."""
+
+
+@pytest.mark.parametrize("plugin", sorted(CLUSTER))
+def test_the_transfer_plugins_on_a_real_model_finish_and_say_what_they_did(
+        plugin, tmp_path, monkeypatch):
+    """BERT on dict samples in a cluster: gradcomm compresses its gradient buckets; tictac,
+    which traces models of one input tensor, says in its row that it kept the default
+    order (instead of failing the run)."""
+    import os
+
+    import accelopt
+
+    tests = str(Path(__file__).parent)
+    monkeypatch.setenv("PYTHONPATH", tests + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    record = accelopt.run([*MODELS["bert"], *CLUSTER[plugin], "run.compare=none",
+                           "run.progress=false"], run_dir=tmp_path / "run")
+    (job,) = record.jobs
+    assert job.status == "done", job.error
+    assert job.quality is not None, job.quality_note
+    rows = [r.summary for r in record.plugin_rows if r.plugin == plugin]
+    assert rows, record.plugin_rows
+    if plugin == "tictac":
+        assert any("not applied" in r and "dict" in r for r in rows), rows
+    else:
+        assert any("bf16" in r for r in rows), rows
