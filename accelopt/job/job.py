@@ -151,11 +151,10 @@ class Job:
         if self._rows is not None:
             start, stop = self._rows
             x, y = inputs.slice_rows(x, start, stop), y[start:stop]
-        if self._on_cpu and y.device.type == "cpu" and (
-                not self._one_tensor or x.device.type == "cpu"):
-            if self._one_tensor:
-                return x, y  # already there (the common case: batches live on the CPU)
-            return inputs.to_device(x, self.device), y
+        if (self._one_tensor and self._on_cpu and x.device.type == "cpu"
+                and y.device.type == "cpu"):
+            return x, y  # already there (the common case: one tensor, batches on the CPU)
+        # each tensor moved only if it is elsewhere (to_device and .to return it otherwise)
         return (inputs.to_device(x, self.device, non_blocking=True),
                 y.to(self.device, non_blocking=True))
 

@@ -233,9 +233,16 @@ class IterableBatches:
                 return pair
 
     def _max_label(self) -> int:
-        top = 0
+        """The largest label over one pass, which also counts the pass's full batches (so
+        :meth:`_length` need not walk it again)."""
+        top, full, short_seen = 0, 0, False
         for j, item in enumerate(self._train):
-            top = max(top, int(self._pair(item, j)[1].max()))
+            y = self._pair(item, j)[1]
+            top = max(top, int(y.max()))
+            short_seen = short_seen or len(y) < self.batch_rows
+            full += 0 if short_seen else 1
+        if self._pass_length is None:
+            self._pass_length = full
         return top
 
     def _length(self, batch_size: int) -> int:
