@@ -68,6 +68,10 @@ def test_every_policy_runs_the_mix_and_says_lanes_are_accounted(run, policy):
     assert "accounted, not enforced" in row.summary
     assert row.metrics["policy"] == policy
     assert row.metrics["open_lanes_at_end"] == 0
+    # four jobs want the device at once in every policy (PACK runs them side by side, the
+    # others make them wait): fairness is measured in each, never left null
+    assert row.metrics["contention_windows"] > 0
+    assert 0.25 <= row.metrics["jain_fairness"] <= 1.0
     lanes = {r.lane for r in record.jobs}
     if policy == "pack":
         assert len(lanes) >= 2, "PACK opens as many lanes as fit"

@@ -65,6 +65,100 @@ def server_plugin(tmp_path, monkeypatch, **config) -> tuple[TictacPlugin, list[T
     return plugin, records
 
 
+class _ShapeBranch(torch.nn.Module):
+    """Python control flow on a shape: torch.fx cannot trace it, torch.export can."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] > 1:
+            x = torch.relu(self.a(x))
+        return self.b(x)
+
+
+class _ValueBranch(torch.nn.Module):
+    """Control flow on a tensor's *value*: no tracer can read it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        repeats = int(x.abs().sum().item() * 1000) % 3 + 1
+        return self.a(x).repeat(repeats, 1)
+
+
+class _KeywordInputs(torch.nn.Module):
+    """An HF-style model: keyword inputs ``input_ids`` and ``attention_mask``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed, self.head = torch.nn.Embedding(16, 8), torch.nn.Linear(8, 4)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        h = self.embed(input_ids) * attention_mask[..., None]
+        return self.head(h.mean(1))
+
+
+def planned_with(tmp_path, model, inputs, **config) -> TictacPlugin:
+    """A server's tictac told about a job whose model is ``model`` on ``inputs``."""
+    from accelopt import BuiltJob
+    from accelopt.job import Job
+
+    cfg = make_cfg()
+    conf = TictacConfig(oracle_runs=1, **config)
+    plugin = TictacPlugin(conf)
+    plugin.accelopt_configure(conf, cfg)
+    info = Job(OmegaConf.to_object(cfg.workload.jobs[0]), job_id="tiny",
+               device=torch.device("cpu")).info
+    run = dataclasses.replace(server_run(tmp_path, [info]), job=info)
+    built = BuiltJob(job=info, model=model, inputs=inputs, targets=torch.zeros(4).long(),
+                     loss=lambda out, y: torch.nn.functional.cross_entropy(out[:len(y)], y))
+    plugin.accelopt_job_built(run=run, job=built)
+    plugin.accelopt_run_start(run=run)
+    return plugin
+
+
+def test_a_model_no_tracer_reads_keeps_the_default_order_and_says_why(tmp_path):
+    """Neither torch.fx nor torch.export can read it: the job keeps the default order, the
+    run goes on (no error), and the row names both reasons."""
+    torch.manual_seed(0)
+    plugin = planned_with(tmp_path, _ValueBranch(), torch.randn(4, 8), heuristic="tac")
+    records = [TransferRecord("tiny", 0, 0, 1, n, p.numel() * 4, i, "param")
+               for i, (n, p) in enumerate(_ValueBranch().named_parameters())]
+    assert plugin.accelopt_transfer_order(transfers=records, destination=1) is None
+    (row,) = plugin.accelopt_report_rows(run=server_run(tmp_path))
+    assert "not applied: cannot trace model" in row.summary, row.summary
+    assert "torch.fx" in row.summary and "torch.export" in row.summary
+    assert "default order" in row.summary and "\n" not in row.summary
+
+
+@pytest.mark.parametrize("model,inputs", [
+    (_ShapeBranch, lambda: torch.randn(4, 8)),
+    (_KeywordInputs, lambda: {"input_ids": torch.randint(0, 16, (4, 5)),
+                              "attention_mask": torch.ones(4, 5)}),
+], ids=["fx-fails", "keyword-inputs"])
+def test_models_fx_cannot_trace_are_planned_through_torch_export(tmp_path, model, inputs):
+    """Shape-dependent Python and keyword inputs: traced by torch.export on the job's real
+    inputs, every parameter a recv of the plan, and the row says how it was traced and how
+    far its order is from the default one."""
+    torch.manual_seed(0)
+    net = model()
+    plugin = planned_with(tmp_path, net, inputs(), heuristic="reverse")
+    assert plugin.plan is not None and plugin.plan.traced_by == "torch.export"
+    assert sorted(plugin.plan.dag.recv_names) == sorted(n for n, _ in net.named_parameters())
+    users = plugin.plan.dag.users()
+    assert all(users[r] for r in plugin.plan.dag.recvs)  # every parameter feeds an op
+    (row,) = plugin.accelopt_report_rows(run=server_run(tmp_path))
+    n = len(list(net.parameters()))
+    assert "traced by torch.export" in row.summary
+    assert row.metrics["tensors"] == n
+    assert row.metrics["moved_vs_default"] == n - (n % 2)  # reverse: all but a middle one
+    assert f"moves {n - n % 2} of {n} tensors" in row.summary
+
+
 def test_configure_rejects_bad_keys_in_one_line():
     plugin = TictacPlugin(TictacConfig())
     with pytest.raises(ConfigError, match="plugins.tictac.heuristic"):
@@ -79,6 +173,7 @@ def test_self_limiting_tac_stays_out_and_says_so(tmp_path, monkeypatch):
     assert plugin.accelopt_transfer_order(transfers=records, destination=1) is None
     row = plugin.accelopt_report_rows(run=server_run(tmp_path))[0]
     assert "stayed out of the way" in row.summary and row.metrics["enforced"] == 0
+    assert "its order is the default order" in row.summary and row.metrics["moved_vs_default"] == 0
     assert (tmp_path / "tictac" / "plan-rank0.json").exists()
     forced, _ = server_plugin(tmp_path, monkeypatch, heuristic="tac", force=True)
     order = forced.accelopt_transfer_order(transfers=records, destination=1)

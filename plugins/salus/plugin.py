@@ -90,6 +90,8 @@ class SalusPlugin:
         self._boundary: dict[str, tuple[str, float]] = {}
         self._admitted_at: dict[str, float] = {}
         self._left_at: dict[str, float] = {}
+        self._first_start: dict[str, float] = {}
+        self._arrived_at: dict[str, float] = {}
         self._status: dict[str, str] = {}
         self._names: dict[str, str] = {}
         self._rejected: dict[str, str] = {}
@@ -280,6 +282,8 @@ class SalusPlugin:
         self._refine_estimate(job_id, seconds)
         self.policy.observe(job_id, seconds)
         self._intervals.append(Interval(job_id, lane, result.start_s, result.end_s))
+        self._first_start.setdefault(job_id, result.start_s)
+        self._arrived_at.setdefault(job_id, context.job.arrival_s)
         self._left_at[job_id] = result.end_s
         previous = self._last_end.get(lane)
         boundary = self._boundary.get(lane)
@@ -309,6 +313,17 @@ class SalusPlugin:
 
     # -- figures ---------------------------------------------------------------------------
 
+    def _wanted_from(self, job_id: str) -> float:
+        """Since when the job wanted the device, for fairness: its arrival (a job waiting
+        for admission is served nothing), else the earliest of its admission and first
+        iteration. Every policy gets the same rule, so PACK's concurrent lanes, which never
+        ask a lane to choose between jobs, are measured like time-sharing policies."""
+        first = self._first_start[job_id]
+        arrived = self._arrived_at.get(job_id)
+        if arrived is not None and 0.0 <= arrived <= first:
+            return arrived
+        return min(self._admitted_at.get(job_id, first), first)
+
     def lanes_note(self) -> str:
         if self.world_size > 1:
             return CLUSTER_NOTE
@@ -320,11 +335,7 @@ class SalusPlugin:
         intervals = self._intervals
         start = min((i.start_s for i in intervals), default=0.0)
         end = max((i.end_s for i in intervals), default=0.0)
-        active = {
-            j: (self._admitted_at[j], self._left_at[j])
-            for j in self._admitted_at
-            if j in self._left_at
-        }
+        active = {j: (self._wanted_from(j), self._left_at[j]) for j in self._left_at}
         window = max((end - start) / 50.0, 1e-3)
         fairness, windows = contention_fairness(intervals, active, window)
         return {

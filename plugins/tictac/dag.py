@@ -19,6 +19,10 @@ backward ops of the op's users); backward needs no new recvs.
 
 from __future__ import annotations
 
+import contextlib
+import io
+import logging
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -153,17 +157,123 @@ def trace(model: nn.Module, name: str = "") -> fx.GraphModule:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise UserError(
             f"tictac: torch.fx cannot trace module '{path}' ({where[1]}) of model "
-            f"'{name or type(model).__name__}': {first}; make its forward free of "
-            "data-dependent control flow or pick heuristic=named"
+            f"'{name or type(model).__name__}': {first}"
         ) from None
     return fx.GraphModule(tracer.root, graph)
 
 
-def build_dag(model: nn.Module, name: str = "", gm: fx.GraphModule | None = None) -> Dag:
-    """Forward DAG of ``model``: compute ops from the fx graph, one recv per parameter."""
+@dataclass
+class Traced:
+    """A model's op graph and the flat positional inputs that run it (``gm(*example)``)."""
+
+    gm: fx.GraphModule
+    example: tuple[torch.Tensor, ...]
+    how: str
+    """``torch.fx`` (symbolic, the model's own modules) or ``torch.export`` (ATen ops, run
+    once on the real inputs: models fx cannot trace, and models of several inputs)."""
+    prefix: str = ""
+    """What the graph's parameter names carry before the model's own names."""
+
+
+class _FlatInputs(nn.Module):
+    """Calls ``model`` with its inputs rebuilt from flat tensors, so an exported graph takes
+    one placeholder per tensor whatever the inputs' structure (a tuple, a mapping)."""
+
+    def __init__(self, model: nn.Module, spec: Any, leaves: list[Any]) -> None:
+        super().__init__()
+        self.model = model
+        self.spec = spec
+        self.leaves = leaves
+        self.slots = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
+
+    def forward(self, *tensors: torch.Tensor) -> Any:
+        from torch.utils import _pytree
+
+        leaves = list(self.leaves)
+        for slot, t in zip(self.slots, tensors, strict=True):
+            leaves[slot] = t
+        args, kwargs = _pytree.tree_unflatten(leaves, self.spec)
+        return self.model(*args, **kwargs)
+
+
+def _as_call(model: nn.Module, inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """(args, kwargs) as the job's step calls the model (``accelopt.job.inputs.call``); a
+    model that can return a key-value cache is asked not to (the trace needs no cache)."""
+    import inspect
+    from collections.abc import Mapping
+
+    if isinstance(inputs, Mapping):
+        args, kwargs = (), dict(inputs)
+    elif isinstance(inputs, (tuple, list)):
+        args, kwargs = tuple(inputs), {}
+    else:
+        args, kwargs = (inputs,), {}
+    try:
+        takes = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        takes = {}
+    if "use_cache" in takes and "use_cache" not in kwargs:
+        kwargs["use_cache"] = False
+    return args, kwargs
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+
+
+@contextlib.contextmanager
+def _quiet_torch_logs() -> Iterator[None]:
+    """A failed torch.export prints its partial graph to stderr and logs at WARNING; the
+    one-line reason is what the plugin reports, so both are held back while it tries."""
+    logger = logging.getLogger("torch")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            yield
+    finally:
+        logger.setLevel(level)
+
+
+def trace_inputs(model: nn.Module, inputs: Any, name: str = "") -> Traced:
+    """The op graph of ``model`` on the job's real ``inputs``: ``torch.fx`` first (symbolic,
+    one tensor input), then ``torch.export`` (non-strict: runs the forward once on the
+    inputs, so data-dependent Python, HF's models and several inputs trace). A model neither
+    traces is one line with both reasons (the plugin falls back to the default order)."""
+    from torch.utils import _pytree
+
+    fx_why = "torch.fx: not tried (the model takes several inputs)"
+    if isinstance(inputs, torch.Tensor):
+        try:
+            return Traced(trace(model, name), (inputs,), "torch.fx")
+        except UserError as exc:
+            fx_why = str(exc).removeprefix("tictac: ")
+    args, kwargs = _as_call(model, inputs)
+    leaves, spec = _pytree.tree_flatten((args, kwargs))
+    flat = _FlatInputs(model, spec, leaves)
+    example = tuple(v for v in leaves if isinstance(v, torch.Tensor))
+    try:
+        with torch.no_grad(), _quiet_torch_logs():
+            gm = torch.export.export(flat, example, strict=False).module()
+    except Exception as exc:  # export raises many types (Unsupported, RuntimeError, ...)
+        raise UserError(
+            f"tictac: cannot trace model '{name or type(model).__name__}': {fx_why}; "
+            f"torch.export: {_first_line(exc)}"
+        ) from None
+    return Traced(gm, example, "torch.export", prefix="model.")  # type: ignore[arg-type]
+
+
+def build_dag(model: nn.Module, name: str = "", gm: fx.GraphModule | None = None,
+              prefix: str = "") -> Dag:
+    """Forward DAG of ``model``: compute ops from the fx graph, one recv per parameter. A
+    graph from ``torch.export`` holds copies of the parameters under ``prefix`` + the model's
+    names, so a ``get_attr`` is matched by name when its object is not the model's own."""
     gm = trace(model, name) if gm is None else gm
     params = dict(model.named_parameters())
     by_id = {id(p): n for n, p in params.items()}
+    for n, p in model.named_parameters(remove_duplicate=False):
+        by_id.setdefault(id(p), n)
+    shared = {n: by_id[id(p)] for n, p in model.named_parameters(remove_duplicate=False)}
     names: list[str] = []
     kinds: list[str] = []
     inputs: list[tuple[int, ...]] = []
@@ -182,9 +292,13 @@ def build_dag(model: nn.Module, name: str = "", gm: fx.GraphModule | None = None
         if node.op in ("placeholder", "output"):
             continue
         if node.op == "get_attr":
-            obj = _attr(gm, str(node.target))
+            target = str(node.target)
+            obj = _attr(gm, target)
+            own = target[len(prefix):] if prefix and target.startswith(prefix) else target
             if isinstance(obj, nn.Parameter) and id(obj) in by_id:
                 node_op[node] = recv_of[by_id[id(obj)]]
+            elif isinstance(obj, torch.Tensor) and own in shared:
+                node_op[node] = recv_of[shared[own]]
             continue
         ins = {node_op[a] for a in node.all_input_nodes if a in node_op}
         if node.op == "call_module":

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import time
 import warnings
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,23 +64,25 @@ class _TimedInterpreter(fx.Interpreter):
         return out
 
 
-def measure(gm: fx.GraphModule, example: torch.Tensor, runs: int = 5,
-            loss: Any = None) -> ComputeTimes:
-    """Min over ``runs`` of each forward node; min over ``runs`` of one backward."""
-    cuda = example.device.type == "cuda"
+def measure(gm: fx.GraphModule, example: torch.Tensor | tuple[torch.Tensor, ...],
+            runs: int = 5, loss: Any = None) -> ComputeTimes:
+    """Min over ``runs`` of each forward node; min over ``runs`` of one backward.
+    ``example``: the graph's input, or its flat inputs (a graph from ``torch.export``)."""
+    args = example if isinstance(example, tuple) else (example,)
+    cuda = bool(args) and args[0].device.type == "cuda"
     interp = _TimedInterpreter(gm, cuda)
     with torch.no_grad():
-        interp.run(example)  # warm-up (allocations, lazy init), not counted
+        interp.run(*args)  # warm-up (allocations, lazy init), not counted
         interp.samples.clear()
         for _ in range(runs):
-            interp.run(example)
+            interp.run(*args)
     forward = {k: min(v) for k, v in interp.samples.items()}
     spread = float(np.median([np.median(v) / max(min(v), 1e-12) - 1
                               for v in interp.samples.values()])) if forward else 0.0
     backward = []
     if any(p.requires_grad for p in gm.parameters()):
         for _ in range(runs + 1):
-            out = gm(example)
+            out = gm(*args)
             value = loss(out) if loss is not None else _sum_loss(out)
             if cuda:
                 torch.cuda.synchronize()
@@ -96,8 +99,11 @@ def measure(gm: fx.GraphModule, example: torch.Tensor, runs: int = 5,
 def _sum_loss(out: Any) -> torch.Tensor:
     if isinstance(out, torch.Tensor):
         return out.float().sum()
+    if isinstance(out, Mapping):  # an HF ModelOutput: its loss if it has one, else logits
+        first = out.get("loss", out.get("logits"))
+        return _sum_loss(first if first is not None else list(out.values()))
     if isinstance(out, (list, tuple)):
-        return sum(_sum_loss(o) for o in out)  # type: ignore[return-value]
+        return sum(_sum_loss(o) for o in out if o is not None)  # type: ignore[return-value]
     raise TypeError(f"cannot make a loss from {type(out).__name__}")
 
 

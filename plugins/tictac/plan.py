@@ -19,9 +19,11 @@ from accelopt_plugins.tictac import oracle
 from accelopt_plugins.tictac.dag import (
     Dag,
     Execution,
+    Traced,
     annotate_costs,
     build_dag,
     trace,
+    trace_inputs,
     training_dag,
 )
 from accelopt_plugins.tictac.order import HEURISTICS, compute_order
@@ -45,6 +47,8 @@ class Plan:
     schedule_s: dict[str, float] = field(default_factory=dict)
     predicted: dict[str, dict[str, float]] = field(default_factory=dict)
     cache: str = ""
+    traced_by: str = "torch.fx"
+    """How the op graph was obtained: ``torch.fx`` or ``torch.export`` (see ``trace_inputs``)."""
 
     @property
     def sim(self) -> Simulator:
@@ -97,25 +101,32 @@ class Plan:
         return self.predicted
 
 
-def dag_for(model: nn.Module, name: str, kind: str) -> tuple[Dag, Any]:
-    gm = trace(model, name)
-    fwd = build_dag(model, name, gm)
-    return (training_dag(fwd) if kind == "train" else fwd), gm
+def dag_for(model: nn.Module, name: str, kind: str,
+            inputs: Any = None) -> tuple[Dag, Dag, Traced | None]:
+    """(the DAG planned on, its forward DAG, the trace): traced on the job's real ``inputs``
+    when given (:func:`trace_inputs`: torch.fx, then torch.export), else symbolically."""
+    traced = trace_inputs(model, inputs, name) if inputs is not None else None
+    gm = traced.gm if traced is not None else trace(model, name)
+    fwd = build_dag(model, name, gm, traced.prefix if traced is not None else "")
+    return (training_dag(fwd) if kind == "train" else fwd), fwd, traced
 
 
-def plan_measured(model: nn.Module, example: torch.Tensor, *, name: str, kind: str,
+def plan_measured(model: nn.Module, example: Any, *, name: str, kind: str,
                   bytes_per_s: float, message_s: float = 0.0, execution: Execution = "eager",
                   runs: int = 5, run_dir: str | Path | None = None, device: str = "cpu",
                   loss: Callable[[Any], torch.Tensor] | None = None,
                   threads: int | None = 1) -> Plan:
-    """A plan for a real model: measured op times (cached in ``run_dir``), with as many
+    """A plan for a real model on ``example`` (one tensor, a tuple or a mapping of tensors,
+    as the job gives them): measured op times (cached in ``run_dir``), with as many
     intra-op threads as the ranks use (a cluster rank runs with 1 unless run.threads says
     otherwise; a 2-thread pool on a loaded 2-core machine turns a 10 us op into 15 ms)."""
-    dag, gm = dag_for(model, name, kind)
-    fwd_fp = build_dag(model, name, gm).fingerprint()
+    dag, fwd, traced = dag_for(model, name, kind, example)
+    assert traced is not None
+    fwd_fp = fwd.fingerprint()
+    batch = int(traced.example[0].shape[0]) if traced.example else 0
     compute, where = None, ""
     if run_dir is not None:
-        path = oracle.cache_path(run_dir, name, int(example.shape[0]), device)
+        path = oracle.cache_path(run_dir, name, batch, device)
         where = str(path)
         compute = oracle.load_cached(path, fwd_fp)
         if compute is not None:
@@ -125,16 +136,16 @@ def plan_measured(model: nn.Module, example: torch.Tensor, *, name: str, kind: s
         if threads:
             torch.set_num_threads(threads)
         try:
-            compute = oracle.measure(gm, example, runs=runs, loss=loss)
+            compute = oracle.measure(traced.gm, traced.example, runs=runs, loss=loss)
         finally:
             torch.set_num_threads(before)
         compute.fingerprint = fwd_fp
-        compute.key = {"model": name, "batch": int(example.shape[0]), "device": device}
+        compute.key = {"model": name, "batch": batch, "device": device}
         if run_dir is not None:
-            oracle.save_cached(oracle.cache_path(run_dir, name, int(example.shape[0]), device),
-                               compute)
+            oracle.save_cached(oracle.cache_path(run_dir, name, batch, device), compute)
     times = oracle.op_times(dag, compute, bytes_per_s, message_s)
-    return Plan(dag, compute, times, execution, bytes_per_s, message_s, cache=where)
+    return Plan(dag, compute, times, execution, bytes_per_s, message_s, cache=where,
+                traced_by=traced.how)
 
 
 def plan_meta(name: str, *, batch: int, kind: str, a: float = 1.0,

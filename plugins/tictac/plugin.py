@@ -28,7 +28,16 @@ from typing import Any
 import torch
 from accelopt_plugins.tictac.config import EXECUTIONS, HEURISTIC_CHOICES, TictacConfig
 
-from accelopt import BuiltJob, ConfigError, ReportRow, RunInfo, TransferRecord, hookimpl
+from accelopt import (
+    BuiltJob,
+    ConfigError,
+    ReportRow,
+    RunInfo,
+    TransferRecord,
+    UserError,
+    hookimpl,
+)
+from accelopt.job import inputs as job_inputs
 from accelopt.types import CliCommand, ClusterInfo
 
 DEFAULT_BYTES_PER_S = 125e6  # 1 Gbit/s when nothing better is known
@@ -110,16 +119,17 @@ class TictacPlugin:
             # never land inside a job's first iteration. Only the parameter senders (servers)
             # plan; workers never order a transfer. The plan traces and times a copy: the
             # oracle's forward and backward must not touch the job's own model.
-            if not isinstance(job.inputs, torch.Tensor):
-                self.unplanned = (f"job '{job.job.name}' takes its inputs as a "
-                                  f"{type(job.inputs).__name__} of tensors; the planner "
-                                  "traces models of one input tensor")
-                return
-            y = job.targets
-            self.source = (copy.deepcopy(job.model).cpu(), job.inputs.detach().cpu(),
-                           lambda out, loss=job.loss, y=y.cpu(): loss(out, y),
+            y = job.targets.detach().cpu()
+            self.source = (copy.deepcopy(job.model).cpu(), job_inputs.detached(job.inputs),
+                           lambda out, loss=job.loss, y=y: _oracle_loss(loss, out, y),
                            f"{job.job.model}-{job.job.job_id}", job.job.kind)
-            self._make_plan()
+            try:
+                self._make_plan()
+            except UserError as exc:
+                # A model no tracer can read keeps the transport's default order for this
+                # job (its row says why); the run and the other jobs' plans go on.
+                self.source, self.plan = None, None
+                self.unplanned = str(exc).removeprefix("tictac: ")
 
     @hookimpl
     def accelopt_run_start(self, run: RunInfo) -> None:
@@ -368,10 +378,22 @@ class TictacPlugin:
         }
         for h, p in self.plan.predicted.items():
             metrics[f"predicted_{h}_ms"] = round(1e3 * p["makespan_s"], 4)
-        summary = (f"{self.decision}; link {self.plan.bytes_per_s / 1e6:.2f} MB/s "
+        moved, total = self._moved_vs_default()
+        metrics.update(tensors=total, moved_vs_default=moved, traced_by=self.plan.traced_by)
+        differs = (f"its order moves {moved} of {total} tensors from the default order"
+                   if moved else f"its order is the default order ({total} tensors)")
+        summary = (f"{self.decision}; {differs}; traced by {self.plan.traced_by}; "
+                   f"link {self.plan.bytes_per_s / 1e6:.2f} MB/s "
                    f"({self.link_source}); plan in {self.plan_s:.3f} s; "
                    f"predicted schedule in {self.out_dir}/")
         return [ReportRow("tictac", summary, metrics)]
+
+    def _moved_vs_default(self) -> tuple[int, int]:
+        """(tensors whose position differs from the transport's default order, tensors)."""
+        plan, h = self.plan, self.config.heuristic
+        mine = plan.order_for(h, random.Random(self.config.seed))
+        default = plan.order_for("named")
+        return sum(a != b for a, b in zip(mine, default, strict=True)), len(default)
 
     @hookimpl
     def accelopt_cli_commands(self) -> Sequence[CliCommand]:
@@ -380,3 +402,15 @@ class TictacPlugin:
         return [CliCommand("tictac", "TicTac: print the transfer order and predicted makespan "
                            "(accelopt tictac order workload=... plugins.tictac.heuristic=tac)",
                            order_command)]
+
+
+def _oracle_loss(loss: Any, out: Any, y: torch.Tensor) -> torch.Tensor:
+    """The job's loss for the oracle's backward; a model that computes its own loss
+    (``loss: model``) is traced without labels, so its output is summed instead (the
+    backward through the model is what is timed, not the loss)."""
+    from accelopt_plugins.tictac.oracle import _sum_loss
+
+    try:
+        return loss(out, y)
+    except UserError:
+        return _sum_loss(out)
