@@ -325,3 +325,89 @@ def test_a_policy_registered_in_code_reaches_every_rank_of_a_cluster(tmp_path):
     assert [j.status for j in record.jobs] == ["done", "done"]
     (row,) = [r for r in record.plugin_rows if r.plugin == "salus"]
     assert row.summary.startswith("policy RandomPolicy:")
+
+
+# -- policies as pure choices (each assertion fails for a plausible wrong policy) ------------
+
+
+def _state(job_id, *, arrival=0.0, iterations=10, done=0, service=0.0, last=None,
+           admitted=0.0):
+    from accelopt import JobInfo, JobState
+
+    info = JobInfo(job_id=job_id, name=job_id, model="mlp", kind="train", arrival_s=arrival,
+                   iterations=iterations, batch_size=8)
+    return JobState(job=info, lane="L0", iterations_done=done, service_seconds=service,
+                    last_iteration_seconds=last, admitted_at_s=admitted)
+
+
+def _policy(name):
+    from accelopt_plugins.salus.policies import make_policy
+
+    return make_policy(name)
+
+
+def test_srtf_ranks_by_iteration_time_times_remaining_iterations():
+    """'fast' has more iterations left (10 x 0.1 s = 1 s) than 'slow' (5 x 1 s = 5 s): by
+    remaining time 'fast' goes first; a policy ranking by iterations alone picks 'slow'."""
+    fast = _state("00-fast", iterations=12, done=2, last=0.1)
+    slow = _state("01-slow", iterations=7, done=2, last=1.0)
+    srtf = _policy("srtf")
+    assert srtf.select("L0", [slow, fast], 0.0) == "00-fast"
+    # and salus's refined estimate, when installed, is what it multiplies
+    srtf.iteration_time = lambda s: {"00-fast": 2.0, "01-slow": 0.1}[s.job.job_id]
+    assert srtf.select("L0", [slow, fast], 0.0) == "01-slow"  # 20 s vs 0.5 s
+
+
+def test_fifo_ties_by_submission_order_counted_as_numbers():
+    """Same arrival: the job submitted first runs first, job 11 before job 100 (as strings
+    '100-...' sorts before '11-...')."""
+    early, late = _state("11-b"), _state("100-a")
+    for name in ("fifo", "pack"):
+        assert _policy(name).select("L0", [late, early], 0.0) == "11-b"
+    first = _state("05-x", arrival=1.0)
+    assert _policy("fifo").select("L0", [first, _state("07-y", arrival=0.5)], 0.0) == "07-y"
+
+
+def test_knowledge_free_policies_rank_by_attained_service_only():
+    """LAS: least service first, whatever the remaining length. 2D-LAS: the queue (thresholds
+    1 s, 10 s) decides, FIFO inside it: a job with 0.9 s keeps running ahead of a later one
+    with 0.1 s (same queue), but one past 1 s yields to it."""
+    long_left = _state("00-a", iterations=1000, service=0.2)
+    short_left = _state("01-b", iterations=3, service=0.5)
+    assert _policy("las").select("L0", [short_left, long_left], 0.0) == "00-a"
+    dlas = _policy("dlas")
+    older = _state("00-old", arrival=0.0, service=0.9)
+    newer = _state("01-new", arrival=1.0, service=0.1)
+    assert dlas.select("L0", [newer, older], 0.0) == "00-old"  # same queue: arrival order
+    crossed = _state("00-old", arrival=0.0, service=1.2)
+    assert dlas.select("L0", [newer, crossed], 0.0) == "01-new"  # it left queue 0
+    assert [dlas.queue(_state("x", service=s)) for s in (0.0, 1.0, 9.9, 10.0)] == [0, 1, 1, 2]
+
+
+def test_switch_latency_is_the_gap_between_iterations_not_the_iteration():
+    """One job's iteration ends at 1.000 s, the next job's starts at 1.004 s and runs to
+    3.000 s: the switch latency is 4 ms (a measure that included the iteration would be
+    ~2 s); a job continuing its own run counts as boundary latency, not a switch."""
+    from accelopt_plugins.salus import SalusConfig
+    from accelopt_plugins.salus.plugin import SalusPlugin
+
+    from accelopt import IterationContext, IterationResult
+
+    plugin = SalusPlugin(SalusConfig(policy="rr"))
+    a, b = _state("00-a"), _state("01-b")
+
+    def iteration(state, index, start, end):
+        context = IterationContext(job=state.job, lane="L0", iteration=index, now_s=start)
+        plugin.accelopt_iteration_end(context=context, result=IterationResult(
+            state.job.job_id, index, start, end, 0.1, 8))
+
+    assert plugin.accelopt_select_next(lane="L0", ready=[a, b], now_s=0.0) == "00-a"
+    iteration(a, 0, 0.0, 1.0)
+    assert plugin.accelopt_select_next(lane="L0", ready=[a, b], now_s=1.0) == "01-b"
+    iteration(b, 0, 1.004, 3.0)
+    summary = plugin.summary()
+    assert summary["switches"] == 1
+    assert summary["switch_latency_median_s"] == pytest.approx(0.004, abs=1e-9)
+    plugin.accelopt_select_next(lane="L0", ready=[b], now_s=3.0)
+    iteration(b, 1, 3.001, 4.0)
+    assert plugin.summary()["switches"] == 1

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import torch
 
 from accelopt.activation import PluginSet, as_plugin_set
-from accelopt.drivers.scheduling import choose_next
+from accelopt.drivers.scheduling import arrival_key, choose_next
 from accelopt.errors import UserError, raised_by_hook
 from accelopt.host import PluginHost
 from accelopt.job import Job, StepEvents
@@ -135,7 +135,7 @@ class Executor:
         }
         self._arrivals = sorted(
             (e for e in self._entries.values() if not e.finished),
-            key=lambda e: (e.job.info.arrival_s, e.job.info.job_id),
+            key=lambda e: arrival_key(e.job.info),
         )
         self._pending: list[_Entry] = []
         self._lanes: dict[str, threading.Thread] = {}

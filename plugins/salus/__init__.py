@@ -17,7 +17,8 @@ class SalusConfig:
     """``accelopt run +plugins=[salus] plugins.salus.policy=srtf plugins.salus.capacity=2GiB``"""
 
     policy: str = "auto"
-    """auto | pack | srtf | fair | fifo | rr, another registered name, or module:Class.
+    """auto | pack | srtf | fair | fifo | rr | las | dlas, another registered name, or
+    module:Class (las, dlas: Tiresias's scheduling without knowing job lengths).
     ``auto``: pack on one device (lanes run concurrently, so packing raises utilization);
     srtf in a parameter-server cluster, where every iteration uses every worker and server so
     only one job runs at a time and packing would be arrival order: there the policy that

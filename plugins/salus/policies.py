@@ -13,6 +13,20 @@ Mapping of SALUS's policies onto lanes (one device):
   time (refined iteration time x remaining iterations) first.
 * ``fair``: one lane; least service time first (equal progress).
 * ``rr``: one lane; the job that ran least recently goes next (one iteration each, in turn).
+* ``las``: one lane; least attained service first (Tiresias, NSDI'19): the same ranking as
+  ``fair``, named for what it is when used as a *knowledge-free* stand-in for SRTF: it needs
+  no job length, and short jobs finish early because every job starts at zero service.
+* ``dlas``: one lane; Tiresias's discretised LAS: priority queues by attained service
+  (thresholds ``Dlas.thresholds_s``), FIFO inside a queue, so jobs of one queue run to the
+  next threshold instead of time-sharing each iteration (far fewer switches than ``las``).
+  On one device the second dimension (GPUs per job) is 1 for every job.
+
+What each policy knows, and when: ``fifo``/``pack`` the arrival order; ``fair``/``las``/
+``dlas`` the service each job has received so far (measured, nothing about its future);
+``srtf`` the job's remaining iterations (from its config: ``iterations`` minus those run)
+times its iteration time: the profiled iteration (measured offline, before the clock) until
+the job has run two iterations, then an exponential moving average of its measured
+iterations (the first one, which pays the job's warm-up, is left out).
 
 ``plugins.salus.max_lanes=N`` overrides the lane count of any policy; each lane then applies
 the policy to its own jobs.
@@ -41,6 +55,7 @@ from importlib import import_module
 from typing import ClassVar
 
 from accelopt import ConfigError, JobState, UserError, extension_point
+from accelopt.drivers.scheduling import arrival_order
 
 IterationTime = Callable[[JobState], float]
 
@@ -52,9 +67,8 @@ def _profile_seconds(state: JobState) -> float:
     return profile.iteration_seconds if profile is not None else 0.0
 
 
-def arrival_key(state: JobState) -> tuple[float, str]:
-    """Earliest arrival first; ties by job id (deterministic)."""
-    return (state.job.arrival_s, state.job.job_id)
+arrival_key = arrival_order
+"""Earliest arrival first; ties by submission order (the core's FIFO key, shared)."""
 
 
 class Policy:
@@ -216,3 +230,27 @@ class RoundRobin(Policy):
         chosen = min(ready, key=lambda s: (self._last.get(s.job.job_id, -1), *arrival_key(s)))
         self._last[chosen.job.job_id] = next(self._clock)
         return chosen.job.job_id
+
+
+@register_policy("las")
+class Las(Fair):
+    """Least attained service first (Tiresias's LAS): knows no job length, only the device
+    time each job has had; a new job starts at zero and so runs before longer-served ones."""
+
+
+@register_policy("dlas")
+class Dlas(Policy):
+    """Discretised LAS (Tiresias): queue ``k`` holds the jobs whose attained service lies in
+    ``[thresholds_s[k-1], thresholds_s[k])``; the lowest non-empty queue runs, FIFO inside it.
+    Why discretise: plain LAS switches whenever two jobs' services cross (every iteration
+    when they are equal); queues keep a job running until it crosses a threshold. Subclass
+    to set other thresholds (seconds of device time, ascending)."""
+
+    thresholds_s: ClassVar[tuple[float, ...]] = (1.0, 10.0)
+
+    def queue(self, state: JobState) -> int:
+        """The priority queue of ``state``: how many thresholds its service has passed."""
+        return sum(state.service_seconds >= t for t in self.thresholds_s)
+
+    def select(self, lane: str, ready: Sequence[JobState], now_s: float) -> str:
+        return min(ready, key=lambda s: (self.queue(s), *arrival_key(s))).job.job_id
