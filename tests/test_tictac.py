@@ -345,3 +345,17 @@ def test_plan_json_round_trip(tmp_path):
     path = tmp_path / "order.json"
     path.write_text(json.dumps(plan.names("tac")))
     assert json.loads(path.read_text()) == plan.dag.recv_names  # sequential net: named
+
+
+def test_tac_exact_ties_on_m_plus_follow_the_scan_order_not_rounding():
+    """Times in multiples of 0.1: op x reads r0 (0.1 s) and r1 (0.2 s), op y reads r2 and r3
+    (0.15 s each). Both rows' M+ is 0.3 s exactly, but in floating point 0.1 + 0.2 is
+    0.30000000000000004 > 0.15 + 0.15; the documented tie-break (scan order: the lower recv
+    index) must decide, so r0 comes first, not r2."""
+    dag = Dag.from_spec({"r0": 1, "r1": 1, "r2": 1, "r3": 1},
+                        [("x", ["r0", "r1"]), ("y", ["r2", "r3"])])
+    times = np.array([0.1, 0.2, 0.15, 0.15, 0.1, 0.1])
+    assert 0.1 + 0.2 != 0.15 + 0.15  # the rounding this test is about
+    order = tac(dag, times, "dataflow")
+    assert order[0] == 0, order
+    assert sorted(order) == [0, 1, 2, 3]
