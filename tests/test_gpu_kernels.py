@@ -84,13 +84,14 @@ def test_prune_every_zoo_model_keeps_it_runnable(name: str) -> None:
             assert kept == after - after // 2
 
 
-def test_residual_and_output_producers_are_refused_with_reasons() -> None:
+def test_residual_producers_are_pruned_as_groups_and_the_head_refused() -> None:
     model, _ = zoo("resnet")
     report = node_prune(model, 0.5)
-    assert "residual" in report.refused["stem.0"]
-    assert "residual" in report.refused["stages.1.shortcut.0"]
-    assert "model's outputs" in report.refused["head"]
-    assert set(report.pruned) == {"stages.0.conv1", "stages.1.conv1", "stages.2.conv1"}
+    assert set(report.refused) == {"head"} and "model's outputs" in report.refused["head"]
+    # everything writing the same residual stream is one group, pruned to the same channels
+    assert set(report.groups["stem.0"]) == {"stem.0", "stages.0.conv2"}
+    assert set(report.groups["stages.1.conv2"]) == {"stages.1.conv2", "stages.1.shortcut.0"}
+    assert report.pruned["stem.0"] == report.pruned["stages.0.conv2"] == (8, 4)
 
 
 class FlatCat(nn.Module):
@@ -149,11 +150,14 @@ def test_slicing_dead_channels_leaves_the_function_unchanged(name: str) -> None:
             m.running_mean.uniform_(-1, 1)
             m.running_var.uniform_(0.5, 2)
     gen = torch.Generator().manual_seed(3)
-    keep = {}
+    keep: dict[str, torch.Tensor] = {}
+    by_group: dict[str, torch.Tensor] = {}
     for plan in plan_model(model):
-        if not plan.refused:
-            k = max(1, plan.channels // 2)
-            keep[plan.path] = torch.randperm(plan.channels, generator=gen)[:k].sort().values
+        if not plan.refused:  # coupled producers (one group) lose the same channels
+            if plan.group not in by_group:
+                k = max(1, plan.channels // 2)
+                by_group[plan.group] = torch.randperm(plan.channels, generator=gen)[:k].sort().values
+            keep[plan.path] = by_group[plan.group]
     assert keep
     model.eval()
     _kill_channels(model, keep)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from accelopt.errors import ConfigError
 
-CRITERIA = ("l1", "l2")
+CRITERIA = ("l1", "l2", "taylor")
 TILED_MODES = ("off", "tiled", "register_blocked")
 LAYOUT_MODES = ("off", "on", "auto")
 
@@ -22,10 +22,16 @@ class GpuKernelsConfig:
     prune_amount: float = 0.0
     """Fraction of neurons/channels removed from every prunable layer, in [0, 1)."""
     prune_criterion: str = "l1"
-    """Importance of a neuron/channel: ``l1`` or ``l2`` norm of its weights (first-order
-    Taylor needs data and gradients, so it is offered by the library, not at build time)."""
+    """Importance of a neuron/channel (a coupled group sums its members'): ``l1`` or ``l2``
+    norm of its weights, or ``taylor`` (first order, ``|sum w * dL/dw|`` from the gradients
+    of the pruning iteration's batch; needs ``prune_at_iteration`` > 0: at build time there
+    are no gradients)."""
     prune_rounds: int = 1
     """Iterative schedule: reach ``prune_amount`` in this many equal-ratio rounds."""
+    prune_at_iteration: int = 0
+    """0: prune at build time (fresh weights). N > 0: train N iterations dense, prune the
+    trained weights at the end of iteration N, rebuild the optimizer, fine-tune the rest.
+    Single-process runs only (``cluster.mode=none``)."""
     conv_autotune: bool = False
     """Replace every Conv2d by an autotuned one (direct / im2col / FFT / Winograd)."""
     conv_cache: str = "~/.cache/accelopt/gpu_kernels_conv.json"
@@ -54,6 +60,7 @@ class GpuKernelsConfig:
             )
         if int(self.prune_rounds) < 1:
             raise ConfigError(f"{p}.prune_rounds={self.prune_rounds}: must be >= 1")
+        self._validate_in_run_pruning(p)
         if int(self.autotune_reps) < 3:
             raise ConfigError(f"{p}.autotune_reps={self.autotune_reps}: must be >= 3")
         if not 0.0 <= float(self.autotune_min_gain) < 1.0:
@@ -66,3 +73,24 @@ class GpuKernelsConfig:
             raise ConfigError(
                 f"{p}.channels_last={self.channels_last!r}: use one of {', '.join(LAYOUT_MODES)}"
             )
+
+    def _validate_in_run_pruning(self, p: str) -> None:
+        """Pruning after N iterations: a positive amount, one round, no layer swaps that would
+        hide the layers from the pruner (autotuned convs, tiled Linear are built first)."""
+        n = int(self.prune_at_iteration)
+        if n < 0:
+            raise ConfigError(f"{p}.prune_at_iteration={n}: must be >= 0 (0: at build time)")
+        if n == 0:
+            if self.prune_criterion == "taylor":
+                raise ConfigError(f"{p}.prune_criterion=taylor needs gradients: set "
+                                  f"{p}.prune_at_iteration=N > 0, or use l1/l2")
+            return
+        if float(self.prune_amount) <= 0:
+            raise ConfigError(f"{p}.prune_at_iteration={n} with prune_amount=0 prunes nothing: "
+                              f"set {p}.prune_amount, e.g. 0.5")
+        if int(self.prune_rounds) != 1:
+            raise ConfigError(f"{p}.prune_at_iteration={n} prunes once: set prune_rounds=1")
+        if self.conv_autotune or self.tiled_linear != "off":
+            raise ConfigError(f"{p}.prune_at_iteration={n} with conv_autotune/tiled_linear: "
+                              "those layers are swapped at build time, before pruning; use "
+                              "prune_at_iteration=0 or switch them off")

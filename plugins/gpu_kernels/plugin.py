@@ -5,14 +5,16 @@ Everything happens in ``accelopt_layer_build`` when the *whole model* is offered
 are sliced too), and the other transforms must see the pruned layers. Order: prune ->
 autotuned convs -> tiled Linear -> channels_last.
 
-Why at build time and not after N iterations: the optimizer is created right after the
-model is built and holds the Parameter objects; pruning later needs a new optimizer. The core
-offers that (answer ``accelopt_after_step`` with ``OptimizerRebuild`` and the optimizer is
-rebuilt over the current parameters, one-process runs), but this plugin still prunes at build
-time, so in a run the importance criterion sees freshly initialised weights (the *speed*
-effect is real, the accuracy effect is that of pruning at initialisation: the network is
-trained at its pruned size). To prune a trained model by importance, use
-``pruning.node_prune`` as a library (benchmarks do: train, prune, fine-tune).
+Pruning happens at build time by default (``prune_at_iteration=0``: the importance sees freshly
+initialised weights; the network is trained at its pruned size). With
+``prune_at_iteration=N`` the model trains dense for N iterations and is pruned at the end of
+iteration N (``accelopt_after_step``) by the importance of the *trained* weights (Taylor: the
+gradients of that iteration's batch); the plugin answers ``OptimizerRebuild`` so the core
+rebuilds the optimizer over the sliced parameters, and ``accelopt_optimizer_build`` slices
+each pruned parameter's optimizer state (momentum, Adam moments) with the same indices
+instead of dropping it. Only single-process runs: in a parameter-server run the parameters
+live on the server, in an all-reduce run DDP's buckets are fixed at wrap time, so ranks would
+disagree; ``accelopt_configure`` refuses those in one line.
 
 At the first forward a one-shot probe measures, on the real input, FLOPs and inference
 latency of the dense copy kept at build time vs the pruned model (deep copies, eval mode,
@@ -37,11 +39,27 @@ from accelopt_plugins.gpu_kernels.autotune import (
 )
 from accelopt_plugins.gpu_kernels.config import GpuKernelsConfig
 from accelopt_plugins.gpu_kernels.layout import ChannelsLast
-from accelopt_plugins.gpu_kernels.pruning import PruneReport, count_flops, node_prune
+from accelopt_plugins.gpu_kernels.pruning import (
+    Lineage,
+    PruneReport,
+    count_flops,
+    node_prune,
+    record_lineage,
+    slice_like,
+)
 from accelopt_plugins.gpu_kernels.tiled import TiledLinear
 from torch import nn
 
-from accelopt import LayerOffer, ReportRow, RunInfo, hookimpl, isolated_rng
+from accelopt import (
+    ConfigError,
+    IterationContext,
+    LayerOffer,
+    OptimizerRebuild,
+    ReportRow,
+    RunInfo,
+    hookimpl,
+    isolated_rng,
+)
 
 
 @dataclass
@@ -55,6 +73,25 @@ class _JobRecord:
     layout: ChannelsLast | None = None
     conv_guard: str = "not run"
     notes: list[str] = field(default_factory=list)
+    late: _LatePrune | None = None
+
+
+@dataclass
+class _LatePrune:
+    """Pruning after N iterations: the model to prune, its latest forward input (for the
+    trial forward and FLOPs), and what happened."""
+
+    model: nn.Module | None
+    at: int
+    example: Any = None
+    hook: Any = None
+    pruned_at: int | None = None
+    lineage: Lineage = field(default_factory=dict)
+    carried: int = 0
+    flops: tuple[int, int] | None = None
+
+    def capture(self, _m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self.example = (args, kwargs)
 
 
 class _PruneProbe:
@@ -145,6 +182,12 @@ class GpuKernelsPlugin:
     def accelopt_configure(self, config: Any, run_config: Any) -> None:
         self.config = config
         config.validate()
+        mode = _cluster_mode(run_config)
+        if int(config.prune_at_iteration) > 0 and mode != "none":
+            raise ConfigError(
+                f"plugins.gpu_kernels.prune_at_iteration={config.prune_at_iteration} needs a "
+                f"single-process run (cluster.mode={mode}: ranks would disagree on the "
+                "parameters); use cluster.mode=none or prune_at_iteration=0")
 
     def _tuner(self) -> ConvAutotuner:
         if self.tuner is None:
@@ -162,7 +205,11 @@ class GpuKernelsPlugin:
         c = self.config
         model: nn.Module = layer.module
         record = self.jobs.setdefault(layer.job.job_id, _JobRecord())
-        if c.prune_amount > 0:
+        if c.prune_amount > 0 and int(c.prune_at_iteration) > 0:
+            late = _LatePrune(model, int(c.prune_at_iteration))
+            late.hook = model.register_forward_pre_hook(late.capture, with_kwargs=True)
+            record.late = late
+        elif c.prune_amount > 0:
             dense = copy.deepcopy(model)
             record.prune = node_prune(model, float(c.prune_amount),
                                       criterion=c.prune_criterion, rounds=int(c.prune_rounds))
@@ -186,6 +233,67 @@ class GpuKernelsPlugin:
         return model
 
     @hookimpl
+    def accelopt_after_step(self, context: IterationContext, stepped: bool
+                            ) -> OptimizerRebuild | None:
+        rec = self.jobs.get(context.job.job_id)
+        late = rec.late if rec is not None else None
+        if late is None or late.model is None or context.iteration + 1 != late.at:
+            return None
+        assert rec is not None
+        done = self._prune_late(rec, late)
+        late.model = late.example = None  # nothing of the job is kept past its pruning
+        if late.hook is not None:
+            late.hook.remove()
+        if not done:
+            return None
+        return OptimizerRebuild(reason=f"gpu_kernels node-pruned {len(rec.prune.pruned)} "
+                                f"layers at iteration {late.at}")  # type: ignore[union-attr]
+
+    def _prune_late(self, rec: _JobRecord, late: _LatePrune) -> bool:
+        """Prune a trial copy first (the model must still run on the last real input and the
+        FLOPs are measured there), then the live model, recording each new parameter's
+        lineage for the optimizer state."""
+        c, model = self.config, late.model
+        assert model is not None
+        prune = {"criterion": c.prune_criterion}
+        try:
+            with isolated_rng():
+                trial = copy.deepcopy(model)
+                node_prune(trial, float(c.prune_amount), **prune)
+                if late.example is not None:
+                    late.flops = (_flops(model, late.example), _flops(trial, late.example))
+            del trial
+        except Exception as exc:  # a model the pruner cannot handle stays dense, said so
+            rec.notes.append(f"pruning at iteration {late.at} skipped: "
+                             f"{type(exc).__name__}: {exc}")
+            return False
+        with record_lineage() as lineage:
+            rec.prune = node_prune(model, float(c.prune_amount), **prune)
+        late.lineage, late.pruned_at = dict(lineage), late.at
+        return bool(rec.prune.pruned)
+
+    @hookimpl
+    def accelopt_optimizer_build(self, job: Any, optimizer: torch.optim.Optimizer,
+                                 parameters: dict[str, nn.Parameter],
+                                 previous: torch.optim.Optimizer | None) -> None:
+        """Carry the state of each pruned parameter, sliced like the parameter, so momentum
+        and Adam moments survive pruning (the core carries only unchanged parameters)."""
+        rec = self.jobs.get(job.job_id)
+        late = rec.late if rec is not None else None
+        if late is None or not late.lineage or previous is None:
+            return None
+        for param in parameters.values():
+            orig, steps = late.lineage.get(param, (None, []))
+            state = previous.state.get(orig) if orig is not None else None
+            if state and param not in optimizer.state:
+                optimizer.state[param] = {
+                    k: slice_like(v, steps).clone() if isinstance(v, torch.Tensor)
+                    and v.shape == orig.shape else v for k, v in state.items()}
+                late.carried += 1
+        late.lineage = {}
+        return None
+
+    @hookimpl
     def accelopt_report_rows(self, run: RunInfo) -> list[ReportRow]:
         if not self.enabled:
             return [ReportRow("gpu_kernels", "nothing enabled: set plugins.gpu_kernels."
@@ -197,9 +305,22 @@ class GpuKernelsPlugin:
     def _row(self, job_id: str, rec: _JobRecord) -> ReportRow:
         parts: list[str] = []
         metrics: dict[str, float | int | str] = {"job": job_id}
+        late = rec.late
+        if late is not None and late.pruned_at is None and not rec.notes:
+            parts.append(f"prune_at_iteration={late.at} not reached: the job stopped first")
         if rec.prune is not None:
             p = rec.prune
-            if p.pruned:
+            if p.pruned and late is not None:
+                parts.append(
+                    f"node-pruned {len(p.pruned)} layers at iteration {late.at} (trained "
+                    f"weights, {self.config.prune_criterion}; optimizer rebuilt, state of "
+                    f"{late.carried} sliced params carried), params "
+                    f"{p.params_before}->{p.params_after}")
+                metrics["pruned_at_iteration"] = late.at
+                if late.flops is not None:
+                    parts.append(f"FLOPs {late.flops[0]}->{late.flops[1]}")
+                    metrics.update(flops_before=late.flops[0], flops_after=late.flops[1])
+            elif p.pruned:
                 parts.append(
                     f"node-pruned {len(p.pruned)} layers at build time (fresh weights, trained "
                     f"at the pruned size), params {p.params_before}->{p.params_after}")
@@ -249,6 +370,12 @@ class GpuKernelsPlugin:
         parts += rec.notes
         return ReportRow("gpu_kernels", f"{job_id}: " + "; ".join(parts), metrics)
 
+    @hookimpl
+    def accelopt_run_end(self, run: RunInfo, metrics: dict[str, Any]) -> None:
+        for rec in self.jobs.values():  # drop any model reference still held
+            if rec.late is not None:
+                rec.late.model = rec.late.example = None
+
     @staticmethod
     def _conv_choices(rec: _JobRecord) -> dict[str, int]:
         """Algorithm -> number of (layer, input shape) pairs that use it."""
@@ -257,3 +384,16 @@ class GpuKernelsPlugin:
             for algo in conv._chosen.values():  # type: ignore[attr-defined]
                 counts[algo] = counts.get(algo, 0) + 1
         return counts
+
+
+def _cluster_mode(run_config: Any) -> str:
+    try:
+        return str(run_config.cluster.mode)
+    except Exception:  # a config without a cluster section is a single-process run
+        return "none"
+
+
+def _flops(model: nn.Module, example: tuple[tuple[Any, ...], dict[str, Any]]) -> int:
+    """FLOPs of one forward of a copy of ``model`` (eval) on a captured ``(args, kwargs)``."""
+    args, kwargs = example
+    return count_flops(copy.deepcopy(model).eval(), tuple(args), kwargs)

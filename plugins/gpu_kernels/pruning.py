@@ -1,49 +1,52 @@
-"""Node (structured) pruning: remove whole neurons/channels and *physically* slice the layers.
+"""Node (structured) pruning: remove whole neurons/channels/heads and *physically* slice the layers.
 
 Why physical slicing: ``torch.nn.utils.prune.ln_structured`` only multiplies by a mask, so the
 layer does exactly the same dense work as before. Speed comes from the layer (and every layer
-that reads its output: BatchNorm, the next Linear/Conv2d, through pooling, flatten and concat)
-becoming genuinely smaller dense layers (Scalpel, Yu et al. ISCA 2017: node pruning keeps
-dense hardware busy, weight pruning does not).
+that reads its output: BatchNorm, depthwise convs, the next Linear/Conv2d, through pooling,
+flatten and concat) becoming genuinely smaller dense layers (Scalpel, Yu et al. ISCA 2017:
+node pruning keeps dense hardware busy, weight pruning does not).
 
-How: the model is traced with ``torch.fx`` (the zoo models are traceable by design) and,
-for each Linear / Conv2d (groups=1) "producer", its output channel dimension is followed
-through channel-preserving ops (activations, pooling, BatchNorm, flatten, ``torch.cat`` on
-channels) to the layers that consume it. A producer whose channels reach anything that
-cannot be sliced consistently (a residual ``add``, the model output, an LSTM, attention,
-a view/reshape) is *refused* with the reason, never pruned wrongly. The feed-forward block
-inside ``nn.TransformerEncoderLayer`` (linear1 -> activation -> linear2) is handled directly.
+How: the units are found two ways, and every unit is pruned as a *group* that moves together.
 
-The original modules are modified in place (new, smaller ``nn.Parameter`` objects), so the
-model keeps its class and forward; build the optimizer *after* pruning.
+* ``channel_graph``: the model is traced with ``torch.fx`` and a union-find over the channel
+  dimension couples every producer (Linear, groups=1 Conv2d, HF ``Conv1D``) whose outputs meet
+  at a residual ``add``/``sub``/``mul`` or pass through a depthwise conv; one index set is
+  removed from all of them and from every consumer. A group whose channels reach anything
+  that cannot be sliced consistently (the model output, a LayerNorm, a view/reshape) is
+  *refused* with the reason, never pruned wrongly.
+* ``module_rules``: blocks whose forward is known (GPT-2/BERT/``nn.TransformerEncoderLayer``
+  feed-forward hidden units, GPT-2/BERT attention heads) are pruned by structure, which also
+  covers models torch.fx cannot trace.
+
+A group's importance is the sum of its producers' channel importances (L1/L2 of weights, or
+first-order Taylor). The original modules are modified in place (new, smaller
+``nn.Parameter`` objects), so the model keeps its class and forward; an optimizer built
+before pruning must be rebuilt (in a run the plugin asks the core to; ``record_lineage``
+tells which old parameter and indices each new one came from, so its state can be sliced).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
-import operator
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.nn.functional as F
-from torch import fx, nn
+from accelopt_plugins.gpu_kernels.channel_graph import (
+    Group,
+    Use,
+    channel_groups,
+    is_conv1d,
+    is_producer,
+    out_channels,
+)
+from accelopt_plugins.gpu_kernels.module_rules import RuleGroup, module_rules
+from torch import nn
 
 Criterion = str  # "l1" | "l2" | "taylor"
-
-_ELEMENTWISE_MODULES: tuple[type[nn.Module], ...] = (
-    nn.ReLU, nn.ReLU6, nn.GELU, nn.SiLU, nn.Tanh, nn.Sigmoid, nn.LeakyReLU, nn.ELU,
-    nn.Hardswish, nn.Identity, nn.Dropout, nn.Dropout2d,
-    nn.MaxPool1d, nn.MaxPool2d, nn.AvgPool1d, nn.AvgPool2d,
-    nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d,
-)
-_ELEMENTWISE_FUNCTIONS: set[Any] = {
-    F.relu, torch.relu, F.relu6, F.gelu, F.silu, torch.sigmoid, torch.tanh, F.leaky_relu,
-    F.max_pool2d, F.avg_pool2d, F.adaptive_avg_pool2d, F.adaptive_max_pool2d, F.dropout,
-}
-_ELEMENTWISE_METHODS = {"relu", "sigmoid", "tanh", "contiguous", "relu_"}
-_BATCHNORMS = (nn.BatchNorm1d, nn.BatchNorm2d)
+_Use = Use  # the consumer record (kept under its old name)
 
 
 # --------------------------------------------------------------------------------------------
@@ -51,273 +54,109 @@ _BATCHNORMS = (nn.BatchNorm1d, nn.BatchNorm2d)
 
 
 @dataclass
-class _Use:
-    """Producer channel c occupies indices ``(base + c)*mult + [0, mult)`` of a consumer's
-    input dimension: ``base`` is its channel offset in a concat, ``mult`` > 1 after a
-    flatten of spatial positions (channel-major, as NCHW flattens)."""
-
-    path: str
-    kind: str  # "linear_in" | "conv_in" | "bn"
-    base: int
-    mult: int
-
-
-@dataclass
 class _Plan:
+    """One prunable (or refused) layer: ``channels`` units of its group ``group`` (the
+    group's key), the group's consumer uses, or the reason it is refused."""
+
     path: str
     channels: int
-    uses: list[_Use] = field(default_factory=list)
+    uses: list[Use] = field(default_factory=list)
     refused: str | None = None
+    group: str = ""
+    unit: str = "channel"
 
 
 @dataclass
 class PruneReport:
-    """What one pruning pass did: per-layer channel counts and the refused layers' reasons."""
+    """What one pruning pass did: per-layer unit counts (channels; heads for attention),
+    the coupled groups, and the refused layers' reasons."""
 
     pruned: dict[str, tuple[int, int]] = field(default_factory=dict)
     refused: dict[str, str] = field(default_factory=dict)
+    groups: dict[str, tuple[str, ...]] = field(default_factory=dict)
     params_before: int = 0
     params_after: int = 0
 
     def summary(self) -> str:
         layers = ", ".join(f"{p or '<root>'} {a}->{b}" for p, (a, b) in self.pruned.items())
+        coupled = sum(1 for members in self.groups.values() if len(members) > 1)
         return (
-            f"node-pruned {len(self.pruned)} layers ({layers or 'none'}); params "
-            f"{self.params_before} -> {self.params_after}; refused {len(self.refused)}"
+            f"node-pruned {len(self.pruned)} layers ({layers or 'none'}) in {len(self.groups)} "
+            f"groups ({coupled} coupled); params {self.params_before} -> {self.params_after}; "
+            f"refused {len(self.refused)}"
         )
 
 
-class _Refuse(Exception):
-    """Internal: this producer cannot be pruned; the message says why."""
+@dataclass
+class _Analysis:
+    graph: dict[str, Group]  # key -> group
+    rules: dict[str, RuleGroup]  # key -> group
+    refused: dict[str, str]  # layers outside any group, with the reason
+    owner: dict[str, str]  # producer path (or rule key) -> group key
 
 
-def _target(node: fx.Node, modules: Mapping[str, nn.Module]) -> nn.Module | None:
-    return modules.get(str(node.target)) if node.op == "call_module" else None
-
-
-def _is_producer(module: nn.Module) -> bool:
-    if isinstance(module, nn.Linear):
-        return True
-    return isinstance(module, nn.Conv2d) and module.groups == 1
-
-
-def _channels_of(node: fx.Node, modules: Mapping[str, nn.Module]) -> int | None:
-    """Size of the channel dimension of ``node``'s output when it can be known statically."""
-    mod = _target(node, modules)
-    if isinstance(mod, nn.Linear):
-        return mod.out_features
-    if isinstance(mod, nn.Conv2d):
-        return mod.out_channels
-    if isinstance(mod, _BATCHNORMS) or isinstance(mod, _ELEMENTWISE_MODULES):
-        return _channels_of(node.args[0], modules) if isinstance(node.args[0], fx.Node) else None
-    if node.op == "call_function" and node.target in _ELEMENTWISE_FUNCTIONS:
-        return _channels_of(node.args[0], modules) if isinstance(node.args[0], fx.Node) else None
-    if node.op == "call_function" and node.target in (torch.cat, torch.concat):
-        if _cat_dim(node) != 1:
-            return None
-        sizes = [_channels_of(n, modules) for n in node.args[0]]  # type: ignore[union-attr]
-        return None if any(s is None for s in sizes) else sum(sizes)  # type: ignore[arg-type]
-    return None
-
-
-def _cat_dim(node: fx.Node) -> int:
-    dim = node.kwargs.get("dim", node.args[1] if len(node.args) > 1 else 0)
-    return int(dim)  # type: ignore[arg-type]
-
-
-def _flatten_start(node: fx.Node, mod: nn.Module | None) -> int | None:
-    """start_dim of a flatten node (module, function or method), ``None`` if not a flatten."""
-    if isinstance(mod, nn.Flatten):
-        return mod.start_dim if mod.end_dim == -1 else -99
-    if node.op == "call_function" and node.target is torch.flatten:
-        start = node.kwargs.get("start_dim", node.args[1] if len(node.args) > 1 else 0)
-        end = node.kwargs.get("end_dim", node.args[2] if len(node.args) > 2 else -1)
-        return int(start) if end == -1 else -99  # type: ignore[arg-type]
-    if node.op == "call_method" and node.target == "flatten":
-        start = node.kwargs.get("start_dim", node.args[1] if len(node.args) > 1 else 0)
-        return int(start)  # type: ignore[arg-type]
-    return None
-
-
-def _plan_producer(
-    node: fx.Node, path: str, modules: Mapping[str, nn.Module], calls: Mapping[str, int]
-) -> _Plan:
-    """Follow ``node``'s channels to every consumer; refuse on anything unsliceable."""
-    producer = modules[path]
-    channels = producer.out_features if isinstance(producer, nn.Linear) else producer.out_channels
-    plan = _Plan(path=path, channels=int(channels))
-    channel_dim_is_1 = isinstance(producer, nn.Conv2d)
-    # work items: (node, base, width, flattened, channel_dim_is_1)
-    work: list[tuple[fx.Node, int, int, bool, bool]] = [
-        (node, 0, plan.channels, False, channel_dim_is_1)
-    ]
+def _analyse(model: nn.Module) -> _Analysis:
+    rules, refused = module_rules(model)
+    rule_map = {r.key: r for r in rules}
+    covered = {m for r in rules for m in r.members}
+    blocks = {r.block for r in rules if r.block}
     try:
-        if calls.get(path, 0) != 1:
-            raise _Refuse(f"module is called {calls.get(path, 0)} times (shared weights)")
-        seen: set[tuple[str, int]] = set()
-        while work:
-            cur, base, width, flat, cdim1 = work.pop()
-            if (cur.name, base) in seen:
-                continue
-            seen.add((cur.name, base))
-            for user in cur.users:
-                _follow(user, cur, base, width, flat, cdim1, plan, modules, calls, work)
-    except _Refuse as why:
-        plan.refused = str(why)
-        plan.uses.clear()
-    return plan
-
-
-def _follow(
-    user: fx.Node,
-    cur: fx.Node,
-    base: int,
-    width: int,
-    flat: bool,
-    cdim1: bool,
-    plan: _Plan,
-    modules: Mapping[str, nn.Module],
-    calls: Mapping[str, int],
-    work: list[tuple[fx.Node, int, int, bool, bool]],
-) -> None:
-    mod = _target(user, modules)
-    where = f"'{user.target}'" if user.op == "call_module" else f"node '{user.name}'"
-    if user.op == "output":
-        raise _Refuse("its outputs are the model's outputs (e.g. the classifier head)")
-    if isinstance(mod, nn.Linear):
-        if user.args[0] is not cur or cdim1:
-            raise _Refuse(f"feeds Linear {where} along a non-feature dimension")
-        if calls.get(str(user.target), 0) != 1:
-            raise _Refuse(f"consumer {where} is called several times (shared weights)")
-        if flat:
-            if mod.in_features % width:
-                raise _Refuse(f"cannot map flattened channels onto {where}")
-            plan.uses.append(_Use(str(user.target), "linear_in", base, mod.in_features // width))
-        else:
-            if mod.in_features != width:
-                raise _Refuse(f"channel count {width} != in_features of {where}")
-            plan.uses.append(_Use(str(user.target), "linear_in", base, 1))
-        return
-    if isinstance(mod, nn.Conv2d):
-        if mod.groups != 1:
-            raise _Refuse(f"feeds grouped/depthwise Conv2d {where} (groups={mod.groups})")
-        if flat or not cdim1 or user.args[0] is not cur or mod.in_channels != width:
-            raise _Refuse(f"feeds Conv2d {where} with a channel layout that does not match")
-        if calls.get(str(user.target), 0) != 1:
-            raise _Refuse(f"consumer {where} is called several times (shared weights)")
-        plan.uses.append(_Use(str(user.target), "conv_in", base, 1))
-        return
-    if isinstance(mod, _BATCHNORMS):
-        if flat or mod.num_features != width:
-            raise _Refuse(f"feeds BatchNorm {where} whose features do not match")
-        plan.uses.append(_Use(str(user.target), "bn", base, 1))
-        work.append((user, base, width, flat, cdim1))
-        return
-    if isinstance(mod, _ELEMENTWISE_MODULES):
-        work.append((user, base, width, flat, cdim1))
-        return
-    start = _flatten_start(user, mod)
-    if start is not None:
-        if flat:
-            work.append((user, base, width, flat, cdim1))
-            return
-        if start != 1 or not cdim1:
-            raise _Refuse(f"flatten {where} does not flatten from the channel dimension")
-        work.append((user, base, width, True, False))
-        return
-    if user.op == "call_function" and user.target in _ELEMENTWISE_FUNCTIONS:
-        if user.args[0] is not cur:
-            raise _Refuse(f"reaches {where} as a non-input argument")
-        work.append((user, base, width, flat, cdim1))
-        return
-    if user.op == "call_method" and user.target in _ELEMENTWISE_METHODS:
-        work.append((user, base, width, flat, cdim1))
-        return
-    if user.op == "call_function" and user.target in (torch.cat, torch.concat):
-        if flat or not cdim1 or _cat_dim(user) != 1:
-            raise _Refuse(f"concatenated by {where} along a dimension other than channels")
-        inputs = list(user.args[0])  # type: ignore[arg-type]
-        offset = 0
-        for other in inputs:
-            if other is cur:
-                break
-            size = _channels_of(other, modules)  # type: ignore[arg-type]
-            if size is None:
-                raise _Refuse(f"concat {where} has an input whose channel count is unknown")
-            offset += size
-        total = _channels_of(user, modules)
-        if total is None or inputs.count(cur) != 1:
-            raise _Refuse(f"concat {where} has inputs whose channel counts are unknown")
-        work.append((user, base + offset, total, flat, cdim1))
-        return
-    if user.op == "call_function" and user.target in (operator.add, operator.iadd, torch.add,
-                                                       operator.sub, operator.mul, torch.mul):
-        others = [a for a in user.args if a is not cur]
-        if any(isinstance(a, fx.Node) for a in others):
-            raise _Refuse(
-                f"merged with another tensor by {where} (residual connection): both operands "
-                "would need the same channels removed; refused rather than mis-sliced"
-            )
-        work.append((user, base, width, flat, cdim1))
-        return
-    kind = type(mod).__name__ if mod is not None else f"{user.op} {getattr(user.target, '__name__', user.target)}"
-    raise _Refuse(f"feeds {kind} {where}, which cannot be sliced")
+        groups, not_producers = channel_groups(model, blocks)
+    except Exception as exc:  # untraceable: only the module rules can prune safely
+        groups, not_producers = [], {}
+        why = (f"model is not torch.fx-traceable ({type(exc).__name__}); only known blocks "
+               "(feed-forward, attention heads) are pruned")
+        for path, m in model.named_modules():
+            if is_producer(m) and path not in covered:
+                refused[path] = why
+    refused.update(not_producers)
+    graph = {g.key: g for g in groups}
+    owner = {p: g.key for g in groups for p in g.producers}
+    owner.update({k: k for k in rule_map})
+    return _Analysis(graph, rule_map, refused, owner)
 
 
 def plan_model(model: nn.Module) -> list[_Plan]:
-    """Trace ``model`` and plan every Linear/Conv2d producer (prunable or refused)."""
-    try:
-        graph = fx.symbolic_trace(model).graph
-    except Exception as exc:  # an untraceable model: nothing can be planned safely
-        return [
-            _Plan(path, 0, refused=f"model is not torch.fx-traceable ({type(exc).__name__})")
-            for path, m in model.named_modules()
-            if _is_producer(m) and not _inside_transformer(model, path)
-        ]
-    modules = dict(model.named_modules())
-    calls: dict[str, int] = {}
-    for node in graph.nodes:
-        if node.op == "call_module":
-            calls[str(node.target)] = calls.get(str(node.target), 0) + 1
-    plans = []
-    for node in graph.nodes:
-        mod = _target(node, modules)
-        if mod is not None and isinstance(mod, (nn.Linear, nn.Conv2d)):
-            if not _is_producer(mod):
-                plans.append(_Plan(str(node.target), 0, refused="grouped/depthwise Conv2d"))
-                continue
-            plans.append(_plan_producer(node, str(node.target), modules, calls))
-    # leaf modules fx does not enter (LSTM, attention): say why they are left alone
-    for path, m in model.named_modules():
-        if isinstance(m, (nn.LSTM, nn.GRU, nn.RNN)):
-            plans.append(_Plan(path, 0, refused=f"{type(m).__name__} gates interleave "
-                               "hidden units in fused weights; recurrent layers are not pruned"))
-        elif isinstance(m, nn.MultiheadAttention):
-            plans.append(_Plan(path, 0, refused="attention heads are not pruned (fused "
-                               "in_proj and head split); only the feed-forward block is"))
+    """Every prunable unit owner of ``model`` (graph producers, rule blocks) and every
+    refused layer, each with its group key and, if refused, why."""
+    a = _analyse(model)
+    plans = [_Plan(p, g.channels, g.uses, g.refused, g.key)
+             for g in a.graph.values() for p in g.producers]
+    plans += [_Plan(r.key, r.units, [], r.refused, r.key, r.unit) for r in a.rules.values()]
+    plans += [_Plan(p, 0, refused=why) for p, why in a.refused.items()]
     return plans
-
-
-def _inside_transformer(model: nn.Module, path: str) -> bool:
-    parent = path.rsplit(".", 1)[0] if "." in path else ""
-    return isinstance(dict(model.named_modules()).get(parent), nn.TransformerEncoderLayer)
 
 
 # --------------------------------------------------------------------------------------------
 # Importance
 
 
+def _weight_rows(module: nn.Module, t: torch.Tensor) -> torch.Tensor:
+    """``t`` (shaped like the weight) with one row per output channel."""
+    return t.t().flatten(1) if is_conv1d(module) else t.flatten(1)
+
+
 def channel_importance(
     module: nn.Module, criterion: Criterion, taylor: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """Score of each output neuron/channel of a Linear/Conv2d: the L1 or L2 norm of its
-    weights (Li et al. 2017), or a precomputed first-order Taylor score (Molchanov et al.
-    2017, ``|mean(activation * gradient)|``)."""
+    """Score of each output channel of a Linear/Conv2d/Conv1D: the L1 or L2 norm of its
+    weights (Li et al. 2017), or first-order Taylor (Molchanov et al.): a precomputed
+    activation score ``|mean(activation * gradient)|``, else, when the weights hold a
+    gradient (after a backward: in a run, that of the current batch), the weight form
+    ``|sum over the channel's weights of w * dL/dw|``."""
     if criterion == "taylor":
-        if taylor is None:
-            raise ValueError("criterion 'taylor' needs calibration data (inputs, targets)")
-        return taylor
-    w = module.weight.detach().flatten(1)
+        if taylor is not None:
+            return taylor
+        grad = module.weight.grad
+        if grad is None:
+            raise ValueError("criterion 'taylor' needs calibration data (inputs, targets) or "
+                             "gradients from a backward pass")
+        score = _weight_rows(module, module.weight.detach() * grad).sum(1)
+        bias = getattr(module, "bias", None)
+        if bias is not None and bias.grad is not None:
+            score = score + bias.detach() * bias.grad
+        return score.abs()
+    w = _weight_rows(module, module.weight.detach())
     if criterion == "l1":
         return w.abs().sum(1)
     if criterion == "l2":
@@ -332,10 +171,12 @@ def taylor_scores(
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
 ) -> dict[str, torch.Tensor]:
     """First-order Taylor importance of every output channel of the modules at ``paths``:
-    mean over the batch of |sum over positions of activation * dLoss/dactivation|."""
+    mean over the batch of |sum over positions of activation * dLoss/dactivation|. Buffers
+    (BatchNorm statistics) are restored afterwards: scoring must not change the model."""
     loss_fn = loss_fn or nn.CrossEntropyLoss()
     modules = dict(model.named_modules())
     outputs: dict[str, torch.Tensor] = {}
+    buffers = {k: b.clone() for k, b in model.named_buffers()}
 
     def keep(path: str) -> Callable[..., None]:
         def hook(_m: nn.Module, _i: Any, out: torch.Tensor) -> None:
@@ -352,10 +193,13 @@ def taylor_scores(
         for h in handles:
             h.remove()
         model.train(was_training)
+        with torch.no_grad():
+            for k, b in model.named_buffers():
+                b.copy_(buffers[k])
     scores = {}
     for path, out in outputs.items():
         prod = (out * out.grad).detach()
-        # channel dimension: 1 for conv maps, last for Linear outputs
+        # channel dimension: 1 for conv maps, last for Linear/Conv1D outputs
         if isinstance(modules[path], nn.Conv2d):
             per = prod.flatten(2).sum(2)
         else:
@@ -365,44 +209,95 @@ def taylor_scores(
     return scores
 
 
+def _group_scores(g: Group | RuleGroup, modules: Mapping[str, nn.Module], criterion: Criterion,
+                  taylor: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """Sum of the members' importances, per unit (a head sums its q/k/v channels)."""
+    if isinstance(g, Group):
+        return sum(channel_importance(modules[p], criterion, taylor.get(p))  # type: ignore[return-value]
+                   for p in g.producers)
+    total = torch.zeros(g.units)
+    for p, cols in g.producers.items():
+        per = channel_importance(modules[p], criterion, taylor.get(p)).float().cpu()
+        total += per[cols].sum(1)
+    return total
+
+
 # --------------------------------------------------------------------------------------------
 # Slicing
 
+Lineage = dict[nn.Parameter, tuple[torch.Tensor, list[tuple[int, torch.Tensor]]]]
+_LINEAGE: list[Lineage] = []
 
-def _set_param(module: nn.Module, name: str, value: torch.Tensor) -> None:
+
+@contextlib.contextmanager
+def record_lineage() -> Iterator[Lineage]:
+    """While active, every parameter the slicing replaces is recorded as
+    ``new -> (original, [(dim, kept indices), ...])`` (the index_selects that turn the
+    original into the new one, in order), so a caller can slice optimizer state the same way
+    instead of starting it fresh."""
+    table: Lineage = {}
+    _LINEAGE.append(table)
+    try:
+        yield table
+    finally:
+        _LINEAGE.remove(table)
+
+
+def slice_like(t: torch.Tensor, steps: list[tuple[int, torch.Tensor]]) -> torch.Tensor:
+    """Apply a lineage's index_selects to ``t`` (a state tensor shaped like the original)."""
+    for dim, idx in steps:
+        t = t.index_select(dim, idx.to(t.device))
+    return t
+
+
+def _set_param(module: nn.Module, name: str, dim: int, keep: torch.Tensor) -> None:
     old = getattr(module, name)
+    value = old.data.index_select(dim, keep.to(old.device))
     if isinstance(old, nn.Parameter):
-        setattr(module, name, nn.Parameter(value.clone(), requires_grad=old.requires_grad))
+        new = nn.Parameter(value, requires_grad=old.requires_grad)
+        setattr(module, name, new)
+        for table in _LINEAGE:
+            orig, steps = table.pop(old, (old, []))
+            table[new] = (orig, [*steps, (dim, keep)])
     else:
-        module.register_buffer(name, value.clone())
+        module.register_buffer(name, value)
 
 
 def _slice_out(module: nn.Module, keep: torch.Tensor) -> None:
-    _set_param(module, "weight", module.weight.data[keep])
+    conv1d = is_conv1d(module)
+    _set_param(module, "weight", 1 if conv1d else 0, keep)
     if getattr(module, "bias", None) is not None:
-        _set_param(module, "bias", module.bias.data[keep])
+        _set_param(module, "bias", 0, keep)
     if isinstance(module, nn.Linear):
         module.out_features = int(keep.numel())
+    elif conv1d:
+        module.nf = int(keep.numel())
     else:
         module.out_channels = int(keep.numel())
 
 
 def _slice_in(module: nn.Module, keep: torch.Tensor) -> None:
-    _set_param(module, "weight", module.weight.data[:, keep])
+    conv1d = is_conv1d(module)
+    _set_param(module, "weight", 0 if conv1d else 1, keep)
     if isinstance(module, nn.Linear):
         module.in_features = int(keep.numel())
+    elif conv1d:
+        module.nx = int(keep.numel())
     else:
         module.in_channels = int(keep.numel())
 
 
-def _slice_bn(module: nn.Module, keep: torch.Tensor) -> None:
-    for name in ("weight", "bias"):
+def _slice_per_channel(module: nn.Module, keep: torch.Tensor) -> None:
+    """BatchNorm (affine + running statistics) or a depthwise conv (one filter per channel,
+    ``groups`` follows the channel count)."""
+    for name in ("weight", "bias", "running_mean", "running_var"):
         if getattr(module, name, None) is not None:
-            _set_param(module, name, getattr(module, name).data[keep])
-    for name in ("running_mean", "running_var"):
-        if getattr(module, name, None) is not None:
-            _set_param(module, name, getattr(module, name).data[keep])
-    module.num_features = int(keep.numel())
+            _set_param(module, name, 0, keep)
+    n = int(keep.numel())
+    if isinstance(module, nn.Conv2d):
+        module.in_channels = module.out_channels = module.groups = n
+    else:
+        module.num_features = n
 
 
 def _keep_count(n: int, amount: float) -> int:
@@ -419,48 +314,95 @@ def _check_amount(amount: float, where: str) -> float:
     return amount
 
 
-def prune_channels(model: nn.Module, keep: Mapping[str, torch.Tensor]) -> PruneReport:
-    """Keep only the given output channels (sorted index tensors) of the producers at the
-    mapping's paths, slicing every consumer. Paths that are refused raise ``ValueError``."""
-    plans = {p.path: p for p in plan_model(model)}
-    modules = dict(model.named_modules())
-    report = PruneReport(params_before=count_params(model))
-    in_masks: dict[tuple[str, str], torch.Tensor] = {}
+def _resolve_keep(a: _Analysis, keep: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Keep indices per group key; every path must own a prunable group, members of one
+    group must agree, and at least one unit must stay."""
+    out: dict[str, torch.Tensor] = {}
     for path, idx in keep.items():
-        plan = plans.get(path)
-        if plan is None:
-            raise ValueError(f"{path!r} is not a Linear/Conv2d layer of this model")
-        if plan.refused:
-            raise ValueError(f"layer {path!r} cannot be pruned: {plan.refused}")
+        key = a.owner.get(path)
+        if key is None:
+            if path in a.refused:
+                raise ValueError(f"layer {path!r} cannot be pruned: {a.refused[path]}")
+            raise ValueError(f"{path!r} is not a prunable layer or block of this model")
+        g = a.graph.get(key) or a.rules[key]
+        n = g.channels if isinstance(g, Group) else g.units
+        if g.refused:
+            raise ValueError(f"layer {path!r} cannot be pruned: {g.refused}")
         idx = torch.as_tensor(idx, dtype=torch.long).sort().values
         if idx.numel() == 0:
             raise ValueError(f"pruning 100% of layer {path!r} is refused: keep at least one")
-        if idx.numel() > plan.channels or int(idx.max()) >= plan.channels or int(idx.min()) < 0:
-            raise ValueError(f"keep indices for {path!r} out of range 0..{plan.channels - 1}")
-        dropped = torch.ones(plan.channels, dtype=torch.bool)
+        if int(idx.max()) >= n or int(idx.min()) < 0 or idx.unique().numel() != idx.numel():
+            raise ValueError(f"keep indices for {path!r} out of range 0..{n - 1} or repeated")
+        if key in out and not torch.equal(out[key], idx):
+            raise ValueError(f"{path!r} is coupled with {key!r} (same channel group): give "
+                             "them the same indices, or only one of them")
+        out[key] = idx
+    return out
+
+
+def _apply(model: nn.Module, a: _Analysis, keep: Mapping[str, torch.Tensor],
+           report: PruneReport) -> None:
+    modules = dict(model.named_modules())
+    in_masks: dict[tuple[str, str], torch.Tensor] = {}
+    sizes = {"bn": lambda m: m.num_features, "dw": lambda m: m.in_channels}
+    for key, idx in keep.items():
+        if key in a.rules:
+            _apply_rule(modules, a.rules[key], idx, report)
+            continue
+        g = a.graph[key]
+        dropped = torch.ones(g.channels, dtype=torch.bool)
         dropped[idx] = False
-        for use in plan.uses:
-            size = _input_size(modules[use.path], use.kind)
+        dead = dropped.nonzero().flatten().tolist()
+        for use in g.uses:
+            mod = modules[use.path]
+            size = sizes.get(use.kind, lambda m: _input_size(m))(mod)
             mask = in_masks.setdefault((use.path, use.kind), torch.ones(size, dtype=torch.bool))
-            for c in dropped.nonzero().flatten().tolist():
+            for c in dead:
                 start = (use.base + c) * use.mult
                 mask[start:start + use.mult] = False
-        _slice_out(modules[path], idx)
-        report.pruned[path] = (plan.channels, int(idx.numel()))
+        for p in g.producers:
+            _slice_out(modules[p], idx)
+            report.pruned[p] = (g.channels, int(idx.numel()))
+        for use in g.uses:
+            if use.kind == "dw":
+                report.pruned[use.path] = (g.channels, int(idx.numel()))
+        report.groups[key] = tuple(g.producers)
     for (path, kind), mask in in_masks.items():
         kept = mask.nonzero().flatten()
-        if kind == "bn":
-            _slice_bn(modules[path], kept)
+        if kind in ("bn", "dw"):
+            _slice_per_channel(modules[path], kept)
         else:
             _slice_in(modules[path], kept)
+
+
+def _input_size(module: nn.Module) -> int:
+    if isinstance(module, nn.Linear):
+        return int(module.in_features)
+    return int(module.nx) if is_conv1d(module) else int(module.in_channels)
+
+
+def _apply_rule(modules: Mapping[str, nn.Module], g: RuleGroup, idx: torch.Tensor,
+                report: PruneReport) -> None:
+    # sorted: a fused [q | k | v] projection keeps its three parts in place
+    for p, cols in g.producers.items():
+        _slice_out(modules[p], cols[idx].flatten().sort().values)
+    for p, cols in g.consumers.items():
+        _slice_in(modules[p], cols[idx].flatten().sort().values)
+    if g.after is not None:
+        g.after(int(idx.numel()))
+    report.pruned[g.key] = (g.units, int(idx.numel()))
+    report.groups[g.key] = tuple(g.members)
+
+
+def prune_channels(model: nn.Module, keep: Mapping[str, torch.Tensor]) -> PruneReport:
+    """Keep only the given units (index tensors) of the groups owning the mapping's paths
+    (a producer path, or a rule block's key), slicing every member and consumer of each
+    group. A refused or unknown path raises ``ValueError``."""
+    a = _analyse(model)
+    report = PruneReport(params_before=count_params(model))
+    _apply(model, a, _resolve_keep(a, keep), report)
     report.params_after = count_params(model)
     return report
-
-
-def _input_size(module: nn.Module, kind: str) -> int:
-    if kind == "bn":
-        return int(module.num_features)
-    return int(module.in_features if isinstance(module, nn.Linear) else module.in_channels)
 
 
 def prune_transformer_ffn(
@@ -478,6 +420,11 @@ def prune_transformer_ffn(
     return n, k
 
 
+def _amount_of(g: Group | RuleGroup, amounts: Mapping[str, float], default: float) -> float:
+    paths = [g.key, *(g.producers if isinstance(g, Group) else g.members)]
+    return next((amounts[p] for p in paths if p in amounts), default)
+
+
 def node_prune(
     model: nn.Module,
     amount: float | Mapping[str, float],
@@ -486,20 +433,25 @@ def node_prune(
     rounds: int = 1,
     calibration: tuple[torch.Tensor, torch.Tensor] | None = None,
     fine_tune: Callable[[nn.Module, int], None] | None = None,
+    loss_fn: Callable[[Any, torch.Tensor], torch.Tensor] | None = None,
 ) -> PruneReport:
-    """Prune ``amount`` of the neurons/channels of every prunable layer (or per-layer
-    amounts by path), by importance, in ``rounds`` iterative rounds (equal ratio per round,
-    ``fine_tune(model, round)`` called after each). Refused layers are listed with reasons.
+    """Prune ``amount`` of the units of every prunable group (or per-layer amounts by path;
+    a group takes the amount of the first of its members named), by importance, in
+    ``rounds`` iterative rounds (equal ratio per round, ``fine_tune(model, round)`` called
+    after each). Refused layers are listed with reasons.
 
-    ``criterion``: ``l1``/``l2`` weight norms, or ``taylor`` (needs ``calibration`` =
-    (inputs, targets); scores recomputed every round on the current model).
+    ``criterion``: ``l1``/``l2`` weight norms, or ``taylor``: with ``calibration`` =
+    (inputs, targets) the activation form (recomputed every round on the current model,
+    ``loss_fn`` default cross-entropy), else the weight form from the gradients the model
+    already holds.
     """
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1; got {rounds}")
     if criterion not in ("l1", "l2", "taylor"):
         raise ValueError(f"unknown criterion {criterion!r}; use l1, l2 or taylor")
-    if criterion == "taylor" and calibration is None:
-        raise ValueError("criterion 'taylor' needs calibration=(inputs, targets)")
+    if criterion == "taylor" and calibration is None and not _has_grads(model):
+        raise ValueError("criterion 'taylor' needs calibration=(inputs, targets) or gradients "
+                         "from a backward pass")
     if isinstance(amount, Mapping):
         amounts = {p: _check_amount(a, f"layer {p!r}") for p, a in amount.items()}
         default = 0.0
@@ -509,45 +461,54 @@ def node_prune(
     report = PruneReport(params_before=count_params(model))
     original: dict[str, int] = {}
     for r in range(1, rounds + 1):
-        plans = plan_model(model)
+        a = _analyse(model)
+        _record_refusals(a, report)
+        groups: list[Group | RuleGroup] = [*a.graph.values(), *a.rules.values()]
+        live = [g for g in groups if not g.refused]
+        taylor = (taylor_scores(model, [p for g in live for p in _producers(g)], calibration,
+                                loss_fn) if criterion == "taylor" and calibration is not None
+                  else {})
         modules = dict(model.named_modules())
-        taylor = (
-            taylor_scores(model, [p.path for p in plans if not p.refused], calibration)
-            if criterion == "taylor" and calibration is not None else {}
-        )
         keep: dict[str, torch.Tensor] = {}
-        for plan in plans:
-            if plan.refused:
-                report.refused[plan.path] = plan.refused
-                continue
-            a = amounts.get(plan.path, default)
-            n0 = original.setdefault(plan.path, plan.channels)
-            target = _keep_count(n0, a) if r == rounds else max(
-                1, round(n0 * (1.0 - a) ** (r / rounds)))
-            target = min(target, plan.channels)
-            if target == plan.channels:
-                continue
-            scores = channel_importance(modules[plan.path], criterion, taylor.get(plan.path))
-            keep[plan.path] = scores.topk(target).indices.sort().values
-        step = prune_channels(model, keep) if keep else PruneReport()
+        for g in live:
+            n = g.channels if isinstance(g, Group) else g.units
+            n0 = original.setdefault(g.key, n)
+            share = _amount_of(g, amounts, default)
+            target = _keep_count(n0, share) if r == rounds else max(
+                1, round(n0 * (1.0 - share) ** (r / rounds)))
+            if min(target, n) < n:
+                scores = _group_scores(g, modules, criterion, taylor)
+                keep[g.key] = scores.topk(min(target, n)).indices.sort().values
+        step = PruneReport()
+        _apply(model, a, keep, step)
         for path, (_, after) in step.pruned.items():
-            report.pruned[path] = (original[path], after)
-        for path, m in model.named_modules():
-            if isinstance(m, nn.TransformerEncoderLayer):
-                a = amounts.get(f"{path}.linear1", default)
-                n0 = original.setdefault(f"{path}.linear1", m.linear1.out_features)
-                target = _keep_count(n0, a) if r == rounds else max(
-                    1, round(n0 * (1.0 - a) ** (r / rounds)))
-                if target < m.linear1.out_features:
-                    frac = 1.0 - target / m.linear1.out_features
-                    _, after = prune_transformer_ffn(m, frac + 1e-9, criterion)
-                    report.pruned[f"{path}.linear1"] = (n0, after)
+            key = a.owner.get(path, path)
+            report.pruned[path] = (original.get(key, step.pruned[path][0]), after)
+        report.groups.update(step.groups)
         if fine_tune is not None:
             fine_tune(model, r)
     for path in report.pruned:
         report.refused.pop(path, None)
     report.params_after = count_params(model)
     return report
+
+
+def _producers(g: Group | RuleGroup) -> list[str]:
+    return list(g.producers)
+
+
+def _has_grads(model: nn.Module) -> bool:
+    return any(is_producer(m) and m.weight.grad is not None for m in model.modules())
+
+
+def _record_refusals(a: _Analysis, report: PruneReport) -> None:
+    report.refused.update(a.refused)
+    for g in a.graph.values():
+        if g.refused:
+            report.refused.update(dict.fromkeys(g.producers, g.refused))
+    for rg in a.rules.values():
+        if rg.refused:
+            report.refused[rg.key] = rg.refused
 
 
 # --------------------------------------------------------------------------------------------
@@ -558,9 +519,20 @@ def count_params(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def count_flops(model: nn.Module, example: torch.Tensor) -> int:
-    """Multiply-add FLOPs (2 per MAC) of Conv2d and Linear layers for one forward of
-    ``example``; measured with forward hooks so spatial sizes are the real ones."""
+def _run(model: nn.Module, example: Any, kwargs: Mapping[str, Any]) -> Any:
+    if isinstance(example, Mapping):
+        return model(**example, **kwargs)
+    if isinstance(example, tuple):
+        return model(*example, **kwargs)
+    return model(example, **kwargs)
+
+
+def count_flops(model: nn.Module, example: Any, kwargs: Mapping[str, Any] | None = None) -> int:
+    """Multiply-add FLOPs (2 per MAC) of Conv2d, Linear and HF Conv1D layers for one forward
+    of ``example`` (a tensor, a tuple of positional inputs or a mapping of keyword inputs,
+    plus ``kwargs``);
+    measured with forward hooks so spatial sizes are the real ones. Attention's own matmuls
+    are not counted (they have no weights)."""
     total = 0
 
     def conv_hook(m: nn.Conv2d, _i: Any, out: torch.Tensor) -> None:
@@ -568,20 +540,25 @@ def count_flops(model: nn.Module, example: torch.Tensor) -> int:
         k = m.kernel_size[0] * m.kernel_size[1] * (m.in_channels // m.groups)
         total += 2 * out.numel() * k
 
-    def linear_hook(m: nn.Linear, _i: Any, out: torch.Tensor) -> None:
+    def linear_hook(m: nn.Module, _i: Any, out: torch.Tensor) -> None:
         nonlocal total
-        total += 2 * out.numel() * m.in_features
+        total += 2 * out.numel() * (m.nx if is_conv1d(m) else m.in_features)
 
     handles = []
     for m in model.modules():
         if isinstance(m, nn.Conv2d):
             handles.append(m.register_forward_hook(conv_hook))
-        elif isinstance(m, nn.Linear):
+        elif isinstance(m, nn.Linear) or is_conv1d(m):
             handles.append(m.register_forward_hook(linear_hook))
     try:
         with torch.no_grad():
-            model(example)
+            _run(model, example, kwargs or {})
     finally:
         for h in handles:
             h.remove()
     return total
+
+
+__all__ = ["PruneReport", "channel_importance", "count_flops", "count_params", "node_prune",
+           "out_channels", "plan_model", "prune_channels", "prune_transformer_ffn",
+           "record_lineage", "slice_like", "taylor_scores"]
