@@ -44,7 +44,7 @@ def test_workload_lm_trains_and_reports_held_out_perplexity(run_tiny):
 
 def test_slide_trains_gpt2s_output_layer_through_its_own_causal_lm_loss(run_tiny):
     """HF's loss path (float(), view(-1, V), cross-entropy with ignore_index on the shifted
-    labels) runs on SLIDE's sampled output; the tied embedding is reported as untied; the
+    labels) runs on SLIDE's sampled output; the tied embedding is reported as kept tied; the
     held-out perplexity is scored with dense logits."""
     pytest.importorskip("transformers")
     kwargs = "{" + ", ".join(f"{k}: {v}" for k, v in SMALL.items()) + "}"
@@ -57,7 +57,7 @@ def test_slide_trains_gpt2s_output_layer_through_its_own_causal_lm_loss(run_tiny
     (job,) = record.jobs
     assert job.status == "done", job.error
     (row,) = [r for r in record.plugin_rows if r.plugin == "slide"]
-    assert "lm_head" in row.summary and "tied to transformer.wte.weight" in row.summary
+    assert "lm_head" in row.summary and "kept tied to transformer.wte.weight" in row.summary
     assert row.metrics["active_fraction"] > 0
     vocab = stdlib_text(seed=0, **SMALL).vocab_size
     assert job.quality.metric == "perplexity" and math.isfinite(job.quality.value)

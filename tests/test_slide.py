@@ -404,6 +404,115 @@ def test_nan_and_inf_inputs_are_rejected() -> None:
         sparse(x)
 
 
+@pytest.mark.parametrize("case", ["nan", "int", "width"])
+@pytest.mark.parametrize("mode", ["train", "dense", "lsh"])
+def test_bad_hidden_states_are_one_line_errors_in_every_mode(mode: str, case: str) -> None:
+    """Checked before any kernel: an integer tensor or a wrong width would be read as
+    float32 rows of the layer's width (garbage or out of bounds), a NaN would poison Adam."""
+    layer = _layer(inference="dense" if mode == "train" else mode)
+    layer.train(mode == "train")
+    h = {"nan": torch.zeros(2, 3, 16), "int": torch.ones(4, 16, dtype=torch.int64),
+         "width": torch.randn(4, 15)}[case]
+    if case == "nan":
+        h[1, 2, 5] = float("nan")
+    needle = {"nan": "NaN or inf.*row 1", "int": "must be floating point.*int64",
+              "width": r"shape \(4, 15\).*16 in_features"}[case]
+    with pytest.raises(ValueError, match=needle) as info:
+        out = layer(h)
+        out.loss_against(torch.zeros(4, dtype=torch.int64)).backward()
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(("h_shape", "y", "needle"), [
+    ((40, 16), torch.zeros(3, dtype=torch.int64), r"targets of shape \[3\].*\[40, 16\]"),
+    ((4, 16), torch.zeros(6, dtype=torch.int64), r"targets of shape \[6\]"),
+    ((2, 3, 16), torch.zeros(3, 2, dtype=torch.int64), r"\[2, 3\] or a padded label matrix"),
+    ((4, 16), torch.zeros(4), "integer label ids, got torch.float32"),
+    ((4, 16), torch.full((4,), 300), r"label ids must be in \[0, 300\)"),
+])
+def test_targets_that_do_not_line_up_with_the_rows_are_one_line_errors(h_shape, y, needle
+                                                                        ) -> None:
+    """The kernels read sample b's labels at row b: fewer target rows than hidden rows was
+    a read past the end (a crash), more a silent misassignment; float ids were truncated."""
+    layer = _layer()
+    with pytest.raises(ValueError, match=needle) as info:
+        layer(torch.randn(*h_shape)).loss_against(y)
+    assert "\n" not in str(info.value)
+    with pytest.raises(ValueError, match="^slide: "):  # the cross-entropy path checks too
+        torch.nn.functional.cross_entropy(layer(torch.randn(*h_shape)), y.reshape(-1)[:5])
+
+
+def test_sequence_states_flatten_with_their_targets_and_other_dtypes_are_converted() -> None:
+    """[B, T, d] states with [B, T] targets are the B*T rows with their labels (the loss of
+    the flattened batch, bit for bit); a float64 input trains and gets a float64 gradient."""
+    h = torch.randn(2, 3, 16, generator=torch.Generator().manual_seed(5))
+    y = torch.randint(300, (2, 3), generator=torch.Generator().manual_seed(6))
+    loss3 = _layer()(h).loss_against(y)
+    loss2 = _layer()(h.reshape(6, 16)).loss_against(y.reshape(6))
+    assert float(loss3.detach()) == float(loss2.detach())
+    h64 = h.double().requires_grad_(True)
+    _layer()(h64).loss_against(y).backward()
+    assert h64.grad is not None and h64.grad.dtype == torch.float64
+    assert torch.isfinite(h64.grad).all()
+
+
+def test_sparse_input_refuses_bad_shapes_and_negative_ids() -> None:
+    sparse = SlideSparseInput(torch.zeros(10, 4), torch.zeros(4), SlideConfig(), lr=1e-3)
+    with pytest.raises(ValueError, match=r"\[batch, 2, slots\].*\[2, 3\]"):
+        sparse(torch.zeros(2, 3))
+    x = torch.zeros(2, 2, 3)
+    x[0, 0, 1] = -4
+    with pytest.raises(ValueError, match="feature id -4 < 0"):
+        sparse(x)
+
+
+def _old_sparse_logits(layer: SlideLinear, h: torch.Tensor) -> torch.Tensor:
+    """The per-row loop the vectorised scatter replaced (the reference for equality)."""
+    hn = np.ascontiguousarray(h.detach().numpy(), dtype=np.float32)
+    s = layer.select(hn, np.zeros((hn.shape[0], 0), np.int64), 0)
+    kernels.forward_active(hn, layer.weight.numpy(), layer.bias.numpy(), s["ids"],
+                           s["n_active"], s["is_label"], s["n_fixed"], s["offset"],
+                           s["logits"], s["dz"], s["loss"])
+    out = torch.full((hn.shape[0], layer.out_features), -math.inf)
+    for b in range(hn.shape[0]):
+        na = int(s["n_active"][b])
+        out[b, torch.from_numpy(s["ids"][b, :na].astype(np.int64))] = torch.from_numpy(
+            s["logits"][b, :na].copy())
+    return out
+
+
+def test_sparse_logits_equal_the_row_loop_and_topk_needs_no_dense_row() -> None:
+    layer = _layer(inference="lsh", min_active=0, topk=12)
+    layer.eval()
+    h = torch.randn(2, 5, 16, generator=torch.Generator().manual_seed(7))
+    out = layer(h)
+    assert out.shape == (2, 5, 300)
+    assert torch.equal(out.reshape(10, 300), _old_sparse_logits(layer, h.reshape(10, 16)))
+    for k in (1, 5, 20):  # 20: more than the 12 retrieved, padded with -inf and id -1
+        values, ids = layer.sparse_topk(h, k)
+        assert values.shape == ids.shape == (2, 5, k)
+        ref_values, ref_ids = out.topk(k, dim=-1)
+        assert torch.equal(values, ref_values)
+        finite = torch.isfinite(values)
+        assert torch.equal(ids[finite], ref_ids[finite]) and (ids[~finite] == -1).all()
+    assert int(torch.isfinite(values).sum(-1).max()) == 12
+
+
+def test_lsh_inference_rebuilds_tables_that_miss_trained_rows() -> None:
+    """Rows the sparse Adam moved since the last scheduled rebuild are rehashed before LSH
+    inference scores them (the tables then match a full rebuild from the weights)."""
+    layer = _layer(inference="lsh", rebuild_period=50)
+    h = torch.randn(8, 16, generator=torch.Generator().manual_seed(3))
+    y = torch.randint(300, (8, 2), generator=torch.Generator().manual_seed(4))
+    for _ in range(3):
+        layer(h).loss_against(y).backward()
+    assert layer.tables_stale() and layer.dirty.numpy().any()
+    layer.eval()
+    layer(h)
+    assert not layer.tables_stale()
+    assert np.array_equal(layer.keys.numpy(), layer._neuron_keys())
+
+
 def test_lsh_inference_scores_only_retrieved_neurons() -> None:
     layer = _layer(inference="lsh", min_active=0)
     layer.eval()
@@ -595,6 +704,150 @@ def test_change_triggered_rebuild(threshold: float, expect_rebuild: bool) -> Non
     assert (layer.stats["rebuilds"] > 0) == expect_rebuild
     if expect_rebuild:  # Adam moved weights between checks, so every check rebuilt
         assert layer.stats["rebuilds"] == layer.stats["checks"]
+
+
+# ------------------------------------------------------------------- tied output layer
+
+
+def _tied_gpt2(**slide):
+    """A tiny GPT-2 (tied lm_head) whose output layer the plugin replaced, and the plugin."""
+    transformers = pytest.importorskip("transformers")
+    from types import SimpleNamespace
+
+    from accelopt_plugins.slide.plugin import SlidePlugin
+
+    from accelopt import LayerOffer
+
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        n_layer=1, n_embd=32, n_head=2, vocab_size=300, n_positions=16, bos_token_id=None,
+        eos_token_id=None, loss_type="ForCausalLM"))
+    plugin = SlidePlugin(SlideConfig(**{"min_width": 256, "k": 4, "l": 8, "bucket_size": 16,
+                                        "min_active": 20, "lr": 1e-2, "rebuild_period": 2,
+                                        "threads": 1, **slide}))
+    job = SimpleNamespace(name="gpt2", kind="train")
+    plugin.accelopt_layer_build(LayerOffer(job=job, path="", index=0, module=model,
+                                           module_type="GPT2LMHeadModel", in_features=None,
+                                           out_features=None))
+    return model, plugin
+
+
+def test_tied_embedding_stays_one_tensor_trained_from_both_sides() -> None:
+    """GPT-2's lm_head is its input embedding: the SLIDE layer's weight is that Parameter's
+    storage, its sparse Adam moves the sampled rows (in backward), the job's Adam the rows of
+    the input tokens (in step), both in the one tensor; every rebuild rehashes all rows."""
+    model, plugin = _tied_gpt2()
+    layer, wte = model.lm_head, model.transformer.wte.weight
+    assert isinstance(layer, SlideLinear) and layer.tied_to == "transformer.wte.weight"
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    gen = torch.Generator().manual_seed(1)
+    for i in range(4):
+        x = torch.randint(0, 60, (4, 12), generator=gen)
+        before = wte.detach().clone()
+        steps_before = layer.steps.clone()
+        opt.zero_grad()
+        model(x, labels=x).loss.backward()
+        after_slide = wte.detach().clone()
+        opt.step()
+        if i == 0:  # Adam's first step moves exactly the rows with a gradient: the inputs
+            # (but those only at the last position, whose output has no target)
+            slide_rows = torch.nonzero(layer.steps > steps_before).flatten()
+            assert len(slide_rows) > 0
+            assert (after_slide[slide_rows] != before[slide_rows]).any(1).all()
+            untouched = layer.steps == steps_before
+            assert torch.equal(after_slide[untouched], before[untouched])
+            job_rows = (wte.detach() != after_slide).any(1)
+            moved = set(torch.nonzero(job_rows).flatten().tolist())
+            assert set(x[:, :-1].flatten().tolist()) <= moved <= set(x.flatten().tolist())
+    assert wte.data_ptr() == layer.weight.data_ptr() and torch.equal(wte, layer.weight)
+    assert layer.stats["rebuilds"] == 1 and layer.stats["rehashed"] == 2 * 300
+    (row,) = plugin.accelopt_report_rows(None)
+    assert "kept tied to transformer.wte.weight" in row.summary
+
+
+def test_tied_checkpoint_and_copy_keep_the_tie_and_an_untied_one_is_refused(tmp_path) -> None:
+    import copy
+    import io
+
+    from accelopt.errors import UserError
+
+    model, _ = _tied_gpt2()
+    x = torch.randint(0, 300, (2, 8), generator=torch.Generator().manual_seed(2))
+    model(x, labels=x).loss.backward()  # SLIDE's rows move: the saved weights are trained
+    buffer = io.BytesIO()
+    torch.save(model.state_dict(), buffer)
+    buffer.seek(0)
+    loaded, _ = _tied_gpt2()
+    loaded.load_state_dict(torch.load(buffer, weights_only=True))
+    wte = loaded.transformer.wte.weight
+    assert wte.data_ptr() == loaded.lm_head.weight.data_ptr()
+    assert torch.equal(wte, model.transformer.wte.weight)
+    copied = copy.deepcopy(model)  # the memory profile steps a deep copy of the job's model
+    assert copied.transformer.wte.weight.data_ptr() == copied.lm_head.weight.data_ptr()
+    assert copied.lm_head.weight.data_ptr() != model.lm_head.weight.data_ptr()
+    untied = {k: v.clone() for k, v in model.state_dict().items()}
+    untied["lm_head.weight"] += 1.0
+    with pytest.raises(UserError, match="lm_head.weight differs from its transformer.wte") as e:
+        loaded.load_state_dict(untied)
+    assert "\n" not in str(e.value)
+
+
+def test_a_tie_slide_cannot_share_is_undone_and_the_row_says_why() -> None:
+    """A float64 embedding cannot be SLIDE's float32 rows: the layer trains its own copy and
+    says so (never silently)."""
+    from types import SimpleNamespace
+
+    from accelopt_plugins.slide.plugin import SlidePlugin
+
+    from accelopt import LayerOffer
+
+    class Tied(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb = torch.nn.Embedding(300, 16)
+            self.head = torch.nn.Linear(16, 300, bias=False)
+            self.head.weight = self.emb.weight
+
+    model = Tied().double()
+    plugin = SlidePlugin(SlideConfig(min_width=256, lr=1e-2))
+    plugin.accelopt_layer_build(LayerOffer(
+        job=SimpleNamespace(name="j", kind="train"), path="", index=0, module=model,
+        module_type="Tied", in_features=None, out_features=None))
+    assert isinstance(model.head, SlideLinear) and model.head.tied_to is None
+    assert model.head.weight.data_ptr() != model.emb.weight.data_ptr()
+    (row,) = plugin.accelopt_report_rows(None)
+    assert "untied from emb.weight" in row.summary and "float64" in row.summary
+
+
+@pytest.mark.parametrize("mode", ["ps", "allreduce"])
+def test_cluster_modes_are_refused_at_configure(mode: str) -> None:
+    """SLIDE's weights are buffers: a parameter server never exchanges them, DDP overwrites
+    them from rank 0; either would train wrongly without a word, so both are refused."""
+    from accelopt_plugins.slide.plugin import SlidePlugin
+    from omegaconf import OmegaConf
+
+    plugin = SlidePlugin(SlideConfig())
+    run_config = OmegaConf.create({"cluster": {"mode": mode}, "workload": {"jobs": []}})
+    with pytest.raises(ConfigError, match=rf"plugins\.slide: cluster\.mode={mode} .*buffers.*"
+                                          r"use cluster\.mode=none") as info:
+        plugin.accelopt_configure(SlideConfig(), run_config)
+    assert "\n" not in str(info.value)
+    plugin.accelopt_configure(SlideConfig(), OmegaConf.create({"cluster": {"mode": "none"}}))
+
+
+def test_the_cli_refuses_slide_in_ps_mode_in_one_line(tmp_path, capsys) -> None:
+    """``accelopt run '+plugins=[slide]' cluster.mode=ps``: exit 2, one line, no traceback,
+    no run directory (refused at configure, before any rank starts)."""
+    from accelopt.cli.main import main
+
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as info:
+        main(["run", "+plugins=[slide]", "cluster.mode=ps", "run.progress=false",
+              f"hydra.run.dir={out}"])
+    assert info.value.code == 2
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: plugins.slide: cluster.mode=ps")
+    assert "use cluster.mode=none" in lines[0] and not out.exists()
 
 
 # ----------------------------------------------------------------- rebuild (rehash dirty)
@@ -860,3 +1113,31 @@ def test_row_parallel_gradients_equal_hogwild_and_do_not_depend_on_thread_count(
         np.testing.assert_allclose(dh_parts.sum(0), dh_ref, rtol=1e-5, atol=1e-6)
     for (gw, gb), _ in results[1:]:  # each row summed by one thread in the same order
         assert np.array_equal(gw, results[0][0][0]) and np.array_equal(gb, results[0][0][1])
+
+
+def test_inference_benchmark_names_its_paths_and_scores_agreement(capsys) -> None:
+    """benchmarks/slide_inference.py at tiny sizes: P@k / accuracy@k by hand, and a report
+    that names the four timed paths, the FLOP bound and the agreement (bookkeeping, not
+    speed)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    try:
+        from slide_inference import Head, hits_at, report
+    finally:
+        sys.path.pop(0)
+    top = torch.tensor([[3, 1, -1], [0, 2, 4]])
+    labels = torch.tensor([[1, -1], [5, -1]])
+    assert hits_at(top, labels, 1) == (0.0, 0.0)
+    assert hits_at(top, labels, 2) == (0.25, 0.5)  # row 0: label 1 in its top 2
+    layer = _layer(min_active=0)
+    h = torch.randn(16, 16, generator=torch.Generator().manual_seed(9))
+    report(Head("tiny", layer, h, torch.randint(300, (16, 1)), "untrained"), [1, 4], 2)
+    out = capsys.readouterr().out
+    for needle in ("FLOP bound", "N / active", "top-1 same", "acc@5 dense",
+                   "| 4 | lsh top-5 (sparse_topk) |", "dense logits (F.linear)",
+                   "lsh logits (sparse_logits"):
+        assert needle in out, needle
+    paired = [ln for ln in out.splitlines() if ln.startswith("| ") and "x (" in ln]
+    assert len(paired) == 4  # a paired speed-up for each LSH path at each size

@@ -210,6 +210,31 @@ def forward_active(h, w, bias, ids, n_active, is_label, n_fixed, offset, logits,
         loss[b] = lb
 
 
+@njit(parallel=True, cache=True)
+def topk_active(ids, n_active, logits, k, top_logits, top_ids):
+    """Each row's ``k`` largest logits among its active entries (``logits[b, :n_active[b]]``
+    of neurons ``ids[b, :n_active[b]]``), best first, into ``top_logits``/``top_ids`` [B, k];
+    a row with fewer than ``k`` active neurons is padded with -inf and id -1. Insertion into
+    a sorted buffer of ``k``: O(active x k) per row, no [B, N] scores (LSH inference's
+    top-k path); an equal logit keeps the earlier entry first."""
+    for b in prange(top_ids.shape[0]):
+        vals = top_logits[b]
+        out = top_ids[b]
+        vals[:] = -np.inf
+        out[:] = -1
+        for i in range(n_active[b]):
+            z = logits[b, i]
+            if z <= vals[k - 1]:
+                continue
+            pos = k - 1
+            while pos > 0 and vals[pos - 1] < z:
+                vals[pos] = vals[pos - 1]
+                out[pos] = out[pos - 1]
+                pos -= 1
+            vals[pos] = z
+            out[pos] = ids[b, i]
+
+
 @njit(cache=True)
 def shared_list(labels, n, want, seed, flag, out):
     """``topup=batch``: the batch's distinct labels, sorted, then distinct uniform draws

@@ -5,7 +5,9 @@ sparse Adam (only the rows a batch used), so they must be invisible to the job's
 torch optimizer, which would otherwise touch every row each step (the pitfall of the
 original code). As buffers they still count in the job's memory profile, travel with
 ``state_dict`` (checkpoint/resume) and follow ``deepcopy``. Gradients are not buffers: they
-live only within a step, packed by row (:mod:`accelopt_plugins.slide.rowgrads`).
+live only within a step, packed by row (:mod:`accelopt_plugins.slide.rowgrads`). A weight
+tied to another module's Parameter (an input embedding) is that Parameter's storage, not a
+copy (``tied_to``): the job's optimizer then updates the same rows from the input side.
 
 Training forward of :class:`SlideLinear` returns a :class:`SlideLogits`: the active set needs
 the true labels, which only the loss sees, so the logits are computed when the job calls
@@ -16,6 +18,7 @@ pre-update weights, which is what a separate optimizer step would do.
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from typing import Any
@@ -46,6 +49,69 @@ def check_finite(t: torch.Tensor, what: str) -> None:
     if not ok.all():
         row = int(np.flatnonzero(~ok.reshape(a.shape[0], -1).all(1))[0])
         raise ValueError(f"slide: {what} contains NaN or inf (batch row {row}); clean the data")
+
+
+def as_hidden(h: torch.Tensor, features: int) -> torch.Tensor:
+    """The output layer's input as float32 [..., features], or a one-line refusal. Why: the
+    numba kernels read each row as exactly ``features`` float32 values of CPU memory, so a
+    wrong width would be read out of bounds and an integer tensor reinterpreted; a float16,
+    bfloat16 or float64 input (autocast, a double model) is converted, and autograd carries
+    the gradient back to its own dtype."""
+    if not isinstance(h, torch.Tensor):
+        raise TypeError(f"slide: the SLIDE output layer takes a tensor, got {type(h).__name__}")
+    if not h.is_floating_point():
+        raise ValueError(f"slide: the input of the SLIDE output layer must be floating point "
+                         f"(hidden activations), got {h.dtype}")
+    if h.dim() == 0 or h.shape[-1] != features:
+        raise ValueError(f"slide: the input of the SLIDE output layer has shape "
+                         f"{tuple(h.shape)}; its last dimension must be the replaced Linear's "
+                         f"{features} in_features")
+    if h.device.type != "cpu":
+        raise ValueError(f"slide: the input of the SLIDE output layer is on {h.device}; "
+                         "SLIDE's kernels run on the CPU (run.device=cpu)")
+    return h if h.dtype == torch.float32 else h.float()
+
+
+def check_label_dtype(y: torch.Tensor) -> None:
+    """Targets are integer label ids: a float target (soft labels, or ids stored as floats)
+    would be truncated silently by the int64 conversion the kernels need."""
+    if y.is_floating_point() or y.is_complex() or y.dtype == torch.bool:
+        raise ValueError(f"slide: targets must be integer label ids, got {y.dtype}")
+
+
+def align_targets(h: torch.Tensor, y: torch.Tensor, *, multi: bool = True
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of hidden states [R, d] and their targets [R] (or [R, M] padded with -1), from
+    h [..., d] and y [...] (or [..., M]): a sequence model's [B, T, d] states flatten with
+    their [B, T] targets. Anything else is refused in one line, because the kernels read
+    sample b's labels at row b of the targets: a shorter target would be read past its end
+    (a crash), a longer one silently misassigned. ``multi``: a padded label matrix is
+    allowed (``loss_against``; cross-entropy takes one class id per row)."""
+    if not isinstance(y, torch.Tensor):
+        y = torch.as_tensor(y)
+    check_label_dtype(y)
+    lead, d = tuple(h.shape[:-1]), h.shape[-1]
+    if tuple(y.shape) == lead:
+        return h.reshape(-1, d), y.reshape(-1)
+    if multi and y.dim() == h.dim() and tuple(y.shape[:-1]) == lead:
+        return h.reshape(-1, d), y.reshape(-1, y.shape[-1])
+    dims = ", ".join(map(str, lead))
+    shapes = f"[{dims}]" + (f" or a padded label matrix [{dims}, M]" if multi else "")
+    raise ValueError(f"slide: targets of shape {list(y.shape)} do not line up with the "
+                     f"output layer's input rows {list(h.shape)}: give one label id per "
+                     f"row, {shapes}")
+
+
+def unshareable(weight: torch.Tensor) -> str | None:
+    """Why a tied weight cannot be SLIDE's own weight storage (``None``: it can). The
+    kernels update rows in place through numpy, which needs contiguous float32 CPU memory."""
+    if weight.dtype != torch.float32:
+        return f"it is {str(weight.dtype).removeprefix('torch.')}, SLIDE keeps float32 rows"
+    if weight.device.type != "cpu":
+        return f"it is on {weight.device}, SLIDE's rows live in CPU memory"
+    if not weight.is_contiguous():
+        return "it is not contiguous, SLIDE updates rows of contiguous memory"
+    return None
 
 
 def auto_range_pow(n: int, code_bits: int) -> int:
@@ -146,9 +212,7 @@ class SlideLogits:
 
     def _cross_entropy(self, target: torch.Tensor, ignore_index: int,
                        reduction: str) -> torch.Tensor:
-        h, y = self.h, target
-        if h.dim() != 2 or y.dim() != 1:
-            h, y = h.reshape(-1, h.shape[-1]), y.reshape(-1)
+        h, y = align_targets(self.h, target, multi=False)
         keep = y != ignore_index
         if not bool(keep.all()):
             h, y = h[keep], y[keep]
@@ -158,8 +222,9 @@ class SlideLogits:
         return loss * len(y) if reduction == "sum" else loss
 
     def loss_against(self, y: torch.Tensor) -> torch.Tensor:
-        """Softmax over the active set with 1/|y| targets; y is [B] or [B, M] padded with -1."""
-        h = self.h
+        """Softmax over the active set with 1/|y| targets; y is [B] or [B, M] padded with -1
+        (for [..., d] activations: [...] or [..., M], see :func:`align_targets`)."""
+        h, y = align_targets(self.h, y)
         if torch.is_grad_enabled() and not h.requires_grad:
             h = h.detach().requires_grad_(True)  # the layer trains in backward: make it run
         loss = _BatchTopupLoss if self.layer.cfg.topup == "batch" else _SlideLoss
@@ -178,7 +243,12 @@ class SlideLinear(nn.Module):
         lr: float,
         weight: torch.Tensor | None = None,
         bias: torch.Tensor | None = None,
+        tied_to: str | None = None,
     ) -> None:
+        """``tied_to``: the name of another module's Parameter that ``weight`` is (a tied
+        input embedding); the layer then keeps that tensor's storage as its weight instead
+        of a copy, so its sparse row updates and the job optimizer's updates of the
+        embedding act on one tensor (see :meth:`_rows_to_rehash` for the tables)."""
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         self.cfg, self.lr = cfg, float(lr)
@@ -189,7 +259,16 @@ class SlideLinear(nn.Module):
             bias = torch.empty(n).uniform_(-bound, bound)
         bias = torch.zeros(n) if bias is None else bias
         f32 = dict(dtype=torch.float32)
-        self.register_buffer("weight", weight.detach().to(**f32).clone().contiguous())
+        self.tied_to = tied_to
+        self._tie = None if tied_to is None else (weight,)
+        """The tied Parameter itself (a tuple: not registered here), for ``deepcopy``."""
+        if tied_to is not None:
+            why = unshareable(weight)
+            if why:
+                raise ValueError(f"slide: cannot share {tied_to}'s storage: {why}")
+            self.register_buffer("weight", weight.detach())  # the same storage, no copy
+        else:
+            self.register_buffer("weight", weight.detach().to(**f32).clone().contiguous())
         self.register_buffer("bias", bias.detach().to(**f32).clone().contiguous())
         # zero_() writes every page now: calloc'd pages would otherwise fault in one by one
         # during the first epochs and be billed to the training steps
@@ -222,8 +301,25 @@ class SlideLinear(nn.Module):
             cfg.change_threshold,
         )
         self._scratch: dict[str, np.ndarray] = {}
+        self._built_at: int | None = None
+        """The step count (``sched[0]``) at the last (re)build in this process."""
         self.stats: dict[str, float] = {}
         self.reset_stats()
+
+    def __deepcopy__(self, memo: dict) -> SlideLinear:
+        """A copy of a tied layer shares the copy of its tied Parameter (the model's copy of
+        the embedding, through ``memo``), so the copy stays tied as the original is (the
+        job's memory profile steps a deep copy); an untied layer copies as any module."""
+        new = type(self).__new__(type(self))
+        memo[id(self)] = new
+        state = dict(self.__dict__)
+        if self._tie is not None:
+            state["_buffers"] = {k: v for k, v in self._buffers.items() if k != "weight"}
+        for key, value in state.items():
+            object.__setattr__(new, key, copy.deepcopy(value, memo))
+        if new._tie is not None:
+            new._buffers = {"weight": new._tie[0].detach(), **new._buffers}
+        return new
 
     def extra_repr(self) -> str:
         c = self.cfg
@@ -232,9 +328,10 @@ class SlideLinear(nn.Module):
                 f"sampling={c.sampling}, rebuild={c.rebuild}")
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, cfg: SlideConfig, *, lr: float) -> SlideLinear:
+    def from_linear(cls, linear: nn.Linear, cfg: SlideConfig, *, lr: float,
+                    tied_to: str | None = None) -> SlideLinear:
         return cls(linear.in_features, linear.out_features, cfg, lr=lr,
-                   weight=linear.weight, bias=linear.bias)
+                   weight=linear.weight, bias=linear.bias, tied_to=tied_to)
 
     # -- statistics -------------------------------------------------------------------
 
@@ -326,7 +423,7 @@ class SlideLinear(nn.Module):
             self._neuron_keys(out=keys)
         else:
             if rows is None:
-                rows = np.flatnonzero(self.dirty.numpy())
+                rows = self._rows_to_rehash()
                 self._neuron_keys(rows, out=keys, scatter=True)
             elif new is not None:
                 keys[rows] = new
@@ -335,6 +432,26 @@ class SlideLinear(nn.Module):
                      INSERTIONS[self.cfg.insertion], self.cfg.seed + int(self.sched[2]))
         self.dirty.zero_()
         self.sched[3] = 1
+        self._built_at = int(self.sched[0])
+
+    def _rows_to_rehash(self) -> np.ndarray:
+        """Rows whose weights may have changed since the last build: those the sparse Adam
+        flagged (``dirty``), or every row when the weight is tied to a Parameter. Why all:
+        the job's optimizer updates the tied embedding outside this layer, and its Adam
+        moments and weight decay move every row it ever saw at every step, so no row can be
+        assumed unchanged (the rehash is one GEMM over all rows, as in the first build)."""
+        if self.tied_to is not None:
+            return np.arange(self.out_features)
+        return np.flatnonzero(self.dirty.numpy())
+
+    def tables_stale(self) -> bool:
+        """The tables miss changes of the weights (inference rebuilds them first): never
+        built, rows updated since the last build, or, tied, any training step since."""
+        if not int(self.sched[3]):
+            return True
+        if self.tied_to is not None:
+            return self._built_at != int(self.sched[0])
+        return bool(self.dirty.numpy().any())
 
     def _maybe_rebuild(self) -> None:
         if self.cfg.sampling == "random":
@@ -363,7 +480,7 @@ class SlideLinear(nn.Module):
 
     def _changed(self) -> tuple[np.ndarray, np.ndarray | None, int]:
         """Rows updated since the last build, their new keys, and how many keys changed."""
-        rows = np.nonzero(self.dirty.numpy())[0]
+        rows = self._rows_to_rehash()
         if not len(rows):
             return rows, None, 0
         new = self._neuron_keys(rows)
@@ -401,9 +518,22 @@ class SlideLinear(nn.Module):
         """What every training loss does first: threads, a due table rebuild, and the
         batch as numpy (hidden activations float32, labels int64 [B, M])."""
         set_threads(self.cfg.threads)
+        hn = self.hidden_rows(h)
+        labels = as_label_matrix(y, self.out_features)
+        if labels.shape[0] != hn.shape[0]:
+            raise ValueError(f"slide: {labels.shape[0]} target rows for {hn.shape[0]} rows of "
+                             "hidden states; give one target row per input row")
         self._maybe_rebuild()
+        return hn, labels
+
+    def hidden_rows(self, h: torch.Tensor) -> np.ndarray:
+        """Hidden states as the kernels read them: C-contiguous float32 [rows, in_features]
+        (checked here, the last step before any kernel, whoever called)."""
         hn = np.ascontiguousarray(h.detach().numpy(), dtype=np.float32)
-        return hn, as_label_matrix(y, self.out_features)
+        if hn.ndim != 2 or hn.shape[1] != self.in_features:
+            raise ValueError(f"slide: hidden states of shape {tuple(hn.shape)}; the kernels "
+                             f"take [rows, {self.in_features}]")
+        return hn
 
     def count_forward(self, t0: float, t1: float, t2: float, samples: int, active: int,
                       retrieved: int) -> None:
@@ -483,29 +613,61 @@ class SlideLinear(nn.Module):
         return self.counts.numpy()
 
     def forward(self, h: torch.Tensor) -> Any:
+        if not self.training and self.cfg.inference == "lsh":
+            return self.sparse_logits(h)  # checks its input in retrieve()
+        h = as_hidden(h, self.in_features)
         check_finite(h, "the input of the SLIDE output layer")
         if self.training:
             return SlideLogits(self, h)
-        if self.cfg.inference == "dense":
-            return F.linear(h, self.weight, self.bias)
-        return self.sparse_logits(h)
+        return F.linear(h, self.weight, self.bias)
 
-    def sparse_logits(self, h: torch.Tensor) -> torch.Tensor:
-        """LSH inference: logits of the retrieved neurons, -inf elsewhere."""
+    def retrieve(self, h: torch.Tensor) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """LSH inference's part before the output: the rows of ``h`` [..., d] as the kernels
+        take them, and each row's retrieved neurons (``ids[b, :n_active[b]]``) with their
+        logits (``logits[b, :n_active[b]]``). Stale tables are rebuilt first (the rows
+        trained since the last build), so the neurons retrieved are those of the weights
+        being scored."""
+        h = as_hidden(h, self.in_features)
+        check_finite(h, "the input of the SLIDE output layer")
         set_threads(self.cfg.threads)
-        if not int(self.sched[3]):
+        if self.tables_stale():
             self.rebuild()
-        hn = np.ascontiguousarray(h.detach().numpy(), dtype=np.float32)
+        hn = self.hidden_rows(h.reshape(-1, self.in_features))
         s = self.select(hn, np.zeros((hn.shape[0], 0), np.int64), 0)
         kernels.forward_active(hn, self.weight.numpy(), self.bias.numpy(), s["ids"],
                                s["n_active"], s["is_label"], s["n_fixed"], s["offset"],
                                s["logits"], s["dz"], s["loss"])
-        out = torch.full((hn.shape[0], self.out_features), -math.inf)
-        for b in range(hn.shape[0]):
-            na = int(s["n_active"][b])
-            out[b, torch.from_numpy(s["ids"][b, :na].astype(np.int64))] = torch.from_numpy(
-                s["logits"][b, :na].copy())
-        return out
+        return hn, s
+
+    def sparse_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """LSH inference: logits of the retrieved neurons, -inf elsewhere, shaped like
+        ``F.linear``'s output. One scatter of the active entries (not a loop over rows):
+        the [rows, N] fill of -inf is then the only part that grows with the width, which
+        is why :meth:`sparse_topk` exists."""
+        hn, s = self.retrieve(h)
+        rows = hn.shape[0]
+        mask = np.arange(s["ids"].shape[1])[None, :] < s["n_active"][:, None]
+        which, _ = np.nonzero(mask)
+        out = torch.full((rows, self.out_features), -math.inf)
+        out[torch.from_numpy(which), torch.from_numpy(s["ids"][mask].astype(np.int64))] = \
+            torch.from_numpy(s["logits"][mask])
+        return out.reshape(*h.shape[:-1], self.out_features)
+
+    def sparse_topk(self, h: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """LSH inference's top ``k`` neurons per row without the [rows, N] logits: (values,
+        ids), each [..., k], best first; a row that retrieved fewer than ``k`` neurons is
+        padded with -inf and id -1. The same neurons and values as ``sparse_logits(h)
+        .topk(k)`` (up to the order of equal logits), from one kernel over each row's
+        retrieved logits: work proportional to the active set, not to the width."""
+        if k < 1:
+            raise ValueError(f"slide: sparse_topk needs k >= 1, got {k}")
+        hn, s = self.retrieve(h)
+        values = np.empty((hn.shape[0], k), np.float32)
+        ids = np.empty((hn.shape[0], k), np.int64)
+        kernels.topk_active(s["ids"], s["n_active"], s["logits"], k, values, ids)
+        lead = tuple(h.shape[:-1])
+        return (torch.from_numpy(values).reshape(*lead, k),
+                torch.from_numpy(ids).reshape(*lead, k))
 
 
 def hit_counter_dtype(tables: int) -> type:
@@ -518,6 +680,7 @@ def hit_counter_dtype(tables: int) -> type:
 
 def as_label_matrix(y: torch.Tensor, n: int) -> np.ndarray:
     """Targets as int64 [B, M] padded with -1 (a 1-D class-index target becomes M = 1)."""
+    check_label_dtype(y)
     lab = y.detach().to(torch.int64)
     if lab.dim() == 1:
         lab = lab[:, None]
@@ -649,6 +812,12 @@ class SlideSparseInput(nn.Module):
         self.t_forward = self.t_backward = self.t_optimizer = 0.0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[1] != 2:
+            raise ValueError(f"slide: the sparse input must be [batch, 2, slots] (feature ids, "
+                             f"values), got {list(getattr(x, 'shape', [type(x).__name__]))}")
+        if x.device.type != "cpu":
+            raise ValueError(f"slide: the sparse input is on {x.device}; SLIDE's kernels run "
+                             "on the CPU (run.device=cpu)")
         check_finite(x, "the sparse input")
         return _SparseInput.apply(self.bias, x, self)
 
@@ -662,6 +831,8 @@ class _SparseInput(torch.autograd.Function):
         vals = np.ascontiguousarray(x[:, 1, :].numpy(), dtype=np.float32)
         if feat.size and feat.max() >= layer.in_features:
             raise ValueError(f"slide: feature id {feat.max()} >= {layer.in_features} features")
+        if feat.size and feat.min() < -1:  # a negative id would wrap to another row
+            raise ValueError(f"slide: feature id {feat.min()} < 0 (only -1 marks padding)")
         out = np.empty((feat.shape[0], layer.out_features), np.float32)
         kernels.sparse_input_forward(feat, vals, layer.weight.numpy(),
                                      bias.detach().numpy(), out)

@@ -4,6 +4,12 @@
 for a :class:`SlideLinear` initialised from the same weights, and (``sparse_input``) the XC
 network's sparse first layer for :class:`SlideSparseInput`. Both train with their own sparse
 Adam, at the job's learning rate unless ``plugins.slide.lr`` says otherwise.
+
+A weight the output layer shares with another module (GPT-2's ``lm_head`` is its input
+embedding) stays shared: the SLIDE layer's weight buffer is that Parameter's storage, so the
+output side (SLIDE's sparse Adam) and the input side (the job's optimizer) train one tensor.
+SLIDE runs in one process only: its weights are buffers, which neither cluster mode trains
+(see :data:`REFUSED_MODES`).
 """
 
 from __future__ import annotations
@@ -11,11 +17,55 @@ from __future__ import annotations
 from typing import Any
 
 from accelopt_plugins.slide.config import SlideConfig, as_config, validate
-from accelopt_plugins.slide.layer import SlideLinear, SlideSparseInput
+from accelopt_plugins.slide.layer import SlideLinear, SlideSparseInput, unshareable
 from accelopt_plugins.slide.xcmodel import SparseInput
 from torch import nn
 
-from accelopt import ConfigError, LayerOffer, ReportRow, RunInfo, hookimpl
+from accelopt import ConfigError, LayerOffer, ReportRow, RunInfo, UserError, hookimpl
+
+REFUSED_MODES = {
+    "ps": "the parameter server exchanges parameters only, and SLIDE's weights are buffers "
+          "trained by its own sparse Adam, so every worker would train its own copy",
+    "allreduce": "DDP reduces parameter gradients only and broadcasts buffers from rank 0 "
+                 "before every forward, so SLIDE's weights (buffers trained by its own sparse "
+                 "Adam) would keep rank 0's updates and drop every other rank's",
+}
+"""Why each cluster mode would train SLIDE's layers wrongly (silently), hence refused.
+Inference jobs do not run in a cluster at all (the core refuses them)."""
+
+
+def cluster_mode(run_config: Any) -> str:
+    """``cluster.mode`` of the run (``none`` when the run config has no cluster section,
+    as in a loop of one's own)."""
+    cluster = getattr(run_config, "cluster", None)
+    return str(getattr(cluster, "mode", "none") or "none")
+
+
+class TieCheck:
+    """A load-state-dict pre-hook of a model whose output layer SLIDE keeps tied: both names
+    load into one storage, so a checkpoint in which they differ (saved untied) cannot be
+    loaded faithfully; refused in one line instead of keeping whichever came last. A class,
+    not a closure, so that the model still pickles and deep-copies."""
+
+    def __init__(self, tied: str, weight: str) -> None:
+        self.tied, self.weight = tied, weight
+
+    def __call__(self, module: nn.Module, state_dict: dict, prefix: str, local_metadata: dict,
+                 *_: Any) -> None:
+        a, b = state_dict.get(prefix + self.tied), state_dict.get(prefix + self.weight)
+        if a is None or b is None:
+            return  # a partial state dict (strict=False): the one present fills the tie
+        if a.data_ptr() == b.data_ptr():
+            return  # saved tied: one tensor under both names
+        if local_metadata.get("assign_to_params_buffers"):
+            raise UserError(
+                f"slide: load_state_dict(assign=True) would make {self.weight} and "
+                f"{self.tied} two tensors, but this model keeps them tied; load without assign")
+        if a.shape != b.shape or not bool((a == b).all()):
+            raise UserError(
+                f"slide: the state dict's {self.weight} differs from its {self.tied} (saved "
+                f"untied?), but this model keeps the two tied (one tensor); give both entries "
+                f"the weights wanted (copy one over the other) before loading")
 
 
 class SlidePlugin:
@@ -27,13 +77,19 @@ class SlidePlugin:
         self.layers: list[tuple[str, str, SlideLinear]] = []
         self.inputs: list[tuple[str, str, SlideSparseInput]] = []
         self.skipped: list[str] = []
-        self.untied: list[str] = []
-        """Replaced layers whose weight another module shared (GPT-2's tied embedding)."""
+        self.ties: dict[tuple[str, str], str] = {}
+        """(job, path) of a replaced layer whose weight another module shared (GPT-2's tied
+        embedding) -> what became of the tie, for its report row."""
 
     @hookimpl
     def accelopt_configure(self, config: Any, run_config: Any) -> None:
         self.cfg = as_config(config)
         validate(self.cfg)
+        mode = cluster_mode(run_config)
+        if mode != "none":
+            why = REFUSED_MODES.get(mode, "SLIDE's layers train in one process")
+            raise ConfigError(f"plugins.slide: cluster.mode={mode} would train SLIDE's layers "
+                              f"wrongly: {why}; use cluster.mode=none")
         for job in getattr(getattr(run_config, "workload", None), "jobs", None) or []:
             self.job_lr[str(job.name)] = (str(job.optimizer), float(job.lr))
 
@@ -79,15 +135,31 @@ class SlidePlugin:
                 self.skipped.append(f"{job}:{path} ({mod.out_features} outputs, not the output "
                                     "layer)")
                 continue
-            tied = [n for n, p in model.named_parameters(remove_duplicate=False)
-                    if p is mod.weight and not n.startswith(path + ".")]
-            if tied:
-                self.untied.append(f"{job}:{path}'s weight was tied to {tied[0]}; SLIDE trains "
-                                   "its own copy (untied)")
-            new = SlideLinear.from_linear(mod, self.cfg, lr=self._lr(job, layer.job.kind))
+            tied_to = self._tie(model, job, path, mod)
+            new = SlideLinear.from_linear(mod, self.cfg, lr=self._lr(job, layer.job.kind),
+                                          tied_to=tied_to)
             parent_path, _, name = path.rpartition(".")
             setattr(model.get_submodule(parent_path), name, new)
+            if tied_to is not None:
+                model.register_load_state_dict_pre_hook(TieCheck(tied_to, f"{path}.weight"))
             self.layers.append((job, path, new))
+
+    def _tie(self, model: nn.Module, job: str, path: str, mod: nn.Linear) -> str | None:
+        """The name of the Parameter outside ``path`` that is ``mod``'s weight, if the SLIDE
+        layer can share its storage (else the layer is untied, and its row says why)."""
+        tied = [n for n, p in model.named_parameters(remove_duplicate=False)
+                if p is mod.weight and not n.startswith(path + ".")]
+        if not tied:
+            return None
+        why = unshareable(mod.weight)
+        if why:
+            self.ties[(job, path)] = (f"untied from {tied[0]}, whose storage SLIDE cannot "
+                                      f"share ({why}): the two now train separately")
+            return None
+        self.ties[(job, path)] = (f"kept tied to {tied[0]} (one tensor: SLIDE's sparse "
+                                  "Adam updates the output side, the job's optimizer the input "
+                                  "side)")
+        return tied[0]
 
     @hookimpl
     def accelopt_report_rows(self, run: RunInfo) -> list[ReportRow]:
@@ -110,8 +182,7 @@ class SlidePlugin:
                     f"{100 * s['rebuild_time_share']:.1f}% of layer time rebuilding tables"
                     + (f"; sparse-input first layer: {len(self.inputs)} replaced"
                        if self.inputs else "")
-                    + "".join(f"; {note}" for note in self.untied if note.startswith(
-                        f"{job}:{path}'"))
+                    + (f"; {self.ties[(job, path)]}" if (job, path) in self.ties else "")
                 ),
                 metrics={k: round(float(v), 6) for k, v in s.items()},
             ))
