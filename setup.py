@@ -12,6 +12,7 @@ core = find_packages(include=["accelopt", "accelopt.*"])
 plugins = ["accelopt_plugins"] + [f"accelopt_plugins.{p}" for p in find_packages("plugins")]
 
 setup(
-    packages=core + plugins + ["accelopt.configs"],
+    # hydra_plugins: a namespace package Hydra scans for launchers (hydra/launcher=salus)
+    packages=core + plugins + ["accelopt.configs", "hydra_plugins.accelopt_salus_launcher"],
     package_dir={"accelopt_plugins": "plugins", "accelopt.configs": "configs"},
 )

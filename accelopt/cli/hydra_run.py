@@ -35,6 +35,27 @@ HYDRA_PASSTHROUGH_FLAGS = ("--help", "-h", "--hydra-help", "--info", "-i", "--cf
                            "--resolve", "--package", "-p", "--shell-completion", "-sc")
 
 
+def expose_hydra_plugins() -> None:
+    """Let Hydra's plugin scan see this project's ``hydra_plugins`` (the ``salus``
+    launcher) under an editable install too: setuptools' editable finder serves the
+    namespace package through a path hook that ``pkgutil`` cannot list, so the scan would
+    miss it and ``hydra/launcher=salus`` would be unknown. The folder is located without
+    importing it; a regular install needs nothing (a no-op)."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("hydra_plugins.accelopt_salus_launcher")
+    except (ImportError, ValueError):
+        return
+    if spec is None or spec.origin is None:
+        return
+    import hydra_plugins
+
+    folder = str(Path(spec.origin).parent.parent)
+    if folder not in list(hydra_plugins.__path__):
+        hydra_plugins.__path__.append(folder)
+
+
 def config_dir() -> str:
     """The directory of ``configs/``: in a checkout, an editable or a wheel install alike."""
     import accelopt.configs
@@ -97,6 +118,7 @@ def prepared_configs(overrides: list[str], registry: Registry,
                      multirun: bool = False) -> list[DictConfig]:
     """:func:`prepare`'s work, returning the composed configs (one per sweep point), so a
     caller that runs one (``accelopt.run``) need not compose it again."""
+    expose_hydra_plugins()
     specs = {}
     for names in plugin_selections(overrides):
         for spec in resolve(names, registry):

@@ -1,0 +1,123 @@
+"""Sweep packing: an 8-run learning-rate sweep of small jobs under ``hydra/launcher=salus``
+(every run's jobs in one salus execution, packed onto the device) vs Hydra's basic launcher
+(the runs one after another, each alone), as a user types them.
+
+    python benchmarks/salus_sweep.py [--repeats 3] [--runs 8] [--iterations 200]
+
+Both sides run the same command line but for the launcher (same jobs, seeds, iterations,
+``run.threads=1`` and one intra-op thread per lane), as subprocesses, in interleaved rounds
+(the order alternates each round); the figure is the median of the per-round ratios of wall
+time (interpreter start, composition, every run's set-up, training and output writing
+included: what the user waits for). Per-run results must be identical (each job's final
+loss, both launchers): the script says so or stops.
+
+Bound: the basic launcher's wall time over (the jobs' total work / cores): the best a
+packer could do if it removed every run's set-up and kept every core busy with the jobs'
+own iterations (work = each job's time from its first iteration's start to its end, as
+measured under the basic launcher, where it runs alone).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+LRS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.08, 0.1, 0.2, 0.3, 0.5, 0.7, 1.0)
+
+
+def sweep_args(runs: int, iterations: int) -> list[str]:
+    lrs = ",".join(str(x) for x in LRS[:runs])
+    return ["run", "-m", "workload=tiny", f"workload.jobs.0.lr={lrs}",
+            f"workload.jobs.0.iterations={iterations}",
+            f"workload.jobs.1.iterations={max(1, iterations // 4)}",
+            "run.threads=1", "run.progress=false"]
+
+
+def run_sweep(args: list[str], out: Path, packed: bool) -> float:
+    extra = ["hydra/launcher=salus", "hydra.launcher.threads=1"] if packed else []
+    command = [sys.executable, "-m", "accelopt.cli.main", *args, *extra,
+               f"hydra.sweep.dir={out}"]
+    started = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True)
+    wall = time.perf_counter() - started
+    if done.returncode != 0:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+        raise SystemExit(f"sweep failed ({'salus' if packed else 'basic'}): {' | '.join(tail)}")
+    return wall
+
+
+def results(out: Path, runs: int) -> list[list[float]]:
+    """Each run's jobs' final losses, by run number."""
+    return [[j["final_loss"] for j in json.loads((out / str(r) / "metrics.json").read_text())
+             ["jobs"]] for r in range(runs)]
+
+
+def work_seconds(out: Path, runs: int) -> float:
+    """The jobs' own time (first iteration's start to end), summed over the sweep."""
+    total = 0.0
+    for r in range(runs):
+        for job in json.loads((out / str(r) / "metrics.json").read_text())["jobs"]:
+            total += job["jct_s"] - job["queueing_s"]
+    return total
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--runs", type=int, default=8)
+    ap.add_argument("--iterations", type=int, default=200)
+    args = ap.parse_args()
+    cores = len(os.sched_getaffinity(0))
+    command = sweep_args(args.runs, args.iterations)
+    print(f"machine: {platform.processor() or platform.machine()}, {cores} cores; python "
+          f"{platform.python_version()}")
+    print(f"sweep: accelopt {' '.join(command)} [hydra/launcher=salus hydra.launcher.threads=1]")
+    root = Path(tempfile.mkdtemp(prefix="salus_sweep_"))
+    walls: dict[str, list[float]] = {"basic": [], "salus": []}
+    ratios, work = [], []
+    try:
+        for rep in range(args.repeats):
+            order = ("basic", "salus") if rep % 2 == 0 else ("salus", "basic")
+            outs = {}
+            for side in order:
+                outs[side] = root / f"{side}-{rep}"
+                walls[side].append(run_sweep(command, outs[side], side == "salus"))
+            if results(outs["basic"], args.runs) != results(outs["salus"], args.runs):
+                raise SystemExit(f"round {rep}: per-run results differ between the launchers")
+            work.append(work_seconds(outs["basic"], args.runs))
+            ratios.append(walls["basic"][-1] / walls["salus"][-1])
+            print(f"round {rep}: basic {walls['basic'][-1]:.2f} s, salus "
+                  f"{walls['salus'][-1]:.2f} s, ratio {ratios[-1]:.2f}x; jobs' work "
+                  f"{work[-1]:.2f} s")
+            for out in outs.values():
+                shutil.rmtree(out, ignore_errors=True)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    basic, salus = statistics.median(walls["basic"]), statistics.median(walls["salus"])
+    w = statistics.median(work)
+    bound = basic / (w / cores)
+    print()
+    print("| launcher | wall s (median) | min-max |")
+    print("|---|---|---|")
+    for side in ("basic", "salus"):
+        print(f"| {side} | {statistics.median(walls[side]):.2f} | "
+              f"{min(walls[side]):.2f}-{max(walls[side]):.2f} |")
+    print(f"bound: basic wall / (jobs' work {w:.2f} s / {cores} cores) = {bound:.2f}x")
+    print(f"per-run results identical under both launchers: yes ({args.runs} runs x "
+          f"{args.repeats} rounds)")
+    print(f"salus launcher vs basic launcher: {statistics.median(ratios):.2f}x makespan "
+          f"(median of {len(ratios)} paired rounds; {basic:.2f} s vs {salus:.2f} s; "
+          f"bound {bound:.2f}x)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,288 @@
+"""``accelopt run -m <sweep> hydra/launcher=salus``: every run of a sweep shares one device.
+
+Hydra's basic launcher runs a sweep's runs one after another, each alone on the device, so
+the device idles through every run's set-up, profiling and output writing, and a small job
+leaves most of it unused. This launcher instead submits the jobs of *every* run to one
+in-process salus execution service (one executor, salus's lanes and policy), so the runs'
+jobs are packed onto the device side by side, then splits the shared execution's record back
+into each run's own directory: the same ``config.yaml``, ``metrics.json``, ``metrics.csv``,
+``trace.json``, ``timeline.png`` and ``weights/`` as under the basic launcher, its jobs under
+their own ids and names, their times on the shared clock (a run's JCTs include the time it
+waited for the others: that is what packing trades). The shared execution keeps its own
+record in ``<sweep dir>/salus-pack/``.
+
+What can be packed: runs that differ only in their workload (a learning-rate sweep, a seed
+sweep, a model sweep). Everything else (plugins, cluster mode, run settings) is one setting
+of the one execution, so runs that differ in it are refused in one line, before anything
+runs. A job's numerics depend on its own seed, not on its neighbours (per-job RNG, weights
+from the job's seed), so with deterministic settings (``run.threads=1`` and
+``hydra.launcher.threads=1``: one intra-op thread per lane, as per run) every run's weights
+are bitwise those of the basic launcher.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import shutil
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from accelopt import ConfigError
+from accelopt.atomic import atomic_open
+
+PACK_DIR = "salus-pack"
+"""Where the shared execution's own record goes, inside the sweep directory."""
+EXEMPT = ("workload", "hydra")
+"""Top-level keys runs may differ in (the workload) or that are Hydra's own."""
+
+
+@dataclasses.dataclass
+class SweepRun:
+    """One run of the sweep: its task config, its output directory and Hydra's record."""
+
+    index: int
+    overrides: list[str]
+    config: DictConfig
+    """The full config Hydra composed (with its ``hydra`` node)."""
+    task: DictConfig
+    """What the run's task sees: the config without ``hydra``."""
+    out_dir: Path
+
+
+def _without(cfg: DictConfig, keys: Sequence[str]) -> dict[str, Any]:
+    data = OmegaConf.to_container(cfg, resolve=False)
+    assert isinstance(data, dict)
+    return {k: v for k, v in data.items() if k not in keys}
+
+
+def check_packable(runs: Sequence[SweepRun]) -> None:
+    """Runs that differ in anything but their workload cannot share one execution: one line
+    naming the first differing key and the fix."""
+    first = _without(runs[0].task, EXEMPT)
+    for run in runs[1:]:
+        other = _without(run.task, EXEMPT)
+        for key in sorted(set(first) | set(other)):
+            if first.get(key) != other.get(key):
+                raise ConfigError(
+                    f"hydra/launcher=salus packs runs that differ only in their workload, but "
+                    f"runs #{runs[0].index} and #{run.index} differ in '{key}' "
+                    f"({' '.join(run.overrides)}); sweep only workload keys, or use Hydra's "
+                    "basic launcher (drop hydra/launcher=salus)")
+    task = runs[0].task
+    if str(task.cluster.mode) != "none":
+        raise ConfigError(
+            f"hydra/launcher=salus packs runs onto one device in one process, but "
+            f"cluster.mode={task.cluster.mode}; use cluster.mode=none or Hydra's basic launcher")
+    if task.run.get("resume"):
+        raise ConfigError("hydra/launcher=salus cannot resume runs (run.resume); resume each "
+                          "run on its own")
+
+
+Origin = dict[str, tuple[int, str, str]]
+"""Merged job id -> (the run's position in the sweep, the job's id in its run, its name)."""
+
+
+def merged_config(runs: Sequence[SweepRun], launcher: Any) -> tuple[DictConfig, Origin]:
+    """One config whose workload holds every run's jobs (each renamed ``r<k>-<name>``, so
+    names stay unique; its seed, and so its numerics, unchanged) and whose plugins include
+    salus (the runs' own salus settings if they select it, else the launcher's), and the map
+    from each merged job back to its run."""
+    from accelopt.job import job_specs
+    from accelopt.job.specs import job_id_for
+
+    merged = copy.deepcopy(runs[0].task)
+    jobs: list[Any] = []
+    origin: Origin = {}
+    for position, run in enumerate(runs):
+        for index, spec in enumerate(job_specs(run.task)):
+            renamed = dataclasses.replace(spec, name=f"r{run.index}-{spec.name}")
+            origin[job_id_for(len(jobs), renamed)] = (position, job_id_for(index, spec),
+                                                      spec.name)
+            jobs.append(renamed)
+    with open_dict(merged):
+        merged.workload.jobs = [OmegaConf.structured(j) for j in jobs]
+        merged.workload.generate.n_jobs = 0
+        merged.run.compare = "none"
+        if merged.get("plugins") is None:
+            merged.plugins = {}
+        if "salus" not in merged.plugins:
+            merged.plugins.salus = {"policy": str(launcher.policy),
+                                    "max_lanes": int(launcher.max_lanes),
+                                    "threads": int(launcher.threads)}
+    return merged, origin
+
+
+def _renamed_spans(spans: Sequence[Any], names: dict[str, str]) -> list[Any]:
+    """The spans of a run's jobs (merged name -> own name), and the run-level spans."""
+    out = []
+    for span in spans:
+        job_name = (span.args or {}).get("job")
+        if job_name in names:
+            own = names[job_name]
+            out.append(dataclasses.replace(span, name=span.name.replace(job_name, own),
+                                           args={**span.args, "job": own}))
+        elif job_name is None and span.category != "iteration":
+            out.append(span)
+    return out
+
+
+def split_record(record: Any, runs: Sequence[SweepRun], origin: Origin,
+                 shared: Path) -> list[Any]:
+    """Each run's share of the shared execution's record: its jobs under their own ids and
+    names, the spans of its jobs, the run-level rows and telemetry of the shared run."""
+    from accelopt.records import RunRecord
+
+    parts: list[RunRecord] = []
+    for position, run in enumerate(runs):
+        names: dict[str, str] = {}
+        results = []
+        for result in record.jobs:
+            run_pos, own_id, name = origin[result.job.job_id]
+            if run_pos != position:
+                continue
+            names[result.job.name] = name
+            job = dataclasses.replace(result.job, job_id=own_id, name=name)
+            results.append(dataclasses.replace(result, job=job))
+        info = dataclasses.replace(record.info, run_dir=str(run.out_dir),
+                                   jobs=tuple(r.job for r in results))
+        metrics = {**record.metrics, "packed_runs": len(runs),
+                   "packed_execution": str(shared)}
+        parts.append(RunRecord(info=info, duration_s=record.duration_s, jobs=results,
+                               spans=_renamed_spans(record.spans, names),
+                               plugin_rows=list(record.plugin_rows),
+                               telemetry=list(record.telemetry),
+                               telemetry_note=record.telemetry_note, metrics=metrics))
+    return parts
+
+
+def _copy_job_files(shared: Path, run_dir: Path, renames: dict[str, str]) -> None:
+    """``weights/`` and ``checkpoints/`` of a run's jobs, under their own ids."""
+    for folder in ("weights", "checkpoints"):
+        for merged_id, own_id in renames.items():
+            source = shared / folder / f"{merged_id}.pt"
+            if source.exists():
+                (run_dir / folder).mkdir(parents=True, exist_ok=True)
+                shutil.copy2(source, run_dir / folder / f"{own_id}.pt")
+
+
+def _write_log(path: Path, text: str) -> None:
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write(text)
+
+
+def write_run(run: SweepRun, part: Any, shared: Path, renames: dict[str, str]) -> None:
+    """A run directory as the basic launcher's run would leave it; its ``accelopt.log``
+    holds its own summary tables (the shared execution's are in the pack's log)."""
+    import io
+
+    from rich.console import Console
+
+    from accelopt.report import render_summary, run_metrics, write_run_outputs
+
+    run.out_dir.mkdir(parents=True, exist_ok=True)
+    with atomic_open(run.out_dir / "config.yaml") as handle:
+        handle.write(OmegaConf.to_yaml(run.task, resolve=True))
+    hydra_dir = run.out_dir / ".hydra"
+    hydra_dir.mkdir(exist_ok=True)
+    OmegaConf.save(run.task, hydra_dir / "config.yaml", resolve=False)
+    OmegaConf.save(OmegaConf.create(list(run.overrides)), hydra_dir / "overrides.yaml")
+    part.summary = run_metrics(part)
+    write_run_outputs(part, run.out_dir)
+    _copy_job_files(shared, run.out_dir, renames)
+    log = Console(file=io.StringIO(), width=120, record=True)
+    render_summary(part, log)
+    log.print(f"packed by hydra/launcher=salus with {part.metrics['packed_runs']} runs; "
+              f"times are on the shared execution's clock: {shared}")
+    _write_log(run.out_dir / "accelopt.log", log.export_text())
+
+
+def execute_packed(runs: Sequence[SweepRun], launcher: Any, sweep_dir: Path,
+                   console: Any = None) -> list[Any]:
+    """Run every run's jobs in one salus execution; write each run's directory; return each
+    run's record (its share)."""
+    from accelopt.plugin import Registry
+    from accelopt.report.console import default_console
+    from accelopt.runtime.run import execute
+
+    console = console or default_console(record=True)
+    merged, origin = merged_config(runs, launcher)
+    shared = sweep_dir / PACK_DIR
+    started = time.perf_counter()
+    try:
+        record = execute(merged, run_dir=shared, registry=Registry.discover(),
+                         console=console)
+    finally:
+        if shared.is_dir():
+            _write_log(shared / "accelopt.log", console.export_text(clear=True))
+    parts = split_record(record, runs, origin, shared)
+    for position, (run, part) in enumerate(zip(runs, parts, strict=True)):
+        renames = {merged_id: own_id for merged_id, (run_pos, own_id, _name) in origin.items()
+                   if run_pos == position}
+        write_run(run, part, shared, renames)
+    console.print(f"[dim]salus launcher: {len(runs)} runs, {len(record.jobs)} jobs packed "
+                  f"onto one device in {time.perf_counter() - started:.1f} s; each run's "
+                  f"outputs in its own directory, the shared execution in {shared}[/dim]")
+    return parts
+
+
+def discard_unstarted_sweep_dir(sweep_dir: Path) -> None:
+    """A refused sweep leaves nothing behind: Hydra's sweeper wrote ``multirun.yaml`` into the
+    sweep directory before the launcher could refuse."""
+    leftovers = list(sweep_dir.iterdir()) if sweep_dir.is_dir() else []
+    if all(p.name == "multirun.yaml" for p in leftovers):
+        for p in leftovers:
+            p.unlink()
+        try:
+            sweep_dir.rmdir()
+        except OSError:
+            pass
+
+
+def launch(launcher: Any, job_overrides: Sequence[Sequence[str]],
+           initial_job_idx: int) -> list[Any]:
+    """The launcher's work (``SalusLauncher.launch``): compose every run as the basic
+    launcher does, refuse what cannot be packed (one line, exit 2), run, and answer Hydra
+    one ``JobReturn`` per run."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.core.utils import JobReturn, JobStatus, setup_globals
+
+    from accelopt.errors import AccelOptError
+
+    setup_globals()
+    config = launcher.config
+    sweep_dir = Path(str(config.hydra.sweep.dir))
+    runs: list[SweepRun] = []
+    for offset, overrides in enumerate(job_overrides):
+        index = initial_job_idx + offset
+        sweep_config = launcher.hydra_context.config_loader.load_sweep_config(
+            config, list(overrides))
+        with open_dict(sweep_config):
+            sweep_config.hydra.job.id = index
+            sweep_config.hydra.job.num = index
+        HydraConfig.instance().set_config(sweep_config)
+        out_dir = sweep_dir / str(sweep_config.hydra.sweep.subdir)
+        task = copy.deepcopy(sweep_config)
+        with open_dict(task):
+            del task["hydra"]
+        runs.append(SweepRun(index, list(overrides), sweep_config, task, out_dir))
+    try:
+        check_packable(runs)
+        parts = execute_packed(runs, launcher, sweep_dir)
+    except AccelOptError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        discard_unstarted_sweep_dir(sweep_dir)
+        raise SystemExit(exc.exit_code) from None
+    returns = []
+    for run, part in zip(runs, parts, strict=True):
+        ret = JobReturn(overrides=run.overrides, cfg=run.task, hydra_cfg=run.config,
+                        working_dir=str(run.out_dir), task_name=str(config.hydra.job.name))
+        ret.status = JobStatus.COMPLETED
+        ret.return_value = part
+        returns.append(ret)
+    return returns

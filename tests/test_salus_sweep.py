@@ -1,0 +1,72 @@
+"""``hydra/launcher=salus``: a sweep's runs packed onto one device in one salus execution.
+Each run keeps its own directory with the outputs of the basic launcher, its jobs under
+their own ids, and (deterministic settings) bitwise the basic launcher's weights; a sweep
+that cannot be packed is refused in one line before anything runs or is written."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from accelopt.cli.main import main
+
+pytestmark = pytest.mark.timeout(180)
+SWEEP = ["workload=tiny", "workload.jobs.0.lr=0.01,0.05", "run.threads=1",
+         "run.progress=false"]
+
+
+def sweep(tmp_path, name, *extra):
+    """``accelopt run -m SWEEP EXTRA`` in this process; its exit code."""
+    threads = torch.get_num_threads()
+    try:
+        main(["run", "-m", *SWEEP, *extra, f"hydra.sweep.dir={tmp_path / name}"])
+        code = 0
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    finally:
+        torch.set_num_threads(threads)
+    return code, tmp_path / name
+
+
+def test_packed_runs_have_their_own_outputs_and_the_basic_launchers_weights(tmp_path):
+    code, basic = sweep(tmp_path, "basic")
+    assert code == 0
+    code, packed = sweep(tmp_path, "packed", "hydra/launcher=salus", "hydra.launcher.threads=1")
+    assert code == 0
+    assert (packed / "salus-pack" / "metrics.json").is_file()  # the shared execution
+    shared = json.loads((packed / "salus-pack" / "metrics.json").read_text())
+    assert len(shared["jobs"]) == 4  # both runs' jobs in one execution
+    for run in ("0", "1"):
+        names = {p.name for p in (basic / run).iterdir()}
+        assert {"config.yaml", "metrics.json", "metrics.csv", "trace.json", "timeline.png",
+                "weights", "accelopt.log"} <= names
+        assert names - {".hydra"} <= {p.name for p in (packed / run).iterdir()}
+        ours = json.loads((packed / run / "metrics.json").read_text())
+        theirs = json.loads((basic / run / "metrics.json").read_text())
+        assert [j["job_id"] for j in ours["jobs"]] == [j["job_id"] for j in theirs["jobs"]]
+        assert [j["final_loss"] for j in ours["jobs"]] == [j["final_loss"] for j in theirs["jobs"]]
+        assert ours["summary"]["packed_runs"] == 2
+        for weights in sorted((basic / run / "weights").glob("*.pt")):
+            a = torch.load(weights, weights_only=True)
+            b = torch.load(packed / run / "weights" / weights.name, weights_only=True)
+            assert a.keys() == b.keys()
+            assert all(torch.equal(a[k], b[k]) for k in a), (run, weights.name)
+    lrs = [OmegaConf.load(packed / r / "config.yaml").workload.jobs[0].lr for r in "01"]
+    assert lrs == [0.01, 0.05]  # each run's own config, not the merged one
+
+
+@pytest.mark.parametrize("extra,words", [
+    (["run.seed=1,2"], "differ in 'run'"),
+    (["cluster.mode=ps"], "cluster.mode=ps"),
+], ids=["not-only-the-workload", "cluster-mode"])
+def test_a_sweep_that_cannot_be_packed_is_one_line_and_leaves_nothing(tmp_path, capsys,
+                                                                      extra, words):
+    code, out = sweep(tmp_path, "refused", "hydra/launcher=salus", *extra)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert len(err) == 1 and err[0].startswith("error: hydra/launcher=salus"), err
+    assert words in err[0]
+    assert not out.exists()
