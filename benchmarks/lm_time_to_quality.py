@@ -10,14 +10,16 @@ training time so far, the sum of its iterations' durations, so the probe's evalu
 outside the clock. Same data, batch, iterations, schedule and seed on every side.
 
 Variants: ``none``; ``slide`` (its LSH-sampled softmax on GPT-2's 25k-word output layer,
-trained by its own Adam at the job's peak lr; the layer's weight, tied to the input
-embedding in GPT-2, becomes SLIDE's own copy); ``offload`` (feature-map offload: on a CPU it
-only accounts, so its figure is the cost of its hooks). The bound printed beside them is the
+trained by its own Adam at the job's peak lr; the layer's weight stays tied to the input
+embedding: one tensor, trained from both sides); ``sampled`` (the same SLIDE layer with
+``sampling=random``: a sampled softmax with uniformly drawn negatives, as many neurons
+per sample, so the difference to ``slide`` is what the LSH retrieval buys); ``offload``
+(feature-map offload: on a CPU it only accounts, so its figure is the cost of its hooks). The bound printed beside them is the
 FLOP share of the output layer in a training step: a sampled output layer can make an
 iteration at most ``1 / (1 - share)`` times faster.
 
     python benchmarks/lm_time_to_quality.py [--iterations 300] [--repeats 3] \
-        [--targets 3000 1500 1000] [--variants none slide offload]
+        [--targets 3000 1500 1000] [--variants none slide sampled offload]
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ from accelopt import PluginSpec, Registry, hookimpl
 VARIANTS: dict[str, list[str]] = {
     "none": [],
     "slide": ["+plugins=[slide,ttq_probe]", "plugins.slide.lr=0.003"],
+    "sampled": ["+plugins=[slide,ttq_probe]", "plugins.slide.lr=0.003",
+                "plugins.slide.sampling=random"],
     "offload": ["+plugins=[offload,ttq_probe]"],
 }
 

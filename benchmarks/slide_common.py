@@ -33,8 +33,7 @@ HUGE_PAGES_ENV = "THP_MEM_ALLOC_ENABLE"
 """torch's switch for transparent huge pages on its CPU allocations of 2 MB and more (read
 at each allocation; :func:`use_huge_pages`). Why on by default in every SLIDE benchmark: the dense baseline
 allocates its 100 MB logits and gradients afresh every step, and with 4 KB pages the page
-faults cost it a third of its step (500 -> 340 ms at 200K labels, docs/benchmarks.md, slide
-session 7). A baseline slowed down by page faults is not a fair one. Every method runs in
+faults cost it a third of its step (500 -> 340 ms at 200K labels, measured with ``slide_step.py``). A baseline slowed down by page faults is not a fair one. Every method runs in
 the same process, so all get the same setting; ``THP_MEM_ALLOC_ENABLE=0`` in the
 environment turns it off for a comparison."""
 
@@ -65,7 +64,7 @@ def machine() -> str:
 def dense_adam(params: list[nn.Parameter], lr: float) -> torch.optim.Adam:
     """torch's Adam for a method's dense parameters, fused: one pass over each tensor instead
     of torch's default per-operation loop, which cost the dense baseline 84 of its 340 ms per
-    step at 200K labels (27 ms fused; docs/benchmarks.md, slide session 7)."""
+    step at 200K labels (27 ms fused, measured with ``slide_step.py``)."""
     return torch.optim.Adam(params, lr=lr, fused=True)
 
 

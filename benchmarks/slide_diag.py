@@ -1,6 +1,7 @@
 """Learning per step: P@1 against training steps (not time) for dense, sampled softmax and SLIDE
 variants, same data order, same initial weights, same lr. Used to find why SLIDE learned less
-per step than dense (docs/benchmarks.md, "slide, session 3", section 1).
+per step than dense (the per-row Adam bias correction; docs/benchmarks.md, "slide: LSH vs
+random active sets").
 
 A variant is ``name:key=value,key=value`` (keys of SlideConfig; ``dense`` and ``sampled*`` are
 the baselines, ``sampled`` scoring ``--sampled-active`` candidates per sample; ``sampled:logq=1``

@@ -158,7 +158,7 @@ def thread_scaling(d: int, n: int, batches, cfg, pairs: int, per_rep: int
     """1 vs 2 threads, measured as interleaved blocks: two trainers (same initial weights and
     batches) take turns, one block each, and the speed-up is the median over block pairs of
     (1-thread time / 2-thread time). Why interleaved: on this VM the same code's speed drifts
-    by up to 1.6x within minutes (docs/benchmarks.md, slide session 7); timing one thread
+    by up to 1.6x within minutes (docs/benchmarks.md, "slide: thread scaling"); timing one thread
     count after the other measured that drift as much as the scaling. Returns (median
     1-thread s/step, median 2-thread s/step, the ``pairs`` per-pair ratios, each thread
     count's ms/step by phase over all its timed blocks)."""

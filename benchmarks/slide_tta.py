@@ -124,7 +124,7 @@ def main() -> None:
                          "(lr=... sets one method's learning rate); the sampled baseline scores "
                          "as many candidates as the first SLIDE variant; every dense* variant "
                          "is the baseline (the best of them sets the target)")
-    ap.add_argument("--png", default="docs/benchmarks_slide_tta.png")
+    ap.add_argument("--png", default="runs/bench/slide_tta/curves.png")
     args = ap.parse_args()
     variants = dict(parse_variant(spec) for spec in args.methods)
     if len(variants) != len(args.methods):

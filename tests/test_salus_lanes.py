@@ -204,3 +204,16 @@ def test_fair_never_starves(times, arrivals):
             for j in arrive:
                 assert step - last_run.get(j, -10**9) <= bound, f"{j} starves"
     assert all(done[j] > 0 for j in arrive)
+
+
+def test_jobs_spread_over_the_lanes_instead_of_queueing_behind_one():
+    """Two lanes allowed, eight equal jobs arriving at once: four per lane (joining the
+    tightest lane alone queued seven behind one lane while the other emptied); the spread
+    holds whether a lane has room for another job or must grow for it."""
+    from accelopt_plugins.salus.lanes import LaneManager
+
+    for capacity in (10_000, 1_000_000):  # lanes grow for each job / plenty of room
+        m = LaneManager(capacity, max_lanes=2)
+        lanes = [m.admit(f"j{i}", 100, 50).lane for i in range(8)]
+        assert None not in lanes
+        assert sorted(lanes.count(lane) for lane in set(lanes)) == [4, 4], lanes

@@ -906,7 +906,7 @@ def test_benchmark_variants_set_each_methods_own_lr_and_reject_unknown_settings(
         return common.make_trainer(name, kw, 50, 4096, 1e-3, common.init_net(50, 4096), 40)
 
     dense = trainer("dense")
-    assert dense.opt.defaults["fused"] is True  # the fair baseline: fused Adam (session 7)
+    assert dense.opt.defaults["fused"] is True  # the fair baseline: fused Adam
     assert trainer("slide:lr=0.003").model.out.lr == pytest.approx(3e-3)
     assert trainer("slide").model.out.lr == pytest.approx(1e-3)
     assert trainer("dense-lr3:lr=0.003").opt.param_groups[0]["lr"] == pytest.approx(3e-3)

@@ -28,7 +28,8 @@ class SalusLauncherConf:
     policy: str = "pack"
     """A salus policy: pack (lanes side by side), srtf, fair, fifo, rr, las, dlas, ..."""
     max_lanes: int = -1
-    """-1: the policy's default (pack: as many as fit)."""
+    """-1: one lane per core on a CPU, the policy's default on a GPU (pack: as many as fit);
+    0: as many as fit."""
     threads: int = 0
     """Intra-op threads per lane (0: auto). 1 with run.threads=1 makes every run's weights
     bitwise those of the basic launcher."""

@@ -11,9 +11,11 @@ bytes). The safety condition, checked after every change (``check()``):
 Admission (SALUS's code): a job asks for ``need = headroom * (persistent_headroom * P + E)``.
 1. If ``need`` bytes are free and fewer than ``max_lanes`` lanes exist, open a new lane
    (preferred: more lanes = more concurrency).
-2. Else join an existing lane, best fit: lanes that can take the job without growing, by
-   increasing free memory; then lanes that can grow into free device memory, least growth
-   first.
+2. Else join an existing lane: lanes that can take the job without growing, the one with
+   the fewest jobs first (the lanes run concurrently, so a job behind a shorter queue starts
+   sooner: joining the tightest lane alone put every job of an 8-run sweep behind one lane
+   while the other emptied), then best fit (increasing free memory); then lanes that can
+   grow into free device memory, again the fewest jobs first, then least growth.
 3. Else defer; the caller rescans every pending job (in arrival order) whenever memory frees,
    so a later small job may pass an earlier big one.
 A job with ``need > C`` can never fit and is rejected with the amount it is over.
@@ -167,21 +169,21 @@ class LaneManager:
             return self._place(job, lane, opened=True)
         fits = sorted(
             (lane for lane in self.lanes.values() if lane.need_with(job) <= lane.size),
-            key=lambda lane: (lane.free, lane.lane_id),
+            key=lambda lane: (len(lane.jobs), lane.free, lane.lane_id),
         )
         if fits:
             return self._place(job, fits[0])
         free = self.free
         growable = sorted(
             (
-                (lane.need_with(job) - lane.size, lane.lane_id, lane)
+                (len(lane.jobs), lane.need_with(job) - lane.size, lane.lane_id, lane)
                 for lane in self.lanes.values()
                 if lane.need_with(job) - lane.size <= free
             ),
-            key=lambda t: (t[0], t[1]),
+            key=lambda t: (t[0], t[1], t[2]),
         )
         if growable:
-            growth, _, lane = growable[0]
+            _, growth, _, lane = growable[0]
             lane.size += growth
             return self._place(job, lane)
         return Admission(

@@ -52,13 +52,14 @@ class SlideConfig:
     ``batch``, one candidate list shared by the batch (its labels, then uniform draws up to
     ``min_active``) scored by every sample beside its own retrieved neurons. With ``batch``
     a few retrieved neurons per sample suffice: ``topup=batch l=16 topk=50`` is our fastest
-    setting to a given P@1 at 200K labels (docs/benchmarks.md, slide session 6)."""
+    setting to a given P@1 (docs/benchmarks.md, "slide: time to quality on XC")."""
     logq: bool = True
     """Log-Q correction of the random top-up: each uniformly drawn neuron's logit gets
     log(neurons it stands for), so the active set's softmax estimates the full softmax's
     normaliser (retrieved neurons and labels count once, the drawn ones for the rest). The
     paper uses a plain softmax over the active set (``false``); the correction ended 2.8 P@1
-    points higher at 200K labels and 1.9 at 20K (docs/benchmarks.md, slide session 4)."""
+    points higher at 200K labels and 1.9 at 20K (``benchmarks/slide_tta.py``, logq=false vs
+    true)."""
     rebuild: str = "fixed"
     rebuild_period: int = 50
     rebuild_growth: float = 1.5
@@ -79,7 +80,7 @@ class SlideConfig:
     races, the same row gradients for any thread count); ``hogwild``: the paper's, every
     sample adds into the shared rows from its own thread without locks. At 670K labels the
     backward took 15.6 instead of 22.3 ms/step on one thread and 9.6 instead of 12.9 on two:
-    HOGWILD's scattered row updates miss cache (docs/benchmarks.md, slide session 8)."""
+    HOGWILD's scattered row updates miss cache (``benchmarks/slide_step.py``)."""
     threads: int = 0
     """numba threads (0: numba's default, one per core); 1 makes runs bit-for-bit reproducible."""
     seed: int = 0

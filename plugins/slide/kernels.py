@@ -561,7 +561,7 @@ def sparse_adam(rows, n_rows, w, grad_w, m_w, v_w, bias, grad_b, m_b, v_b, steps
     :func:`index_rows`). Why packed: the gradient block of one batch stays in cache while
     it accumulates, and the update reads and clears it there instead of a scattered
     [n, d] array: ~40% less time for 6,000 rows of 128 at 200K labels
-    (docs/benchmarks.md, slide session 7).
+    (``benchmarks/slide_profile.py``).
 
     Bias correction: with ``global_t`` > 0 every row uses the global step count ``global_t``
     (torch's SparseAdam and TF's LazyAdam do this); with ``global_t`` = 0 each row uses its
@@ -569,7 +569,7 @@ def sparse_adam(rows, n_rows, w, grad_w, m_w, v_w, bias, grad_b, m_b, v_b, steps
     while the row is idle, so a rarely used row sees its few gradients at up to ~3-6x the
     step size under global correction, which is what lets rare rows (feature embeddings,
     rarely sampled labels) catch up; the per-row count divides that away and made SLIDE learn
-    less per step than the dense baseline (docs/benchmarks.md, slide session 3). Gradients of the
+    less per step than the dense baseline (``benchmarks/slide_diag.py``, adam_correction=row). Gradients of the
     updated rows are zeroed; rows are flagged dirty for rehashing. The per-element update
     runs in float32 (as torch's Adam does), the per-row corrections in float64."""
     dim = w.shape[1]

@@ -735,7 +735,7 @@ class _BatchTopupLoss(torch.autograd.Function):
     Why torch and not numpy for the GEMMs: numpy's OpenBLAS keeps its worker threads
     spinning after each call, and on a machine with as many cores as numba threads they
     took the cores from the numba kernels that follow (40 ms/step instead of 12 at 200K
-    labels, L=16, topk=50: docs/benchmarks.md, slide session 6).
+    labels, L=16, topk=50, ``benchmarks/slide_profile.py``).
 
     Log-Q (``logq``): the drawn part of the list stands for the neurons outside the sample's
     fixed part (its own retrieved neurons and the batch's labels), as in the default path; a

@@ -74,7 +74,7 @@ SIZES: dict[str, XCSpec] = {
     "20k": XCSpec(n_labels=20_000, n_features=40_000, n_train=50_000, n_test=5_000),
     "200k": XCSpec(n_labels=200_000, n_features=135_909, n_train=100_000, n_test=10_000),
     # 200k's data volume with 1.5x the labels: the widest output at which the (fair) dense
-    # baseline still reaches its plateau within about an hour here (docs: slide session 7)
+    # baseline still reaches its plateau within about an hour here (docs/benchmarks.md, "slide: time to quality on XC")
     "300k": XCSpec(n_labels=300_000, n_features=135_909, n_train=100_000, n_test=10_000),
     "670k": XCSpec(n_labels=670_091, n_features=135_909, n_train=200_000, n_test=10_000),
 }
