@@ -295,6 +295,46 @@ def test_bert_ffn_and_heads_prune() -> None:
     assert out.shape == (2, 12, 64) and torch.isfinite(out).all()
 
 
+def vit() -> nn.Module:
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.ViTConfig(image_size=16, patch_size=4, num_channels=3, hidden_size=64,
+                                 num_hidden_layers=2, num_attention_heads=4,
+                                 intermediate_size=128, num_labels=3,
+                                 hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    return transformers.ViTForImageClassification(cfg).eval()
+
+
+def test_vit_heads_and_mlp_prune_and_dead_units_change_nothing() -> None:
+    """HF ViT (q/k/v/o_proj attention, fc1/fc2 MLP): heads 1 and 3 output zeros (their v_proj
+    rows) and half the MLP's hidden units are dead (fc1 rows and bias zero, GELU(0) = 0):
+    pruning exactly those leaves the logits unchanged; the head count the model reads
+    follows."""
+    model, x = vit(), torch.randn(2, 3, 16, 16)
+    layer = model.vit.layers[0] if hasattr(model.vit, "layers") else model.vit.encoder.layer[0]
+    attn = layer.attention
+    if not hasattr(attn, "q_proj"):
+        pytest.skip("this transformers version's ViT has no q/k/v/o_proj attention")
+    with torch.no_grad():
+        for h in (1, 3):
+            attn.v_proj.weight[h * 16:(h + 1) * 16] = 0
+            attn.v_proj.bias[h * 16:(h + 1) * 16] = 0
+        layer.mlp.fc1.weight[64:] = 0
+        layer.mlp.fc1.bias[64:] = 0
+    reference = _out(model, x)
+    path = next(p for p, m in model.named_modules() if m is attn)
+    mlp = next(p for p, m in model.named_modules() if m is layer.mlp.fc1)
+    report = prune_channels(model, {path: torch.tensor([0, 2]), mlp: torch.arange(64)})
+    assert attn.num_attention_heads == 2 and attn.q_proj.out_features == 32
+    assert attn.o_proj.in_features == 32 and layer.mlp.fc2.in_features == 64
+    torch.testing.assert_close(_out(model, x), reference, rtol=1e-5, atol=1e-5)
+    assert report.pruned[path] == (4, 2)
+    report = node_prune(model, 0.5)
+    assert any(k.endswith("mlp.fc1") for k in report.pruned), report.pruned
+    out = _out(model, x)
+    assert out.shape == (2, 3) and torch.isfinite(out).all()
+
+
 @pytest.mark.parametrize("name", MODEL_NAMES)
 def test_zoo_models_prune_more_and_still_train(name: str) -> None:
     torch.manual_seed(0)

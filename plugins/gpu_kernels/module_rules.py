@@ -6,12 +6,14 @@ graph walk refuses. For the blocks below the forward is fixed by their class, an
 units never leave the block, so slicing them is safe without a graph:
 
 * feed-forward blocks: GPT-2's ``GPT2MLP`` (``c_fc`` -> act -> ``c_proj``, HF ``Conv1D``),
-  BERT's ``BertLayer`` (``intermediate.dense`` -> act -> ``output.dense``) and
-  ``nn.TransformerEncoderLayer`` (``linear1`` -> act -> ``linear2``): hidden units;
+  BERT's ``BertLayer`` (``intermediate.dense`` -> act -> ``output.dense``), ViT's ``ViTMLP``
+  (``fc1`` -> act -> ``fc2``) and ``nn.TransformerEncoderLayer`` (``linear1`` -> act ->
+  ``linear2``): hidden units;
 * attention heads: ``GPT2Attention`` (fused ``c_attn`` = [q | k | v], ``c_proj``) and
   ``BertAttention`` (``self.query/key/value``, ``output.dense``): whole heads, and the head
   count attributes the forward reads (``num_heads``/``split_size``;
-  ``num_attention_heads``/``all_head_size``) are updated. Both forwards infer the head count
+  ``num_attention_heads``/``all_head_size``) are updated; attention with separate
+  ``q_proj/k_proj/v_proj/o_proj`` and a ``head_dim`` (HF ViT) likewise. Both forwards infer the head count
   from the tensor (``view(..., -1, head_dim)``), which is what makes this safe.
 
 ``nn.MultiheadAttention`` (fused ``in_proj`` with the head count baked into its C++ fast
@@ -105,6 +107,33 @@ def _bert_attention(path: str, m: nn.Module) -> RuleGroup:
     return group
 
 
+def _qkvo_attention(path: str, m: nn.Module) -> RuleGroup:
+    """Attention with separate ``q_proj/k_proj/v_proj`` and ``o_proj`` (HF ViT in
+    transformers 5, Llama-style blocks): its forward splits heads by
+    ``view(..., -1, head_dim)`` and merges them by ``reshape(..., -1)``, so whole heads can
+    go; grouped key/value heads (k/v narrower than q) are refused."""
+    hd = int(m.head_dim)
+    q, k, v, o = (getattr(m, n, None) for n in ("q_proj", "k_proj", "v_proj", "o_proj"))
+    width = q.out_features if isinstance(q, nn.Linear) else 0
+    heads = width // hd if hd else 0
+    group = RuleGroup(path, path, heads, "head")
+    if not (all(isinstance(x, nn.Linear) for x in (q, k, v, o)) and heads * hd == width
+            and k.out_features == v.out_features == width and o.in_features == width):
+        group.refused = ("attention heads: grouped key/value heads or q/k/v/o projections "
+                         "of an unexpected shape")
+        return group
+    for n in ("q_proj", "k_proj", "v_proj"):
+        group.producers[f"{path}.{n}"] = _blocks(heads, hd)
+    group.consumers[f"{path}.o_proj"] = _blocks(heads, hd)
+
+    def after(kept: int) -> None:
+        for attr in ("num_attention_heads", "num_heads"):
+            if isinstance(getattr(m, attr, None), int):
+                setattr(m, attr, kept)
+    group.after = after
+    return group
+
+
 def _rule_for(path: str, m: nn.Module) -> RuleGroup | None:
     name = type(m).__name__
     if name.endswith("GPT2MLP") and is_conv1d(getattr(m, "c_fc", None) or nn.Module()) \
@@ -117,6 +146,13 @@ def _rule_for(path: str, m: nn.Module) -> RuleGroup | None:
                     m.output.dense)
     if isinstance(m, nn.TransformerEncoderLayer):
         return _ffn(path, "linear1", "linear2", m.linear1, m.linear2)
+    if name in ("ViTMLP", "ViTIntermediateMLP", "CLIPMLP") and isinstance(
+            getattr(m, "fc1", None), nn.Linear) and isinstance(getattr(m, "fc2", None),
+                                                              nn.Linear):
+        return _ffn(path, "fc1", "fc2", m.fc1, m.fc2)
+    if name.endswith("Attention") and isinstance(getattr(m, "head_dim", None), int) and all(
+            hasattr(m, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")):
+        return _qkvo_attention(path, m)
     if name.endswith("GPT2Attention") and hasattr(m, "c_attn"):
         return _gpt2_attention(path, m)
     if name in ("BertAttention", "RobertaAttention") and hasattr(m, "self"):

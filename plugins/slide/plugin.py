@@ -161,6 +161,14 @@ class SlidePlugin:
                                   "side)")
         return tied[0]
 
+    def _method(self) -> str:
+        """What trains the layer, as its row names it: ``sampling=random`` is the ablation
+        (a sampled softmax of uniform negatives: no hashing, no tables)."""
+        if self.cfg.sampling == "random":
+            return (f"a sampled softmax (sampling=random: labels plus uniform random neurons "
+                    f"to {self.cfg.min_active}, no LSH)")
+        return f"LSH-sampled softmax ({self.cfg.hash} K={self.cfg.k} L={self.cfg.l})"
+
     @hookimpl
     def accelopt_report_rows(self, run: RunInfo) -> list[ReportRow]:
         if not self.layers:
@@ -175,8 +183,7 @@ class SlidePlugin:
             rows.append(ReportRow(
                 plugin="slide",
                 summary=(
-                    f"{job}:{path} {lay.out_features} outputs trained with LSH-sampled softmax "
-                    f"({self.cfg.hash} K={self.cfg.k} L={self.cfg.l}): "
+                    f"{job}:{path} {lay.out_features} outputs trained with {self._method()}: "
                     f"{100 * s['active_fraction']:.2f}% active per sample, "
                     f"{s['union_rows_per_batch']:.0f} rows updated per batch, "
                     f"{100 * s['rebuild_time_share']:.1f}% of layer time rebuilding tables"
