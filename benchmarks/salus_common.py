@@ -24,6 +24,7 @@ import torch
 from accelopt_plugins.salus import PLUGIN, SalusConfig
 from omegaconf import OmegaConf
 
+from accelopt import PluginSpec
 from accelopt.config import AccelConfig, JobConfig
 from accelopt.drivers.local import Executor
 from accelopt.host import PluginHost
@@ -69,11 +70,14 @@ def run_policy(
     threads: int,
     max_lanes: int = -1,
     run_dir: Path | None = None,
+    extra_plugins: list[Any] = (),  # type: ignore[assignment]
 ) -> tuple[list[JobResult], dict[str, Any], RunRecord]:
-    """Run every job under one salus policy; return results, salus's summary, the record."""
+    """Run every job under one salus policy; return results, salus's summary, the record.
+    ``extra_plugins``: hook implementations beside salus (a benchmark's noise source)."""
     config = SalusConfig(policy=policy, capacity=capacity, threads=threads, max_lanes=max_lanes)
     plugin = PLUGIN.instantiate(config)
-    host = PluginHost([(PLUGIN, plugin)])
+    host = PluginHost([(PLUGIN, plugin), *((PluginSpec(f"extra{i}", lambda _c, p=p: p), p)
+                                           for i, p in enumerate(extra_plugins))])
     run_cfg = OmegaConf.structured(AccelConfig)
     run_cfg.run.device = "cpu"
     run_cfg.run.deterministic = True

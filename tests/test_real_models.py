@@ -82,8 +82,11 @@ CLUSTER = {
     "gradcomm": ["cluster.mode=allreduce", "cluster.workers=2", "+plugins=[gradcomm]",
                  "plugins.gradcomm.dtype=bf16"],
     "tictac": ["cluster.mode=ps", "cluster.workers=2", "+plugins=[tictac]"],
+    "gpu_kernels": ["cluster.mode=ps", "cluster.workers=2", "+plugins=[gpu_kernels]",
+                    "plugins.gpu_kernels.prune_amount=0.5"],
 }
-"""The plugins that act on transfers between ranks, each in the mode it acts in."""
+"""The plugins that act on transfers between ranks, each in the mode it acts in, and
+gpu_kernels' build-time pruning, which every rank (the server too) must do alike."""
 
 
 @pytest.mark.parametrize("plugin", sorted(CLUSTER))
@@ -91,7 +94,9 @@ def test_the_transfer_plugins_on_a_real_model_finish_and_say_what_they_did(
         plugin, tmp_path, monkeypatch):
     """BERT on dict samples in a cluster: gradcomm compresses its gradient buckets; tictac
     plans on the graph torch.export reads from the real inputs (torch.fx cannot trace HF
-    models) and says so in its row."""
+    models) and says so in its row; gpu_kernels prunes its feed-forward blocks and heads at
+    build time on the server and both workers alike (a shape that differed between ranks
+    would fail the parameter exchange)."""
     import os
 
     import accelopt
@@ -107,6 +112,8 @@ def test_the_transfer_plugins_on_a_real_model_finish_and_say_what_they_did(
     assert rows, record.plugin_rows
     if plugin == "tictac":
         assert any("traced by torch.export" in r for r in rows), rows
+    elif plugin == "gpu_kernels":  # BERT's feed-forward blocks and heads, on every rank
+        assert any("node-pruned" in r for r in rows), rows
     else:
         assert any("bf16" in r for r in rows), rows
 
