@@ -56,6 +56,9 @@ def test_packed_runs_have_their_own_outputs_and_the_basic_launchers_weights(tmp_
             assert all(torch.equal(a[k], b[k]) for k in a), (run, weights.name)
     lrs = [OmegaConf.load(packed / r / "config.yaml").workload.jobs[0].lr for r in "01"]
     assert lrs == [0.01, 0.05]  # each run's own config, not the merged one
+    from accelopt.runtime.compare import in_multirun
+
+    assert not in_multirun()  # a later accelopt.run in this process is not "in a sweep"
 
 
 @pytest.mark.parametrize("extra,words", [

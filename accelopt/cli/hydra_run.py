@@ -374,6 +374,17 @@ def run_hydra(args: list[str], registry: Registry, debug: bool) -> int:
         task()
     finally:
         sys.argv = saved
+        forget_hydra_run()
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
     return exit_code
+
+
+def forget_hydra_run() -> None:
+    """Hydra leaves the finished command's config in its process-wide ``HydraConfig``; a later
+    ``accelopt.run`` in the same process (a notebook, a test session) would read that
+    command's mode, and after a sweep skip its own ``run.compare`` references as if it were
+    one of the sweep's runs."""
+    from hydra.core.hydra_config import HydraConfig
+
+    HydraConfig.instance().cfg = None  # type: ignore[assignment]
