@@ -67,6 +67,18 @@ def _ffn(path: str, up: str, down: str, up_mod: nn.Module, down_mod: nn.Module) 
     return group
 
 
+def _heads(group: RuleGroup, head_dim: int, producers: dict[str, tuple[int, ...]],
+           consumer: str, after: Callable[[int], None]) -> RuleGroup:
+    """One attention block's heads as a group: each producer's output columns of head u
+    (``head_dim`` wide, at each of its offsets: GPT-2's fused [q | k | v] has three), the
+    consumer's input columns of head u, and the head-count update the forward reads."""
+    for name, offsets in producers.items():
+        group.producers[name] = _blocks(group.units, head_dim, offsets)
+    group.consumers[consumer] = _blocks(group.units, head_dim)
+    group.after = after
+    return group
+
+
 def _gpt2_attention(path: str, m: nn.Module) -> RuleGroup:
     heads, hd, split = int(m.num_heads), int(m.head_dim), int(m.split_size)
     group = RuleGroup(path, path, heads, "head")
@@ -75,13 +87,11 @@ def _gpt2_attention(path: str, m: nn.Module) -> RuleGroup:
             and split == heads * hd and m.c_proj.nx == split):
         group.refused = "attention heads: cross-attention or an unexpected c_attn layout"
         return group
-    group.producers[f"{path}.c_attn"] = _blocks(heads, hd, (0, split, 2 * split))
-    group.consumers[f"{path}.c_proj"] = _blocks(heads, hd)
 
     def after(kept: int) -> None:
         m.num_heads, m.split_size = kept, kept * hd
-    group.after = after
-    return group
+    return _heads(group, hd, {f"{path}.c_attn": (0, split, 2 * split)}, f"{path}.c_proj",
+                  after)
 
 
 def _bert_attention(path: str, m: nn.Module) -> RuleGroup:
@@ -97,14 +107,11 @@ def _bert_attention(path: str, m: nn.Module) -> RuleGroup:
     if getattr(s, "position_embedding_type", "absolute") not in (None, "absolute"):
         group.refused = "attention heads: relative position embeddings are not pruned"
         return group
-    for n in ("query", "key", "value"):
-        group.producers[f"{path}.self.{n}"] = _blocks(heads, hd)
-    group.consumers[f"{path}.output.dense"] = _blocks(heads, hd)
 
     def after(kept: int) -> None:
         s.num_attention_heads, s.all_head_size = kept, kept * hd
-    group.after = after
-    return group
+    return _heads(group, hd, {f"{path}.self.{n}": (0,) for n in ("query", "key", "value")},
+                  f"{path}.output.dense", after)
 
 
 def _qkvo_attention(path: str, m: nn.Module) -> RuleGroup:
@@ -122,16 +129,13 @@ def _qkvo_attention(path: str, m: nn.Module) -> RuleGroup:
         group.refused = ("attention heads: grouped key/value heads or q/k/v/o projections "
                          "of an unexpected shape")
         return group
-    for n in ("q_proj", "k_proj", "v_proj"):
-        group.producers[f"{path}.{n}"] = _blocks(heads, hd)
-    group.consumers[f"{path}.o_proj"] = _blocks(heads, hd)
 
     def after(kept: int) -> None:
         for attr in ("num_attention_heads", "num_heads"):
             if isinstance(getattr(m, attr, None), int):
                 setattr(m, attr, kept)
-    group.after = after
-    return group
+    return _heads(group, hd, {f"{path}.{n}": (0,) for n in ("q_proj", "k_proj", "v_proj")},
+                  f"{path}.o_proj", after)
 
 
 def _rule_for(path: str, m: nn.Module) -> RuleGroup | None:
