@@ -129,6 +129,11 @@ def main() -> None:
     print(f"achieved bandwidth, one 32 MiB gloo transfer: {achieved / 1e6:.1f} Mbit/s vs "
           f"configured {limit / 1e6:.0f} Mbit/s ({100 * (achieved / limit - 1):+.1f}%); "
           f"runs: {', '.join(f'{p / 1e6:.1f}' for p in probe)}")
+    floor_s = ps["expected_bytes_per_iteration"] * 8 / limit
+    print(f"bound (ps): one iteration's {ps['expected_bytes_per_iteration'] / 1e6:.3f} MB at the "
+          f"configured {limit / 1e6:.0f} Mbit/s take {floor_s * 1e3:.1f} ms: at most "
+          f"{1 / floor_s:.2f} iterations/s with compute fully overlapped (one shaped loopback "
+          "carries every link)")
 
 
 if __name__ == "__main__":

@@ -1,10 +1,15 @@
 """SALUS + TicTac on the multi-job parameter-server workload: baseline / salus / tictac /
 salus+tictac, side by side, from ONE invocation.
 
-Every repeat runs the four plugin sets one after another (interleaved, so machine drift
-affects all alike); the table shows the median over repeats of average JCT, makespan and
+Every repeat runs the four plugin sets one after another, the order rotating between
+repeats (interleaved, so machine drift affects all alike); the table shows the median over repeats of average JCT, makespan and
 the median per-iteration E, each set's ratio to no plugins, and the interaction of the
-combination (its gain vs the product of its members' gains).
+combination (its gain vs the product of its members' gains), computed within each repeat
+against that repeat's own baseline run and classified by the rule of ``docs/combinations.md``
+(``accelopt.bench.analysis.summarize``: the same code ``accelopt bench`` uses). The bound
+beside average JCT is the shortest-remaining-processing-time oracle on the baseline's own
+measured service times (no schedule of the same jobs on one shared cluster has a lower
+average JCT); beside the makespan, the sum of those service times.
 
     python benchmarks/combo_salus_tictac.py \
         --repeats 3 [experiment=salus_tictac] [plugins.salus.policy=srtf] [other overrides]
@@ -30,6 +35,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from accelopt.bench.analysis import SetResult, summarize
 from accelopt.cli.hydra_run import compose_checked
 from accelopt.config import register_plugin_configs, register_schema
 from accelopt.plugin import Registry
@@ -54,6 +60,19 @@ def compose(plugins: tuple[str, ...], overrides: list[str], registry: Registry):
     return cfg
 
 
+def oracle_bounds(record) -> tuple[float, float] | None:
+    """(average JCT of the SRPT oracle, total service time) of one run's jobs, from their
+    measured service times and arrivals: one job at a time on the whole cluster, as a PS
+    cluster runs them; ``None`` when no job has a service time."""
+    from accelopt_plugins.salus.metrics import OracleJob, oracle_average_jct
+
+    jobs = [OracleJob(r.job.job_id, r.job.arrival_s, r.service_s) for r in record.jobs
+            if r.service_s]
+    if not jobs:
+        return None
+    return oracle_average_jct(jobs), sum(j.length_s for j in jobs)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
@@ -63,16 +82,19 @@ def main() -> None:
     registry = Registry.discover()
     out = Path(opts.out) / time.strftime("%Y%m%d-%H%M%S")
     results: dict[tuple[str, ...], list[dict]] = {s: [] for s in SETS}
+    bounds: list[tuple[float, float] | None] = []
     quiet = Console(file=io.StringIO(), width=140)
     started = time.time()
-    for r in range(opts.repeats):
-        for plugins in SETS:
+    for r in range(opts.repeats):  # the set order rotates: every set runs in every position
+        for plugins in SETS[r % len(SETS):] + SETS[:r % len(SETS)]:
             name = "+".join(plugins) or "baseline"
             cfg = compose(plugins, opts.overrides, registry)
             t = time.time()
             record = execute(cfg, run_dir=out / f"r{r}-{name}", registry=registry, console=quiet)
             m = run_metrics(record)
             results[plugins].append(m)
+            if not plugins:
+                bounds.append(oracle_bounds(record))
             print(f"repeat {r} {name:13s} avg JCT {m.get('avg_jct_s', 0):7.3f} s  makespan "
                   f"{m.get('makespan_s', 0):7.3f} s  E {m.get('efficiency_e', float('nan')):.3f}"
                   f"  ({time.time() - t:.1f} s)", flush=True)
@@ -106,15 +128,29 @@ def main() -> None:
         table.add_row(label, *cells)
     console.print(table)
     for key, label in FIGURES[:2]:
-        base, s, t, st = (med(p, key) for p in SETS)
-        if None in (base, s, t, st):
+        sets = [SetResult(p, tuple(m[key] for m in results[p] if m.get(key) is not None),
+                          repeats=tuple(r for r, m in enumerate(results[p])
+                                        if m.get(key) is not None)) for p in SETS]
+        if any(not r.values for r in sets):
             continue
-        gs, gt, gst = base / s, base / t, base / st
-        expected = gs * gt
-        verdict = ("additive" if abs(gst / expected - 1) <= 0.05 else
-                   "synergistic" if gst > expected else "interfering")
-        console.print(f"interaction on {label}: salus {gs:.2f}x, tictac {gt:.2f}x, together "
-                      f"{gst:.2f}x vs product {expected:.2f}x -> {verdict} (within 5% = additive)")
+        summary = {x.plugins: x for x in summarize(sets, key, higher=False)}
+        combo = summary[("salus", "tictac")]
+        console.print(
+            f"interaction on {label}: salus {summary[('salus',)].gain:.2f}x, tictac "
+            f"{summary[('tictac',)].gain:.2f}x, together {combo.gain:.2f}x vs product "
+            f"{combo.expected_gain:.2f}x; interaction {combo.interaction:.3f} (paired within "
+            f"each of {len(sets[0].values)} repeats, range {combo.interaction_low:.3f}-"
+            f"{combo.interaction_high:.3f}) -> {combo.verdict} (docs/combinations.md's rule)")
+    bounds = [b for b in bounds if b is not None]
+    if bounds:
+        jct = statistics.median(b[0] for b in bounds)
+        work = statistics.median(b[1] for b in bounds)
+        base_jct, base_span = med((), "avg_jct_s"), med((), "makespan_s")
+        console.print(
+            f"bound: avg JCT {jct:.3f} s (SRPT oracle on the baseline's measured service "
+            f"times: {base_jct / jct if base_jct else float('nan'):.2f}x below the baseline); "
+            f"makespan {work:.3f} s (the jobs' service times back to back, no idle time"
+            + (f": {base_span / work:.2f}x below the baseline)" if base_span else ")"))
     console.print(f"machine: {platform.node()} {platform.machine()}, {os.cpu_count()} CPUs, "
                   f"python {sys.version.split()[0]}; overrides: {' '.join(opts.overrides) or '-'};"
                   f" wall {time.time() - started:.0f} s; runs in {out}")

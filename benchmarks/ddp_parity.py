@@ -70,7 +70,7 @@ def main() -> None:
                 a, b = (f() for f in sides)
                 if rep % 2:
                     a, b = b, a
-                t_a, t_b = a.extra["wall_per_iteration_s"], b.extra["wall_per_iteration_s"]
+                t_a, t_b = a.iteration_s, b.iteration_s
                 ratios.append(t_b / t_a)
                 ours.append(t_a)
                 theirs.append(t_b)

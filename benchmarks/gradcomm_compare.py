@@ -3,7 +3,11 @@ each gradcomm option vs PyTorch DDP (plain, fp16_compress_hook, powerSGD_hook), 
 data, total batch, optimizer and bucket size, 2 workers on gloo.
 
 Prints per variant: bytes on the wire per iteration (the kernel's loopback counter inside the
-shaped namespace: every byte of every process), median iteration time (warm-up excluded),
+shaped namespace: every byte of every process), the iteration time (one definition on both
+sides: rank 0's wall time from the start of the first iteration after warm-up to the end of
+the last, over the iterations between, on ``time.perf_counter``; DDP's rank stamps the same
+points of its loop as accelopt's step does: before the batch is read, after the optimizer
+step), the link's floor for the variant's payload (its bytes at the shaped rate),
 the loss curve (global batch) at a few points, and final accuracy on the digits test split.
 Needs root (network namespace + tc tbf; no latency shaping: netem is missing on this kernel).
 
@@ -89,9 +93,9 @@ def accelopt_variant(args: argparse.Namespace, name: str, gradcomm: dict[str, An
     first = next(r for r in out.ranks if r.rank == 0)
     its = next(iter(first.parts.values())).iterations
     steady = (its[-1]["end_s"] - its[WARMUP]["start_s"]) / (len(its) - WARMUP)
-    return Result(name, m.get("loopback_bytes_per_iteration"), m.get("iteration_s"),
+    return Result(name, m.get("loopback_bytes_per_iteration"), steady,
                   list(out.results[0].losses), accuracy(job_config(args), out.state), note,
-                  m.get("ratio_a"), {"payload": payload, "wall_per_iteration_s": steady})
+                  m.get("ratio_a"), {"payload": payload, "median_iteration_s": m.get("iteration_s")})
 
 
 def ddp_child(rank: int, world: int, port: int, namespace: str, spec: JobConfig, hook: str,
@@ -179,9 +183,13 @@ def ddp_variant(args: argparse.Namespace, name: str, hook: str, bucket_mb: float
     lo = r0["lo"]
     diffs = [b - a for a, b in zip(lo, lo[1:], strict=False) if a is not None and b is not None]
     steady = (r0["end"] - r0["starts"][WARMUP]) / (len(r0["starts"]) - WARMUP)
+    payload = sum(p.numel() * p.element_size() for p in r0["params"].values())
+    if hook == "fp16":
+        payload //= 2
     return Result(name, statistics.median(diffs[WARMUP:]) if diffs[WARMUP:] else None,
-                  statistics.median(r0["times"][WARMUP:]), losses, accuracy(spec, r0["params"]),
-                  extra={"wall_per_iteration_s": steady})
+                  steady, losses, accuracy(spec, r0["params"]),
+                  extra={"median_iteration_s": statistics.median(r0["times"][WARMUP:]),
+                         "payload": None if hook.startswith("powersgd") else payload})
 
 
 def main() -> None:
@@ -264,7 +272,9 @@ def main() -> None:
     print(f"job: {args.model} width {args.width} on digits, global batch {args.batch}, "
           f"{args.iterations} iterations, SGD lr {args.lr} momentum 0.9, bucket "
           f"{args.bucket_mb:g} MiB (no fusion: one bucket per tensor); iter ms = median over "
-          f"{args.repeats} runs of each run's median iteration (after {WARMUP} warm-up)")
+          f"{args.repeats} round-robin runs of each run's wall time per iteration on rank 0 "
+          f"(start of iteration {WARMUP} to end of the last, the same clock and the same "
+          "points of the loop on both sides)")
     runs: dict[int, list[Result]] = {}
     for rep in range(args.repeats):  # round-robin, so slow drift hits every variant alike
         for k, (name, fn) in enumerate(variants):
@@ -293,8 +303,9 @@ def main() -> None:
     base = results[0]
     n = len(base.losses)
     points = sorted({0, n // 4, n // 2, 3 * n // 4, n - 1})
+    rate = None if args.bandwidth == "none" else parse_rate(args.bandwidth) / 8  # bytes/s
     header = (f"{'variant':<22}{'payload KiB':>12}{'wire KiB/it':>12}{'vs fp32':>9}"
-              f"{'iter ms':>9}{'vs fp32':>9}"
+              f"{'link ms':>9}{'iter ms':>9}{'vs fp32':>9}"
               f"{'test acc':>10}{'d acc':>7}  loss at it {','.join(str(p) for p in points)}")
     print(header)
     print("-" * len(header))
@@ -308,7 +319,9 @@ def main() -> None:
         curve = " ".join(f"{r.losses[p]:.3f}" for p in points if p < len(r.losses))
         pay = r.extra.get("payload")
         pay_s = "-" if pay is None else f"{pay / 1024:.1f}"
-        print(f"{r.name:<22}{pay_s:>12}{wire:>12}{'1/' + fewer:>9}{it:>9}{speed:>9}{r.accuracy:>10.2%}"
+        floor = "-" if pay is None or rate is None else f"{2 * pay / rate * 1e3:.1f}"
+        print(f"{r.name:<22}{pay_s:>12}{wire:>12}{'1/' + fewer:>9}{floor:>9}{it:>9}{speed:>9}"
+              f"{r.accuracy:>10.2%}"
               f"{(r.accuracy - base.accuracy) * 100:>+7.1f}  {curve}  {r.note}")
     print("* powerSGD runs with one DDP bucket (with several, its callback-issued gloo "
           "collectives mismatch between ranks); + the same hook with the default buckets, "
@@ -321,6 +334,10 @@ def main() -> None:
     print("payload: what one rank hands to gloo per iteration (transport count: all-reduce "
           "input or all-gather contribution); wire: every byte on the shaped loopback per "
           "iteration (kernel counter, both ranks, TCP/IP and gloo framing included)")
+    print("link ms (the bound): both ranks' payloads at the shaped rate (in a 2-rank ring "
+          "all-reduce each rank sends its whole payload once, half in reduce-scatter, half in "
+          "all-gather, and one shaped loopback carries both ranks' traffic); the iteration is "
+          "at least max(compute, link ms) even with perfect overlap")
     print(f"a = Mc/Pc of plain all-reduce (median over iterations): "
           f"{base.ratio_a:.2f}" if base.ratio_a is not None else "a: not measured")
 

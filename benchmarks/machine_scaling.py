@@ -98,7 +98,8 @@ def machine_scaling(pairs: int = 15, seed: int = 0, n: int = 670_000, updated: i
 
 def describe(speedups: dict[str, float]) -> str:
     return "this machine's 1 -> 2 thread speed-up by kind of work (median of interleaved " \
-        "pairs): " + ", ".join(f"{name} {r:.2f}x" for name, r in speedups.items())
+        "pairs): " + ", ".join(f"{name} {r:.2f}x" for name, r in speedups.items()) + \
+        " (bound: 2.00x for two threads on two cores)"
 
 
 if __name__ == "__main__":

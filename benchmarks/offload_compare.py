@@ -16,6 +16,7 @@ tensor passes through a counting hook), and the step times show the cost of the 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import os
 import platform
@@ -98,85 +99,144 @@ class Counter:
         return packed
 
 
-def run_variant(name: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
-                args: argparse.Namespace) -> dict[str, Any]:
-    device = x.device
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    engine = None
-    if name == "offload (vDNN)":
-        engine = OffloadEngine(policy=args.policy, prefetch_layers=args.prefetch)
-        install_on(model, engine)
-    if name == "checkpoint":
-        model.checkpointed = True  # type: ignore[assignment]
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+class Variant:
+    """One side of the comparison, set up once: its own copy of the model, its optimizer and
+    (offload) its engine. :meth:`measure` makes the one counted pass (memory, copied bytes,
+    gradients); :meth:`timed_step` is one plain step as a user would run it: no counting
+    hook on any side, so the timed work is only the variant's own."""
 
-    def step(counter: Counter | None) -> None:
-        opt.zero_grad(set_to_none=False)
-        inp = x.requires_grad_(name == "checkpoint")  # reentrant checkpoint needs it
-        if counter is not None:
-            with torch.autograd.graph.saved_tensors_hooks(counter.pack, counter.unpack):
-                out = model(inp)
-        else:
-            out = model(inp)
-        nn.functional.cross_entropy(out, y).backward()
-
-    def counted() -> Counter | None:
+    def __init__(self, name: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+                 args: argparse.Namespace) -> None:
+        self.name, self.model, self.x, self.y = name, model, x, y
+        self.params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        self.engine = None
         if name == "offload (vDNN)":
-            return None  # the engine's own hooks are the inner ones: it counts itself
-        return Counter(params, move=name == "save_on_cpu")
+            self.engine = OffloadEngine(policy=args.policy, prefetch_layers=args.prefetch)
+            install_on(model, self.engine)
+        if name == "checkpoint":
+            model.checkpointed = True  # type: ignore[assignment]
+        self.opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        self.times: list[float] = []
 
-    for _ in range(args.warmup):
-        step(counted())
-        opt.step()
-    # one measured pass (memory), then timed steps
-    opt.zero_grad(set_to_none=False)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        base = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-    counter = counted()
-    resident_after_forward: list[int] = []
-    probe = None
-    if device.type == "cuda":
+    def _step(self, hooks: Any) -> None:
+        self.opt.zero_grad(set_to_none=False)
+        inp = self.x.requires_grad_(self.name == "checkpoint")  # reentrant checkpoint needs it
+        with hooks:
+            out = self.model(inp)
+        nn.functional.cross_entropy(out, self.y).backward()
+        if self.engine is not None:
+            self.engine.close_pass()  # as the plugin does at every iteration's end
 
-        def after_forward(_module: nn.Module, _args: Any, _out: Any) -> None:
-            # What vDNN reduces: the feature maps held on the device between forward and
-            # backward. Wait for the offload copies, then let the allocator retire the blocks
-            # they freed (it does so on its next allocation) before reading the counter.
+    def _own_hooks(self) -> Any:
+        """What the variant itself installs around forward (offload's engine is installed on
+        the model; save_on_cpu is torch's own context manager)."""
+        if self.name == "save_on_cpu":
+            return torch.autograd.graph.save_on_cpu(pin_memory=self.x.device.type == "cuda")
+        return contextlib.nullcontext()
+
+    def warm_up(self, steps: int) -> None:
+        for _ in range(steps):
+            self._step(self._own_hooks())
+            self.opt.step()
+
+    def measure(self) -> dict[str, Any]:
+        """The counted pass: resident and copied bytes, peak memory on CUDA, gradients."""
+        device = self.x.device
+        self.opt.zero_grad(set_to_none=False)
+        if device.type == "cuda":
             torch.cuda.synchronize()
-            torch.empty(1, device=device)
-            resident_after_forward.append(torch.cuda.memory_allocated() - base)
+            base = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+        counter = None
+        if self.engine is None:  # the engine's own hooks are the inner ones: it counts itself
+            counter = Counter(self.params, move=self.name == "save_on_cpu")
+            hooks: Any = torch.autograd.graph.saved_tensors_hooks(counter.pack, counter.unpack)
+        else:
+            hooks = contextlib.nullcontext()
+        resident_after_forward: list[int] = []
+        probe = None
+        if device.type == "cuda":
 
-        probe = model.register_forward_hook(after_forward)
-    step(counter)
-    if probe is not None:
-        probe.remove()
-    grads = [p.grad.detach().clone() for p in model.parameters()]
-    peak = None
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        peak = torch.cuda.max_memory_allocated() - base
+            def after_forward(_module: nn.Module, _args: Any, _out: Any) -> None:
+                # What vDNN reduces: the feature maps held on the device between forward
+                # and backward. Wait for the offload copies, then let the allocator retire
+                # the blocks they freed (it does so on its next allocation) before reading.
+                torch.cuda.synchronize()
+                torch.empty(1, device=device)
+                resident_after_forward.append(torch.cuda.memory_allocated() - base)
+
+            probe = self.model.register_forward_hook(after_forward)
+        if self.engine is not None:
+            self.engine.totals = type(self.engine.totals)()  # count this pass only
+        self._step(hooks)
+        if probe is not None:
+            probe.remove()
+        grads = [p.grad.detach().clone() for p in self.model.parameters()]
+        peak = None
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+            peak = torch.cuda.max_memory_allocated() - base
+        if self.engine is not None:
+            s = self.engine.totals.stats
+            n = max(1, self.engine.totals.passes)
+            resident, copied = s.resident_bytes // n, s.offloaded_bytes // n
+        else:
+            assert counter is not None
+            resident = 0 if self.name == "save_on_cpu" else counter.activation_bytes
+            copied = counter.copied_bytes
+        return {"name": self.name, "resident": resident, "copied": copied, "peak": peak,
+                "after_forward": resident_after_forward[0] if resident_after_forward else None,
+                "grads": grads}
+
+    def timed_step(self) -> None:
+        sync = torch.cuda.synchronize if self.x.device.type == "cuda" else (lambda: None)
+        sync()
+        t0 = time.perf_counter()
+        self._step(self._own_hooks())
+        sync()
+        self.times.append(time.perf_counter() - t0)
+
+
+def copy_bandwidth(device: torch.device, nbytes: int = 64 * MiB, repeats: int = 5) -> float:
+    """Bytes per second of one copy from the compute device to host memory (pinned on
+    CUDA; on a CPU a memcpy within the same RAM), median of ``repeats``."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty(nbytes, dtype=torch.uint8, pin_memory=device.type == "cuda")
     times = []
-    for _ in range(args.repeats):
+    for _ in range(repeats):
         if device.type == "cuda":
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        step(counted())
+        dst.copy_(src)
         if device.type == "cuda":
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
-    if engine is not None:
-        engine.close_pass()
-        s = engine.totals.stats
-        n = max(1, engine.totals.passes)
-        resident, copied = s.resident_bytes // n, s.offloaded_bytes // n
-    else:
-        assert counter is not None
-        resident = 0 if name == "save_on_cpu" else counter.activation_bytes
-        copied = counter.copied_bytes
-    return {"name": name, "resident": resident, "copied": copied, "peak": peak,
-            "after_forward": resident_after_forward[0] if resident_after_forward else None,
-            "step_s": statistics.median(times), "grads": grads}
+    return nbytes / statistics.median(times)
+
+
+NAMES = ("baseline", "offload (vDNN)", "save_on_cpu", "checkpoint")
+
+
+def compare(reference: nn.Module, x: torch.Tensor, y: torch.Tensor,
+            args: argparse.Namespace, names: tuple[str, ...] = NAMES) -> list[dict[str, Any]]:
+    """Every variant on its own copy of ``reference``: warm-up, one counted pass each, then
+    ``args.repeats`` interleaved timed rounds. One result dict per variant, in ``names``
+    order (``step_s``: median; ``spread``: min and max)."""
+    variants = [Variant(name, copy.deepcopy(reference).to(x.device), x.clone(), y, args)
+                for name in names]
+    for v in variants:
+        v.warm_up(args.warmup)
+    results = [v.measure() for v in variants]
+    # timed rounds: one step of every variant per round, the order rotating between rounds,
+    # so a busy moment of the machine slows every variant alike
+    for r in range(args.repeats):
+        k = r % len(variants)
+        for v in variants[k:] + variants[:k]:
+            v.timed_step()
+    for v, res in zip(variants, results, strict=True):
+        res["step_s"] = statistics.median(v.times)
+        res["spread"] = (min(v.times), max(v.times))
+    return results
 
 
 def main() -> None:
@@ -188,7 +248,7 @@ def main() -> None:
     ap.add_argument("--policy", default="all")
     ap.add_argument("--prefetch", type=int, default=1)
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--threads", type=int, default=0)
     args = ap.parse_args()
     if args.threads:
@@ -198,11 +258,8 @@ def main() -> None:
     reference = VGG(args.shrink, args.image)
     x = torch.randn(args.batch, 3, args.image, args.image, device=device)
     y = torch.randint(0, 10, (args.batch,), device=device)
-    variants = ["baseline", "offload (vDNN)", "save_on_cpu", "checkpoint"]
-    results = []
-    for name in variants:
-        model = copy.deepcopy(reference).to(device)
-        results.append(run_variant(name, model, x.clone(), y, args))
+    results = compare(reference, x, y, args)
+    bandwidth = copy_bandwidth(device)
     base = results[0]
     print(f"machine: {platform.node()} {platform.processor() or platform.machine()}, "
           f"{os.cpu_count()} CPUs, torch {torch.__version__}, threads {torch.get_num_threads()}, "
@@ -210,7 +267,9 @@ def main() -> None:
                                 if device.type == "cuda" else ""))
     print(f"model: VGG-16 channels/{args.shrink}, {args.image}x{args.image} images, batch "
           f"{args.batch}; offload policy {args.policy}, prefetch {args.prefetch} layer(s); "
-          f"step time = median of {args.repeats} steps after {args.warmup} warm-up")
+          f"step time = median of {args.repeats} interleaved rounds (one step of every "
+          f"variant per round, order rotating) after {args.warmup} warm-up steps each; no "
+          "counting hook on any timed step (bytes come from one separate counted pass)")
     if device.type != "cuda":
         print("cpu: no device memory exists; 'resident' counts saved-activation bytes the "
               "autograd graph keeps on the compute device (what would stay in GPU memory)")
@@ -226,6 +285,15 @@ def main() -> None:
         print(f"{r['name']:<16}{r['resident'] / MiB:>13.2f}{-cut:>+9.0%}{r['copied'] / MiB:>12.2f}"
               f"{peak:>10}{r['step_s'] * 1e3:>9.1f}{slow:>+9.0%}  "
               f"{'bitwise equal' if same else 'differ'}")
+    off = results[1]
+    floor = 2 * off["copied"] / bandwidth
+    link = "pinned device-to-host copy" if device.type == "cuda" else "memcpy (no host link on a CPU)"
+    print(f"bound: memory, 100% of the saved activation bytes off the device; time, offload's "
+          f"{off['copied'] / MiB:.1f} MiB out and back at {bandwidth / 1e9:.1f} GB/s ({link}, "
+          f"measured) take {floor * 1e3:.1f} ms per step unoverlapped; fully overlapped the "
+          f"step is the baseline's {base['step_s'] * 1e3:.1f} ms")
+    print("step time spread (min..max over rounds): " + ", ".join(
+        f"{r['name']} {r['spread'][0] * 1e3:.1f}..{r['spread'][1] * 1e3:.1f} ms" for r in results))
     if device.type == "cuda":
         off = results[1]
         cut = 1 - off["peak"] / base["peak"]

@@ -96,7 +96,8 @@ def main() -> None:
         t1, p1 = res[1]
         t2, p2 = res[2]
         print(f"\nthread scaling 1 -> 2: {t1 / t2:.2f}x  (" + ", ".join(
-            f"{k} {p1[k] / p2[k]:.2f}x" for k in p1 if p2.get(k, 0) > 0.05) + ")")
+            f"{k} {p1[k] / p2[k]:.2f}x" for k in p1 if p2.get(k, 0) > 0.05) + ")"
+              + "; bound 2.00x (two threads on two cores)")
 
 
 if __name__ == "__main__":

@@ -3,8 +3,11 @@
 Same synthetic XC data (preloaded padded batches), same network (sparse input -> 128 ReLU ->
 L outputs), batch 128, Adam lr 1e-4... 1e-3, same thread count on each side; only training
 steps are timed. Each method: warm-up steps (JIT compile, first table build), then ``--reps``
-blocks of steps; the figure is the median over blocks of the mean step time in a block
-(SLIDE's blocks each span a table rebuild, so the rebuild is amortised in them).
+rounds, each one block of steps of every method, the order rotating between rounds (so a busy
+moment of the VM slows every method alike); the figure is the median over blocks of the mean
+step time in a block (SLIDE's blocks each span a table rebuild, so the rebuild is amortised
+in them). The bound beside SLIDE's speed-up is the output layer's FLOP ratio, labels over
+active labels per sample (what sampling can save at most, with nothing else in the step).
 
     python benchmarks/slide_step.py --widths 2k 20k 200k 670k
 """
@@ -40,22 +43,51 @@ BATCH = 128
 LR = 1e-3
 
 
-def run(trainer, batches, warmup: int, reps: int, per_rep: int) -> tuple[float, dict]:
-    i = 0
-    for _ in range(warmup):
-        trainer.step(*batches[i % len(batches)])
-        i += 1
-    trainer.reset()
-    blocks = []
-    for _ in range(reps):
+class Timed:
+    """One method's trainer, stepped in blocks through the same batches."""
+
+    def __init__(self, trainer, batches, per_rep: int) -> None:
+        self.trainer, self.batches, self.per_rep = trainer, batches, per_rep
+        self.i = 0
+        self.blocks: list[float] = []
+
+    def steps(self, n: int) -> float:
         start = time.perf_counter()
-        for _ in range(per_rep):
-            trainer.step(*batches[i % len(batches)])
-            i += 1
-        blocks.append((time.perf_counter() - start) / per_rep)
-    steps = reps * per_rep
-    phases = trainer.phases() if hasattr(trainer, "phases") else dict(trainer.times)
-    return median(blocks), {k: 1e3 * v / steps for k, v in phases.items()}
+        for _ in range(n):
+            self.trainer.step(*self.batches[self.i % len(self.batches)])
+            self.i += 1
+        return (time.perf_counter() - start) / max(n, 1)
+
+    def warm_up(self, n: int) -> None:
+        self.steps(n)
+        self.trainer.reset()
+
+    def block(self) -> None:
+        self.blocks.append(self.steps(self.per_rep))
+
+    def result(self) -> tuple[float, dict]:
+        steps = len(self.blocks) * self.per_rep
+        t = self.trainer
+        phases = t.phases() if hasattr(t, "phases") else dict(t.times)
+        return median(self.blocks), {k: 1e3 * v / steps for k, v in phases.items()}
+
+
+def run(trainer, batches, warmup: int, reps: int, per_rep: int) -> tuple[float, dict]:
+    """One method alone: warm-up, then ``reps`` blocks (for a tool comparing settings of one
+    method, which interleaves its own runs)."""
+    timed = Timed(trainer, batches, per_rep)
+    timed.warm_up(warmup)
+    for _ in range(reps):
+        timed.block()
+    return timed.result()
+
+
+def interleaved(methods: list[Timed], reps: int) -> None:
+    """``reps`` rounds of one block per method, the order rotating between rounds."""
+    for r in range(reps):
+        k = r % len(methods)
+        for m in methods[k:] + methods[:k]:
+            m.block()
 
 
 def main() -> None:
@@ -86,28 +118,29 @@ def main() -> None:
         cfg = slide_config(n, **overrides)
         batches = preload(ds, 0, 60, BATCH)
         init = init_net(d, n)
-        slide = SlideTrainer(d, n, LR, init, cfg)
-        t_slide, ph_slide = run(slide, batches, 5, args.reps, args.slide_steps)
-        summ = slide.model.out.summary()
+        slide = Timed(SlideTrainer(d, n, LR, init, cfg), batches, args.slide_steps)
+        dense = Timed(DenseTrainer(d, n, LR, init), batches, 0)
+        sampled = None  # sized from SLIDE's active set, known after its warm-up
+        slide.warm_up(5)
+        active = int(round(slide.trainer.model.out.summary()["active_per_sample"]))
+        sampled = Timed(SampledTrainer(d, n, LR, init, per_sample=active), batches, 20)
+        sampled.warm_up(3)
+        per = dense.steps(2)
+        dense.trainer.reset()
+        dense.per_rep = int(np.clip(args.dense_budget_s / max(per, 1e-3) / args.reps, 2, 50))
+        interleaved([slide, dense, sampled], args.reps)
+        t_slide, ph_slide = slide.result()
+        t_dense, ph_dense = dense.result()
+        t_samp, ph_samp = sampled.result()
+        summ = slide.trainer.model.out.summary()
         active = int(round(summ["active_per_sample"]))
-        del slide
-        gc.collect()
-        dense = DenseTrainer(d, n, LR, init)
-        probe = time.perf_counter()
-        dense.step(*batches[0])
-        dense.step(*batches[1])
-        per = (time.perf_counter() - probe) / 2
-        per_rep = int(np.clip(args.dense_budget_s / max(per, 1e-3) / args.reps, 2, 50))
-        t_dense, ph_dense = run(dense, batches, 1, args.reps, per_rep)
-        del dense
-        gc.collect()
-        sampled = SampledTrainer(d, n, LR, init, per_sample=active)
-        t_samp, ph_samp = run(sampled, batches, 3, args.reps, 20)
-        del sampled, init
+        del slide, dense, sampled, init
         gc.collect()
         rows.append((n, t_dense, t_samp, t_slide, active, summ, ph_dense, ph_samp, ph_slide))
         print(f"\n## {n} labels ({d} features): dense {1e3 * t_dense:.1f} ms, sampled "
               f"{1e3 * t_samp:.1f} ms, slide {1e3 * t_slide:.1f} ms per step")
+        print(f"  bound: output-layer FLOP ratio {n / max(active, 1):.1f}x (labels / active "
+              f"per sample); SLIDE vs dense measured {t_dense / t_slide:.2f}x")
         print(f"  slide: {active} active/sample ({100 * summ['active_fraction']:.2f}%), "
               f"{summ['retrieved_per_sample']:.0f} retrieved/sample, "
               f"{summ['union_rows_per_batch']:.0f} rows updated/batch, "
@@ -117,10 +150,12 @@ def main() -> None:
         sys.stdout.flush()
 
     print("\n| labels | dense ms/step | sampled softmax ms/step | SLIDE ms/step | SLIDE vs dense "
-          "| SLIDE vs sampled | active/sample | rows updated/batch | rebuild share |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| bound (FLOP ratio) | SLIDE vs sampled | active/sample | rows updated/batch "
+          "| rebuild share |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for n, td, ts, tl, act, summ, *_ in rows:
         print(f"| {n:,} | {1e3 * td:.1f} | {1e3 * ts:.1f} | {1e3 * tl:.1f} | {td / tl:.1f}x "
+              f"| {n / max(act, 1):.0f}x "
               f"| {ts / tl:.2f}x | {act} ({100 * summ['active_fraction']:.2f}%) "
               f"| {summ['union_rows_per_batch']:.0f} | {100 * summ['rebuild_time_share']:.1f}% |")
     print("\nper-step breakdown (ms): hash = hashing + table lookups + active-set building")
@@ -160,7 +195,8 @@ def thread_scaling(d: int, n: int, batches, cfg, pairs: int, per_rep: int
     (1-thread time / 2-thread time). Why interleaved: on this VM the same code's speed drifts
     by up to 1.6x within minutes (docs/benchmarks.md, "slide: thread scaling"); timing one thread
     count after the other measured that drift as much as the scaling. Returns (median
-    1-thread s/step, median 2-thread s/step, the ``pairs`` per-pair ratios, each thread
+    1-thread s/step, median 2-thread s/step, the ``pairs`` per-pair ratios (within a pair
+    the order alternates, so neither thread count always runs first), each thread
     count's ms/step by phase over all its timed blocks)."""
     init = init_net(d, n)
     trainers = {t: SlideTrainer(d, n, LR, init, cfg) for t in (1, 2)}
@@ -178,8 +214,8 @@ def thread_scaling(d: int, n: int, batches, cfg, pairs: int, per_rep: int
         block(t, 5)  # warm-up: JIT, first table build
         trainers[t].reset()
     times: dict[int, list[float]] = {1: [], 2: []}
-    for _ in range(max(pairs, 1)):
-        for t in (1, 2):
+    for k in range(max(pairs, 1)):  # the order alternates: 1 then 2, 2 then 1, ...
+        for t in ((1, 2) if k % 2 == 0 else (2, 1)):
             times[t].append(block(t, per_rep))
     set_threads(2)
     ratios = [a / b for a, b in zip(times[1], times[2], strict=True)]

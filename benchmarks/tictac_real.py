@@ -216,6 +216,13 @@ def main() -> int:
             v = med([p.get(k) for p in ph])
             cells.append("-" if v is None else f"{1e3 * v:.1f}")
         print(f"| {h} | " + " | ".join(cells) + " |")
+    floors = [p["param_phase_s"] - p["link_excess_s"] for h in heuristics for r in runs[h]
+              for p in [r["phases"]] if p.get("param_phase_s") is not None
+              and p.get("link_excess_s") is not None]
+    if floors:
+        print(f"\nbound: the parameter phase's bytes need {1e3 * med(floors):.1f} ms at the "
+              "shaped rate (the link's floor, whatever the order); an order can at best hide "
+              "all of forward behind it (E = 1)")
     print()
     print("# it/s per round: " + "; ".join(
         f"{h} {[round(r['iterations_per_s'], 2) for r in runs[h]]}" for h in heuristics))

@@ -973,12 +973,22 @@ def test_thread_scaling_benchmark_interleaves_the_two_thread_counts() -> None:
     batches = [ds.batch(i, 32) for i in range(4)]
     cfg = SlideConfig(k=4, l=6, bucket_size=16, min_active=60, rebuild_period=3)
     torch_threads = torch.get_num_threads()
+    calls: list[int] = []
+    set_threads = bench.set_threads
+
+    def recording(n: int) -> None:
+        calls.append(n)
+        set_threads(n)
+
+    bench.set_threads = recording
     try:
         t1, t2, ratios, phases = bench.thread_scaling(ds.vocab_size, ds.num_classes, batches,
                                                       cfg, 3, 2)
     finally:
         torch.set_num_threads(torch_threads)
     assert len(ratios) == 3 and all(r > 0 for r in ratios) and t1 > 0 and t2 > 0
+    # two warm-up blocks, then pairs whose order alternates (neither count always first)
+    assert calls[:2] == [1, 2] and calls[2:8] == [1, 2, 2, 1, 1, 2]
     for t in (1, 2):
         assert {"hash", "forward", "backward", "optimizer", "rebuild"} <= set(phases[t])
         assert phases[t]["backward"] > 0

@@ -50,7 +50,7 @@ def main() -> int:
         return 0
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from accelopt_plugins.offload.engine import OffloadEngine, install_on
-    from offload_compare import VGG, run_variant
+    from offload_compare import NAMES, VGG, compare
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shrink", type=int, default=1)
@@ -66,16 +66,13 @@ def main() -> int:
     reference = VGG(cli.shrink, cli.image)
     x = torch.randn(cli.batch, 3, cli.image, cli.image, device=device)
     y = torch.randint(0, 10, (cli.batch,), device=device)
-    results = {}
-    for name in ("baseline", "offload (vDNN)", "save_on_cpu", "checkpoint"):
-        model = copy.deepcopy(reference).to(device)
-        results[name] = run_variant(name, model, x.clone(), y, args)
-        torch.cuda.empty_cache()
+    results = {r["name"]: r for r in compare(reference, x, y, args)}
+    for name in NAMES:
         r = results[name]
         print(f"{name:<16} held after forward {r['after_forward'] / 2**20:9.1f} MiB  whole-step "
               f"peak {r['peak'] / 2**20:9.1f} MiB  step {r['step_s'] * 1e3:8.1f} ms", flush=True)
     base, off = results["baseline"], results["offload (vDNN)"]
-    # prefetch hit rate from a separate engine pass (run_variant's engine is internal)
+    # prefetch hit rate from a separate engine pass (compare's engines are internal)
     model = copy.deepcopy(reference).to(device)
     engine = OffloadEngine(policy="all", prefetch_layers=1)
     install_on(model, engine)

@@ -65,6 +65,22 @@ def main() -> int:
           f"SLIDE on {torch.get_num_threads()} CPU threads {1e3 * t_cpu:.1f} ms/step; "
           f"GPU/CPU step-time ratio {t_gpu / t_cpu:.2f} (paper: SLIDE 3.5x faster than a V100 "
           "in time to accuracy, 44 cores)")
+    # the dense step's output-layer FLOPs (forward, input and weight gradients) at the GPU's
+    # own fp32 GEMM rate, measured here: no dense step can beat it
+    m = k = 4096
+    a, b = torch.randn(m, k, device="cuda"), torch.randn(k, m, device="cuda")
+    a @ b
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(10):
+        a @ b
+    torch.cuda.synchronize()
+    peak = 2 * m * k * m * 10 / (time.perf_counter() - start)
+    hidden = dense.model.out.in_features
+    floor = 6 * 128 * hidden * n / peak  # batch 128, as above
+    print(f"bound: dense's output layer at the measured {peak / 1e12:.1f} TFLOP/s (fp32 GEMM) "
+          f"takes {1e3 * floor:.2f} ms/step; measured {1e3 * t_gpu:.1f} ms "
+          f"({floor / t_gpu:.0%} of that peak)")
     print("PASS" if ok else "FAIL: non-finite or non-decreasing loss")
     return 0 if ok else 1
 

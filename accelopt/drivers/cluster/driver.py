@@ -6,7 +6,9 @@ transfers of two jobs can never match each other's tags). The **leader** (rank 0
 :class:`~accelopt.drivers.local.Executor` over them: arrivals in real time, admission through
 ``accelopt_allocate``, the choice through ``choose_next`` (``accelopt_select_next``), the
 release. Its stepper broadcasts each chosen (job, lane) on the default process group before
-running its own part of the iteration; every other rank receives it and runs its part. All
+running its own part of the iteration (three integers: the job's index, the lane's index in
+a table every rank grows in the same order, and whether the lane is new, whose name then
+follows once as an object); every other rank receives it and runs its part. All
 ranks therefore run one iteration at a time, in the same order, and since each iteration is
 a self-contained exchange inside the job's own group no interleaving can deadlock. Lanes a
 plugin opens order iterations but do not run them concurrently here (the leader runs one
@@ -14,6 +16,12 @@ broadcast step at a time).
 
 Without plugins the earliest arrival runs (ties: job order): one job at a time, to
 completion, in arrival order, what a user gets submitting the jobs one by one.
+
+The decision is broadcast before every iteration even where no plugin decides: it is also
+the point where every rank starts the iteration together, which the per-iteration figures
+(E, Mc, Pc) are measured from. It is three integers in one tensor broadcast (~0.7 ms on gloo
+over loopback) rather than a pickled object (``broadcast_object_list``: two collectives and
+a pickle round trip, ~1.7 ms).
 """
 
 from __future__ import annotations
@@ -55,6 +63,13 @@ class ClusterDriver:
         self.statuses: dict[str, tuple[str, str]] = {}
         self.train_t0: float | None = None
         self._broadcast = threading.Lock()
+        self._ids = list(self.jobs)
+        """Job ids in build order, the same on every rank (the decision names an index)."""
+        self._index = {job_id: k for k, job_id in enumerate(self._ids)}
+        self._lanes: list[str] = []
+        self._lane_index: dict[str, int] = {}
+        self._decision_device = (device if dist.is_initialized() and dist.get_backend() == "nccl"
+                                 else torch.device("cpu"))
 
     def run(self) -> None:
         dist.barrier()  # every rank has built every job: the trace's clock starts now
@@ -102,15 +117,50 @@ class ClusterDriver:
             return self.jobs[job_id].step(events.lane, self.progress)
 
     def _send(self, decision: dict[str, Any]) -> None:
-        dist.broadcast_object_list([decision], src=LEADER)
+        """Broadcast one decision: ``{"run": job_id, "lane": lane}`` or ``{"stop": True}``.
+        A per-iteration message, so it is one small tensor broadcast, not a pickled object
+        (which costs two collectives and a pickle round trip per iteration)."""
+        if decision.get("stop"):
+            self._broadcast_codes(-1, -1, 0)
+            return
+        lane = str(decision["lane"])
+        index = self._lane_index.get(lane)
+        new = index is None
+        if index is None:
+            index = self._add_lane(lane)
+        self._broadcast_codes(self._index[decision["run"]], index, int(new))
+        if new:
+            dist.broadcast_object_list([lane], src=LEADER)
+
+    def _receive(self) -> dict[str, Any]:
+        job, lane, new = self._broadcast_codes()
+        if job < 0:
+            return {"stop": True}
+        if new:  # a lane not seen before: its name follows
+            box: list[Any] = [None]
+            dist.broadcast_object_list(box, src=LEADER)
+            self._add_lane(str(box[0]))
+        return {"run": self._ids[job], "lane": self._lanes[lane]}
+
+    def _add_lane(self, lane: str) -> int:
+        self._lane_index[lane] = len(self._lanes)
+        self._lanes.append(lane)
+        return self._lane_index[lane]
+
+    def _broadcast_codes(self, *codes: int) -> tuple[int, int, int]:
+        """The leader's three integers (job index, lane index, whether the lane is new), on
+        every rank."""
+        box = (torch.tensor(codes, dtype=torch.int64, device=self._decision_device) if codes
+               else torch.empty(3, dtype=torch.int64, device=self._decision_device))
+        dist.broadcast(box, src=LEADER)
+        job, lane, new = (int(v) for v in box.tolist())
+        return job, lane, new
 
     # -- followers ---------------------------------------------------------------------------
 
     def _follow(self) -> None:
         while True:
-            box: list[Any] = [None]
-            dist.broadcast_object_list(box, src=LEADER)
-            decision = box[0]
+            decision = self._receive()
             if decision.get("stop"):
                 return
             self.jobs[decision["run"]].step(decision["lane"], self.progress)
