@@ -120,8 +120,7 @@ def main() -> None:
         init = init_net(d, n)
         slide = Timed(SlideTrainer(d, n, LR, init, cfg), batches, args.slide_steps)
         dense = Timed(DenseTrainer(d, n, LR, init), batches, 0)
-        sampled = None  # sized from SLIDE's active set, known after its warm-up
-        slide.warm_up(5)
+        slide.warm_up(5)  # the sampled softmax is sized from SLIDE's active set, known now
         active = int(round(slide.trainer.model.out.summary()["active_per_sample"]))
         sampled = Timed(SampledTrainer(d, n, LR, init, per_sample=active), batches, 20)
         sampled.warm_up(3)

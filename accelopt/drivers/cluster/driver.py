@@ -68,8 +68,9 @@ class ClusterDriver:
         self._index = {job_id: k for k, job_id in enumerate(self._ids)}
         self._lanes: list[str] = []
         self._lane_index: dict[str, int] = {}
-        self._decision_device = (device if dist.is_initialized() and dist.get_backend() == "nccl"
-                                 else torch.device("cpu"))
+        self._decision_device = device
+        """Where the decision tensor lives: the rank's device, which is CUDA exactly when the
+        process group is NCCL (``rank.py`` picks them together)."""
 
     def run(self) -> None:
         dist.barrier()  # every rank has built every job: the trace's clock starts now
