@@ -17,6 +17,20 @@ from accelopt.records import RunRecord
 from accelopt.runtime.run import execute
 
 RunFn = Callable[..., RunRecord]
+MAX_TEST_WORKERS = 4
+"""``-n auto`` (pyproject.toml) runs one pytest-xdist worker per core, at most this many: a
+cluster test starts several rank processes of its own, so more workers than this on a large
+machine only oversubscribe its cores."""
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    import os
+
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(cores, MAX_TEST_WORKERS))
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -73,3 +73,22 @@ def test_a_sweep_that_cannot_be_packed_is_one_line_and_leaves_nothing(tmp_path, 
     assert len(err) == 1 and err[0].startswith("error: hydra/launcher=salus"), err
     assert words in err[0]
     assert not out.exists()
+
+
+def test_the_launcher_is_found_after_hydra_scanned_its_plugins_elsewhere(tmp_path):
+    """Hydra scans ``hydra_plugins`` once per process; under an editable install, from a
+    directory other than the checkout, that scan cannot list the launcher. A process that
+    made Hydra's plugin registry first (any earlier Hydra use) must still get
+    ``hydra/launcher=salus``, not "no hydra 'launcher/salus'"."""
+    import subprocess
+    import sys
+
+    script = ("from hydra.core.plugins import Plugins; Plugins.instance()\n"
+              "from accelopt.cli.main import main\n"
+              f"main(['run', '-m', *{SWEEP!r}, 'run.seed=1,2', 'hydra/launcher=salus', "
+              f"'hydra.sweep.dir={tmp_path / 'refused'}'])\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120)
+    err = done.stderr.strip().splitlines()
+    assert done.returncode == 2, done.stderr
+    assert err and err[-1].startswith("error: hydra/launcher=salus"), err

@@ -10,6 +10,8 @@ the parsed overrides, so the message can list the installed plugins and the clos
 from __future__ import annotations
 
 import difflib
+import importlib
+import importlib.util
 import itertools
 import os
 import re
@@ -54,6 +56,24 @@ def expose_hydra_plugins() -> None:
     folder = str(Path(spec.origin).parent.parent)
     if folder not in list(hydra_plugins.__path__):
         hydra_plugins.__path__.append(folder)
+    _register_if_already_scanned()
+
+
+def _register_if_already_scanned() -> None:
+    """Hydra scans ``hydra_plugins`` once per process, when its plugin registry is first
+    made; if something in this process (a library call, another ``main``) made it before the
+    folder was visible, the scan missed the launcher: register it (and its config node, which
+    its module stores on import) by hand. Nothing to do before the first scan."""
+    from hydra.core.plugins import Plugins
+    from hydra.core.singleton import Singleton
+
+    if Plugins not in Singleton._instances:
+        return  # the first scan will see the folder
+    module = importlib.import_module("hydra_plugins.accelopt_salus_launcher.salus_launcher")
+    registry = Plugins.instance()
+    name = f"{module.SalusLauncher.__module__}.{module.SalusLauncher.__name__}"
+    if name not in registry.class_name_to_class:
+        registry.register(module.SalusLauncher)
 
 
 def config_dir() -> str:
