@@ -38,6 +38,8 @@ def test_packed_runs_have_their_own_outputs_and_the_basic_launchers_weights(tmp_
     assert code == 0
     assert (packed / "salus-pack" / "metrics.json").is_file()  # the shared execution
     shared = json.loads((packed / "salus-pack" / "metrics.json").read_text())
+    shared_events = json.loads((packed / "salus-pack" / "trace.json").read_text())["traceEvents"]
+    assert [e for e in shared_events if e.get("cat") == "hook"]  # salus's calls: kept there
     assert len(shared["jobs"]) == 4  # both runs' jobs in one execution
     for run in ("0", "1"):
         names = {p.name for p in (basic / run).iterdir()}
@@ -49,6 +51,10 @@ def test_packed_runs_have_their_own_outputs_and_the_basic_launchers_weights(tmp_
         assert [j["job_id"] for j in ours["jobs"]] == [j["job_id"] for j in theirs["jobs"]]
         assert [j["final_loss"] for j in ours["jobs"]] == [j["final_loss"] for j in theirs["jobs"]]
         assert ours["summary"]["packed_runs"] == 2
+        # a run's trace holds its own jobs, not the shared execution's hook calls
+        events = json.loads((packed / run / "trace.json").read_text())["traceEvents"]
+        assert not [e for e in events if e.get("cat") == "hook"]
+        assert {e.get("cat") for e in events} >= {"iteration"}
         for weights in sorted((basic / run / "weights").glob("*.pt")):
             a = torch.load(weights, weights_only=True)
             b = torch.load(packed / run / "weights" / weights.name, weights_only=True)

@@ -132,8 +132,16 @@ def lanes_for(launcher: Any, device: str) -> int:
         return os.cpu_count() or 1
 
 
+SHARED_ONLY = ("iteration", "hook")
+"""Run-level span categories kept only in the shared execution's record: other jobs'
+iterations, and the hooks track (every hook call of the shared execution, the launcher's
+salus included: thousands of spans per run that no run made alone, which made every run's
+``trace.json`` and ``timeline.png`` as large as the whole sweep's)."""
+
+
 def _renamed_spans(spans: Sequence[Any], names: dict[str, str]) -> list[Any]:
-    """The spans of a run's jobs (merged name -> own name), and the run-level spans."""
+    """The spans of a run's jobs (merged name -> own name), and the run-level spans that are
+    not :data:`SHARED_ONLY` (telemetry)."""
     out = []
     for span in spans:
         job_name = (span.args or {}).get("job")
@@ -141,7 +149,7 @@ def _renamed_spans(spans: Sequence[Any], names: dict[str, str]) -> list[Any]:
             own = names[job_name]
             out.append(dataclasses.replace(span, name=span.name.replace(job_name, own),
                                            args={**span.args, "job": own}))
-        elif job_name is None and span.category != "iteration":
+        elif job_name is None and span.category not in SHARED_ONLY:
             out.append(span)
     return out
 
@@ -212,7 +220,8 @@ def write_run(run: SweepRun, part: Any, shared: Path, renames: dict[str, str]) -
     log = Console(file=io.StringIO(), width=120, record=True)
     render_summary(part, log)
     log.print(f"packed by hydra/launcher=salus with {part.metrics['packed_runs']} runs; "
-              f"times are on the shared execution's clock: {shared}")
+              f"times are on the shared execution's clock; its hook calls (the hooks track) "
+              f"are in its own record: {shared}")
     _write_log(run.out_dir / "accelopt.log", log.export_text())
 
 

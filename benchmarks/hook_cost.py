@@ -1,0 +1,113 @@
+"""Where a hook call's cost goes: instructions per call of each piece of the hook-call path,
+counted by valgrind's callgrind (a count, not a time: another process on the machine cannot
+change it), without torch (the path imports none).
+
+Each piece runs in its own process for a short and a long loop; the difference of the two
+totals over the difference of the loop lengths is its per-call count (imports and set-up
+cancel out), less the empty loop's own count. The pieces, from the floor up:
+
+  function call    a Python call of a function that does nothing (the interpreter's floor)
+  lock pair        acquire + release of the process's hook lock (an RLock)
+  clock read       time.perf_counter(), twice per traced call
+  noop body        the noop plugin's implementation called directly (counts the call)
+  hook call        the same implementation through PluginHost's one path (lock, dispatch,
+                   error naming), trace off
+  hook call, trace the same with the hook timeline on (accelopt run's default)
+  chain call       a transforming hook (accelopt_after_forward) through PluginHost.chain
+
+    python benchmarks/hook_cost.py [--calls 2000 12000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+PIECES = ("empty", "function call", "lock pair", "clock read", "noop body", "hook call",
+          "hook call, trace", "chain call")
+
+
+def loop(piece: str, n: int) -> None:
+    """Run ``piece`` ``n`` times (what one callgrind process counts)."""
+    from accelopt.host import PluginHost
+    from accelopt.plugin import Registry
+
+    spec = Registry.discover().get("noop")
+    plugin = spec.instantiate()
+    host = PluginHost([(spec, plugin)])
+    host.trace = [] if piece == "hook call, trace" else None
+    start = host.bound("accelopt_iteration_start")
+    lock = threading.RLock()
+    clock = time.perf_counter
+
+    def nothing(context: object) -> None:
+        return None
+
+    def kwargs(value: object) -> dict[str, object]:
+        return {"context": None, "loss": value}
+
+    if piece == "empty":
+        for _ in range(n):
+            pass
+    elif piece == "function call":
+        for _ in range(n):
+            nothing(None)
+    elif piece == "lock pair":
+        for _ in range(n):
+            lock.acquire()
+            lock.release()
+    elif piece == "clock read":
+        for _ in range(n):
+            clock()
+    elif piece == "noop body":
+        for _ in range(n):
+            plugin.accelopt_iteration_start(None)
+    elif piece in ("hook call", "hook call, trace"):
+        assert start is not None
+        for _ in range(n):
+            start(None)
+    elif piece == "chain call":
+        for _ in range(n):
+            host.chain("accelopt_after_forward", 1, kwargs)
+
+
+def count(piece: str, n: int, work: str) -> int:
+    path = f"{work}/{PIECES.index(piece)}-{n}.out"
+    subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={path}",
+                    sys.executable, __file__, "--piece", piece, "--n", str(n)],
+                   check=True, capture_output=True,
+                   env={**os.environ, "PYTHONHASHSEED": "0"})
+    with open(path) as fh:
+        return int(re.search(r"^summary:\s*(\d+)", fh.read(), re.M).group(1))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", nargs=2, type=int, default=(2000, 12000),
+                        metavar=("SHORT", "LONG"))
+    parser.add_argument("--piece", choices=PIECES, help=argparse.SUPPRESS)
+    parser.add_argument("--n", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.piece:
+        loop(args.piece, args.n)
+        return
+    short, long = args.calls
+    with tempfile.TemporaryDirectory() as work, ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+        runs = {(p, n): pool.submit(count, p, n, work) for p in PIECES for n in (short, long)}
+        per_call = {p: (runs[p, long].result() - runs[p, short].result()) / (long - short)
+                    for p in PIECES}
+    print(f"python {sys.version.split()[0]}; callgrind, loops of {short} and {long} calls per "
+          "piece; instructions per call, the empty loop's own subtracted")
+    for piece in PIECES[1:]:
+        print(f"  {piece:<18}{per_call[piece] - per_call['empty']:>8,.0f}")
+
+
+if __name__ == "__main__":
+    main()
