@@ -243,3 +243,27 @@ def test_interrupted_write_keeps_old_file_and_no_temp(tmp_path: Path) -> None:
         raise KeyboardInterrupt
     assert target.read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["metrics.json"]
+
+
+def test_a_non_finite_span_argument_becomes_null_in_the_trace(tmp_path: Path) -> None:
+    record = make_record()
+    record.spans.append(Span("x", "hooks", 3.0, 3.1, category="hook",
+                             args={"loss": float("inf")}))
+    write_run_outputs(record, tmp_path)  # strict JSON: allow_nan=False would raise
+    events = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+    (event,) = [e for e in events if e.get("name") == "x"]
+    assert event["args"]["loss"] is None
+
+
+def test_the_timeline_draws_sub_pixel_spans_as_one_bar_and_keeps_wide_ones_apart() -> None:
+    from accelopt.report.timeline_png import _bars
+
+    rows = [("executor", "t")]
+    tiny = [Span(f"s{i}", "t", i * 0.001, i * 0.001 + 0.0008, args={"job": "a"})
+            for i in range(100)]  # back to back, 0.8 ms each
+    wide = [Span("w0", "t", 1.0, 2.0, args={"job": "a"}),
+            Span("w1", "t", 2.0, 3.0, args={"job": "a"})]
+    bars = _bars(tiny + wide, rows, pixel_s=0.01)[(0, "a")]
+    assert bars[0] == (0.0, pytest.approx(0.0998))  # the hundred tiny spans: one bar
+    assert bars[1:] == [(1.0, 1.0), (2.0, 1.0)]  # wide spans keep their own bars
+    assert len(_bars(tiny, rows)[(0, "a")]) == 100  # no pixel size: every span as it is

@@ -61,6 +61,20 @@ def rank_server_started_early(enabled: bool) -> Iterator[None]:
     try:
         yield
     finally:
-        if started and getattr(server, "_forkserver_pid", None) is not None:
-            with contextlib.suppress(Exception):
-                server._stop()
+        if started:
+            stop_forkserver(server)
+
+
+def stop_forkserver(server: Any) -> None:
+    """Stop multiprocessing's forkserver ``server`` if it runs, without waiting for it to
+    shut down: it holds nothing but the imports it preloaded, and a normal exit tears torch
+    down module by module (1.3 s of the default run's wall time). Killed, then reaped."""
+    import signal
+
+    pid = getattr(server, "_forkserver_pid", None)
+    if pid is None:
+        return
+    with contextlib.suppress(OSError):
+        os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(Exception):
+        server._stop()

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from accelopt.records import RunRecord
-from accelopt.report.metrics import clean
+from accelopt.report.metrics import finite
 
 _US = 1_000_000.0
 TELEMETRY_PROCESS = "telemetry"
@@ -102,7 +102,7 @@ def chrome_trace(record: RunRecord) -> dict[str, Any]:
     events = _metadata_events(pids, tids)
     events += _span_events(record, pids, tids)
     events += _counter_events(record, len(pids) + 1)
-    return clean(
+    return finite(
         {
             "traceEvents": events,
             "displayTimeUnit": "ms",

@@ -28,7 +28,12 @@ from accelopt.drivers.cluster.carried import Carried
 from accelopt.drivers.cluster.outcome import ClusterOutcome, build_outcome
 from accelopt.drivers.cluster.rank import RankResult, run_rank
 from accelopt.drivers.cluster.settings import ClusterSettings, settings_from
-from accelopt.drivers.processes import SCRATCH_PREFIX, rank_context, under_torchrun
+from accelopt.drivers.processes import (
+    SCRATCH_PREFIX,
+    rank_context,
+    stop_forkserver,
+    under_torchrun,
+)
 from accelopt.errors import ConfigError
 from accelopt.job import job_specs
 from accelopt.plugin import Registry
@@ -92,9 +97,8 @@ def own_mp_helpers() -> Iterator[None]:
     try:
         yield
     finally:
-        if not server_was_running and getattr(server, "_forkserver_pid", None) is not None:
-            with contextlib.suppress(Exception):
-                server._stop()  # type: ignore[union-attr]
+        if not server_was_running:
+            stop_forkserver(server)
         if not was_running and getattr(tracker, "_pid", None) is not None:
             with contextlib.suppress(Exception):
                 tracker._stop()  # type: ignore[union-attr]
