@@ -21,7 +21,11 @@ default iteration's ratio to it (training cannot reach it: backward needs every 
 so only forward can hide behind the parameter transfers).
 
     python benchmarks/tictac_vs_default.py [--models resnet,inception,transformer,lm] \
-        [--rounds 3] [--iterations 20]
+        [--rounds 3] [--iterations 20] [--extra off again]
+
+``--extra`` adds sides to every round: ``off`` (tictac loaded with ``heuristic=off``: no
+planning, no transfer hook) and ``again`` (no plugin a second time, so the spread of two
+identical sides, the A/A spread, is printed beside the comparison).
 
 Its last line: ``tictac vs default order: X.XXx (median of N paired rounds)``, over every
 round of every model.
@@ -64,7 +68,14 @@ def job_spec(model: str, iterations: int, batch: int) -> JobConfig:
                      iterations=iterations, seed=0)
 
 
-def make_cfg(spec: JobConfig, bandwidth: str, tictac: bool) -> Any:
+EXTRA = {"off": "tictac off", "again": "default again"}
+"""The optional sides' labels (``--extra``)."""
+
+
+def make_cfg(spec: JobConfig, bandwidth: str, side: str) -> Any:
+    """``side``: default or again (no plugin), tictac (its defaults) or off (tictac loaded
+    with ``heuristic=off``: it plans nothing and implements no transfer hook, so it isolates
+    what loading the plugin costs from what its planning and ordering do)."""
     cfg = OmegaConf.structured(AccelConfig)
     cfg.workload.jobs = [OmegaConf.structured(spec)]
     cfg.cluster.mode = "ps"
@@ -72,14 +83,16 @@ def make_cfg(spec: JobConfig, bandwidth: str, tictac: bool) -> Any:
     cfg.cluster.servers = 1
     cfg.cluster.timeout_s = 120
     cfg.cluster.network.bandwidth = bandwidth
-    if tictac:
+    if side == "tictac":
         cfg.plugins = {"tictac": {}}
+    elif side == "off":
+        cfg.plugins = {"tictac": {"heuristic": "off"}}
     return cfg
 
 
-def one_run(spec: JobConfig, bandwidth: str, tictac: bool) -> dict[str, Any]:
+def one_run(spec: JobConfig, bandwidth: str, side: str) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as run_dir:
-        out = run_cluster(make_cfg(spec, bandwidth, tictac), run_dir=run_dir)
+        out = run_cluster(make_cfg(spec, bandwidth, side), run_dir=run_dir)
     m = out.metrics
     rows = [r for r in out.plugin_rows if r.plugin == "tictac"]
     return {"it_s": m.get("iterations_per_s"), "a": m.get("ratio_a"),
@@ -99,6 +112,9 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--iterations", type=int, default=20)
     ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--extra", nargs="*", default=[], choices=["off", "again"],
+                    help="more sides: off (tictac loaded with heuristic=off: no planning, no "
+                         "transfer hooks), again (no plugin a second time: the A/A spread)")
     args = ap.parse_args()
     started = time.time()
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, python "
@@ -110,15 +126,20 @@ def main() -> int:
     lines = []
     for model in [m.strip() for m in args.models.split(",") if m.strip()]:
         spec = job_spec(model, args.iterations, args.batch)
-        probe = one_run(spec, args.bandwidth, False)
+        probe = one_run(spec, args.bandwidth, "default")
         a = probe["a"] or 1.0
         link = rate_text(parse_rate(args.bandwidth) * a)
         print(f"{model}: a = {a:.2f} at {args.bandwidth} -> timed at {link}", flush=True)
         ratios, base, mine, rows, bounds = [], [], [], set(), []
+        extra: dict[str, list[float]] = {side: [] for side in args.extra}
+        sides = ["default", "tictac", *args.extra]
         for r in range(args.rounds):
-            order = (False, True) if r % 2 == 0 else (True, False)
-            got = {flag: one_run(spec, link, flag) for flag in order}
-            d, t = got[False], got[True]
+            order = sides[r % len(sides):] + sides[:r % len(sides)]  # rotating
+            got = {side: one_run(spec, link, side) for side in order}
+            d, t = got["default"], got["tictac"]
+            for side in args.extra:
+                if d["it_s"] and got[side]["it_s"]:
+                    extra[side].append(got[side]["it_s"] / d["it_s"])
             if d["it_s"] and t["it_s"]:
                 ratios.append(t["it_s"] / d["it_s"])
                 base.append(d["it_s"])
@@ -126,8 +147,15 @@ def main() -> int:
             rows.add(t["row"])
             if d["mc"] and d["pc"] and d["iteration"]:
                 bounds.append(d["iteration"] / max(d["mc"], d["pc"]))
+            more = "".join(f", {EXTRA[side]} {got[side]['it_s']:.3f} it/s"
+                           for side in args.extra)
             print(f"  round {r + 1}: default {d['it_s']:.3f} it/s (a {d['a']:.2f}, E "
-                  f"{d['e']:.2f}), tictac {t['it_s']:.3f} it/s (E {t['e']:.2f})", flush=True)
+                  f"{d['e']:.2f}), tictac {t['it_s']:.3f} it/s (E {t['e']:.2f}){more}",
+                  flush=True)
+        for side, got_ratios in extra.items():
+            if got_ratios:
+                print(f"  {EXTRA[side]} / default: {statistics.median(got_ratios):.3f}x "
+                      f"({min(got_ratios):.3f}-{max(got_ratios):.3f})", flush=True)
         all_ratios += ratios
         med = statistics.median(ratios) if ratios else float("nan")
         bound = statistics.median(bounds) if bounds else float("nan")

@@ -364,3 +364,18 @@ def test_two_servers_each_enforce_the_plan_on_their_own_link(tmp_path):
     assert ordered.metrics["transfers_ordered"] == 3 * len(workers) * len(names)
     for name, value in base.state.items():
         assert torch.equal(value, ordered.state[name]), name
+
+
+def test_heuristic_off_is_out_of_the_transfer_path_and_says_so(tmp_path):
+    """heuristic=off: no transfer hook at all (the transport never calls into the plugin per
+    transfer), the default order, and a row saying so."""
+    off = PLUGIN.instantiate(TictacConfig(heuristic="off"))
+    hooks = PluginHost([(PLUGIN, off)]).hooks_of("tictac")
+    assert not {h for h in hooks if h.startswith("accelopt_transfer_")}
+    assert "accelopt_transfer_order" in PluginHost(
+        [(PLUGIN, PLUGIN.instantiate(TictacConfig()))]).hooks_of("tictac")
+    out = run_cluster(make_cfg(iterations=2, plugins={"tictac": {"heuristic": "off"}}),
+                      run_dir=tmp_path)
+    assert out.metrics["transfers_ordered"] == 0
+    rows = [r.summary for r in out.plugin_rows if r.plugin == "tictac"]
+    assert any("heuristic=off" in r for r in rows), rows

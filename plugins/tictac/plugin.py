@@ -414,3 +414,13 @@ def _oracle_loss(loss: Any, out: Any, y: torch.Tensor) -> torch.Tensor:
         return loss(out, y)
     except UserError:
         return _sum_loss(out)
+
+
+class TictacOff(TictacPlugin):
+    """``heuristic=off``: the transport's own order, and no transfer hooks at all, so the
+    plugin costs nothing per transfer (its report row still says what was used). The
+    transfer hooks are called on receiving threads under the process's hook lock; a plugin
+    that has nothing to say about transfers should not be in that path."""
+
+    accelopt_transfer_order = None  # type: ignore[assignment]
+    accelopt_transfer_done = None  # type: ignore[assignment]
