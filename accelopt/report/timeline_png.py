@@ -111,7 +111,7 @@ def plot_timeline(record: RunRecord, path: Path) -> Path:
             )
         ax.set_yticks(range(len(rows)), labels=labels)
         ax.set_ylim(len(rows) - 0.5, -0.5)
-        ax.set_xlim(left=min(0.0, min(s.start_s for s in spans)))
+        ax.set_xlim(left=left)
         ax.grid(axis="x", alpha=0.3)
         if len(keys) <= MAX_LEGEND_ENTRIES:
             handles = [Patch(color=colour[k], label=k) for k in keys]
