@@ -208,3 +208,32 @@ def test_version_empty_selection_and_refusals_that_leave_no_directory(tmp_path):
         assert "run.checkpoint_every must be >= 0" in refused.stderr
         assert ("Traceback" in refused.stderr) == bool(extra)
         assert not out.exists(), sorted(p.name for p in out.rglob("*"))
+
+
+@pytest.mark.parametrize("outcome,code", [(None, 0), (SystemExit(2), 2), (SystemExit(None), 0),
+                                          (SystemExit("bad"), 1)])
+def test_the_command_exits_with_mains_code_and_flushed_output(monkeypatch, capsys, outcome,
+                                                              code):
+    """``console`` (the installed command) ends the process with ``main``'s exit code, its
+    output flushed; a message given to ``sys.exit`` is printed, as Python would."""
+    import accelopt.cli.main as cli
+
+    def fake_main() -> None:
+        print("written")
+        if outcome is not None:
+            raise outcome
+
+    exits = []
+
+    def fake_exit(value: int) -> None:
+        exits.append(value)
+        raise KeyboardInterrupt  # stands in for the process ending here
+
+    monkeypatch.setattr(cli, "main", fake_main)
+    monkeypatch.setattr(cli.os, "_exit", fake_exit)
+    with pytest.raises(KeyboardInterrupt):
+        cli.console()
+    captured = capsys.readouterr()
+    assert exits == [code]
+    assert "written" in captured.out
+    assert ("bad" in captured.err) == (code == 1)
