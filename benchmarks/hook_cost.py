@@ -21,14 +21,11 @@ cancel out), less the empty loop's own count. The pieces, from the floor up:
 from __future__ import annotations
 
 import argparse
-import os
-import re
-import subprocess
 import sys
-import tempfile
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+
+from callgrind import per_step
 
 PIECES = ("empty", "function call", "lock pair", "clock read", "noop body", "hook call",
           "hook call, trace", "chain call")
@@ -78,16 +75,6 @@ def loop(piece: str, n: int) -> None:
             host.chain("accelopt_after_forward", 1, kwargs)
 
 
-def count(piece: str, n: int, work: str) -> int:
-    path = f"{work}/{PIECES.index(piece)}-{n}.out"
-    subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={path}",
-                    sys.executable, __file__, "--piece", piece, "--n", str(n)],
-                   check=True, capture_output=True,
-                   env={**os.environ, "PYTHONHASHSEED": "0"})
-    with open(path) as fh:
-        return int(re.search(r"^summary:\s*(\d+)", fh.read(), re.M).group(1))
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", nargs=2, type=int, default=(2000, 12000),
@@ -99,10 +86,8 @@ def main() -> None:
         loop(args.piece, args.n)
         return
     short, long = args.calls
-    with tempfile.TemporaryDirectory() as work, ThreadPoolExecutor(os.cpu_count() or 1) as pool:
-        runs = {(p, n): pool.submit(count, p, n, work) for p in PIECES for n in (short, long)}
-        per_call = {p: (runs[p, long].result() - runs[p, short].result()) / (long - short)
-                    for p in PIECES}
+    per_call = per_step(PIECES, lambda piece, n: [sys.executable, __file__, "--piece", piece,
+                                                  "--n", str(n)], short, long)
     print(f"python {sys.version.split()[0]}; callgrind, loops of {short} and {long} calls per "
           "piece; instructions per call, the empty loop's own subtracted")
     for piece in PIECES[1:]:

@@ -181,28 +181,13 @@ def instructions(short: int, long: int) -> dict[str, float]:
     side runs in its own process for ``short`` and for ``long`` iterations, and the
     difference of the two totals over ``long - short`` is the per-iteration count (imports,
     build and start-up cancel out)."""
-    import re
-    import subprocess
     import sys
-    import tempfile
-    from concurrent.futures import ThreadPoolExecutor
 
-    env = {**os.environ, "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1"}
+    from callgrind import per_step
 
-    def count(side: str, n: int, work: str) -> int:
-        path = f"{work}/{side}-{n}.out"
-        subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={path}",
-                        sys.executable, __file__, "--measure", side, "--iterations", str(n)],
-                       check=True, env=env, capture_output=True)
-        with open(path) as fh:
-            return int(re.search(r"^summary:\s*(\d+)", fh.read(), re.M).group(1))
-
-    with tempfile.TemporaryDirectory() as work, ThreadPoolExecutor(os.cpu_count() or 1) as pool:
-        # counts do not depend on what runs beside them: the runs may share the cores
-        runs = {(side, n): pool.submit(count, side, n, work) for side in SIDES
-                for n in (short, long)}
-        return {side: (runs[side, long].result() - runs[side, short].result()) / (long - short)
-                for side in SIDES}
+    return per_step(list(SIDES), lambda side, n: [sys.executable, __file__, "--measure", side,
+                                                  "--iterations", str(n)],
+                    short, long, env={"OMP_NUM_THREADS": "1"})
 
 
 def main() -> None:

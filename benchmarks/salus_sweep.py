@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import shutil
 import statistics
@@ -33,6 +32,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from accelopt.drivers.setup import usable_cores
 
 LRS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.08, 0.1, 0.2, 0.3, 0.5, 0.7, 1.0)
 
@@ -91,7 +92,7 @@ def main() -> None:
     ap.add_argument("--width", type=int, default=512)
     ap.add_argument("--batch", type=int, default=256)
     args = ap.parse_args()
-    cores = len(os.sched_getaffinity(0))
+    cores = usable_cores()
     command = sweep_args(args.runs, args.iterations, args.width, args.batch)
     print(f"machine: {platform.processor() or platform.machine()}, {cores} cores; python "
           f"{platform.python_version()}")

@@ -24,13 +24,9 @@ machine only oversubscribe its cores."""
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    import os
+    from accelopt.drivers.setup import usable_cores
 
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
-    return max(1, min(cores, MAX_TEST_WORKERS))
+    return max(1, min(usable_cores(), MAX_TEST_WORKERS))
 
 
 @pytest.fixture(scope="session", autouse=True)

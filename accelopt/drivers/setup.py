@@ -17,6 +17,15 @@ from accelopt.units import parse_bytes
 CUBLAS_WORKSPACE = ":4096:8"
 
 
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask where the OS has one, else
+    the machine's count): what lane counts, test workers and benchmarks size themselves by."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
 def setup_torch(run: Any, *, default_threads: int = 0) -> None:
     """Seed torch, set its intra-op threads (``run.threads``; 0: ``default_threads``, and 0
     there too: torch's own default) and, with ``run.deterministic``, deterministic

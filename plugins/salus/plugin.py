@@ -16,7 +16,6 @@ How SALUS maps onto the core (see README.md):
 from __future__ import annotations
 
 import json
-import os
 import threading
 from collections import defaultdict
 from collections.abc import Sequence
@@ -45,6 +44,7 @@ from accelopt import (
     RunInfo,
     hookimpl,
 )
+from accelopt.drivers.setup import usable_cores
 from accelopt.report.metrics import percentile
 from accelopt.units import format_bytes, parse_bytes
 
@@ -57,13 +57,6 @@ CLUSTER_NOTE = ("decided on the leader (rank 0) and broadcast, every rank runnin
                 "accounted with 0 bytes")
 EMA = 0.3
 """Weight of the newest measured iteration time in a job's refined estimate."""
-
-
-def cpu_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
 
 
 class SalusPlugin:
@@ -79,7 +72,7 @@ class SalusPlugin:
         self.device = "cpu"
         self.run_dir: Path | None = None
         self.manager: LaneManager | None = None
-        self.cores = cpu_cores()
+        self.cores = usable_cores()
         self._fixed_threads: int | None = None
         self._estimates: dict[str, float] = {}
         self._warmed_up: set[str] = set()

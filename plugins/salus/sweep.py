@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import os
 import shutil
 import sys
 import time
@@ -126,10 +125,9 @@ def lanes_for(launcher: Any, device: str) -> int:
     asked = int(launcher.max_lanes)
     if asked != -1 or device.startswith("cuda"):
         return asked
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+    from accelopt.drivers.setup import usable_cores
+
+    return usable_cores()
 
 
 SHARED_ONLY = ("iteration", "hook")
