@@ -28,6 +28,7 @@ from accelopt.types import (
     ParamInfo,
     ReportRow,
     RunInfo,
+    TransferPriorities,
     TransferRecord,
 )
 
@@ -73,6 +74,7 @@ __all__ = [
     "Registry",
     "ReportRow",
     "RunInfo",
+    "TransferPriorities",
     "TransferRecord",
     "UserError",
     "extension_point",

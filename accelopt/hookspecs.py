@@ -49,6 +49,7 @@ from accelopt.types import (
     OptimizerRebuild,
     ReportRow,
     RunInfo,
+    TransferPriorities,
     TransferRecord,
 )
 
@@ -324,11 +325,15 @@ def accelopt_state_load(job: JobInfo, state: dict[str, Any]) -> None:
 @hookspec(firstresult=True)
 def accelopt_transfer_order(
     transfers: Sequence[TransferRecord], destination: int
-) -> Sequence[str] | None:
+) -> Sequence[str] | TransferPriorities | None:
     """Give the order (tensor names, first = highest priority) in which the sender starts
     the transfers of one iteration to ``destination``. The transport enforces it: a transfer
     with priority p starts only after those before it to that destination have started.
-    ``None``: send in the order the sender issues them.
+    ``None``: send in the order the sender issues them. A
+    :class:`~accelopt.types.TransferPriorities` asks for priority scheduling instead (the
+    best posted transfer starts whenever the credit window has room; on a PS server's
+    parameters, optionally the early update that lets them cross into the next iteration);
+    all-reduce takes its order as a strict one.
 
     Called: by the transport, once per (job, iteration, destination), before the first send
     (all-reduce: when the iteration starts; in a user's own DDP script through

@@ -242,6 +242,39 @@ class TransferRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class TransferPriorities:
+    """An answer to ``accelopt_transfer_order`` that asks for *priority* scheduling instead
+    of a strict order (ByteScheduler, P3).
+
+    A plain list of names is a strict order: priority p starts only after 0..p-1 have
+    started, so a high-priority transfer posted last holds back everything before it. With
+    this record the sender starts, whenever fewer than ``credit_bytes`` are in flight to
+    that destination, the highest-priority transfer that has been posted (``order[0]``
+    first; a tensor it does not name ranks after those it names). A transfer posted late
+    but needed early therefore overtakes the low-priority ones still waiting, and the
+    credit window bounds how many bytes can be ahead of it on the link. ``credit_bytes=0``
+    starts every transfer the moment it is posted (priorities then only break ties between
+    transfers posted together).
+
+    ``early_update`` (parameter-server mode, on the servers' parameter transfers): the
+    server updates each tensor of its shard as soon as every worker's gradient for it has
+    arrived and posts it for the next iteration at once, so the next forward's first layers
+    can arrive while the last gradients are still on the link. The arithmetic is the same
+    as one optimizer step over the shard (the update is per tensor either way); where it is
+    not (gradient clipping, a plugin on ``accelopt_before_optimizer_step``, an fp16 scaler,
+    an optimizer that is not torch's SGD, Adam or AdamW) the server keeps the whole step and
+    says so in its log.
+
+    All-reduce keeps ``order`` as a strict order: every rank must start its collectives in
+    the same sequence, which readiness-driven scheduling cannot promise.
+    """
+
+    order: tuple[str, ...]
+    credit_bytes: int = 0
+    early_update: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class LayerOffer:
     """A layer offered to plugins once, at model build time.
 

@@ -21,7 +21,7 @@ default iteration's ratio to it (training cannot reach it: backward needs every 
 so only forward can hide behind the parameter transfers).
 
     python benchmarks/tictac_vs_default.py [--models resnet,inception,transformer,lm] \
-        [--rounds 3] [--iterations 20] [--extra off again]
+        [--rounds 3] [--iterations 20] [--extra off again] [--set heuristic=priority]
 
 ``--extra`` adds sides to every round: ``off`` (tictac loaded with ``heuristic=off``: no
 planning, no transfer hook) and ``again`` (no plugin a second time, so the spread of two
@@ -72,6 +72,10 @@ EXTRA = {"off": "tictac off", "again": "default again"}
 """The optional sides' labels (``--extra``)."""
 
 
+TICTAC: dict[str, Any] = {}
+"""The tictac side's ``plugins.tictac`` settings (``--set``; empty: its defaults)."""
+
+
 def make_cfg(spec: JobConfig, bandwidth: str, side: str) -> Any:
     """``side``: default or again (no plugin), tictac (its defaults) or off (tictac loaded
     with ``heuristic=off``: it plans nothing and implements no transfer hook, so it isolates
@@ -84,7 +88,7 @@ def make_cfg(spec: JobConfig, bandwidth: str, side: str) -> Any:
     cfg.cluster.timeout_s = 120
     cfg.cluster.network.bandwidth = bandwidth
     if side == "tictac":
-        cfg.plugins = {"tictac": {}}
+        cfg.plugins = {"tictac": dict(TICTAC)}
     elif side == "off":
         cfg.plugins = {"tictac": {"heuristic": "off"}}
     return cfg
@@ -115,13 +119,19 @@ def main() -> int:
     ap.add_argument("--extra", nargs="*", default=[], choices=["off", "again"],
                     help="more sides: off (tictac loaded with heuristic=off: no planning, no "
                          "transfer hooks), again (no plugin a second time: the A/A spread)")
+    ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="plugins.tictac settings of the tictac side, e.g. heuristic=priority")
     args = ap.parse_args()
+    for item in args.set:
+        key, _, value = item.partition("=")
+        TICTAC[key] = OmegaConf.create({"v": value}).v if not value.isdigit() else int(value)
+    described = ", ".join(args.set) if args.set else "its defaults (TAC, self-limited)"
     started = time.time()
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, python "
           f"{platform.python_version()}; load average {os.getloadavg()[0]:.2f}")
     print(f"ps cluster, 1 server + 2 workers, {args.iterations} iterations per run, "
-          f"{args.rounds} paired rounds per model (order alternating); tictac = its defaults "
-          "(TAC, self-limited)", flush=True)
+          f"{args.rounds} paired rounds per model (order alternating); tictac = {described}",
+          flush=True)
     all_ratios: list[float] = []
     lines = []
     for model in [m.strip() for m in args.models.split(",") if m.strip()]:

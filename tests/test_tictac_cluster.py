@@ -15,7 +15,7 @@ from accelopt_plugins.tictac.config import TictacConfig
 from accelopt_plugins.tictac.plugin import TictacPlugin
 from omegaconf import OmegaConf
 
-from accelopt import ClusterInfo, RunInfo, TransferRecord
+from accelopt import ClusterInfo, PluginSpec, RunInfo, TransferPriorities, TransferRecord, hookimpl
 from accelopt.config import AccelConfig, JobConfig
 from accelopt.drivers.cluster import TransferOrderError, run_cluster
 from accelopt.errors import ConfigError
@@ -379,3 +379,123 @@ def test_heuristic_off_is_out_of_the_transfer_path_and_says_so(tmp_path):
     assert out.metrics["transfers_ordered"] == 0
     rows = [r.summary for r in out.plugin_rows if r.plugin == "tictac"]
     assert any("heuristic=off" in r for r in rows), rows
+
+
+# -- cross-iteration priority scheduling (heuristic=priority) --------------------------------
+
+
+class _Answer:
+    """An order plugin answering priority scheduling: ``order`` with a credit window."""
+
+    def __init__(self, order: list[str], credit: int) -> None:
+        self.answer = TransferPriorities(tuple(order), credit_bytes=credit)
+
+    @hookimpl
+    def accelopt_transfer_order(self, transfers, destination):
+        return self.answer
+
+
+class _HeldWatcher:
+    """Stands in for the send watcher: the test decides when a transfer's sends complete."""
+
+    def __init__(self) -> None:
+        self.entries: list[tuple] = []
+
+    def put(self, stream, works, nbytes) -> None:
+        self.entries.append((stream, works, nbytes))
+
+
+def _priority_transport(order: list[str], credit: int):
+    from accelopt.drivers.cluster.transport import Transport
+
+    host = PluginHost([(PluginSpec(name="prio", factory=lambda c: None), _Answer(order, credit))])
+    t = Transport(rank=0, host=host, t0_epoch=0.0, process="test", timeout_s=5.0,
+                  device=torch.device("cpu"))
+    started: list[str] = []
+    watcher = _HeldWatcher()
+
+    def start(stream, item, prio):
+        started.append(item.record.tensor)
+        return item.record.nbytes
+
+    t._start = start  # type: ignore[method-assign]
+    t._watcher = lambda destination: watcher  # type: ignore[method-assign]
+    return t, started, watcher
+
+
+def _grad(name: str, nbytes: int, layer: int) -> TransferRecord:
+    return TransferRecord("j", 0, 1, 0, name, nbytes, layer, "grad")
+
+
+def test_priority_sends_start_the_best_posted_transfer_when_credit_frees():
+    """Posted last-layer first (as backward does), with room for one transfer in flight:
+    each time credit returns, the highest-priority waiting transfer starts, so the first
+    layer's gradient, posted last, overtakes the later layers' still waiting."""
+    records = [_grad(f"l{k}", 100, k) for k in range(4)]
+    t, started, watcher = _priority_transport([r.tensor for r in records], credit=100)
+    schedule = t.plan(0, 0, records)
+    assert schedule is not None and schedule.credit_bytes == 100
+    for rec in reversed(records):  # l3, l2, l1, l0 posted in backward order
+        t.post(rec, torch.zeros(1))
+    assert started == ["l3"]  # the window holds one transfer
+    while watcher.entries:
+        stream, _works, nbytes = watcher.entries.pop(0)
+        t._returned(stream, nbytes)
+    assert started == ["l3", "l0", "l1", "l2"]
+    stream = t._out[(0, 0)]
+    assert stream.overtaken == 2  # l0 and l1 went ahead of l2, posted before them
+    assert stream.inflight == 0 and not stream.queue
+
+
+def test_priority_with_no_window_starts_each_transfer_when_posted():
+    records = [_grad(f"l{k}", 100, k) for k in range(3)]
+    t, started, watcher = _priority_transport([r.tensor for r in records], credit=0)
+    t.plan(0, 0, records)
+    for rec in reversed(records):
+        t.post(rec, torch.zeros(1))
+    assert started == ["l2", "l1", "l0"] and not watcher.entries
+
+
+def test_priority_answer_is_a_strict_order_for_all_reduce():
+    """Collectives must start in the same sequence on every rank: all-reduce keeps the
+    answer's order as a strict order, and no early update is asked."""
+    t, _started, _watcher = _priority_transport(["b", "a"], credit=100)
+    records = [TransferRecord("j", 0, 0, -1, n, 100, k, "grad") for k, n in enumerate("ab")]
+    assert t.plan(0, -1, records) is None
+    stream = t._out[(0, -1)]
+    assert stream.credit is None and stream.order == ["b", "a"]
+
+
+def test_priority_updates_each_tensor_early_and_keeps_the_numerics_bitwise(tmp_path):
+    """heuristic=priority: the server updates every tensor as its gradients arrive and
+    posts it for the next iteration at once; workers stage what arrives during backward.
+    After N iterations the parameters are bitwise those of the run without the plugin."""
+    iterations = 4
+    base = run_cluster(make_cfg(iterations), run_dir=tmp_path / "base")
+    prio = run_cluster(make_cfg(iterations, plugins={"tictac": {
+        "heuristic": "priority", "oracle_runs": 1, "credit_bytes": 100}}),
+        run_dir=tmp_path / "prio")
+    n_params = len(base.state)
+    assert base.metrics["tensors_updated_early"] == 0
+    assert prio.metrics["tensors_updated_early"] == iterations * n_params
+    for name, value in base.state.items():
+        assert torch.equal(value, prio.state[name]), name
+    rows = [r.summary for r in prio.plugin_rows if r.plugin == "tictac"]
+    assert any(r.startswith("enforced priority: cross-iteration") for r in rows)
+    assert any("gradients pushed first-layer first" in r for r in rows)
+
+
+def test_priority_keeps_the_whole_step_where_the_step_reads_every_gradient(tmp_path):
+    """Gradient clipping needs the norm over every tensor: no early update (and no other
+    change of the numerics), the same weights as without the plugin."""
+    def clipped(plugins=None):
+        cfg = make_cfg(3, plugins=plugins)
+        cfg.workload.jobs[0].grad_clip = 0.01
+        return cfg
+
+    base = run_cluster(clipped(), run_dir=tmp_path / "base")
+    prio = run_cluster(clipped({"tictac": {"heuristic": "priority", "oracle_runs": 1}}),
+                       run_dir=tmp_path / "prio")
+    assert prio.metrics["tensors_updated_early"] == 0
+    for name, value in base.state.items():
+        assert torch.equal(value, prio.state[name]), name

@@ -28,7 +28,14 @@ from accelopt.job.events import SILENT, StepEvents
 from accelopt.job.exchange import LOCAL, Exchange
 from accelopt.job.gradients import Gradients
 from accelopt.job.layers import offer_layers
-from accelopt.job.optim import build_optimizer, lr_factor, schedules, set_lr
+from accelopt.job.optim import (
+    PER_TENSOR_OPTIMIZERS,
+    build_optimizer,
+    lr_factor,
+    schedules,
+    set_lr,
+    step_tensor,
+)
 from accelopt.job.params import buckets_by_bytes, param_table
 from accelopt.job.rng import JobRandom
 from accelopt.job.specs import job_info, validate_spec
@@ -234,10 +241,14 @@ class Job:
                 if timer:
                     timer.end()
         if self.training:
+            updated = False
             if moves:
-                exchange.gradients(i)
+                updated = exchange.gradients(i, self._tensor_update(i, events))
             if self.optimizer is None:
                 pass  # this process takes no step (a PS worker)
+            elif updated:  # the exchange updated tensor by tensor (a PS server's early update)
+                if events.after_step:
+                    self._after_step(context, True, events)
             elif events.before_optimizer_step or events.after_step or timer or self._custom_step:
                 self._optimizer_step(i, context, events)
             else:
@@ -285,9 +296,37 @@ class Job:
         if scaler is not None:
             scaler.update()
         if events.after_step:
-            rebuilds = events.after_step(context, stepped)
-            if rebuilds:
-                self.rebuild_optimizer("; ".join(r.reason for r in rebuilds))
+            self._after_step(context, stepped, events)
+
+    def _after_step(self, context: IterationContext | None, stepped: bool,
+                    events: StepEvents) -> None:
+        rebuilds = events.after_step(context, stepped)
+        if rebuilds:
+            self.rebuild_optimizer("; ".join(r.reason for r in rebuilds))
+
+    def _tensor_update(self, i: int, events: StepEvents) -> Callable[[str], None] | None:
+        """What the exchange may call to update one tensor whose gradient is final, or
+        ``None`` where the step is more than independent per-tensor updates: clipping and
+        the fp16 scaler read every gradient, a plugin on ``before_optimizer_step`` may
+        change or skip them, and an optimizer other than torch's SGD, Adam and AdamW
+        (single-tensor or foreach, as built) may couple tensors."""
+        optimizer = self.optimizer
+        if (optimizer is None or events.before_optimizer_step or self.spec.grad_clip is not None
+                or self.scaler is not None or type(optimizer) not in PER_TENSOR_OPTIMIZERS):
+            return None
+        scheduled = self._schedules
+        group_of = {id(p): g for g, group in enumerate(optimizer.param_groups)
+                    for p in group["params"]}
+
+        def update(name: str) -> None:
+            nonlocal scheduled
+            if scheduled:  # once per iteration, before its first tensor
+                set_lr(optimizer, lr_factor(self.spec, i))
+                scheduled = False
+            param = self._stepped[name]
+            step_tensor(optimizer, param, group_of[id(param)])
+
+        return update
 
     def rebuild_optimizer(self, reason: str) -> None:
         """Build the optimizer again over the model's current parameters (a plugin changed

@@ -37,6 +37,27 @@ def make_optimizer(spec: JobConfig, params: Iterable[nn.Parameter]) -> torch.opt
     return torch.optim.SGD(params, lr=spec.lr, momentum=spec.momentum, **decay)
 
 
+PER_TENSOR_OPTIMIZERS = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW)
+"""Optimizers whose step is an independent update of each tensor (state per tensor, no
+norm or statistic over several), so stepping the tensors one at a time gives the same
+bits as one step over all of them."""
+
+
+def step_tensor(optimizer: torch.optim.Optimizer, param: nn.Parameter, group: int) -> None:
+    """One optimizer step over ``param`` alone (it is in ``param_groups[group]``): the other
+    tensors are hidden from the step, not zeroed, so their state and gradients stay."""
+    groups = optimizer.param_groups
+    saved = [g["params"] for g in groups]
+    try:
+        for g in groups:
+            g["params"] = []
+        groups[group]["params"] = [param]
+        optimizer.step()
+    finally:
+        for g, params in zip(groups, saved, strict=True):
+            g["params"] = params
+
+
 def lr_factor(spec: JobConfig, step: int) -> float:
     """The learning rate of step ``step`` (0-based) over the configured ``lr``: a linear
     warm-up over ``warmup_iterations`` steps, then ``constant``, ``cosine`` or ``linear``

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-HEURISTIC_CHOICES = ("tac", "tic", "random", "reverse", "named", "off")
+HEURISTIC_CHOICES = ("tac", "tic", "priority", "random", "reverse", "named", "off")
+ORDERED_BY = {"priority": "tac"}
+"""The per-iteration order a heuristic ranks its tensors by (priority: TAC's, the order
+the next forward needs them)."""
 EXECUTIONS = ("eager", "dataflow")
 
 
@@ -12,7 +15,10 @@ EXECUTIONS = ("eager", "dataflow")
 class TictacConfig:
     """Keys users set as ``plugins.tictac.<key>=value``.
 
-    ``heuristic``: tac, tic, random (a fresh seeded order every iteration, TensorFlow's
+    ``heuristic``: tac, tic, priority (cross-iteration priority scheduling: servers update
+    each tensor as its gradients arrive and send it for the next iteration at once,
+    workers push gradients by the next forward's need, both through a credit window of
+    ``credit_bytes``), random (a fresh seeded order every iteration, TensorFlow's
     behaviour), reverse, named (``named_parameters()`` order) or off (the transport's own
     order). ``execution``: the worker's compute model the orders are computed for (eager =
     PyTorch program order; dataflow = TensorFlow's any-ready-op). ``force``: enforce TIC/TAC
@@ -31,3 +37,6 @@ class TictacConfig:
     message_s: float = -1.0
     replan_iteration: int = 2
     order_file: str = ""
+    credit_bytes: int = 262144
+    """priority: bytes in flight per link before the next transfer by priority starts (0:
+    start each transfer as soon as it is posted)."""

@@ -26,13 +26,19 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from accelopt_plugins.tictac.config import EXECUTIONS, HEURISTIC_CHOICES, TictacConfig
+from accelopt_plugins.tictac.config import (
+    EXECUTIONS,
+    HEURISTIC_CHOICES,
+    ORDERED_BY,
+    TictacConfig,
+)
 
 from accelopt import (
     BuiltJob,
     ConfigError,
     ReportRow,
     RunInfo,
+    TransferPriorities,
     TransferRecord,
     UserError,
     hookimpl,
@@ -90,6 +96,8 @@ class TictacPlugin:
         if c.oracle_runs < 1:
             raise ConfigError("plugins.tictac.oracle_runs must be >= 1 (the oracle keeps the "
                               "minimum over that many runs)")
+        if c.credit_bytes < 0:
+            raise ConfigError("plugins.tictac.credit_bytes must be >= 0 (0: no window)")
         if c.bandwidth_bytes_per_s < 0:
             raise ConfigError("plugins.tictac.bandwidth_bytes_per_s must be >= 0 (0: measure)")
         if c.order_file and not Path(c.order_file).exists():
@@ -143,10 +151,12 @@ class TictacPlugin:
 
     @hookimpl
     def accelopt_transfer_order(self, transfers: Sequence[TransferRecord],
-                                destination: int) -> Sequence[str] | None:
-        if not transfers or destination < 0 or transfers[0].kind != "param":
+                                destination: int) -> Sequence[str] | TransferPriorities | None:
+        if not transfers or destination < 0 or self.config.heuristic == "off":
             return None
-        if self.config.heuristic == "off":
+        if self.config.heuristic == "priority":
+            return self._priorities(transfers, destination)
+        if transfers[0].kind != "param":
             return None
         iteration = transfers[0].iteration
         if self.plan is None:
@@ -167,8 +177,31 @@ class TictacPlugin:
         self.hook_s += time.perf_counter() - t0
         return answer
 
+    def _priorities(self, transfers: Sequence[TransferRecord],
+                    destination: int) -> TransferPriorities:
+        """Cross-iteration priorities: what the next forward needs first goes first. A
+        server's parameters follow the plan's order (TAC's, from the traced DAG; the
+        parameter order where no plan could be made) and are updated early; a worker's
+        gradients follow the parameter order (a worker does not trace: its first layers'
+        gradients come last out of backward and overtake the later layers' still queued)."""
+        t0 = time.perf_counter()
+        self.calls += 1
+        credit = int(self.config.credit_bytes)
+        if transfers[0].kind == "grad":
+            order = [t.tensor for t in sorted(transfers, key=lambda t: t.layer_index)]
+            self.hook_s += time.perf_counter() - t0
+            return TransferPriorities(tuple(order), credit_bytes=credit)
+        if self.plan is None and self.source is not None:
+            self._make_plan()
+        if self.plan is None:
+            order = [t.tensor for t in sorted(transfers, key=lambda t: t.layer_index)]
+        else:
+            order = self._restrict(self._names(transfers[0].iteration, destination), transfers)
+        self.hook_s += time.perf_counter() - t0
+        return TransferPriorities(tuple(order), credit_bytes=credit, early_update=True)
+
     def _names(self, iteration: int, destination: int) -> list[str]:
-        h = self.config.heuristic
+        h = ORDERED_BY.get(self.config.heuristic, self.config.heuristic)
         rng = random.Random(f"{self.config.seed}-{iteration}-{destination}") \
             if h == "random" else None
         return [self.plan.dag.recv_names[r] for r in self.plan.order_for(h, rng)]
@@ -289,6 +322,15 @@ class TictacPlugin:
         plugin's own overhead per iteration; enforce only if it pays (TIC/TAC)."""
         plan = self.plan
         h = self.config.heuristic
+        if h == "priority":
+            self.enforce = True
+            self.decision = (
+                f"enforced priority: cross-iteration (servers update each tensor as its "
+                f"gradients arrive and send it at once, the next forward's need first; "
+                f"workers push gradients first-layer first; credit "
+                f"{self.config.credit_bytes} bytes per link); not predicted: the simulator "
+                f"models one iteration (a = {plan.ratio_a:.2f})")
+            return
         plan.predict(("named", h) if h != "named" else ("named",), samples=200,
                      seed=self.config.seed)
         base = plan.predicted["named"]["makespan_s"]
@@ -317,7 +359,7 @@ class TictacPlugin:
         out = self.out_dir
         out.mkdir(parents=True, exist_ok=True)
         plan, h = self.plan, self.config.heuristic
-        order = plan.order_for(h, random.Random(self.config.seed))
+        order = plan.order_for(ORDERED_BY.get(h, h), random.Random(self.config.seed))
         sim = Simulator(plan.dag, plan.times, plan.execution)
         result = sim.run(order)
         data = {
@@ -354,6 +396,11 @@ class TictacPlugin:
             why = ("cluster.mode=none: no parameter transfers" if self.mode == "none"
                    else f"cluster.mode={self.mode}: all-reduce has no parameter recvs to order")
             return [ReportRow("tictac", f"nothing to order ({why}); use cluster.mode=ps")]
+        if self.role == "worker" and self.config.heuristic == "priority":
+            return [ReportRow("tictac", f"priority: gradients pushed first-layer first through "
+                              f"a {self.config.credit_bytes}-byte credit window "
+                              f"({self.calls} iterations x servers); parameters arrive by the "
+                              "servers' priorities", {"calls": self.calls})]
         if self.role == "worker":
             return [ReportRow("tictac", "workers receive parameters in the order the servers "
                               "enforce; measured E per iteration is in the run metrics "
@@ -391,7 +438,7 @@ class TictacPlugin:
     def _moved_vs_default(self) -> tuple[int, int]:
         """(tensors whose position differs from the transport's default order, tensors)."""
         plan, h = self.plan, self.config.heuristic
-        mine = plan.order_for(h, random.Random(self.config.seed))
+        mine = plan.order_for(ORDERED_BY.get(h, h), random.Random(self.config.seed))
         default = plan.order_for("named")
         return sum(a != b for a, b in zip(mine, default, strict=True)), len(default)
 

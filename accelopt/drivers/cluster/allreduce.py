@@ -15,6 +15,7 @@ is the global batch's mean gradient. The job's step then runs
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -72,11 +73,13 @@ class AllReduce(ClusterExchange):
         if self.hook is not None:
             self.hook.begin(iteration)
 
-    def gradients(self, iteration: int) -> None:
+    def gradients(self, iteration: int, update: Callable[[str], None] | None = None) -> bool:
         """DDP has already written the reduced buckets into ``.grad`` (backward waited for
-        them); collect the iteration's transfers and any error."""
+        them); collect the iteration's transfers and any error. Every rank steps the whole
+        model itself (``update`` unused)."""
         if self.hook is not None:
             self.transport.finish_allreduce(iteration)
+        return False
 
     def final_state(self, model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         if self.rank != 0:

@@ -8,10 +8,23 @@ layer only); each gradient is posted to its server the moment autograd has accum
 the servers average the workers' gradients (weighted by shard size, so the result is the
 gradient of the whole global batch: ``gradients``), and the job's step then runs
 ``accelopt_before_optimizer_step`` and the optimizer on the server's shard.
+
+Early update (cross-iteration scheduling: an order hook answered
+:class:`~accelopt.types.TransferPriorities` with ``early_update``). The server updates each
+tensor the moment every worker's gradient for it is in, and posts it for the next iteration
+at once, by priority, so the next forward's first layers can be on their way while this
+iteration's last gradients still are. A worker therefore receives iteration i+1's
+parameters while it may still run iteration i's backward: it posts those receives when
+iteration i begins and stages what arrives until i+1 begins (autograd still needs the
+values forward used). The arithmetic is that of one optimizer step over the shard: torch's
+SGD, Adam and AdamW update tensor by tensor; the job refuses the per-tensor update (and the
+server keeps the whole step, logging why) wherever a step reads more than one tensor.
 """
 
 from __future__ import annotations
 
+import logging
+import queue
 import threading
 from collections import Counter
 from collections.abc import Callable
@@ -30,6 +43,8 @@ from accelopt.types import ParamInfo, Role, TransferRecord
 if TYPE_CHECKING:
     from accelopt.job import Job
     from accelopt.job.timeline import PhaseTimer
+
+log = logging.getLogger(__name__)
 
 
 class Receivers:
@@ -117,11 +132,20 @@ class PsServer(ClusterExchange):
         self.workers = workers
         self._grads: dict[int, dict[str, torch.Tensor | None]] = {}
         self._receivers: Receivers | None = None
+        self._early = False
+        """This iteration updates tensor by tensor and posts the next iteration's at once."""
+        self._posted_for = -1
+        """The iteration whose parameters are already posted (early update)."""
+        self._ready: queue.Queue[str | BaseException] = queue.Queue()
+        self._counts: Counter[str] = Counter()
+        self._lock = threading.Lock()
+        self._refused = ""
 
     def attach(self, job: Job, timer: PhaseTimer) -> None:
         super().attach(job, timer)
         self.shard = self.shards()[self.rank]
         self.params = dict(job.model.named_parameters())
+        self.total = job.info.iterations
         batch = job.info.batch_size
         self.weights = {w: (stop - start) / batch for w, (start, stop) in
                         zip(self.workers, shard_rows(batch, len(self.workers)), strict=True)}
@@ -136,36 +160,103 @@ class PsServer(ClusterExchange):
     def begin(self, iteration: int) -> None:
         t = self.transport
         self._grads = {w: {} for w in self.workers}
-        receivers = Receivers()
+        self._counts, self._ready = Counter(), queue.Queue()
+        workers = len(self.workers)
+        receivers = Receivers(on_error=self._ready.put)
         for w in self.workers:
             records = {p.index: self.record(p, iteration, w, self.rank, "grad") for p in self.shard}
 
             def deliver(rec: TransferRecord, payload: Any, got: dict = self._grads[w]) -> None:
                 got[rec.tensor] = payload
+                with self._lock:
+                    self._counts[rec.tensor] += 1
+                    if self._counts[rec.tensor] == workers:
+                        self._ready.put(rec.tensor)  # every worker's gradient is in
 
             receivers.start(t.receive, iteration, w, records, deliver)
         self._receivers = receivers
-        for w in self.workers:
-            records = [self.record(p, iteration, self.rank, w, "param") for p in self.shard]
-            t.plan(iteration, w, records)
-            for rec, p in zip(records, self.shard, strict=True):
-                t.post(rec, self.params[p.name].detach())
+        if self._posted_for != iteration:  # else posted during the previous iteration
+            self._early = self._post_params(iteration, now=True)
 
-    def gradients(self, iteration: int) -> None:
+    def _post_params(self, iteration: int, now: bool) -> bool:
+        """Plan the shard's transfers of ``iteration`` to every worker and, if ``now``,
+        post them; whether the order hook asked for early update. An early-updating server
+        sends copies: a worker whose loss does not reach a tensor returns its (zero)
+        gradient before it has the tensor, so the update could change it mid-send."""
+        t, early = self.transport, True
+        records = {w: [self.record(p, iteration, self.rank, w, "param") for p in self.shard]
+                   for w in self.workers}
+        for w in self.workers:
+            schedule = t.plan(iteration, w, records[w])
+            early = early and schedule is not None and schedule.early_update
+        self._posted_for = iteration
+        if now:
+            values = [self.params[p.name].detach() for p in self.shard]
+            if early:
+                values = [v.clone() for v in values]
+            for w in self.workers:
+                for rec, value in zip(records[w], values, strict=True):
+                    t.post(rec, value)
+        return early
+
+    def _average(self, info: ParamInfo) -> None:
+        """``.grad`` of one tensor := the workers' gradients weighted by their rows."""
+        param = self.params[info.name]
+        total = torch.zeros_like(param)
+        for w in self.workers:
+            g = self._grads[w].get(info.name)
+            if g is not None:
+                total.add_(g.to(total.device), alpha=self.weights[w])
+        param.grad = total
+
+    def gradients(self, iteration: int, update: Callable[[str], None] | None = None) -> bool:
         t = self.transport
+        if self._early and update is None and not self._refused:
+            self._refused = "the job's step reads more than one tensor"
+            log.warning("rank %d: early update refused (%s): whole optimizer step instead",
+                        self.rank, self._refused)
+        if self._early and update is not None:
+            return self._update_early(iteration, update)
         t.wait_started(iteration)
         assert self._receivers is not None
         self._receivers.join()
         t.complete(iteration)  # the parameters left: the optimizer may change them now
         with torch.no_grad():
             for p in self.shard:
-                param = self.params[p.name]
-                total = torch.zeros_like(param)
+                self._average(p)
+        return False
+
+    def _update_early(self, iteration: int, update: Callable[[str], None]) -> bool:
+        """Update each tensor as its gradients complete; post it for the next iteration."""
+        t = self.transport
+        following = iteration + 1
+        posting = following < self.total
+        early_next = self._post_params(following, now=False) if posting else False
+        by_name = {p.name: p for p in self.shard}
+        deadline = self.settings.timeout_s
+        for _ in range(len(self.shard)):
+            try:
+                name = self._ready.get(timeout=deadline)
+            except queue.Empty:
+                raise CommunicationError(
+                    f"rank {self.rank}: the workers' gradients did not all arrive within "
+                    f"{deadline:g} s at iteration {iteration}") from None
+            if isinstance(name, BaseException):
+                raise name
+            info = by_name[name]
+            with torch.no_grad():
+                self._average(info)
+            update(name)
+            t.stats.updated_early += 1
+            if posting:
+                value = self.params[name].detach().clone()  # the next step changes it
                 for w in self.workers:
-                    g = self._grads[w].get(p.name)
-                    if g is not None:
-                        total.add_(g.to(total.device), alpha=self.weights[w])
-                param.grad = total
+                    t.post(self.record(info, following, self.rank, w, "param"), value)
+        assert self._receivers is not None
+        self._receivers.join()
+        t.complete(iteration)
+        self._early = early_next
+        return True
 
     def reduce(self, value: float, op: str) -> float:
         if self.settings.servers == 1:
@@ -187,17 +278,24 @@ class LayerArrivals:
         self.counts = counts
         self.timeout_s = timeout_s
         self.arrived: Counter[int] = Counter()
+        self.early: dict[int, Counter[int]] = {}
+        """Arrivals for iterations that have not begun yet (early update's next iteration)."""
         self.iteration = -1
         self.cv = threading.Condition()
         self.error: BaseException | None = None
 
     def reset(self, iteration: int) -> None:
         with self.cv:
-            self.iteration, self.arrived, self.error = iteration, Counter(), None
+            self.iteration, self.error = iteration, None
+            self.arrived = self.early.pop(iteration, Counter())
+            self.early = {i: c for i, c in self.early.items() if i > iteration}
 
-    def arrive(self, layer: int) -> None:
+    def arrive(self, layer: int, iteration: int | None = None) -> None:
         with self.cv:
-            self.arrived[layer] += 1
+            if iteration is None or iteration == self.iteration:
+                self.arrived[layer] += 1
+            else:
+                self.early.setdefault(iteration, Counter())[layer] += 1
             self.cv.notify_all()
 
     def fail(self, error: BaseException | None) -> None:
@@ -234,7 +332,13 @@ class PsWorker(ClusterExchange):
         self.stream = self.index
         self._iteration = 0
         self._posted: set[str] = set()
-        self._receivers: Receivers | None = None
+        self._receivers: dict[int, Receivers] = {}
+        self._staged: dict[int, list[tuple[TransferRecord, Any]]] = {}
+        """Parameters of an iteration that has not begun (early update), until it begins."""
+        self._begun = -1
+        self._stage_lock = threading.Lock()
+        self._sending: list[int] = []
+        """Iterations whose gradient sends may still be leaving."""
 
     def rows(self, batch_size: int) -> tuple[int, int]:
         return shard_rows(batch_size, self.settings.workers)[self.index]
@@ -246,6 +350,7 @@ class PsWorker(ClusterExchange):
         super().attach(job, timer)
         model = job.model
         self.model = model
+        self.total = job.info.iterations
         self.params = dict(model.named_parameters())
         self._shards = self.shards()
         self.owner = {p.name: s for s, shard in self._shards.items() for p in shard}
@@ -281,29 +386,63 @@ class PsWorker(ClusterExchange):
 
     def _deliver(self, rec: TransferRecord, payload: Any) -> None:
         if payload is not None:
-            with torch.no_grad():
-                self.params[rec.tensor].copy_(payload)
-        self.layers.arrive(rec.layer_index)
+            with self._stage_lock:
+                later = rec.iteration > self._begun
+                if later:  # this iteration's backward may still need the old values
+                    self._staged.setdefault(rec.iteration, []).append((rec, payload))
+            if not later:
+                with torch.no_grad():
+                    self.params[rec.tensor].copy_(payload)
+        self.layers.arrive(rec.layer_index, rec.iteration)
 
-    def begin(self, iteration: int) -> None:
+    def _receive(self, iteration: int) -> None:
+        """Post the receives of ``iteration``'s parameters (once)."""
+        if iteration in self._receivers or iteration >= self.total:
+            return
         t = self.transport
-        self._iteration, self._posted = iteration, set()
-        self.layers.reset(iteration)
         receivers = Receivers(on_error=self.layers.fail)
         for s, shard in self._shards.items():
             receivers.start(t.receive, iteration, s,
                             {p.index: self.record(p, iteration, s, self.rank, "param")
                              for p in shard}, self._deliver)
-            t.plan(iteration, s, [self.record(p, iteration, self.rank, s, "grad") for p in shard])
-        self._receivers = receivers
+        self._receivers[iteration] = receivers
 
-    def gradients(self, iteration: int) -> None:
+    def begin(self, iteration: int) -> None:
+        t = self.transport
+        self._iteration, self._posted = iteration, set()
+        self._receive(iteration)
+        with self._stage_lock:
+            self._begun = iteration
+            staged = self._staged.pop(iteration, [])
+        with torch.no_grad():
+            for rec, payload in staged:
+                self.params[rec.tensor].copy_(payload)
+        self.layers.reset(iteration)
+        # the next iteration's parameters may come while this one runs (early update)
+        self._receive(iteration + 1)
+        for s, shard in self._shards.items():
+            t.plan(iteration, s, [self.record(p, iteration, self.rank, s, "grad") for p in shard])
+
+    def gradients(self, iteration: int, update: Callable[[str], None] | None = None) -> bool:
+        """Hand over the last gradients and return: the next forward need not wait until
+        they have left (its first layer waits for its parameters, which come only once the
+        servers have this iteration's gradients of them), so the sends of iteration i are
+        waited for at the end of i+1, or now at the job's last iteration."""
         for info in self.table:  # parameters the loss did not reach still owe their server
             if info.name not in self._posted:
                 self._post_grad(info, None, self.params[info.name])
-        self.transport.complete(iteration)
-        assert self._receivers is not None
-        self._receivers.join()
+        self._receivers.pop(iteration).join()
+        self._sending.append(iteration)
+        last = iteration + 1 >= self.total
+        while self._sending and (last or self._sending[0] < iteration):
+            self.transport.complete(self._sending.pop(0))
+        return False
+
+    def close(self) -> None:
+        # only a job stopped before its last iteration leaves sends unwaited for (it failed
+        # or was stopped): nothing waits on them, and a dead peer must not hold the close
+        self._sending.clear()
+        super().close()
 
     def final_state(self, model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         if self.index != 0:

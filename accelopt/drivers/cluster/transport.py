@@ -21,6 +21,13 @@ does not name start as soon as they are posted (the default when nobody answers:
 the sender happens to issue them). A held transfer whose predecessor never comes fails after
 ``order_timeout_s`` with an error naming the missing tensor and its priority.
 
+Priority sends. When the answer is a :class:`~accelopt.types.TransferPriorities` (point to
+point only), posted transfers wait in a priority queue per (iteration, destination) and the
+highest-priority one starts whenever fewer than ``credit_bytes`` are in flight to that
+destination; a watcher thread per destination returns a transfer's credit when its sends
+have completed (handed to the kernel: what the socket buffers and the shaped queue hold
+beyond that is outside the window, which the docs of the benchmark say).
+
 All-reduce. A gradient bucket is one transfer with destination -1 ("all ranks"), started as
 an async ``all_reduce`` in the same enforced order; a completion thread timestamps each
 bucket when its work finishes, so the timeline shows communication overlapping backward.
@@ -29,6 +36,7 @@ bucket when its work finishes, so the timeline shows communication overlapping b
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import pickle
 import queue
 import threading
@@ -44,7 +52,7 @@ import torch.distributed as dist
 from accelopt.errors import AccelOptError
 from accelopt.host import PluginHost
 from accelopt.records import Span
-from accelopt.types import TransferRecord
+from accelopt.types import TransferPriorities, TransferRecord
 
 HEADER_LEN = 16
 HEADER_BYTES = HEADER_LEN * 8
@@ -89,6 +97,13 @@ class _OutStream:
     order: list[str] | None
     priority: dict[str, int]
     planned: int
+    credit: int | None = None
+    """Priority mode's window in bytes (``None``: a strict order or none)."""
+    queue: list[tuple[int, int, _Item]] = field(default_factory=list)
+    """Priority mode: (priority, posting number, item) waiting for credit (a heap)."""
+    inflight: int = 0
+    overtaken: int = 0
+    """Priority mode: transfers started ahead of one posted before them."""
     counter: int = 0
     started: int = 0
     posted: int = 0
@@ -112,6 +127,10 @@ class TransportStats:
     ordered: int = 0
     held: int = 0
     inversions: int = 0
+    overtaken: int = 0
+    """Priority mode: transfers started ahead of one that was posted before them."""
+    updated_early: int = 0
+    """PS server, early update: tensors updated as their gradients completed."""
     bytes_by_iteration: dict[int, int] = field(default_factory=dict)
     started_log: list[tuple[int, int, int, str]] = field(default_factory=list)
     """(iteration, destination, sequence, tensor) in the order transfers started."""
@@ -156,6 +175,7 @@ class Transport:
         self._lock = threading.Condition()
         self._out: dict[tuple[int, int], _OutStream] = {}
         self._completer: _Completer | None = None
+        self._watchers: dict[int, _SendWatcher] = {}
         self.failure: BaseException | None = None
         """The first error of a collective (timed out, a peer died) or of the order: a DDP
         hook hands it to backward, which raises it wrapped; the rank raises this one."""
@@ -169,21 +189,29 @@ class Transport:
 
     # -- sending ---------------------------------------------------------------------------
 
-    def plan(self, iteration: int, destination: int, records: Sequence[TransferRecord]) -> None:
-        """Declare the transfers of one iteration to ``destination`` and ask for an order."""
-        order = None
+    def plan(self, iteration: int, destination: int,
+             records: Sequence[TransferRecord]) -> TransferPriorities | None:
+        """Declare the transfers of one iteration to ``destination`` and ask for an order;
+        returns the answer when it asked for priority scheduling (else ``None``)."""
+        order, schedule = None, None
         if self.host.implements("accelopt_transfer_order"):
             answer = self.host.call(
                 "accelopt_transfer_order", transfers=list(records), destination=destination
             )
+            if isinstance(answer, TransferPriorities):
+                schedule = answer if destination != ALL_RANKS else None
+                answer = answer.order
             order = None if answer is None else [str(n) for n in answer]
         priority = {name: p for p, name in enumerate(order)} if order else {}
+        credit = None if schedule is None else max(0, int(schedule.credit_bytes))
         with self._lock:
             self._out[(iteration, destination)] = _OutStream(
-                iteration, destination, order, priority, planned=len(records)
+                iteration, destination, None if schedule else order, priority,
+                planned=len(records), credit=credit,
             )
             if order:
                 self.stats.ordered += len(order)
+        return schedule
 
     def post(self, record: TransferRecord, payload: Any, future: Any = None) -> None:
         """Hand over one transfer (any thread: autograd hooks post gradients). It starts now,
@@ -202,7 +230,11 @@ class Transport:
             stream = self._out[(record.iteration, record.destination)]
             stream.posted += 1
             prio = stream.priority.get(record.tensor)
-            if prio is None:
+            if stream.credit is not None:
+                rank = len(stream.priority) if prio is None else prio
+                heapq.heappush(stream.queue, (rank, stream.posted, item))
+                self._pump(stream)
+            elif prio is None:
                 self._start(stream, item, None)
             else:
                 if prio != stream.counter:
@@ -214,7 +246,36 @@ class Transport:
                     self._start(stream, stream.pending.pop(p), p)
             self._lock.notify_all()
 
-    def _start(self, stream: _OutStream, item: _Item, prio: int | None) -> None:
+    def _pump(self, stream: _OutStream) -> None:
+        """Priority mode (lock held): start the best waiting transfers while credit lasts."""
+        while stream.queue and (stream.credit == 0 or stream.inflight < stream.credit):
+            rank, posted, item = heapq.heappop(stream.queue)
+            if any(other[1] < posted for other in stream.queue):
+                stream.overtaken += 1
+            before = len(stream.works)
+            nbytes = self._start(stream, item, None)
+            if stream.credit:
+                # the watcher owns these works: a gloo send must be waited on exactly once
+                works = stream.works[before:]
+                del stream.works[before:]
+                stream.inflight += nbytes
+                self._watcher(stream.destination).put(stream, works, nbytes)
+
+    def _returned(self, stream: _OutStream, nbytes: int) -> None:
+        """A priority transfer's sends completed: its credit is free again."""
+        with self._lock:
+            stream.inflight -= nbytes
+            self._pump(stream)
+            self._lock.notify_all()
+
+    def _watcher(self, destination: int) -> _SendWatcher:
+        watcher = self._watchers.get(destination)
+        if watcher is None:
+            watcher = self._watchers[destination] = _SendWatcher(self, destination)
+        return watcher
+
+    def _start(self, stream: _OutStream, item: _Item, prio: int | None) -> int:
+        """Start one transfer (lock held); returns the bytes it puts on the link."""
         seq = stream.started
         stream.started += 1
         rec = item.record
@@ -227,7 +288,7 @@ class Transport:
         self.stats.logical_bytes += rec.nbytes
         if rec.destination == ALL_RANKS:
             self._start_allreduce(stream, item, seq)
-            return
+            return 0
         status, data, header = DROPPED, None, torch.zeros(HEADER_LEN, dtype=torch.int64)
         if item.keep:
             status, data, meta = _serialise(item.payload)
@@ -256,6 +317,7 @@ class Transport:
             self.stats.payload_bytes += data.numel()
         by_it = self.stats.bytes_by_iteration
         by_it[rec.iteration] = by_it.get(rec.iteration, 0) + nbytes
+        return nbytes
 
     def wait_started(self, iteration: int) -> None:
         """Block until every planned transfer of ``iteration`` has started; a transfer held
@@ -298,10 +360,27 @@ class Transport:
                 del self._out[(s.iteration, s.destination)]
                 self.stats.held += s.held
                 self.stats.inversions += s.inversions
+                self.stats.overtaken += s.overtaken
         for stream in streams:
             for work in stream.works:
                 _wait(work, self.timeout, f"rank {self.rank}: sending to rank "
                       f"{stream.destination} at iteration {iteration}")
+            if stream.credit:
+                self._drained(stream)
+
+    def _drained(self, stream: _OutStream) -> None:
+        """Priority mode: wait until the watcher has seen every send of ``stream`` complete."""
+        deadline = time.monotonic() + self.timeout_s
+        with self._lock:
+            while (stream.inflight or stream.queue) and self.failure is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise CommunicationError(
+                        f"rank {self.rank}: sending to rank {stream.destination} at iteration "
+                        f"{stream.iteration} did not finish within {self.timeout_s:g} s")
+                self._lock.wait(min(left, 0.5))
+            if self.failure is not None:
+                raise self.failure
 
     # -- receiving -------------------------------------------------------------------------
 
@@ -478,6 +557,42 @@ class Transport:
     def close(self) -> None:
         if self._completer is not None:
             self._completer.stop()
+        for watcher in self._watchers.values():
+            watcher.stop()
+
+
+class _SendWatcher:
+    """Priority mode: waits, in start order, for the sends to one destination and returns
+    each transfer's credit to its stream (so the next transfer by priority can start)."""
+
+    def __init__(self, transport: Transport, destination: int) -> None:
+        self.transport = transport
+        self.queue: queue.Queue[Any] = queue.Queue()
+        self.thread = threading.Thread(target=self._loop, name=f"credit {destination}",
+                                       daemon=True)
+        self.thread.start()
+
+    def put(self, stream: _OutStream, works: list[Any], nbytes: int) -> None:
+        self.queue.put((stream, works, nbytes))
+
+    def _loop(self) -> None:
+        t = self.transport
+        while True:
+            entry = self.queue.get()
+            if entry is None:
+                return
+            stream, works, nbytes = entry
+            try:
+                for work in works:
+                    _wait(work, t.timeout, f"rank {t.rank}: sending to rank "
+                          f"{stream.destination} at iteration {stream.iteration}")
+            except BaseException as exc:  # noqa: BLE001 - the rank raises it
+                t.failure = t.failure or exc
+            t._returned(stream, nbytes)
+
+    def stop(self) -> None:
+        self.queue.put(None)
+        self.thread.join(timeout=self.transport.timeout_s)
 
 
 class _Completer:
