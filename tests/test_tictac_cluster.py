@@ -481,8 +481,32 @@ def test_priority_updates_each_tensor_early_and_keeps_the_numerics_bitwise(tmp_p
     for name, value in base.state.items():
         assert torch.equal(value, prio.state[name]), name
     rows = [r.summary for r in prio.plugin_rows if r.plugin == "tictac"]
-    assert any(r.startswith("enforced priority: cross-iteration") for r in rows)
+    assert any(r.startswith("enforced priority (cross-iteration: parameters by the plan's")
+               and "credit 100 B per link (configured)" in r for r in rows)
     assert any("gradients pushed first-layer first" in r for r in rows)
+
+
+def test_priority_tunes_its_window_by_measurement_and_switches_modes_bitwise(tmp_path):
+    """credit_bytes=-1: after the warm-up, the default order (whole step) and each window in
+    turn, one iteration each, then the fastest; switching between the early update and the
+    whole step from one iteration to the next leaves the weights bitwise unchanged."""
+    iterations = 7
+    base = run_cluster(make_cfg(iterations), run_dir=tmp_path / "base")
+    tuned = run_cluster(make_cfg(iterations, plugins={"tictac": {
+        "heuristic": "priority", "oracle_runs": 1, "credit_bytes": -1,
+        "tune_credits": [0, 100], "tune_block": 1, "tune_rounds": 1}}),
+        run_dir=tmp_path / "tuned")
+    for name, value in base.state.items():
+        assert torch.equal(value, tuned.state[name]), name
+    n_params = len(base.state)
+    early = tuned.metrics["tensors_updated_early"]
+    # iterations 3 and 4 measure the windows; 5 and 6 run the choice (or the default)
+    assert 2 * n_params <= early <= 4 * n_params and early % n_params == 0
+    rows = [r for r in tuned.plugin_rows if r.plugin == "tictac"]
+    assert rows and all("measured over iterations 2-4 (median of 1 timed iterations each)"
+                        in r.summary for r in rows)
+    assert all({"measured_off_ms", "measured_credit_0_ms", "measured_credit_100_ms"}
+               <= set(r.metrics) for r in rows)
 
 
 def test_priority_keeps_the_whole_step_where_the_step_reads_every_gradient(tmp_path):
@@ -494,8 +518,33 @@ def test_priority_keeps_the_whole_step_where_the_step_reads_every_gradient(tmp_p
         return cfg
 
     base = run_cluster(clipped(), run_dir=tmp_path / "base")
-    prio = run_cluster(clipped({"tictac": {"heuristic": "priority", "oracle_runs": 1}}),
-                       run_dir=tmp_path / "prio")
-    assert prio.metrics["tensors_updated_early"] == 0
+    prio = run_cluster(clipped({"tictac": {"heuristic": "priority", "oracle_runs": 1,
+                                           "credit_bytes": 0}}), run_dir=tmp_path / "prio")
+    assert prio.metrics["tensors_updated_early"] == 0  # asked for from iteration 0, refused
+    assert prio.metrics["transfers_ordered"] > 0
     for name, value in base.state.items():
         assert torch.equal(value, prio.state[name]), name
+
+
+def test_priority_with_two_servers_and_several_jobs_keeps_every_jobs_weights(tmp_path):
+    """Two servers each update their shard early, and two jobs share the processes (the
+    leader interleaves their iterations, so a job's next-iteration parameters wait on the
+    workers while the other job runs): every job's weights are bitwise unchanged."""
+    def cluster(plugins=None):
+        cfg = make_cfg(iterations=3, plugins=plugins)
+        second = OmegaConf.structured(JobConfig(name="cnn", model="cnn", width=8,
+                                                batch_size=8, iterations=3, seed=1))
+        cfg.workload.jobs = [cfg.workload.jobs[0], second]
+        cfg.cluster.servers = 2
+        return cfg
+
+    base = run_cluster(cluster(), run_dir=tmp_path / "base")
+    prio = run_cluster(cluster({"tictac": {"heuristic": "priority", "oracle_runs": 1,
+                                           "credit_bytes": 0}}), run_dir=tmp_path / "prio")
+    assert set(base.state) == set(prio.state) and len(base.state) == 2
+    for job, params in base.state.items():
+        for name, value in params.items():
+            assert torch.equal(value, prio.state[job][name]), (job, name)
+    buffers = ("running_mean", "running_var", "num_batches_tracked")  # the cnn's batch norms
+    n_params = sum(not n.endswith(buffers) for p in base.state.values() for n in p)
+    assert prio.metrics["tensors_updated_early"] == 3 * n_params

@@ -141,6 +141,8 @@ class Job:
         unscaled before any plugin or the clipping sees them)."""
         self._schedules = schedules(spec)
         self._custom_step = self._schedules or spec.grad_clip is not None or self.scaler is not None
+        self.whole_step_reason = ""
+        """Why this job's step cannot be applied tensor by tensor ('': it can)."""
         """The step needs more than ``optimizer.step()`` (a schedule, clipping, a scaler)."""
 
     # -- facts -----------------------------------------------------------------------------
@@ -311,8 +313,16 @@ class Job:
         change or skip them, and an optimizer other than torch's SGD, Adam and AdamW
         (single-tensor or foreach, as built) may couple tensors."""
         optimizer = self.optimizer
-        if (optimizer is None or events.before_optimizer_step or self.spec.grad_clip is not None
-                or self.scaler is not None or type(optimizer) not in PER_TENSOR_OPTIMIZERS):
+        if optimizer is None:
+            return None
+        self.whole_step_reason = (
+            "a plugin implements accelopt_before_optimizer_step" if events.before_optimizer_step
+            else f"grad_clip={self.spec.grad_clip} needs the norm over every gradient"
+            if self.spec.grad_clip is not None
+            else "precision=fp16's gradient scaler reads every gradient" if self.scaler
+            else f"the optimizer is {type(optimizer).__name__}, not torch's SGD, Adam or AdamW"
+            if type(optimizer) not in PER_TENSOR_OPTIMIZERS else "")
+        if self.whole_step_reason:
             return None
         scheduled = self._schedules
         group_of = {id(p): g for g, group in enumerate(optimizer.param_groups)

@@ -8,11 +8,15 @@ from accelopt import PluginSpec
 
 
 def _factory(config: TictacConfig) -> object:
-    from accelopt_plugins.tictac.plugin import TictacOff, TictacPlugin
+    from accelopt_plugins.tictac.plugin import TictacOff, TictacPlugin, TictacPriority
 
     # heuristic=off orders nothing and never plans: an instance without the transfer hooks,
-    # so the transport does not call into the plugin for every transfer it moves
-    return TictacOff(config) if getattr(config, "heuristic", "tac") == "off" else TictacPlugin(config)
+    # so the transport does not call into the plugin for every transfer it moves; priority
+    # also times its iterations (its credit window is measured)
+    heuristic = getattr(config, "heuristic", "tac")
+    if heuristic == "off":
+        return TictacOff(config)
+    return TictacPriority(config) if heuristic == "priority" else TictacPlugin(config)
 
 
 PLUGIN = PluginSpec(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 HEURISTIC_CHOICES = ("tac", "tic", "priority", "random", "reverse", "named", "off")
 ORDERED_BY = {"priority": "tac"}
@@ -37,6 +37,11 @@ class TictacConfig:
     message_s: float = -1.0
     replan_iteration: int = 2
     order_file: str = ""
-    credit_bytes: int = 262144
+    credit_bytes: int = 65536
     """priority: bytes in flight per link before the next transfer by priority starts (0:
-    start each transfer as soon as it is posted)."""
+    start each transfer as soon as it is posted; -1: measure ``tune_credits`` and the
+    default order in turn after the warm-up and keep the fastest)."""
+    tune_credits: list[int] = field(default_factory=lambda: [0, 65536])
+    tune_block: int = 2
+    """Iterations per candidate in a tuning round (the first of a block is not timed)."""
+    tune_rounds: int = 2

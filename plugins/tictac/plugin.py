@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import json
 import random
+import statistics
 import time
 import warnings
 from collections.abc import Sequence
@@ -32,6 +33,7 @@ from accelopt_plugins.tictac.config import (
     ORDERED_BY,
     TictacConfig,
 )
+from accelopt_plugins.tictac.tuning import CreditTuner, candidates_from
 
 from accelopt import (
     BuiltJob,
@@ -81,6 +83,8 @@ class TictacPlugin:
         self.gain_s = 0.0
         self.overhead_s = 0.0
         self.order_source = "computed"
+        self.tuner = CreditTuner(candidates_from(config.credit_bytes, config.tune_credits,
+                                                 config.force), start=config.replan_iteration)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -96,14 +100,23 @@ class TictacPlugin:
         if c.oracle_runs < 1:
             raise ConfigError("plugins.tictac.oracle_runs must be >= 1 (the oracle keeps the "
                               "minimum over that many runs)")
-        if c.credit_bytes < 0:
-            raise ConfigError("plugins.tictac.credit_bytes must be >= 0 (0: no window)")
+        if c.credit_bytes < -1 or any(int(x) < 0 for x in c.tune_credits):
+            raise ConfigError("plugins.tictac.credit_bytes must be >= 0 (0: no window) or -1 "
+                              "(tune over tune_credits, each >= 0)")
+        if c.credit_bytes == -1 and not c.tune_credits:
+            raise ConfigError("plugins.tictac.tune_credits is empty; give the credit windows "
+                              "to measure, e.g. [0,65536], or set credit_bytes")
+        if c.tune_block < 1 or c.tune_rounds < 1:
+            raise ConfigError("plugins.tictac.tune_block and tune_rounds must be >= 1")
         if c.bandwidth_bytes_per_s < 0:
             raise ConfigError("plugins.tictac.bandwidth_bytes_per_s must be >= 0 (0: measure)")
         if c.order_file and not Path(c.order_file).exists():
             raise ConfigError(f"plugins.tictac.order_file={c.order_file!r} does not exist; "
                               "give a JSON list of tensor names or leave it empty")
         self.config = c
+        self.tuner = CreditTuner(candidates_from(c.credit_bytes, c.tune_credits, c.force),
+                                 start=c.replan_iteration, block=c.tune_block,
+                                 rounds=c.tune_rounds)
         cluster = run_config.get("cluster") if run_config is not None else None
         self.mode = str(cluster.get("mode", "none")) if cluster is not None else "none"
 
@@ -186,7 +199,11 @@ class TictacPlugin:
         gradients come last out of backward and overtake the later layers' still queued)."""
         t0 = time.perf_counter()
         self.calls += 1
-        credit = int(self.config.credit_bytes)
+        credit = self.tuner.candidate(transfers[0].iteration)
+        if credit is None:  # off: the default order (tuning's baseline, or its choice)
+            self.skipped += 1
+            self.hook_s += time.perf_counter() - t0
+            return None
         if transfers[0].kind == "grad":
             order = [t.tensor for t in sorted(transfers, key=lambda t: t.layer_index)]
             self.hook_s += time.perf_counter() - t0
@@ -325,11 +342,12 @@ class TictacPlugin:
         if h == "priority":
             self.enforce = True
             self.decision = (
-                f"enforced priority: cross-iteration (servers update each tensor as its "
-                f"gradients arrive and send it at once, the next forward's need first; "
-                f"workers push gradients first-layer first; credit "
-                f"{self.config.credit_bytes} bytes per link); not predicted: the simulator "
-                f"models one iteration (a = {plan.ratio_a:.2f})")
+                f"enforced priority: cross-iteration, the next forward's need first (servers "
+                f"update each tensor early and send it at once wherever the job's step allows "
+                f"it: tensors_updated_early in the run metrics counts them, a refusal is logged "
+                f"with its reason), gradients first-layer first, credit "
+                f"{self.config.credit_bytes} bytes per link, not predicted (the simulator "
+                f"models one iteration), a = {plan.ratio_a:.2f}")
             return
         plan.predict(("named", h) if h != "named" else ("named",), samples=200,
                      seed=self.config.seed)
@@ -396,11 +414,8 @@ class TictacPlugin:
             why = ("cluster.mode=none: no parameter transfers" if self.mode == "none"
                    else f"cluster.mode={self.mode}: all-reduce has no parameter recvs to order")
             return [ReportRow("tictac", f"nothing to order ({why}); use cluster.mode=ps")]
-        if self.role == "worker" and self.config.heuristic == "priority":
-            return [ReportRow("tictac", f"priority: gradients pushed first-layer first through "
-                              f"a {self.config.credit_bytes}-byte credit window "
-                              f"({self.calls} iterations x servers); parameters arrive by the "
-                              "servers' priorities", {"calls": self.calls})]
+        if self.config.heuristic == "priority":
+            return self._priority_rows()
         if self.role == "worker":
             return [ReportRow("tictac", "workers receive parameters in the order the servers "
                               "enforce; measured E per iteration is in the run metrics "
@@ -435,6 +450,34 @@ class TictacPlugin:
                    f"predicted schedule in {self.out_dir}/")
         return [ReportRow("tictac", summary, metrics)]
 
+    def _priority_rows(self) -> list[ReportRow]:
+        tuner = self.tuner
+        metrics: dict[str, float | int | str] = {
+            "heuristic": "priority", "calls": self.calls, "off_calls": self.skipped,
+            "hook_ms": round(1e3 * self.hook_s / max(1, self.calls), 4),
+            "chosen_credit_bytes": -1 if tuner.chosen is None else int(tuner.chosen),
+        }
+        for c, values in tuner.timed().items():
+            if values:
+                key = "off" if c is None else f"credit_{c}"
+                metrics[f"measured_{key}_ms"] = round(1e3 * statistics.median(values), 3)
+        if len(tuner.candidates) == 1:
+            choice = f"credit {tuner.candidates[0]} B per link (configured)"
+        else:
+            choice = tuner.describe()
+        stayed = tuner.decided and tuner.chosen is None
+        if self.role == "worker":
+            what = "gradients pushed first-layer first"
+        else:
+            what = (f"parameters by the plan's order, traced by {self.plan.traced_by}"
+                    if self.plan is not None else
+                    f"parameters by layer order ({self.unplanned or 'no plan'})")
+            what += (", each tensor updated early and sent at once wherever the job's step "
+                     "allows it (tensors_updated_early in the run metrics counts them)")
+        head = ("stayed out of the way: the default order measured fastest" if stayed
+                else f"enforced priority (cross-iteration: {what})")
+        return [ReportRow("tictac", f"{head}, {choice}", metrics)]
+
     def _moved_vs_default(self) -> tuple[int, int]:
         """(tensors whose position differs from the transport's default order, tensors)."""
         plan, h = self.plan, self.config.heuristic
@@ -461,6 +504,15 @@ def _oracle_loss(loss: Any, out: Any, y: torch.Tensor) -> torch.Tensor:
         return loss(out, y)
     except UserError:
         return _sum_loss(out)
+
+
+class TictacPriority(TictacPlugin):
+    """``heuristic=priority``: times its own iterations, which tune its credit window (and
+    decide whether scheduling pays at all: :mod:`accelopt_plugins.tictac.tuning`)."""
+
+    @hookimpl
+    def accelopt_iteration_end(self, context: Any, result: Any) -> None:
+        self.tuner.record(result.iteration, result.seconds)
 
 
 class TictacOff(TictacPlugin):

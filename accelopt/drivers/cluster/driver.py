@@ -17,11 +17,19 @@ broadcast step at a time).
 Without plugins the earliest arrival runs (ties: job order): one job at a time, to
 completion, in arrival order, what a user gets submitting the jobs one by one.
 
-The decision is broadcast before every iteration even where no plugin decides: it is also
-the point where every rank starts the iteration together, which the per-iteration figures
-(E, Mc, Pc) are measured from. It is three integers in one tensor broadcast (~0.7 ms on gloo
-over loopback) rather than a pickled object (``broadcast_object_list``: two collectives and
-a pickle round trip, ~1.7 ms).
+With several jobs the decision is broadcast before every iteration, even where no plugin
+decides: it is also the point where every rank starts the iteration together. It is three
+integers in one tensor broadcast (~0.7 ms on gloo over loopback) rather than a pickled
+object (``broadcast_object_list``: two collectives and a pickle round trip, ~1.7 ms).
+
+A run of **one job** has nothing to decide after its first iteration: the leader broadcasts
+that decision once, marked *free-running*, and every other rank then runs the job's
+remaining iterations without waiting for the leader between them (its exchange still
+synchronises the data: a PS worker's forward waits for each layer's parameters, an
+all-reduce for every rank's buckets). Why: the leader of a PS run is a server, whose
+iteration ends only once every gradient is in; a per-iteration broadcast would hold every
+worker's next forward until then, which is exactly what cross-iteration scheduling (the
+early update, tictac's ``priority``) overlaps.
 """
 
 from __future__ import annotations
@@ -45,6 +53,8 @@ if TYPE_CHECKING:
     from accelopt.drivers.cluster.rank import RankJob
 
 LEADER = 0
+FREE = 2
+"""Decision flag: run the job's remaining iterations without waiting for more decisions."""
 
 
 class ClusterDriver:
@@ -114,13 +124,18 @@ class ClusterDriver:
             job_id = job.info.job_id
             self.schedule.append({"t_s": self.clock() - (self.train_t0 or 0.0), "run": [job_id],
                                   "lane": events.lane})
-            self._send({"run": job_id, "lane": events.lane})
+            if not self._freed:
+                self._freed = len(self.jobs) == 1  # one job: the followers run on by themselves
+                self._send({"run": job_id, "lane": events.lane, "free": self._freed})
             return self.jobs[job_id].step(events.lane, self.progress)
 
+    _freed = False
+    """The one job's followers were told to run its remaining iterations by themselves."""
+
     def _send(self, decision: dict[str, Any]) -> None:
-        """Broadcast one decision: ``{"run": job_id, "lane": lane}`` or ``{"stop": True}``.
-        A per-iteration message, so it is one small tensor broadcast, not a pickled object
-        (which costs two collectives and a pickle round trip per iteration)."""
+        """Broadcast one decision: ``{"run": job_id, "lane": lane, "free": bool}`` or
+        ``{"stop": True}``. A per-iteration message, so it is one small tensor broadcast,
+        not a pickled object (which costs two collectives and a pickle round trip)."""
         if decision.get("stop"):
             self._broadcast_codes(-1, -1, 0)
             return
@@ -129,19 +144,20 @@ class ClusterDriver:
         new = index is None
         if index is None:
             index = self._add_lane(lane)
-        self._broadcast_codes(self._index[decision["run"]], index, int(new))
+        self._broadcast_codes(self._index[decision["run"]], index,
+                              int(new) | (FREE if decision.get("free") else 0))
         if new:
             dist.broadcast_object_list([lane], src=LEADER)
 
     def _receive(self) -> dict[str, Any]:
-        job, lane, new = self._broadcast_codes()
+        job, lane, flags = self._broadcast_codes()
         if job < 0:
             return {"stop": True}
-        if new:  # a lane not seen before: its name follows
+        if flags & 1:  # a lane not seen before: its name follows
             box: list[Any] = [None]
             dist.broadcast_object_list(box, src=LEADER)
             self._add_lane(str(box[0]))
-        return {"run": self._ids[job], "lane": self._lanes[lane]}
+        return {"run": self._ids[job], "lane": self._lanes[lane], "free": bool(flags & FREE)}
 
     def _add_lane(self, lane: str) -> int:
         self._lane_index[lane] = len(self._lanes)
@@ -164,4 +180,7 @@ class ClusterDriver:
             decision = self._receive()
             if decision.get("stop"):
                 return
-            self.jobs[decision["run"]].step(decision["lane"], self.progress)
+            part = self.jobs[decision["run"]]
+            part.step(decision["lane"], self.progress)
+            while decision["free"] and not part.job.done:
+                part.step(decision["lane"], self.progress)

@@ -124,7 +124,12 @@ def _job_outcome(parts: list[JobPart], settings: ClusterSettings,
         param_bytes = sum(p.numel() * p.element_size() for p in parts[0].params.values())
     wire = [sum(r.stats.bytes_by_iteration.get(i, 0) for r in parts)
             for i in range(resumed_at, n_iter)]
+    steady = starts[skip:] if len(starts) > skip else starts
+    # 1 / median iteration is no throughput once iterations overlap (an early update sends
+    # the next iteration's parameters inside this one): count iterations over wall time
+    wall = (len(steady) / (ends[-1] - steady[0])) if steady and ends[-1] > steady[0] else None
     metrics: dict[str, Any] = {
+        "wall_iterations_per_s": wall,
         "cluster_mode": settings.mode,
         "cluster_workers": settings.workers,
         "cluster_servers": settings.servers,

@@ -146,6 +146,7 @@ class PsServer(ClusterExchange):
         self.shard = self.shards()[self.rank]
         self.params = dict(job.model.named_parameters())
         self.total = job.info.iterations
+        self._job = job
         batch = job.info.batch_size
         self.weights = {w: (stop - start) / batch for w, (start, stop) in
                         zip(self.workers, shard_rows(batch, len(self.workers)), strict=True)}
@@ -212,9 +213,9 @@ class PsServer(ClusterExchange):
     def gradients(self, iteration: int, update: Callable[[str], None] | None = None) -> bool:
         t = self.transport
         if self._early and update is None and not self._refused:
-            self._refused = "the job's step reads more than one tensor"
-            log.warning("rank %d: early update refused (%s): whole optimizer step instead",
-                        self.rank, self._refused)
+            self._refused = self._job.whole_step_reason or "the job takes no step"
+            log.warning("rank %d, job %s: early update refused (%s): the whole optimizer step "
+                        "instead", self.rank, self.job_id, self._refused)
         if self._early and update is not None:
             return self._update_early(iteration, update)
         t.wait_started(iteration)

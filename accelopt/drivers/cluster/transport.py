@@ -561,99 +561,106 @@ class Transport:
             watcher.stop()
 
 
-class _SendWatcher:
-    """Priority mode: waits, in start order, for the sends to one destination and returns
-    each transfer's credit to its stream (so the next transfer by priority can start)."""
+class _WorkWaiter:
+    """A thread that takes entries off a queue, in order, until ``stop``: waiting for works
+    must not block the thread that starts them."""
 
-    def __init__(self, transport: Transport, destination: int) -> None:
+    def __init__(self, transport: Transport, name: str) -> None:
         self.transport = transport
         self.queue: queue.Queue[Any] = queue.Queue()
-        self.thread = threading.Thread(target=self._loop, name=f"credit {destination}",
-                                       daemon=True)
+        self.thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self.thread.start()
 
-    def put(self, stream: _OutStream, works: list[Any], nbytes: int) -> None:
-        self.queue.put((stream, works, nbytes))
-
     def _loop(self) -> None:
-        t = self.transport
         while True:
             entry = self.queue.get()
             if entry is None:
                 return
-            stream, works, nbytes = entry
-            try:
-                for work in works:
-                    _wait(work, t.timeout, f"rank {t.rank}: sending to rank "
-                          f"{stream.destination} at iteration {stream.iteration}")
-            except BaseException as exc:  # noqa: BLE001 - the rank raises it
-                t.failure = t.failure or exc
-            t._returned(stream, nbytes)
+            self.handle(entry)
+            del entry  # hold no finished work while waiting for the next entry
+
+    def handle(self, entry: Any) -> None:
+        raise NotImplementedError
 
     def stop(self) -> None:
         self.queue.put(None)
         self.thread.join(timeout=self.transport.timeout_s)
 
 
-class _Completer:
+class _SendWatcher(_WorkWaiter):
+    """Priority mode: waits, in start order, for the sends to one destination and returns
+    each transfer's credit to its stream (so the next transfer by priority can start)."""
+
+    def __init__(self, transport: Transport, destination: int) -> None:
+        super().__init__(transport, f"credit {destination}")
+
+    def put(self, stream: _OutStream, works: list[Any], nbytes: int) -> None:
+        self.queue.put((stream, works, nbytes))
+
+    def handle(self, entry: Any) -> None:
+        t = self.transport
+        stream, works, nbytes = entry
+        try:
+            for work in works:
+                _wait(work, t.timeout, f"rank {t.rank}: sending to rank "
+                      f"{stream.destination} at iteration {stream.iteration}")
+        except BaseException as exc:  # noqa: BLE001 - the rank raises it
+            t.failure = t.failure or exc
+        t._returned(stream, nbytes)
+
+
+class _Completer(_WorkWaiter):
     """Waits for all-reduce works in start order and timestamps each one's end."""
 
     def __init__(self, transport: Transport) -> None:
-        self.transport = transport
-        self.queue: queue.Queue[Any] = queue.Queue()
         self.done: dict[int, dict[str, torch.Tensor]] = {}
         self.error: BaseException | None = None
         self.pending = 0
         self.cv = threading.Condition()
-        self.thread = threading.Thread(target=self._loop, name="allreduce-completer", daemon=True)
-        self.thread.start()
+        super().__init__(transport, "allreduce-completer")
 
     def put(self, entry: Any) -> None:
         with self.cv:
             self.pending += 1
         self.queue.put(entry)
 
-    def _loop(self) -> None:
+    def handle(self, entry: Any) -> None:
         t = self.transport
-        while True:
-            entry = self.queue.get()
-            if entry is None:
-                return
-            rec, payload, work, start_s, seq, future = entry
-            try:
-                _wait(work, t.timeout, f"rank {t.rank}: all-reduce of {rec.tensor} at "
-                      f"iteration {rec.iteration}")
-                end_s = t.now()
-                if isinstance(payload, _Gathered):
-                    payload = payload.per_rank()
-                if t._decode:
-                    payload = t.host.chain(
-                        "accelopt_transfer_decode", payload,
-                        lambda p, r=rec: {"record": r, "payload": p}, reverse=True,
-                    )
-                t._record(rec, start_s, end_s, seq)
-            except BaseException as exc:  # handed to the main thread in drain()
-                with self.cv:
-                    self.error = self.error or exc
-                    t.failure = t.failure or exc
-                    self.pending -= 1
-                    self.cv.notify_all()
-                if future is not None:
-                    future.set_exception(exc)
-                continue
-            if future is not None:  # whoever waits on it (DDP) takes the result
-                future.set_result(payload)
-                # hold no collective's work between buckets: a process that ends while this
-                # thread still owns one may abort when its process group is destroyed
-                del entry, payload, work, future
-                with self.cv:
-                    self.pending -= 1
-                    self.cv.notify_all()
-                continue
+        rec, payload, work, start_s, seq, future = entry
+        try:
+            _wait(work, t.timeout, f"rank {t.rank}: all-reduce of {rec.tensor} at "
+                  f"iteration {rec.iteration}")
+            end_s = t.now()
+            if isinstance(payload, _Gathered):
+                payload = payload.per_rank()
+            if t._decode:
+                payload = t.host.chain(
+                    "accelopt_transfer_decode", payload,
+                    lambda p, r=rec: {"record": r, "payload": p}, reverse=True,
+                )
+            t._record(rec, start_s, end_s, seq)
+        except BaseException as exc:  # handed to the main thread in drain()
             with self.cv:
-                self.done.setdefault(rec.iteration, {})[rec.tensor] = payload
+                self.error = self.error or exc
+                t.failure = t.failure or exc
                 self.pending -= 1
                 self.cv.notify_all()
+            if future is not None:
+                future.set_exception(exc)
+            return
+        if future is not None:  # whoever waits on it (DDP) takes the result
+            future.set_result(payload)
+            # hold no collective's work between buckets: a process that ends while this
+            # thread still owns one may abort when its process group is destroyed
+            del entry, payload, work, future
+            with self.cv:
+                self.pending -= 1
+                self.cv.notify_all()
+            return
+        with self.cv:
+            self.done.setdefault(rec.iteration, {})[rec.tensor] = payload
+            self.pending -= 1
+            self.cv.notify_all()
 
     def drain(self, iteration: int) -> dict[str, torch.Tensor]:
         deadline = time.monotonic() + self.transport.timeout_s
@@ -669,10 +676,6 @@ class _Completer:
             if self.error is not None:
                 raise self.error
             return self.done.pop(iteration, {})
-
-    def stop(self) -> None:
-        self.queue.put(None)
-        self.thread.join(timeout=self.transport.timeout_s)
 
 
 @dataclass
