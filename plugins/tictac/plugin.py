@@ -3,7 +3,10 @@
 Where it acts: in parameter-server mode the servers send every parameter to every worker
 each iteration; the transport asks the order hook once per (iteration, destination) and
 enforces the answer (priority p starts only after 0..p-1 to that destination have started).
-Only ``param`` transfers are ordered: gradients leave in the order autograd produces them.
+TIC/TAC order only ``param`` transfers: gradients leave in the order autograd produces them.
+``heuristic=priority`` answers :class:`~accelopt.TransferPriorities` instead, on servers
+(parameters, with the early update) and workers (gradients, first layer first): priority
+scheduling through a credit window, tuned by measurement where asked (``tuning.py``).
 
 The plan (trace -> oracle -> order -> simulator prediction) is made on each server rank when
 the job is built (``accelopt_job_built``: the core hands over the built model and a worker's
