@@ -10,8 +10,8 @@ compute take about as long (a = Mc/Pc ~ 1, where ordering matters most).
 For each model: one calibration run without the plugin at ``--bandwidth`` reads a; the link
 is then set to ``bandwidth x a`` (a scales inversely with the rate), so the timed runs sit
 near a = 1. Then ``--rounds`` paired rounds, each one run without the plugin and one with
-``+plugins=[tictac]`` (its defaults: priority scheduling, a 64 KiB credit window; ``--set``
-changes them), back to back, the order alternating; the figure is the median over rounds of
+``+plugins=[tictac]`` (its defaults, TAC, or what ``--set`` gives it, e.g.
+``heuristic=priority``), back to back, the order alternating; the figure is the median over rounds of
 the paired ratio of steady iterations per second of wall time (``wall_iterations_per_s``:
 the iterations after the warm-up over their first start to last end; one over the median
 iteration time is no throughput once an early update lets iterations overlap), tictac /

@@ -11,7 +11,7 @@ nothing: the gradients backward left in ``.grad`` are final. The cluster's excha
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from torch import nn
@@ -54,13 +54,14 @@ class Exchange:
     def begin(self, iteration: int) -> None:
         """The iteration starts (before the batch is read)."""
 
-    def gradients(self, iteration: int, update: Callable[[str], None] | None = None) -> bool:
+    def gradients(self, iteration: int,
+                  update: Callable[[Sequence[str]], None] | None = None) -> bool:
         """After backward: move the gradients so that, on a process that steps, ``.grad`` of
         every stepped parameter holds the final gradient.
 
-        ``update(name)`` (offered only where the job's step is one independent update per
+        ``update(names)`` (offered only where the job's step is one independent update per
         tensor: no clipping, no plugin on the gradients, no scaler) applies the optimizer
-        to one tensor whose ``.grad`` is final. An exchange that uses it (a PS server
+        to those tensors, whose ``.grad`` is final. An exchange that uses it (a PS server
         updating each tensor as its gradients arrive) returns ``True``: the step then takes
         no optimizer step of its own."""
         return False

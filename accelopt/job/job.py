@@ -14,7 +14,7 @@ possible and keeps jobs that share a process from perturbing each other.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -34,7 +34,7 @@ from accelopt.job.optim import (
     lr_factor,
     schedules,
     set_lr,
-    step_tensor,
+    step_tensors,
 )
 from accelopt.job.params import buckets_by_bytes, param_table
 from accelopt.job.rng import JobRandom
@@ -306,8 +306,9 @@ class Job:
         if rebuilds:
             self.rebuild_optimizer("; ".join(r.reason for r in rebuilds))
 
-    def _tensor_update(self, i: int, events: StepEvents) -> Callable[[str], None] | None:
-        """What the exchange may call to update one tensor whose gradient is final, or
+    def _tensor_update(self, i: int,
+                       events: StepEvents) -> Callable[[Sequence[str]], None] | None:
+        """What the exchange may call to update tensors whose gradients are final, or
         ``None`` where the step is more than independent per-tensor updates: clipping and
         the fp16 scaler read every gradient, a plugin on ``before_optimizer_step`` may
         change or skip them, and an optimizer other than torch's SGD, Adam and AdamW
@@ -328,13 +329,13 @@ class Job:
         group_of = {id(p): g for g, group in enumerate(optimizer.param_groups)
                     for p in group["params"]}
 
-        def update(name: str) -> None:
+        def update(names: Sequence[str]) -> None:
             nonlocal scheduled
             if scheduled:  # once per iteration, before its first tensor
                 set_lr(optimizer, lr_factor(self.spec, i))
                 scheduled = False
-            param = self._stepped[name]
-            step_tensor(optimizer, param, group_of[id(param)])
+            params = [self._stepped[n] for n in names]
+            step_tensors(optimizer, params, [group_of[id(p)] for p in params])
 
         return update
 

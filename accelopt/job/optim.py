@@ -12,7 +12,7 @@ the previous optimizer).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -43,15 +43,18 @@ norm or statistic over several), so stepping the tensors one at a time gives the
 bits as one step over all of them."""
 
 
-def step_tensor(optimizer: torch.optim.Optimizer, param: nn.Parameter, group: int) -> None:
-    """One optimizer step over ``param`` alone (it is in ``param_groups[group]``): the other
-    tensors are hidden from the step, not zeroed, so their state and gradients stay."""
+def step_tensors(optimizer: torch.optim.Optimizer, params: Sequence[nn.Parameter],
+                 groups_of: Sequence[int]) -> None:
+    """One optimizer step over ``params`` alone (``params[k]`` is in
+    ``param_groups[groups_of[k]]``): the other tensors are hidden from the step, not zeroed,
+    so their state and gradients stay."""
     groups = optimizer.param_groups
     saved = [g["params"] for g in groups]
     try:
         for g in groups:
             g["params"] = []
-        groups[group]["params"] = [param]
+        for param, group in zip(params, groups_of, strict=True):
+            groups[group]["params"].append(param)
         optimizer.step()
     finally:
         for g, params in zip(groups, saved, strict=True):

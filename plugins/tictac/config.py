@@ -37,7 +37,7 @@ class TictacConfig:
     message_s: float = -1.0
     replan_iteration: int = 2
     order_file: str = ""
-    credit_bytes: int = 65536
+    credit_bytes: int = 0
     """priority: bytes in flight per link before the next transfer by priority starts (0:
     start each transfer as soon as it is posted; -1: measure ``tune_credits`` and the
     default order in turn after the warm-up and keep the fastest)."""

@@ -15,7 +15,7 @@ is the global batch's mean gradient. The job's step then runs
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -73,7 +73,8 @@ class AllReduce(ClusterExchange):
         if self.hook is not None:
             self.hook.begin(iteration)
 
-    def gradients(self, iteration: int, update: Callable[[str], None] | None = None) -> bool:
+    def gradients(self, iteration: int,
+                  update: Callable[[Sequence[str]], None] | None = None) -> bool:
         """DDP has already written the reduced buckets into ``.grad`` (backward waited for
         them); collect the iteration's transfers and any error. Every rank steps the whole
         model itself (``update`` unused)."""

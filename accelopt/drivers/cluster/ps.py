@@ -27,7 +27,7 @@ import logging
 import queue
 import threading
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -210,7 +210,8 @@ class PsServer(ClusterExchange):
                 total.add_(g.to(total.device), alpha=self.weights[w])
         param.grad = total
 
-    def gradients(self, iteration: int, update: Callable[[str], None] | None = None) -> bool:
+    def gradients(self, iteration: int,
+                  update: Callable[[Sequence[str]], None] | None = None) -> bool:
         t = self.transport
         if self._early and update is None and not self._refused:
             self._refused = self._job.whole_step_reason or "the job takes no step"
@@ -227,37 +228,57 @@ class PsServer(ClusterExchange):
                 self._average(p)
         return False
 
-    def _update_early(self, iteration: int, update: Callable[[str], None]) -> bool:
-        """Update each tensor as its gradients complete; post it for the next iteration."""
+    def _update_early(self, iteration: int,
+                      update: Callable[[Sequence[str]], None]) -> bool:
+        """Update the tensors as their gradients complete; post them for the next iteration.
+        Whatever has completed together is updated in one optimizer step (a model of many
+        small tensors would otherwise pay the step's fixed cost per tensor), then posted
+        first-layer first."""
         t = self.transport
         following = iteration + 1
         posting = following < self.total
         early_next = self._post_params(following, now=False) if posting else False
         by_name = {p.name: p for p in self.shard}
-        deadline = self.settings.timeout_s
-        for _ in range(len(self.shard)):
-            try:
-                name = self._ready.get(timeout=deadline)
-            except queue.Empty:
-                raise CommunicationError(
-                    f"rank {self.rank}: the workers' gradients did not all arrive within "
-                    f"{deadline:g} s at iteration {iteration}") from None
-            if isinstance(name, BaseException):
-                raise name
-            info = by_name[name]
+        left = len(self.shard)
+        while left:
+            ready = self._take_ready(iteration)
+            infos = sorted((by_name[n] for n in ready), key=lambda p: p.index)
             with torch.no_grad():
-                self._average(info)
-            update(name)
-            t.stats.updated_early += 1
+                for info in infos:
+                    self._average(info)
+            update([info.name for info in infos])
+            t.stats.updated_early += len(infos)
+            left -= len(infos)
             if posting:
-                value = self.params[name].detach().clone()  # the next step changes it
-                for w in self.workers:
-                    t.post(self.record(info, following, self.rank, w, "param"), value)
+                for info in infos:
+                    value = self.params[info.name].detach().clone()  # the next step changes it
+                    for w in self.workers:
+                        t.post(self.record(info, following, self.rank, w, "param"), value)
         assert self._receivers is not None
         self._receivers.join()
         t.complete(iteration)
         self._early = early_next
         return True
+
+    def _take_ready(self, iteration: int) -> list[str]:
+        """The next tensor whose gradients are all in (waiting for it), and every other one
+        that is already complete."""
+        deadline = self.settings.timeout_s
+        try:
+            names = [self._ready.get(timeout=deadline)]
+        except queue.Empty:
+            raise CommunicationError(
+                f"rank {self.rank}: the workers' gradients did not all arrive within "
+                f"{deadline:g} s at iteration {iteration}") from None
+        while True:
+            try:
+                names.append(self._ready.get_nowait())
+            except queue.Empty:
+                break
+        for name in names:
+            if isinstance(name, BaseException):
+                raise name
+        return names  # type: ignore[return-value]
 
     def reduce(self, value: float, op: str) -> float:
         if self.settings.servers == 1:
@@ -424,7 +445,8 @@ class PsWorker(ClusterExchange):
         for s, shard in self._shards.items():
             t.plan(iteration, s, [self.record(p, iteration, self.rank, s, "grad") for p in shard])
 
-    def gradients(self, iteration: int, update: Callable[[str], None] | None = None) -> bool:
+    def gradients(self, iteration: int,
+                  update: Callable[[Sequence[str]], None] | None = None) -> bool:
         """Hand over the last gradients and return: the next forward need not wait until
         they have left (its first layer waits for its parameters, which come only once the
         servers have this iteration's gradients of them), so the sends of iteration i are
