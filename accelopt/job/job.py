@@ -141,9 +141,9 @@ class Job:
         unscaled before any plugin or the clipping sees them)."""
         self._schedules = schedules(spec)
         self._custom_step = self._schedules or spec.grad_clip is not None or self.scaler is not None
+        """The step needs more than ``optimizer.step()`` (a schedule, clipping, a scaler)."""
         self.whole_step_reason = ""
         """Why this job's step cannot be applied tensor by tensor ('': it can)."""
-        """The step needs more than ``optimizer.step()`` (a schedule, clipping, a scaler)."""
 
     # -- facts -----------------------------------------------------------------------------
 

@@ -36,7 +36,7 @@ from accelopt_plugins.tictac.config import (
     ORDERED_BY,
     TictacConfig,
 )
-from accelopt_plugins.tictac.tuning import CreditTuner, candidates_from
+from accelopt_plugins.tictac.tuning import CreditTuner
 
 from accelopt import (
     BuiltJob,
@@ -49,7 +49,7 @@ from accelopt import (
     hookimpl,
 )
 from accelopt.job import inputs as job_inputs
-from accelopt.types import CliCommand, ClusterInfo
+from accelopt.types import CliCommand, ClusterInfo, IterationContext, IterationResult
 
 DEFAULT_BYTES_PER_S = 125e6  # 1 Gbit/s when nothing better is known
 
@@ -86,8 +86,7 @@ class TictacPlugin:
         self.gain_s = 0.0
         self.overhead_s = 0.0
         self.order_source = "computed"
-        self.tuner = CreditTuner(candidates_from(config.credit_bytes, config.tune_credits,
-                                                 config.force), start=config.replan_iteration)
+        self.tuner = CreditTuner.for_config(config)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -117,9 +116,7 @@ class TictacPlugin:
             raise ConfigError(f"plugins.tictac.order_file={c.order_file!r} does not exist; "
                               "give a JSON list of tensor names or leave it empty")
         self.config = c
-        self.tuner = CreditTuner(candidates_from(c.credit_bytes, c.tune_credits, c.force),
-                                 start=c.replan_iteration, block=c.tune_block,
-                                 rounds=c.tune_rounds)
+        self.tuner = CreditTuner.for_config(c)
         cluster = run_config.get("cluster") if run_config is not None else None
         self.mode = str(cluster.get("mode", "none")) if cluster is not None else "none"
 
@@ -514,7 +511,8 @@ class TictacPriority(TictacPlugin):
     decide whether scheduling pays at all: :mod:`accelopt_plugins.tictac.tuning`)."""
 
     @hookimpl
-    def accelopt_iteration_end(self, context: Any, result: Any) -> None:
+    def accelopt_iteration_end(self, context: IterationContext,
+                               result: IterationResult) -> None:
         self.tuner.record(result.iteration, result.seconds)
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 OFF = None
 """The candidate that schedules nothing: the default order, the whole optimizer step."""
@@ -47,6 +48,16 @@ class CreditTuner:
             raise ValueError("CreditTuner needs at least one candidate")
         self.block = max(1, self.block)
         self.rounds = max(1, self.rounds)
+        if len(self.candidates) == 1:  # nothing to measure: that one from the start
+            self.chosen, self.decided = self.candidates[0], True
+
+    @classmethod
+    def for_config(cls, config: Any) -> CreditTuner:
+        """The tuner ``plugins.tictac`` asks for (``credit_bytes``, ``tune_credits``,
+        ``tune_block``, ``tune_rounds``, ``force``; from ``replan_iteration`` on)."""
+        return cls(candidates_from(config.credit_bytes, config.tune_credits, config.force),
+                   start=config.replan_iteration, block=config.tune_block,
+                   rounds=config.tune_rounds)
 
     @property
     def end(self) -> int:

@@ -25,8 +25,8 @@ Priority sends. When the answer is a :class:`~accelopt.types.TransferPriorities`
 point only), posted transfers wait in a priority queue per (iteration, destination) and the
 highest-priority one starts whenever fewer than ``credit_bytes`` are in flight to that
 destination; a watcher thread per destination returns a transfer's credit when its sends
-have completed (handed to the kernel: what the socket buffers and the shaped queue hold
-beyond that is outside the window, which the docs of the benchmark say).
+have completed, i.e. been handed to the kernel: what the socket buffers and the shaped
+queue hold beyond that is outside the window.
 
 All-reduce. A gradient bucket is one transfer with destination -1 ("all ranks"), started as
 an async ``all_reduce`` in the same enforced order; a completion thread timestamps each
@@ -249,7 +249,7 @@ class Transport:
     def _pump(self, stream: _OutStream) -> None:
         """Priority mode (lock held): start the best waiting transfers while credit lasts."""
         while stream.queue and (stream.credit == 0 or stream.inflight < stream.credit):
-            rank, posted, item = heapq.heappop(stream.queue)
+            _priority, posted, item = heapq.heappop(stream.queue)
             if any(other[1] < posted for other in stream.queue):
                 stream.overtaken += 1
             before = len(stream.works)
