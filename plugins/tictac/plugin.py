@@ -191,7 +191,7 @@ class TictacPlugin:
         return answer
 
     def _priorities(self, transfers: Sequence[TransferRecord],
-                    destination: int) -> TransferPriorities:
+                    destination: int) -> TransferPriorities | None:
         """Cross-iteration priorities: what the next forward needs first goes first. A
         server's parameters follow the plan's order (TAC's, from the traced DAG; the
         parameter order where no plan could be made) and are updated early; a worker's
