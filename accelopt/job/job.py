@@ -326,14 +326,16 @@ class Job:
         if self.whole_step_reason:
             return None
         scheduled = self._schedules
-        group_of = {id(p): g for g, group in enumerate(optimizer.param_groups)
-                    for p in group["params"]}
+        group_of: dict[int, int] = {}  # filled on first use: a whole-step server never asks
 
         def update(names: Sequence[str]) -> None:
             nonlocal scheduled
             if scheduled:  # once per iteration, before its first tensor
                 set_lr(optimizer, lr_factor(self.spec, i))
                 scheduled = False
+            if not group_of:
+                group_of.update((id(p), g) for g, group in enumerate(optimizer.param_groups)
+                                for p in group["params"])
             params = [self._stepped[n] for n in names]
             step_tensors(optimizer, params, [group_of[id(p)] for p in params])
 

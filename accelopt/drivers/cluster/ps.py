@@ -162,13 +162,18 @@ class PsServer(ClusterExchange):
         t = self.transport
         self._grads = {w: {} for w in self.workers}
         self._counts, self._ready = Counter(), queue.Queue()
-        workers = len(self.workers)
+        if self._posted_for != iteration:  # else posted during the previous iteration
+            # (no gradient can come before its parameters have gone: posting first is safe)
+            self._early = self._post_params(iteration, now=True)
+        workers, early = len(self.workers), self._early
         receivers = Receivers(on_error=self._ready.put)
         for w in self.workers:
             records = {p.index: self.record(p, iteration, w, self.rank, "grad") for p in self.shard}
 
             def deliver(rec: TransferRecord, payload: Any, got: dict = self._grads[w]) -> None:
                 got[rec.tensor] = payload
+                if not early:  # the whole step joins the receivers; nothing to count
+                    return
                 with self._lock:
                     self._counts[rec.tensor] += 1
                     if self._counts[rec.tensor] == workers:
@@ -176,8 +181,6 @@ class PsServer(ClusterExchange):
 
             receivers.start(t.receive, iteration, w, records, deliver)
         self._receivers = receivers
-        if self._posted_for != iteration:  # else posted during the previous iteration
-            self._early = self._post_params(iteration, now=True)
 
     def _post_params(self, iteration: int, now: bool) -> bool:
         """Plan the shard's transfers of ``iteration`` to every worker and, if ``now``,
