@@ -265,6 +265,12 @@ class TransferPriorities:
     an optimizer that is not torch's SGD, Adam or AdamW) the server keeps the whole step and
     says so in its log.
 
+    ``partition_bytes`` (> 0): a payload larger than this goes as chunks of at most this
+    many bytes, each competing for the window with its tensor's priority, so a large
+    low-priority tensor already on the link is preempted, between two chunks, by a
+    higher-priority one posted meanwhile. Only with a window (``credit_bytes > 0``) does a
+    chunk wait; without one every chunk starts at once.
+
     All-reduce keeps ``order`` as a strict order: every rank must start its collectives in
     the same sequence, which readiness-driven scheduling cannot promise.
     """
@@ -272,6 +278,7 @@ class TransferPriorities:
     order: tuple[str, ...]
     credit_bytes: int = 0
     early_update: bool = False
+    partition_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)

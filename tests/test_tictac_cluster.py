@@ -387,8 +387,9 @@ def test_heuristic_off_is_out_of_the_transfer_path_and_says_so(tmp_path):
 class _Answer:
     """An order plugin answering priority scheduling: ``order`` with a credit window."""
 
-    def __init__(self, order: list[str], credit: int) -> None:
-        self.answer = TransferPriorities(tuple(order), credit_bytes=credit)
+    def __init__(self, order: list[str], credit: int, partition: int = 0) -> None:
+        self.answer = TransferPriorities(tuple(order), credit_bytes=credit,
+                                         partition_bytes=partition)
 
     @hookimpl
     def accelopt_transfer_order(self, transfers, destination):
@@ -405,21 +406,26 @@ class _HeldWatcher:
         self.entries.append((stream, works, nbytes))
 
 
-def _priority_transport(order: list[str], credit: int):
+def _priority_transport(order: list[str], credit: int, partition: int = 0,
+                        real_start: bool = False):
     from accelopt.drivers.cluster.transport import Transport
 
-    host = PluginHost([(PluginSpec(name="prio", factory=lambda c: None), _Answer(order, credit))])
+    answer = _Answer(order, credit, partition)
+    host = PluginHost([(PluginSpec(name="prio", factory=lambda c: None), answer)])
     t = Transport(rank=0, host=host, t0_epoch=0.0, process="test", timeout_s=5.0,
-                  device=torch.device("cpu"))
+                  device=torch.device("cpu"), tensor_ids={n: k for k, n in enumerate(order)})
     started: list[str] = []
     watcher = _HeldWatcher()
+    t._watcher = lambda destination: watcher  # type: ignore[method-assign]
+    if real_start:
+        return t, started, watcher
 
     def start(stream, item, prio):
         started.append(item.record.tensor)
+        item.chunk += 1
         return item.record.nbytes
 
     t._start = start  # type: ignore[method-assign]
-    t._watcher = lambda destination: watcher  # type: ignore[method-assign]
     return t, started, watcher
 
 
@@ -456,6 +462,65 @@ def test_priority_with_no_window_starts_each_transfer_when_posted():
     assert started == ["l2", "l1", "l0"] and not watcher.entries
 
 
+class _Wire:
+    """Stands in for gloo between two transports in one process: a send is kept by tag, a
+    receive copies the send with its tag (every send here is issued before the receives)."""
+
+    class Work:
+        def wait(self, timeout=None) -> bool:
+            return True
+
+    def __init__(self, monkeypatch) -> None:
+        from accelopt.drivers.cluster import transport
+
+        self.sent: dict[int, torch.Tensor] = {}
+        monkeypatch.setattr(transport.dist, "isend", self.isend)
+        monkeypatch.setattr(transport.dist, "irecv", self.irecv)
+
+    def isend(self, tensor, dst, tag, group=None):
+        assert tag not in self.sent, f"tag {tag} sent twice"
+        self.sent[tag] = tensor.clone()
+        return self.Work()
+
+    def irecv(self, tensor, src, tag, group=None):
+        tensor.copy_(self.sent[tag])
+        return self.Work()
+
+
+def test_a_partitioned_transfer_is_preempted_between_chunks_and_arrives_whole(monkeypatch):
+    """A 400-byte tensor in chunks of 100 bytes, a window of one message: a better transfer
+    posted after its first chunk started goes before its second; the receiver gets both
+    bitwise, the small one first (it completes first), the large one assembled in place."""
+    from accelopt.drivers.cluster.transport import Transport
+
+    wire = _Wire(monkeypatch)
+    t, _started, watcher = _priority_transport(["small", "big"], credit=100, partition=100,
+                                               real_start=True)
+    big = TransferRecord("j", 0, 0, 1, "big", 400, 1, "param")
+    small = TransferRecord("j", 0, 0, 1, "small", 40, 0, "param")
+    big_value, small_value = torch.randn(10, 10), torch.randn(10)
+    t.plan(0, 1, [big, small])
+    t.post(big, big_value)
+    t.post(small, small_value)
+    while watcher.entries:
+        stream, _works, nbytes = watcher.entries.pop(0)
+        t._returned(stream, nbytes)
+    assert [name for *_rest, name in t.stats.started_log] == [
+        "big", "small", "big", "big", "big"]
+    assert t.stats.partitioned == 1 and t.stats.chunks == 4 and t.stats.transfers == 2
+    assert t._out[(0, 1)].overtaken == 1
+    assert len(wire.sent) == 2 * 5  # a header and a payload per message
+
+    receiver = Transport(rank=1, host=PluginHost([]), t0_epoch=0.0, process="test",
+                         timeout_s=5.0, device=torch.device("cpu"))
+    got: list[tuple[str, torch.Tensor]] = []
+    receiver.receive(0, 0, {0: small, 1: big}, lambda rec, payload: got.append(
+        (rec.tensor, payload)))
+    assert [name for name, _ in got] == ["small", "big"]
+    assert torch.equal(got[0][1], small_value) and torch.equal(got[1][1], big_value)
+    assert receiver.spans[-1].name == "big" and receiver.spans[-1].args["bytes"] == 400
+
+
 def test_priority_answer_is_a_strict_order_for_all_reduce():
     """Collectives must start in the same sequence on every rank: all-reduce keeps the
     answer's order as a strict order, and no early update is asked."""
@@ -484,6 +549,22 @@ def test_priority_updates_each_tensor_early_and_keeps_the_numerics_bitwise(tmp_p
     assert any(r.startswith("enforced priority (cross-iteration: parameters by the plan's")
                and "credit 100 B per link (configured)" in r for r in rows)
     assert any("gradients pushed first-layer first" in r for r in rows)
+
+
+def test_priority_with_partitioned_tensors_keeps_the_numerics_bitwise(tmp_path):
+    """Chunks of 64 bytes through a window of 100 over real gloo processes: every tensor
+    larger than a chunk is partitioned both ways (parameters and gradients) and the weights
+    are bitwise those of the run without the plugin."""
+    base = run_cluster(make_cfg(3), run_dir=tmp_path / "base")
+    prio = run_cluster(make_cfg(3, plugins={"tictac": {
+        "heuristic": "priority", "oracle_runs": 1, "credit_bytes": 100,
+        "partition_bytes": 64}}), run_dir=tmp_path / "prio")
+    assert base.metrics["transfers_partitioned"] == 0
+    assert prio.metrics["transfers_partitioned"] > 0
+    for name, value in base.state.items():
+        assert torch.equal(value, prio.state[name]), name
+    rows = [r.summary for r in prio.plugin_rows if r.plugin == "tictac"]
+    assert any("credit 100 B, chunks of 64 B per link (configured)" in r for r in rows)
 
 
 def test_priority_tunes_its_window_by_measurement_and_switches_modes_bitwise(tmp_path):

@@ -42,6 +42,11 @@ class TictacConfig:
     start each transfer as soon as it is posted; -1: measure ``tune_credits`` and the
     default order in turn after the warm-up and keep the fastest)."""
     tune_credits: list[int] = field(default_factory=lambda: [0, 65536])
+    partition_bytes: int = 0
+    """priority: the largest chunk a payload goes as, so a large low-priority tensor on the
+    link is preempted between chunks by a higher-priority one (0: whole tensors; -1: measure
+    ``tune_partitions``, each with every window)."""
+    tune_partitions: list[int] = field(default_factory=lambda: [0, 262144])
     tune_block: int = 2
     """Iterations per candidate in a tuning round (the first of a block is not timed)."""
     tune_rounds: int = 2

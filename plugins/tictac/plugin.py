@@ -36,7 +36,7 @@ from accelopt_plugins.tictac.config import (
     ORDERED_BY,
     TictacConfig,
 )
-from accelopt_plugins.tictac.tuning import CreditTuner
+from accelopt_plugins.tictac.tuning import WindowTuner, label
 
 from accelopt import (
     BuiltJob,
@@ -86,7 +86,7 @@ class TictacPlugin:
         self.gain_s = 0.0
         self.overhead_s = 0.0
         self.order_source = "computed"
-        self.tuner = CreditTuner.for_config(config)
+        self.tuner = WindowTuner.for_config(config)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -108,6 +108,12 @@ class TictacPlugin:
         if c.credit_bytes == -1 and not c.tune_credits:
             raise ConfigError("plugins.tictac.tune_credits is empty; give the credit windows "
                               "to measure, e.g. [0,65536], or set credit_bytes")
+        if c.partition_bytes < -1 or any(int(x) < 0 for x in c.tune_partitions):
+            raise ConfigError("plugins.tictac.partition_bytes must be >= 0 (0: whole tensors) "
+                              "or -1 (tune over tune_partitions, each >= 0)")
+        if c.partition_bytes == -1 and not c.tune_partitions:
+            raise ConfigError("plugins.tictac.tune_partitions is empty; give the chunk sizes "
+                              "to measure, e.g. [0,262144], or set partition_bytes")
         if c.tune_block < 1 or c.tune_rounds < 1:
             raise ConfigError("plugins.tictac.tune_block and tune_rounds must be >= 1")
         if c.bandwidth_bytes_per_s < 0:
@@ -116,7 +122,7 @@ class TictacPlugin:
             raise ConfigError(f"plugins.tictac.order_file={c.order_file!r} does not exist; "
                               "give a JSON list of tensor names or leave it empty")
         self.config = c
-        self.tuner = CreditTuner.for_config(c)
+        self.tuner = WindowTuner.for_config(c)
         cluster = run_config.get("cluster") if run_config is not None else None
         self.mode = str(cluster.get("mode", "none")) if cluster is not None else "none"
 
@@ -199,15 +205,17 @@ class TictacPlugin:
         gradients come last out of backward and overtake the later layers' still queued)."""
         t0 = time.perf_counter()
         self.calls += 1
-        credit = self.tuner.candidate(transfers[0].iteration)
-        if credit is None:  # off: the default order (tuning's baseline, or its choice)
+        window = self.tuner.candidate(transfers[0].iteration)
+        if window is None:  # off: the default order (tuning's baseline, or its choice)
             self.skipped += 1
             self.hook_s += time.perf_counter() - t0
             return None
+        settings = {"credit_bytes": window.credit_bytes,
+                    "partition_bytes": window.partition_bytes}
         if transfers[0].kind == "grad":
             order = [t.tensor for t in sorted(transfers, key=lambda t: t.layer_index)]
             self.hook_s += time.perf_counter() - t0
-            return TransferPriorities(tuple(order), credit_bytes=credit)
+            return TransferPriorities(tuple(order), **settings)
         if self.plan is None and self.source is not None:
             self._make_plan()
         if self.plan is None:
@@ -215,7 +223,7 @@ class TictacPlugin:
         else:
             order = self._restrict(self._names(transfers[0].iteration, destination), transfers)
         self.hook_s += time.perf_counter() - t0
-        return TransferPriorities(tuple(order), credit_bytes=credit, early_update=True)
+        return TransferPriorities(tuple(order), early_update=True, **settings)
 
     def _names(self, iteration: int, destination: int) -> list[str]:
         h = ORDERED_BY.get(self.config.heuristic, self.config.heuristic)
@@ -346,8 +354,9 @@ class TictacPlugin:
                 f"update each tensor early and send it at once wherever the job's step allows "
                 f"it: tensors_updated_early in the run metrics counts them, a refusal is logged "
                 f"with its reason), gradients first-layer first, credit "
-                f"{self.config.credit_bytes} bytes per link, not predicted (the simulator "
-                f"models one iteration), a = {plan.ratio_a:.2f}")
+                f"{self.config.credit_bytes} bytes per link, chunks of "
+                f"{self.config.partition_bytes} bytes (0: whole tensors; -1: tuned), not "
+                f"predicted (the simulator models one iteration), a = {plan.ratio_a:.2f}")
             return
         plan.predict(("named", h) if h != "named" else ("named",), samples=200,
                      seed=self.config.seed)
@@ -455,14 +464,16 @@ class TictacPlugin:
         metrics: dict[str, float | int | str] = {
             "heuristic": "priority", "calls": self.calls, "off_calls": self.skipped,
             "hook_ms": round(1e3 * self.hook_s / max(1, self.calls), 4),
-            "chosen_credit_bytes": -1 if tuner.chosen is None else int(tuner.chosen),
+            "chosen_credit_bytes": -1 if tuner.chosen is None else tuner.chosen.credit_bytes,
+            "chosen_partition_bytes": -1 if tuner.chosen is None
+            else tuner.chosen.partition_bytes,
         }
         for c, values in tuner.timed().items():
             if values:
-                key = "off" if c is None else f"credit_{c}"
+                key = "off" if c is None else c.key
                 metrics[f"measured_{key}_ms"] = round(1e3 * statistics.median(values), 3)
         if len(tuner.candidates) == 1:
-            choice = f"credit {tuner.candidates[0]} B per link (configured)"
+            choice = f"{label(tuner.candidates[0])} per link (configured)"
         else:
             choice = tuner.describe()
         stayed = tuner.decided and tuner.chosen is None
@@ -507,8 +518,8 @@ def _oracle_loss(loss: Any, out: Any, y: torch.Tensor) -> torch.Tensor:
 
 
 class TictacPriority(TictacPlugin):
-    """``heuristic=priority``: times its own iterations, which tune its credit window (and
-    decide whether scheduling pays at all: :mod:`accelopt_plugins.tictac.tuning`)."""
+    """``heuristic=priority``: times its own iterations, which tune its window and chunk
+    size (and decide whether scheduling pays at all: :mod:`accelopt_plugins.tictac.tuning`)."""
 
     @hookimpl
     def accelopt_iteration_end(self, context: IterationContext,

@@ -1,8 +1,9 @@
-"""Priority scheduling's credit window, chosen by measurement inside the run.
+"""Priority scheduling's credit window and partition size, chosen by measurement inside the
+run.
 
 ByteScheduler tuned its partition size and credit by Bayesian optimisation over measured
-iteration times. With one setting to choose and a few candidates, measuring each in turn is
-enough, and it is the self-limiting rule too: the candidates include *off* (the transport's
+iteration times. With two settings and a few candidates each (their grid), measuring each
+pair in turn is enough, and it is the self-limiting rule too: the candidates include *off* (the transport's
 default order and the server's whole step, what the run does without the plugin), so where
 cross-iteration scheduling does not pay (on this machine, where the link's kernel work and
 the server's updates compete with the workers' compute for the same cores) the run keeps
@@ -19,6 +20,7 @@ before the last one has ended keeps the last block's candidate.
 
 from __future__ import annotations
 
+import itertools
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -27,12 +29,28 @@ from typing import Any
 OFF = None
 """The candidate that schedules nothing: the default order, the whole optimizer step."""
 
-Candidate = int | None
-"""A credit window in bytes, or :data:`OFF`."""
+
+@dataclass(frozen=True, order=True)
+class Window:
+    """One setting of priority scheduling: bytes in flight per link before the next transfer
+    by priority starts, and the largest chunk a payload goes as (0: whole tensors)."""
+
+    credit_bytes: int
+    partition_bytes: int = 0
+
+    @property
+    def key(self) -> str:
+        """The metric-name fragment of this setting (``credit_65536``, ``credit_65536_part_262144``)."""
+        part = f"_part_{self.partition_bytes}" if self.partition_bytes else ""
+        return f"credit_{self.credit_bytes}{part}"
+
+
+Candidate = Window | None
+"""A window, or :data:`OFF`."""
 
 
 @dataclass
-class CreditTuner:
+class WindowTuner:
     """One plugin instance's tuner (each rank measures its own iterations)."""
 
     candidates: tuple[Candidate, ...]
@@ -45,17 +63,19 @@ class CreditTuner:
 
     def __post_init__(self) -> None:
         if not self.candidates:
-            raise ValueError("CreditTuner needs at least one candidate")
+            raise ValueError("WindowTuner needs at least one candidate")
         self.block = max(1, self.block)
         self.rounds = max(1, self.rounds)
         if len(self.candidates) == 1:  # nothing to measure: that one from the start
             self.chosen, self.decided = self.candidates[0], True
 
     @classmethod
-    def for_config(cls, config: Any) -> CreditTuner:
+    def for_config(cls, config: Any) -> WindowTuner:
         """The tuner ``plugins.tictac`` asks for (``credit_bytes``, ``tune_credits``,
-        ``tune_block``, ``tune_rounds``, ``force``; from ``replan_iteration`` on)."""
-        return cls(candidates_from(config.credit_bytes, config.tune_credits, config.force),
+        ``partition_bytes``, ``tune_partitions``, ``tune_block``, ``tune_rounds``, ``force``;
+        from ``replan_iteration`` on)."""
+        return cls(candidates_from(config.credit_bytes, config.tune_credits, config.force,
+                                   config.partition_bytes, config.tune_partitions),
                    start=config.replan_iteration, block=config.tune_block,
                    rounds=config.tune_rounds)
 
@@ -121,14 +141,27 @@ class CreditTuner:
 
 
 def label(candidate: Candidate) -> str:
-    return "off (default order, whole step)" if candidate is OFF else f"credit {candidate} B"
+    if candidate is OFF:
+        return "off (default order, whole step)"
+    part = (f", chunks of {candidate.partition_bytes} B" if candidate.partition_bytes
+            else "")
+    return f"credit {candidate.credit_bytes} B{part}"
 
 
-def candidates_from(credit_bytes: int, tune_credits: Sequence[int],
-                    force: bool) -> tuple[Candidate, ...]:
-    """``credit_bytes >= 0``: that window only; ``-1``: tune over ``tune_credits``, and
-    *off* first unless ``force``."""
-    if credit_bytes >= 0:
-        return (int(credit_bytes),)
-    tuned = tuple(int(c) for c in tune_credits)
-    return tuned if force else (OFF, *tuned)
+def candidates_from(credit_bytes: int, tune_credits: Sequence[int], force: bool,
+                    partition_bytes: int = 0,
+                    tune_partitions: Sequence[int] = (0,)) -> tuple[Candidate, ...]:
+    """Each setting ``>= 0`` is used as given, ``-1`` tunes over its list; the grid is
+    their product, less the partitioned settings without a window (with no window every
+    chunk starts at once: nothing to preempt), and *off* first unless ``force``. One fixed
+    setting is that one only (nothing to measure)."""
+    credits = [int(credit_bytes)] if credit_bytes >= 0 else [int(c) for c in tune_credits]
+    parts = ([int(partition_bytes)] if partition_bytes >= 0
+             else [int(p) for p in tune_partitions])
+    grid = [Window(c, p) for c, p in itertools.product(credits, parts)]
+    if credit_bytes < 0 or partition_bytes < 0:
+        grid = [w for w in grid if w.credit_bytes or not w.partition_bytes]
+    grid = list(dict.fromkeys(grid))
+    if len(grid) == 1 and credit_bytes >= 0 and partition_bytes >= 0:
+        return (grid[0],)
+    return tuple(grid) if force else (OFF, *grid)

@@ -141,6 +141,7 @@ def _job_outcome(parts: list[JobPart], settings: ClusterSettings,
         "transfers_ordered": sum(r.stats.ordered for r in parts),
         "transfers_held": sum(r.stats.held for r in parts),
         "transfers_overtaken": sum(r.stats.overtaken for r in parts),
+        "transfers_partitioned": sum(r.stats.partitioned for r in parts),
         "tensors_updated_early": sum(r.stats.updated_early for r in parts),
     }
     ordered = metrics["transfers_ordered"]
@@ -212,7 +213,8 @@ def _aggregate(out: ClusterOutcome, outcomes: dict[str, ClusterOutcome], names: 
     wire: list[float] = []
     iteration_s: list[float] = []
     totals = {"transfers": 0, "transfers_dropped": 0, "transfers_ordered": 0,
-              "transfers_held": 0, "transfers_overtaken": 0, "tensors_updated_early": 0}
+              "transfers_held": 0, "transfers_overtaken": 0, "transfers_partitioned": 0,
+              "tensors_updated_early": 0}
     inversions = 0
     for job_id, one in outcomes.items():
         parts = [r.parts[job_id] for r in out.ranks]

@@ -88,7 +88,7 @@ class RankResult:
             st = part.stats
             for key in ("transfers", "dropped", "payload_bytes", "header_bytes",
                         "logical_bytes", "ordered", "held", "inversions", "overtaken",
-                        "updated_early"):
+                        "partitioned", "chunks", "updated_early"):
                 setattr(total, key, getattr(total, key) + getattr(st, key))
             for it, n in st.bytes_by_iteration.items():
                 total.bytes_by_iteration[it] = total.bytes_by_iteration.get(it, 0) + n

@@ -1,13 +1,13 @@
 """The transport: every parameter and gradient transfer of a cluster run goes through here,
 and through the send/recv hook point, on top of torch.distributed (gloo / NCCL).
 
-Point-to-point (parameter server). A transfer is two messages on its own tags: a 16-int64
+Point-to-point (parameter server). A transfer is two messages on its own tags: a 20-int64
 header (status, tensor id, dtype, shape, payload bytes, sender's start time, sequence
-number) and the payload as raw bytes. The k-th transfer *started* from A to B in an
-iteration uses sequence number k, so the receiver reads transfers in exactly the order the
-sender started them, whatever tensors they carry; a filtered transfer sends only its header
-(status "dropped"), and an encoded payload may change dtype, shape or even become a pickled
-object (status "object").
+number, chunk index, chunk count, chunk offset, total bytes) and the payload as raw bytes.
+The k-th message *started* from A to B in an iteration uses sequence number k, so the
+receiver reads them in exactly the order the sender started them, whatever tensors they
+carry; a filtered transfer sends only its header (status "dropped"), and an encoded payload
+may change dtype, shape or even become a pickled object (status "object").
 
 Hook calls, per transfer: ``accelopt_transfer_filter`` and ``accelopt_transfer_encode``
 (sender, when the transfer is posted), ``accelopt_transfer_decode`` and
@@ -27,6 +27,15 @@ highest-priority one starts whenever fewer than ``credit_bytes`` are in flight t
 destination; a watcher thread per destination returns a transfer's credit when its sends
 have completed, i.e. been handed to the kernel: what the socket buffers and the shaped
 queue hold beyond that is outside the window.
+
+Partitioning (priority mode, ``partition_bytes > 0``). A payload larger than the partition
+goes as several chunks, each a message of its own (header and payload slice, its own
+sequence number) that competes for the window with its tensor's priority: a large
+low-priority tensor in flight is preempted, between two of its chunks, by a higher-priority
+transfer posted meanwhile. The receiver learns a tensor's chunk count from its first
+chunk's header and posts that many more header receives (a later chunk's header always
+follows its first, so every message the sender starts has its receive posted); it delivers
+the tensor once its last chunk is in, assembled in place.
 
 All-reduce. A gradient bucket is one transfer with destination -1 ("all ranks"), started as
 an async ``all_reduce`` in the same enforced order; a completion thread timestamps each
@@ -54,7 +63,7 @@ from accelopt.host import PluginHost
 from accelopt.records import Span
 from accelopt.types import TransferPriorities, TransferRecord
 
-HEADER_LEN = 16
+HEADER_LEN = 20
 HEADER_BYTES = HEADER_LEN * 8
 MAX_DIMS = 8
 DROPPED, TENSOR, OBJECT = 0, 1, 2
@@ -88,6 +97,12 @@ class _Item:
     future: Any = None
     """All-reduce only: a ``torch.futures.Future`` given the decoded sum when it is done (a
     DDP communication hook returns it), instead of keeping it for ``finish_allreduce``."""
+    wire: tuple[int, torch.Tensor | None, list[int]] | None = None
+    """(status, flat payload bytes, meta), made when the first message starts."""
+    chunk: int = 0
+    """The next chunk to start (point to point)."""
+    chunks: int = 1
+    """How many messages the payload goes as (more than one: partitioned)."""
 
 
 @dataclass
@@ -99,6 +114,8 @@ class _OutStream:
     planned: int
     credit: int | None = None
     """Priority mode's window in bytes (``None``: a strict order or none)."""
+    partition: int = 0
+    """Priority mode: the largest payload one message carries (0: whole tensors)."""
     queue: list[tuple[int, int, _Item]] = field(default_factory=list)
     """Priority mode: (priority, posting number, item) waiting for credit (a heap)."""
     inflight: int = 0
@@ -106,6 +123,9 @@ class _OutStream:
     """Priority mode: transfers started ahead of one posted before them."""
     counter: int = 0
     started: int = 0
+    """Messages started (the next sequence number)."""
+    begun: int = 0
+    """Transfers whose first message has started."""
     posted: int = 0
     held: int = 0
     inversions: int = 0
@@ -129,6 +149,10 @@ class TransportStats:
     inversions: int = 0
     overtaken: int = 0
     """Priority mode: transfers started ahead of one that was posted before them."""
+    partitioned: int = 0
+    """Priority mode: transfers sent as more than one chunk."""
+    chunks: int = 0
+    """Priority mode: messages of partitioned transfers."""
     updated_early: int = 0
     """PS server, early update: tensors updated as their gradients completed."""
     bytes_by_iteration: dict[int, int] = field(default_factory=dict)
@@ -204,10 +228,11 @@ class Transport:
             order = None if answer is None else [str(n) for n in answer]
         priority = {name: p for p, name in enumerate(order)} if order else {}
         credit = None if schedule is None else max(0, int(schedule.credit_bytes))
+        partition = 0 if schedule is None else max(0, int(schedule.partition_bytes))
         with self._lock:
             self._out[(iteration, destination)] = _OutStream(
                 iteration, destination, None if schedule else order, priority,
-                planned=len(records), credit=credit,
+                planned=len(records), credit=credit, partition=partition,
             )
             if order:
                 self.stats.ordered += len(order)
@@ -247,13 +272,17 @@ class Transport:
             self._lock.notify_all()
 
     def _pump(self, stream: _OutStream) -> None:
-        """Priority mode (lock held): start the best waiting transfers while credit lasts."""
+        """Priority mode (lock held): start the best waiting transfers while credit lasts; a
+        partitioned one starts one chunk at a time and goes back into the queue with its
+        priority, so a better transfer posted meanwhile goes before its next chunk."""
         while stream.queue and (stream.credit == 0 or stream.inflight < stream.credit):
-            _priority, posted, item = heapq.heappop(stream.queue)
-            if any(other[1] < posted for other in stream.queue):
+            priority, posted, item = heapq.heappop(stream.queue)
+            if item.chunk == 0 and any(other[1] < posted for other in stream.queue):
                 stream.overtaken += 1
             before = len(stream.works)
             nbytes = self._start(stream, item, None)
+            if item.chunk < item.chunks:
+                heapq.heappush(stream.queue, (priority, posted, item))
             if stream.credit:
                 # the watcher owns these works: a gloo send must be waited on exactly once
                 works = stream.works[before:]
@@ -275,29 +304,39 @@ class Transport:
         return watcher
 
     def _start(self, stream: _OutStream, item: _Item, prio: int | None) -> int:
-        """Start one transfer (lock held); returns the bytes it puts on the link."""
+        """Start one transfer, or the next chunk of a partitioned one (lock held); returns
+        the bytes it puts on the link."""
         seq = stream.started
         stream.started += 1
         rec = item.record
-        if prio is not None:
-            if prio < stream.max_started_priority:
-                stream.inversions += 1
-            stream.max_started_priority = max(stream.max_started_priority, prio)
         self.stats.started_log.append((rec.iteration, rec.destination, seq, rec.tensor))
-        self.stats.transfers += 1
-        self.stats.logical_bytes += rec.nbytes
+        if item.chunk == 0:
+            stream.begun += 1
+            if prio is not None:
+                if prio < stream.max_started_priority:
+                    stream.inversions += 1
+                stream.max_started_priority = max(stream.max_started_priority, prio)
+            self.stats.transfers += 1
+            self.stats.logical_bytes += rec.nbytes
         if rec.destination == ALL_RANKS:
+            item.chunk = 1
             self._start_allreduce(stream, item, seq)
             return 0
-        status, data, header = DROPPED, None, torch.zeros(HEADER_LEN, dtype=torch.int64)
-        if item.keep:
-            status, data, meta = _serialise(item.payload)
+        if item.wire is None:
+            item.wire = self._wire(stream, item)
+        status, data, meta = item.wire
+        header = torch.zeros(HEADER_LEN, dtype=torch.int64)
+        chunk = item.chunk
+        item.chunk += 1
+        if data is not None:
+            size = -(-data.numel() // item.chunks)  # every chunk but the last: this many
+            lo, hi = chunk * size, min(data.numel(), (chunk + 1) * size)
             header[2:4 + MAX_DIMS] = torch.tensor(meta, dtype=torch.int64)
-            header[12] = data.numel()
-        else:
-            self.stats.dropped += 1
+            header[12], header[18], header[19] = hi - lo, lo, data.numel()
+            data = data[lo:hi]
         header[0], header[1] = status, self.tensor_ids.get(rec.tensor, -1)
         header[13], header[14], header[15] = time.time_ns(), rec.iteration, seq
+        header[16], header[17] = chunk, item.chunks
         header = header.to(self.device)
         stream.buffers.append(header)
         stream.works.append(
@@ -319,6 +358,18 @@ class Transport:
         by_it[rec.iteration] = by_it.get(rec.iteration, 0) + nbytes
         return nbytes
 
+    def _wire(self, stream: _OutStream, item: _Item) -> tuple[int, torch.Tensor | None, list[int]]:
+        """Serialise a transfer's payload once, and decide how many chunks it goes as."""
+        if not item.keep:
+            self.stats.dropped += 1
+            return DROPPED, None, []
+        status, data, meta = _serialise(item.payload)
+        if stream.partition and data.numel() > stream.partition:
+            item.chunks = -(-data.numel() // stream.partition)
+            self.stats.partitioned += 1
+            self.stats.chunks += item.chunks
+        return status, data, meta
+
     def wait_started(self, iteration: int) -> None:
         """Block until every planned transfer of ``iteration`` has started; a transfer held
         behind one that never comes turns into :class:`TransferOrderError`."""
@@ -327,7 +378,7 @@ class Transport:
             for (it, _dest), stream in sorted(self._out.items()):
                 if it != iteration:
                     continue
-                while stream.started < stream.planned:
+                while stream.begun < stream.planned:
                     left = deadline - time.monotonic()
                     if left <= 0:
                         self.failure = self.failure or self._order_error(stream)
@@ -388,7 +439,9 @@ class Transport:
                        where: str) -> queue.Queue[Any]:
         """Post every header receive at once and, from a poster thread, each payload's
         receive the moment its header is in, in sequence order; queue ``(header, work,
-        buffer)`` per transfer (or the exception that stopped the poster).
+        buffer)`` per message (or the exception that stopped the poster). A partitioned
+        transfer's first header posts the receives of its other chunks' headers, and its
+        chunks' payloads land in one buffer (the queued ``buffer`` is that whole buffer).
 
         Why a thread: gloo's TCP transport moves a payload only once its receive is posted.
         Posting it from the thread that then blocks on the payload put one wake-up of that
@@ -396,21 +449,47 @@ class Transport:
         time (what a good transfer order achieves) it competed for the GIL and the cores and
         the link idled between transfers (0.21 vs 0.03 ms per transfer measured by the tictac
         benchmark). The order on the link is unchanged: receives are posted in sequence."""
-        headers = [torch.empty(HEADER_LEN, dtype=torch.int64, device=self.device)
-                   for _ in range(n)]
-        hworks = [dist.irecv(headers[k], src=source, tag=tag_for(iteration, k, 0),
-                             group=self.group) for k in range(n)]
+        headers: list[torch.Tensor] = []
+        hworks: list[Any] = []
+
+        def post_headers(count: int) -> None:
+            for _ in range(count):
+                k = len(headers)
+                headers.append(torch.empty(HEADER_LEN, dtype=torch.int64, device=self.device))
+                hworks.append(dist.irecv(headers[k], src=source, tag=tag_for(iteration, k, 0),
+                                         group=self.group))
+
+        post_headers(n)
         ready: queue.Queue[Any] = queue.Queue()
 
         def poster() -> None:
+            assembling: dict[int, torch.Tensor] = {}
             try:
-                for k in range(n):
+                k = 0
+                while k < len(headers):
                     _wait(hworks[k], self.timeout, where)
                     h = headers[k].cpu().tolist()
+                    k += 1
                     pwork, data = None, None
+                    chunk, chunks = int(h[16]), int(h[17])
+                    if chunk == 0 and chunks > 1:
+                        post_headers(chunks - 1)
                     if int(h[0]) != DROPPED:
-                        data = torch.empty(int(h[12]), dtype=torch.uint8, device=self.device)
-                        pwork = dist.irecv(data, src=source, tag=tag_for(iteration, int(h[15]), 1),
+                        if chunks > 1:
+                            whole = assembling.get(int(h[1]))
+                            if whole is None:
+                                whole = assembling[int(h[1])] = torch.empty(
+                                    int(h[19]), dtype=torch.uint8, device=self.device)
+                            if chunk == chunks - 1:
+                                del assembling[int(h[1])]
+                            lo = int(h[18])
+                            into = whole[lo:lo + int(h[12])]
+                            data = whole
+                        else:
+                            into = data = torch.empty(int(h[12]), dtype=torch.uint8,
+                                                      device=self.device)
+                        pwork = dist.irecv(into, src=source,
+                                           tag=tag_for(iteration, int(h[15]), 1),
                                            group=self.group)
                     ready.put((h, pwork, data))
             except BaseException as exc:  # noqa: BLE001 - re-raised by the receiving thread
@@ -427,27 +506,36 @@ class Transport:
         deliver: Callable[[TransferRecord, Any], None],
     ) -> None:
         """Receive the ``len(expected)`` transfers ``source`` sends this rank in
-        ``iteration``, in the order it started them; ``deliver(record, payload)`` each
-        (``payload`` is ``None`` for a filtered transfer). Blocking: run it in a thread."""
+        ``iteration``, in the order it started them (a partitioned one when its last chunk
+        is in); ``deliver(record, payload)`` each (``payload`` is ``None`` for a filtered
+        transfer). Blocking: run it in a thread."""
         n = len(expected)
         if n == 0:
             return
         where = f"rank {self.rank}: receiving from rank {source} at iteration {iteration}"
         ready = self._post_receives(iteration, source, n, where)
-        for _k in range(n):
+        first_s: dict[int, float] = {}
+        delivered = 0
+        while delivered < n:
             item = ready.get()
             if isinstance(item, BaseException):
                 raise item
             h, pwork, data = item
             status, tensor_id, seq = int(h[0]), int(h[1]), int(h[15])
+            chunk, chunks = int(h[16]), int(h[17])
             if pwork is not None:
                 _wait(pwork, self.timeout, where)
+            sent_s = int(h[13]) / 1e9 - self.t0_epoch
+            if chunk < chunks - 1:  # more of this tensor to come
+                first_s.setdefault(tensor_id, sent_s)
+                continue
+            delivered += 1
             end_s = self.now()
-            start_s = int(h[13]) / 1e9 - self.t0_epoch
+            start_s = first_s.pop(tensor_id, sent_s)
             record = expected.get(tensor_id)
             if record is None:
                 raise CommunicationError(f"{where}: unexpected tensor id {tensor_id}")
-            wire = HEADER_BYTES + (0 if data is None else data.numel())
+            wire = HEADER_BYTES * chunks + (0 if data is None else data.numel())
             record = dataclasses.replace(record, wire_bytes=wire)
             payload = None if data is None else _deserialise(status, data, h)
             if payload is not None and self._decode:
