@@ -38,6 +38,7 @@ round of every model.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import statistics
@@ -49,6 +50,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from accelopt_plugins.tictac.crossiter import resimulate  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
 from accelopt.config import AccelConfig, JobConfig  # noqa: E402
@@ -118,13 +120,43 @@ def make_cfg(spec: JobConfig, bandwidth: str, side: str) -> Any:
 def one_run(spec: JobConfig, bandwidth: str, side: str) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as run_dir:
         out = run_cluster(make_cfg(spec, bandwidth, side), run_dir=run_dir)
+        plan = Path(run_dir) / "tictac" / "plan-rank0.json"  # the server's
+        saved = json.loads(plan.read_text()).get("cross_iteration") if plan.exists() else None
     m = out.metrics
     rows = [r for r in out.plugin_rows if r.plugin == "tictac"]
+    predicted = [r.metrics for r in rows if "predicted_ms" in r.metrics]  # the server's
     return {"it_s": m.get("wall_iterations_per_s"), "a": m.get("ratio_a"),
+            "predicted": predicted[0] if predicted else {}, "saved": saved,
             "e": m.get("efficiency_e"), "mc": m.get("mc_s"), "pc": m.get("pc_s"),
             "wire": m.get("wire_bytes_per_iteration"),
             "iteration": m.get("iteration_s"),
             "row": rows[0].summary.split(";")[0] if rows else ""}  # what it did, no paths
+
+
+def simulated(default: dict[str, Any], tictac: dict[str, Any],
+              errors: dict[str, dict[str, list[float]]]) -> str:
+    """The cross-iteration simulator beside the measured wall iteration of each side: as the
+    tictac side's server predicted it (compute from its oracle), and again with the compute
+    the default run's workers measured (``calibrated``: the same inputs otherwise, one
+    calibration for both sides, so what it predicts is the schedules' difference)."""
+    predicted, saved = tictac["predicted"], tictac["saved"]
+    if "predicted_ms" not in predicted or not default["it_s"] or not tictac["it_s"]:
+        return ""
+    ran = predicted["predicted_schedule"]
+    parts = []
+    for side, key, run in (("default", "off", default), ("tictac", ran, tictac)):
+        measured = 1e3 / run["it_s"]
+        oracle_ms = predicted["predicted_off_ms" if key == "off" else "predicted_ms"]
+        errors["oracle"][side].append(oracle_ms / measured - 1)
+        text = f"{side} {measured:.1f} ms: oracle {oracle_ms:.1f}"
+        if saved and default["pc"]:
+            calibrated = 1e3 * resimulate(saved, key, default["pc"]).iteration_s
+            errors["calibrated"][side].append(calibrated / measured - 1)
+            text += f", calibrated {calibrated:.1f}"
+        parts.append(text)
+    assumed = (f" (the oracle's compute {predicted.get('simulated_compute_ms', 0):.1f} ms, "
+               f"a worker's measured {1e3 * (default['pc'] or 0):.1f} ms)")
+    return "; measured vs simulated: " + "; ".join(parts) + assumed
 
 
 def rate_text(bits: float) -> str:
@@ -165,6 +197,7 @@ def main() -> int:
           f"{args.rounds} paired rounds per model (order alternating); tictac = {described}",
           flush=True)
     all_ratios: list[float] = []
+    all_errors: dict[str, list[float]] = {"oracle": [], "calibrated": []}
     lines = []
     for model in [m.strip() for m in args.models.split(",") if m.strip()]:
         spec = job_spec(model, args.iterations, args.batch)
@@ -173,6 +206,8 @@ def main() -> int:
         link = rate_text(parse_rate(args.bandwidth) * a)
         print(f"{model}: a = {a:.2f} at {args.bandwidth} -> timed at {link}", flush=True)
         ratios, base, mine, rows, bounds = [], [], [], set(), []
+        errors: dict[str, dict[str, list[float]]] = {
+            kind: {"default": [], "tictac": []} for kind in ("oracle", "calibrated")}
         extra: dict[str, list[float]] = {side: [] for side in args.extra}
         sides = ["default", "tictac", *args.extra]
         for r in range(args.rounds):
@@ -195,6 +230,7 @@ def main() -> int:
                 bounds.append(d["iteration"] / max(link_s, d["pc"]))
             more = "".join(f", {EXTRA[side]} {got[side]['it_s']:.3f} it/s"
                            for side in args.extra)
+            more += simulated(d, t, errors)
             print(f"  round {r + 1}: default {d['it_s']:.3f} it/s (a {d['a']:.2f}, E "
                   f"{d['e']:.2f}), tictac {t['it_s']:.3f} it/s (E {t['e']:.2f}){more}",
                   flush=True)
@@ -203,14 +239,18 @@ def main() -> int:
                 print(f"  {EXTRA[side]} / default: {statistics.median(got_ratios):.3f}x "
                       f"({min(got_ratios):.3f}-{max(got_ratios):.3f})", flush=True)
         all_ratios += ratios
+        for kind, by_side in errors.items():
+            all_errors[kind] += by_side["default"] + by_side["tictac"]
         med = statistics.median(ratios) if ratios else float("nan")
         bound = statistics.median(bounds) if bounds else float("nan")
+        sim = " / ".join(f"{100 * statistics.median(e):+.0f}%" if e else "-"
+                         for e in errors["calibrated"].values())
         lines.append(f"| {model} | {link} | {statistics.median(base):.3f} | "
                      f"{statistics.median(mine):.3f} | {med:.3f}x ({min(ratios):.3f}-"
-                     f"{max(ratios):.3f}) | {bound:.2f}x | {'; '.join(sorted(rows))} |")
+                     f"{max(ratios):.3f}) | {bound:.2f}x | {sim} | {'; '.join(sorted(rows))} |")
     print("\n| model | link | default it/s | tictac it/s | tictac / default (min-max) "
-          "| bound | tictac's row |")
-    print("|---|---|---:|---:|---|---:|---|")
+          "| bound | calibrated simulator error (default / tictac) | tictac's row |")
+    print("|---|---|---:|---:|---|---:|---|---|")
     print("\n".join(lines))
     print("bound: the default run's iteration over max(link, Pc): the busiest link's busy "
           "time (shared: the iteration's bytes on the one loopback over its shaped rate; "
@@ -218,6 +258,13 @@ def main() -> int:
           "forward + backward) alone; no schedule goes below either")
     print("paper (TicTac, over TensorFlow's random order): +19.2% training; ByteScheduler "
           "(cross-iteration priorities, partitioning, credits): up to +196%")
+    for kind, errs in all_errors.items():
+        if errs:
+            within = sum(abs(e) <= 0.15 for e in errs)
+            print(f"cross-iteration simulator, {kind} compute: predicted iteration within 15% "
+                  f"of the measured one in {within} of {len(errs)} runs (median error "
+                  f"{100 * statistics.median(errs):+.1f}%, median |error| "
+                  f"{100 * statistics.median(abs(e) for e in errs):.1f}%)")
     print(f"wall {time.time() - started:.0f} s")
     n = len(all_ratios)
     print(f"tictac vs default order: {statistics.median(all_ratios):.2f}x (median of {n} "

@@ -549,6 +549,13 @@ def test_priority_updates_each_tensor_early_and_keeps_the_numerics_bitwise(tmp_p
     assert any(r.startswith("enforced priority (cross-iteration: parameters by the plan's")
                and "credit 100 B per link (configured)" in r for r in rows)
     assert any("gradients pushed first-layer first" in r for r in rows)
+    # the server predicts both schedules with the cross-iteration simulator
+    server = [r.metrics for r in prio.plugin_rows
+              if r.plugin == "tictac" and "predicted_ms" in r.metrics]
+    assert server and all(m["predicted_off_ms"] > 0 and m["predicted_credit_100_ms"] > 0
+                          and m["predicted_ms"] == m["predicted_credit_100_ms"] for m in server)
+    plan = json.loads((tmp_path / "prio" / "tictac" / "plan-rank0.json").read_text())
+    assert set(plan["cross_iteration"]["schedules"]) == {"off", "credit_100"}
 
 
 def test_priority_with_partitioned_tensors_keeps_the_numerics_bitwise(tmp_path):

@@ -36,7 +36,7 @@ from accelopt_plugins.tictac.config import (
     ORDERED_BY,
     TictacConfig,
 )
-from accelopt_plugins.tictac.tuning import WindowTuner, label
+from accelopt_plugins.tictac.tuning import Window, WindowTuner, label
 
 from accelopt import (
     BuiltJob,
@@ -87,6 +87,15 @@ class TictacPlugin:
         self.overhead_s = 0.0
         self.order_source = "computed"
         self.tuner = WindowTuner.for_config(config)
+        self.cross: dict[Window | None, float] = {}
+        """priority: the cross-iteration simulator's steady iteration (s) per tuning candidate
+        (``None``: the default order and whole step)."""
+        self.update_rate: float | None = None
+        """The server's measured optimizer rate (parameter bytes/s), measured once."""
+        self.cross_inputs: dict[str, float] = {}
+        """What the simulator assumed: compute per iteration, the server's update rate."""
+        self.cross_saved: dict[str, Any] = {}
+        """The simulator's inputs, saved with the plan (``crossiter.resimulate``)."""
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -225,6 +234,38 @@ class TictacPlugin:
         self.hook_s += time.perf_counter() - t0
         return TransferPriorities(tuple(order), early_update=True, **settings)
 
+    def _predict_cross(self) -> None:
+        """The steady iteration the cross-iteration simulator (``crossiter.py``) predicts for
+        the default order and for each tuning candidate: this plan's DAG, op times and link,
+        the run's workers and topology, the server's measured update rate."""
+        from accelopt_plugins.tictac import crossiter, oracle
+
+        plan = self.plan
+        self.cross = {}
+        if not plan.dag.backward_of:
+            return  # no gradients: nothing crosses an iteration
+        if self.update_rate is None:
+            self.update_rate = (oracle.update_bytes_per_s(self.source[0])
+                                if self.source is not None else float("inf"))
+        h = self.config.heuristic
+        work = crossiter.Workload.from_dag(plan.dag, plan.times,
+                                           plan.order_for(ORDERED_BY.get(h, h)))
+        link = crossiter.Link(plan.bytes_per_s, plan.message_s,
+                              workers=max(1, self.cluster.workers),
+                              shared=self.cluster.topology != "hosts",
+                              update_bytes_per_s=self.update_rate)
+        schedules = {}
+        for candidate in dict.fromkeys((None, *self.tuner.candidates)):
+            schedule = crossiter.DEFAULT if candidate is None else crossiter.Schedule(
+                early_update=True, by_priority=candidate.credit_bytes > 0,
+                partition_bytes=candidate.partition_bytes)
+            schedules["off" if candidate is None else candidate.key] = schedule
+            got = crossiter.simulate(work, link, schedule)
+            self.cross[candidate] = got.iteration_s
+        self.cross_saved = crossiter.saved(work, link, schedules)
+        self.cross_inputs = {"compute_ms": 1e3 * work.compute_s,
+                             "update_mb_per_s": self.update_rate / 1e6}
+
     def _names(self, iteration: int, destination: int) -> list[str]:
         h = ORDERED_BY.get(self.config.heuristic, self.config.heuristic)
         rng = random.Random(f"{self.config.seed}-{iteration}-{destination}") \
@@ -349,14 +390,19 @@ class TictacPlugin:
         h = self.config.heuristic
         if h == "priority":
             self.enforce = True
+            self._predict_cross()
+            predicted = ", ".join(f"{label(c)} {1e3 * s:.1f} ms"
+                                  for c, s in self.cross.items()) or "not simulated"
             self.decision = (
                 f"enforced priority: cross-iteration, the next forward's need first (servers "
                 f"update each tensor early and send it at once wherever the job's step allows "
                 f"it: tensors_updated_early in the run metrics counts them, a refusal is logged "
                 f"with its reason), gradients first-layer first, credit "
                 f"{self.config.credit_bytes} bytes per link, chunks of "
-                f"{self.config.partition_bytes} bytes (0: whole tensors; -1: tuned), not "
-                f"predicted (the simulator models one iteration), a = {plan.ratio_a:.2f}")
+                f"{self.config.partition_bytes} bytes (0: whole tensors; -1: tuned), a = "
+                f"{plan.ratio_a:.2f}; the cross-iteration simulator's steady iteration "
+                f"(compute from the oracle; the cores the ranks share not modelled): "
+                f"{predicted}")
             return
         plan.predict(("named", h) if h != "named" else ("named",), samples=200,
                      seed=self.config.seed)
@@ -396,6 +442,8 @@ class TictacPlugin:
             "bytes_per_s": plan.bytes_per_s, "message_s": plan.message_s,
             "link_source": self.link_source, "ratio_a": plan.ratio_a,
             "schedule_s": plan.schedule_s, "oracle_cache": plan.cache,
+            "cross_iteration_s": {label(c): v for c, v in self.cross.items()},
+            "cross_iteration": self.cross_saved,
         }
         suffix = f"-rank{self.rank}" if self.mode != "none" else ""
         (out / f"plan{suffix}.json").write_text(json.dumps(data, indent=1))
@@ -472,6 +520,14 @@ class TictacPlugin:
             if values:
                 key = "off" if c is None else c.key
                 metrics[f"measured_{key}_ms"] = round(1e3 * statistics.median(values), 3)
+        for c, seconds in self.cross.items():
+            metrics[f"predicted_{'off' if c is None else c.key}_ms"] = round(1e3 * seconds, 3)
+        for key, value in self.cross_inputs.items():
+            metrics[f"simulated_{key}"] = round(value, 3)
+        ran = tuner.chosen if tuner.decided else tuner.candidates[-1]
+        if ran in self.cross:
+            metrics["predicted_ms"] = round(1e3 * self.cross[ran], 3)
+            metrics["predicted_schedule"] = "off" if ran is None else ran.key
         if len(tuner.candidates) == 1:
             choice = f"{label(tuner.candidates[0])} per link (configured)"
         else:
