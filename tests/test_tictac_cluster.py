@@ -165,6 +165,13 @@ def test_configure_rejects_bad_keys_in_one_line():
         plugin.accelopt_configure(TictacConfig(heuristic="fastest"), make_cfg())
     with pytest.raises(ConfigError, match="plugins.tictac.execution"):
         plugin.accelopt_configure(TictacConfig(execution="async"), make_cfg())
+    with pytest.raises(ConfigError, match=r"partition_bytes must be >= 0 \(0: whole tensors"):
+        plugin.accelopt_configure(TictacConfig(partition_bytes=-2), make_cfg())
+    with pytest.raises(ConfigError, match="tune_partitions is empty; give the chunk sizes"):
+        plugin.accelopt_configure(TictacConfig(partition_bytes=-1, tune_partitions=[]),
+                                  make_cfg())
+    with pytest.raises(ConfigError, match="tune_credits is empty; give the credit windows"):
+        plugin.accelopt_configure(TictacConfig(credit_bytes=-1, tune_credits=[]), make_cfg())
 
 
 def test_self_limiting_tac_stays_out_and_says_so(tmp_path, monkeypatch):

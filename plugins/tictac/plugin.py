@@ -111,18 +111,10 @@ class TictacPlugin:
         if c.oracle_runs < 1:
             raise ConfigError("plugins.tictac.oracle_runs must be >= 1 (the oracle keeps the "
                               "minimum over that many runs)")
-        if c.credit_bytes < -1 or any(int(x) < 0 for x in c.tune_credits):
-            raise ConfigError("plugins.tictac.credit_bytes must be >= 0 (0: no window) or -1 "
-                              "(tune over tune_credits, each >= 0)")
-        if c.credit_bytes == -1 and not c.tune_credits:
-            raise ConfigError("plugins.tictac.tune_credits is empty; give the credit windows "
-                              "to measure, e.g. [0,65536], or set credit_bytes")
-        if c.partition_bytes < -1 or any(int(x) < 0 for x in c.tune_partitions):
-            raise ConfigError("plugins.tictac.partition_bytes must be >= 0 (0: whole tensors) "
-                              "or -1 (tune over tune_partitions, each >= 0)")
-        if c.partition_bytes == -1 and not c.tune_partitions:
-            raise ConfigError("plugins.tictac.tune_partitions is empty; give the chunk sizes "
-                              "to measure, e.g. [0,262144], or set partition_bytes")
+        _check_tuned("credit_bytes", c.credit_bytes, "tune_credits", c.tune_credits,
+                     "no window", "credit windows", "[0,65536]")
+        _check_tuned("partition_bytes", c.partition_bytes, "tune_partitions",
+                     c.tune_partitions, "whole tensors", "chunk sizes", "[0,262144]")
         if c.tune_block < 1 or c.tune_rounds < 1:
             raise ConfigError("plugins.tictac.tune_block and tune_rounds must be >= 1")
         if c.bandwidth_bytes_per_s < 0:
@@ -559,6 +551,17 @@ class TictacPlugin:
         return [CliCommand("tictac", "TicTac: print the transfer order and predicted makespan "
                            "(accelopt tictac order workload=... plugins.tictac.heuristic=tac)",
                            order_command)]
+
+
+def _check_tuned(key: str, value: int, grid_key: str, grid: Sequence[int], zero: str,
+                 what: str, example: str) -> None:
+    """A priority setting is a size >= 0 or -1 (measured over its grid of sizes >= 0)."""
+    if value < -1 or any(int(x) < 0 for x in grid):
+        raise ConfigError(f"plugins.tictac.{key} must be >= 0 (0: {zero}) or -1 (tune over "
+                          f"{grid_key}, each >= 0)")
+    if value == -1 and not grid:
+        raise ConfigError(f"plugins.tictac.{grid_key} is empty; give the {what} to measure, "
+                          f"e.g. {example}, or set {key}")
 
 
 def _oracle_loss(loss: Any, out: Any, y: torch.Tensor) -> torch.Tensor:
