@@ -461,7 +461,9 @@ class TictacPlugin:
     def accelopt_report_rows(self, run: RunInfo) -> list[ReportRow]:
         if self.mode != "ps":
             why = ("cluster.mode=none: no parameter transfers" if self.mode == "none"
-                   else f"cluster.mode={self.mode}: all-reduce has no parameter recvs to order")
+                   else f"cluster.mode={self.mode}: all-reduce has no parameter recvs to "
+                   "order, and DDP waits for every bucket before backward returns, so no "
+                   "transfer can cross into the next forward")
             return [ReportRow("tictac", f"nothing to order ({why}); use cluster.mode=ps")]
         if self.config.heuristic == "priority":
             return self._priority_rows()
