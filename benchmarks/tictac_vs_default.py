@@ -27,6 +27,9 @@ intervals, is no bound: a transfer's interval includes its wait behind the other
     python benchmarks/tictac_vs_default.py [--models resnet,inception,transformer,lm] \
         [--rounds 3] [--iterations 20] [--extra off again] [--set heuristic=priority]
 
+``--mode allreduce`` runs the same on 2 workers under PyTorch's DDP (the default side is
+plain DDP; tictac has nothing to schedule there and says so).
+
 ``--extra`` adds sides to every round: ``off`` (tictac loaded with ``heuristic=off``: no
 planning, no transfer hook) and ``again`` (no plugin a second time, so the spread of two
 identical sides, the A/A spread, is printed beside the comparison).
@@ -92,6 +95,9 @@ def settings(pairs: list[str]) -> dict[str, Any]:
 TOPOLOGY = ["shared"]
 """``--topology``: shared (one shaped loopback, every byte on one bus) or hosts (a link per
 rank, each direction shaped on its own, as machines with their own NICs)."""
+MODE = ["ps"]
+"""``--mode``: ps (1 server + 2 workers) or allreduce (2 workers, PyTorch DDP: the default
+side is plain DDP)."""
 TICTAC: dict[str, Any] = {}
 """The tictac side's ``plugins.tictac`` settings (``--set``; empty: its defaults)."""
 
@@ -102,9 +108,9 @@ def make_cfg(spec: JobConfig, bandwidth: str, side: str) -> Any:
     what loading the plugin costs from what its planning and ordering do)."""
     cfg = OmegaConf.structured(AccelConfig)
     cfg.workload.jobs = [OmegaConf.structured(spec)]
-    cfg.cluster.mode = "ps"
+    cfg.cluster.mode = MODE[0]
     cfg.cluster.workers = 2
-    cfg.cluster.servers = 1
+    cfg.cluster.servers = 1 if MODE[0] == "ps" else 0
     cfg.cluster.timeout_s = 120
     cfg.cluster.network.bandwidth = bandwidth
     cfg.cluster.network.topology = TOPOLOGY[0]
@@ -181,8 +187,12 @@ def main() -> int:
     ap.add_argument("--topology", default="shared", choices=["shared", "hosts"],
                     help="shared: one shaped loopback for all ranks (a bus); hosts: a shaped "
                          "full-duplex link per rank")
+    ap.add_argument("--mode", default="ps", choices=["ps", "allreduce"],
+                    help="ps: 1 server + 2 workers; allreduce: 2 workers under PyTorch DDP "
+                         "(the default side is plain DDP)")
     args = ap.parse_args()
     TOPOLOGY[0] = args.topology
+    MODE[0] = args.mode
     TICTAC.update(settings(args.set))
     for text in args.variant:
         name, _, pairs = text.partition(":")
@@ -193,7 +203,8 @@ def main() -> int:
     started = time.time()
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, python "
           f"{platform.python_version()}; load average {os.getloadavg()[0]:.2f}")
-    print(f"ps cluster, 1 server + 2 workers, {args.iterations} iterations per run, "
+    ranks = "1 server + 2 workers" if args.mode == "ps" else "2 workers (DDP)"
+    print(f"{args.mode} cluster, {ranks}, {args.iterations} iterations per run, "
           f"{args.rounds} paired rounds per model (order alternating); tictac = {described}",
           flush=True)
     all_ratios: list[float] = []
