@@ -122,3 +122,32 @@ def test_a_saved_prediction_simulates_again_with_a_measured_compute():
     assert doubled.forward_s == [2.0] * 3 and doubled.compute_s == 12.0
     assert resimulate(data, "early", compute_s=12.0).iteration_s == pytest.approx(
         simulate(doubled, link, EARLY).iteration_s)
+
+
+def test_inputs_it_cannot_simulate_are_refused_in_one_line():
+    """The plugin turns these into a warning and no prediction; the run goes on."""
+    empty = Workload([], [], [], [], [], [])
+    with pytest.raises(ValueError, match="no compute ops"):
+        simulate(empty, Link(1000.0))
+    wrong = workload(chain(2))
+    wrong.reads[1] = [5]  # a parameter the workload does not have
+    with pytest.raises(ValueError, match="an op reads parameter 5, the workload has 2"):
+        simulate(wrong, Link(1000.0))
+    wrong = workload(chain(2))
+    wrong.grad_after[0] = 7
+    with pytest.raises(ValueError, match="backward op that does not exist"):
+        simulate(wrong, Link(1000.0))
+
+
+def test_predict_gives_the_default_and_every_candidate():
+    from accelopt_plugins.tictac.crossiter import predict
+    from accelopt_plugins.tictac.tuning import Window
+
+    w = workload(chain(3))
+    link = Link(bytes_per_s=1000.0, workers=2, shared=False)
+    seconds, data = predict(w, link, (None, Window(0), Window(100, 300)))
+    assert set(seconds) == {None, Window(0), Window(100, 300)}
+    assert set(data["schedules"]) == {"off", "credit_0", "credit_100_part_300"}
+    assert data["schedules"]["credit_0"] == {"early_update": True, "by_priority": False,
+                                             "partition_bytes": 0}
+    assert seconds[None] == simulate(w, link, DEFAULT).iteration_s

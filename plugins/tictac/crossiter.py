@@ -93,6 +93,23 @@ class Workload:
                    reads, grad_after, [int(dag.nbytes[op]) for op in dag.recvs],
                    [rank.get(r, len(rank) + r) for r in range(len(dag.recvs))])
 
+    def problem(self) -> str:
+        """Why these inputs cannot be simulated ('' : they can)."""
+        n = len(self.nbytes)
+        if not self.forward_s:
+            return "the workload has no compute ops: nothing to simulate"
+        if len(self.reads) != len(self.forward_s):
+            return f"{len(self.reads)} read lists for {len(self.forward_s)} forward ops"
+        if len(self.grad_after) != n or len(self.param_priority) != n:
+            return (f"{len(self.grad_after)} gradients and {len(self.param_priority)} "
+                    f"priorities for {n} parameters")
+        bad = next((r for rs in self.reads for r in rs if not 0 <= r < n), None)
+        if bad is not None:
+            return f"an op reads parameter {bad}, the workload has {n}"
+        if any(not -1 <= k < len(self.backward_s) for k in self.grad_after):
+            return "a gradient is completed by a backward op that does not exist"
+        return ""
+
     @property
     def compute_s(self) -> float:
         return sum(self.forward_s) + sum(self.backward_s)
@@ -290,6 +307,9 @@ def simulate(work: Workload, link: Link, schedule: Schedule = DEFAULT, *,
     ``warmup`` (the first pull has nothing to overlap with)."""
     if iterations < warmup + 2:
         raise ValueError(f"simulate needs iterations >= warmup + 2, got {iterations}")
+    problem = work.problem()
+    if problem:
+        raise ValueError(problem)
     sim = _Sim(work, link, schedule, iterations, keep_spans)
     sim.run()
     starts = sim.starts
@@ -298,6 +318,23 @@ def simulate(work: Workload, link: Link, schedule: Schedule = DEFAULT, *,
     busiest = max(sum(max(0.0, min(e, hi) - max(s, lo)) for s, e in spans)
                   for spans in sim.busy.values())
     return Simulated(starts, steady, busiest / (len(starts) - 1 - warmup), sim.spans)
+
+
+def predict(work: Workload, link: Link,
+            candidates: Sequence[Any]) -> tuple[dict[Any, float], dict[str, Any]]:
+    """The steady iteration of the default (``None``) and of each priority candidate (a
+    window with ``credit_bytes``, ``partition_bytes`` and ``key``: the early update, by
+    priority where there is a window, chunked), and their inputs as :func:`saved` keeps
+    them."""
+    seconds: dict[Any, float] = {}
+    schedules: dict[str, Schedule] = {}
+    for candidate in dict.fromkeys((None, *candidates)):
+        schedule = DEFAULT if candidate is None else Schedule(
+            early_update=True, by_priority=candidate.credit_bytes > 0,
+            partition_bytes=candidate.partition_bytes)
+        schedules["off" if candidate is None else candidate.key] = schedule
+        seconds[candidate] = simulate(work, link, schedule).iteration_s
+    return seconds, saved(work, link, schedules)
 
 
 def saved(work: Workload, link: Link, schedules: dict[str, Schedule]) -> dict[str, Any]:
