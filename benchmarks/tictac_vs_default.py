@@ -28,7 +28,9 @@ intervals, is no bound: a transfer's interval includes its wait behind the other
         [--rounds 3] [--iterations 20] [--extra off again] [--set heuristic=priority]
 
 ``--mode allreduce`` runs the same on 2 workers under PyTorch's DDP (the default side is
-plain DDP; tictac has nothing to schedule there and says so).
+plain DDP; tictac has nothing to schedule there and says so). ``--workers 1`` gives the
+server and its one worker a core each on a 2-core machine (with 2 workers, three processes
+share two cores).
 
 ``--extra`` adds sides to every round: ``off`` (tictac loaded with ``heuristic=off``: no
 planning, no transfer hook) and ``again`` (no plugin a second time, so the spread of two
@@ -95,6 +97,8 @@ def settings(pairs: list[str]) -> dict[str, Any]:
 TOPOLOGY = ["shared"]
 """``--topology``: shared (one shaped loopback, every byte on one bus) or hosts (a link per
 rank, each direction shaped on its own, as machines with their own NICs)."""
+WORKERS = [2]
+"""``--workers``: data-parallel workers (2; 1 leaves a core to each of two ranks)."""
 MODE = ["ps"]
 """``--mode``: ps (1 server + 2 workers) or allreduce (2 workers, PyTorch DDP: the default
 side is plain DDP)."""
@@ -109,7 +113,7 @@ def make_cfg(spec: JobConfig, bandwidth: str, side: str) -> Any:
     cfg = OmegaConf.structured(AccelConfig)
     cfg.workload.jobs = [OmegaConf.structured(spec)]
     cfg.cluster.mode = MODE[0]
-    cfg.cluster.workers = 2
+    cfg.cluster.workers = WORKERS[0]
     cfg.cluster.servers = 1 if MODE[0] == "ps" else 0
     cfg.cluster.timeout_s = 120
     cfg.cluster.network.bandwidth = bandwidth
@@ -190,9 +194,15 @@ def main() -> int:
     ap.add_argument("--mode", default="ps", choices=["ps", "allreduce"],
                     help="ps: 1 server + 2 workers; allreduce: 2 workers under PyTorch DDP "
                          "(the default side is plain DDP)")
+    ap.add_argument("--workers", type=int, default=2,
+                    help="data-parallel workers (1 leaves the server and the worker a core "
+                         "each on a 2-core machine)")
     args = ap.parse_args()
+    if args.workers < 1:
+        ap.error("--workers must be >= 1")
     TOPOLOGY[0] = args.topology
     MODE[0] = args.mode
+    WORKERS[0] = args.workers
     TICTAC.update(settings(args.set))
     for text in args.variant:
         name, _, pairs = text.partition(":")
@@ -203,7 +213,8 @@ def main() -> int:
     started = time.time()
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, python "
           f"{platform.python_version()}; load average {os.getloadavg()[0]:.2f}")
-    ranks = "1 server + 2 workers" if args.mode == "ps" else "2 workers (DDP)"
+    workers = f"{args.workers} worker{'s' if args.workers > 1 else ''}"
+    ranks = f"1 server + {workers}" if args.mode == "ps" else f"{workers} (DDP)"
     print(f"{args.mode} cluster, {ranks}, {args.iterations} iterations per run, "
           f"{args.rounds} paired rounds per model (order alternating); tictac = {described}",
           flush=True)
