@@ -271,6 +271,13 @@ class TransferPriorities:
     higher-priority one posted meanwhile. Only with a window (``credit_bytes > 0``) does a
     chunk wait; without one every chunk starts at once.
 
+    ``pace_bytes_per_s`` (> 0, with a window): a transfer's credit returns no sooner than
+    its bytes take at that rate after the previous ones to that destination, not when its
+    sends complete: a send completes once the kernel has its bytes, and the socket buffers
+    and a shaped link's queue hold far more than a window, so without pacing the transfers
+    the window holds back wait there instead, first posted first. Pace at (a little under)
+    the link's rate.
+
     All-reduce keeps ``order`` as a strict order: every rank must start its collectives in
     the same sequence, which readiness-driven scheduling cannot promise.
     """
@@ -279,6 +286,7 @@ class TransferPriorities:
     credit_bytes: int = 0
     early_update: bool = False
     partition_bytes: int = 0
+    pace_bytes_per_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -172,6 +172,20 @@ def test_configure_rejects_bad_keys_in_one_line():
                                   make_cfg())
     with pytest.raises(ConfigError, match="tune_credits is empty; give the credit windows"):
         plugin.accelopt_configure(TictacConfig(credit_bytes=-1, tune_credits=[]), make_cfg())
+    with pytest.raises(ConfigError, match=r"plugins.tictac.pace=1.5 must be in \[0, 1\]"):
+        plugin.accelopt_configure(TictacConfig(pace=1.5), make_cfg())
+
+
+def test_pace_is_a_share_of_the_shaped_rate():
+    """Two workers: on the server's link two transfers share the rate, on one bus four."""
+    plugin = TictacPlugin(TictacConfig(pace=0.5))
+    plugin.cluster = ClusterInfo(mode="ps", workers=2, servers=1, bandwidth_bps=8_000_000,
+                                 topology="hosts")
+    assert plugin._pace() == pytest.approx(0.5 * 1e6 / 2)
+    plugin.cluster = dataclasses.replace(plugin.cluster, topology="shared")
+    assert plugin._pace() == pytest.approx(0.5 * 1e6 / 4)
+    plugin.config = TictacConfig(pace=0.0)
+    assert plugin._pace() == 0.0
 
 
 def test_self_limiting_tac_stays_out_and_says_so(tmp_path, monkeypatch):
@@ -394,9 +408,10 @@ def test_heuristic_off_is_out_of_the_transfer_path_and_says_so(tmp_path):
 class _Answer:
     """An order plugin answering priority scheduling: ``order`` with a credit window."""
 
-    def __init__(self, order: list[str], credit: int, partition: int = 0) -> None:
+    def __init__(self, order: list[str], credit: int, partition: int = 0,
+                 pace: float = 0.0) -> None:
         self.answer = TransferPriorities(tuple(order), credit_bytes=credit,
-                                         partition_bytes=partition)
+                                         partition_bytes=partition, pace_bytes_per_s=pace)
 
     @hookimpl
     def accelopt_transfer_order(self, transfers, destination):
@@ -408,16 +423,18 @@ class _HeldWatcher:
 
     def __init__(self) -> None:
         self.entries: list[tuple] = []
+        self.paced: list[float] = []
 
-    def put(self, stream, works, nbytes) -> None:
+    def put(self, stream, works, nbytes, paced_until=0.0) -> None:
         self.entries.append((stream, works, nbytes))
+        self.paced.append(paced_until)
 
 
 def _priority_transport(order: list[str], credit: int, partition: int = 0,
-                        real_start: bool = False):
+                        real_start: bool = False, pace: float = 0.0):
     from accelopt.drivers.cluster.transport import Transport
 
-    answer = _Answer(order, credit, partition)
+    answer = _Answer(order, credit, partition, pace)
     host = PluginHost([(PluginSpec(name="prio", factory=lambda c: None), answer)])
     t = Transport(rank=0, host=host, t0_epoch=0.0, process="test", timeout_s=5.0,
                   device=torch.device("cpu"), tensor_ids={n: k for k, n in enumerate(order)})
@@ -458,6 +475,30 @@ def test_priority_sends_start_the_best_posted_transfer_when_credit_frees():
     stream = t._out[(0, 0)]
     assert stream.overtaken == 2  # l0 and l1 went ahead of l2, posted before them
     assert stream.inflight == 0 and not stream.queue
+
+
+def test_a_paced_window_returns_credit_when_the_link_would_be_free(monkeypatch):
+    """pace_bytes_per_s: each transfer's credit returns when its bytes have left a link of
+    that rate, back to back after the previous one's; the watcher sleeps until then."""
+    from accelopt.drivers.cluster import transport
+
+    records = [_grad(f"l{k}", 100, k) for k in range(3)]
+    t, _started, watcher = _priority_transport([r.tensor for r in records], credit=10_000,
+                                               pace=100.0)
+    t.plan(0, 0, records)
+    for rec in records:
+        t.post(rec, torch.zeros(1))
+    first, second, third = watcher.paced
+    assert second - first == pytest.approx(1.0) and third - second == pytest.approx(1.0)
+
+    slept: list[float] = []
+    monkeypatch.setattr(transport.time, "sleep", slept.append)
+    real = transport._SendWatcher.__new__(transport._SendWatcher)
+    real.transport = t
+    returned: list[int] = []
+    t._returned = lambda stream, nbytes: returned.append(nbytes)  # type: ignore[method-assign]
+    real.handle((t._out[(0, 0)], [], 100, transport.time.monotonic() + 0.5))
+    assert returned == [100] and len(slept) == 1 and 0 < slept[0] <= 0.5
 
 
 def test_priority_with_no_window_starts_each_transfer_when_posted():

@@ -47,6 +47,11 @@ class TictacConfig:
     link is preempted between chunks by a higher-priority one (0: whole tensors; -1: measure
     ``tune_partitions``, each with every window)."""
     tune_partitions: list[int] = field(default_factory=lambda: [0, 262144])
+    pace: float = 0.0
+    """priority, with a window: pace each link at this fraction of its share of the shaped
+    rate (the shaped rate over the transfers that share the bottleneck: the workers on the
+    server's link, twice that on one bus), so what the window holds back waits in the
+    priority queue rather than in the kernel's (0: credit returns when sends complete)."""
     tune_block: int = 2
     """Iterations per candidate in a tuning round (the first of a block is not timed)."""
     tune_rounds: int = 2

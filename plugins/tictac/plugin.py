@@ -115,6 +115,9 @@ class TictacPlugin:
                      "no window", "credit windows", "[0,65536]")
         _check_tuned("partition_bytes", c.partition_bytes, "tune_partitions",
                      c.tune_partitions, "whole tensors", "chunk sizes", "[0,262144]")
+        if not 0 <= c.pace <= 1:
+            raise ConfigError(f"plugins.tictac.pace={c.pace} must be in [0, 1] (a fraction of "
+                              "the link's rate; 0: no pacing)")
         if c.tune_block < 1 or c.tune_rounds < 1:
             raise ConfigError("plugins.tictac.tune_block and tune_rounds must be >= 1")
         if c.bandwidth_bytes_per_s < 0:
@@ -212,7 +215,8 @@ class TictacPlugin:
             self.hook_s += time.perf_counter() - t0
             return None
         settings = {"credit_bytes": window.credit_bytes,
-                    "partition_bytes": window.partition_bytes}
+                    "partition_bytes": window.partition_bytes,
+                    "pace_bytes_per_s": self._pace()}
         if transfers[0].kind == "grad":
             order = [t.tensor for t in sorted(transfers, key=lambda t: t.layer_index)]
             self.hook_s += time.perf_counter() - t0
@@ -225,6 +229,16 @@ class TictacPlugin:
             order = self._restrict(self._names(transfers[0].iteration, destination), transfers)
         self.hook_s += time.perf_counter() - t0
         return TransferPriorities(tuple(order), early_update=True, **settings)
+
+    def _pace(self) -> float:
+        """Bytes/s to pace one destination's window at (``pace`` x its share of the shaped
+        rate), 0.0 without shaping or pacing."""
+        rate = self._shaped_rate()
+        if not self.config.pace or not rate:
+            return 0.0
+        workers = max(1, self.cluster.workers)
+        sharing = workers if self.cluster.topology == "hosts" else 2 * workers
+        return self.config.pace * rate / sharing
 
     def _predict_cross(self) -> None:
         """The steady iteration the cross-iteration simulator (``crossiter.py``) predicts for

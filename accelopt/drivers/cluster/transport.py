@@ -116,6 +116,9 @@ class _OutStream:
     """Priority mode's window in bytes (``None``: a strict order or none)."""
     partition: int = 0
     """Priority mode: the largest payload one message carries (0: whole tensors)."""
+    pace: float = 0.0
+    """Priority mode: the link's bytes/s; a transfer's credit returns no sooner than its
+    bytes take at that rate after the previous one's (0: when its sends complete)."""
     queue: list[tuple[int, int, _Item]] = field(default_factory=list)
     """Priority mode: (priority, posting number, item) waiting for credit (a heap)."""
     inflight: int = 0
@@ -200,6 +203,9 @@ class Transport:
         self._out: dict[tuple[int, int], _OutStream] = {}
         self._completer: _Completer | None = None
         self._watchers: dict[int, _SendWatcher] = {}
+        self._link_free: dict[int, float] = {}
+        """Pacing: per destination, when the link is free of what was started to it
+        (``time.monotonic()``)."""
         self.failure: BaseException | None = None
         """The first error of a collective (timed out, a peer died) or of the order: a DDP
         hook hands it to backward, which raises it wrapped; the rank raises this one."""
@@ -229,10 +235,11 @@ class Transport:
         priority = {name: p for p, name in enumerate(order)} if order else {}
         credit = None if schedule is None else max(0, int(schedule.credit_bytes))
         partition = 0 if schedule is None else max(0, int(schedule.partition_bytes))
+        pace = 0.0 if schedule is None else max(0.0, float(schedule.pace_bytes_per_s))
         with self._lock:
             self._out[(iteration, destination)] = _OutStream(
                 iteration, destination, None if schedule else order, priority,
-                planned=len(records), credit=credit, partition=partition,
+                planned=len(records), credit=credit, partition=partition, pace=pace,
             )
             if order:
                 self.stats.ordered += len(order)
@@ -288,7 +295,20 @@ class Transport:
                 works = stream.works[before:]
                 del stream.works[before:]
                 stream.inflight += nbytes
-                self._watcher(stream.destination).put(stream, works, nbytes)
+                self._watcher(stream.destination).put(stream, works, nbytes,
+                                                      self._paced(stream, nbytes))
+
+    def _paced(self, stream: _OutStream, nbytes: int) -> float:
+        """Pacing (lock held): when this transfer's bytes have left a link of ``stream.pace``
+        bytes/s, sent back to back after the previous ones to that destination (0.0: no
+        pacing). A send completes when the kernel has its bytes, and the socket buffers and
+        the shaped queue hold far more than a window: without pacing the transfers a window
+        holds back wait there instead, first posted first, where priorities cannot reach."""
+        if not stream.pace:
+            return 0.0
+        start = max(time.monotonic(), self._link_free.get(stream.destination, 0.0))
+        done = self._link_free[stream.destination] = start + nbytes / stream.pace
+        return done
 
     def _returned(self, stream: _OutStream, nbytes: int) -> None:
         """A priority transfer's sends completed: its credit is free again."""
@@ -682,18 +702,22 @@ class _SendWatcher(_WorkWaiter):
     def __init__(self, transport: Transport, destination: int) -> None:
         super().__init__(transport, f"credit {destination}")
 
-    def put(self, stream: _OutStream, works: list[Any], nbytes: int) -> None:
-        self.queue.put((stream, works, nbytes))
+    def put(self, stream: _OutStream, works: list[Any], nbytes: int,
+            paced_until: float = 0.0) -> None:
+        self.queue.put((stream, works, nbytes, paced_until))
 
     def handle(self, entry: Any) -> None:
         t = self.transport
-        stream, works, nbytes = entry
+        stream, works, nbytes, paced_until = entry
         try:
             for work in works:
                 _wait(work, t.timeout, f"rank {t.rank}: sending to rank "
                       f"{stream.destination} at iteration {stream.iteration}")
         except BaseException as exc:  # noqa: BLE001 - the rank raises it
             t.failure = t.failure or exc
+        left = paced_until - time.monotonic()
+        if left > 0 and t.failure is None:
+            time.sleep(left)  # pacing: the link is still busy with these bytes
         t._returned(stream, nbytes)
 
 
