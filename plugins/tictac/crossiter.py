@@ -152,8 +152,6 @@ class Simulated:
     """Mean time between forward starts after ``warmup`` iterations."""
     link_busy_s: float
     """Busy time of the busiest link over the same window, per iteration."""
-    spans: list[tuple[str, str, float, float]] = field(default_factory=list)
-    """(track, name, start, end) of every op, update and link unit (a Chrome trace)."""
 
 
 @dataclass(order=True)
@@ -167,14 +165,12 @@ class _Unit:
 
 
 class _Sim:
-    def __init__(self, work: Workload, link: Link, schedule: Schedule, iterations: int,
-                 keep_spans: bool) -> None:
+    def __init__(self, work: Workload, link: Link, schedule: Schedule,
+                 iterations: int) -> None:
         self.w, self.link, self.s, self.n = work, link, schedule, iterations
         self.t = 0.0
         self.events: list[tuple[float, int, Callable[[], None]]] = []
         self.seq = 0
-        self.keep = keep_spans
-        self.spans: list[tuple[str, str, float, float]] = []
         n_recv = len(work.nbytes)
         self.arrived = [[False] * n_recv for _ in range(iterations)]
         self.grads_in = [0] * iterations
@@ -237,8 +233,6 @@ class _Sim:
         self.link_free[name] = False
         start = self.t
         self.busy[name].append((start, start + dur))
-        if self.keep:
-            self.spans.append((f"link {name}", f"{unit.kind} {unit.recv}", start, start + dur))
 
         def done() -> None:
             self.link_free[name] = True
@@ -259,12 +253,10 @@ class _Sim:
         if self.s.early_update:
             start = max(self.t, self.server_free_at)
             self.server_free_at = start + w.nbytes[r] / lk.update_bytes_per_s
-            self.span("server", f"update {r}", start, self.server_free_at)
             self.at(self.server_free_at, lambda: self.post_params(i + 1, [r]))
         elif self.grads_in[i] == len(w.nbytes):
             start = max(self.t, self.server_free_at)
             self.server_free_at = start + sum(w.nbytes) / lk.update_bytes_per_s
-            self.span("server", f"step {i}", start, self.server_free_at)
             self.at(self.server_free_at,
                     lambda: self.post_params(i + 1, range(len(w.nbytes))))
 
@@ -281,8 +273,6 @@ class _Sim:
             self.starts.append(self.t)
         dur = w.forward_s[k] if forward else w.backward_s[k - len(w.forward_s)]
         self.computing = True
-        start = self.t
-        self.span("worker", f"{'fwd' if forward else 'bwd'} {k}", start, start + dur)
 
         def done() -> None:
             self.computing = False
@@ -294,15 +284,11 @@ class _Sim:
                 self.it, self.op = self.it + 1, 0
             self.try_compute()
 
-        self.at(start + dur, done)
-
-    def span(self, track: str, name: str, start: float, end: float) -> None:
-        if self.keep:
-            self.spans.append((track, name, start, end))
+        self.at(self.t + dur, done)
 
 
 def simulate(work: Workload, link: Link, schedule: Schedule = DEFAULT, *,
-             iterations: int = 10, warmup: int = 2, keep_spans: bool = False) -> Simulated:
+             iterations: int = 10, warmup: int = 2) -> Simulated:
     """Simulate ``iterations`` iterations; the steady iteration time excludes the first
     ``warmup`` (the first pull has nothing to overlap with)."""
     if iterations < warmup + 2:
@@ -310,14 +296,14 @@ def simulate(work: Workload, link: Link, schedule: Schedule = DEFAULT, *,
     problem = work.problem()
     if problem:
         raise ValueError(problem)
-    sim = _Sim(work, link, schedule, iterations, keep_spans)
+    sim = _Sim(work, link, schedule, iterations)
     sim.run()
     starts = sim.starts
     lo, hi = starts[warmup], starts[-1]
     steady = (hi - lo) / (len(starts) - 1 - warmup)
     busiest = max(sum(max(0.0, min(e, hi) - max(s, lo)) for s, e in spans)
                   for spans in sim.busy.values())
-    return Simulated(starts, steady, busiest / (len(starts) - 1 - warmup), sim.spans)
+    return Simulated(starts, steady, busiest / (len(starts) - 1 - warmup))
 
 
 def predict(work: Workload, link: Link,

@@ -495,19 +495,7 @@ class Transport:
                     if chunk == 0 and chunks > 1:
                         post_headers(chunks - 1)
                     if int(h[0]) != DROPPED:
-                        if chunks > 1:
-                            whole = assembling.get(int(h[1]))
-                            if whole is None:
-                                whole = assembling[int(h[1])] = torch.empty(
-                                    int(h[19]), dtype=torch.uint8, device=self.device)
-                            if chunk == chunks - 1:
-                                del assembling[int(h[1])]
-                            lo = int(h[18])
-                            into = whole[lo:lo + int(h[12])]
-                            data = whole
-                        else:
-                            into = data = torch.empty(int(h[12]), dtype=torch.uint8,
-                                                      device=self.device)
+                        into, data = self._payload_buffer(h, assembling)
                         pwork = dist.irecv(into, src=source,
                                            tag=tag_for(iteration, int(h[15]), 1),
                                            group=self.group)
@@ -517,6 +505,22 @@ class Transport:
 
         threading.Thread(target=poster, name=f"recv-post {source}", daemon=True).start()
         return ready
+
+    def _payload_buffer(self, h: list[int],
+                        assembling: dict[int, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(where this message's payload lands, the buffer the tensor is read from): its own
+        buffer, or its slice of the partitioned tensor's one (made at its first chunk)."""
+        chunk, chunks, tensor_id = int(h[16]), int(h[17]), int(h[1])
+        if chunks == 1:
+            data = torch.empty(int(h[12]), dtype=torch.uint8, device=self.device)
+            return data, data
+        whole = assembling.get(tensor_id)
+        if whole is None:
+            whole = assembling[tensor_id] = torch.empty(int(h[19]), dtype=torch.uint8,
+                                                        device=self.device)
+        if chunk == chunks - 1:
+            del assembling[tensor_id]
+        return whole[int(h[18]):int(h[18]) + int(h[12])], whole
 
     def receive(
         self,
