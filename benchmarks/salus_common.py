@@ -71,10 +71,13 @@ def run_policy(
     max_lanes: int = -1,
     run_dir: Path | None = None,
     extra_plugins: list[Any] = (),  # type: ignore[assignment]
+    history: str = "",
 ) -> tuple[list[JobResult], dict[str, Any], RunRecord]:
     """Run every job under one salus policy; return results, salus's summary, the record.
-    ``extra_plugins``: hook implementations beside salus (a benchmark's noise source)."""
-    config = SalusConfig(policy=policy, capacity=capacity, threads=threads, max_lanes=max_lanes)
+    ``extra_plugins``: hook implementations beside salus (a benchmark's noise source);
+    ``history``: ``plugins.salus.history`` (past jobs' lengths, for ``gittins``)."""
+    config = SalusConfig(policy=policy, capacity=capacity, threads=threads, max_lanes=max_lanes,
+                         history=history if policy == "gittins" else "")
     plugin = PLUGIN.instantiate(config)
     host = PluginHost([(PLUGIN, plugin), *((PluginSpec(f"extra{i}", lambda _c, p=p: p), p)
                                            for i, p in enumerate(extra_plugins))])

@@ -2,6 +2,8 @@
 oracle SRPT's (median, p90, worst), and SRTF's share of the oracle's gain over FIFO; then
 the same traces with noisy iteration times (lognormal jitter inside every iteration, or a
 second process competing for the cores) to see whether SRTF's estimates keep its order.
+``--simulate`` adds nothing to the runs: it schedules the same traces by the same policy
+classes from the profiles alone (no noise), the bound each policy's order can reach.
 
     python benchmarks/salus_family.py [--seeds 10] [--loads 0.5 0.8 1.0 1.3] \
         [--lengths pareto exponential] [--jobs 8] [--noise jitter compete]
@@ -11,7 +13,10 @@ Every trace is real: its jobs run in-process on the core executor under the salu
 oracle is computed per trace from the jobs' true lengths (each job's least service time
 over that trace's policy runs: its least disturbed measurement) and the same arrivals: SRPT on one server with free preemption, the
 optimum for average JCT, so every ratio is >= 1 up to measurement noise. FIFO is the
-executor's arrival order; LAS and 2D-LAS (``dlas``) know no job length.
+executor's arrival order; LAS and 2D-LAS (``dlas``) know no job length; ``gittins`` knows
+no job's length either, only the distribution: the lengths of ``--history-jobs`` past jobs
+drawn from the same generator with seeds no trace uses (a cluster's history), given as
+``plugins.salus.history``, plus each job that finishes in the run.
 
 Lengths: ``pareto`` (alpha 1.1, the trace generator's heavy tail) or ``exponential`` (same
 mean), iterations clipped to [--min-iterations, --max-iterations] (20-150 by default:
@@ -23,7 +28,8 @@ iteration times, SRTF's estimates and the oracle's lengths are all noisy; ``comp
 a busy process on one core for the whole trace.
 
 Goals (from the issue): SRTF/oracle <= 1.10 at p90 and <= 1.20 worst, SRTF >= 95% of the
-oracle's gain over FIFO at p90, LAS <= 1.35 x oracle at p90, SRTF >= FIFO on every trace
+oracle's gain over FIFO at p90, LAS <= 1.35 x oracle at p90 (knowing no length: LAS, dlas and gittins are reported
+against it), SRTF >= FIFO on every trace
 (noise included).
 """
 
@@ -34,7 +40,9 @@ import math
 import multiprocessing
 import random
 import statistics
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 from accelopt_plugins.salus.metrics import OracleJob, oracle_srpt
@@ -43,7 +51,9 @@ from salus_common import machine, profile_all, run_policy
 from accelopt import hookimpl
 from accelopt.config import JobConfig
 
-POLICIES = ("fifo", "srtf", "las", "dlas")
+POLICIES = ("fifo", "srtf", "las", "dlas", "gittins")
+HISTORY_SEED = 1000
+"""Seeds of the history's jobs start here: no trace of the family uses them."""
 MODELS = ["mlp", "cnn", "resnet", "lstm", "transformer"]
 
 
@@ -71,6 +81,16 @@ def family_trace(seed: int, kind: str, n: int, low: int, high: int) -> list[JobC
             optimizer="adam" if model in ("lstm", "transformer") else "sgd",
             lr=1e-3 if model in ("lstm", "transformer") else 0.05))
     return specs
+
+
+def history(kind: str, jobs: int, low: int, high: int) -> list[int]:
+    """``jobs`` past jobs' lengths from the trace generator, seeds no trace uses."""
+    out: list[int] = []
+    seed = HISTORY_SEED
+    while len(out) < jobs:
+        out += lengths(random.Random(f"{seed}-{kind}"), kind, 8, low, high)
+        seed += 1
+    return out[:jobs]
 
 
 def at_load(specs: list[JobConfig], profiles: dict[str, Any], load: float) -> list[JobConfig]:
@@ -135,7 +155,7 @@ def own_srpt_avg(results: list[Any]) -> float:
 
 
 def run_trace(specs: list[JobConfig], profiles: dict[str, Any], noise: str,
-              seed: int) -> dict[str, float]:
+              seed: int, history_file: str = "") -> dict[str, float]:
     """Average JCT per policy and the oracle's, for one trace under one noise setting."""
     extra = [Jitter(profiles, seed)] if noise == "jitter" else []
     stop = multiprocessing.Event()
@@ -150,7 +170,8 @@ def run_trace(specs: list[JobConfig], profiles: dict[str, Any], noise: str,
         for policy in order:
             results, _summary, _record = run_policy(specs, profiles, policy=policy,
                                                     capacity="64MiB", threads=1,
-                                                    extra_plugins=extra)
+                                                    extra_plugins=extra,
+                                                    history=history_file)
             out[policy] = avg_jct(results)
             out[f"{policy}:own"] = own_srpt_avg(results)
             runs.append(results)
@@ -162,20 +183,90 @@ def run_trace(specs: list[JobConfig], profiles: dict[str, Any], noise: str,
             rival.join(timeout=5)
 
 
+def simulated_avg(specs: list[JobConfig], profiles: dict[str, Any], policy: str,
+                  past: list[int], switch_s: float = 0.0002) -> float:
+    """The idealised view (``--simulate``): the same trace scheduled by salus's own policy
+    classes on one server from the profiles alone (each iteration exactly its profiled time,
+    a ``switch_s`` cost when the job changes, preemption at iteration boundaries, no noise):
+    what each policy's order is worth when the machine does not move."""
+    from accelopt_plugins.salus.policies import make_policy
+
+    from accelopt import JobInfo, JobState
+
+    chosen = make_policy(policy)
+    seconds = {s.name: profiles[s.name].iteration_seconds for s in specs}
+    chosen.iteration_time = lambda state: seconds[state.job.job_id]
+    if hasattr(chosen, "learn"):
+        chosen.learn(past)
+    info = {s.name: JobInfo(job_id=s.name, name=s.name, model=s.model, kind="train",
+                            arrival_s=s.arrival_s, iterations=s.iterations,
+                            batch_size=s.batch_size) for s in specs}
+    done = {name: 0 for name in info}
+    service = {name: 0.0 for name in info}
+    end: dict[str, float] = {}
+    now, last = 0.0, None
+    while len(end) < len(info):
+        ready = [JobState(job=info[n], lane="L0", iterations_done=done[n],
+                          service_seconds=service[n], last_iteration_seconds=seconds[n],
+                          admitted_at_s=info[n].arrival_s)
+                 for n in info if n not in end and info[n].arrival_s <= now + 1e-12]
+        if not ready:
+            now = min(info[n].arrival_s for n in info if n not in end)
+            continue
+        name = chosen.select("L0", ready, now)
+        now += seconds[name] + (switch_s if last not in (None, name) else 0.0)
+        done[name] += 1
+        service[name] += seconds[name]
+        last = name
+        if done[name] == info[name].iterations:
+            end[name] = now
+            if hasattr(chosen, "finished"):
+                chosen.finished(name, done[name])
+    return statistics.fmean(end[n] - info[n].arrival_s for n in info)
+
+
+def simulate_family(args: Any) -> None:
+    """``--simulate``: every trace of the family in the idealised view, against SRPT on the
+    profiled lengths; the same table as the real runs (no split: the service is exact)."""
+    rows: list[dict[str, float]] = []
+    for kind in args.lengths:
+        past = history(kind, args.history_jobs, args.min_iterations, args.max_iterations)
+        for seed in range(args.seeds):
+            base = family_trace(seed, kind, args.jobs, args.min_iterations, args.max_iterations)
+            profiles = profile_all(base, 1)
+            for load in args.loads:
+                specs = at_load(base, profiles, load)
+                row = {p: simulated_avg(specs, profiles, p, past) for p in POLICIES}
+                row["oracle"] = srpt_avg(
+                    {s.name: profiles[s.name].iteration_seconds * s.iterations for s in specs},
+                    {s.name: s.arrival_s for s in specs})
+                row["kind"] = kind  # type: ignore[assignment]
+                rows.append(row)
+    for kind in [*args.lengths, "all"]:
+        part = [r for r in rows if kind in ("all", r["kind"])]
+        print(f"\n## simulated from the profiles, {kind}: {len(part)} traces")
+        ratio_table(part, "SRPT")
+
+
 def quantile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)]
 
 
-def report(label: str, rows: list[dict[str, float]]) -> None:
-    print(f"\n## {label}: {len(rows)} traces")
-    print("| policy | avg JCT / oracle: median | p90 | worst | gain over FIFO (median) |")
+def ratio_table(rows: list[dict[str, float]], oracle: str) -> None:
+    """Per policy: avg JCT over the rows' ``oracle`` (median, p90, worst), gain over FIFO."""
+    print(f"| policy | avg JCT / {oracle}: median | p90 | worst | gain over FIFO (median) |")
     print("|---|---:|---:|---:|---:|")
     for policy in POLICIES:
         ratios = [r[policy] / r["oracle"] for r in rows]
         gains = [r["fifo"] / r[policy] for r in rows]
         print(f"| {policy} | {statistics.median(ratios):.3f} | {quantile(ratios, 0.9):.3f} | "
               f"{max(ratios):.3f} | {statistics.median(gains):.2f}x |")
+
+
+def report(label: str, rows: list[dict[str, float]]) -> None:
+    print(f"\n## {label}: {len(rows)} traces")
+    ratio_table(rows, "oracle")
     oracle_gain = [r["fifo"] / r["oracle"] for r in rows]
     print(f"| oracle SRPT | 1.000 | 1.000 | 1.000 | {statistics.median(oracle_gain):.2f}x |")
     print("\nthe same split in two: what the order lost (JCT / SRPT on the run's own service "
@@ -193,10 +284,11 @@ def report(label: str, rows: list[dict[str, float]]) -> None:
     p10 = quantile(share, 0.1)  # the share reached on 90% of the traces
     worse = sum(r["srtf"] > r["fifo"] * 1.0001 for r in rows)
     srtf = [r["srtf"] / r["oracle"] for r in rows]
-    las = [r["las"] / r["oracle"] for r in rows]
+    free = {p: [r[p] / r["oracle"] for r in rows] for p in ("las", "dlas", "gittins")}
     print(f"SRTF/oracle p90 {quantile(srtf, 0.9):.3f} (goal <= 1.10), worst {max(srtf):.3f} "
           f"(<= 1.20); SRTF's share of the oracle's gain over FIFO on 90% of traces >= "
-          f"{100 * p10:.0f}% (goal >= 95%); LAS/oracle p90 {quantile(las, 0.9):.3f} "
+          f"{100 * p10:.0f}% (goal >= 95%); knowing no length, /oracle p90 " + ", ".join(
+              f"{p} {quantile(v, 0.9):.3f}" for p, v in free.items()) + " "
           f"(<= 1.35); SRTF worse than FIFO on {worse} of {len(rows)} traces (goal 0)")
 
 
@@ -211,9 +303,17 @@ def main() -> None:
     ap.add_argument("--max-iterations", type=int, default=150)
     ap.add_argument("--noise", nargs="*", default=["jitter", "compete"],
                     choices=["jitter", "compete"])
+    ap.add_argument("--history-jobs", type=int, default=200,
+                    help="past jobs' lengths gittins learns from (per length distribution)")
     ap.add_argument("--noise-seeds", type=int, default=3,
                     help="traces of the noise family: the first N seeds at load 1.0")
+    ap.add_argument("--simulate", action="store_true",
+                    help="only the idealised view: each policy's schedule from the profiles")
     args = ap.parse_args()
+    if args.simulate:
+        print(f"machine: {machine()}")
+        simulate_family(args)
+        return
     started = time.perf_counter()
     print(f"machine: {machine()}")
     print(f"family: {args.seeds} seeds x loads {args.loads} x lengths {args.lengths}, "
@@ -222,14 +322,18 @@ def main() -> None:
           f"{', '.join(POLICIES)}")
     clean: list[dict[str, float]] = []
     noisy: dict[str, list[dict[str, float]]] = {n: [] for n in args.noise}
+    scratch = tempfile.TemporaryDirectory(prefix="salus-family-")
     for kind in args.lengths:
+        history_file = Path(scratch.name) / f"history-{kind}.txt"
+        history_file.write_text("\n".join(map(str, history(
+            kind, args.history_jobs, args.min_iterations, args.max_iterations))) + "\n")
         for seed in range(args.seeds):
             base = family_trace(seed, kind, args.jobs, args.min_iterations,
                                 args.max_iterations)
             profiles = profile_all(base, 1)
             for load in args.loads:
                 specs = at_load(base, profiles, load)
-                row = run_trace(specs, profiles, "none", seed)
+                row = run_trace(specs, profiles, "none", seed, str(history_file))
                 clean.append(row)
                 print(f"  {kind} seed {seed} load {load}: " + ", ".join(
                     f"{p} {row[p] / row['oracle']:.3f} ({row[p] / row[p + ':own']:.3f} own)"
@@ -238,7 +342,7 @@ def main() -> None:
                     f"[{time.perf_counter() - started:.0f} s]", flush=True)
                 if load == 1.0 and seed < args.noise_seeds:
                     for noise in args.noise:
-                        nrow = run_trace(specs, profiles, noise, seed)
+                        nrow = run_trace(specs, profiles, noise, seed, str(history_file))
                         noisy[noise].append(nrow)
                         print(f"    {noise}: SRTF/oracle {nrow['srtf'] / nrow['oracle']:.3f}, "
                               f"SRTF/FIFO {nrow['fifo'] / nrow['srtf']:.2f}x", flush=True)
@@ -246,6 +350,7 @@ def main() -> None:
     for noise, rows in noisy.items():
         if rows:
             report(f"noise: {noise}", rows)
+    scratch.cleanup()
     print(f"\n# {time.perf_counter() - started:.0f} s in all")
 
 

@@ -17,12 +17,16 @@ class SalusConfig:
     """``accelopt run +plugins=[salus] plugins.salus.policy=srtf plugins.salus.capacity=2GiB``"""
 
     policy: str = "auto"
-    """auto | pack | srtf | fair | fifo | rr | las | dlas, another registered name, or
-    module:Class (las, dlas: Tiresias's scheduling without knowing job lengths).
+    """auto | pack | srtf | fair | fifo | rr | las | dlas | gittins, another registered name,
+    or module:Class (las, dlas, gittins: Tiresias's scheduling without knowing job lengths).
     ``auto``: pack on one device (lanes run concurrently, so packing raises utilization);
     srtf in a parameter-server cluster, where every iteration uses every worker and server so
     only one job runs at a time and packing would be arrival order: there the policy that
     minimises average JCT is the useful one."""
+    history: str = ""
+    """A file of past jobs' lengths in iterations (integers, one per line or separated by
+    spaces or commas; ``#`` starts a comment): the distribution ``gittins`` learns from,
+    before the run's own finished jobs add to it. Empty: learned from the run alone."""
     capacity: str = ""
     """Device memory shared by the lanes, e.g. '2GiB'. Empty: run.memory_capacity (on CUDA
     the real device memory; on CPU, where lanes are accounted not enforced, the RAM)."""

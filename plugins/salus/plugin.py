@@ -29,7 +29,7 @@ from accelopt_plugins.salus.metrics import (
     busy_fraction,
     contention_fairness,
 )
-from accelopt_plugins.salus.policies import Policy, make_policy, resolve_auto
+from accelopt_plugins.salus.policies import Policy, make_policy, read_history, resolve_auto
 
 from accelopt import (
     AllocationDecision,
@@ -110,6 +110,14 @@ class SalusPlugin:
         self.policy = make_policy(resolve_auto(str(config.policy), self.cluster_mode))
         self.policy_auto = str(config.policy) == "auto"
         self.policy.iteration_time = self.iteration_seconds
+        if config.history:
+            learn = getattr(self.policy, "learn", None)
+            if not callable(learn):
+                raise ConfigError(
+                    f"plugins.salus.history is read only by a policy that learns job lengths "
+                    f"(gittins); {config.policy!r} does not: drop it or set "
+                    "plugins.salus.policy=gittins")
+            learn(read_history(str(config.history)))
         if config.max_lanes < -1:
             raise ConfigError("plugins.salus.max_lanes must be -1 (policy default), 0 (as many "
                               f"as fit) or a positive count; got {config.max_lanes}")
@@ -206,6 +214,9 @@ class SalusPlugin:
     @hookimpl
     def accelopt_release(self, job: JobInfo, lane: str, status: str) -> None:
         self._status[job.job_id] = status
+        finished = getattr(self.policy, "finished", None)
+        if status == "done" and callable(finished):
+            finished(job.job_id, job.iterations)  # its length is no secret once it is done
         self._close_cuda_context()
         if self.manager is None:
             return

@@ -20,9 +20,14 @@ Mapping of SALUS's policies onto lanes (one device):
   (thresholds ``Dlas.thresholds_s``), FIFO inside a queue, so jobs of one queue run to the
   next threshold instead of time-sharing each iteration (far fewer switches than ``las``).
   On one device the second dimension (GPUs per job) is 1 for every job.
+* ``gittins``: one lane; Tiresias's Gittins index: knows the *distribution* of job lengths
+  (from past jobs' iteration counts, ``plugins.salus.history``, and every job that finishes
+  in the run), never a job's own; runs the job most likely to finish soon per second of
+  device time, given the iterations it has already run. Without a history it is ``las``.
 
 What each policy knows, and when: ``fifo``/``pack`` the arrival order; ``fair``/``las``/
 ``dlas`` the service each job has received so far (measured, nothing about its future);
+``gittins`` the iterations each job has run and the lengths of jobs that finished before;
 ``srtf`` the job's remaining iterations (from its config: ``iterations`` minus those run)
 times its iteration time: the profiled iteration (measured offline, before the clock) until
 the job has run two iterations, then an exponential moving average of its measured
@@ -49,9 +54,12 @@ package need not import salus to be one.
 
 from __future__ import annotations
 
+import bisect
 import itertools
-from collections.abc import Callable, Sequence
+import re
+from collections.abc import Callable, Iterable, Sequence
 from importlib import import_module
+from pathlib import Path
 from typing import ClassVar
 
 from accelopt import ConfigError, JobState, UserError, extension_point
@@ -254,3 +262,99 @@ class Dlas(Policy):
 
     def select(self, lane: str, ready: Sequence[JobState], now_s: float) -> str:
         return min(ready, key=lambda s: (self.queue(s), *arrival_key(s))).job.job_id
+
+
+@register_policy("gittins")
+class Gittins(Policy):
+    """Tiresias's Gittins index (NSDI'19, after Gittins 1989), the optimal policy for average
+    JCT among those that know no job's length, only the distribution lengths come from.
+
+    Of a job that has run ``a`` iterations, the index is the best ratio, over how many more
+    iterations ``d`` one would give it, of the chance it finishes within them to the
+    iterations they are expected to cost: ``max_d P(N <= a + d | N > a) / E[min(N - a, d) |
+    N > a]``, with ``N`` the lengths of past jobs (:meth:`learn`). Divided by the job's
+    iteration time it is a chance of finishing per second; the highest runs. Why not LAS:
+    LAS assumes the longer a job has run the longer it will run, which is true of heavy
+    tails but not of a cluster whose jobs mostly run a few standard lengths; the index
+    knows, from the history, when a job is about to finish. A job that has outlived every
+    past length has no index: it runs after those that have one, least attained service
+    first (LAS, which is also the whole policy while the history is empty)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lengths: list[int] = []
+        """Past jobs' iteration counts, sorted."""
+        self._index: dict[int, float | None] = {}
+
+    def learn(self, lengths: Iterable[int]) -> None:
+        """Add past jobs' lengths (iterations) to the distribution."""
+        for n in lengths:
+            if n > 0:
+                bisect.insort(self.lengths, int(n))
+        self._index.clear()
+
+    def finished(self, job_id: str, iterations: int) -> None:
+        """A job of this run finished after ``iterations``: one more sample of the lengths."""
+        self.learn([iterations])
+
+    def index(self, attained: int) -> float | None:
+        """The Gittins index (chance of finishing per iteration) after ``attained``
+        iterations; ``None`` when no past job ran longer."""
+        if attained not in self._index:
+            self._index[attained] = gittins_index(self.lengths, attained)
+        return self._index[attained]
+
+    def select(self, lane: str, ready: Sequence[JobState], now_s: float) -> str:
+        def key(state: JobState) -> tuple[float, ...]:
+            index = self.index(state.iterations_done)
+            if index is None:
+                return (1, state.service_seconds, *arrival_key(state))
+            seconds = self.iteration_time(state)
+            rate = index / seconds if seconds > 0 else float("inf")  # unmeasured: probe it
+            return (0, -rate, *arrival_key(state))
+
+        return min(ready, key=key).job.job_id
+
+
+def gittins_index(lengths: Sequence[int], attained: int) -> float | None:
+    """``max_d P(N - a <= d) / E[min(N - a, d)]`` over the sorted ``lengths`` longer than
+    ``attained`` (``a``), ``N`` drawn from them; ``None`` if there is none. The maximum is
+    reached at one of the remaining lengths, so only those are tried: one pass over them."""
+    remaining = [n - attained for n in lengths[bisect.bisect_right(lengths, attained):]]
+    count = len(remaining)
+    if not count:
+        return None
+    best, below = 0.0, 0
+    for k, d in enumerate(remaining):
+        below += d
+        if k + 1 < count and remaining[k + 1] == d:
+            continue  # ties: the ratio is taken once all of them are counted
+        finished = k + 1
+        expected = (below + (count - finished) * d) / count
+        best = max(best, (finished / count) / expected)
+    return best
+
+
+def read_history(path: str) -> list[int]:
+    """Past jobs' lengths from ``plugins.salus.history``: positive integers separated by
+    whitespace or commas, ``#`` to the end of a line a comment. One-line ``ConfigError`` if
+    the file cannot be read, holds anything else, or holds no length."""
+    source = Path(path).expanduser()
+    try:
+        text = source.read_text()
+    except OSError as exc:
+        raise ConfigError(f"plugins.salus.history: cannot read {path!r} ({exc.strerror}); give "
+                          "a file of past jobs' lengths in iterations") from None
+    lengths = []
+    for number, line in enumerate(text.splitlines(), 1):
+        for word in re.split(r"[\s,]+", line.split("#", 1)[0].strip()):
+            if not word:
+                continue
+            if not word.isdigit() or int(word) == 0:
+                raise ConfigError(f"plugins.salus.history: {path}:{number}: {word!r} is not a "
+                                  "job length (a positive number of iterations)")
+            lengths.append(int(word))
+    if not lengths:
+        raise ConfigError(f"plugins.salus.history: {path} holds no job length; list past "
+                          "jobs' iteration counts, one per line")
+    return lengths
