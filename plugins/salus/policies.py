@@ -287,10 +287,9 @@ class Gittins(Policy):
         self._index: dict[int, float | None] = {}
 
     def learn(self, lengths: Iterable[int]) -> None:
-        """Add past jobs' lengths (iterations) to the distribution."""
-        for n in lengths:
-            if n > 0:
-                bisect.insort(self.lengths, int(n))
+        """Add past jobs' lengths (iterations) to the distribution (one sort per call, not
+        one insertion per length: a history file may hold many)."""
+        self.lengths = sorted([*self.lengths, *(int(n) for n in lengths if n > 0)])
         self._index.clear()
 
     def finished(self, job_id: str, iterations: int) -> None:
