@@ -2,18 +2,24 @@
 
 The runtime never touches pluggy directly: every hook call, whichever shape it has (all
 plugins, a chain where each plugin transforms the previous one's output, one plugin's
-configure), goes through :meth:`PluginHost._execute`. That one place
+configure), is made by a *caller* that :meth:`PluginHost._caller` built for that hook when
+the host was made. That one factory is the one path of every call:
 
-* honours pluggy's semantics everywhere: ``tryfirst``/``trylast`` order, *firstresult*, and
-  ``@hookimpl(wrapper=True)`` wrappers (for a chained hook a wrapper wraps each plugin's link),
-  executing through pluggy itself whenever a wrapper is involved; without one it calls the
-  implementations directly, in pluggy's order, which is what keeps a per-iteration hook
-  call in the hot path at well under a microsecond of dispatch;
-* serialises the process's hook calls with one lock, so a plugin never sees two of its hook
-  calls at once, whether they come from lanes, the transport's receiving threads or
+* it honours pluggy's semantics everywhere: ``tryfirst``/``trylast`` order, *firstresult*,
+  and ``@hookimpl(wrapper=True)`` wrappers (for a chained hook a wrapper wraps each plugin's
+  link), executing through pluggy itself whenever a wrapper is involved; without one it
+  calls the implementations directly, in pluggy's order, each with the arguments it
+  declares;
+* it serialises the process's hook calls with one lock, so a plugin never sees two of its
+  hook calls at once, whether they come from lanes, the transport's receiving threads or
   autograd's thread;
-* times the call for the run's timeline (``trace``) and turns a plugin's exception into a
+* it times the call for the run's timeline (``trace``) and turns a plugin's exception into a
   :class:`PluginHookError` naming the plugin and the hook.
+
+Why callers are built ahead: a job's step fires its events every iteration, and the 1%
+overhead goal (``benchmarks/overhead.py``) leaves a few hundred nanoseconds per call. A
+caller is one Python frame around the implementation: no dictionary of arguments, no lookup
+of the hook by name, no loop where one plugin implements the hook.
 """
 
 from __future__ import annotations
@@ -33,12 +39,10 @@ from accelopt.plugin import PluginSpec
 HOOK_LOCK = threading.RLock()
 """Held around every hook call of this process (reentrant: a hook may trigger another)."""
 _acquire, _release = HOOK_LOCK.acquire, HOOK_LOCK.release
+_clock = time.perf_counter
 
-
-Route = tuple[list[Any], bool,
-              "tuple[tuple[Any, tuple[str, ...] | None, bool | None], ...] | None"]
-"""How to call one hook: (pluggy's implementations, firstresult, the direct call list when no
-wrapper is involved: see :func:`_direct`)."""
+Caller = Callable[..., Any]
+"""Calls one hook with all its arguments, positionally, in the hookspec's order."""
 
 
 class PluginHost:
@@ -56,11 +60,13 @@ class PluginHost:
             self.pm.register(instance, name=spec.name)
             self.instances[spec.name] = instance
         self.pm.check_pending()
+        self.trace: list[tuple[str, float, float]] | None = None
+        """When a list: every call appends (hook, start, end), ``time.perf_counter`` seconds
+        (the run's ``hooks`` timeline track)."""
         self._code_owner: dict[object, str] = {}
         self._impls: dict[str, list[Any]] = {}
-        self._wrappers: dict[str, list[Any]] = {}
-        self._routes: dict[str, Route] = {}
-        self._links: dict[str, list[Route]] = {}
+        self._callers: dict[str, Caller] = {}
+        self._links: dict[str, list[tuple[str, Caller]]] = {}
         self._no_answer: dict[str, Any] = {}
         self._spec_args: dict[str, tuple[str, ...]] = {}
         for name in dir(self.pm.hook):
@@ -72,21 +78,15 @@ class PluginHost:
             impls = caller.get_hookimpls()  # pluggy order: called last-first
             if not impls:
                 continue
-            spec_args = self._spec_args[name] = tuple(caller.spec.argnames)
-            wrappers = [i for i in impls if i.wrapper or i.hookwrapper]
-            plain = [i for i in reversed(impls) if not (i.wrapper or i.hookwrapper)]
-            self._impls[name], self._wrappers[name] = impls, wrappers
-            self._routes[name] = (impls, firstresult,
-                                  None if wrappers else _direct(plain, spec_args))
-            self._links[name] = [([i, *wrappers], True,
-                                  None if wrappers else _direct([i], spec_args))
-                                 for i in plain]
+            self._spec_args[name] = tuple(caller.spec.argnames)
+            wrappers = [i for i in impls if _wraps(i)]
+            self._impls[name] = impls
+            self._callers[name] = self._caller(name, impls, firstresult)
+            self._links[name] = [(i.plugin_name, self._caller(name, [i, *wrappers], True))
+                                 for i in reversed(impls) if not _wraps(i)]
             for impl in impls:
                 self._code_owner[getattr(impl.function, "__code__", None)] = impl.plugin_name
         self._implemented = frozenset(self._impls)
-        self.trace: list[tuple[str, float, float]] | None = None
-        """When a list: every call appends (hook, start, end), ``time.perf_counter`` seconds
-        (the run's ``hooks`` timeline track)."""
 
     # -- questions ---------------------------------------------------------------------------
 
@@ -104,20 +104,16 @@ class PluginHost:
     def call(self, hook: str, **kwargs: Any) -> Any:
         """Call a hook on every implementing plugin: a list of answers, or the first answer
         that is not ``None`` for a *firstresult* hook."""
-        route = self._routes.get(hook)
-        if route is None:  # nobody implements it: the answer pluggy would give, for free
+        caller = self._callers.get(hook)
+        if caller is None:  # nobody implements it: the answer pluggy would give, for free
             return self._no_answer[hook]
-        return self._execute(hook, route, kwargs)
+        return caller(*self._positional(hook, kwargs))
 
-    def bound(self, hook: str) -> Callable[..., Any] | None:
-        """A caller of ``hook`` taking its arguments positionally, in the hookspec's order
-        (``None`` when nobody implements it): the same path as :meth:`call` without building
-        a keyword dict or a Python frame of its own, for the events a job's step fires every
-        iteration."""
-        route = self._routes.get(hook)
-        if route is None:
-            return None
-        return functools.partial(self._execute, hook, route, None)
+    def bound(self, hook: str) -> Caller | None:
+        """The caller of ``hook``, to be given its arguments positionally in the hookspec's
+        order (``None`` when nobody implements it): for the events a job's step or the
+        driver fires every iteration, which then pay for no lookup and no keyword dict."""
+        return self._callers.get(hook)
 
     def chain(
         self, hook: str, value: Any, make_kwargs: Callable[[Any], dict[str, Any]], *,
@@ -130,53 +126,62 @@ class PluginHost:
         links = self._links.get(hook)
         if links is None:
             return value
-        for route in reversed(links) if reverse else links:
-            out = self._execute(hook, route, make_kwargs(value))
+        for _, link in reversed(links) if reverse else links:
+            out = link(*self._positional(hook, make_kwargs(value)))
             if out is not None:
                 value = out
         return value
 
+    def bound_chain(self, hook: str, argument: str) -> Caller | None:
+        """:meth:`chain` for a hot path: a function taking the hook's arguments positionally
+        that passes the value of ``argument`` through every plugin in turn and returns the
+        last value a plugin gave, or ``None`` when every plugin kept it (``None`` instead of
+        a function when nobody implements the hook). With one plugin that is the plugin's
+        caller itself: no frame of its own."""
+        links = [link for _, link in self._links.get(hook, ())]
+        if not links:
+            return None
+        if len(links) == 1:
+            return links[0]
+        slot = self._spec_args[hook].index(argument)
+
+        def through_all(*args: Any) -> Any:
+            values, changed = list(args), False
+            for link in links:
+                out = link(*values)
+                if out is not None:
+                    values[slot], changed = out, True
+            return values[slot] if changed else None
+
+        return through_all
+
     def call_one(self, plugin: str, hook: str, **kwargs: Any) -> Any:
         """Call one plugin's implementation of a hook (each plugin gets its own config)."""
-        for route in self._links.get(hook, ()):
-            if route[0][0].plugin_name == plugin:
-                return self._execute(hook, route, kwargs)
+        for name, link in self._links.get(hook, ()):
+            if name == plugin:
+                return link(*self._positional(hook, kwargs))
         return None
 
-    def _execute(self, hook: str, route: Route, kwargs: dict[str, Any] | None,
-                 *args: Any) -> Any:
-        """The one path every hook call takes (see the module docstring): with the keyword
-        arguments, or (``kwargs=None``) with the arguments in the hookspec's order."""
-        impls, firstresult, direct = route
-        trace = self.trace
-        _acquire()  # acquire/release, not `with`: a third of the cost on this hot path
-        start = time.perf_counter() if trace is not None else 0.0
+    def _positional(self, hook: str, kwargs: dict[str, Any]) -> list[Any]:
+        """A keyword call's arguments in the hookspec's order."""
         try:
-            if kwargs is None and (direct is None or direct[0][2] is not None):
-                kwargs = dict(zip(self._spec_args[hook], args, strict=True))
-            if direct is None:  # a wrapper is involved: pluggy runs it
-                return self.pm._hookexec(hook, impls, kwargs, firstresult)
-            results = []
-            for function, argnames, _ in direct:
-                if argnames is None:  # it takes every argument, as the hookspec orders them
-                    result = function(*args) if kwargs is None else function(**kwargs)
-                else:
-                    result = function(*[kwargs[a] for a in argnames])  # type: ignore[index]
-                if result is not None:
-                    if firstresult:
-                        return result
-                    results.append(result)
-            return None if firstresult else results
-        except AccelOptError as exc:
-            if getattr(exc, "hook", None) is None:
-                exc.hook = hook  # type: ignore[attr-defined]  # raised by a hook, on purpose
-            raise
-        except Exception as exc:
-            raise PluginHookError(self._owner_of(exc, impls), hook, exc) from exc
-        finally:
-            if trace is not None:
-                trace.append((hook, start, time.perf_counter()))
-            _release()
+            return [kwargs[name] for name in self._spec_args[hook]]
+        except KeyError as missing:
+            raise TypeError(f"{hook} needs the argument {missing}") from None
+
+    # -- the one path ------------------------------------------------------------------------
+
+    def _caller(self, hook: str, impls: list[Any], firstresult: bool) -> Caller:
+        """The caller of ``hook`` over ``impls`` (pluggy's order, wrappers included), made
+        from :data:`_CALLER` for the hook's number of arguments."""
+        spec_args = self._spec_args[hook]
+        plain = [_invoker(i, spec_args) for i in reversed(impls) if not _wraps(i)]
+        wrapped = len(plain) != len(impls)
+        single = plain[0] if len(plain) == 1 and not wrapped else None
+        return _caller_factory(len(spec_args))(
+            hook=hook, impls=impls, spec_args=spec_args, firstresult=firstresult,
+            single=single, several=() if single is not None or wrapped else tuple(plain),
+            wrapped=wrapped, hookexec=self.pm._hookexec, host=self)
 
     def _owner_of(self, exc: BaseException, impls: list[Any]) -> str:
         """The plugin whose code raised: the deepest frame that belongs to one, else the only
@@ -189,18 +194,77 @@ class PluginHost:
                 owner = name
             tb = tb.tb_next
         if owner is None:
-            plain = {i.plugin_name for i in impls if not (i.wrapper or i.hookwrapper)}
+            plain = {i.plugin_name for i in impls if not _wraps(i)}
             owner = plain.pop() if len(plain) == 1 else "<unknown>"
         return owner
 
 
-def _direct(impls: list[Any], spec_args: tuple[str, ...]
-            ) -> tuple[tuple[Any, tuple[str, ...] | None, bool | None], ...]:
-    """(function, argument names, a marker) per implementation, in call order. The names are
-    ``None`` for an implementation that takes every argument of the spec (then called with
-    the keywords or the positional arguments as they are, the cheapest calls Python has);
-    the marker of the first entry is not ``None`` when some implementation takes a subset
-    (then a positional call first builds the keywords)."""
-    subset = any(tuple(i.argnames) != spec_args for i in impls)
-    return tuple((i.function, None if tuple(i.argnames) == spec_args else tuple(i.argnames),
-                  True if subset else None) for i in impls)
+_CALLER = """
+def make(hook, impls, spec_args, firstresult, single, several, wrapped, hookexec, host):
+    def call({args}):
+        _acquire()  # acquire/release, not `with`: a third of the cost on this hot path
+        trace = host.trace
+        start = _clock() if trace is not None else 0.0
+        try:
+            if single is not None:  # the common case: one plugin, no wrapper
+                answer = single({args})
+                if firstresult:
+                    return answer
+                return [] if answer is None else [answer]
+            if wrapped:  # a wrapper is involved: pluggy runs it
+                return hookexec(hook, impls, dict(zip(spec_args, ({args}{comma}))), firstresult)
+            answers = []
+            for each in several:
+                answer = each({args})
+                if answer is not None:
+                    if firstresult:
+                        return answer
+                    answers.append(answer)
+            return None if firstresult else answers
+        except AccelOptError as exc:
+            if getattr(exc, "hook", None) is None:
+                exc.hook = hook  # raised by a hook, on purpose: it names the hook
+            raise
+        except Exception as exc:
+            raise PluginHookError(host._owner_of(exc, impls), hook, exc) from exc
+        finally:
+            if trace is not None:
+                trace.append((hook, start, _clock()))
+            _release()
+    return call
+"""
+"""The one path of every hook call (see the module docstring), as source: each hook gets a
+caller with exactly as many positional parameters as its hookspec has arguments, because a
+call through ``*args`` costs a tuple and an extra interpreter frame that a per-iteration
+event pays six times an iteration (``benchmarks/hook_cost.py`` counts it)."""
+
+
+@functools.cache
+def _caller_factory(arity: int) -> Callable[..., Caller]:
+    """``make`` of :data:`_CALLER` for hooks of ``arity`` arguments (compiled once each)."""
+    args = ", ".join(f"a{i}" for i in range(arity))
+    namespace = {"_acquire": _acquire, "_release": _release, "_clock": _clock,
+                 "AccelOptError": AccelOptError, "PluginHookError": PluginHookError}
+    source = _CALLER.format(args=args, comma="," if arity == 1 else "")
+    exec(compile(source, f"<accelopt.host caller of {arity} arguments>", "exec"), namespace)
+    return namespace["make"]  # type: ignore[no-any-return]
+
+
+def _wraps(impl: Any) -> bool:
+    """Whether a pluggy implementation is a wrapper (new or old style)."""
+    return bool(impl.wrapper or impl.hookwrapper)
+
+
+def _invoker(impl: Any, spec_args: tuple[str, ...]) -> Caller:
+    """A function taking the hook's arguments positionally, in the hookspec's order, that
+    calls the implementation with those it declares, as pluggy would: the implementation
+    itself where it declares all of them, in order (the cheapest call)."""
+    function = impl.function
+    if tuple(impl.argnames) == spec_args:
+        return function  # type: ignore[no-any-return]
+    positions = tuple(spec_args.index(n) for n in impl.argnames)
+
+    def with_its_arguments(*args: Any) -> Any:
+        return function(*[args[p] for p in positions])
+
+    return with_its_arguments

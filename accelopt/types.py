@@ -14,9 +14,10 @@ during the call and must not keep them.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 if TYPE_CHECKING:  # annotations only: importing torch here would slow every import
     import torch
@@ -31,6 +32,33 @@ shard of each job's parameters and takes its optimizer step: PS mode) or ``worke
 forward and backward on its rows of every batch)."""
 Scope = Literal["run", "job"]
 """How many instances of a plugin a process makes: one (``run``) or one per job (``job``)."""
+_R = TypeVar("_R")
+
+
+def made_often(cls: type[_R]) -> type[_R]:
+    """Give a frozen dataclass a constructor that stores its fields straight into the
+    instance's ``__dict__``.
+
+    Why: a frozen dataclass's generated ``__init__`` sets every field through
+    ``object.__setattr__`` (about 100 ns a field), and the records decorated with this are
+    made every iteration or every transfer of every job, on the path whose overhead
+    ``benchmarks/overhead.py`` holds to 1% of an iteration. The record stays a frozen
+    dataclass in every other respect (equality, hashing, ``dataclasses.replace``, assignment
+    refused); it has no ``__slots__``, since a slot can only be set through the slow path.
+    """
+    fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+    defaults = {f"_default_{f.name}": f.default for f in fields
+                if f.default is not dataclasses.MISSING}
+    params = ", ".join(f.name + (f"=_default_{f.name}" if f"_default_{f.name}" in defaults
+                                 else "") for f in fields)
+    stores = "".join(f"    d[{f.name!r}] = {f.name}\n" for f in fields)
+    namespace: dict[str, Any] = dict(defaults)
+    exec(f"def __init__(self, {params}):\n    d = self.__dict__\n{stores}", namespace)
+    init = namespace["__init__"]
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    cls.__init__ = init  # type: ignore[misc]
+    return cls
+
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,7 +191,8 @@ class AllocationDecision:
     reject: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@made_often
+@dataclass(frozen=True)
 class JobState:
     """A snapshot of one admitted job at an iteration boundary."""
 
@@ -180,7 +209,8 @@ class JobState:
         return self.job.iterations - self.iterations_done
 
 
-@dataclass(frozen=True, slots=True)
+@made_often
+@dataclass(frozen=True)
 class IterationContext:
     """Facts about the iteration that is about to start or has just ended.
 
@@ -194,7 +224,8 @@ class IterationContext:
     now_s: float
 
 
-@dataclass(frozen=True, slots=True)
+@made_often
+@dataclass(frozen=True)
 class IterationResult:
     """What one iteration measured (on the process that ran it: a worker's own rows)."""
 
@@ -219,7 +250,8 @@ class OptimizerRebuild:
     reason: str
 
 
-@dataclass(frozen=True, slots=True)
+@made_often
+@dataclass(frozen=True)
 class TransferRecord:
     """One parameter or gradient transfer between two processes of a cluster.
 

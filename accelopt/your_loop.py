@@ -57,7 +57,7 @@ from accelopt.errors import ConfigError, UserError
 from accelopt.hookspecs import RUN_DECISION_HOOKS
 from accelopt.host import PluginHost
 from accelopt.job import inputs
-from accelopt.job.events import StepEvents
+from accelopt.job.events import StepEvents, rebuilds
 from accelopt.job.gradients import Gradients
 from accelopt.job.layers import offer_layers
 from accelopt.job.params import buckets_by_bytes, param_table
@@ -272,7 +272,9 @@ class Attached:
         context = self._current("backward()")
         self._loss = float(loss.detach())
         if self.events.after_forward:
-            loss = self.events.after_forward(context, loss)
+            replaced = self.events.after_forward(context, loss)
+            if replaced is not None:
+                loss = replaced
         loss.backward()
 
     def step(self, optimizer: torch.optim.Optimizer) -> bool:
@@ -288,7 +290,7 @@ class Attached:
         if stepped:
             optimizer.step()
         if self.events.after_step:
-            for rebuild in self.events.after_step(context, stepped):
+            for rebuild in rebuilds(self.events.after_step(context, stepped)):
                 self.rebuild_requests.append(f"iteration {context.iteration}: "
                                              f"{rebuild.reason}")
                 import warnings

@@ -17,6 +17,7 @@ driver.py``), so allocation and scheduling mean the same thing in every mode.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import threading
 import time
@@ -60,7 +61,7 @@ EXCLUSIVE = AllocationDecision(granted=True, lane=DEFAULT_LANE, reason="exclusiv
 """The default decision when no plugin answers (immutable, so one object serves)."""
 
 
-@dataclass
+@dataclass(eq=False)  # compared by identity: a lane's list is searched for the entry itself
 class _Entry:
     job: Job
     result: JobResult
@@ -73,6 +74,8 @@ class _Entry:
     requests: dict[str, AllocationRequest] = field(default_factory=dict)
     """The job's allocation requests by phase (rebuilt when its record changes)."""
     events: StepEvents | None = None
+    order: int = 0
+    """The job's position in the executor's list (lanes keep their jobs in this order)."""
 
     def __post_init__(self) -> None:
         self.finished = self.result.status in ENDED  # a restored result may have ended
@@ -130,9 +133,13 @@ class Executor:
         self._cv = threading.Condition()
         self._t0 = 0.0 if self._external_clock else self._clock()
         self._entries = {
-            job.info.job_id: _Entry(job, (results or {}).get(job.info.job_id) or JobResult(job.info))
-            for job in jobs
+            job.info.job_id: _Entry(job, (results or {}).get(job.info.job_id) or JobResult(job.info),
+                                    order=order)
+            for order, job in enumerate(jobs)
         }
+        self._in_lane: dict[str, list[_Entry]] = {}
+        """The admitted jobs of each lane that have not ended, in :attr:`_entries` order (what
+        the lane chooses among, kept up to date instead of searched for every iteration)."""
         self._arrivals = sorted(
             (e for e in self._entries.values() if not e.finished),
             key=lambda e: arrival_key(e.job.info),
@@ -147,7 +154,7 @@ class Executor:
         # torch's intra-op thread count is per OS thread under OpenMP: lane threads would
         # otherwise ignore run.threads and use the library default
         self._torch_threads = torch.get_num_threads()
-        self._allocates = self.host.implements("accelopt_allocate")
+        self._allocate_hook = self.host.bound("accelopt_allocate")
 
     # -- public --------------------------------------------------------------------------
 
@@ -209,7 +216,7 @@ class Executor:
                 raise UserError("the executor is shutting down and accepts no new jobs")
             if job.info.job_id in self._entries:
                 raise UserError(f"a job with id {job.info.job_id!r} was already submitted")
-        entry = _Entry(job, JobResult(job.info))
+        entry = _Entry(job, JobResult(job.info), order=len(self._entries))
         if not self._profiled(entry):  # profiled in the caller's thread, outside the lock
             raise UserError(f"job {job.info.name!r} failed while profiling: {entry.result.error}")
         with self._cv:
@@ -299,6 +306,8 @@ class Executor:
                 self._pending.remove(entry)
                 entry.lane = decision.lane
                 entry.result.lane = decision.lane
+                bisect.insort(self._in_lane.setdefault(entry.lane, []), entry,
+                              key=lambda e: e.order)
                 entry.result.admitted_s = self.now()
                 self._start_lane(decision.lane)
 
@@ -315,7 +324,7 @@ class Executor:
                 capacity_bytes=self.capacity_bytes,
             )
             entry.requests[phase] = request
-        decision = self.host.call("accelopt_allocate", request=request)
+        decision = self._allocate_hook(request) if self._allocate_hook else None
         if decision is not None:
             return decision
         if phase == "iteration":  # the default serves every iteration exclusively
@@ -384,17 +393,15 @@ class Executor:
                 self._cv.notify_all()
 
     def _next_in_lane(self, lane: str) -> _Entry | object | None:
-        ready = [e for e in self._entries.values() if e.lane == lane and not e.finished]
-        if not ready:
-            return None
-        if self._fatal is not None:
+        ready = self._in_lane.get(lane)
+        if not ready or self._fatal is not None:
             return None
         if len(ready) == 1:
             chosen = ready[0]
         else:
             job_id = choose_next(self.host, lane, [e.state() for e in ready], self.now())
             chosen = self._entries[job_id]
-        if self._allocates:
+        if self._allocate_hook:
             decision = self._allocate(chosen, "iteration")
             if not decision.granted:
                 if self._running == 0:
@@ -423,7 +430,7 @@ class Executor:
     def _iterate(self, entry: _Entry, lane: str) -> None:
         job, result = entry.job, entry.result
         iteration = job.iteration
-        start = self.now()
+        start = self._clock() - self._t0  # self.now(), inline: this runs every iteration
         error = None
         step: IterationResult | None = None
         try:
@@ -437,8 +444,12 @@ class Executor:
             # the job's own code raised: the job fails alone; the run goes on
             error = f"{type(exc).__name__}: {exc}"
             result.error_traceback = traceback.format_exc()  # type: ignore[attr-defined]
-        end = step.end_s if step is not None else self.now()  # the step's clock is ours
-        seconds = end - (step.start_s if step is not None else start)
+        if step is None:
+            end = self.now()
+            seconds = end - start
+        else:  # the step's clock is ours
+            end = step.end_s
+            seconds = end - step.start_s
         self._cv.acquire()
         try:
             entry.busy = False
@@ -447,7 +458,7 @@ class Executor:
                 result.first_start_s = start
             result.service_s += seconds
             self._lane_spans.append((job.info.name, entry.lane, start, end, iteration))
-            if error is not None or step is None:
+            if step is None:
                 self._finish(entry, "failed", error or "the iteration produced no result", end)
                 return
             entry.last_iteration_s = seconds
@@ -482,6 +493,8 @@ class Executor:
         entry.finished = status in ENDED
         entry.result.error = error
         entry.result.end_s = self.now() if end is None else end
+        if entry in self._in_lane.get(entry.lane, ()):
+            self._in_lane[entry.lane].remove(entry)
         if entry.lane:  # only an admitted job holds memory to give back
             self.host.call("accelopt_release", job=entry.job.info, lane=entry.lane, status=status)
         if self.on_finish is not None:

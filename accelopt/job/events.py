@@ -52,13 +52,10 @@ class Event(str, Enum):
     """The iteration's result is known; checkpoints are safe after it."""
 
 
-_FORWARD = Event.AFTER_FORWARD.value
-
-
 class StepEvents:
     """Fires one job's iteration events on its host. Each event is a callable, or ``None``
     when no plugin listens to it, so the step pays nothing for an event nobody implements
-    (``if events.after_forward: loss = events.after_forward(context, loss)``)."""
+    (``if events.iteration_start: events.iteration_start(context)``)."""
 
     def __init__(self, host: PluginHost | None, lane: str = "default",
                  clock: Clock = time.perf_counter) -> None:
@@ -69,25 +66,25 @@ class StepEvents:
         def bound(event: Event) -> Callable[..., Any] | None:
             return host.bound(event.value) if host is not None else None
 
-        # the host's positional callers themselves where the step needs nothing more from
-        # an event: no frame of ours between the step and the hook path
+        # the host's callers themselves: no frame of ours between the step and the hook path
         self.iteration_start = bound(Event.ITERATION_START)
-        self.after_forward = self._forward if bound(Event.AFTER_FORWARD) else None
+        self.after_forward: Callable[[IterationContext, torch.Tensor], torch.Tensor | None] | None = (
+            host.bound_chain(Event.AFTER_FORWARD.value, "loss") if host is not None else None)
+        """Passes the loss through every listening plugin; returns the loss for backward, or
+        ``None`` when no plugin replaced it."""
         self.before_optimizer_step = bound(Event.BEFORE_OPTIMIZER_STEP)
-        self._call_stepped = bound(Event.AFTER_STEP)
-        self.after_step = self._stepped if self._call_stepped else None
+        self.after_step: Callable[[IterationContext, bool], list[Any]] | None = bound(
+            Event.AFTER_STEP)
+        """Returns the plugins' answers (:func:`rebuilds` keeps the optimizer rebuilds)."""
         self.iteration_end = bound(Event.ITERATION_END)
         self.listens = any((self.iteration_start, self.after_forward,
                             self.before_optimizer_step, self.after_step, self.iteration_end))
         """Whether any event has a listener (else the step builds no context for them)."""
 
-    def _forward(self, context: IterationContext, loss: torch.Tensor) -> torch.Tensor:
-        return self.host.chain(_FORWARD, loss,  # type: ignore[union-attr]
-                               lambda value: {"context": context, "loss": value})
 
-    def _stepped(self, context: IterationContext, stepped: bool) -> list[OptimizerRebuild]:
-        answers: list[Any] = self._call_stepped(context, stepped)  # type: ignore[misc]
-        return [a for a in answers if isinstance(a, OptimizerRebuild)]
+def rebuilds(answers: list[Any]) -> list[OptimizerRebuild]:
+    """The optimizer rebuilds among ``accelopt_after_step``'s answers."""
+    return [a for a in answers if isinstance(a, OptimizerRebuild)]
 
 
 SILENT = StepEvents(None)

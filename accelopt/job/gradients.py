@@ -37,7 +37,8 @@ class Gradients(Mapping[str, torch.Tensor]):
     def __init__(self, job: JobInfo, params: Mapping[str, nn.Parameter],
                  reduce: Reduce | None = None, *, whole: bool = True) -> None:
         self.job = job
-        self._all = params
+        self.parameters = params
+        """Every parameter the view covers, by name (with a gradient or not)."""
         self._with_grad: dict[str, nn.Parameter] | None = None
         self._reduce = reduce or _local
         self.whole = whole
@@ -46,12 +47,18 @@ class Gradients(Mapping[str, torch.Tensor]):
         self.skipped: str | None = None
         """The reason given to :meth:`skip`, or ``None`` when the step runs."""
 
+    def renew(self) -> None:
+        """Make the view the next iteration's (the job keeps one view per parameter table:
+        building one is a measurable part of an iteration's overhead)."""
+        self._with_grad = None
+        self.skipped = None
+
     @property
     def _params(self) -> dict[str, nn.Parameter]:
         """The parameters that have a gradient (found on first use: a plugin that only skips
         or never looks costs nothing here)."""
         if self._with_grad is None:
-            self._with_grad = {n: p for n, p in self._all.items() if p.grad is not None}
+            self._with_grad = {n: p for n, p in self.parameters.items() if p.grad is not None}
         return self._with_grad
 
     # -- mapping ----------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from accelopt.config import JobConfig
 from accelopt.errors import ConfigError, UserError
 from accelopt.host import PluginHost
 from accelopt.job import inputs
-from accelopt.job.events import SILENT, StepEvents
+from accelopt.job.events import SILENT, StepEvents, rebuilds
 from accelopt.job.exchange import LOCAL, Exchange
 from accelopt.job.gradients import Gradients
 from accelopt.job.layers import offer_layers
@@ -113,6 +113,8 @@ class Job:
             if why:
                 raise ConfigError(f"job '{spec.name}': {why}")
         self.loss_fn = model_loss if self.model_loss else job_loss(self.dataset)
+        self._plain_call = self._one_tensor and not self.model_loss
+        """Forward is ``forward(x)`` (one input tensor, the loss computed outside the model)."""
         self.training = spec.kind == "train"
         self.random = JobRandom(spec.seed, device, stream=self.exchange.stream)
         self.iteration = 0
@@ -144,6 +146,7 @@ class Job:
         """The step needs more than ``optimizer.step()`` (a schedule, clipping, a scaler)."""
         self.whole_step_reason = ""
         """Why this job's step cannot be applied tensor by tensor ('': it can)."""
+        self._view: Gradients | None = None
 
     # -- facts -----------------------------------------------------------------------------
 
@@ -160,8 +163,7 @@ class Job:
         if self._rows is not None:
             start, stop = self._rows
             x, y = inputs.slice_rows(x, start, stop), y[start:stop]
-        if (self._one_tensor and self._on_cpu and x.device.type == "cpu"
-                and y.device.type == "cpu"):
+        if self._one_tensor and self._on_cpu and x.is_cpu and y.is_cpu:
             return x, y  # already there (the common case: one tensor, batches on the CPU)
         # each tensor moved only if it is elsewhere (to_device and .to return it otherwise)
         return (inputs.to_device(x, self.device, non_blocking=True),
@@ -228,7 +230,8 @@ class Job:
                 if timer:
                     timer.begin("forward", i)
                 if self._autocast is None:
-                    loss = self.loss_fn(self._call(x, y), y)
+                    loss = self.loss_fn(self.forward(x) if self._plain_call else
+                                        self._call(x, y), y)
                 else:
                     with torch.autocast(**self._autocast):
                         loss = self.loss_fn(self._call(x, y), y)
@@ -236,7 +239,9 @@ class Job:
                     timer.end()
                 loss_value = loss.detach()
                 if events.after_forward:
-                    loss = events.after_forward(context, loss)
+                    replaced = events.after_forward(context, loss)
+                    if replaced is not None:
+                        loss = replaced
                 if timer:
                     timer.begin("backward", i)
                 (loss if self.scaler is None else self.scaler.scale(loss)).backward()
@@ -277,14 +282,12 @@ class Job:
             set_lr(self.optimizer, lr_factor(self.spec, i))
         gradients = None
         if events.before_optimizer_step:
-            gradients = Gradients(self.info, self._stepped, self.exchange.reduce,
-                                  whole=self.exchange.whole)
+            gradients = self._gradients()
             events.before_optimizer_step(context, gradients)
             stepped = gradients.skipped is None
         if stepped and self.spec.grad_clip is not None:
             if gradients is None:
-                gradients = Gradients(self.info, self._stepped, self.exchange.reduce,
-                                      whole=self.exchange.whole)
+                gradients = self._gradients()
             gradients.clip_norm_(float(self.spec.grad_clip))
         if stepped:
             if self.timer:
@@ -300,11 +303,23 @@ class Job:
         if events.after_step:
             self._after_step(context, stepped, events)
 
+    def _gradients(self) -> Gradients:
+        """This iteration's view of the gradients: one view per job record and parameter
+        table, renewed every iteration (a probe copy of the job, or a rebuilt optimizer over
+        a changed model, gets a view of its own parameters)."""
+        view = self._view
+        if view is None or view.job is not self.info or view.parameters is not self._stepped:
+            view = self._view = Gradients(self.info, self._stepped, self.exchange.reduce,
+                                          whole=self.exchange.whole)
+        else:
+            view.renew()
+        return view
+
     def _after_step(self, context: IterationContext | None, stepped: bool,
                     events: StepEvents) -> None:
-        rebuilds = events.after_step(context, stepped)
-        if rebuilds:
-            self.rebuild_optimizer("; ".join(r.reason for r in rebuilds))
+        answers = events.after_step(context, stepped)  # type: ignore[misc]
+        if answers and (asked := rebuilds(answers)):
+            self.rebuild_optimizer("; ".join(r.reason for r in asked))
 
     def _tensor_update(self, i: int,
                        events: StepEvents) -> Callable[[Sequence[str]], None] | None:
@@ -445,6 +460,8 @@ def job_loss(dataset: Any) -> Callable[[Any, torch.Tensor], torch.Tensor]:
     base = getattr(dataset, "loss_fn", None) or nn.CrossEntropyLoss()
 
     def loss(out: Any, y: torch.Tensor) -> torch.Tensor:
+        if type(out) is torch.Tensor:  # logits as they are (a plain tensor has no loss_against)
+            return base(out, y)
         own = getattr(out, "loss_against", None)
         return own(y) if callable(own) else base(logits_of(out), y)
 
