@@ -15,7 +15,8 @@ from accelopt import PluginSpec
 
 @dataclass
 class NoopConfig:
-    """``record: true`` counts calls per hook (shown in the summary)."""
+    """``record: true`` puts the calls per hook into the report row's metrics (shown in the
+    summary and metrics.json)."""
 
     record: bool = True
 
