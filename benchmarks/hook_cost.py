@@ -13,7 +13,8 @@ cancel out), less the empty loop's own count. The pieces, from the floor up:
   hook call        the same implementation through PluginHost's one path (lock, dispatch,
                    error naming), trace off
   hook call, trace the same with the hook timeline on (accelopt run's default)
-  chain call       a transforming hook (accelopt_after_forward) through PluginHost.chain
+  keyword call     the same hook through PluginHost.call with keyword arguments, trace on (the
+                   path of hooks called once per run or job; the step's events are bound)
 
     python benchmarks/hook_cost.py [--calls 2000 12000]
 """
@@ -28,7 +29,7 @@ import time
 from callgrind import per_step
 
 PIECES = ("empty", "function call", "lock pair", "clock read", "noop body", "hook call",
-          "hook call, trace", "chain call")
+          "hook call, trace", "keyword call")
 
 
 def loop(piece: str, n: int) -> None:
@@ -39,16 +40,13 @@ def loop(piece: str, n: int) -> None:
     spec = Registry.discover().get("noop")
     plugin = spec.instantiate()
     host = PluginHost([(spec, plugin)])
-    host.trace = [] if piece == "hook call, trace" else None
+    host.trace = [] if piece in ("hook call, trace", "keyword call") else None
     start = host.bound("accelopt_iteration_start")
     lock = threading.RLock()
     clock = time.perf_counter
 
     def nothing(context: object) -> None:
         return None
-
-    def kwargs(value: object) -> dict[str, object]:
-        return {"context": None, "loss": value}
 
     if piece == "empty":
         for _ in range(n):
@@ -70,9 +68,9 @@ def loop(piece: str, n: int) -> None:
         assert start is not None
         for _ in range(n):
             start(None)
-    elif piece == "chain call":
+    elif piece == "keyword call":
         for _ in range(n):
-            host.chain("accelopt_after_forward", 1, kwargs)
+            host.call("accelopt_iteration_start", context=None)
 
 
 def main() -> None:

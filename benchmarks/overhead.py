@@ -11,26 +11,34 @@ width 256, batch 64) three ways, on the same model, data and number of iteration
       gradients view, after the step, iteration end), with the hook timeline on, as
       ``accelopt run`` records it by default.
 
-The clock is the process's CPU time with one torch thread, so all compute runs on the calling
-thread and a busy machine disturbs the figure far less than wall time. Model build and the
-one-off profiling are excluded. Each side is timed in short blocks of iterations, and each
-*pair* is a block of (a) and a block of (b) (or of (c)) back to back, in alternating order,
-so both see the same state of a busy machine; the overhead is the median over the pairs of
-(b)/(a) - 1, printed with its spread (min, quartiles, max) and the number of pairs. The
-runtime's bookkeeping alone (an empty step) is printed after, as a diagnostic. On a shared
-VM the time of one iteration moves by tens of percent from one moment to the next, so
-``--instructions SHORT LONG`` also counts the instructions each side executes per iteration
-under valgrind's callgrind: a count that another process on the machine cannot change.
+CPU time, end to end: the clock is the process's CPU time with one torch thread. Inside the
+driver's lane thread, one iteration of the hand-written loop runs beside every step of the
+job, alternately before and after it, so both sides see the same moment of a busy machine
+and the same thread; the accelopt side of a pair is the step plus the driver's time until the
+next step. The overhead is the median over the pairs of accelopt / plain - 1, printed with
+its spread (min, quartiles, max) and the number of pairs. The runtime's bookkeeping alone
+(an empty step) is printed after, as a diagnostic.
 
-    python benchmarks/overhead.py [--iterations 3000] [--threads 1] [--instructions 20 120]
+On a shared VM the time of one iteration moves by tens of percent from one moment to the
+next, so ``--instructions SHORT LONG`` also counts the instructions each side executes per
+iteration under valgrind's callgrind (a count another process cannot change): each side in
+its own process for SHORT and LONG iterations, the difference over LONG - SHORT. The plain
+loop is counted twice: on the process's main thread (a) and on a thread of its own (t), as
+the driver runs every job on a lane's thread. The runtime and the hooks are what (b) and (c)
+add to (t); what (t) adds to (a) is glibc's malloc on a second thread (an arena of the
+thread's own and locks), which the loop's tensors pay whoever runs them there.
+
+    python benchmarks/overhead.py [--iterations 3000] [--threads 1] [--instructions 10 210]
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import platform
 import statistics
+import threading
 import time
 from collections.abc import Callable
 
@@ -42,6 +50,7 @@ from accelopt.config import JobConfig
 from accelopt.drivers.local import Executor
 from accelopt.job import Job, StepEvents, build_jobs
 from accelopt.plugin import Registry
+from accelopt.types import IterationResult
 
 SPEC = JobConfig(name="mlp-a", model="mlp", batch_size=64, iterations=400, seed=1)
 """The default workload's first job (configs/workload/default.yaml)."""
@@ -60,6 +69,7 @@ class PlainLoop:
 
     def block(self, n: int) -> float:
         """CPU seconds per iteration of the next ``n`` iterations."""
+        gc.collect()  # see Driver.block
         cpu = time.process_time()
         for _ in range(n):
             self.one()
@@ -98,6 +108,10 @@ class Driver:
         if self.step is not None:
             job.step = self.step.__get__(job)  # type: ignore[method-assign]
         executor = Executor(plugins, [job], capacity_bytes=None, device="cpu")
+        # Every side starts from a collected heap: the imports and the build leave a full
+        # collection pending (a third of a million objects to walk), which would otherwise
+        # land in whichever side's count first allocates enough to trigger it.
+        gc.collect()
         cpu = time.process_time()
         executor.run()
         return (time.process_time() - cpu) / n
@@ -105,22 +119,26 @@ class Driver:
 
 def empty_step(self: Job, events: object = None) -> object:
     """A step that does no work: what is left is the driver's own bookkeeping."""
-    from accelopt.types import IterationResult
-
     self.iteration += 1
     return IterationResult(self.info.job_id, self.iteration - 1, 0.0, 0.0, 0.0, 64)
 
 
-def interleaved(names: list[str], iterations: int) -> list[float]:
+def interleaved(names: list[str], iterations: int, twin: bool = False) -> list[float]:
     """End to end, iteration by iteration: the local driver runs the job (its plugins
     ``names``, hook timeline on) and, inside the driver's own lane thread, one iteration of
     the hand-written loop beside each of its steps, alternately before and after it. The
     accelopt side of iteration k is its step plus the driver's time from the end of step k to
     the start of step k+1 (admission, choice, bookkeeping); the plain side is its one
     iteration. Both run within microseconds of each other on the same thread, so a busy
-    machine slows both alike. Returns the per-iteration ratios (accelopt / plain) - 1."""
+    machine slows both alike. Returns the per-iteration ratios (accelopt / plain) - 1.
+
+    ``twin``: the same measurement with a second hand-written loop's iteration in place of
+    the job's step (the driver still runs around it): what the method itself reads when both
+    sides do the same work (its clock reads are system calls, and the second of two
+    back-to-back iterations runs slower than the first), to be read beside the others."""
     clock = time.process_time_ns
     plain = PlainLoop(SPEC)
+    other = PlainLoop(SPEC) if twin else None
     spec = JobConfig(**{**SPEC.__dict__, "iterations": iterations + 1})
     plugins = plugins_of(names)
     (job,) = build_jobs([spec], torch.device("cpu"), plugins)
@@ -129,18 +147,24 @@ def interleaved(names: list[str], iterations: int) -> list[float]:
     marks: list[tuple[int, int, int, int]] = []  # (entry, plain, step start, step end)
     state = {"exit": 0}
 
+    def work(job: Job, events: StepEvents) -> object:
+        if other is None:
+            return job.step(events)
+        other.one()
+        return empty_step(job)
+
     def stepper(job: Job, events: StepEvents) -> object:
         entry = clock()
         if len(marks) % 2:
             t0 = clock()
             plain.one()
             t1 = clock()
-            result = job.step(events)
+            result = work(job, events)
             t2 = clock()
             marks.append((state["exit"], entry, t1 - t0, t2 - t1))
         else:
             t0 = clock()
-            result = job.step(events)
+            result = work(job, events)
             t1 = clock()
             plain.one()
             t2 = clock()
@@ -164,13 +188,20 @@ def spread(values: list[float]) -> str:
             f"  q3 {q[2]:+.2%}  max {max(values):+.2%}")
 
 
-SIDES = {"a": [], "b": [], "c": ["noop"]}
+SIDES = {"a": [], "t": [], "b": [], "c": ["noop"]}
+"""a: the plain loop on the process's main thread; t: the same on a thread of its own, as the
+driver runs a job on its lane's thread; b, c: the driver with these plugins."""
 
 
 def measure(side: str, iterations: int) -> None:
     """One side for ``iterations`` iterations, nothing else (what --instructions counts)."""
     if side == "a":
         PlainLoop(SPEC).block(iterations)
+    elif side == "t":
+        plain = PlainLoop(SPEC)
+        lane = threading.Thread(target=plain.block, args=(iterations,))
+        lane.start()
+        lane.join()
     else:
         Driver(SPEC, SIDES[side]).block(iterations)
 
@@ -211,7 +242,8 @@ def main() -> None:
     plain.block(50)  # warm-up
     base = statistics.median(plain.block(200) for _ in range(5))
     interleaved([], 50)  # warm-up
-    ratios = {"b": interleaved([], args.iterations), "c": interleaved(["noop"], args.iterations)}
+    ratios = {"b": interleaved([], args.iterations), "c": interleaved(["noop"], args.iterations),
+              "aa": interleaved([], args.iterations, twin=True)}
     print(f"machine: {platform.machine()} {platform.processor() or ''}, {os.cpu_count()} cores, "
           f"{torch.get_num_threads()} torch thread(s), torch {torch.__version__}, python "
           f"{platform.python_version()}; load average {os.getloadavg()[0]:.2f}")
@@ -222,6 +254,9 @@ def main() -> None:
           "(accelopt / plain - 1, per pair):")
     for key in ("b", "c"):
         print(f"  {labels[key]:<46} {spread(ratios[key])}")
+    twin_label = "A/A: a second plain loop in the step's place"
+    print(f"  {twin_label:<46} {spread(ratios['aa'])}")
+    print("  (the A/A line is the method's own reading when both sides do the same work)")
     print("\nthe driver's bookkeeping alone (a step that does no work, median of 5 blocks of "
           "20000 iterations):")
     for key, names in (("b", []), ("c", ["noop"])):
@@ -233,10 +268,13 @@ def main() -> None:
         counts = instructions(short, long)
         print(f"\ninstructions per iteration (callgrind, runs of {short} and {long} iterations "
               "per side; a count, not a time):")
-        print(f"  {'a plain hand-written loop':<46}{counts['a']:>14,.0f}")
+        print(f"  {'a plain hand-written loop, main thread':<46}{counts['a']:>14,.0f}")
+        print(f"  {'t plain hand-written loop, own thread':<46}{counts['t']:>14,.0f}  = "
+              f"{counts['t'] / counts['a'] - 1:+.2%} vs a: glibc malloc on a second thread")
         for key in ("b", "c"):
             print(f"  {labels[key]:<46}{counts[key]:>14,.0f}  = "
-                  f"{counts[key] / counts['a'] - 1:+.2%} vs the plain loop")
+                  f"{counts[key] / counts['t'] - 1:+.2%} vs t (the same thread: the runtime "
+                  f"and hooks), {counts[key] / counts['a'] - 1:+.2%} vs a")
 
 
 if __name__ == "__main__":
