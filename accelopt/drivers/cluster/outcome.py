@@ -153,7 +153,11 @@ def _job_outcome(parts: list[JobPart], settings: ClusterSettings,
     metrics.update(network_metrics(settings))
     sent = _wire_bytes_per_iteration(parts, settings)
     if sent:
-        metrics["wire_bytes_per_iteration"] = _median(sent[skip:]) or _median(sent)
+        # the mean, not the median: each rank reads its counter as an iteration starts, while
+        # a shaped link may still queue the end of the last one, so single iterations' counts
+        # shift by what is queued at their two marks; over consecutive iterations the
+        # shifts cancel but at the window's two ends
+        metrics["wire_bytes_per_iteration"] = statistics.fmean(sent[skip:] or sent)
         if settings.network == "shared":
             metrics["loopback_bytes_per_iteration"] = metrics["wire_bytes_per_iteration"]
     metrics.update(summary)
