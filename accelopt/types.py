@@ -60,7 +60,6 @@ def made_often(cls: type[_R]) -> type[_R]:
     return cls
 
 
-
 @dataclass(frozen=True, slots=True)
 class JobProfile:
     """Measured memory and time of one job (never guessed; see ``job/profile.py``).

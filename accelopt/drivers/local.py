@@ -425,8 +425,6 @@ class Executor:
             self._events[key] = events
         return events
 
-
-
     def _iterate(self, entry: _Entry, lane: str) -> None:
         job, result = entry.job, entry.result
         iteration = job.iteration
@@ -493,8 +491,9 @@ class Executor:
         entry.finished = status in ENDED
         entry.result.error = error
         entry.result.end_s = self.now() if end is None else end
-        if entry in self._in_lane.get(entry.lane, ()):
-            self._in_lane[entry.lane].remove(entry)
+        lane_jobs = self._in_lane.get(entry.lane, [])
+        if entry in lane_jobs:
+            lane_jobs.remove(entry)
         if entry.lane:  # only an admitted job holds memory to give back
             self.host.call("accelopt_release", job=entry.job.info, lane=entry.lane, status=status)
         if self.on_finish is not None:
