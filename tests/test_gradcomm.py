@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 from accelopt_plugins.gradcomm import PLUGIN
-from accelopt_plugins.gradcomm.codec import BucketCodec
+from accelopt_plugins.gradcomm.codec import BucketCodec, CastOverflow, within
 from accelopt_plugins.gradcomm.config import GradcommConfig
 from accelopt_plugins.gradcomm.plugin import GradcommPlugin, NonFiniteGradient
 from hypothesis import given, settings
@@ -405,3 +405,33 @@ def test_unknown_topk_scope_is_a_one_line_error():
     with pytest.raises(ConfigError, match="plugins.gradcomm.topk_scope: unknown scope 'layer'"):
         GradcommPlugin(GradcommConfig()).accelopt_configure(
             config=GradcommConfig(sparsify="topk", topk_scope="layer"), run_config=None)
+
+
+def test_fp16_range_edge_values_pass_and_the_first_overflowing_one_is_named():
+    """The range check settles in-range buckets with one pass: 65504 is fp16's largest finite
+    value and 65519 rounds down to it, 65520 rounds up to Inf; only that one is refused."""
+    codec = BucketCodec(dtype="fp16", error_feedback=False)
+    edge = torch.tensor([0.0, 65504.0, -65519.0, 1.0])
+    assert torch.equal(codec.encode("bucket0", edge).float(),
+                       torch.tensor([0.0, 65504.0, -65504.0, 1.0]))
+    with pytest.raises(CastOverflow) as info:
+        codec.encode("bucket0", torch.tensor([1.0, -65520.0, 3.0]))
+    assert info.value.index.tolist() == [1]
+
+
+def test_a_gradient_already_nan_is_not_called_a_cast_overflow():
+    """With the finite check off the codec still names only values the cast made infinite."""
+    codec = BucketCodec(dtype="fp16", error_feedback=False)
+    wire = codec.encode("bucket0", torch.tensor([float("nan"), 2.0]))
+    assert torch.isnan(wire[0]) and wire[1] == 2.0
+
+
+@pytest.mark.parametrize("value, limit, expected", [
+    (1.0, math.inf, True), (float("inf"), math.inf, False), (float("-inf"), math.inf, False),
+    (float("nan"), math.inf, False), (65504.0, 65504.0, True), (65505.0, 65504.0, False),
+])
+def test_within_checks_finiteness_and_range_in_one_pass(value, limit, expected):
+    values = torch.zeros(1000)
+    values[617] = value
+    assert within(values, limit) is expected
+    assert within(torch.zeros(0), limit)

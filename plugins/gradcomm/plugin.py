@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from accelopt_plugins.gradcomm.codec import BucketCodec, CastOverflow
+from accelopt_plugins.gradcomm.codec import BucketCodec, CastOverflow, within
 from accelopt_plugins.gradcomm.config import GradcommConfig, momentum_factor, validate
 
 from accelopt import JobInfo, ReportRow, RunInfo, TransferRecord, hookimpl
@@ -105,7 +105,7 @@ class GradcommPlugin:
             return None
         self.bucket_names.add(record.tensor)
         self.iterations.add(record.iteration)
-        if self.config.check_finite and not bool(torch.isfinite(payload).all()):
+        if self.config.check_finite and not within(payload):
             raise NonFiniteGradient(self._describe(record, payload, "non-finite gradient"))
         try:
             return self.codec.encode(record.tensor, payload, record.iteration)
