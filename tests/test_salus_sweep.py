@@ -98,3 +98,28 @@ def test_the_launcher_is_found_after_hydra_scanned_its_plugins_elsewhere(tmp_pat
     err = done.stderr.strip().splitlines()
     assert done.returncode == 2, done.stderr
     assert err and err[-1].startswith("error: hydra/launcher=salus"), err
+
+
+class _CountingLoader:
+    """Stands in for Hydra's config loader: counts compositions."""
+
+    def __init__(self) -> None:
+        self.composed: list[list[str]] = []
+
+    def load_sweep_config(self, master_config, sweep_overrides):
+        self.composed.append(list(sweep_overrides))
+        return OmegaConf.create({"run": len(self.composed)})
+
+
+def test_the_launcher_takes_the_configs_the_sweeper_composed_to_validate():
+    from accelopt_plugins.salus.sweep import ValidatedConfigs
+
+    loader, master = _CountingLoader(), OmegaConf.create({})
+    validated = ValidatedConfigs(loader)
+    for overrides in (["lr=1"], ["lr=2"]):  # what the basic sweeper does for a batch
+        loader.load_sweep_config(master_config=master, sweep_overrides=overrides)
+    assert validated.take(master, ["lr=2"]).run == 2 and validated.take(master, ["lr=1"]).run == 1
+    assert len(loader.composed) == 2  # not composed again
+    assert validated.take(master, ["lr=1"]).run == 3  # taken once: a second ask composes
+    assert validated.take(OmegaConf.create({}), ["lr=2"]).run == 4  # another master config
+    assert loader.composed[2:] == [["lr=1"], ["lr=2"]]

@@ -48,10 +48,15 @@ class SalusLauncher(Launcher):
         self.config: Optional[DictConfig] = None
         self.hydra_context: Optional[HydraContext] = None
         self.task_function: Optional[TaskFunction] = None
+        self.validated: Any = None
+        """``accelopt_plugins.salus.sweep.ValidatedConfigs``: the sweeper's composed configs."""
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction,
               config: DictConfig) -> None:
+        from accelopt_plugins.salus.sweep import ValidatedConfigs
+
         self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
+        self.validated = ValidatedConfigs(hydra_context.config_loader)
 
     def launch(self, job_overrides: Sequence[Sequence[str]],
                initial_job_idx: int) -> Sequence[JobReturn]:
