@@ -118,7 +118,9 @@ def test_no_children_left_sees_a_rank_forked_by_the_sessions_forkserver():
 @pytest.mark.timeout(120)
 def test_ps_equals_single_process_and_counts_every_byte(tmp_path):
     cfg = make_cfg("ps")
-    out = run_cluster(cfg, run_dir=tmp_path)
+    before_ranks = []
+    out = run_cluster(cfg, run_dir=tmp_path, while_ranks_start=lambda: before_ranks.append(1))
+    assert before_ranks == [1]  # the launcher's own work for after the run, done once
     job, losses = single_process(cfg)
     assert_same_params(job, out.state)
     assert out.results[0].losses == pytest.approx(losses, abs=1e-5)
@@ -284,6 +286,26 @@ def test_sigkill_of_a_worker_fails_the_run_fast_and_leaves_nothing(test_plugins,
     assert info.value.rank == 2 and info.value.iteration == 2
     assert failed_at - killed["at"] < 30
     assert no_children_left()
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_while_ranks_start_runs_before_any_rank_is_forked(tmp_path):
+    """Called with no rank process alive; an error in it stops the run, no rank started."""
+    seen = []
+
+    def before() -> None:
+        seen.extend(p for p in psutil.Process().children(recursive=True)
+                    if p.is_running() and not _is_mp_helper(p))
+        raise _Stop
+
+    with pytest.raises(_Stop):
+        run_cluster(make_cfg("ps"), run_dir=tmp_path, while_ranks_start=before)
+    assert seen == []
+    assert no_children_left(wait_s=0.5)
+    assert not list(tmp_path.iterdir())
 
 
 def test_config_errors_are_one_line(tmp_path):

@@ -43,6 +43,7 @@ from accelopt.plugin import Registry, resolve
 from accelopt.records import JobResult, RunRecord, Span
 from accelopt.report import JobProgress, render_summary, run_metrics, write_run_outputs
 from accelopt.report.console import default_console
+from accelopt.report.timeline_png import import_matplotlib
 from accelopt.runtime import compare
 from accelopt.runtime.resume_target import CONFIG_FILE, refuse_finished, resume_target
 from accelopt.telemetry import TelemetrySampler
@@ -191,7 +192,8 @@ def _execute_cluster(cfg: DictConfig, run_dir: Path, registry: Registry, console
         record.metrics["resumed_from"] = str(resume_from)
     started = time.perf_counter()
     try:
-        outcome = run_cluster(cfg, run_dir=run_dir, console=console, registry=registry)
+        outcome = run_cluster(cfg, run_dir=run_dir, console=console, registry=registry,
+                              while_ranks_start=import_matplotlib)
     except BaseException as exc:
         record.duration_s = time.perf_counter() - started
         specs = job_specs(cfg)

@@ -17,7 +17,7 @@ import socket
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,10 +62,13 @@ def validate(cfg: DictConfig, settings: ClusterSettings) -> None:
 
 
 def run_cluster(cfg: DictConfig, *, run_dir: str | os.PathLike[str] = ".",
-                console: Any = None, registry: Registry | None = None) -> ClusterOutcome:
+                console: Any = None, registry: Registry | None = None,
+                while_ranks_start: Callable[[], None] | None = None) -> ClusterOutcome:
     """Run the workload's jobs data-parallel as ``cfg.cluster`` says (several jobs share the
     processes, one iteration at a time: ``drivers/cluster/driver.py``). ``registry``: the
-    parent's plugins; those added to it in code are sent to the ranks (``carried.py``)."""
+    parent's plugins; those added to it in code are sent to the ranks (``carried.py``).
+    ``while_ranks_start``: work of this process for after the run (e.g. imports) to do just
+    before the ranks are forked, while the forkserver may still be importing the runtime."""
     from accelopt.activation import selected_plugins
 
     settings = settings_from(cfg.cluster)
@@ -79,7 +82,7 @@ def run_cluster(cfg: DictConfig, *, run_dir: str | os.PathLike[str] = ".",
     if console is not None:
         console.print(_banner(settings))
     with tempfile.TemporaryDirectory(prefix="accelopt-cluster-") as work, own_mp_helpers():
-        ranks = _spawn(cfg, settings, t0, work, str(run_dir), carried)
+        ranks = _spawn(cfg, settings, t0, work, str(run_dir), carried, while_ranks_start)
     return build_outcome(ranks, settings)
 
 
@@ -123,8 +126,11 @@ def _banner(s: ClusterSettings) -> str:
 
 
 def _spawn(cfg: DictConfig, settings: ClusterSettings, t0: float, work: str,
-           run_dir: str, carried: Carried) -> list[RankResult]:
+           run_dir: str, carried: Carried,
+           while_ranks_start: Callable[[], None] | None = None) -> list[RankResult]:
     cfg_yaml = OmegaConf.to_yaml(cfg, resolve=True)
+    if while_ranks_start is not None:
+        while_ranks_start()
     with _terminate_on_sigterm(), netns.network(settings.network, settings.links()) as ends:
         port = settings.master_port or (free_port() if settings.network != "hosts" else 29500)
         ctx = rank_context()
