@@ -7,6 +7,7 @@ seconds, mostly process start-up.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from pathlib import Path
@@ -113,6 +114,30 @@ def test_no_children_left_sees_a_rank_forked_by_the_sessions_forkserver():
         release.set()
         child.join(30)
     assert no_children_left()
+
+
+def _report_collector(conn) -> None:
+    import gc
+
+    conn.send((gc.isenabled(), gc.get_freeze_count(), "torch._dynamo" in sys.modules))
+    conn.close()
+
+
+def test_a_rank_starts_with_the_preloaded_imports_frozen_and_the_collector_on():
+    """The forkserver imports the runtime and dynamo with the collector paused and freezes
+    them (``drivers/rank_preload.py``); a rank's collections then skip those objects."""
+    from accelopt.drivers.processes import rank_context
+
+    ctx = rank_context()
+    here, there = ctx.Pipe()
+    child = ctx.Process(target=_report_collector, args=(there,))
+    child.start()
+    try:
+        enabled, frozen, dynamo = here.recv()
+    finally:
+        child.join(30)
+    assert enabled and dynamo
+    assert frozen > 100_000  # torch's and dynamo's objects (millions here)
 
 
 @pytest.mark.timeout(120)

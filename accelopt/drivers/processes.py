@@ -16,10 +16,9 @@ from collections.abc import Iterator
 from typing import Any
 
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR")
-PRELOAD = ["accelopt.drivers.cluster.launch", "torch._dynamo"]
-"""What the forkserver imports before it forks the first rank: the runtime, and dynamo,
-which ``torch.optim`` imports when a job builds its optimizer (``add_param_group`` is
-wrapped in ``torch._disable_dynamo``): 1.8 s of CPU that every rank would repeat."""
+PRELOAD = ["accelopt.drivers.rank_preload"]
+"""What the forkserver imports before it forks the first rank: the runtime and dynamo, with
+the garbage collector paused, then frozen (``drivers/rank_preload.py`` says why)."""
 SCRATCH_PREFIX = "accelopt-rank"
 """Under torchrun, a rank other than 0 whose command names no ``hydra.run.dir`` runs in a
 temporary directory with this prefix (``cli/hydra_run.py``), removed when it ends."""
