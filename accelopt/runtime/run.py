@@ -26,6 +26,7 @@ from rich.console import Console
 
 from accelopt.activation import activate, selected_plugins
 from accelopt.atomic import atomic_open
+from accelopt.collector import collector_paused
 from accelopt.drivers.cluster.settings import local_info
 from accelopt.drivers.lifecycle import Lifecycle
 from accelopt.drivers.local import Executor
@@ -205,20 +206,21 @@ def _execute_cluster(cfg: DictConfig, run_dir: Path, registry: Registry, console
     record.duration_s = time.perf_counter() - started
     if not outcome.primary:  # under torchrun, only rank 0 writes the run's outputs
         return record
-    record.jobs = list(outcome.results)
-    record.spans = list(outcome.spans)
-    record.metrics.update(outcome.metrics)
-    backend = str(outcome.metrics.get("cluster_backend", settings.backend))
-    record.info = dataclasses.replace(info, jobs=tuple(r.job for r in record.jobs),
-                                      cluster=settings.info(backend))
-    record.telemetry_note = "cluster run: per-rank timelines are in trace.json"
-    record.plugin_rows = with_placeholders(list(outcome.plugin_rows), names)
-    if len(record.jobs) > 1:
-        _write_per_iteration(outcome.per_iteration, run_dir)
-    if cfg.run.save_weights:
-        _save_cluster_weights(record.jobs, outcome.state, run_dir)
-    _score_cluster_jobs(cfg, registry, record.jobs, outcome.state)
-    _write_and_render(record, run_dir, console, refs)
+    with collector_paused():  # records of every rank: live objects only
+        record.jobs = list(outcome.results)
+        record.spans = list(outcome.spans)
+        record.metrics.update(outcome.metrics)
+        backend = str(outcome.metrics.get("cluster_backend", settings.backend))
+        record.info = dataclasses.replace(info, jobs=tuple(r.job for r in record.jobs),
+                                          cluster=settings.info(backend))
+        record.telemetry_note = "cluster run: per-rank timelines are in trace.json"
+        record.plugin_rows = with_placeholders(list(outcome.plugin_rows), names)
+        if len(record.jobs) > 1:
+            _write_per_iteration(outcome.per_iteration, run_dir)
+        if cfg.run.save_weights:
+            _save_cluster_weights(record.jobs, outcome.state, run_dir)
+        _score_cluster_jobs(cfg, registry, record.jobs, outcome.state)
+        _write_and_render(record, run_dir, console, refs)
     return record
 
 

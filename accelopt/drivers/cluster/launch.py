@@ -23,6 +23,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from accelopt.collector import collector_paused
 from accelopt.drivers.cluster import faults, netns
 from accelopt.drivers.cluster.carried import Carried
 from accelopt.drivers.cluster.outcome import ClusterOutcome, build_outcome
@@ -83,7 +84,8 @@ def run_cluster(cfg: DictConfig, *, run_dir: str | os.PathLike[str] = ".",
         console.print(_banner(settings))
     with tempfile.TemporaryDirectory(prefix="accelopt-cluster-") as work, own_mp_helpers():
         ranks = _spawn(cfg, settings, t0, work, str(run_dir), carried, while_ranks_start)
-    return build_outcome(ranks, settings)
+    with collector_paused():
+        return build_outcome(ranks, settings)
 
 
 @contextlib.contextmanager
@@ -153,7 +155,7 @@ def _spawn(cfg: DictConfig, settings: ClusterSettings, t0: float, work: str,
     if not path.exists():
         raise faults.RankFailed("rank 0 exited without reporting results", rank=0, pid=None,
                                 iteration=None, cause="no results")
-    with open(path, "rb") as fh:
+    with open(path, "rb") as fh, collector_paused():
         return pickle.load(fh)
 
 
