@@ -6,7 +6,7 @@ that every rank would otherwise repeat.
 
 With the cyclic garbage collector off while importing, then every imported object frozen
 (Python's documented recipe for a process that forks without exec: ``gc.disable()`` early,
-``gc.freeze()`` before forking). Why: importing torch and dynamo creates millions of
+``gc.freeze()`` before forking). Why: importing torch and dynamo creates ~490,000
 objects, which set off full collections that scan all of them again and again (~0.5 s of
 this process's preload, the start-up's critical path); and in a rank every full collection
 would scan them once more (one such collection while rank 0 unpickled the gathered results
