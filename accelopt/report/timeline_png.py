@@ -71,7 +71,7 @@ def _bars(spans: list[Span], rows: list[tuple[str, str]], pixel_s: float = 0.0):
 
 
 def import_matplotlib() -> None:
-    """Import what :func:`plot_timeline` draws with (~0.35 s on 2 cores) ahead of the first
+    """Import what :func:`plot_timeline` draws with (~0.4 s on 2 cores) ahead of the first
     plot. A cluster run calls it while its ranks are forked (the launcher waits then for
     the forkserver's own imports, its core otherwise idle), so the timeline written after the
     last job ends does not pay the import where the user waits for it."""

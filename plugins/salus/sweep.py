@@ -299,8 +299,9 @@ class ValidatedConfigs:
 def launch(launcher: Any, job_overrides: Sequence[Sequence[str]],
            initial_job_idx: int) -> list[Any]:
     """The launcher's work (``SalusLauncher.launch``): compose every run as the basic
-    launcher does (or take the config the sweeper composed for it, :class:`ValidatedConfigs`), refuse what cannot be packed (one line, exit 2), run, and answer Hydra
-    one ``JobReturn`` per run."""
+    launcher does (or take the config the sweeper composed for it: :class:`ValidatedConfigs`),
+    refuse what cannot be packed (one line, exit 2), run, and answer Hydra one ``JobReturn``
+    per run."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.core.utils import JobReturn, JobStatus, setup_globals
 
