@@ -18,6 +18,7 @@ driver.py``), so allocation and scheduling mean the same thing in every mode.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import dataclasses
 import threading
 import time
@@ -491,9 +492,8 @@ class Executor:
         entry.finished = status in ENDED
         entry.result.error = error
         entry.result.end_s = self.now() if end is None else end
-        lane_jobs = self._in_lane.get(entry.lane, [])
-        if entry in lane_jobs:
-            lane_jobs.remove(entry)
+        with contextlib.suppress(ValueError):  # a job never admitted is in no lane's list
+            self._in_lane.get(entry.lane, []).remove(entry)
         if entry.lane:  # only an admitted job holds memory to give back
             self.host.call("accelopt_release", job=entry.job.info, lane=entry.lane, status=status)
         if self.on_finish is not None:

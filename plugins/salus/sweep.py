@@ -277,7 +277,6 @@ class ValidatedConfigs:
     """
 
     def __init__(self, loader: Any) -> None:
-        self.loader = loader
         self.compose = loader.load_sweep_config
         self.kept: dict[tuple[int, tuple[str, ...]], DictConfig] = {}
         loader.load_sweep_config = self._composed_and_kept
