@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from accelopt.errors import ConfigError, UserError
 from accelopt.hookspecs import RUN_DECISION_HOOKS
-from accelopt.host import PluginHost
+from accelopt.host import HookTrace, PluginHost
 from accelopt.plugin import PluginSpec, Registry, resolve
 
 
@@ -60,7 +60,7 @@ class PluginSet:
                                if s.scope == "run"])
         self._own: dict[str, PluginHost] = {}
         self._all: dict[str, PluginHost] = {}
-        self._trace: list[tuple[str, float, float]] | None = None
+        self._trace: HookTrace | None = None
 
     @classmethod
     def of(cls, active: Iterable[tuple[PluginSpec, object]]) -> PluginSet:
@@ -113,9 +113,9 @@ class PluginSet:
     def job_scoped(self) -> list[str]:
         return [s.name for s in self.specs if s.scope == "job"]
 
-    def set_trace(self, trace: list[tuple[str, float, float]] | None) -> None:
-        """Time every hook call of every host into ``trace`` as (hook, start, end) in
-        ``time.perf_counter`` seconds (the run's ``hooks`` timeline track)."""
+    def set_trace(self, trace: HookTrace | None) -> None:
+        """Time every hook call of every host into ``trace`` (a flat :data:`HookTrace`, read
+        with :func:`~accelopt.host.traced_calls`: the run's ``hooks`` timeline track)."""
         self._trace = trace
         for host in [self.run, *self._own.values(), *self._all.values()]:
             host.trace = trace

@@ -25,9 +25,10 @@ of the hook by name, no loop where one plugin implements the hook.
 from __future__ import annotations
 
 import functools
+import inspect
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pluggy
@@ -44,6 +45,20 @@ _clock = time.perf_counter
 Caller = Callable[..., Any]
 """Calls one hook with all its arguments, positionally, in the hookspec's order."""
 
+HookTrace = list
+"""The hook calls a run timed, flat: hook, start, end, hook, start, end, ... (seconds of
+``time.perf_counter``); :func:`traced_calls` reads it as triples. Flat because a call then
+records itself with three appends of objects that already exist, where a ``(hook, start,
+end)`` tuple per call is an allocation the cyclic collector must track and later walk: on
+the step's six events per iteration that was a tenth of the hook path's cost
+(``benchmarks/hook_cost.py``)."""
+
+
+def traced_calls(trace: HookTrace) -> Iterator[tuple[str, float, float]]:
+    """Every call ``trace`` recorded, as (hook, start, end), in the order the calls ended."""
+    values = iter(trace)
+    return zip(values, values, values, strict=True)
+
 
 class PluginHost:
     """Owns the pluggy manager with the active plugins registered in activation order."""
@@ -57,12 +72,12 @@ class PluginHost:
         # pluggy calls the most recently registered implementation first, so register in
         # reverse to have plugins called in activation (command-line) order.
         for spec, instance in reversed(list(active)):
-            self.pm.register(instance, name=spec.name)
+            self.pm.register(_hook_table(instance, self.pm.project_name), name=spec.name)
             self.instances[spec.name] = instance
         self.pm.check_pending()
-        self.trace: list[tuple[str, float, float]] | None = None
-        """When a list: every call appends (hook, start, end), ``time.perf_counter`` seconds
-        (the run's ``hooks`` timeline track)."""
+        self.trace: HookTrace | None = None
+        """When a list: every call appends its hook, start and end (:data:`HookTrace`; the
+        run's ``hooks`` timeline track)."""
         self._code_owner: dict[object, str] = {}
         self._impls: dict[str, list[Any]] = {}
         self._callers: dict[str, Caller] = {}
@@ -228,8 +243,10 @@ def make(hook, impls, spec_args, firstresult, single, several, wrapped, hookexec
         except Exception as exc:
             raise PluginHookError(host._owner_of(exc, impls), hook, exc) from exc
         finally:
-            if trace is not None:
-                trace.append((hook, start, _clock()))
+            if trace is not None:  # three appends, no tuple: see HookTrace
+                trace.append(hook)
+                trace.append(start)
+                trace.append(_clock())
             _release()
     return call
 """
@@ -248,6 +265,37 @@ def _caller_factory(arity: int) -> Callable[..., Caller]:
     source = _CALLER.format(args=args, comma="," if arity == 1 else "")
     exec(compile(source, f"<accelopt.host caller of {arity} arguments>", "exec"), namespace)
     return namespace["make"]  # type: ignore[no-any-return]
+
+
+class _HookTable:
+    """What pluggy registers in a plugin object's place: its hook methods, bound, as
+    attributes (see :func:`_hook_table`)."""
+
+
+def _hook_table(plugin: object, project: str) -> object:
+    """What to register with pluggy for ``plugin``: for an instance, a table of its bound
+    hook methods found on its class; a module or a class as it is.
+
+    Why not the instance itself: pluggy discovers implementations with ``dir()`` and
+    ``inspect.getattr_static`` on the object, and both read its ``__dict__``, which makes
+    CPython give the instance a real dictionary in place of its compact attribute values;
+    every ``self.x`` in every hook of that plugin then costs about twice as much (a noop
+    hook's one increment: 683 vs 1,333 instructions, ``benchmarks/hook_cost.py``). The table
+    is found on the class, which never touches the instance's attributes. A hook marked
+    above a ``staticmethod`` or ``classmethod`` keeps its marker off the function, so such
+    a plugin is registered as it is (correct, only slower)."""
+    if inspect.ismodule(plugin) or inspect.isclass(plugin):
+        return plugin
+    marker = project + "_impl"
+    table = _HookTable()
+    for name in dir(type(plugin)):
+        found = inspect.getattr_static(type(plugin), name, None)
+        if isinstance(found, (staticmethod, classmethod)):
+            if hasattr(found, marker) or hasattr(found.__func__, marker):
+                return plugin
+        elif inspect.isfunction(found) and hasattr(found, marker):
+            setattr(table, name, getattr(plugin, name))
+    return table
 
 
 def _wraps(impl: Any) -> bool:

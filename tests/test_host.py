@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from accelopt import PluginHookError, PluginSpec, hookimpl
-from accelopt.host import PluginHost
+from accelopt.host import PluginHost, traced_calls
 from accelopt.types import IterationContext, JobInfo, LayerOffer
 
 
@@ -156,3 +156,62 @@ def test_the_steps_events_reach_subset_implementations_and_wrappers():
     assert partial.stepped == [True] * 4
     assert [seen for seen in wrapper.seen if seen[0] == "iteration_start"] == [
         ("iteration_start", 0), ("iteration_start", 1)]
+
+
+class Counts:
+    """A plugin with state on the instance, a hook inherited from its base, a static one."""
+
+    def __init__(self) -> None:
+        self.starts = 0
+
+    @hookimpl
+    def accelopt_iteration_start(self, context):
+        self.starts += 1
+
+
+class MoreCounts(Counts):
+    @hookimpl
+    def accelopt_iteration_end(self, context, result):
+        self.starts += 10
+
+
+class Static:
+    seen: list[int] = []
+
+    @hookimpl
+    @staticmethod
+    def accelopt_iteration_start(context):
+        Static.seen.append(context.iteration)
+
+
+def test_hooks_of_an_instance_are_its_methods_bound_to_it_whatever_pluggy_registers():
+    """The host registers a table of the instance's bound hook methods (pluggy's discovery
+    would otherwise slow every attribute of the instance); the hooks still act on the
+    instance, inherited hooks are found, and a hook marked above a staticmethod still runs."""
+    counts, static = MoreCounts(), Static()
+    host = host_of(("counts", counts), ("static", static))
+    assert host.pm.get_plugin("counts") is not counts  # the table, not the instance
+    assert host.pm.get_plugin("static") is static  # marked above staticmethod: as it is
+    assert host.instances["counts"] is counts
+    assert host.hooks_of("counts") == {"accelopt_iteration_start", "accelopt_iteration_end"}
+    host.call("accelopt_iteration_start", context=IterationContext(JOB, "l", 4, 0.0))
+    host.call("accelopt_iteration_end", context=IterationContext(JOB, "l", 4, 0.0),
+              result=None)
+    assert counts.starts == 11 and Static.seen == [4]
+    host_of(("counts", counts))  # the same instance in a second host (a job's and the run's)
+    assert counts.starts == 11
+
+
+def test_the_hook_trace_records_every_call_as_hook_start_end():
+    host = host_of(("counts", Counts()))
+    trace: list = []
+    host.trace = trace
+    start = host.bound("accelopt_iteration_start")
+    assert start is not None
+    for i in range(3):
+        start(IterationContext(JOB, "l", i, 0.0))
+    host.call("accelopt_iteration_end", context=IterationContext(JOB, "l", 0, 0.0), result=None)
+    calls = list(traced_calls(trace))
+    assert [hook for hook, _, _ in calls] == ["accelopt_iteration_start"] * 3
+    assert all(isinstance(s, float) and s <= e for _, s, e in calls)
+    assert [s for _, s, _ in calls] == sorted(s for _, s, _ in calls)

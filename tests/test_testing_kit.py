@@ -181,6 +181,22 @@ def test_an_undecorated_hook_method_fails() -> None:
         check_hookimpls(make_spec(Undecorated))
 
 
+def test_a_hook_set_on_the_instance_fails() -> None:
+    class OnTheInstance(Counter):
+        def __init__(self, config: Any) -> None:
+            super().__init__(config)
+
+            @hookimpl
+            def accelopt_run_start(run: RunInfo) -> None:
+                pass
+
+            self.accelopt_run_start = accelopt_run_start
+
+    with pytest.raises(AssertionError, match="accelopt_run_start is set on the instance, not "
+                       "defined on its class"):
+        check_hookimpls(make_spec(OnTheInstance))
+
+
 def test_an_argument_with_a_default_fails() -> None:
     class Defaulted(Counter):
         @hookimpl

@@ -33,6 +33,7 @@ from accelopt.drivers.local import Executor
 from accelopt.drivers.rows import with_placeholders
 from accelopt.drivers.setup import memory_capacity, pick_device, setup_torch
 from accelopt.errors import AccelOptError, UserError
+from accelopt.host import HookTrace, traced_calls
 from accelopt.job import build_jobs, job_id_for, job_specs
 from accelopt.job.checkpoint import Checkpointer, restore
 from accelopt.job.exchange import BUILD_ONLY
@@ -140,7 +141,7 @@ def _execute_local(cfg: DictConfig, run_dir: Path, registry: Registry, console: 
         results=restored,
     )
     checkpointer.clock = executor.now
-    hook_calls: list[tuple[str, float, float]] = []  # spans made after the run: cheap here
+    hook_calls: HookTrace = []  # spans made after the run: cheap here
     if cfg.run.trace_hooks:
         plugins.set_trace(hook_calls)
     sampler = TelemetrySampler(interval_s=float(cfg.run.telemetry_interval_s))
@@ -248,11 +249,11 @@ def _score_cluster_jobs(cfg: DictConfig, registry: Registry, results: list[JobRe
         score_result(result, spec, model, dataset)
 
 
-def _local_spans(executor: Executor, hook_calls: list[tuple[str, float, float]]) -> list[Span]:
+def _local_spans(executor: Executor, hook_calls: HookTrace) -> list[Span]:
     """The executor's iterations and every hook call, on the run's clock."""
     t0 = executor._t0
     return executor.spans + [Span(h, "hooks", s - t0, e - t0, category="hook")
-                             for h, s, e in hook_calls]
+                             for h, s, e in traced_calls(hook_calls)]
 
 
 def _keep_evidence(record: RunRecord, run_dir: Path, exc: BaseException) -> None:

@@ -191,6 +191,12 @@ def _hookimpls(spec: PluginSpec, instance: object) -> Iterator[tuple[str, Any, s
                     "@accelopt.hookimpl, so it is never called; add the decorator"
                 )
             continue
+        if not (inspect.ismodule(instance) or inspect.isclass(instance)) and \
+                inspect.getattr_static(type(instance), attr, None) is None:
+            raise AssertionError(
+                f"plugin '{spec.name}': {attr} is set on the instance, not defined on its "
+                "class, so the core never registers it; define it as a method of the class"
+            )
         yield attr, value, opts.get("specname") or attr
 
 
