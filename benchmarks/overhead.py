@@ -48,6 +48,7 @@ from torch import nn
 from accelopt.activation import PluginSet
 from accelopt.config import JobConfig
 from accelopt.drivers.local import Executor
+from accelopt.host import HookTrace
 from accelopt.job import Job, StepEvents, build_jobs
 from accelopt.plugin import Registry
 from accelopt.types import IterationResult
@@ -102,7 +103,7 @@ class Driver:
         spec = JobConfig(**{**self.spec.__dict__, "iterations": n})
         plugins = plugins_of(self.names)
         (job,) = build_jobs([spec], torch.device("cpu"), plugins)
-        calls: list[tuple[str, float, float]] = []
+        calls: HookTrace = []
         if self.trace_hooks:  # as accelopt run records the hooks' timeline by default
             plugins.set_trace(calls)
         if self.step is not None:
@@ -142,7 +143,7 @@ def interleaved(names: list[str], iterations: int, twin: bool = False) -> list[f
     spec = JobConfig(**{**SPEC.__dict__, "iterations": iterations + 1})
     plugins = plugins_of(names)
     (job,) = build_jobs([spec], torch.device("cpu"), plugins)
-    calls: list[tuple[str, float, float]] = []
+    calls: HookTrace = []
     plugins.set_trace(calls)
     marks: list[tuple[int, int, int, int]] = []  # (entry, plain, step start, step end)
     state = {"exit": 0}
@@ -194,7 +195,15 @@ driver runs a job on its lane's thread; b, c: the driver with these plugins."""
 
 
 def measure(side: str, iterations: int) -> None:
-    """One side for ``iterations`` iterations, nothing else (what --instructions counts)."""
+    """One side for ``iterations`` iterations, nothing else (what --instructions counts).
+
+    The heap the imports left is collected and frozen first, as a cluster run's ranks have
+    it (``accelopt/drivers/rank_preload.py``): otherwise whether a full collection over
+    those ~300,000 objects lands inside the counted iterations decides several thousand
+    instructions per iteration (two counts of the same build differed by 0.1%), as much as
+    the hooks' margin. Collections of what the iterations themselves allocate still count."""
+    gc.collect()
+    gc.freeze()
     if side == "a":
         PlainLoop(SPEC).block(iterations)
     elif side == "t":
