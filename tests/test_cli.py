@@ -237,3 +237,36 @@ def test_the_command_exits_with_mains_code_and_flushed_output(monkeypatch, capsy
     assert exits == [code]
     assert "written" in captured.out
     assert ("bad" in captured.err) == (code == 1)
+
+
+_FORKSERVER_AT_RUN = """
+import sys
+from multiprocessing import forkserver
+
+import accelopt.cli.hydra_run as hydra_run
+from accelopt.cli.main import _run
+
+seen = []
+hydra_run.run_hydra = lambda rest, registry, debug: seen.append(
+    forkserver._forkserver._forkserver_pid is not None) or 0
+_run(sys.argv[1:], False)
+print("running at run:", seen[0], "after:", forkserver._forkserver._forkserver_pid is not None)
+"""
+
+
+@pytest.mark.parametrize(("args", "at_run"), [
+    ([], True),  # the default, a parameter-server run: started before Hydra, kept for it
+    (["--cfg", "job"], False),  # prints the config: stopped after composing
+    (["cluster.mode=none"], False),  # says it is local: never started
+    (["workload=tiny"], False),  # a local workload: started only once composed, if at all
+    (["workload=tiny", "cluster.mode=ps"], True),  # says it is a cluster run
+])
+def test_the_ranks_forkserver_starts_before_the_config_and_only_stays_for_a_cluster_run(
+        args, at_run, tmp_path):
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _FORKSERVER_AT_RUN, *args], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert f"running at run: {at_run} after: False" in out.stdout

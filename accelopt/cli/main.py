@@ -145,24 +145,44 @@ def version_line() -> str:
 
 
 def _run(rest: list[str], debug: bool) -> int:
-    from accelopt.cli.hydra_run import (
-        HYDRA_PASSTHROUGH_FLAGS,
-        drop_empty_plugin_selection,
-        prepare,
-        run_hydra,
-    )
-
-    rest = drop_empty_plugin_selection(rest)
-
-    registry = Registry.discover()
-    multirun = "-m" in rest or "--multirun" in rest
-    overrides = hydra_overrides(rest)
-    passthrough = any(a.split("=")[0] in HYDRA_PASSTHROUGH_FLAGS for a in rest)
-    cluster = prepare(overrides, registry, multirun=multirun and not passthrough)
     from accelopt.drivers.processes import rank_server_started_early
 
-    with rank_server_started_early(cluster and not passthrough):
+    # The default run is a cluster run: start its ranks' forkserver before even Hydra is
+    # imported, so the forkserver's imports overlap this process's imports and config
+    # composition; stopped at once when the composed config turns out to run locally.
+    with rank_server_started_early(might_be_cluster(rest)) as early:
+        from accelopt.cli.hydra_run import (
+            HYDRA_PASSTHROUGH_FLAGS,
+            drop_empty_plugin_selection,
+            prepare,
+            run_hydra,
+        )
+
+        rest = drop_empty_plugin_selection(rest)
+        registry = Registry.discover()
+        multirun = "-m" in rest or "--multirun" in rest
+        overrides = hydra_overrides(rest)
+        passthrough = any(a.split("=")[0] in HYDRA_PASSTHROUGH_FLAGS for a in rest)
+        cluster = prepare(overrides, registry, multirun=multirun and not passthrough)
+        if not cluster or passthrough:
+            early.stop()
+        elif not early.running:  # a workload's own cluster mode: start it now, as before
+            with rank_server_started_early(True):
+                return run_hydra(rest, registry, debug)
         return run_hydra(rest, registry, debug)
+
+
+def might_be_cluster(args: list[str]) -> bool:
+    """Whether to start the ranks' forkserver before an ``accelopt run`` line's config is
+    composed: yes when the line names a cluster mode other than ``none``, or names none and
+    no workload (the default workload is a parameter-server run); no otherwise (a workload's
+    own mode is known only once composed, and the server then starts after composing, for a
+    cluster run only). A wrong guess costs a forkserver started and stopped on the other
+    core while the config is composed."""
+    values = dict(a.replace(" ", "").lstrip("+").split("=", 1) for a in args if "=" in a)
+    if "cluster.mode" in values:
+        return values["cluster.mode"] != "none"
+    return "workload" not in values
 
 
 FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name",
