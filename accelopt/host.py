@@ -278,9 +278,9 @@ def _hook_table(plugin: object, project: str) -> object:
 
     Why not the instance itself: pluggy discovers implementations with ``dir()`` and
     ``inspect.getattr_static`` on the object, and both read its ``__dict__``, which makes
-    CPython give the instance a real dictionary in place of its compact attribute values;
-    every ``self.x`` in every hook of that plugin then costs about twice as much (a noop
-    hook's one increment: 683 vs 1,333 instructions, ``benchmarks/hook_cost.py``). The table
+    CPython give the instance a real dictionary in place of its compact attribute values,
+    and every ``self.x`` in that plugin's hooks gets slower (a noop hook that increments one
+    attribute: 1,333 instead of 683 instructions a call, ``benchmarks/hook_cost.py``). The table
     is found on the class, which never touches the instance's attributes. A hook marked
     above a ``staticmethod`` or ``classmethod`` keeps its marker off the function, so such
     a plugin is registered as it is (correct, only slower)."""
