@@ -27,22 +27,3 @@ def collector_paused() -> Iterator[None]:
     finally:
         if was_enabled:
             gc.enable()
-
-
-@contextlib.contextmanager
-def imports_frozen(enabled: bool = True) -> Iterator[None]:
-    """For a command-line process's start-up only: the collector paused while it imports
-    (torch, Hydra, the runtime) and composes its config, then everything made so far frozen
-    (``gc.freeze``), as the ranks' forkserver does (``drivers/rank_preload.py``), so later
-    full collections do not scan it again. Imports make hundreds of thousands of objects
-    that live as long as the process; the collections they set off are pure cost (0.4 s of
-    the launcher's imports on 2 cores). Not for a library caller's process, whose objects
-    made before the call would be frozen too. ``enabled`` False: nothing happens. On an
-    error the collector is restored and nothing is frozen."""
-    if not enabled:
-        yield
-        return
-    with collector_paused():
-        yield
-    gc.freeze()
-

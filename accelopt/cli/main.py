@@ -37,12 +37,6 @@ commands:
 """
 
 
-_command_line_process = False
-"""Whether this process is the ``accelopt`` command itself (:func:`console`), not a caller
-of :func:`main` in its own process: only then may start-up freeze what it imported
-(:func:`accelopt.collector.imports_frozen`)."""
-
-
 def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args or os.environ.get("ACCELOPT_DEBUG", "") not in ("", "0")
@@ -76,12 +70,8 @@ def console() -> None:
     user waited for is written. Nothing needs it: every output file is closed (written
     atomically), rank processes and the forkserver have been stopped and reaped, and
     multiprocessing's resource tracker cleans up after a parent that exits abruptly. An
-    exception other than an exit (a bug: its traceback) takes the normal path. ``accelopt
-    run`` here also imports and composes with the cyclic collector paused, then freezes
-    what it made (:func:`accelopt.collector.imports_frozen`). Code calling :func:`main`
-    in-process (tests, notebooks) is affected by neither."""
-    global _command_line_process
-    _command_line_process = True
+    exception other than an exit (a bug: its traceback) takes the normal path. Code calling
+    :func:`main` in-process (tests, notebooks) is not affected."""
     try:
         main()
         code: object = 0
@@ -155,29 +145,25 @@ def version_line() -> str:
 
 
 def _run(rest: list[str], debug: bool) -> int:
-    from accelopt.collector import imports_frozen
     from accelopt.drivers.processes import rank_server_started_early
 
     # The default run is a cluster run: start its ranks' forkserver before even Hydra is
     # imported, so the forkserver's imports overlap this process's imports and config
     # composition; stopped at once when the composed config turns out to run locally.
     with rank_server_started_early(might_be_cluster(rest)) as early:
-        with imports_frozen(_command_line_process):
-            from accelopt.cli.hydra_run import (
-                HYDRA_PASSTHROUGH_FLAGS,
-                drop_empty_plugin_selection,
-                prepare,
-                run_hydra,
-            )
+        from accelopt.cli.hydra_run import (
+            HYDRA_PASSTHROUGH_FLAGS,
+            drop_empty_plugin_selection,
+            prepare,
+            run_hydra,
+        )
 
-            rest = drop_empty_plugin_selection(rest)
-            registry = Registry.discover()
-            multirun = "-m" in rest or "--multirun" in rest
-            overrides = hydra_overrides(rest)
-            passthrough = any(a.split("=")[0] in HYDRA_PASSTHROUGH_FLAGS for a in rest)
-            cluster = prepare(overrides, registry, multirun=multirun and not passthrough)
-            if not passthrough:  # what the run imports anyway, here with the collector paused
-                import accelopt.runtime.run  # noqa: F401
+        rest = drop_empty_plugin_selection(rest)
+        registry = Registry.discover()
+        multirun = "-m" in rest or "--multirun" in rest
+        overrides = hydra_overrides(rest)
+        passthrough = any(a.split("=")[0] in HYDRA_PASSTHROUGH_FLAGS for a in rest)
+        cluster = prepare(overrides, registry, multirun=multirun and not passthrough)
         if not cluster or passthrough:
             early.stop()
         elif not early.running:  # a workload's own cluster mode: start it now, as before
