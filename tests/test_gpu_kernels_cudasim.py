@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import math
 import os
+import sys
+import threading
 
 import pytest
 
@@ -26,6 +28,37 @@ from accelopt_plugins.gpu_kernels.tiled import (  # noqa: E402
 )
 
 SHAPES = [(1, 1, 1), (5, 7, 9), (17, 3, 18)]
+
+
+@pytest.fixture(autouse=True)
+def _shared_arrays_made_once_per_block(monkeypatch: pytest.MonkeyPatch) -> None:
+    """numba's simulator gives a block's threads one shared array by a check-then-set on a
+    dict with no lock (``FakeCUDAShared.array``), and the stack walk in between lets another
+    thread in: two threads can each make one, and the kernel then reads memory its
+    neighbours never wrote (uninitialised values like 1e36 in one column, seen on a loaded
+    2-core CI VM). A real GPU has no such race; the lock makes the simulator keep the
+    contract the kernels are written for."""
+    from numba.core import types
+    from numba.cuda.simulator.kernelapi import FakeCUDAShared
+    from numba.np import numpy_support
+
+    made_once = threading.Lock()
+    dynamic = FakeCUDAShared.array
+
+    def locked(self: FakeCUDAShared, shape: object, dtype: object) -> np.ndarray:
+        if shape == 0:  # dynamic shared memory: one buffer made up front, no race
+            return dynamic(self, shape, dtype)
+        caller = sys._getframe(1)  # one array per kernel source line, as the simulator keys
+        key = (caller.f_code.co_filename, caller.f_lineno)
+        with made_once:
+            found = self._allocations.get(key)
+            if found is None:
+                if isinstance(dtype, types.Type):
+                    dtype = numpy_support.as_dtype(dtype)
+                found = self._allocations[key] = np.empty(shape, dtype)
+        return found
+
+    monkeypatch.setattr(FakeCUDAShared, "array", locked)
 
 
 def _case(m: int, k: int, n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
