@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import gc
 
-gc.disable()
-try:
+from accelopt.collector import collector_paused
+
+with collector_paused():
     import torch._dynamo  # noqa: F401
 
     import accelopt.drivers.cluster.launch  # noqa: F401
-finally:
-    gc.freeze()
-    gc.enable()
+gc.freeze()

@@ -83,7 +83,9 @@ def run_cluster(cfg: DictConfig, *, run_dir: str | os.PathLike[str] = ".",
     if console is not None:
         console.print(_banner(settings))
     with tempfile.TemporaryDirectory(prefix="accelopt-cluster-") as work, own_mp_helpers():
-        ranks = _spawn(cfg, settings, t0, work, str(run_dir), carried, while_ranks_start)
+        if while_ranks_start is not None:
+            while_ranks_start()
+        ranks = _spawn(cfg, settings, t0, work, str(run_dir), carried)
     with collector_paused():
         return build_outcome(ranks, settings)
 
@@ -128,11 +130,8 @@ def _banner(s: ClusterSettings) -> str:
 
 
 def _spawn(cfg: DictConfig, settings: ClusterSettings, t0: float, work: str,
-           run_dir: str, carried: Carried,
-           while_ranks_start: Callable[[], None] | None = None) -> list[RankResult]:
+           run_dir: str, carried: Carried) -> list[RankResult]:
     cfg_yaml = OmegaConf.to_yaml(cfg, resolve=True)
-    if while_ranks_start is not None:
-        while_ranks_start()
     with _terminate_on_sigterm(), netns.network(settings.network, settings.links()) as ends:
         port = settings.master_port or (free_port() if settings.network != "hosts" else 29500)
         ctx = rank_context()
