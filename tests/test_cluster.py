@@ -123,21 +123,36 @@ def _report_collector(conn) -> None:
     conn.close()
 
 
-def test_a_rank_starts_with_the_preloaded_imports_frozen_and_the_collector_on():
-    """The forkserver imports the runtime and dynamo with the collector paused and freezes
-    them (``drivers/rank_preload.py``); a rank's collections then skip those objects."""
-    from accelopt.drivers.processes import rank_context
+def _collector_of_a_rank(ddp: bool) -> tuple[bool, int, bool]:
+    """(collector on, objects frozen, dynamo imported) in a rank forked by a forkserver started
+    for ``ddp`` (any forkserver left running is stopped first, and this one after)."""
+    from multiprocessing import forkserver
 
-    ctx = rank_context()
+    from accelopt.drivers.processes import rank_context, stop_forkserver
+
+    stop_forkserver(forkserver._forkserver)
+    ctx = rank_context(ddp=ddp)
     here, there = ctx.Pipe()
     child = ctx.Process(target=_report_collector, args=(there,))
     child.start()
     try:
-        enabled, frozen, dynamo = here.recv()
+        return here.recv()
     finally:
         child.join(30)
+        stop_forkserver(forkserver._forkserver)
+
+
+def test_a_rank_starts_with_the_preloaded_imports_frozen_and_the_collector_on():
+    """The forkserver imports torch and the runtime with the collector paused and freezes
+    them (``drivers/rank_preload.py``); a rank's collections then skip those objects. It
+    does not import dynamo, which nothing in a parameter-server rank needs
+    (``drivers/lazy_dynamo.py``); for all-reduce ranks, whose DDP imports it, it does."""
+    enabled, frozen, dynamo = _collector_of_a_rank(ddp=False)
+    assert enabled and not dynamo
+    assert frozen > 100_000  # torch's and the runtime's objects (~200,000 here)
+    enabled, frozen_ddp, dynamo = _collector_of_a_rank(ddp=True)
     assert enabled and dynamo
-    assert frozen > 100_000  # torch's and dynamo's objects (~490,000 here)
+    assert frozen_ddp > frozen + 100_000  # dynamo's too (~320,000 in all here)
 
 
 @pytest.mark.timeout(120)

@@ -126,12 +126,13 @@ def expand_sweeps(overrides: list[str]) -> list[list[str]]:
     return [list(combo) for combo in itertools.product(*choices)]
 
 
-def prepare(overrides: list[str], registry: Registry, multirun: bool) -> bool:
+def prepare(overrides: list[str], registry: Registry, multirun: bool) -> set[str]:
     """Load the selected plugins, register configs, and compose every requested config
-    once so that any mistake surfaces as one line before Hydra starts. Returns whether any
-    of them is a cluster run (its ranks' forkserver can then start early)."""
-    return any(str(cfg.cluster.mode) != "none"
-               for cfg in prepared_configs(overrides, registry, multirun))
+    once so that any mistake surfaces as one line before Hydra starts. Returns the cluster
+    modes among them other than ``none`` (empty: every run is local; else the ranks'
+    forkserver can start before Hydra runs them)."""
+    modes = {str(cfg.cluster.mode) for cfg in prepared_configs(overrides, registry, multirun)}
+    return modes - {"none"}
 
 
 def prepared_configs(overrides: list[str], registry: Registry,

@@ -150,7 +150,8 @@ def _run(rest: list[str], debug: bool) -> int:
     # The default run is a cluster run: start its ranks' forkserver before even Hydra is
     # imported, so the forkserver's imports overlap this process's imports and config
     # composition; stopped at once when the composed config turns out to run locally.
-    with rank_server_started_early(might_be_cluster(rest)) as early:
+    named = cluster_mode_named(rest)
+    with rank_server_started_early(might_be_cluster(rest), ddp=named == "allreduce") as early:
         from accelopt.cli.hydra_run import (
             HYDRA_PASSTHROUGH_FLAGS,
             drop_empty_plugin_selection,
@@ -163,11 +164,11 @@ def _run(rest: list[str], debug: bool) -> int:
         multirun = "-m" in rest or "--multirun" in rest
         overrides = hydra_overrides(rest)
         passthrough = any(a.split("=")[0] in HYDRA_PASSTHROUGH_FLAGS for a in rest)
-        cluster = prepare(overrides, registry, multirun=multirun and not passthrough)
-        if not cluster or passthrough:
+        modes = prepare(overrides, registry, multirun=multirun and not passthrough)
+        if not modes or passthrough:
             early.stop()
         elif not early.running:  # a workload's own cluster mode: start it now, as before
-            with rank_server_started_early(True):
+            with rank_server_started_early(True, ddp="allreduce" in modes):
                 return run_hydra(rest, registry, debug)
         return run_hydra(rest, registry, debug)
 
@@ -179,10 +180,16 @@ def might_be_cluster(args: list[str]) -> bool:
     own mode is known only once composed, and the server then starts after composing, for a
     cluster run only). A wrong guess costs a forkserver started and stopped on the other
     core while the config is composed."""
+    named = cluster_mode_named(args)
+    if named is not None:
+        return named != "none"
+    return not any(a.lstrip("+").startswith("workload=") for a in args)
+
+
+def cluster_mode_named(args: list[str]) -> str | None:
+    """The ``cluster.mode`` an ``accelopt run`` line sets, if it sets one."""
     values = dict(a.replace(" ", "").lstrip("+").split("=", 1) for a in args if "=" in a)
-    if "cluster.mode" in values:
-        return values["cluster.mode"] != "none"
-    return "workload" not in values
+    return values.get("cluster.mode")
 
 
 FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name",

@@ -17,8 +17,11 @@ from typing import Any
 
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR")
 PRELOAD = ["accelopt.drivers.rank_preload"]
-"""What the forkserver imports before it forks the first rank: the runtime and dynamo, with
+"""What the forkserver imports before it forks the first rank: torch and the runtime, with
 the garbage collector paused, then frozen (``drivers/rank_preload.py`` says why)."""
+PRELOAD_DDP = ["accelopt.drivers.rank_preload_ddp"]
+"""The same and dynamo, for ranks that wrap their models in ``DistributedDataParallel``
+(all-reduce mode), whose constructor imports it: once in the forkserver, not in each rank."""
 SCRATCH_PREFIX = "accelopt-rank"
 """Under torchrun, a rank other than 0 whose command names no ``hydra.run.dir`` runs in a
 temporary directory with this prefix (``cli/hydra_run.py``), removed when it ends."""
@@ -29,14 +32,16 @@ def under_torchrun(env: dict[str, str] | None = None) -> bool:
     return all(env.get(v) for v in TORCHRUN_VARS)
 
 
-def rank_context() -> Any:
+def rank_context(ddp: bool = False) -> Any:
     """The multiprocessing context ranks start from: the preloading forkserver, else spawn.
-    The forkserver is stopped with the run that started it (``launch.own_mp_helpers``) or
-    with the invocation that started it early (:func:`rank_server_started_early`)."""
+    ``ddp``: the ranks use ``DistributedDataParallel`` (:data:`PRELOAD_DDP`); it decides the
+    preload of a forkserver this call starts, not of one already running. The forkserver is
+    stopped with the run that started it (``launch.own_mp_helpers``) or with the invocation
+    that started it early (:func:`rank_server_started_early`)."""
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("spawn")
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(PRELOAD)
+    ctx.set_forkserver_preload(PRELOAD_DDP if ddp else PRELOAD)
     return ctx
 
 
@@ -60,19 +65,19 @@ class EarlyServer:
 
 
 @contextlib.contextmanager
-def rank_server_started_early(enabled: bool) -> Iterator[EarlyServer]:
+def rank_server_started_early(enabled: bool, ddp: bool = False) -> Iterator[EarlyServer]:
     """Start the forkserver now, while the caller still composes the config and imports the
     runtime: its own imports (torch, the runtime: ~2 s on 2 cores) run on the other core
     meanwhile, and every cluster run of the invocation (comparison runs too) forks its
     ranks from it. Stopped on leaving (or by the handle's ``stop``), so the invocation
     leaves no process behind. ``enabled`` False, under torchrun, or no forkserver: nothing
-    happens."""
+    happens. ``ddp``: as for :func:`rank_context`."""
     if not enabled or under_torchrun() or "forkserver" not in multiprocessing.get_all_start_methods():
         yield EarlyServer()
         return
     from multiprocessing import forkserver
 
-    rank_context()
+    rank_context(ddp)
     server = forkserver._forkserver  # type: ignore[attr-defined]
     started = getattr(server, "_forkserver_pid", None) is None
     if started:

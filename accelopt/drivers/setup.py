@@ -11,6 +11,7 @@ from typing import Any
 import psutil
 import torch
 
+from accelopt.drivers.lazy_dynamo import defer_dynamo_import
 from accelopt.errors import ConfigError, UserError
 from accelopt.units import parse_bytes
 
@@ -29,7 +30,9 @@ def usable_cores() -> int:
 def setup_torch(run: Any, *, default_threads: int = 0) -> None:
     """Seed torch, set its intra-op threads (``run.threads``; 0: ``default_threads``, and 0
     there too: torch's own default) and, with ``run.deterministic``, deterministic
-    algorithms (plus the cuBLAS workspace setting they need on CUDA)."""
+    algorithms (plus the cuBLAS workspace setting they need on CUDA). Dynamo is imported
+    only if something compiles (:mod:`accelopt.drivers.lazy_dynamo`)."""
+    defer_dynamo_import()
     torch.manual_seed(int(run.get("seed", 0)))
     threads = int(run.get("threads", 0) or 0) or default_threads
     if threads > 0:
