@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from accelopt.drivers.cluster import threads
 from accelopt.drivers.cluster.settings import ClusterSettings
 from accelopt.drivers.cluster.transport import CommunicationError, Transport
 from accelopt.job import Exchange
@@ -48,10 +49,11 @@ log = logging.getLogger(__name__)
 
 
 class Receivers:
-    """Receiving threads of one iteration; the first error is re-raised on join."""
+    """Receiving threads of one iteration (reused threads: :mod:`.threads`); the first error
+    is re-raised on join."""
 
     def __init__(self, on_error: Callable[[BaseException | None], None] | None = None) -> None:
-        self.threads: list[threading.Thread] = []
+        self.tasks: list[threads.Task] = []
         self.error: BaseException | None = None
         self.on_error = on_error
 
@@ -65,13 +67,11 @@ class Receivers:
                 if self.on_error is not None:
                     self.on_error(self.error)
 
-        thread = threading.Thread(target=body, daemon=True)
-        thread.start()
-        self.threads.append(thread)
+        self.tasks.append(threads.start(body, name="accelopt-receive"))
 
     def join(self) -> None:
-        for thread in self.threads:
-            thread.join()
+        for task in self.tasks:
+            task.join()
         if self.error is not None:
             raise self.error
 

@@ -58,6 +58,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from accelopt.drivers.cluster import threads
 from accelopt.errors import AccelOptError
 from accelopt.host import PluginHost
 from accelopt.records import Span
@@ -503,7 +504,7 @@ class Transport:
             except BaseException as exc:  # noqa: BLE001 - re-raised by the receiving thread
                 ready.put(exc)
 
-        threading.Thread(target=poster, name=f"recv-post {source}", daemon=True).start()
+        threads.start(poster, name=f"recv-post {source}")
         return ready
 
     def _payload_buffer(self, h: list[int],
