@@ -14,7 +14,9 @@ Each docstring below ends with three lines, modelled on pytest's ``hookspec.py``
 * ``Ranks:`` on which processes (``single`` is a one-process run; in a cluster run every
   rank is a process: the ``leader`` is rank 0, ``server`` and ``worker`` its roles);
 * ``Thread:`` on which thread. Whatever the thread, the core calls a process's hooks one at a
-  time (one lock per process), so a plugin never sees two of its hook calls at once.
+  time (one lock per process), so a plugin never sees two of its hook calls at once. A
+  thread may serve later work (a PS rank's receiving threads are reused), so a hook leaves
+  thread-local state (torch's grad mode, autocast) as it found it: ``with`` blocks do.
 
 The same sequence of events runs in every mode; a mode only changes how gradients and
 parameters move (``docs/ARCHITECTURE.md``, "One step"). Per job and iteration::

@@ -8,7 +8,10 @@ earlier work instead, and starts a new thread only when none is idle (the defaul
 makespan -0.47 s and wall time -0.9 s, paired medians of 8 rounds of
 ``benchmarks/startup.py``). Nothing is ever queued behind other work (the
 pool has no bound), so work that blocks on the network, or on other such work, behaves as
-on a thread of its own.
+on a thread of its own. One difference: thread-local state (torch's grad mode, autocast)
+outlives a piece of work, so work must leave it as it found it (the receiving code changes
+it only inside ``with`` blocks; the hook docs ask the same of plugins' hooks,
+``accelopt/hookspecs.py``).
 """
 
 from __future__ import annotations
