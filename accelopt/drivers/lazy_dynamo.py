@@ -126,24 +126,31 @@ def _inner_code(factory: object, name: str, freevars: set[str]) -> types.CodeTyp
 def _disable_dynamo_code() -> types.CodeType | None:
     """The code of the wrapper ``torch._disable_dynamo(fn)`` returns, if it caches as this
     module expects."""
-    from torch import _compile
-
+    try:
+        from torch import _compile
+    except ImportError:
+        return None
     code = _inner_code(getattr(_compile, "_disable_dynamo", None), "inner", {"fn", "recursive"})
     return code if code is not None and _CACHE in code.co_consts else None
 
 
 def _use_grad_code() -> types.CodeType | None:
     """The code of the wrapper ``_use_grad_for_differentiable(func)`` returns, if it is the
-    one this module's replacement mirrors (it imports dynamo only to break graphs)."""
-    from torch.optim import optimizer
+    one this module's replacement mirrors (it imports dynamo only to break graphs) and its
+    module has ``torch`` among its globals, as the replacement expects."""
+    import torch
 
+    try:
+        from torch.optim import optimizer
+    except ImportError:
+        return None
     code = _inner_code(getattr(optimizer, "_use_grad_for_differentiable", None),
                        "_use_grad", {"func"})
     if code is None or set(code.co_names) != {"torch._dynamo", "_dynamo", "graph_break", "cast",
                                               "Optimizer", "is_grad_enabled",
                                               "set_grad_enabled", "defaults"}:
         return None
-    return code
+    return code if getattr(optimizer, "torch", None) is torch else None
 
 
 def _use_grad_replacement() -> types.CodeType | None:
