@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import multiprocessing.connection
 import os
 import signal
 import time
@@ -118,13 +119,17 @@ class Watchdog:
         self.poll_s = poll_s
 
     def wait(self) -> None:
+        """Return when every child has exited 0; raise :class:`RankFailed` (the others
+        killed) as soon as one exits otherwise. Wakes the moment a child exits (its
+        process sentinel), so the run's results are read without a polling delay."""
         while True:
             codes = {c.rank: c.process.exitcode for c in self.children}
             if any(code not in (None, 0) for code in codes.values()):
                 break
             if all(code == 0 for code in codes.values()):
                 return
-            time.sleep(self.poll_s)
+            running = [c.process.sentinel for c in self.children if c.process.exitcode is None]
+            multiprocessing.connection.wait(running, timeout=1.0)
         error = self._diagnose()
         self.kill_all()
         raise error
