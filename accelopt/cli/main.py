@@ -69,9 +69,10 @@ def console() -> None:
     shutdown tears every module down one by one, about 1 s on 2 cores after everything the
     user waited for is written. Nothing needs it: every output file is closed (written
     atomically), rank processes and the forkserver have been stopped and reaped, and
-    multiprocessing's resource tracker cleans up after a parent that exits abruptly. An
-    exception other than an exit (a bug: its traceback) takes the normal path. Code calling
-    :func:`main` in-process (tests, notebooks) is not affected."""
+    multiprocessing's exit finalizers run
+    (:func:`~accelopt.drivers.processes.release_before_exit`). An exception other than an
+    exit (a bug: its traceback) takes the normal path. Code calling :func:`main` in-process
+    (tests, notebooks) is not affected."""
     try:
         main()
         code: object = 0
@@ -90,6 +91,9 @@ def console() -> None:
             stream.flush()
         except (OSError, ValueError):  # a closed pipe or stream: nothing left to say
             pass
+    from accelopt.drivers.processes import release_before_exit
+
+    release_before_exit()
     os._exit(code)
 
 

@@ -32,6 +32,7 @@ from accelopt.drivers.cluster.settings import ClusterSettings, settings_from
 from accelopt.drivers.processes import (
     SCRATCH_PREFIX,
     rank_context,
+    release_before_exit,
     stop_forkserver,
     under_torchrun,
 )
@@ -230,7 +231,9 @@ def child_main(rank: int, world: int, cfg_yaml: str, port: int, t0: float, work:
         try:
             faults.write_failure(work, rank, role, iteration, exc)
         finally:
+            release_before_exit()
             os._exit(1)
+    release_before_exit()
     os._exit(0)  # skip interpreter teardown (gloo threads); results are on disk
 
 
