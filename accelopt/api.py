@@ -64,14 +64,13 @@ def run(overrides: Sequence[str] = (), *, run_dir: str | Path | None = None,
         run_dir = named[-1].split("=", 1)[1]
     registry = registry or Registry.discover()
     (cfg,) = prepared_configs(args, registry)
-    mode = str(cfg.cluster.mode)
     refuse_bad_resume([*args, f"hydra.run.dir={run_dir}"] if run_dir else args)
     out = Path(run_dir) if run_dir is not None else default_run_dir()
     if (out / METRICS_JSON).exists():
         raise ConfigError(f"{out} already holds a run (metrics.json); give a new run_dir "
                           "(results are never overwritten)")
     console = console or Console(file=io.StringIO(), width=120)
-    with rank_server_started_early(mode != "none", ddp=mode == "allreduce"):
+    with rank_server_started_early({str(cfg.cluster.mode)}):
         return execute(cfg, run_dir=out, registry=registry, console=console)
 
 

@@ -33,12 +33,12 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 def one_rank_server_for_the_session():
     """Every in-process cluster run of the session forks its ranks from one forkserver, as
     the runs of one ``accelopt run`` invocation do (``drivers/processes.py``), instead of
-    each starting its own (torch, dynamo and the runtime imported again: ~4 s of CPU per
-    run on 2 cores). Each rank still gets the launcher's environment, ``sys.path`` and
+    each starting its own (torch and the runtime imported again: ~1.5 s of CPU per run on
+    2 cores). Each rank still gets the launcher's environment, ``sys.path`` and
     working directory at its start; the forkserver is stopped when the session ends."""
     from accelopt.drivers.processes import rank_server_started_early
 
-    with rank_server_started_early(True):
+    with rank_server_started_early({"ps"}):
         yield
 
 

@@ -125,13 +125,15 @@ def _report_collector(conn) -> None:
 
 def _collector_of_a_rank(ddp: bool) -> tuple[bool, int, bool]:
     """(collector on, objects frozen, dynamo imported) in a rank forked by a forkserver started
-    for ``ddp`` (any forkserver left running is stopped first, and this one after)."""
+    for ``ddp``. A forkserver left running (the session's) is stopped first, and one with
+    its preload is running again after, so later tests fork from one as before."""
     from multiprocessing import forkserver
 
     from accelopt.drivers.processes import rank_context, stop_forkserver
 
+    was_running = forkserver._forkserver._forkserver_pid is not None
     stop_forkserver(forkserver._forkserver)
-    ctx = rank_context(ddp=ddp)
+    ctx = rank_context({"allreduce"} if ddp else {"ps"})
     here, there = ctx.Pipe()
     child = ctx.Process(target=_report_collector, args=(there,))
     child.start()
@@ -140,6 +142,9 @@ def _collector_of_a_rank(ddp: bool) -> tuple[bool, int, bool]:
     finally:
         child.join(30)
         stop_forkserver(forkserver._forkserver)
+        if was_running:
+            rank_context({"ps"})
+            forkserver.ensure_running()
 
 
 def test_a_rank_starts_with_the_preloaded_imports_frozen_and_the_collector_on():

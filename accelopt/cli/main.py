@@ -154,8 +154,7 @@ def _run(rest: list[str], debug: bool) -> int:
     # The default run is a cluster run: start its ranks' forkserver before even Hydra is
     # imported, so the forkserver's imports overlap this process's imports and config
     # composition; stopped at once when the composed config turns out to run locally.
-    named = cluster_mode_named(rest)
-    with rank_server_started_early(might_be_cluster(rest), ddp=named == "allreduce") as early:
+    with rank_server_started_early(modes_before_composing(rest)) as early:
         from accelopt.cli.hydra_run import (
             HYDRA_PASSTHROUGH_FLAGS,
             drop_empty_plugin_selection,
@@ -172,28 +171,22 @@ def _run(rest: list[str], debug: bool) -> int:
         if not modes or passthrough:
             early.stop()
         elif not early.running:  # a workload's own cluster mode: start it now, as before
-            with rank_server_started_early(True, ddp="allreduce" in modes):
+            with rank_server_started_early(modes):
                 return run_hydra(rest, registry, debug)
         return run_hydra(rest, registry, debug)
 
 
-def might_be_cluster(args: list[str]) -> bool:
-    """Whether to start the ranks' forkserver before an ``accelopt run`` line's config is
-    composed: yes when the line names a cluster mode other than ``none``, or names none and
-    no workload (the default workload is a parameter-server run); no otherwise (a workload's
-    own mode is known only once composed, and the server then starts after composing, for a
-    cluster run only). A wrong guess costs a forkserver started and stopped on the other
-    core while the config is composed."""
-    named = cluster_mode_named(args)
-    if named is not None:
-        return named != "none"
-    return not any(a.lstrip("+").startswith("workload=") for a in args)
-
-
-def cluster_mode_named(args: list[str]) -> str | None:
-    """The ``cluster.mode`` an ``accelopt run`` line sets, if it sets one."""
+def modes_before_composing(args: list[str]) -> set[str]:
+    """The cluster modes to start the ranks' forkserver for before an ``accelopt run`` line's
+    config is composed: the ``cluster.mode`` the line names, or ``ps`` when it names neither
+    a mode nor a workload (the default workload is a parameter-server run); none otherwise
+    (a workload's own mode is known only once composed, and the server then starts after
+    composing, for a cluster run only). A wrong guess costs a forkserver started and stopped
+    on the other core while the config is composed."""
     values = dict(a.replace(" ", "").lstrip("+").split("=", 1) for a in args if "=" in a)
-    return values.get("cluster.mode")
+    if "cluster.mode" in values:
+        return {values["cluster.mode"]} - {"none"}
+    return set() if "workload" in values else {"ps"}
 
 
 FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name",

@@ -33,7 +33,10 @@ import gc
 import importlib.abc
 import sys
 import types
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
 
 _CACHE = "__dynamo_disable"
 """The attribute of a wrapped function where ``torch._disable_dynamo``'s wrapper caches its
@@ -41,9 +44,14 @@ disabled version (``torch/_compile.py``)."""
 
 _DYNAMO = "torch._dynamo"
 
-_USE_GRAD_WITHOUT_DYNAMO = '''
-def _use_grad_for_differentiable(func):
-    def _use_grad(*args, **kwargs):
+
+def _use_grad_for_differentiable(func: Callable[..., Any]) -> Callable[..., Any]:
+    """torch's ``_use_grad_for_differentiable`` (``torch/optim/optimizer.py``) as it runs when
+    nothing compiles: the ``graph_break()`` calls, no-ops outside compilation, left out. Only
+    the code of the function it makes is used, swapped into torch's own wrappers, where
+    ``torch`` is read from their module's globals."""
+
+    def _use_grad(*args: Any, **kwargs: Any) -> Any:
         self = args[0]
         prev_grad = torch.is_grad_enabled()
         try:
@@ -52,10 +60,9 @@ def _use_grad_for_differentiable(func):
         finally:
             torch.set_grad_enabled(prev_grad)
         return ret
+
     return _use_grad
-'''
-"""torch's ``_use_grad_for_differentiable`` (``torch/optim/optimizer.py``) as it runs when
-nothing compiles: the ``graph_break()`` calls, no-ops outside compilation, left out."""
+
 
 _done = False
 
@@ -138,8 +145,6 @@ def _use_grad_code() -> types.CodeType | None:
     """The code of the wrapper ``_use_grad_for_differentiable(func)`` returns, if it is the
     one this module's replacement mirrors (it imports dynamo only to break graphs) and its
     module has ``torch`` among its globals, as the replacement expects."""
-    import torch
-
     try:
         from torch.optim import optimizer
     except ImportError:
@@ -154,8 +159,5 @@ def _use_grad_code() -> types.CodeType | None:
 
 
 def _use_grad_replacement() -> types.CodeType | None:
-    """The code of :data:`_USE_GRAD_WITHOUT_DYNAMO`'s wrapper (it reads ``torch`` from the
-    globals of ``torch/optim/optimizer.py``, where the swapped functions live)."""
-    namespace: dict[str, object] = {}
-    exec(compile(_USE_GRAD_WITHOUT_DYNAMO, "<accelopt.drivers.lazy_dynamo>", "exec"), namespace)
-    return _inner_code(namespace["_use_grad_for_differentiable"], "_use_grad", {"func"})
+    """The code of :func:`_use_grad_for_differentiable`'s wrapper."""
+    return _inner_code(_use_grad_for_differentiable, "_use_grad", {"func"})

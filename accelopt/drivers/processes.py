@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR")
@@ -32,16 +32,17 @@ def under_torchrun(env: dict[str, str] | None = None) -> bool:
     return all(env.get(v) for v in TORCHRUN_VARS)
 
 
-def rank_context(ddp: bool = False) -> Any:
+def rank_context(modes: Iterable[str] = ("ps",)) -> Any:
     """The multiprocessing context ranks start from: the preloading forkserver, else spawn.
-    ``ddp``: the ranks use ``DistributedDataParallel`` (:data:`PRELOAD_DDP`); it decides the
-    preload of a forkserver this call starts, not of one already running. The forkserver is
+    ``modes``: the cluster modes of the runs it will start; with ``allreduce`` among them
+    the ranks use ``DistributedDataParallel`` (:data:`PRELOAD_DDP`). They decide the preload
+    of a forkserver this call starts, not of one already running. The forkserver is
     stopped with the run that started it (``launch.own_mp_helpers``) or with the invocation
     that started it early (:func:`rank_server_started_early`)."""
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("spawn")
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(PRELOAD_DDP if ddp else PRELOAD)
+    ctx.set_forkserver_preload(PRELOAD_DDP if "allreduce" in modes else PRELOAD)
     return ctx
 
 
@@ -65,19 +66,21 @@ class EarlyServer:
 
 
 @contextlib.contextmanager
-def rank_server_started_early(enabled: bool, ddp: bool = False) -> Iterator[EarlyServer]:
+def rank_server_started_early(modes: Iterable[str]) -> Iterator[EarlyServer]:
     """Start the forkserver now, while the caller still composes the config and imports the
     runtime: its own imports (torch, the runtime: ~2 s on 2 cores) run on the other core
     meanwhile, and every cluster run of the invocation (comparison runs too) forks its
     ranks from it. Stopped on leaving (or by the handle's ``stop``), so the invocation
-    leaves no process behind. ``enabled`` False, under torchrun, or no forkserver: nothing
-    happens. ``ddp``: as for :func:`rank_context`."""
-    if not enabled or under_torchrun() or "forkserver" not in multiprocessing.get_all_start_methods():
+    leaves no process behind. ``modes``: the cluster modes of the invocation's runs (as for
+    :func:`rank_context`); none but ``none``, under torchrun, or no forkserver: nothing
+    happens."""
+    modes = set(modes) - {"none"}
+    if not modes or under_torchrun() or "forkserver" not in multiprocessing.get_all_start_methods():
         yield EarlyServer()
         return
     from multiprocessing import forkserver
 
-    rank_context(ddp)
+    rank_context(modes)
     server = forkserver._forkserver  # type: ignore[attr-defined]
     started = getattr(server, "_forkserver_pid", None) is None
     if started:

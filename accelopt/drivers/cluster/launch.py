@@ -135,7 +135,7 @@ def _spawn(cfg: DictConfig, settings: ClusterSettings, t0: float, work: str,
     cfg_yaml = OmegaConf.to_yaml(cfg, resolve=True)
     with _terminate_on_sigterm(), netns.network(settings.network, settings.links()) as ends:
         port = settings.master_port or (free_port() if settings.network != "hosts" else 29500)
-        ctx = rank_context(ddp=settings.mode == "allreduce")
+        ctx = rank_context({settings.mode})
         children = []
         watchdog = faults.Watchdog(children, work)
         try:
