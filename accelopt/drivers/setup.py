@@ -4,8 +4,10 @@ rank of a cluster run set torch up the same way."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import psutil
@@ -40,6 +42,28 @@ def setup_torch(run: Any, *, default_threads: int = 0) -> None:
     if bool(run.get("deterministic", True)):
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
         deterministic_algorithms()
+
+
+RANK_THREADS = 1
+"""A rank's intra-op threads unless ``run.threads`` says otherwise: a cluster's ranks share
+the machine's cores."""
+
+
+def rank_threads(run: Any) -> int:
+    """The intra-op threads each rank of a cluster run uses (``run.threads``, else
+    :data:`RANK_THREADS`)."""
+    return int(run.get("threads", 0) or 0) or RANK_THREADS
+
+
+@contextlib.contextmanager
+def torch_threads(threads: int) -> Iterator[None]:
+    """torch's intra-op threads set to ``threads`` inside, restored after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def deterministic_algorithms() -> None:

@@ -27,7 +27,7 @@ from accelopt.collector import collector_paused
 from accelopt.drivers.cluster import faults, netns
 from accelopt.drivers.cluster.carried import Carried
 from accelopt.drivers.cluster.outcome import ClusterOutcome, build_outcome
-from accelopt.drivers.cluster.rank import RankResult, run_rank
+from accelopt.drivers.cluster.rank import RankResult, result_path, run_rank
 from accelopt.drivers.cluster.settings import ClusterSettings, settings_from
 from accelopt.drivers.processes import (
     SCRATCH_PREFIX,
@@ -151,12 +151,17 @@ def _spawn(cfg: DictConfig, settings: ClusterSettings, t0: float, work: str,
             watchdog.wait()
         finally:
             watchdog.kill_all()
-    path = Path(work) / "results.pkl"
-    if not path.exists():
-        raise faults.RankFailed("rank 0 exited without reporting results", rank=0, pid=None,
-                                iteration=None, cause="no results")
-    with open(path, "rb") as fh, collector_paused():
-        return pickle.load(fh)
+    results = []
+    with collector_paused():
+        for rank in range(settings.world_size):
+            path = result_path(work, rank)
+            if not path.exists():
+                raise faults.RankFailed(f"rank {rank} exited without reporting results",
+                                        rank=rank, pid=None, iteration=None,
+                                        cause="no results")
+            with open(path, "rb") as fh:
+                results.append(pickle.load(fh))
+    return results
 
 
 @contextlib.contextmanager
@@ -217,14 +222,9 @@ def child_main(rank: int, world: int, cfg_yaml: str, port: int, t0: float, work:
         cfg = OmegaConf.create(cfg_yaml)
         settings = settings_from(cfg.cluster)
         progress = faults.Progress(work, rank)
-        gathered = run_rank(cfg, settings, rank=rank, world=world, t0_epoch=t0,
-                            init_method=init_method, run_dir=run_dir,
-                            progress=progress, carried=carried)
-        if rank == 0:
-            tmp = Path(work) / ".results.tmp"
-            with open(tmp, "wb") as fh:
-                pickle.dump(gathered, fh)
-            os.replace(tmp, Path(work) / "results.pkl")
+        run_rank(cfg, settings, rank=rank, world=world, t0_epoch=t0,
+                 init_method=init_method, run_dir=run_dir, progress=progress,
+                 carried=carried, results_dir=work)
     except BaseException as exc:  # noqa: BLE001 - every failure is reported, then exit 1
         role = settings.role(rank) if settings is not None else "?"
         iteration = progress.iteration if progress is not None else None
