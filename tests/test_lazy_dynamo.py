@@ -101,3 +101,39 @@ def test_a_torch_whose_wrappers_look_different_is_left_alone():
         print("ok")
     """)
     assert out.strip() == "ok"
+
+
+def test_a_frozen_heap_is_scanned_too():
+    """The ``accelopt`` command freezes its imports (``gc.freeze``) before the run sets torch
+    up; ``gc.get_objects()`` leaves frozen objects out, and a scan that missed torch's
+    wrappers would let the first optimizer import dynamo (~1 s)."""
+    out = _run("""
+        gc.freeze()
+        frozen = gc.get_freeze_count()
+        assert lazy_dynamo.defer_dynamo_import() > 10
+        assert gc.get_freeze_count() >= frozen  # frozen again after the scan
+        train(MAKERS[0])
+        assert "torch._dynamo" not in sys.modules
+        print("ok")
+    """)
+    assert out.strip() == "ok"
+
+
+def test_the_command_trains_without_importing_dynamo(tmp_path):
+    """What the two above protect, end to end: ``accelopt run`` (its collector paused over
+    the imports, then frozen) trains a one-process run and never imports dynamo."""
+    code = textwrap.dedent(f"""
+        import sys
+        from accelopt.cli.main import main
+        try:
+            main(["run", "workload=tiny", "cluster.mode=none", "run.progress=false",
+                  "hydra.run.dir={tmp_path / 'run'}"])
+        except SystemExit as exc:
+            assert exc.code == 0, exc.code
+        print("dynamo imported:", "torch._dynamo" in sys.modules)
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=110)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "dynamo imported: False"
+    assert (tmp_path / "run" / "timeline.png").is_file()

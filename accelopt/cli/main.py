@@ -149,7 +149,10 @@ def version_line() -> str:
 
 
 def _run(rest: list[str], debug: bool) -> int:
+    from accelopt.collector import pause_until_run_starts
     from accelopt.drivers.processes import rank_server_started_early
+
+    pause_until_run_starts()  # no full collections over the imports (accelopt/collector.py)
 
     # The default run is a cluster run: start its ranks' forkserver before even Hydra is
     # imported, so the forkserver's imports overlap this process's imports and config

@@ -104,7 +104,7 @@ def defer_dynamo_import() -> int:
     replacement = _use_grad_replacement() if use_grad is not None else None
     cached: list[types.FunctionType] = []
     swapped: list[tuple[types.FunctionType, types.CodeType]] = []
-    for obj in gc.get_objects():  # functions are tracked: every wrapper made so far is here
+    for obj in _every_tracked_object():  # functions are tracked: every wrapper made so far
         if type(obj) is not types.FunctionType:
             continue
         if obj.__code__ is disabler:
@@ -118,6 +118,22 @@ def defer_dynamo_import() -> int:
     if cached or swapped:
         sys.meta_path.insert(0, _Restore(cached, swapped))
     return len(cached) + len(swapped)
+
+
+def _every_tracked_object() -> list[object]:
+    """Every object the collector tracks, frozen ones included: ``gc.get_objects()`` leaves
+    out what ``gc.freeze()`` moved to the permanent generation (the ``accelopt`` command
+    freezes its imports when its run starts, ``collector.run_starts``, before the run sets
+    torch up), so they are unfrozen for the scan and frozen again after it, with whatever
+    the process made since (never garbage either: imports and configuration)."""
+    frozen = gc.get_freeze_count()
+    if frozen:
+        gc.unfreeze()
+    try:
+        return gc.get_objects()
+    finally:
+        if frozen:
+            gc.freeze()
 
 
 def _inner_code(factory: object, name: str, freevars: set[str]) -> types.CodeType | None:

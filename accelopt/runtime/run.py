@@ -26,7 +26,7 @@ from rich.console import Console
 
 from accelopt.activation import activate, selected_plugins
 from accelopt.atomic import atomic_open
-from accelopt.collector import collector_paused
+from accelopt.collector import collector_paused, run_starts
 from accelopt.drivers.cluster.settings import local_info
 from accelopt.drivers.lifecycle import Lifecycle
 from accelopt.drivers.local import Executor
@@ -60,6 +60,7 @@ def execute(
     console: Console | None = None,
 ) -> RunRecord:
     """Run the configured workload; return what it measured (outputs already written)."""
+    run_starts()  # the command's imports are done: frozen, the collector on (collector.py)
     console = console or default_console()
     registry = registry or Registry.discover()
     cfg, resume_from = _maybe_resume(cfg, run_dir, console)
