@@ -267,3 +267,19 @@ def test_the_timeline_draws_sub_pixel_spans_as_one_bar_and_keeps_wide_ones_apart
     assert bars[0] == (0.0, pytest.approx(0.0998))  # the hundred tiny spans: one bar
     assert bars[1:] == [(1.0, 1.0), (2.0, 1.0)]  # wide spans keep their own bars
     assert len(_bars(tiny, rows)[(0, "a")]) == 100  # no pixel size: every span as it is
+
+
+def test_every_export_is_what_it_names_after_every_module_is_imported() -> None:
+    """The package's exports load on first use; a submodule imported earlier under the same
+    name (``chrome_trace``) must not take an export's place."""
+    import importlib
+    import pkgutil
+    import types
+
+    import accelopt.report as report
+
+    for module in pkgutil.iter_modules(report.__path__):
+        importlib.import_module(f"accelopt.report.{module.name}")
+    for name in report.__all__:
+        assert not isinstance(getattr(report, name), types.ModuleType), name
+    assert callable(report.chrome_trace)

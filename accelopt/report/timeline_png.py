@@ -7,8 +7,11 @@ run in a headless worker thread or next to a user's own plots.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from accelopt.atomic import atomic_open
 from accelopt.records import RunRecord, Span
@@ -70,62 +73,106 @@ def _bars(spans: list[Span], rows: list[tuple[str, str]], pixel_s: float = 0.0):
     return merged
 
 
+@dataclass
+class TimelineLayout:
+    """What :func:`draw` needs, computed without matplotlib: plain values only (strings,
+    numbers, lists), so the drawing can happen in another process
+    (:mod:`accelopt.report.renderer`) that receives it as JSON."""
+
+    title: str
+    labels: list[str]
+    """One per row, top row first."""
+    bars: list[tuple[int, int, list[tuple[float, float]]]]
+    """(row, colour index, [(start s, width s), ...]) per group of bars."""
+    legend: list[str]
+    """The colour keys (jobs, or span names) in colour-index order; empty: no legend."""
+    left: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, document: dict[str, Any]) -> TimelineLayout:
+        return cls(title=str(document["title"]), labels=[str(x) for x in document["labels"]],
+                   bars=[(int(r), int(c), [(float(a), float(b)) for a, b in segs])
+                         for r, c, segs in document["bars"]],
+                   legend=[str(x) for x in document["legend"]], left=float(document["left"]))
+
+
+FIG_WIDTH_IN = 11
+DPI = 100
+
+
+def _height_in(rows: int) -> float:
+    return min(2.0 + 0.35 * max(rows, 1), 30.0)
+
+
+def timeline_layout(record: RunRecord) -> TimelineLayout:
+    """The chart of ``record``'s spans: one row per track, one colour per job."""
+    spans = record.spans
+    rows = _row_labels(spans)
+    many_processes = len({p for p, _ in rows}) > 1
+    labels = [f"{p}: {t}" if many_processes else t for p, t in rows]
+    title = f"accelopt timeline: {Path(record.info.run_dir).name or record.info.run_dir}"
+    if not spans:
+        return TimelineLayout(title, [], [], [])
+    keys = list(dict.fromkeys(_colour_key(s) for s in spans))
+    colour = {k: i for i, k in enumerate(keys)}
+    left = min(0.0, min(s.start_s for s in spans))
+    right = max(s.end_s for s in spans)
+    pixel_s = (right - left) / (FIG_WIDTH_IN * DPI)  # the axis is narrower
+    bars = [(row, colour[key], segments)
+            for (row, key), segments in _bars(spans, rows, pixel_s).items()]
+    return TimelineLayout(title, labels, bars, keys if len(keys) <= MAX_LEGEND_ENTRIES else [],
+                          left)
+
+
 def import_matplotlib() -> None:
-    """Import what :func:`plot_timeline` draws with (~0.4 s on 2 cores) ahead of the first
-    plot. A cluster run calls it while its ranks are forked (the launcher waits then for
-    the forkserver's own imports, its core otherwise idle), so the timeline written after the
-    last job ends does not pay the import where the user waits for it."""
+    """Import what :func:`draw` draws with (~0.4 s on 2 cores), e.g. in a process that
+    draws later (:mod:`accelopt.report.renderer`)."""
     from matplotlib import colormaps  # noqa: F401
     from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: F401
     from matplotlib.figure import Figure  # noqa: F401
     from matplotlib.patches import Patch  # noqa: F401
 
 
-def plot_timeline(record: RunRecord, path: Path) -> Path:
-    """Draw one row per track and one colour per job; write the PNG atomically to ``path``."""
+def draw(layout: TimelineLayout, path: Path) -> Path:
+    """Draw ``layout``; write the PNG atomically to ``path``."""
     from matplotlib import colormaps
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
 
     path = Path(path)
-    spans = record.spans
-    rows = _row_labels(spans)
-    many_processes = len({p for p, _ in rows}) > 1
-    labels = [f"{p}: {t}" if many_processes else t for p, t in rows]
-
-    height = min(2.0 + 0.35 * max(len(rows), 1), 30.0)
-    fig = Figure(figsize=(11, height), dpi=100, layout="constrained")
+    fig = Figure(figsize=(FIG_WIDTH_IN, _height_in(len(layout.labels))), dpi=DPI,
+                 layout="constrained")
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
-    ax.set_title(f"accelopt timeline: {Path(record.info.run_dir).name or record.info.run_dir}")
+    ax.set_title(layout.title)
     ax.set_xlabel("time since run start (s)")
     ax.set_ylabel("track")
 
-    if not spans:
+    if not layout.labels:
         ax.text(0.5, 0.5, "no spans", ha="center", va="center", transform=ax.transAxes)
         ax.set_yticks([])
     else:
-        keys = list(dict.fromkeys(_colour_key(s) for s in spans))
-        colour = {k: _colour(colormaps["tab20"], i) for i, k in enumerate(keys)}
-        left = min(0.0, min(s.start_s for s in spans))
-        right = max(s.end_s for s in spans)
-        pixel_s = (right - left) / (fig.get_figwidth() * fig.dpi)  # the axis is narrower
-        for (row, key), segments in _bars(spans, rows, pixel_s).items():
+        cmap = colormaps["tab20"]
+        for row, colour, segments in layout.bars:
             # Thin white edges keep back-to-back iterations of one job distinguishable.
             ax.broken_barh(
                 segments,
                 (row - _BAR_HEIGHT / 2, _BAR_HEIGHT),
-                facecolor=colour[key],
+                facecolor=_colour(cmap, colour),
                 edgecolor="white",
                 linewidth=0.4,
             )
-        ax.set_yticks(range(len(rows)), labels=labels)
-        ax.set_ylim(len(rows) - 0.5, -0.5)
-        ax.set_xlim(left=left)
+        rows = len(layout.labels)
+        ax.set_yticks(range(rows), labels=layout.labels)
+        ax.set_ylim(rows - 0.5, -0.5)
+        ax.set_xlim(left=layout.left)
         ax.grid(axis="x", alpha=0.3)
-        if len(keys) <= MAX_LEGEND_ENTRIES:
-            handles = [Patch(color=colour[k], label=k) for k in keys]
+        if layout.legend:
+            handles = [Patch(color=_colour(cmap, i), label=k) for i, k in enumerate(layout.legend)]
             ax.legend(
                 handles=handles,
                 loc="upper left",
@@ -137,3 +184,8 @@ def plot_timeline(record: RunRecord, path: Path) -> Path:
     with atomic_open(path, "wb") as fh:
         fig.savefig(fh, format="png")
     return path
+
+
+def plot_timeline(record: RunRecord, path: Path) -> Path:
+    """Draw one row per track and one colour per job; write the PNG atomically to ``path``."""
+    return draw(timeline_layout(record), path)

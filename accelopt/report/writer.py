@@ -8,14 +8,20 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from accelopt.atomic import atomic_open
 from accelopt.records import RunRecord
 from accelopt.report.chrome_trace import chrome_trace
 from accelopt.report.metrics import JOB_COLUMNS, job_metrics, to_json_dict
-from accelopt.report.timeline_png import plot_timeline
+from accelopt.report.timeline_png import draw, timeline_layout
+
+if TYPE_CHECKING:
+    from accelopt.report.renderer import TimelineRenderer
+
+log = logging.getLogger(__name__)
 
 METRICS_JSON = "metrics.json"
 METRICS_CSV = "metrics.csv"
@@ -44,17 +50,31 @@ def _write_csv(path: Path, record: RunRecord) -> Path:
     return path
 
 
-def write_run_outputs(record: RunRecord, run_dir: Path) -> dict[str, Path]:
-    """Write metrics.json, metrics.csv, trace.json and timeline.png into ``run_dir``."""
+def write_run_outputs(record: RunRecord, run_dir: Path,
+                      renderer: TimelineRenderer | None = None) -> dict[str, Path]:
+    """Write metrics.json, metrics.csv, trace.json and timeline.png into ``run_dir``.
+
+    ``renderer``: a drawing process started as the jobs ended (:mod:`accelopt.report.renderer`);
+    it draws the PNG while this writes the rest. If it cannot, the PNG is drawn here."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    return {
+    png = run_dir / TIMELINE_PNG
+    layout = timeline_layout(record)
+    drawing = renderer is not None and renderer.submit(layout, png)
+    paths = {
         METRICS_JSON: _write_json(run_dir / METRICS_JSON, to_json_dict(record)),
         METRICS_CSV: _write_csv(run_dir / METRICS_CSV, record),
         # Compact: traces of long runs get large and nobody reads them by eye.
         TRACE_JSON: _write_json(run_dir / TRACE_JSON, chrome_trace(record), indent=None),
-        TIMELINE_PNG: plot_timeline(record, run_dir / TIMELINE_PNG),
     }
+    failed = renderer.wait() if drawing and renderer is not None else "no drawing process"
+    if failed is not None:
+        if drawing:
+            log.debug("the timeline's drawing process did not draw it (%s); drawing it here",
+                      failed)
+        draw(layout, png)
+    paths[TIMELINE_PNG] = png
+    return paths
 
 
 def load_metrics(run_dir: Path) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +31,15 @@ from accelopt.collector import collector_paused, run_starts
 from accelopt.drivers.cluster.settings import local_info
 from accelopt.drivers.lifecycle import Lifecycle
 from accelopt.drivers.local import Executor
+from accelopt.drivers.processes import preloads_dynamo
 from accelopt.drivers.rows import with_placeholders
-from accelopt.drivers.setup import memory_capacity, pick_device, setup_torch
+from accelopt.drivers.setup import (
+    memory_capacity,
+    pick_device,
+    rank_threads,
+    setup_torch,
+    torch_threads,
+)
 from accelopt.errors import AccelOptError, UserError
 from accelopt.host import HookTrace, traced_calls
 from accelopt.job import build_jobs, job_id_for, job_specs
@@ -45,6 +53,7 @@ from accelopt.plugin import Registry, resolve
 from accelopt.records import JobResult, RunRecord, Span
 from accelopt.report import JobProgress, render_summary, run_metrics, write_run_outputs
 from accelopt.report.console import default_console
+from accelopt.report.renderer import TimelineRenderer, drawing_process
 from accelopt.report.timeline_png import import_matplotlib
 from accelopt.runtime import compare
 from accelopt.runtime.resume_target import CONFIG_FILE, refuse_finished, resume_target
@@ -168,16 +177,17 @@ def _execute_local(cfg: DictConfig, run_dir: Path, registry: Registry, console: 
             raise
         record.telemetry = sampler.stop()
     record.duration_s = time.perf_counter() - started
-    record.telemetry_note = sampler.note
-    record.jobs = results
-    for job, result in zip(jobs, results, strict=True):
-        score_result(result, job.spec, job.model, job.dataset, job.device)
-    record.spans = _local_spans(executor, hook_calls)
-    lifecycle.update(jobs)
-    record.info = lifecycle.info
-    record.plugin_rows = with_placeholders(lifecycle.merged_rows(), plugins.names)
-    lifecycle.end(run_metrics(record))
-    _write_and_render(record, run_dir, console, refs)
+    with drawing_process() as renderer:  # imports matplotlib while the jobs are scored
+        record.telemetry_note = sampler.note
+        record.jobs = results
+        for job, result in zip(jobs, results, strict=True):
+            score_result(result, job.spec, job.model, job.dataset, job.device)
+        record.spans = _local_spans(executor, hook_calls)
+        lifecycle.update(jobs)
+        record.info = lifecycle.info
+        record.plugin_rows = with_placeholders(lifecycle.merged_rows(), plugins.names)
+        lifecycle.end(run_metrics(record))
+        _write_and_render(record, run_dir, console, refs, renderer)
     return record
 
 
@@ -196,7 +206,7 @@ def _execute_cluster(cfg: DictConfig, run_dir: Path, registry: Registry, console
     started = time.perf_counter()
     try:
         outcome = run_cluster(cfg, run_dir=run_dir, console=console, registry=registry,
-                              while_ranks_start=import_matplotlib)
+                              while_ranks_start=_before_ranks(settings.mode))
     except BaseException as exc:
         record.duration_s = time.perf_counter() - started
         specs = job_specs(cfg)
@@ -208,7 +218,9 @@ def _execute_cluster(cfg: DictConfig, run_dir: Path, registry: Registry, console
     record.duration_s = time.perf_counter() - started
     if not outcome.primary:  # under torchrun, only rank 0 writes the run's outputs
         return record
-    with collector_paused():  # records of every rank: live objects only
+    # The outputs' drawing process imports matplotlib while the jobs are scored; the
+    # collector is paused: the records of every rank are live objects only.
+    with drawing_process() as renderer, collector_paused():
         record.jobs = list(outcome.results)
         record.spans = list(outcome.spans)
         record.metrics.update(outcome.metrics)
@@ -222,15 +234,31 @@ def _execute_cluster(cfg: DictConfig, run_dir: Path, registry: Registry, console
         if cfg.run.save_weights:
             _save_cluster_weights(record.jobs, outcome.state, run_dir)
         _score_cluster_jobs(cfg, registry, record.jobs, outcome.state)
-        _write_and_render(record, run_dir, console, refs)
+        _write_and_render(record, run_dir, console, refs, renderer)
     return record
+
+
+def _before_ranks(mode: str) -> Callable[[], None] | None:
+    """What the launcher does while its ranks start: where their forkserver preloads dynamo
+    (all-reduce), it is ready well after the launcher reaches its fork point, so matplotlib
+    is imported then, at no cost, and the chart is drawn here after the run (no drawing
+    process: :func:`accelopt.report.renderer.drawing_process`)."""
+    return import_matplotlib if preloads_dynamo({mode}) else None
 
 
 def _score_cluster_jobs(cfg: DictConfig, registry: Registry, results: list[JobResult],
                         state: dict[str, Any]) -> None:
     """Score each finished job's gathered weights here, in the launcher: the model is built
     as the ranks built it (same plugins, so layers a plugin replaced at build time have the
-    same shapes) without an optimizer, then loaded."""
+    same shapes) without an optimizer, then loaded; with the ranks' thread count, which also
+    leaves the other core to the outputs' drawing process meanwhile (torch's threads on a
+    core that is busy wait for it: scoring on both cores took twice as long)."""
+    with torch_threads(rank_threads(cfg.run)):
+        _score_jobs_here(cfg, registry, results, state)
+
+
+def _score_jobs_here(cfg: DictConfig, registry: Registry, results: list[JobResult],
+                     state: dict[str, Any]) -> None:
     specs = job_specs(cfg)
     ids = [job_id_for(i, s) for i, s in enumerate(specs)]
     wanted = [r for r in results if r.status == "done" and r.job.kind == "train"]
@@ -289,11 +317,12 @@ def _error_line(exc: BaseException) -> str:
 
 
 def _write_and_render(record: RunRecord, run_dir: Path, console: Console,
-                      refs: dict[str, RunRecord] | None) -> None:
+                      refs: dict[str, RunRecord] | None,
+                      renderer: TimelineRenderer | None = None) -> None:
     if refs:
         compare.attach(record, refs)
     record.summary = run_metrics(record)
-    write_run_outputs(record, run_dir)
+    write_run_outputs(record, run_dir, renderer)
     render_summary(record, console)
     if refs:
         console.print(compare.table(record, refs))
