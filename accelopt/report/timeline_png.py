@@ -132,6 +132,7 @@ def import_matplotlib() -> None:
     draws later (:mod:`accelopt.report.renderer`)."""
     from matplotlib import colormaps  # noqa: F401
     from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: F401
+    from matplotlib.collections import PolyCollection  # noqa: F401
     from matplotlib.figure import Figure  # noqa: F401
     from matplotlib.patches import Patch  # noqa: F401
 
@@ -157,15 +158,7 @@ def draw(layout: TimelineLayout, path: Path) -> Path:
         ax.set_yticks([])
     else:
         cmap = colormaps["tab20"]
-        for row, colour, segments in layout.bars:
-            # Thin white edges keep back-to-back iterations of one job distinguishable.
-            ax.broken_barh(
-                segments,
-                (row - _BAR_HEIGHT / 2, _BAR_HEIGHT),
-                facecolor=_colour(cmap, colour),
-                edgecolor="white",
-                linewidth=0.4,
-            )
+        _draw_bars(ax, layout, cmap)
         rows = len(layout.labels)
         ax.set_yticks(range(rows), labels=layout.labels)
         ax.set_ylim(rows - 0.5, -0.5)
@@ -184,6 +177,26 @@ def draw(layout: TimelineLayout, path: Path) -> Path:
     with atomic_open(path, "wb") as fh:
         fig.savefig(fh, format="png")
     return path
+
+
+def _draw_bars(ax, layout: TimelineLayout, cmap) -> None:
+    """Every bar of ``layout`` as one collection, the pixels ``broken_barh`` draws group by
+    group: a collection per group costs its own autoscaling, ~0.1 s of a cluster run's
+    ~0.4 s drawing. Thin white edges keep back-to-back iterations of one job distinguishable."""
+    from matplotlib.collections import PolyCollection
+
+    corners: list[tuple[tuple[float, float], ...]] = []
+    faces = []
+    for row, colour, segments in layout.bars:
+        face = _colour(cmap, colour)
+        bottom, top = row - _BAR_HEIGHT / 2, row + _BAR_HEIGHT / 2
+        for start, width in segments:
+            end = start + width
+            corners.append(((start, bottom), (start, top), (end, top), (end, bottom)))
+            faces.append(face)
+    ax.add_collection(PolyCollection(corners, facecolors=faces, edgecolor="white",
+                                     linewidth=0.4), autolim=True)
+    ax.autoscale_view()
 
 
 def plot_timeline(record: RunRecord, path: Path) -> Path:
