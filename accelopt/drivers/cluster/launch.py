@@ -136,6 +136,7 @@ def _spawn(cfg: DictConfig, settings: ClusterSettings, t0: float, work: str,
     with _terminate_on_sigterm(), netns.network(settings.network, settings.links()) as ends:
         port = settings.master_port or (free_port() if settings.network != "hosts" else 29500)
         ctx = rank_context({settings.mode})
+        store_ready = ctx.Event()  # rank 0's rendezvous store listens (rendezvous.py)
         children = []
         watchdog = faults.Watchdog(children, work)
         try:
@@ -143,7 +144,7 @@ def _spawn(cfg: DictConfig, settings: ClusterSettings, t0: float, work: str,
                 proc = ctx.Process(
                     target=child_main,
                     args=(rank, settings.world_size, cfg_yaml, port, t0, work, ends[rank],
-                          ends[0].address, run_dir, carried, dict(os.environ)),
+                          ends[0].address, run_dir, carried, dict(os.environ), store_ready),
                     name=f"accelopt-rank{rank}",
                 )
                 proc.start()
@@ -210,7 +211,8 @@ def _adopt_environment(environ: dict[str, str]) -> None:
 
 def child_main(rank: int, world: int, cfg_yaml: str, port: int, t0: float, work: str,
                endpoint: netns.Endpoint, master_addr: str, run_dir: str,
-               carried: Carried | None = None, environ: dict[str, str] | None = None) -> None:
+               carried: Carried | None = None, environ: dict[str, str] | None = None,
+               store_ready: Any | None = None) -> None:
     """Entry point of a rank process (module-level so the start method can import it)."""
     faults.die_with_parent()
     if environ is not None:
@@ -224,7 +226,7 @@ def child_main(rank: int, world: int, cfg_yaml: str, port: int, t0: float, work:
         progress = faults.Progress(work, rank)
         run_rank(cfg, settings, rank=rank, world=world, t0_epoch=t0,
                  init_method=init_method, run_dir=run_dir, progress=progress,
-                 carried=carried, results_dir=work)
+                 carried=carried, results_dir=work, store_ready=store_ready)
     except BaseException as exc:  # noqa: BLE001 - every failure is reported, then exit 1
         role = settings.role(rank) if settings is not None else "?"
         iteration = progress.iteration if progress is not None else None

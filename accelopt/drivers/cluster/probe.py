@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import time
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -14,15 +15,16 @@ import torch.multiprocessing as mp
 
 from accelopt.drivers.cluster import faults, netns
 from accelopt.drivers.cluster.launch import free_port, join_local_rank, own_mp_helpers
+from accelopt.drivers.cluster.rendezvous import join_group
 
 
 def _probe_child(rank: int, port: int, endpoint: netns.Endpoint, master: str, nbytes: int,
-                 repeats: int, out: str) -> None:
+                 repeats: int, out: str, store_ready: Any) -> None:
     faults.die_with_parent()
     init_method = join_local_rank(rank, 2, port, endpoint, master)
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=init_method, rank=rank,
-                            world_size=2, timeout=timedelta(seconds=60))
+    join_group("gloo", init_method, rank=rank, world=2, timeout=timedelta(seconds=60),
+               store_ready=store_ready)
     data = torch.zeros(nbytes // 4, dtype=torch.float32)
     small = torch.zeros(1)
     results = []
@@ -58,8 +60,10 @@ def measure_bandwidth(bandwidth_bps: int | None, nbytes: int = 8 * 2**20, repeat
     with own_mp_helpers(), netns.network(topology, links) as ends:
         ctx = mp.get_context("spawn")
         port = free_port() if topology != "hosts" else 29500
+        store_ready = ctx.Event()
         procs = [ctx.Process(target=_probe_child,
-                             args=(r, port, ends[r], ends[0].address, nbytes, repeats, out))
+                             args=(r, port, ends[r], ends[0].address, nbytes, repeats, out,
+                                   store_ready))
                  for r in range(2)]
         children = [faults.Child(r, "probe", p) for r, p in enumerate(procs)]
         for p in procs:

@@ -26,6 +26,7 @@ from accelopt.drivers.cluster.checkpoints import RankCheckpointer, restore_part
 from accelopt.drivers.cluster.faults import Progress
 from accelopt.drivers.cluster.netns import tx_bytes
 from accelopt.drivers.cluster.ps import ClusterExchange, PsServer, PsWorker
+from accelopt.drivers.cluster.rendezvous import join_group
 from accelopt.drivers.cluster.settings import ClusterSettings
 from accelopt.drivers.cluster.transport import Transport, TransportStats
 from accelopt.drivers.lifecycle import Lifecycle
@@ -210,7 +211,8 @@ def run_rank(cfg: DictConfig, settings: ClusterSettings, *, rank: int, world: in
              t0_epoch: float, init_method: str, run_dir: str,
              progress: Progress | None = None,
              carried: Carried | None = None,
-             results_dir: str | None = None) -> list[RankResult] | None:
+             results_dir: str | None = None,
+             store_ready: Any | None = None) -> list[RankResult] | None:
     """Run one rank to the end; rank 0 returns every rank's result, the others ``None``.
 
     ``results_dir``: a directory every rank can write (local ranks share the launcher's
@@ -218,7 +220,7 @@ def run_rank(cfg: DictConfig, settings: ClusterSettings, *, rank: int, world: in
     ``None``; the launcher reads them all. That is ~0.15 s less where the user waits for the
     outputs than sending every result to rank 0, which would unpickle them only to pickle
     them all again for the launcher. Without it (torchrun: ranks on other machines) rank 0
-    gathers them."""
+    gathers them. ``store_ready``: the local ranks' rendezvous event (``rendezvous.py``)."""
     from accelopt.drivers.cluster.driver import ClusterDriver
 
     setup_torch(cfg.run, default_threads=RANK_THREADS)
@@ -229,8 +231,8 @@ def run_rank(cfg: DictConfig, settings: ClusterSettings, *, rank: int, world: in
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world,
-                            timeout=timedelta(seconds=settings.timeout_s))
+    join_group(backend, init_method, rank=rank, world=world,
+               timeout=timedelta(seconds=settings.timeout_s), store_ready=store_ready)
     t0 = [t0_epoch]
     dist.broadcast_object_list(t0, src=0)  # one time origin for every rank's timeline
     t0_epoch = float(t0[0])
