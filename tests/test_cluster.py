@@ -163,9 +163,11 @@ def test_a_rank_starts_with_the_preloaded_imports_frozen_and_the_collector_on():
 @pytest.mark.timeout(120)
 def test_ps_equals_single_process_and_counts_every_byte(tmp_path):
     cfg = make_cfg("ps")
-    before_ranks = []
-    out = run_cluster(cfg, run_dir=tmp_path, while_ranks_start=lambda: before_ranks.append(1))
+    before_ranks, jobs_ended = [], []
+    out = run_cluster(cfg, run_dir=tmp_path, while_ranks_start=lambda: before_ranks.append(1),
+                      when_jobs_end=lambda: jobs_ended.append(1))
     assert before_ranks == [1]  # the launcher's own work for after the run, done once
+    assert jobs_ended == [1]  # told once that the jobs ended, before run_cluster returned
     job, losses = single_process(cfg)
     assert_same_params(job, out.state)
     assert out.results[0].losses == pytest.approx(losses, abs=1e-5)
@@ -254,8 +256,10 @@ def test_an_order_naming_a_missing_transfer_fails_clearly(tmp_path, test_plugins
     test_plugins("BOGUS")
     cfg = make_cfg("ps", iterations=2, plugins={"bogus_order": {}}, timeout_s=6)
     start = time.monotonic()
+    jobs_ended = []
     with pytest.raises(RankFailed) as info:
-        run_cluster(cfg, run_dir=tmp_path)
+        run_cluster(cfg, run_dir=tmp_path, when_jobs_end=lambda: jobs_ended.append(1))
+    assert jobs_ended == []  # the jobs never ended: nothing to start for the outputs
     message = str(info.value)
     assert "\n" not in message
     assert "rank 0 (server" in message and "TransferOrderError" in message

@@ -114,6 +114,26 @@ def test_a_process_only_where_matplotlib_is_not_imported_yet() -> None:
     assert out.stdout.split() == ["True", "True", "True"]
 
 
+def test_the_drawing_process_starts_once_and_never_after_it_was_closed() -> None:
+    """Started early (a cluster's launcher, when its leader ran the last iteration) or on
+    entering, once; a run that failed closes it, and nothing starts after that."""
+    code = ("from accelopt.report.renderer import drawing_process\n"
+            "d = drawing_process()\n"
+            "d.start()\n"
+            "first = d._renderer\n"
+            "d.start()\n"
+            "with d as r:\n"
+            "    print(r is first, r.returncode is None)\n"
+            "print(r.returncode is not None, d._renderer is None)\n"
+            "failed = drawing_process()\n"
+            "failed.close()\n"
+            "failed.start()\n"
+            "print(failed._renderer is None)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, check=True)
+    assert out.stdout.split() == ["True", "True", "True", "True", "True"]
+
+
 @pytest.mark.timeout(120)
 def test_handing_over_a_large_layout_never_waits_on_the_process(tmp_path: Path) -> None:
     """A layout far above a pipe's buffer (64 KiB) is handed over while the process cannot

@@ -5,12 +5,13 @@ Why: after the last job ends, the user waits for the jobs to be scored and the o
 be written on one core while the other is idle; matplotlib's import (~0.4 s on 2 cores) and
 the drawing (~0.3 s for a cluster run's tens of thousands of spans) were part of that wait
 (or, earlier, of the time before a cluster run forked its ranks). The run starts this
-process as soon as its jobs have ended, so the process imports matplotlib while the run
-scores the jobs, then receives the chart's layout (:class:`TimelineLayout`, plain values)
-and draws while the run writes the metrics and the trace. Not earlier: a process importing
-during the jobs, even at the lowest CPU priority, was measured to lengthen the makespan on
-2 cores about as much as it shortened the wait at the end. A thread would not do: the
-drawing is Python work that holds the GIL.
+process as soon as its jobs have ended (a cluster run: when its leader has run the last
+iteration, while the ranks still hand over their results), so the process imports
+matplotlib while the run collects and scores the jobs, then receives the chart's layout
+(:class:`TimelineLayout`, plain values) and draws while the run writes the metrics and the
+trace. Not earlier: a process importing during the jobs, even at the lowest CPU priority,
+was measured to lengthen the makespan on 2 cores about as much as it shortened the wait at
+the end. A thread would not do: the drawing is Python work that holds the GIL.
 
 Nothing depends on it: if the process cannot start, fails or times out, the run draws the
 chart itself as before (:func:`accelopt.report.writer.write_run_outputs`), so the PNG is the
@@ -28,7 +29,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+import threading
 from pathlib import Path
 
 from accelopt.report.timeline_png import TimelineLayout
@@ -136,17 +137,46 @@ class TimelineRenderer:
             self._layout_file = None
 
 
-@contextlib.contextmanager
-def drawing_process() -> Iterator[TimelineRenderer | None]:
-    """A :class:`TimelineRenderer` for the outputs written inside (``None``: the run draws
-    its chart itself), ended on leaving whatever happened. None where matplotlib is imported
-    in this process already: drawing here then costs no import."""
-    renderer = None if "matplotlib.figure" in sys.modules else TimelineRenderer.start()
-    try:
-        yield renderer
-    finally:
+class DrawingProcess:
+    """The drawing process of one run's outputs, started at most once: by :meth:`start` as
+    soon as the jobs are known to have ended (a cluster's launcher learns it from its leader
+    before the ranks have handed over their results: ``launch.run_cluster(when_jobs_end=)``,
+    any thread), else on entering. ``with`` yields the :class:`TimelineRenderer` (``None``:
+    the run draws its chart itself) and ends it on leaving, whatever happened; so does
+    :meth:`close` for a run that fails before it gets there. None is started where
+    matplotlib is imported in this process already: drawing here then costs no import."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._started = False
+        self._renderer: TimelineRenderer | None = None
+
+    def start(self) -> None:
+        with self._lock:
+            if self._started:
+                return
+            self._started = True
+            if "matplotlib.figure" not in sys.modules:
+                self._renderer = TimelineRenderer.start()
+
+    def close(self) -> None:
+        with self._lock:
+            self._started = True  # closed: never started after this
+            renderer, self._renderer = self._renderer, None
         if renderer is not None:
             renderer.close()
+
+    def __enter__(self) -> TimelineRenderer | None:
+        self.start()
+        return self._renderer
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+
+def drawing_process() -> DrawingProcess:
+    """A :class:`DrawingProcess` for the outputs written inside a ``with``."""
+    return DrawingProcess()
 
 
 def _exit_on_sigterm(signum: int, _frame: object) -> None:

@@ -204,10 +204,16 @@ def _execute_cluster(cfg: DictConfig, run_dir: Path, registry: Registry, console
     if resume_from is not None:
         record.metrics["resumed_from"] = str(resume_from)
     started = time.perf_counter()
+    # The outputs' drawing process starts as soon as the leader has run the last iteration,
+    # so it imports matplotlib while the ranks hand over their results and the jobs are
+    # scored (renderer.py).
+    drawing = drawing_process()
     try:
         outcome = run_cluster(cfg, run_dir=run_dir, console=console, registry=registry,
-                              while_ranks_start=_before_ranks(settings.mode))
+                              while_ranks_start=_before_ranks(settings.mode),
+                              when_jobs_end=drawing.start)
     except BaseException as exc:
+        drawing.close()
         record.duration_s = time.perf_counter() - started
         specs = job_specs(cfg)
         record.jobs = [JobResult(job_info(s, job_id_for(i, s))) for i, s in enumerate(specs)]
@@ -217,10 +223,10 @@ def _execute_cluster(cfg: DictConfig, run_dir: Path, registry: Registry, console
         raise
     record.duration_s = time.perf_counter() - started
     if not outcome.primary:  # under torchrun, only rank 0 writes the run's outputs
+        drawing.close()
         return record
-    # The outputs' drawing process imports matplotlib while the jobs are scored; the
-    # collector is paused: the records of every rank are live objects only.
-    with drawing_process() as renderer, collector_paused():
+    # The collector is paused: the records of every rank are live objects only.
+    with drawing as renderer, collector_paused():
         record.jobs = list(outcome.results)
         record.spans = list(outcome.spans)
         record.metrics.update(outcome.metrics)

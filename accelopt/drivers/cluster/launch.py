@@ -65,12 +65,16 @@ def validate(cfg: DictConfig, settings: ClusterSettings) -> None:
 
 def run_cluster(cfg: DictConfig, *, run_dir: str | os.PathLike[str] = ".",
                 console: Any = None, registry: Registry | None = None,
-                while_ranks_start: Callable[[], None] | None = None) -> ClusterOutcome:
+                while_ranks_start: Callable[[], None] | None = None,
+                when_jobs_end: Callable[[], None] | None = None) -> ClusterOutcome:
     """Run the workload's jobs data-parallel as ``cfg.cluster`` says (several jobs share the
     processes, one iteration at a time: ``drivers/cluster/driver.py``). ``registry``: the
     parent's plugins; those added to it in code are sent to the ranks (``carried.py``).
     ``while_ranks_start``: work of this process for after the run (e.g. imports) to do just
-    before the ranks are forked, while the forkserver may still be importing the runtime."""
+    before the ranks are forked, while the forkserver may still be importing the runtime.
+    ``when_jobs_end``: called on another thread of this process as soon as the leader has
+    run the last iteration, while the ranks still hand over their results (not at all if
+    the run fails first, nor under torchrun); it must be quick and must not raise."""
     from accelopt.activation import selected_plugins
 
     settings = settings_from(cfg.cluster)
@@ -86,7 +90,7 @@ def run_cluster(cfg: DictConfig, *, run_dir: str | os.PathLike[str] = ".",
     with tempfile.TemporaryDirectory(prefix="accelopt-cluster-") as work, own_mp_helpers():
         if while_ranks_start is not None:
             while_ranks_start()
-        ranks = _spawn(cfg, settings, t0, work, str(run_dir), carried)
+        ranks = _spawn(cfg, settings, t0, work, str(run_dir), carried, when_jobs_end)
     with collector_paused():
         return build_outcome(ranks, settings)
 
@@ -131,20 +135,24 @@ def _banner(s: ClusterSettings) -> str:
 
 
 def _spawn(cfg: DictConfig, settings: ClusterSettings, t0: float, work: str,
-           run_dir: str, carried: Carried) -> list[RankResult]:
+           run_dir: str, carried: Carried,
+           when_jobs_end: Callable[[], None] | None = None) -> list[RankResult]:
     cfg_yaml = OmegaConf.to_yaml(cfg, resolve=True)
     with _terminate_on_sigterm(), netns.network(settings.network, settings.links()) as ends:
         port = settings.master_port or (free_port() if settings.network != "hosts" else 29500)
         ctx = rank_context({settings.mode})
         store_ready = ctx.Event()  # rank 0's rendezvous store listens (rendezvous.py)
+        jobs_ended = ctx.Event()  # the leader ran the last iteration
         children = []
         watchdog = faults.Watchdog(children, work)
+        waiter = _WhenSet(jobs_ended, when_jobs_end) if when_jobs_end is not None else None
         try:
             for rank in range(settings.world_size):
                 proc = ctx.Process(
                     target=child_main,
                     args=(rank, settings.world_size, cfg_yaml, port, t0, work, ends[rank],
-                          ends[0].address, run_dir, carried, dict(os.environ), store_ready),
+                          ends[0].address, run_dir, carried, dict(os.environ), store_ready,
+                          jobs_ended),
                     name=f"accelopt-rank{rank}",
                 )
                 proc.start()
@@ -152,6 +160,8 @@ def _spawn(cfg: DictConfig, settings: ClusterSettings, t0: float, work: str,
             watchdog.wait()
         finally:
             watchdog.kill_all()
+            if waiter is not None:
+                waiter.stop()
     results = []
     with collector_paused():
         for rank in range(settings.world_size):
@@ -163,6 +173,28 @@ def _spawn(cfg: DictConfig, settings: ClusterSettings, t0: float, work: str,
             with open(path, "rb") as fh:
                 results.append(pickle.load(fh))
     return results
+
+
+class _WhenSet(threading.Thread):
+    """Calls ``callback`` once ``event`` is set, unless :meth:`stop` comes first."""
+
+    def __init__(self, event: Any, callback: Callable[[], None]) -> None:
+        super().__init__(name="accelopt-when-jobs-end", daemon=True)
+        self._event = event
+        self._callback = callback
+        self._stopped = False
+        self.start()
+
+    def run(self) -> None:
+        self._event.wait()
+        if not self._stopped:
+            self._callback()
+
+    def stop(self) -> None:
+        """No call after this (one under way is waited for)."""
+        self._stopped = True
+        self._event.set()
+        self.join()
 
 
 @contextlib.contextmanager
@@ -212,7 +244,7 @@ def _adopt_environment(environ: dict[str, str]) -> None:
 def child_main(rank: int, world: int, cfg_yaml: str, port: int, t0: float, work: str,
                endpoint: netns.Endpoint, master_addr: str, run_dir: str,
                carried: Carried | None = None, environ: dict[str, str] | None = None,
-               store_ready: Any | None = None) -> None:
+               store_ready: Any | None = None, jobs_ended: Any | None = None) -> None:
     """Entry point of a rank process (module-level so the start method can import it)."""
     faults.die_with_parent()
     if environ is not None:
@@ -226,7 +258,8 @@ def child_main(rank: int, world: int, cfg_yaml: str, port: int, t0: float, work:
         progress = faults.Progress(work, rank)
         run_rank(cfg, settings, rank=rank, world=world, t0_epoch=t0,
                  init_method=init_method, run_dir=run_dir, progress=progress,
-                 carried=carried, results_dir=work, store_ready=store_ready)
+                 carried=carried, results_dir=work, store_ready=store_ready,
+                 jobs_ended=jobs_ended)
     except BaseException as exc:  # noqa: BLE001 - every failure is reported, then exit 1
         role = settings.role(rank) if settings is not None else "?"
         iteration = progress.iteration if progress is not None else None

@@ -212,7 +212,8 @@ def run_rank(cfg: DictConfig, settings: ClusterSettings, *, rank: int, world: in
              progress: Progress | None = None,
              carried: Carried | None = None,
              results_dir: str | None = None,
-             store_ready: Any | None = None) -> list[RankResult] | None:
+             store_ready: Any | None = None,
+             jobs_ended: Any | None = None) -> list[RankResult] | None:
     """Run one rank to the end; rank 0 returns every rank's result, the others ``None``.
 
     ``results_dir``: a directory every rank can write (local ranks share the launcher's
@@ -220,7 +221,9 @@ def run_rank(cfg: DictConfig, settings: ClusterSettings, *, rank: int, world: in
     ``None``; the launcher reads them all. That is ~0.15 s less where the user waits for the
     outputs than sending every result to rank 0, which would unpickle them only to pickle
     them all again for the launcher. Without it (torchrun: ranks on other machines) rank 0
-    gathers them. ``store_ready``: the local ranks' rendezvous event (``rendezvous.py``)."""
+    gathers them. ``store_ready``: the local ranks' rendezvous event (``rendezvous.py``).
+    ``jobs_ended``: an event the leader sets once it has run the last iteration (the launcher
+    starts its work for the outputs then)."""
     from accelopt.drivers.cluster.driver import ClusterDriver
 
     setup_torch(cfg.run, default_threads=RANK_THREADS)
@@ -269,6 +272,8 @@ def run_rank(cfg: DictConfig, settings: ClusterSettings, *, rank: int, world: in
     driver = ClusterDriver(cfg, jobs, plugins, rank=rank, device=device, progress=progress,
                            clock=jobs[0].now)
     driver.run()
+    if jobs_ended is not None and rank == 0:
+        jobs_ended.set()
     result = RankResult(rank=rank, role=role, pid=os.getpid(), device=str(device),
                         backend=backend, schedule=driver.schedule, statuses=driver.statuses,
                         train_t0=driver.train_t0, job_scoped=plugins.job_scoped)
