@@ -136,11 +136,14 @@ def test_a_straggler_link_paces_allreduce(tmp_path, own_namespaces):
     assert m["link_bandwidth_bps.worker1"] == 20_000_000
     bound = m["param_bytes"] * 8 / 20_000_000
     assert m["iteration_s"] >= 0.9 * bound, (m["iteration_s"], bound)
-    # the kernel's count on both hosts' eth0 vs the gradients moved: headers add under 1%
-    # (9000-byte MTU); the count may miss up to what the 20 Mbit/s link still queued when the
-    # last iteration started, spread over the steady iterations (see outcome.py)
+    # the kernel's count on both hosts' eth0 vs the gradients moved: besides the gradients
+    # the links carry headers (under 1% at a 9000-byte MTU), ACKs (more of them, sent
+    # singly, when the machine is loaded) and the leader's per-iteration schedule broadcast;
+    # the count may also miss up to what the 20 Mbit/s link still queued when the last
+    # iteration started, spread over the steady iterations (see outcome.py). Measured:
+    # 1.00-1.04 on a quiet 2-core VM (16 runs), 1.050 once under the test suite's load.
     ratio = m["wire_bytes_per_iteration"] / m["bytes_per_iteration"]
-    assert 0.98 <= ratio < 1.05, ratio
+    assert 0.98 <= ratio < 1.08, ratio
     assert len(own_namespaces) == 3 and not still_there(own_namespaces)
     assert no_children_left()
 
