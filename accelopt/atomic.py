@@ -31,9 +31,11 @@ def _create_temp(path: Path) -> tuple[int, Path]:
 
 
 @contextlib.contextmanager
-def atomic_open(path: Path, mode: str = "w", **kwargs: object) -> Iterator[IO]:
+def atomic_open(path: Path, mode: str = "w", *, durable: bool = True,
+                **kwargs: object) -> Iterator[IO]:
     """Open a temp file next to ``path``; on success it replaces ``path``, on error it is
-    deleted. ``mode`` is ``"w"`` (text, UTF-8 unless given) or ``"wb"``."""
+    deleted. ``mode`` is ``"w"`` (text, UTF-8 unless given) or ``"wb"``. ``durable=False``
+    skips the fsync, for a scratch file that need not survive a crash of the machine."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = _create_temp(path)
@@ -43,7 +45,8 @@ def atomic_open(path: Path, mode: str = "w", **kwargs: object) -> Iterator[IO]:
         with os.fdopen(fd, mode, **kwargs) as fh:  # type: ignore[call-overload]
             yield fh
             fh.flush()
-            os.fsync(fh.fileno())
+            if durable:
+                os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):

@@ -357,6 +357,22 @@ def test_while_ranks_start_runs_before_any_rank_is_forked(tmp_path):
     assert not list(tmp_path.iterdir())
 
 
+def test_the_jobs_end_call_is_made_whenever_the_leader_said_so_before_the_ranks_went():
+    """``when_jobs_end`` runs on a thread that may not have woken yet when the ranks are gone:
+    an event the leader set still gets its call; one never set gets none."""
+    from accelopt.drivers.cluster.launch import _WhenSet
+
+    for _ in range(50):
+        ended, calls = threading.Event(), []
+        waiter = _WhenSet(ended, lambda calls=calls: calls.append(1))
+        ended.set()
+        waiter.stop()
+        assert calls == [1]
+    calls = []
+    _WhenSet(threading.Event(), lambda: calls.append(1)).stop()
+    assert calls == []
+
+
 def test_config_errors_are_one_line(tmp_path):
     with pytest.raises(ConfigError, match="cluster.mode"):
         run_cluster(make_cfg("mesh"), run_dir=tmp_path)

@@ -36,7 +36,7 @@ def setup_torch(run: Any, *, default_threads: int = 0) -> None:
     only if something compiles (:mod:`accelopt.drivers.lazy_dynamo`)."""
     defer_dynamo_import()
     torch.manual_seed(int(run.get("seed", 0)))
-    threads = int(run.get("threads", 0) or 0) or default_threads
+    threads = _configured_threads(run) or default_threads
     if threads > 0:
         torch.set_num_threads(threads)
     if bool(run.get("deterministic", True)):
@@ -52,7 +52,12 @@ the machine's cores."""
 def rank_threads(run: Any) -> int:
     """The intra-op threads each rank of a cluster run uses (``run.threads``, else
     :data:`RANK_THREADS`)."""
-    return int(run.get("threads", 0) or 0) or RANK_THREADS
+    return _configured_threads(run) or RANK_THREADS
+
+
+def _configured_threads(run: Any) -> int:
+    """``run.threads`` (0: not set)."""
+    return int(run.get("threads", 0) or 0)
 
 
 @contextlib.contextmanager

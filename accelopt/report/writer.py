@@ -60,16 +60,16 @@ def write_run_outputs(record: RunRecord, run_dir: Path,
     run_dir.mkdir(parents=True, exist_ok=True)
     png = run_dir / TIMELINE_PNG
     layout = timeline_layout(record)
-    drawing = renderer is not None and renderer.submit(layout, png)
+    drawing = renderer if renderer is not None and renderer.submit(layout, png) else None
     paths = {
         METRICS_JSON: _write_json(run_dir / METRICS_JSON, to_json_dict(record)),
         METRICS_CSV: _write_csv(run_dir / METRICS_CSV, record),
         # Compact: traces of long runs get large and nobody reads them by eye.
         TRACE_JSON: _write_json(run_dir / TRACE_JSON, chrome_trace(record), indent=None),
     }
-    failed = renderer.wait() if drawing and renderer is not None else "no drawing process"
+    failed = drawing.wait() if drawing is not None else "no drawing process"
     if failed is not None:
-        if drawing:
+        if drawing is not None:
             log.debug("the timeline's drawing process did not draw it (%s); drawing it here",
                       failed)
         draw(layout, png)

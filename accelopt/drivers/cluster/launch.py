@@ -176,7 +176,7 @@ def _spawn(cfg: DictConfig, settings: ClusterSettings, t0: float, work: str,
 
 
 class _WhenSet(threading.Thread):
-    """Calls ``callback`` once ``event`` is set, unless :meth:`stop` comes first."""
+    """Calls ``callback`` once ``event`` is set, unless :meth:`stop` comes before it is."""
 
     def __init__(self, event: Any, callback: Callable[[], None]) -> None:
         super().__init__(name="accelopt-when-jobs-end", daemon=True)
@@ -191,9 +191,11 @@ class _WhenSet(threading.Thread):
             self._callback()
 
     def stop(self) -> None:
-        """No call after this (one under way is waited for)."""
-        self._stopped = True
-        self._event.set()
+        """Once no process can set the event any more (the ranks are gone): wait for the
+        call if the event was set, else release the thread without one."""
+        if not self._event.is_set():
+            self._stopped = True
+            self._event.set()
         self.join()
 
 

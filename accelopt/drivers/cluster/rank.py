@@ -19,6 +19,7 @@ import torch.distributed as dist
 from omegaconf import DictConfig
 
 from accelopt.activation import PluginSet, activate
+from accelopt.atomic import atomic_open
 from accelopt.config import JobConfig
 from accelopt.drivers.cluster.allreduce import AllReduce
 from accelopt.drivers.cluster.carried import Carried
@@ -284,11 +285,9 @@ def run_rank(cfg: DictConfig, settings: ClusterSettings, *, rank: int, world: in
     for job in jobs:
         result.parts[job.job.info.job_id] = job.finish()
     gathered: list[Any] | None = None
-    if results_dir is not None:  # renamed when complete; no fsync: a scratch directory
-        path = result_path(results_dir, rank)
-        with open(path.with_suffix(".tmp"), "wb") as fh:
+    if results_dir is not None:  # complete or absent; not durable: a scratch directory
+        with atomic_open(result_path(results_dir, rank), "wb", durable=False) as fh:
             pickle.dump(result, fh, protocol=pickle.HIGHEST_PROTOCOL)
-        os.replace(path.with_suffix(".tmp"), path)
     else:
         gathered = [None] * world if rank == 0 else None
         dist.gather_object(result, gathered, dst=0)
