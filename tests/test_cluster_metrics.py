@@ -7,7 +7,12 @@ from omegaconf import OmegaConf
 
 from accelopt.config import ClusterConfig
 from accelopt.drivers.cluster import metrics as cm
-from accelopt.drivers.cluster.settings import parse_duration, parse_rate, settings_from
+from accelopt.drivers.cluster.settings import (
+    choose_backend,
+    parse_duration,
+    parse_rate,
+    settings_from,
+)
 from accelopt.errors import ConfigError
 from accelopt.job.params import buckets_by_bytes, param_table, shard_by_bytes, shard_rows
 from accelopt.records import Span
@@ -107,6 +112,45 @@ def test_settings_validate_with_one_line_errors():
     assert parse_duration("1ms") == pytest.approx(1e-3)
 
 
+@pytest.mark.parametrize("backend,device,ranks,gpus,chosen,noted", [
+    ("auto", "auto", 3, 0, "gloo", False),     # no GPU
+    ("auto", "cpu", 3, 8, "gloo", False),      # asked for CPU
+    ("gloo", "auto", 2, 8, "gloo", False),     # asked for gloo
+    ("auto", "auto", 3, 4, "nccl", False),     # a GPU per rank
+    ("auto", "auto", 1, 1, "nccl", False),
+    ("auto", "auto", 3, 1, "gloo", True),      # ranks would share a GPU: CPU, said so
+    ("nccl", "auto", 2, 2, "nccl", False),
+    ("nccl", "cuda", 2, 2, "nccl", False),
+])
+def test_backend_choice_gives_each_nccl_rank_a_gpu(backend, device, ranks, gpus, chosen, noted):
+    """NCCL refuses two ranks on one GPU ("Duplicate GPU detected"): auto never picks it
+    for more ranks than GPUs, and says why the GPU goes unused."""
+    ps = ranks > 1
+    s = settings_from(_cluster(mode="ps" if ps else "allreduce", workers=ranks - ps,
+                               servers=1, backend=backend))
+    choice = choose_backend(s, device, local_ranks=ranks, cuda_devices=gpus)
+    assert choice.backend == chosen
+    assert (choice.note is not None) == noted
+    if noted:
+        assert "gloo" in choice.note and "cluster.workers + cluster.servers <= 1" in choice.note
+
+
+@pytest.mark.parametrize("backend,device,ranks,gpus,words", [
+    ("nccl", "auto", 3, 1, "3 ranks on this machine but 1 CUDA device.*cluster.backend=gloo"),
+    ("nccl", "auto", 2, 0, "needs CUDA devices, and none is available"),
+    ("nccl", "cpu", 2, 2, "run.device=cpu asks for none"),
+    ("auto", "cuda", 3, 1, "run.device=cuda .*run.device=auto"),
+    ("auto", "cuda:0", 2, 1, "run.device=cuda:0 "),
+    ("gloo", "cuda", 2, 0, "run.device=cuda but no CUDA device"),
+    ("gloo", "cuda", 2, 2, "gloo's ranks run on CPU"),
+])
+def test_backend_that_cannot_hold_is_refused_in_one_line(backend, device, ranks, gpus, words):
+    s = settings_from(_cluster(mode="allreduce", workers=ranks, backend=backend))
+    with pytest.raises(ConfigError, match=words) as info:
+        choose_backend(s, device, local_ranks=ranks, cuda_devices=gpus)
+    assert "\n" not in str(info.value)
+
+
 def test_sharding_balances_bytes_and_buckets_follow_backward_order():
     from torch import nn
 
@@ -120,3 +164,18 @@ def test_sharding_balances_bytes_and_buckets_follow_backward_order():
     buckets = buckets_by_bytes(table, 4 * 64 * 64)
     assert table[buckets[0][0]].name == "2.bias"  # last layer first (indices into the table)
     assert shard_rows(10, 3) == [(0, 4), (4, 7), (7, 10)]
+
+
+def test_a_rank_counts_the_ranks_on_its_own_machine(monkeypatch):
+    """Under torchrun a rank's neighbours are LOCAL_WORLD_SIZE, not the whole world."""
+    import torch
+
+    from accelopt.drivers.cluster.rank import pick_backend
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    cfg = OmegaConf.create({"run": {"device": "auto"}})
+    s = settings_from(_cluster(mode="allreduce", workers=2))
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert pick_backend(s, cfg).backend == "gloo"  # a local run: both ranks here
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    assert pick_backend(s, cfg).backend == "nccl"  # one rank per machine

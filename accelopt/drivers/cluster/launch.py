@@ -27,7 +27,7 @@ from accelopt.collector import collector_paused
 from accelopt.drivers.cluster import faults, netns
 from accelopt.drivers.cluster.carried import Carried
 from accelopt.drivers.cluster.outcome import ClusterOutcome, build_outcome
-from accelopt.drivers.cluster.rank import RankResult, result_path, run_rank
+from accelopt.drivers.cluster.rank import RankResult, pick_backend, result_path, run_rank
 from accelopt.drivers.cluster.settings import ClusterSettings, settings_from
 from accelopt.drivers.processes import (
     SCRATCH_PREFIX,
@@ -79,6 +79,7 @@ def run_cluster(cfg: DictConfig, *, run_dir: str | os.PathLike[str] = ".",
 
     settings = settings_from(cfg.cluster)
     validate(cfg, settings)
+    backend_note = pick_backend(settings, cfg).note  # refuses what cannot run, before a rank
     carried = Carried.of(registry, selected_plugins(cfg))
     t0 = time.time()
     if under_torchrun():
@@ -87,6 +88,8 @@ def run_cluster(cfg: DictConfig, *, run_dir: str | os.PathLike[str] = ".",
         netns.check_possible()
     if console is not None:
         console.print(_banner(settings))
+        if backend_note:
+            console.print(backend_note)
     with tempfile.TemporaryDirectory(prefix="accelopt-cluster-") as work, own_mp_helpers():
         if while_ranks_start is not None:
             while_ranks_start()

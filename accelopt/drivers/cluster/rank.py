@@ -28,7 +28,7 @@ from accelopt.drivers.cluster.faults import Progress
 from accelopt.drivers.cluster.netns import tx_bytes
 from accelopt.drivers.cluster.ps import ClusterExchange, PsServer, PsWorker
 from accelopt.drivers.cluster.rendezvous import join_group
-from accelopt.drivers.cluster.settings import ClusterSettings
+from accelopt.drivers.cluster.settings import BackendChoice, ClusterSettings, choose_backend
 from accelopt.drivers.cluster.transport import Transport, TransportStats
 from accelopt.drivers.lifecycle import Lifecycle
 from accelopt.drivers.setup import RANK_THREADS, setup_torch
@@ -101,11 +101,12 @@ class RankResult:
         return total
 
 
-def pick_backend(settings: ClusterSettings, cfg: DictConfig) -> str:
-    if settings.backend != "auto":
-        return settings.backend
-    device = str(cfg.run.get("device", "auto"))
-    return "nccl" if torch.cuda.is_available() and device != "cpu" else "gloo"
+def pick_backend(settings: ClusterSettings, cfg: DictConfig) -> BackendChoice:
+    """This rank's backend: :func:`choose_backend` for the ranks on this machine (torchrun's
+    ``LOCAL_WORLD_SIZE``; a local run's ranks are all on this machine)."""
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", settings.world_size))
+    return choose_backend(settings, str(cfg.run.get("device", "auto")), local_ranks=local,
+                          cuda_devices=torch.cuda.device_count())
 
 
 class RankJob:
@@ -228,7 +229,7 @@ def run_rank(cfg: DictConfig, settings: ClusterSettings, *, rank: int, world: in
     from accelopt.drivers.cluster.driver import ClusterDriver
 
     setup_torch(cfg.run, default_threads=RANK_THREADS)
-    backend = pick_backend(settings, cfg)
+    backend = pick_backend(settings, cfg).backend
     if backend == "nccl":
         local = int(os.environ.get("LOCAL_RANK", rank))
         device = torch.device("cuda", local % max(1, torch.cuda.device_count()))

@@ -117,6 +117,61 @@ class ClusterSettings:
                            if self.network == "hosts" else ())
 
 
+@dataclass(frozen=True)
+class BackendChoice:
+    """The process-group backend a run's ranks use, and why when it is not the obvious one."""
+
+    backend: str
+    """``gloo`` or ``nccl``: never ``auto``."""
+    note: str | None = None
+    """One line for the run's banner when ``auto`` chose gloo although CUDA is there."""
+
+
+def choose_backend(settings: ClusterSettings, device: str, *, local_ranks: int,
+                   cuda_devices: int) -> BackendChoice:
+    """Resolve ``cluster.backend`` for ``local_ranks`` ranks on a machine with
+    ``cuda_devices`` GPUs, ``device`` being ``run.device``.
+
+    Why a rule and not simply "NCCL when CUDA is there": NCCL allows one rank per GPU in a
+    communicator (it fails "Duplicate GPU detected" at the first collective), so ranks that
+    would share a GPU cannot use it. ``auto`` then runs them on CPU over gloo and says so;
+    an explicit ``nccl`` or ``run.device=cuda`` that cannot hold is refused before any
+    process starts, naming the fix."""
+    gpus = f"{cuda_devices} CUDA device" + ("s" if cuda_devices != 1 else "")
+    ranks = f"{local_ranks} rank" + ("s" if local_ranks != 1 else "")
+    fit = ("cluster.workers" + (" + cluster.servers" if settings.mode == "ps" else "")
+           + f" <= {cuda_devices}")
+    if device.startswith("cuda") and cuda_devices == 0:
+        raise ConfigError(f"run.device={device} but no CUDA device is available; use "
+                          "run.device=cpu or auto")
+    if settings.backend == "nccl":
+        if device == "cpu" or cuda_devices == 0:
+            raise ConfigError(
+                "cluster.backend=nccl needs CUDA devices"
+                + (" and run.device=cpu asks for none" if device == "cpu"
+                   else ", and none is available") + "; use cluster.backend=gloo or auto")
+        if local_ranks > cuda_devices:
+            raise ConfigError(
+                f"cluster.backend=nccl: {ranks} on this machine but {gpus}, and NCCL needs "
+                f"one device per rank; set {fit} or cluster.backend=gloo")
+        return BackendChoice("nccl")
+    if settings.backend == "gloo" and device.startswith("cuda"):
+        raise ConfigError(f"run.device={device} with cluster.backend=gloo: gloo's ranks run on "
+                          "CPU; use cluster.backend=auto or nccl, or run.device=cpu")
+    if settings.backend == "gloo" or device == "cpu" or cuda_devices == 0:
+        return BackendChoice("gloo")
+    if local_ranks <= cuda_devices:
+        return BackendChoice("nccl")
+    if device != "auto":
+        raise ConfigError(
+            f"run.device={device} in a cluster run: {ranks} on this machine but {gpus}, and "
+            f"NCCL needs one device per rank; set {fit}, or run.device=auto to run the "
+            "ranks on CPU over gloo")
+    return BackendChoice("gloo", (
+        f"cluster: {ranks} share {gpus} and NCCL needs one device per rank, so the ranks "
+        f"run on CPU over gloo ({fit} puts them on the GPU)"))
+
+
 def bucket_bytes(cluster: Any) -> int:
     """``cluster.bucket_mb`` in bytes (also the buckets a one-process job records)."""
     return max(1, int(float(cluster.get("bucket_mb", 1.0)) * 2**20))
