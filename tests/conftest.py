@@ -1,6 +1,16 @@
-"""Shared fixtures: a tiny composed config and a runner that executes it in-process."""
+"""Shared fixtures: a tiny composed config and a runner that executes it in-process.
+
+The suite is the CPU contract: it hides the machine's GPUs (``CUDA_VISIBLE_DEVICES=""``,
+before anything asks CUDA), so ``run.device=auto`` means the CPU and a run's numerics and
+outputs are the same on every machine. GPU paths are checked by ``benchmarks/gpu/run_all.sh``;
+``ACCELOPT_TEST_GPU=1`` keeps the GPUs visible."""
 
 from __future__ import annotations
+
+import os
+
+if os.environ.get("ACCELOPT_TEST_GPU") != "1":
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""  # inherited by every rank and CLI subprocess
 
 import io
 from collections.abc import Callable, Sequence

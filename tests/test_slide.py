@@ -835,6 +835,29 @@ def test_cluster_modes_are_refused_at_configure(mode: str) -> None:
     plugin.accelopt_configure(SlideConfig(), OmegaConf.create({"cluster": {"mode": "none"}}))
 
 
+@pytest.mark.parametrize("device,cuda,refused", [
+    ("cpu", True, False), ("auto", False, False), ("auto", True, True), ("cuda", False, True),
+    ("cuda:1", True, True),
+])
+def test_a_gpu_run_is_refused_at_configure(monkeypatch, device: str, cuda: bool,
+                                           refused: bool) -> None:
+    """On a GPU machine ``run.device=auto`` means CUDA, where SLIDE's CPU kernels would fail
+    the job after profiling; refused before anything runs, naming the fix."""
+    import torch
+    from accelopt_plugins.slide.plugin import SlidePlugin
+    from omegaconf import OmegaConf
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    run_config = OmegaConf.create({"cluster": {"mode": "none"}, "run": {"device": device}})
+    plugin = SlidePlugin(SlideConfig())
+    if not refused:
+        plugin.accelopt_configure(SlideConfig(), run_config)
+        return
+    with pytest.raises(ConfigError, match=rf"run\.device={device}.*add run\.device=cpu") as info:
+        plugin.accelopt_configure(SlideConfig(), run_config)
+    assert "\n" not in str(info.value)
+
+
 def test_the_cli_refuses_slide_in_ps_mode_in_one_line(tmp_path, capsys) -> None:
     """``accelopt run '+plugins=[slide]' cluster.mode=ps``: exit 2, one line, no traceback,
     no run directory (refused at configure, before any rank starts)."""

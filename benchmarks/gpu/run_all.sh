@@ -41,7 +41,7 @@ EOF
 } 2>&1 | tee "$OUT_DIR/env.txt"
 
 # name:seconds, in order of what matters most if time runs short
-CHECKS="salus:120 cluster:120 tictac:60 kernels:150 offload:120 slide:120"
+CHECKS="salus:120 cluster:120 cli:200 tictac:60 kernels:150 offload:120 slide:120"
 if [ $# -gt 0 ]; then
     sel=""
     for want in "$@"; do

@@ -41,6 +41,17 @@ def cluster_mode(run_config: Any) -> str:
     return str(getattr(cluster, "mode", "none") or "none")
 
 
+def cuda_device(run_config: Any) -> str | None:
+    """``run.device`` when it puts the jobs on a GPU (``auto`` does where CUDA is), else
+    ``None``: SLIDE's hashing and sparse kernels are CPU code."""
+    name = str(getattr(getattr(run_config, "run", None), "device", "cpu") or "cpu")
+    if name == "auto":
+        import torch
+
+        return "auto (CUDA on this machine)" if torch.cuda.is_available() else None
+    return None if name.startswith("cpu") else name
+
+
 class TieCheck:
     """A load-state-dict pre-hook of a model whose output layer SLIDE keeps tied: both names
     load into one storage, so a checkpoint in which they differ (saved untied) cannot be
@@ -90,6 +101,11 @@ class SlidePlugin:
             why = REFUSED_MODES.get(mode, "SLIDE's layers train in one process")
             raise ConfigError(f"plugins.slide: cluster.mode={mode} would train SLIDE's layers "
                               f"wrongly: {why}; use cluster.mode=none")
+        device = cuda_device(run_config)
+        if device is not None:
+            raise ConfigError(f"plugins.slide: run.device={device}, but SLIDE's kernels run on "
+                              "the CPU (the technique is training without a GPU); add "
+                              "run.device=cpu")
         for job in getattr(getattr(run_config, "workload", None), "jobs", None) or []:
             self.job_lr[str(job.name)] = (str(job.optimizer), float(job.lr))
 
