@@ -270,3 +270,45 @@ def test_the_ranks_forkserver_starts_before_the_config_and_only_stays_for_a_clus
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert f"running at run: {at_run} after: False" in out.stdout
+
+
+def test_hydra_composes_the_run_once_and_its_mode_comes_from_the_command_line(
+        tmp_path, monkeypatch):
+    """Hydra's ``get_mode`` composed the whole config only to read ``hydra.mode``: now the
+    command line's ``-m`` decides (the configs never set it, checked below), one composition
+    fewer; a ``hydra.mode`` override still goes through Hydra's own ``get_mode``."""
+    from hydra import compose, initialize_config_dir
+    from hydra._internal.hydra import Hydra
+    from hydra.core.global_hydra import GlobalHydra
+
+    from accelopt.cli.hydra_run import config_dir, mode_from_the_command_line
+    from accelopt.cli.main import main
+
+    original = Hydra.get_mode
+    composed: list[str] = []
+    real = Hydra.compose_config
+
+    def counting(self, *args, **kwargs):
+        composed.append(str(kwargs.get("run_mode")))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Hydra, "compose_config", counting)
+    try:
+        main(["run", *TINY, f"hydra.run.dir={tmp_path / 'run'}"])
+    except SystemExit as exc:
+        assert exc.code in (0, None), exc.code
+    assert (tmp_path / "run" / "metrics.json").is_file()
+    assert len(composed) == 2, composed  # accelopt's check and Hydra's run, no get_mode
+    assert Hydra.get_mode is original  # put back
+    with mode_from_the_command_line(["hydra.mode=MULTIRUN"]):
+        assert Hydra.get_mode is original
+    # What makes the shortcut right: no config of this project sets hydra.mode.
+    GlobalHydra.instance().clear()
+    groups = [f"{g.name}={p.stem}" for g in Path(config_dir()).iterdir() if g.is_dir()
+              for p in g.glob("*.yaml")]
+    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
+        for choice in [None, *groups]:
+            cfg = compose("config", overrides=[choice] if choice else [],
+                          return_hydra_config=True)
+            assert cfg.hydra.mode is None, choice
+    GlobalHydra.instance().clear()
