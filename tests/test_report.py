@@ -283,3 +283,17 @@ def test_every_export_is_what_it_names_after_every_module_is_imported() -> None:
     for name in report.__all__:
         assert not isinstance(getattr(report, name), types.ModuleType), name
     assert callable(report.chrome_trace)
+
+
+def test_finite_json_encodes_once_and_writes_non_finite_numbers_as_null() -> None:
+    from accelopt.report.metrics import finite_json
+
+    assert finite_json({"a": [1.5, float("nan")], "b": {"c": float("-inf")}}) == (
+        '{"a": [1.5, null], "b": {"c": null}}')
+    assert finite_json({"a": 1}, indent=2) == '{\n  "a": 1\n}'
+    record = make_record()
+    record.spans.append(Span("x", "hooks", 3.0, 3.1, args={"loss": float("nan")}))
+    from accelopt.report import chrome_trace
+
+    (event,) = [e for e in chrome_trace(record)["traceEvents"] if e.get("name") == "x"]
+    assert event["args"]["loss"] is None  # the public export stays finite

@@ -166,3 +166,23 @@ def test_bad_options_are_one_line(options, words):
 def test_fp16_in_a_cluster_run_is_refused_before_anything_starts(run_tiny):
     with pytest.raises(ConfigError, match="one process only"):
         run_tiny(overrides=["workload.jobs.0.precision=fp16", "cluster.mode=ps"])
+
+
+def test_job_specs_are_typed_once_per_workload_and_each_caller_gets_its_own():
+    """A run asks for its specs several times; the workload is typed once (the OmegaConf
+    merge is the cost), yet each answer is a copy, a changed workload is typed anew, and
+    an invalid one is refused every time it is asked."""
+    from accelopt.job import job_specs
+
+    def workload(**job):
+        return OmegaConf.create({"workload": {"jobs": [
+            {"name": "a", "model": "mlp", "batch_size": 8, "iterations": 2, **job}]}})
+
+    first, again = job_specs(workload()), job_specs(workload())
+    assert first == again and first[0] is not again[0]
+    first[0].iterations = 99
+    assert job_specs(workload())[0].iterations == 2
+    assert job_specs(workload(iterations=3))[0].iterations == 3
+    for _ in range(2):
+        with pytest.raises(ConfigError, match="iterations must be >= 1"):
+            job_specs(workload(iterations=0))

@@ -97,15 +97,20 @@ def _counter_events(record: RunRecord, pid: int) -> list[dict[str, Any]]:
 
 
 def chrome_trace(record: RunRecord) -> dict[str, Any]:
-    """The record as a Chrome trace JSON object (``{"traceEvents": [...], ...}``)."""
+    """The record as a Chrome trace JSON object (``{"traceEvents": [...], ...}``), NaN and
+    inf replaced by ``None``."""
+    return finite(trace_document(record))
+
+
+def trace_document(record: RunRecord) -> dict[str, Any]:
+    """:func:`chrome_trace` before non-finite numbers are replaced: for a writer that
+    encodes it with :func:`~accelopt.report.metrics.finite_json` (one encoding, not two)."""
     pids, tids = _assign_ids(record)
     events = _metadata_events(pids, tids)
     events += _span_events(record, pids, tids)
     events += _counter_events(record, len(pids) + 1)
-    return finite(
-        {
-            "traceEvents": events,
-            "displayTimeUnit": "ms",
-            "otherData": {"run_dir": record.info.run_dir, "device": record.info.device},
-        }
-    )
+    return {
+        "traceEvents": events,
+        "displayTimeUnit": "ms",
+        "otherData": {"run_dir": record.info.run_dir, "device": record.info.device},
+    }

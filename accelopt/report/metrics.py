@@ -74,6 +74,17 @@ def finite(document: Any) -> Any:
     return document
 
 
+def finite_json(document: Any, indent: int | None = None) -> str:
+    """``document`` as JSON text with NaN/inf written as ``null``: encoded once by the C
+    encoder, and walked (:func:`clean`) only when that finds a non-finite number. Writing
+    :func:`finite`'s result instead encodes a clean document twice (a cluster run's trace:
+    ~0.1 s each time)."""
+    try:
+        return json.dumps(document, indent=indent, allow_nan=False)
+    except ValueError:
+        return json.dumps(clean(document), indent=indent, allow_nan=False)
+
+
 def percentile(values: list[float], q: float) -> float | None:
     """The ``q``-th percentile with linear interpolation (numpy's default method).
 

@@ -83,7 +83,7 @@ class TimelineRenderer:
         fd, name = tempfile.mkstemp(prefix="accelopt-timeline-", suffix=".json")
         self._layout_file = Path(name)
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(layout.to_json(), fh)
+            fh.write(json.dumps(layout.to_json()))  # dumps: C encoder; dump streams in Python
         line = json.dumps({"path": str(Path(path).resolve()), "layout_file": name})
         try:
             stdin.write(line + "\n")

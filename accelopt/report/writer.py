@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from accelopt.atomic import atomic_open
 from accelopt.records import RunRecord
-from accelopt.report.chrome_trace import chrome_trace
-from accelopt.report.metrics import JOB_COLUMNS, job_metrics, to_json_dict
+from accelopt.report.chrome_trace import trace_document
+from accelopt.report.metrics import JOB_COLUMNS, finite_json, job_metrics, to_json_dict
 from accelopt.report.timeline_png import draw, timeline_layout
 
 if TYPE_CHECKING:
@@ -32,10 +32,9 @@ _REQUIRED_KEYS = ("run", "summary", "jobs")
 
 def _write_json(path: Path, document: dict[str, Any], indent: int | None = 2) -> Path:
     with atomic_open(path) as fh:
-        # allow_nan=False: the documents are cleaned of NaN already; fail loudly if not.
-        # dumps, not dump: only dumps uses the C encoder (dump encodes in Python, chunk by
-        # chunk: seconds for the trace of a cluster run)
-        fh.write(json.dumps(document, indent=indent, allow_nan=False))
+        # NaN/inf as null (strict readers reject NaN), in one encoding by the C encoder
+        # (json.dump would encode in Python, chunk by chunk: seconds for a cluster's trace)
+        fh.write(finite_json(document, indent))
         fh.write("\n")
     return path
 
@@ -65,7 +64,7 @@ def write_run_outputs(record: RunRecord, run_dir: Path,
         METRICS_JSON: _write_json(run_dir / METRICS_JSON, to_json_dict(record)),
         METRICS_CSV: _write_csv(run_dir / METRICS_CSV, record),
         # Compact: traces of long runs get large and nobody reads them by eye.
-        TRACE_JSON: _write_json(run_dir / TRACE_JSON, chrome_trace(record), indent=None),
+        TRACE_JSON: _write_json(run_dir / TRACE_JSON, trace_document(record), indent=None),
     }
     failed = drawing.wait() if drawing is not None else "no drawing process"
     if failed is not None:
