@@ -48,7 +48,10 @@ def job_specs(cfg: DictConfig | Any) -> list[JobConfig]:
     """The workload's explicit jobs followed by its generated trace (if any), validated.
     Each call returns specs of its own (copies): callers may change them."""
     workload = OmegaConf.to_container(cfg.workload, resolve=True)
-    key = json.dumps(workload, sort_keys=True, default=repr)
+    try:
+        key = json.dumps(workload, sort_keys=True, default=repr)
+    except TypeError:  # keys that do not sort (int beside str): type it every time
+        return _build_specs(workload)
     built = _BUILT.get(key)
     if built is None:
         built = _build_specs(workload)  # a ConfigError is raised each time, never kept
