@@ -55,9 +55,10 @@ COMMANDS = [
 ]
 
 
-def run(args: list[str], where: Path, cpu: bool) -> tuple[int, float, str, list[dict]]:
-    """One command in a fresh directory: exit code, wall seconds, its output's end, and the
-    metrics of every run directory it wrote."""
+def run(args: list[str], where: Path, cpu: bool = False) -> tuple[int, float, str, list[dict]]:
+    """``accelopt run <args>`` in a fresh directory: exit code, wall seconds, its output
+    (whitespace collapsed: the console wraps long lines), and the metrics of every run
+    directory it wrote. Also ``cluster_check.py``'s way to run the command."""
     where.mkdir(parents=True)
     extra = ["run.device=cpu"] if cpu and "run.device=cpu" not in args else []
     sweep = "-m" in args
@@ -70,7 +71,7 @@ def run(args: list[str], where: Path, cpu: bool) -> tuple[int, float, str, list[
     wall = time.perf_counter() - start
     text = " ".join((out.stdout + out.stderr).split())
     metrics = [json.loads(p.read_text()) for p in sorted(where.rglob("metrics.json"))]
-    return out.returncode, wall, text[-500:], metrics
+    return out.returncode, wall, text, metrics
 
 
 def main() -> int:
@@ -84,7 +85,8 @@ def main() -> int:
     commands = [c for c in COMMANDS if not (cpu and c.refused)]
     with tempfile.TemporaryDirectory() as tmp:
         for k, command in enumerate(commands):
-            rc, wall, tail, metrics = run(command.args, Path(tmp, f"c{k}"), cpu)
+            rc, wall, text, metrics = run(command.args, Path(tmp, f"c{k}"), cpu)
+            tail = text[-500:]
             if command.refused is not None:
                 ok = rc == 2 and command.refused in tail and "Traceback" not in tail
                 detail = f"rc {rc}, {wall:.1f} s: {tail[-300:]}"

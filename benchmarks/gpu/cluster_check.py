@@ -18,9 +18,6 @@ Verifies:
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -131,14 +128,12 @@ def comm_hooks_on_nccl() -> list[tuple[str, bool, str]]:
     return checks
 
 
-def accelopt(args: list[str], run_dir: Path) -> tuple[int, str, dict]:
-    cmd = [sys.executable, "-m", "accelopt.cli.main", "run", *args, f"hydra.run.dir={run_dir}"]
-    # From the run directory's parent: the installed accelopt, not a source tree in the cwd.
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=150, cwd=run_dir.parent,
-                         env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    text = " ".join((out.stdout + out.stderr).split())  # the console wraps long lines
-    metrics = run_dir / "metrics.json"
-    return out.returncode, text, json.loads(metrics.read_text()) if metrics.exists() else {}
+def accelopt(args: list[str], where: Path) -> tuple[int, str, dict]:
+    """The command, as :mod:`cli_check` runs it: exit code, output, the run's metrics."""
+    from cli_check import run
+
+    rc, _wall, text, metrics = run(args, where)
+    return rc, text, metrics[0] if metrics else {}
 
 
 def cli_runs(tmp: Path) -> list[tuple[str, bool, str]]:
