@@ -53,7 +53,8 @@ def _train(rank: int, how: str) -> dict[str, object]:
     if state is not None:
         out["rows"] = [r.summary for r in state.report()]
         out["buckets"] = sorted({s.name for s in state.transport.spans})
-        out["in_place"], out["cut"] = state.in_place, state.cut
+        out["in_place"], out["cut"], out["direct"] = state.in_place, state.cut, state.direct
+        out["spans"] = [(s.start_s, s.end_s) for s in state.transport.spans]
         state.close()
     return out
 
@@ -85,6 +86,9 @@ def test_without_plugins_the_hook_is_ddps_all_reduce_bit_for_bit(runs):
     ours = runs[0]["accelopt"]
     assert ours["buckets"] == ["bucket0", "bucket1"]
     assert ours["in_place"] == ITERATIONS - 1 and ours["cut"] == 1 + ITERATIONS - 1
+    # no transfer hook: every whole bucket started at once, its end timed by its future
+    assert ours["direct"] == ours["in_place"]
+    assert ours["spans"] and all(0 <= start <= end for start, end in ours["spans"])
 
 
 @pytest.mark.timeout(120)
@@ -94,6 +98,7 @@ def test_gradcomm_codecs_compress_and_keep_the_replicas_equal(runs):
         assert all(torch.equal(a[n], b[n]) for n in a), f"{how}: replicas differ"
         assert any(not torch.equal(a[n], runs[0]["ddp"]["params"][n]) for n in a), how
     fp16 = runs[0]["fp16"]
+    assert fp16["direct"] == 0 and fp16["in_place"] > 0  # a codec sees every bucket
     assert all(torch.allclose(fp16["params"][n], v, atol=1e-3)
                for n, v in runs[0]["ddp"]["params"].items())
     assert "fp16 values" in fp16["rows"][0] and "2.0x fewer bytes" in fp16["rows"][0]

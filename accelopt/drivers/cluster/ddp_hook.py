@@ -84,6 +84,9 @@ class BucketHook:
         self._parts: dict[int, dict[int, torch.Tensor]] = {}
         self.in_place = 0
         """DDP buckets sent as they are (one logical bucket, same order: no copy)."""
+        self.direct = 0
+        """Of those, buckets whose all-reduce started at once (no transfer hook, no order:
+        :meth:`Transport.allreduce_direct`)."""
         self.cut = 0
         """DDP buckets cut into logical buckets' parts (DDP's first iteration, a frozen
         parameter, or gradients arriving out of layer order)."""
@@ -143,8 +146,13 @@ class BucketHook:
             b = plan.exact
             self.in_place += 1
             buffer.mul_(self.weight)
-            self._post(b, buffer)
-            out = self._futures[b].then(lambda f: _into(buffer, f.value(), b))
+            direct = self.transport.allreduce_direct(self.record(b, self.iteration), buffer)
+            if direct is not None:
+                self.direct += 1
+                out = direct
+            else:
+                self._post(b, buffer)
+                out = self._futures[b].then(lambda f: _into(buffer, f.value(), b))
         else:
             self.cut += 1
             for piece in plan.pieces:

@@ -254,8 +254,11 @@ def run_rank(cfg: DictConfig, settings: ClusterSettings, *, rank: int, world: in
     servers = settings.server_ranks()
     jobs: list[RankJob] = []
     for spec, job_id in zip(specs, ids, strict=True):
-        group = dist.new_group(ranks=list(range(world)), backend=backend)
-        servers_group = (dist.new_group(ranks=servers, backend=backend)
+        # the run's timeout, not torch's 30 minutes: a collective whose end nobody waits
+        # for with a deadline (a DDP bucket's future) still fails in time
+        timeout = timedelta(seconds=settings.timeout_s)
+        group = dist.new_group(ranks=list(range(world)), backend=backend, timeout=timeout)
+        servers_group = (dist.new_group(ranks=servers, backend=backend, timeout=timeout)
                          if len(servers) > 1 else None)
         jobs.append(RankJob(spec, job_id, settings=settings, rank=rank, device=device,
                             backend=backend, plugins=plugins, t0_epoch=t0_epoch, group=group,

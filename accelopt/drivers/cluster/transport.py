@@ -40,6 +40,11 @@ the tensor once its last chunk is in, assembled in place.
 All-reduce. A gradient bucket is one transfer with destination -1 ("all ranks"), started as
 an async ``all_reduce`` in the same enforced order; a completion thread timestamps each
 bucket when its work finishes, so the timeline shows communication overlapping backward.
+When nothing stands between a bucket and the wire (no filter, encode, decode or done hook,
+and no order for the iteration), :meth:`Transport.allreduce_direct` starts it at once from
+the caller's thread and times its end in the work's own future callback, the path of DDP's
+built-in Python all-reduce hook: the same records and statistics, without a hand-off to the
+completion thread.
 """
 
 from __future__ import annotations
@@ -214,6 +219,8 @@ class Transport:
         self._encode = host.implements("accelopt_transfer_encode")
         self._decode = host.implements("accelopt_transfer_decode")
         self._done = host.implements("accelopt_transfer_done")
+        self._hooked = bool(self._filter or self._encode or self._decode or self._done)
+        """A transfer hook sees every all-reduce: :meth:`allreduce_direct` never applies."""
 
     def now(self) -> float:
         return time.time() - self.t0_epoch
@@ -612,14 +619,57 @@ class Transport:
             self.stats.dropped += 1
         start_s = self.now()
         work = dist.all_reduce(payload, async_op=True, group=self.group)
-        nbytes = payload.numel() * payload.element_size()
-        self.stats.payload_bytes += nbytes
-        by_it = self.stats.bytes_by_iteration
-        by_it[item.record.iteration] = by_it.get(item.record.iteration, 0) + nbytes
+        record = self._count_allreduce(item.record, payload.numel() * payload.element_size())
         if self._completer is None:
             self._completer = _Completer(self)
-        record = dataclasses.replace(item.record, wire_bytes=nbytes)
         self._completer.put((record, payload, work, start_s, seq, item.future))
+
+    def allreduce_direct(self, record: TransferRecord,
+                         tensor: torch.Tensor) -> torch.futures.Future | None:
+        """Start the sum of ``tensor`` over the group now, when no transfer hook is
+        implemented and the iteration's transfers have no order; ``None`` otherwise (then
+        :meth:`post` it). The returned future yields ``tensor`` summed in place once the
+        work is done, its span timed in the work's completion callback (gloo's or NCCL's
+        thread); a failed work fails it and becomes the rank's error."""
+        if self._hooked:
+            return None
+        with self._lock:
+            stream = self._out[(record.iteration, ALL_RANKS)]
+            if stream.priority:
+                return None
+            stream.posted += 1
+            seq = stream.started
+            stream.started += 1
+            stream.begun += 1
+            self.stats.started_log.append((record.iteration, ALL_RANKS, seq, record.tensor))
+            self.stats.transfers += 1
+            self.stats.logical_bytes += record.nbytes
+            record = self._count_allreduce(record, tensor.numel() * tensor.element_size())
+            self._lock.notify_all()
+        start_s = self.now()
+        work = dist.all_reduce(tensor, async_op=True, group=self.group)
+
+        def finished(done: torch.futures.Future) -> torch.Tensor:
+            try:
+                done.wait()
+            except Exception as exc:
+                error = _communication_error(
+                    exc, f"rank {self.rank}: all-reduce of {record.tensor} at iteration "
+                    f"{record.iteration}")
+                self.failure = self.failure or error
+                raise error from exc
+            self._record(record, start_s, self.now(), seq)
+            return tensor
+
+        return work.get_future().then(finished)
+
+    def _count_allreduce(self, record: TransferRecord, nbytes: int) -> TransferRecord:
+        """The statistics of one started collective of ``nbytes`` (this rank's share); the
+        record with its wire bytes."""
+        self.stats.payload_bytes += nbytes
+        by_it = self.stats.bytes_by_iteration
+        by_it[record.iteration] = by_it.get(record.iteration, 0) + nbytes
+        return dataclasses.replace(record, wire_bytes=nbytes)
 
     def _start_allgather(self, item: _Item, seq: int) -> None:
         """A bucket an encoder turned into a tuple of tensors (e.g. sparse indices and
@@ -647,12 +697,9 @@ class Transport:
         work = dist.all_gather(outs, flat, async_op=True, group=self.group)
         gathered = _Gathered(outs, [s.tolist() for s in all_sizes],
                              [p.dtype for p in parts], widths)
-        self.stats.payload_bytes += lengths[self.rank]
-        by_it = self.stats.bytes_by_iteration
-        by_it[item.record.iteration] = by_it.get(item.record.iteration, 0) + lengths[self.rank]
+        record = self._count_allreduce(item.record, lengths[self.rank])
         if self._completer is None:
             self._completer = _Completer(self)
-        record = dataclasses.replace(item.record, wire_bytes=lengths[self.rank])
         self._completer.put((record, gathered, work, start_s, seq, item.future))
 
     def finish_allreduce(self, iteration: int) -> dict[str, torch.Tensor]:
@@ -843,5 +890,10 @@ def _wait(work: Any, timeout: timedelta, where: str) -> None:
     try:
         work.wait(timeout)
     except Exception as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CommunicationError(f"{where}: {type(exc).__name__}: {first}") from exc
+        raise _communication_error(exc, where) from exc
+
+
+def _communication_error(exc: BaseException, where: str) -> CommunicationError:
+    """One line: where, and the first line of torch's (often multi-line) error."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return CommunicationError(f"{where}: {type(exc).__name__}: {first}")
