@@ -139,6 +139,24 @@ def test_fp16_overflow_is_refused_and_bf16_suggested():
     assert ok.dtype == torch.bfloat16 and torch.isfinite(ok).all()
 
 
+@pytest.mark.parametrize("error_feedback, passes", [(False, [1, 1]), (True, [1, 2])])
+def test_the_finite_check_and_the_cast_check_share_one_pass(monkeypatch, error_feedback,
+                                                             passes):
+    """A bucket sent as it is is measured once for both checks; once error feedback has
+    added a residual, the cast sees other values and measures them itself."""
+    plugin = plugin_with_layout(dtype="fp16", error_feedback=error_feedback)
+    calls = []
+    real = torch.aminmax
+    monkeypatch.setattr(torch, "aminmax", lambda *a, **k: calls.append(1) or real(*a, **k))
+    counted = []
+    for iteration in range(2):
+        before = len(calls)
+        plugin.accelopt_transfer_encode(record=record(iteration=iteration),
+                                        payload=torch.linspace(-1, 1, 10))
+        counted.append(len(calls) - before)
+    assert counted == passes
+
+
 def test_params_and_point_to_point_transfers_are_left_alone():
     plugin = plugin_with_layout(dtype="fp16")
     param = TransferRecord("j", 0, 0, 1, "w", 40, 0, "param")

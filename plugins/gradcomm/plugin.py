@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from accelopt_plugins.gradcomm.codec import BucketCodec, CastOverflow, within
+from accelopt_plugins.gradcomm.codec import BucketCodec, CastOverflow, extremes, within
 from accelopt_plugins.gradcomm.config import GradcommConfig, momentum_factor, validate
 
 from accelopt import JobInfo, ReportRow, RunInfo, TransferRecord, hookimpl
@@ -105,10 +105,13 @@ class GradcommPlugin:
             return None
         self.bucket_names.add(record.tensor)
         self.iterations.add(record.iteration)
-        if self.config.check_finite and not within(payload):
-            raise NonFiniteGradient(self._describe(record, payload, "non-finite gradient"))
+        bounds = None
+        if self.config.check_finite:
+            bounds = extremes(payload)  # one pass serves this check and the cast's
+            if not within(payload, bounds=bounds):
+                raise NonFiniteGradient(self._describe(record, payload, "non-finite gradient"))
         try:
-            return self.codec.encode(record.tensor, payload, record.iteration)
+            return self.codec.encode(record.tensor, payload, record.iteration, bounds)
         except CastOverflow as exc:
             marked = torch.zeros_like(payload)
             marked[exc.index] = float("inf")

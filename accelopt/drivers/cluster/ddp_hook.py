@@ -226,9 +226,14 @@ def _flat(value: object, numel: int, b: int) -> torch.Tensor:
 
 
 def _into(buffer: torch.Tensor, value: object, b: int) -> torch.Tensor:
-    """The decoded, summed bucket as DDP's buffer (in place when it already is)."""
+    """The decoded, summed bucket for DDP. DDP copies whatever tensor the hook's future
+    yields into the gradients (it re-points its bucket views at it), so a decoded tensor of
+    the buffer's dtype and device is handed over as it is, with no copy into the buffer; any
+    other is cast into the buffer (DDP's own fp16 hook does that copy)."""
     if value is buffer:
         return buffer
     flat = _flat(value, buffer.numel(), b)
+    if flat.dtype == buffer.dtype and flat.device == buffer.device and flat.is_contiguous():
+        return flat
     buffer.copy_(flat)
     return buffer
