@@ -4,6 +4,7 @@ gradcomm's codecs it compresses and still trains the same model."""
 
 from __future__ import annotations
 
+import gc
 import os
 
 import pytest
@@ -68,6 +69,7 @@ def _worker(rank: int, init: str, hows: list[str], out_dir: str) -> None:
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
     results = {how: _train(rank, how) for how in hows}
     torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+    gc.collect()  # the DDP wrappers, before the group goes (examples/ddp/gradcomm_ddp.py)
     dist.destroy_process_group()
 
 

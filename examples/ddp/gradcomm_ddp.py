@@ -9,6 +9,7 @@ Each process prints nothing; rank 0 prints the final loss of both runs and gradc
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import tempfile
 
@@ -67,6 +68,11 @@ def worker(rank: int, world: int, init: str, codec: str, iterations: int) -> Non
         print(f"gradcomm {codec}: final loss {coded:.4f}")
         for row in rows:
             print(f"  {row.plugin}: {row.summary}")
+    # The DDP wrappers above are garbage in reference cycles; left to the interpreter's
+    # exit, their process group's gloo threads may free a finished work's tensors while
+    # Python shuts down, which aborts the process (plain DDP does it too, ~5% of exits
+    # here). Collect them while the process is whole.
+    gc.collect()
     dist.destroy_process_group()
 
 
