@@ -1,7 +1,7 @@
 """accelopt's all-reduce mode vs a plain hand-written PyTorch DDP script on the same job, in
 one invocation: fp32 (accelopt, no plugin vs DDP's own all-reduce) and fp16 (gradcomm
-``dtype=fp16 error_feedback=false check_finite=false`` vs DDP's built-in ``fp16_compress_hook``), 2 gloo workers
-x 1 thread, on a shaped loopback link and unshaped.
+``dtype=fp16 error_feedback=false check_finite=false`` vs DDP's built-in
+``fp16_compress_hook``), 2 gloo workers x 1 thread, on a shaped loopback link and unshaped.
 
 Both sides train the same model from the same weights on the same rows of the same global
 batches with the same optimizer and bucket size, and are timed the same way: rank 0's wall
