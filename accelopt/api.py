@@ -47,7 +47,11 @@ def run(overrides: Sequence[str] = (), *, run_dir: str | Path | None = None,
         prepared_configs,
         refuse_bad_resume,
     )
-    from accelopt.drivers.processes import rank_server_started_early
+    from accelopt.drivers.processes import (
+        rank_server_started_early,
+        refuse_unguarded_main,
+        under_torchrun,
+    )
     from accelopt.report.writer import METRICS_JSON
     from accelopt.runtime.run import execute
 
@@ -69,6 +73,8 @@ def run(overrides: Sequence[str] = (), *, run_dir: str | Path | None = None,
     if (out / METRICS_JSON).exists():
         raise ConfigError(f"{out} already holds a run (metrics.json); give a new run_dir "
                           "(results are never overwritten)")
+    if str(cfg.cluster.mode) != "none" and not under_torchrun():
+        refuse_unguarded_main()
     console = console or Console(file=io.StringIO(), width=120)
     with rank_server_started_early({str(cfg.cluster.mode)}):
         return execute(cfg, run_dir=out, registry=registry, console=console)

@@ -66,3 +66,52 @@ def test_the_documented_example_runs(tmp_path, monkeypatch, capsys):
                  "docs/your-model.md", "exec"), {})
     printed = capsys.readouterr().out
     assert "salus" in printed and (tmp_path / "runs" / "salus-tiny" / "metrics.json").exists()
+
+
+GUARDS = {
+    "top level": ("{call}\n", True),
+    "under the guard": ('if __name__ == "__main__":\n    {call}\n', False),
+    "under the guard, reversed": ('if "__main__" == __name__:\n    {call}\n', False),
+    "a function called under the guard": (
+        'def main():\n    {call}\n\n\nif __name__ == "__main__":\n    main()\n', False),
+    "a function called at the top level": ('def main():\n    {call}\n\n\nmain()\n', True),
+    "another condition": ('if __name__ != "x":\n    {call}\n', True),
+}
+
+
+@pytest.mark.parametrize("where", GUARDS)
+def test_a_cluster_run_outside_the_main_guard_is_refused(where, tmp_path):
+    """Ranks import the starting script again: a call at its top level would start the
+    run again in each of them. The check itself, torch-free, on each shape of script."""
+    import subprocess
+    import sys
+
+    text, refused = GUARDS[where]
+    script = tmp_path / "train.py"
+    call = ("from accelopt.drivers.processes import refuse_unguarded_main; "
+            "refuse_unguarded_main()")
+    script.write_text(text.format(call=call))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=60)
+    assert (out.returncode != 0) is refused, out.stderr
+    if refused:
+        last = out.stderr.strip().splitlines()[-1]
+        assert f"top level of {script}" in last
+        assert 'put the call under `if __name__ == "__main__":`' in last
+
+
+def test_accelopt_run_refuses_an_unguarded_cluster_run_before_any_rank_starts(tmp_path):
+    import subprocess
+    import sys
+
+    script = tmp_path / "train.py"
+    overrides = ["cluster.mode=ps", *TINY]
+    script.write_text(f"import accelopt\naccelopt.run({overrides!r}, "
+                      f"run_dir={str(tmp_path / 'out')!r})\n")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=100)
+    assert out.returncode != 0
+    assert out.stderr.strip().splitlines()[-1].startswith(
+        "accelopt.errors.UserError: accelopt.run is called at the top level of")
+    assert out.stderr.count("Traceback") == 1  # this process's error, no rank's
+    assert not (tmp_path / "out").exists()  # nothing started, nothing written

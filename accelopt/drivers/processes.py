@@ -100,6 +100,60 @@ def rank_server_started_early(modes: Iterable[str]) -> Iterator[EarlyServer]:
         handle.stop()
 
 
+def refuse_unguarded_main(caller: str = "accelopt.run") -> None:
+    """Refuse, in one line and before any process starts, a cluster run started from the top
+    level of a script. Rank processes import the script that started the run again (as
+    multiprocessing does, so that what it defines, e.g. a plugin class, exists in them), and
+    a call outside ``if __name__ == "__main__":`` would start the run again in each of them,
+    which fails there with pages of multiprocessing's traceback and leaves the launcher with
+    only "rank 0 exited before its first iteration". Nothing to check for an interactive
+    session, ``python -c`` or a notebook (no script is imported again)."""
+    import ast
+    import sys
+
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if main is None or not path or not str(path).endswith(".py"):
+        return
+    frame = sys._getframe(1)
+    while frame is not None and not (frame.f_globals is vars(main)
+                                     and frame.f_code.co_name == "<module>"):
+        frame = frame.f_back
+    if frame is None:
+        return
+    line = frame.f_lineno
+    try:
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+    except (OSError, SyntaxError, ValueError):
+        return
+    for node in tree.body:
+        if node.lineno <= line <= (node.end_lineno or node.lineno):
+            if _is_main_guard(node):
+                return
+            from accelopt.errors import UserError
+
+            raise UserError(
+                f"{caller} is called at the top level of {path} (line {line}): the ranks of "
+                "a cluster run import that script again, so each would start the run again; "
+                "put the call under `if __name__ == \"__main__\":`")
+
+
+def _is_main_guard(node: object) -> bool:
+    """``if __name__ == "__main__":`` (either side of the comparison)."""
+    import ast
+
+    if not isinstance(node, ast.If) or not isinstance(node.test, ast.Compare):
+        return False
+    test = node.test
+    if len(test.ops) != 1 or not isinstance(test.ops[0], ast.Eq):
+        return False
+    sides = [test.left, *test.comparators]
+    names = [s for s in sides if isinstance(s, ast.Name) and s.id == "__name__"]
+    texts = [s for s in sides if isinstance(s, ast.Constant) and s.value == "__main__"]
+    return len(names) == 1 and len(texts) == 1
+
+
 def release_before_exit() -> None:
     """What a normal interpreter exit would release and ``os._exit`` skips: multiprocessing's
     exit finalizers, which unlink the named semaphores libraries made in this process (tqdm's
