@@ -100,6 +100,27 @@ def test_a_cluster_run_outside_the_main_guard_is_refused(where, tmp_path):
         assert 'put the call under `if __name__ == "__main__":`' in last
 
 
+@pytest.mark.parametrize("module, refused", [("train", True), ("pkg", False)])
+def test_a_module_run_with_dash_m_is_checked_as_multiprocessing_imports_it(module, refused,
+                                                                          tmp_path):
+    """``python -m train`` is imported again in each rank; ``python -m pkg`` (its
+    ``__main__.py``) is not, so a call at its top level is fine."""
+    import os
+    import subprocess
+    import sys
+
+    call = ("from accelopt.drivers.processes import refuse_unguarded_main\n"
+            "refuse_unguarded_main()\n")
+    (tmp_path / "train.py").write_text(call)
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "__main__.py").write_text(call)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-m", module], capture_output=True, text=True,
+                         timeout=60, cwd=tmp_path, env=env)
+    assert (out.returncode != 0) is refused, out.stderr
+
+
 def test_accelopt_run_refuses_an_unguarded_cluster_run_before_any_rank_starts(tmp_path):
     import subprocess
     import sys

@@ -115,6 +115,9 @@ def refuse_unguarded_main(caller: str = "accelopt.run") -> None:
     path = getattr(main, "__file__", None)
     if main is None or not path or not str(path).endswith(".py"):
         return
+    name = getattr(getattr(main, "__spec__", None), "name", None) or ""
+    if name == "__main__" or name.endswith(".__main__"):
+        return  # `python -m package`: multiprocessing does not import a package's __main__
     frame = sys._getframe(1)
     while frame is not None and not (frame.f_globals is vars(main)
                                      and frame.f_code.co_name == "<module>"):
