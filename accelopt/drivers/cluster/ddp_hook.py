@@ -9,9 +9,11 @@ job's *logical* buckets (``JobInfo.buckets``: backward order, each closed once i
 ``bucket1``, … in every iteration, so a codec's per-bucket state (error-feedback residuals)
 keeps its shape. When a DDP bucket holds exactly one logical bucket, in the same order (the
 common case once DDP has rebuilt), its flat buffer is sent as it is, with no copy, as DDP's
-built-in hook does. Otherwise the DDP bucket is cut into the logical buckets' parts, each
-logical bucket is sent once all its parts have arrived (possibly from several DDP buckets),
-and the results are written back into DDP's buffers.
+built-in hook does (straight to the all-reduce when no transfer hook and no order stand in
+between: ``Transport.allreduce_direct``), and its decoded sum is handed back to DDP, which
+copies it into the gradients. Otherwise the DDP bucket is cut into the logical buckets'
+parts, each logical bucket is sent once all its parts have arrived (possibly from several
+DDP buckets), and the results are written back into DDP's buffers.
 
 Each rank scales its gradients by its share of the global batch before sending (``weight``;
 ``1 / world`` in a user's own DDP script), so the sum is the global batch's mean gradient.
