@@ -71,7 +71,7 @@ def worker(rank: int, world: int, init: str, codec: str, iterations: int) -> Non
     # The DDP wrappers above are garbage in reference cycles; left to the interpreter's
     # exit, their process group's gloo threads may free a finished work's tensors while
     # Python shuts down, which aborts the process (plain DDP does it too, ~5% of exits
-    # here). Collect them while the process is whole.
+    # here; pytorch/pytorch#190489). Collect them while the process is whole.
     gc.collect()
     dist.destroy_process_group()
 
