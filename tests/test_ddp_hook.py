@@ -148,3 +148,69 @@ def test_bad_use_is_one_line():
         gradcomm_hook(nn.Linear(2, 2), desnity=0.1)
     with pytest.raises(UserError, match="init_process_group"):
         comm_hook(nn.Linear(2, 2))
+
+
+class _FailedWork:
+    """What ``dist.all_reduce(async_op=True)`` returns, for a collective a peer broke."""
+
+    def get_future(self) -> torch.futures.Future:
+        fut: torch.futures.Future = torch.futures.Future()
+        fut.set_exception(RuntimeError("Connection closed by peer [127.0.0.1]:1234\nmore"))
+        return fut
+
+
+def _bucket(iteration: int = 3):
+    from accelopt.drivers.cluster.transport import ALL_RANKS
+    from accelopt.types import TransferRecord
+
+    return TransferRecord("j", iteration, 0, ALL_RANKS, "bucket0", 40, 0, "grad")
+
+
+def _transport(*plugins):
+    from accelopt.drivers.cluster.transport import Transport
+    from accelopt.host import PluginHost
+
+    return Transport(rank=0, host=PluginHost(list(plugins)), t0_epoch=0.0, process="test",
+                     timeout_s=5.0, device=torch.device("cpu"))
+
+
+def test_a_direct_all_reduce_that_fails_is_the_ranks_one_line_error(monkeypatch):
+    """The bucket's future fails (DDP's backward raises it, wrapped by torch) and the
+    transport keeps the rank's error, the one the rank raises: named by bucket and
+    iteration, in one line. No span is recorded for it."""
+    from accelopt.drivers.cluster.transport import ALL_RANKS, CommunicationError
+
+    t = _transport()
+    monkeypatch.setattr(dist, "all_reduce", lambda *a, **k: _FailedWork())
+    t.plan(3, ALL_RANKS, [_bucket()])
+    fut = t.allreduce_direct(_bucket(), torch.ones(10))
+    assert fut is not None
+    with pytest.raises(RuntimeError, match="all-reduce of bucket0 at iteration 3"):
+        fut.wait()
+    assert isinstance(t.failure, CommunicationError)
+    assert str(t.failure) == ("rank 0: all-reduce of bucket0 at iteration 3: RuntimeError: "
+                              "Connection closed by peer [127.0.0.1]:1234")
+    assert not t.spans
+    t.wait_started(3)  # the bucket counts as started: no order error at the iteration's end
+
+
+def test_a_transfer_hook_or_an_order_keeps_buckets_off_the_direct_path(monkeypatch):
+    from accelopt.drivers.cluster.transport import ALL_RANKS
+    from accelopt.hookspecs import hookimpl
+    from accelopt.plugin import PluginSpec
+
+    class Done:
+        @hookimpl
+        def accelopt_transfer_done(self, record, start_s, end_s):
+            pass
+
+    class Order:
+        @hookimpl
+        def accelopt_transfer_order(self, transfers, destination):
+            return [r.tensor for r in transfers]
+
+    monkeypatch.setattr(dist, "all_reduce", lambda *a, **k: pytest.fail("started"))
+    for plugin in (Done(), Order()):
+        t = _transport((PluginSpec(name="p", factory=lambda c, p=plugin: p), plugin))
+        t.plan(3, ALL_RANKS, [_bucket()])
+        assert t.allreduce_direct(_bucket(), torch.ones(10)) is None
