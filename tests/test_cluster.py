@@ -337,6 +337,36 @@ def test_sigkill_of_a_worker_fails_the_run_fast_and_leaves_nothing(test_plugins,
     assert no_children_left()
 
 
+@pytest.mark.timeout(120)
+def test_a_failed_run_called_from_python_exits_with_its_one_error(tmp_path):
+    """A script calling run_cluster (as the benchmarks do) whose rank fails shows that
+    failure and nothing else at exit: no 'leaked semaphore' warning, no traceback per
+    multiprocessing semaphore (the run's events were released before it stopped the
+    resource tracker it had started)."""
+    import subprocess
+
+    script = tmp_path / "fails.py"
+    script.write_text(
+        "import tempfile\n"
+        "from omegaconf import OmegaConf\n"
+        "from accelopt.config import AccelConfig, JobConfig\n"
+        "from accelopt.drivers.cluster import run_cluster\n"
+        "if __name__ == '__main__':\n"
+        "    cfg = OmegaConf.structured(AccelConfig)\n"
+        "    cfg.workload.jobs = [OmegaConf.structured(JobConfig(name='tiny', model='mlp',\n"
+        "        width=32, batch_size=16, iterations=4, seed=0, lr=1e30))]\n"
+        "    cfg.cluster.mode = 'allreduce'\n"
+        "    cfg.cluster.workers = 2\n"
+        "    cfg.plugins = {'gradcomm': {'dtype': 'fp16'}}\n"
+        "    run_cluster(cfg, run_dir=tempfile.mkdtemp())\n")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=100)
+    assert out.returncode == 1
+    assert "NonFiniteGradient" in out.stderr.strip().splitlines()[-1]
+    assert out.stderr.count("Traceback") == 1, out.stderr[-3000:]
+    assert "leaked semaphore" not in out.stderr
+
+
 class _Stop(Exception):
     pass
 

@@ -165,6 +165,12 @@ def _spawn(cfg: DictConfig, settings: ClusterSettings, t0: float, work: str,
             watchdog.kill_all()
             if waiter is not None:
                 waiter.stop()
+            # A failed run's traceback keeps this frame, and with it the events'
+            # semaphores, alive past own_mp_helpers, which stops the resource tracker it
+            # started: the tracker would unlink them as leaked and their finalizers fail
+            # at exit with a traceback each. Release them here, where the ranks are gone.
+            children.clear()
+            waiter = store_ready = jobs_ended = None
     results = []
     with collector_paused():
         for rank in range(settings.world_size):
