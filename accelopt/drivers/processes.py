@@ -9,9 +9,11 @@ started.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import multiprocessing
 import os
+import sys
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -100,7 +102,7 @@ def rank_server_started_early(modes: Iterable[str]) -> Iterator[EarlyServer]:
         handle.stop()
 
 
-def refuse_unguarded_main(caller: str = "accelopt.run") -> None:
+def refuse_unguarded_main() -> None:
     """Refuse, in one line and before any process starts, a cluster run started from the top
     level of a script. Rank processes import the script that started the run again (as
     multiprocessing does, so that what it defines, e.g. a plugin class, exists in them), and
@@ -108,9 +110,6 @@ def refuse_unguarded_main(caller: str = "accelopt.run") -> None:
     which fails there with pages of multiprocessing's traceback and leaves the launcher with
     only "rank 0 exited before its first iteration". Nothing to check for an interactive
     session, ``python -c`` or a notebook (no script is imported again)."""
-    import ast
-    import sys
-
     main = sys.modules.get("__main__")
     path = getattr(main, "__file__", None)
     if main is None or not path or not str(path).endswith(".py"):
@@ -137,15 +136,13 @@ def refuse_unguarded_main(caller: str = "accelopt.run") -> None:
             from accelopt.errors import UserError
 
             raise UserError(
-                f"{caller} is called at the top level of {path} (line {line}): the ranks of "
+                f"accelopt.run is called at the top level of {path} (line {line}): the ranks of "
                 "a cluster run import that script again, so each would start the run again; "
                 "put the call under `if __name__ == \"__main__\":`")
 
 
 def _is_main_guard(node: object) -> bool:
     """``if __name__ == "__main__":`` (either side of the comparison)."""
-    import ast
-
     if not isinstance(node, ast.If) or not isinstance(node.test, ast.Compare):
         return False
     test = node.test

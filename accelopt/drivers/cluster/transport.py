@@ -334,18 +334,12 @@ class Transport:
     def _start(self, stream: _OutStream, item: _Item, prio: int | None) -> int:
         """Start one transfer, or the next chunk of a partitioned one (lock held); returns
         the bytes it puts on the link."""
-        seq = stream.started
-        stream.started += 1
         rec = item.record
-        self.stats.started_log.append((rec.iteration, rec.destination, seq, rec.tensor))
-        if item.chunk == 0:
-            stream.begun += 1
-            if prio is not None:
-                if prio < stream.max_started_priority:
-                    stream.inversions += 1
-                stream.max_started_priority = max(stream.max_started_priority, prio)
-            self.stats.transfers += 1
-            self.stats.logical_bytes += rec.nbytes
+        seq = self._numbered(stream, rec, first=item.chunk == 0)
+        if item.chunk == 0 and prio is not None:
+            if prio < stream.max_started_priority:
+                stream.inversions += 1
+            stream.max_started_priority = max(stream.max_started_priority, prio)
         if rec.destination == ALL_RANKS:
             item.chunk = 1
             self._start_allreduce(stream, item, seq)
@@ -385,6 +379,18 @@ class Transport:
         by_it = self.stats.bytes_by_iteration
         by_it[rec.iteration] = by_it.get(rec.iteration, 0) + nbytes
         return nbytes
+
+    def _numbered(self, stream: _OutStream, rec: TransferRecord, *, first: bool) -> int:
+        """The sequence number of the next message started on ``stream`` (lock held), logged;
+        ``first``: the transfer's first message, which counts the transfer as begun."""
+        seq = stream.started
+        stream.started += 1
+        self.stats.started_log.append((rec.iteration, rec.destination, seq, rec.tensor))
+        if first:
+            stream.begun += 1
+            self.stats.transfers += 1
+            self.stats.logical_bytes += rec.nbytes
+        return seq
 
     def _wire(self, stream: _OutStream, item: _Item) -> tuple[int, torch.Tensor | None, list[int]]:
         """Serialise a transfer's payload once, and decide how many chunks it goes as."""
@@ -638,12 +644,7 @@ class Transport:
             if stream.priority:
                 return None
             stream.posted += 1
-            seq = stream.started
-            stream.started += 1
-            stream.begun += 1
-            self.stats.started_log.append((record.iteration, ALL_RANKS, seq, record.tensor))
-            self.stats.transfers += 1
-            self.stats.logical_bytes += record.nbytes
+            seq = self._numbered(stream, record, first=True)
             record = self._count_allreduce(record, tensor.numel() * tensor.element_size())
             self._lock.notify_all()
         start_s = self.now()
