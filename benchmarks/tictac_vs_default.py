@@ -43,9 +43,11 @@ round of every model.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
+import shutil
 import statistics
 import sys
 import tempfile
@@ -56,6 +58,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from accelopt_plugins.tictac.crossiter import resimulate  # noqa: E402
+from accelopt_plugins.tictac.measured import Measured, measure  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
 from accelopt.config import AccelConfig, JobConfig  # noqa: E402
@@ -104,6 +107,8 @@ MODE = ["ps"]
 side is plain DDP)."""
 TICTAC: dict[str, Any] = {}
 """The tictac side's ``plugins.tictac`` settings (``--set``; empty: its defaults)."""
+KEEP: list[Path] = []
+"""``--keep``: a directory each run's directory is copied into (empty: none kept)."""
 
 
 def make_cfg(spec: JobConfig, bandwidth: str, side: str) -> Any:
@@ -127,32 +132,53 @@ def make_cfg(spec: JobConfig, bandwidth: str, side: str) -> Any:
     return cfg
 
 
-def one_run(spec: JobConfig, bandwidth: str, side: str) -> dict[str, Any]:
+def one_run(spec: JobConfig, bandwidth: str, side: str, label: str = "") -> dict[str, Any]:
+    """One run; with ``--keep``, its directory (plans, per-iteration records, trace) is
+    copied to ``<keep>/<label>`` with its ranks' timelines, per-iteration figures and metrics
+(``timeline.json``), so the run can be studied afterwards."""
     with tempfile.TemporaryDirectory() as run_dir:
         out = run_cluster(make_cfg(spec, bandwidth, side), run_dir=run_dir)
         plan = Path(run_dir) / "tictac" / "plan-rank0.json"  # the server's
         saved = json.loads(plan.read_text()).get("cross_iteration") if plan.exists() else None
+        if KEEP and label:
+            kept = KEEP[0] / label
+            shutil.copytree(run_dir, kept)
+            (kept / "timeline.json").write_text(json.dumps({
+                "spans": [dataclasses.asdict(s) for s in out.spans],
+                "per_iteration": out.per_iteration, "metrics": out.metrics}, default=str))
     m = out.metrics
+    facts = measure(out.spans, parse_rate(bandwidth) / 8, int(m.get("warmup_iterations") or 0))
     rows = [r for r in out.plugin_rows if r.plugin == "tictac"]
     predicted = [r.metrics for r in rows if "predicted_ms" in r.metrics]  # the server's
     return {"it_s": m.get("wall_iterations_per_s"), "a": m.get("ratio_a"),
             "predicted": predicted[0] if predicted else {}, "saved": saved,
             "e": m.get("efficiency_e"), "mc": m.get("mc_s"), "pc": m.get("pc_s"),
             "wire": m.get("wire_bytes_per_iteration"),
-            "iteration": m.get("iteration_s"),
+            "iteration": m.get("iteration_s"), "measured": facts,
             "row": rows[0].summary.split(";")[0] if rows else ""}  # what it did, no paths
+
+
+KINDS = {"oracle": "the oracle's compute",
+         "calibrated": "every op scaled to the default run's compute (Pc)",
+         "measured": "the default run's measured forward, backward, per-transfer cost and "
+                     "server turnaround"}
+"""How the simulator's inputs are taken (``simulated``), and what each kind means."""
 
 
 def simulated(default: dict[str, Any], tictac: dict[str, Any],
               errors: dict[str, dict[str, list[float]]]) -> str:
     """The cross-iteration simulator beside the measured wall iteration of each side: as the
-    tictac side's server predicted it (compute from its oracle), and again with the compute
-    the default run's workers measured (``calibrated``: the same inputs otherwise, one
-    calibration for both sides, so what it predicts is the schedules' difference)."""
+    tictac side's server predicted it (``oracle``: compute from its oracle), again with
+    every op scaled to the compute the default run's workers measured (``calibrated``), and
+    again with what the default run measured (``measured``: forward and backward apart, the
+    per-transfer cost and the server's turnaround, ``accelopt_plugins.tictac.measured``).
+    Both calibrations come from the default run alone and serve both sides, so what they
+    predict for the tictac side is predicted, not fitted."""
     predicted, saved = tictac["predicted"], tictac["saved"]
     if "predicted_ms" not in predicted or not default["it_s"] or not tictac["it_s"]:
         return ""
     ran = predicted["predicted_schedule"]
+    facts = default["measured"]
     parts = []
     for side, key, run in (("default", "off", default), ("tictac", ran, tictac)):
         measured = 1e3 / run["it_s"]
@@ -163,9 +189,19 @@ def simulated(default: dict[str, Any], tictac: dict[str, Any],
             calibrated = 1e3 * resimulate(saved, key, default["pc"]).iteration_s
             errors["calibrated"][side].append(calibrated / measured - 1)
             text += f", calibrated {calibrated:.1f}"
+        if saved and isinstance(facts, Measured):
+            again = 1e3 * resimulate(saved, key, measured=facts).iteration_s
+            errors["measured"][side].append(again / measured - 1)
+            text += f", measured {again:.1f}"
         parts.append(text)
     assumed = (f" (the oracle's compute {predicted.get('simulated_compute_ms', 0):.1f} ms, "
-               f"a worker's measured {1e3 * (default['pc'] or 0):.1f} ms)")
+               f"a worker's measured {1e3 * (default['pc'] or 0):.1f} ms")
+    if isinstance(facts, Measured):
+        assumed += (f": forward {1e3 * facts.forward_s:.1f} + backward "
+                    f"{1e3 * facts.backward_s:.1f} ms; per transfer {1e3 * facts.message_s:.3f}"
+                    f" ms, server turnaround {1e3 * facts.server_s:.2f} ms)")
+    else:
+        assumed += f"; no measured calibration: {facts})"
     return "; measured vs simulated: " + "; ".join(parts) + assumed
 
 
@@ -197,9 +233,16 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=2,
                     help="data-parallel workers (1 leaves the server and the worker a core "
                          "each on a 2-core machine)")
+    ap.add_argument("--keep", type=Path, default=None, metavar="DIR",
+                    help="copy every run's directory to DIR/<model>/<round>-<side> (a new "
+                         "directory: an existing one is refused, never written into)")
     args = ap.parse_args()
     if args.workers < 1:
         ap.error("--workers must be >= 1")
+    if args.keep is not None:
+        if args.keep.exists():
+            ap.error(f"--keep {args.keep} exists; name a new directory")
+        KEEP.append(args.keep)
     TOPOLOGY[0] = args.topology
     MODE[0] = args.mode
     WORKERS[0] = args.workers
@@ -219,7 +262,8 @@ def main() -> int:
           f"{args.rounds} paired rounds per model (order alternating); tictac = {described}",
           flush=True)
     all_ratios: list[float] = []
-    all_errors: dict[str, list[float]] = {"oracle": [], "calibrated": []}
+    all_errors: dict[str, dict[str, list[float]]] = {
+        kind: {"default": [], "tictac": []} for kind in KINDS}
     lines = []
     for model in [m.strip() for m in args.models.split(",") if m.strip()]:
         spec = job_spec(model, args.iterations, args.batch)
@@ -229,12 +273,13 @@ def main() -> int:
         print(f"{model}: a = {a:.2f} at {args.bandwidth} -> timed at {link}", flush=True)
         ratios, base, mine, rows, bounds = [], [], [], set(), []
         errors: dict[str, dict[str, list[float]]] = {
-            kind: {"default": [], "tictac": []} for kind in ("oracle", "calibrated")}
+            kind: {"default": [], "tictac": []} for kind in KINDS}
         extra: dict[str, list[float]] = {side: [] for side in args.extra}
         sides = ["default", "tictac", *args.extra]
         for r in range(args.rounds):
             order = sides[r % len(sides):] + sides[:r % len(sides)]  # rotating
-            got = {side: one_run(spec, link, side) for side in order}
+            got = {side: one_run(spec, link, side, f"{model}/{r + 1}-{side}")
+                   for side in order}
             d, t = got["default"], got["tictac"]
             for side in args.extra:
                 if d["it_s"] and got[side]["it_s"]:
@@ -262,16 +307,17 @@ def main() -> int:
                       f"({min(got_ratios):.3f}-{max(got_ratios):.3f})", flush=True)
         all_ratios += ratios
         for kind, by_side in errors.items():
-            all_errors[kind] += by_side["default"] + by_side["tictac"]
+            for side, errs in by_side.items():
+                all_errors[kind][side] += errs
         med = statistics.median(ratios) if ratios else float("nan")
         bound = statistics.median(bounds) if bounds else float("nan")
         sim = " / ".join(f"{100 * statistics.median(e):+.0f}%" if e else "-"
-                         for e in errors["calibrated"].values())
+                         for e in errors["measured"].values())
         lines.append(f"| {model} | {link} | {statistics.median(base):.3f} | "
                      f"{statistics.median(mine):.3f} | {med:.3f}x ({min(ratios):.3f}-"
                      f"{max(ratios):.3f}) | {bound:.2f}x | {sim} | {'; '.join(sorted(rows))} |")
     print("\n| model | link | default it/s | tictac it/s | tictac / default (min-max) "
-          "| bound | calibrated simulator error (default / tictac) | tictac's row |")
+          "| bound | simulator error, measured calibration (default / tictac) | tictac's row |")
     print("|---|---|---:|---:|---|---:|---|---|")
     print("\n".join(lines))
     print("bound: the default run's iteration over max(link, Pc): the busiest link's busy "
@@ -280,12 +326,15 @@ def main() -> int:
           "forward + backward) alone; no schedule goes below either")
     print("paper (TicTac, over TensorFlow's random order): +19.2% training; ByteScheduler "
           "(cross-iteration priorities, partitioning, credits): up to +196%")
-    for kind, errs in all_errors.items():
+    for kind, by_side in all_errors.items():
+        errs = by_side["default"] + by_side["tictac"]
         if errs:
             within = sum(abs(e) <= 0.15 for e in errs)
-            print(f"cross-iteration simulator, {kind} compute: predicted iteration within 15% "
-                  f"of the measured one in {within} of {len(errs)} runs (median error "
-                  f"{100 * statistics.median(errs):+.1f}%, median |error| "
+            sides = ", ".join(f"{side} {sum(abs(e) <= 0.15 for e in e_side)} of {len(e_side)}"
+                              for side, e_side in by_side.items())
+            print(f"cross-iteration simulator, {KINDS[kind]}: predicted iteration within 15% "
+                  f"of the measured one in {within} of {len(errs)} runs ({sides}; median "
+                  f"error {100 * statistics.median(errs):+.1f}%, median |error| "
                   f"{100 * statistics.median(abs(e) for e in errs):.1f}%)")
     print(f"wall {time.time() - started:.0f} s")
     n = len(all_ratios)

@@ -151,3 +151,37 @@ def test_predict_gives_the_default_and_every_candidate():
     assert data["schedules"]["credit_0"] == {"early_update": True, "by_priority": False,
                                              "partition_bytes": 0}
     assert seconds[None] == simulate(w, link, DEFAULT).iteration_s
+
+
+def test_the_servers_cost_per_tensor_lengthens_the_default_step_by_each_tensor():
+    """The default step updates every tensor once, after the last gradient: ``tensor_s``
+    adds n x tensor_s to the round trip the iteration cannot overlap (6 s above)."""
+    w = workload(chain(2))
+    link = Link(bytes_per_s=1000.0, update_bytes_per_s=float("inf"), tensor_s=0.5)
+    assert simulate(w, link, DEFAULT, iterations=6).iteration_s == pytest.approx(7.0)
+
+
+def test_forward_and_backward_scale_apart():
+    w = workload(chain(3))  # 3 s forward, 3 s backward
+    split = w.with_phases(forward_s=1.5, backward_s=6.0)
+    assert split.forward_s == [0.5] * 3 and split.backward_s == [2.0] * 3
+    assert split.reads == w.reads and split.nbytes == w.nbytes
+
+
+def test_a_saved_prediction_simulates_again_with_what_a_run_measured():
+    """The measured calibration: forward and backward apart, the per-transfer cost, and
+    the server's turnaround less its update time spread over its tensors."""
+    import json
+
+    from accelopt_plugins.tictac.measured import Measured
+
+    w = workload(chain(2))
+    link = Link(bytes_per_s=1000.0, workers=2, update_bytes_per_s=2000.0)
+    data = json.loads(json.dumps(saved(w, link, {"off": DEFAULT, "early": EARLY})))
+    facts = Measured(forward_s=1.0, backward_s=4.0, message_s=0.1, server_s=1.5,
+                     iterations=5)
+    by_hand = Link(bytes_per_s=1000.0, workers=2, update_bytes_per_s=2000.0, message_s=0.1,
+                   tensor_s=(1.5 - 2000 / 2000.0) / 2)
+    for name, schedule in (("off", DEFAULT), ("early", EARLY)):
+        assert resimulate(data, name, measured=facts).iteration_s == pytest.approx(
+            simulate(w.with_phases(1.0, 4.0), by_hand, schedule).iteration_s)

@@ -16,7 +16,8 @@ op that touches it ends (the backward of its first forward user); then the next 
 server: with the default schedule, once every gradient of an iteration is in, one optimizer
 step over all tensors, then every parameter posted in the transport's default (named) order;
 with the early update, each tensor updated the moment its gradient is in (one update at a
-time) and posted at once. A link sends the posted transfers first-posted first (the
+time) and posted at once; a tensor's update costs the server ``tensor_s`` plus its bytes
+at the update rate. A link sends the posted transfers first-posted first (the
 transport's default; priority scheduling without a window), or, with a window, the
 highest-priority posted transfer whenever it is free: parameters by the plan's order,
 gradients first layer first; with partitioning a transfer goes as chunks that each compete
@@ -24,9 +25,11 @@ for the link with their tensor's priority. A unit on the link takes ``workers x 
 bytes_per_s + message_s)``. Between two senders on one bus, the earlier posted goes first
 (the kernel's queue).
 
-What it does not model: the cores the ranks share (the server's updates and the kernel's
-network work compete with the workers' compute on a small machine), the bytes the window
-lets into the kernel's queue ahead of a better transfer, and stragglers.
+What it does not model: the cores the ranks share (the server's updates, the early
+parameters' arrival and the kernel's network work compete with the workers' backward on a
+small machine), the bytes the window lets into the kernel's queue ahead of a better
+transfer, and stragglers. ``measured.py`` reads from a real run the facts the oracle cannot
+know (the forward/backward split, the per-transfer cost, the server's turnaround).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from typing import Any
 
 import numpy as np
 from accelopt_plugins.tictac.dag import RECV, Dag
+from accelopt_plugins.tictac.measured import Measured
 
 
 @dataclass(frozen=True)
@@ -122,6 +126,15 @@ class Workload:
         return dataclasses.replace(self, forward_s=[t * k for t in self.forward_s],
                                    backward_s=[t * k for t in self.backward_s])
 
+    def with_phases(self, forward_s: float, backward_s: float) -> Workload:
+        """The same workload with forward and backward each scaled to what a run measured:
+        in a run, backward also posts every gradient, so the split moves, not only the sum."""
+        def scaled(times: list[float], total: float) -> list[float]:
+            have = sum(times)
+            return [t * total / have for t in times] if have > 0 else times
+        return dataclasses.replace(self, forward_s=scaled(self.forward_s, forward_s),
+                                   backward_s=scaled(self.backward_s, backward_s))
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
@@ -141,6 +154,10 @@ class Link:
     """One bus for both directions (the shaped loopback), else the server's full-duplex link."""
     update_bytes_per_s: float = 2e9
     """The server's optimizer over a tensor's bytes (its per-tensor update time)."""
+    tensor_s: float = 0.0
+    """The server's fixed cost per tensor it averages, updates and posts (the Python around
+    each update and send), paid in both schedules: one whole step costs
+    ``n x tensor_s + bytes / update_bytes_per_s``."""
 
 
 @dataclass
@@ -252,11 +269,12 @@ class _Sim:
         w, lk = self.w, self.link
         if self.s.early_update:
             start = max(self.t, self.server_free_at)
-            self.server_free_at = start + w.nbytes[r] / lk.update_bytes_per_s
+            self.server_free_at = start + lk.tensor_s + w.nbytes[r] / lk.update_bytes_per_s
             self.at(self.server_free_at, lambda: self.post_params(i + 1, [r]))
         elif self.grads_in[i] == len(w.nbytes):
             start = max(self.t, self.server_free_at)
-            self.server_free_at = start + sum(w.nbytes) / lk.update_bytes_per_s
+            self.server_free_at = (start + len(w.nbytes) * lk.tensor_s
+                                   + sum(w.nbytes) / lk.update_bytes_per_s)
             self.at(self.server_free_at,
                     lambda: self.post_params(i + 1, range(len(w.nbytes))))
 
@@ -330,11 +348,20 @@ def saved(work: Workload, link: Link, schedules: dict[str, Schedule]) -> dict[st
             "schedules": {name: dataclasses.asdict(s) for name, s in schedules.items()}}
 
 
-def resimulate(data: dict[str, Any], schedule: str,
-               compute_s: float | None = None) -> Simulated:
-    """Simulate a saved prediction's ``schedule`` again, with the compute per iteration set
-    to ``compute_s`` when given."""
+def resimulate(data: dict[str, Any], schedule: str, compute_s: float | None = None,
+               measured: Measured | None = None) -> Simulated:
+    """Simulate a saved prediction's ``schedule`` again: with the compute per iteration set
+    to ``compute_s`` when given (every op scaled alike), or with what a run ``measured``
+    (:mod:`~accelopt_plugins.tictac.measured`: forward and backward scaled apart, the
+    per-transfer cost, and the server's turnaround spread over its tensors as ``tensor_s``)."""
     work = Workload.from_dict(data["workload"])
-    if compute_s is not None:
+    link = Link(**data["link"])
+    if measured is not None:
+        work = work.with_phases(measured.forward_s, measured.backward_s)
+        update_s = sum(work.nbytes) / link.update_bytes_per_s
+        link = dataclasses.replace(
+            link, message_s=measured.message_s,
+            tensor_s=max(0.0, measured.server_s - update_s) / max(1, len(work.nbytes)))
+    elif compute_s is not None:
         work = work.with_compute(compute_s)
-    return simulate(work, Link(**data["link"]), Schedule(**data["schedules"][schedule]))
+    return simulate(work, link, Schedule(**data["schedules"][schedule]))
