@@ -57,7 +57,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from accelopt_plugins.tictac.crossiter import resimulate  # noqa: E402
+from accelopt_plugins.tictac.crossiter import (  # noqa: E402
+    Schedule,
+    calibrated,
+    resimulate,
+    simulate,
+)
 from accelopt_plugins.tictac.measured import Measured, measure  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
@@ -205,6 +210,32 @@ def simulated(default: dict[str, Any], tictac: dict[str, Any],
     return "; measured vs simulated: " + "; ".join(parts) + assumed
 
 
+WHAT_IF = {"early update": Schedule(early_update=True),
+           "+ a window (by priority)": Schedule(early_update=True, by_priority=True),
+           "+ 256 KiB chunks": Schedule(early_update=True, by_priority=True,
+                                        partition_bytes=262144)}
+"""tictac's schedules, each simulated on both topologies from the default run's measured
+calibration (``what_if``)."""
+
+
+def what_if(default: dict[str, Any], tictac: dict[str, Any]) -> dict[str, float]:
+    """Each of tictac's schedules' simulated speed-up over the default order, on one bus
+    and on per-rank links at the same rate, from the default run's measured calibration:
+    what the simulator, calibrated where it is checked, says each schedule could gain here
+    (empty when the round has no calibration)."""
+    facts, saved = default["measured"], tictac["saved"]
+    if not saved or not isinstance(facts, Measured):
+        return {}
+    work, link = calibrated(saved, facts)
+    gains = {}
+    for topology, shared in (("shared", True), ("hosts", False)):
+        on = dataclasses.replace(link, shared=shared)
+        base = simulate(work, on).iteration_s
+        for name, schedule in WHAT_IF.items():
+            gains[f"{topology}: {name}"] = base / simulate(work, on, schedule).iteration_s
+    return gains
+
+
 def rate_text(bits: float) -> str:
     return f"{max(1, round(bits / 1e6))}mbit"
 
@@ -275,6 +306,7 @@ def main() -> int:
         errors: dict[str, dict[str, list[float]]] = {
             kind: {"default": [], "tictac": []} for kind in KINDS}
         extra: dict[str, list[float]] = {side: [] for side in args.extra}
+        gains: dict[str, list[float]] = {}
         sides = ["default", "tictac", *args.extra]
         for r in range(args.rounds):
             order = sides[r % len(sides):] + sides[:r % len(sides)]  # rotating
@@ -298,6 +330,8 @@ def main() -> int:
             more = "".join(f", {EXTRA[side]} {got[side]['it_s']:.3f} it/s"
                            for side in args.extra)
             more += simulated(d, t, errors)
+            for name, gain in what_if(d, t).items():
+                gains.setdefault(name, []).append(gain)
             print(f"  round {r + 1}: default {d['it_s']:.3f} it/s (a {d['a']:.2f}, E "
                   f"{d['e']:.2f}), tictac {t['it_s']:.3f} it/s (E {t['e']:.2f}){more}",
                   flush=True)
@@ -305,6 +339,11 @@ def main() -> int:
             if got_ratios:
                 print(f"  {EXTRA[side]} / default: {statistics.median(got_ratios):.3f}x "
                       f"({min(got_ratios):.3f}-{max(got_ratios):.3f})", flush=True)
+        if gains:
+            print("  simulated, the default run's measured calibration, speed-up over the "
+                  f"default order (median of {len(next(iter(gains.values())))} rounds): "
+                  + ", ".join(f"{name} {statistics.median(g):.2f}x"
+                              for name, g in gains.items()), flush=True)
         all_ratios += ratios
         for kind, by_side in errors.items():
             for side, errs in by_side.items():

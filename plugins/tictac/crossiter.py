@@ -352,8 +352,18 @@ def resimulate(data: dict[str, Any], schedule: str, compute_s: float | None = No
                measured: Measured | None = None) -> Simulated:
     """Simulate a saved prediction's ``schedule`` again: with the compute per iteration set
     to ``compute_s`` when given (every op scaled alike), or with what a run ``measured``
-    (:mod:`~accelopt_plugins.tictac.measured`: forward and backward scaled apart, the
-    per-transfer cost, and the server's turnaround spread over its tensors as ``tensor_s``)."""
+    (:func:`calibrated`)."""
+    work, link = calibrated(data, measured)
+    if measured is None and compute_s is not None:
+        work = work.with_compute(compute_s)
+    return simulate(work, link, Schedule(**data["schedules"][schedule]))
+
+
+def calibrated(data: dict[str, Any], measured: Measured | None = None) -> tuple[Workload, Link]:
+    """A saved prediction's workload and link, with what a run ``measured``
+    (:mod:`~accelopt_plugins.tictac.measured`) where given: forward and backward scaled
+    apart, the per-transfer cost, and the server's turnaround less its update time spread
+    over its tensors as ``tensor_s``. Simulate any :class:`Schedule` on them."""
     work = Workload.from_dict(data["workload"])
     link = Link(**data["link"])
     if measured is not None:
@@ -362,6 +372,4 @@ def resimulate(data: dict[str, Any], schedule: str, compute_s: float | None = No
         link = dataclasses.replace(
             link, message_s=measured.message_s,
             tensor_s=max(0.0, measured.server_s - update_s) / max(1, len(work.nbytes)))
-    elif compute_s is not None:
-        work = work.with_compute(compute_s)
-    return simulate(work, link, Schedule(**data["schedules"][schedule]))
+    return work, link
