@@ -15,7 +15,7 @@ RATE = 100.0
 """Bytes per second of the link in these timelines."""
 
 
-def default_run(iterations: int = 5, early: bool = False) -> list[Span]:
+def default_run(iterations: int = 5, early: bool = False, job: str = "00-a") -> list[Span]:
     """Two workers, two 100-byte tensors, the default order: each iteration a worker
     computes forward 1 s (in two spans) and backward 2 s; the gradients' phase ends at
     ``t + 3``; the server turns around in 0.5 s and posts the four parameters (2 tensors x 2
@@ -25,16 +25,18 @@ def default_run(iterations: int = 5, early: bool = False) -> list[Span]:
     for i in range(iterations):
         for rank in (1, 2):
             worker = f"rank {rank} (worker)"
-            args = {"rank": rank, "iteration": i}
+            args = {"rank": rank, "iteration": i, "job": job}
             spans += [Span("forward", "compute", t, t + 0.4, "compute", args, worker),
                       Span("forward", "compute", t + 0.4, t + 1.0, "compute", args, worker),
                       Span("backward", "compute", t + 1.0, t + 3.0, "compute", args, worker)]
             spans.append(Span("w", f"link {rank}->0", t + 2.0, t + 3.0, "comm",
-                              {"iteration": i, "kind": "grad", "bytes": 100}, "rank 0 (server)"))
+                              {"iteration": i, "kind": "grad", "bytes": 100, "job": job},
+                              "rank 0 (server)"))
         posted = t + 3.0 + 0.5 - (4.0 if early else 0.0)
         for k in range(4 if i + 1 < iterations else 0):
             spans.append(Span("w", f"link 0->{1 + k % 2}", posted, posted + 1.25 * (k + 1),
-                              "comm", {"iteration": i + 1, "kind": "param", "bytes": 100},
+                              "comm", {"iteration": i + 1, "kind": "param", "bytes": 100,
+                                       "job": job},
                               f"rank {1 + k % 2} (worker)"))
         t = posted + 5.0
     return spans
@@ -57,6 +59,22 @@ def test_the_warm_up_is_left_out():
             for s in default_run(iterations=6)]
     got = measure(slow, RATE, warmup=3)
     assert isinstance(got, Measured) and got.backward_s == pytest.approx(2.0)
+
+
+def test_one_job_is_read_from_a_timeline_of_several():
+    """A multi-job run's trace names compute spans "<job> forward"; another job, slower in
+    every phase, must not move the figures."""
+    other = [Span(f"b {s.name}" if s.track == "compute" else s.name, s.track, s.start_s,
+                  s.start_s + 3 * (s.end_s - s.start_s), s.category, s.args, s.process)
+             for s in default_run(job="01-b")]
+    mine = [Span(f"a {s.name}" if s.track == "compute" else s.name, s.track, s.start_s,
+                 s.end_s, s.category, s.args, s.process) for s in default_run()]
+    got = measure(mine + other, RATE, warmup=2, job="00-a")
+    assert isinstance(got, Measured)
+    assert (got.forward_s, got.backward_s, got.message_s, got.server_s) == pytest.approx(
+        (1.0, 2.0, 0.25, 0.5))
+    assert "2 jobs (00-a, 01-b); name one" in measure(mine + other, RATE)
+    assert "no job 'c'" in measure(mine, RATE, job="c")
 
 
 @pytest.mark.parametrize(("spans", "rate", "problem"), [

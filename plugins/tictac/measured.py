@@ -54,22 +54,33 @@ class Measured:
     """How many steady iterations the medians are over."""
 
 
-def measure(spans: Iterable[SpanLike], bytes_per_s: float,
-            warmup: int = 2) -> Measured | str:
+def measure(spans: Iterable[SpanLike], bytes_per_s: float, warmup: int = 2,
+            job: str | None = None) -> Measured | str:
     """The facts of a default-order run (no early update: its parameters leave the server
     together, after the last gradient), or why its timeline cannot give them. ``bytes_per_s``:
     the busiest link's rate as the simulator takes it (shared: the bus; hosts: the server's
-    link)."""
+    link). ``job``: the job to read in a timeline of several (its id, as the spans' ``job``
+    argument names it); a timeline of one job needs none."""
     if bytes_per_s <= 0:
         return f"the link's rate must be positive, got {bytes_per_s}"
+    spans = list(spans)
+    jobs = sorted({str(s.args["job"]) for s in spans if "job" in s.args})
+    if job is None and len(jobs) > 1:
+        return f"the timeline has {len(jobs)} jobs ({', '.join(jobs)}); name one"
+    if job is not None and job not in jobs:
+        return f"no job {job!r} in the timeline (its jobs: {', '.join(jobs) or 'none named'})"
     compute: dict[tuple[str, int, str], float] = defaultdict(float)
     phases: dict[tuple[str, int], list[float]] = {}
     for s in spans:
         iteration = s.args.get("iteration")
         if not isinstance(iteration, int) or iteration < warmup:
             continue
-        if s.track == "compute" and "worker" in s.process and s.name in ("forward", "backward"):
-            compute[(s.process, iteration, s.name)] += s.end_s - s.start_s
+        if job is not None and s.args.get("job") != job:
+            continue
+        # a run's trace names a compute span "<job> forward" where several jobs share it
+        phase = s.name.rsplit(" ", 1)[-1]
+        if s.track == "compute" and "worker" in s.process and phase in ("forward", "backward"):
+            compute[(s.process, iteration, phase)] += s.end_s - s.start_s
         elif s.track.startswith("link") and s.args.get("kind") in ("param", "grad"):
             # per kind and iteration: first start, last end, bytes, transfers
             phase = phases.setdefault((str(s.args["kind"]), iteration), [s.start_s, s.end_s, 0, 0])
