@@ -1,0 +1,188 @@
+"""What receiving one parameter-server transfer costs the receiving process in CPU time:
+accelopt's transport against plain gloo point-to-point receives of the same tensors.
+
+Why it matters: a worker receives each parameter as its own transfer. In the default order
+the receives happen while the worker waits for its parameters, and their CPU is free; when
+the server updates early (tictac's ``heuristic=priority``), the next iteration's parameters
+arrive during backward and their receive path takes the worker's core from backward
+(``docs/benchmarks.md``, tictac vs the default order). This measures that cost per
+transfer, beside two floors:
+
+- ``gloo``: every receive posted up front (the receiver knows every size), then waited for:
+  one gloo message per tensor, the least a receive can cost from Python.
+- ``gloo+header``: a fixed-size header message and then the payload, whose receive is posted
+  once its header is in: the shape of accelopt's wire protocol (a header says what follows:
+  which tensor, its encoded size and type, its chunk, when it was sent), without the rest.
+- ``accelopt``: ``Transport.post`` on the sender, ``Transport.receive`` on the receiver, no
+  plugin: what a PS worker runs.
+
+Two processes on the loopback (gloo, one intra-op thread each), ``--tensors`` tensors of
+``--kib`` KiB a round, ``--rounds`` rounds per measurement after one unmeasured round; the
+receiver's CPU time (every thread: ``getrusage``) over the rounds, per transfer. The three
+run in turn, ``--repeats`` times in rotating order; medians with their min-max. Last line:
+``accelopt receive: X us of CPU per transfer (gloo floor Y us, with a header Z us)``.
+
+    python benchmarks/transport_cost.py [--tensors 28] [--kib 10] [--rounds 150] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import resource
+import socket
+import statistics
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+MODES = ("gloo", "gloo+header", "accelopt")
+HEADER_INTS = 20
+"""A header of 20 int64 values, as accelopt's (``transport.HEADER_LEN``)."""
+
+
+def _cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _round(mode: str, rank: int, i: int, values: list[torch.Tensor], transport: Any,
+           records: Any) -> None:
+    """One round: rank 0 sends every tensor to rank 1, rank 1 receives them."""
+    n, numel = len(values), values[0].numel()
+    if mode == "gloo":
+        if rank == 0:
+            works = [dist.isend(v, 1, tag=k) for k, v in enumerate(values)]
+        else:
+            works = [dist.irecv(torch.empty(numel), 0, tag=k) for k in range(n)]
+        for work in works:
+            work.wait()
+    elif mode == "gloo+header":
+        if rank == 0:
+            works = []
+            for k, v in enumerate(values):
+                works.append(dist.isend(torch.zeros(HEADER_INTS, dtype=torch.int64), 1,
+                                        tag=2 * k))
+                works.append(dist.isend(v, 1, tag=2 * k + 1))
+            for work in works:
+                work.wait()
+        else:
+            headers = [torch.empty(HEADER_INTS, dtype=torch.int64) for _ in range(n)]
+            posted = [dist.irecv(h, 0, tag=2 * k) for k, h in enumerate(headers)]
+            for k in range(n):
+                posted[k].wait()
+                headers[k].tolist()  # what the receiver reads from it
+                dist.irecv(torch.empty(numel), 0, tag=2 * k + 1).wait()
+    else:
+        if rank == 0:
+            batch = records(i)
+            transport.plan(i, 1, batch)
+            for record, value in zip(batch, values, strict=True):
+                transport.post(record, value)
+            transport.complete(i)
+        else:
+            transport.receive(i, 0, dict(enumerate(records(i))), lambda _r, _p: None)
+
+
+def _child(rank: int, port: int, tensors: int, numel: int, rounds: int,
+           order: list[str], out: Any) -> None:
+    from accelopt.drivers.cluster.transport import Transport
+    from accelopt.host import PluginHost
+    from accelopt.types import TransferRecord
+
+    torch.set_num_threads(1)
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=2)
+    names = [f"p{k}" for k in range(tensors)]
+    transport = Transport(rank=rank, host=PluginHost([]), t0_epoch=time.time(),
+                          process=f"rank {rank}", timeout_s=60.0, device=torch.device("cpu"),
+                          tensor_ids={name: k for k, name in enumerate(names)})
+
+    def records(i: int) -> list[TransferRecord]:
+        return [TransferRecord("j", i, 0, 1, name, 4 * numel, k, "param")
+                for k, name in enumerate(names)]
+
+    generator = torch.Generator().manual_seed(0)
+    values = [torch.randn(numel, generator=generator) for _ in range(tensors)]
+    i = 0
+    try:
+        for mode in order:
+            _round(mode, rank, i, values, transport, records)  # warm: buffers, pairs
+            i += 1
+            dist.barrier()
+            cpu0 = _cpu_s()
+            for _ in range(rounds):
+                _round(mode, rank, i, values, transport, records)
+                i += 1
+            cpu = _cpu_s() - cpu0
+            dist.barrier()
+            if rank == 1:
+                out.put((mode, 1e6 * cpu / (rounds * tensors)))
+    finally:
+        transport.close()
+        dist.destroy_process_group()
+
+
+def measure(order: list[str], tensors: int, numel: int, rounds: int) -> dict[str, float]:
+    """One invocation of both processes over ``order``: receiver CPU us per transfer."""
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_child, args=(r, port, tensors, numel, rounds, order, out))
+             for r in range(2)]
+    for p in procs:
+        p.start()
+    got = dict(out.get(timeout=600) for _ in order)
+    for p in procs:
+        p.join(timeout=60)
+        if p.exitcode != 0:
+            raise SystemExit(f"transport_cost: a process exited with {p.exitcode}")
+    return got
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tensors", type=int, default=28, help="transfers a round")
+    ap.add_argument("--kib", type=float, default=10.0, help="KiB per tensor (float32)")
+    ap.add_argument("--rounds", type=int, default=150, help="rounds per measurement")
+    ap.add_argument("--repeats", type=int, default=3, help="measurements of each, rotating")
+    args = ap.parse_args()
+    if args.tensors < 1 or args.kib <= 0 or args.rounds < 1 or args.repeats < 1:
+        ap.error("--tensors, --rounds and --repeats must be >= 1 and --kib > 0")
+    numel = max(1, int(args.kib * 1024 / 4))
+    print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, python "
+          f"{platform.python_version()}, torch {torch.__version__}; load average "
+          f"{os.getloadavg()[0]:.2f}")
+    print(f"2 processes on the loopback (gloo, 1 thread each), {args.tensors} tensors of "
+          f"{4 * numel / 1024:.1f} KiB a round, {args.rounds} rounds per measurement, "
+          f"{args.repeats} repeats in rotating order", flush=True)
+    per: dict[str, list[float]] = {mode: [] for mode in MODES}
+    for r in range(args.repeats):
+        order = list(MODES[r % len(MODES):] + MODES[:r % len(MODES)])
+        got = measure(order, args.tensors, numel, args.rounds)
+        for mode in MODES:
+            per[mode].append(got[mode])
+        print(f"  repeat {r + 1}: " + ", ".join(f"{m} {got[m]:.1f} us" for m in order),
+              flush=True)
+    med = {mode: statistics.median(v) for mode, v in per.items()}
+    for mode in MODES:
+        print(f"{mode:12} receiver CPU per transfer {med[mode]:7.1f} us (min-max "
+              f"{min(per[mode]):.1f}-{max(per[mode]):.1f}) {med[mode] / med['gloo']:.2f}x gloo")
+    print(f"accelopt receive: {med['accelopt']:.0f} us of CPU per transfer (gloo floor "
+          f"{med['gloo']:.0f} us, with a header {med['gloo+header']:.0f} us)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
