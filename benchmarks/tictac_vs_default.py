@@ -138,9 +138,9 @@ def make_cfg(spec: JobConfig, bandwidth: str, side: str) -> Any:
 
 
 def one_run(spec: JobConfig, bandwidth: str, side: str, label: str = "") -> dict[str, Any]:
-    """One run; with ``--keep``, its directory (plans, per-iteration records, trace) is
-    copied to ``<keep>/<label>`` with its ranks' timelines, per-iteration figures and metrics
-(``timeline.json``), so the run can be studied afterwards."""
+    """One run; with ``--keep``, its directory (the plugin's plans) is copied to
+    ``<keep>/<label>`` with the ranks' timelines, per-iteration figures and metrics
+    (``timeline.json``), so the run can be studied afterwards."""
     with tempfile.TemporaryDirectory() as run_dir:
         out = run_cluster(make_cfg(spec, bandwidth, side), run_dir=run_dir)
         plan = Path(run_dir) / "tictac" / "plan-rank0.json"  # the server's

@@ -78,12 +78,13 @@ def measure(spans: Iterable[SpanLike], bytes_per_s: float, warmup: int = 2,
         if job is not None and s.args.get("job") != job:
             continue
         # a run's trace names a compute span "<job> forward" where several jobs share it
-        phase = s.name.rsplit(" ", 1)[-1]
-        if s.track == "compute" and "worker" in s.process and phase in ("forward", "backward"):
-            compute[(s.process, iteration, phase)] += s.end_s - s.start_s
+        step = s.name.rsplit(" ", 1)[-1]
+        if s.track == "compute" and "worker" in s.process and step in ("forward", "backward"):
+            compute[(s.process, iteration, step)] += s.end_s - s.start_s
         elif s.track.startswith("link") and s.args.get("kind") in ("param", "grad"):
             # per kind and iteration: first start, last end, bytes, transfers
-            phase = phases.setdefault((str(s.args["kind"]), iteration), [s.start_s, s.end_s, 0, 0])
+            phase = phases.setdefault((str(s.args["kind"]), iteration),
+                                      [s.start_s, s.end_s, 0.0, 0.0])
             phase[0], phase[1] = min(phase[0], s.start_s), max(phase[1], s.end_s)
             phase[2] += float(s.args.get("bytes", 0))
             phase[3] += 1
