@@ -18,9 +18,11 @@ transfer, beside two floors:
 
 Two processes on the loopback (gloo, one intra-op thread each), ``--tensors`` tensors of
 ``--kib`` KiB a round, ``--rounds`` rounds per measurement after one unmeasured round; the
-receiver's CPU time (every thread: ``getrusage``) over the rounds, per transfer. The three
-run in turn, ``--repeats`` times in rotating order; medians with their min-max. Last line:
-``accelopt receive: X us of CPU per transfer (gloo floor Y us, with a header Z us)``.
+receiver's CPU time (every thread: ``getrusage``) over the rounds, per transfer, and the
+sender's (a PS server sends every parameter). The three run in turn, ``--repeats`` times
+in rotating order; medians with their min-max. Last line:
+``accelopt receive: X us of CPU per transfer (gloo floor Y us, with a header Z us); send
+S us (gloo G us)``.
 
     python benchmarks/transport_cost.py [--tensors 28] [--kib 10] [--rounds 150] [--repeats 3]
 """
@@ -127,15 +129,16 @@ def _child(rank: int, port: int, tensors: int, numel: int, rounds: int,
                 i += 1
             cpu = _cpu_s() - cpu0
             dist.barrier()
-            if rank == 1:
-                out.put((mode, 1e6 * cpu / (rounds * tensors)))
+            out.put((mode, rank, 1e6 * cpu / (rounds * tensors)))
     finally:
         transport.close()
         dist.destroy_process_group()
 
 
-def measure(order: list[str], tensors: int, numel: int, rounds: int) -> dict[str, float]:
-    """One invocation of both processes over ``order``: receiver CPU us per transfer."""
+def measure(order: list[str], tensors: int, numel: int,
+            rounds: int) -> dict[tuple[str, int], float]:
+    """One invocation of both processes over ``order``: CPU us per transfer of the sender
+    (rank 0) and the receiver (rank 1), by (mode, rank)."""
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     port = _free_port()
@@ -143,7 +146,10 @@ def measure(order: list[str], tensors: int, numel: int, rounds: int) -> dict[str
              for r in range(2)]
     for p in procs:
         p.start()
-    got = dict(out.get(timeout=600) for _ in order)
+    got = {}
+    for _ in range(2 * len(order)):
+        mode, rank, us = out.get(timeout=600)
+        got[(mode, rank)] = us
     for p in procs:
         p.join(timeout=60)
         if p.exitcode != 0:
@@ -167,20 +173,24 @@ def main() -> int:
     print(f"2 processes on the loopback (gloo, 1 thread each), {args.tensors} tensors of "
           f"{4 * numel / 1024:.1f} KiB a round, {args.rounds} rounds per measurement, "
           f"{args.repeats} repeats in rotating order", flush=True)
-    per: dict[str, list[float]] = {mode: [] for mode in MODES}
+    per: dict[tuple[str, int], list[float]] = {(m, r): [] for m in MODES for r in (0, 1)}
     for r in range(args.repeats):
         order = list(MODES[r % len(MODES):] + MODES[:r % len(MODES)])
         got = measure(order, args.tensors, numel, args.rounds)
+        for key, us in got.items():
+            per[key].append(us)
+        print(f"  repeat {r + 1}: " + ", ".join(
+            f"{m} {got[(m, 1)]:.1f} us (sender {got[(m, 0)]:.1f})" for m in order), flush=True)
+    med = {key: statistics.median(v) for key, v in per.items()}
+    for rank, side in ((1, "receiver"), (0, "sender")):
         for mode in MODES:
-            per[mode].append(got[mode])
-        print(f"  repeat {r + 1}: " + ", ".join(f"{m} {got[m]:.1f} us" for m in order),
-              flush=True)
-    med = {mode: statistics.median(v) for mode, v in per.items()}
-    for mode in MODES:
-        print(f"{mode:12} receiver CPU per transfer {med[mode]:7.1f} us (min-max "
-              f"{min(per[mode]):.1f}-{max(per[mode]):.1f}) {med[mode] / med['gloo']:.2f}x gloo")
-    print(f"accelopt receive: {med['accelopt']:.0f} us of CPU per transfer (gloo floor "
-          f"{med['gloo']:.0f} us, with a header {med['gloo+header']:.0f} us)")
+            values = per[(mode, rank)]
+            print(f"{mode:12} {side:8} CPU per transfer {med[(mode, rank)]:7.1f} us (min-max "
+                  f"{min(values):.1f}-{max(values):.1f}) "
+                  f"{med[(mode, rank)] / med[('gloo', rank)]:.2f}x gloo")
+    print(f"accelopt receive: {med[('accelopt', 1)]:.0f} us of CPU per transfer (gloo floor "
+          f"{med[('gloo', 1)]:.0f} us, with a header {med[('gloo+header', 1)]:.0f} us); "
+          f"send {med[('accelopt', 0)]:.0f} us (gloo {med[('gloo', 0)]:.0f} us)")
     return 0
 
 

@@ -522,15 +522,18 @@ class _Wire:
         from accelopt.drivers.cluster import transport
 
         self.sent: dict[int, torch.Tensor] = {}
-        monkeypatch.setattr(transport.dist, "isend", self.isend)
-        monkeypatch.setattr(transport.dist, "irecv", self.irecv)
+        wire = self
+        monkeypatch.setattr(transport.Transport, "_send",
+                            lambda _t, tensor, destination, tag: wire.isend(tensor, tag))
+        monkeypatch.setattr(transport.Transport, "_recv",
+                            lambda _t, tensor, source, tag: wire.irecv(tensor, tag))
 
-    def isend(self, tensor, dst, tag, group=None):
+    def isend(self, tensor, tag):
         assert tag not in self.sent, f"tag {tag} sent twice"
         self.sent[tag] = tensor.clone()
         return self.Work()
 
-    def irecv(self, tensor, src, tag, group=None):
+    def irecv(self, tensor, tag):
         tensor.copy_(self.sent[tag])
         return self.Work()
 
