@@ -512,7 +512,8 @@ def test_priority_with_no_window_starts_each_transfer_when_posted():
 
 class _Wire:
     """Stands in for gloo between two transports in one process: a send is kept by tag, a
-    receive copies the send with its tag (every send here is issued before the receives)."""
+    receive copies the send with its tag into the start of its buffer, as gloo fills a
+    receive with a shorter message (every send here is issued before the receives)."""
 
     class Work:
         def wait(self, timeout=None) -> bool:
@@ -534,7 +535,9 @@ class _Wire:
         return self.Work()
 
     def irecv(self, tensor, tag):
-        tensor.copy_(self.sent[tag])
+        sent = self.sent[tag].reshape(-1).view(torch.uint8)
+        assert sent.numel() <= tensor.numel() * tensor.element_size(), "message too long"
+        tensor.view(-1).view(torch.uint8)[:sent.numel()].copy_(sent)
         return self.Work()
 
 
@@ -560,7 +563,7 @@ def test_a_partitioned_transfer_is_preempted_between_chunks_and_arrives_whole(mo
         "big", "small", "big", "big", "big"]
     assert t.stats.partitioned == 1 and t.stats.chunks == 4 and t.stats.transfers == 2
     assert t._out[(0, 1)].overtaken == 1
-    assert len(wire.sent) == 2 * 5  # a header and a payload per message
+    assert len(wire.sent) == 5  # one message each: every chunk is inline, behind its header
 
     receiver = Transport(rank=1, host=PluginHost([]), t0_epoch=0.0, process="test",
                          timeout_s=5.0, device=torch.device("cpu"))
@@ -570,6 +573,44 @@ def test_a_partitioned_transfer_is_preempted_between_chunks_and_arrives_whole(mo
     assert [name for name, _ in got] == ["small", "big"]
     assert torch.equal(got[0][1], small_value) and torch.equal(got[1][1], big_value)
     assert receiver.spans[-1].name == "big" and receiver.spans[-1].args["bytes"] == 400
+
+
+def test_a_large_payload_goes_behind_its_header_and_a_small_one_inside_it(monkeypatch):
+    """Payloads up to INLINE_BYTES travel in their header's message, larger ones as a second
+    message, chunk by chunk for a partitioned tensor: every tensor arrives bitwise, in the
+    order it started, and the bytes counted are the same on both sides."""
+    from accelopt.drivers.cluster.transport import INLINE_BYTES, Transport
+
+    wire = _Wire(monkeypatch)
+    over = INLINE_BYTES // 4 + 10  # float32 elements just over the limit
+    names = ["small", "big", "split", "halves"]
+    t, _started, watcher = _priority_transport(names, credit=10**9,
+                                               partition=INLINE_BYTES + 64, real_start=True)
+    values = [torch.randn(10), torch.randn(over), torch.randn(2 * over),
+              torch.randn(INLINE_BYTES // 4 + 25)]
+    records = [TransferRecord("j", 0, 0, 1, name, 4 * v.numel(), k, "param")
+               for k, (name, v) in enumerate(zip(names, values, strict=True))]
+    t.plan(0, 1, records)
+    for record, value in zip(records, values, strict=True):
+        t.post(record, value)
+    while watcher.entries:
+        stream, _works, nbytes = watcher.entries.pop(0)
+        t._returned(stream, nbytes)
+    # small: 1 message; big (under the partition): header, then payload; split: 2 chunks
+    # over the limit, 2 messages each; halves: 2 chunks under it, 1 message each
+    assert len(wire.sent) == 1 + 2 + 4 + 2
+    assert t.stats.partitioned == 2 and t.stats.chunks == 4
+    receiver = Transport(rank=1, host=PluginHost([]), t0_epoch=0.0, process="test",
+                         timeout_s=5.0, device=torch.device("cpu"))
+    got: dict[str, torch.Tensor] = {}
+    receiver.receive(0, 0, dict(enumerate(records)),
+                     lambda rec, payload: got.__setitem__(rec.tensor, payload))
+    assert list(got) == names
+    for record, value in zip(records, values, strict=True):
+        assert torch.equal(got[record.tensor], value), record.tensor
+    sent = sum(v.numel() * v.element_size() for v in wire.sent.values())
+    assert sent == t.stats.header_bytes + t.stats.payload_bytes
+    assert sum(span.args["bytes"] for span in receiver.spans) == sum(r.nbytes for r in records)
 
 
 def test_priority_answer_is_a_strict_order_for_all_reduce():

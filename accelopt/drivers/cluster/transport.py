@@ -1,10 +1,16 @@
 """The transport: every parameter and gradient transfer of a cluster run goes through here,
 and through the send/recv hook point, on top of torch.distributed (gloo / NCCL).
 
-Point-to-point (parameter server). A transfer is two messages on its own tags: a 20-int64
-header (status, tensor id, dtype, shape, payload bytes, sender's start time, sequence
-number, chunk index, chunk count, chunk offset, total bytes) and the payload as raw bytes.
-The k-th message *started* from A to B in an iteration uses sequence number k, so the
+Point-to-point (parameter server). A transfer starts with a 20-int64 header (status, tensor
+id, dtype, shape, payload bytes, sender's start time, sequence number, chunk index, chunk
+count, chunk offset, total bytes); a payload of at most ``INLINE_BYTES`` travels in the
+header's own message, right behind it, and a larger one as a second message on its own tag.
+The receiver posts every header's receive ``INLINE_BYTES`` larger than a header (gloo
+fills a receive with a shorter message and the header says how much came), so a small
+transfer is one message whose receive was posted before it left, where two messages, the
+second posted only once the first is in, cost the receiver about twice the CPU
+(``benchmarks/transport_cost.py``). The k-th message *started* from A to B in an
+iteration uses sequence number k, so the
 receiver reads them in exactly the order the sender started them, whatever tensors they
 carry; a filtered transfer sends only its header (status "dropped"), and an encoded payload
 may change dtype, shape or even become a pickled object (status "object").
@@ -71,6 +77,10 @@ from accelopt.types import TransferPriorities, TransferRecord
 
 HEADER_LEN = 20
 HEADER_BYTES = HEADER_LEN * 8
+INLINE_BYTES = 64 * 1024
+"""A payload of at most this many bytes goes in its header's message (module docstring):
+every bias and norm, and most of a small model's weights; the receive buffers this adds
+are allocated, not touched, beyond what arrives."""
 MAX_DIMS = 8
 DROPPED, TENSOR, OBJECT = 0, 1, 2
 ALL_RANKS = -1
@@ -383,16 +393,19 @@ class Transport:
         fields[0], fields[1] = status, self.tensor_ids.get(rec.tensor, -1)
         fields[13], fields[14], fields[15] = time.time_ns(), rec.iteration, seq
         fields[16], fields[17] = chunk, item.chunks
-        header = torch.tensor(fields, dtype=torch.int64, device=self.device)
-        stream.buffers.append(header)
-        stream.works.append(self._send(header, rec.destination, tag_for(rec.iteration, seq, 0)))
+        header = torch.tensor(fields, dtype=torch.int64, device=self.device).view(torch.uint8)
         nbytes = HEADER_BYTES
         self.stats.header_bytes += HEADER_BYTES
+        if data is not None and data.numel() <= INLINE_BYTES:  # one message: header + payload
+            header = torch.cat((header, data.to(self.device)))
+        stream.buffers.append(header)
+        stream.works.append(self._send(header, rec.destination, tag_for(rec.iteration, seq, 0)))
         if data is not None:
-            data = data.to(self.device)
-            stream.buffers.append(data)
-            stream.works.append(self._send(data, rec.destination,
-                                           tag_for(rec.iteration, seq, 1)))
+            if data.numel() > INLINE_BYTES:
+                data = data.to(self.device)
+                stream.buffers.append(data)
+                stream.works.append(self._send(data, rec.destination,
+                                               tag_for(rec.iteration, seq, 1)))
             nbytes += data.numel()
             self.stats.payload_bytes += data.numel()
         by_it = self.stats.bytes_by_iteration
@@ -491,8 +504,9 @@ class Transport:
     def _post_receives(self, iteration: int, source: int, n: int,
                        where: str) -> queue.SimpleQueue[Any]:
         """Post every header receive at once and, from a poster thread, each payload's
-        receive the moment its header is in, in sequence order; queue ``(header, work,
-        buffer)`` per message (or the exception that stopped the poster). A partitioned
+        receive the moment its header is in, in sequence order (a payload that came in its
+        header's message needs none); queue ``(header, work or None, buffer)`` per message
+        (or the exception that stopped the poster). A partitioned
         transfer's first header posts the receives of its other chunks' headers, and its
         chunks' payloads land in one buffer (the queued ``buffer`` is that whole buffer).
 
@@ -508,7 +522,8 @@ class Transport:
         def post_headers(count: int) -> None:
             for _ in range(count):
                 k = len(headers)
-                headers.append(torch.empty(HEADER_LEN, dtype=torch.int64, device=self.device))
+                headers.append(torch.empty(HEADER_BYTES + INLINE_BYTES, dtype=torch.uint8,
+                                           device=self.device))
                 hworks.append(self._recv(headers[k], source, tag_for(iteration, k, 0)))
 
         post_headers(n)
@@ -520,15 +535,19 @@ class Transport:
                 k = 0
                 while k < len(headers):
                     _wait(hworks[k], self.timeout, where)
-                    h = headers[k].cpu().tolist()
+                    message = headers[k]
+                    h = message[:HEADER_BYTES].view(torch.int64).cpu().tolist()
                     k += 1
                     pwork, data = None, None
-                    chunk, chunks = int(h[16]), int(h[17])
+                    chunk, chunks, size = int(h[16]), int(h[17]), int(h[12])
                     if chunk == 0 and chunks > 1:
                         post_headers(chunks - 1)
                     if int(h[0]) != DROPPED:
-                        into, data = self._payload_buffer(h, assembling)
-                        pwork = self._recv(into, source, tag_for(iteration, int(h[15]), 1))
+                        inline = (message[HEADER_BYTES:HEADER_BYTES + size]
+                                  if size <= INLINE_BYTES else None)
+                        into, data = self._payload_buffer(h, assembling, inline)
+                        if inline is None:
+                            pwork = self._recv(into, source, tag_for(iteration, int(h[15]), 1))
                     ready.put((h, pwork, data))
             except BaseException as exc:  # noqa: BLE001 - re-raised by the receiving thread
                 ready.put(exc)
@@ -536,13 +555,16 @@ class Transport:
         threads.start(poster, name=f"recv-post {source}")
         return ready
 
-    def _payload_buffer(self, h: list[int],
-                        assembling: dict[int, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _payload_buffer(self, h: list[int], assembling: dict[int, torch.Tensor],
+                        inline: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(where this message's payload lands, the buffer the tensor is read from): its own
-        buffer, or its slice of the partitioned tensor's one (made at its first chunk)."""
+        buffer, or its slice of the partitioned tensor's one (made at its first chunk). A
+        payload that came ``inline`` in its header's message is read where it is, or copied
+        into its slice of the partitioned tensor."""
         chunk, chunks, tensor_id = int(h[16]), int(h[17]), int(h[1])
         if chunks == 1:
-            data = torch.empty(int(h[12]), dtype=torch.uint8, device=self.device)
+            data = torch.empty(int(h[12]), dtype=torch.uint8,
+                               device=self.device) if inline is None else inline
             return data, data
         whole = assembling.get(tensor_id)
         if whole is None:
@@ -550,7 +572,10 @@ class Transport:
                                                         device=self.device)
         if chunk == chunks - 1:
             del assembling[tensor_id]
-        return whole[int(h[18]):int(h[18]) + int(h[12])], whole
+        into = whole[int(h[18]):int(h[18]) + int(h[12])]
+        if inline is not None:
+            into.copy_(inline)
+        return into, whole
 
     def receive(
         self,
