@@ -613,6 +613,19 @@ def test_a_large_payload_goes_behind_its_header_and_a_small_one_inside_it(monkey
     assert sum(span.args["bytes"] for span in receiver.spans) == sum(r.nbytes for r in records)
 
 
+def test_on_nccl_no_payload_rides_in_its_header():
+    """NCCL needs both ends of a message to name its size, so a CUDA transport (NCCL's)
+    posts header receives of exactly a header and sends every non-empty payload apart."""
+    from accelopt.drivers.cluster.transport import INLINE_BYTES, Transport
+
+    def transport(device: str) -> Transport:
+        return Transport(rank=0, host=PluginHost([]), t0_epoch=0.0, process="test",
+                         timeout_s=5.0, device=torch.device(device))
+
+    assert transport("cpu")._inline == INLINE_BYTES
+    assert transport("cuda")._inline == 0
+
+
 def test_priority_answer_is_a_strict_order_for_all_reduce():
     """Collectives must start in the same sequence on every rank: all-reduce keeps the
     answer's order as a strict order, and no early update is asked."""

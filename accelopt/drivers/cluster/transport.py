@@ -4,7 +4,8 @@ and through the send/recv hook point, on top of torch.distributed (gloo / NCCL).
 Point-to-point (parameter server). A transfer starts with a 20-int64 header (status, tensor
 id, dtype, shape, payload bytes, sender's start time, sequence number, chunk index, chunk
 count, chunk offset, total bytes); a payload of at most ``INLINE_BYTES`` travels in the
-header's own message, right behind it, and a larger one as a second message on its own tag.
+header's own message, right behind it, and a larger one as a second message on its own tag
+(on NCCL, which needs both ends to name a message's size, every non-empty payload does).
 The receiver posts every header's receive ``INLINE_BYTES`` larger than a header (gloo
 fills a receive with a shorter message and the header says how much came), so a small
 transfer is one message whose receive was posted before it left, where two messages, the
@@ -219,6 +220,10 @@ class Transport:
         self._out: dict[tuple[int, int], _OutStream] = {}
         self._completer: _Completer | None = None
         self._watchers: dict[int, _SendWatcher] = {}
+        self._inline = INLINE_BYTES if device.type == "cpu" else 0
+        """Payload bytes that go in the header's message: gloo (CPU) fills a receive with a
+        shorter message; NCCL (CUDA) needs both ends to name the same size, so there every
+        payload but an empty one goes as a message of its own."""
         self._peers: dict[int, tuple[Any, int]] = {}
         """Per peer rank: the group and its rank there (``_peer``)."""
         self._link_free: dict[int, float] = {}
@@ -396,12 +401,12 @@ class Transport:
         header = torch.tensor(fields, dtype=torch.int64, device=self.device).view(torch.uint8)
         nbytes = HEADER_BYTES
         self.stats.header_bytes += HEADER_BYTES
-        if data is not None and data.numel() <= INLINE_BYTES:  # one message: header + payload
+        if data is not None and data.numel() <= self._inline:  # one message: header + payload
             header = torch.cat((header, data.to(self.device)))
         stream.buffers.append(header)
         stream.works.append(self._send(header, rec.destination, tag_for(rec.iteration, seq, 0)))
         if data is not None:
-            if data.numel() > INLINE_BYTES:
+            if data.numel() > self._inline:
                 data = data.to(self.device)
                 stream.buffers.append(data)
                 stream.works.append(self._send(data, rec.destination,
@@ -522,7 +527,7 @@ class Transport:
         def post_headers(count: int) -> None:
             for _ in range(count):
                 k = len(headers)
-                headers.append(torch.empty(HEADER_BYTES + INLINE_BYTES, dtype=torch.uint8,
+                headers.append(torch.empty(HEADER_BYTES + self._inline, dtype=torch.uint8,
                                            device=self.device))
                 hworks.append(self._recv(headers[k], source, tag_for(iteration, k, 0)))
 
@@ -544,7 +549,7 @@ class Transport:
                         post_headers(chunks - 1)
                     if int(h[0]) != DROPPED:
                         inline = (message[HEADER_BYTES:HEADER_BYTES + size]
-                                  if size <= INLINE_BYTES else None)
+                                  if size <= self._inline else None)
                         into, data = self._payload_buffer(h, assembling, inline)
                         if inline is None:
                             pwork = self._recv(into, source, tag_for(iteration, int(h[15]), 1))
