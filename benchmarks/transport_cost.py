@@ -1,5 +1,5 @@
-"""What receiving one parameter-server transfer costs the receiving process in CPU time:
-accelopt's transport against plain gloo point-to-point receives of the same tensors.
+"""What one parameter-server transfer costs the receiving and the sending process in CPU
+time: accelopt's transport against plain gloo point-to-point messages of the same tensors.
 
 Why it matters: a worker receives each parameter as its own transfer. In the default order
 the receives happen while the worker waits for its parameters, and their CPU is free; when
@@ -11,8 +11,9 @@ transfer, beside two floors:
 - ``gloo``: every receive posted up front (the receiver knows every size), then waited for:
   one gloo message per tensor, the least a receive can cost from Python.
 - ``gloo+header``: a fixed-size header message and then the payload, whose receive is posted
-  once its header is in: the shape of accelopt's wire protocol (a header says what follows:
-  which tensor, its encoded size and type, its chunk, when it was sent), without the rest.
+  once its header is in: the shape of accelopt's wire protocol for a payload over 64 KiB (a
+  header says what follows: which tensor, its encoded size and type, its chunk, when it was
+  sent), without the rest; a smaller payload travels in its header's message.
 - ``accelopt``: ``Transport.post`` on the sender, ``Transport.receive`` on the receiver, no
   plugin: what a PS worker runs.
 
