@@ -152,7 +152,9 @@ def one_run(spec: JobConfig, bandwidth: str, side: str, label: str = "") -> dict
                 "spans": [dataclasses.asdict(s) for s in out.spans],
                 "per_iteration": out.per_iteration, "metrics": out.metrics}, default=str))
     m = out.metrics
-    facts = measure(out.spans, parse_rate(bandwidth) / 8, int(m.get("warmup_iterations") or 0))
+    # the calibration comes from the run without the plugin (an early update has none)
+    facts = (measure(out.spans, parse_rate(bandwidth) / 8, int(m.get("warmup_iterations") or 0))
+             if side == "default" else None)
     rows = [r for r in out.plugin_rows if r.plugin == "tictac"]
     predicted = [r.metrics for r in rows if "predicted_ms" in r.metrics]  # the server's
     return {"it_s": m.get("wall_iterations_per_s"), "a": m.get("ratio_a"),

@@ -34,7 +34,6 @@ import argparse
 import os
 import platform
 import resource
-import socket
 import statistics
 import time
 from typing import Any
@@ -42,6 +41,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from accelopt.drivers.cluster.launch import free_port
 
 MODES = ("gloo", "gloo+header", "accelopt")
 HEADER_INTS = 20
@@ -51,12 +52,6 @@ HEADER_INTS = 20
 def _cpu_s() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _round(mode: str, rank: int, i: int, values: list[torch.Tensor], transport: Any,
@@ -142,7 +137,7 @@ def measure(order: list[str], tensors: int, numel: int,
     (rank 0) and the receiver (rank 1), by (mode, rank)."""
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_child, args=(r, port, tensors, numel, rounds, order, out))
              for r in range(2)]
     for p in procs:
