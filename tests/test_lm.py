@@ -71,6 +71,18 @@ def test_without_transformers_the_model_says_how_to_get_it(monkeypatch):
     assert "\n" not in str(info.value)
 
 
+def test_the_model_names_its_loss_so_transformers_does_not_warn_on_every_run():
+    """transformers 5 looks the loss up by the model's ``loss_type`` attribute (from the class
+    name, not the config); unset, each run's first forward logged "loss_type=None ... was
+    set in the config but it is unrecognized" before using the same causal-LM loss."""
+    pytest.importorskip("transformers")
+    from transformers.loss.loss_utils import LOSS_MAPPING
+
+    model = gpt2(vocab_size=100, input_shape=(16,))
+    assert model.loss_type in LOSS_MAPPING
+    assert model.loss_function is LOSS_MAPPING["ForCausalLM"]
+
+
 def test_bad_sizes_are_one_line():
     with pytest.raises(ValueError, match="seq_len must be >= 2"):
         stdlib_text(seed=0, seq_len=1)

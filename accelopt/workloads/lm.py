@@ -142,4 +142,9 @@ def gpt2(*, vocab_size: int, input_shape: tuple[int, ...], n_embd: int = 64, n_l
                         n_embd=n_embd, n_layer=n_layer, n_head=n_head, resid_pdrop=dropout,
                         embd_pdrop=dropout, attn_pdrop=dropout, bos_token_id=None,
                         eos_token_id=None, loss_type="ForCausalLM")
-    return GPT2LMHeadModel(config)
+    model = GPT2LMHeadModel(config)
+    # transformers 5 picks the loss from the class name, not the config; "GPT2LMHeadModel"
+    # names none, so every run's first forward warned "loss_type=None ... unrecognized"
+    # before falling back to this same loss: name it on the model itself.
+    model.loss_type = "ForCausalLM"
+    return model
