@@ -159,6 +159,29 @@ def test_matrix_json_and_hydra(tmp_path):
     assert hydra.stdout.strip() == "+plugins=[],[noop]"
 
 
+def test_matrix_leaves_out_the_sets_the_runs_configuration_refuses(tmp_path):
+    """The default workload is a parameter-server cluster, where slide refuses to run: the
+    matrix for it must not hand CI a job that exits 2; for a one-process workload it must."""
+    default = accelopt("matrix", "--format", "hydra", "--plugins", "slide,noop", cwd=tmp_path)
+    assert default.returncode == 0, default.stderr
+    assert default.stdout.strip() == "+plugins=[],[noop]"
+    (line,) = default.stderr.splitlines()
+    assert line.startswith("left out 2 set(s) that the default configuration refuses "
+                           "([slide], [noop,slide]): plugins.slide: cluster.mode=ps"), line
+    local = accelopt("matrix", "--format", "hydra", "--plugins", "slide,noop", "workload=tiny",
+                     cwd=tmp_path)
+    assert local.stdout.strip() == "+plugins=[],[noop],[slide],[noop,slide]", local.stderr
+    assert local.stderr == ""
+    unchecked = accelopt("matrix", "--format", "hydra", "--plugins", "slide", "--no-check",
+                         cwd=tmp_path)
+    assert unchecked.stdout.strip() == "+plugins=[],[slide]"
+    for bad, says in [("+plugins=[noop]", "chooses the plugin sets itself"),
+                      ("workload=nosuch", "no workload 'nosuch'")]:
+        refused = accelopt("matrix", bad, cwd=tmp_path)
+        assert refused.returncode == 2 and says in refused.stderr, refused.stderr
+        assert len(refused.stderr.strip().splitlines()) == 1 and not refused.stdout
+
+
 def test_unknown_command(tmp_path):
     result = accelopt("rnu", cwd=tmp_path)
     assert result.returncode == 2

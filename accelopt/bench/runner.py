@@ -31,7 +31,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from accelopt.bench.analysis import SetResult, higher_is_better, summarize
 from accelopt.bench.evaluate import EVAL_METRIC, evaluate_run
 from accelopt.bench.render import render_markdown, render_png, render_table
-from accelopt.errors import AccelOptError, UserError
+from accelopt.errors import UserError
 from accelopt.plugin import Registry, resolve, valid_combinations
 from accelopt.report.console import default_console
 
@@ -108,30 +108,28 @@ def set_overrides(plugins: list[str], common: list[str],
 
 def preflight(sets: list[list[str]], common: list[str], per_plugin: dict[str, list[str]],
               registry: Registry) -> None:
-    """Compose each set's configuration and activate its plugins (their
+    """Check every set as ``accelopt run`` checks it before training (each plugin's
     ``accelopt_configure`` validates the whole run config) before anything runs, so a set
     that cannot run is named in one line instead of failing minutes into the sweep."""
-    from accelopt.activation import activate
     from accelopt.cli.hydra_run import compose_checked
     from accelopt.config import register_plugin_configs, register_schema
+    from accelopt.runtime.run import refused_sets
 
     unused = sorted(set(per_plugin) - {name for s in sets for name in s})
     if unused:
         raise UserError(f"settings for plugin(s) {', '.join(unused)} but no set selects them "
                         f"(sets: {', '.join(_label(s) for s in sets)})")
+    every = list(dict.fromkeys(name for s in sets for name in s))
     register_schema()
-    register_plugin_configs([registry.get(n) for n in {n for s in sets for n in s}])
-    failed: list[tuple[list[str], str]] = []
-    for plugins in sets:
-        try:
-            cfg = compose_checked(set_overrides(plugins, common, per_plugin))
-            activate(cfg, registry)
-        except AccelOptError as exc:
-            failed.append((plugins, str(exc)))
-    if failed:
-        others = [_label(p) for p, _ in failed[1:]]
+    register_plugin_configs([registry.get(n) for n in every])
+    # one composition with every set's plugins and settings; each set is checked on its part
+    cfg = compose_checked(set_overrides(every, common, per_plugin))
+    refused = refused_sets(cfg, registry, [tuple(s) for s in sets])
+    if refused:
+        (first, reason), *rest = refused.items()
+        others = [_label(list(s)) for s, _ in rest]
         also = f" (also cannot run: {', '.join(others)})" if others else ""
-        raise UserError(f"set {_label(failed[0][0])} cannot run: {failed[0][1]}{also}")
+        raise UserError(f"set {_label(list(first))} cannot run: {reason}{also}")
 
 
 def _label(plugins: list[str]) -> str:

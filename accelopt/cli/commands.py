@@ -73,18 +73,32 @@ def _describe(spec, registry: Registry) -> dict:
 
 def matrix(args: list[str]) -> int:
     """Valid plugin combinations as a GitHub Actions matrix (JSON) or a Hydra sweep."""
-    parser = argparse.ArgumentParser(prog="accelopt matrix", description=matrix.__doc__)
+    parser = argparse.ArgumentParser(
+        prog="accelopt matrix", description=matrix.__doc__,
+        epilog="Give the overrides the runs will get (workload=tiny cluster.mode=ps ...): "
+        "each set is checked against that configuration as `accelopt run` checks it before "
+        "training, and the sets it would refuse are left out (named on stderr).")
     parser.add_argument("--plugins", default="", help="comma-separated subset (default: all)")
     parser.add_argument("--max-size", type=int, default=None, help="largest combination size")
     parser.add_argument("--format", choices=("json", "hydra"), default="json",
                         help="json: {'include': [...]} for strategy.matrix; hydra: a -m override")
+    parser.add_argument("--no-check", action="store_true",
+                        help="list every set the plugins' requires/conflicts/slots allow, "
+                        "without configuring it against the configuration")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides the runs will get")
     opts = parser.parse_args(args)
+    if opts.max_size is not None and opts.max_size < 0:
+        raise UserError("--max-size must be >= 0")
+    chosen = [o for o in opts.overrides if o.lstrip("+~").startswith("plugins=")]
+    if chosen:
+        raise UserError(f"accelopt matrix chooses the plugin sets itself: drop '{chosen[0]}' "
+                        "(--plugins a,b restricts the plugins it combines)")
     registry = Registry.discover()
     names = [n for n in opts.plugins.split(",") if n]
     specs = [registry.get(n) for n in names] if names else registry.all()
-    if opts.max_size is not None and opts.max_size < 0:
-        raise UserError("--max-size must be >= 0")
     combos = valid_combinations(specs, opts.max_size)
+    if not opts.no_check:
+        combos = _runnable(combos, opts.overrides, registry)
     if opts.format == "hydra":
         print("+plugins=" + ",".join(f"[{','.join(c)}]" for c in combos))
     else:
@@ -92,3 +106,33 @@ def matrix(args: list[str]) -> int:
                    for c in combos]
         print(json.dumps({"include": include}))
     return 0
+
+
+def _runnable(combos: list[list[str]], overrides: list[str],
+              registry: Registry) -> list[list[str]]:
+    """The combinations ``accelopt run`` would accept with ``overrides``: one composition with
+    every plugin selected, then each set configured as the run's up-front validation does it.
+    The rest are named on stderr, one line per reason."""
+    from accelopt.cli.hydra_run import compose_checked, expose_hydra_plugins
+    from accelopt.config import register_plugin_configs, register_schema
+    from accelopt.runtime.run import refused_sets
+
+    every = sorted({n for c in combos for n in c})
+    expose_hydra_plugins()
+    register_schema()
+    register_plugin_configs([registry.get(n) for n in every])
+    selection = [f"+plugins=[{','.join(every)}]"] if every else []
+    cfg = compose_checked([*selection, *overrides])
+    setting = " ".join(overrides) or "the default configuration"
+    if len(combos) > 100:  # tens of milliseconds a set: say why the command takes a while
+        print(f"checking {len(combos)} sets against {setting} (--max-size N checks fewer, "
+              "--no-check none) ...", file=sys.stderr)
+    refused = refused_sets(cfg, registry, [tuple(c) for c in combos])
+    by_reason: dict[str, list[str]] = {}
+    for combo, reason in refused.items():
+        by_reason.setdefault(reason, []).append(f"[{','.join(combo)}]")
+    for reason, labels in by_reason.items():
+        shown = ", ".join(labels[:3]) + (f" and {len(labels) - 3} more" if len(labels) > 3 else "")
+        print(f"left out {len(labels)} set(s) that {setting} refuses ({shown}): {reason}",
+              file=sys.stderr)
+    return [c for c in combos if tuple(c) not in refused]

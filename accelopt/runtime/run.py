@@ -91,6 +91,30 @@ def validate(cfg: DictConfig, registry: Registry,
              reference_sets: list[tuple[str, ...]] = ()) -> None:
     """Everything that can be checked before a job runs: the jobs, the cluster settings, and
     each plugin set (this run's and every reference set's) activated and configured once."""
+    ids = _validate_settings(cfg)
+    for subset in [None, *reference_sets]:
+        activate(cfg if subset is None else compare.subset_config(cfg, subset), registry, ids)
+
+
+def refused_sets(cfg: DictConfig, registry: Registry,
+                 sets: list[tuple[str, ...]]) -> dict[tuple[str, ...], str]:
+    """Each of ``sets`` that ``accelopt run`` would refuse under ``cfg`` (composed with
+    every plugin of ``sets`` selected, so each plugin's own settings are in it), with the
+    one-line refusal: the checks of :func:`validate`, per set, without running anything.
+    A mistake in the settings every set shares (jobs, cluster) is raised, not returned."""
+    ids = _validate_settings(cfg)
+    refused: dict[tuple[str, ...], str] = {}
+    for subset in sets:
+        try:
+            activate(compare.subset_config(cfg, subset), registry, ids)
+        except AccelOptError as exc:
+            refused[subset] = str(exc)
+    return refused
+
+
+def _validate_settings(cfg: DictConfig) -> list[str]:
+    """The checks of every run's settings whatever its plugins (jobs, checkpoints, cluster,
+    precision); returns the job ids."""
     specs = job_specs(cfg)
     ids = [job_id_for(i, s) for i, s in enumerate(specs)]
     if int(cfg.run.checkpoint_every) < 0:
@@ -105,8 +129,7 @@ def validate(cfg: DictConfig, registry: Registry,
     device_type = pick_device(str(cfg.run.device)).type if one_process else None
     for spec in specs:  # fp16 needs CUDA and one process: say so before anything starts
         check_precision(spec, device_type, one_process)
-    for subset in [None, *reference_sets]:
-        activate(cfg if subset is None else compare.subset_config(cfg, subset), registry, ids)
+    return ids
 
 
 def _reference_sets(cfg: DictConfig, resuming: bool) -> list[tuple[str, ...]]:
