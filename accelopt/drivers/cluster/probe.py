@@ -72,6 +72,12 @@ def measure_bandwidth(bandwidth_bps: int | None, nbytes: int = 8 * 2**20, repeat
             faults.Watchdog(children, workdir).wait()
         finally:
             faults.Watchdog(children, workdir).kill_all()
+            # The event's semaphores (held by it, the processes' arguments and the children)
+            # must be gone before own_mp_helpers stops the resource tracker it started, or
+            # the tracker reports them as leaked (as _spawn in launch.py releases its own).
+            children.clear()
+            procs.clear()
+            store_ready = None
     try:
         with open(out) as fh:
             return [float(x) for x in fh.read().split()]
