@@ -227,6 +227,14 @@ def test_allreduce_equals_single_process_with_buckets_overlapping_backward(tmp_p
         comm = [s for s in out.spans if s.category == "comm" and s.args["source"] == rank]
         assert any(c.start_s < b.end_s for b in backward for c in comm
                    if c.args["iteration"] == b.args["iteration"])
+        # backward's compute ends when DDP takes the last bucket; the rest of backward() is
+        # DDP waiting for the reductions, a wait span (else Pc counted it and E read ~1)
+        waits = {s.args["iteration"]: s for s in out.spans
+                 if s.process == f"rank {rank} (worker)" and s.name == "wait all-reduce"}
+        assert sorted(waits) == list(range(ITERATIONS))
+        for b in backward:
+            wait = waits[b.args["iteration"]]
+            assert wait.track == "wait" and 0 <= wait.start_s - b.end_s < 0.05
 
 
 @pytest.mark.timeout(120)

@@ -21,17 +21,27 @@ class PhaseTimer:
         self.record = record
         self.clock = clock
         self.name: str | None = None
+        self.track = "compute"
         self.start = 0.0
         self.iteration = 0
 
-    def begin(self, name: str, iteration: int) -> None:
-        self.name, self.iteration, self.start = name, iteration, self.clock()
+    def begin(self, name: str, iteration: int, track: str = "compute") -> None:
+        self.name, self.iteration, self.track, self.start = name, iteration, track, self.clock()
 
     def end(self) -> None:
         if self.name is not None:
-            self.record(self.name, "compute", self.start, self.clock(), "compute",
+            self.record(self.name, self.track, self.start, self.clock(), self.track,
                         iteration=self.iteration)
         self.name = None
+
+    def waiting_from_here(self, label: str) -> None:
+        """End the current compute span now and time the rest of it, until :meth:`end`, as
+        a wait: after DDP's last bucket is ready, its backward only waits for the
+        all-reduce (DDP blocks inside ``backward()`` until every bucket is reduced)."""
+        if self.name is not None and self.track == "compute":
+            iteration = self.iteration
+            self.end()
+            self.begin(label, iteration, track="wait")
 
     def wait(self, label: str, until: Callable[[], Any]) -> None:
         """Run ``until()`` (a blocking wait) as a ``wait`` span cut out of the current one."""
@@ -50,10 +60,13 @@ class _NoTimer(PhaseTimer):
     def __init__(self) -> None:
         super().__init__(lambda *a, **k: None, lambda: 0.0)
 
-    def begin(self, name: str, iteration: int) -> None:
+    def begin(self, name: str, iteration: int, track: str = "compute") -> None:
         pass
 
     def end(self) -> None:
+        pass
+
+    def waiting_from_here(self, label: str) -> None:
         pass
 
     def wait(self, label: str, until: Callable[[], Any]) -> None:

@@ -67,6 +67,7 @@ class AllReduce(ClusterExchange):
             bucket_cap_mb=self.settings.bucket_bytes / 2**20,
         )
         self.ddp.register_comm_hook(self.hook, reduce_bucket)
+        self.hook.on_last_bucket = lambda: timer.waiting_from_here("wait all-reduce")
         job.forward = self.ddp
 
     def begin(self, iteration: int) -> None:

@@ -25,7 +25,7 @@ which has no such call, gets it from the first bucket of each iteration.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -94,6 +94,10 @@ class BucketHook:
         parameter, or gradients arriving out of layer order)."""
         self.run: RunInfo | None = None
         """The record the plugins were started with (a user's DDP script; for :meth:`report`)."""
+        self.on_last_bucket: Callable[[], None] | None = None
+        """Called when DDP hands over an iteration's last bucket: every gradient is computed,
+        and what is left of ``backward()`` is DDP waiting for the reductions (the runtime's
+        timeline counts it as a wait, not as compute)."""
 
     # -- records and planning ----------------------------------------------------------
 
@@ -166,6 +170,8 @@ class BucketHook:
             out = torch.futures.collect_all(touched).then(
                 lambda _f: self._scatter(plan, buffer))
         if bucket.is_last():
+            if self.on_last_bucket is not None:
+                self.on_last_bucket()
             # every bucket of the iteration is posted: a transfer still held by the order
             # hook waits for a tensor that never comes; say so instead of hanging backward
             self.transport.wait_started(self.iteration)
