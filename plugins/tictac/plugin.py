@@ -478,9 +478,10 @@ class TictacPlugin:
         if self.config.heuristic == "priority":
             return self._priority_rows()
         if self.role == "worker":
-            return [ReportRow("tictac", "workers receive parameters in the order the servers "
-                              "enforce; measured E per iteration is in the run metrics "
-                              "(efficiency_e, with and without warm-up)")]
+            return [ReportRow("tictac", "workers take parameters in the order the servers "
+                              "send them (the servers' rows say whether that is tictac's or "
+                              "the transport's default); measured E per iteration is in the "
+                              "run metrics (efficiency_e, with and without warm-up)")]
         if self.config.heuristic == "off":
             return [ReportRow("tictac", "heuristic=off: the transport's default order was used")]
         if self.plan is None and self.unplanned:
