@@ -4,9 +4,9 @@ all-reduce, against all links equal, in one invocation. Needs root and iproute2.
 Every rank runs in a network namespace of its own (``cluster.network.topology=hosts``),
 joined to a switch by a veth link shaped in both directions; the straggler run gives the
 last worker's link ``1/--slowdown`` of the rate. Each repeat runs both networks back to back,
-alternating which goes first. The figure is the steady-state iteration time (the run's
-``iteration_s``: median over iterations after the warm-up, slowest worker per iteration),
-median over repeats, beside its wire bound: the busiest link's bytes in one direction at
+alternating which goes first. The figure is the steady-state iteration period (one over
+the run's ``wall_iterations_per_s``: the iterations after the warm-up over their wall time,
+first start to last end), median over repeats, beside its wire bound: the busiest link's bytes in one direction at
 its rate (PS: a worker moves its parameters each way, a server ``workers/servers`` times
 its shard; a ring all-reduce moves ``2 (W-1)/W`` of the gradient each way through every
 link, so the slowest link paces all of them).
@@ -102,7 +102,9 @@ def main() -> None:
                 for straggler in order:
                     cfg = config(args, Case(mode, straggler))
                     out = run_cluster(cfg, run_dir=run_dir)
-                    times[straggler].append(float(out.metrics["iteration_s"]))
+                    # the period, not a worker's median iteration: a one-job PS worker runs
+                    # free, so its iteration also holds the wait for the server's turnaround
+                    times[straggler].append(1.0 / float(out.metrics["wall_iterations_per_s"]))
                     bounds[straggler] = wire_bound_s(settings_from(cfg.cluster),
                                                      int(out.metrics["param_bytes"]))
                     print(f"  {mode} {'straggler' if straggler else 'equal'} repeat {rep + 1}: "
@@ -119,7 +121,8 @@ def main() -> None:
     print(header)
     print("-" * len(header))
     print("\n".join(rows))
-    print("iteration: median over repeats of the run's steady iteration time. wire bound: the "
+    print("iteration: median over repeats of the run's steady iteration period (wall time of "
+          "the iterations after the warm-up over their number). wire bound: the "
           "busiest link's bytes in one direction at its rate (headers excluded). slowdown: "
           "over the equal links of the same mode.")
 
