@@ -16,6 +16,9 @@ transfer, beside two floors:
   sent), without the rest; a smaller payload travels in its header's message.
 - ``accelopt``: ``Transport.post`` on the sender, ``Transport.receive`` on the receiver, no
   plugin: what a PS worker runs.
+- ``accelopt+done``: the same with one plugin implementing ``accelopt_transfer_done`` and
+  doing nothing in it, hook trace on (as in a run): what any plugin observing transfers
+  (tictac measuring the link, a byte counter) adds to each transfer's receive.
 
 Two processes on the loopback (gloo, one intra-op thread each), ``--tensors`` tensors of
 ``--kib`` KiB a round, ``--rounds`` rounds per measurement after one unmeasured round; the
@@ -42,9 +45,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from accelopt import hookimpl
 from accelopt.drivers.cluster.launch import free_port
 
-MODES = ("gloo", "gloo+header", "accelopt")
+MODES = ("gloo", "gloo+header", "accelopt", "accelopt+done")
 HEADER_INTS = 20
 """A header of 20 int64 values, as accelopt's (``transport.HEADER_LEN``)."""
 
@@ -52,6 +56,17 @@ HEADER_INTS = 20
 def _cpu_s() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
+
+
+class _Observer:
+    """A plugin that observes every transfer and does nothing with it."""
+
+    def __init__(self) -> None:
+        self.seen = 0
+
+    @hookimpl
+    def accelopt_transfer_done(self, record: Any, start_s: float, end_s: float) -> None:
+        self.seen += 1
 
 
 def _round(mode: str, rank: int, i: int, values: list[torch.Tensor], transport: Any,
@@ -81,7 +96,7 @@ def _round(mode: str, rank: int, i: int, values: list[torch.Tensor], transport: 
                 posted[k].wait()
                 headers[k].tolist()  # what the receiver reads from it
                 dist.irecv(torch.empty(numel), 0, tag=2 * k + 1).wait()
-    else:
+    else:  # accelopt, with or without an observing plugin
         if rank == 0:
             batch = records(i)
             transport.plan(i, 1, batch)
@@ -103,9 +118,20 @@ def _child(rank: int, port: int, tensors: int, numel: int, rounds: int,
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=2)
     names = [f"p{k}" for k in range(tensors)]
-    transport = Transport(rank=rank, host=PluginHost([]), t0_epoch=time.time(),
-                          process=f"rank {rank}", timeout_s=60.0, device=torch.device("cpu"),
-                          tensor_ids={name: k for k, name in enumerate(names)})
+    from accelopt.plugin import PluginSpec
+
+    observer = _Observer()
+    observed = PluginHost([(PluginSpec(name="observer", factory=lambda _c: observer),
+                            observer)])
+    observed.trace = []  # a run's default: every hook call on its timeline
+
+    def transport_with(host: PluginHost) -> Transport:
+        return Transport(rank=rank, host=host, t0_epoch=time.time(), process=f"rank {rank}",
+                         timeout_s=60.0, device=torch.device("cpu"),
+                         tensor_ids={name: k for k, name in enumerate(names)})
+
+    transports = {"accelopt": transport_with(PluginHost([])),
+                  "accelopt+done": transport_with(observed)}
 
     def records(i: int) -> list[TransferRecord]:
         return [TransferRecord("j", i, 0, 1, name, 4 * numel, k, "param")
@@ -116,6 +142,7 @@ def _child(rank: int, port: int, tensors: int, numel: int, rounds: int,
     i = 0
     try:
         for mode in order:
+            transport = transports.get(mode)
             _round(mode, rank, i, values, transport, records)  # warm: buffers, pairs
             i += 1
             dist.barrier()
@@ -127,7 +154,8 @@ def _child(rank: int, port: int, tensors: int, numel: int, rounds: int,
             dist.barrier()
             out.put((mode, rank, 1e6 * cpu / (rounds * tensors)))
     finally:
-        transport.close()
+        for transport in transports.values():
+            transport.close()
         dist.destroy_process_group()
 
 
@@ -184,6 +212,8 @@ def main() -> int:
             print(f"{mode:12} {side:8} CPU per transfer {med[(mode, rank)]:7.1f} us (min-max "
                   f"{min(values):.1f}-{max(values):.1f}) "
                   f"{med[(mode, rank)] / med[('gloo', rank)]:.2f}x gloo")
+    print(f"an observing plugin adds {med[('accelopt+done', 1)] - med[('accelopt', 1)]:.0f} us "
+          f"to a receive and {med[('accelopt+done', 0)] - med[('accelopt', 0)]:.0f} us to a send")
     print(f"accelopt receive: {med[('accelopt', 1)]:.0f} us of CPU per transfer (gloo floor "
           f"{med[('gloo', 1)]:.0f} us, with a header {med[('gloo+header', 1)]:.0f} us); "
           f"send {med[('accelopt', 0)]:.0f} us (gloo {med[('gloo', 0)]:.0f} us)")
