@@ -6,10 +6,11 @@ joined to a switch by a veth link shaped in both directions; the straggler run g
 last worker's link ``1/--slowdown`` of the rate. Each repeat runs both networks back to back,
 alternating which goes first. The figure is the steady-state iteration period (one over
 the run's ``wall_iterations_per_s``: the iterations after the warm-up over their wall time,
-first start to last end), median over repeats, beside its wire bound: the busiest link's bytes in one direction at
-its rate (PS: a worker moves its parameters each way, a server ``workers/servers`` times
-its shard; a ring all-reduce moves ``2 (W-1)/W`` of the gradient each way through every
-link, so the slowest link paces all of them).
+first start to last end), median over repeats, beside its wire bound: the busiest link's
+time at its rate (:func:`wire_bound_s`; PS: a worker's push and then its pull, which waits
+for the server's step, a server ``workers/servers`` times its shard one way; a ring
+all-reduce moves ``2 (W-1)/W`` of the gradient each way through every link, so the slowest
+link paces all of them).
 
     sudo python benchmarks/straggler.py [--bandwidth 100mbit] [--slowdown 4] [--repeats 3]
 """
@@ -55,7 +56,12 @@ def config(args: argparse.Namespace, case: Case) -> object:
 
 
 def wire_bound_s(settings: ClusterSettings, param_bytes: int) -> float:
-    """The busiest link's bytes in one direction at its rate (links are full duplex)."""
+    """The busiest link's time per iteration at its rate. Links are full duplex, so a link's
+    two directions count once, except where one waits for the other: a PS worker's next
+    parameters come back only after the server's whole step, which needs this worker's
+    gradients, so a worker's link carries its push and then its pull, in sequence. (A server
+    can overlap them across workers: one worker's next push while it still sends another's
+    parameters.)"""
     worst = 0.0
     for rank in range(settings.world_size):
         rate = settings.link(rank).bandwidth_bps
@@ -63,7 +69,7 @@ def wire_bound_s(settings: ClusterSettings, param_bytes: int) -> float:
             continue
         if settings.mode == "ps":
             moved = (param_bytes * settings.workers / settings.servers
-                     if settings.role(rank) == "server" else param_bytes)
+                     if settings.role(rank) == "server" else 2 * param_bytes)
         else:
             moved = 2 * (settings.workers - 1) / settings.workers * param_bytes
         worst = max(worst, moved * 8 / rate)
@@ -123,7 +129,8 @@ def main() -> None:
     print("\n".join(rows))
     print("iteration: median over repeats of the run's steady iteration period (wall time of "
           "the iterations after the warm-up over their number). wire bound: the "
-          "busiest link's bytes in one direction at its rate (headers excluded). slowdown: "
+          "busiest link's time at its rate (a PS worker's push then pull, in sequence; "
+          "otherwise one direction; headers excluded). slowdown: "
           "over the equal links of the same mode.")
 
 
