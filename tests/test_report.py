@@ -206,6 +206,23 @@ def test_summary_renders_jobs_plugins_and_errors() -> None:
     assert max(len(line) for line in text.splitlines()) <= 100
 
 
+def test_a_one_job_cluster_run_reports_its_wall_throughput() -> None:
+    """One job's iterations may overlap (an early update), so one over the median iteration
+    is no throughput there: the line gives the steady iterations over their wall time;
+    several jobs interleave, and their line keeps one over the median iteration."""
+    cluster = {"cluster_mode": "ps", "cluster_backend": "gloo", "cluster_workers": 2,
+               "iterations_per_s": 12.5, "mc_s": 0.01, "pc_s": 0.02}
+    one = make_record()
+    one.metrics = {**cluster, "wall_iterations_per_s": 9.75}
+    text = " ".join(_render(one).split())
+    assert "2 workers 9.75 it/s (wall)" in text and "12.5" not in text
+    assert "it/s (wall): the iterations after the warm-up over their wall time" in text
+    several = make_record()
+    several.metrics = dict(cluster)
+    text = " ".join(_render(several).split())
+    assert "2 workers 12.50 it/s" in text and "(wall)" not in text
+
+
 def test_summary_baseline_run_says_no_plugins() -> None:
     assert "no plugins active (baseline run)" in _render(make_record(plugins=()))
 

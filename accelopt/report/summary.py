@@ -106,19 +106,31 @@ def _run_line(record: RunRecord) -> str:
     )
 
 
+WALL_NOTE = "it/s (wall): the iterations after the warm-up over their wall time; "
+"""One job's throughput note (several jobs interleave: their line gives one over the median
+iteration instead, and says nothing more)."""
+
+
 def _cluster_line(record: RunRecord) -> str | None:
     """Communication/computation figures of a cluster run (medians over iterations after the
     warm-up; E < 0 means the iteration took longer than communication plus computation)."""
     m = record.metrics
     if "cluster_mode" not in m:
         return None
+    # one job: its steady iterations over their wall time (one over the median iteration
+    # overstates it when an early update overlaps iterations); several jobs interleave, so
+    # a job's wall time is no throughput: one over the median iteration of any job
+    wall = m.get("wall_iterations_per_s")
+    rate = (f"{fmt(wall)} it/s (wall)" if wall is not None
+            else f"{fmt(m.get('iterations_per_s'))} it/s")
     return (
         f"[bold]Cluster:[/] {m['cluster_mode']} on {m.get('cluster_backend', '?')}, "
-        f"{m.get('cluster_workers', '?')} workers  {fmt(m.get('iterations_per_s'))} it/s  "
+        f"{m.get('cluster_workers', '?')} workers  {rate}  "
         f"Mc {fmt(m.get('mc_s'), 4)} s  Pc {fmt(m.get('pc_s'), 4)} s  "
         f"U {fmt(m.get('iteration_makespan_s'), 4)} s  E {fmt(m.get('efficiency_e'))}  "
         f"a {fmt(m.get('ratio_a'))}  {fmt(m.get('bytes_per_iteration', 0) / 2**20)} MiB/iteration"
-        "\n[dim]  medians per iteration after the warm-up: Mc communication, Pc computation, U "
+        f"\n[dim]  {WALL_NOTE if wall is not None else ''}"
+        "medians per iteration after the warm-up: Mc communication, Pc computation, U "
         "their union in time; E = (Mc+Pc-U)/(Mc+Pc-max(Mc,Pc)) is how much of the shorter one "
         "overlaps the longer (1: fully hidden; < 0: the iteration also waited, idle); a = "
         "Mc/Pc[/dim]"
