@@ -90,6 +90,22 @@ def test_the_process_ends_with_the_run_when_nothing_is_submitted() -> None:
     renderer.close()  # idempotent
 
 
+@pytest.mark.timeout(120)
+def test_the_handed_layout_file_is_gone_even_if_the_run_dies_after_handing_it_over(
+        tmp_path: Path) -> None:
+    """A run killed right after the hand-over (``accelopt bench`` stopping its sweep on an
+    unknown metric did that) never removes the layout's temporary file: the drawing process
+    removes it once read, so nothing is left in the temporary directory."""
+    renderer = _started()
+    assert renderer.submit(timeline_layout(_record()), tmp_path / "t.png")
+    handed = renderer._layout_file
+    assert handed is not None
+    assert renderer._process.wait(timeout=100) == 0  # the run never waits nor closes
+    assert not handed.exists()
+    assert (tmp_path / "t.png").read_bytes()[:8] == PNG_MAGIC
+    renderer.close()
+
+
 @pytest.mark.timeout(60)
 def test_the_process_ends_by_itself_when_the_run_goes_away() -> None:
     renderer = _started()

@@ -241,8 +241,7 @@ def _run_sweep(command: list[str], out: Path, total: int, console: Console,
                 missing = _missing_metric(done[0], metric)
                 metric = None  # the first run decides
                 if missing:
-                    proc.kill()
-                    proc.wait()
+                    _stop(proc)
                     log.close()
                     raise UserError(missing)
             try:
@@ -254,6 +253,17 @@ def _run_sweep(command: list[str], out: Path, total: int, console: Console,
         tail = (out / "sweep.log").read_text().strip().splitlines()[-1:]
         raise UserError(f"the sweep failed (exit {proc.returncode}): {' '.join(tail)} "
                         f"(full log: {out / 'sweep.log'})")
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """End the sweep: asked first (SIGTERM: a cluster run stops its ranks and removes its
+    network namespaces), killed if still there 10 s later; reaped."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def _missing_metric(metrics_json: Path, metric: str) -> str:

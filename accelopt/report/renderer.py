@@ -195,7 +195,11 @@ def main() -> int:
         return 0
     try:
         request = json.loads(line)
-        layout = json.loads(Path(request["layout_file"]).read_text(encoding="utf-8"))
+        handed = Path(request["layout_file"])
+        layout = json.loads(handed.read_text(encoding="utf-8"))
+        # read: the file has served, and the run may be gone without removing it (a bench
+        # that stops its sweep, a killed run); the run's own removal tolerates this one
+        handed.unlink(missing_ok=True)
         draw(TimelineLayout.from_json(layout), Path(request["path"]))
     except Exception as exc:  # noqa: BLE001 - reported to the run, which draws it itself
         print(f"{type(exc).__name__}: {exc}".splitlines()[0], flush=True)
