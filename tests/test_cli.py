@@ -252,10 +252,17 @@ def test_the_command_exits_with_mains_code_and_flushed_output(monkeypatch, capsy
         exits.append(value)
         raise KeyboardInterrupt  # stands in for the process ending here
 
+    import accelopt.drivers.processes as processes
+
+    released = []
     monkeypatch.setattr(cli, "main", fake_main)
     monkeypatch.setattr(cli.os, "_exit", fake_exit)
+    # what an ending process releases (its pymp-* directory, where this test session's
+    # forkserver has its socket) is not this process's to release
+    monkeypatch.setattr(processes, "release_before_exit", lambda: released.append(1))
     with pytest.raises(KeyboardInterrupt):
         cli.console()
+    assert released == [1]
     captured = capsys.readouterr()
     assert exits == [code]
     assert "written" in captured.out

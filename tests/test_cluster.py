@@ -439,6 +439,27 @@ def test_config_errors_are_one_line(tmp_path):
 
 
 @pytest.mark.parametrize("release", [True, False])
+def test_a_process_that_ends_with_os_exit_leaves_no_temporary_directory(release, tmp_path):
+    """The ``accelopt`` command and the ranks end with ``os._exit``; multiprocessing's
+    ``pymp-*`` directory (the forkserver's socket is made in it) is removed first. Without
+    the release it stays (the test can fail): one per ``accelopt run``, before."""
+    import subprocess
+
+    code = ("import os\n"
+            "from multiprocessing import util\n"
+            "from accelopt.drivers.processes import release_before_exit\n"
+            "print(util.get_temp_dir(), flush=True)\n"
+            + ("release_before_exit()\n" if release else "")
+            + "os._exit(0)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert done.returncode == 0, done.stderr
+    made = Path(done.stdout.strip())
+    assert made.parent == tmp_path and made.name.startswith("pymp-")
+    assert made.exists() is not release
+
+
+@pytest.mark.parametrize("release", [True, False])
 def test_a_process_that_ends_with_os_exit_leaves_no_leaked_semaphore(release):
     """Ranks and the ``accelopt`` command end with ``os._exit``; a named semaphore a library
     made there (tqdm's lock, made by ``torch.fx.Interpreter`` in tictac's measurement) is

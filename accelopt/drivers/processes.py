@@ -158,12 +158,22 @@ def release_before_exit() -> None:
     """What a normal interpreter exit would release and ``os._exit`` skips: multiprocessing's
     exit finalizers, which unlink the named semaphores libraries made in this process (tqdm's
     write lock, made by ``torch.fx.Interpreter`` when tictac measures a model) so that the
-    resource tracker does not report them as leaked after the run. Call it just before
-    ``os._exit``; it never raises."""
+    resource tracker does not report them as leaked after the run, and remove the process's
+    ``pymp-*`` temporary directory (the forkserver's socket lives there). That directory's
+    finalizer has a negative priority, among those a normal exit runs last, after joining
+    queue feeder threads, which could wait here for a reader that is gone: so it is removed
+    by itself, as its finalizer would (one directory per run was left in /tmp). Call it just
+    before ``os._exit``; it never raises."""
     from multiprocessing import util
 
     with contextlib.suppress(Exception):
         util._run_finalizers(0)  # type: ignore[attr-defined]
+    with contextlib.suppress(Exception):
+        # its own finalizer: a no-op in a forked child (a rank), which inherits the parent's
+        # directory, where the forkserver the parent still uses has its socket
+        for finalizer in list(util._finalizer_registry.values()):  # type: ignore[attr-defined]
+            if getattr(finalizer, "_callback", None) is util._remove_temp_dir:  # type: ignore[attr-defined]
+                finalizer()
 
 
 def stop_forkserver(server: Any) -> None:
