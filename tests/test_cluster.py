@@ -355,7 +355,6 @@ def test_a_failed_run_called_from_python_exits_with_its_one_error(tmp_path):
 
     script = tmp_path / "fails.py"
     script.write_text(
-        "import tempfile\n"
         "from omegaconf import OmegaConf\n"
         "from accelopt.config import AccelConfig, JobConfig\n"
         "from accelopt.drivers.cluster import run_cluster\n"
@@ -366,7 +365,7 @@ def test_a_failed_run_called_from_python_exits_with_its_one_error(tmp_path):
         "    cfg.cluster.mode = 'allreduce'\n"
         "    cfg.cluster.workers = 2\n"
         "    cfg.plugins = {'gradcomm': {'dtype': 'fp16'}}\n"
-        "    run_cluster(cfg, run_dir=tempfile.mkdtemp())\n")
+        f"    run_cluster(cfg, run_dir={str(tmp_path / 'run')!r})\n")
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                          timeout=100)
     assert out.returncode == 1
