@@ -29,7 +29,9 @@ def test_torchrun_runs_the_same_config_as_ranks(tmp_path):
         "cluster.workers=2", "cluster.servers=1", "run.progress=false",
         f"hydra.run.dir={run_dir}",
     ]
-    result = subprocess.run(cmd, cwd=tmp_path, env=cli_env(), capture_output=True, text=True,
+    # torchrun keeps its per-run directories (torchelastic_*) in the temporary directory
+    env = {**cli_env(), "TMPDIR": str(tmp_path)}
+    result = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True,
                             timeout=200)
     assert result.returncode == 0, result.stderr[-2000:]
     metrics = json.loads((run_dir / "metrics.json").read_text())
