@@ -158,12 +158,12 @@ def release_before_exit() -> None:
     """What a normal interpreter exit would release and ``os._exit`` skips: multiprocessing's
     exit finalizers, which unlink the named semaphores libraries made in this process (tqdm's
     write lock, made by ``torch.fx.Interpreter`` when tictac measures a model) so that the
-    resource tracker does not report them as leaked after the run, and remove the process's
-    ``pymp-*`` temporary directory (the forkserver's socket lives there). That directory's
-    finalizer has a negative priority, among those a normal exit runs last, after joining
-    queue feeder threads, which could wait here for a reader that is gone: so it is removed
-    by itself, as its finalizer would (one directory per run was left in /tmp). Call it just
-    before ``os._exit``; it never raises."""
+    resource tracker does not report them as leaked after the run; and the finalizer that
+    removes the ``pymp-*`` temporary directory this process made (the forkserver's socket
+    lives there: one directory per run was left in /tmp). That one has a negative priority,
+    among those a normal exit runs last, after joining queue feeder threads, which could wait
+    here for a reader that is gone; so it alone of those is run. Call it just before
+    ``os._exit``; it never raises."""
     from multiprocessing import util
 
     with contextlib.suppress(Exception):
