@@ -184,6 +184,8 @@ def test_the_documented_torchrun_commands_run_on_two_hosts(own_namespaces, tmp_p
             argv = [a.replace("10.0.0.1", net.address(0)) for a in argv]
             assert f"--node-rank {node}" in " ".join(argv)
             (tmp_path / f"node{node}").mkdir()
+            # TMPDIR: torchrun keeps its per-run directories (torchelastic_*) there
+            env = {**env, "TMPDIR": str(tmp_path / f"node{node}")}
             cmd = ["ip", "netns", "exec", net.hosts[node], "env", *(f"{k}={v}" for k, v in env.items()),
                    sys.executable, "-m", "torch.distributed.run", *argv[1:],
                    "workload=tiny", "run.progress=false"]
