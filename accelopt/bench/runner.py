@@ -111,19 +111,17 @@ def preflight(sets: list[list[str]], common: list[str], per_plugin: dict[str, li
     """Check every set as ``accelopt run`` checks it before training (each plugin's
     ``accelopt_configure`` validates the whole run config) before anything runs, so a set
     that cannot run is named in one line instead of failing minutes into the sweep."""
-    from accelopt.cli.hydra_run import compose_checked
-    from accelopt.config import register_plugin_configs, register_schema
+    from accelopt.cli.hydra_run import composed_with_every_plugin
     from accelopt.runtime.run import refused_sets
 
     unused = sorted(set(per_plugin) - {name for s in sets for name in s})
     if unused:
         raise UserError(f"settings for plugin(s) {', '.join(unused)} but no set selects them "
                         f"(sets: {', '.join(_label(s) for s in sets)})")
-    every = list(dict.fromkeys(name for s in sets for name in s))
-    register_schema()
-    register_plugin_configs([registry.get(n) for n in every])
-    # one composition with every set's plugins and settings; each set is checked on its part
-    cfg = compose_checked(set_overrides(every, common, per_plugin))
+    # each set is checked on its part of one composition with every set's plugin settings
+    settings = [o for name in dict.fromkeys(n for s in sets for n in s)
+                for o in per_plugin.get(name, [])]
+    cfg = composed_with_every_plugin(sets, [*common, *settings], registry)
     refused = refused_sets(cfg, registry, [tuple(s) for s in sets])
     if refused:
         (first, reason), *rest = refused.items()

@@ -113,16 +113,10 @@ def _runnable(combos: list[list[str]], overrides: list[str],
     """The combinations ``accelopt run`` would accept with ``overrides``: one composition with
     every plugin selected, then each set configured as the run's up-front validation does it.
     The rest are named on stderr, one line per reason."""
-    from accelopt.cli.hydra_run import compose_checked, expose_hydra_plugins
-    from accelopt.config import register_plugin_configs, register_schema
+    from accelopt.cli.hydra_run import composed_with_every_plugin
     from accelopt.runtime.run import refused_sets
 
-    every = sorted({n for c in combos for n in c})
-    expose_hydra_plugins()
-    register_schema()
-    register_plugin_configs([registry.get(n) for n in every])
-    selection = [f"+plugins=[{','.join(every)}]"] if every else []
-    cfg = compose_checked([*selection, *overrides])
+    cfg = composed_with_every_plugin(combos, overrides, registry)
     setting = " ".join(overrides) or "the default configuration"
     if len(combos) > 100:  # tens of milliseconds a set: say why the command takes a while
         print(f"checking {len(combos)} sets against {setting} (--max-size N checks fewer, "

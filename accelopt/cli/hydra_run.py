@@ -155,6 +155,20 @@ def prepared_configs(overrides: list[str], registry: Registry,
     return out
 
 
+def composed_with_every_plugin(sets: list[list[str]], overrides: list[str],
+                               registry: Registry) -> DictConfig:
+    """One configuration with every plugin of ``sets`` selected and ``overrides`` (which
+    select no plugins), so each plugin's own settings apply: ``runtime.run.refused_sets``
+    then checks each set on its part, as a run checks its selection before training (the
+    sets of ``accelopt matrix`` and ``accelopt bench``)."""
+    every = list(dict.fromkeys(name for s in sets for name in s))
+    expose_hydra_plugins()
+    register_schema()
+    register_plugin_configs([registry.get(n) for n in every])
+    selection = [f"+plugins=[{','.join(every)}]"] if every else []
+    return compose_checked([*selection, *overrides])
+
+
 def refuse_bad_resume(overrides: list[str]) -> None:
     """A ``run.resume`` target that is not a run directory, or ``run.resume=D
     hydra.run.dir=D`` (Hydra would rewrite D's ``.hydra/`` files before the run could
