@@ -44,19 +44,27 @@ def _span(process, track, start, end, category, **args):
                 process=process, args=args)
 
 
-def test_per_worker_iteration_and_summary_from_spans():
+def _ps_worker(pull, compute, push, iteration, n=4, period=10):
+    """Worker 1's timeline over ``n`` iterations ``period`` apart: the server's parameters
+    (``pull``), its compute, its gradients to the server (``push``) and its iteration span,
+    each an interval relative to the iteration's start."""
     spans = []
-    for it in range(4):
-        base = 10 * it
-        # server rank 0 -> worker 1 params, then worker 1 -> server grads
-        spans.append(_span("rank 1 (worker)", "link 0->1", base, base + 2, "comm",
-                           iteration=it, source=0, destination=1, bytes=100))
-        spans.append(_span("rank 1 (worker)", "compute", base + 1, base + 4, "compute",
-                           iteration=it))
-        spans.append(_span("rank 0 (server)", "link 1->0", base + 3, base + 5, "comm",
-                           iteration=it, source=1, destination=0, bytes=100))
-        spans.append(_span("rank 1 (worker)", "iteration", base, base + 5, "iteration",
-                           iteration=it))
+    for it in range(n):
+        base = period * it
+        for process, track, (start, end), category, ends in (
+            ("rank 1 (worker)", "link 0->1", pull, "comm", {"source": 0, "destination": 1}),
+            ("rank 1 (worker)", "compute", compute, "compute", {}),
+            ("rank 0 (server)", "link 1->0", push, "comm", {"source": 1, "destination": 0}),
+            ("rank 1 (worker)", "iteration", iteration, "iteration", {}),
+        ):
+            extra = {**ends, "bytes": 100} if ends else {}
+            spans.append(_span(process, track, base + start, base + end, category,
+                               iteration=it, **extra))
+    return spans
+
+
+def test_per_worker_iteration_and_summary_from_spans():
+    spans = _ps_worker(pull=(0, 2), compute=(1, 4), push=(3, 5), iteration=(0, 5))
     rows = cm.per_worker_iteration(spans, [1])
     assert len(rows) == 4
     # Mc = [0,2]+[3,5] = 4, Pc = 3, U = 5 -> E = (7-5)/(7-4) = 2/3
@@ -70,6 +78,29 @@ def test_per_worker_iteration_and_summary_from_spans():
     assert summary["iterations_per_s"] == pytest.approx(0.2)
     # 200 bytes over 4 s of link busy time
     assert summary["achieved_bandwidth_bps"] == pytest.approx(8 * 200 / 4)
+
+
+def test_an_iteration_counts_what_happens_inside_it_when_transfers_cross_into_the_next():
+    """A free-running PS worker: iteration i's gradient push ends inside iteration i+1.
+    Grouped by the iteration each transfer belongs to, U would run past the period (16 s
+    against 10) and E read 0.2 on a worker that is never idle; clipped to the iteration's
+    own span, the worker is busy all of it and E is 0.8."""
+    spans = _ps_worker(pull=(0, 3), compute=(3, 8), push=(7, 16), iteration=(0, 10))
+    rows = cm.per_worker_iteration(spans, [1])
+    steady = rows[1]
+    # inside [10, 20]: the previous push [10, 16], the pull [10, 13], this push [17, 20]
+    assert steady["mc_s"] == pytest.approx(9)
+    assert steady["pc_s"] == pytest.approx(5)
+    assert steady["iteration_makespan_s"] == pytest.approx(10)
+    assert steady["efficiency_e"] == pytest.approx(0.8)
+    assert steady["bytes"] == 200  # the iteration's own transfers, wherever they end
+    # the first iteration has no earlier push: Mc [0, 3] + [7, 10], idle nowhere either
+    assert rows[0]["mc_s"] == pytest.approx(6)
+    assert rows[0]["efficiency_e"] == pytest.approx((6 + 5 - 10) / (6 + 5 - 6))
+    # without iteration spans, the transfers are grouped by the iteration they belong to
+    grouped = cm.per_worker_iteration([s for s in spans if s.category != "iteration"], [1])
+    assert grouped[1]["iteration_makespan_s"] == pytest.approx(16)
+    assert grouped[1]["efficiency_e"] == pytest.approx(0.2)
 
 
 def _cluster(**kw):

@@ -130,10 +130,10 @@ def _cluster_line(record: RunRecord) -> str | None:
         f"U {fmt(m.get('iteration_makespan_s'), 4)} s  E {fmt(m.get('efficiency_e'))}  "
         f"a {fmt(m.get('ratio_a'))}  {fmt(m.get('bytes_per_iteration', 0) / 2**20)} MiB/iteration"
         f"\n[dim]  {WALL_NOTE if wall is not None else ''}"
-        "medians per iteration after the warm-up: Mc communication, Pc computation, U "
-        "their union in time; E = (Mc+Pc-U)/(Mc+Pc-max(Mc,Pc)) is how much of the shorter one "
-        "overlaps the longer (1: fully hidden; < 0: the iteration also waited, idle); a = "
-        "Mc/Pc[/dim]"
+        "medians per iteration after the warm-up: Mc communication, Pc computation inside a "
+        "worker's iteration, U its length; E = (Mc+Pc-U)/(Mc+Pc-max(Mc,Pc)) is how much of "
+        "the shorter one overlaps the longer (1: fully hidden; < 0: the iteration also "
+        "waited, idle); a = Mc/Pc[/dim]"
     )
 
 

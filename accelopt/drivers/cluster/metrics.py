@@ -6,12 +6,20 @@ U = makespan (first interval start to last interval end). Without overlap U = Mc
 perfect overlap U = max(Mc, Pc), so the scheduling efficiency is
 ``E = (Mc + Pc - U) / (Mc + Pc - max(Mc, Pc))`` and the ratio ``a = Mc / Pc``.
 
-E is reported as measured, not clamped: idle gaps (Python overhead between a transfer's end
-and the next compute) can push it slightly below 0, which is worth seeing.
+An iteration is the worker's own iteration span (its ``iteration`` timeline span): Mc and
+Pc are the communication and compute inside it, whichever iteration they belong to, and U is
+its length. A one-job PS worker runs free, so iteration i's gradient pushes end inside
+iteration i+1; counting them in i made U (its first start to its last end) longer than the
+period, and E read -2.4 on a run whose workers idled a few milliseconds an iteration.
+
+E is reported as measured, not clamped: idle time inside an iteration (waiting for the
+server's update, Python between a transfer's end and the next compute) pushes it below 0,
+which is worth seeing.
 """
 
 from __future__ import annotations
 
+import bisect
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
@@ -34,12 +42,15 @@ def union_length(intervals: Iterable[tuple[float, float]]) -> float:
 
 
 def overlap_metrics(
-    comm: Sequence[tuple[float, float]], compute: Sequence[tuple[float, float]]
+    comm: Sequence[tuple[float, float]], compute: Sequence[tuple[float, float]],
+    makespan: float | None = None,
 ) -> dict[str, float | None]:
-    """Mc, Pc, U, E and a for one worker's iteration."""
+    """Mc, Pc, U, E and a for one worker's iteration; U is ``makespan`` when given (the
+    iteration's length), else the intervals' first start to last end."""
     mc, pc = union_length(comm), union_length(compute)
-    every = [*comm, *compute]
-    makespan = (max(e for _, e in every) - min(s for s, _ in every)) if every else 0.0
+    if makespan is None:
+        every = [*comm, *compute]
+        makespan = (max(e for _, e in every) - min(s for s, _ in every)) if every else 0.0
     upper, lower = mc + pc, max(mc, pc)
     efficiency = (upper - makespan) / (upper - lower) if upper - lower > 1e-12 else None
     return {
@@ -65,13 +76,16 @@ def per_worker_iteration(spans: Sequence[Span], workers: Sequence[int]) -> list[
 
     Communication intervals are the link spans whose source or destination is the worker
     (an all-reduce bucket has destination -1 and counts for its source); compute intervals
-    are the worker's own ``compute`` spans.
+    are the worker's own ``compute`` spans. Where the worker's ``iteration`` span is on the
+    timeline, both are clipped to it and U is its length (the module docstring says why);
+    an iteration without one groups them by the iteration they belong to. ``bytes`` are
+    always the iteration's own transfers.
     """
     wanted = set(workers)
     comm: dict[tuple[int, int], list[tuple[float, float]]] = defaultdict(list)
     compute: dict[tuple[int, int], list[tuple[float, float]]] = defaultdict(list)
     moved: dict[tuple[int, int], int] = defaultdict(int)
-    wall: dict[tuple[int, int], float] = {}
+    window: dict[tuple[int, int], tuple[float, float]] = {}
     for span in spans:
         it = span.args.get("iteration")
         if it is None:
@@ -89,15 +103,49 @@ def per_worker_iteration(spans: Sequence[Span], workers: Sequence[int]) -> list[
         elif span.category == "iteration":
             rank = _rank_of(span.process)
             if rank in wanted:
-                wall[(rank, it)] = span.end_s - span.start_s
+                window[(rank, it)] = (span.start_s, span.end_s)
+    inside_comm, inside_compute = _by_window(comm, window), _by_window(compute, window)
     rows = []
     for key in sorted(set(comm) | set(compute)):
         row: dict[str, Any] = {"rank": key[0], "iteration": key[1]}
-        row.update(overlap_metrics(comm.get(key, []), compute.get(key, [])))
+        span_of = window.get(key)
+        if span_of is None:
+            row.update(overlap_metrics(comm.get(key, []), compute.get(key, [])))
+        else:
+            row.update(overlap_metrics(inside_comm.get(key, []), inside_compute.get(key, []),
+                                       makespan=span_of[1] - span_of[0]))
         row["bytes"] = moved.get(key, 0)
-        row["iteration_s"] = wall.get(key)
+        row["iteration_s"] = span_of[1] - span_of[0] if span_of is not None else None
         rows.append(row)
     return rows
+
+
+def _by_window(
+    intervals: dict[tuple[int, int], list[tuple[float, float]]],
+    windows: dict[tuple[int, int], tuple[float, float]],
+) -> dict[tuple[int, int], list[tuple[float, float]]]:
+    """Each rank's intervals cut at its iteration windows: (rank, iteration) -> the parts
+    inside that iteration's window, whichever iteration an interval belongs to."""
+    per_rank: dict[int, list[tuple[float, float, int]]] = defaultdict(list)
+    for (rank, it), (start, end) in windows.items():
+        per_rank[rank].append((start, end, it))
+    for spans in per_rank.values():
+        spans.sort()
+    starts = {rank: [w[0] for w in spans] for rank, spans in per_rank.items()}
+    out: dict[tuple[int, int], list[tuple[float, float]]] = defaultdict(list)
+    for (rank, _), pieces in intervals.items():
+        ordered = per_rank.get(rank)
+        if not ordered:
+            continue
+        for start, end in pieces:
+            # the windows are disjoint and sorted: walk back from the last one starting
+            # before this interval ends while they still end after it starts
+            k = bisect.bisect_left(starts[rank], end) - 1
+            while k >= 0 and ordered[k][1] > start:
+                w_start, w_end, it = ordered[k]
+                out[(rank, it)].append((max(start, w_start), min(end, w_end)))
+                k -= 1
+    return out
 
 
 def link_bandwidth(spans: Sequence[Span]) -> list[float]:
