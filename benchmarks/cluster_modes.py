@@ -135,10 +135,11 @@ def main() -> None:
           f"configured {limit / 1e6:.0f} Mbit/s take {floor_s * 1e3:.1f} ms: at most "
           f"{1 / floor_s:.2f} iterations/s with compute fully overlapped (one shaped loopback "
           "carries every link)")
-    print("Mc, Pc, U, E, a: medians over a worker's steady iterations; a one-job ps worker "
-          "runs free (its next iteration starts before the server has every gradient), so its "
-          "iteration's transfers can end after the next one began: U then exceeds the period "
-          "and E falls below 0")
+    print("Mc, Pc, U, E, a: medians over a worker's steady iterations; Mc and Pc are the "
+          "communication and compute inside a worker's iteration span, whichever iteration a "
+          "transfer belongs to (a one-job ps worker runs free: its pushes end in the next "
+          "iteration), U is that span's length; E < 0: the worker idled (none of its own "
+          "transfers in flight, no compute) longer than its transfers and compute overlapped")
 
 
 if __name__ == "__main__":
