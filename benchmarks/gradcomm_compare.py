@@ -294,12 +294,19 @@ def main() -> None:
         if not rs:  # failed in every repeat (printed above)
             continue
         first = rs[0]
+        differ = [i + 1 for i, r in enumerate(rs[1:], 1)
+                  if r.losses != first.losses or r.accuracy != first.accuracy]
+        if differ:  # the table prints one curve and one accuracy per variant: say so
+            print(f"  NOT DETERMINISTIC: {first.name.strip()}: repeat(s) "
+                  f"{', '.join(map(str, differ))} ended at another loss or accuracy than repeat "
+                  f"1 (accuracies {', '.join(f'{r.accuracy:.2%}' for r in rs)}); the table "
+                  "shows repeat 1's", flush=True)
         times = [r.iteration_s for r in rs if r.iteration_s is not None]
         wires = [r.wire_bytes for r in rs if r.wire_bytes is not None]
         first.iteration_s = statistics.median(times) if times else None
         first.wire_bytes = statistics.median(wires) if wires else None
         first.extra["iteration_s_runs"] = times
-        results.append(first)  # losses and accuracy are deterministic (same seed, same data)
+        results.append(first)  # same seed, same data: checked above
     base = results[0]
     n = len(base.losses)
     points = sorted({0, n // 4, n // 2, 3 * n // 4, n - 1})
