@@ -109,13 +109,14 @@ def per_worker_iteration(spans: Sequence[Span], workers: Sequence[int]) -> list[
     for key in sorted(set(comm) | set(compute)):
         row: dict[str, Any] = {"rank": key[0], "iteration": key[1]}
         span_of = window.get(key)
-        if span_of is None:
+        length = span_of[1] - span_of[0] if span_of is not None else None
+        if length is None:
             row.update(overlap_metrics(comm.get(key, []), compute.get(key, [])))
         else:
             row.update(overlap_metrics(inside_comm.get(key, []), inside_compute.get(key, []),
-                                       makespan=span_of[1] - span_of[0]))
+                                       makespan=length))
         row["bytes"] = moved.get(key, 0)
-        row["iteration_s"] = span_of[1] - span_of[0] if span_of is not None else None
+        row["iteration_s"] = length
         rows.append(row)
     return rows
 
