@@ -204,6 +204,30 @@ def test_taylor_criterion_needs_data_and_keeps_informative_channels() -> None:
     assert torch.count_nonzero(model[2].weight) == model[2].weight.numel()
 
 
+class _SelfAttention(torch.nn.Module):
+    def __init__(self, embed: int, heads: int) -> None:
+        super().__init__()
+        self.attention = torch.nn.MultiheadAttention(embed, heads, batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.attention(x, x, x, need_weights=False)[0]
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_flops_count_the_products_no_layer_holds(grad: bool) -> None:
+    """The FLOP bound of a pruned transformer must count attention's products and the fused
+    input projection (no Linear module holds them), in eval mode without autograd too, where
+    torch runs the layer as one fused kernel."""
+    batch, seq, embed = 2, 5, 8
+    model = _SelfAttention(embed, heads=2).eval()
+    x = torch.randn(batch, seq, embed)
+    with torch.set_grad_enabled(grad):
+        flops = count_flops(model, x)
+    projections = 2 * batch * seq * embed * (3 * embed + embed)  # in_proj (q, k, v) + out_proj
+    attention = 2 * 2 * batch * seq * seq * embed  # QK^T and AV over every head
+    assert flops == projections + attention
+
+
 def test_flops_shrink_with_pruning() -> None:
     model, x = zoo("inception")
     before = count_flops(model, x)
