@@ -213,15 +213,18 @@ class _SelfAttention(torch.nn.Module):
         return self.attention(x, x, x, need_weights=False)[0]
 
 
-@pytest.mark.parametrize("grad", [False, True])
-def test_flops_count_the_products_no_layer_holds(grad: bool) -> None:
+@pytest.mark.parametrize("mode", ["grad", "no_grad", "inference"])
+def test_flops_count_the_products_no_layer_holds(mode: str) -> None:
     """The FLOP bound of a pruned transformer must count attention's products and the fused
     input projection (no Linear module holds them), in eval mode without autograd too, where
-    torch runs the layer as one fused kernel."""
+    torch runs the layer as one fused kernel, and inside an inference job's forward (the
+    plugin's probe runs there)."""
     batch, seq, embed = 2, 5, 8
     model = _SelfAttention(embed, heads=2).eval()
-    x = torch.randn(batch, seq, embed)
-    with torch.set_grad_enabled(grad):
+    context = {"grad": torch.enable_grad, "no_grad": torch.no_grad,
+               "inference": torch.inference_mode}[mode]
+    with context():
+        x = torch.randn(batch, seq, embed)
         flops = count_flops(model, x)
     projections = 2 * batch * seq * embed * (3 * embed + embed)  # in_proj (q, k, v) + out_proj
     attention = 2 * 2 * batch * seq * seq * embed  # QK^T and AV over every head
