@@ -22,7 +22,6 @@ import os
 import pickle
 import platform
 import statistics
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -39,6 +38,7 @@ from accelopt.config import AccelConfig, JobConfig
 from accelopt.drivers.cluster import netns, run_cluster
 from accelopt.drivers.cluster.launch import free_port
 from accelopt.drivers.cluster.settings import parse_rate
+from accelopt.drivers.processes import release_before_exit
 from accelopt.job import Job
 from accelopt.job.optim import make_optimizer
 from accelopt.job.params import shard_rows
@@ -160,8 +160,7 @@ def ddp_child(rank: int, world: int, port: int, namespace: str, spec: JobConfig,
     # gloo threads may free a finished work's tensors while Python shuts down, which aborts
     # the process ('terminate called without an active exception', ~1 exit in 20 on this
     # machine, plain DDP alike) and lost a whole invocation's repeats with it.
-    sys.stdout.flush()
-    sys.stderr.flush()
+    release_before_exit()
     os._exit(0)
 
 
