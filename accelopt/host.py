@@ -24,8 +24,10 @@ of the hook by name, no loop where one plugin implements the hook.
 
 from __future__ import annotations
 
+import difflib
 import functools
 import inspect
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -34,7 +36,7 @@ from typing import Any
 import pluggy
 
 from accelopt import hookspecs
-from accelopt.errors import AccelOptError, PluginHookError
+from accelopt.errors import AccelOptError, PluginHookError, PluginResolutionError
 from accelopt.plugin import PluginSpec
 
 HOOK_LOCK = threading.RLock()
@@ -72,9 +74,16 @@ class PluginHost:
         # pluggy calls the most recently registered implementation first, so register in
         # reverse to have plugins called in activation (command-line) order.
         for spec, instance in reversed(list(active)):
-            self.pm.register(_hook_table(instance, self.pm.project_name), name=spec.name)
+            table = _hook_table(instance, self.pm.project_name)
+            try:
+                self.pm.register(table, name=spec.name)
+            except pluggy.PluginValidationError as exc:  # an argument the hookspec lacks
+                raise _refused(self.pm, spec.name, table, exc) from None
             self.instances[spec.name] = instance
-        self.pm.check_pending()
+        try:
+            self.pm.check_pending()
+        except pluggy.PluginValidationError as exc:  # a method named like no hook
+            raise _unknown_hook(self.pm, exc) from None
         self.trace: HookTrace | None = None
         """When a list: every call appends its hook, start and end (:data:`HookTrace`; the
         run's ``hooks`` timeline track)."""
@@ -296,6 +305,44 @@ def _hook_table(plugin: object, project: str) -> object:
         elif inspect.isfunction(found) and hasattr(found, marker):
             setattr(table, name, getattr(plugin, name))
     return table
+
+
+HOOK_DOCS = "docs/hooks.md"
+
+
+def _refused(pm: pluggy.PluginManager, plugin: str, table: object,
+             exc: pluggy.PluginValidationError) -> PluginResolutionError:
+    """pluggy's several-line refusal of one implementation (an argument the hookspec does
+    not have) as one line naming the plugin, the hook and the arguments it may declare: a
+    plugin author's mistake is input, not a crash of accelopt."""
+    hook = re.search(r"for hook '([^']+)'", str(exc))
+    caller = getattr(pm.hook, hook.group(1), None) if hook else None
+    if caller is None or caller.spec is None:
+        return PluginResolutionError(
+            f"plugin '{plugin}' cannot be registered: {' '.join(str(exc).split())}")
+    wanted = inspect.signature(getattr(table, hook.group(1))).parameters
+    extra = [name for name in wanted if name not in caller.spec.argnames and name != "self"]
+    return PluginResolutionError(
+        f"plugin '{plugin}': {hook.group(1)} declares {', '.join(extra) or 'an argument'}, "
+        f"which the hook does not pass; declare any of ({', '.join(caller.spec.argnames)}) "
+        f"({HOOK_DOCS})")
+
+
+def _unknown_hook(pm: pluggy.PluginManager,
+                  exc: pluggy.PluginValidationError) -> PluginResolutionError:
+    """``check_pending``'s refusal ("unknown hook ... in plugin <object>") as one line that
+    names the plugin, the method and the hook it most likely meant."""
+    plugin = pm.get_name(exc.plugin) or "<unnamed>"
+    known = [name for name in dir(pm.hook) if name.startswith(f"{pm.project_name}_")
+             and getattr(pm.hook, name).spec is not None]
+    unknown = sorted(name for name in dir(pm.hook) if name.startswith(f"{pm.project_name}_")
+                     and getattr(pm.hook, name).spec is None
+                     and any(i.plugin is exc.plugin for i in getattr(pm.hook, name).get_hookimpls()))
+    method = unknown[0] if unknown else "a method"
+    close = difflib.get_close_matches(method, known, n=1)
+    hint = f"; did you mean {close[0]}?" if close else f"; the hooks are listed in {HOOK_DOCS}"
+    return PluginResolutionError(
+        f"plugin '{plugin}' implements {method}, which is not an accelopt hook{hint}")
 
 
 def _wraps(impl: Any) -> bool:

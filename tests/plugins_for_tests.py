@@ -98,6 +98,26 @@ class Boom:
 BOOM = PluginSpec(name="boom", factory=lambda c: Boom(), description="raises (test)")
 
 
+class MisspelledHook:
+    @hookimpl
+    def accelopt_iteration_ends(self, context: Any, result: Any) -> None:
+        """Named like no hook (one letter too many): pluggy would refuse it with a traceback."""
+
+
+MISSPELLED = PluginSpec(name="misspelled", factory=lambda c: MisspelledHook(),
+                        description="implements a hook that does not exist (test)")
+
+
+class ExtraArgument:
+    @hookimpl
+    def accelopt_iteration_end(self, context: Any, result: Any, bogus: Any) -> None:
+        """Declares an argument the hookspec does not have."""
+
+
+EXTRA_ARGUMENT = PluginSpec(name="extra_arg", factory=lambda c: ExtraArgument(),
+                            description="declares an argument no hook passes (test)")
+
+
 class TimesTwo(nn.Module):
     """Wraps a Linear and doubles its output: a visible, checkable replacement."""
 
@@ -279,3 +299,4 @@ class ShrinkAfter:
 
 
 SHRINK = PluginSpec(name="shrink", factory=ShrinkAfter, description="shrinks a layer (test)")
+

@@ -113,6 +113,21 @@ def test_plugin_raising_names_plugin_and_hook(tmp_path):
     assert "Traceback" in debug.stderr
 
 
+@pytest.mark.parametrize(("plugin", "message"), [
+    ("misspelled", "plugin 'misspelled' implements accelopt_iteration_ends, which is not an "
+                   "accelopt hook; did you mean accelopt_iteration_end?"),
+    ("extra_arg", "plugin 'extra_arg': accelopt_iteration_end declares bogus, which the hook "
+                  "does not pass; declare any of (context, result) (docs/hooks.md)"),
+])
+def test_a_plugin_pluggy_refuses_is_one_line_before_anything_runs(tmp_path, plugin, message):
+    result = accelopt("run", *TINY, f"+plugins=[{plugin}]", cwd=tmp_path,
+                      ACCELOPT_PLUGINS="plugins_for_tests:MISSPELLED,plugins_for_tests:EXTRA_ARGUMENT")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith(f"error: {message}"), result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert not _run_dirs(tmp_path)  # nothing trained
+
+
 @pytest.mark.timeout(180)
 def test_a_failed_run_keeps_its_evidence(tmp_path):
     """A plugin raising stops the run; its directory still holds metrics.json (every job

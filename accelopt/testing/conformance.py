@@ -23,15 +23,14 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-import pluggy
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
 from accelopt import hookspecs
 from accelopt.config import register_plugin_configs
 from accelopt.drivers.rows import SILENT_SUMMARY
-from accelopt.errors import AccelOptError
-from accelopt.host import PluginHost
+from accelopt.errors import AccelOptError, PluginResolutionError
+from accelopt.host import HOOK_DOCS, PluginHost
 from accelopt.plugin import PluginSpec, Registry
 from accelopt.records import RunRecord
 from accelopt.testing.harness import run_workload
@@ -39,7 +38,6 @@ from accelopt.testing.recorder import HookRecorder, hook_names
 
 DECLARATION_FIELDS = ("before", "after", "requires", "conflicts", "slots")
 IMPL_MARKER = f"{hookspecs.PROJECT}_impl"
-HOOK_DOCS = "docs/hooks.md"
 
 
 def conformance(spec: PluginSpec, tmp_path: Path, *, check_retention: bool = True) -> None:
@@ -172,8 +170,8 @@ def check_hookimpls(spec: PluginSpec) -> None:
         _check_signature(spec.name, attr, function, hook, specs[hook])
     try:
         PluginHost([(spec, instance)])  # registers with pluggy and runs check_pending()
-    except pluggy.PluginValidationError as exc:
-        raise AssertionError(f"plugin '{spec.name}': pluggy refuses it: {exc}") from exc
+    except PluginResolutionError as exc:
+        raise AssertionError(str(exc)) from exc
 
 
 def _hookimpls(spec: PluginSpec, instance: object) -> Iterator[tuple[str, Any, str]]:
