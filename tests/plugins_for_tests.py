@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from torch import nn
 
 from accelopt import (
@@ -300,3 +301,38 @@ class ShrinkAfter:
 
 SHRINK = PluginSpec(name="shrink", factory=ShrinkAfter, description="shrinks a layer (test)")
 
+
+class _DelegatingOptimizer(torch.optim.Optimizer):
+    """A Lookahead-style wrapper: an Optimizer subclass holding the one it wraps as an
+    attribute of its own, which torch's ``__getstate__`` does not keep."""
+
+    def __init__(self, base: torch.optim.Optimizer) -> None:
+        self.base = base
+        self.steps = 0
+        super().__init__(base.param_groups, base.defaults)
+
+    def step(self, closure: Any = None) -> Any:
+        self.steps += 1
+        return self.base.step(closure)
+
+
+class WrapsTheOptimizer:
+    """Wraps every job's optimizer in :class:`_DelegatingOptimizer` and reports its steps."""
+
+    def __init__(self, config: Any) -> None:
+        self.wrapped: list[_DelegatingOptimizer] = []
+
+    @hookimpl
+    def accelopt_optimizer_build(self, job, optimizer, parameters, previous):
+        self.wrapped.append(_DelegatingOptimizer(optimizer))
+        return self.wrapped[-1]
+
+    @hookimpl
+    def accelopt_report_rows(self, run: RunInfo) -> list[ReportRow]:
+        steps = [w.steps for w in self.wrapped]
+        self.wrapped = []
+        return [ReportRow("wrap_optimizer", f"steps {steps}", {"steps": sum(steps)})]
+
+
+WRAP_OPTIMIZER = PluginSpec(name="wrap_optimizer", factory=WrapsTheOptimizer,
+                            description="wraps the optimizer in a subclass (test)")

@@ -5,7 +5,7 @@ state of the unchanged ones) and offers it to accelopt_optimizer_build."""
 from __future__ import annotations
 
 import pytest
-from plugins_for_tests import SHRINK
+from plugins_for_tests import SHRINK, WRAP_OPTIMIZER
 
 from accelopt.errors import UserError
 
@@ -60,3 +60,38 @@ def test_in_a_cluster_run_a_changed_parameter_table_is_refused_in_one_line(tmp_p
                      tmp_path=tmp_path)
     assert "changed the model's parameters during a cluster run" in str(info.value)
     assert "\n" not in str(info.value)
+
+
+def test_an_optimizer_wrapped_in_a_subclass_with_attributes_of_its_own_trains(run_tiny):
+    """torch's Optimizer.__getstate__ drops a wrapper's own attributes (its ``base``), so a
+    deep copy for the profile used to fail the job ("no attribute 'base'") in a
+    single-process run; the profile's copy keeps them and the run's wrapper takes each step."""
+    record = run_tiny(WRAP_OPTIMIZER, overrides=MLP)
+    (job,) = record.jobs
+    assert job.status == "done" and job.iterations_done == 5, job.error
+    (row,) = [r for r in record.plugin_rows if r.plugin == "wrap_optimizer"]
+    assert row.metrics["steps"] == 5  # the profile stepped a copy, not the run's wrapper
+
+
+def test_the_profile_copy_of_a_wrapped_optimizer_steps_the_copied_parameters():
+    import copy
+
+    import torch
+    from plugins_for_tests import _DelegatingOptimizer
+
+    from accelopt.job.profile import copy_optimizer
+
+    model = torch.nn.Linear(3, 2)
+    wrapper = _DelegatingOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+    model(torch.ones(1, 3)).sum().backward()
+    wrapper.step()
+    memo: dict = {}
+    model_copy = copy.deepcopy(model, memo)
+    clone = copy_optimizer(wrapper, memo)
+    assert clone.steps == 1 and isinstance(clone.base, torch.optim.SGD)
+    copied = list(model_copy.parameters())
+    assert clone.base.param_groups[0]["params"] == copied
+    assert all(p in clone.base.state for p in copied)  # momentum, keyed by the copies
+    before = [p.detach().clone() for p in model.parameters()]
+    clone.step()
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), before))  # untouched

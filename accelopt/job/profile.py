@@ -85,13 +85,39 @@ def _clone(job: Job) -> Job:
     together, so the optimizer holds the copy's parameters, whatever a plugin wrapped it in)
     and its own copy of the job's random state; its steps fire no hooks."""
     probe = copy.copy(job)
-    probe.model, probe.optimizer = copy.deepcopy((job.model, job.optimizer))
+    memo: dict[int, Any] = {}
+    probe.model = copy.deepcopy(job.model, memo)
+    probe.optimizer = copy_optimizer(job.optimizer, memo)
     probe.forward = probe.model  # the profile runs on one process: no DDP wrapper
     probe._stepped = dict(probe.model.named_parameters())
     probe.random = job.random.copy()
     probe.info = job.info
     probe.iteration = job.iteration
     return probe
+
+
+def copy_optimizer(optimizer: torch.optim.Optimizer, memo: dict[int, Any]) -> Any:
+    """A deep copy of ``optimizer`` with every attribute it has, its parameters those
+    ``memo`` already mapped (copy the model first, with the same ``memo``).
+
+    Why not ``copy.deepcopy``: torch's ``Optimizer.__getstate__`` keeps only ``defaults``,
+    ``state`` and ``param_groups``, so a wrapper a plugin returned from
+    ``accelopt_optimizer_build`` (a Lookahead holding the optimizer it wraps as
+    ``self.base``) would lose its own attributes in the copy and fail on its first step.
+    Optimizers it holds as attributes are copied the same way."""
+    if id(optimizer) in memo:
+        return memo[id(optimizer)]
+    try:
+        clone = object.__new__(type(optimizer))
+        memo[id(optimizer)] = clone
+        for name, value in vars(optimizer).items():
+            clone.__dict__[name] = (copy_optimizer(value, memo)
+                                    if isinstance(value, torch.optim.Optimizer)
+                                    else copy.deepcopy(value, memo))
+    except Exception:  # an attribute that cannot be copied: torch's own way, as before
+        memo.pop(id(optimizer), None)
+        return copy.deepcopy(optimizer, memo)
+    return clone
 
 
 def _sync(device: torch.device) -> None:
