@@ -13,8 +13,10 @@ process, in every rank of a cluster run, in ``run.compare`` reference runs and i
 ``accelopt bench`` sets, because all of them discover installed packages the same way.
 Objects registered in code (``extension_point(group).register(name, obj)``, e.g. by a
 decorator at import time) are sent to a cluster run's rank processes along with the run, so
-they are found there too. A name is registered once: a second, different object under the
-same name is refused in one line.
+they are found there too. A name means one object: a second, different object registered
+under a name taken in code is refused in one line; a name that two installed packages, or a
+package and code, claim is refused in one line when it is used (naming the packages), while
+every other name keeps working.
 """
 
 from __future__ import annotations
@@ -32,26 +34,46 @@ class ExtensionPoint:
     def __init__(self, group: str) -> None:
         self.group = group
         self._registered: dict[str, Any] = {}
-        self._entry_points: dict[str, EntryPoint] | None = None
+        self._entry_points: dict[str, list[EntryPoint]] | None = None
+        self._clashes: dict[str, str] = {}
+        """name -> why it cannot be used (two packages, or a package and code, claim it)."""
 
-    def _installed(self) -> dict[str, EntryPoint]:
+    def _installed(self) -> dict[str, list[EntryPoint]]:
+        """name -> the distinct entry points declaring it (one, unless packages clash)."""
         if self._entry_points is None:
-            self._entry_points = {ep.name: ep for ep in entry_points(group=self.group)}
+            found: dict[str, list[EntryPoint]] = {}
+            for ep in entry_points(group=self.group):
+                same = found.setdefault(ep.name, [])
+                if all(other.value != ep.value for other in same):
+                    same.append(ep)
+            self._entry_points = found
+            for name, eps in found.items():
+                if len(eps) > 1:
+                    self._clashes[name] = (
+                        f"'{name}' is installed by {len(eps)} packages "
+                        f"({'; '.join(_declared_by(ep) for ep in eps)}); uninstall one of them "
+                        "or rename its entry point")
         return self._entry_points
 
     def register(self, name: str, obj: Any) -> Any:
         """Add ``obj`` under ``name``; registering the same object again is a no-op, another
-        object under a taken name is a :class:`UserError` naming both."""
+        object under a name taken in code is a :class:`UserError` naming both.
+
+        A name an installed package declares for another object is not refused here (the
+        registration may be a plugin's own, at import, and every other name must keep
+        working); using that name is (:meth:`get`), naming the package to fix."""
         if not isinstance(name, str) or not name.isidentifier():
             raise UserError(f"{self.group}: extension name {name!r} must be an identifier")
         taken = self._registered.get(name)
         if taken is not None and taken is not obj:
             raise UserError(f"{self.group}: '{name}' is already registered ({_where(taken)}); "
                             f"register {_where(obj)} under another name")
-        installed = self._installed().get(name)
-        if taken is None and installed is not None and installed.value != _reference(obj):
-            raise UserError(f"{self.group}: '{name}' is already installed ({installed.value}); "
-                            f"register {_where(obj)} under another name")
+        others = [ep for ep in self._installed().get(name, ()) if ep.value != _reference(obj)]
+        if taken is None and others and name not in self._clashes:
+            self._clashes[name] = (
+                f"'{name}' is registered in code ({_where(obj)}) and also installed by "
+                f"{'; '.join(_declared_by(ep) for ep in others)}; rename that package's entry "
+                "point or uninstall it")
         self._registered[name] = obj
         return obj
 
@@ -69,11 +91,14 @@ class ExtensionPoint:
     def get(self, name: str) -> Any | None:
         """The object called ``name`` (an installed one is imported now), or ``None``. An
         installed entry point that fails to import is a :class:`UserError` saying so."""
+        installed = self._installed().get(name)
+        if name in self._clashes:
+            raise UserError(f"{self.group}: {self._clashes[name]}")
         if name in self._registered:
             return self._registered[name]
-        ep = self._installed().get(name)
-        if ep is None:
+        if not installed:
             return None
+        (ep,) = installed
         try:
             obj = ep.load()
         except Exception as exc:  # a third party's bug becomes one line, not a traceback
@@ -86,7 +111,7 @@ class ExtensionPoint:
         """What was registered in this process (not merely loaded from an entry point)."""
         installed = self._installed()
         return {n: o for n, o in self._registered.items()
-                if n not in installed or installed[n].value != _reference(o)}
+                if all(ep.value != _reference(o) for ep in installed.get(n, ()))}
 
 
 _POINTS: dict[str, ExtensionPoint] = {}
@@ -121,3 +146,9 @@ def _reference(obj: Any) -> str:
 
 def _where(obj: Any) -> str:
     return _reference(obj)
+
+
+def _declared_by(ep: EntryPoint) -> str:
+    """'package: module:attr' for an error naming who declared an entry point."""
+    dist = getattr(ep, "dist", None)
+    return f"{dist.name if dist is not None else 'a package'}: {ep.value}"

@@ -1,0 +1,74 @@
+"""Extension points (accelopt/extensions.py): a name means one object, and a clash between
+installed packages, or between a package and code, is one line naming who to fix, raised
+where the name is used, so every other name keeps working."""
+
+from __future__ import annotations
+
+from importlib.metadata import EntryPoint
+
+import pytest
+
+from accelopt import extensions
+from accelopt.errors import UserError
+
+GROUP = "accelopt_tests.things"
+
+
+class Thing:
+    pass
+
+
+class Other:
+    pass
+
+
+@pytest.fixture
+def installed(monkeypatch):
+    """Pretend these entry points are installed in GROUP."""
+
+    def install(*pairs: tuple[str, str]) -> extensions.ExtensionPoint:
+        eps = [EntryPoint(name, value, GROUP) for name, value in pairs]
+        monkeypatch.setattr(extensions, "entry_points",
+                            lambda group: [ep for ep in eps if ep.group == group])
+        return extensions.ExtensionPoint(GROUP)
+
+    return install
+
+
+def test_an_installed_name_loads_its_object(installed):
+    point = installed(("thing", "test_extensions:Thing"))
+    assert "thing" in point and point.get("thing") is Thing
+    assert point.get("missing") is None
+
+
+def test_two_packages_declaring_one_name_are_refused_where_it_is_used(installed):
+    point = installed(("lifo", "test_extensions:Thing"), ("lifo", "test_extensions:Other"),
+                      ("fine", "test_extensions:Thing"))
+    with pytest.raises(UserError, match=r"'lifo' is installed by 2 packages \(a package: "
+                       r"test_extensions:Thing; a package: test_extensions:Other\)"):
+        point.get("lifo")  # not silently the last one found
+    assert point.get("fine") is Thing
+
+
+def test_the_same_entry_point_seen_twice_is_no_clash(installed):
+    point = installed(("thing", "test_extensions:Thing"), ("thing", "test_extensions:Thing"))
+    assert point.get("thing") is Thing
+
+
+def test_a_package_taking_a_name_registered_in_code_blames_the_package(installed):
+    point = installed(("srtf", "test_extensions:Other"))
+    point.register("srtf", Thing)  # a plugin's own registration at import: not refused here
+    point.register("longest", Other)
+    assert point.get("longest") is Other  # every other name keeps working
+    with pytest.raises(UserError, match=r"'srtf' is registered in code \(test_extensions:Thing\) "
+                       r"and also installed by a package: test_extensions:Other; rename that "
+                       "package's entry point or uninstall it"):
+        point.get("srtf")
+
+
+def test_another_object_under_a_name_taken_in_code_is_refused_at_once(installed):
+    point = installed()
+    point.register("thing", Thing)
+    point.register("thing", Thing)  # the same object again: no conflict
+    with pytest.raises(UserError, match="'thing' is already registered"):
+        point.register("thing", Other)
