@@ -94,4 +94,4 @@ def test_the_profile_copy_of_a_wrapped_optimizer_steps_the_copied_parameters():
     assert all(p in clone.base.state for p in copied)  # momentum, keyed by the copies
     before = [p.detach().clone() for p in model.parameters()]
     clone.step()
-    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), before))  # untouched
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), before, strict=True))  # untouched
