@@ -81,7 +81,9 @@ def accelopt_configure(config: Any, run_config: DictConfig) -> None:
 
     Called: once per plugin instance, before any job is built (and once more, on a fresh
     instance, during the up-front validation).
-    Ranks: every process: single, and every rank of a cluster run.
+    Ranks: every process: single, every rank of a cluster run, and the process that launched
+    the ranks (it validates the selection before they start and rebuilds each finished job
+    to score it).
     Thread: the process's main thread.
     """
 
@@ -417,6 +419,7 @@ def accelopt_layer_build(layer: LayerOffer) -> torch.nn.Module | None:
 
     Called: once per submodule (pre-order; the whole model last, under path ``""``), while
     the job is built, before it moves to its device.
-    Ranks: every process that builds the job: single, and every rank.
+    Ranks: every process that builds the job: single, every rank, and the process that
+    launched a cluster run's ranks (it rebuilds each finished job to score it).
     Thread: the process's main thread.
     """

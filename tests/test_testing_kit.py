@@ -20,6 +20,7 @@ from accelopt import (
     hookimpl,
 )
 from accelopt.testing import (
+    LAUNCHER,
     RECORDER_NAME,
     HookRecorder,
     PluginConformance,
@@ -291,7 +292,12 @@ def test_recorder_gathers_every_ranks_calls_in_a_ps_run(tmp_path: Path) -> None:
     record = run_workload(["noop"], [*ONE_JOB, "cluster.mode=ps"], tmp_path=tmp_path,
                           recorder=recorder)
     assert [j.status for j in record.jobs] == ["done"]
-    assert recorder.ranks() == [0, 1, 2]  # the server and two workers
+    assert recorder.ranks() == [LAUNCHER, 0, 1, 2]  # the launcher, the server, two workers
+    # the launcher's own calls (validation, scoring) are not counted as rank 0's
+    assert recorder.count("layer_build", rank=0) == recorder.count("layer_build", rank=1) > 0
+    assert recorder.count("configure", rank=0) == recorder.count("configure", rank=1) == 1
+    assert recorder.count("configure", rank=LAUNCHER) == 2
+    assert recorder.count("iteration_start", rank=LAUNCHER) == 0
     for rank in (0, 1, 2):
         recorder.assert_order(["run_start", "iteration_start", "iteration_end", "report_rows",
                                "run_end"], rank=rank)

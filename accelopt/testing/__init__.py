@@ -28,9 +28,16 @@ from accelopt.testing.conformance import (
     conformance,
 )
 from accelopt.testing.harness import run_workload
-from accelopt.testing.recorder import RECORDER_NAME, HookCall, HookRecorder, hook_names
+from accelopt.testing.recorder import (
+    LAUNCHER,
+    RECORDER_NAME,
+    HookCall,
+    HookRecorder,
+    hook_names,
+)
 
 __all__ = [
+    "LAUNCHER",
     "RECORDER_NAME",
     "HookCall",
     "HookRecorder",

@@ -65,6 +65,7 @@ def run_workload(
         [f"workload={workload}", *selection, *QUIET_OVERRIDES, *overrides]
     )
     run_dir = _fresh_dir(Path(tmp_path))
+    began_at = len(recorder.records) if recorder is not None else None
     record = execute(
         cfg,
         run_dir=run_dir,
@@ -72,7 +73,7 @@ def run_workload(
         console=Console(file=io.StringIO(), width=120),
     )
     if recorder is not None:
-        recorder.collect(run_dir)  # a cluster run's ranks wrote their calls there
+        recorder.collect(run_dir, began_at)  # a cluster run's ranks wrote their calls there
     return record
 
 

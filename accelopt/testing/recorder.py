@@ -20,7 +20,10 @@ Four things a test author should know:
 * In a cluster run (``cluster.mode=ps|allreduce``) every rank is a process with its own
   recorder plugin; each writes its calls into the run directory at ``accelopt_run_end`` and
   :func:`~accelopt.testing.run_workload` reads them back, so the parent's recorder holds every
-  rank's calls, each tagged with its ``rank``. Values that cannot cross a process boundary
+  rank's calls, each tagged with its ``rank``. The launching process makes calls of its
+  own, tagged :data:`LAUNCHER`: ``accelopt_configure`` when it validates the selection
+  before the ranks start, and ``accelopt_configure`` and ``accelopt_layer_build`` when it
+  rebuilds each finished job's model to score it. Values that cannot cross a process boundary
   (a live model, the gradients view) arrive as a :class:`Shipped` description; tensors arrive
   as copies.
 """
@@ -55,6 +58,10 @@ from accelopt.types import (
     TransferRecord,
 )
 
+LAUNCHER = -1
+"""The ``rank`` of calls made by the process that launched a cluster run's ranks (validation
+before they start, scoring after they end), so that they never count as rank 0's."""
+
 RECORDER_NAME = "hook_recorder"
 """The plugin name the recorder runs under (it appears in ``RunInfo.plugins``)."""
 
@@ -81,7 +88,8 @@ def normalize_hook(name: str) -> str:
 @dataclass(frozen=True)
 class HookCall:
     """One recorded call: the hook's full name, the keyword arguments it was given and the
-    rank of the process that made it (0 in a one-process run)."""
+    rank of the process that made it (0 in a one-process run; :data:`LAUNCHER` for the
+    launching process of a cluster run)."""
 
     hook: str
     kwargs: dict[str, Any]
@@ -136,11 +144,16 @@ class HookRecorder:
     def clear(self) -> None:
         self.records.clear()
 
-    def collect(self, run_dir: str | Path) -> int:
+    def collect(self, run_dir: str | Path, run_began_at: int | None = None) -> int:
         """Read the calls the ranks of a cluster run wrote into ``run_dir`` (what
-        :func:`run_workload` does after such a run); returns how many ranks reported."""
+        :func:`run_workload` does after such a run); returns how many ranks reported.
+        ``run_began_at``: how many calls were recorded before the run; when ranks reported,
+        the calls this process recorded since are the launcher's (:data:`LAUNCHER`)."""
         folder = Path(run_dir) / DUMP_DIR / self.token
         files = sorted(folder.glob("rank-*.pkl"), key=lambda p: int(p.stem.split("-")[1]))
+        if files and run_began_at is not None:
+            self.records[run_began_at:] = [dataclasses.replace(c, rank=LAUNCHER)
+                                           for c in self.records[run_began_at:]]
         for path in files:
             with open(path, "rb") as fh:
                 self.records.extend(pickle.load(fh))
