@@ -336,3 +336,25 @@ class WrapsTheOptimizer:
 
 WRAP_OPTIMIZER = PluginSpec(name="wrap_optimizer", factory=WrapsTheOptimizer,
                             description="wraps the optimizer in a subclass (test)")
+
+
+class NeedsACluster:
+    """Refuses a one-process run in configure (a plugin that only means something on ranks)."""
+
+    def __init__(self, config: Any) -> None:
+        pass
+
+    @hookimpl
+    def accelopt_configure(self, config: Any, run_config: Any) -> None:
+        from accelopt.errors import UserError
+
+        if run_config.cluster.mode == "none":
+            raise UserError("needs_cluster needs cluster.mode=ps or allreduce")
+
+    @hookimpl
+    def accelopt_report_rows(self, run: RunInfo) -> list[ReportRow]:
+        return [ReportRow("needs_cluster", f"ran as {run.role}")]
+
+
+NEEDS_CLUSTER = PluginSpec(name="needs_cluster", factory=NeedsACluster,
+                           description="refuses cluster.mode=none (test)")

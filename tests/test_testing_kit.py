@@ -110,6 +110,19 @@ def test_conformance_passes_for_installed_plugin(spec: PluginSpec, tmp_path: Pat
     conformance(spec, tmp_path)
 
 
+def test_the_retention_check_skips_when_modes_leave_out_the_one_process_mode(tmp_path):
+    """It can only look at plugin objects in this process (cluster.mode=none); it used to run
+    that mode whatever ``modes`` said, failing a plugin that refuses it."""
+    from plugins_for_tests import NEEDS_CLUSTER
+
+    class ClusterOnly(PluginConformance):
+        spec = NEEDS_CLUSTER
+        modes = ("ps",)
+
+    with pytest.raises(pytest.skip.Exception, match="needs cluster.mode=none"):
+        ClusterOnly().test_does_not_retain_job_state(tmp_path)
+
+
 class TestNoopConformance(PluginConformance):
     """The base class as a third-party test module uses it (here by installed name)."""
 
