@@ -358,3 +358,20 @@ class NeedsACluster:
 
 NEEDS_CLUSTER = PluginSpec(name="needs_cluster", factory=NeedsACluster,
                            description="refuses cluster.mode=none (test)")
+
+
+class RefusesMidRun:
+    """Raises a UserError from a hook (bad input it can only see once the run is going)."""
+
+    def __init__(self, config: Any) -> None:
+        pass
+
+    @hookimpl
+    def accelopt_iteration_end(self, context: Any, result: Any) -> None:
+        from accelopt.errors import UserError
+
+        raise UserError("refuses_mid_run: this input cannot work; fix it")
+
+
+REFUSES_MID_RUN = PluginSpec(name="refuses_mid_run", factory=RefusesMidRun,
+                             description="raises a UserError in a hook (test)")

@@ -128,6 +128,18 @@ def test_a_plugin_pluggy_refuses_is_one_line_before_anything_runs(tmp_path, plug
     assert not _run_dirs(tmp_path)  # nothing trained
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("mode", ["none", "ps"])
+def test_a_user_error_raised_in_a_hook_exits_2_in_every_mode(tmp_path, mode):
+    """Bad input a plugin finds mid-run is a user error on a rank too (it exited 1 there)."""
+    result = accelopt("run", *TINY, "+plugins=[refuses_mid_run]", f"cluster.mode={mode}",
+                      "cluster.timeout_s=30", cwd=tmp_path, timeout=110,
+                      ACCELOPT_PLUGINS="plugins_for_tests:REFUSES_MID_RUN")
+    assert result.returncode == 2, result.stderr
+    assert "refuses_mid_run: this input cannot work; fix it" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 @pytest.mark.timeout(180)
 def test_a_failed_run_keeps_its_evidence(tmp_path):
     """A plugin raising stops the run; its directory still holds metrics.json (every job

@@ -32,9 +32,12 @@ class RankFailed(AccelOptError):
     """A process of a cluster run died or raised; the run was stopped."""
 
     def __init__(self, message: str, *, rank: int, pid: int | None, iteration: int | None,
-                 cause: str) -> None:
+                 cause: str, exit_code: int = 1) -> None:
         super().__init__(message)
         self.rank, self.pid, self.iteration, self.cause = rank, pid, iteration, cause
+        self.exit_code = exit_code
+        """The rank's own error's exit code: 2 when it raised a ``UserError`` (bad input
+        found on a rank, e.g. by a plugin's hook), as the same error exits in one process."""
 
 
 def die_with_parent() -> None:
@@ -85,6 +88,7 @@ def write_failure(workdir: str | os.PathLike[str], rank: int, role: str,
         "rank": rank, "role": role, "pid": os.getpid(), "iteration": iteration,
         "error": f"{type(exc).__name__}: {text}" if text else type(exc).__name__,
         "communication": is_communication_error(exc), "time": time.time(),
+        "exit_code": exc.exit_code if isinstance(exc, AccelOptError) else 1,
     }
     tmp = Path(workdir) / f".failure-{rank}.tmp"
     tmp.write_text(json.dumps(note))
@@ -164,7 +168,8 @@ class Watchdog:
                        "the cluster run was stopped")
                 candidates.append(((kind, float(note.get("time", 0.0))),
                                    RankFailed(msg, rank=c.rank, pid=c.pid, iteration=iteration,
-                                              cause=note["error"])))
+                                              cause=note["error"],
+                                              exit_code=int(note.get("exit_code", 1)))))
             else:
                 msg = (f"rank {c.rank} ({c.role}, pid {c.pid}) exited with code {code} {where}; "
                        "the cluster run was stopped")
