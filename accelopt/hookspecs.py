@@ -202,7 +202,8 @@ def accelopt_select_next(lane: str, ready: Sequence[JobState], now_s: float) -> 
     which runs each job to completion: FIFO). The same choice function serves one process and
     a cluster (where every rank then runs the chosen iteration).
 
-    Called: by the driver, at an iteration boundary of the lane.
+    Called: by the driver, at an iteration boundary of the lane where two or more jobs
+    are ready (never with one).
     Ranks: single, and the leader of a cluster run (its choice is broadcast).
     Thread: the lane's thread.
     """

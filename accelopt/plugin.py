@@ -96,6 +96,9 @@ class Registry:
     """Specs added in code (:meth:`add`), not found by discovery: a cluster run sends them to
     its rank processes, which discover only what is installed."""
 
+    named: dict[str, str] = field(default_factory=dict)
+    """name -> ``module:attr`` of the specs loaded from ``ACCELOPT_PLUGINS``."""
+
     @classmethod
     def discover(cls, autoload: bool | None = None) -> Registry:
         """List installed plugins. ``autoload=False`` (or the environment variable
@@ -163,6 +166,7 @@ class Registry:
             warnings.warn(f"{EXPLICIT_PLUGINS_ENV}: cannot load {ref!r}: {exc}", stacklevel=2)
             return
         self.loaded[spec.name] = spec
+        self.named[spec.name] = ref
 
 
 def _check_spec(spec: object, where: str) -> None:
@@ -179,11 +183,10 @@ def unknown_plugin_error(
             "reinstall it or remove it from +plugins"
         )
     close = difflib.get_close_matches(name, installed, n=1)
-    hint = f"; did you mean '{close[0]}'?" if close else ""
+    hint = f"; did you mean '{close[0]}'? Run" if close else "; run"
     listing = ", ".join(installed) if installed else "none"
     return PluginResolutionError(
-        f"unknown plugin '{name}' (installed: {listing}){hint} "
-        "Run `accelopt plugins` to list them."
+        f"unknown plugin '{name}' (available: {listing}){hint} `accelopt plugins` to list them."
     )
 
 

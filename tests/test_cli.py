@@ -71,7 +71,7 @@ def test_multirun_sweep_gives_every_run_its_metrics(tmp_path):
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
-        (["+plugins=[nosuch]"], "unknown plugin 'nosuch' (installed: "),
+        (["+plugins=[nosuch]"], "unknown plugin 'nosuch' (available: "),
         (["+plugins=[nop]"], "did you mean 'noop'"),
         (["run.seed=abc"], "run.seed:"),
         (["run.nokey=1"], "run.nokey"),

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from accelopt.errors import UserError
-from accelopt.plugin import Registry, valid_combinations
+from accelopt.plugin import EXPLICIT_PLUGINS_ENV, Registry, valid_combinations
 
 
 def list_plugins(args: list[str]) -> int:
@@ -67,7 +67,9 @@ def _describe(spec, registry: Registry) -> dict:
         "requires": list(spec.requires),
         "conflicts": list(spec.conflicts),
         "order": order,
-        "source": ep.value if ep is not None else "added in code",
+        "source": (ep.value if ep is not None else
+                   f"{registry.named[spec.name]} ({EXPLICIT_PLUGINS_ENV})"
+                   if spec.name in registry.named else "added in code"),
     }
 
 

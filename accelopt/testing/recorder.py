@@ -23,9 +23,9 @@ Four things a test author should know:
   rank's calls, each tagged with its ``rank``. The launching process makes calls of its
   own, tagged :data:`LAUNCHER`: ``accelopt_configure`` when it validates the selection
   before the ranks start, and ``accelopt_configure`` and ``accelopt_layer_build`` when it
-  rebuilds each finished job's model to score it. Values that cannot cross a process boundary
-  (a live model, the gradients view) arrive as a :class:`Shipped` description; tensors arrive
-  as copies.
+  rebuilds each finished job's model to score it. Tensors arrive as copies, a
+  mapping of tensors (the gradients view) as a dict of copies, and values that cannot cross
+  a process boundary (a live model) as a :class:`Shipped` description.
 """
 
 from __future__ import annotations
@@ -98,8 +98,8 @@ class HookCall:
 
 @dataclass(frozen=True)
 class Shipped:
-    """A value a rank's recorder could not send to the parent as it was (a live model, the
-    gradients view, a closure): its type and a short description."""
+    """A value a rank's recorder could not send to the parent as it was (a live model, a
+    closure): its type and a short description."""
 
     type: str
     text: str
