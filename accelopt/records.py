@@ -6,6 +6,7 @@ Keeping the record separate from both sides means a report can be re-rendered fr
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -103,6 +104,17 @@ class JobResult:
     def throughput(self) -> float | None:
         """Samples per second of the job's own service time."""
         return self.samples / self.service_s if self.service_s > 0 else None
+
+    @property
+    def diverged_at(self) -> int | None:
+        """The index of the first recorded loss that is not finite (a NaN or inf, ``None``
+        once it went through JSON from a rank), or ``None`` when every loss is finite: a
+        job can train to its last iteration on a diverged loss, and must not be read as
+        done well."""
+        for i, loss in enumerate(self.losses):
+            if loss is None or not math.isfinite(loss):
+                return i
+        return None
 
 
 @dataclass

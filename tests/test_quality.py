@@ -73,6 +73,43 @@ def test_jobs_that_are_not_scored_say_why():
         assert "\n" not in result.quality_note
 
 
+def test_a_diverged_job_is_not_scored_by_an_argmax_over_nan(run_tiny):
+    """A job that trains to its last iteration on a NaN loss used to read 'done', loss '–'
+    and a held-out accuracy of whatever class an argmax over NaN picks."""
+    record = run_tiny(overrides=[
+        "workload.jobs=[{name: d, model: mlp, width: 16, batch_size: 16, iterations: 20, "
+        "lr: 1.0e+06, dataset: digits}]", "run.compare=none"])
+    (result,) = record.jobs
+    assert result.status == "done" and result.diverged_at is not None
+    assert result.quality is None and "the loss diverged" in result.quality_note
+    import io
+
+    from rich.console import Console
+
+    from accelopt.report.summary import render_summary
+
+    out = io.StringIO()
+    render_summary(record, Console(file=out, width=200))
+    assert "diverged d: its loss is not finite" in out.getvalue()
+
+
+@pytest.mark.parametrize("case", ["nan logits", "float labels"])
+def test_scoring_refuses_what_no_argmax_can_score(case):
+    from accelopt.job.quality import score
+
+    x, y = torch.ones(4, 3), torch.tensor([0, 1, 2, 0])
+    model: nn.Module = nn.Linear(3, 3)
+    if case == "nan logits":
+        with torch.no_grad():
+            model.weight.fill_(float("nan"))
+        words = "not finite"
+    else:
+        y = y.float()[:, None]  # a regression target
+        words = "not class ids"
+    with pytest.raises(ValueError, match=words):
+        score(model, [(x, y)])
+
+
 def test_a_cluster_run_scores_the_gathered_weights_like_one_process(run_tiny):
     local = run_tiny(overrides=["run.compare=none"])
     ps = run_tiny(overrides=["run.compare=none", "cluster.mode=ps"])

@@ -78,6 +78,14 @@ def score(model: torch.nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Te
                     raise ValueError(
                         f"the model's output is {_shape(logits)}, not [batch, classes] "
                         "logits; top-1 needs one score per class")
+                if y.is_floating_point():
+                    raise ValueError(
+                        f"its held-out labels are {y.dtype} (regression or soft targets), not "
+                        "class ids; give the dataset an evaluate_model(model) for a metric of "
+                        "its own")
+                if not bool(torch.isfinite(logits).all()):
+                    raise ValueError("the model's outputs are not finite (nan or inf): an "
+                                     "argmax over them is no prediction")
                 multi = multi or y.dim() > 1
                 hits += float(hits_at_1(logits, y).sum())
                 if multi:
@@ -123,6 +131,9 @@ def score_result(result: JobResult, spec: Any, model: torch.nn.Module | None, da
         result.quality_note = f"the job did not finish ({result.status})"
     elif model is None:
         result.quality_note = "its trained weights are not in this process"
+    elif result.diverged_at is not None:
+        result.quality_note = (f"not scored: the loss diverged (not finite from loss "
+                               f"{result.diverged_at} of {len(result.losses)})")
     else:
         try:
             result.quality = evaluate(model, dataset, device)
@@ -132,3 +143,4 @@ def score_result(result: JobResult, spec: Any, model: torch.nn.Module | None, da
             return
         if result.quality is None:
             result.quality_note = "its dataset has no held-out set"
+

@@ -34,9 +34,9 @@ def _mib(value: int | None) -> str:
     return fmt(None if value is None else value / _MIB, 1)
 
 
-def _loss(value: float | None) -> str:
+def _loss(value: float | None, diverged: bool) -> str:
     if value is None:
-        return "–"
+        return "nan" if diverged else "–"  # a non-finite loss travels as None in JSON
     return f"{value:.4g}"
 
 
@@ -63,7 +63,7 @@ def _jobs_table(record: RunRecord) -> Table:
             fmt(m["throughput"], 1),
             _mib(m["persistent_bytes"]),
             _mib(m["ephemeral_bytes"]),
-            _loss(m["final_loss"]),
+            _loss(m["final_loss"], result.diverged_at is not None),
             _quality(m),
         )
     return table
@@ -85,11 +85,17 @@ def _quality(m: dict[str, Any]) -> str:
 
 
 def _errors(record: RunRecord) -> list[str]:
-    """Errors go below the table: they are long and would wreck its column widths."""
+    """Errors, and jobs that trained on a diverged loss, go below the table: they are long
+    and would wreck its column widths."""
     return [
         f"[bold red]{r.status}[/] {escape(r.job.name)}: {escape(r.error)}"
         for r in record.jobs
         if r.error
+    ] + [
+        f"[bold yellow]diverged[/] {escape(r.job.name)}: its loss is not finite from loss "
+        f"{r.diverged_at} of {len(r.losses)} (a learning rate too high?); not scored"
+        for r in record.jobs
+        if not r.error and r.diverged_at is not None
     ]
 
 
