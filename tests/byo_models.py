@@ -223,3 +223,31 @@ class DocLoopData:
 
 def doc_loop_data(**_: object) -> DocLoopData:
     return DocLoopData()
+
+
+class Regression(TensorDataset):
+    """A map-style dataset of float targets with a loss of its own (mean squared error):
+    the loss must be the dataset's, its float targets welcome, and no argmax scores it.
+    ``loss_calls`` counts the loss's calls, so a test sees it was the one used."""
+
+    loss_calls = 0
+
+    def loss_fn(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        type(self).loss_calls += 1
+        return torch.nn.functional.mse_loss(out, y)
+
+
+def regression(*, seed: int, n: int = 96, dim: int = 6):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, dim, generator=g)
+    y = x.sum(1, keepdim=True)
+    return Regression(x[: n * 2 // 3], y[: n * 2 // 3]), Regression(x[n * 2 // 3:], y[n * 2 // 3:])
+
+
+def regression_loader(*, seed: int, batch_size: int = 16):
+    """The same data as a DataLoader: its dataset's loss_fn must still be the loss."""
+    from torch.utils.data import DataLoader
+
+    train, held_out = regression(seed=seed)
+    return (DataLoader(train, batch_size=batch_size, drop_last=True),
+            DataLoader(held_out, batch_size=batch_size))

@@ -104,7 +104,7 @@ def test_a_transformers_vit_trains_on_images_and_is_scored():
     (dict(dataset="byo_models:misaligned", model="byo_models:kw_mlp"), ConfigError,
      "16 inputs but 15 labels; labels must be row-aligned"),
     (dict(dataset="byo_models:float_labels", model="byo_models:kw_mlp"), ConfigError,
-     "class labels must be integers"),
+     "class labels must be integers .* or give the dataset a loss_fn"),
     (dict(model_kwargs={"hidden": 4}), ConfigError, "model_kwargs are for 'module:factory'"),
     (dict(model_kwargs="hidden=4"), ConfigError, "model_kwargs must be a mapping"),
     (dict(model="byo_models:kw_mlp", dataset="digits", model_kwargs={"nope": 1}), ConfigError,
@@ -119,6 +119,26 @@ def test_data_and_models_a_job_cannot_use_are_one_line(options, error, words):
     with pytest.raises(error, match=words) as info:
         Job(spec(**options), job_id="bad", device=CPU)
     assert "\n" not in str(info.value) and "job 'byo'" in str(info.value)
+
+
+@pytest.mark.parametrize("dataset", ["byo_models:regression", "byo_models:regression_loader"])
+def test_a_datasets_own_loss_fn_is_the_loss_and_admits_float_targets(dataset):
+    """A map-style dataset's (or a DataLoader's dataset's) loss_fn was silently dropped by
+    the adapter (cross-entropy trained instead), and float targets were refused."""
+    from byo_models import Regression
+
+    from accelopt.job.quality import score_result
+    from accelopt.records import JobResult
+
+    Regression.loss_calls = 0
+    s = spec(model="byo_models:kw_mlp", dataset=dataset, iterations=30, lr=0.05)
+    job = Job(s, job_id="reg", device=CPU)
+    assert job.dataset.num_classes == 1  # the target's width: one output
+    losses = train(job)
+    assert Regression.loss_calls >= s.iterations and losses[-1] < losses[0] / 2
+    result = JobResult(job.info, status="done", losses=losses)
+    score_result(result, s, job.model, job.dataset)
+    assert result.quality is None and "not class ids" in result.quality_note
 
 
 def test_loss_model_needs_a_model_that_takes_labels_and_returns_a_loss():

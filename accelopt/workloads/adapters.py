@@ -66,10 +66,11 @@ LABEL_KEYS = ("labels", "label")
 """The label of a dict sample (HF datasets' convention); every other key is a model input."""
 
 
-def split_sample(item: Any, where: str) -> tuple[Any, torch.Tensor]:
+def split_sample(item: Any, where: str, float_labels: bool = False) -> tuple[Any, torch.Tensor]:
     """One sample as ``(inputs, label)``: an ``(input, label)`` pair (the input a tensor, a
     tuple of tensors or a dict of tensors), or a dict whose ``labels``/``label`` key is the
-    label and whose other keys are the model's keyword inputs."""
+    label and whose other keys are the model's keyword inputs. ``float_labels``: the dataset
+    has a loss of its own, so targets need not be class indices (regression, soft labels)."""
     if isinstance(item, Mapping):
         key = next((k for k in LABEL_KEYS if k in item), None)
         if key is None:
@@ -91,10 +92,29 @@ def split_sample(item: Any, where: str) -> tuple[Any, torch.Tensor]:
             f"{where} is a {type(item).__name__}, not an (input, label) pair or a dict with "
             "'labels'; return (tensor, label) or {'input_ids': ..., 'labels': ...}")
     y = y if isinstance(y, torch.Tensor) else torch.as_tensor(y)
-    if y.is_floating_point():
+    if y.is_floating_point() and not float_labels:
         raise ValueError(f"{where}: its label is {y.dtype}; class labels must be integers "
-                         "(class indices)")
+                         "(class indices), or give the dataset a loss_fn(out, y) for other "
+                         "targets")
     return x, y
+
+
+def own_loss(*sources: Any) -> Any:
+    """The ``loss_fn(out, y)`` of the first source that has one (the dataset, or a
+    ``DataLoader``'s dataset): the adapter must carry it, or the job's loss silently falls
+    back to cross-entropy."""
+    for data in sources:
+        loss = getattr(data, "loss_fn", None)
+        if callable(loss):
+            return loss
+    return None
+
+
+def target_classes(y: torch.Tensor, per_sample: bool) -> int:
+    """``num_classes`` for float targets (a loss of the dataset's own): the target's width,
+    1 for one value per sample. (Integer labels count classes by their largest value.)"""
+    dims = y.dim() - (0 if per_sample else 1)
+    return int(y.shape[-1]) if dims >= 1 else 1
 
 
 def _tensor(v: Any) -> torch.Tensor:
@@ -129,10 +149,16 @@ class MapStyleDataset:
         self.n_train = len(train)
         if self.n_train == 0:
             raise ValueError(f"dataset {name!r} is empty")
-        x, _y = self._sample(train, 0)
+        loss = own_loss(train)
+        if loss is not None:
+            self.loss_fn = loss
+        self._float_labels = loss is not None
+        x, y = self._sample(train, 0)
         self.input_shape, self.input_kind = sample_facts(inputs.tensors(x)[0])
         self.vocab_size = getattr(train, "vocab_size", None)
-        self.num_classes = classes_attribute(train) or self._max_label(train) + 1
+        self.num_classes = classes_attribute(train) or (
+            target_classes(y, per_sample=True) if y.is_floating_point()
+            else self._max_label(train) + 1)
         if held_out is not None:  # only then has it an eval_set: runs score it
             self.eval_set = self._eval_set
 
@@ -141,7 +167,7 @@ class MapStyleDataset:
                 f"{self.input_shape}, num_classes={self.num_classes})")
 
     def _sample(self, data: Any, j: int) -> tuple[Any, torch.Tensor]:
-        return split_sample(data[j], f"dataset {self.name!r}: item {j}")
+        return split_sample(data[j], f"dataset {self.name!r}: item {j}", self._float_labels)
 
     def _max_label(self, data: Any) -> int:
         return max(int(self._sample(data, j)[1].max()) for j in range(len(data)))
@@ -184,6 +210,10 @@ class IterableBatches:
                 "re-iterable (a DataLoader, or an object whose __iter__ starts a new pass)")
         self.name, self.seed = name, seed
         self._train, self._held_out = train, held_out
+        loss = own_loss(train, getattr(train, "dataset", None))
+        if loss is not None:
+            self.loss_fn = loss
+        self._float_labels = loss is not None
         self._iter: Any = None
         self._next = 0  # index of the batch self._iter yields next
         self._pass_length: int | None = None
@@ -194,7 +224,9 @@ class IterableBatches:
         self.input_shape, self.input_kind = sample_facts(inputs.tensors(x)[0][0])
         self.vocab_size = getattr(train, "vocab_size", None)
         dataset = getattr(train, "dataset", None)
-        self.num_classes = classes_attribute(train, dataset) or self._max_label() + 1
+        self.num_classes = classes_attribute(train, dataset) or (
+            target_classes(y, per_sample=False) if y.is_floating_point()
+            else self._max_label() + 1)
         if held_out is not None:
             self.eval_set = self._eval_set
 
@@ -203,7 +235,7 @@ class IterableBatches:
                 f"input_shape={self.input_shape}, num_classes={self.num_classes})")
 
     def _pair(self, item: Any, index: int) -> tuple[Any, torch.Tensor]:
-        return split_sample(item, f"dataset {self.name!r}: batch {index}")
+        return split_sample(item, f"dataset {self.name!r}: batch {index}", self._float_labels)
 
     def _restart(self) -> None:
         self._iter, self._next = iter(self._train), 0
