@@ -251,3 +251,27 @@ def regression_loader(*, seed: int, batch_size: int = 16):
     train, held_out = regression(seed=seed)
     return (DataLoader(train, batch_size=batch_size, drop_last=True),
             DataLoader(held_out, batch_size=batch_size))
+
+
+class FrozenAndSpare(nn.Module):
+    """A frozen first layer (fine-tuning), and a ``spare`` layer forward never calls (left
+    over from a head swap): the two ways a trainable model has parameters without gradients."""
+
+    def __init__(self, input_shape, num_classes: int, spare: bool) -> None:
+        super().__init__()
+        self.embed = nn.Linear(math.prod(input_shape), 16)
+        self.embed.requires_grad_(False)
+        self.head = nn.Linear(16, num_classes)
+        if spare:
+            self.spare = nn.Linear(3, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.embed(x.flatten(1))))
+
+
+def frozen(*, input_shape, num_classes) -> nn.Module:
+    return FrozenAndSpare(input_shape, num_classes, spare=False)
+
+
+def frozen_and_spare(*, input_shape, num_classes) -> nn.Module:
+    return FrozenAndSpare(input_shape, num_classes, spare=True)

@@ -251,6 +251,66 @@ def test_dict_inputs_train_in_an_allreduce_cluster(tmp_path, monkeypatch):
     assert all(v == v for v in result.losses) and result.quality is not None
 
 
+def _weights_of(model: str, mode: str, tmp_path: Path, monkeypatch) -> dict:
+    import os
+
+    import accelopt
+
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent) + os.pathsep
+                       + os.environ.get("PYTHONPATH", ""))
+    job = (f'{{name:m,model:"byo_models:{model}",dataset:digits,optimizer:adamw,'
+           'weight_decay:0.5,lr:0.01,iterations:4,batch_size:16}')
+    run_dir = tmp_path / mode
+    record = accelopt.run(["workload=tiny", f"workload.jobs=[{job}]", f"cluster.mode={mode}",
+                           "cluster.timeout_s=30", "run.compare=none", "run.progress=false"],
+                          run_dir=run_dir)
+    (result,) = record.jobs
+    assert result.status == "done", result.error
+    (path,) = (run_dir / "weights").glob("*.pt")
+    return torch.load(path, weights_only=True)
+
+
+@pytest.mark.timeout(180)
+def test_parameters_without_gradients_stay_put_in_a_parameter_server_run(tmp_path, monkeypatch):
+    """A frozen layer crashed a PS worker ("cannot register a hook on a tensor that doesn't
+    require gradient"), and a parameter the loss never reached got a zero gradient on the
+    server, so AdamW's decay moved it where one process leaves it alone."""
+    from byo_models import frozen_and_spare
+
+    torch.manual_seed(0)
+    initial = frozen_and_spare(input_shape=(64,), num_classes=10)
+    alone = _weights_of("frozen_and_spare", "none", tmp_path, monkeypatch)
+    ps = _weights_of("frozen_and_spare", "ps", tmp_path, monkeypatch)
+    for name in ("embed.weight", "spare.weight", "spare.bias"):
+        assert torch.equal(ps[name], alone[name]), name  # neither moved, in either mode
+    assert not torch.equal(ps["head.weight"], alone["embed.weight"][:10, :16])  # trained
+    assert initial.spare.weight.shape == ps["spare.weight"].shape
+
+
+@pytest.mark.timeout(120)
+def test_a_parameter_the_loss_never_reaches_is_one_line_in_allreduce(tmp_path, monkeypatch):
+    """DDP never hands over a bucket holding it: the iteration waited for the transport's
+    timeout and failed naming a transfer, not the parameter."""
+    import os
+    import time
+
+    import accelopt
+    from accelopt.errors import AccelOptError
+
+    assert _weights_of("frozen", "allreduce", tmp_path, monkeypatch)  # frozen alone: fine
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent) + os.pathsep
+                       + os.environ.get("PYTHONPATH", ""))
+    job = '{name:m,model:"byo_models:frozen_and_spare",dataset:digits,iterations:3,batch_size:16}'
+    start = time.monotonic()
+    with pytest.raises(AccelOptError, match=r"spare\.(weight|bias), spare\.(weight|bias) got no gradient in "
+                       r"iteration 0 .* freeze them \(requires_grad_\(False\)\) or use "
+                       "cluster.mode=ps") as info:
+        accelopt.run(["workload=tiny", f"workload.jobs=[{job}]", "cluster.mode=allreduce",
+                      "cluster.timeout_s=60", "run.compare=none", "run.progress=false"],
+                     run_dir=tmp_path / "spare")
+    assert info.value.exit_code == 2 and time.monotonic() - start < 40
+
+
 def test_the_documented_dataloader_factory_trains_and_is_scored(monkeypatch):
     import types
 

@@ -26,6 +26,7 @@ from accelopt.drivers.cluster.ddp_hook import BucketHook, reduce_bucket
 from accelopt.drivers.cluster.ps import ClusterExchange
 from accelopt.drivers.cluster.settings import ClusterSettings
 from accelopt.drivers.cluster.transport import Transport
+from accelopt.errors import UserError
 from accelopt.job.params import shard_rows
 
 if TYPE_CHECKING:
@@ -53,6 +54,7 @@ class AllReduce(ClusterExchange):
     def attach(self, job: Job, timer: PhaseTimer) -> None:
         super().attach(job, timer)
         self.params = dict(job.model.named_parameters())
+        self.job_name = job.info.name
         if job.info.kind != "train":
             return  # nothing to reduce: every rank runs forward on its rows
         row0, row1 = self.rows(job.info.batch_size)
@@ -80,6 +82,15 @@ class AllReduce(ClusterExchange):
         them); collect the iteration's transfers and any error. Every rank steps the whole
         model itself (``update`` unused)."""
         if self.hook is not None:
+            unused = self.hook.unsent(self.params)
+            if unused is not None:
+                shown = ", ".join(unused[:4]) + (f" and {len(unused) - 4} more"
+                                                 if len(unused) > 4 else "")
+                raise UserError(
+                    f"job '{self.job_name}': {shown} got no gradient in iteration {iteration} "
+                    "(the loss does not use them), and all-reduce (PyTorch DDP) needs every "
+                    "trainable parameter in the loss; freeze them (requires_grad_(False)) "
+                    "or use cluster.mode=ps")
             self.transport.finish_allreduce(iteration)
         return False
 

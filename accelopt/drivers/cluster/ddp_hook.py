@@ -84,6 +84,8 @@ class BucketHook:
         self.iteration = -1
         self._futures: list[torch.futures.Future] = []
         self._parts: dict[int, dict[int, torch.Tensor]] = {}
+        self._sent: set[int] = set()
+        """The logical buckets of this iteration handed to the transport."""
         self.in_place = 0
         """DDP buckets sent as they are (one logical bucket, same order: no copy)."""
         self.direct = 0
@@ -114,6 +116,7 @@ class BucketHook:
         self.iteration = iteration
         self._futures = [torch.futures.Future() for _ in self.logical]
         self._parts = {}
+        self._sent = set()
         self.transport.plan(iteration, ALL_RANKS,
                             [self.record(b, iteration) for b in range(len(self.logical))])
 
@@ -150,6 +153,7 @@ class BucketHook:
             plan = self._plans[key] = self._plan(params)
         if plan.exact is not None:
             b = plan.exact
+            self._sent.add(b)
             self.in_place += 1
             buffer.mul_(self.weight)
             direct = self.transport.allreduce_direct(self.record(b, self.iteration), buffer)
@@ -165,6 +169,7 @@ class BucketHook:
                 parts = self._parts.setdefault(piece.bucket, {})
                 parts[piece.position] = buffer[piece.offset:piece.offset + piece.numel]
                 if len(parts) == self._expected[piece.bucket]:
+                    self._sent.add(piece.bucket)
                     self._post(piece.bucket, self._gather(piece.bucket, parts).mul_(self.weight))
             touched = [self._futures[b] for b in plan.touched]
             out = torch.futures.collect_all(touched).then(
@@ -176,6 +181,19 @@ class BucketHook:
             # hook waits for a tensor that never comes; say so instead of hanging backward
             self.transport.wait_started(self.iteration)
         return out
+
+    def unsent(self, params: dict[str, torch.Tensor]) -> list[str] | None:
+        """After backward: ``None`` when DDP handed over every bucket of the iteration, else
+        the trainable parameters of the buckets it did not (the ones without a gradient
+        first). DDP without ``find_unused_parameters`` never hands over a bucket holding a
+        parameter the loss did not reach, and the iteration would wait for it until the
+        transport's timeout."""
+        missing = [b for b in range(len(self.logical)) if b not in self._sent]
+        if not missing:
+            return None
+        names = [p.name for b in missing for p in self.logical[b]
+                 if params[p.name].requires_grad]
+        return [n for n in names if params[n].grad is None] or names
 
     def _forget(self) -> None:
         """A user's script may train for days: keep the counters, not a record per bucket."""

@@ -204,14 +204,17 @@ class PsServer(ClusterExchange):
         return early
 
     def _average(self, info: ParamInfo) -> None:
-        """``.grad`` of one tensor := the workers' gradients weighted by their rows."""
+        """``.grad`` of one tensor := the workers' gradients weighted by their rows (a worker
+        without one counts as zero; with none at all, ``None``)."""
         param = self.params[info.name]
-        total = torch.zeros_like(param)
+        total = None
         for w in self.workers:
             g = self._grads[w].get(info.name)
             if g is not None:
+                if total is None:
+                    total = torch.zeros_like(param)
                 total.add_(g.to(total.device), alpha=self.weights[w])
-        param.grad = total
+        param.grad = total  # None when no worker's loss reached it: the step skips it
 
     def gradients(self, iteration: int,
                   update: Callable[[Sequence[str]], None] | None = None) -> bool:
@@ -399,15 +402,19 @@ class PsWorker(ClusterExchange):
         # per-layer waits, installed once: forward of layer L starts when L's parameters are in
         for layer, module in layer_modules(model, self.table).items():
             module.register_forward_pre_hook(lambda _m, _a, layer=layer: wait_layer(layer))
-        for info in self.table:
-            self.params[info.name].register_post_accumulate_grad_hook(
-                lambda p, info=info: self._post_grad(info, p.grad, p))
+        for info in self.table:  # a frozen parameter has no gradient to wait for
+            if self.params[info.name].requires_grad:
+                self.params[info.name].register_post_accumulate_grad_hook(
+                    lambda p, info=info: self._post_grad(info, p.grad))
 
-    def _post_grad(self, info: ParamInfo, grad: torch.Tensor | None, param: torch.Tensor) -> None:
+    def _post_grad(self, info: ParamInfo, grad: torch.Tensor | None) -> None:
+        """Send one gradient; ``None`` (the loss did not reach the parameter, or it is
+        frozen) goes as a header saying so, and the server leaves that parameter's ``.grad``
+        ``None`` unless another worker had one, as one process would (a zero gradient is
+        not the same: weight decay and momentum would still move the parameter)."""
         self._posted.add(info.name)
-        payload = grad if grad is not None else torch.zeros_like(param)
         self.transport.post(self.record(info, self._iteration, self.rank, self.owner[info.name],
-                                        "grad"), payload)
+                                        "grad"), grad)
 
     def _deliver(self, rec: TransferRecord, payload: Any) -> None:
         if payload is not None:
@@ -456,7 +463,7 @@ class PsWorker(ClusterExchange):
         waited for at the end of i+1, or now at the job's last iteration."""
         for info in self.table:  # parameters the loss did not reach still owe their server
             if info.name not in self._posted:
-                self._post_grad(info, None, self.params[info.name])
+                self._post_grad(info, None)
         self._receivers.pop(iteration).join()
         self._sending.append(iteration)
         last = iteration + 1 >= self.total

@@ -296,8 +296,8 @@ class Transport:
         """Hand over one transfer (any thread: autograd hooks post gradients). It starts now,
         or when its predecessors in the enforced order have started. ``future`` (all-reduce
         only) receives the decoded sum, or the error, when the collective is done."""
-        keep = True
-        if self._filter:
+        keep = payload is not None  # no gradient: a header says so, and nothing else goes
+        if keep and self._filter:
             answers = self.host.call("accelopt_transfer_filter", record=record)
             keep = all(a is not False for a in answers)
         if keep and self._encode:
