@@ -475,3 +475,36 @@ def test_a_process_that_ends_with_os_exit_leaves_no_leaked_semaphore(release):
                           timeout=60)
     assert done.returncode == 0
     assert ("leaked semaphore" in done.stderr) is not release, done.stderr
+
+
+@pytest.mark.timeout(150)
+def test_ranks_do_not_outlive_a_sigkilled_launcher(tmp_path):
+    """The ranks fork from the forkserver, so the kernel's parent-death signal watches the
+    forkserver, not the launcher: a launcher killed by SIGKILL (the OOM killer, a CI
+    timeout) left the forkserver and three ranks training on at full CPU."""
+    import subprocess
+
+    from clirun import accelopt_cmd, cli_env
+
+    launcher = subprocess.Popen(
+        accelopt_cmd("run", "workload=single", "workload.jobs.0.iterations=1000000",
+                     "cluster.mode=ps", "cluster.timeout_s=30", "run.progress=false"),
+        cwd=tmp_path, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    me = psutil.Process(launcher.pid)
+    deadline = time.monotonic() + 90
+    ranks: list[psutil.Process] = []
+    while time.monotonic() < deadline and len(ranks) < 3:  # the forkserver's children
+        try:
+            ranks = [p for p in me.children(recursive=True) if p.ppid() != launcher.pid]
+        except psutil.NoSuchProcess:
+            break
+        time.sleep(0.1)
+    everything = me.children(recursive=True)
+    assert len(ranks) >= 3, "the ranks never started"
+    launcher.kill()
+    launcher.wait(10)
+    gone, alive = psutil.wait_procs(everything, timeout=20)
+    for p in alive:  # leave nothing behind whatever the outcome
+        p.kill()
+    assert not [p for p in alive if p in ranks], "ranks outlived their launcher"
+    assert not alive, f"{len(alive)} processes outlived their launcher"

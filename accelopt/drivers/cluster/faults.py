@@ -2,6 +2,7 @@
 with one line naming the rank, its pid, what killed it and the iteration it was in.
 
 Children: :func:`die_with_parent` (the kernel SIGKILLs a child whose parent dies),
+:func:`die_with_launcher` (a rank forked from the forkserver exits when the launcher dies),
 :class:`Progress` (the current iteration in a tiny file the parent can read after a
 SIGKILL) and :func:`write_failure` (the exception, before exiting). Parent:
 :class:`Watchdog` polls the processes; on the first failure it waits a moment for the
@@ -15,7 +16,9 @@ import ctypes
 import json
 import multiprocessing.connection
 import os
+import select
 import signal
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +52,43 @@ def die_with_parent() -> None:
         pass
     if os.getppid() == 1:  # parent already gone between fork and prctl
         os._exit(1)
+
+
+def die_with_launcher(launcher_pid: int) -> None:
+    """Exit when the launching process dies, whatever kills it.
+
+    Why :func:`die_with_parent` is not enough: a rank forked from the forkserver has the
+    forkserver as its parent, and a launcher killed by SIGKILL (the OOM killer, a CI
+    runner's timeout) leaves the forkserver, and so its ranks, running on at full CPU. A
+    daemon thread waits on a pidfd of the launcher (a poll once a second where there is
+    none); when the launcher is gone it kills the forkserver (its work ended with the
+    launcher) and exits."""
+
+    def watch() -> None:
+        try:
+            fd = os.pidfd_open(launcher_pid)
+        except (AttributeError, OSError):
+            fd = None
+        if fd is not None:
+            select.select([fd], [], [])
+        else:
+            while True:
+                try:
+                    os.kill(launcher_pid, 0)
+                except ProcessLookupError:
+                    break
+                except PermissionError:
+                    pass
+                time.sleep(1.0)
+        parent = os.getppid()
+        if parent not in (1, launcher_pid):  # the forkserver this run's launcher started
+            try:
+                os.kill(parent, signal.SIGKILL)
+            except OSError:
+                pass
+        os._exit(1)
+
+    threading.Thread(target=watch, name="accelopt-launcher-watch", daemon=True).start()
 
 
 class Progress:

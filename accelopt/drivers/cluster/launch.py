@@ -155,7 +155,7 @@ def _spawn(cfg: DictConfig, settings: ClusterSettings, t0: float, work: str,
                     target=child_main,
                     args=(rank, settings.world_size, cfg_yaml, port, t0, work, ends[rank],
                           ends[0].address, run_dir, carried, dict(os.environ), store_ready,
-                          jobs_ended),
+                          jobs_ended, os.getpid()),
                     name=f"accelopt-rank{rank}",
                 )
                 proc.start()
@@ -255,9 +255,12 @@ def _adopt_environment(environ: dict[str, str]) -> None:
 def child_main(rank: int, world: int, cfg_yaml: str, port: int, t0: float, work: str,
                endpoint: netns.Endpoint, master_addr: str, run_dir: str,
                carried: Carried | None = None, environ: dict[str, str] | None = None,
-               store_ready: Any | None = None, jobs_ended: Any | None = None) -> None:
+               store_ready: Any | None = None, jobs_ended: Any | None = None,
+               launcher_pid: int | None = None) -> None:
     """Entry point of a rank process (module-level so the start method can import it)."""
     faults.die_with_parent()
+    if launcher_pid is not None:
+        faults.die_with_launcher(launcher_pid)
     if environ is not None:
         _adopt_environment(environ)
     settings = None
