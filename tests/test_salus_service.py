@@ -173,3 +173,22 @@ def test_zz_shutdown_lets_the_service_exit(server):
     assert "stopping" in ask(sock, {"op": "shutdown"})["message"]
     assert proc.wait(timeout=60) == 0
     assert not sock.exists()
+
+
+def test_a_restarted_service_numbers_jobs_after_those_it_finds(tmp_path):
+    """A service restarted on the same root (after a crash) started again at 001 and wrote
+    its first job over the results of the old 001."""
+    from accelopt_plugins.salus.service import Service
+
+    old = tmp_path / "root" / "jobs" / "007-mlp"
+    old.mkdir(parents=True)
+    (old / "job.json").write_text("{}")
+    (tmp_path / "root" / "jobs" / "notes").mkdir()  # not a job directory: ignored
+    service = Service(ServeOptions(socket=tmp_path / "s.sock", root=tmp_path / "root",
+                                   capacity="256MiB", threads=1))
+    try:
+        (job_id,) = service.handle({"op": "submit", "job": {**TINY, "name": "mlp"}})["submitted"]
+    finally:
+        service.executor.close()
+    assert job_id == "008-mlp"
+    assert (old / "job.json").read_text() == "{}"

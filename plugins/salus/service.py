@@ -90,7 +90,9 @@ class Service:
         self.executor = Executor(self.host, [], capacity_bytes=capacity, device=str(self.device),
                                  profiler=measure_profile, on_finish=self._job_finished,
                                  keep_open=True)
-        self._ids = 0
+        self._ids = _last_job_number(self.root / "jobs")
+        """Numbers go on from the jobs a previous service left in ``root`` (a restart after a
+        crash): a number reused would write a new job over an old one's results."""
         self._lock = threading.Lock()
 
     # -- requests --------------------------------------------------------------------------
@@ -350,3 +352,10 @@ def request(path: Path, message: dict[str, Any], timeout_s: float = 30.0) -> dic
     if not data:
         raise UserError(f"the service on {path} closed the connection without answering")
     return json.loads(data)
+
+
+def _last_job_number(jobs: Path) -> int:
+    """The largest ``NNN`` of the ``NNN-name`` job directories under ``jobs`` (0: none)."""
+    numbers = [int(head) for head, _, _ in (p.name.partition("-") for p in jobs.glob("*-*"))
+               if head.isdigit()] if jobs.is_dir() else []
+    return max(numbers, default=0)
