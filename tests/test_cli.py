@@ -63,6 +63,8 @@ def test_multirun_sweep_gives_every_run_its_metrics(tmp_path):
     assert result.returncode == 0, result.stderr
     runs = _run_dirs(tmp_path)
     assert len(runs) == 2
+    # to the microsecond, as single runs: two sweeps started in one second wrote into one
+    assert re.fullmatch(r"\d\d-\d\d-\d\d-\d{6}", runs[0].parent.name), runs[0]
     plugins = sorted(tuple(json.loads((r / "metrics.json").read_text())["run"]["plugins"])
                      for r in runs)
     assert plugins == [(), ("noop",)]
