@@ -46,13 +46,13 @@ def run(overrides: Sequence[str] = (), *, run_dir: str | Path | None = None,
         drop_empty_plugin_selection,
         prepared_configs,
         refuse_bad_resume,
+        refuse_taken_run_dir,
     )
     from accelopt.drivers.processes import (
         rank_server_started_early,
         refuse_unguarded_main,
         under_torchrun,
     )
-    from accelopt.report.writer import METRICS_JSON
     from accelopt.runtime.run import execute
 
     if isinstance(overrides, str):
@@ -70,9 +70,7 @@ def run(overrides: Sequence[str] = (), *, run_dir: str | Path | None = None,
     (cfg,) = prepared_configs(args, registry)
     refuse_bad_resume([*args, f"hydra.run.dir={run_dir}"] if run_dir else args)
     out = Path(run_dir) if run_dir is not None else default_run_dir()
-    if (out / METRICS_JSON).exists():
-        raise ConfigError(f"{out} already holds a run (metrics.json); give a new run_dir "
-                          "(results are never overwritten)")
+    refuse_taken_run_dir(out)
     if str(cfg.cluster.mode) != "none" and not under_torchrun():
         refuse_unguarded_main()
     console = console or Console(file=io.StringIO(), width=120)

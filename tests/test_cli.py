@@ -58,6 +58,23 @@ def test_plugin_summary_line(tmp_path):
     assert "noop" in result.stdout and "hook calls" in result.stdout
 
 
+def test_a_run_directory_that_holds_a_run_is_refused_before_anything_is_written(tmp_path):
+    """The CI recipe's hydra.run.dir=out, run twice: the second run's files landed beside
+    and over the first's (a PS run's per_iteration.json stayed beside a one-process run's
+    metrics, Hydra's .hydra/ rewritten)."""
+    from clirun import run_files
+
+    first = accelopt("run", *TINY, "cluster.mode=none", "hydra.run.dir=out", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    before = run_files(tmp_path / "out")
+    again = accelopt("run", *TINY, "cluster.mode=none", "hydra.run.dir=out", cwd=tmp_path)
+    assert again.returncode == 2
+    assert again.stderr.strip().splitlines() == [
+        "error: out already holds a run (metrics.json); give this run another directory "
+        "(hydra.run.dir / run_dir), or remove that one: results are never overwritten"]
+    assert run_files(tmp_path / "out") == before
+
+
 def test_multirun_sweep_gives_every_run_its_metrics(tmp_path):
     result = accelopt("run", "-m", "+plugins=[],[noop]", *TINY, cwd=tmp_path)
     assert result.returncode == 0, result.stderr

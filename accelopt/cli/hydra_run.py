@@ -152,7 +152,25 @@ def prepared_configs(overrides: list[str], registry: Registry,
     for combo in expand_sweeps(overrides) if multirun else [overrides]:
         out.append(compose_checked(combo))
         refuse_bad_resume(combo)
+        if not multirun:  # a sweep's runs go under hydra.sweep.dir, each its own
+            named = [o.split("=", 1)[1] for o in combo
+                     if o.lstrip("+").startswith("hydra.run.dir=")]
+            if named:
+                refuse_taken_run_dir(Path(named[-1]))
     return out
+
+
+def refuse_taken_run_dir(run_dir: Path) -> None:
+    """A run directory that already holds a run's results (its ``metrics.json``) is refused
+    before Hydra writes into it: the new run's files would land beside the old run's
+    (``per_iteration.json``, a plugin's file the new run does not write) and over the
+    rest. Results are never overwritten."""
+    from accelopt.report.writer import METRICS_JSON
+
+    if (run_dir / METRICS_JSON).exists():
+        raise ConfigError(f"{run_dir} already holds a run ({METRICS_JSON}); give this run "
+                          "another directory (hydra.run.dir / run_dir), or remove that one: "
+                          "results are never overwritten")
 
 
 def composed_with_every_plugin(sets: list[list[str]], overrides: list[str],
