@@ -53,6 +53,20 @@ class JobsUnfinished(AccelOptError):
     exit_code = 3
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``kill``, a CI runner's timeout, a scheduler's preemption) turned into an
+    exception in the main thread, so a run stops as on Ctrl-C: rank processes stopped,
+    partial ``metrics.json``, trace and log kept. A ``KeyboardInterrupt`` so that every
+    ``except Exception`` lets it through, as it lets Ctrl-C through."""
+
+    exit_code = 143  # 128 + SIGTERM, what a shell reports for a process SIGTERM killed
+
+
+def raise_terminated(signum: int, _frame: object) -> None:
+    """A SIGTERM handler: :class:`Terminated` in the main thread."""
+    raise Terminated()
+
+
 def raised_by_hook(exc: BaseException) -> bool:
     """Whether ``exc`` came out of a hook call (a plugin's error stops the run; an error of a
     job's own code fails that job alone)."""

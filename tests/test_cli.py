@@ -159,6 +159,36 @@ def test_a_user_error_raised_in_a_hook_exits_2_in_every_mode(tmp_path, mode):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("mode", ["none", "ps"])
+def test_sigterm_stops_a_run_as_ctrl_c_does_and_keeps_its_evidence(tmp_path, mode):
+    """A CI runner's timeout or `kill` sends SIGTERM: a one-process run died with nothing
+    but config.yaml and an empty log; a cluster run kept metrics.json but no log line."""
+    import signal
+    import subprocess
+    import time
+
+    from clirun import accelopt_cmd, cli_env
+
+    proc = subprocess.Popen(
+        accelopt_cmd("run", "workload=single", "workload.jobs.0.iterations=1000000",
+                     f"cluster.mode={mode}", "cluster.timeout_s=30", "run.checkpoint_every=20",
+                     "run.progress=false", "hydra.run.dir=out"),
+        cwd=tmp_path, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 90
+    while not list((tmp_path / "out").glob("checkpoints/*")) and time.monotonic() < deadline:
+        time.sleep(0.1)  # polling for the first checkpoint: the run is training
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    assert err.strip().splitlines()[-1] == "terminated (SIGTERM)"
+    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert metrics["summary"]["error"] == "terminated (SIGTERM)"
+    assert [j["status"] for j in metrics["jobs"]] == ["failed"]
+    assert (tmp_path / "out" / "accelopt.log").read_text().strip().endswith(
+        "error: terminated (SIGTERM)")
+
+
 @pytest.mark.timeout(180)
 def test_a_failed_run_keeps_its_evidence(tmp_path):
     """A plugin raising stops the run; its directory still holds metrics.json (every job

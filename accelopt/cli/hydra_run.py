@@ -380,7 +380,7 @@ def run_hydra(args: list[str], registry: Registry, debug: bool) -> int:
     """Hand the command line to Hydra (single run or ``-m`` multirun)."""
     import hydra
 
-    from accelopt.runtime.run import execute
+    from accelopt.runtime.run import error_line, execute
 
     exit_code = 0
     scratch = secondary_rank_dir(args)
@@ -418,7 +418,7 @@ def run_hydra(args: list[str], registry: Registry, debug: bool) -> int:
             if not HydraConfig.get().mode.name == "MULTIRUN":
                 raise SystemExit(exc.exit_code) from None
         except BaseException as exc:
-            error = f"error: {type(exc).__name__}: {exc}"
+            error = f"error: {error_line(exc)}"  # "interrupted (Ctrl-C)", not "KeyboardInterrupt: "
             raise
         finally:
             write_log(run_dir, console, error)

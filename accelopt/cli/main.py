@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import difflib
 import os
+import signal
 import sys
+import threading
 import warnings
 from collections.abc import Callable
 
-from accelopt.errors import AccelOptError, UserError
+from accelopt.errors import AccelOptError, Terminated, UserError, raise_terminated
 from accelopt.plugin import Registry
 
 CORE_COMMANDS: dict[str, str] = {
@@ -42,6 +44,8 @@ def main(argv: list[str] | None = None) -> None:
     debug = "--debug" in args or os.environ.get("ACCELOPT_DEBUG", "") not in ("", "0")
     args = [a for a in args if a != "--debug"]
     warnings.simplefilter("default", RuntimeWarning)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, raise_terminated)  # stop as on Ctrl-C, evidence kept
     try:
         code = dispatch(args, debug)
     except AccelOptError as exc:
@@ -51,6 +55,9 @@ def main(argv: list[str] | None = None) -> None:
             traceback.print_exc(file=sys.stderr)
         print(f"error: {exc}", file=sys.stderr)
         code = exc.exit_code
+    except Terminated:
+        print("terminated (SIGTERM)", file=sys.stderr)
+        code = Terminated.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         code = 130

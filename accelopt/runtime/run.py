@@ -40,7 +40,7 @@ from accelopt.drivers.setup import (
     setup_torch,
     torch_threads,
 )
-from accelopt.errors import AccelOptError, UserError
+from accelopt.errors import AccelOptError, Terminated, UserError
 from accelopt.host import HookTrace, traced_calls
 from accelopt.job import build_jobs, job_id_for, job_specs
 from accelopt.job.checkpoint import Checkpointer, restore
@@ -321,7 +321,7 @@ def _keep_evidence(record: RunRecord, run_dir: Path, exc: BaseException) -> None
     writing must not hide the run's own error. A refusal of bad input writes nothing."""
     if isinstance(exc, UserError):
         return  # a refusal (bad input found before the work began): nothing to keep
-    error = _error_line(exc)
+    error = error_line(exc)
     for result in record.jobs:
         if result.status not in ("done", "failed", "rejected"):
             result.status = "failed"
@@ -333,9 +333,11 @@ def _keep_evidence(record: RunRecord, run_dir: Path, exc: BaseException) -> None
         pass
 
 
-def _error_line(exc: BaseException) -> str:
+def error_line(exc: BaseException) -> str:
     """The error as the command line prints it (accelopt's own errors are one line
     already; anything else gets its type)."""
+    if isinstance(exc, Terminated):
+        return "terminated (SIGTERM)"
     if isinstance(exc, KeyboardInterrupt):
         return "interrupted (Ctrl-C)"
     text = str(exc).strip()

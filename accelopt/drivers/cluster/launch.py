@@ -36,7 +36,7 @@ from accelopt.drivers.processes import (
     stop_forkserver,
     under_torchrun,
 )
-from accelopt.errors import ConfigError
+from accelopt.errors import ConfigError, raise_terminated
 from accelopt.job import job_specs
 from accelopt.plugin import Registry
 
@@ -210,16 +210,14 @@ class _WhenSet(threading.Thread):
 
 @contextlib.contextmanager
 def _terminate_on_sigterm() -> Iterator[None]:
-    """Turn SIGTERM into SystemExit while children run, so cleanup (kill the ranks, delete
-    the namespace) happens; only possible from the main thread."""
+    """Turn SIGTERM into :class:`~accelopt.errors.Terminated` while children run, so cleanup
+    (kill the ranks, delete the namespace) happens and the run keeps its evidence, as on
+    Ctrl-C; only possible from the main thread (a run called from Python, where the command's
+    own handler is not installed)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-
-    def handler(signum: int, _frame: Any) -> None:
-        raise SystemExit(128 + signum)
-
-    previous = signal.signal(signal.SIGTERM, handler)
+    previous = signal.signal(signal.SIGTERM, raise_terminated)
     try:
         yield
     finally:
