@@ -275,3 +275,8 @@ def frozen(*, input_shape, num_classes) -> nn.Module:
 
 def frozen_and_spare(*, input_shape, num_classes) -> nn.Module:
     return FrozenAndSpare(input_shape, num_classes, spare=True)
+
+
+def raises(**_: object) -> nn.Module:
+    """A model factory whose own code fails."""
+    raise RuntimeError("boom")

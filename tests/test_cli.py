@@ -103,6 +103,17 @@ def test_multirun_sweep_gives_every_run_its_metrics(tmp_path):
         (["workload.jobs.0.model=foo"], "unknown model 'foo'"),
         (["workload.jobs.0.optimizer=rmsprop"], "optimizer must be one of"),
         (["run.device=tpu"], "run.device"),
+        (["run.device=mps"], "run.device: 'mps' is not supported"),
+        (["run.telemetry_interval_s=0", "cluster.mode=none"], "run.telemetry_interval_s must be > 0"),
+        (["run.threads=-2"], "run.threads must be >= 0"),
+        (["run.memory_capacity=abc"], "run.memory_capacity: cannot read 'abc'"),
+        (["workload.jobs.0.arrival_s=-3"], "arrival_s must be >= 0"),
+        (["workload.jobs.0.dataset=nope"], "unknown dataset 'nope'"),
+        (["workload.jobs.0.model=nomod:fn", "workload.jobs.0.dataset=digits"],
+         "cannot import 'nomod'"),
+        (["workload.jobs.0.model=byo_models:kw_mlp"], "is a reference: set the job's dataset"),
+        (["workload.jobs.0.model=byo_models:raises", "workload.jobs.0.dataset=digits",
+          "cluster.mode=none"], "model 'byo_models:raises' raised RuntimeError: boom"),
     ],
 )
 def test_user_errors_are_one_line_exit_2(tmp_path, args, needle):

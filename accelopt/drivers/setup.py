@@ -92,6 +92,9 @@ def pick_device(name: str) -> torch.device:
         device = torch.device(name)
     except RuntimeError:
         raise ConfigError(f"run.device: unknown device {name!r}; use auto, cpu or cuda[:N]") from None
+    if device.type not in ("cpu", "cuda"):
+        raise ConfigError(f"run.device: {name!r} is not supported (jobs run on a CPU or a CUDA "
+                          "device); use auto, cpu or cuda[:N]")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UserError("run.device=cuda but no CUDA device is available; use run.device=cpu")
     return device

@@ -144,3 +144,33 @@ def validate_spec(spec: JobConfig) -> None:
     if spec.precision not in PRECISIONS:
         raise ConfigError(f"{where}: precision must be one of {', '.join(PRECISIONS)}, got "
                           f"{spec.precision!r}")
+    if spec.arrival_s < 0:
+        raise ConfigError(f"{where}: arrival_s must be >= 0 (seconds after the run starts), "
+                          f"got {spec.arrival_s}")
+    _check_names(spec, where)
+
+
+def _check_names(spec: JobConfig, where: str) -> None:
+    """The job's model and dataset name something that exists: a zoo name, or a
+    ``module:factory`` that imports (not called: building is the job's). Checked with the
+    settings, so a cluster run refuses a misspelling before any rank starts instead of in
+    every rank."""
+    from accelopt.workloads import MODEL_NAMES
+    from accelopt.workloads.data import DATASET_NAMES
+    from accelopt.workloads.refs import is_ref, resolve_ref
+
+    if spec.dataset is None and is_ref(str(spec.model)):
+        raise ConfigError(f"{where}: model {spec.model!r} is a reference: set the job's "
+                          "dataset explicitly (a zoo dataset or 'package.module:factory')")
+    for what, name, zoo in (("model", spec.model, MODEL_NAMES),
+                            ("dataset", spec.dataset, DATASET_NAMES)):
+        if name is None:
+            continue
+        try:
+            if is_ref(str(name)):
+                resolve_ref(str(name), what)
+            elif str(name) not in zoo:
+                raise ValueError(f"unknown {what} {name!r}; known {what}s: {', '.join(zoo)}, or "
+                                 "'package.module:factory'")
+        except ValueError as exc:
+            raise ConfigError(f"{where}: {exc}") from None

@@ -125,8 +125,16 @@ def _validate_settings(cfg: DictConfig) -> list[str]:
         from accelopt.drivers.cluster.settings import settings_from
 
         validate_cluster(cfg, settings_from(cfg.cluster))
+    if float(cfg.run.telemetry_interval_s) <= 0:
+        raise UserError(f"run.telemetry_interval_s must be > 0 (seconds between samples), got "
+                        f"{cfg.run.telemetry_interval_s}")
+    if int(cfg.run.threads) < 0:
+        raise UserError(f"run.threads must be >= 0 (0: the default), got {cfg.run.threads}")
+    if str(cfg.run.memory_capacity) != "auto":
+        memory_capacity(str(cfg.run.memory_capacity), torch.device("cpu"))  # parses it
     one_process = cfg.cluster.mode == "none"
-    device_type = pick_device(str(cfg.run.device)).type if one_process else None
+    device = pick_device(str(cfg.run.device))  # a name no rank could use: refused here
+    device_type = device.type if one_process else None
     for spec in specs:  # fp16 needs CUDA and one process: say so before anything starts
         check_precision(spec, device_type, one_process)
     return ids

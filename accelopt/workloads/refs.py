@@ -62,3 +62,7 @@ def call_factory(ref: str, what: str, standard: Mapping[str, Any],
         given = ", ".join(kwargs) or "no arguments"
         raise ValueError(f"{what} {ref!r} cannot be called with {given}: {exc}; set "
                          f"{what}_kwargs to what it takes") from None
+    except Exception as exc:  # the user's own code raised: one line (--debug: the chain)
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise ValueError(f"{what} {ref!r} raised {type(exc).__name__}"
+                         + (f": {first}" if first else "")) from exc
