@@ -113,6 +113,13 @@ def test_resume_of_a_finished_run_is_refused_unless_asked_and_never_rewrites_it(
     new = json.loads((again / "metrics.json").read_text())["jobs"][0]
     assert new["status"] == "done" and new["iterations"] == 20
     assert new["jct_s"] == pytest.approx(old["jct_s"]) and new["final_loss"] == old["final_loss"]
+    # a resume runs the old run's configuration: overrides it would drop are refused
+    changed = accelopt("run", f"run.resume={first}", "run.resume_finished=true",
+                       "workload=tiny", "+plugins=[noop]", cwd=tmp_path)
+    assert changed.returncode == 2 and changed.stderr.strip().splitlines() == [
+        f"error: run.resume continues {first} with the configuration it ran with, so "
+        "workload=tiny, +plugins=[noop] would be ignored; drop them (a new run takes them)"]
+    assert run_files(first) == before
 
 
 def test_resume_of_a_directory_without_a_run_is_one_line(tmp_path):

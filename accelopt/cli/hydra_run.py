@@ -200,6 +200,22 @@ def refuse_bad_resume(overrides: list[str]) -> None:
     if resume and out and Path(resume).expanduser().resolve() == Path(out).expanduser().resolve():
         raise ConfigError(f"run.resume: {resume} is also this run's output directory; a resumed "
                           "run writes into a new directory (drop hydra.run.dir)")
+    if resume and resume.lower() not in ("null", "none", "''", '""'):
+        ignored = [o for o in overrides if not _kept_by_resume(o)]
+        if ignored:
+            raise ConfigError(
+                f"run.resume continues {resume} with the configuration it ran with, so "
+                f"{', '.join(ignored)} would be ignored; drop "
+                f"{'it' if len(ignored) == 1 else 'them'} (a new run takes them)")
+
+
+RESUME_KEEPS = ("run.resume", "run.resume_finished", "run.progress", "hydra.")
+"""The overrides a resumed run honours (the rest of its configuration is the old run's)."""
+
+
+def _kept_by_resume(override: str) -> bool:
+    key = override.lstrip("+~").split("=", 1)[0]
+    return any(key == k or (k.endswith(".") and key.startswith(k)) for k in RESUME_KEEPS)
 
 
 def compose_checked(overrides: list[str]) -> DictConfig:

@@ -393,7 +393,14 @@ def _maybe_resume(
     resumed.run.resume = str(old_dir)
     resumed.run.resume_finished = resume_finished
     refuse_finished(old_dir, resume_finished)
-    console.print(f"resuming {old_dir} from its checkpoints; writing into {run_dir}")
+    from accelopt.job.checkpoint import CHECKPOINT_DIR
+
+    if any((old_dir / CHECKPOINT_DIR).glob("*.pt")):
+        console.print(f"resuming {old_dir} from its checkpoints; writing into {run_dir}")
+    else:
+        console.print(f"resuming {old_dir}: it wrote no checkpoint (run.checkpoint_every was 0, "
+                      f"or it stopped before the first), so its jobs start from the beginning; "
+                      f"writing into {run_dir}")
     return resumed, old_dir  # type: ignore[return-value]
 
 
