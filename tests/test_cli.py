@@ -125,6 +125,33 @@ def test_user_errors_are_one_line_exit_2(tmp_path, args, needle):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize(("yaml", "needle"), [
+    ("jobs: 5\n", "In 'workload/mine': ValidationError raised while composing config: Invalid "
+                  "value assigned: AnyNode is not a ListConfig, list or tuple. full_key: "
+                  "workload.jobs"),
+    ("jobs:\n  - {name: a, model: mlp, colour: red}\n", "Key 'colour' not in 'JobConfig'"),
+    ("jobs: [ {name: a\n", "a YAML file does not parse: while parsing a flow mapping in "),
+])
+def test_a_broken_workload_file_says_why_in_one_line(tmp_path, yaml, needle):
+    """The reason used to be cut off after its first line ("... raised while composing
+    config:", "while parsing a flow mapping")."""
+    (tmp_path / "cfg" / "workload").mkdir(parents=True)
+    (tmp_path / "cfg" / "workload" / "mine.yaml").write_text(yaml)
+    result = accelopt("run", f"hydra.searchpath=[file://{tmp_path / 'cfg'}]", "workload=mine",
+                      "cluster.mode=none", cwd=tmp_path)
+    assert result.returncode == 2
+    (line,) = [ln for ln in result.stderr.splitlines() if ln.strip()]
+    assert needle in line and "Traceback" not in result.stderr
+
+
+def test_a_job_index_past_the_workloads_jobs_names_the_fix(tmp_path):
+    result = accelopt("run", *TINY, "workload.jobs.5.lr=0.1", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "error: workload.jobs.5 is not a job of this workload (it has fewer); set a key of "
+        "an existing job, or give the whole list: workload.jobs=[{...}]")
+
+
 def test_conflicting_plugins_one_line(tmp_path):
     result = accelopt("run", *TINY, "+plugins=[lifo,other_sched]", cwd=tmp_path,
                       ACCELOPT_PLUGINS="plugins_for_tests:LIFO,plugins_for_tests:OTHER_SCHEDULER")

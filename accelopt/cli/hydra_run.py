@@ -241,6 +241,14 @@ def describe_config_error(exc: BaseException) -> str:
         cause = cause.__cause__
     key = getattr(cause, "full_key", None)
     message = _first_line(cause if cause is not exc else exc)
+    if message.endswith("raised while composing config:"):  # the reason is on the next lines
+        return _joined(str(exc))
+    if getattr(cause, "problem_mark", None) is not None:  # YAML: the file, line and problem
+        return f"a YAML file does not parse: {_joined(str(cause))}"
+    added = re.fullmatch(r"workload\.jobs\[(\d+)\]", str(key or ""))
+    if added and "is not a subclass of JobConfig" in message:
+        return (f"workload.jobs.{added.group(1)} is not a job of this workload (it has fewer); "
+                "set a key of an existing job, or give the whole list: workload.jobs=[{...}]")
     missing = re.search(r"Could not find '(\w+)/([^']+)'", str(exc))
     if missing:
         return _unknown_option_message(missing.group(1), missing.group(2))
@@ -329,6 +337,14 @@ def _schema_fields(path: str) -> list[str]:
         if typing.get_origin(node) is typing.Union:  # Optional[X]
             node = next(a for a in typing.get_args(node) if a is not type(None))
     return sorted(getattr(node, "__dataclass_fields__", {}))
+
+
+def _joined(text: str) -> str:
+    """A several-line Hydra/OmegaConf/YAML message as one line: its lines joined, without
+    OmegaConf's ``reference_type=``/``object_type=`` lines."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()
+             and not ln.strip().startswith(("reference_type=", "object_type="))]
+    return " ".join(lines)
 
 
 def _first_line(exc: BaseException) -> str:
