@@ -280,3 +280,9 @@ def frozen_and_spare(*, input_shape, num_classes) -> nn.Module:
 def raises(**_: object) -> nn.Module:
     """A model factory whose own code fails."""
     raise RuntimeError("boom")
+
+
+def sparse_embedding(*, vocab_size, num_classes, input_shape) -> nn.Module:
+    """A bag of words with nn.Embedding(sparse=True): sparse gradients."""
+    return nn.Sequential(nn.Embedding(vocab_size, 8, sparse=True), nn.Flatten(),
+                         nn.Linear(8 * input_shape[0], num_classes))

@@ -106,6 +106,9 @@ def test_a_transformers_vit_trains_on_images_and_is_scored():
     (dict(dataset="byo_models:float_labels", model="byo_models:kw_mlp"), ConfigError,
      "class labels must be integers .* or give the dataset a loss_fn"),
     (dict(model_kwargs={"hidden": 4}), ConfigError, "model_kwargs are for 'module:factory'"),
+    (dict(model="byo_models:sparse_embedding", dataset="synthetic_sequences"), ConfigError,
+     "0 is an embedding with sparse=True; sparse gradients are not supported: build it with "
+     "sparse=False"),
     (dict(model_kwargs="hidden=4"), ConfigError, "model_kwargs must be a mapping"),
     (dict(model="byo_models:kw_mlp", dataset="digits", model_kwargs={"nope": 1}), ConfigError,
      "cannot be called with"),

@@ -93,6 +93,7 @@ class Job:
                 )
             except ValueError as exc:
                 raise ConfigError(f"job '{spec.name}': {exc}") from None
+            refuse_sparse_gradients(model, spec.name)
             model = offer_layers(model, info, self.host)
         self.model = model.to(device)
         self._on_cpu = device.type == "cpu"
@@ -449,6 +450,20 @@ def autocast_for(spec: JobConfig, device: torch.device, role: str) -> dict[str, 
     check_precision(spec, device.type, role == "single")
     dtype = torch.float16 if spec.precision == "fp16" else torch.bfloat16
     return {"device_type": device.type, "dtype": dtype}
+
+
+def refuse_sparse_gradients(model: nn.Module, job: str) -> None:
+    """An embedding built with ``sparse=True`` gives sparse gradients, which the profile's
+    copy, the exchanges (PS transfers, DDP buckets), gradient clipping and the plugins'
+    gradient views do not take: refused in one line when the job is built, where each of
+    those failed later with a different torch error."""
+    sparse = [name or type(m).__name__ for name, m in model.named_modules()
+              if isinstance(m, (nn.Embedding, nn.EmbeddingBag)) and m.sparse]
+    if sparse:
+        raise ConfigError(f"job '{job}': {', '.join(sparse[:3])} "
+                          f"{'is an embedding' if len(sparse) == 1 else 'are embeddings'} with "
+                          "sparse=True; sparse gradients are not supported: build "
+                          f"{'it' if len(sparse) == 1 else 'them'} with sparse=False")
 
 
 def job_loss(dataset: Any) -> Callable[[Any, torch.Tensor], torch.Tensor]:
