@@ -207,8 +207,8 @@ class Attached:
         self.events = StepEvents(self.host)
         self.iterations = 0
         self.rebuild_requests: list[str] = []
-        """Optimizer rebuilds plugins asked for (``accelopt_after_step``); your loop builds
-        its optimizer, so ``step`` warns and keeps them here."""
+        """Optimizer rebuilds plugins asked for (``accelopt_after_step``): ``step`` makes
+        them on the optimizer your loop holds (:func:`repoint_optimizer`)."""
         self._context: IterationContext | None = None
         self._loss: float | None = None
         self._closed: list[ReportRow] | None = None
@@ -290,15 +290,12 @@ class Attached:
         if stepped:
             optimizer.step()
         if self.events.after_step:
-            for rebuild in rebuilds(self.events.after_step(context, stepped)):
-                self.rebuild_requests.append(f"iteration {context.iteration}: "
-                                             f"{rebuild.reason}")
-                import warnings
-
-                warnings.warn(f"accelopt.attach: a plugin asked for an optimizer rebuild "
-                              f"({rebuild.reason}); build a new optimizer over "
-                              "ao.model.parameters() in your loop", RuntimeWarning,
-                              stacklevel=2)
+            before = dict(self.model.named_parameters())
+            asked = rebuilds(self.events.after_step(context, stepped))
+            if asked:
+                self.rebuild_requests.extend(f"iteration {context.iteration}: {r.reason}"
+                                             for r in asked)
+                repoint_optimizer(optimizer, before, dict(self.model.named_parameters()))
         return stepped
 
     def optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
@@ -336,3 +333,26 @@ class Attached:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def repoint_optimizer(optimizer: torch.optim.Optimizer, before: dict[str, nn.Parameter],
+                      after: dict[str, nn.Parameter]) -> None:
+    """Point the optimizer your loop holds at the model's parameters after a plugin changed
+    the model (pruned a layer: new, smaller Parameters), in place, since the loop keeps
+    its own reference to it: each group keeps the parameters of the names it held, now
+    the model's current ones; an unchanged parameter keeps its state, a replaced one starts
+    afresh (its old state has the old shape); a parameter of a new name joins the first
+    group. Without it the optimizer went on stepping tensors the model no longer used."""
+    name_of = {id(p): n for n, p in before.items()}
+    placed: set[str] = set()
+    for group in optimizer.param_groups:
+        names = [name_of[id(p)] for p in group["params"] if id(p) in name_of]
+        group["params"] = [after[n] for n in names if n in after]
+        placed.update(names)
+    new = [p for n, p in after.items() if n not in placed and p.requires_grad]
+    if new and optimizer.param_groups:
+        optimizer.param_groups[0]["params"].extend(new)
+    current = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    kept = {p: s for p, s in optimizer.state.items() if id(p) in current}
+    optimizer.state.clear()
+    optimizer.state.update(kept)

@@ -221,3 +221,35 @@ def test_misuse_of_the_handle_is_one_line(tmp_path):
     with pytest.raises(ConfigError, match="needs one batch of your data"):  # job_built
         accelopt.attach(torch.nn.Linear(4, 2), ["+plugins=[loop_recorder]"],
                         run_dir=tmp_path / "s", registry=registry())
+
+
+def test_a_rebuild_a_plugin_asks_for_repoints_the_loops_own_optimizer(tmp_path):
+    """A plugin that changes the model mid-run (pruning after N iterations) asks for an
+    optimizer rebuild; a loop's optimizer is the loop's own object, and it used to go on
+    stepping the old tensors (a RuntimeWarning the only sign) while the model trained none."""
+    from plugins_for_tests import SHRINK
+
+    from accelopt.workloads import build_model
+
+    reg = Registry.discover()
+    reg.add(SHRINK)
+    torch.manual_seed(0)
+    model = build_model("mlp", input_shape=(16,), num_classes=4, vocab_size=None, width=16)
+    x, y = torch.randn(32, 16), torch.randint(4, (32,))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    ao = accelopt.attach(model, ["+plugins=[shrink]"], run_dir=tmp_path / "r", registry=reg,
+                         example=(x, y))
+    head = ao.model.net[5].weight
+    snapshots = []
+    for _ in ao.loop(range(6)):
+        loss = torch.nn.functional.cross_entropy(ao.model(x), y)
+        opt.zero_grad()
+        ao.backward(loss)
+        ao.step(opt)
+        snapshots.append(ao.model.net[1].weight.detach().clone())
+    ao.close()
+    assert ao.rebuild_requests == ["iteration 2: hidden width halved to 8"]
+    held = [p for group in opt.param_groups for p in group["params"]]
+    assert [id(p) for p in held] == [id(p) for p in ao.model.parameters()]
+    assert snapshots[3].shape == (8, 16) and not torch.equal(snapshots[3], snapshots[5])
+    assert "momentum_buffer" in opt.state[head]  # an unchanged parameter keeps its state
