@@ -1174,3 +1174,15 @@ def test_inference_benchmark_names_its_paths_and_scores_agreement(capsys) -> Non
         assert needle in out, needle
     paired = [ln for ln in out.splitlines() if ln.startswith("| ") and "x (" in ln]
     assert len(paired) == 4  # a paired speed-up for each LSH path at each size
+
+
+def test_a_layer_no_batch_ran_through_says_so_not_zero_percent_active() -> None:
+    """A job that failed before its first batch (a log_softmax after the wide head) used to
+    get a row reading '0.00% active per sample, 0 rows updated', as if it had trained."""
+    plugin = PLUGIN.instantiate(SlideConfig())
+    plugin.layers.append(("xc", "head", _layer()))
+    (row,) = plugin.accelopt_report_rows(run=None)
+    assert row.summary.startswith("xc:head 300 outputs replaced for LSH-sampled softmax")
+    assert row.summary.endswith("but no batch ran through it (the job failed or did not run: "
+                                "see its status)")
+    assert row.metrics == {"samples": 0}

@@ -196,6 +196,14 @@ class SlidePlugin:
         rows = []
         for job, path, lay in self.layers:
             s = lay.summary()
+            if not lay.stats.get("samples"):  # the job failed (or never ran) before a batch
+                rows.append(ReportRow(
+                    plugin="slide",
+                    summary=(f"{job}:{path} {lay.out_features} outputs replaced for "
+                             f"{self._method()}, but no batch ran through it (the job failed "
+                             "or did not run: see its status)"),
+                    metrics={"samples": 0}))
+                continue
             rows.append(ReportRow(
                 plugin="slide",
                 summary=(
