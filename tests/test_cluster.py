@@ -118,13 +118,16 @@ def test_no_children_left_sees_a_rank_forked_by_the_sessions_forkserver():
 
 def _report_collector(conn) -> None:
     import gc
+    import signal
 
-    conn.send((gc.isenabled(), gc.get_freeze_count(), "torch._dynamo" in sys.modules))
+    conn.send((gc.isenabled(), gc.get_freeze_count(), "torch._dynamo" in sys.modules,
+               signal.getsignal(signal.SIGINT) is signal.default_int_handler))
     conn.close()
 
 
-def _collector_of_a_rank(ddp: bool) -> tuple[bool, int, bool]:
-    """(collector on, objects frozen, dynamo imported) in a rank forked by a forkserver started
+def _collector_of_a_rank(ddp: bool) -> tuple[bool, int, bool, bool]:
+    """(collector on, objects frozen, dynamo imported, Ctrl-C raises KeyboardInterrupt) in a
+    rank forked by a forkserver started
     for ``ddp``. A forkserver left running (the session's) is stopped first, and one with
     its preload is running again after, so later tests fork from one as before."""
     from multiprocessing import forkserver
@@ -152,11 +155,12 @@ def test_a_rank_starts_with_the_preloaded_imports_frozen_and_the_collector_on():
     them (``drivers/rank_preload.py``); a rank's collections then skip those objects. It
     does not import dynamo, which nothing in a parameter-server rank needs
     (``drivers/lazy_dynamo.py``); for all-reduce ranks, whose DDP imports it, it does."""
-    enabled, frozen, dynamo = _collector_of_a_rank(ddp=False)
+    enabled, frozen, dynamo, sigint = _collector_of_a_rank(ddp=False)
     assert enabled and not dynamo
+    assert sigint  # the preload ignores Ctrl-C only while it imports
     assert frozen > 100_000  # torch's and the runtime's objects (~200,000 here)
-    enabled, frozen_ddp, dynamo = _collector_of_a_rank(ddp=True)
-    assert enabled and dynamo
+    enabled, frozen_ddp, dynamo, sigint = _collector_of_a_rank(ddp=True)
+    assert enabled and dynamo and sigint
     assert frozen_ddp > frozen + 100_000  # dynamo's too (~320,000 in all here)
 
 

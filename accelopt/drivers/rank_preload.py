@@ -19,12 +19,20 @@ is ever garbage. Frozen, a rank's collections scan only what the rank made itsel
 from __future__ import annotations
 
 import gc
+import signal
 
-from accelopt.collector import collector_paused
-from accelopt.drivers.lazy_dynamo import defer_dynamo_import
+# Ctrl-C reaches the whole process group; a forkserver still importing would print a
+# KeyboardInterrupt traceback of its own beside the launcher's one line (the launcher stops
+# the run and the forkserver with it). Python's forkserver ignores SIGINT only once its
+# preload is done: ignore it here for the preload, then hand back what was there.
+_sigint = signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+from accelopt.collector import collector_paused  # noqa: E402
+from accelopt.drivers.lazy_dynamo import defer_dynamo_import  # noqa: E402
 
 with collector_paused():
     import accelopt.drivers.cluster.launch  # noqa: F401
 
     defer_dynamo_import()
 gc.freeze()
+signal.signal(signal.SIGINT, _sigint)

@@ -11,9 +11,15 @@ where two ranks on two cores would each pay it (0.8 s more start-up, paired, in
 
 from __future__ import annotations
 
-from accelopt.collector import collector_paused
+import signal
+
+_sigint = signal.signal(signal.SIGINT, signal.SIG_IGN)  # as rank_preload: no traceback on Ctrl-C
+
+from accelopt.collector import collector_paused  # noqa: E402
 
 with collector_paused():
     import torch._dynamo  # noqa: F401
 
 import accelopt.drivers.rank_preload  # noqa: E402,F401  (freezes everything imported)
+
+signal.signal(signal.SIGINT, _sigint)
