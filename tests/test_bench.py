@@ -84,6 +84,15 @@ def test_plugin_settings_go_only_to_the_sets_that_select_the_plugin():
             split_overrides([bad])
 
 
+def test_sets_are_parsed_strictly():
+    from accelopt.bench.runner import parse_sets
+
+    assert parse_sets("[],[salus],[salus, tictac]") == [[], ["salus"], ["salus", "tictac"]]
+    for bad in ("[noop", "noop", "[a],b", "[a]]", ""):  # '[noop' used to mean [noop]
+        with pytest.raises(UserError, match="--sets takes bracketed sets"):
+            parse_sets(bad)
+
+
 def test_child_drops_settings_of_plugins_the_run_does_not_select():
     from omegaconf import OmegaConf
 

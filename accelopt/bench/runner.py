@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -68,8 +69,7 @@ def parse_args(args: list[str]) -> argparse.Namespace:
 
 def plugin_sets(opts: argparse.Namespace, registry: Registry) -> list[list[str]]:
     if opts.sets:
-        sets = [[n for n in chunk.strip("[] ").split(",") if n]
-                for chunk in opts.sets.replace("],", "]|").split("|")]
+        sets = parse_sets(opts.sets)
     else:
         names = [n for n in opts.plugins.split(",") if n]
         if not names:
@@ -78,6 +78,25 @@ def plugin_sets(opts: argparse.Namespace, registry: Registry) -> list[list[str]]
     if [] not in sets:
         sets.insert(0, [])
     return [[s.name for s in resolve(chosen, registry)] for chosen in sets]
+
+
+SETS_FORMAT = "--sets takes bracketed sets separated by commas, e.g. '[],[salus],[salus,tictac]'"
+
+
+def parse_sets(text: str) -> list[list[str]]:
+    """``'[],[salus],[salus,tictac]'`` -> ``[[], ['salus'], ['salus', 'tictac']]``; anything
+    else (an unclosed bracket, a name outside brackets) is one line saying the format."""
+    sets: list[list[str]] = []
+    rest = text.strip()
+    while rest:
+        match = re.match(r"\[\s*([\w\s,-]*)\]\s*(,\s*|$)", rest)
+        if match is None:
+            raise UserError(f"{SETS_FORMAT}; got {text!r}")
+        sets.append([n.strip() for n in match.group(1).split(",") if n.strip()])
+        rest = rest[match.end():]
+    if not sets:
+        raise UserError(f"{SETS_FORMAT}; got {text!r}")
+    return sets
 
 
 def split_overrides(overrides: list[str]) -> tuple[list[str], dict[str, list[str]]]:
