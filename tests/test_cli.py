@@ -144,6 +144,20 @@ def test_a_broken_workload_file_says_why_in_one_line(tmp_path, yaml, needle):
     assert needle in line and "Traceback" not in result.stderr
 
 
+def test_a_workload_of_ones_own_from_config_dir(tmp_path):
+    """Hydra's --config-dir DIR: its workload was refused ("no workload 'mine'") by the
+    checks composed before Hydra, which did not search DIR."""
+    (tmp_path / "cfg" / "workload").mkdir(parents=True)
+    (tmp_path / "cfg" / "workload" / "mine.yaml").write_text(
+        "jobs:\n  - {name: mine, model: mlp, iterations: 2, batch_size: 8, width: 8}\n")
+    result = accelopt("run", "--config-dir", str(tmp_path / "cfg"), "workload=mine",
+                      "cluster.mode=none", "run.progress=false", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    (run_dir,) = _run_dirs(tmp_path)
+    assert [j["name"] for j in json.loads((run_dir / "metrics.json").read_text())["jobs"]] == [
+        "mine"]
+
+
 def test_a_job_index_past_the_workloads_jobs_names_the_fix(tmp_path):
     result = accelopt("run", *TINY, "workload.jobs.5.lr=0.1", cwd=tmp_path)
     assert result.returncode == 2

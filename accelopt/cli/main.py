@@ -210,15 +210,25 @@ def hydra_overrides(args: list[str]) -> list[str]:
     values (``--cfg job``, ``--info defaults``)."""
     overrides: list[str] = []
     skip = False
+    config_dirs: list[str] = []
     for i, arg in enumerate(args):
         if skip:
             skip = False
             continue
         if arg.startswith("-"):
+            flag, _, value = arg.partition("=")
+            if flag in ("--config-dir", "-cd"):
+                value = value or (args[i + 1] if i + 1 < len(args) else "")
+                if value:
+                    config_dirs.append(value)
             skip = arg in FLAGS_WITH_VALUE or (
                 arg in ("--info", "-i") and i + 1 < len(args) and args[i + 1] in INFO_TOPICS)
             continue
         overrides.append(arg)
+    if config_dirs and not any(o.startswith("hydra.searchpath=") for o in overrides):
+        # what --config-dir adds to Hydra's search path, for the checks composed before it
+        dirs = ",".join(f"file://{os.path.abspath(d)}" for d in config_dirs)
+        overrides.append(f"hydra.searchpath=[{dirs}]")
     return overrides
 
 
