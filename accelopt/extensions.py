@@ -13,10 +13,10 @@ process, in every rank of a cluster run, in ``run.compare`` reference runs and i
 ``accelopt bench`` sets, because all of them discover installed packages the same way.
 Objects registered in code (``extension_point(group).register(name, obj)``, e.g. by a
 decorator at import time) are sent to a cluster run's rank processes along with the run, so
-they are found there too. A name means one object: a second, different object registered
-under a name taken in code is refused in one line; a name that two installed packages, or a
-package and code, claim is refused in one line when it is used (naming the packages), while
-every other name keeps working.
+they are found there too. A name means one object: a different object registered under a
+name taken (in code, or by an installed package) is refused in one line naming both; a
+name two installed packages declare is refused in one line naming both when it is used,
+while every other name keeps working.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ class ExtensionPoint:
         self._registered: dict[str, Any] = {}
         self._entry_points: dict[str, list[EntryPoint]] | None = None
         self._clashes: dict[str, str] = {}
-        """name -> why it cannot be used (two packages, or a package and code, claim it)."""
+        """name -> why it cannot be used (two installed packages declare it)."""
 
     def _installed(self) -> dict[str, list[EntryPoint]]:
         """name -> the distinct entry points declaring it (one, unless packages clash)."""
@@ -57,11 +57,9 @@ class ExtensionPoint:
 
     def register(self, name: str, obj: Any) -> Any:
         """Add ``obj`` under ``name``; registering the same object again is a no-op, another
-        object under a name taken in code is a :class:`UserError` naming both.
-
-        A name an installed package declares for another object is not refused here (the
-        registration may be a plugin's own, at import, and every other name must keep
-        working); using that name is (:meth:`get`), naming the package to fix."""
+        object under a name taken, in code or by an installed package, is a
+        :class:`UserError` naming both (the package by its distribution name, so the one
+        line says what to rename or uninstall, whichever of the two came first)."""
         if not isinstance(name, str) or not name.isidentifier():
             raise UserError(f"{self.group}: extension name {name!r} must be an identifier")
         taken = self._registered.get(name)
@@ -69,11 +67,12 @@ class ExtensionPoint:
             raise UserError(f"{self.group}: '{name}' is already registered ({_where(taken)}); "
                             f"register {_where(obj)} under another name")
         others = [ep for ep in self._installed().get(name, ()) if ep.value != _reference(obj)]
-        if taken is None and others and name not in self._clashes:
-            self._clashes[name] = (
-                f"'{name}' is registered in code ({_where(obj)}) and also installed by "
-                f"{'; '.join(_declared_by(ep) for ep in others)}; rename that package's entry "
-                "point or uninstall it")
+        if taken is None and others:
+            raise UserError(
+                f"{self.group}: '{name}' is installed by "
+                f"{'; '.join(_declared_by(ep) for ep in others)} and registered in code by "
+                f"{_where(obj)}; a name means one object: rename one of them (or uninstall "
+                "that package)")
         self._registered[name] = obj
         return obj
 
