@@ -196,12 +196,13 @@ class SlidePlugin:
         rows = []
         for job, path, lay in self.layers:
             s = lay.summary()
+            tie = f"; {self.ties[(job, path)]}" if (job, path) in self.ties else ""
             if not lay.stats.get("samples"):  # the job failed (or never ran) before a batch
                 rows.append(ReportRow(
                     plugin="slide",
                     summary=(f"{job}:{path} {lay.out_features} outputs replaced for "
                              f"{self._method()}, but no batch ran through it (the job failed "
-                             "or did not run: see its status)"),
+                             f"or did not run: see its status){tie}"),
                     metrics={"samples": 0}))
                 continue
             rows.append(ReportRow(
@@ -213,7 +214,7 @@ class SlidePlugin:
                     f"{100 * s['rebuild_time_share']:.1f}% of layer time rebuilding tables"
                     + (f"; sparse-input first layer: {len(self.inputs)} replaced"
                        if self.inputs else "")
-                    + (f"; {self.ties[(job, path)]}" if (job, path) in self.ties else "")
+                    + tie
                 ),
                 metrics={k: round(float(v), 6) for k, v in s.items()},
             ))
