@@ -17,6 +17,7 @@ from torch.nn.parallel import DistributedDataParallel
 from accelopt.errors import ConfigError, UserError
 
 ITERATIONS = 4
+MOMENTUM = 0.9
 
 
 def _model() -> nn.Module:
@@ -40,14 +41,18 @@ def _train(rank: int, how: str) -> dict[str, object]:
         state, hook = comm_hook(net, bucket_mb=0.004)  # ~4 KB: 3 logical buckets
     elif how == "ddp_fp16":
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
-    elif how != "ddp":
+    elif how not in ("ddp", "ddp_momentum"):
         options = {"fp16": {"dtype": "fp16"},
                    "fp16_plain": {"dtype": "fp16", "error_feedback": False},
-                   "topk": {"sparsify": "topk", "density": 0.1}}[how]
+                   "topk": {"sparsify": "topk", "density": 0.1},
+                   "dgc_dense": {"sparsify": "topk", "density": 1.0, "factor_masking": False,
+                                 "optimizer": "sgd", "momentum": MOMENTUM}}[how]
         state, hook = gradcomm_hook(net, bucket_mb=0.004, **options)
     if state is not None:
         ddp.register_comm_hook(state, hook)
-    opt = torch.optim.SGD([p for p in ddp.parameters() if p.requires_grad], lr=0.1)
+    momentum = MOMENTUM if how in ("ddp_momentum", "dgc_dense") else 0.0
+    opt = torch.optim.SGD([p for p in ddp.parameters() if p.requires_grad], lr=0.1,
+                          momentum=momentum)
     gen = torch.Generator().manual_seed(10 + rank)
     for _ in range(ITERATIONS):
         x = torch.randn(8, 16, generator=gen)
@@ -77,7 +82,8 @@ def _worker(rank: int, init: str, hows: list[str], out_dir: str) -> None:
 def runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("ddp")
     mp.spawn(_worker, args=(f"file://{out / 'rendezvous'}", ["ddp", "accelopt", "fp16", "topk",
-                                                         "ddp_fp16", "fp16_plain"],
+                                                         "ddp_fp16", "fp16_plain",
+                                                         "ddp_momentum", "dgc_dense"],
                             str(out)), nprocs=2)
     return [torch.load(out / f"rank{r}.pt") for r in range(2)]
 
@@ -110,6 +116,19 @@ def test_gradcomm_codecs_compress_and_keep_the_replicas_equal(runs):
                for n, v in runs[0]["ddp"]["params"].items())
     assert "fp16 values" in fp16["rows"][0] and "2.0x fewer bytes" in fp16["rows"][0]
     assert "top-k density 0.1" in runs[0]["topk"]["rows"][0]
+
+
+@pytest.mark.timeout(120)
+def test_dgc_with_the_documented_optimizer_trains_as_momentum_sgd(runs):
+    """docs/distributed.md: DGC's momentum correction with SGD built with the same momentum
+    (the decoder hands it S_t - m*S_{t-1}); at density 1 without masking that is plain DDP
+    with momentum SGD. (The docs used to say momentum=0: training without momentum.)"""
+    for rank in runs:
+        ours, theirs = rank["dgc_dense"]["params"], rank["ddp_momentum"]["params"]
+        for name, value in theirs.items():
+            torch.testing.assert_close(ours[name], value, rtol=1e-5, atol=1e-6)
+        assert any(not torch.equal(value, rank["ddp"]["params"][name])
+                   for name, value in theirs.items())  # momentum did change the training
 
 
 @pytest.mark.timeout(120)

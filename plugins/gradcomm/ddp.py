@@ -24,9 +24,11 @@ def comm_hook(model: nn.Module, *, optimizer: str = "sgd", momentum: float = 0.0
     ``factor_masking``, ``topk_scope``, ``check_finite``, ``overlap``; see
     :class:`~accelopt_plugins.gradcomm.config.GradcommConfig`), checked as on the command
     line. ``optimizer``/``momentum`` describe your optimizer: DGC's momentum correction
-    (top-k or threshold with error feedback under SGD with momentum) needs them, and then
-    the hook's velocity replaces the optimizer's momentum, so build your SGD with
-    ``momentum=0``. ``state.report()`` gives gradcomm's summary row (bytes sent, ratio)."""
+    (top-k or threshold with error feedback under SGD with momentum) needs them, and your
+    SGD must be built with that same ``momentum``: the decoder hands it
+    ``S_t - m*S_{t-1}``, so torch's momentum buffer equals the sent velocity sum ``S_t``
+    (with ``momentum=0`` the step would apply that difference: no momentum at all).
+    ``state.report()`` gives gradcomm's summary row (bytes sent, ratio)."""
     from accelopt_plugins.gradcomm import PLUGIN
     from accelopt_plugins.gradcomm.plugin import GradcommPlugin
 
