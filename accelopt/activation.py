@@ -38,7 +38,9 @@ def plugin_config(spec: PluginSpec, cfg: DictConfig | None) -> Any:
         merged = OmegaConf.merge(OmegaConf.structured(spec.config), node)
         return OmegaConf.to_object(merged)
     except Exception as exc:  # OmegaConf's validation errors carry the key
-        raise ConfigError(f"plugins.{spec.name}: {exc}".splitlines()[0]) from None
+        key = getattr(exc, "full_key", None)
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ConfigError(f"plugins.{spec.name}{f'.{key}' if key else ''}: {first}") from None
 
 
 class PluginSet:

@@ -64,11 +64,11 @@ def comm_hook(
     if isinstance(model, nn.parallel.DistributedDataParallel):
         raise UserError("comm_hook takes the model DDP wraps, not the DDP wrapper: pass "
                         "ddp.module")
+    if isinstance(bucket_mb, bool) or not isinstance(bucket_mb, (int, float)) or bucket_mb <= 0:
+        raise UserError(f"bucket_mb must be a number > 0 (MiB per bucket), got {bucket_mb!r}")
     if not dist.is_initialized():
         raise UserError("comm_hook needs torch.distributed: call "
                         "dist.init_process_group(...) first")
-    if bucket_mb <= 0:
-        raise UserError(f"bucket_mb must be > 0, got {bucket_mb}")
     active = [p if isinstance(p, tuple) else
               (PluginSpec(name=type(p).__name__, factory=lambda _c, p=p: p), p)
               for p in plugins]

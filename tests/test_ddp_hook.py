@@ -167,6 +167,17 @@ def test_bad_use_is_one_line():
         gradcomm_hook(nn.Linear(2, 2), desnity=0.1)
     with pytest.raises(UserError, match="init_process_group"):
         comm_hook(nn.Linear(2, 2))
+    # each was accepted (an upper-case 'SGD' turned momentum correction off unsaid) or a
+    # bare TypeError
+    for options, words in [
+        ({"sparsify": "topk", "optimizer": "SGD", "momentum": 0.9}, "optimizer must be one of"),
+        ({"momentum": 1.5}, r"momentum must be a number in \[0, 1\)"),
+        ({"sparsify": "topk", "density": "lots"}, "density: Value 'lots'"),
+        ({"bucket_mb": "1"}, "bucket_mb must be a number > 0"),
+    ]:
+        with pytest.raises(UserError, match=words) as info:
+            gradcomm_hook(nn.Linear(2, 2), **options)
+        assert "\n" not in str(info.value)
 
 
 class _FailedWork:

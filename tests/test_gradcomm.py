@@ -453,3 +453,12 @@ def test_within_checks_finiteness_and_range_in_one_pass(value, limit, expected):
     values[617] = value
     assert within(values, limit) is expected
     assert within(torch.zeros(0), limit)
+
+
+def test_the_row_says_more_bytes_when_the_encoding_costs_more_than_it_saves():
+    """A threshold sending most elements (each with its index) sent 1.9x the dense bytes and
+    the row read '0.5x fewer bytes than fp32'."""
+    from accelopt_plugins.gradcomm.plugin import _bytes_vs_fp32
+
+    assert _bytes_vs_fp32(4.0) == "4.0x fewer bytes than fp32"
+    assert _bytes_vs_fp32(26128 / 50293).startswith("1.9x more bytes than fp32")

@@ -24,8 +24,9 @@ class GradcommConfig:
     has produced it (false: all buckets wait for the end of backward, for comparison);
     ``check_finite``: refuse to send a NaN/Inf gradient and name its layer;
     ``momentum_correction``: DGC's momentum correction for top-k/threshold (each rank
-    accumulates its own velocity and sends top-k of the accumulated velocity; the job's
-    optimizer then applies the sent values without its own momentum). ``null`` (default):
+    accumulates its own velocity and sends top-k of the accumulated velocity; the decoder
+    hands the job's SGD ``S_t - m*S_{t-1}``, so its own momentum buffer equals the sent sum
+    ``S_t`` and the step applies exactly that). ``null`` (default):
     on when sparsifying with error feedback and the job's optimizer is SGD with momentum
     > 0, off otherwise; ``true`` where it cannot apply (Adam, no momentum, dense, no error
     feedback) is a one-line error. ``factor_masking``: with momentum correction, zero the

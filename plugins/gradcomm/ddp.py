@@ -7,10 +7,24 @@ from collections.abc import Callable
 from typing import Any
 
 from accelopt_plugins.gradcomm.config import GradcommConfig, momentum_factor, validate
+from omegaconf import OmegaConf
 from torch import nn
 
 from accelopt import JobInfo
 from accelopt.errors import ConfigError
+from accelopt.job.specs import OPTIMIZERS
+
+
+def _checked(options: dict[str, Any]) -> GradcommConfig:
+    """The options typed as on the command line (OmegaConf: ``"1e-3"`` is a float, ``"no"``
+    is false, a word where a number belongs is refused), one line naming the key."""
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(GradcommConfig), options)
+        return OmegaConf.to_object(merged)  # type: ignore[return-value]
+    except Exception as exc:  # OmegaConf's validation errors carry the key
+        key = getattr(exc, "full_key", None)
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ConfigError(f"gradcomm.comm_hook: {f'{key}: ' if key else ''}{first}") from None
 
 
 def comm_hook(model: nn.Module, *, optimizer: str = "sgd", momentum: float = 0.0,
@@ -39,7 +53,14 @@ def comm_hook(model: nn.Module, *, optimizer: str = "sgd", momentum: float = 0.0
     if unknown:
         raise ConfigError(f"gradcomm.comm_hook: unknown option(s) {', '.join(unknown)}; "
                           f"known: {', '.join(sorted(known))}")
-    config = GradcommConfig(**options)
+    config = _checked(options)
+    if optimizer not in OPTIMIZERS:
+        raise ConfigError(f"gradcomm.comm_hook: optimizer must be one of {', '.join(OPTIMIZERS)} "
+                          f"(your optimizer's kind, lower case), got {optimizer!r}")
+    if isinstance(momentum, bool) or not isinstance(momentum, (int, float)) \
+            or not 0 <= momentum < 1:
+        raise ConfigError(f"gradcomm.comm_hook: momentum must be a number in [0, 1) (your "
+                          f"SGD's momentum), got {momentum!r}")
     validate(config)
     momentum_factor(config, optimizer, momentum)  # refuse what cannot apply, in one line
     plugin = GradcommPlugin(config)

@@ -188,7 +188,7 @@ class GradcommPlugin:
         residual = sum(float(r.abs().sum()) for r in self.codec.residual.values())
         text = (f"{method}, {c.dtype} values, {ef}: sent {st.sent_elements / st.elements:.2%} "
                 f"of gradient elements, {st.wire_bytes / iters / 2**20:.3f} MiB/iteration "
-                f"from this rank ({ratio:.1f}x fewer bytes than fp32); {fusion}, {overlap}")
+                f"from this rank ({_bytes_vs_fp32(ratio)}); {fusion}, {overlap}")
         metrics: dict[str, float | int | str] = {
             "sent_fraction": round(st.sent_elements / st.elements, 6),
             "wire_bytes_per_iteration": st.wire_bytes // iters,
@@ -211,3 +211,12 @@ def _job_optimizers(run_config: Any) -> list[tuple[str, float]]:
     defaults = JobConfig()
     return [(str(job.get("optimizer", defaults.optimizer)),
              float(job.get("momentum", defaults.momentum))) for job in jobs or []]
+
+
+def _bytes_vs_fp32(ratio: float) -> str:
+    """'4.0x fewer bytes than fp32', or, where the encoding costs more than it saves (a
+    threshold that sends most elements, each with its index), '1.9x more bytes than fp32':
+    a ratio below 1 read as 'fewer' would claim a saving that did not happen."""
+    if ratio >= 1:
+        return f"{ratio:.1f}x fewer bytes than fp32"
+    return f"{1 / ratio:.1f}x more bytes than fp32: the encoding costs more than it saves"
