@@ -8,7 +8,7 @@ else may change.
 
 from __future__ import annotations
 
-from accelopt.errors import AccelOptError, ConfigError, PluginHookError, UserError
+from accelopt.errors import AccelOptError, ConfigError, PluginHookError, RankFailed, UserError
 from accelopt.extensions import ExtensionPoint, extension_point
 from accelopt.hookspecs import hookimpl, hookspec
 from accelopt.plugin import PluginSpec, Registry
@@ -71,6 +71,7 @@ __all__ = [
     "ParamInfo",
     "PluginHookError",
     "PluginSpec",
+    "RankFailed",
     "Registry",
     "ReportRow",
     "RunInfo",

@@ -53,6 +53,7 @@ def run(overrides: Sequence[str] = (), *, run_dir: str | Path | None = None,
         refuse_unguarded_main,
         under_torchrun,
     )
+    from accelopt.drivers.setup import torch_state_kept
     from accelopt.runtime.run import execute
 
     if isinstance(overrides, str):
@@ -74,7 +75,7 @@ def run(overrides: Sequence[str] = (), *, run_dir: str | Path | None = None,
     if str(cfg.cluster.mode) != "none" and not under_torchrun():
         refuse_unguarded_main()
     console = console or Console(file=io.StringIO(), width=120)
-    with rank_server_started_early({str(cfg.cluster.mode)}):
+    with rank_server_started_early({str(cfg.cluster.mode)}), torch_state_kept():
         return execute(cfg, run_dir=out, registry=registry, console=console)
 
 

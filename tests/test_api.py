@@ -47,6 +47,33 @@ def test_bad_input_raises_one_line(overrides, words, tmp_path):
     assert not (tmp_path / "never").exists()
 
 
+def test_torch_is_left_as_the_caller_set_it(tmp_path):
+    """A notebook calling accelopt.run was left seeded, single-threaded and deterministic."""
+    import random
+
+    import numpy as np
+    import torch
+
+    threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    try:
+        torch.set_num_threads(2)
+        torch.use_deterministic_algorithms(False)
+        torch.manual_seed(123)
+        random.seed(5)
+        np.random.seed(7)
+        before = (torch.get_rng_state(), random.getstate(), np.random.get_state()[1].copy())
+        accelopt.run(["workload=tiny", "cluster.mode=none", "run.threads=1",
+                      "run.progress=false"], run_dir=tmp_path / "run")
+        assert torch.get_num_threads() == 2
+        assert not torch.are_deterministic_algorithms_enabled()
+        assert torch.equal(torch.get_rng_state(), before[0])
+        assert random.getstate() == before[1]
+        assert (np.random.get_state()[1] == before[2]).all()
+    finally:
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(deterministic)
+
+
 def test_a_finished_run_directory_is_never_overwritten(tmp_path):
     out = tmp_path / "out"
     accelopt.run([*TINY, "run.compare=none"], run_dir=out)

@@ -71,6 +71,41 @@ def torch_threads(threads: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
+@contextlib.contextmanager
+def torch_state_kept() -> Iterator[None]:
+    """What :func:`setup_torch` and a run change in the process, as it was before, after:
+    intra-op threads, deterministic algorithms (and the environment they set), and the
+    random states of torch (CUDA included, where initialised), ``random`` and numpy.
+    ``accelopt.run`` called from a notebook or a script must not leave that script's
+    torch seeded, single-threaded and deterministic (the command's own process ends)."""
+    import random
+
+    import numpy as np
+
+    threads = torch.get_num_threads()
+    deterministic = (torch.are_deterministic_algorithms_enabled(),
+                     torch.is_deterministic_algorithms_warn_only_enabled())
+    env = {k: os.environ.get(k) for k in ("CUBLAS_WORKSPACE_CONFIG", "TORCHINDUCTOR_DETERMINISTIC")}
+    cpu_rng = torch.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+    py_rng, np_rng = random.getstate(), np.random.get_state()
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        torch._C._set_deterministic_algorithms(deterministic[0], warn_only=deterministic[1])
+        for key, value in env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        torch.set_rng_state(cpu_rng)
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state_all(cuda_rng)
+        random.setstate(py_rng)
+        np.random.set_state(np_rng)
+
+
 def deterministic_algorithms() -> None:
     """``torch.use_deterministic_algorithms(True, warn_only=True)`` without its import of
     ``torch._inductor.config``, which loads all of dynamo and inductor: 1.8 s of every

@@ -24,23 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from accelopt.errors import AccelOptError
+from accelopt.errors import AccelOptError, RankFailed
 
 PR_SET_PDEATHSIG = 1
 GRACE_S = 1.0
 KILL_WAIT_S = 3.0
-
-
-class RankFailed(AccelOptError):
-    """A process of a cluster run died or raised; the run was stopped."""
-
-    def __init__(self, message: str, *, rank: int, pid: int | None, iteration: int | None,
-                 cause: str, exit_code: int = 1) -> None:
-        super().__init__(message)
-        self.rank, self.pid, self.iteration, self.cause = rank, pid, iteration, cause
-        self.exit_code = exit_code
-        """The rank's own error's exit code: 2 when it raised a ``UserError`` (bad input
-        found on a rank, e.g. by a plugin's hook), as the same error exits in one process."""
 
 
 def die_with_parent() -> None:
