@@ -103,6 +103,10 @@ GUARDS = {
         'def main():\n    {call}\n\n\nif __name__ == "__main__":\n    main()\n', False),
     "a function called at the top level": ('def main():\n    {call}\n\n\nmain()\n', True),
     "another condition": ('if __name__ != "x":\n    {call}\n', True),
+    "under the guard inside a try": (
+        'try:\n    if __name__ == "__main__":\n        {call}\nexcept KeyboardInterrupt:\n'
+        '    pass\n', False),
+    "in a try at the top level": ('try:\n    {call}\nfinally:\n    pass\n', True),
 }
 
 
@@ -125,6 +129,27 @@ def test_a_cluster_run_outside_the_main_guard_is_refused(where, tmp_path):
         last = out.stderr.strip().splitlines()[-1]
         assert f"top level of {script}" in last
         assert 'put the call under `if __name__ == "__main__":`' in last
+
+
+@pytest.mark.parametrize("how", ["a script without .py", "a script on standard input"])
+def test_scripts_multiprocessing_reruns_by_path_are_checked_too(how, tmp_path):
+    """Both were let through: the first started the run again in each rank (pages of
+    multiprocessing's tracebacks), the second failed in each rank on '<stdin>'."""
+    import subprocess
+    import sys
+
+    call = ("from accelopt.drivers.processes import refuse_unguarded_main\n"
+            "refuse_unguarded_main()\n")
+    if how == "a script on standard input":
+        out = subprocess.run([sys.executable, "-"], input=call, capture_output=True,
+                             text=True, timeout=60, cwd=tmp_path)
+        words = "from a script read from <stdin>"
+    else:
+        (tmp_path / "train").write_text(call)
+        out = subprocess.run([sys.executable, str(tmp_path / "train")], capture_output=True,
+                             text=True, timeout=60, cwd=tmp_path)
+        words = "is called at the top level of"
+    assert out.returncode != 0 and words in out.stderr.strip().splitlines()[-1], out.stderr
 
 
 @pytest.mark.parametrize("module, refused", [("train", True), ("pkg", False)])

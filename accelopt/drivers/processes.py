@@ -112,11 +112,18 @@ def refuse_unguarded_main() -> None:
     session, ``python -c`` or a notebook (no script is imported again)."""
     main = sys.modules.get("__main__")
     path = getattr(main, "__file__", None)
-    if main is None or not path or not str(path).endswith(".py"):
+    if main is None or not path:
         return
     name = getattr(getattr(main, "__spec__", None), "name", None) or ""
     if name == "__main__" or name.endswith(".__main__"):
         return  # `python -m package`: multiprocessing does not import a package's __main__
+    if not os.path.isfile(path):  # `python - <<EOF`: multiprocessing re-runs '<stdin>' by path
+        from accelopt.errors import UserError
+
+        raise UserError(
+            f"accelopt.run with a cluster mode from a script read from {path}: the ranks of a "
+            "cluster run re-run the script that started it by its path, which this one has "
+            "not; save it as a file, with the call under `if __name__ == \"__main__\":`")
     frame = sys._getframe(1)
     while frame is not None and not (frame.f_globals is vars(main)
                                      and frame.f_code.co_name == "<module>"):
@@ -129,16 +136,34 @@ def refuse_unguarded_main() -> None:
             tree = ast.parse(f.read())
     except (OSError, SyntaxError, ValueError):
         return
-    for node in tree.body:
-        if node.lineno <= line <= (node.end_lineno or node.lineno):
-            if _is_main_guard(node):
-                return
-            from accelopt.errors import UserError
+    if _under_main_guard(tree.body, line) is False:
+        from accelopt.errors import UserError
 
-            raise UserError(
+        raise UserError(
                 f"accelopt.run is called at the top level of {path} (line {line}): the ranks of "
                 "a cluster run import that script again, so each would start the run again; "
                 "put the call under `if __name__ == \"__main__\":`")
+
+
+def _under_main_guard(body: list[ast.stmt], line: int) -> bool | None:
+    """Whether the statement holding ``line`` lies inside ``if __name__ == "__main__":``,
+    however deep (in a ``try:``, a ``with``, a function called at the top level...);
+    ``None`` when no statement of ``body`` holds it."""
+    for node in body:
+        if not node.lineno <= line <= (node.end_lineno or node.lineno):
+            continue
+        if _is_main_guard(node):
+            return True
+        for field in ("body", "orelse", "finalbody", "handlers", "cases"):
+            inner = getattr(node, field, None)
+            if isinstance(inner, list):
+                statements = [s for item in inner
+                              for s in (item.body if hasattr(item, "body")
+                                        and not isinstance(item, ast.stmt) else [item])]
+                if _under_main_guard(statements, line):
+                    return True
+        return False
+    return None
 
 
 def _is_main_guard(node: object) -> bool:
