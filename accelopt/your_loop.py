@@ -156,10 +156,12 @@ def _refuse_plugins_that_would_not_fire(plugins: PluginSet, job_id: str) -> None
         transfers_only = hooks & NEVER_FIRED_HERE and not hooks & FIRED_HERE
         if decisions or transfers_only:
             missing = ", ".join(sorted(decisions or hooks & NEVER_FIRED_HERE))
+            where = ("`accelopt run`, not in your own loop" if decisions else
+                     "`accelopt run`, or in your own DDP script through its communication "
+                     "hook (accelopt.ddp.comm_hook, docs/distributed.md)")
             raise ConfigError(
                 f"plugin '{name}' acts through {missing}, which only accelopt's own drivers "
-                "call (decisions between jobs, transfers between ranks): run it with "
-                "`accelopt run`, not in your own loop")
+                f"call (decisions between jobs, transfers between ranks): run it with {where}")
 
 
 class _YourJob:

@@ -196,7 +196,8 @@ def test_the_step_and_backward_events_fire_in_a_loop_and_clipping_acts(tmp_path)
 
 @pytest.mark.parametrize("overrides, words", [
     (["+plugins=[salus]"], "plugin 'salus' acts through accelopt_allocate"),
-    (["+plugins=[gradcomm]"], "plugin 'gradcomm' acts through accelopt_transfer"),
+    (["+plugins=[gradcomm]"], "plugin 'gradcomm' acts through accelopt_transfer.* in your own "
+                              r"DDP script through its communication hook \(accelopt.ddp"),
     (["cluster.mode=allreduce"], "cluster.mode=allreduce needs accelopt's ranks"),
     (["+plugins=[nope]"], "nope"),
     ("+plugins=[slide]", "takes a list of overrides"),
