@@ -73,3 +73,26 @@ def test_checkpoints_under_torchrun_need_one_named_run_directory(tmp_path, monke
     with pytest.raises(ConfigError, match="hydra.run.dir") as info:
         run_cluster(cfg, run_dir=tmp_path / "accelopt-rank1-abc")
     assert "\n" not in str(info.value)
+
+
+def test_machines_started_with_different_configurations_are_one_line(tmp_path):
+    """Two torchrun nodes whose command lines differ: DDP's parameter check, gloo's
+    'Connection closed by peer' and Hydra tracebacks, with no line saying why."""
+    port = str(_free_port())
+    env = {**cli_env(), "TMPDIR": str(tmp_path)}
+    nodes = []
+    for node, lr in ((0, "0.1"), (1, "0.2")):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
+               "--nproc-per-node", "1", "--node-rank", str(node), "--master-addr", "127.0.0.1",
+               "--master-port", port, "-m", "accelopt.cli.main", "run", "workload=single",
+               "workload.jobs.0.iterations=3", f"workload.jobs.0.lr={lr}",
+               "cluster.mode=allreduce", "cluster.workers=2", "cluster.timeout_s=30",
+               "run.progress=false", f"hydra.run.dir={tmp_path / f'node{node}'}"]
+        nodes.append(subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    outputs = [p.communicate(timeout=200) for p in nodes]
+    assert all(p.returncode != 0 for p in nodes)
+    line = ("error: rank 1 was started with another configuration than rank 0 "
+            "(workload.jobs.0.lr differ); start every machine with the same accelopt command line")
+    for _, err in outputs:  # both machines say it: neither waits for a dead peer
+        assert line in err, err[-2000:]

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from accelopt.activation import PluginSet, activate
 from accelopt.atomic import atomic_open
@@ -32,6 +32,7 @@ from accelopt.drivers.cluster.settings import BackendChoice, ClusterSettings, ch
 from accelopt.drivers.cluster.transport import Transport, TransportStats
 from accelopt.drivers.lifecycle import Lifecycle
 from accelopt.drivers.setup import RANK_THREADS, setup_torch
+from accelopt.errors import ConfigError
 from accelopt.job import Job, StepEvents, job_id_for, job_specs
 from accelopt.job.timeline import PhaseTimer
 from accelopt.plugin import Registry
@@ -238,9 +239,17 @@ def run_rank(cfg: DictConfig, settings: ClusterSettings, *, rank: int, world: in
         device = torch.device("cpu")
     join_group(backend, init_method, rank=rank, world=world,
                timeout=timedelta(seconds=settings.timeout_s), store_ready=store_ready)
-    t0 = [t0_epoch]
-    dist.broadcast_object_list(t0, src=0)  # one time origin for every rank's timeline
-    t0_epoch = float(t0[0])
+    # rank 0's clock is every rank's time origin; every rank's configuration must be rank
+    # 0's (under torchrun each machine composes its own from its command line): each rank
+    # sees them all, so every rank stops with the same line, none waits for a dead peer
+    gathered: list[Any] = [None] * world
+    dist.all_gather_object(gathered, (t0_epoch, OmegaConf.to_yaml(cfg, resolve=True)))
+    t0_epoch = float(gathered[0][0])
+    other = next((r for r, (_, text) in enumerate(gathered) if text != gathered[0][1]), None)
+    if other is not None:
+        raise ConfigError(f"rank {other} was started with another configuration than rank 0 "
+                          f"({differing_keys(gathered[0][1], gathered[other][1])} differ); "
+                          "start every machine with the same accelopt command line")
     registry = Registry.discover()
     if carried is not None:
         carried.apply(registry)
@@ -298,3 +307,25 @@ def run_rank(cfg: DictConfig, settings: ClusterSettings, *, rank: int, world: in
     dist.barrier()  # no rank leaves while another still sends (or writes its result)
     dist.destroy_process_group()
     return gathered  # type: ignore[return-value]
+
+
+def differing_keys(theirs: str, mine: str, shown: int = 3) -> str:
+    """The first keys whose values differ between two configurations (YAML), dotted."""
+    a = _flat(OmegaConf.to_container(OmegaConf.create(theirs)))
+    b = _flat(OmegaConf.to_container(OmegaConf.create(mine)))
+    keys = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+    return ", ".join(keys[:shown]) + (f" and {len(keys) - shown} more" if len(keys) > shown else "")
+
+
+def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            out.update(_flat(item, f"{prefix}{key}."))
+        return out
+    if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+        out = {}
+        for i, item in enumerate(value):
+            out.update(_flat(item, f"{prefix}{i}."))
+        return out
+    return {prefix.rstrip("."): value}
