@@ -341,9 +341,6 @@ WRAP_OPTIMIZER = PluginSpec(name="wrap_optimizer", factory=WrapsTheOptimizer,
 class NeedsACluster:
     """Refuses a one-process run in configure (a plugin that only means something on ranks)."""
 
-    def __init__(self, config: Any) -> None:
-        pass
-
     @hookimpl
     def accelopt_configure(self, config: Any, run_config: Any) -> None:
         from accelopt.errors import UserError
@@ -356,15 +353,12 @@ class NeedsACluster:
         return [ReportRow("needs_cluster", f"ran as {run.role}")]
 
 
-NEEDS_CLUSTER = PluginSpec(name="needs_cluster", factory=NeedsACluster,
+NEEDS_CLUSTER = PluginSpec(name="needs_cluster", factory=lambda c: NeedsACluster(),
                            description="refuses cluster.mode=none (test)")
 
 
 class RefusesMidRun:
     """Raises a UserError from a hook (bad input it can only see once the run is going)."""
-
-    def __init__(self, config: Any) -> None:
-        pass
 
     @hookimpl
     def accelopt_iteration_end(self, context: Any, result: Any) -> None:
@@ -373,5 +367,5 @@ class RefusesMidRun:
         raise UserError("refuses_mid_run: this input cannot work; fix it")
 
 
-REFUSES_MID_RUN = PluginSpec(name="refuses_mid_run", factory=RefusesMidRun,
+REFUSES_MID_RUN = PluginSpec(name="refuses_mid_run", factory=lambda c: RefusesMidRun(),
                              description="raises a UserError in a hook (test)")
