@@ -158,6 +158,20 @@ def _layer(n: int = 300, d: int = 16, **kw) -> SlideLinear:
     return SlideLinear(d, n, cfg, lr=1e-2)
 
 
+def test_a_max_active_below_a_samples_labels_is_an_error_not_a_write_past_the_buffer() -> None:
+    """The kernel writes every label into the active set: with max_active below a sample's
+    label count it wrote past its buffer (numba checks no bounds: a segfault, or glibc's
+    'free(): invalid size')."""
+    layer = _layer(max_active=2)
+    layer.rebuild()
+    h = np.random.default_rng(8).standard_normal((4, 16)).astype(np.float32)
+    labels = np.array([[3, 7, 11, -1]] * 4, np.int64)
+    with pytest.raises(ValueError, match=r"max_active=2 holds fewer neurons than a sample's 3 "
+                       "labels"):
+        layer.select(h, labels, 40)
+    layer.select(h, np.array([[3, 7, -1, -1]] * 4, np.int64), 40)  # padding is no label
+
+
 def test_active_set_contains_labels_and_reaches_min_active() -> None:
     layer = _layer()
     layer.rebuild()

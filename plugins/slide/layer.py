@@ -579,6 +579,13 @@ class SlideLinear(nn.Module):
         """Active sets of a batch (hash + table lookups + labels + random top-up)."""
         s = self.scratch(h.shape[0])
         c = self.cfg
+        if labels.shape[1] > s["ids"].shape[1]:  # the kernel writes every label: room for them
+            most = int((labels >= 0).sum(axis=1).max()) if labels.size else 0
+            if most > s["ids"].shape[1]:
+                raise ValueError(
+                    f"plugins.slide.max_active={c.max_active} holds fewer neurons than a "
+                    f"sample's {most} labels (labels are always active); raise it, or set 0 "
+                    "(automatic)")
         kernels.select_active(
             h, labels, self.step_seed(), *self.family(),
             self.tables.numpy(), self._counts(), SAMPLING_MODE[c.sampling], c.threshold,
