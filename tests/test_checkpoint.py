@@ -194,3 +194,32 @@ def test_each_plugins_state_goes_back_to_it_and_an_orphan_state_is_refused():
     with pytest.raises(UserError, match="plugin 'counter', which is not active") as info:
         orphan.restore_plugin_states()
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(("files", "words"), [
+    (["checkpoints/00-mlp.pt"], "from its checkpoints"),
+    (["checkpoints/00-mlp/rank1.it00000060.pt"], "from its checkpoints"),  # a cluster run's
+    ([], "it wrote no checkpoint"),
+])
+def test_the_resume_line_says_whether_there_is_a_checkpoint(tmp_path, files, words):
+    """A cluster run's checkpoints (one folder per job) read as 'it wrote no checkpoint ...
+    start from the beginning' while the run did resume from iteration 60."""
+    import io
+
+    from omegaconf import OmegaConf
+    from rich.console import Console
+
+    from accelopt.config import AccelConfig
+    from accelopt.runtime.run import _maybe_resume
+
+    old = tmp_path / "old"
+    old.mkdir()
+    OmegaConf.save(OmegaConf.structured(AccelConfig), old / "config.yaml")
+    for name in files:
+        (old / name).parent.mkdir(parents=True, exist_ok=True)
+        (old / name).write_bytes(b"")
+    cfg = OmegaConf.structured(AccelConfig)
+    cfg.run.resume = str(old)
+    out = io.StringIO()
+    _maybe_resume(cfg, tmp_path / "new", Console(file=out, width=300))
+    assert words in out.getvalue()

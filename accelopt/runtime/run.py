@@ -395,7 +395,7 @@ def _maybe_resume(
     refuse_finished(old_dir, resume_finished)
     from accelopt.job.checkpoint import CHECKPOINT_DIR
 
-    if any((old_dir / CHECKPOINT_DIR).glob("*.pt")):
+    if any((old_dir / CHECKPOINT_DIR).rglob("*.pt")):  # a cluster run: <job>/rankR.itN.pt
         console.print(f"resuming {old_dir} from its checkpoints; writing into {run_dir}")
     else:
         console.print(f"resuming {old_dir}: it wrote no checkpoint (run.checkpoint_every was 0, "
