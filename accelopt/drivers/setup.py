@@ -44,6 +44,10 @@ def setup_torch(run: Any, *, default_threads: int = 0) -> None:
         deterministic_algorithms()
 
 
+MAX_THREADS = 1024
+"""The most intra-op threads a setting may ask for: torch segfaults on its first parallel
+kernel with 100,000 (5,000 works), and no machine has cores for more than this."""
+
 RANK_THREADS = 1
 """A rank's intra-op threads unless ``run.threads`` says otherwise: a cluster's ranks share
 the machine's cores."""

@@ -34,11 +34,13 @@ from accelopt.drivers.local import Executor
 from accelopt.drivers.processes import preloads_dynamo
 from accelopt.drivers.rows import with_placeholders
 from accelopt.drivers.setup import (
+    MAX_THREADS,
     memory_capacity,
     pick_device,
     rank_threads,
     setup_torch,
     torch_threads,
+    usable_cores,
 )
 from accelopt.errors import AccelOptError, Terminated, UserError
 from accelopt.host import HookTrace, traced_calls
@@ -128,8 +130,9 @@ def _validate_settings(cfg: DictConfig) -> list[str]:
     if float(cfg.run.telemetry_interval_s) <= 0:
         raise UserError(f"run.telemetry_interval_s must be > 0 (seconds between samples), got "
                         f"{cfg.run.telemetry_interval_s}")
-    if int(cfg.run.threads) < 0:
-        raise UserError(f"run.threads must be >= 0 (0: the default), got {cfg.run.threads}")
+    if not 0 <= int(cfg.run.threads) <= MAX_THREADS:
+        raise UserError(f"run.threads must be in [0, {MAX_THREADS}] (0: the default; this machine "
+                        f"has {usable_cores()} cores), got {cfg.run.threads}")
     if str(cfg.run.memory_capacity) != "auto":
         memory_capacity(str(cfg.run.memory_capacity), torch.device("cpu"))  # parses it
     one_process = cfg.cluster.mode == "none"

@@ -44,7 +44,7 @@ from accelopt import (
     RunInfo,
     hookimpl,
 )
-from accelopt.drivers.setup import usable_cores
+from accelopt.drivers.setup import MAX_THREADS, usable_cores
 from accelopt.report.metrics import percentile
 from accelopt.units import format_bytes, parse_bytes
 
@@ -122,8 +122,9 @@ class SalusPlugin:
             raise ConfigError("plugins.salus.max_lanes must be -1 (policy default), 0 (as many "
                               f"as fit) or a positive count; got {config.max_lanes}")
         self.max_lanes = self.policy.max_lanes if config.max_lanes == -1 else int(config.max_lanes)
-        if config.threads < 0:
-            raise ConfigError(f"plugins.salus.threads must be >= 0 (0 = auto); got {config.threads}")
+        if not 0 <= config.threads <= MAX_THREADS:
+            raise ConfigError(f"plugins.salus.threads must be in [0, {MAX_THREADS}] (0 = auto; "
+                              f"this machine has {usable_cores()} cores); got {config.threads}")
         if config.headroom < 1.0 or config.persistent_headroom < 1.0:
             raise ConfigError("plugins.salus.headroom and persistent_headroom must be >= 1.0 "
                               "(they only ever add safety margin)")
