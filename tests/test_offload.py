@@ -197,6 +197,7 @@ def test_plugin_layers_option_offloads_only_matching_layers(run_tiny):
     ("plugins.offload.policy=fast", "plugins.offload.policy"),
     ("plugins.offload.prefetch_layers=-1", "plugins.offload.prefetch_layers"),
     ("plugins.offload.layers='('", "plugins.offload.layers"),
+    ("plugins.offload.min_kib=inf", "plugins.offload.min_kib"),  # raised in layer_build
 ])
 def test_bad_options_are_one_line_errors(run_tiny, override, key):
     with pytest.raises(ConfigError) as info:

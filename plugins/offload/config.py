@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -32,8 +33,9 @@ def validate(config: OffloadConfig) -> None:
             f"plugins.offload.policy: unknown policy {config.policy!r}; use one of "
             f"{', '.join(POLICIES)}"
         )
-    if not config.min_kib >= 0:
-        raise ConfigError(f"plugins.offload.min_kib must be >= 0, got {config.min_kib}")
+    if not (math.isfinite(config.min_kib) and config.min_kib >= 0):
+        raise ConfigError(f"plugins.offload.min_kib must be a finite number >= 0 (KiB), got "
+                          f"{config.min_kib}")
     if config.prefetch_layers < 0:
         raise ConfigError(
             f"plugins.offload.prefetch_layers must be >= 0 (0: no prefetch), got "
