@@ -423,6 +423,12 @@ def test_prune_at_iteration_refuses_cluster_modes(run_tiny) -> None:  # type: ig
                                     "cluster.mode=ps"])
     with pytest.raises(ConfigError, match="prune_amount"):
         run_tiny(PLUGIN, overrides=["plugins.gpu_kernels.prune_at_iteration=3"])
+    # a checkpoint after the pruning could never be resumed (the resume builds the job dense)
+    with pytest.raises(ConfigError, match="run.checkpoint_every=5: a checkpoint written after "
+                       "the pruning holds pruned shapes"):
+        run_tiny(PLUGIN, overrides=["plugins.gpu_kernels.prune_amount=0.5",
+                                    "plugins.gpu_kernels.prune_at_iteration=3",
+                                    "run.checkpoint_every=5", "cluster.mode=none"])
 
 
 def test_taylor_weight_form_uses_the_gradients_the_model_holds() -> None:

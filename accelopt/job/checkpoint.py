@@ -89,10 +89,10 @@ def load_into(path: Path, job: Job) -> dict[str, Any]:
     try:
         job.load_state_dict(state["job"])
     except (RuntimeError, KeyError, ValueError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UserError(f"checkpoint {path} does not fit job '{job.info.name}' ({first}); "
-                        "resume with the run's own config, or delete the checkpoint to "
-                        "restart that job") from None
+        detail = " ".join(ln.strip() for ln in str(exc).splitlines() if ln.strip())
+        detail = (detail[:300] + "...") if len(detail) > 300 else detail or type(exc).__name__
+        raise UserError(f"checkpoint {path} does not fit job '{job.info.name}' as this run "
+                        f"builds it ({detail}); delete the checkpoint to restart that job") from None
     return state
 
 

@@ -188,6 +188,14 @@ class GpuKernelsPlugin:
                 f"plugins.gpu_kernels.prune_at_iteration={config.prune_at_iteration} needs a "
                 f"single-process run (cluster.mode={mode}: ranks would disagree on the "
                 "parameters); use cluster.mode=none or prune_at_iteration=0")
+        every = int(run_config.get("run", {}).get("checkpoint_every", 0) or 0) \
+            if run_config is not None else 0
+        if int(config.prune_at_iteration) > 0 and every > 0:
+            raise ConfigError(
+                f"plugins.gpu_kernels.prune_at_iteration={config.prune_at_iteration} with "
+                f"run.checkpoint_every={every}: a checkpoint written after the pruning holds "
+                "pruned shapes that a resume, which builds the job dense, cannot load; prune "
+                "at build (prune_at_iteration=0) or run without checkpoints")
 
     def _tuner(self) -> ConvAutotuner:
         if self.tuner is None:
