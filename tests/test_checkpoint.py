@@ -223,3 +223,20 @@ def test_the_resume_line_says_whether_there_is_a_checkpoint(tmp_path, files, wor
     out = io.StringIO()
     _maybe_resume(cfg, tmp_path / "new", Console(file=out, width=300))
     assert words in out.getvalue()
+
+
+@pytest.mark.timeout(120)
+def test_a_resume_writes_the_weights_of_jobs_that_had_finished_before_it(tmp_path):
+    """Jobs restored as done never reached the code that writes weights/, so the resumed
+    run's directory held only the weights of the jobs it trained itself."""
+    first = tmp_path / "first"
+    run_in_process("workload=tiny", "cluster.mode=none", "run.checkpoint_every=2",
+                   "run.progress=false", run_dir=first)
+    weights = {p.name: torch.load(p, weights_only=True) for p in (first / "weights").glob("*.pt")}
+    assert len(weights) == 2
+    (first / "metrics.json").unlink()  # as if killed after both checkpoints, before the end
+    new = tmp_path / "resumed"
+    run_in_process(f"run.resume={first}", "run.progress=false", run_dir=new)
+    for name, state in weights.items():
+        got = torch.load(new / "weights" / name, weights_only=True)
+        assert all(torch.equal(got[k], v) for k, v in state.items()), name

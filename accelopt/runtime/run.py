@@ -167,6 +167,10 @@ def _execute_local(cfg: DictConfig, run_dir: Path, registry: Registry, console: 
     lifecycle.job_built(jobs)
     checkpointer = Checkpointer(run_dir, int(cfg.run.checkpoint_every), bool(cfg.run.save_weights))
     restored = restore(resume_from, jobs) if resume_from is not None else {}
+    for job in jobs:  # a job that had finished before the resume: its weights (and final
+        result = restored.get(job.info.job_id)  # checkpoint) belong in this run's directory
+        if result is not None and result.status == "done":
+            checkpointer.after_finish(job, result)
     progress = JobProgress(console, enabled=bool(cfg.run.progress))
     executor = Executor(
         plugins,
