@@ -1200,3 +1200,24 @@ def test_a_layer_no_batch_ran_through_says_so_not_zero_percent_active() -> None:
     assert row.summary.endswith("but no batch ran through it (the job failed or did not run: "
                                 "see its status)")  # no tie to name here
     assert row.metrics == {"samples": 0}
+
+
+def test_an_adamw_job_trains_its_slide_layer_with_adam_and_the_row_says_so() -> None:
+    """workload=lm (AdamW) was listed by `accelopt matrix` and then refused at build time;
+    AdamW is Adam's update but for the decoupled decay, which the row names."""
+    from omegaconf import OmegaConf
+
+    from accelopt.config import AccelConfig, JobConfig
+
+    cfg = OmegaConf.structured(AccelConfig)
+    cfg.workload.jobs = [JobConfig(name="lm", optimizer="adamw", lr=6e-4),
+                         JobConfig(name="sgd", optimizer="sgd", lr=0.1)]
+    plugin = PLUGIN.instantiate(SlideConfig())
+    plugin.accelopt_configure(SlideConfig(), cfg)
+    assert plugin._lr("lm") == pytest.approx(6e-4)
+    plugin.layers.append(("lm", "head", _layer()))
+    (row,) = plugin.accelopt_report_rows(run=None)
+    assert "job 'lm' uses adamw: its SLIDE layer trains with SLIDE's sparse Adam at the job's " \
+           "lr 0.0006, without the decoupled weight decay" in row.summary
+    with pytest.raises(ConfigError, match="uses optimizer 'sgd'"):
+        plugin._lr("sgd")

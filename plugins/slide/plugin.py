@@ -85,6 +85,8 @@ class SlidePlugin:
     def __init__(self, config: Any) -> None:
         self.cfg: SlideConfig = as_config(config)
         self.job_lr: dict[str, tuple[str, float]] = {}
+        self.lr_notes: dict[str, str] = {}
+        """Per job: how its SLIDE layers' rate was chosen, where the row must say it."""
         self.layers: list[tuple[str, str, SlideLinear]] = []
         self.inputs: list[tuple[str, str, SlideSparseInput]] = []
         self.skipped: list[str] = []
@@ -115,10 +117,16 @@ class SlidePlugin:
         if kind != "train":
             return 1e-3  # an inference job never updates weights
         optimizer, lr = self.job_lr.get(job_name, ("?", 0.0))
+        if optimizer == "adamw":  # Adam's update; only the decoupled weight decay differs
+            self.lr_notes[job_name] = (f"job '{job_name}' uses adamw: its SLIDE layer trains with "
+                                       f"SLIDE's sparse Adam at the job's lr {lr:g}, without "
+                                       "the decoupled weight decay")
+            return lr
         if optimizer != "adam":
             raise ConfigError(
                 f"plugins.slide.lr: job '{job_name}' uses optimizer {optimizer!r}; SLIDE trains "
-                "with Adam, so set the job's optimizer to adam or give plugins.slide.lr=<rate>"
+                "with Adam, so set the job's optimizer to adam (or adamw) or give "
+                "plugins.slide.lr=<rate>"
             )
         return lr
 
@@ -197,6 +205,7 @@ class SlidePlugin:
         for job, path, lay in self.layers:
             s = lay.summary()
             tie = f"; {self.ties[(job, path)]}" if (job, path) in self.ties else ""
+            tie += f"; {self.lr_notes[job]}" if job in self.lr_notes else ""
             if not lay.stats.get("samples"):  # the job failed (or never ran) before a batch
                 rows.append(ReportRow(
                     plugin="slide",
