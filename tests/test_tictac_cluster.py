@@ -174,6 +174,10 @@ def test_configure_rejects_bad_keys_in_one_line():
         plugin.accelopt_configure(TictacConfig(credit_bytes=-1, tune_credits=[]), make_cfg())
     with pytest.raises(ConfigError, match=r"plugins.tictac.pace=1.5 must be in \[0, 1\]"):
         plugin.accelopt_configure(TictacConfig(pace=1.5), make_cfg())
+    with pytest.raises(ConfigError, match=r"message_s=-5 must be >= 0 .* or -1"):
+        plugin.accelopt_configure(TictacConfig(message_s=-5), make_cfg())
+    with pytest.raises(ConfigError, match="replan_iteration=-1 must be >= 0"):
+        plugin.accelopt_configure(TictacConfig(replan_iteration=-1), make_cfg())
 
 
 def test_pace_is_a_share_of_the_shaped_rate():

@@ -122,6 +122,12 @@ class TictacPlugin:
             raise ConfigError("plugins.tictac.tune_block and tune_rounds must be >= 1")
         if c.bandwidth_bytes_per_s < 0:
             raise ConfigError("plugins.tictac.bandwidth_bytes_per_s must be >= 0 (0: measure)")
+        if c.message_s < 0 and c.message_s != -1:
+            raise ConfigError(f"plugins.tictac.message_s={c.message_s} must be >= 0 (seconds per "
+                              "transfer) or -1 (fit it from the transport)")
+        if c.replan_iteration < 0:
+            raise ConfigError(f"plugins.tictac.replan_iteration={c.replan_iteration} must be >= 0 "
+                              "(the iteration from which measured times replace the profile's)")
         if c.order_file and not Path(c.order_file).exists():
             raise ConfigError(f"plugins.tictac.order_file={c.order_file!r} does not exist; "
                               "give a JSON list of tensor names or leave it empty")
