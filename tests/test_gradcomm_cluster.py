@@ -99,3 +99,13 @@ def test_momentum_correction_at_density_one_is_plain_momentum_sgd(tmp_path):
     masked = run_cluster(make_cfg(sparsify="topk", density=1.0), run_dir=tmp_path)
     assert any(not torch.allclose(masked.state[n], v, atol=1e-5, rtol=1e-4)
                for n, v in plain.state.items())
+
+
+@pytest.mark.timeout(120)
+def test_a_threshold_above_every_gradient_says_nothing_was_sent(tmp_path):
+    """It read 'sent 0.00% of gradient elements ... (infx fewer bytes than fp32)' and the
+    run looked like a compression success."""
+    out = run_cluster(make_cfg(iterations=2, sparsify="threshold", threshold=1e30),
+                      run_dir=tmp_path)
+    (row,) = {r.summary for r in out.plugin_rows if r.plugin == "gradcomm"}
+    assert "sent NO gradient element in 2 iteration(s)" in row and "inf" not in row

@@ -189,6 +189,10 @@ class GradcommPlugin:
         text = (f"{method}, {c.dtype} values, {ef}: sent {st.sent_elements / st.elements:.2%} "
                 f"of gradient elements, {st.wire_bytes / iters / 2**20:.3f} MiB/iteration "
                 f"from this rank ({_bytes_vs_fp32(ratio)}); {fusion}, {overlap}")
+        if st.sent_elements == 0:  # a threshold above every gradient: nothing was trained
+            text = (f"{method}, {ef}: sent NO gradient element in {iters} iteration(s): the "
+                    "threshold is above every gradient, so the exchange moved no weight; "
+                    "lower plugins.gradcomm.threshold")
         metrics: dict[str, float | int | str] = {
             "sent_fraction": round(st.sent_elements / st.elements, 6),
             "wire_bytes_per_iteration": st.wire_bytes // iters,
@@ -218,5 +222,5 @@ def _bytes_vs_fp32(ratio: float) -> str:
     threshold that sends most elements, each with its index), '1.9x more bytes than fp32':
     a ratio below 1 read as 'fewer' would claim a saving that did not happen."""
     if ratio >= 1:
-        return f"{ratio:.1f}x fewer bytes than fp32"
+        return f"{ratio:.1f}x fewer bytes than fp32" if ratio != float("inf") else "no bytes"
     return f"{1 / ratio:.1f}x more bytes than fp32: the encoding costs more than it saves"
