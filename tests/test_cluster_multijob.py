@@ -238,6 +238,18 @@ def test_merge_rows_collapses_what_every_job_says():
     assert merged[1].metrics == {"x": 1}
 
 
+def test_a_row_that_names_its_job_itself_is_named_once():
+    """The clip example tags its rows with the job's name and starts them with it: a cluster
+    run's summary read 'job tiny-mlp: tiny-mlp: clipped ...'."""
+    from accelopt.drivers.rows import merge_rows
+    from accelopt.types import ReportRow
+
+    rows = [[ReportRow("c", "a: clipped 2", {"job": "a"}), ReportRow("c", "b: clipped 0",
+                                                                      {"job": "b"})]]
+    merged = merge_rows(rows, ["a", "b"], ["00-a", "01-b"])
+    assert [r.summary for r in merged] == ["job a: clipped 2", "job b: clipped 0"]
+
+
 def test_merge_rows_accepts_job_ids_from_run_level_plugins():
     # gpu_kernels and offload run once per rank (run level) and tag their rows with the
     # job's id; the merged row names the job, and an unknown tag does not break the report

@@ -75,8 +75,10 @@ def merge_rows(rows_by_rank: list[list[ReportRow]], job_names: list[str],
                 continue
             job = row.metrics.get("job") if row.metrics else None
             summary = row.summary
-            if job in name_of and summary.startswith(f"{job}: "):
-                summary = summary[len(job) + 2:]  # named by id; the merged row names it once
+            for named in (job, name_of.get(job)) if job is not None else ():
+                if named and summary.startswith(f"{named}: "):  # by id or by name: the
+                    summary = summary[len(named) + 2:]  # merged row names its jobs once
+                    break
             key = (row.plugin, summary)
             if key not in groups:
                 groups[key] = [dataclasses.replace(row, summary=summary), []]
