@@ -244,3 +244,29 @@ def test_a_transfer_hook_or_an_order_keeps_buckets_off_the_direct_path(monkeypat
         t = _transport((PluginSpec(name="p", factory=lambda c, p=plugin: p), plugin))
         t.plan(3, ALL_RANKS, [_bucket()])
         assert t.allreduce_direct(_bucket(), torch.ones(10)) is None
+
+
+def _mismatched_worker(rank: int, init: str, out_dir: str) -> None:
+    from accelopt_plugins.gradcomm import comm_hook as gradcomm_hook
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    try:
+        gradcomm_hook(_model(), sparsify="topk", density=0.1 if rank == 0 else 0.2)
+        message = "accepted"
+    except ConfigError as exc:
+        message = str(exc)
+    with open(os.path.join(out_dir, f"rank{rank}.txt"), "w") as fh:
+        fh.write(message)
+    dist.destroy_process_group()
+
+
+@pytest.mark.timeout(120)
+def test_ranks_given_different_codec_settings_are_one_line_at_once(tmp_path):
+    """With another density on one rank the all-reduces no longer matched and the script
+    waited for the process group's timeout (30 minutes by default), then 'Connection closed'."""
+    mp.spawn(_mismatched_worker, args=(f"file://{tmp_path / 'rendezvous'}", str(tmp_path)),
+             nprocs=2)
+    for rank in (0, 1):
+        assert (tmp_path / f"rank{rank}.txt").read_text() == (
+            "gradcomm.comm_hook: rank 1 was given other settings than rank 0 (density); every "
+            "rank must encode its buckets the same way: pass the same options on every rank")

@@ -6,6 +6,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+import torch.distributed as dist
 from accelopt_plugins.gradcomm.config import GradcommConfig, momentum_factor, validate
 from omegaconf import OmegaConf
 from torch import nn
@@ -25,6 +26,25 @@ def _checked(options: dict[str, Any]) -> GradcommConfig:
         key = getattr(exc, "full_key", None)
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ConfigError(f"gradcomm.comm_hook: {f'{key}: ' if key else ''}{first}") from None
+
+
+def _same_on_every_rank(settings: dict[str, Any], process_group: Any) -> None:
+    """Every rank must encode its buckets the same way: with another density, dtype or bucket
+    size on one rank the all-reduces no longer match and the job waits for the process
+    group's timeout (30 minutes by default) before gloo says "Connection closed". One
+    gather of the settings when the hook is made (every rank makes it) says so at once."""
+    world = dist.get_world_size(process_group)
+    if world == 1:
+        return
+    everyone: list[Any] = [None] * world
+    dist.all_gather_object(everyone, settings, group=process_group)
+    for rank, theirs in enumerate(everyone):
+        differ = sorted(k for k in theirs.keys() | everyone[0].keys()
+                        if theirs.get(k) != everyone[0].get(k))
+        if differ:
+            raise ConfigError(f"gradcomm.comm_hook: rank {rank} was given other settings than "
+                              f"rank 0 ({', '.join(differ)}); every rank must encode its "
+                              "buckets the same way: pass the same options on every rank")
 
 
 def comm_hook(model: nn.Module, *, optimizer: str = "sgd", momentum: float = 0.0,
@@ -63,6 +83,10 @@ def comm_hook(model: nn.Module, *, optimizer: str = "sgd", momentum: float = 0.0
                           f"SGD's momentum), got {momentum!r}")
     validate(config)
     momentum_factor(config, optimizer, momentum)  # refuse what cannot apply, in one line
+    if dist.is_initialized():  # (without a group, accelopt's comm_hook says so below)
+        _same_on_every_rank({**dataclasses.asdict(config), "optimizer": optimizer,
+                             "momentum": float(momentum), "bucket_mb": bucket_mb},
+                            process_group)
     plugin = GradcommPlugin(config)
     job = JobInfo(job_id="ddp", name="ddp", model=type(model).__name__, kind="train",
                   arrival_s=0.0, iterations=0, batch_size=0, optimizer=optimizer,
