@@ -512,3 +512,32 @@ def test_ranks_do_not_outlive_a_sigkilled_launcher(tmp_path):
         p.kill()
     assert not [p for p in alive if p in ranks], "ranks outlived their launcher"
     assert not alive, f"{len(alive)} processes outlived their launcher"
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_that_stops_responding_is_named_not_only_the_peer_that_timed_out(
+        test_plugins, tmp_path):
+    """A SIGSTOPped rank (a debugger, a paused container) made its peers time out, and the
+    error named the peer that timed out first, not the rank that stopped."""
+    test_plugins("PAUSE")
+    pid_file = tmp_path / "pid"
+    cfg = make_cfg("ps", iterations=6, timeout_s=5,
+                   plugins={"pause_rank": {"rank": 2, "iteration": 2, "pid_file": str(pid_file)}})
+    stopped: dict[str, int] = {}
+
+    def stopper() -> None:
+        deadline = time.monotonic() + 90
+        while not pid_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        stopped["pid"] = int(pid_file.read_text())
+        os.kill(stopped["pid"], 19)  # SIGSTOP
+
+    thread = threading.Thread(target=stopper, daemon=True)
+    thread.start()
+    with pytest.raises(RankFailed) as info:
+        run_cluster(cfg, run_dir=tmp_path)
+    thread.join(5)
+    assert f"rank 2 (worker, pid {stopped['pid']}) had not exited when its peers gave up" \
+        in str(info.value)
+    assert info.value.rank == 2 and "\n" not in str(info.value)
+    assert no_children_left()

@@ -204,7 +204,19 @@ class Watchdog:
                 candidates.append(((3, 0.0), RankFailed(msg, rank=c.rank, pid=c.pid,
                                                         iteration=iteration, cause=f"exit {code}")))
         candidates.sort(key=lambda kv: kv[0])
-        return candidates[0][1]
+        (kind, _), chosen = candidates[0]
+        silent = [c for c in self.children if c.process.exitcode is None]
+        if kind == 2 and silent:  # a peer timed out waiting: the one still alive may be why
+            c = silent[0]
+            at = Progress.read(self.workdir, c.rank)
+            where = "before its first iteration" if at is None else f"at iteration {at}"
+            chosen = RankFailed(
+                f"{chosen}; rank {c.rank} ({c.role}, pid {c.pid}) had not exited when its peers "
+                f"gave up, {where}: it may be the one they waited for (paused, stuck or "
+                "overloaded)",
+                rank=c.rank, pid=c.pid, iteration=at, cause="stopped responding",
+                exit_code=chosen.exit_code)
+        return chosen
 
     def _note(self, rank: int) -> dict[str, Any] | None:
         path = self.workdir / f"failure-{rank}.json"
