@@ -388,11 +388,19 @@ class RunInfo:
 
 @dataclass(frozen=True, slots=True)
 class ReportRow:
-    """One line a plugin contributes to the run summary: what it did, or why it did nothing."""
+    """One line a plugin contributes to the run summary: what it did, or why it did nothing.
+
+    ``metrics[INERT] = 1`` says this row's plugin changed nothing in this run (nothing to
+    do, stayed out of the way): ``run.compare`` then calls a measured difference of a plugin
+    whose every row says so what it is, run-to-run noise, instead of crediting it."""
 
     plugin: str
     summary: str
     metrics: dict[str, float | int | str] = field(default_factory=dict)
+
+
+INERT = "inert"
+"""The :class:`ReportRow` metric saying its plugin changed nothing in this run (value 1)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -408,6 +416,7 @@ class CliCommand:
 
 
 __all__ = [
+    "INERT",
     "AllocationDecision",
     "AllocationPhase",
     "AllocationRequest",

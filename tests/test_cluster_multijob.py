@@ -167,6 +167,22 @@ def test_run_compare_runs_the_baseline_in_the_same_invocation(run_tiny):
     assert json.loads(baseline.read_text())["run"]["plugins"] == []
 
 
+def test_a_plugin_that_changed_nothing_is_not_credited_with_the_noise(run_tiny):
+    """tictac stays out of a one-process run (nothing to order) and gradcomm too, yet their
+    'measured gain' rows credited them with 1.2-1.5x of run-to-run noise."""
+    from accelopt_plugins.gradcomm import PLUGIN as GRADCOMM
+    from accelopt_plugins.noop import PLUGIN as NOOP
+    from accelopt_plugins.tictac import PLUGIN as TICTAC
+
+    record = run_tiny(TICTAC, GRADCOMM, NOOP, overrides=["run.compare=each", "cluster.mode=none"])
+    gains = {r.plugin: r.summary for r in record.plugin_rows
+             if r.summary.startswith("measured gain")}
+    for plugin in ("tictac", "gradcomm"):
+        assert f"{plugin} changed nothing in this run (its rows say so), so this difference " \
+               "is run-to-run noise" in gains[plugin]
+    assert "changed nothing" not in gains["noop"]  # its rows say what it counted
+
+
 def test_run_compare_is_validated_in_one_line(run_tiny):
     from accelopt_plugins.noop import PLUGIN as NOOP
 

@@ -21,7 +21,7 @@ from rich.table import Table
 
 from accelopt.errors import ConfigError
 from accelopt.records import RunRecord
-from accelopt.types import ReportRow
+from accelopt.types import INERT, ReportRow
 
 MODES = ("none", "baseline", "each")
 BASELINE = "baseline"
@@ -148,6 +148,11 @@ def attach(record: RunRecord, refs: dict[str, RunRecord]) -> None:
             text = (f"measured gain of all selected plugins together ({'+'.join(plugins)}) vs "
                     f"the same run without plugins: {describe(base, mine)} "
                     "(run.compare=each measures each plugin alone too)")
+        own = [r for r in (alone.plugin_rows if alone is not None else rows)
+               if r.plugin == plugin]
+        if own and all(r.metrics.get(INERT) for r in own):
+            text += (f"; {plugin} changed nothing in this run (its rows say so), so this "
+                     "difference is run-to-run noise, not its gain")
         text += " [ratio > 1x: faster; one run each, this invocation]"
         last = max((i for i, r in enumerate(rows) if r.plugin == plugin), default=len(rows) - 1)
         rows.insert(last + 1, ReportRow(plugin, text))

@@ -12,6 +12,7 @@ from accelopt_plugins.gradcomm.config import GradcommConfig, momentum_factor, va
 
 from accelopt import JobInfo, ReportRow, RunInfo, TransferRecord, hookimpl
 from accelopt.errors import AccelOptError
+from accelopt.types import INERT
 
 ALL_RANKS = -1
 
@@ -167,7 +168,8 @@ class GradcommPlugin:
         c = self.config
         if self.mode != "allreduce":
             return [ReportRow("gradcomm", f"nothing to do: gradcomm acts on the gradient buckets "
-                              f"of cluster.mode=allreduce; this run is cluster.mode={self.mode}")]
+                              f"of cluster.mode=allreduce; this run is cluster.mode={self.mode}",
+                              {INERT: 1})]
         st = self.codec.stats
         iters = max(1, len(self.iterations))
         fusion = (f"{len(self.bucket_names)} bucket(s) closed at {self.bucket_mb:g} MiB"

@@ -10,6 +10,7 @@ from accelopt_plugins.offload.config import OffloadConfig, validate
 from accelopt_plugins.offload.engine import OffloadEngine
 
 from accelopt import LayerOffer, ReportRow, RunInfo, hookimpl
+from accelopt.types import INERT
 
 MiB = 2**20
 
@@ -62,7 +63,7 @@ class OffloadPlugin:
         c = self.config
         if not self.engines:
             return [ReportRow("offload", "nothing to do: no training job (inference saves no "
-                              "feature maps for backward)")]
+                              "feature maps for backward)", {INERT: 1})]
         rows = []
         cpu = not run.device.startswith("cuda")
         for job_id, engine in self.engines.items():
@@ -72,7 +73,7 @@ class OffloadPlugin:
                 where = ", ".join(engine.installed) or "no layer"
                 rows.append(ReportRow("offload", f"{job_id}: nothing to do: no saved tensor "
                                       f"passed through the hooks ({where} matched)",
-                                      {"job": job_id}))
+                                      {"job": job_id, INERT: 1}))
                 continue
             s, n = t.stats, t.passes
             off, res, par = s.offloaded_bytes / n, s.resident_bytes / n, s.param_bytes / n

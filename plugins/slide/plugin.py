@@ -22,6 +22,7 @@ from accelopt_plugins.slide.xcmodel import SparseInput
 from torch import nn
 
 from accelopt import ConfigError, LayerOffer, ReportRow, RunInfo, UserError, hookimpl
+from accelopt.types import INERT
 
 REFUSED_MODES = {
     "ps": "the parameter server exchanges parameters only, and SLIDE's weights are buffers "
@@ -200,7 +201,8 @@ class SlidePlugin:
                    f"(plugins.slide.min_width)")
             if self.skipped:
                 why += f"; wide layers left dense: {', '.join(self.skipped)}"
-            return [ReportRow(plugin="slide", summary=f"nothing to do on this workload: {why}")]
+            return [ReportRow(plugin="slide", summary=f"nothing to do on this workload: {why}",
+                              metrics={INERT: 1})]
         rows = []
         for job, path, lay in self.layers:
             s = lay.summary()

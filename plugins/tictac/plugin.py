@@ -49,7 +49,13 @@ from accelopt import (
     hookimpl,
 )
 from accelopt.job import inputs as job_inputs
-from accelopt.types import CliCommand, ClusterInfo, IterationContext, IterationResult
+from accelopt.types import (
+    INERT,
+    CliCommand,
+    ClusterInfo,
+    IterationContext,
+    IterationResult,
+)
 
 DEFAULT_BYTES_PER_S = 125e6  # 1 Gbit/s when nothing better is known
 
@@ -480,21 +486,25 @@ class TictacPlugin:
                    else f"cluster.mode={self.mode}: all-reduce has no parameter recvs to "
                    "order, and DDP waits for every bucket before backward returns, so no "
                    "transfer can cross into the next forward")
-            return [ReportRow("tictac", f"nothing to order ({why}); use cluster.mode=ps")]
+            return [ReportRow("tictac", f"nothing to order ({why}); use cluster.mode=ps",
+                              {INERT: 1})]
         if self.config.heuristic == "priority":
             return self._priority_rows()
         if self.role == "worker":
             return [ReportRow("tictac", "workers take parameters in the order the servers "
                               "send them (the servers' rows say whether that is tictac's or "
                               "the transport's default); measured E per iteration is in the "
-                              "run metrics (efficiency_e, with and without warm-up)")]
+                              "run metrics (efficiency_e, with and without warm-up)",
+                              {INERT: 1})]
         if self.config.heuristic == "off":
-            return [ReportRow("tictac", "heuristic=off: the transport's default order was used")]
+            return [ReportRow("tictac", "heuristic=off: the transport's default order was used",
+                              {INERT: 1})]
         if self.plan is None and self.unplanned:
             return [ReportRow("tictac", f"not applied: {self.unplanned}; transfers kept the "
-                              "transport's default order")]
+                              "transport's default order", {INERT: 1})]
         if self.plan is None:
-            return [ReportRow("tictac", "no parameter transfers were ordered (no iteration ran)")]
+            return [ReportRow("tictac", "no parameter transfers were ordered (no iteration ran)",
+                              {INERT: 1})]
         metrics: dict[str, float | int | str] = {
             "heuristic": self.config.heuristic, "enforced": int(self.enforce),
             "calls": self.calls, "skipped": self.skipped,
@@ -505,6 +515,7 @@ class TictacPlugin:
             "link_bytes_per_s": round(self.plan.bytes_per_s, 1),
             "message_ms": round(1e3 * self.plan.message_s, 4),
             "ratio_a": round(self.plan.ratio_a, 3), "warnings": len(self.warnings),
+            INERT: int(not self.enforce),  # stayed out of the way: the default order ran
         }
         for h, p in self.plan.predicted.items():
             metrics[f"predicted_{h}_ms"] = round(1e3 * p["makespan_s"], 4)
@@ -554,6 +565,7 @@ class TictacPlugin:
                      "allows it (tensors_updated_early in the run metrics counts them)")
         head = ("stayed out of the way: the default order measured fastest" if stayed
                 else f"enforced priority (cross-iteration: {what})")
+        metrics[INERT] = int(stayed)
         return [ReportRow("tictac", f"{head}, {choice}", metrics)]
 
     def _moved_vs_default(self) -> tuple[int, int]:
