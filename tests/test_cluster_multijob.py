@@ -178,7 +178,7 @@ def test_a_plugin_that_changed_nothing_is_not_credited_with_the_noise(run_tiny):
     gains = {r.plugin: r.summary for r in record.plugin_rows
              if r.summary.startswith("measured gain")}
     for plugin in ("tictac", "gradcomm"):
-        assert f"{plugin} changed nothing in this run (its rows say so), so this difference " \
+        assert f"{plugin} changed nothing in this run, its rows say so: this difference " \
                "is run-to-run noise" in gains[plugin]
     assert "changed nothing" not in gains["noop"]  # its rows say what it counted
 

@@ -138,21 +138,21 @@ def attach(record: RunRecord, refs: dict[str, RunRecord]) -> None:
     rows = list(record.plugin_rows)
     for plugin in plugins:
         alone = refs.get(plugin)
+        own = [r for r in (alone.plugin_rows if alone is not None else rows)
+               if r.plugin == plugin]
+        noise = (f" ({plugin} changed nothing in this run, its rows say so: this difference is "
+                 "run-to-run noise, not its gain)"
+                 if own and all(r.metrics.get(INERT) for r in own) else "")
         if alone is not None:
             text = (f"measured gain vs the same run without plugins, {plugin} alone: "
-                    f"{describe(base, figures(alone))}; all selected plugins together: "
+                    f"{describe(base, figures(alone))}{noise}; all selected plugins together: "
                     f"{describe(base, mine)}")
         elif len(plugins) == 1:
-            text = f"measured gain vs the same run without plugins: {describe(base, mine)}"
+            text = f"measured gain vs the same run without plugins: {describe(base, mine)}{noise}"
         else:
             text = (f"measured gain of all selected plugins together ({'+'.join(plugins)}) vs "
                     f"the same run without plugins: {describe(base, mine)} "
                     "(run.compare=each measures each plugin alone too)")
-        own = [r for r in (alone.plugin_rows if alone is not None else rows)
-               if r.plugin == plugin]
-        if own and all(r.metrics.get(INERT) for r in own):
-            text += (f"; {plugin} changed nothing in this run (its rows say so), so this "
-                     "difference is run-to-run noise, not its gain")
         text += " [ratio > 1x: faster; one run each, this invocation]"
         last = max((i for i, r in enumerate(rows) if r.plugin == plugin), default=len(rows) - 1)
         rows.insert(last + 1, ReportRow(plugin, text))
