@@ -318,33 +318,43 @@ def test_codec_and_filter_plugins_transform_payloads(tmp_path, test_plugins):
             torch.testing.assert_close(value, params[name].detach(), atol=2e-3, rtol=1e-2)
 
 
-@pytest.mark.timeout(120)
-def test_sigkill_of_a_worker_fails_the_run_fast_and_leaves_nothing(test_plugins, tmp_path):
+def _signal_rank_2_at_iteration_2(test_plugins, tmp_path: Path, sig: int, timeout_s: float
+                                  ) -> tuple[RankFailed, dict[str, float]]:
+    """Run a PS job whose rank 2 pauses at iteration 2 and writes its pid; send it ``sig``
+    then; return the run's error and {"pid", "at": when the signal went}."""
+    import signal as signals
+
     test_plugins("PAUSE")
     pid_file = tmp_path / "pid"
-    cfg = make_cfg("ps", iterations=6, timeout_s=60,
+    cfg = make_cfg("ps", iterations=6, timeout_s=timeout_s,
                    plugins={"pause_rank": {"rank": 2, "iteration": 2, "pid_file": str(pid_file)}})
-    killed: dict[str, float] = {}
+    sent: dict[str, float] = {}
 
-    def killer() -> None:
+    def send() -> None:
         deadline = time.monotonic() + 90
         while not pid_file.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
-        pid = int(pid_file.read_text())
-        killed["pid"] = pid
-        killed["at"] = time.monotonic()
-        os.kill(pid, 9)
+        sent["pid"] = int(pid_file.read_text())
+        sent["at"] = time.monotonic()
+        os.kill(int(sent["pid"]), signals.Signals(sig))
 
-    thread = threading.Thread(target=killer, daemon=True)
+    thread = threading.Thread(target=send, daemon=True)
     thread.start()
     with pytest.raises(RankFailed) as info:
         run_cluster(cfg, run_dir=tmp_path)
-    failed_at = time.monotonic()
     thread.join(5)
-    message = str(info.value)
+    return info.value, sent
+
+
+@pytest.mark.timeout(120)
+def test_sigkill_of_a_worker_fails_the_run_fast_and_leaves_nothing(test_plugins, tmp_path):
+    error, killed = _signal_rank_2_at_iteration_2(test_plugins, tmp_path, 9, timeout_s=60)
+    failed_at = time.monotonic()
+    message = str(error)
     assert "\n" not in message
-    assert f"rank 2 (worker, pid {killed['pid']}) was killed by SIGKILL at iteration 2" in message
-    assert info.value.rank == 2 and info.value.iteration == 2
+    assert f"rank 2 (worker, pid {int(killed['pid'])}) was killed by SIGKILL at iteration 2" \
+        in message
+    assert error.rank == 2 and error.iteration == 2
     assert failed_at - killed["at"] < 30
     assert no_children_left()
 
@@ -519,25 +529,8 @@ def test_a_rank_that_stops_responding_is_named_not_only_the_peer_that_timed_out(
         test_plugins, tmp_path):
     """A SIGSTOPped rank (a debugger, a paused container) made its peers time out, and the
     error named the peer that timed out first, not the rank that stopped."""
-    test_plugins("PAUSE")
-    pid_file = tmp_path / "pid"
-    cfg = make_cfg("ps", iterations=6, timeout_s=5,
-                   plugins={"pause_rank": {"rank": 2, "iteration": 2, "pid_file": str(pid_file)}})
-    stopped: dict[str, int] = {}
-
-    def stopper() -> None:
-        deadline = time.monotonic() + 90
-        while not pid_file.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        stopped["pid"] = int(pid_file.read_text())
-        os.kill(stopped["pid"], 19)  # SIGSTOP
-
-    thread = threading.Thread(target=stopper, daemon=True)
-    thread.start()
-    with pytest.raises(RankFailed) as info:
-        run_cluster(cfg, run_dir=tmp_path)
-    thread.join(5)
-    assert f"rank 2 (worker, pid {stopped['pid']}) had not exited when its peers gave up" \
-        in str(info.value)
-    assert info.value.rank == 2 and "\n" not in str(info.value)
+    error, stopped = _signal_rank_2_at_iteration_2(test_plugins, tmp_path, 19, timeout_s=5)
+    assert f"rank 2 (worker, pid {int(stopped['pid'])}) had not exited when its peers gave " \
+           "up" in str(error)
+    assert error.rank == 2 and "\n" not in str(error)
     assert no_children_left()
