@@ -500,10 +500,12 @@ def test_ranks_do_not_outlive_a_sigkilled_launcher(tmp_path):
 
     from clirun import accelopt_cmd, cli_env
 
-    launcher = subprocess.Popen(
+    launcher = subprocess.Popen(  # its temporary directories, which a SIGKILLed process
+        # cannot remove, go under tmp_path
         accelopt_cmd("run", "workload=single", "workload.jobs.0.iterations=1000000",
                      "cluster.mode=ps", "cluster.timeout_s=30", "run.progress=false"),
-        cwd=tmp_path, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        cwd=tmp_path, env={**cli_env(), "TMPDIR": str(tmp_path)}, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL)
     me = psutil.Process(launcher.pid)
     deadline = time.monotonic() + 90
     ranks: list[psutil.Process] = []
