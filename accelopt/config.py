@@ -161,3 +161,26 @@ def register_plugin_configs(specs: list[Any]) -> None:
     cs = ConfigStore.instance()
     for spec in specs:
         cs.store(group="plugins", name=spec.name, node=spec.config, package=f"plugins.{spec.name}")
+
+
+def differing_keys(a: Any, b: Any, shown: int = 3) -> str:
+    """The dotted keys whose values differ between two configurations (nested dicts, lists
+    of job dicts), the first ``shown`` of them: what one line says when two processes that
+    must agree (the ranks of a run, the ranks of a DDP script) were given different ones."""
+    flat_a, flat_b = _flat(a), _flat(b)
+    keys = sorted(k for k in flat_a.keys() | flat_b.keys() if flat_a.get(k) != flat_b.get(k))
+    more = f" and {len(keys) - shown} more" if len(keys) > shown else ""
+    return ", ".join(keys[:shown]) + more
+
+
+def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, dict):
+        items = value.items()
+    elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+        items = enumerate(value)
+    else:
+        return {prefix.rstrip("."): value}
+    out: dict[str, Any] = {}
+    for key, item in items:
+        out.update(_flat(item, f"{prefix}{key}."))
+    return out

@@ -35,8 +35,6 @@ class ExtensionPoint:
         self.group = group
         self._registered: dict[str, Any] = {}
         self._entry_points: dict[str, list[EntryPoint]] | None = None
-        self._clashes: dict[str, str] = {}
-        """name -> why it cannot be used (two installed packages declare it)."""
 
     def _installed(self) -> dict[str, list[EntryPoint]]:
         """name -> the distinct entry points declaring it (one, unless packages clash)."""
@@ -47,12 +45,6 @@ class ExtensionPoint:
                 if all(other.value != ep.value for other in same):
                     same.append(ep)
             self._entry_points = found
-            for name, eps in found.items():
-                if len(eps) > 1:
-                    self._clashes[name] = (
-                        f"'{name}' is installed by {len(eps)} packages "
-                        f"({'; '.join(_declared_by(ep) for ep in eps)}); uninstall one of them "
-                        "or rename its entry point")
         return self._entry_points
 
     def register(self, name: str, obj: Any) -> Any:
@@ -90,9 +82,11 @@ class ExtensionPoint:
     def get(self, name: str) -> Any | None:
         """The object called ``name`` (an installed one is imported now), or ``None``. An
         installed entry point that fails to import is a :class:`UserError` saying so."""
-        installed = self._installed().get(name)
-        if name in self._clashes:
-            raise UserError(f"{self.group}: {self._clashes[name]}")
+        installed = self._installed().get(name) or []
+        if len(installed) > 1:  # two packages declare it: which one is meant is not ours to guess
+            raise UserError(f"{self.group}: '{name}' is installed by {len(installed)} packages "
+                            f"({'; '.join(_declared_by(ep) for ep in installed)}); uninstall one "
+                            "of them or rename its entry point")
         if name in self._registered:
             return self._registered[name]
         if not installed:

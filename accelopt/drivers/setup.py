@@ -15,6 +15,7 @@ import torch
 
 from accelopt.drivers.lazy_dynamo import defer_dynamo_import
 from accelopt.errors import ConfigError, UserError
+from accelopt.job.rng import isolated_rng
 from accelopt.units import parse_bytes
 
 CUBLAS_WORKSPACE = ":4096:8"
@@ -90,11 +91,10 @@ def torch_state_kept() -> Iterator[None]:
     deterministic = (torch.are_deterministic_algorithms_enabled(),
                      torch.is_deterministic_algorithms_warn_only_enabled())
     env = {k: os.environ.get(k) for k in ("CUBLAS_WORKSPACE_CONFIG", "TORCHINDUCTOR_DETERMINISTIC")}
-    cpu_rng = torch.get_rng_state()
-    cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
     py_rng, np_rng = random.getstate(), np.random.get_state()
     try:
-        yield
+        with isolated_rng(seed=None):  # torch's generators, CPU and CUDA
+            yield
     finally:
         torch.set_num_threads(threads)
         torch._C._set_deterministic_algorithms(deterministic[0], warn_only=deterministic[1])
@@ -103,9 +103,6 @@ def torch_state_kept() -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-        torch.set_rng_state(cpu_rng)
-        if cuda_rng is not None:
-            torch.cuda.set_rng_state_all(cuda_rng)
         random.setstate(py_rng)
         np.random.set_state(np_rng)
 

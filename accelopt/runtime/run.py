@@ -45,7 +45,7 @@ from accelopt.drivers.setup import (
 from accelopt.errors import AccelOptError, Terminated, UserError
 from accelopt.host import HookTrace, traced_calls
 from accelopt.job import build_jobs, job_id_for, job_specs
-from accelopt.job.checkpoint import Checkpointer, restore
+from accelopt.job.checkpoint import CHECKPOINT_DIR, Checkpointer, restore
 from accelopt.job.exchange import BUILD_ONLY
 from accelopt.job.job import Job, check_precision
 from accelopt.job.profile import measure_profile
@@ -400,8 +400,6 @@ def _maybe_resume(
     resumed.run.resume = str(old_dir)
     resumed.run.resume_finished = resume_finished
     refuse_finished(old_dir, resume_finished)
-    from accelopt.job.checkpoint import CHECKPOINT_DIR
-
     if any((old_dir / CHECKPOINT_DIR).rglob("*.pt")):  # a cluster run: <job>/rankR.itN.pt
         console.print(f"resuming {old_dir} from its checkpoints; writing into {run_dir}")
     else:

@@ -12,20 +12,10 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from accelopt import JobInfo
+from accelopt.activation import plugin_config
+from accelopt.config import differing_keys
 from accelopt.errors import ConfigError
 from accelopt.job.specs import OPTIMIZERS
-
-
-def _checked(options: dict[str, Any]) -> GradcommConfig:
-    """The options typed as on the command line (OmegaConf: ``"1e-3"`` is a float, ``"no"``
-    is false, a word where a number belongs is refused), one line naming the key."""
-    try:
-        merged = OmegaConf.merge(OmegaConf.structured(GradcommConfig), options)
-        return OmegaConf.to_object(merged)  # type: ignore[return-value]
-    except Exception as exc:  # OmegaConf's validation errors carry the key
-        key = getattr(exc, "full_key", None)
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ConfigError(f"gradcomm.comm_hook: {f'{key}: ' if key else ''}{first}") from None
 
 
 def _same_on_every_rank(settings: dict[str, Any], process_group: Any) -> None:
@@ -39,12 +29,11 @@ def _same_on_every_rank(settings: dict[str, Any], process_group: Any) -> None:
     everyone: list[Any] = [None] * world
     dist.all_gather_object(everyone, settings, group=process_group)
     for rank, theirs in enumerate(everyone):
-        differ = sorted(k for k in theirs.keys() | everyone[0].keys()
-                        if theirs.get(k) != everyone[0].get(k))
-        if differ:
+        if theirs != everyone[0]:
             raise ConfigError(f"gradcomm.comm_hook: rank {rank} was given other settings than "
-                              f"rank 0 ({', '.join(differ)}); every rank must encode its "
-                              "buckets the same way: pass the same options on every rank")
+                              f"rank 0 ({differing_keys(everyone[0], theirs)}); every rank must "
+                              "encode its buckets the same way: pass the same options on every "
+                              "rank")
 
 
 def comm_hook(model: nn.Module, *, optimizer: str = "sgd", momentum: float = 0.0,
@@ -73,7 +62,8 @@ def comm_hook(model: nn.Module, *, optimizer: str = "sgd", momentum: float = 0.0
     if unknown:
         raise ConfigError(f"gradcomm.comm_hook: unknown option(s) {', '.join(unknown)}; "
                           f"known: {', '.join(sorted(known))}")
-    config = _checked(options)
+    # typed as on the command line ("1e-3" a float, "no" false), one line naming the key
+    config = plugin_config(PLUGIN, OmegaConf.create({"plugins": {PLUGIN.name: options}}))
     if optimizer not in OPTIMIZERS:
         raise ConfigError(f"gradcomm.comm_hook: optimizer must be one of {', '.join(OPTIMIZERS)} "
                           f"(your optimizer's kind, lower case), got {optimizer!r}")

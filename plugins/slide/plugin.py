@@ -206,14 +206,14 @@ class SlidePlugin:
         rows = []
         for job, path, lay in self.layers:
             s = lay.summary()
-            tie = f"; {self.ties[(job, path)]}" if (job, path) in self.ties else ""
-            tie += f"; {self.lr_notes[job]}" if job in self.lr_notes else ""
+            notes = f"; {self.ties[(job, path)]}" if (job, path) in self.ties else ""
+            notes += f"; {self.lr_notes[job]}" if job in self.lr_notes else ""
             if not lay.stats.get("samples"):  # the job failed (or never ran) before a batch
                 rows.append(ReportRow(
                     plugin="slide",
                     summary=(f"{job}:{path} {lay.out_features} outputs replaced for "
                              f"{self._method()}, but no batch ran through it (the job failed "
-                             f"or did not run: see its status){tie}"),
+                             f"or did not run: see its status){notes}"),
                     metrics={"samples": 0}))
                 continue
             rows.append(ReportRow(
@@ -225,7 +225,7 @@ class SlidePlugin:
                     f"{100 * s['rebuild_time_share']:.1f}% of layer time rebuilding tables"
                     + (f"; sparse-input first layer: {len(self.inputs)} replaced"
                        if self.inputs else "")
-                    + tie
+                    + notes
                 ),
                 metrics={k: round(float(v), 6) for k, v in s.items()},
             ))

@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from accelopt.activation import PluginSet, activate
 from accelopt.atomic import atomic_open
-from accelopt.config import JobConfig
+from accelopt.config import JobConfig, differing_keys
 from accelopt.drivers.cluster.allreduce import AllReduce
 from accelopt.drivers.cluster.carried import Carried
 from accelopt.drivers.cluster.checkpoints import RankCheckpointer, restore_part
@@ -243,9 +243,9 @@ def run_rank(cfg: DictConfig, settings: ClusterSettings, *, rank: int, world: in
     # 0's (under torchrun each machine composes its own from its command line): each rank
     # sees them all, so every rank stops with the same line, none waits for a dead peer
     gathered: list[Any] = [None] * world
-    dist.all_gather_object(gathered, (t0_epoch, OmegaConf.to_yaml(cfg, resolve=True)))
+    dist.all_gather_object(gathered, (t0_epoch, OmegaConf.to_container(cfg, resolve=True)))
     t0_epoch = float(gathered[0][0])
-    other = next((r for r, (_, text) in enumerate(gathered) if text != gathered[0][1]), None)
+    other = next((r for r, (_, theirs) in enumerate(gathered) if theirs != gathered[0][1]), None)
     if other is not None:
         raise ConfigError(f"rank {other} was started with another configuration than rank 0 "
                           f"({differing_keys(gathered[0][1], gathered[other][1])} differ); "
@@ -307,25 +307,3 @@ def run_rank(cfg: DictConfig, settings: ClusterSettings, *, rank: int, world: in
     dist.barrier()  # no rank leaves while another still sends (or writes its result)
     dist.destroy_process_group()
     return gathered  # type: ignore[return-value]
-
-
-def differing_keys(theirs: str, mine: str, shown: int = 3) -> str:
-    """The first keys whose values differ between two configurations (YAML), dotted."""
-    a = _flat(OmegaConf.to_container(OmegaConf.create(theirs)))
-    b = _flat(OmegaConf.to_container(OmegaConf.create(mine)))
-    keys = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
-    return ", ".join(keys[:shown]) + (f" and {len(keys) - shown} more" if len(keys) > shown else "")
-
-
-def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(value, dict):
-        out: dict[str, Any] = {}
-        for key, item in value.items():
-            out.update(_flat(item, f"{prefix}{key}."))
-        return out
-    if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
-        out = {}
-        for i, item in enumerate(value):
-            out.update(_flat(item, f"{prefix}{i}."))
-        return out
-    return {prefix.rstrip("."): value}
