@@ -315,7 +315,10 @@ def accelopt_state_load(job: JobInfo, state: dict[str, Any]) -> None:
     """Restore what this plugin's ``accelopt_state_save`` returned for ``job`` when the
     checkpoint being resumed was written. A checkpoint holding the state of a plugin that is
     not active, or that does not implement this hook, is refused in one line (its state
-    would be lost silently).
+    would be lost silently). A plugin that changed the model during the run changes the
+    freshly built one the same way here: weights that did not fit the model as built load
+    after every plugin's state is back (the optimizer rebuilt first if the parameters
+    changed).
 
     Called: when a resumed run has loaded the job's checkpoint, after
     ``accelopt_run_start`` and before the job's next iteration.

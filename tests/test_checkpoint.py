@@ -41,8 +41,15 @@ DROPOUT = ["workload.jobs.0.model=dropout_models:dropout_mlp",
 carries, so resuming it is bitwise too."""
 
 
+PRUNED = ["+plugins=[gpu_kernels]", "plugins.gpu_kernels.prune_amount=0.5",
+          "plugins.gpu_kernels.prune_at_iteration=10"]
+"""Pruned after 10 iterations, before the first checkpoint: the resume builds the job dense
+and gpu_kernels prunes the same units from its state in the checkpoint before the weights
+load."""
+
+
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("model", [[], DROPOUT], ids=["mlp", "dropout"])
+@pytest.mark.parametrize("model", [[], DROPOUT, PRUNED], ids=["mlp", "dropout", "pruned"])
 def test_sigkill_then_resume_reaches_the_samesaved_weights(tmp_path, model):
     job = [*JOB, *model]
     ref_dir = tmp_path / "reference"
@@ -65,7 +72,8 @@ def test_sigkill_then_resume_reaches_the_samesaved_weights(tmp_path, model):
     assert not (run_dir / "weights").exists(), "the run finished before it could be killed"
     state = torch.load(next(ckpt.glob("*.pt")), weights_only=False)
     assert 0 < state["job"]["iteration"] < 1500
-    assert state["job"]["random"]["uses_rng"] is bool(model)  # the dropout job draws
+    assert state["job"]["random"]["uses_rng"] is (model is DROPOUT)  # dropout draws
+    assert ("gpu_kernels" in state["job"]["plugins"]) is (model is PRUNED)
 
     before = run_files(run_dir)
     new_dir = tmp_path / "resumed"  # the command line of a resume: test_resume_of_a_finished...

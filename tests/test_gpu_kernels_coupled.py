@@ -8,6 +8,8 @@ prune away without changing the function."""
 
 from __future__ import annotations
 
+import io
+
 import pytest
 import torch
 from accelopt_plugins.gpu_kernels import PLUGIN
@@ -423,12 +425,87 @@ def test_prune_at_iteration_refuses_cluster_modes(run_tiny) -> None:  # type: ig
                                     "cluster.mode=ps"])
     with pytest.raises(ConfigError, match="prune_amount"):
         run_tiny(PLUGIN, overrides=["plugins.gpu_kernels.prune_at_iteration=3"])
-    # a checkpoint after the pruning could never be resumed (the resume builds the job dense)
-    with pytest.raises(ConfigError, match="run.checkpoint_every=5: a checkpoint written after "
-                       "the pruning holds pruned shapes"):
-        run_tiny(PLUGIN, overrides=["plugins.gpu_kernels.prune_amount=0.5",
-                                    "plugins.gpu_kernels.prune_at_iteration=3",
-                                    "run.checkpoint_every=5", "cluster.mode=none"])
+
+
+def _pruning_job(prune_at: int = 3, plugin: bool = True):  # type: ignore[no-untyped-def]
+    """A job with gpu_kernels pruning after ``prune_at`` iterations (Adam: its moments are
+    sliced at the pruning, so they must come back from the checkpoint too)."""
+    from accelopt_plugins.gpu_kernels.config import GpuKernelsConfig
+    from accelopt_plugins.gpu_kernels.plugin import GpuKernelsPlugin
+
+    from accelopt.activation import PluginSet
+    from accelopt.config import JobConfig
+    from accelopt.job import Job, StepEvents
+
+    spec = JobConfig(name="p", model="mlp", width=16, batch_size=8, iterations=6, seed=0,
+                     optimizer="adam")
+    kernels = GpuKernelsPlugin(GpuKernelsConfig(prune_amount=0.5, prune_at_iteration=prune_at))
+    plugins = PluginSet.of([(PLUGIN, kernels)] if plugin else [])
+    job = Job(spec, job_id="p", device=torch.device("cpu"), host=plugins.for_job("p"))
+    return job, StepEvents(job.host), kernels
+
+
+def _saved(state: dict) -> dict:  # type: ignore[type-arg]
+    """``state`` as a checkpoint file gives it back."""
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=False)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("stop", [2, 3, 5])
+def test_a_job_pruned_after_n_iterations_resumes_bitwise(stop: int) -> None:
+    """A checkpoint written after the pruning holds pruned shapes: the plugin's state says
+    which units each group kept, so the resume (which builds the job dense) prunes the same
+    units before the weights and the optimizer's sliced moments load. Before the pruning
+    (stop=2) the checkpoint is dense and the resumed run prunes at iteration 3 itself."""
+    reference, events, _ = _pruning_job()
+    while not reference.done:
+        reference.step(events)
+    first, events, _ = _pruning_job()
+    for _ in range(stop):
+        first.step(events)
+    state = _saved(first.state_dict())
+    assert ("gpu_kernels" in state["plugins"]) is (stop >= 3)
+    resumed, events, kernels = _pruning_job()
+    resumed.load_state_dict(state)
+    resumed.restore_plugin_states()
+    while not resumed.done:
+        resumed.step(events)
+    want, got = reference.state_dict(), resumed.state_dict()
+    assert want["model"].keys() == got["model"].keys()
+    for key, value in want["model"].items():
+        assert torch.equal(value, got["model"][key]), key  # bitwise
+    for index, moments in want["optimizer"]["state"].items():
+        for name, value in moments.items():
+            assert torch.equal(value, got["optimizer"]["state"][index][name]), (index, name)
+    (row,) = kernels.accelopt_report_rows(run=None)
+    assert row.metrics["pruned_at_iteration"] == 3
+    assert row.metrics["params_after"] < row.metrics["params_before"]
+
+
+def test_a_pruned_checkpoint_in_a_run_that_does_not_prune_late_is_one_line() -> None:
+    from accelopt.errors import UserError
+
+    first, events, _ = _pruning_job()
+    for _ in range(4):
+        first.step(events)
+    state = _saved(first.state_dict())
+    for job in (_pruning_job(prune_at=0)[0], _pruning_job(plugin=False)[0]):
+        with pytest.raises(UserError) as info:
+            job.load_state_dict(state, source="ck.pt")
+            job.restore_plugin_states()
+        assert "\n" not in str(info.value)
+        assert "node-pruned at iteration 3" in str(info.value) or \
+            "plugin 'gpu_kernels', which is not active" in str(info.value)
+    # the plugin's state restored, the weights still do not fit: one line naming the file
+    state["model"]["net.1.weight"] = state["model"]["net.1.weight"][:, :1]
+    job = _pruning_job()[0]
+    with pytest.raises(UserError, match="checkpoint ck.pt does not fit job 'p'") as info:
+        job.load_state_dict(state, source="ck.pt")
+        job.restore_plugin_states()
+    assert "\n" not in str(info.value)
 
 
 def test_taylor_weight_form_uses_the_gradients_the_model_holds() -> None:

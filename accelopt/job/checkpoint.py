@@ -18,7 +18,7 @@ import torch
 
 from accelopt.atomic import atomic_open
 from accelopt.errors import UserError
-from accelopt.job.job import Job
+from accelopt.job.job import Job, misfit
 from accelopt.records import JobResult
 
 CHECKPOINT_DIR = "checkpoints"
@@ -87,12 +87,9 @@ def load_into(path: Path, job: Job) -> dict[str, Any]:
         raise UserError(f"checkpoint {path} was written for a different job spec; "
                         "resume with the run's own config (run.resume=<that run dir>)")
     try:
-        job.load_state_dict(state["job"])
+        job.load_state_dict(state["job"], source=str(path))
     except (RuntimeError, KeyError, ValueError) as exc:
-        detail = " ".join(ln.strip() for ln in str(exc).splitlines() if ln.strip())
-        detail = (detail[:300] + "...") if len(detail) > 300 else detail or type(exc).__name__
-        raise UserError(f"checkpoint {path} does not fit job '{job.info.name}' as this run "
-                        f"builds it ({detail}); delete the checkpoint to restart that job") from None
+        raise misfit(str(path), job.info.name, exc) from None
     return state
 
 

@@ -121,6 +121,7 @@ class Job:
         self.iteration = 0
         self.rebuilds: list[str] = []
         self.pending_plugin_states: dict[str, Any] = {}
+        self.pending_weights: tuple[dict[str, Any], str] | None = None
         """Plugins' states from the checkpoint loaded, until the run has started."""
         """Why the optimizer was rebuilt, one entry per rebuild (``accelopt_after_step``)."""
         self.forward: nn.Module = self.model
@@ -410,20 +411,51 @@ class Job:
                     f"'{name}', which is not active here or cannot load it "
                     "(accelopt_state_load); resume with the run's own plugins")
             self.host.call_one(name, STATE_LOAD, job=self.info, state=state)
+        weights, self.pending_weights = self.pending_weights, None
+        if weights is not None:
+            state, source = weights
+            if param_table(self.model) != self.info.parameters:
+                self.rebuild_optimizer("a plugin restored its change to the model from the "
+                                       "checkpoint")
+            try:
+                self._load_weights(state)
+            except (RuntimeError, KeyError, ValueError) as exc:
+                raise misfit(source, self.info.name, exc) from None
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.model.load_state_dict(state["model"])
-        if self.optimizer is not None and state["optimizer"] is not None:
-            self.optimizer.load_state_dict(state["optimizer"])
+    def load_state_dict(self, state: dict[str, Any], source: str = "state") -> None:
+        """Load a checkpoint's state (``source`` names it in errors). Weights that do not
+        fit the model as built wait for :meth:`restore_plugin_states` when a plugin has state
+        in the checkpoint: that plugin may have changed the model during the run (pruning
+        after N iterations) and changes it again when it gets its state back; otherwise the
+        error is raised here."""
+        self.pending_plugin_states = dict(state.get("plugins") or {})
+        try:
+            self._load_weights(state)
+        except (RuntimeError, KeyError, ValueError):
+            if not self.pending_plugin_states:
+                raise
+            self.pending_weights = (state, source)
         if state.get("random") is not None:
             self.random.load_state_dict(state["random"])
         if self.scaler is not None and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
-        self.pending_plugin_states = dict(state.get("plugins") or {})
         self.iteration = int(state["iteration"])
+
+    def _load_weights(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        if self.optimizer is not None and state["optimizer"] is not None:
+            self.optimizer.load_state_dict(state["optimizer"])
 
     def close(self) -> None:
         self.exchange.close()
+
+
+def misfit(source: str, job_name: str, exc: BaseException) -> UserError:
+    """One line for checkpoint state that does not fit the job as this run builds it."""
+    detail = " ".join(ln.strip() for ln in str(exc).splitlines() if ln.strip())
+    detail = (detail[:300] + "...") if len(detail) > 300 else detail or type(exc).__name__
+    return UserError(f"checkpoint {source} does not fit job '{job_name}' as this run builds "
+                     f"it ({detail}); delete the checkpoint to restart that job")
 
 
 def check_precision(spec: JobConfig, device_type: str | None, one_process: bool) -> None:

@@ -14,7 +14,8 @@ rebuilds the optimizer over the sliced parameters, and ``accelopt_optimizer_buil
 each pruned parameter's optimizer state (momentum, Adam moments) with the same indices
 instead of dropping it. Only single-process runs: in a parameter-server run the parameters
 live on the server, in an all-reduce run DDP's buckets are fixed at wrap time, so ranks would
-disagree; ``accelopt_configure`` refuses those in one line.
+disagree; ``accelopt_configure`` refuses those in one line. The units kept are the plugin's
+checkpoint state, so a resume re-prunes the dense build before the weights load.
 
 At the first forward a one-shot probe measures, on the real input, FLOPs and inference
 latency of the dense copy kept at build time vs the pruned model (deep copies, eval mode,
@@ -24,6 +25,7 @@ so the training run is not disturbed).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,6 +46,7 @@ from accelopt_plugins.gpu_kernels.pruning import (
     PruneReport,
     count_flops,
     node_prune,
+    prune_channels,
     record_lineage,
     slice_like,
 )
@@ -53,10 +56,12 @@ from torch import nn
 from accelopt import (
     ConfigError,
     IterationContext,
+    JobInfo,
     LayerOffer,
     OptimizerRebuild,
     ReportRow,
     RunInfo,
+    UserError,
     hookimpl,
     isolated_rng,
 )
@@ -188,14 +193,6 @@ class GpuKernelsPlugin:
                 f"plugins.gpu_kernels.prune_at_iteration={config.prune_at_iteration} needs a "
                 f"single-process run (cluster.mode={mode}: ranks would disagree on the "
                 "parameters); use cluster.mode=none or prune_at_iteration=0")
-        every = int(run_config.get("run", {}).get("checkpoint_every", 0) or 0) \
-            if run_config is not None else 0
-        if int(config.prune_at_iteration) > 0 and every > 0:
-            raise ConfigError(
-                f"plugins.gpu_kernels.prune_at_iteration={config.prune_at_iteration} with "
-                f"run.checkpoint_every={every}: a checkpoint written after the pruning holds "
-                "pruned shapes that a resume, which builds the job dense, cannot load; prune "
-                "at build (prune_at_iteration=0) or run without checkpoints")
 
     def _tuner(self) -> ConvAutotuner:
         if self.tuner is None:
@@ -300,6 +297,35 @@ class GpuKernelsPlugin:
                 late.carried += 1
         late.lineage = {}
         return None
+
+    @hookimpl
+    def accelopt_state_save(self, job: JobInfo) -> dict[str, Any] | None:
+        """Once a job is pruned after N iterations, its checkpoints hold pruned shapes: keep
+        the units each group kept, so a resume (which builds the job dense) prunes the same
+        units before the core loads the weights."""
+        rec = self.jobs.get(job.job_id)
+        late = rec.late if rec is not None else None
+        if late is None or late.pruned_at is None or rec.prune is None:  # type: ignore[union-attr]
+            return None
+        return {"pruned_at": late.pruned_at, "prune": dataclasses.asdict(rec.prune),  # type: ignore[union-attr]
+                "flops": late.flops, "carried": late.carried}
+
+    @hookimpl
+    def accelopt_state_load(self, job: JobInfo, state: dict[str, Any]) -> None:
+        rec = self.jobs.get(job.job_id)
+        late = rec.late if rec is not None else None
+        if rec is None or late is None or late.model is None:
+            raise UserError(
+                f"job '{job.name}': its checkpoint was node-pruned at iteration "
+                f"{state.get('pruned_at')} (plugins.gpu_kernels.prune_at_iteration), which "
+                "this run does not do; resume with the run's own configuration")
+        prune_channels(late.model, state["prune"]["kept"])
+        rec.prune = PruneReport(**state["prune"])
+        late.pruned_at, late.flops, late.carried = (
+            int(state["pruned_at"]), state["flops"], int(state["carried"]))
+        late.model = late.example = None
+        if late.hook is not None:
+            late.hook.remove()
 
     @hookimpl
     def accelopt_report_rows(self, run: RunInfo) -> list[ReportRow]:

@@ -78,6 +78,9 @@ class PruneReport:
     groups: dict[str, tuple[str, ...]] = field(default_factory=dict)
     params_before: int = 0
     params_after: int = 0
+    kept: dict[str, torch.Tensor] = field(default_factory=dict)
+    """Per group key, the indices of the units kept, into the group's units before any
+    round: ``prune_channels(dense_copy, report.kept)`` repeats the pruning exactly."""
 
     def summary(self) -> str:
         layers = ", ".join(f"{p or '<root>'} {a}->{b}" for p, (a, b) in self.pruned.items())
@@ -402,7 +405,8 @@ def prune_channels(model: nn.Module, keep: Mapping[str, torch.Tensor]) -> PruneR
     group. A refused or unknown path raises ``ValueError``."""
     a = _analyse(model)
     report = PruneReport(params_before=count_params(model))
-    _apply(model, a, _resolve_keep(a, keep), report)
+    report.kept = _resolve_keep(a, keep)
+    _apply(model, a, report.kept, report)
     report.params_after = count_params(model)
     return report
 
@@ -481,6 +485,8 @@ def node_prune(
             if min(target, n) < n:
                 scores = _group_scores(g, modules, criterion, taylor)
                 keep[g.key] = scores.topk(min(target, n)).indices.sort().values
+        for key, idx in keep.items():  # indices into this round's units -> the first's
+            report.kept[key] = report.kept[key][idx] if key in report.kept else idx
         step = PruneReport()
         _apply(model, a, keep, step)
         for path, (_, after) in step.pruned.items():
