@@ -9,7 +9,7 @@ import pytest
 import torch
 from clirun import accelopt
 
-from accelopt.bench.analysis import SetResult, classify, summarize
+from accelopt.bench.analysis import SetResult, classify, higher_is_better, summarize
 from accelopt.bench.child import drop_unselected, selection_from_task_overrides
 from accelopt.bench.runner import bench_command, run_plan, set_overrides, split_overrides
 from accelopt.errors import UserError
@@ -31,6 +31,19 @@ def test_gain_orientation_and_interaction():
     assert by["a+b"].verdict.startswith("independent")
     higher = {s.label: s for s in summarize(results, "iterations_per_s")}
     assert higher["a"].gain == 0.5  # for a throughput, a lower value is worse
+
+
+@pytest.mark.parametrize(("metric", "higher"), [
+    ("avg_jct_s", False), ("makespan_s", False), ("avg_perplexity", False),
+    ("bytes_per_iteration", False), ("iteration_s", False), ("avg_quality", True),
+    ("throughput", True), ("samples_per_s", True), ("efficiency_e", True),
+    ("achieved_bandwidth_bps", True)])
+def test_the_direction_of_each_summary_metric(metric, higher):
+    """A held-out accuracy that fell must read as a loss (gain < 1), not as a speed-up."""
+    assert higher_is_better(metric) is higher
+    worse = summarize([SetResult((), (0.8,)), SetResult(("p",), (0.4 if higher else 1.6,))],
+                      metric)
+    assert worse[1].gain == pytest.approx(0.5)
 
 
 def test_classify():

@@ -16,7 +16,10 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-HIGHER_IS_BETTER_HINTS = ("per_s", "throughput", "efficiency", "utilization", "precision")
+HIGHER_IS_BETTER_HINTS = ("per_s", "throughput", "efficiency", "utilization", "precision",
+                          "quality", "accuracy", "bandwidth", "speedup")
+"""Substrings of a metric's name that mean higher is better (``--higher-is-better auto``);
+any other metric (times, bytes, memory, perplexity, loss) is lower-better."""
 INTERACTION_TOLERANCE = 0.05
 
 

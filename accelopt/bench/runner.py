@@ -49,7 +49,10 @@ def parse_args(args: list[str]) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--metric", default="duration_s",
                         help="a key of metrics.json's summary (default: duration_s)")
-    parser.add_argument("--higher-is-better", choices=("auto", "yes", "no"), default="auto")
+    parser.add_argument("--higher-is-better", choices=("auto", "yes", "no"), default="auto",
+                        help="the metric's direction; auto: higher for names with per_s, "
+                        "throughput, efficiency, utilization, precision, quality, accuracy, "
+                        "bandwidth or speedup, lower for every other (times, bytes, perplexity)")
     parser.add_argument("--out", default="", help="output directory (default: runs/bench/<time>)")
     parser.add_argument("--no-eval", dest="eval", action="store_false",
                         help="leave out the quality column (each run's held-out top-1: "
