@@ -29,7 +29,12 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from accelopt.bench.analysis import SetResult, higher_is_better, summarize
+from accelopt.bench.analysis import (
+    HIGHER_IS_BETTER_HINTS,
+    SetResult,
+    higher_is_better,
+    summarize,
+)
 from accelopt.bench.evaluate import EVAL_METRIC, evaluate_run
 from accelopt.bench.render import render_markdown, render_png, render_table
 from accelopt.errors import UserError
@@ -50,9 +55,9 @@ def parse_args(args: list[str]) -> argparse.Namespace:
     parser.add_argument("--metric", default="duration_s",
                         help="a key of metrics.json's summary (default: duration_s)")
     parser.add_argument("--higher-is-better", choices=("auto", "yes", "no"), default="auto",
-                        help="the metric's direction; auto: higher for names with per_s, "
-                        "throughput, efficiency, utilization, precision, quality, accuracy, "
-                        "bandwidth or speedup, lower for every other (times, bytes, perplexity)")
+                        help="the metric's direction; auto: higher for names with "
+                        + ", ".join(HIGHER_IS_BETTER_HINTS)
+                        + ", lower for every other (times, bytes, perplexity)")
     parser.add_argument("--out", default="", help="output directory (default: runs/bench/<time>)")
     parser.add_argument("--no-eval", dest="eval", action="store_false",
                         help="leave out the quality column (each run's held-out top-1: "
