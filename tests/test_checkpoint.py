@@ -92,6 +92,7 @@ def test_sigkill_then_resume_reaches_the_samesaved_weights(tmp_path, model):
     carried = state["timing"]["elapsed_s"]
     assert carried > 0
     assert job["jct_s"] == pytest.approx(job["end_s"] - job["arrival_s"] + carried)
+    assert metrics["summary"]["makespan_s"] >= job["jct_s"]  # first arrival to last end
 
 
 

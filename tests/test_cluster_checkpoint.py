@@ -93,3 +93,11 @@ def test_a_killed_rank_resumes_to_the_samesaved_weights(tmp_path, mode):
     assert result["status"] == "done" and result["iterations"] == ITERATIONS
     assert metrics["summary"]["resumed_from"] == str(run_dir)
     assert result["jct_s"] > 0
+    # the carried iterations count in the samples, their service time in the throughput's
+    # denominator, and the makespan holds the JCT that counts the part before the kill
+    latest = max(int(p.name.split(".it")[1][:-3]) for p in run_dir.glob("checkpoints/*/*.pt"))
+    carried = max(torch.load(p, weights_only=False)["service_s"]
+                  for p in run_dir.glob(f"checkpoints/*/rank*.it{latest:08d}.pt"))
+    assert carried > 0
+    assert result["samples"] / result["throughput"] > carried
+    assert metrics["summary"]["makespan_s"] >= result["jct_s"]

@@ -52,6 +52,7 @@ class RankCheckpointer:
             "job": job.state_dict(),
             "iterations": [{**r, "carried": True} for r in part.iterations],
             "elapsed_s": part.elapsed_s(),
+            "service_s": part.service_s(),
             "spec": asdict(job.spec),
             "rank": self.rank,
             "world": self.world,
@@ -91,4 +92,5 @@ def restore_part(resume_dir: str | Path, part: RankJob, rank: int, world: int) -
     state = load_into(directory / f"rank{rank}.it{max(common):08d}.pt", job)
     part.iterations = list(state["iterations"])
     part.carried_s = float(state.get("elapsed_s", 0.0))
+    part.carried_service_s = float(state.get("service_s", 0.0))
     return True

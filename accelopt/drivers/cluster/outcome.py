@@ -109,8 +109,11 @@ def _job_outcome(parts: list[JobPart], settings: ClusterSettings,
         job=info, status=state_status, lane=f"cluster {settings.mode}", error=error,  # type: ignore[arg-type]
         admitted_s=starts[0] if starts else None, first_start_s=starts[0] if starts else None,
         end_s=ends[-1] if ends else None, iterations_done=n_iter,
-        service_s=(ends[-1] - starts[0]) if starts else 0.0, samples=samples,
-        final_loss=losses[-1] if losses else None, losses=losses,
+        # samples count the carried iterations, so the service time does too: throughput
+        # is over the whole job, as a single-process resume's is
+        service_s=max(p.carried_service_s for p in workers)
+        + ((ends[-1] - starts[0]) if starts else 0.0),
+        samples=samples, final_loss=losses[-1] if losses else None, losses=losses,
         carried_s=max(p.carried_s for p in parts),
     )
     spans = [s for r in parts for s in r.spans]

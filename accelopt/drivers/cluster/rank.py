@@ -59,6 +59,9 @@ class JobPart:
     shared topology's ``lo`` counts every rank's traffic, a host's ``eth0`` its own)."""
     carried_s: float = 0.0
     """Resumed from a checkpoint: how long the job had run before it (from its arrival)."""
+    carried_service_s: float = 0.0
+    """Resumed: the job's service time before its checkpoint (first start to the checkpointed
+    iteration's end, each earlier run's part on its own clock)."""
 
 
 @dataclass
@@ -147,11 +150,21 @@ class RankJob:
         """When training started (seconds since the run started): arrivals count from it."""
         self.carried_s = 0.0
         """Resumed: the time the job had run before its checkpoint."""
+        self.carried_service_s = 0.0
+        """Resumed: the job's service time before its checkpoint."""
 
     def elapsed_s(self) -> float:
         """How long this job has existed, from its arrival (a resumed job: since its arrival
         in the run it was resumed from)."""
         return max(0.0, self.now() - self.train_t0 - self.job.info.arrival_s) + self.carried_s
+
+    def service_s(self) -> float:
+        """The job's service time so far: its first start to its latest iteration's end in
+        this run, plus what the checkpoint it was resumed from carried (the carried rows'
+        times are another run's clock, so they do not count here)."""
+        own = [r for r in self.iterations if not r.get("carried")]
+        span = own[-1]["end_s"] - own[0]["start_s"] if own else 0.0
+        return self.carried_service_s + span
 
     def now(self) -> float:
         return time.time() - self.t0_epoch
@@ -202,7 +215,8 @@ class RankJob:
         return JobPart(rank=self.rank, role=self.role, job=self.job.info, backend=self.backend,
                        iterations=self.iterations, spans=self.spans + transfers,
                        stats=self.transport.stats, params=params, buffers=buffers,
-                       wire_bytes=self.wire_bytes, carried_s=self.carried_s)
+                       wire_bytes=self.wire_bytes, carried_s=self.carried_s,
+                       carried_service_s=self.carried_service_s)
 
 
 def result_path(results_dir: str | os.PathLike[str], rank: int) -> Path:
