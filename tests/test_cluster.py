@@ -188,6 +188,7 @@ def test_ps_equals_single_process_and_counts_every_byte(tmp_path):
     # on the wire: the model's bytes (payload) + one header per transfer, exactly
     headers = 2 * 2 * n_params * HEADER_BYTES
     assert m["bytes_per_iteration"] == m["expected_bytes_per_iteration"] + headers
+    assert m["worker_bytes_per_iteration"] == m["bytes_per_iteration"]  # headers too
     assert abs(payload / m["expected_bytes_per_iteration"] - 1) < 0.01
 
     processes = {s.process for s in out.spans}

@@ -61,6 +61,12 @@ def test_fp16_halves_the_bytes_and_sparse_buckets_train(tmp_path):
     assert payload[1] * 2 == payload[0]
     # the few elements above the threshold as int32 index + fp32 value
     assert payload[2] < 0.5 * payload[0]
+    # the per-worker figures and the link bandwidth count what crossed the link, compressed
+    for out in (plain, half, sparse):
+        m = out.metrics
+        assert m["worker_bytes_per_iteration"] == m["bytes_per_iteration"]
+    assert half.metrics["worker_bytes_per_iteration"] * 2 == \
+        plain.metrics["worker_bytes_per_iteration"]
     losses = [out.results[0].losses for out in (plain, half, sparse)]
     assert losses[1] == pytest.approx(losses[0], rel=1e-3)  # fp16 rounding only
     assert all(torch.isfinite(torch.tensor(ls)).all() for ls in losses)

@@ -549,7 +549,7 @@ def test_a_partitioned_transfer_is_preempted_between_chunks_and_arrives_whole(mo
     """A 400-byte tensor in chunks of 100 bytes, a window of one message: a better transfer
     posted after its first chunk started goes before its second; the receiver gets both
     bitwise, the small one first (it completes first), the large one assembled in place."""
-    from accelopt.drivers.cluster.transport import Transport
+    from accelopt.drivers.cluster.transport import HEADER_BYTES, Transport
 
     wire = _Wire(monkeypatch)
     t, _started, watcher = _priority_transport(["small", "big"], credit=100, partition=100,
@@ -576,7 +576,9 @@ def test_a_partitioned_transfer_is_preempted_between_chunks_and_arrives_whole(mo
         (rec.tensor, payload)))
     assert [name for name, _ in got] == ["small", "big"]
     assert torch.equal(got[0][1], small_value) and torch.equal(got[1][1], big_value)
-    assert receiver.spans[-1].name == "big" and receiver.spans[-1].args["bytes"] == 400
+    assert receiver.spans[-1].name == "big" and receiver.spans[-1].args["tensor_bytes"] == 400
+    # the span's bytes are the link's: each of big's four chunks behind its own header
+    assert receiver.spans[-1].args["bytes"] == 400 + 4 * HEADER_BYTES
 
 
 def test_a_large_payload_goes_behind_its_header_and_a_small_one_inside_it(monkeypatch):
@@ -614,7 +616,9 @@ def test_a_large_payload_goes_behind_its_header_and_a_small_one_inside_it(monkey
         assert torch.equal(got[record.tensor], value), record.tensor
     sent = sum(v.numel() * v.element_size() for v in wire.sent.values())
     assert sent == t.stats.header_bytes + t.stats.payload_bytes
-    assert sum(span.args["bytes"] for span in receiver.spans) == sum(r.nbytes for r in records)
+    assert sum(span.args["tensor_bytes"] for span in receiver.spans) == \
+        sum(r.nbytes for r in records)
+    assert sum(span.args["bytes"] for span in receiver.spans) == sent  # what crossed the link
 
 
 def test_on_nccl_no_payload_rides_in_its_header():

@@ -645,7 +645,11 @@ class Transport:
                 args={
                     "iteration": rec.iteration, "source": rec.source,
                     "destination": rec.destination, "tensor": rec.tensor,
-                    "bytes": 0 if dropped else rec.nbytes, "layer_index": rec.layer_index,
+                    # what crossed the link (headers, a codec's compressed payload): the
+                    # bandwidth and per-iteration bytes count these; the tensor's own size
+                    # is beside them
+                    "bytes": rec.wire_bytes or (0 if dropped else rec.nbytes),
+                    "tensor_bytes": rec.nbytes, "layer_index": rec.layer_index,
                     "kind": rec.kind, "sequence": seq,
                 },
             )
