@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import json
 import math
+import signal
+import subprocess
+import time
+from pathlib import Path
 
 import pytest
 import torch
-from clirun import accelopt
+from clirun import accelopt, accelopt_cmd, cli_env
 
 from accelopt.bench.analysis import SetResult, classify, higher_is_better, summarize
 from accelopt.bench.child import drop_unselected, selection_from_task_overrides
@@ -181,6 +185,54 @@ def test_bench_unknown_metric_is_one_line(tmp_path):
                       "--out", str(tmp_path / "b"), "workload=tiny", cwd=tmp_path)
     assert result.returncode == 2
     assert "metric 'nope' is not in" in result.stderr and "avg_jct_s" in result.stderr
+
+
+def test_an_out_directory_with_results_is_refused_before_anything_runs(tmp_path):
+    out = tmp_path / "b"
+    out.mkdir()
+    (out / "bench.md").write_text("an earlier bench")
+    result = accelopt("bench", "--plugins", "noop", "--repeats", "1", "--out", str(out),
+                      "workload=tiny", cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert f"--out {out} is not empty" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert [p.name for p in out.iterdir()] == ["bench.md"]
+    assert (out / "bench.md").read_text() == "an earlier bench"
+
+
+def _children(pid: int) -> list[int]:
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            found += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.timeout(120)
+def test_sigterm_stops_the_sweep_too(tmp_path):
+    """The sweep is a child process: a SIGTERMed bench stops it before exiting, rather than
+    leaving it training under init."""
+    out = tmp_path / "b"
+    proc = subprocess.Popen(
+        accelopt_cmd("bench", "--plugins", "noop", "--repeats", "50", "--no-eval", "--out",
+                     str(out), "workload=tiny"),
+        cwd=tmp_path, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 90
+        while not (sweep := _children(proc.pid)) or not (out / "runs").is_dir():
+            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+            assert time.monotonic() < deadline, "the sweep never started"
+            time.sleep(0.05)  # polling /proc, not synchronising threads
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, stderr.decode()[-2000:]
+    for child in sweep:
+        assert not Path(f"/proc/{child}").exists(), "the sweep outlived the bench"
 
 
 def test_paired_interaction_cancels_drift_between_repeats():

@@ -22,6 +22,7 @@ import sys
 import time
 from collections import defaultdict
 from dataclasses import asdict, replace
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -177,7 +178,10 @@ def bench_command(args: list[str]) -> int:
     registry = Registry.discover()
     sets = plugin_sets(opts, registry)
     preflight(sets, common, per_plugin, registry)
-    out = Path(opts.out or f"runs/bench/{time.strftime('%Y-%m-%d_%H-%M-%S')}").resolve()
+    out = Path(opts.out or f"runs/bench/{datetime.now():%Y-%m-%d_%H-%M-%S-%f}").resolve()
+    if out.exists() and any(out.iterdir()):
+        raise UserError(f"--out {out} is not empty (a bench's results are never overwritten); "
+                        "give another directory, or --reanalyze to report a finished one again")
     out.mkdir(parents=True, exist_ok=True)
     console = default_console()
     plan = run_plan(sets, opts.repeats)
@@ -259,21 +263,24 @@ def _run_sweep(command: list[str], out: Path, total: int, console: Console,
     with Progress(*columns, console=console, transient=True) as progress:
         task = progress.add_task("runs", total=total)
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-        while proc.poll() is None:
-            done = sorted((out / "runs").glob("*/metrics.json"))
-            progress.update(task, completed=len(done))
-            if metric is not None and done:
-                missing = _missing_metric(done[0], metric)
-                metric = None  # the first run decides
-                if missing:
-                    _stop(proc)
-                    log.close()
-                    raise UserError(missing)
-            try:
-                proc.wait(timeout=0.5)
-            except subprocess.TimeoutExpired:
-                continue
-    log.close()
+        try:
+            while proc.poll() is None:
+                done = sorted((out / "runs").glob("*/metrics.json"))
+                progress.update(task, completed=len(done))
+                if metric is not None and done:
+                    missing = _missing_metric(done[0], metric)
+                    metric = None  # the first run decides
+                    if missing:
+                        raise UserError(missing)
+                try:
+                    proc.wait(timeout=0.5)
+                except subprocess.TimeoutExpired:
+                    continue
+        except BaseException:  # a refusal, SIGTERM (Terminated), Ctrl-C: the sweep ends too
+            _stop(proc)
+            raise
+        finally:
+            log.close()
     if proc.returncode != 0:
         tail = (out / "sweep.log").read_text().strip().splitlines()[-1:]
         raise UserError(f"the sweep failed (exit {proc.returncode}): {' '.join(tail)} "
