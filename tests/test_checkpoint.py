@@ -249,3 +249,42 @@ def test_a_resume_writes_the_weights_of_jobs_that_had_finished_before_it(tmp_pat
     for name, state in weights.items():
         got = torch.load(new / "weights" / name, weights_only=True)
         assert all(torch.equal(got[k], v) for k, v in state.items()), name
+
+
+@pytest.mark.timeout(120)
+def test_a_sigterm_stops_every_lane_so_the_checkpoints_stay_resumable(run_tiny, tmp_path):
+    """SIGTERM reaches the main thread, waiting for the lanes: they stop after their current
+    iteration too. Before, they trained on after the run had written its evidence, and their
+    next checkpoint saved the job as failed (the evidence's status), which a resume counts
+    as ended and never continues."""
+    import threading
+
+    from accelopt import PluginSpec, hookimpl
+    from accelopt.errors import Terminated, raise_terminated
+
+    class StopAt:
+        def __init__(self, _config=None) -> None:
+            self.fired = False
+
+        @hookimpl
+        def accelopt_iteration_end(self, context, result):
+            if context.iteration == 3 and not self.fired:
+                self.fired = True
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    spec = PluginSpec(name="stop_at", factory=StopAt)
+    previous = signal.signal(signal.SIGTERM, raise_terminated)
+    try:
+        with pytest.raises(Terminated):
+            run_tiny(spec, overrides=["+plugins=[stop_at]", "run.checkpoint_every=1",
+                                      "cluster.mode=none", "workload.jobs.0.iterations=400"])
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("lane-")]
+    (run_dir,) = tmp_path.glob("run*")
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    first = metrics["jobs"][0]
+    assert first["status"] == "failed" and "terminated" in first["error"]
+    saved = torch.load(run_dir / "checkpoints" / f"{first['job_id']}.pt", weights_only=False)
+    assert saved["result"]["status"] not in ("failed", "done")  # a resume continues it
+    assert saved["job"]["iteration"] == first["iterations"] < 400  # nothing trained after

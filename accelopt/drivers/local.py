@@ -183,6 +183,22 @@ class Executor:
             self._origin = self.now()
         else:
             self._t0 = self._clock()
+        try:
+            self._drive(arrivals)
+        except BaseException as exc:  # Ctrl-C, SIGTERM (Terminated): the lanes stop too
+            with self._cv:
+                self._fatal = self._fatal or exc
+                self._cv.notify_all()
+        # every lane ends after its current iteration once the run is stopping: nothing trains
+        # (or writes a checkpoint) after run() has returned or raised
+        for thread in list(self._lanes.values()):
+            thread.join()
+        if self._fatal is not None:
+            raise self._fatal
+        return [e.result for e in self._entries.values()]
+
+    def _drive(self, arrivals: list[_Entry]) -> None:
+        """Arrivals and admissions until every job has ended (or the run is stopping)."""
         while True:
             with self._cv:
                 while arrivals and self._due(arrivals[0]) <= self.now():
@@ -190,22 +206,17 @@ class Executor:
                 self._pending += self._inbox
                 self._inbox = []
                 if self._fatal is not None:
-                    break
+                    return
                 self._admit_pending()
                 if self._inbox:
                     continue
                 if not arrivals and not self._lanes:
                     self._reject_unadmittable()
                     if not self._pending and (self._closing or not self._keep_open):
-                        break
+                        return
                 timeout = self._due(arrivals[0]) - self.now() if arrivals else None
                 if timeout is None or timeout > 0:
                     self._cv.wait(timeout)
-        for thread in list(self._lanes.values()):
-            thread.join()
-        if self._fatal is not None:
-            raise self._fatal
-        return [e.result for e in self._entries.values()]
 
     def _due(self, entry: _Entry) -> float:
         return self._origin + entry.job.info.arrival_s
