@@ -99,6 +99,10 @@ def test_submit_wait_and_outputs_in_the_job_directory(server):
     (b'{"op": "submit", "workload": "nope"}\n', "unknown workload"),
     (b'{"op": "cancel", "id": "no-such-job"}\n', "no job"),
     (b'{"op": "submit", "factory": "no_such_module:f"}\n', "cannot import"),
+    # a name is part of the job's directory: one that climbs out would write over another's
+    (b'{"op": "submit", "job": {"model": "mlp", "name": "../../001-a"}}\n',
+     "cannot name the job's files"),
+    (b'{"op": "wait", "id": "x", "timeout_s": "abc"}\n', '"timeout_s" must be a number'),
 ])
 def test_malformed_requests_get_an_error_reply_and_the_service_lives(server, payload, error):
     sock, _, proc = server

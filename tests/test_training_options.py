@@ -186,3 +186,16 @@ def test_job_specs_are_typed_once_per_workload_and_each_caller_gets_its_own():
     for _ in range(2):
         with pytest.raises(ConfigError, match="iterations must be >= 1"):
             job_specs(workload(iterations=0))
+
+
+@pytest.mark.parametrize("name", ["../../escape", "a/b", "..", ".hidden", "", "tab\there"])
+def test_a_job_name_that_would_write_outside_its_files_is_refused(name):
+    """The name is part of ``weights/<id>.pt``, the checkpoint and a service's job
+    directory: ``../../x`` wrote over another job's results."""
+    from accelopt.job import job_specs
+
+    cfg = OmegaConf.create({"workload": {"jobs": [
+        {"name": name, "model": "mlp", "batch_size": 8, "iterations": 2}]}})
+    with pytest.raises(ConfigError, match="cannot name the job's files") as info:
+        job_specs(cfg)
+    assert "\n" not in str(info.value)

@@ -109,6 +109,7 @@ def _build_specs(workload_container: Any) -> list[JobConfig]:
 
 def validate_spec(spec: JobConfig) -> None:
     """One line naming the job and the key for every value a job cannot run with."""
+    check_job_name(spec.name)
     where = f"job '{spec.name}'"
     if spec.kind not in KINDS:
         raise ConfigError(f"{where}: kind must be one of {', '.join(KINDS)}, got {spec.kind!r}")
@@ -148,6 +149,18 @@ def validate_spec(spec: JobConfig) -> None:
         raise ConfigError(f"{where}: arrival_s must be >= 0 (seconds after the run starts), "
                           f"got {spec.arrival_s}")
     _check_names(spec, where)
+
+
+def check_job_name(name: Any) -> None:
+    """A job's name becomes part of its files' names (``weights/<id>.pt``, a checkpoint, a
+    service's ``jobs/<id>/``): one that is empty, starts with a dot, or holds a path
+    separator or a control character would write somewhere else, or over another job's
+    files, so it is refused."""
+    if (not isinstance(name, str) or not name or name.startswith(".") or len(name) > 100
+            or any(c in name for c in "/\\") or any(ord(c) < 32 for c in name)):
+        raise ConfigError(
+            f"job name {name!r} cannot name the job's files: use up to 100 characters, no "
+            "'/' or '\\', no control characters, not starting with '.' (e.g. name=mlp-a)")
 
 
 def _check_names(spec: JobConfig, where: str) -> None:

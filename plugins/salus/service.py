@@ -116,7 +116,11 @@ class Service:
             job_id = request.get("id")
             if not isinstance(job_id, str):
                 raise UserError('wait needs "id": a job id string')
-            timeout = float(request.get("timeout_s", 60.0))
+            timeout = request.get("timeout_s", 60.0)
+            if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
+                    or not timeout >= 0:
+                raise UserError(f'wait: "timeout_s" must be a number of seconds >= 0, got '
+                                f"{timeout!r}")
             return {"status": self.executor.wait(job_id, timeout)}
         if op == "shutdown":
             self.executor.close()
@@ -170,11 +174,11 @@ class Service:
         else:
             spec = dataclasses.replace(spec, arrival_s=now)
             job = Job(spec, job_id=f"{number:03d}-{spec.name}", device=self.device)
+        self.executor.submit(job)  # refused (shutting down, profiling failed): no files
         job_dir = self.root / "jobs" / job.info.job_id
         job_dir.mkdir(parents=True, exist_ok=True)
         if not isinstance(spec, Job):
             (job_dir / "config.json").write_text(json.dumps(dataclasses.asdict(spec), indent=1))
-        self.executor.submit(job)
         return job.info.job_id
 
     # -- outputs -----------------------------------------------------------------------------
