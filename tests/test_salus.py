@@ -296,6 +296,24 @@ def test_fairness_and_busy_fraction():
 # -- the policy extension point -------------------------------------------------------------
 
 
+def test_a_policy_that_chooses_a_job_that_is_not_ready_is_named_in_one_line(run):
+    from accelopt_plugins.salus.policies import Policy, register_policy
+
+    @register_policy("nowhere")
+    class Nowhere(Policy):
+        def select(self, lane, ready, now_s):
+            return "no-such-job"
+
+    try:
+        with pytest.raises(UserError, match="salus policy 'nowhere' chose 'no-such-job', which "
+                           "is not ready in lane .*; its select\\(\\) must return one of the "
+                           "ready job ids: 00-s-mlp-long, 01-s-cnn") as info:
+            run(PLUGIN, overrides=["plugins.salus.policy=nowhere", CAP], workload=MIX)
+    finally:
+        POLICIES.unregister("nowhere")
+    assert "\n" not in str(info.value)
+
+
 def test_a_policy_name_is_taken_once():
     from accelopt_plugins.salus.policies import Srtf, register_policy
 

@@ -42,6 +42,7 @@ from accelopt import (
     JobState,
     ReportRow,
     RunInfo,
+    UserError,
     hookimpl,
 )
 from accelopt.drivers.setup import MAX_THREADS, usable_cores
@@ -255,8 +256,14 @@ class SalusPlugin:
         for state in ready:
             self._admitted_at.setdefault(state.job.job_id, state.admitted_at_s)
         chosen = self.policy.select(lane, ready, now_s)
+        admitted = next((s.admitted_at_s for s in ready if s.job.job_id == chosen), None)
+        if admitted is None:
+            raise UserError(
+                f"salus policy {self.policy.name or type(self.policy).__name__!r} chose "
+                f"{chosen!r}, which is not ready in "
+                f"lane {lane}; its select() must return one of the ready job ids: "
+                + ", ".join(s.job.job_id for s in ready))
         self._decisions += 1
-        admitted = next(s.admitted_at_s for s in ready if s.job.job_id == chosen)
         self._boundary[lane] = (chosen, admitted)
         return chosen
 
