@@ -429,3 +429,9 @@ def test_switch_latency_is_the_gap_between_iterations_not_the_iteration():
     plugin.accelopt_select_next(lane="L0", ready=[b], now_s=3.0)
     iteration(b, 1, 3.001, 4.0)
     assert plugin.summary()["switches"] == 1
+    # b ends; a, still waiting, runs next: the gap holds b's end-of-job work, no switch
+    plugin.accelopt_release(job=b.job, lane="L0", status="done")
+    waiting = {s.job.job_id: s for s in (a, _state("02-c"))}
+    chosen = plugin.accelopt_select_next(lane="L0", ready=list(waiting.values()), now_s=4.0)
+    iteration(waiting[chosen], 1, 4.05, 5.0)
+    assert plugin.summary()["switches"] == 1

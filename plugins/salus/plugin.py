@@ -301,7 +301,10 @@ class SalusPlugin:
         boundary = self._boundary.get(lane)
         if previous is not None and boundary is not None and boundary[0] == job_id:
             prev_job, prev_end = previous
-            if boundary[1] <= prev_end:  # it was ready when the previous iteration ended
+            # it was ready when the previous iteration ended, and that job is still resident
+            # (a switch between live jobs: after a job's end its end-of-job work, weights
+            # and checkpoint writing, sits in the gap and is no switching cost)
+            if boundary[1] <= prev_end and self._status.get(prev_job) not in ("done", "failed"):
                 gap = max(0.0, result.start_s - prev_end)
                 (self._continue if prev_job == job_id else self._switch).append(gap)
         self._last_end[lane] = (job_id, result.end_s)
