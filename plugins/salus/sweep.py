@@ -111,11 +111,28 @@ def merged_config(runs: Sequence[SweepRun], launcher: Any) -> tuple[DictConfig, 
         merged.run.compare = "none"
         if merged.get("plugins") is None:
             merged.plugins = {}
-        if "salus" not in merged.plugins:
+        if "salus" in merged.plugins:
+            _refuse_two_settings(merged.plugins.salus, launcher)
+        else:
             merged.plugins.salus = {"policy": str(launcher.policy),
                                     "max_lanes": lanes_for(launcher, str(merged.run.device)),
                                     "threads": int(launcher.threads)}
     return merged, origin
+
+
+LAUNCHER_DEFAULTS = {"policy": "pack", "max_lanes": -1, "threads": 0}
+
+
+def _refuse_two_settings(salus: Any, launcher: Any) -> None:
+    """Runs that select salus themselves bring its settings; a launcher setting beside them
+    that says otherwise would be silently dropped, so it is refused."""
+    for key, default in LAUNCHER_DEFAULTS.items():
+        asked = getattr(launcher, key, default)
+        if asked != default and str(asked) != str(salus.get(key, default)):
+            raise ConfigError(
+                f"hydra.launcher.{key}={asked} and the runs' own +plugins=[salus] "
+                f"(plugins.salus.{key}={salus.get(key, default)}) disagree; the runs' salus "
+                f"settings are the ones used: set plugins.salus.{key}, or drop +plugins=[salus]")
 
 
 def lanes_for(launcher: Any, device: str) -> int:
