@@ -136,6 +136,16 @@ def test_several_jobs_share_the_ranks_in_allreduce_mode_too(tmp_path):
     assert_bitwise(out.state[ids["mlp"]], alone.state)
 
 
+def test_pack_in_a_cluster_is_arrival_order(tmp_path):
+    """Lanes cannot run at once in a cluster: pack's jobs, each in a lane of its own, were
+    interleaved in whatever order the leader's lane threads took the lock."""
+    out = run_cluster(make_cfg(JOBS[:2], plugins={"salus": {"policy": "pack"}},
+                               mode="allreduce"), run_dir=str(tmp_path))
+    ids = job_ids(out)
+    order = [d["run"][0] for d in out.ranks[0].schedule]
+    assert order == [ids["mlp"]] * 4 + [ids["tfm"]] * 3
+
+
 def test_config_mistakes_are_one_line(tmp_path):
     small = [JOBS[0], JobConfig(name="tiny-batch", batch_size=1, iterations=1)]
     with pytest.raises(ConfigError, match="job 'tiny-batch': batch_size 1 is smaller"):

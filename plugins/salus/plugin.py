@@ -123,6 +123,11 @@ class SalusPlugin:
             raise ConfigError("plugins.salus.max_lanes must be -1 (policy default), 0 (as many "
                               f"as fit) or a positive count; got {config.max_lanes}")
         self.max_lanes = self.policy.max_lanes if config.max_lanes == -1 else int(config.max_lanes)
+        if self.cluster_mode != "none" and config.max_lanes == -1:
+            # an iteration uses every rank, so lanes cannot run at once: several would only
+            # interleave their jobs in whatever order the leader's lane threads get the lock
+            # (pack's jobs each in its own lane), so one lane, whose order the policy decides
+            self.max_lanes = 1
         if not 0 <= config.threads <= MAX_THREADS:
             raise ConfigError(f"plugins.salus.threads must be in [0, {MAX_THREADS}] (0 = auto; "
                               f"this machine has {usable_cores()} cores); got {config.threads}")
