@@ -376,6 +376,15 @@ def test_srtf_ranks_by_iteration_time_times_remaining_iterations():
     assert srtf.select("L0", [slow, fast], 0.0) == "01-slow"  # 20 s vs 0.5 s
 
 
+def test_srtf_breaks_equal_estimates_by_the_iterations_left():
+    """In a cluster no job is profiled: until measured, every estimate is 0 s, and a job
+    of one iteration waited behind the probes of every earlier arrival."""
+    srtf = _policy("srtf")
+    srtf.iteration_time = lambda s: 0.0
+    long, one = _state("00-long", iterations=30), _state("01-one", iterations=1, arrival=0.1)
+    assert srtf.select("L0", [long, one], 0.2) == "01-one"
+
+
 def test_fifo_ties_by_submission_order_counted_as_numbers():
     """Same arrival: the job submitted first runs first, job 11 before job 100 (as strings
     '100-...' sorts before '11-...')."""

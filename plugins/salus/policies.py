@@ -211,10 +211,13 @@ class Pack(Policy):
 
 @register_policy("srtf")
 class Srtf(Policy):
-    """Shortest remaining time first (preemptive at iteration boundaries)."""
+    """Shortest remaining time first (preemptive at iteration boundaries). Equal estimates
+    (in a cluster, jobs not measured yet all count 0 s) go to the job with the fewest
+    iterations left, then by arrival."""
 
     def select(self, lane: str, ready: Sequence[JobState], now_s: float) -> str:
-        return min(ready, key=lambda s: (self.remaining_seconds(s), *arrival_key(s))).job.job_id
+        return min(ready, key=lambda s: (self.remaining_seconds(s), s.remaining_iterations,
+                                         *arrival_key(s))).job.job_id
 
 
 @register_policy("fair")
