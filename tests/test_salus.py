@@ -106,7 +106,9 @@ def test_srtf_runs_the_short_job_first_fifo_the_first_arrival(run, policy):
 
 
 def test_salus_json_and_timeline_written(run):
-    record = run(PLUGIN, overrides=["plugins.salus.policy=srtf", CAP], workload=MIX)
+    # rr: switches between live jobs (SRTF on jobs arriving together switches only at jobs'
+    # ends, which are no switches)
+    record = run(PLUGIN, overrides=["plugins.salus.policy=rr", CAP], workload=MIX)
     run_dir = Path(record.info.run_dir)
     doc = json.loads((run_dir / "salus.json").read_text())
     assert doc["summary"]["lanes_note"].startswith("lanes are accounted, not enforced")
@@ -142,6 +144,20 @@ def test_job_next_to_others_is_bitwise_equal_to_alone(run_tiny, policy):
     assert a.keys() == b.keys()
     for key in a:
         assert torch.equal(a[key], b[key]), f"{key} differs ({policy})"
+
+
+def test_a_job_under_salus_is_bitwise_the_job_without_plugins_at_the_same_run_threads(
+        run_tiny):
+    """salus splits the run's own thread budget: with run.threads=1 a one-lane policy ran
+    its lane on every core, so the job differed from the same job without salus."""
+    common = ["run.deterministic=true", "run.threads=1", "cluster.mode=none"]
+    plain = run_tiny(overrides=common, workload=MIX)
+    srtf = run_tiny(PLUGIN, overrides=[*common, CAP, "plugins.salus.policy=srtf"],
+                    workload=MIX)
+    assert salus_row(srtf).metrics["threads_per_lane"] == 1
+    a, b = _weights(plain, "s-cnn"), _weights(srtf, "s-cnn")
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
 
 
 def test_set_num_threads_is_per_lane_thread():

@@ -141,6 +141,10 @@ class SalusPlugin:
         run = getattr(run_config, "run", None)
         self.deterministic = bool(getattr(run, "deterministic", True))
         self.device = str(getattr(run, "device", "cpu"))
+        # the run's thread budget: run.threads when set (a job alone runs with it), else
+        # every usable core
+        asked = int(getattr(run, "threads", 0) or 0)
+        self.cores = min(asked, usable_cores()) if asked > 0 else usable_cores()
         lanes_for_threads = self.max_lanes if self.max_lanes > 0 else self.cores
         if config.threads:
             self._fixed_threads = int(config.threads)
