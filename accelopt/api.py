@@ -16,11 +16,13 @@ and the console output goes where ``console`` says (default: nowhere).
 
 from __future__ import annotations
 
+import functools
 import io
-from collections.abc import Sequence
+import random
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from accelopt.errors import ConfigError
 from accelopt.plugin import Registry
@@ -28,7 +30,27 @@ from accelopt.records import RunRecord
 
 RUNS_DIR = "runs"
 
+_F = TypeVar("_F", bound=Callable[..., Any])
 
+
+def keeps_python_random(fn: _F) -> _F:
+    """The caller's ``random`` state as it was when ``fn`` returns or raises. The first call
+    in a process imports libraries that draw from it as they load (``rich.style`` takes 24
+    bits), before a run could save any state: saved here, first thing."""
+
+    @functools.wraps(fn)
+    def kept(*args: Any, **kwargs: Any) -> Any:
+        state = random.getstate()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            random.setstate(state)
+
+    return kept  # type: ignore[return-value]
+
+
+
+@keeps_python_random
 def run(overrides: Sequence[str] = (), *, run_dir: str | Path | None = None,
         registry: Registry | None = None, console: Any = None) -> RunRecord:
     """Compose the config from ``overrides`` (as on the command line), validate it, run it

@@ -48,6 +48,7 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from accelopt.activation import PluginSet, activate
+from accelopt.api import keeps_python_random
 from accelopt.atomic import atomic_open
 from accelopt.config import JobConfig
 from accelopt.drivers.cluster.settings import local_info
@@ -80,6 +81,7 @@ FIRED_HERE = frozenset({
 """The job's hooks a loop of your own fires (with the lifecycle's)."""
 
 
+@keeps_python_random
 def attach(
     model: nn.Module,
     overrides: Sequence[str] = (),

@@ -74,6 +74,30 @@ def test_torch_is_left_as_the_caller_set_it(tmp_path):
         torch.use_deterministic_algorithms(deterministic)
 
 
+FIRST_CALL = {
+    "run": 'accelopt.run(["workload=tiny", "cluster.mode=none", "run.progress=false"], '
+           'run_dir=sys.argv[1])',
+    "attach": "accelopt.attach(torch.nn.Linear(2, 2), run_dir=sys.argv[1])",
+}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("call", sorted(FIRST_CALL))
+def test_the_first_call_in_a_process_leaves_pythons_random_as_it_was(tmp_path, call):
+    """The first call imports libraries that draw from ``random`` as they load (rich.style
+    took 24 bits): in a fresh process, before any state was saved."""
+    import subprocess
+    import sys
+
+    code = ("import random, sys, torch, accelopt\n"
+            "random.seed(5); expected = random.random(); random.seed(5)\n"
+            f"{FIRST_CALL[call]}\n"
+            "print(random.random() == expected)")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "out")], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=100)
+    assert out.stdout.strip() == "True", out.stderr[-2000:]
+
+
 def test_a_finished_run_directory_is_never_overwritten(tmp_path):
     out = tmp_path / "out"
     accelopt.run([*TINY, "run.compare=none"], run_dir=out)
