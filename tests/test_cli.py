@@ -85,6 +85,11 @@ def test_multirun_sweep_gives_every_run_its_metrics(tmp_path):
     plugins = sorted(tuple(json.loads((r / "metrics.json").read_text())["run"]["plugins"])
                      for r in runs)
     assert plugins == [(), ("noop",)]
+    # run.compare asked for, not run in a sweep: the line says so (it went missing silently)
+    asked = accelopt("run", "-m", "+plugins=[noop]", "run.compare=each", *TINY, cwd=tmp_path)
+    assert asked.returncode == 0, asked.stderr
+    assert "run.compare=each: no reference runs here: a sweep (-m) compares its own " \
+        "points" in " ".join(asked.stdout.split())
 
 
 @pytest.mark.parametrize(

@@ -76,7 +76,7 @@ def execute(
     registry = registry or Registry.discover()
     cfg, resume_from = _maybe_resume(cfg, run_dir, console)
     resuming = resume_from is not None
-    reference_sets = _reference_sets(cfg, resuming)
+    reference_sets = _reference_sets(cfg, resuming, console)
     validate(cfg, registry, reference_sets)
     refs = compare.run_references(cfg, reference_sets, run_dir, registry, console)
     if refs:
@@ -143,12 +143,19 @@ def _validate_settings(cfg: DictConfig) -> list[str]:
     return ids
 
 
-def _reference_sets(cfg: DictConfig, resuming: bool) -> list[tuple[str, ...]]:
+def _reference_sets(cfg: DictConfig, resuming: bool, console: Console) -> list[tuple[str, ...]]:
     """``run.compare``: the reference sets (no plugins; each plugin alone) run before this
-    run, in this invocation; none without plugins, when resuming, or in a sweep."""
+    run, in this invocation; none without plugins, when resuming, or in a sweep (the line
+    says which, so a comparison asked for never just goes missing)."""
     mode = compare.compare_mode(cfg)
     selected = selected_plugins(cfg)
-    if mode == "none" or not selected or resuming or compare.in_multirun():
+    if mode == "none" or not selected:
+        return []
+    skipped = ("this run resumes another (compare the finished runs)" if resuming else
+               "a sweep (-m) compares its own points: add +plugins=[] as one, or use "
+               "accelopt bench" if compare.in_multirun() else "")
+    if skipped:
+        console.print(f"[dim]run.compare={mode}: no reference runs here: {skipped}[/dim]")
         return []
     return compare.variants(selected, mode)
 
