@@ -181,10 +181,14 @@ def test_bench_runs_an_interleaved_sweep(tmp_path):
 
 
 def test_bench_unknown_metric_is_one_line(tmp_path):
-    result = accelopt("bench", "--plugins", "noop", "--repeats", "1", "--metric", "nope",
+    result = accelopt("bench", "--plugins", "noop", "--repeats", "1", "--metric", "avg_jct",
                       "--out", str(tmp_path / "b"), "workload=tiny", cwd=tmp_path)
     assert result.returncode == 2
-    assert "metric 'nope' is not in" in result.stderr and "avg_jct_s" in result.stderr
+    assert "metric 'avg_jct' is not in" in result.stderr and "avg_jct_s" in result.stderr
+    assert "did you mean 'avg_jct_s'?" in result.stderr
+    # the mistyped command's first run is not left in --out, so the same command, fixed,
+    # can use it (an --out that is not empty is refused)
+    assert not (tmp_path / "b").exists()
 
 
 def test_an_out_directory_with_results_is_refused_before_anything_runs(tmp_path):

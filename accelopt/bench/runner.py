@@ -13,10 +13,12 @@ sweep starts with one discarded warm-up run of every set. It is one Hydra sweep 
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import os
 import platform
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -182,6 +184,7 @@ def bench_command(args: list[str]) -> int:
     if out.exists() and any(out.iterdir()):
         raise UserError(f"--out {out} is not empty (a bench's results are never overwritten); "
                         "give another directory, or --reanalyze to report a finished one again")
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     console = default_console()
     plan = run_plan(sets, opts.repeats)
@@ -199,7 +202,12 @@ def bench_command(args: list[str]) -> int:
     console.print(f"bench: {len(sets)} plugin sets x {opts.repeats} repeats (+1 warm-up run "
                   f"per set) = {total} runs, interleaved; log: {out / 'sweep.log'}")
     started = time.perf_counter()
-    _run_sweep(command, out, total, console, metric=opts.metric)
+    try:
+        _run_sweep(command, out, total, console, metric=opts.metric)
+    except UnknownMetric:
+        if created:  # only the first run of a mistyped command: its --out stays free
+            shutil.rmtree(out, ignore_errors=True)
+        raise
     results = collect(out / "runs", opts.metric, plan)
     if opts.eval:
         results = with_quality(results, out / "runs", plan, console)
@@ -271,7 +279,7 @@ def _run_sweep(command: list[str], out: Path, total: int, console: Console,
                     missing = _missing_metric(done[0], metric)
                     metric = None  # the first run decides
                     if missing:
-                        raise UserError(missing)
+                        raise UnknownMetric(missing)
                 try:
                     proc.wait(timeout=0.5)
                 except subprocess.TimeoutExpired:
@@ -309,9 +317,16 @@ def _missing_metric(metrics_json: Path, metric: str) -> str:
     return unknown_metric(metric, {k for k, v in summary.items() if isinstance(v, (int, float))})
 
 
+class UnknownMetric(UserError):
+    """``--metric`` names no key of the first run's summary (known only once a run has
+    written one: plugins and cluster runs add their own keys)."""
+
+
 def unknown_metric(metric: str, available: set[str]) -> str:
-    return (f"metric '{metric}' is not in the runs' metrics.json summary; choose one of: "
-            f"{', '.join(sorted(available))}")
+    close = difflib.get_close_matches(metric, sorted(available), n=1)
+    hint = f"did you mean '{close[0]}'? " if close else ""
+    return (f"metric '{metric}' is not in the runs' metrics.json summary; {hint}choose one "
+            f"of: {', '.join(sorted(available))}")
 
 
 def run_plan(sets: list[list[str]], repeats: int) -> list[tuple[int, list[str], bool]]:
