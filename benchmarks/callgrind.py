@@ -13,14 +13,30 @@ import os
 import re
 import subprocess
 import tempfile
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
+import _cli
 
-def total(command: Sequence[str], out_file: str, env: dict[str, str]) -> int:
-    """The instructions ``command`` executes in all (callgrind's summary line)."""
-    subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out_file}",
-                    *command], check=True, env=env, capture_output=True)
+
+def total(command: Sequence[str], out_file: str, env: dict[str, str],
+          procs: list[subprocess.Popen] | None = None,
+          stopped: threading.Event | None = None) -> int:
+    """The instructions ``command`` executes in all (callgrind's summary line). The valgrind
+    process is added to ``procs`` (for :func:`per_step` to stop it when the script stops);
+    none starts once ``stopped`` is set."""
+    if stopped is not None and stopped.is_set():
+        raise RuntimeError("stopped")
+    proc = _cli.popen(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out_file}",
+                       *command], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    if procs is not None:
+        procs.append(proc)
+    if stopped is not None and stopped.is_set():  # stopped while this one started
+        proc.kill()
+    out, err = proc.communicate()
+    if proc.returncode:
+        raise subprocess.CalledProcessError(proc.returncode, proc.args, out, err)
     with open(out_file) as fh:
         found = re.search(r"^summary:\s*(\d+)", fh.read(), re.M)
     if found is None:
@@ -33,8 +49,18 @@ def per_step(keys: Sequence[str], command: Callable[[str, int], Sequence[str]], 
     """Instructions per loop step of each of ``keys``: ``command(key, n)`` runs ``key``'s
     loop for ``n`` steps; every key runs for ``short`` and ``long`` steps."""
     env = {**os.environ, "PYTHONHASHSEED": "0", **(env or {})}
+    procs: list[subprocess.Popen] = []
+    stopped = threading.Event()
     with tempfile.TemporaryDirectory() as work, ThreadPoolExecutor(os.cpu_count() or 1) as pool:
-        runs = {(k, n): pool.submit(total, command(k, n), f"{work}/{i}-{n}.out", env)
-                for i, k in enumerate(keys) for n in (short, long)}
-        return {k: (runs[k, long].result() - runs[k, short].result()) / (long - short)
-                for k in keys}
+        # on an error, Ctrl-C or SIGTERM: no new valgrind starts, the running ones are stopped
+        with _cli.stopping(procs):
+            try:
+                runs = {(k, n): pool.submit(total, command(k, n), f"{work}/{i}-{n}.out", env,
+                                            procs, stopped)
+                        for i, k in enumerate(keys) for n in (short, long)}
+                return {k: (runs[k, long].result() - runs[k, short].result()) / (long - short)
+                        for k in keys}
+            except BaseException:
+                stopped.set()
+                pool.shutdown(wait=False, cancel_futures=True)
+                raise

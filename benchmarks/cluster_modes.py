@@ -17,6 +17,7 @@ import platform
 import statistics
 import time
 
+import _cli
 import torch
 from omegaconf import OmegaConf
 
@@ -25,6 +26,7 @@ from accelopt.drivers.cluster import run_cluster
 from accelopt.drivers.cluster.probe import measure_bandwidth
 from accelopt.drivers.cluster.settings import parse_rate
 from accelopt.job import Job
+from accelopt.workloads.models import MODEL_NAMES
 
 WARMUP = 2
 
@@ -71,16 +73,18 @@ def fmt(value: float | None, spec: str) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--bandwidth", default="1gbit")
-    ap.add_argument("--model", default="mlp")
-    ap.add_argument("--width", type=int, default=1024)
-    ap.add_argument("--batch", type=int, default=512)
-    ap.add_argument("--iterations", type=int, default=8)
-    ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--servers", type=int, default=1)
-    ap.add_argument("--bucket-mb", type=float, default=1.0)
+    ap.add_argument("--bandwidth", type=_cli.rate, default="1gbit")
+    ap.add_argument("--model", default="mlp", choices=MODEL_NAMES)
+    ap.add_argument("--width", type=_cli.positive_int, default=1024)
+    ap.add_argument("--batch", type=_cli.positive_int, default=512)
+    ap.add_argument("--iterations", type=_cli.positive_int, default=8)
+    ap.add_argument("--repeats", type=_cli.positive_int, default=1)
+    ap.add_argument("--workers", type=_cli.positive_int, default=2)
+    ap.add_argument("--servers", type=_cli.positive_int, default=1)
+    ap.add_argument("--bucket-mb", type=_cli.positive_float, default=1.0)
     args = ap.parse_args()
+    if args.iterations <= WARMUP:
+        ap.error(f"--iterations must be > {WARMUP} (the first {WARMUP} are excluded)")
     limit = parse_rate(args.bandwidth)
 
     rows: dict[str, list[dict[str, float]]] = {"single": [], "ps": [], "allreduce": []}
@@ -143,4 +147,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _cli.run(main)

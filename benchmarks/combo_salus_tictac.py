@@ -1,7 +1,9 @@
 """SALUS + TicTac on the multi-job parameter-server workload: baseline / salus / tictac /
 salus+tictac, side by side, from ONE invocation.
 
-Every repeat runs the four plugin sets one after another, the order rotating between
+One discarded warm-up run of every set comes first (as ``accelopt bench`` does: the first
+run of a process pays one-off costs the others do not), then every repeat runs the four
+plugin sets one after another, the order rotating between
 repeats (interleaved, so machine drift affects all alike); the table shows the median over repeats of average JCT, makespan and
 the median per-iteration E, each set's ratio to no plugins, and the interaction of the
 combination (its gain vs the product of its members' gains), computed within each repeat
@@ -32,6 +34,7 @@ import sys
 import time
 from pathlib import Path
 
+import _cli
 from rich.console import Console
 from rich.table import Table
 
@@ -75,16 +78,24 @@ def oracle_bounds(record) -> tuple[float, float] | None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=_cli.positive_int, default=3)
     parser.add_argument("--out", default="runs/bench/combo_salus_tictac")
     parser.add_argument("overrides", nargs="*")
     opts = parser.parse_args()
     registry = Registry.discover()
     out = Path(opts.out) / time.strftime("%Y%m%d-%H%M%S")
+    if out.exists():  # a new directory per invocation: never written into twice
+        _cli.fail(f"--out: {out} exists (another invocation this second); not overwriting it")
     results: dict[tuple[str, ...], list[dict]] = {s: [] for s in SETS}
     bounds: list[tuple[float, float] | None] = []
     quiet = Console(file=io.StringIO(), width=140)
     started = time.time()
+    for plugins in SETS:  # one discarded warm-up run of every set, as `accelopt bench` does
+        name = "+".join(plugins) or "baseline"
+        t = time.time()
+        execute(compose(plugins, opts.overrides, registry), run_dir=out / f"warmup-{name}",
+                registry=registry, console=quiet)
+        print(f"warm-up  {name:13s} (discarded, {time.time() - t:.1f} s)", flush=True)
     for r in range(opts.repeats):  # the set order rotates: every set runs in every position
         for plugins in SETS[r % len(SETS):] + SETS[:r % len(SETS)]:
             name = "+".join(plugins) or "baseline"
@@ -162,4 +173,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _cli.run(main)

@@ -24,9 +24,11 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-
+import _cli  # noqa: E402
 import torch  # noqa: E402
 from gradcomm_compare import WARMUP, accelopt_variant, ddp_variant, job_config  # noqa: E402
+
+from accelopt.workloads.models import MODEL_NAMES  # noqa: E402
 
 PAIRS = {
     "fp32": (None, "none"),
@@ -42,18 +44,20 @@ not make)."""
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--bandwidths", default="100mbit,none",
+    ap.add_argument("--bandwidths", type=_cli.comma_separated(_cli.rate_or_none), default="100mbit,none",
                     help="comma-separated links; 'none': unshaped loopback")
-    ap.add_argument("--model", default="mlp")
-    ap.add_argument("--width", type=int, default=512)
-    ap.add_argument("--batch", type=int, default=1024)
-    ap.add_argument("--iterations", type=int, default=60)
-    ap.add_argument("--lr", type=float, default=0.1)
-    ap.add_argument("--bucket-mb", type=float, default=0.25)
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--model", default="mlp", choices=MODEL_NAMES)
+    ap.add_argument("--width", type=_cli.positive_int, default=512)
+    ap.add_argument("--batch", type=_cli.positive_int, default=1024)
+    ap.add_argument("--iterations", type=_cli.positive_int, default=60)
+    ap.add_argument("--lr", type=_cli.positive_float, default=0.1)
+    ap.add_argument("--bucket-mb", type=_cli.positive_float, default=0.25)
+    ap.add_argument("--repeats", type=_cli.positive_int, default=5)
     ap.add_argument("--pairs", default=",".join(PAIRS),
                     help=f"comma-separated pairs to run, of {', '.join(PAIRS)}")
     args = ap.parse_args()
+    if args.iterations <= WARMUP:
+        ap.error(f"--iterations must be > {WARMUP} (the first {WARMUP} are excluded)")
     args.powersgd_rank = 1
     pairs = [p for p in args.pairs.split(",") if p]
     unknown = sorted(set(pairs) - set(PAIRS))
@@ -69,7 +73,7 @@ def main() -> None:
     header = (f"{'link':<9}{'pair':<6}{'accelopt ms':>12}{'DDP ms':>9}{'DDP/accelopt':>14}"
               f"{'min':>7}{'max':>7}{'n':>3}  {'loss (accelopt, DDP)':<22}{'wire bound ms':>14}")
     rows = []
-    for bandwidth in args.bandwidths.split(","):
+    for bandwidth in [b for b in args.bandwidths.split(",") if b]:
         args.bandwidth = bandwidth
         for name in pairs:
             gradcomm, hook = PAIRS[name]
@@ -115,4 +119,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _cli.run(main)

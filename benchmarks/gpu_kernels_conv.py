@@ -21,6 +21,7 @@ import os
 import platform
 import statistics
 
+import _cli
 import torch
 from accelopt_plugins.gpu_kernels.autotune import (
     AutotunedConv2d,
@@ -34,6 +35,8 @@ from accelopt_plugins.gpu_kernels.conv_algos import run_algorithm
 from torch import nn
 
 from accelopt.workloads import build_model
+
+NOISE = "timing noise, rerun on a quiet machine"
 
 
 def step_fn(model: nn.Module, x: torch.Tensor):  # type: ignore[no-untyped-def]
@@ -81,12 +84,19 @@ def part1(reps: int, tune_reps: int) -> None:
                                   "guarded": with_override(guarded)}, x.device, reps)
         med = {k: statistics.median(v) * 1e3 for k, v in samples.items()}
         d = med["always-direct"]
+        measured = [dec.median_ms for m in convs for dec in m.decisions.values()
+                    if "direct" in dec.median_ms]
+        # the step's speed-up cannot exceed the convolutions' own (the rest is unchanged)
+        bound = (sum(t["direct"] for t in measured) / sum(min(t.values()) for t in measured)
+                 if measured else None)
+        over = [k for k in ("per-layer", "guarded")
+                if bound is not None and d / med[k] > max(bound, 1.0)]
         print(f"whole-model guard: {'kept the tuned choices' if kept else 'reverted to direct'}")
         print(f"whole training step: always-direct {d:.3f} ms | per-layer choices "
               f"{med['per-layer']:.3f} ms ({d / med['per-layer']:.2f}x) | with guard "
-              f"{med['guarded']:.3f} ms ({d / med['guarded']:.2f}x)")
-        measured = [dec.median_ms for m in convs for dec in m.decisions.values()
-                    if "direct" in dec.median_ms]
+              f"{med['guarded']:.3f} ms ({d / med['guarded']:.2f}x)"
+              + (f" | {' and '.join(over)} above the bound ({max(bound or 1.0, 1.0):.2f}x): "
+                 f"{NOISE}" if over else ""))
         if measured:
             direct_ms = sum(t["direct"] for t in measured)
             best_ms = sum(min(t.values()) for t in measured)
@@ -121,10 +131,12 @@ def part2(reps: int) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--quick", action="store_true",
+                    help="smoke run: fewer reps (an explicit --reps wins)")
+    ap.add_argument("--reps", type=_cli.positive_int, default=None,
+                    help="timed repetitions (default 15; --quick: 5)")
     args = ap.parse_args()
-    reps = 5 if args.quick else args.reps
+    reps = args.reps if args.reps is not None else 5 if args.quick else 15
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
           f"torch {torch.__version__}, threads {torch.get_num_threads()}; "
           f"load average {os.getloadavg()[0]:.1f}; reps {reps}\n")
@@ -133,4 +145,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _cli.run(main)

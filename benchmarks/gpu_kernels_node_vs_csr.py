@@ -27,6 +27,7 @@ import os
 import platform
 import statistics
 
+import _cli
 import torch
 from accelopt_plugins.gpu_kernels.autotune import time_callables
 from accelopt_plugins.gpu_kernels.pruning import count_flops, node_prune
@@ -77,11 +78,13 @@ def stored(model: nn.Module) -> int:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="fewer epochs/reps (smoke test)")
-    ap.add_argument("--batch", type=int, default=256, help="inference batch for latency")
-    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--batch", type=_cli.positive_int, default=256,
+                    help="inference batch for latency")
+    ap.add_argument("--reps", type=_cli.positive_int, default=None,
+                    help="timed repetitions (default 15; --quick: 5; an explicit value wins)")
     args = ap.parse_args()
     epochs, ft_epochs = (2, 1) if args.quick else (12, 4)
-    reps = 5 if args.quick else args.reps
+    reps = args.reps if args.reps is not None else 5 if args.quick else 15
     data = build_dataset("digits", seed=0)
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
           f"torch {torch.__version__}, threads {torch.get_num_threads()}; "
@@ -130,4 +133,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _cli.run(main)

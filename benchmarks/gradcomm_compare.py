@@ -29,6 +29,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import _cli
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -42,6 +43,7 @@ from accelopt.drivers.processes import release_before_exit
 from accelopt.job import Job
 from accelopt.job.optim import make_optimizer
 from accelopt.job.params import shard_rows
+from accelopt.workloads.models import MODEL_NAMES
 
 WARMUP = 2
 
@@ -178,12 +180,13 @@ def ddp_variant(args: argparse.Namespace, name: str, hook: str, bucket_mb: float
                                                      hook, bucket_mb, args.powersgd_rank,
                                                      out_dir))
                  for r in range(2)]
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join(timeout=600)
-            if p.exitcode != 0:
-                raise RuntimeError(f"DDP rank failed ({name}): exit code {p.exitcode}")
+        with _cli.stopping(procs):  # no rank outlives an error, Ctrl-C or SIGTERM
+            for p in procs:
+                p.start()
+            for p in procs:
+                p.join(timeout=600)
+                if p.exitcode != 0:
+                    raise RuntimeError(f"DDP rank failed ({name}): exit code {p.exitcode}")
         ranks = [pickle.load(open(Path(out_dir) / f"rank{r}.pkl", "rb")) for r in range(2)]
     r0 = ranks[0]
     losses = [a + b for a, b in zip(ranks[0]["losses"], ranks[1]["losses"], strict=True)]
@@ -201,19 +204,22 @@ def ddp_variant(args: argparse.Namespace, name: str, hook: str, bucket_mb: float
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--bandwidth", default="200mbit")
-    ap.add_argument("--model", default="mlp")
-    ap.add_argument("--width", type=int, default=512)
-    ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--iterations", type=int, default=150)
-    ap.add_argument("--lr", type=float, default=0.05)
-    ap.add_argument("--bucket-mb", type=float, default=0.25)
-    ap.add_argument("--density", type=float, default=0.01)
-    ap.add_argument("--threshold", type=float, default=0.002)
-    ap.add_argument("--powersgd-rank", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--only", default="", help="comma-separated variant numbers to run")
+    ap.add_argument("--bandwidth", type=_cli.rate_or_none, default="200mbit")
+    ap.add_argument("--model", default="mlp", choices=MODEL_NAMES)
+    ap.add_argument("--width", type=_cli.positive_int, default=512)
+    ap.add_argument("--batch", type=_cli.positive_int, default=64)
+    ap.add_argument("--iterations", type=_cli.positive_int, default=150)
+    ap.add_argument("--lr", type=_cli.positive_float, default=0.05)
+    ap.add_argument("--bucket-mb", type=_cli.positive_float, default=0.25)
+    ap.add_argument("--density", type=_cli.fraction, default=0.01)
+    ap.add_argument("--threshold", type=_cli.positive_float, default=0.002)
+    ap.add_argument("--powersgd-rank", type=_cli.positive_int, default=2)
+    ap.add_argument("--repeats", type=_cli.positive_int, default=3)
+    ap.add_argument("--only", type=_cli.comma_separated(_cli.nonnegative_int, allow_empty=True),
+                    default="", help="comma-separated variant numbers to run")
     args = ap.parse_args()
+    if args.iterations <= WARMUP:
+        ap.error(f"--iterations must be > {WARMUP} (the first {WARMUP} are excluded)")
     d = args.density
     topk = {"sparsify": "topk", "density": d, "topk_scope": "bucket"}
     thr = {"sparsify": "threshold", "threshold": args.threshold}
@@ -274,6 +280,9 @@ def main() -> None:
             args.bucket_mb)),
     ]
     chosen = {int(s) for s in args.only.split(",") if s} or set(range(len(variants)))
+    if not chosen <= set(range(len(variants))):
+        ap.error(f"--only: variant numbers are 0-{len(variants) - 1}; got "
+                 f"{','.join(map(str, sorted(chosen - set(range(len(variants))))))}")
     print(f"machine: {platform.node()}, {os.cpu_count()} CPUs, torch {torch.__version__}, gloo, "
           f"2 workers x 1 thread, shaped loopback {args.bandwidth} (tbf, shared by all links)")
     print(f"job: {args.model} width {args.width} on digits, global batch {args.batch}, "
@@ -357,4 +366,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _cli.run(main)

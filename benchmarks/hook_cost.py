@@ -26,6 +26,7 @@ import sys
 import threading
 import time
 
+import _cli
 from callgrind import per_step
 
 PIECES = ("empty", "function call", "lock pair", "clock read", "noop body", "hook call",
@@ -75,11 +76,15 @@ def loop(piece: str, n: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--calls", nargs=2, type=int, default=(2000, 12000),
+    parser.add_argument("--calls", nargs=2, type=_cli.positive_int, default=(2000, 12000),
                         metavar=("SHORT", "LONG"))
     parser.add_argument("--piece", choices=PIECES, help=argparse.SUPPRESS)
-    parser.add_argument("--n", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--n", type=_cli.nonnegative_int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.piece and args.n is None:
+        parser.error("--piece needs --n")
+    if not args.calls[0] < args.calls[1]:
+        parser.error(f"--calls SHORT LONG: SHORT must be below LONG; got {args.calls[0]} {args.calls[1]}")
     if args.piece:
         loop(args.piece, args.n)
         return
@@ -93,4 +98,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _cli.run(main)

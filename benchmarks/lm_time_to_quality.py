@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import _cli
 import torch
 
 import accelopt
@@ -105,10 +106,10 @@ def output_flop_share(dataset: Any, n_embd: int = 64, n_layer: int = 2, seq: int
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--iterations", type=int, default=300)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--eval-every", type=int, default=20)
-    parser.add_argument("--targets", type=float, nargs="+", default=[3000.0, 1500.0, 1000.0])
+    parser.add_argument("--iterations", type=_cli.positive_int, default=300)
+    parser.add_argument("--repeats", type=_cli.positive_int, default=3)
+    parser.add_argument("--eval-every", type=_cli.positive_int, default=20)
+    parser.add_argument("--targets", type=_cli.positive_float, nargs="+", default=[3000.0, 1500.0, 1000.0])
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     args = parser.parse_args()
 
@@ -162,4 +163,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _cli.run(main)

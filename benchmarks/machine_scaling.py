@@ -18,8 +18,10 @@ scaling figure they say how much of a shortfall from 2x is the machine's.
 
 from __future__ import annotations
 
+import argparse
 import time
 
+import _cli
 import numba
 import numpy as np
 from numba import njit, prange
@@ -102,5 +104,13 @@ def describe(speedups: dict[str, float]) -> str:
         " (bound: 2.00x for two threads on two cores)"
 
 
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pairs", type=_cli.positive_int, default=15,
+                    help="interleaved 1/2-thread pairs per probe (median of their ratios)")
+    args = ap.parse_args()
+    print(describe(machine_scaling(pairs=args.pairs)))
+
+
 if __name__ == "__main__":
-    print(describe(machine_scaling()))
+    _cli.run(main)

@@ -24,8 +24,9 @@ import statistics
 import time
 from typing import Any
 
+import _cli
 import torch
-from accelopt_plugins.offload.engine import OffloadEngine, install_on
+from accelopt_plugins.offload.engine import POLICIES, OffloadEngine, install_on
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -239,17 +240,26 @@ def compare(reference: nn.Module, x: torch.Tensor, y: torch.Tensor,
     return results
 
 
+def _device(text: str) -> str:
+    """A device torch knows (``cpu``, ``cuda``, ``cuda:1``): a usage error otherwise."""
+    try:
+        torch.device(text)
+    except RuntimeError as exc:
+        raise argparse.ArgumentTypeError(str(exc).splitlines()[0]) from None
+    return text
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--shrink", type=int, default=4, help="VGG-16 channels divided by this")
-    ap.add_argument("--image", type=int, default=64)
-    ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--policy", default="all")
-    ap.add_argument("--prefetch", type=int, default=1)
-    ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=15)
-    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--device", type=_device, default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--shrink", type=_cli.positive_int, default=4, help="VGG-16 channels divided by this")
+    ap.add_argument("--image", type=_cli.positive_int, default=64)
+    ap.add_argument("--batch", type=_cli.positive_int, default=16)
+    ap.add_argument("--policy", default="all", choices=POLICIES)
+    ap.add_argument("--prefetch", type=_cli.nonnegative_int, default=1)
+    ap.add_argument("--warmup", type=_cli.nonnegative_int, default=2)
+    ap.add_argument("--repeats", type=_cli.positive_int, default=15)
+    ap.add_argument("--threads", type=_cli.nonnegative_int, default=0)
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -303,4 +313,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _cli.run(main)

@@ -42,6 +42,7 @@ import threading
 import time
 from collections.abc import Callable
 
+import _cli
 import torch
 from torch import nn
 
@@ -232,14 +233,18 @@ def instructions(short: int, long: int) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--iterations", type=int, default=3000,
+    parser.add_argument("--iterations", type=_cli.positive_int, default=3000,
                         help="interleaved iteration pairs per comparison")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (0: default)")
-    parser.add_argument("--instructions", nargs=2, type=int, metavar=("SHORT", "LONG"),
+    parser.add_argument("--threads", type=_cli.nonnegative_int, default=1,
+                        help="torch threads (0: default)")
+    parser.add_argument("--instructions", nargs=2, type=_cli.positive_int, metavar=("SHORT", "LONG"),
                         help="also count instructions per iteration under callgrind, from runs "
                              "of SHORT and LONG iterations (e.g. 20 120; minutes per side)")
     parser.add_argument("--measure", choices=sorted(SIDES), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.instructions and not args.instructions[0] < args.instructions[1]:
+        parser.error("--instructions SHORT LONG: SHORT must be below LONG; got "
+                     f"{args.instructions[0]} {args.instructions[1]}")
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.measure:
@@ -287,4 +292,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _cli.run(main)

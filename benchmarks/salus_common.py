@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import _cli
 import torch
 from accelopt_plugins.salus import PLUGIN, SalusConfig
 from omegaconf import OmegaConf
@@ -130,11 +131,18 @@ def run_all_at_once(
     ``threads=0`` leaves torch's default (every process uses all cores), as a user would.
     Returns per-job {arrival, end, jct} and the median process start-up seconds.
     """
-    procs = []
+    procs: list[subprocess.Popen] = []
+    # no job process outlives this call when it ends on an error, Ctrl-C or SIGTERM
+    with _cli.stopping(procs):
+        return _all_at_once(specs, procs, threads, timeout_s)
+
+
+def _all_at_once(specs: list[JobConfig], procs: list[subprocess.Popen], threads: int,
+                 timeout_s: float) -> tuple[list[dict[str, float]], float]:
     spawn = []
     for spec in specs:
         t = time.perf_counter()
-        proc = subprocess.Popen(
+        proc = _cli.popen(
             [sys.executable, "-c", CHILD, json.dumps(dataclasses.asdict(spec)), str(threads)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
         )

@@ -45,6 +45,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import _cli
 from accelopt_plugins.salus.metrics import OracleJob, oracle_srpt
 from salus_common import machine, profile_all, run_policy
 
@@ -302,25 +303,28 @@ def seeds(args: Any) -> list[int]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seeds", type=int, default=10)
-    ap.add_argument("--seed-list", type=int, nargs="+", default=None,
+    ap.add_argument("--seeds", type=_cli.positive_int, default=10)
+    ap.add_argument("--seed-list", type=_cli.nonnegative_int, nargs="+", default=None,
                     help="only these seeds instead of 0..--seeds-1 (to rerun one trace: "
                          "--lengths pareto --seed-list 6 --loads 1.0 --noise)")
-    ap.add_argument("--loads", type=float, nargs="+", default=[0.5, 0.8, 1.0, 1.3])
+    ap.add_argument("--loads", type=_cli.positive_float, nargs="+", default=[0.5, 0.8, 1.0, 1.3])
     ap.add_argument("--lengths", nargs="+", default=["pareto", "exponential"],
                     choices=["pareto", "exponential"])
-    ap.add_argument("--jobs", type=int, default=8)
-    ap.add_argument("--min-iterations", type=int, default=20)
-    ap.add_argument("--max-iterations", type=int, default=150)
+    ap.add_argument("--jobs", type=_cli.positive_int, default=8)
+    ap.add_argument("--min-iterations", type=_cli.positive_int, default=20)
+    ap.add_argument("--max-iterations", type=_cli.positive_int, default=150)
     ap.add_argument("--noise", nargs="*", default=["jitter", "compete"],
                     choices=["jitter", "compete"])
-    ap.add_argument("--history-jobs", type=int, default=200,
+    ap.add_argument("--history-jobs", type=_cli.positive_int, default=200,
                     help="past jobs' lengths gittins learns from (per length distribution)")
-    ap.add_argument("--noise-seeds", type=int, default=3,
+    ap.add_argument("--noise-seeds", type=_cli.nonnegative_int, default=3,
                     help="traces of the noise family: the first N seeds at load 1.0")
     ap.add_argument("--simulate", action="store_true",
                     help="only the idealised view: each policy's schedule from the profiles")
     args = ap.parse_args()
+    if args.min_iterations > args.max_iterations:
+        ap.error(f"--min-iterations ({args.min_iterations}) must be <= --max-iterations "
+                 f"({args.max_iterations})")
     if args.simulate:
         print(f"machine: {machine()}")
         simulate_family(args)
@@ -366,4 +370,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _cli.run(main)

@@ -16,19 +16,21 @@ import argparse
 import os
 import statistics
 
+import _cli
 from salus_common import machine, profile_all, result_stats, run_policy
 
 from accelopt.config import JobConfig
+from accelopt.workloads.models import MODEL_NAMES
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--jobs", type=int, default=8)
-    ap.add_argument("--iterations", type=int, default=60)
-    ap.add_argument("--model", default="cnn")
-    ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--capacity", default="1GiB")
+    ap.add_argument("--jobs", type=_cli.positive_int, default=8)
+    ap.add_argument("--iterations", type=_cli.positive_int, default=60)
+    ap.add_argument("--model", default="cnn", choices=MODEL_NAMES)
+    ap.add_argument("--batch", type=_cli.positive_int, default=32)
+    ap.add_argument("--repeats", type=_cli.positive_int, default=3)
+    ap.add_argument("--capacity", type=_cli.size, default="1GiB")
     args = ap.parse_args()
     cores = os.cpu_count() or 1
     specs = [JobConfig(name=f"hp-{i}", model=args.model, batch_size=args.batch,
@@ -79,4 +81,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _cli.run(main)

@@ -22,6 +22,7 @@ import os
 import random
 import statistics
 
+import _cli
 from salus_common import machine, profile_all, run_policy
 
 from accelopt.config import JobConfig
@@ -33,11 +34,11 @@ ZOO = ["mlp", "cnn", "lstm", "transformer", "resnet", "inception"]
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", type=int, default=12)
-    ap.add_argument("--requests", type=int, default=200, help="batches per model")
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--capacity", default="64MiB")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--models", type=_cli.positive_int, default=12)
+    ap.add_argument("--requests", type=_cli.positive_int, default=200, help="batches per model")
+    ap.add_argument("--repeats", type=_cli.positive_int, default=3)
+    ap.add_argument("--capacity", type=_cli.size, default="64MiB")
+    ap.add_argument("--seed", type=_cli.nonnegative_int, default=0)
     args = ap.parse_args()
     rng = random.Random(args.seed)
     specs = [JobConfig(name=f"inf-{i:02d}", model=ZOO[i % len(ZOO)], kind="infer",
@@ -87,4 +88,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _cli.run(main)

@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import _cli
 from accelopt_plugins.salus.metrics import OracleJob, oracle_srpt
 from omegaconf import OmegaConf
 from salus_common import (
@@ -54,6 +55,7 @@ from accelopt.units import format_bytes, parse_bytes
 
 POLICIES = ("fifo", "srtf", "fair", "pack")
 MODELS = ["mlp", "cnn", "resnet", "inception", "lstm", "transformer"]
+MIN_ITERATIONS = 20  # the trace's Pareto lengths: [MIN_ITERATIONS, --max-iterations]
 
 
 def trace_specs(n_jobs: int, seed: int, interarrival: float, max_iterations: int):
@@ -61,7 +63,7 @@ def trace_specs(n_jobs: int, seed: int, interarrival: float, max_iterations: int
     gen = cfg.workload.generate
     gen.n_jobs, gen.seed, gen.mean_interarrival_s = n_jobs, seed, interarrival
     gen.models, gen.batch_sizes = MODELS, [16, 32]
-    gen.min_iterations, gen.max_iterations, gen.pareto_alpha = 20, max_iterations, 1.1
+    gen.min_iterations, gen.max_iterations, gen.pareto_alpha = MIN_ITERATIONS, max_iterations, 1.1
     return job_specs(cfg)  # the core's own trace -> job mapping (adam for lstm/transformer)
 
 
@@ -103,27 +105,34 @@ def oracle_stats(results) -> dict[str, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--jobs", type=int, default=40)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--jobs", type=_cli.positive_int, default=40)
+    ap.add_argument("--repeats", type=_cli.positive_int, default=3)
+    ap.add_argument("--seed", type=_cli.nonnegative_int, default=0)
     load_or_gap = ap.add_mutually_exclusive_group()
-    load_or_gap.add_argument("--load", type=float, default=1.0,
+    load_or_gap.add_argument("--load", type=_cli.positive_float, default=1.0,
                              help="target offered load (profiled work / arrival span); the mean "
                                   "inter-arrival time is derived from the profiles")
-    load_or_gap.add_argument("--interarrival", type=float, default=None,
+    load_or_gap.add_argument("--interarrival", type=_cli.nonnegative_float, default=None,
                              help="fix the Poisson mean inter-arrival time instead (seconds)")
-    ap.add_argument("--max-iterations", type=int, default=600)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--capacity", default="16MiB")
+    ap.add_argument("--max-iterations", type=_cli.positive_int, default=600)
+    ap.add_argument("--threads", type=_cli.positive_int, default=1)
+    ap.add_argument("--capacity", type=_cli.size, default="16MiB")
     ap.add_argument("--no-processes", action="store_true", help="skip the OS-process baseline")
-    ap.add_argument("--default-threads-timeout", type=float, default=60.0,
+    ap.add_argument("--default-threads-timeout", type=_cli.positive_float, default=60.0,
                     help="the torch-default-threads process baseline runs once (repeat 0), "
                          "killed after this many seconds")
-    ap.add_argument("--out", default="runs/bench/salus_jct")
+    ap.add_argument("--out", default=None,
+                    help="directory of results.json and repeat 0's run directories "
+                         "(default: runs/bench/salus_jct/<date-time>, a new one each time)")
+    _cli.add_force(ap)
     args = ap.parse_args()
-    if args.load is not None and not args.load > 0:
-        ap.error(f"--load must be > 0; got {args.load}")
-    out = Path(args.out)
+    if args.max_iterations < MIN_ITERATIONS:
+        ap.error(f"--max-iterations must be >= {MIN_ITERATIONS} (the trace's shortest job); "
+                 f"got {args.max_iterations}")
+    out = Path(args.out or f"runs/bench/salus_jct/{time.strftime('%Y%m%d-%H%M%S')}")
+    for path in (out / "results.json",
+                 *(out / f"{policy}-rep0" for policy in POLICIES)):  # what this run writes
+        _cli.refuse_existing(path, args.force, "--out")
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     print(f"machine: {machine()}", flush=True)
@@ -150,7 +159,7 @@ def main() -> None:
     how = ("given" if args.interarrival is not None
            else f"derived from the profiles for --load {args.load}")
     print(f"trace: {len(specs)} jobs, seed {args.seed}, models {', '.join(MODELS)}, batch 16/32, "
-          f"Pareto(1.1) iterations in [20, {args.max_iterations}], Poisson arrivals mean "
+          f"Pareto(1.1) iterations in [{MIN_ITERATIONS}, {args.max_iterations}], Poisson arrivals mean "
           f"{interarrival}s ({how}) over {span:.1f}s")
     print(f"offered load (design): profiled work {work:.1f}s at {args.threads} thread(s) / "
           f"arrival span {span:.1f}s = {load:.2f} (profiles on a loaded machine overestimate "
@@ -262,7 +271,8 @@ def main() -> None:
     print("lanes are accounted, not enforced on this CPU")
     print(f"wall {time.perf_counter() - started:.0f}s; at the end: {machine()}")
     (out / "results.json").write_text(json.dumps({"rows": rows, "salus": extras}, indent=1))
+    print(f"results: {out / 'results.json'}")
 
 
 if __name__ == "__main__":
-    main()
+    _cli.run(main)

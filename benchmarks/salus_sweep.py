@@ -27,11 +27,12 @@ import json
 import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+import _cli
 
 from accelopt.drivers.setup import usable_cores
 
@@ -61,7 +62,7 @@ def run_sweep(args: list[str], out: Path, side: str) -> float:
     command = [sys.executable, "-m", "accelopt.cli.main", *args, *SIDES[side],
                f"hydra.sweep.dir={out}"]
     started = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True)
+    done = _cli.run_child(command, capture_output=True, text=True)
     wall = time.perf_counter() - started
     if done.returncode != 0:
         tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
@@ -86,12 +87,14 @@ def work_seconds(out: Path, runs: int) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--runs", type=int, default=8)
-    ap.add_argument("--iterations", type=int, default=300)
-    ap.add_argument("--width", type=int, default=512)
-    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--repeats", type=_cli.positive_int, default=3)
+    ap.add_argument("--runs", type=_cli.positive_int, default=8)
+    ap.add_argument("--iterations", type=_cli.positive_int, default=300)
+    ap.add_argument("--width", type=_cli.positive_int, default=512)
+    ap.add_argument("--batch", type=_cli.positive_int, default=256)
     args = ap.parse_args()
+    if args.runs > len(LRS):
+        ap.error(f"--runs: at most {len(LRS)} (one learning rate each); got {args.runs}")
     cores = usable_cores()
     command = sweep_args(args.runs, args.iterations, args.width, args.batch)
     print(f"machine: {platform.processor() or platform.machine()}, {cores} cores; python "
@@ -146,4 +149,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _cli.run(main)

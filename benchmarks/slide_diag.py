@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-
-from accelopt_plugins.slide.xcdata import synthetic  # noqa: E402
+import _cli  # noqa: E402
+from accelopt_plugins.slide.xcdata import SIZES, synthetic  # noqa: E402
 from slide_common import (  # noqa: E402
     SlideTrainer,
     init_net,
@@ -37,15 +37,15 @@ from slide_common import (  # noqa: E402
 def main() -> None:
     use_huge_pages()  # before any model is built: the same memory setting for every method
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--width", default="20k")
-    ap.add_argument("--steps", type=int, default=1500)
-    ap.add_argument("--eval-at", type=int, nargs="+", default=None,
+    ap.add_argument("--width", default="20k", choices=list(SIZES))
+    ap.add_argument("--steps", type=_cli.positive_int, default=1500)
+    ap.add_argument("--eval-at", type=_cli.positive_int, nargs="+", default=None,
                     help="steps at which to evaluate (default: 5 evenly spaced)")
-    ap.add_argument("--eval-n", type=int, default=2000)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--batch", type=int, default=128)
-    ap.add_argument("--sampled-active", type=int, default=1000)
+    ap.add_argument("--eval-n", type=_cli.positive_int, default=2000)
+    ap.add_argument("--threads", type=_cli.positive_int, default=2)
+    ap.add_argument("--lr", type=_cli.positive_float, default=1e-3)
+    ap.add_argument("--batch", type=_cli.positive_int, default=128)
+    ap.add_argument("--sampled-active", type=_cli.positive_int, default=1000)
     ap.add_argument("variants", nargs="+")
     args = ap.parse_args()
     set_threads(args.threads)
@@ -82,4 +82,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _cli.run(main)

@@ -38,10 +38,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-
+import _cli  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402, N812
 from accelopt_plugins.slide.layer import SlideLinear  # noqa: E402
+from accelopt_plugins.slide.xcdata import SIZES  # noqa: E402
 from slide_common import (  # noqa: E402
     SlideTrainer,
     init_net,
@@ -218,13 +219,13 @@ def main() -> None:
     use_huge_pages()  # the shared SLIDE benchmarks' memory setting, before any model
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--heads", nargs="+", choices=("xc", "lm"), default=["xc", "lm"])
-    ap.add_argument("--xc-width", default="20k", help="synthetic XC size (workload=xc: 20k)")
-    ap.add_argument("--xc-steps", type=int, default=300)
-    ap.add_argument("--lm-steps", type=int, default=100)
-    ap.add_argument("--rows", type=int, default=1024, help="held-out rows for agreement")
-    ap.add_argument("--rows-per-call", type=int, nargs="+", default=[1, 64])
-    ap.add_argument("--repeats", type=int, default=31)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--xc-width", default="20k", choices=list(SIZES), help="synthetic XC size (workload=xc: 20k)")
+    ap.add_argument("--xc-steps", type=_cli.positive_int, default=300)
+    ap.add_argument("--lm-steps", type=_cli.positive_int, default=100)
+    ap.add_argument("--rows", type=_cli.positive_int, default=1024, help="held-out rows for agreement")
+    ap.add_argument("--rows-per-call", type=_cli.positive_int, nargs="+", default=[1, 64])
+    ap.add_argument("--repeats", type=_cli.positive_int, default=31)
+    ap.add_argument("--threads", type=_cli.positive_int, default=2)
     ap.add_argument("--quick", action="store_true",
                     help="smoke run: xc 2k, a small lm corpus, few steps and repeats")
     args = ap.parse_args()
@@ -244,4 +245,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _cli.run(main)

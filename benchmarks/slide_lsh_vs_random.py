@@ -17,10 +17,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-
+import _cli  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from accelopt_plugins.slide.xcdata import synthetic  # noqa: E402
+from accelopt_plugins.slide.xcdata import SIZES, synthetic  # noqa: E402
 from slide_common import (  # noqa: E402
     SlideTrainer,
     init_net,
@@ -55,11 +55,11 @@ def recall_top10(trainer: SlideTrainer, ds, n_points: int = 256) -> tuple[float,
 def main() -> None:
     use_huge_pages()  # before any model is built: the same memory setting for every method
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--width", default="200k")
-    ap.add_argument("--steps", type=int, default=400)
-    ap.add_argument("--eval-every", type=int, default=100)
-    ap.add_argument("--eval-n", type=int, default=2000)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--width", default="200k", choices=list(SIZES))
+    ap.add_argument("--steps", type=_cli.positive_int, default=400)
+    ap.add_argument("--eval-every", type=_cli.positive_int, default=100)
+    ap.add_argument("--eval-n", type=_cli.positive_int, default=2000)
+    ap.add_argument("--threads", type=_cli.positive_int, default=2)
     args = ap.parse_args()
     set_threads(args.threads)
     ds = synthetic(args.width)
@@ -103,4 +103,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _cli.run(main)

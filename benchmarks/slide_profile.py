@@ -18,11 +18,12 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-
+import _cli  # noqa: E402
 import numba  # noqa: E402
 import numpy as np  # noqa: E402
+from accelopt_plugins.slide.config import HASHES  # noqa: E402
 from accelopt_plugins.slide.tables import INSERTIONS, build_tables  # noqa: E402
-from accelopt_plugins.slide.xcdata import synthetic  # noqa: E402
+from accelopt_plugins.slide.xcdata import SIZES, synthetic  # noqa: E402
 from slide_common import (  # noqa: E402
     SlideTrainer,
     init_net,
@@ -57,12 +58,12 @@ def rebuild_parts(layer) -> dict[str, float]:
 def main() -> None:
     use_huge_pages()  # before any model is built: the same memory setting for every method
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--width", default="670k")
-    ap.add_argument("--threads", type=int, nargs="+", default=[2])
-    ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=50)
-    ap.add_argument("--hash", default="simhash")
-    ap.add_argument("--k", type=int, default=9)
+    ap.add_argument("--width", default="670k", choices=list(SIZES))
+    ap.add_argument("--threads", type=_cli.positive_int, nargs="+", default=[2])
+    ap.add_argument("--reps", type=_cli.positive_int, default=3)
+    ap.add_argument("--steps", type=_cli.positive_int, default=50)
+    ap.add_argument("--hash", default="simhash", choices=HASHES)
+    ap.add_argument("--k", type=_cli.positive_int, default=9)
     ap.add_argument("--slide", nargs="*", default=[], metavar="KEY=VALUE",
                     help="further SLIDE settings, e.g. topup=batch topk=50 l=16")
     args = ap.parse_args()
@@ -101,4 +102,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _cli.run(main)

@@ -19,11 +19,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-
+import _cli  # noqa: E402
 import numba  # noqa: E402
 import numpy as np  # noqa: E402
 from accelopt_plugins.slide.rowgrads import RowGradients  # noqa: E402
-from accelopt_plugins.slide.xcdata import synthetic  # noqa: E402
+from accelopt_plugins.slide.xcdata import SIZES, synthetic  # noqa: E402
 from slide_common import (  # noqa: E402
     SlideTrainer,
     init_net,
@@ -56,9 +56,9 @@ def capture_batch(width: str, steps: int) -> tuple[np.ndarray, ...]:
 def main() -> None:
     use_huge_pages()
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--width", default="670k")
-    ap.add_argument("--steps", type=int, default=30, help="training steps before the capture")
-    ap.add_argument("--reps", type=int, default=21, help="timed repetitions per thread count")
+    ap.add_argument("--width", default="670k", choices=list(SIZES))
+    ap.add_argument("--steps", type=_cli.positive_int, default=30, help="training steps before the capture")
+    ap.add_argument("--reps", type=_cli.positive_int, default=21, help="timed repetitions per thread count")
     args = ap.parse_args()
     ids, n_active, dz, h, w = capture_batch(args.width, args.steps)
     n, dim = w.shape
@@ -92,4 +92,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _cli.run(main)

@@ -21,9 +21,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-
+import _cli  # noqa: E402
 import numpy as np  # noqa: E402
-from accelopt_plugins.slide.xcdata import synthetic  # noqa: E402
+from accelopt_plugins.slide.xcdata import SIZES, synthetic  # noqa: E402
 from machine_scaling import describe, machine_scaling  # noqa: E402
 from slide_common import (  # noqa: E402
     DenseTrainer,
@@ -93,15 +93,15 @@ def interleaved(methods: list[Timed], reps: int) -> None:
 def main() -> None:
     use_huge_pages()  # before any model is built: the same memory setting for every method
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--widths", nargs="+", default=["2k", "20k", "200k", "670k"])
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--slide-steps", type=int, default=50, help="steps per SLIDE block")
-    ap.add_argument("--dense-budget-s", type=float, default=40.0,
+    ap.add_argument("--widths", nargs="+", default=["2k", "20k", "200k", "670k"], choices=list(SIZES))
+    ap.add_argument("--threads", type=_cli.positive_int, default=2)
+    ap.add_argument("--reps", type=_cli.positive_int, default=3)
+    ap.add_argument("--slide-steps", type=_cli.positive_int, default=50, help="steps per SLIDE block")
+    ap.add_argument("--dense-budget-s", type=_cli.positive_float, default=40.0,
                     help="rough seconds of timed dense steps per width")
-    ap.add_argument("--scaling-width", nargs="*", default=["200k", "670k"],
+    ap.add_argument("--scaling-width", nargs="*", default=["200k", "670k"], choices=list(SIZES),
                     help="widths of the 1 vs 2 thread test (none: skip it)")
-    ap.add_argument("--scaling-pairs", type=int, default=12,
+    ap.add_argument("--scaling-pairs", type=_cli.positive_int, default=12,
                     help="interleaved 1- and 2-thread block pairs of the scaling test")
     ap.add_argument("--slide", nargs="*", default=[], metavar="KEY=VALUE",
                     help="SLIDE settings instead of the defaults, e.g. topup=batch topk=50 l=16")
@@ -238,4 +238,4 @@ def break_even(ratios: list[tuple[int, float]]) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    _cli.run(main)

@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-
-from accelopt_plugins.slide.xcdata import synthetic  # noqa: E402
+import _cli  # noqa: E402
+from accelopt_plugins.slide.xcdata import SIZES, synthetic  # noqa: E402
 from slide_common import (  # noqa: E402
     SlideTrainer,
     init_net,
@@ -87,9 +87,11 @@ def budgets(specs: list[str], methods: list[str]) -> dict[str, float]:
         try:
             seconds = float(val)
         except ValueError:
-            raise SystemExit(f"--budget-s {spec!r}: expected seconds or method=seconds") from None
+            _cli.fail(f"--budget-s {spec!r}: expected seconds or method=seconds")
+        if not seconds > 0:
+            _cli.fail(f"--budget-s {spec!r}: the seconds must be > 0")
         if sep and name not in methods:
-            raise SystemExit(f"--budget-s {spec!r}: {name!r} is not one of {', '.join(methods)}")
+            _cli.fail(f"--budget-s {spec!r}: {name!r} is not one of {', '.join(methods)}")
         if sep:
             out[name] = seconds
         else:
@@ -97,7 +99,7 @@ def budgets(specs: list[str], methods: list[str]) -> dict[str, float]:
     for m in methods:
         if m not in out:
             if default is None:
-                raise SystemExit(f"--budget-s: no budget for {m!r}; add {m}=SECONDS or a bare default")
+                _cli.fail(f"--budget-s: no budget for {m!r}; add {m}=SECONDS or a bare default")
             out[m] = default
     return out
 
@@ -105,30 +107,36 @@ def budgets(specs: list[str], methods: list[str]) -> dict[str, float]:
 def main() -> None:
     use_huge_pages()  # before any model is built: the same memory setting for every method
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--width", default="20k")
+    ap.add_argument("--width", default="20k", choices=list(SIZES))
     ap.add_argument("--budget-s", nargs="+", default=["150"],
                     help="seconds of training per method: one number, or method=seconds pairs")
-    ap.add_argument("--dense-best", type=float, default=None,
+    ap.add_argument("--dense-best", type=_cli.fraction, default=None,
                     help="without a dense method in this run: dense's best P@1 from an earlier "
                          "invocation with the same width, eval-n and settings (sets the target)")
-    ap.add_argument("--dense-target-s", type=float, default=None,
+    ap.add_argument("--dense-target-s", type=_cli.positive_float, default=None,
                     help="with --dense-best: the seconds dense needed to reach the target in "
                          "that invocation (to print the speed-up)")
-    ap.add_argument("--final-eval-n", type=int, default=0,
+    ap.add_argument("--final-eval-n", type=_cli.nonnegative_int, default=0,
                     help="held-out points for each method's final P@1 (0: the whole test set)")
-    ap.add_argument("--eval-every", type=float, default=10.0)
-    ap.add_argument("--eval-n", type=int, default=2000)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--eval-every", type=_cli.positive_float, default=10.0)
+    ap.add_argument("--eval-n", type=_cli.positive_int, default=2000)
+    ap.add_argument("--threads", type=_cli.positive_int, default=2)
     ap.add_argument("--methods", nargs="+", default=["dense", "slide", "sampled"],
                     help="variants name[:key=value,...]: dense[...], sampled[...], slide[...] "
                          "(lr=... sets one method's learning rate); the sampled baseline scores "
                          "as many candidates as the first SLIDE variant; every dense* variant "
                          "is the baseline (the best of them sets the target)")
-    ap.add_argument("--png", default="runs/bench/slide_tta/curves.png")
+    ap.add_argument("--png", default=None,
+                    help="the curves' figure (default: runs/bench/slide_tta/<date-time>-curves.png, "
+                         "a new one each time)")
+    _cli.add_force(ap)
     args = ap.parse_args()
+    if args.png is None:
+        args.png = f"runs/bench/slide_tta/{time.strftime('%Y%m%d-%H%M%S')}-curves.png"
+    _cli.refuse_existing(args.png, args.force, "--png")
     variants = dict(parse_variant(spec) for spec in args.methods)
     if len(variants) != len(args.methods):
-        raise SystemExit("--methods: give each variant its own name")
+        _cli.fail("--methods: give each variant its own name")
     budget = budgets(args.budget_s, list(variants))
     set_threads(args.threads)
     ds = synthetic(args.width)
@@ -232,4 +240,4 @@ def plot(curves: dict[str, list[tuple]], args, n: int, target: float) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _cli.run(main)

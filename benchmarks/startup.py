@@ -21,11 +21,12 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+import _cli
 
 GOAL_S = 4.0
 HERE = Path(__file__).resolve().parent.parent
@@ -41,7 +42,8 @@ def one_run(tree: Path, overrides: list[str]) -> tuple[float, float]:
         command = [sys.executable, "-m", "accelopt.cli.main", "run", "run.progress=false",
                    "hydra.run.dir=out", *overrides]
         started = time.perf_counter()
-        done = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True)
+        # its own process group, stopped (and the directory removed) if this script stops
+        done = _cli.run_child(command, cwd=work, env=env, capture_output=True, text=True)
         wall = time.perf_counter() - started
         if done.returncode != 0:
             tail = (done.stderr or done.stdout).strip().splitlines()[-2:]
@@ -52,7 +54,7 @@ def one_run(tree: Path, overrides: list[str]) -> tuple[float, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=_cli.positive_int, default=5)
     parser.add_argument("--tree", action="append", default=[], type=Path,
                         help="another checkout to compare (repeatable)")
     parser.add_argument("overrides", nargs="*", help="extra overrides of the run")
@@ -75,7 +77,7 @@ def main() -> None:
             f"{_label(t)} wall {got[t][0]:.2f} s makespan {got[t][1]:.2f} s "
             f"start-up {got[t][0] - got[t][1]:.2f} s" for t in trees), flush=True)
     started = time.perf_counter()
-    subprocess.run([sys.executable, "-c", "import torch"], check=True)
+    _cli.run_child([sys.executable, "-c", "import torch"], check=True)
     torch_s = time.perf_counter() - started
     print(f"\n| side | start-up s, median | min-max | wall s, median | makespan s, median |"
           f" vs {_label(trees[0])} (paired median) |")
@@ -98,4 +100,4 @@ def _label(tree: Path) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    _cli.run(main)

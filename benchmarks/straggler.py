@@ -24,12 +24,14 @@ import statistics
 import tempfile
 from dataclasses import dataclass
 
+import _cli
 import torch
 from omegaconf import OmegaConf
 
 from accelopt.config import AccelConfig, JobConfig
 from accelopt.drivers.cluster import run_cluster
 from accelopt.drivers.cluster.settings import ClusterSettings, parse_rate, settings_from
+from accelopt.workloads.models import MODEL_NAMES
 
 
 @dataclass
@@ -78,16 +80,16 @@ def wire_bound_s(settings: ClusterSettings, param_bytes: int) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--bandwidth", default="100mbit")
-    ap.add_argument("--slowdown", type=float, default=4.0,
+    ap.add_argument("--bandwidth", type=_cli.rate, default="100mbit")
+    ap.add_argument("--slowdown", type=_cli.positive_float, default=4.0,
                     help="the straggler's link runs at bandwidth / slowdown")
-    ap.add_argument("--model", default="mlp")
-    ap.add_argument("--width", type=int, default=256)
-    ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--iterations", type=int, default=20)
-    ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--servers", type=int, default=1)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--model", default="mlp", choices=MODEL_NAMES)
+    ap.add_argument("--width", type=_cli.positive_int, default=256)
+    ap.add_argument("--batch", type=_cli.positive_int, default=32)
+    ap.add_argument("--iterations", type=_cli.positive_int, default=20)
+    ap.add_argument("--workers", type=_cli.positive_int, default=2)
+    ap.add_argument("--servers", type=_cli.positive_int, default=1)
+    ap.add_argument("--repeats", type=_cli.positive_int, default=3)
     args = ap.parse_args()
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
           f"python {platform.python_version()}, gloo, 1 thread per rank; load average "
@@ -135,4 +137,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _cli.run(main)

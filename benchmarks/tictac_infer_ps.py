@@ -32,6 +32,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import _cli
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -123,6 +124,7 @@ def run_inference(cfg: DictConfig, run_dir: str) -> ClusterOutcome:
                                                       t0, ends[r], ends[0].address, run_dir,
                                                       str(out)))
                      for r in range(settings.world_size)]
+            stack.enter_context(_cli.stopping(procs))  # no rank outlives SIGTERM or Ctrl-C
             for p in procs:
                 p.start()
             deadline = time.monotonic() + 60 + 10 * settings.timeout_s

@@ -36,11 +36,14 @@ import tempfile
 import time
 from typing import Any
 
+import _cli
+from accelopt_plugins.tictac.config import HEURISTIC_CHOICES
 from omegaconf import OmegaConf
 
 from accelopt.config import AccelConfig, JobConfig
 from accelopt.drivers.cluster import run_cluster
 from accelopt.drivers.cluster.settings import parse_rate
+from accelopt.workloads.models import MODEL_NAMES
 
 HEURISTICS = ("none", "random", "named", "tic", "tac", "tac!")
 
@@ -142,20 +145,23 @@ def med(values: list[Any]) -> float | None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="inception")
-    ap.add_argument("--width", type=int, default=32)
-    ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--model", default="inception", choices=MODEL_NAMES)
+    ap.add_argument("--width", type=_cli.positive_int, default=32)
+    ap.add_argument("--batch", type=_cli.positive_int, default=64)
+    ap.add_argument("--workers", type=_cli.positive_int, default=1)
     ap.add_argument("--kind", choices=("train", "infer"), default="train",
                     help="train: the cluster runtime's PS training; infer: forward-only PS "
                     "steps (benchmarks/tictac_infer_ps.py), the paper's inference setting")
-    ap.add_argument("--bandwidth", default="50mbit")
-    ap.add_argument("--iterations", type=int, default=20)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--heuristics", default=",".join(HEURISTICS))
-    ap.add_argument("--json", default="")
+    ap.add_argument("--bandwidth", type=_cli.rate_or_none, default="50mbit")
+    ap.add_argument("--iterations", type=_cli.positive_int, default=20)
+    ap.add_argument("--rounds", type=_cli.positive_int, default=3)
+    ap.add_argument("--heuristics", type=_cli.names(["none", *HEURISTIC_CHOICES, *(h + "!" for h in HEURISTIC_CHOICES)]), default=",".join(HEURISTICS))
+    ap.add_argument("--json", default="", help="also write every run's figures to this file")
+    _cli.add_force(ap)
     args = ap.parse_args()
-    heuristics = args.heuristics.split(",")
+    if args.json:
+        _cli.refuse_existing(args.json, args.force, "--json")
+    heuristics = [h.strip() for h in args.heuristics.split(",") if h.strip()]
     print(f"# machine: {platform.node()} {platform.machine()}, {os.cpu_count()} CPUs, "
           f"load {os.getloadavg()[0]:.2f}; python {sys.version.split()[0]}")
     print(f"# job: {args.kind} {args.model} width {args.width} batch {args.batch}, "
@@ -236,4 +242,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    _cli.run(main)

@@ -28,6 +28,7 @@ import statistics
 import sys
 import time
 
+import _cli
 import numpy as np
 from accelopt_plugins.tictac.order import tac, tic
 from accelopt_plugins.tictac.plan import plan_meta, with_ratio
@@ -131,13 +132,13 @@ def schedule() -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--section", default="table,sweep,straggler,schedule")
-    ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--samples", type=int, default=1000)
-    ap.add_argument("--workers", type=int, default=8)
-    ap.add_argument("--iterations", type=int, default=100)
-    ap.add_argument("--jitter", type=float, default=0.05)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--section", type=_cli.names(("table", "sweep", "straggler", "schedule")), default="table,sweep,straggler,schedule")
+    ap.add_argument("--batch", type=_cli.positive_int, default=32)
+    ap.add_argument("--samples", type=_cli.positive_int, default=1000)
+    ap.add_argument("--workers", type=_cli.positive_int, default=8)
+    ap.add_argument("--iterations", type=_cli.positive_int, default=100)
+    ap.add_argument("--jitter", type=_cli.nonnegative_float, default=0.05)
+    ap.add_argument("--seed", type=_cli.nonnegative_int, default=0)
     args = ap.parse_args()
     print(f"# machine: {platform.node()} {platform.machine()}, {os.cpu_count()} CPUs, load "
           f"{os.getloadavg()[0]:.2f}; python {sys.version.split()[0]}; args {vars(args)}")
@@ -156,4 +157,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    _cli.run(main)

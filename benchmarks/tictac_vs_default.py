@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-
+import _cli  # noqa: E402
 from accelopt_plugins.tictac.crossiter import (  # noqa: E402
     Schedule,
     calibrated,
@@ -69,6 +69,7 @@ from omegaconf import OmegaConf  # noqa: E402
 from accelopt.config import AccelConfig, JobConfig  # noqa: E402
 from accelopt.drivers.cluster import run_cluster  # noqa: E402
 from accelopt.drivers.cluster.settings import parse_rate  # noqa: E402
+from accelopt.workloads.models import MODEL_NAMES  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 ZOO = {"resnet": 48, "inception": 96, "transformer": 64}
@@ -244,11 +245,11 @@ def rate_text(bits: float) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", default="resnet,inception,transformer,lm")
-    ap.add_argument("--bandwidth", default="200mbit", help="the calibration run's link")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--iterations", type=int, default=20)
-    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--models", type=_cli.names([*MODEL_NAMES, "lm"]), default="resnet,inception,transformer,lm")
+    ap.add_argument("--bandwidth", type=_cli.rate, default="200mbit", help="the calibration run's link")
+    ap.add_argument("--rounds", type=_cli.positive_int, default=3)
+    ap.add_argument("--iterations", type=_cli.positive_int, default=20)
+    ap.add_argument("--batch", type=_cli.positive_int, default=64)
     ap.add_argument("--extra", nargs="*", default=[], choices=["off", "again"],
                     help="more sides: off (tictac loaded with heuristic=off: no planning, no "
                          "transfer hooks), again (no plugin a second time: the A/A spread)")
@@ -263,15 +264,13 @@ def main() -> int:
     ap.add_argument("--mode", default="ps", choices=["ps", "allreduce"],
                     help="ps: 1 server + 2 workers; allreduce: 2 workers under PyTorch DDP "
                          "(the default side is plain DDP)")
-    ap.add_argument("--workers", type=int, default=2,
+    ap.add_argument("--workers", type=_cli.positive_int, default=2,
                     help="data-parallel workers (1 leaves the server and the worker a core "
                          "each on a 2-core machine)")
     ap.add_argument("--keep", type=Path, default=None, metavar="DIR",
                     help="copy every run's directory to DIR/<model>/<round>-<side> (a new "
                          "directory: an existing one is refused, never written into)")
     args = ap.parse_args()
-    if args.workers < 1:
-        ap.error("--workers must be >= 1")
     if args.keep is not None:
         if args.keep.exists():
             ap.error(f"--keep {args.keep} exists; name a new directory")
@@ -385,4 +384,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    _cli.run(main)

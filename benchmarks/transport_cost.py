@@ -41,6 +41,7 @@ import statistics
 import time
 from typing import Any
 
+import _cli
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -168,28 +169,27 @@ def measure(order: list[str], tensors: int, numel: int,
     port = free_port()
     procs = [ctx.Process(target=_child, args=(r, port, tensors, numel, rounds, order, out))
              for r in range(2)]
-    for p in procs:
-        p.start()
     got = {}
-    for _ in range(2 * len(order)):
-        mode, rank, us = out.get(timeout=600)
-        got[(mode, rank)] = us
-    for p in procs:
-        p.join(timeout=60)
-        if p.exitcode != 0:
-            raise SystemExit(f"transport_cost: a process exited with {p.exitcode}")
+    with _cli.stopping(procs):  # neither process outlives an error, Ctrl-C or SIGTERM
+        for p in procs:
+            p.start()
+        for _ in range(2 * len(order)):
+            mode, rank, us = out.get(timeout=600)
+            got[(mode, rank)] = us
+        for p in procs:
+            p.join(timeout=60)
+            if p.exitcode != 0:
+                raise SystemExit(f"transport_cost: a process exited with {p.exitcode}")
     return got
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tensors", type=int, default=28, help="transfers a round")
-    ap.add_argument("--kib", type=float, default=10.0, help="KiB per tensor (float32)")
-    ap.add_argument("--rounds", type=int, default=150, help="rounds per measurement")
-    ap.add_argument("--repeats", type=int, default=3, help="measurements of each, rotating")
+    ap.add_argument("--tensors", type=_cli.positive_int, default=28, help="transfers a round")
+    ap.add_argument("--kib", type=_cli.positive_float, default=10.0, help="KiB per tensor (float32)")
+    ap.add_argument("--rounds", type=_cli.positive_int, default=150, help="rounds per measurement")
+    ap.add_argument("--repeats", type=_cli.positive_int, default=3, help="measurements of each, rotating")
     args = ap.parse_args()
-    if args.tensors < 1 or args.kib <= 0 or args.rounds < 1 or args.repeats < 1:
-        ap.error("--tensors, --rounds and --repeats must be >= 1 and --kib > 0")
     numel = max(1, int(args.kib * 1024 / 4))
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, python "
           f"{platform.python_version()}, torch {torch.__version__}; load average "
@@ -221,4 +221,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    _cli.run(main)

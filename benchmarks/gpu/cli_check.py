@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: _cli
+import _cli  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -66,7 +68,8 @@ def run(args: list[str], where: Path, cpu: bool = False) -> tuple[int, float, st
     cmd = [sys.executable, "-m", "accelopt.cli.main", "run", *args, *extra, *dirs]
     start = time.perf_counter()
     # From the command's own directory: the installed accelopt, not a source tree in the cwd.
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=where,
+    # its own process group: stopped, ranks and all, on the timeout or when this check stops
+    out = _cli.run_child(cmd, capture_output=True, text=True, timeout=240, cwd=where,
                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
     wall = time.perf_counter() - start
     text = " ".join((out.stdout + out.stderr).split())
@@ -112,4 +115,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    _cli.run(main)

@@ -28,6 +28,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: _cli
+import _cli  # noqa: E402
+
 CODECS = {"fp16": {"dtype": "fp16"}, "bf16": {"dtype": "bf16"},
           "topk": {"sparsify": "topk", "density": 0.05},
           "threshold": {"sparsify": "threshold", "threshold": 1e-3}}
@@ -52,11 +55,12 @@ def nccl_on_one_gpu() -> tuple[bool, str]:
         ctx = mp.get_context("spawn")
         procs = [ctx.Process(target=_shared_gpu_rank, args=(r, f"file://{tmp}/rdv", tmp))
                  for r in range(2)]
-        for p in procs:
-            p.start()
-        deadline = time.monotonic() + 45
-        for p in procs:
-            p.join(max(0.0, deadline - time.monotonic()))
+        with _cli.stopping(procs):  # no rank outlives SIGTERM (run_all.sh's timeout)
+            for p in procs:
+                p.start()
+            deadline = time.monotonic() + 45
+            for p in procs:
+                p.join(max(0.0, deadline - time.monotonic()))
         hung = [p for p in procs if p.is_alive()]
         for p in hung:
             p.kill()
@@ -184,4 +188,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    _cli.run(main)

@@ -19,9 +19,13 @@ import math
 import statistics
 import sys
 import traceback
+from pathlib import Path
 
 import torch
 from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: _cli
+import _cli  # noqa: E402
 
 RESULTS: list[tuple[str, str]] = []
 
@@ -169,4 +173,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    _cli.run(main)

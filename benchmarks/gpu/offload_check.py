@@ -26,6 +26,9 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: _cli
+import _cli  # noqa: E402
+
 
 def link_bandwidth(nbytes: int = 2**30, repeats: int = 5) -> tuple[float, float]:
     """Median pinned-memory copy bandwidth (bytes/s), device->host and host->device."""
@@ -45,19 +48,18 @@ def link_bandwidth(nbytes: int = 2**30, repeats: int = 5) -> tuple[float, float]
 
 
 def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shrink", type=_cli.positive_int, default=1)
+    ap.add_argument("--image", type=_cli.positive_int, default=224)
+    ap.add_argument("--batch", type=_cli.positive_int, default=64)
+    ap.add_argument("--repeats", type=_cli.positive_int, default=10)
+    cli = ap.parse_args()
     if not torch.cuda.is_available():
         print("SKIP: no CUDA device (offload_check needs a GPU)")
         return 0
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from accelopt_plugins.offload.engine import OffloadEngine, install_on
     from offload_compare import NAMES, VGG, compare
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shrink", type=int, default=1)
-    ap.add_argument("--image", type=int, default=224)
-    ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--repeats", type=int, default=10)
-    cli = ap.parse_args()
     torch.backends.cudnn.benchmark = False
     torch.backends.cudnn.deterministic = True
     device = torch.device("cuda")
@@ -109,4 +111,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    _cli.run(main)

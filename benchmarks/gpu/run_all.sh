@@ -11,9 +11,35 @@
 #
 #     bash benchmarks/gpu/run_all.sh            # all checks
 #     bash benchmarks/gpu/run_all.sh salus tictac
+#     bash benchmarks/gpu/run_all.sh --force     # write over an earlier run's logs in $OUT
 set -u
+force=""
+if [ "${1:-}" = "--force" ]; then force=1; shift; fi
+# name:seconds, in order of what matters most if time runs short
+CHECKS="salus:120 cluster:120 cli:200 tictac:60 kernels:150 offload:120 slide:120"
+if [ $# -gt 0 ]; then  # the names asked for, checked before anything runs
+    sel=""
+    for want in "$@"; do
+        found=""
+        for c in $CHECKS; do [ "${c%%:*}" = "$want" ] && found="$c"; done
+        if [ -z "$found" ]; then
+            names=""
+            for c in $CHECKS; do names="$names ${c%%:*}"; done
+            echo "run_all.sh: error: unknown check '$want' (checks:$names)" >&2
+            exit 2
+        fi
+        sel="$sel $found"
+    done
+    CHECKS="$sel"
+fi
+
 OUT_DIR="${OUT:-gpu-logs}"
+if [ -e "$OUT_DIR/summary.txt" ] && [ -z "$force" ]; then  # never overwrite a user's results
+    echo "run_all.sh: error: $OUT_DIR/summary.txt exists; not overwriting results (pass --force to regenerate them)" >&2
+    exit 2
+fi
 mkdir -p "$OUT_DIR"
+: >"$OUT_DIR/summary.txt"
 export PYTHONUNBUFFERED=1
 PY="${PYTHON:-python3}"
 
@@ -40,22 +66,14 @@ except Exception as exc:  # noqa: BLE001 - a report line, not control flow
 EOF
 } 2>&1 | tee "$OUT_DIR/env.txt"
 
-# name:seconds, in order of what matters most if time runs short
-CHECKS="salus:120 cluster:120 cli:200 tictac:60 kernels:150 offload:120 slide:120"
-if [ $# -gt 0 ]; then
-    sel=""
-    for want in "$@"; do
-        for c in $CHECKS; do [ "${c%%:*}" = "$want" ] && sel="$sel $c"; done
-    done
-    CHECKS="$sel"
-fi
-
 status=0
 for c in $CHECKS; do
     name="${c%%:*}"; limit="${c##*:}"
     echo "=== $name (limit ${limit}s) ===" | tee -a "$OUT_DIR/summary.txt"
     start=$(date +%s)
-    timeout "$limit" "$PY" "benchmarks/gpu/${name}_check.py" >"$OUT_DIR/${name}.log" 2>&1
+    # SIGTERM at the limit (a check then stops its child processes and removes its temporary
+    # directories), SIGKILL 30 s later if it has not ended
+    timeout -k 30 "$limit" "$PY" "benchmarks/gpu/${name}_check.py" >"$OUT_DIR/${name}.log" 2>&1
     rc=$?
     end=$(date +%s)
     tail -n 25 "$OUT_DIR/${name}.log"

@@ -21,8 +21,12 @@ stream, and verifies:
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: _cli
+import _cli  # noqa: E402
 
 SLACK = 20 * 2**20
 
@@ -127,4 +131,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    _cli.run(main)

@@ -20,13 +20,14 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import _cli  # noqa: E402
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--width", default="670k")
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--cpu-threads", type=int, default=0, help="0: all cores")
+    ap.add_argument("--steps", type=_cli.positive_int, default=20)
+    ap.add_argument("--cpu-threads", type=_cli.nonnegative_int, default=0, help="0: all cores")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("SKIP: no CUDA device (SLIDE needs none; this check times the dense GPU baseline)")
@@ -86,4 +87,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    _cli.run(main)

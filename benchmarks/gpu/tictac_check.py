@@ -18,8 +18,12 @@ synchronise around it, minimum over runs) and the plan built from it. Verifies:
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: _cli
+import _cli  # noqa: E402
 
 
 def main() -> int:
@@ -77,4 +81,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    _cli.run(main)

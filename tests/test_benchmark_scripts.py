@@ -1,0 +1,158 @@
+"""The benchmark scripts' command-line conventions (``benchmarks/_cli.py``): a bad number, an
+unknown name or an existing output file is refused in one line with exit 2, before any work;
+accelopt's own errors are one line, not a traceback; results are never overwritten without
+``--force``. Fast: argument errors only, no benchmark runs."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+
+import _cli  # noqa: E402
+
+from accelopt.errors import ConfigError, RankFailed, Terminated, UserError  # noqa: E402
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("kind", [_cli.positive_int, _cli.positive_float])
+@pytest.mark.parametrize("text", ["0", "-1", "x", "nan"])
+def test_positive_types_refuse_zero_negative_and_junk(kind, text: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError):
+        kind(text)
+
+
+@pytest.mark.timeout(10)
+def test_types_accept_good_values() -> None:
+    assert _cli.positive_int("3") == 3
+    assert _cli.nonnegative_int("0") == 0
+    assert _cli.positive_float("0.5") == 0.5
+    assert _cli.nonnegative_float("0") == 0.0
+    for bad in ("-1", "x"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            _cli.nonnegative_int(bad)
+    with pytest.raises(argparse.ArgumentTypeError):
+        _cli.nonnegative_float("-0.1")
+    assert _cli.names(["a", "b"])("a,b") == "a,b"
+    with pytest.raises(argparse.ArgumentTypeError, match="nosuch"):
+        _cli.names(["a", "b"])("a,nosuch")
+
+
+@pytest.mark.timeout(10)
+def test_a_bad_number_is_a_one_line_usage_error(capsys) -> None:
+    parser = argparse.ArgumentParser(prog="bench.py")
+    parser.add_argument("--repeats", type=_cli.positive_int, default=3)
+    with pytest.raises(SystemExit) as info:
+        parser.parse_args(["--repeats", "0"])
+    assert info.value.code == 2
+    errors = [ln for ln in capsys.readouterr().err.splitlines() if "error" in ln]
+    assert errors == ["bench.py: error: argument --repeats: '0': must be a positive integer (>= 1)"]
+
+
+@pytest.mark.timeout(10)
+def test_refuse_existing_refuses_a_file_and_allows_it_with_force(tmp_path, capsys) -> None:
+    new = tmp_path / "new.json"
+    _cli.refuse_existing(new, force=False, flag="--json")  # nothing there: allowed
+    old = tmp_path / "results.json"
+    old.write_text("{}")
+    with pytest.raises(SystemExit) as info:
+        _cli.refuse_existing(old, force=False, flag="--json")
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "exists" in err[0] and "--force" in err[0]
+    _cli.refuse_existing(old, force=True, flag="--json")  # deliberate regeneration
+    assert old.read_text() == "{}"  # refusing never touches the file
+
+
+def _run(main, capsys) -> tuple[int, list[str]]:
+    with pytest.raises(SystemExit) as info:
+        _cli.run(main)
+    return info.value.code, capsys.readouterr().err.strip().splitlines()
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize(("error", "code"), [
+    (UserError("no such plugin 'x'"), 2),
+    (ConfigError("min_iterations (20) must be <= max_iterations"), 2),
+    (RankFailed("rank 1 died", rank=1, pid=None, iteration=3, cause="boom"), 1),
+    (Terminated(), 143),
+])
+def test_run_turns_accelopt_errors_into_one_line(error, code, capsys) -> None:
+    def main() -> None:
+        raise error
+
+    got, err = _run(main, capsys)
+    assert got == code
+    assert len(err) == 1 and "Traceback" not in err[0]
+    if code == 143:
+        assert "terminated (SIGTERM)" in err[0]
+    else:
+        assert err[0].endswith(f"error: {error}")
+
+
+@pytest.mark.timeout(10)
+def test_run_exits_with_mains_code(capsys) -> None:
+    assert _run(lambda: 0, capsys)[0] == 0
+    assert _run(lambda: None, capsys)[0] is None  # sys.exit(None): 0
+    assert _run(lambda: 3, capsys)[0] == 3
+
+
+@pytest.mark.timeout(20)
+def test_run_child_stops_the_child_when_the_script_stops() -> None:
+    """An exception while waiting (Ctrl-C, SIGTERM as Terminated, a timeout) stops the child
+    and its process group instead of leaving it running."""
+    with pytest.raises(subprocess.TimeoutExpired):
+        _cli.run_child([sys.executable, "-c", "import time; time.sleep(60)"], timeout=0.5)
+    procs: list[subprocess.Popen] = []
+    with pytest.raises(KeyboardInterrupt), _cli.stopping(procs, grace_s=2):
+        procs.append(_cli.popen([sys.executable, "-c", "import time; time.sleep(60)"]))
+        raise KeyboardInterrupt
+    assert procs[0].poll() is not None
+
+
+SCRIPT_ERRORS = [
+    ("startup.py", ["--repeats", "0"], "--repeats"),
+    ("hook_cost.py", ["--calls", "0", "0"], "--calls"),
+    ("tictac_sim.py", ["--section", "nosuch"], "nosuch"),
+    ("salus_jct.py", ["--max-iterations", "5"], "--max-iterations"),
+    ("gradcomm_compare.py", ["--only", "nosuch"], "--only"),
+    ("slide_row_index.py", ["--reps", "-1"], "--reps"),
+    ("tictac_real.py", ["--json", "{existing}"], "--force"),
+]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("script", "args", "named"), SCRIPT_ERRORS,
+                         ids=[f"{s}-{' '.join(a)}" for s, a, _ in SCRIPT_ERRORS])
+def test_a_script_refuses_bad_arguments_in_one_line(script, args, named, tmp_path) -> None:
+    existing = tmp_path / "results.json"
+    existing.write_text("{}")
+    argv = [a.format(existing=existing) for a in args]
+    done = subprocess.run([sys.executable, str(BENCHMARKS / script), *argv], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=50)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    errors = [ln for ln in done.stderr.splitlines() if "error:" in ln]
+    assert len(errors) == 1 and errors[0] == done.stderr.strip().splitlines()[-1]
+    assert errors[0].startswith(f"{script}: error:") and named in errors[0]
+    assert done.stdout == ""  # refused before any work
+    assert existing.read_text() == "{}" and sorted(p.name for p in tmp_path.iterdir()) == [
+        "results.json"]  # nothing written (no runs/ either)
+
+
+@pytest.mark.timeout(20)
+def test_run_all_refuses_an_unknown_check(tmp_path) -> None:
+    done = subprocess.run(["bash", str(BENCHMARKS / "gpu" / "run_all.sh"), "nosuch"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=15,
+                          env={"PATH": "/usr/bin:/bin", "OUT": str(tmp_path / "logs")})
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "run_all.sh: error: unknown check 'nosuch' (checks: salus cluster cli tictac kernels "
+        "offload slide)"]
+    assert not (tmp_path / "logs").exists()
