@@ -139,6 +139,26 @@ def test_second_serve_on_the_same_socket_refuses(server, tmp_path):
     assert ask(sock, {"op": "ping"})["ok"]
 
 
+def test_second_serve_on_the_same_root_refuses(server, tmp_path):
+    """Numbering is per root: two services on other sockets numbered into one directory
+    from the same last number, the second writing over the first's jobs."""
+    sock, root, proc = server
+    with pytest.raises(UserError, match=rf"\(pid {proc.pid}\) writes its jobs into --root "
+                       ".*; give this one another --root") as info:
+        serve(ServeOptions(socket=tmp_path / "other.sock", root=root))
+    assert "\n" not in str(info.value)
+    assert ask(sock, {"op": "ping"})["ok"]
+
+
+def test_a_root_the_service_cannot_write_is_refused_at_start(tmp_path):
+    from accelopt_plugins.salus.service import Service
+
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with pytest.raises(UserError, match=r"--root .*: cannot write job outputs there"):
+        Service(ServeOptions(socket=tmp_path / "s.sock", root=blocker / "root"))
+
+
 def test_job_survives_its_client_exiting(server):
     """The real CLI client submits and exits; the job still runs to completion."""
     sock, root, _ = server
@@ -167,6 +187,8 @@ def test_factory_job_and_cancel(server):
     status = ask(sock, {"op": "status"})
     row = next(j for j in status["jobs"] if j["id"] == long)
     assert row["state"] == "cancelled" and row["done"] < 10**7
+    again = ask(sock, {"op": "cancel", "id": long})["message"]
+    assert again == f"{long} already cancelled"  # not "already failed"
     assert all(long not in lane["jobs"] for lane in status["lanes"]), "lane reclaimed"
     doc = json.loads((root / "jobs" / long / "job.json").read_text())
     assert doc["job"]["status"] == "failed" and "cancelled" in doc["job"]["error"]
@@ -196,3 +218,32 @@ def test_a_restarted_service_numbers_jobs_after_those_it_finds(tmp_path):
         service.executor.close()
     assert job_id == "008-mlp"
     assert (old / "job.json").read_text() == "{}"
+
+
+def test_closing_the_server_waits_for_the_answers_being_written(tmp_path):
+    """The reply to ``shutdown`` was lost now and then: the server closed and the process
+    exited while the handler thread (a daemon) was still writing it."""
+    import threading
+
+    from accelopt_plugins.salus.service import _Server
+
+    written = threading.Event()
+    started = threading.Event()
+
+    class Slow:  # the handler, slowed so that closing overtakes it without the wait
+        def __init__(self, request, client_address, server):
+            started.set()
+            request.recv(100)
+            threading.Event().wait(0.3)  # a deliberate delay inside the handler, not a sync
+            request.sendall(b'{"ok": true}\n')
+            written.set()
+
+    server = _Server(str(tmp_path / "s.sock"), Slow)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+        client.connect(str(tmp_path / "s.sock"))
+        client.sendall(b"{}\n")
+        assert started.wait(10)
+        server.close()
+        assert written.is_set()  # closed only once the answer was out
+        assert client.recv(100) == b'{"ok": true}\n'

@@ -247,7 +247,8 @@ class Executor:
             if entry is None:
                 raise UserError(f"no job {job_id!r}; known jobs: {', '.join(self._entries)}")
             if entry.finished:
-                return f"{job_id} already {entry.result.status}"
+                ended = "cancelled" if CANCELLED in entry.result.error else entry.result.status
+                return f"{job_id} already {ended}"
             if entry in self._inbox:
                 self._inbox.remove(entry)
                 self._finish(entry, "failed", CANCELLED)

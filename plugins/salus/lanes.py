@@ -157,7 +157,8 @@ class LaneManager:
                     f"needs {format_bytes(need)} (1.05 x (1.1 x persistent {format_bytes(persistent)}"
                     f" + ephemeral {format_bytes(ephemeral)})) but the capacity is "
                     f"{format_bytes(self.capacity)}: {format_bytes(need - self.capacity)} too much"
-                    "; lower its batch_size/width or raise plugins.salus.capacity"
+                    "; lower its batch_size/width or raise the capacity (plugins.salus.capacity; "
+                    "accelopt serve --capacity)"
                 )
             )
         lane_limit_ok = self.max_lanes <= 0 or len(self.lanes) < self.max_lanes

@@ -27,6 +27,7 @@ import signal
 import socket
 import socketserver
 import threading
+import time
 import traceback
 from importlib import import_module
 from pathlib import Path
@@ -77,6 +78,14 @@ class Service:
 
         self.options = options
         self.root = options.root
+        try:  # a root the service cannot write is said now, not at the first job's end
+            (self.root / "jobs").mkdir(parents=True, exist_ok=True)
+            probe = self.root / "jobs" / f".writable-{os.getpid()}"
+            probe.touch()
+            probe.unlink()
+        except OSError as exc:
+            raise UserError(f"--root {self.root}: cannot write job outputs there "
+                            f"({exc.strerror or exc}); give a directory you can write") from None
         self.device = pick_device(options.device)
         config = SalusConfig(policy=options.policy, capacity=options.capacity,
                              max_lanes=options.max_lanes, threads=options.threads)
@@ -271,18 +280,49 @@ class _Handler(socketserver.StreamRequestHandler):
 
 
 class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    """One thread per connection, daemon (a client that never sends must not keep the
+    process alive), each kept so that closing the server can wait for the answers being
+    written: the reply to ``shutdown`` was lost when the process exited first."""
+
     daemon_threads = True
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.handlers: list[threading.Thread] = []
 
-def _take_lock(path: Path) -> Any:
-    """Hold ``<socket>.lock`` for the server's lifetime; a second serve cannot take it."""
-    handle = open(path.with_name(path.name + ".lock"), "a+")
+    def process_request(self, request: Any, client_address: Any) -> None:
+        thread = threading.Thread(target=self.process_request_thread,
+                                  args=(request, client_address), daemon=True)
+        self.handlers = [t for t in self.handlers if t.is_alive()] + [thread]
+        thread.start()
+
+    def close(self, grace_s: float = 5.0) -> None:
+        """Stop accepting, give the requests being answered up to ``grace_s`` to finish,
+        close the socket."""
+        self.shutdown()
+        deadline = time.monotonic() + grace_s
+        for thread in list(self.handlers):
+            thread.join(max(0.0, deadline - time.monotonic()))
+        self.server_close()
+
+
+def _take_lock(path: Path, root: Path | None = None) -> Any:
+    """Hold ``<socket>.lock`` (or, with ``root``, ``<root>/serve.lock``) for the server's
+    lifetime; a second serve cannot take it. The root's lock keeps two services on other
+    sockets from numbering jobs into one directory (each from the same last number: the
+    second wrote over the first's jobs)."""
+    lock = root / "serve.lock" if root is not None else path.with_name(path.name + ".lock")
+    handle = open(lock, "a+")
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         handle.seek(0)
         pid = handle.read().strip() or "?"
         handle.close()
+        if root is not None:
+            raise UserError(
+                f"another accelopt serve (pid {pid}) writes its jobs into --root {root}; give "
+                "this one another --root") from None
         raise UserError(
             f"another accelopt serve (pid {pid}) is already running on {path}; stop it with "
             f"`accelopt serve --stop --socket {path}` or pick another --socket"
@@ -299,10 +339,12 @@ def serve(options: ServeOptions, ready: Any = print) -> int:
     path = options.socket
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     lock = _take_lock(path)
+    root_lock = None
     try:
         if path.exists() or path.is_symlink():
             path.unlink()  # stale: its server is gone (we hold the lock)
-        service = Service(options)
+        service = Service(options)  # makes (and checks) the root
+        root_lock = _take_lock(path, root=options.root)
         old_umask = os.umask(0o177)
         try:
             server = _Server(str(path), _Handler)
@@ -323,12 +365,13 @@ def serve(options: ServeOptions, ready: Any = print) -> int:
         try:
             service.executor.run()
         finally:
-            server.shutdown()
-            server.server_close()
+            server.close()
             if path.exists():
                 path.unlink()
         return 0
     finally:
+        if root_lock is not None:
+            root_lock.close()
         lock.close()
 
 
