@@ -19,6 +19,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from accelopt import AllocationDecision, PluginSpec, hookimpl
 from accelopt.config import AccelConfig, JobConfig
 from accelopt.drivers.cluster import run_cluster
 from accelopt.errors import ConfigError
@@ -191,6 +192,39 @@ def test_a_plugin_that_changed_nothing_is_not_credited_with_the_noise(run_tiny):
         assert f"{plugin} changed nothing in this run, its rows say so: this difference " \
                "is run-to-run noise" in gains[plugin]
     assert "changed nothing" not in gains["noop"]  # its rows say what it counted
+
+
+class _RejectsTheCnn:
+    """Test-only plugin: admission control that turns the tiny workload's CNN away."""
+
+    def __init__(self, _config=None) -> None:
+        pass
+
+    @hookimpl
+    def accelopt_allocate(self, request):
+        if request.job.name == "tiny-cnn":
+            return AllocationDecision(granted=False, reject="rejected by the test")
+        return AllocationDecision(granted=True, lane="default")
+
+
+def test_run_compare_says_when_the_runs_did_not_finish_the_same_jobs(run_tiny):
+    """salus rejected a large job the baseline ran, and the table read 5.95x faster."""
+    spec = PluginSpec(name="rejects", factory=_RejectsTheCnn)
+    record = run_tiny(spec, overrides=["run.compare=baseline", "cluster.mode=none"])
+    (gain,) = [r.summary for r in record.plugin_rows if r.plugin == "rejects"
+               and r.summary.startswith("measured gain")]
+    assert "[not the same jobs finished, so these averages are over different jobs: " \
+        "tiny-cnn (done without plugins, rejected here)]" in gain
+    import copy
+
+    from accelopt.runtime.compare import BASELINE, job_set_note, table
+
+    assert job_set_note(record, record) == ""  # the same jobs: nothing said
+    base = copy.deepcopy(record)
+    for job in base.jobs:
+        job.status = "done"
+    assert "tiny-cnn (done without plugins, rejected here)" in table(record, {BASELINE: base}).caption
+    assert table(base, {BASELINE: base}).caption is None
 
 
 def test_run_compare_is_validated_in_one_line(run_tiny):

@@ -125,6 +125,23 @@ def describe(base: dict[str, Any], mine: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
+def job_set_note(base: RunRecord, other: RunRecord) -> str:
+    """'' when the same jobs finished in both runs; else which did not, and that the
+    averages are then over different jobs (a plugin that rejected a large job looked
+    several times faster than the baseline that ran it)."""
+    theirs = {r.job.name: r.status for r in base.jobs}
+    ours = {r.job.name: r.status for r in other.jobs}
+    differ = [f"{name} ({theirs.get(name, 'absent')} without plugins, "
+              f"{ours.get(name, 'absent')} here)"
+              for name in sorted(set(theirs) | set(ours))
+              if (theirs.get(name) == "done") != (ours.get(name) == "done")]
+    if not differ:
+        return ""
+    more = f" and {len(differ) - 3} more" if len(differ) > 3 else ""
+    return ("not the same jobs finished, so these averages are over different jobs: "
+            + "; ".join(differ[:3]) + more)
+
+
 def attach(record: RunRecord, refs: dict[str, RunRecord]) -> None:
     """Add each plugin's measured gain (a row after its own rows) and the reference figures
     (``compare.<label>.<key>`` in the run's metrics)."""
@@ -153,6 +170,8 @@ def attach(record: RunRecord, refs: dict[str, RunRecord]) -> None:
             text = (f"measured gain of all selected plugins together ({'+'.join(plugins)}) vs "
                     f"the same run without plugins: {describe(base, mine)} "
                     "(run.compare=each measures each plugin alone too)")
+        differ = job_set_note(refs[BASELINE], alone if alone is not None else record)
+        text += f" [{differ}]" if differ else ""
         text += " [ratio > 1x: faster; one run each, this invocation]"
         last = max((i for i, r in enumerate(rows) if r.plugin == plugin), default=len(rows) - 1)
         rows.insert(last + 1, ReportRow(plugin, text))
@@ -163,8 +182,10 @@ def table(record: RunRecord, refs: dict[str, RunRecord]) -> Table:
     """Baseline, each reference and this run side by side."""
     runs = [(name, figures(ref)) for name, ref in refs.items()]
     runs.append(("+".join(record.info.plugins) or "this run", figures(record)))
+    differ = job_set_note(refs[BASELINE], record)
     out = Table(title="Compared in this invocation (one run each; ratio vs no plugins)",
-                title_justify="left", pad_edge=False)
+                title_justify="left", pad_edge=False,
+                caption=f"this run: {differ}" if differ else None, caption_justify="left")
     out.add_column("figure", no_wrap=True)
     for name, _ in runs:
         out.add_column("no plugins" if name == BASELINE else name, justify="right")
