@@ -57,6 +57,9 @@ class RankFailed(AccelOptError):
         self.exit_code = exit_code
         """The rank's own error's exit code: 2 when it raised a ``UserError`` (bad input
         found on a rank, e.g. by a plugin's hook), as the same error exits in one process."""
+        self.ended: dict[str, dict[str, object]] = {}
+        """The jobs that had ended before the run stopped, as the leader recorded them (job
+        id -> status, error, iterations, JCT and queueing delay): their evidence says so."""
 
 
 class JobFailed(AccelOptError):

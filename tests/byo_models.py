@@ -286,3 +286,23 @@ def sparse_embedding(*, vocab_size, num_classes, input_shape) -> nn.Module:
     """A bag of words with nn.Embedding(sparse=True): sparse gradients."""
     return nn.Sequential(nn.Embedding(vocab_size, 8, sparse=True), nn.Flatten(),
                          nn.Linear(8 * input_shape[0], num_classes))
+
+
+class RaisesAfter(nn.Module):
+    """A small MLP whose forward raises once it has run ``after`` times: its job fails
+    part-way (in a cluster run, that stops the run)."""
+
+    def __init__(self, input_shape, num_classes, after: int) -> None:
+        super().__init__()
+        self.net = kw_mlp(input_shape=input_shape, num_classes=num_classes)
+        self.after, self.calls = after, 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if self.calls > self.after:
+            raise RuntimeError(f"boom at forward {self.calls}")
+        return self.net(x)
+
+
+def raises_after(*, input_shape, num_classes, after: int = 2) -> nn.Module:
+    return RaisesAfter(input_shape, num_classes, after)

@@ -227,6 +227,27 @@ def test_run_compare_says_when_the_runs_did_not_finish_the_same_jobs(run_tiny):
     assert table(base, {BASELINE: base}).caption is None
 
 
+@pytest.mark.timeout(120)
+def test_a_job_that_stops_the_cluster_run_leaves_the_finished_ones_done(run_tiny, tmp_path,
+                                                                       monkeypatch):
+    """In a cluster run a job that raises stops the run; the jobs that had finished before
+    it were all marked failed with 0 iterations (the launcher knew nothing of them)."""
+    from accelopt.errors import RankFailed
+
+    monkeypatch.setenv("PYTHONPATH", TESTS + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    jobs = ("workload.jobs=[{name:first,model:mlp,width:8,batch_size:8,iterations:3,seed:1},"
+            "{name:boom,model:'byo_models:raises_after',dataset:synthetic_vectors,"
+            "model_kwargs:{after:2},batch_size:8,iterations:6,seed:2}]")
+    with pytest.raises(RankFailed, match="boom at forward 3"):
+        run_tiny(overrides=["cluster.mode=ps", "cluster.workers=1", jobs])
+    (metrics,) = tmp_path.glob("run*/metrics.json")
+    first, boom = json.loads(metrics.read_text())["jobs"]
+    assert (first["status"], first["iterations"]) == ("done", 3)
+    assert first["jct_s"] > 0 and first["queueing_s"] >= 0
+    assert "not scored: the run stopped before" in first["quality_note"]
+    assert boom["status"] == "failed" and "boom at forward 3" in boom["error"]
+
+
 def test_run_compare_is_validated_in_one_line(run_tiny):
     from accelopt_plugins.noop import PLUGIN as NOOP
 

@@ -261,7 +261,9 @@ def _execute_cluster(cfg: DictConfig, run_dir: Path, registry: Registry, console
         drawing.close()
         record.duration_s = time.perf_counter() - started
         specs = job_specs(cfg)
-        record.jobs = [JobResult(job_info(s, job_id_for(i, s))) for i, s in enumerate(specs)]
+        ended = getattr(exc, "ended", {})
+        record.jobs = [_ended_before(JobResult(job_info(s, job_id_for(i, s))), ended)
+                       for i, s in enumerate(specs)]
         record.telemetry_note = ("the cluster run failed: the ranks' timelines ended with "
                                  "their processes and are not in trace.json")
         _keep_evidence(record, run_dir, exc)
@@ -334,6 +336,27 @@ def _local_spans(executor: Executor, hook_calls: HookTrace) -> list[Span]:
     t0 = executor._t0
     return executor.spans + [Span(h, "hooks", s - t0, e - t0, category="hook")
                              for h, s, e in traced_calls(hook_calls)]
+
+
+def _ended_before(result: JobResult, ended: dict[str, dict[str, Any]]) -> JobResult:
+    """A cluster job that had ended before the run stopped (the leader's record), as it
+    ended: its status, iterations, JCT and queueing delay; its weights were never gathered
+    (the ranks hand them over at the end), so it has no score."""
+    mine = ended.get(result.job.job_id)
+    if mine is None:
+        return result
+    arrival = result.job.arrival_s
+    result.status = mine["status"]
+    result.error = mine.get("error") or ""
+    result.iterations_done = int(mine.get("iterations") or 0)
+    if mine.get("jct_s") is not None:
+        result.end_s = arrival + float(mine["jct_s"])
+    if mine.get("queueing_s") is not None:
+        result.first_start_s = arrival + float(mine["queueing_s"])
+    if result.status == "done":
+        result.quality_note = ("not scored: the run stopped before the ranks handed over "
+                               "the weights")
+    return result
 
 
 def _keep_evidence(record: RunRecord, run_dir: Path, exc: BaseException) -> None:

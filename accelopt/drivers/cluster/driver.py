@@ -42,6 +42,7 @@ import torch.distributed as dist
 from omegaconf import DictConfig
 
 from accelopt.activation import PluginSet
+from accelopt.drivers.cluster.faults import record_ended
 from accelopt.drivers.local import Executor
 from accelopt.drivers.setup import memory_capacity
 from accelopt.job import Job, StepEvents
@@ -71,6 +72,7 @@ class ClusterDriver:
         self.clock = clock
         self.schedule: list[dict[str, Any]] = []
         self.statuses: dict[str, tuple[str, str]] = {}
+        self._ended_jobs: dict[str, dict[str, Any]] = {}
         self.train_t0: float | None = None
         self._broadcast = threading.Lock()
         self._ids = list(self.jobs)
@@ -103,10 +105,20 @@ class ClusterDriver:
                                            self.device),
             device=str(self.device), profiler=None, stepper=self._lead_step,
             clock=self.clock, jobs_fail_alone=False, results=self._resumed(),
+            on_finish=self._ended if self.progress is not None else None,
         )
         results = executor.run()  # an error ends this rank; the watchdog stops the others
         self._send({"stop": True})
         self.statuses = {r.job.job_id: (r.status, r.error) for r in results}
+
+    def _ended(self, job: Job, result: JobResult) -> None:
+        """A job's end, recorded where the launcher finds it if the run stops later."""
+        assert self.progress is not None
+        self._ended_jobs[job.info.job_id] = {
+            "status": result.status, "error": result.error,
+            "iterations": result.iterations_done, "jct_s": result.jct_s,
+            "queueing_s": result.queueing_s}
+        record_ended(self.progress.path.parent, self._ended_jobs)
 
     def _resumed(self) -> dict[str, JobResult]:
         """The jobs a checkpoint brought back part-way (or finished): the executor goes on

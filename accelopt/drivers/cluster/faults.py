@@ -100,6 +100,25 @@ class Progress:
             return None
 
 
+ENDED_FILE = "ended.json"
+
+
+def record_ended(workdir: str | os.PathLike[str], ended: dict[str, dict[str, Any]]) -> None:
+    """The leader's record of the jobs that have ended (rewritten whole, atomically, at
+    each job's end): if a later job stops the run, the launcher still knows which had
+    finished, and their evidence says so instead of failing every job."""
+    tmp = Path(workdir) / f".{ENDED_FILE}.tmp"
+    tmp.write_text(json.dumps(ended))
+    os.replace(tmp, Path(workdir) / ENDED_FILE)
+
+
+def read_ended(workdir: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
+    try:
+        return dict(json.loads((Path(workdir) / ENDED_FILE).read_text()))
+    except (OSError, ValueError):
+        return {}
+
+
 def is_communication_error(exc: BaseException) -> bool:
     from accelopt.drivers.cluster.transport import CommunicationError
 

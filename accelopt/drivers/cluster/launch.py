@@ -93,7 +93,11 @@ def run_cluster(cfg: DictConfig, *, run_dir: str | os.PathLike[str] = ".",
     with tempfile.TemporaryDirectory(prefix="accelopt-cluster-") as work, own_mp_helpers():
         if while_ranks_start is not None:
             while_ranks_start()
-        ranks = _spawn(cfg, settings, t0, work, str(run_dir), carried, when_jobs_end)
+        try:
+            ranks = _spawn(cfg, settings, t0, work, str(run_dir), carried, when_jobs_end)
+        except faults.RankFailed as exc:
+            exc.ended = faults.read_ended(work)  # the jobs that had finished before
+            raise
     with collector_paused():
         return build_outcome(ranks, settings)
 
