@@ -350,9 +350,10 @@ class SlideLinear(nn.Module):
             "active_per_sample": s["active"] / samples,
             "retrieved_per_sample": s["retrieved"] / samples,
             "union_rows_per_batch": s["union"] / steps,
+            # the first build's time included; the rows rehashed count rebuilds only
             "rebuild_time_share": s["t_rebuild"] / total if total else 0.0,
             "rebuilds": s["rebuilds"],
-            "rehashed_per_rebuild": s["rehashed"] / max(s["rebuilds"], 1),
+            "rehashed_per_rebuild": s["rehashed"] / s["rebuilds"] if s["rebuilds"] else 0.0,
             **{f"ms_{p}": 1e3 * s[f"t_{p}"] / steps for p in PHASES},
         }
 
@@ -427,7 +428,8 @@ class SlideLinear(nn.Module):
                 self._neuron_keys(rows, out=keys, scatter=True)
             elif new is not None:
                 keys[rows] = new
-        self.stats["rehashed"] += self.out_features if not int(self.sched[3]) else len(rows)
+        if int(self.sched[3]):  # a rebuild (the first build is no rebuild: not counted)
+            self.stats["rehashed"] += len(rows)
         build_tables(keys, self.tables.numpy(), self.counts.numpy(),
                      INSERTIONS[self.cfg.insertion], self.cfg.seed + int(self.sched[2]))
         self.dirty.zero_()

@@ -222,7 +222,8 @@ class SlidePlugin:
                     f"{job}:{path} {lay.out_features} outputs trained with {self._method()}: "
                     f"{100 * s['active_fraction']:.2f}% active per sample, "
                     f"{s['union_rows_per_batch']:.0f} rows updated per batch, "
-                    f"{100 * s['rebuild_time_share']:.1f}% of layer time rebuilding tables"
+                    f"{100 * s['rebuild_time_share']:.1f}% of layer time building and "
+                    "rebuilding tables"
                     + (f"; sparse-input first layer: {len(self.inputs)} replaced"
                        if self.inputs else "")
                     + notes
