@@ -34,6 +34,8 @@ def test_overlap_metrics_by_hand():
     # E = (Mc+Pc-U)/(Mc+Pc-max) = (8-7)/(8-5) = 1/3; a = 5/3
     assert m["efficiency_e"] == pytest.approx(1 / 3)
     assert m["ratio_a"] == pytest.approx(5 / 3)
+    # TicTac's speed-up potential S = (Mc+Pc-max)/max = min(a, 1/a): a ratio, not seconds
+    assert m["speedup_potential"] == pytest.approx(3 / 5)
     # no overlap at all -> E = 0; perfect overlap -> E = 1
     assert cm.overlap_metrics([(0, 1)], [(1, 3)])["efficiency_e"] == pytest.approx(0)
     assert cm.overlap_metrics([(0, 2)], [(0, 3)])["efficiency_e"] == pytest.approx(1)

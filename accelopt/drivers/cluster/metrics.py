@@ -59,7 +59,7 @@ def overlap_metrics(
         "iteration_makespan_s": makespan,
         "efficiency_e": efficiency,
         "ratio_a": mc / pc if pc > 0 else None,
-        "speedup_potential_s": (upper - lower) / lower if lower > 0 else None,
+        "speedup_potential": (upper - lower) / lower if lower > 0 else None,  # min(a, 1/a)
     }
 
 
