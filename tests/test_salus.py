@@ -155,6 +155,7 @@ def test_a_job_under_salus_is_bitwise_the_job_without_plugins_at_the_same_run_th
     srtf = run_tiny(PLUGIN, overrides=[*common, CAP, "plugins.salus.policy=srtf"],
                     workload=MIX)
     assert salus_row(srtf).metrics["threads_per_lane"] == 1
+    assert "1 intra-op thread(s) per lane" in salus_row(srtf).summary  # said, not hidden
     a, b = _weights(plain, "s-cnn"), _weights(srtf, "s-cnn")
     for key in a:
         assert torch.equal(a[key], b[key]), key

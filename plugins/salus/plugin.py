@@ -431,6 +431,12 @@ class SalusPlugin:
                 f"switch latency median {s['switch_latency_median_s'] * 1e3:.3f} ms, p99 "
                 f"{s['switch_latency_p99_s'] * 1e3:.3f} ms over {s['switches']} switches"
             )
+        if self.world_size == 1 and not self.device.startswith("cuda"):
+            threads = s["threads_per_lane"]
+            parts.append("the cores re-split between active lanes every iteration"
+                         if threads == "auto" else
+                         f"{threads} intra-op thread(s) per lane (a job's numerics follow its "
+                         "thread count)")
         if n_jobs == 1:
             parts.append("only one job: nothing to share, it ran alone")
         if s["failed"]:
