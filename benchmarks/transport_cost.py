@@ -48,6 +48,7 @@ import torch.multiprocessing as mp
 
 from accelopt import hookimpl
 from accelopt.drivers.cluster.launch import free_port
+from accelopt.drivers.processes import release_before_exit
 
 MODES = ("gloo", "gloo+header", "accelopt", "accelopt+done")
 HEADER_INTS = 20
@@ -158,6 +159,13 @@ def _child(rank: int, port: int, tensors: int, numel: int, rounds: int,
         for transport in transports.values():
             transport.close()
         dist.destroy_process_group()
+    # as accelopt's ranks end: the results flushed, then no interpreter teardown, whose
+    # destruction of gloo's threads now and then aborted the process ("terminate called
+    # without an active exception", exit -6)
+    out.close()
+    out.join_thread()
+    release_before_exit()
+    os._exit(0)
 
 
 def measure(order: list[str], tensors: int, numel: int,
