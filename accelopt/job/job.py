@@ -120,10 +120,12 @@ class Job:
         self.random = JobRandom(spec.seed, device, stream=self.exchange.stream)
         self.iteration = 0
         self.rebuilds: list[str] = []
-        self.pending_plugin_states: dict[str, Any] = {}
-        self.pending_weights: tuple[dict[str, Any], str] | None = None
-        """Plugins' states from the checkpoint loaded, until the run has started."""
         """Why the optimizer was rebuilt, one entry per rebuild (``accelopt_after_step``)."""
+        self.pending_plugin_states: dict[str, Any] = {}
+        """Plugins' states from the checkpoint loaded, until the run has started."""
+        self.pending_weights: tuple[dict[str, Any], str] | None = None
+        """A checkpoint's weights and optimizer state (and where they came from) that did not
+        fit the model as built, until the plugins have their states back."""
         self.forward: nn.Module = self.model
         """What forward calls: the model, or the exchange's wrapper of it (all-reduce: PyTorch
         DDP). Plugins, checkpoints and weights always see :attr:`model` itself."""
