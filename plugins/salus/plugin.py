@@ -81,7 +81,8 @@ class SalusPlugin:
         self._switch: list[float] = []
         self._continue: list[float] = []
         self._last_end: dict[str, tuple[str, float]] = {}
-        self._boundary: dict[str, tuple[str, float]] = {}
+        self._boundary: dict[str, tuple[str, float, float]] = {}
+        """Per lane, the last choice: (job, when it was admitted, when the lane asked)."""
         self._admitted_at: dict[str, float] = {}
         self._left_at: dict[str, float] = {}
         self._first_start: dict[str, float] = {}
@@ -273,7 +274,7 @@ class SalusPlugin:
                 f"lane {lane}; its select() must return one of the ready job ids: "
                 + ", ".join(s.job.job_id for s in ready))
         self._decisions += 1
-        self._boundary[lane] = (chosen, admitted)
+        self._boundary[lane] = (chosen, admitted, now_s)
         return chosen
 
     @hookimpl
@@ -310,11 +311,12 @@ class SalusPlugin:
         boundary = self._boundary.get(lane)
         if previous is not None and boundary is not None and boundary[0] == job_id:
             prev_job, prev_end = previous
-            # it was ready when the previous iteration ended, and that job is still resident
-            # (a switch between live jobs: after a job's end its end-of-job work, weights
-            # and checkpoint writing, sits in the gap and is no switching cost)
-            if boundary[1] <= prev_end and self._status.get(prev_job) not in ("done", "failed"):
-                gap = max(0.0, result.start_s - prev_end)
+            chosen_at = boundary[2] if prev_job != job_id else prev_end
+            if boundary[1] <= prev_end:  # it was ready when the previous iteration ended
+                # a switch: from the lane asking which job runs next (after whatever the
+                # previous iteration's end triggered: a checkpoint, a finished job's outputs,
+                # which are no switching cost) to the chosen job's iteration start
+                gap = max(0.0, result.start_s - max(prev_end, chosen_at))
                 (self._continue if prev_job == job_id else self._switch).append(gap)
         self._last_end[lane] = (job_id, result.end_s)
         if self.manager is not None:
