@@ -79,6 +79,10 @@ class SalusPlugin:
         self._warmed_up: set[str] = set()
         self._intervals: list[Interval] = []
         self._switch: list[float] = []
+        """Switches between resident jobs (the chosen one had run before): SALUS's switch."""
+        self._start: list[float] = []
+        """Switches to a job's first iteration: its start-up in the lane (lazy set-up, first
+        allocations), reported apart."""
         self._continue: list[float] = []
         self._last_end: dict[str, tuple[str, float]] = {}
         self._boundary: dict[str, tuple[str, float, float]] = {}
@@ -317,7 +321,8 @@ class SalusPlugin:
                 # previous iteration's end triggered: a checkpoint, a finished job's outputs,
                 # which are no switching cost) to the chosen job's iteration start
                 gap = max(0.0, result.start_s - max(prev_end, chosen_at))
-                (self._continue if prev_job == job_id else self._switch).append(gap)
+                (self._continue if prev_job == job_id else
+                 self._start if self._iterations[job_id] == 1 else self._switch).append(gap)
         self._last_end[lane] = (job_id, result.end_s)
         if self.manager is not None:
             lane_obj = self.manager.lanes.get(lane)
@@ -389,6 +394,8 @@ class SalusPlugin:
             "switch_latency_median_s": percentile(self._switch, 50),
             "switch_latency_p99_s": percentile(self._switch, 99),
             "boundary_latency_median_s": percentile(self._continue, 50),
+            "first_iteration_switches": len(self._start),
+            "first_iteration_latency_median_s": percentile(self._start, 50),
             "failed": sorted(j for j, s in self._status.items() if s == "failed"),
             "rejected": dict(self._rejected),
             "cuda_pool_peak_bytes": dict(self._cuda.pool_peak) if self._cuda else {},
@@ -431,7 +438,14 @@ class SalusPlugin:
         if s["switch_latency_median_s"] is not None:
             parts.append(
                 f"switch latency median {s['switch_latency_median_s'] * 1e3:.3f} ms, p99 "
-                f"{s['switch_latency_p99_s'] * 1e3:.3f} ms over {s['switches']} switches"
+                f"{s['switch_latency_p99_s'] * 1e3:.3f} ms over {s['switches']} switches "
+                "between resident jobs"
+            )
+        if s["first_iteration_latency_median_s"] is not None:
+            parts.append(
+                f"a job's first iteration started {s['first_iteration_latency_median_s'] * 1e3:.3f}"
+                f" ms (median) after the lane chose it ({s['first_iteration_switches']} starts: "
+                "its start-up, not a switch)"
             )
         if self.world_size == 1 and not self.device.startswith("cuda"):
             threads = s["threads_per_lane"]
