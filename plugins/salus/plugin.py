@@ -315,14 +315,20 @@ class SalusPlugin:
         boundary = self._boundary.get(lane)
         if previous is not None and boundary is not None and boundary[0] == job_id:
             prev_job, prev_end = previous
-            chosen_at = boundary[2] if prev_job != job_id else prev_end
-            if boundary[1] <= prev_end:  # it was ready when the previous iteration ended
-                # a switch: from the lane asking which job runs next (after whatever the
-                # previous iteration's end triggered: a checkpoint, a finished job's outputs,
-                # which are no switching cost) to the chosen job's iteration start
-                gap = max(0.0, result.start_s - max(prev_end, chosen_at))
-                (self._continue if prev_job == job_id else
-                 self._start if self._iterations[job_id] == 1 else self._switch).append(gap)
+            gap = max(0.0, result.start_s - prev_end)
+            if boundary[1] > prev_end:
+                pass  # it arrived after the previous iteration ended: no choice was made
+            elif prev_job == job_id:
+                self._continue.append(gap)
+            elif self._iterations[job_id] == 1:
+                # a job's first iteration: its start-up, from the lane asking which job runs
+                # next (after what the previous iteration's end triggered: a finished job's
+                # outputs, a checkpoint) to its start
+                self._start.append(max(0.0, result.start_s - max(prev_end, boundary[2])))
+            elif self._status.get(prev_job) not in ("done", "failed"):
+                # SALUS's switch, between two resident jobs: measured as the boundary of a
+                # job that goes on is, the previous iteration's end to the next one's start
+                self._switch.append(gap)
         self._last_end[lane] = (job_id, result.end_s)
         if self.manager is not None:
             lane_obj = self.manager.lanes.get(lane)
