@@ -95,10 +95,19 @@ VARIANTS: dict[str, dict[str, Any]] = {}
 
 
 def settings(pairs: list[str]) -> dict[str, Any]:
-    """``["heuristic=priority", "credit_bytes=0"]`` -> plugins.tictac settings."""
+    """``["heuristic=priority", "credit_bytes=0"]`` -> plugins.tictac settings; a pair
+    without ``=`` or a key tictac does not have is a usage error, before any run."""
+    from dataclasses import fields
+
+    from accelopt_plugins.tictac.config import TictacConfig
+
+    known = {f.name for f in fields(TictacConfig)}
     out: dict[str, Any] = {}
     for item in pairs:
-        key, _, value = item.partition("=")
+        key, eq, value = item.partition("=")
+        if not eq or key not in known:
+            _cli.fail(f"--set/--variant: {item!r} is not KEY=VALUE with a plugins.tictac key "
+                      f"({', '.join(sorted(known))})")
         out[key] = int(value) if value.isdigit() else value
     return out
 

@@ -124,6 +124,7 @@ SCRIPT_ERRORS = [
     ("gradcomm_compare.py", ["--only", "nosuch"], "--only"),
     ("slide_row_index.py", ["--reps", "-1"], "--reps"),
     ("tictac_real.py", ["--json", "{existing}"], "--force"),
+    ("tictac_vs_default.py", ["--set", "heurstic=priority"], "plugins.tictac key"),
 ]
 
 

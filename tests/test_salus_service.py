@@ -84,6 +84,8 @@ def test_submit_wait_and_outputs_in_the_job_directory(server):
     assert doc["job"]["status"] == "done" and doc["job"]["iterations"] == 8
     assert len(doc["losses"]) == 8 and doc["job"]["jct_s"] > 0
     assert (root / "jobs" / job_id / "weights.pt").stat().st_size > 0
+    config = json.loads((root / "jobs" / job_id / "config.json").read_text())
+    assert config["arrival_s"] == doc["job"]["arrival_s"]  # one arrival, not two
     status = ask(sock, {"op": "status"})
     row = next(j for j in status["jobs"] if j["id"] == job_id)
     assert row["state"] == "done" and row["done"] == 8 and row["persistent"] > 0

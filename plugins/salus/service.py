@@ -186,7 +186,8 @@ class Service:
         self.executor.submit(job)  # refused (shutting down, profiling failed): no files
         job_dir = self.root / "jobs" / job.info.job_id
         job_dir.mkdir(parents=True, exist_ok=True)
-        if not isinstance(spec, Job):
+        if not isinstance(spec, Job):  # its arrival as job.json has it (after profiling)
+            spec = dataclasses.replace(spec, arrival_s=job.info.arrival_s)
             (job_dir / "config.json").write_text(json.dumps(dataclasses.asdict(spec), indent=1))
         return job.info.job_id
 
