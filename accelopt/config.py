@@ -11,6 +11,8 @@ from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 
+from accelopt.errors import listed
+
 
 @dataclass
 class JobConfig:
@@ -169,8 +171,7 @@ def differing_keys(a: Any, b: Any, shown: int = 3) -> str:
     must agree (the ranks of a run, the ranks of a DDP script) were given different ones."""
     flat_a, flat_b = _flat(a), _flat(b)
     keys = sorted(k for k in flat_a.keys() | flat_b.keys() if flat_a.get(k) != flat_b.get(k))
-    more = f" and {len(keys) - shown} more" if len(keys) > shown else ""
-    return ", ".join(keys[:shown]) + more
+    return listed(keys, shown)
 
 
 def _flat(value: Any, prefix: str = "") -> dict[str, Any]:

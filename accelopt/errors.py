@@ -8,6 +8,15 @@ with ``--debug``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+
+def listed(items: Sequence[str], shown: int = 3, sep: str = ", ") -> str:
+    """The first ``shown`` of ``items`` joined, and how many more: a one-line message names a
+    few of many (keys, layers, jobs) without growing with them."""
+    more = f" and {len(items) - shown} more" if len(items) > shown else ""
+    return sep.join(items[:shown]) + more
+
 
 class AccelOptError(Exception):
     """Base class of every error accelopt raises on purpose."""

@@ -9,7 +9,7 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
-from accelopt.errors import UserError
+from accelopt.errors import UserError, listed
 from accelopt.plugin import EXPLICIT_PLUGINS_ENV, Registry, valid_combinations
 
 
@@ -128,7 +128,6 @@ def _runnable(combos: list[list[str]], overrides: list[str],
     for combo, reason in refused.items():
         by_reason.setdefault(reason, []).append(f"[{','.join(combo)}]")
     for reason, labels in by_reason.items():
-        shown = ", ".join(labels[:3]) + (f" and {len(labels) - 3} more" if len(labels) > 3 else "")
-        print(f"left out {len(labels)} set(s) that {setting} refuses ({shown}): {reason}",
+        print(f"left out {len(labels)} set(s) that {setting} refuses ({listed(labels)}): {reason}",
               file=sys.stderr)
     return [c for c in combos if tuple(c) not in refused]

@@ -140,9 +140,9 @@ def refuse_unguarded_main() -> None:
         from accelopt.errors import UserError
 
         raise UserError(
-                f"accelopt.run is called at the top level of {path} (line {line}): the ranks of "
-                "a cluster run import that script again, so each would start the run again; "
-                "put the call under `if __name__ == \"__main__\":`")
+            f"accelopt.run is called at the top level of {path} (line {line}): the ranks of a "
+            "cluster run import that script again, so each would start the run again; put "
+            "the call under `if __name__ == \"__main__\":`")
 
 
 def _under_main_guard(body: list[ast.stmt], line: int) -> bool | None:

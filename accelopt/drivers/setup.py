@@ -80,18 +80,17 @@ def torch_threads(threads: int) -> Iterator[None]:
 def torch_state_kept() -> Iterator[None]:
     """What :func:`setup_torch` and a run change in the process, as it was before, after:
     intra-op threads, deterministic algorithms (and the environment they set), and the
-    random states of torch (CUDA included, where initialised), ``random`` and numpy.
+    random states of torch (CUDA included, where initialised) and numpy (``random``'s is
+    kept by :func:`accelopt.api.keeps_python_random`, from before the run's imports).
     ``accelopt.run`` called from a notebook or a script must not leave that script's
     torch seeded, single-threaded and deterministic (the command's own process ends)."""
-    import random
-
     import numpy as np
 
     threads = torch.get_num_threads()
     deterministic = (torch.are_deterministic_algorithms_enabled(),
                      torch.is_deterministic_algorithms_warn_only_enabled())
     env = {k: os.environ.get(k) for k in ("CUBLAS_WORKSPACE_CONFIG", "TORCHINDUCTOR_DETERMINISTIC")}
-    py_rng, np_rng = random.getstate(), np.random.get_state()
+    np_rng = np.random.get_state()
     try:
         with isolated_rng(seed=None):  # torch's generators, CPU and CUDA
             yield
@@ -103,7 +102,6 @@ def torch_state_kept() -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-        random.setstate(py_rng)
         np.random.set_state(np_rng)
 
 

@@ -19,7 +19,7 @@ from omegaconf import DictConfig
 from rich.console import Console
 from rich.table import Table
 
-from accelopt.errors import ConfigError
+from accelopt.errors import ConfigError, listed
 from accelopt.records import RunRecord
 from accelopt.types import INERT, ReportRow
 
@@ -137,9 +137,8 @@ def job_set_note(base: RunRecord, other: RunRecord) -> str:
               if (theirs.get(name) == "done") != (ours.get(name) == "done")]
     if not differ:
         return ""
-    more = f" and {len(differ) - 3} more" if len(differ) > 3 else ""
     return ("not the same jobs finished, so these averages are over different jobs: "
-            + "; ".join(differ[:3]) + more)
+            + listed(differ, sep="; "))
 
 
 def attach(record: RunRecord, refs: dict[str, RunRecord]) -> None:

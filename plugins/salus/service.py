@@ -307,12 +307,9 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         self.server_close()
 
 
-def _take_lock(path: Path, root: Path | None = None) -> Any:
-    """Hold ``<socket>.lock`` (or, with ``root``, ``<root>/serve.lock``) for the server's
-    lifetime; a second serve cannot take it. The root's lock keeps two services on other
-    sockets from numbering jobs into one directory (each from the same last number: the
-    second wrote over the first's jobs)."""
-    lock = root / "serve.lock" if root is not None else path.with_name(path.name + ".lock")
+def _take_lock(lock: Path, busy: str) -> Any:
+    """Hold ``lock`` for the server's lifetime; a second serve cannot take it and gets
+    ``busy`` (with ``{pid}``, the holder's) in one line."""
     handle = open(lock, "a+")
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -320,14 +317,7 @@ def _take_lock(path: Path, root: Path | None = None) -> Any:
         handle.seek(0)
         pid = handle.read().strip() or "?"
         handle.close()
-        if root is not None:
-            raise UserError(
-                f"another accelopt serve (pid {pid}) writes its jobs into --root {root}; give "
-                "this one another --root") from None
-        raise UserError(
-            f"another accelopt serve (pid {pid}) is already running on {path}; stop it with "
-            f"`accelopt serve --stop --socket {path}` or pick another --socket"
-        ) from None
+        raise UserError(busy.replace("{pid}", pid)) from None
     handle.seek(0)
     handle.truncate()
     handle.write(str(os.getpid()))
@@ -339,13 +329,19 @@ def serve(options: ServeOptions, ready: Any = print) -> int:
     """Run the service until a shutdown request (or SIGTERM/SIGINT) and its jobs finish."""
     path = options.socket
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    lock = _take_lock(path)
+    lock = _take_lock(path.with_name(path.name + ".lock"),
+                      f"another accelopt serve (pid {{pid}}) is already running on {path}; stop "
+                      f"it with `accelopt serve --stop --socket {path}` or pick another --socket")
     root_lock = None
     try:
         if path.exists() or path.is_symlink():
             path.unlink()  # stale: its server is gone (we hold the lock)
         service = Service(options)  # makes (and checks) the root
-        root_lock = _take_lock(path, root=options.root)
+        # job numbers are per root: two services on other sockets numbering into one root
+        # from the same last number, the second wrote over the first's jobs
+        root_lock = _take_lock(options.root / "serve.lock",
+                               f"another accelopt serve (pid {{pid}}) writes its jobs into --root "
+                               f"{options.root}; give this one another --root")
         old_umask = os.umask(0o177)
         try:
             server = _Server(str(path), _Handler)

@@ -26,7 +26,7 @@ from accelopt.drivers.cluster.ddp_hook import BucketHook, reduce_bucket
 from accelopt.drivers.cluster.ps import ClusterExchange
 from accelopt.drivers.cluster.settings import ClusterSettings
 from accelopt.drivers.cluster.transport import Transport
-from accelopt.errors import UserError
+from accelopt.errors import UserError, listed
 from accelopt.job.params import shard_rows
 
 if TYPE_CHECKING:
@@ -84,10 +84,8 @@ class AllReduce(ClusterExchange):
         if self.hook is not None:
             unused = self.hook.unsent(self.params)
             if unused is not None:
-                shown = ", ".join(unused[:4]) + (f" and {len(unused) - 4} more"
-                                                 if len(unused) > 4 else "")
                 raise UserError(
-                    f"job '{self.job_name}': {shown} got no gradient in iteration {iteration} "
+                    f"job '{self.job_name}': {listed(unused, 4)} got no gradient in iteration {iteration} "
                     "(the loss does not use them), and all-reduce (PyTorch DDP) needs every "
                     "trainable parameter in the loss; freeze them (requires_grad_(False)) "
                     "or use cluster.mode=ps")
