@@ -17,16 +17,19 @@ from __future__ import annotations
 import os
 import platform
 import time
-from dataclasses import replace
 
 import numba
 import numpy as np
 import torch
 import torch.nn.functional as F  # noqa: N812
-from accelopt_plugins.slide.config import SlideConfig
+from accelopt_plugins.slide.config import SlideConfig, as_config, validate
 from accelopt_plugins.slide.layer import SlideLinear, SlideSparseInput
 from accelopt_plugins.slide.xcmodel import XCNet, xc_softmax_loss
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 from torch import nn
+
+from accelopt.errors import ConfigError, UserError
 
 HIDDEN = 128
 HUGE_PAGES_ENV = "THP_MEM_ALLOC_ENABLE"
@@ -251,13 +254,25 @@ def init_net(n_features: int, n_labels: int, seed: int = 0) -> XCNet:
 
 
 def slide_config(n_labels: int, **kw) -> SlideConfig:
-    """The benchmark's SLIDE settings: the plugin's defaults (SimHash K=9, L=50, buckets of 128
+    """The benchmarks' SLIDE settings (``n_labels`` wide, SimHash K=9 L=50, buckets of 128
     with reservoir insertion, top 1000 by hits, at least 1000 active, log-Q corrected random
-    top-up, rebuild every 50, sparse Adam with global bias correction)."""
+    top-up, rebuild every 50, sparse Adam with global bias correction), with a variant's
+    overrides checked the way ``plugins.slide.<key>=<value>`` is: an unknown key, a value of
+    the wrong type or out of range is a one-line :class:`UserError` before any work."""
     base = SlideConfig(hash="simhash", k=9, l=50, bucket_size=128, insertion="reservoir",
                        sampling="topk", topk=1000, min_active=1000, rebuild="fixed",
                        rebuild_period=50)
-    return replace(base, **kw)
+    try:
+        cfg = as_config(OmegaConf.merge(OmegaConf.structured(base), kw))
+        validate(cfg)
+    except OmegaConfBaseException as exc:
+        first = str(exc).splitlines()[0]
+        key = getattr(exc, "full_key", None)
+        raise UserError(f"slide variant setting{f' {key}' if key else ''}: {first} (the keys "
+                        "and types are SlideConfig's, plugins/slide/config.py)") from None
+    except ConfigError as exc:
+        raise UserError(f"slide variant setting: {exc}") from None
+    return cfg
 
 
 def parse_overrides(items: list[str]) -> dict:
@@ -267,7 +282,7 @@ def parse_overrides(items: list[str]) -> dict:
     for item in items:
         key, sep, val = item.partition("=")
         if not sep:
-            raise SystemExit(f"variant setting {item!r}: expected key=value (e.g. logq=true)")
+            raise UserError(f"variant setting {item!r}: expected key=value (e.g. logq=true)")
         low = val.lower()
         if low in ("true", "false"):
             out[key] = low == "true"
@@ -287,7 +302,23 @@ def parse_variant(spec: str) -> tuple[str, dict]:
     """``"name:key=value,key=value"`` -> (name, overrides); what the method name starts with
     picks the trainer (``dense``, ``sampled``, anything else is SLIDE)."""
     name, _, rest = spec.partition(":")
-    return name, parse_overrides(list(filter(None, rest.split(","))))
+    kw = parse_overrides(list(filter(None, rest.split(","))))
+    kind = _kind(name)
+    if kind and set(kw) - _ALLOWED[kind]:
+        raise UserError(f"variant {name!r}: {kind} takes no setting "
+                        f"{sorted(set(kw) - _ALLOWED[kind])} (only {sorted(_ALLOWED[kind])})")
+    if kind is None:
+        slide_config(0, **kw)  # checked now, before any data is read
+    return name, kw
+
+
+_ALLOWED = {"dense": {"lr"}, "sampled": {"logq", "lr"}}
+"""The settings a baseline variant takes (SLIDE variants take any SlideConfig key)."""
+
+
+def _kind(name: str) -> str | None:
+    return ("dense" if name.startswith("dense") else
+            "sampled" if name.startswith("sampled") else None)
 
 
 def make_trainer(name: str, kw: dict, n_features: int, n_labels: int, lr: float, init: XCNet,
@@ -295,12 +326,7 @@ def make_trainer(name: str, kw: dict, n_features: int, n_labels: int, lr: float,
     """The trainer a variant names, with its overrides: ``lr`` (every method: its own
     learning rate instead of the run's), ``logq`` (``sampled``); SLIDE takes any
     SlideConfig key. A variant's name picks the trainer: ``dense*``, ``sampled*``, else SLIDE."""
-    allowed = {"dense": {"lr"}, "sampled": {"logq", "lr"}}
-    kind = ("dense" if name.startswith("dense") else
-            "sampled" if name.startswith("sampled") else None)
-    if kind and set(kw) - allowed[kind]:
-        raise SystemExit(f"variant {name!r}: {kind} takes no setting "
-                         f"{sorted(set(kw) - allowed[kind])} (only {sorted(allowed[kind])})")
+    kind = _kind(name)
     if kind:
         lr = float(kw.get("lr", lr))
     if kind == "dense":

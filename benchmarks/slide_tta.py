@@ -6,7 +6,8 @@ Each method trains for ``--budget-s`` seconds of *training* time (one value for 
 sampled methods need minutes); every ``--eval-every`` seconds the clock stops and P@1/P@5 are
 measured on ``--eval-n`` held-out points with full (dense) scoring. Reported: each method's
 best P@1, the time each needs to reach 95% of the dense baseline's best, and a PNG of the
-curves. ``--slide key=value ...`` overrides the plugin's settings (e.g. ``logq=true``).
+curves. ``--methods slide:key=value,...`` overrides the plugin's settings for one variant
+(e.g. ``slide:logq=true``).
 
     python benchmarks/slide_tta.py --width 20k --budget-s 150
     python benchmarks/slide_tta.py --width 200k \

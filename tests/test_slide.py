@@ -953,8 +953,21 @@ def test_benchmark_variants_set_each_methods_own_lr_and_reject_unknown_settings(
     assert trainer("slide").model.out.lr == pytest.approx(1e-3)
     assert trainer("dense-lr3:lr=0.003").opt.param_groups[0]["lr"] == pytest.approx(3e-3)
     assert trainer("sampled:lr=0.003").sparse_opt.param_groups[0]["lr"] == pytest.approx(3e-3)
-    with pytest.raises(SystemExit, match="dense takes no setting"):
+    from accelopt.errors import UserError
+
+    with pytest.raises(UserError, match="dense takes no setting"):
         trainer("dense:logq=true")
+    # a SLIDE variant's settings are checked when the variant is read, before any data: an
+    # unknown key, a wrong type, a value out of range (each once a traceback, or a run that
+    # trained before failing)
+    with pytest.raises(UserError, match="Key 'foo' not in 'SlideConfig'"):
+        common.parse_variant("slide:foo=1")
+    with pytest.raises(UserError, match="setting k: .*'abc'"):
+        common.parse_variant("slide:k=abc")
+    with pytest.raises(UserError, match="plugins.slide.k must be >= 1"):
+        common.parse_variant("slide:k=0")
+    with pytest.raises(UserError, match="expected key=value"):
+        common.parse_variant("slide:k")
 
 
 def test_benchmarks_turn_huge_pages_on_for_every_method_only_when_asked(monkeypatch) -> None:
