@@ -24,11 +24,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
+from accelopt.atomic import RUNS_DIR
 from accelopt.errors import ConfigError
 from accelopt.plugin import Registry
 from accelopt.records import RunRecord
-
-RUNS_DIR = "runs"
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -90,9 +89,9 @@ def run(overrides: Sequence[str] = (), *, run_dir: str | Path | None = None,
     if named and run_dir is None:
         run_dir = named[-1].split("=", 1)[1]
     registry = registry or Registry.discover()
-    (cfg,) = prepared_configs(args, registry)
-    refuse_bad_resume([*args, f"hydra.run.dir={run_dir}"] if run_dir else args)
     out = Path(run_dir) if run_dir is not None else default_run_dir()
+    (cfg,) = prepared_configs(args, registry, run_dir=out)
+    refuse_bad_resume([*args, f"hydra.run.dir={run_dir}"] if run_dir else args)
     refuse_taken_run_dir(out)
     if str(cfg.cluster.mode) != "none" and not under_torchrun():
         refuse_unguarded_main()

@@ -11,9 +11,16 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
+
+from accelopt.errors import UserError
+
+RUNS_DIR = "runs"
+"""Where a run writes unless told otherwise, relative to the working directory
+(``configs/config.yaml``'s ``hydra.run.dir`` and ``hydra.sweep.dir`` start with it)."""
 
 
 def _create_temp(path: Path) -> tuple[int, Path]:
@@ -52,3 +59,25 @@ def atomic_open(path: Path, mode: str = "w", *, durable: bool = True,
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
+
+
+def refuse_unwritable(target: Path, fix: str) -> None:
+    """Raise a one-line :class:`UserError` unless a directory can be created at ``target``
+    (or ``target`` is one this process can write into).
+
+    Why a probe before any work: a read-only filesystem, a directory of another user or a
+    path through a file otherwise surfaces as an ``OSError`` traceback from whichever writer
+    comes first (Hydra's config dump, a run's metrics after it trained). The probe creates and
+    removes one empty hidden directory in the nearest existing ancestor of ``target``; a
+    permission check alone (``os.access``) says yes to root on a read-only mount point's
+    parent and on ``/proc``."""
+    ancestor = Path(target).expanduser().absolute()
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise UserError(f"{target}: {ancestor} is a file, not a directory; {fix}")
+    try:
+        Path(tempfile.mkdtemp(prefix=".accelopt-writable-", dir=ancestor)).rmdir()
+    except OSError as exc:
+        raise UserError(f"cannot write {target} ({exc.strerror or exc}); {fix}") from None
+

@@ -6,10 +6,13 @@ key's name (``run.seed=abc`` -> "run.seed: expected int"), before any job is bui
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from accelopt.errors import listed
 
@@ -163,6 +166,47 @@ def register_plugin_configs(specs: list[Any]) -> None:
     cs = ConfigStore.instance()
     for spec in specs:
         cs.store(group="plugins", name=spec.name, node=spec.config, package=f"plugins.{spec.name}")
+
+
+def unknown_keys(cfg: DictConfig, stray_plugins: Collection[str] = ()) -> list[str]:
+    """The dotted keys of a composed configuration that its schema does not have.
+
+    Why a walk after composing: Hydra's ``+key=value`` appends a key even to a typed node, so
+    ``+plugin=[salus]`` (for ``+plugins``), ``+run.sed=3`` or ``+plugins.salus.polcy=srtf``
+    compose without a word and the run goes on without them: a CI matrix whose technique
+    entries quietly run the baseline. A ``plugins.NAME`` entry that is not the plugin's typed
+    node (``+plugins.salus.policy=srtf`` without ``+plugins=[salus]``) is reported by its first
+    key too, unless NAME is in ``stray_plugins`` (``accelopt bench`` force-adds per-plugin
+    settings to every set and drops them from the sets that do not select the plugin)."""
+    found: list[str] = []
+    _walk(cfg, "", found)
+    plugins = cfg.get("plugins") if isinstance(cfg, DictConfig) else None
+    for name, node in (plugins.items() if isinstance(plugins, DictConfig) else []):
+        typed = isinstance(node, DictConfig) and dataclasses.is_dataclass(OmegaConf.get_type(node))
+        if typed:
+            _walk(node, f"plugins.{name}.", found)
+        elif str(name) not in stray_plugins:
+            keys = list(node.keys()) if isinstance(node, DictConfig) else []
+            found.append(f"plugins.{name}.{keys[0]}" if keys else f"plugins.{name}")
+    return found
+
+
+def _walk(node: Any, prefix: str, found: list[str]) -> None:
+    if isinstance(node, ListConfig):
+        for i, item in enumerate(node):
+            _walk(item, f"{prefix}{i}.", found)
+        return
+    if not isinstance(node, DictConfig):
+        return
+    schema = OmegaConf.get_type(node)
+    if not dataclasses.is_dataclass(schema):  # a free-form mapping (model_kwargs, plugins)
+        return
+    known = {f.name for f in dataclasses.fields(schema)}
+    for key in node.keys():
+        if key not in known:
+            found.append(f"{prefix}{key}")
+        elif key != "plugins" or prefix:  # the plugins mapping: checked by unknown_keys
+            _walk(node[key], f"{prefix}{key}.", found)
 
 
 def differing_keys(a: Any, b: Any, shown: int = 3) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import signal
 import subprocess
 import time
@@ -202,6 +203,27 @@ def test_an_out_directory_with_results_is_refused_before_anything_runs(tmp_path)
     assert len(result.stderr.strip().splitlines()) == 1
     assert [p.name for p in out.iterdir()] == ["bench.md"]
     assert (out / "bench.md").read_text() == "an earlier bench"
+
+
+@pytest.mark.timeout(60)
+def test_a_bench_that_cannot_compare_or_write_is_one_line_before_anything_runs(tmp_path):
+    """``--sets '[]'`` failed after launch with an OmegaConf merge error and left an --out
+    that the same command then refused; ``--out FILE`` and an --out inside a file were
+    tracebacks."""
+    blocker = tmp_path / "file"
+    blocker.write_text("kept")
+    cases = [
+        (["--sets", "[]"], "--sets '[]' is the baseline alone"),
+        (["--sets", "[],[noop],[noop]"], "--sets names [noop] more than once"),
+        (["--plugins", "noop", "--out", str(blocker)], f"--out {blocker} is a file"),
+        (["--plugins", "noop", "--out", str(blocker / "b")],
+         "is a file, not a directory; give --out a directory you can write"),
+    ]
+    for args, needle in cases:
+        with pytest.raises(UserError, match=re.escape(needle)) as info:
+            bench_command([*args, "--repeats", "1", "workload=tiny"])
+        assert "\n" not in str(info.value)
+    assert sorted(tmp_path.iterdir()) == [blocker] and blocker.read_text() == "kept"
 
 
 def _children(pid: int) -> list[int]:

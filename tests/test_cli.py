@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -102,6 +105,14 @@ def test_multirun_sweep_gives_every_run_its_metrics(tmp_path):
         (["run.sed=1"], "did you mean 'run.seed'"),
         (["+plugins=[noop]", "plugins.noop.recrd=1"], "did you mean 'plugins.noop.record'"),
         (["workload.jobs.0.modle=x"], "did you mean 'workload.jobs.0.model'"),
+        # a leading + appends a key Hydra would otherwise refuse: a typo there once ran the
+        # baseline (exit 0) or, in a job, raised a traceback
+        (["+plugin=[noop]"], "unknown config key 'plugin'; did you mean 'plugins'?"),
+        (["+run.sed=1"], "did you mean 'run.seed'"),
+        (["+plugins=[noop]", "+plugins.noop.recrd=1"], "did you mean 'plugins.noop.record'"),
+        (["+plugins.noop.record=true"], "which this run does not select; add +plugins=[noop]"),
+        (["+workload.jobs.0.iteratons=3"], "did you mean 'workload.jobs.0.iterations'"),
+        (["+cluster.network.foo=1"], "unknown config key 'cluster.network.foo'"),
         (["+plugins=[noop]", "plugins.noop.record=maybe"], "plugins.noop.record"),
         (["+plugins=[noop,noop]"], "selected twice"),
         (["workload=nosuch"], "no workload 'nosuch' (workloads: default, digits, lm,"),
@@ -131,6 +142,56 @@ def test_user_errors_are_one_line_exit_2(tmp_path, args, needle):
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("error: ") and needle in lines[0]
     assert "Traceback" not in result.stderr
+
+
+def test_an_output_directory_that_cannot_be_written_is_one_line_before_any_work(tmp_path):
+    """A path through a file (or a read-only filesystem) was an OSError traceback from
+    Hydra's first write, in a single run, a sweep and the Python API alike."""
+    import accelopt as api
+
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    for args, fix in [(["hydra.run.dir=file/x"], "hydra.run.dir=DIR"),
+                      (["-m", "hydra.sweep.dir=file/m", "run.seed=1,2"], "hydra.sweep.dir=DIR")]:
+        result = accelopt("run", *TINY, *args, cwd=tmp_path)
+        assert result.returncode == 2, result.stderr
+        (line,) = [ln for ln in result.stderr.splitlines() if ln.strip()]
+        assert line.endswith(f"is a file, not a directory; choose another with {fix}"), line
+    with pytest.raises(api.UserError, match="is a file, not a directory; pass another run_dir"):
+        api.run(TINY, run_dir=blocker / "y")
+    assert blocker.read_text() == "not a directory" and sorted(tmp_path.iterdir()) == [blocker]
+
+
+def test_an_empty_sweep_is_refused_not_passed(tmp_path):
+    """``-m key=range(0)`` ran nothing and exited 0: a CI step that tested nothing."""
+    result = accelopt("run", *TINY, "-m", "workload.jobs.0.iterations=range(0)", "run.seed=1,2",
+                      cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "error: the sweep has no points (workload.jobs.0.iterations=range(0) sweeps over no "
+        "values); give each swept key at least one value")
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("mount") is None,
+                    reason="mounting a small tmpfs needs root")
+def test_a_disk_that_fills_up_under_a_run_is_one_line_and_keeps_what_was_written(tmp_path):
+    """A run whose outputs fill the disk ended in an OSError traceback (and a second one
+    from writing its log)."""
+    small = tmp_path / "small"
+    small.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=40k", "tmpfs", str(small)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("tmpfs cannot be mounted here")
+    try:
+        result = accelopt("run", *TINY, "hydra.run.dir=small/x", cwd=tmp_path)
+        assert result.returncode == 1
+        assert "Traceback" not in result.stderr
+        assert result.stderr.splitlines()[0].startswith("error: cannot write ") and \
+            "No space left on device (what was written is kept in " in result.stderr
+        assert (small / "x" / "config.yaml").is_file()
+    finally:
+        subprocess.run(["umount", str(small)], check=False)
 
 
 @pytest.mark.parametrize(("yaml", "needle"), [

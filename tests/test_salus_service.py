@@ -157,7 +157,8 @@ def test_a_root_the_service_cannot_write_is_refused_at_start(tmp_path):
 
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
-    with pytest.raises(UserError, match=r"--root .*: cannot write job outputs there"):
+    with pytest.raises(UserError, match=r"jobs: .*file is a file, not a directory; give --root a "
+                                         r"directory you can write"):
         Service(ServeOptions(socket=tmp_path / "s.sock", root=blocker / "root"))
 
 

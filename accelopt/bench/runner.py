@@ -32,6 +32,7 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from accelopt.atomic import refuse_unwritable
 from accelopt.bench.analysis import (
     HIGHER_IS_BETTER_HINTS,
     SetResult,
@@ -40,7 +41,7 @@ from accelopt.bench.analysis import (
 )
 from accelopt.bench.evaluate import EVAL_METRIC, evaluate_run
 from accelopt.bench.render import render_markdown, render_png, render_table
-from accelopt.errors import UserError
+from accelopt.errors import UserError, listed
 from accelopt.plugin import Registry, resolve, valid_combinations
 from accelopt.report.console import default_console
 
@@ -88,7 +89,15 @@ def plugin_sets(opts: argparse.Namespace, registry: Registry) -> list[list[str]]
         sets = valid_combinations([registry.get(n) for n in names])
     if [] not in sets:
         sets.insert(0, [])
-    return [[s.name for s in resolve(chosen, registry)] for chosen in sets]
+    if not any(sets):
+        raise UserError(f"--sets {opts.sets!r} is the baseline alone, and a bench compares "
+                        "plugin sets with it: add at least one, e.g. '[],[salus]' (to repeat one "
+                        "configuration: accelopt run -m run.repeat=1,2,3)")
+    resolved = [[s.name for s in resolve(chosen, registry)] for chosen in sets]
+    twice = [_label(s) for i, s in enumerate(resolved) if s in resolved[:i]]
+    if twice:
+        raise UserError(f"--sets names {listed(twice)} more than once; give each set once")
+    return resolved
 
 
 SETS_FORMAT = "--sets takes bracketed sets separated by commas, e.g. '[],[salus],[salus,tictac]'"
@@ -181,9 +190,12 @@ def bench_command(args: list[str]) -> int:
     sets = plugin_sets(opts, registry)
     preflight(sets, common, per_plugin, registry)
     out = Path(opts.out or f"runs/bench/{datetime.now():%Y-%m-%d_%H-%M-%S-%f}").resolve()
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} is a file; give a directory (new, or empty)")
     if out.exists() and any(out.iterdir()):
         raise UserError(f"--out {out} is not empty (a bench's results are never overwritten); "
                         "give another directory, or --reanalyze to report a finished one again")
+    refuse_unwritable(out, "give --out a directory you can write")
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     console = default_console()

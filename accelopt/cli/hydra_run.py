@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import errno
 import importlib
 import importlib.util
 import itertools
@@ -29,8 +30,9 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 
-from accelopt.config import register_plugin_configs, register_schema
-from accelopt.errors import AccelOptError, ConfigError, JobsUnfinished
+from accelopt.atomic import RUNS_DIR, refuse_unwritable
+from accelopt.config import register_plugin_configs, register_schema, unknown_keys
+from accelopt.errors import AccelOptError, ConfigError, JobsUnfinished, listed
 from accelopt.plugin import Registry, resolve
 from accelopt.report.console import default_console
 from accelopt.runtime.resume_target import refuse_finished, resume_target
@@ -128,6 +130,11 @@ def expand_sweeps(overrides: list[str]) -> list[list[str]]:
     return [list(combo) for combo in itertools.product(*choices)]
 
 
+def _empty_sweep(override: str) -> bool:
+    parsed = OverridesParser.create().parse_overrides([override])[0]
+    return parsed.is_sweep_override() and not list(parsed.sweep_string_iterator())
+
+
 def prepare(overrides: list[str], registry: Registry, multirun: bool) -> set[str]:
     """Load the selected plugins, register configs, and compose every requested config
     once so that any mistake surfaces as one line before Hydra starts. Returns the cluster
@@ -137,10 +144,11 @@ def prepare(overrides: list[str], registry: Registry, multirun: bool) -> set[str
     return modes - {"none"}
 
 
-def prepared_configs(overrides: list[str], registry: Registry,
-                     multirun: bool = False) -> list[DictConfig]:
+def prepared_configs(overrides: list[str], registry: Registry, multirun: bool = False,
+                     run_dir: Path | None = None) -> list[DictConfig]:
     """:func:`prepare`'s work, returning the composed configs (one per sweep point), so a
-    caller that runs one (``accelopt.run``) need not compose it again."""
+    caller that runs one (``accelopt.run``) need not compose it again; ``run_dir``: the run
+    directory such a caller chose (else the overrides' or the default one is checked)."""
     expose_hydra_plugins()
     specs = {}
     for names in plugin_selections(overrides):
@@ -149,14 +157,24 @@ def prepared_configs(overrides: list[str], registry: Registry,
     register_schema()
     register_plugin_configs(list(specs.values()))
     out = []
-    for combo in expand_sweeps(overrides) if multirun else [overrides]:
+    combos = expand_sweeps(overrides) if multirun else [overrides]
+    if not combos:  # an empty sweep would exit 0 having run nothing (a CI step testing nothing)
+        empty = [o for o in overrides if _empty_sweep(o)]
+        raise ConfigError(f"the sweep has no points ({listed(empty)} sweeps over no values); "
+                          "give each swept key at least one value")
+    for combo in combos:
         out.append(compose_checked(combo))
         refuse_bad_resume(combo)
-        if not multirun:  # a sweep's runs go under hydra.sweep.dir, each its own
-            named = [o.split("=", 1)[1] for o in combo
-                     if o.lstrip("+").startswith("hydra.run.dir=")]
-            if named:
-                refuse_taken_run_dir(Path(named[-1]))
+        key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+        named = [o.split("=", 1)[1] for o in combo if o.lstrip("+").startswith(f"{key}=")]
+        if named and not multirun:  # a sweep's runs go under hydra.sweep.dir, each its own
+            refuse_taken_run_dir(Path(named[-1]))
+        # the fixed part of the directory (before a ${now:...}): an unwritable one is one line
+        # now, not an OSError traceback from Hydra's first write or after the run trained
+        written = str(run_dir) if run_dir is not None else (named[-1] if named else RUNS_DIR)
+        refuse_unwritable(Path(written.split("$", 1)[0] or "."),
+                          "pass another run_dir" if run_dir is not None
+                          else f"choose another with {key}=DIR")
     return out
 
 
@@ -219,19 +237,25 @@ def _kept_by_resume(override: str) -> bool:
 
 
 def compose_checked(overrides: list[str]) -> DictConfig:
-    """Compose one configuration with Hydra's compose API; errors become one line."""
+    """Compose one configuration with Hydra's compose API; errors become one line, and so
+    does a key the schema does not have (:func:`accelopt.config.unknown_keys`)."""
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
             cfg = compose("config", overrides=overrides)
             OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
-            return cfg
     except HydraException as exc:
         raise ConfigError(describe_config_error(exc)) from None
     except Exception as exc:  # omegaconf's ValidationError and friends
         raise ConfigError(describe_config_error(exc)) from None
     finally:
         GlobalHydra.instance().clear()
+    forced = [o[len("++plugins."):].split(".", 1)[0] for o in overrides
+              if o.startswith("++plugins.")]
+    unknown = unknown_keys(cfg, stray_plugins=forced)
+    if unknown:
+        raise ConfigError(unknown_key_message(unknown[0]))
+    return cfg
 
 
 def describe_config_error(exc: BaseException) -> str:
@@ -352,6 +376,11 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+WRITE_FAILURES = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EFBIG}
+"""The errors of a write the machine refused (full disk, quota, read-only, permission): the
+run's fault is none of them, so they are one line, exit 1, outputs so far kept."""
+
+
 def write_log(run_dir: Path, console: Any, error: str) -> None:
     """``accelopt.log``: what the run printed (tables, progress lines, notes) and its error
     line, appended after whatever Hydra's own logging wrote there (into the directory Hydra
@@ -362,8 +391,12 @@ def write_log(run_dir: Path, console: Any, error: str) -> None:
     if error:
         text += error + "\n"
     if text:
-        with open(run_dir / "accelopt.log", "a", encoding="utf-8") as handle:
-            handle.write(text)
+        try:
+            with open(run_dir / "accelopt.log", "a", encoding="utf-8") as handle:
+                handle.write(text)
+        except OSError as exc:  # the disk that stopped the run: the console has said it all
+            print(f"note: {run_dir / 'accelopt.log'} not written ({exc.strerror})",
+                  file=sys.stderr)
 
 
 def secondary_rank_dir(args: list[str], env: dict[str, str] | None = None) -> str | None:
@@ -449,6 +482,17 @@ def run_hydra(args: list[str], registry: Registry, debug: bool) -> int:
                 error = ""  # nothing started: no directory, no log
             if not HydraConfig.get().mode.name == "MULTIRUN":
                 raise SystemExit(exc.exit_code) from None
+        except OSError as exc:
+            if exc.errno not in WRITE_FAILURES:
+                error = f"error: {error_line(exc)}"
+                raise
+            # a disk that filled up (or went read-only) under a run: one line, not a traceback
+            error = (f"error: cannot write {exc.filename or 'the run outputs'}: "
+                     f"{exc.strerror} (what was written is kept in {run_dir})")
+            print(error, file=sys.stderr)
+            exit_code = 1
+            if not HydraConfig.get().mode.name == "MULTIRUN":
+                raise SystemExit(1) from None
         except BaseException as exc:
             error = f"error: {error_line(exc)}"  # "interrupted (Ctrl-C)", not "KeyboardInterrupt: "
             raise

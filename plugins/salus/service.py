@@ -38,6 +38,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from accelopt import UserError
+from accelopt.atomic import refuse_unwritable
 from accelopt.config import AccelConfig, JobConfig
 from accelopt.drivers.local import CANCELLED, Executor
 from accelopt.drivers.setup import memory_capacity, pick_device
@@ -78,14 +79,9 @@ class Service:
 
         self.options = options
         self.root = options.root
-        try:  # a root the service cannot write is said now, not at the first job's end
-            (self.root / "jobs").mkdir(parents=True, exist_ok=True)
-            probe = self.root / "jobs" / f".writable-{os.getpid()}"
-            probe.touch()
-            probe.unlink()
-        except OSError as exc:
-            raise UserError(f"--root {self.root}: cannot write job outputs there "
-                            f"({exc.strerror or exc}); give a directory you can write") from None
+        # a root the service cannot write is said now, not at the first job's end
+        refuse_unwritable(self.root / "jobs", "give --root a directory you can write")
+        (self.root / "jobs").mkdir(parents=True, exist_ok=True)
         self.device = pick_device(options.device)
         config = SalusConfig(policy=options.policy, capacity=options.capacity,
                              max_lanes=options.max_lanes, threads=options.threads)
