@@ -277,6 +277,26 @@ def frozen_and_spare(*, input_shape, num_classes) -> nn.Module:
     return FrozenAndSpare(input_shape, num_classes, spare=True)
 
 
+class TiedOutput(nn.Module):
+    """An output layer sharing an embedding's weight (as language models tie ``lm_head`` to
+    the token embedding), the embedding registered first but never called: the table lists
+    the tied weight under ``emb``, whose forward never runs."""
+
+    def __init__(self, input_shape, num_classes: int, width: int = 16) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(num_classes, width)
+        self.inp = nn.Linear(math.prod(input_shape), width)
+        self.out = nn.Linear(width, num_classes, bias=False)
+        self.out.weight = self.emb.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.relu(self.inp(x.flatten(1))))
+
+
+def tied_output(*, input_shape, num_classes) -> nn.Module:
+    return TiedOutput(input_shape, num_classes)
+
+
 def raises(**_: object) -> nn.Module:
     """A model factory whose own code fails."""
     raise RuntimeError("boom")

@@ -290,6 +290,23 @@ def test_parameters_without_gradients_stay_put_in_a_parameter_server_run(tmp_pat
     assert initial.spare.weight.shape == ps["spare.weight"].shape
 
 
+@pytest.mark.timeout(180)
+def test_a_tied_weight_trains_and_is_saved_as_one_process_has_it_in_every_mode(
+        tmp_path, monkeypatch):
+    """A PS run saved the tied weight's other name from a worker's one-step-stale copy
+    (``out.weight`` != ``emb.weight`` in the weights, the job scored with it), and a worker
+    never waited for a tied weight whose listed owner (``emb``) is never called, so the
+    parameter receive wrote into it during forward (a wrong loss, or autograd's in-place
+    error)."""
+    alone = _weights_of("tied_output", "none", tmp_path, monkeypatch)
+    assert torch.equal(alone["out.weight"], alone["emb.weight"])
+    for mode in ("ps", "allreduce"):
+        weights = _weights_of("tied_output", mode, tmp_path, monkeypatch)
+        assert torch.equal(weights["out.weight"], weights["emb.weight"]), mode
+        for name, value in alone.items():
+            assert torch.allclose(weights[name], value, atol=1e-5), (mode, name)
+
+
 @pytest.mark.timeout(120)
 def test_a_parameter_the_loss_never_reaches_is_one_line_in_allreduce(tmp_path, monkeypatch):
     """DDP never hands over a bucket holding it: the iteration waited for the transport's

@@ -43,6 +43,37 @@ def layer_modules(model: nn.Module, table: Sequence[ParamInfo]) -> dict[int, nn.
     return {p.layer_index: modules[p.module] for p in table}
 
 
+def tied_aliases(model: nn.Module) -> dict[str, str]:
+    """Every other name of a tied parameter -> the name :func:`param_table` lists it under
+    (``{"out.weight": "emb.weight"}`` for an output layer sharing the embedding's weight).
+
+    Why: ``named_parameters()`` and the table list a tied parameter once, but
+    ``state_dict()`` has an entry per name; whatever moves or reports parameters by name must
+    treat the aliases as the parameter they are, not as extra state (a stale copy of one,
+    loaded after the true value into the shared storage, overwrites it)."""
+    first: dict[int, str] = {}
+    aliases: dict[str, str] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if id(param) in first:
+            aliases[name] = first[id(param)]
+        else:
+            first[id(param)] = name
+    return aliases
+
+
+def alias_layer_modules(model: nn.Module, table: Sequence[ParamInfo]) -> dict[str, set[int]]:
+    """Module path -> the layers whose tied parameters that module also holds (its own
+    parameters being listed under another module): a forward pre-hook on such a module must
+    wait for those layers too, since the listed owner's forward may never run (an output
+    layer tied to an embedding that the model never calls)."""
+    layer_of = {p.name: p.layer_index for p in table}
+    out: dict[str, set[int]] = {}
+    for alias, canonical in tied_aliases(model).items():
+        module = alias.rpartition(".")[0]
+        out.setdefault(module, set()).add(layer_of[canonical])
+    return out
+
+
 def shard_by_bytes(table: Sequence[ParamInfo], servers: int) -> list[list[ParamInfo]]:
     """Balance parameter bytes over ``servers``: largest tensor first onto the least loaded
     server (ties: lowest server). Each shard keeps layer order."""

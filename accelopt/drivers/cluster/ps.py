@@ -38,7 +38,13 @@ from accelopt.drivers.cluster import threads
 from accelopt.drivers.cluster.settings import ClusterSettings
 from accelopt.drivers.cluster.transport import CommunicationError, Transport
 from accelopt.job import Exchange
-from accelopt.job.params import layer_modules, shard_by_bytes, shard_rows
+from accelopt.job.params import (
+    alias_layer_modules,
+    layer_modules,
+    shard_by_bytes,
+    shard_rows,
+    tied_aliases,
+)
 from accelopt.types import ParamInfo, Role, TransferRecord
 
 if TYPE_CHECKING:
@@ -295,7 +301,12 @@ class PsServer(ClusterExchange):
         return float(box.item())
 
     def final_state(self, model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        return {p.name: self.params[p.name].detach().cpu().clone() for p in self.shard}, {}
+        """This shard's parameters, a tied one under each of its names (so the gathered
+        state loads into the model like its own ``state_dict()``)."""
+        state = {p.name: self.params[p.name].detach().cpu().clone() for p in self.shard}
+        state.update({alias: state[canonical] for alias, canonical in tied_aliases(model).items()
+                      if canonical in state})
+        return state, {}
 
 
 class LayerArrivals:
@@ -402,6 +413,15 @@ class PsWorker(ClusterExchange):
         # per-layer waits, installed once: forward of layer L starts when L's parameters are in
         for layer, module in layer_modules(model, self.table).items():
             module.register_forward_pre_hook(lambda _m, _a, layer=layer: wait_layer(layer))
+        # a module holding a tied parameter listed under another module waits for it too
+        def wait_tied(layers_: list[int]) -> None:  # a pre-hook returning non-None replaces
+            for n in layers_:                        # the module's input
+                wait_layer(n)
+
+        modules = dict(model.named_modules())
+        for path_, tied in alias_layer_modules(model, self.table).items():
+            modules[path_].register_forward_pre_hook(
+                lambda _m, _a, tied=sorted(tied): wait_tied(tied))
         for info in self.table:  # a frozen parameter has no gradient to wait for
             if self.params[info.name].requires_grad:
                 self.params[info.name].register_post_accumulate_grad_hook(
@@ -480,6 +500,8 @@ class PsWorker(ClusterExchange):
     def final_state(self, model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         if self.index != 0:
             return {}, {}
-        names = set(self.params)
+        # the buffers: not a parameter under any of its names (a tied parameter's other
+        # name is the servers' to report, see PsServer.final_state)
+        names = set(self.params) | set(tied_aliases(model))
         return {}, {n: t.detach().cpu().clone() for n, t in model.state_dict().items()
                     if n not in names}
