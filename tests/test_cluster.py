@@ -537,3 +537,95 @@ def test_a_rank_that_stops_responding_is_named_not_only_the_peer_that_timed_out(
            "up" in str(error)
     assert error.rank == 2 and "\n" not in str(error)
     assert no_children_left()
+
+
+class _Ended:
+    """A rank process as the watchdog sees it: its pid and exit code (None: still running)."""
+
+    def __init__(self, pid: int, exitcode: int | None) -> None:
+        self.pid, self.exitcode = pid, exitcode
+
+
+def _diagnosis(workdir: Path, codes: list[int | None], raised: dict[int, BaseException],
+               iteration: int | None = 19) -> RankFailed:
+    """The watchdog's verdict on a PS run whose rank r ended with ``codes[r]``, ranks in
+    ``raised`` having reported that exception, every rank having reached ``iteration``."""
+    from accelopt.drivers.cluster import faults
+
+    children = [faults.Child(r, "server" if r == 0 else "worker", _Ended(100 + r, code))
+                for r, code in enumerate(codes)]
+    for c in children:
+        progress = faults.Progress(workdir, c.rank)
+        if iteration is not None:
+            progress.set(iteration)
+    for rank, exc in raised.items():
+        faults.write_failure(workdir, rank, children[rank].role, iteration, exc)
+    return faults.Watchdog(children, workdir)._diagnose()
+
+
+def test_a_rank_that_exits_without_an_exception_is_named_before_its_peers_resets(tmp_path):
+    """os._exit(7) on rank 2: its peers' "connection reset/closed by peer" (the transport's
+    error in PS mode, gloo's own in all-reduce) was named as the cause, rank 2 not at all."""
+    from accelopt.drivers.cluster.transport import CommunicationError
+
+    reset = CommunicationError("rank 0: receiving from rank 2 at iteration 19: RuntimeError: "
+                               "[../gloo/transport/tcp/pair.cc:537] Read error: Connection "
+                               "reset by peer")
+    closed = RuntimeError("[../gloo/transport/tcp/pair.cc:534] Connection closed by peer")
+    error = _diagnosis(tmp_path, [1, 1, 7], {0: reset, 1: closed})
+    assert str(error).startswith("rank 2 (worker, pid 102) exited with code 7 at iteration 19")
+    assert error.rank == 2
+
+
+def test_a_rank_stuck_before_its_first_iteration_is_named_after_gloos_plain_timeout(
+        tmp_path, monkeypatch):
+    """gloo's timeout outside the transport (before the first iteration) is a plain
+    RuntimeError: it counted as the cause itself, and the rank still running, the one its
+    peers waited for, was never named."""
+    from accelopt.drivers.cluster import faults
+
+    monkeypatch.setattr(faults, "GRACE_S", 0.05)
+    timeout = RuntimeError("[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:129] "
+                           "Timed out waiting 10000ms for send operation to complete")
+    error = _diagnosis(tmp_path, [1, 1, None], {0: timeout, 1: timeout}, iteration=None)
+    assert ("rank 2 (worker, pid 102) had not exited when its peers gave up, before its first "
+            "iteration") in str(error)
+    assert error.rank == 2
+
+
+def test_a_killed_forkserver_is_named_not_rank_0_exiting_with_255(tmp_path, monkeypatch):
+    """Ranks die with their forkserver (parent-death signal) and multiprocessing, unable to
+    read their status, reports 255 for each: "rank 0 exited with code 255"."""
+    import subprocess
+
+    from accelopt.drivers.cluster import faults
+
+    ended = subprocess.Popen(["true"])
+    ended.wait()  # reaped: its pid is gone, as a killed forkserver's is
+    monkeypatch.setattr(faults, "_forkserver_pid", lambda children: ended.pid)
+    error = _diagnosis(tmp_path, [255, 255, 255], {})
+    assert str(error).startswith(f"the ranks' forkserver (their parent process, pid "
+                                 f"{ended.pid}) died at iteration 19")
+    assert "code 255" not in str(error)
+
+
+@pytest.mark.timeout(120)
+def test_a_rendezvous_port_in_use_is_one_line_with_the_fix(tmp_path):
+    """Something else listens on cluster.master_port: the line was rank 0's raw
+    DistNetworkError, exit 1, and blamed rank 1, merely still starting, as the one its
+    peers waited for."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(RankFailed) as info:
+            run_cluster(make_cfg("ps", iterations=1, master_port=port, timeout_s=10),
+                        run_dir=tmp_path)
+    assert str(info.value) == (
+        f"the rendezvous port {port} (cluster.master_port) is already in use by another "
+        "process; set cluster.master_port=0 to pick a free port, or choose another")
+    assert info.value.exit_code == 2
+    assert no_children_left()

@@ -6,8 +6,9 @@ Children: :func:`die_with_parent` (the kernel SIGKILLs a child whose parent dies
 :class:`Progress` (the current iteration in a tiny file the parent can read after a
 SIGKILL) and :func:`write_failure` (the exception, before exiting). Parent:
 :class:`Watchdog` polls the processes; on the first failure it waits a moment for the
-other ranks' reports, picks the root cause (a signal death, else an ordinary exception,
-else the earliest communication error, which is usually a consequence) and kills the rest.
+other ranks' reports, picks the root cause (the ranks' forkserver dying, a rendezvous port
+already in use, a signal death, an ordinary exception, an exit without one, else the
+earliest communication error, which is usually a consequence) and kills the rest.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import ctypes
 import json
 import multiprocessing.connection
 import os
+import re
 import select
 import signal
 import threading
@@ -82,14 +84,19 @@ def die_with_launcher(launcher_pid: int) -> None:
 class Progress:
     """The iteration a rank is in, readable by the parent even after a SIGKILL."""
 
-    def __init__(self, workdir: str | os.PathLike[str], rank: int) -> None:
+    def __init__(self, workdir: str | os.PathLike[str] | None, rank: int) -> None:
+        """``workdir`` None: the iteration is kept in this process only (a torchrun rank
+        reports its own failure, no parent reads it)."""
         self.iteration: int | None = None
-        self.path = Path(workdir) / f"progress-{rank}"
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        self._fd: int | None = None
+        if workdir is not None:
+            self.path = Path(workdir) / f"progress-{rank}"
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
 
     def set(self, iteration: int) -> None:
         self.iteration = iteration
-        os.pwrite(self._fd, f"{iteration:>12}".encode(), 0)
+        if self._fd is not None:
+            os.pwrite(self._fd, f"{iteration:>12}".encode(), 0)
 
     @staticmethod
     def read(workdir: str | os.PathLike[str], rank: int) -> int | None:
@@ -119,21 +126,65 @@ def read_ended(workdir: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
         return {}
 
 
+_GLOO_PEER_ERROR = re.compile(
+    r"gloo/transport/|Timed out waiting \d+ms for (send|recv)|Connection (closed|reset) by peer")
+"""What gloo's errors about a peer say: outside accelopt's transport (a collective before
+the first iteration, a process group's set-up) they come as a plain ``RuntimeError``."""
+_PORT_IN_USE = re.compile(r"port: (\d+).*EADDRINUSE", re.DOTALL)
+
+
+def port_in_use(exc: BaseException) -> int | None:
+    """The port a rendezvous store could not listen on because something else does
+    (torch's ``DistNetworkError`` says ``port: N ... EADDRINUSE``), else None."""
+    found = _PORT_IN_USE.search(str(exc))
+    return int(found.group(1)) if found else None
+
+
 def is_communication_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is about a peer (it went away, or did not answer in time): usually a
+    consequence of another rank's failure, so the root cause is looked for elsewhere. A port
+    already in use is not: it is this rank's own (configuration) problem."""
     from accelopt.drivers.cluster.transport import CommunicationError
 
     if isinstance(exc, CommunicationError):
         return True
-    name = type(exc).__name__
-    return name in ("DistBackendError", "DistNetworkError", "DistStoreError")
+    if port_in_use(exc) is not None:
+        return False
+    if type(exc).__name__ in ("DistBackendError", "DistNetworkError", "DistStoreError"):
+        return True
+    return isinstance(exc, RuntimeError) and bool(_GLOO_PEER_ERROR.search(str(exc)))
+
+
+def error_text(exc: BaseException) -> str:
+    """``Type: first line of the message``: how a rank's error appears in the run's line."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def where(iteration: int | None) -> str:
+    return "before its first iteration" if iteration is None else f"at iteration {iteration}"
+
+
+def raised_line(rank: int, role: str, pid: int | None, error: str,
+                iteration: int | None) -> str:
+    """The run's one line for a rank that raised (the local launcher's and torchrun's)."""
+    return (f"rank {rank} ({role}, pid {pid}) raised {error} {where(iteration)}; "
+            "the cluster run was stopped")
+
+
+def port_in_use_line(port: int, setting: str, fix: str) -> str:
+    """A rendezvous port something else listens on: the port and the fix."""
+    return f"the rendezvous port {port} ({setting}) is already in use by another process; {fix}"
+
+
+LOCAL_PORT_FIX = "set cluster.master_port=0 to pick a free port, or choose another"
 
 
 def write_failure(workdir: str | os.PathLike[str], rank: int, role: str,
                   iteration: int | None, exc: BaseException) -> None:
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     note = {
         "rank": rank, "role": role, "pid": os.getpid(), "iteration": iteration,
-        "error": f"{type(exc).__name__}: {text}" if text else type(exc).__name__,
+        "error": error_text(exc), "port_in_use": port_in_use(exc),
         "communication": is_communication_error(exc), "time": time.time(),
         "exit_code": exc.exit_code if isinstance(exc, AccelOptError) else 1,
     }
@@ -151,6 +202,47 @@ class Child:
     @property
     def pid(self) -> int | None:
         return self.process.pid
+
+
+SIGNAL, EXCEPTION, EXIT, COMMUNICATION = 0, 1, 2, 3
+"""The order in which a failed rank is taken as the run's root cause."""
+FORKSERVER_LOST = 255
+"""The exit code multiprocessing gives a forkserver child whose status it cannot read."""
+
+
+def _forkserver_pid(children: list[Child]) -> int | None:
+    """The pid of the forkserver the children were forked from (None: they were not)."""
+    popen = getattr(children[0].process, "_popen", None) if children else None
+    if not type(popen).__module__.endswith("popen_forkserver"):
+        return None
+    from multiprocessing import forkserver
+
+    server = getattr(forkserver, "_forkserver", None)
+    return getattr(server, "_forkserver_pid", None)
+
+
+def _gone(pid: int, wait_s: float) -> bool:
+    """Whether process ``pid`` has exited (a zombie counts: this process has not reaped
+    it, and must not, multiprocessing does), waiting up to ``wait_s`` for it to finish."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        if not Path("/proc/self").exists():  # no procfs: alive until it cannot be signalled
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return True
+            except PermissionError:
+                pass
+            return False
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return True
+        if state in ("Z", "X"):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
 
 
 def _signal_name(code: int) -> str:
@@ -186,6 +278,8 @@ class Watchdog:
         raise error
 
     def _diagnose(self) -> RankFailed:
+        """The root cause among the ranks that exited: each is ranked by :meth:`_candidate`
+        (lowest first; among communication errors, the earliest)."""
         deadline = time.monotonic() + GRACE_S
         while time.monotonic() < deadline:  # let the other ranks report what they saw
             if any(c.process.exitcode is not None and c.process.exitcode < 0
@@ -194,48 +288,76 @@ class Watchdog:
             if all(c.process.exitcode is not None for c in self.children):
                 break
             time.sleep(self.poll_s)
-        candidates: list[tuple[tuple[int, float], RankFailed]] = []
-        for c in self.children:
-            code = c.process.exitcode
-            if code is None or code == 0:
-                continue
-            note = self._note(c.rank)
-            iteration = note.get("iteration") if note else Progress.read(self.workdir, c.rank)
-            where = "before its first iteration" if iteration is None else f"at iteration {iteration}"
-            if code < 0:
-                sig = _signal_name(code)
-                hint = " (out of memory? the OOM killer sends SIGKILL)" if sig == "SIGKILL" else ""
-                msg = (f"rank {c.rank} ({c.role}, pid {c.pid}) was killed by {sig} {where}"
-                       f"{hint}; the cluster run was stopped")
-                candidates.append(((0, 0.0), RankFailed(msg, rank=c.rank, pid=c.pid,
-                                                        iteration=iteration, cause=sig)))
-            elif note:
-                kind = 2 if note.get("communication") else 1
-                msg = (f"rank {c.rank} ({c.role}, pid {c.pid}) raised {note['error']} {where}; "
-                       "the cluster run was stopped")
-                candidates.append(((kind, float(note.get("time", 0.0))),
-                                   RankFailed(msg, rank=c.rank, pid=c.pid, iteration=iteration,
-                                              cause=note["error"],
-                                              exit_code=int(note.get("exit_code", 1)))))
-            else:
-                msg = (f"rank {c.rank} ({c.role}, pid {c.pid}) exited with code {code} {where}; "
-                       "the cluster run was stopped")
-                candidates.append(((3, 0.0), RankFailed(msg, rank=c.rank, pid=c.pid,
-                                                        iteration=iteration, cause=f"exit {code}")))
+        server = self._dead_forkserver()
+        if server is not None:
+            return server
+        candidates = [self._candidate(c) for c in self.children
+                      if c.process.exitcode not in (None, 0)]
         candidates.sort(key=lambda kv: kv[0])
         (kind, _), chosen = candidates[0]
         silent = [c for c in self.children if c.process.exitcode is None]
-        if kind == 2 and silent:  # a peer timed out waiting: the one still alive may be why
+        if kind == COMMUNICATION and silent:  # a peer timed out waiting: the one alive may be why
             c = silent[0]
             at = Progress.read(self.workdir, c.rank)
-            where = "before its first iteration" if at is None else f"at iteration {at}"
             chosen = RankFailed(
                 f"{chosen}; rank {c.rank} ({c.role}, pid {c.pid}) had not exited when its peers "
-                f"gave up, {where}: it may be the one they waited for (paused, stuck or "
+                f"gave up, {where(at)}: it may be the one they waited for (paused, stuck or "
                 "overloaded)",
                 rank=c.rank, pid=c.pid, iteration=at, cause="stopped responding",
                 exit_code=chosen.exit_code)
         return chosen
+
+    def _candidate(self, c: Child) -> tuple[tuple[int, float], RankFailed]:
+        """How likely a rank that exited non-zero is the root cause (its rank in the order
+        signal, port in use, exception, exit without one, communication error) and its line.
+        A rank that exits non-zero without a Python exception (``os._exit``, a native
+        ``exit()``) comes before the communication errors of its peers: "connection reset by
+        peer" is what they see of it."""
+        code = int(c.process.exitcode)
+        note = self._note(c.rank)
+        iteration = note.get("iteration") if note else Progress.read(self.workdir, c.rank)
+        where_ = where(iteration)
+        if code < 0:
+            sig = _signal_name(code)
+            hint = " (out of memory? the OOM killer sends SIGKILL)" if sig == "SIGKILL" else ""
+            msg = (f"rank {c.rank} ({c.role}, pid {c.pid}) was killed by {sig} {where_}"
+                   f"{hint}; the cluster run was stopped")
+            return (SIGNAL, 0.0), RankFailed(msg, rank=c.rank, pid=c.pid, iteration=iteration,
+                                             cause=sig)
+        if note and note.get("port_in_use") is not None:
+            msg = port_in_use_line(int(note["port_in_use"]), "cluster.master_port",
+                                   LOCAL_PORT_FIX)
+            return (SIGNAL, 0.0), RankFailed(msg, rank=c.rank, pid=c.pid, iteration=iteration,
+                                             cause="port in use", exit_code=2)
+        if note:
+            kind = COMMUNICATION if note.get("communication") else EXCEPTION
+            msg = raised_line(c.rank, c.role, c.pid, note["error"], iteration)
+            return (kind, float(note.get("time", 0.0))), RankFailed(
+                msg, rank=c.rank, pid=c.pid, iteration=iteration, cause=note["error"],
+                exit_code=int(note.get("exit_code", 1)))
+        msg = (f"rank {c.rank} ({c.role}, pid {c.pid}) exited with code {code} {where_}; "
+               "the cluster run was stopped")
+        return (EXIT, 0.0), RankFailed(msg, rank=c.rank, pid=c.pid, iteration=iteration,
+                                       cause=f"exit {code}")
+
+    def _dead_forkserver(self) -> RankFailed | None:
+        """The ranks' forkserver (their parent) died, and the ranks with it (parent-death
+        signal): multiprocessing then reports each rank's exit code as 255, a placeholder
+        for the status it could no longer read, which said "rank 0 exited with code 255"."""
+        if not any(c.process.exitcode == FORKSERVER_LOST and self._note(c.rank) is None
+                   for c in self.children):
+            return None
+        pid = _forkserver_pid(self.children)
+        if pid is None or not _gone(pid, wait_s=GRACE_S):
+            return None
+        at = [i for c in self.children if (i := Progress.read(self.workdir, c.rank)) is not None]
+        iteration = max(at) if at else None
+        first = self.children[0]
+        return RankFailed(
+            f"the ranks' forkserver (their parent process, pid {pid}) died {where(iteration)}, "
+            "and every rank with it (killed? the OOM killer can pick it too); the cluster run "
+            "was stopped", rank=first.rank, pid=pid, iteration=iteration,
+            cause="forkserver died")
 
     def _note(self, rank: int) -> dict[str, Any] | None:
         path = self.workdir / f"failure-{rank}.json"
