@@ -61,6 +61,18 @@ def own_loss(*, input_shape, num_classes) -> nn.Module:
     return OwnLoss(input_shape, num_classes)
 
 
+class OwnLossDict(OwnLoss):
+    """The same, returning a plain mapping (``{"loss": ..., "logits": ...}``)."""
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> dict:
+        out = super().forward(x, labels)
+        return {"loss": out.loss, "logits": out.logits}
+
+
+def own_loss_dict(*, input_shape, num_classes) -> nn.Module:
+    return OwnLossDict(input_shape, num_classes)
+
+
 def blobs(*, seed: int, n: int = 256, dim: int = 16, classes: int = 4):
     """A map-style (train, held_out) pair of TensorDatasets: Gaussian blobs per class."""
     g = torch.Generator().manual_seed(seed)

@@ -294,6 +294,37 @@ def test_oracle_is_min_and_cached_and_stale_cache_rebuilt(tmp_path):
     assert p3.times[r0] == pytest.approx(p3.dag.nbytes[r0] / 1e6)
 
 
+def test_a_model_computing_its_own_loss_is_planned_not_a_failed_run():
+    """``forward(x, labels=None)`` with a loss branch: fx traced ``labels`` as a placeholder,
+    baked the branch in, and the oracle's run without labels raised TypeError out of the
+    job-built hook, stopping the whole PS run; a dataclass output (``.loss``/``.logits``)
+    could not be timed either. Now ``labels`` is held at its default while tracing, an
+    output object's logits are used, and a graph that still does not run is a UserError
+    (the plugin's "not applied" row), never another exception."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from byo_models import own_loss, own_loss_dict
+
+    torch.manual_seed(0)
+    x = torch.randn(4, 1, 8, 8)
+    for factory in (own_loss_dict, own_loss):
+        plan = plan_measured(factory(input_shape=(1, 8, 8), num_classes=10), x,
+                             name=factory.__name__, kind="train", bytes_per_s=1e6, runs=2)
+        assert plan.compute.backward_s > 0 and plan.dag.recvs, factory.__name__
+
+    from accelopt.errors import UserError
+
+    def mismatched(out: torch.Tensor) -> torch.Tensor:  # the job's loss failing on the graph
+        raise RuntimeError("shapes [4, 10] and [4] do not match")
+
+    with pytest.raises(UserError, match="does not run on the job's inputs to be timed: "
+                                        "RuntimeError: shapes"):
+        plan_measured(own_loss_dict(input_shape=(1, 8, 8), num_classes=10), x, name="odd",
+                      kind="train", bytes_per_s=1e6, runs=2, loss=mismatched)
+
+
 def test_fit_link_recovers_overhead_and_bandwidth():
     samples, t = [], 0.0
     for k in range(12):

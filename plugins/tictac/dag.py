@@ -150,7 +150,7 @@ def trace(model: nn.Module, name: str = "") -> fx.GraphModule:
     """``torch.fx`` graph of ``model``; a model fx cannot trace is one line naming the module."""
     tracer = _Tracer()
     try:
-        graph = tracer.trace(model)
+        graph = tracer.trace(model, concrete_args=_defaults_after_the_input(model) or None)
     except Exception as exc:  # fx raises many types (TraceError, TypeError, ...)
         where = tracer.current[-1] if tracer.current else ("", type(model).__name__)
         path = where[0] or "<root>"
@@ -160,6 +160,23 @@ def trace(model: nn.Module, name: str = "") -> fx.GraphModule:
             f"'{name or type(model).__name__}': {first}"
         ) from None
     return fx.GraphModule(tracer.root, graph)
+
+
+def _defaults_after_the_input(model: nn.Module) -> dict[str, Any]:
+    """The forward's parameters after its first, with their defaults, held at those values
+    while fx traces: the job calls the model with its one input, so ``forward(x,
+    labels=None)`` runs with ``labels`` None. Traced as placeholders instead, ``labels is
+    None`` is False on the proxy and the graph bakes in the loss branch, which then fails
+    when run without labels."""
+    import inspect
+
+    try:
+        params = list(inspect.signature(model.forward).parameters.values())
+    except (TypeError, ValueError):
+        return {}
+    return {p.name: p.default for p in params[1:]
+            if p.default is not inspect.Parameter.empty
+            and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
 
 
 @dataclass

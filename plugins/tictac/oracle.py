@@ -29,6 +29,8 @@ import torch
 import torch.fx as fx
 from accelopt_plugins.tictac.dag import RECV, Dag
 
+from accelopt.job.job import logits_of
+
 
 @dataclass
 class ComputeTimes:
@@ -124,6 +126,12 @@ def _sum_loss(out: Any) -> torch.Tensor:
         return _sum_loss(first if first is not None else list(out.values()))
     if isinstance(out, (list, tuple)):
         return sum(_sum_loss(o) for o in out if o is not None)  # type: ignore[return-value]
+    own = getattr(out, "loss", None)  # an output object (a dataclass): its loss, else logits
+    if isinstance(own, torch.Tensor):
+        return own.float().sum()
+    logits = logits_of(out)
+    if logits is not out:
+        return _sum_loss(logits)
     raise TypeError(f"cannot make a loss from {type(out).__name__}")
 
 

@@ -30,6 +30,8 @@ from accelopt_plugins.tictac.order import HEURISTICS, compute_order
 from accelopt_plugins.tictac.simulate import Simulator, efficiency
 from torch import nn
 
+from accelopt.errors import UserError
+
 RANDOM_SAMPLES = 1000
 
 
@@ -137,6 +139,11 @@ def plan_measured(model: nn.Module, example: Any, *, name: str, kind: str,
             torch.set_num_threads(threads)
         try:
             compute = oracle.measure(traced.gm, traced.example, runs=runs, loss=loss)
+        except Exception as exc:  # noqa: BLE001 - a graph that does not run: the row says why
+            first = (str(exc).strip().splitlines() or [""])[0][:200]
+            raise UserError(f"tictac: the traced graph of model '{name}' ({traced.how}) does "
+                            f"not run on the job's inputs to be timed: "
+                            f"{type(exc).__name__}: {first}") from None
         finally:
             torch.set_num_threads(before)
         compute.fingerprint = fwd_fp
