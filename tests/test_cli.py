@@ -162,6 +162,28 @@ def test_an_output_directory_that_cannot_be_written_is_one_line_before_any_work(
     assert blocker.read_text() == "not a directory" and sorted(tmp_path.iterdir()) == [blocker]
 
 
+def test_a_sweep_never_writes_over_an_earlier_sweep_nor_trains_before_a_bad_point(tmp_path):
+    """A second sweep into the same hydra.sweep.dir wrote its runs 0, 1, ... over the first
+    one's; a point with a value out of range failed only when its turn came, after the
+    points before it had trained."""
+    from clirun import run_files
+
+    first = accelopt("run", "-m", *TINY, "hydra.sweep.dir=sweep", "run.seed=1,2", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    before = run_files(tmp_path / "sweep")
+    again = accelopt("run", "-m", *TINY, "hydra.sweep.dir=sweep", "run.seed=3,4", cwd=tmp_path)
+    assert again.returncode == 2
+    assert again.stderr.strip() == (
+        "error: hydra.sweep.dir sweep already holds files (an earlier sweep's runs?); give this "
+        "sweep another directory, or remove that one: results are never overwritten")
+    assert run_files(tmp_path / "sweep") == before
+    bad = accelopt("run", "-m", *TINY, "hydra.sweep.dir=other",
+                   "workload.jobs.0.iterations=2,-1", cwd=tmp_path)
+    assert bad.returncode == 2
+    assert bad.stderr.strip() == "error: job 'tiny-mlp': iterations must be >= 1, got -1"
+    assert not (tmp_path / "other").exists()
+
+
 def test_an_empty_sweep_is_refused_not_passed(tmp_path):
     """``-m key=range(0)`` ran nothing and exited 0: a CI step that tested nothing."""
     result = accelopt("run", *TINY, "-m", "workload.jobs.0.iterations=range(0)", "run.seed=1,2",

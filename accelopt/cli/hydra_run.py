@@ -35,7 +35,7 @@ from accelopt.config import register_plugin_configs, register_schema, unknown_ke
 from accelopt.errors import AccelOptError, ConfigError, JobsUnfinished, listed
 from accelopt.plugin import Registry, resolve
 from accelopt.report.console import default_console
-from accelopt.runtime.resume_target import refuse_finished, resume_target
+from accelopt.runtime.resume_target import HONOURED, refuse_finished, resume_target
 
 HYDRA_PASSTHROUGH_FLAGS = ("--help", "-h", "--hydra-help", "--info", "-i", "--cfg", "-c",
                            "--resolve", "--package", "-p", "--shell-completion", "-sc")
@@ -169,6 +169,12 @@ def prepared_configs(overrides: list[str], registry: Registry, multirun: bool = 
         named = [o.split("=", 1)[1] for o in combo if o.lstrip("+").startswith(f"{key}=")]
         if named and not multirun:  # a sweep's runs go under hydra.sweep.dir, each its own
             refuse_taken_run_dir(Path(named[-1]))
+        if named and multirun:
+            refuse_taken_sweep_dir(Path(named[-1]))
+        if multirun:  # every point's values now, not when its turn comes after the others
+            from accelopt.runtime.run import validate
+
+            validate(out[-1], registry)
         # the fixed part of the directory (before a ${now:...}): an unwritable one is one line
         # now, not an OSError traceback from Hydra's first write or after the run trained
         written = str(run_dir) if run_dir is not None else (named[-1] if named else RUNS_DIR)
@@ -176,6 +182,16 @@ def prepared_configs(overrides: list[str], registry: Registry, multirun: bool = 
                           "pass another run_dir" if run_dir is not None
                           else f"choose another with {key}=DIR")
     return out
+
+
+def refuse_taken_sweep_dir(sweep_dir: Path) -> None:
+    """A named ``hydra.sweep.dir`` that already holds files is refused before the sweep:
+    Hydra numbers a sweep's runs from 0 again, so a second sweep into the same directory
+    wrote its runs over the first one's (a fixed directory is how CI collects artifacts)."""
+    if sweep_dir.is_dir() and any(sweep_dir.iterdir()):
+        raise ConfigError(f"hydra.sweep.dir {sweep_dir} already holds files (an earlier "
+                          "sweep's runs?); give this sweep another directory, or remove that "
+                          "one: results are never overwritten")
 
 
 def refuse_taken_run_dir(run_dir: Path) -> None:
@@ -227,7 +243,7 @@ def refuse_bad_resume(overrides: list[str]) -> None:
                 f"{'it' if len(ignored) == 1 else 'them'} (a new run takes them)")
 
 
-RESUME_KEEPS = ("run.resume", "run.resume_finished", "run.progress", "hydra.")
+RESUME_KEEPS = ("run.resume", "run.resume_finished", *HONOURED, "hydra.")
 """The overrides a resumed run honours (the rest of its configuration is the old run's)."""
 
 
