@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -16,6 +17,7 @@ from clirun import accelopt, accelopt_cmd, cli_env
 
 from accelopt.bench.analysis import SetResult, classify, higher_is_better, summarize
 from accelopt.bench.child import drop_unselected, selection_from_task_overrides
+from accelopt.bench.render import render_markdown
 from accelopt.bench.runner import bench_command, run_plan, set_overrides, split_overrides
 from accelopt.errors import UserError
 from accelopt.job.quality import hits_at_1
@@ -57,6 +59,42 @@ def test_classify():
     assert classify(1.01).startswith("independent")
     assert classify(1.2, 1.1, 1.3) == "synergistic"
     assert classify(1.2, 0.95, 1.5).startswith("inconclusive")  # the spread includes 1
+    # a median within 5% of 1 is no finding when the range reaches far past it either way
+    assert classify(1.01, 0.6, 1.5) == "inconclusive (range 0.60-1.50 includes 1)"
+    assert classify(1.01, 0.98, 1.03).startswith("independent")  # the whole range is within
+    assert classify(2.2, 1.7, 2.6, n=2) == "inconclusive (n=2 repeats; 3 needed)"
+    assert classify(2.2, 1.7, 2.6, n=3) == "synergistic"
+
+
+def test_two_repeats_give_no_verdict():
+    """noop+clip read 'synergistic, 2.3x' from 2 repeats whose paired interactions happened
+    to be 1.71 and 2.60: the min-max of two runs is no range. Neither the combination nor a
+    plugin alone (noop '1.22x' from one run) gets a verdict below 3 repeats; with 3 repeats,
+    a set alone whose gain within each repeat ranges over 1 is within noise."""
+    two = [
+        SetResult((), (0.1, 0.09), repeats=(0, 1)),
+        SetResult(("clip",), (0.09, 0.1), repeats=(0, 1)),
+        SetResult(("noop",), (0.1, 0.08), repeats=(0, 1)),
+        SetResult(("clip", "noop"), (0.05, 0.04), repeats=(0, 1)),  # paired 1.80 and 2.22
+    ]
+    by = {s.label: s for s in summarize(two, "avg_jct_s")}
+    assert by["clip+noop"].interaction_low > 1.05  # the old verdict: "synergistic"
+    assert by["clip+noop"].verdict == "inconclusive (n=2 repeats; 3 needed)"
+    assert by["noop"].verdict == "alone; inconclusive (n=2 repeats; 3 needed)"
+    one = summarize([SetResult((), (0.09,), repeats=(0,)),
+                     SetResult(("noop",), (0.0375,), repeats=(0,))], "avg_jct_s")
+    assert one[1].gain == pytest.approx(2.4) and one[1].verdict.endswith("(n=1 repeat; 3 needed)")
+    three = {s.label: s for s in summarize([
+        SetResult((), (10.0, 12.0, 9.0), repeats=(0, 1, 2)),
+        SetResult(("noop",), (9.5, 12.5, 8.0), repeats=(0, 1, 2)),   # 1.05x, 0.96x, 1.12x
+        SetResult(("fast",), (5.0, 6.5, 4.4), repeats=(0, 1, 2)),
+    ], "duration_s")}
+    assert three["noop"].verdict == "alone; within noise (gain 0.96-1.12 includes 1)"
+    assert three["fast"].verdict == "alone"
+    table = render_markdown(list(by.values()), {"metric": "avg_jct_s", "command": "c",
+                                                "machine": "m", "python": "3", "repeats": 2,
+                                                "higher_is_better": False})
+    assert "fewer than 3 repeats give none" in table
 
 
 def test_a_plugin_that_does_nothing_never_looks_synergistic():
@@ -275,3 +313,95 @@ def test_paired_interaction_cancels_drift_between_repeats():
     unpaired = [SetResult(r.plugins, r.values) for r in (base, a, b, ab)]
     loose = {s.label: s for s in summarize(unpaired, "duration_s")}["a+b"]
     assert loose.verdict.startswith("inconclusive")  # the drift swamps the unpaired bound
+
+
+def _finished_bench(out: Path, repeats: int = 3) -> dict[str, bytes]:
+    """A finished bench's directory as the sweep leaves it (runs/<n>/metrics.json, noop and
+    clip with their combination, fixed values) and its report; returns the report's bytes."""
+    from accelopt.bench.runner import collect, report
+    from accelopt.report.console import default_console
+
+    plan = run_plan([[], ["clip"], ["noop"], ["clip", "noop"]], repeats)
+    value = {(): 1.0, ("clip",): 0.8, ("noop",): 1.0, ("clip", "noop"): 0.8}
+    for i, (repeat, plugins, _) in enumerate(plan):
+        (out / "runs" / str(i)).mkdir(parents=True)
+        metric = value[tuple(plugins)] * (1 + 0.01 * repeat)
+        (out / "runs" / str(i) / "metrics.json").write_text(json.dumps(
+            {"summary": {"avg_jct_s": metric}, "run": {"plugins": plugins}}))
+    context = {"command": "accelopt bench", "metric": "avg_jct_s", "higher_is_better": False,
+               "repeats": repeats, "machine": "m", "python": "3", "settings": "s",
+               "sweep_s": 1.0, "quality": None}
+    report(collect(out / "runs", "avg_jct_s", plan), context, plan, out, default_console())
+    return {name: (out / name).read_bytes() for name in ("bench.json", "bench.md", "bench.png")}
+
+
+def test_reanalyze_names_a_corrupt_run_in_one_line(tmp_path):
+    """A corrupt run's metrics.json was a JSONDecodeError traceback, exit 1."""
+    before = _finished_bench(tmp_path)
+    (tmp_path / "runs" / "5" / "metrics.json").write_text("{bad")
+    with pytest.raises(UserError) as info:
+        bench_command(["--reanalyze", "--out", str(tmp_path)])
+    message = str(info.value)
+    assert info.value.exit_code == 2 and "\n" not in message
+    assert f"{tmp_path / 'runs' / '5' / 'metrics.json'} (Expecting property name" in message
+    assert "([clip], repeat 0)" in message
+    assert {name: (tmp_path / name).read_bytes() for name in before} == before
+
+
+def test_reanalyze_refuses_to_replace_a_report_with_fewer_runs(tmp_path, capsys):
+    """A missing run was dropped in silence and the report rewritten from the rest (a set's
+    median of 1 run instead of 2, the same verdict); now the runs are named and the report
+    is kept, or written with --force naming them."""
+    before = _finished_bench(tmp_path)
+    shutil.rmtree(tmp_path / "runs" / "6")  # [noop], repeat 0
+    with pytest.raises(UserError) as info:
+        bench_command(["--reanalyze", "--out", str(tmp_path)])
+    message = str(info.value)
+    assert "1 measured run(s) of the plan" in message and "\n" not in message
+    assert f"{tmp_path / 'runs' / '6' / 'metrics.json'} (missing) ([noop], repeat 0)" in message
+    assert "--force" in message
+    assert {name: (tmp_path / name).read_bytes() for name in before} == before
+    capsys.readouterr()
+    assert bench_command(["--reanalyze", "--force", "--out", str(tmp_path)]) == 0
+    assert "reported without 1 run(s) of the plan (--force)" in capsys.readouterr().out
+    saved = json.loads((tmp_path / "bench.json").read_text())
+    assert saved["context"]["missing_runs"] == [f"{tmp_path / 'runs' / '6' / 'metrics.json'} "
+                                                "(missing) ([noop], repeat 0)"]
+    assert {s["label"]: s["n"] for s in saved["sets"]}["noop"] == 2
+    assert "**Runs missing from this report**" in (tmp_path / "bench.md").read_text()
+    with pytest.raises(UserError, match="--force goes with --reanalyze"):
+        bench_command(["--force", "--plugins", "noop", "--out", str(tmp_path / "new")])
+    assert len(saved["runs"]) == len(json.loads(before["bench.json"])["runs"])
+
+
+def test_the_bench_owns_its_run_layout(tmp_path):
+    """hydra.sweep.dir moved the runs out of --out; the bench then blamed the metric."""
+    for override in ("hydra.sweep.dir=elsewhere", "hydra.sweep.subdir=x", "++hydra.sweep.dir=e"):
+        with pytest.raises(UserError, match="choose the directory with --out") as info:
+            bench_command(["--plugins", "noop", "--repeats", "1", "--out", str(tmp_path / "b"),
+                           "workload=tiny", override])
+        assert override in str(info.value)
+    assert not (tmp_path / "b").exists()
+    from accelopt.bench.runner import collect
+
+    (tmp_path / "runs").mkdir()
+    with pytest.raises(UserError, match=re.escape(f"no runs found under {tmp_path / 'runs'}")):
+        collect(tmp_path / "runs", "duration_s", run_plan([[], ["noop"]], 1))
+
+
+def test_overrides_may_come_between_the_options(capsys):
+    """`accelopt bench --plugins noop workload=tiny --repeats 1 ...` and `accelopt matrix
+    workload=tiny --max-size 1 run.seed=1` were 'unrecognized arguments'."""
+    from accelopt.bench.runner import parse_args
+    from accelopt.cli.commands import matrix
+
+    opts = parse_args(["--plugins", "noop", "workload=tiny", "--repeats", "1", "--out", "bo1",
+                       "run.seed=1"])
+    assert (opts.plugins, opts.repeats, opts.out) == ("noop", 1, "bo1")
+    assert opts.overrides == ["workload=tiny", "run.seed=1"]
+    opts = parse_args(["--sets", "[],[gpu_kernels]", "plugins.gpu_kernels.prune_amount=0.5",
+                       "--repeats", "1", "workload=tiny"])
+    assert opts.overrides == ["plugins.gpu_kernels.prune_amount=0.5", "workload=tiny"]
+    assert matrix(["workload=tiny", "--max-size", "1", "run.seed=1", "--plugins", "noop",
+                   "--format", "hydra"]) == 0
+    assert capsys.readouterr().out.strip() == "+plugins=[],[noop]"

@@ -4,9 +4,11 @@ Gain is oriented so that > 1 always means "better": ``baseline / value`` for a m
 lower is better (JCT, duration), ``value / baseline`` where higher is better (throughput).
 A combination's **interaction** is its gain divided by the product of its members' gains
 alone: 1 means the effects compose multiplicatively (independent speedups multiply), above
-means synergy, below means the plugins get in each other's way. A departure from 1 counts
-only if the interaction's range over the repeats' min-max spread excludes 1; otherwise the
-verdict is "inconclusive": machine noise must not read as an effect.
+means synergy, below means the plugins get in each other's way. A verdict needs
+``MIN_REPEATS`` repeats (the min-max of one or two values is no interval), and a range over
+the repeats that includes 1 reads "inconclusive" unless it lies within the tolerance (then
+the gains multiply); a set alone whose gain range includes 1 is "within noise": machine
+noise must not read as an effect.
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ HIGHER_IS_BETTER_HINTS = ("per_s", "throughput", "efficiency", "utilization", "p
 """Substrings of a metric's name that mean higher is better (``--higher-is-better auto``);
 any other metric (times, bytes, memory, perplexity, loss) is lower-better."""
 INTERACTION_TOLERANCE = 0.05
+MIN_REPEATS = 3
+"""Fewer repeats than this give no verdict: their min-max is one or two samples of the
+machine's noise, not a range (two lucky runs made a plugin that does nothing 'synergistic')."""
 
 
 def higher_is_better(metric: str) -> bool:
@@ -62,6 +67,9 @@ class SetSummary:
     expected_gain: float | None
     interaction: float | None
     verdict: str
+    """The conclusion and, when there is none, why: 'baseline'; for a set of one plugin
+    'alone', or 'alone; within noise (...)' / 'alone; inconclusive (...)'; for a combination
+    the interaction's verdict (``classify``)."""
     quality: float | None = None
     """Median held-out score (``--eval``), or None."""
     interaction_low: float | None = None
@@ -94,21 +102,28 @@ def summarize(
         gains = spread[r.plugins]
         g = gain(r.median)
         expected = interaction = low = high = None
-        verdict = "baseline" if not r.plugins else "alone"
+        if not r.plugins:
+            verdict = "baseline"
+        elif len(r.plugins) == 1:
+            verdict = alone_verdict(gain_range(r, by_set[()], higher))
+        else:
+            verdict = "undefined (a member was not measured alone)"
         if len(r.plugins) > 1 and all(p in single for p in r.plugins):
+            members = [by_set[(p,)] for p in r.plugins]
             expected = math.prod(single[p] for p in r.plugins)
             interaction = g / expected if expected else math.nan
-            paired = paired_interactions(r, [by_set[(p,)] for p in r.plugins], by_set[()],
-                                         higher)
+            paired = paired_interactions(r, members, by_set[()], higher)
             if paired:  # the paired estimate is the better one: drift cancels within a repeat
                 interaction = statistics.median(paired)
                 low, high = min(paired), max(paired)
+                n = len(paired)
             else:
                 lows = math.prod(spread[(p,)][0] for p in r.plugins)
                 highs = math.prod(spread[(p,)][-1] for p in r.plugins)
                 low = gains[0] / highs if highs else math.nan
                 high = gains[-1] / lows if lows else math.nan
-            verdict = classify(interaction, low, high)
+                n = min(len(x.values) for x in (r, *members, by_set[()]))
+            verdict = classify(interaction, low, high, n)
         quality = statistics.median(r.quality) if r.quality else None
         out.append(SetSummary(r.label, r.plugins, r.median, min(r.values), max(r.values),
                               len(r.values), g, gains[0], gains[-1], expected, interaction,
@@ -116,14 +131,58 @@ def summarize(
     return out
 
 
+def gain_range(result: SetResult, base: SetResult, higher: bool) -> tuple[float, float, int]:
+    """(lowest, highest, n) of a set's gain with the baseline's own noise in it (the gain
+    column's range is against the baseline's median and hides the baseline's spread): within
+    each repeat against that repeat's baseline run when runs carry repeats (n: the repeats
+    that measured both), else the unpaired bound, every value against every baseline value
+    (n: the fewer of the two sets' runs)."""
+    def ratio(v: float, b: float) -> float:
+        return (v / b if higher else b / v) if v and b else math.nan
+
+    mine, theirs = _by_repeat(result), _by_repeat(base)
+    if mine is not None and theirs is not None:
+        common = sorted(set(mine) & set(theirs))
+        gains, n = [ratio(mine[k], theirs[k]) for k in common], len(common)
+    else:
+        gains = [ratio(v, b) for v in result.values for b in base.values]
+        n = min(len(result.values), len(base.values))
+    gains = [g for g in gains if not math.isnan(g)]
+    return (min(gains), max(gains), n) if gains else (math.nan, math.nan, n)
+
+
+def _by_repeat(result: SetResult) -> dict[int, float] | None:
+    """{repeat: value}, or None when the runs carry no repeat labels."""
+    if not result.repeats or len(result.repeats) != len(result.values):
+        return None
+    return dict(zip(result.repeats, result.values, strict=True))
+
+
+def alone_verdict(bounds: tuple[float, float, int]) -> str:
+    """A set of one plugin: 'alone' when its gain is measured (enough repeats, and a range
+    that excludes 1), else why the gain column is not a finding."""
+    low, high, n = bounds
+    if n < MIN_REPEATS:
+        return f"alone; {too_few(n)}"
+    if math.isnan(low):
+        return "alone; gain undefined (a value of 0)"
+    if low <= 1 <= high:
+        return f"alone; within noise (gain {low:.2f}-{high:.2f} includes 1)"
+    return "alone"
+
+
+def too_few(n: int) -> str:
+    return f"inconclusive (n={n} repeat{'s' if n != 1 else ''}; {MIN_REPEATS} needed)"
+
+
 def paired_interactions(combo: SetResult, members: Sequence[SetResult], base: SetResult,
                         higher: bool) -> list[float]:
     """The interaction within each repeat that measured the combination, every member and
     the baseline (gains against that repeat's own baseline run); [] without repeat labels."""
-    runs = [combo, *members, base]
-    if any(len(r.repeats) != len(r.values) or not r.repeats for r in runs):
+    found = [_by_repeat(r) for r in (combo, *members, base)]
+    value = [v for v in found if v is not None]
+    if len(value) != len(found):
         return []
-    value = [dict(zip(r.repeats, r.values, strict=True)) for r in runs]
     common = set.intersection(*(set(v) for v in value))
     out = []
     for rep in sorted(common):
@@ -135,14 +194,20 @@ def paired_interactions(combo: SetResult, members: Sequence[SetResult], base: Se
     return [x for x in out if not math.isnan(x)]
 
 
-def classify(interaction: float, low: float | None = None, high: float | None = None) -> str:
+def classify(interaction: float, low: float | None = None, high: float | None = None,
+             n: int | None = None) -> str:
     """Verdict on an interaction (gain / product of the members' gains). ``low``/``high``:
-    its range over the repeats' spread; a departure from 1 that this range does not exclude
-    is noise, not an effect (a plugin that does nothing must never look synergistic)."""
+    its range over the repeats; ``n``: how many repeats measured it. Fewer than
+    ``MIN_REPEATS`` repeats give no verdict, and a range that includes 1 is noise, not an
+    effect, unless the whole range lies within the tolerance (a plugin that does nothing
+    must never look synergistic)."""
     if math.isnan(interaction):
         return "undefined"
-    if 1 - INTERACTION_TOLERANCE <= interaction <= 1 + INTERACTION_TOLERANCE:
+    if n is not None and n < MIN_REPEATS:
+        return too_few(n)
+    lo, hi = 1 - INTERACTION_TOLERANCE, 1 + INTERACTION_TOLERANCE
+    if low is not None and high is not None and low <= 1 <= high and not lo <= low <= high <= hi:
+        return f"inconclusive (range {low:.2f}-{high:.2f} includes 1)"
+    if lo <= interaction <= hi:
         return "independent (gains multiply)"
-    if low is not None and high is not None and low <= 1 <= high:
-        return "inconclusive (spread includes 1)"
     return "synergistic" if interaction > 1 else "interfering"

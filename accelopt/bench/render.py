@@ -9,7 +9,17 @@ from typing import Any
 from rich.table import Table
 
 from accelopt.atomic import atomic_open
-from accelopt.bench.analysis import SetSummary
+from accelopt.bench.analysis import INTERACTION_TOLERANCE, MIN_REPEATS, SetSummary
+
+VERDICT_RULE = (
+    f"fewer than {MIN_REPEATS} repeats give none (inconclusive, n = the repeats measured); a "
+    f"combination is independent when its interaction is within 1 +- {INTERACTION_TOLERANCE}, "
+    "synergistic above, interfering below, and inconclusive when its range includes 1 (unless "
+    f"the whole range lies within 1 +- {INTERACTION_TOLERANCE}); a set alone is within noise "
+    "when its gain against each repeat's own baseline run (without repeats: every value "
+    "against every baseline value) ranges over 1.")
+"""The verdict column's rule, as ``accelopt.bench.analysis.classify`` and ``alone_verdict``
+apply it: written under the report's table so that a reader sees why a verdict is missing."""
 
 COLUMNS = ("set", "median", "min-max", "gain", "gain range", "expected", "interaction", "verdict")
 
@@ -48,6 +58,11 @@ def render_table(summary: Sequence[SetSummary], context: dict[str, Any]) -> Tabl
         table.add_column(column, justify="left" if column in ("set", "verdict") else "right")
     for s in summary:
         table.add_row(*_row(s, context))
+    if context["repeats"] < MIN_REPEATS:
+        table.caption = (f"{context['repeats']} repeat(s): too few for a verdict (the min-max "
+                         f"of fewer than {MIN_REPEATS} runs is noise, not a range); "
+                         f"--repeats {MIN_REPEATS} or more")
+        table.caption_justify = "left"
     return table
 
 
@@ -62,6 +77,9 @@ def render_markdown(summary: Sequence[SetSummary], context: dict[str, Any]) -> s
         "",
         f"Settings: {context.get('settings', '')}. Sweep: {context.get('sweep_s', '?')} s.",
         "",
+        *([f"**Runs missing from this report** (`--reanalyze --force`; their sets have fewer "
+           f"repeats): {'; '.join(context['missing_runs'])}.", ""]
+          if context.get("missing_runs") else []),
         "| " + " | ".join(columns(context)) + " |",
         "|" + "---|" * len(columns(context)),
     ]
@@ -71,9 +89,8 @@ def render_markdown(summary: Sequence[SetSummary], context: dict[str, Any]) -> s
         "Gain: baseline / value when lower is better, value / baseline when higher is better. "
         "Expected: the product of the members' gains alone. Interaction: computed within "
         "each repeat against that repeat's own baseline run (paired), median and in brackets "
-        "min-max over the repeats (gain / expected when runs carry no repeat) "
-        "(1 +- 0.05 = independent; "
-        "above synergistic, below interfering, unless the range includes 1: inconclusive). "
+        "min-max over the repeats (gain / expected when runs carry no repeat). "
+        f"Verdict: {VERDICT_RULE} "
         "Runs are interleaved and the order of the sets rotates from repeat to repeat.",
         "",
     ]

@@ -71,11 +71,19 @@ def parse_args(args: list[str]) -> argparse.Namespace:
     parser.add_argument("--reanalyze", action="store_true",
                         help="run nothing: re-read the finished bench in --out (its bench.json "
                         "and runs) and write its table, chart and report again")
-    parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run; "
-                        "plugins.NAME.key=value applies only to the sets that select NAME")
-    opts = parser.parse_args(args)
+    parser.add_argument("--force", action="store_true",
+                        help="with --reanalyze: write the report even when runs of the plan "
+                        "are missing or unreadable, naming them in it (else it is refused)")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run, before, "
+                        "between or after the options; plugins.NAME.key=value applies only "
+                        "to the sets that select NAME")
+    # intermixed: `--plugins noop workload=tiny --repeats 1 run.seed=1` is one command line
+    # (parse_args would take the overrides after an option for unrecognized arguments)
+    opts = parser.parse_intermixed_args(args)
     if opts.repeats < 1:
         raise UserError("--repeats must be >= 1")
+    if opts.force and not opts.reanalyze:
+        raise UserError("--force goes with --reanalyze (a new bench never overwrites results)")
     return opts
 
 
@@ -119,6 +127,11 @@ def parse_sets(text: str) -> list[list[str]]:
     return sets
 
 
+OWN_LAYOUT = ("hydra.sweep.dir", "hydra.sweep.subdir")
+"""Overrides the bench sets for its sweep: a user's would move the runs where the report
+does not look (``collect`` reads ``--out``/runs)."""
+
+
 def split_overrides(overrides: list[str]) -> tuple[list[str], dict[str, list[str]]]:
     """(overrides for every run, {plugin: its ``plugins.NAME.*`` settings})."""
     common: list[str] = []
@@ -127,6 +140,9 @@ def split_overrides(overrides: list[str]) -> tuple[list[str], dict[str, list[str
         key = override.split("=", 1)[0].lstrip("+~")
         if key == "plugins" or (key.startswith("plugins") and "." not in key):
             raise UserError("give plugin sets with --plugins/--sets, not +plugins= overrides")
+        if key in OWN_LAYOUT:
+            raise UserError(f"'{override}': the bench lays out its runs itself (--out DIR: "
+                            "DIR/runs/<n>); drop it and choose the directory with --out")
         if key.startswith("plugins."):
             name = key.split(".")[1]
             if "=" not in override or not name:
@@ -239,7 +255,10 @@ def bench_command(args: list[str]) -> int:
 
 
 def reanalyze(opts: argparse.Namespace) -> int:
-    """``--reanalyze``: the same report from the runs a finished bench left in ``--out``."""
+    """``--reanalyze``: the same report from the runs a finished bench left in ``--out``.
+    Every measured run of the plan (bench.json lists them) must be readable: a report from
+    fewer runs has thinner statistics under the same title, so it replaces the finished one
+    only with ``--force``, and then names the runs it lacks."""
     if not opts.out:
         raise UserError("--reanalyze needs --out DIR, the directory of a finished bench")
     out = Path(opts.out).resolve()
@@ -251,11 +270,60 @@ def reanalyze(opts: argparse.Namespace) -> int:
         raise UserError(f"--reanalyze: {out / 'bench.json'} predates the run plan; rerun it")
     plan = [(int(r["repeat"]), list(r["plugins"]), bool(r["warmup"])) for r in saved["runs"]]
     context = dict(saved["context"])
+    context.pop("missing_runs", None)  # this reading decides which runs are missing
+    problems = unreadable_runs(out / "runs", plan)
+    if problems:
+        named = [f"{reason} ({_label(plan[i][1])}, repeat {plan[i][0]})"
+                 for i, reason in problems.items()]
+        if not opts.force:
+            raise UserError(
+                f"--reanalyze: {len(named)} measured run(s) of the plan in "
+                f"{out / 'bench.json'} cannot be read: {listed(named, sep='; ')}; the finished "
+                "report is left as it is (rerun the bench, or add --force to report the other "
+                "runs and name these in the report)")
+        context["missing_runs"] = named
     console = default_console()
-    results = collect(out / "runs", context["metric"], plan)
+    results = collect(out / "runs", context["metric"], plan, skip=set(problems))
     if context.get("quality"):
-        results = with_quality(results, out / "runs", plan, console)
+        results = with_quality(results, out / "runs", plan, console, skip=set(problems))
     return report(results, context, plan, out, console)
+
+
+def unreadable_runs(runs_dir: Path, plan: list[tuple[int, list[str], bool]]) -> dict[int, str]:
+    """{run number: '<its metrics.json> (why)'} for each measured run of the plan whose
+    metrics.json is missing or cannot be read (warm-up runs count for nothing)."""
+    problems: dict[int, str] = {}
+    for i, (_, _, warmup) in enumerate(plan):
+        if not warmup:
+            try:
+                read_run(runs_dir / str(i) / "metrics.json")
+            except UnreadableRun as exc:
+                problems[i] = f"{exc.path} ({exc.reason})"
+    return problems
+
+
+class UnreadableRun(UserError):
+    """A run's metrics.json is missing, not JSON, or lacks its summary or plugin set (a run
+    cut short, a disk that filled, a file edited by hand)."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        self.path, self.reason = path, reason
+        super().__init__(f"cannot read {path} ({reason}); rerun the bench")
+
+
+def read_run(path: Path) -> dict[str, Any]:
+    """A run's metrics.json, checked for what the report reads from it."""
+    try:
+        data = json.loads(path.read_text())
+        if not isinstance(data["summary"], dict) or not isinstance(data["run"]["plugins"], list):
+            raise ValueError("its summary or run.plugins is not what a run writes")
+    except FileNotFoundError:
+        raise UnreadableRun(path, "missing") from None
+    except KeyError as exc:
+        raise UnreadableRun(path, f"no {exc} key") from None
+    except (OSError, ValueError, TypeError) as exc:
+        raise UnreadableRun(path, str(exc)) from None
+    return data
 
 
 def report(results: list[SetResult], context: dict[str, Any],
@@ -265,6 +333,10 @@ def report(results: list[SetResult], context: dict[str, Any],
     console.print(render_table(summary, context))
     console.print(f"machine: {context['machine']}; {context['settings']}; sweep took "
                   f"{context['sweep_s']} s")
+    if context.get("missing_runs"):
+        console.print(f"reported without {len(context['missing_runs'])} run(s) of the plan "
+                      f"(--force): {listed(context['missing_runs'], sep='; ')}",
+                      markup=False)  # the sets' [a,b] labels are not rich markup
     runs = [{"run": i, "repeat": r, "plugins": p, "warmup": w} for i, (r, p, w) in enumerate(plan)]
     (out / "bench.json").write_text(json.dumps(
         {"context": context, "sets": [asdict(s) for s in summary], "runs": runs}, indent=2))
@@ -355,19 +427,28 @@ def run_plan(sets: list[list[str]], repeats: int) -> list[tuple[int, list[str], 
     return plan
 
 
-def _measured(runs_dir: Path, plan: list[tuple[int, list[str], bool]]) -> list[Path]:
-    """The metrics.json of every run that is not a warm-up, in sweep order."""
-    paths = sorted(runs_dir.glob("*/metrics.json"), key=lambda p: int(p.parent.name))
-    return [p for p in paths if int(p.parent.name) < len(plan) and not plan[int(p.parent.name)][2]]
+def _measured(runs_dir: Path, plan: list[tuple[int, list[str], bool]],
+              skip: set[int] | frozenset[int] = frozenset()) -> list[Path]:
+    """The metrics.json of every run that is not a warm-up, in sweep order (runs in
+    ``skip``, the unreadable ones a forced --reanalyze reports without, left out)."""
+    paths = sorted((p for p in runs_dir.glob("*/metrics.json") if p.parent.name.isdigit()),
+                   key=lambda p: int(p.parent.name))
+    return [p for p in paths if int(p.parent.name) < len(plan)
+            and not plan[int(p.parent.name)][2] and int(p.parent.name) not in skip]
 
 
-def collect(runs_dir: Path, metric: str, plan: list[tuple[int, list[str], bool]]) -> list[SetResult]:
+def collect(runs_dir: Path, metric: str, plan: list[tuple[int, list[str], bool]],
+            skip: set[int] | frozenset[int] = frozenset()) -> list[SetResult]:
     """Group every measured run's metric by its plugin set (warm-up runs skipped)."""
     values: dict[tuple[str, ...], list[float]] = defaultdict(list)
     repeats: dict[tuple[str, ...], list[int]] = defaultdict(list)
     available: set[str] = set()
-    for path in _measured(runs_dir, plan):
-        data = json.loads(path.read_text())
+    paths = _measured(runs_dir, plan, skip)
+    if not paths:
+        raise UserError(f"no runs found under {runs_dir} (no <n>/metrics.json of a measured "
+                        "run); see the sweep's log beside it")
+    for path in paths:
+        data = read_run(path)
         summary = data["summary"]
         available |= {k for k, v in summary.items() if isinstance(v, (int, float))}
         value = summary.get(metric)
@@ -377,17 +458,21 @@ def collect(runs_dir: Path, metric: str, plan: list[tuple[int, list[str], bool]]
             repeats[key].append(plan[int(path.parent.name)][0])
     if not values:
         raise UserError(unknown_metric(metric, available))
+    if () not in values:
+        raise UserError(f"no baseline run (no plugins) under {runs_dir} measured {metric}: "
+                        "gains are against it; rerun the bench")
     return [SetResult(plugins, tuple(v), repeats=tuple(repeats[plugins]))
             for plugins, v in values.items()]
 
 
 def with_quality(results: list[SetResult], runs_dir: Path,
-                 plan: list[tuple[int, list[str], bool]], console: Console) -> list[SetResult]:
+                 plan: list[tuple[int, list[str], bool]], console: Console,
+                 skip: set[int] | frozenset[int] = frozenset()) -> list[SetResult]:
     """Attach each set's held-out top-1 scores, one per measured run (as each run scored
     its trained jobs, ``accelopt/job/quality.py``)."""
     scores: dict[tuple[str, ...], list[float]] = defaultdict(list)
-    for path in _measured(runs_dir, plan):
-        plugins = tuple(json.loads(path.read_text())["run"]["plugins"])
+    for path in _measured(runs_dir, plan, skip):
+        plugins = tuple(read_run(path)["run"]["plugins"])
         value = evaluate_run(path.parent)
         if value is not None:
             scores[plugins].append(value)

@@ -87,8 +87,11 @@ def matrix(args: list[str]) -> int:
     parser.add_argument("--no-check", action="store_true",
                         help="list every set the plugins' requires/conflicts/slots allow, "
                         "without configuring it against the configuration")
-    parser.add_argument("overrides", nargs="*", help="Hydra overrides the runs will get")
-    opts = parser.parse_args(args)
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides the runs will get, "
+                        "before, between or after the options")
+    # intermixed: `workload=tiny --max-size 1 run.seed=1` is one command line (parse_args
+    # would take the overrides after an option for unrecognized arguments)
+    opts = parser.parse_intermixed_args(args)
     if opts.max_size is not None and opts.max_size < 0:
         raise UserError("--max-size must be >= 0")
     chosen = [o for o in opts.overrides if o.lstrip("+~").startswith("plugins=")]
