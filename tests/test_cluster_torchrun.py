@@ -96,3 +96,54 @@ def test_machines_started_with_different_configurations_are_one_line(tmp_path):
             "(workload.jobs.0.lr differ); start every machine with the same accelopt command line")
     for _, err in outputs:  # both machines say it: neither waits for a dead peer
         assert line in err, err[-2000:]
+
+
+def test_a_failing_rank_under_torchrun_is_one_line_and_in_rank_0s_metrics(tmp_path):
+    """Rank 1's model raises at its third forward (iteration 2): its error escaped to Hydra
+    as a traceback, and rank 0, stopped by torchrun, recorded "terminated (SIGTERM)"."""
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3",
+           "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
+           "-m", "accelopt.cli.main", "run", "workload=single", "cluster.mode=ps",
+           "workload.jobs.0.iterations=6", "workload.jobs.0.model=cluster_models:raises_on_rank",
+           "workload.jobs.0.dataset=synthetic_vectors", "cluster.timeout_s=20",
+           "run.compare=none", "run.progress=false", f"hydra.run.dir={run_dir}"]
+    env = {**cli_env(), "TMPDIR": str(tmp_path)}
+    result = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True,
+                            timeout=200)
+    assert result.returncode != 0
+    line = "raised RuntimeError: boom on rank 1 at iteration 2; the cluster run was stopped"
+    assert "error: rank 1 (worker, pid " in result.stderr and line in result.stderr, \
+        result.stderr[-3000:]
+    assert "Error executing job" not in result.stderr, result.stderr[-3000:]
+    error = json.loads((run_dir / "metrics.json").read_text())["summary"]["error"]
+    assert error.startswith("rank 1 (worker, pid ") and error.endswith(line), error
+
+
+def test_a_rendezvous_that_fails_names_master_addr_and_port(tmp_path, monkeypatch):
+    """A rank given a port nobody listens on (or one already taken, for rank 0): torch's
+    DistNetworkError/DistStoreError escaped as a Hydra traceback, naming neither."""
+    import socket
+
+    from test_cluster import make_cfg
+
+    from accelopt.drivers.cluster import RankFailed, run_cluster
+
+    port = _free_port()
+    for key, value in {**TORCHRUN_ENV, "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": str(port)}.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(RankFailed) as info:
+        run_cluster(make_cfg("ps", timeout_s=1), run_dir=tmp_path / "accelopt-rank1-x")
+    assert f"rank 1 could not join the other ranks through MASTER_ADDR=127.0.0.1 " \
+           f"MASTER_PORT={port} (" in str(info.value)
+    assert "\n" not in str(info.value)
+    monkeypatch.setenv("RANK", "0")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", port))
+        taken.listen()
+        with pytest.raises(RankFailed) as info:
+            run_cluster(make_cfg("ps", timeout_s=1), run_dir=tmp_path)
+    assert str(info.value).startswith(f"the rendezvous port {port} (MASTER_PORT) is already "
+                                      "in use by another process; give torchrun another")
+    assert info.value.exit_code == 2

@@ -8,7 +8,8 @@ SIGKILL) and :func:`write_failure` (the exception, before exiting). Parent:
 :class:`Watchdog` polls the processes; on the first failure it waits a moment for the
 other ranks' reports, picks the root cause (the ranks' forkserver dying, a rendezvous port
 already in use, a signal death, an ordinary exception, an exit without one, else the
-earliest communication error, which is usually a consequence) and kills the rest.
+earliest communication error, which is usually a consequence) and kills the rest. Under
+torchrun there is no parent: :func:`torchrun_failure` gives each rank the same one line.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from accelopt.errors import AccelOptError, RankFailed
+from accelopt.errors import AccelOptError, RankFailed, Terminated, UserError
 
 PR_SET_PDEATHSIG = 1
 GRACE_S = 1.0
@@ -84,19 +85,14 @@ def die_with_launcher(launcher_pid: int) -> None:
 class Progress:
     """The iteration a rank is in, readable by the parent even after a SIGKILL."""
 
-    def __init__(self, workdir: str | os.PathLike[str] | None, rank: int) -> None:
-        """``workdir`` None: the iteration is kept in this process only (a torchrun rank
-        reports its own failure, no parent reads it)."""
+    def __init__(self, workdir: str | os.PathLike[str], rank: int) -> None:
         self.iteration: int | None = None
-        self._fd: int | None = None
-        if workdir is not None:
-            self.path = Path(workdir) / f"progress-{rank}"
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        self.path = Path(workdir) / f"progress-{rank}"
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
 
     def set(self, iteration: int) -> None:
         self.iteration = iteration
-        if self._fd is not None:
-            os.pwrite(self._fd, f"{iteration:>12}".encode(), 0)
+        os.pwrite(self._fd, f"{iteration:>12}".encode(), 0)
 
     @staticmethod
     def read(workdir: str | os.PathLike[str], rank: int) -> int | None:
@@ -180,14 +176,20 @@ def port_in_use_line(port: int, setting: str, fix: str) -> str:
 LOCAL_PORT_FIX = "set cluster.master_port=0 to pick a free port, or choose another"
 
 
-def write_failure(workdir: str | os.PathLike[str], rank: int, role: str,
-                  iteration: int | None, exc: BaseException) -> None:
-    note = {
+def failure_note(rank: int, role: str, iteration: int | None,
+                 exc: BaseException) -> dict[str, Any]:
+    """What a failing rank tells the others: who it is, where it was and what it raised."""
+    return {
         "rank": rank, "role": role, "pid": os.getpid(), "iteration": iteration,
         "error": error_text(exc), "port_in_use": port_in_use(exc),
         "communication": is_communication_error(exc), "time": time.time(),
         "exit_code": exc.exit_code if isinstance(exc, AccelOptError) else 1,
     }
+
+
+def write_failure(workdir: str | os.PathLike[str], rank: int, role: str,
+                  iteration: int | None, exc: BaseException) -> None:
+    note = failure_note(rank, role, iteration, exc)
     tmp = Path(workdir) / f".failure-{rank}.tmp"
     tmp.write_text(json.dumps(note))
     os.replace(tmp, Path(workdir) / f"failure-{rank}.json")
@@ -385,3 +387,112 @@ def _kill(pid: int, sig: int) -> None:
         os.kill(pid, sig)
     except ProcessLookupError:
         pass
+
+
+# Under torchrun (or any RANK/WORLD_SIZE/MASTER_ADDR launch) there is no watchdog: each rank
+# is its own top-level process and torchrun SIGTERMs the others when one exits. Each rank
+# therefore turns its own failure into the run's one line, and a failing rank leaves its note
+# in the process group's store, where rank 0 (which writes the run's outputs) reads it.
+
+FAILURE_KEY = "accelopt-failure-{rank}"
+
+
+def _default_store() -> Any | None:
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return None
+    return dist.distributed_c10d._get_default_store()
+
+
+def publish_failure(note: dict[str, Any]) -> None:
+    """Leave this rank's failure note in the group's store (best effort: the store may be
+    gone with the rank that hosted it)."""
+    try:
+        store = _default_store()
+        if store is not None:
+            store.set(FAILURE_KEY.format(rank=note["rank"]), json.dumps(note))
+    except Exception:  # noqa: BLE001 - the rank's own error is the one to report
+        pass
+
+
+def peer_failure(rank: int, world: int, wait_s: float) -> dict[str, Any] | None:
+    """Another rank's failure note from the group's store, waiting up to ``wait_s`` for one;
+    an ordinary exception before a communication error, then the earliest."""
+    try:
+        store = _default_store()
+    except Exception:  # noqa: BLE001
+        store = None
+    if store is None:
+        return None
+    keys = {r: FAILURE_KEY.format(rank=r) for r in range(world) if r != rank}
+    deadline = time.monotonic() + wait_s
+    notes: list[dict[str, Any]] = []
+    while True:
+        try:
+            notes = [json.loads(store.get(k)) for k in keys.values() if store.check([k])]
+        except Exception:  # noqa: BLE001 - the store went away: nobody left to ask
+            return None
+        if notes or time.monotonic() >= deadline:
+            break
+        time.sleep(0.05)
+    notes.sort(key=lambda n: (bool(n.get("communication")), float(n.get("time", 0.0))))
+    return notes[0] if notes else None
+
+
+PEER_FAILED = "a peer rank failed or stopped (see that rank's output)"
+
+
+def torchrun_failure(exc: BaseException, *, rank: int, world: int, role: str,
+                     iteration: int | None) -> BaseException:
+    """The error a torchrun rank raises for ``exc`` (one line, as the local launcher's
+    watchdog gives): its own exception, named with rank, role, pid and iteration (and left
+    for the others in the store); a peer's failure as that peer's line where it left one,
+    else "a peer rank failed or stopped"; a rendezvous that failed names MASTER_ADDR and
+    MASTER_PORT. A :class:`UserError` (bad input, found on every rank alike) stays itself."""
+    pid = os.getpid()
+    joining = (is_communication_error(exc) or isinstance(exc, TimeoutError)
+               or port_in_use(exc) is not None)
+    if joining and _default_store() is None:  # not in the process group yet
+        return rendezvous_failure(exc, rank)
+    note = failure_note(rank, role, iteration, exc)
+    own = not isinstance(exc, Terminated) and not note["communication"]
+    if own:
+        publish_failure(note)
+        if isinstance(exc, UserError):
+            return exc
+        return RankFailed(raised_line(rank, role, pid, note["error"], iteration), rank=rank,
+                          pid=pid, iteration=iteration, cause=note["error"],
+                          exit_code=int(note["exit_code"]))
+    peer = peer_failure(rank, world, GRACE_S)
+    if peer is not None:
+        line = raised_line(peer["rank"], peer["role"], peer["pid"], peer["error"],
+                           peer["iteration"])
+        return RankFailed(line, rank=peer["rank"], pid=peer["pid"], iteration=peer["iteration"],
+                          cause=peer["error"], exit_code=int(peer.get("exit_code", 1)))
+    if isinstance(exc, Terminated):
+        return RankFailed(f"rank {rank} ({role}, pid {pid}) was terminated (SIGTERM) "
+                          f"{where(iteration)}; under torchrun that usually means {PEER_FAILED}",
+                          rank=rank, pid=pid, iteration=iteration, cause="SIGTERM",
+                          exit_code=Terminated.exit_code)
+    return RankFailed(f"rank {rank} ({role}, pid {pid}) lost its peers {where(iteration)} "
+                      f"({note['error']}): {PEER_FAILED}", rank=rank, pid=pid,
+                      iteration=iteration, cause=note["error"])
+
+
+def rendezvous_failure(exc: BaseException, rank: int) -> RankFailed:
+    """A rank that could not join its process group: the address and port it was given
+    are what to check (every rank must have the same, and reach it)."""
+    addr = os.environ.get("MASTER_ADDR", "?")
+    port = os.environ.get("MASTER_PORT", "?")
+    taken = port_in_use(exc)
+    if taken is not None:
+        return RankFailed(port_in_use_line(taken, "MASTER_PORT", "give torchrun another "
+                                           "--master-port, or stop what listens on it"),
+                          rank=rank, pid=os.getpid(), iteration=None, cause="port in use",
+                          exit_code=2)
+    return RankFailed(
+        f"rank {rank} could not join the other ranks through MASTER_ADDR={addr} "
+        f"MASTER_PORT={port} ({error_text(exc)}); check that every rank was given the same "
+        "MASTER_ADDR, MASTER_PORT and WORLD_SIZE, and can reach that address and port",
+        rank=rank, pid=os.getpid(), iteration=None, cause=error_text(exc))

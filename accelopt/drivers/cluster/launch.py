@@ -36,7 +36,7 @@ from accelopt.drivers.processes import (
     stop_forkserver,
     under_torchrun,
 )
-from accelopt.errors import ConfigError, raise_terminated
+from accelopt.errors import ConfigError, Terminated, raise_terminated
 from accelopt.job import job_specs
 from accelopt.plugin import Registry
 
@@ -228,6 +228,15 @@ def _terminate_on_sigterm() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+def _ignore_sigterm() -> None:
+    """A torchrun rank that knows why the run failed ignores the SIGTERM torchrun sends
+    when a peer exits: it would replace the rank's one line (and rank 0's evidence) with
+    "terminated (SIGTERM)" while the rank is saying why. The rank exits on its own right
+    after (torchrun SIGKILLs it if it does not)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 def join_local_rank(rank: int, world: int, port: int,
                     endpoint: netns.Endpoint = netns.LOOPBACK,
                     master_addr: str = "127.0.0.1") -> str:
@@ -309,8 +318,23 @@ def _run_torchrun(cfg: DictConfig, settings: ClusterSettings, t0: float,
             "checkpoint into the run directory, so give every machine the same one "
             "(hydra.run.dir=runs/<name>)"
         )
-    gathered = run_rank(cfg, settings, rank=rank, world=world, t0_epoch=t0,
-                        init_method="env://", run_dir=run_dir, carried=carried)
+    with tempfile.TemporaryDirectory(prefix="accelopt-cluster-") as work:
+        progress = faults.Progress(work, rank)
+        try:
+            gathered = run_rank(cfg, settings, rank=rank, world=world, t0_epoch=t0,
+                                init_method="env://", run_dir=run_dir, carried=carried,
+                                progress=progress)
+        except (Exception, Terminated) as exc:
+            # no watchdog here: the rank's own one line (a peer's, where it left one)
+            _ignore_sigterm()
+            failure = faults.torchrun_failure(exc, rank=rank, world=world,
+                                              role=settings.role(rank),
+                                              iteration=progress.iteration)
+            if isinstance(failure, faults.RankFailed):
+                failure.ended = faults.read_ended(work)  # rank 0's: the jobs that had ended
+            if failure is exc:
+                raise
+            raise failure from exc
     if rank != 0 or gathered is None:
         return ClusterOutcome(primary=False)
     return build_outcome(gathered, settings)
