@@ -220,3 +220,28 @@ def test_lane_threads_use_the_runs_thread_count(run_tiny):
     finally:
         torch.set_num_threads(previous)
     assert seen and set(seen) == {1}
+
+
+def test_the_iteration_end_hooks_time_is_the_iterations_as_iteration_starts_is():
+    """Work a plugin does in ``accelopt_iteration_end`` ended outside the iteration (its span,
+    service time and samples/s), so 0.2 s per iteration there read as free while the same
+    work in ``accelopt_iteration_start`` counted; the hook itself still sees the iteration's
+    own end."""
+    from accelopt.config import JobConfig
+    from accelopt.job import Job, StepEvents
+
+    clock = [0.0]
+    seen: list[tuple[float, float]] = []
+
+    def slow_end(context, result) -> None:  # a plugin's 5 s of work, on a fake clock
+        seen.append((result.start_s, result.end_s))
+        clock[0] += 5.0
+
+    job = Job(JobConfig(name="j", model="mlp", width=4, batch_size=4, iterations=2),
+              job_id="j", device=torch.device("cpu"))
+    events = StepEvents(None, clock=lambda: clock[0])
+    events.iteration_end, events.listens = slow_end, True
+    first, second = job.step(events), job.step(events)
+    assert seen == [(0.0, 0.0), (5.0, 5.0)]  # the hook sees the iteration as it ended
+    assert (first.start_s, first.end_s) == (0.0, 5.0)  # and its time is the iteration's
+    assert (second.start_s, second.end_s) == (5.0, 10.0) and second.seconds == 5.0
