@@ -97,7 +97,7 @@ def run(overrides: Sequence[str] = (), *, run_dir: str | Path | None = None,
         refuse_unguarded_main()
     console = console or Console(file=io.StringIO(), width=120)
     with rank_server_started_early({str(cfg.cluster.mode)}), torch_state_kept():
-        return execute(cfg, run_dir=out, registry=registry, console=console)
+        return execute(cfg, run_dir=out, registry=registry, console=console, overrides=args)
 
 
 def default_run_dir(root: str | Path = RUNS_DIR) -> Path:

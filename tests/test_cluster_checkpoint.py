@@ -5,6 +5,7 @@ they were."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -15,6 +16,10 @@ from pathlib import Path
 import pytest
 import torch
 from clirun import accelopt_cmd, cli_env, run_files, run_in_process, saved_weights
+from rich.console import Console
+
+import accelopt
+from accelopt import hookimpl
 
 ITERATIONS = 150
 JOB = ["workload=single", f"workload.jobs.0.iterations={ITERATIONS}", "workload.jobs.0.width=64",
@@ -101,3 +106,106 @@ def test_a_killed_rank_resumes_to_the_samesaved_weights(tmp_path, mode):
     assert carried > 0
     assert result["samples"] / result["throughput"] > carried
     assert metrics["summary"]["makespan_s"] >= result["jct_s"]
+
+
+TESTS = str(Path(__file__).parent)
+CHAIN = ["workload=single", "workload.jobs.0.iterations=40", "workload.jobs.0.width=16",
+         "run.threads=1", "run.progress=false", "run.checkpoint_every=10", "run.compare=none"]
+
+
+class _StopsAfter15:
+    """Raises in its 16th ``accelopt_iteration_end`` of a process (iteration 15 of a fresh
+    run, 25 of one resumed at 10): a plugin's error stops a one-process run."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    @hookimpl
+    def accelopt_iteration_end(self, context, result) -> None:
+        self.calls += 1
+        if self.calls > 15:
+            raise ValueError(f"stop at call {self.calls}")
+
+
+def _failing_at_start(*_args, **_kwargs):
+    raise RuntimeError("failed at start")
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("mode", ["none", "ps"])
+def test_a_resumed_run_that_failed_at_start_is_resumed_from_the_checkpoint_it_started_from(
+        tmp_path, monkeypatch, mode):
+    """A stops at iteration 15 (a checkpoint at 10); B resumes A and fails at start, before
+    its own first checkpoint; C resumes B (the latest directory). C must continue from A's
+    iteration 10: it stops again 15 iterations later, at 25, having written the checkpoint of
+    iteration 20. Before, B's directory held no checkpoint, so C started from 0."""
+    from accelopt.plugin import PluginSpec, Registry
+
+    registry = Registry.discover()
+    if mode == "none":  # one process: a plugin's error stops the run
+        registry.add(PluginSpec(name="stops15", factory=lambda c: _StopsAfter15(),
+                                description="stops the run (test)"))
+        job = [*CHAIN, "cluster.mode=none", "+plugins=[stops15]"]
+        fail_at_start = ("accelopt.runtime.run.Executor.run", _failing_at_start)
+        stops = ("stop at call 16", "stop at call 16")  # C's iteration: its checkpoint's
+    else:  # a cluster: a rank's model raising stops the run
+        monkeypatch.setenv("PYTHONPATH", TESTS + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        job = [*CHAIN, "cluster.mode=ps", "cluster.workers=1", "cluster.timeout_s=20",
+               "workload.jobs.0.model=byo_models:raises_after",
+               "workload.jobs.0.dataset=synthetic_vectors",
+               "workload.jobs.0.model_kwargs={after:15}"]
+        fail_at_start = ("accelopt.drivers.cluster.run_cluster", _failing_at_start)
+        stops = ("at iteration 15", "at iteration 25")
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    with pytest.raises(Exception, match=stops[0]):
+        accelopt.run(job, run_dir=a, registry=registry)
+    with monkeypatch.context() as patch:
+        patch.setattr(*fail_at_start)
+        with pytest.raises(RuntimeError, match="failed at start"):
+            accelopt.run([f"run.resume={a}"], run_dir=b, registry=registry)
+    out = io.StringIO()
+    with pytest.raises(Exception, match=stops[1]):
+        accelopt.run([f"run.resume={b}"], run_dir=c, registry=registry,
+                     console=Console(file=out, width=300))
+    assert f"resuming {b} from its checkpoints" in out.getvalue()
+    (job_id,) = json.loads((c / "metrics.json").read_text())["jobs"]
+    assert job_id["status"] == "failed"
+    if mode == "none":
+        state = torch.load(next((c / "checkpoints").glob("*.pt")), weights_only=False)
+        assert state["job"]["iteration"] == 20
+    else:
+        assert {p.name for p in c.glob("checkpoints/*/*.pt")} == {
+            "rank0.it00000010.pt", "rank1.it00000010.pt",
+            "rank0.it00000020.pt", "rank1.it00000020.pt"}
+    assert {p.name for p in a.glob("checkpoints/**/*.pt")} == {
+        p.name for p in b.glob("checkpoints/**/*.pt")}  # B holds what it started from
+
+
+def test_a_resume_honours_the_rendezvous_port_and_the_timeout(tmp_path):
+    """A run whose fixed port is now taken, or whose timeout was too short, can be resumed
+    with another (neither changes the numerics or the checkpoints); other settings stay
+    refused, and what is not given stays the old run's."""
+    from omegaconf import OmegaConf
+
+    from accelopt.cli.hydra_run import refuse_bad_resume
+    from accelopt.config import AccelConfig
+    from accelopt.errors import ConfigError
+    from accelopt.runtime.run import _maybe_resume
+
+    old = tmp_path / "old"
+    old.mkdir()
+    saved = OmegaConf.structured(AccelConfig)
+    saved.cluster.master_port, saved.cluster.timeout_s = 29590, 7.0
+    OmegaConf.save(saved, old / "config.yaml")
+    given = [f"run.resume={old}", "cluster.master_port=0", "cluster.timeout_s=90"]
+    refuse_bad_resume(given)  # not refused
+    with pytest.raises(ConfigError, match="run.seed=3 would be ignored"):
+        refuse_bad_resume([*given, "run.seed=3"])
+    cfg = OmegaConf.structured(AccelConfig)
+    cfg.run.resume, cfg.cluster.master_port, cfg.cluster.timeout_s = str(old), 0, 90.0
+    console = Console(file=io.StringIO())
+    resumed, _ = _maybe_resume(cfg, tmp_path / "new", console, overrides=given)
+    assert (resumed.cluster.master_port, resumed.cluster.timeout_s) == (0, 90.0)
+    resumed, _ = _maybe_resume(cfg, tmp_path / "new", console, overrides=given[:1])
+    assert (resumed.cluster.master_port, resumed.cluster.timeout_s) == (29590, 7.0)
+

@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +58,13 @@ from accelopt.report.console import default_console
 from accelopt.report.renderer import TimelineRenderer, drawing_process
 from accelopt.report.timeline_png import import_matplotlib
 from accelopt.runtime import compare
-from accelopt.runtime.resume_target import CONFIG_FILE, refuse_finished, resume_target
+from accelopt.runtime.resume_target import (
+    CONFIG_FILE,
+    carry_checkpoints,
+    honoured,
+    refuse_finished,
+    resume_target,
+)
 from accelopt.telemetry import TelemetrySampler
 from accelopt.types import RunInfo
 
@@ -69,12 +75,15 @@ def execute(
     run_dir: Path,
     registry: Registry | None = None,
     console: Console | None = None,
+    overrides: Sequence[str] | None = None,
 ) -> RunRecord:
-    """Run the configured workload; return what it measured (outputs already written)."""
+    """Run the configured workload; return what it measured (outputs already written).
+    ``overrides``: the command line ``cfg`` was composed from (default: Hydra's, under
+    ``accelopt run``): a resumed run takes the settings it honours from there."""
     run_starts()  # the command's imports are done: frozen, the collector on (collector.py)
     console = console or default_console()
     registry = registry or Registry.discover()
-    cfg, resume_from = _maybe_resume(cfg, run_dir, console)
+    cfg, resume_from = _maybe_resume(cfg, run_dir, console, overrides)
     resuming = resume_from is not None
     reference_sets = _reference_sets(cfg, resuming, console)
     validate(cfg, registry, reference_sets)
@@ -84,6 +93,8 @@ def execute(
         cfg.run.compare = "none"
     run_dir.mkdir(parents=True, exist_ok=True)
     _save_config(cfg, run_dir)
+    if resume_from is not None:  # before anything can fail: this directory can be resumed
+        carry_checkpoints(resume_from / CHECKPOINT_DIR, run_dir / CHECKPOINT_DIR)
     if cfg.cluster.mode != "none":
         return _execute_cluster(cfg, run_dir, registry, console, refs, resume_from)
     return _execute_local(cfg, run_dir, registry, console, refs, resume_from)
@@ -411,11 +422,12 @@ def _save_config(cfg: DictConfig, run_dir: Path) -> None:
 
 
 def _maybe_resume(
-    cfg: DictConfig, run_dir: Path, console: Console
+    cfg: DictConfig, run_dir: Path, console: Console, overrides: Sequence[str] | None = None
 ) -> tuple[DictConfig, Path | None]:
-    """``run.resume=<dir>``: continue that run from its checkpoints, with its own config,
-    into this invocation's own ``run_dir``; the old directory is only read. Returns the
-    config to run and the directory resumed from (``None``: not resuming)."""
+    """``run.resume=<dir>``: continue that run from its checkpoints, with its own config
+    (but for the :data:`HONOURED` settings ``overrides`` gives), into this invocation's own
+    ``run_dir``; the old directory is only read. Returns the config to run and the
+    directory resumed from (``None``: not resuming)."""
     if not cfg.run.resume:
         return cfg, None
     old_dir = resume_target(str(cfg.run.resume))
@@ -429,14 +441,24 @@ def _maybe_resume(
     resumed = OmegaConf.merge(OmegaConf.structured(AccelConfig), OmegaConf.load(saved))
     resumed.run.resume = str(old_dir)
     resumed.run.resume_finished = resume_finished
+    for key in honoured(_command_line() if overrides is None else overrides):
+        OmegaConf.update(resumed, key, OmegaConf.select(cfg, key), merge=False)
     refuse_finished(old_dir, resume_finished)
     if any((old_dir / CHECKPOINT_DIR).rglob("*.pt")):  # a cluster run: <job>/rankR.itN.pt
-        console.print(f"resuming {old_dir} from its checkpoints; writing into {run_dir}")
+        console.print(f"resuming {old_dir} from its checkpoints (carried into the new "
+                      f"directory, which can be resumed in turn); writing into {run_dir}")
     else:
         console.print(f"resuming {old_dir}: it wrote no checkpoint (run.checkpoint_every was 0, "
                       f"or it stopped before the first), so its jobs start from the beginning; "
                       f"writing into {run_dir}")
     return resumed, old_dir  # type: ignore[return-value]
+
+
+def _command_line() -> list[str]:
+    """The overrides Hydra composed this run from (none outside ``accelopt run``)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
 
 
 def _save_cluster_weights(jobs: list[JobResult], state: dict[str, Any], run_dir: Path) -> None:
