@@ -174,6 +174,7 @@ def test_a_resumed_run_that_failed_at_start_is_resumed_from_the_checkpoint_it_st
         state = torch.load(next((c / "checkpoints").glob("*.pt")), weights_only=False)
         assert state["job"]["iteration"] == 20
     else:
+        assert job_id["iterations"] == 25  # the failing rank's progress
         assert {p.name for p in c.glob("checkpoints/*/*.pt")} == {
             "rank0.it00000010.pt", "rank1.it00000010.pt",
             "rank0.it00000020.pt", "rank1.it00000020.pt"}

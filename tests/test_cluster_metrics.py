@@ -212,3 +212,61 @@ def test_a_rank_counts_the_ranks_on_its_own_machine(monkeypatch):
     assert pick_backend(s, cfg).backend == "gloo"  # a local run: both ranks here
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
     assert pick_backend(s, cfg).backend == "nccl"  # one rank per machine
+
+
+def _leader(tmp_path, train_t0: float, iteration: int = 0):
+    """A leader's driver with one job and no process group (what ``_ended`` and the switch
+    records use)."""
+    from types import SimpleNamespace
+
+    from accelopt.drivers.cluster.driver import ClusterDriver
+    from accelopt.types import JobInfo
+
+    info = JobInfo(job_id="00-a", name="a", model="mlp", kind="train", arrival_s=0.0,
+                   iterations=10, batch_size=8)
+    part = SimpleNamespace(job=SimpleNamespace(info=info, iteration=iteration),
+                           service_s=lambda: 0.3, carried_s=0.0)
+    progress = SimpleNamespace(path=tmp_path / "progress-0")
+    driver = ClusterDriver(OmegaConf.create({}), [part], None, rank=0, device=None,
+                           progress=progress, clock=None)
+    driver.train_t0 = train_t0
+    return driver, part
+
+
+def test_a_failed_runs_finished_job_is_recorded_as_a_successful_run_counts_it(tmp_path):
+    """The leader's clock counts from the launcher's start, arrivals from ``train_t0``
+    (every rank had built every job): the JCT and queueing delay recorded for a job that
+    ended before a failure exclude the start-up (5 s here), and its samples are counted."""
+    from accelopt.drivers.cluster.faults import read_ended
+    from accelopt.records import JobResult
+    from accelopt.runtime.run import _ended_before
+
+    driver, part = _leader(tmp_path, train_t0=5.0)
+    result = JobResult(part.job.info, status="done", first_start_s=5.1, end_s=5.6,
+                       iterations_done=10)
+    driver._ended(part.job, result)
+    ended = read_ended(tmp_path)
+    assert ended["00-a"]["jct_s"] == pytest.approx(0.6)
+    assert ended["00-a"]["queueing_s"] == pytest.approx(0.1)
+    got = _ended_before(JobResult(part.job.info), ended)
+    assert (got.status, got.iterations_done, got.samples) == ("done", 10, 80)
+    assert got.jct_s == pytest.approx(0.6) and got.queueing_s == pytest.approx(0.1)
+    assert got.throughput == pytest.approx(80 / 0.3)
+
+
+def test_a_failed_runs_unfinished_jobs_keep_the_iterations_they_had_run(tmp_path):
+    """The leader records a job's iterations when it switches jobs; the job it was running
+    when the run stopped gets the failing rank's iteration."""
+    from accelopt.drivers.cluster.faults import read_ended
+    from accelopt.records import JobResult
+    from accelopt.runtime.run import _ended_before
+
+    driver, part = _leader(tmp_path, train_t0=1.0, iteration=4)
+    driver._switched("00-a")
+    ended = read_ended(tmp_path)
+    assert ended["00-a"] == {"status": "running", "current": True, "iterations": 4}
+    got = _ended_before(JobResult(part.job.info), ended, reached=7)
+    assert (got.iterations_done, got.samples) == (7, 56)
+    assert _ended_before(JobResult(part.job.info), ended).iterations_done == 4
+    ended["00-a"]["current"] = False  # left at a switch: the failing rank was elsewhere
+    assert _ended_before(JobResult(part.job.info), ended, reached=7).iterations_done == 4

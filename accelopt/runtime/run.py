@@ -273,7 +273,8 @@ def _execute_cluster(cfg: DictConfig, run_dir: Path, registry: Registry, console
         record.duration_s = time.perf_counter() - started
         specs = job_specs(cfg)
         ended = getattr(exc, "ended", {})
-        record.jobs = [_ended_before(JobResult(job_info(s, job_id_for(i, s))), ended)
+        reached = getattr(exc, "iteration", None)
+        record.jobs = [_ended_before(JobResult(job_info(s, job_id_for(i, s))), ended, reached)
                        for i, s in enumerate(specs)]
         record.telemetry_note = ("the cluster run failed: the ranks' timelines ended with "
                                  "their processes and are not in trace.json")
@@ -349,17 +350,30 @@ def _local_spans(executor: Executor, hook_calls: HookTrace) -> list[Span]:
                              for h, s, e in traced_calls(hook_calls)]
 
 
-def _ended_before(result: JobResult, ended: dict[str, dict[str, Any]]) -> JobResult:
-    """A cluster job that had ended before the run stopped (the leader's record), as it
-    ended: its status, iterations, JCT and queueing delay; its weights were never gathered
-    (the ranks hand them over at the end), so it has no score."""
+def _ended_before(result: JobResult, ended: dict[str, dict[str, Any]],
+                  reached: int | None = None) -> JobResult:
+    """A cluster job as the run left it when it stopped (the leader's record): a job that
+    had ended, as it ended (status, iterations, samples, service time, JCT and queueing
+    delay, from its arrival after every rank had built every job, as a successful run
+    counts them); its weights were never gathered (the ranks hand them over at the end), so
+    it has no score. A job that had not ended keeps the iterations it had run (and their
+    samples) when the leader last left it, or, the job it was running, ``reached`` (the
+    iteration the failing rank was in, from its progress file) where that is known."""
     mine = ended.get(result.job.job_id)
     if mine is None:
+        return result
+    result.iterations_done = int(mine.get("iterations") or 0)
+    if mine.get("status") == "running":
+        if mine.get("current") and reached is not None:
+            result.iterations_done = min(max(result.iterations_done, reached),
+                                         result.job.iterations)
+        result.samples = result.iterations_done * result.job.batch_size
         return result
     arrival = result.job.arrival_s
     result.status = mine["status"]
     result.error = mine.get("error") or ""
-    result.iterations_done = int(mine.get("iterations") or 0)
+    result.samples = int(mine.get("samples") or 0)
+    result.service_s = float(mine.get("service_s") or 0.0)
     if mine.get("jct_s") is not None:
         result.end_s = arrival + float(mine["jct_s"])
     if mine.get("queueing_s") is not None:

@@ -34,6 +34,7 @@ early update, tictac's ``priority``) overlaps.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -112,13 +113,39 @@ class ClusterDriver:
         self.statuses = {r.job.job_id: (r.status, r.error) for r in results}
 
     def _ended(self, job: Job, result: JobResult) -> None:
-        """A job's end, recorded where the launcher finds it if the run stops later."""
-        assert self.progress is not None
+        """A job's end, recorded where the launcher finds it if the run stops later: JCT and
+        queueing delay from its arrival counted as a successful run counts it (from
+        ``train_t0``, so without process start-up: ``outcome.build_outcome``), its
+        service time (the leader's part of it) and samples (the global batch per
+        iteration)."""
+        part = self.jobs[job.info.job_id]
+        arrived = dataclasses.replace(
+            result, job=dataclasses.replace(
+                job.info, arrival_s=(self.train_t0 or 0.0) + job.info.arrival_s))
         self._ended_jobs[job.info.job_id] = {
             "status": result.status, "error": result.error,
-            "iterations": result.iterations_done, "jct_s": result.jct_s,
-            "queueing_s": result.queueing_s}
-        record_ended(self.progress.path.parent, self._ended_jobs)
+            "iterations": result.iterations_done, "jct_s": arrived.jct_s,
+            "queueing_s": arrived.queueing_s, "service_s": part.service_s(),
+            "samples": result.iterations_done * job.info.batch_size}
+        self._record()
+
+    def _switched(self, job_id: str) -> None:
+        """The leader switches to ``job_id``: the job it leaves and the one it takes are
+        recorded with the iterations they have run (the one taken marked ``current``), so a
+        run stopped later tells how far each unfinished job got (a rank's progress file
+        holds only the iteration it is in, of whichever job)."""
+        for other, current in ((self._current, False), (job_id, True)):
+            if other is None or self._ended_jobs.get(other, {}).get("status", "running") \
+                    != "running":
+                continue
+            self._ended_jobs[other] = {"status": "running", "current": current,
+                                       "iterations": self.jobs[other].job.iteration}
+        self._current = job_id
+        self._record()
+
+    def _record(self) -> None:
+        if self.progress is not None:
+            record_ended(self.progress.path.parent, self._ended_jobs)
 
     def _resumed(self) -> dict[str, JobResult]:
         """The jobs a checkpoint brought back part-way (or finished): the executor goes on
@@ -128,7 +155,7 @@ class ClusterDriver:
             job = part.job
             if job.iteration:
                 out[job_id] = JobResult(job.info, status="done" if job.done else "pending",
-                                        iterations_done=job.iteration)
+                                        iterations_done=job.iteration, carried_s=part.carried_s)
         return out
 
     def _lead_step(self, job: Job, events: StepEvents) -> IterationResult:
@@ -136,10 +163,15 @@ class ClusterDriver:
             job_id = job.info.job_id
             self.schedule.append({"t_s": self.clock() - (self.train_t0 or 0.0), "run": [job_id],
                                   "lane": events.lane})
+            if job_id != self._current:  # a switch: one small file write, not per iteration
+                self._switched(job_id)
             if not self._freed:
                 self._freed = len(self.jobs) == 1  # one job: the followers run on by themselves
                 self._send({"run": job_id, "lane": events.lane, "free": self._freed})
             return self.jobs[job_id].step(events.lane, self.progress)
+
+    _current: str | None = None
+    """The job the leader ran last (a switch away from it records how far it got)."""
 
     _freed = False
     """The one job's followers were told to run its remaining iterations by themselves."""
