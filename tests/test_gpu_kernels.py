@@ -521,6 +521,22 @@ def test_plugin_with_nothing_enabled_says_so(run_tiny) -> None:  # type: ignore[
     record = run_tiny(PLUGIN)
     (row,) = [r for r in record.plugin_rows if r.plugin == "gpu_kernels"]
     assert "nothing enabled" in row.summary
+    # marked inert, so run.compare calls a difference noise instead of crediting it as the
+    # plugin's gain (it did: "measured gain ... 1.44x" for a plugin that did nothing)
+    from accelopt.types import INERT
+
+    assert row.metrics == {INERT: 1}
+
+
+def test_noop_is_marked_inert_with_or_without_its_counts() -> None:
+    from accelopt_plugins.noop.plugin import NoopPlugin
+    from omegaconf import OmegaConf
+
+    from accelopt.types import INERT
+
+    for record in (True, False):
+        (row,) = NoopPlugin(OmegaConf.create({"record": record})).accelopt_report_rows(run=None)
+        assert row.metrics[INERT] == 1 and "changes nothing" in row.summary
 
 
 def test_plugin_rejects_bad_config(run_tiny) -> None:  # type: ignore[no-untyped-def]

@@ -65,6 +65,7 @@ from accelopt import (
     hookimpl,
     isolated_rng,
 )
+from accelopt.types import INERT
 
 
 @dataclass
@@ -331,9 +332,11 @@ class GpuKernelsPlugin:
     def accelopt_report_rows(self, run: RunInfo) -> list[ReportRow]:
         if not self.enabled:
             return [ReportRow("gpu_kernels", "nothing enabled: set plugins.gpu_kernels."
-                              "prune_amount, conv_autotune, tiled_linear or channels_last")]
+                              "prune_amount, conv_autotune, tiled_linear or channels_last",
+                              {INERT: 1})]
         if not self.jobs:
-            return [ReportRow("gpu_kernels", "no model was offered (no job was built)")]
+            return [ReportRow("gpu_kernels", "no model was offered (no job was built)",
+                              {INERT: 1})]
         return [self._row(job_id, rec) for job_id, rec in self.jobs.items()]
 
     def _row(self, job_id: str, rec: _JobRecord) -> ReportRow:

@@ -7,6 +7,7 @@ from typing import Any
 
 from accelopt import hookimpl
 from accelopt.types import (
+    INERT,
     AllocationDecision,
     AllocationRequest,
     BuiltJob,
@@ -67,7 +68,9 @@ class NoopPlugin:
             ReportRow(
                 plugin="noop",
                 summary=f"answered {total} hook calls with no opinion (changes nothing)",
-                metrics={h: n for h, n in self.calls.items() if n} if self.record else {},
+                # changes nothing: run.compare calls a difference noise, not its gain
+                metrics={**({h: n for h, n in self.calls.items() if n} if self.record else {}),
+                         INERT: 1},
             )
         ]
 
