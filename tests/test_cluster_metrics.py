@@ -214,6 +214,40 @@ def test_a_rank_counts_the_ranks_on_its_own_machine(monkeypatch):
     assert pick_backend(s, cfg).backend == "nccl"  # one rank per machine
 
 
+def _outcome(starts: list[float], steady: tuple[float, float] | None):
+    from accelopt.drivers.cluster.outcome import ClusterOutcome
+
+    return ClusterOutcome(starts=starts, steady=steady)
+
+
+def test_several_jobs_wall_throughput_counts_iterations_over_the_time_some_job_ran():
+    """Two jobs run one after the other with an idle wait between them: the wall throughput
+    is their steady iterations over the time they ran (not one over the median iteration,
+    which is the faster job's rate), and a warm-up iteration of one job run inside the other's
+    window counts (it took that time)."""
+    from accelopt.drivers.cluster.outcome import wall_throughput
+
+    fast = _outcome([0.0, 0.1, 0.2, 0.3, 0.4, 0.5], (0.2, 0.6))  # 4 steady in 0.4 s
+    slow = _outcome([2.0, 2.5, 3.0, 3.5, 4.0], (3.0, 4.5))  # 3 steady in 1.5 s, idle before
+    assert wall_throughput([fast, slow]) == pytest.approx(7 / 1.9)
+    assert wall_throughput([fast]) == pytest.approx(4 / 0.4)  # one job: its own figure
+    late = _outcome([0.45, 0.9], (0.9, 1.0))  # its warm-up ran inside the first's window
+    assert wall_throughput([fast, late]) == pytest.approx(6 / 0.5)
+    assert wall_throughput([_outcome([0.0], None)]) is None
+
+
+def test_the_summary_labels_one_over_the_median_iteration_as_such():
+    from accelopt.records import RunRecord
+    from accelopt.report.summary import _cluster_line
+    from accelopt.types import RunInfo
+
+    record = RunRecord(info=RunInfo(run_dir=".", device="cluster", plugins=(), jobs=(), seed=0))
+    record.metrics = {"cluster_mode": "ps", "iterations_per_s": 100.0}
+    assert "100.00 it/s (1/median iteration)" in _cluster_line(record)
+    record.metrics["wall_iterations_per_s"] = 80.0
+    assert "80.00 it/s (wall)" in _cluster_line(record)
+
+
 def _leader(tmp_path, train_t0: float, iteration: int = 0):
     """A leader's driver with one job and no process group (what ``_ended`` and the switch
     records use)."""

@@ -112,9 +112,10 @@ def _run_line(record: RunRecord) -> str:
     )
 
 
-WALL_NOTE = "it/s (wall): the iterations after the warm-up over their wall time; "
-"""One job's throughput note (several jobs interleave: their line gives one over the median
-iteration instead, and says nothing more)."""
+WALL_NOTE = ("it/s (wall): the iterations after the warm-up over their wall time (several "
+             "jobs: over the time some job was past its warm-up); ")
+"""The throughput note (``wall_iterations_per_s``, ``drivers/cluster/outcome.py``); a run
+without that figure shows one over the median iteration, labelled so."""
 
 
 def _cluster_line(record: RunRecord) -> str | None:
@@ -123,12 +124,12 @@ def _cluster_line(record: RunRecord) -> str | None:
     m = record.metrics
     if "cluster_mode" not in m:
         return None
-    # one job: its steady iterations over their wall time (one over the median iteration
-    # overstates it when an early update overlaps iterations); several jobs interleave, so
-    # a job's wall time is no throughput: one over the median iteration of any job
+    # the steady iterations over their wall time (one over the median iteration overstates
+    # it when an early update overlaps iterations, and over several jobs it is close to the
+    # fastest job's rate)
     wall = m.get("wall_iterations_per_s")
     rate = (f"{fmt(wall)} it/s (wall)" if wall is not None
-            else f"{fmt(m.get('iterations_per_s'))} it/s")
+            else f"{fmt(m.get('iterations_per_s'))} it/s (1/median iteration)")
     return (
         f"[bold]Cluster:[/] {m['cluster_mode']} on {m.get('cluster_backend', '?')}, "
         f"{m.get('cluster_workers', '?')} workers  {rate}  "

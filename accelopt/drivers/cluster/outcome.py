@@ -37,6 +37,11 @@ class ClusterOutcome:
     per_iteration: list[dict[str, Any]] = field(default_factory=list)
     ranks: list[RankResult] = field(default_factory=list)
     primary: bool = True
+    starts: list[float] = field(default_factory=list)
+    """One job's outcome: when each of its iterations run in this run started (the first
+    worker's start), for the run's wall throughput over several jobs."""
+    steady: tuple[float, float] | None = None
+    """One job's outcome: its first steady iteration's start to its last iteration's end."""
 
 
 def _median(values: list[float]) -> float | None:
@@ -130,7 +135,8 @@ def _job_outcome(parts: list[JobPart], settings: ClusterSettings,
     steady = starts[skip:] if len(starts) > skip else starts
     # 1 / median iteration is no throughput once iterations overlap (an early update sends
     # the next iteration's parameters inside this one): count iterations over wall time
-    wall = (len(steady) / (ends[-1] - steady[0])) if steady and ends[-1] > steady[0] else None
+    window = (steady[0], ends[-1]) if steady and ends[-1] > steady[0] else None
+    wall = len(steady) / (window[1] - window[0]) if window else None
     metrics: dict[str, Any] = {
         "wall_iterations_per_s": wall,
         "cluster_mode": settings.mode,
@@ -171,8 +177,24 @@ def _job_outcome(parts: list[JobPart], settings: ClusterSettings,
     return ClusterOutcome(
         results=[result], spans=spans,
         metrics={k: v for k, v in metrics.items() if v is not None},
-        state=state, per_iteration=per_iter,
+        state=state, per_iteration=per_iter, starts=starts, steady=window,
     )
+
+
+def wall_throughput(outcomes: list[ClusterOutcome]) -> float | None:
+    """Several jobs' wall throughput: the iterations (of any job) that started while some job
+    was in its steady iterations (its first steady start to its last end), over the length
+    of those windows put together. The leader's idle waits for the next arrival and the
+    jobs' warm-ups outside the windows do not count; one job gives its own figure. One over
+    the median iteration is no throughput here: jobs run at different rates, and the median
+    is close to the fastest job's."""
+    windows = sorted(o.steady for o in outcomes if o.steady is not None)
+    length = cm.union_length(windows)
+    if not length:
+        return None
+    ran = sum(1 for o in outcomes for start in o.starts
+              if any(a <= start < b for a, b in windows))
+    return ran / length
 
 
 def network_metrics(settings: ClusterSettings) -> dict[str, Any]:
@@ -260,6 +282,7 @@ def _aggregate(out: ClusterOutcome, outcomes: dict[str, ClusterOutcome], names: 
         "efficiency_e_with_warmup": _median(all_e),
         "iteration_s": _median(iteration_s),
         "iterations_per_s": 1.0 / _median(iteration_s) if iteration_s else None,
+        "wall_iterations_per_s": wall_throughput(list(outcomes.values())),
         "bytes_per_iteration": _median(wire),
         **{key: _median([r[key] for r in steady_rows if r.get(key) is not None])
            for key in ("mc_s", "pc_s", "iteration_makespan_s", "ratio_a")},
