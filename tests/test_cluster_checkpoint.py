@@ -210,3 +210,14 @@ def test_a_resume_honours_the_rendezvous_port_and_the_timeout(tmp_path):
     resumed, _ = _maybe_resume(cfg, tmp_path / "new", console, overrides=given[:1])
     assert (resumed.cluster.master_port, resumed.cluster.timeout_s) == (29590, 7.0)
 
+
+@pytest.mark.timeout(120)
+def test_a_single_job_cluster_run_writes_per_iteration_json(tmp_path):
+    run_in_process("workload=single", "workload.jobs.0.iterations=4", "workload.jobs.0.width=16",
+                   "cluster.mode=ps", "cluster.workers=1", "run.progress=false",
+                   "run.compare=none", run_dir=tmp_path / "run")
+    rows = json.loads((tmp_path / "run" / "per_iteration.json").read_text())
+    assert len(rows) == 4 and {r["iteration"] for r in rows} == {0, 1, 2, 3}
+    assert {r["job"] for r in rows} == {json.loads(
+        (tmp_path / "run" / "metrics.json").read_text())["jobs"][0]["job_id"]}
+    assert all(r["iteration_makespan_s"] > 0 for r in rows)

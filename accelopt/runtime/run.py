@@ -294,8 +294,7 @@ def _execute_cluster(cfg: DictConfig, run_dir: Path, registry: Registry, console
                                           cluster=settings.info(backend))
         record.telemetry_note = "cluster run: per-rank timelines are in trace.json"
         record.plugin_rows = with_placeholders(list(outcome.plugin_rows), names)
-        if len(record.jobs) > 1:
-            _write_per_iteration(outcome.per_iteration, run_dir)
+        _write_per_iteration(outcome.per_iteration, run_dir)
         if cfg.run.save_weights:
             _save_cluster_weights(record.jobs, outcome.state, run_dir)
         _score_cluster_jobs(cfg, registry, record.jobs, outcome.state)
@@ -489,7 +488,7 @@ def _save_cluster_weights(jobs: list[JobResult], state: dict[str, Any], run_dir:
 
 
 def _write_per_iteration(rows: list[dict[str, Any]], run_dir: Path) -> None:
-    """A multi-job cluster run's per-(job, worker, iteration) Mc/Pc/U/E/a."""
+    """A cluster run's per-(job, worker, iteration) Mc/Pc/U/E/a (one job or several)."""
     import json
 
     with atomic_open(run_dir / "per_iteration.json") as handle:

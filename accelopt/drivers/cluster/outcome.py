@@ -75,7 +75,8 @@ def build_outcome(ranks: list[RankResult], settings: ClusterSettings) -> Cluster
         out.spans.extend(one.spans)
     if len(job_ids) == 1:
         one = outcomes[job_ids[0]]
-        out.metrics, out.state, out.per_iteration = one.metrics, one.state, one.per_iteration
+        out.metrics, out.state = one.metrics, one.state
+        out.per_iteration = [{"job": job_ids[0], **row} for row in one.per_iteration]
     else:
         _aggregate(out, outcomes, names, settings)
     switches = sum(1 for a, b in zip(leader.schedule, leader.schedule[1:], strict=False)
