@@ -33,7 +33,7 @@ here is called inside a layer's forward pass.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pluggy
@@ -427,3 +427,131 @@ def accelopt_layer_build(layer: LayerOffer) -> torch.nn.Module | None:
     launched a cluster run's ranks (it rebuilds each finished job to score it).
     Thread: the process's main thread.
     """
+
+
+# --- answers the core uses --------------------------------------------------------------
+#
+# Each check below receives one plugin's answer that is not ``None`` (its name, the answer,
+# and the call's arguments in the hookspec's order) and returns ``None`` when the core can
+# use it, else what was expected. The host applies them to every implementation of the hook
+# (:mod:`accelopt.host`), so a wrong answer stops the run in one line naming the plugin and
+# the hook, where it was given, instead of an ``AttributeError`` deep in the core or a
+# silent no-op (an answer the core would ignore is wrong too).
+
+
+def _check_allocate(plugin: str, answer: Any, args: tuple[Any, ...]) -> str | None:
+    if isinstance(answer, AllocationDecision):
+        return None
+    return "an accelopt.AllocationDecision or None"
+
+
+def _check_select_next(plugin: str, answer: Any, args: tuple[Any, ...]) -> str | None:
+    lane, ready = args[0], args[1]
+    ids = [state.job.job_id for state in ready]
+    if isinstance(answer, str) and answer in ids:
+        return None
+    return f"the job_id of a ready job of lane '{lane}' ({', '.join(ids)}) or None"
+
+
+def _check_report_rows(plugin: str, answer: Any, args: tuple[Any, ...]) -> str | None:
+    rows = [answer] if isinstance(answer, ReportRow) else answer
+    if not isinstance(rows, (list, tuple)) or not all(isinstance(r, ReportRow) for r in rows):
+        return "a list of accelopt.ReportRow or None"
+    if any(row.plugin != plugin for row in rows):  # a row under another plugin's name
+        return f"rows of its own: ReportRow(plugin='{plugin}', ...)"
+    return None
+
+
+def _check_cli_commands(plugin: str, answer: Any, args: tuple[Any, ...]) -> str | None:
+    if isinstance(answer, (list, tuple)) and all(isinstance(c, CliCommand) for c in answer):
+        return None
+    return "a list of accelopt.CliCommand or None"
+
+
+def _check_after_forward(plugin: str, answer: Any, args: tuple[Any, ...]) -> str | None:
+    import torch
+
+    if isinstance(answer, torch.Tensor) and answer.numel() == 1 and answer.requires_grad:
+        return None
+    return "a one-element torch.Tensor that requires grad (the loss backward starts from) or None"
+
+
+def _check_after_step(plugin: str, answer: Any, args: tuple[Any, ...]) -> str | None:
+    if isinstance(answer, OptimizerRebuild):
+        return None
+    return "an accelopt.OptimizerRebuild (to rebuild the optimizer) or None"
+
+
+def _check_optimizer_build(plugin: str, answer: Any, args: tuple[Any, ...]) -> str | None:
+    import torch
+
+    if isinstance(answer, torch.optim.Optimizer):
+        return None
+    return f"a torch.optim.Optimizer for job '{args[0].name}' or None"
+
+
+def _check_layer_build(plugin: str, answer: Any, args: tuple[Any, ...]) -> str | None:
+    import torch
+
+    if isinstance(answer, torch.nn.Module):
+        return None
+    return f"a torch.nn.Module for layer '{args[0].path or '<model>'}' or None"
+
+
+def _check_state_save(plugin: str, answer: Any, args: tuple[Any, ...]) -> str | None:
+    if isinstance(answer, dict) and all(isinstance(k, str) for k in answer):
+        return None
+    return "a dict with str keys (what accelopt_state_load gets back) or None"
+
+
+def _check_transfer_order(plugin: str, answer: Any, args: tuple[Any, ...]) -> str | None:
+    transfers = args[0]
+    names = answer.order if isinstance(answer, TransferPriorities) else answer
+    expected = ("a list of the transfers' tensor names (first = highest priority), "
+                "an accelopt.TransferPriorities or None")
+    if isinstance(names, (str, bytes)) or not isinstance(names, Sequence):
+        return expected
+    if not all(isinstance(n, str) for n in names):
+        return expected
+    sent = {t.tensor for t in transfers}
+    if names and sent and not sent.intersection(names):  # an order of something else
+        shown = ", ".join(sorted(sent)[:3]) + (", ..." if len(sent) > 3 else "")
+        return f"names of the transfers it was given ({shown}); it named none of them"
+    return None
+
+
+def _check_transfer_filter(plugin: str, answer: Any, args: tuple[Any, ...]) -> str | None:
+    return None if isinstance(answer, bool) else "False (drop the transfer), True or None"
+
+
+def _check_decoded(plugin: str, answer: Any, args: tuple[Any, ...]) -> str | None:
+    import torch
+
+    if isinstance(answer, torch.Tensor):
+        return None
+    return (f"a torch.Tensor for transfer '{args[0].tensor}' (the decoders must give back the "
+            "tensor accelopt_transfer_encode replaced)")
+
+
+AnswerCheck = Callable[[str, Any, tuple[Any, ...]], "str | None"]
+
+ANSWER_CHECKS: dict[str, AnswerCheck] = {
+    "accelopt_allocate": _check_allocate,
+    "accelopt_select_next": _check_select_next,
+    "accelopt_report_rows": _check_report_rows,
+    "accelopt_cli_commands": _check_cli_commands,
+    "accelopt_after_forward": _check_after_forward,
+    "accelopt_after_step": _check_after_step,
+    "accelopt_optimizer_build": _check_optimizer_build,
+    "accelopt_layer_build": _check_layer_build,
+    "accelopt_state_save": _check_state_save,
+    "accelopt_transfer_order": _check_transfer_order,
+    "accelopt_transfer_filter": _check_transfer_filter,
+}
+"""hook -> the check of each plugin's answer that is not ``None`` (see above)."""
+
+CHAIN_RESULT_CHECKS: dict[str, AnswerCheck] = {
+    "accelopt_transfer_decode": _check_decoded,
+}
+"""hook -> the check of a chained hook's final value, when a plugin changed it (one link
+may hand the next any object: only the last answer must be what the core uses)."""

@@ -150,11 +150,33 @@ class PluginHost:
         links = self._links.get(hook)
         if links is None:
             return value
-        for _, link in reversed(links) if reverse else links:
+        changed_by = None
+        for name, link in reversed(links) if reverse else links:
             out = link(*self._positional(hook, make_kwargs(value)))
             if out is not None:
-                value = out
+                value, changed_by = out, name
+        check = hookspecs.CHAIN_RESULT_CHECKS.get(hook)
+        if check is not None:
+            self._check_result(hook, links, value, changed_by, check, make_kwargs)
         return value
+
+    def _check_result(self, hook: str, links: list[tuple[str, Caller]], value: Any,
+                      changed_by: str | None, check: hookspecs.AnswerCheck,
+                      make_kwargs: Callable[[Any], dict[str, Any]]) -> None:
+        """A chain's final value checked (:data:`hookspecs.CHAIN_RESULT_CHECKS`), naming the
+        plugin that gave it, or the chain's plugins when none changed what came in (a
+        decoder that left the peer's encoded payload as it arrived)."""
+        args = tuple(self._positional(hook, make_kwargs(value)))
+        owner = changed_by or " or ".join(sorted({name for name, _ in links}))
+        expected = check(owner, value, args)
+        if expected is None:
+            return
+        if changed_by is not None:
+            raise PluginAnswerError(owner, hook, value, expected)
+        error = PluginAnswerError(owner, hook, value, expected)
+        error.args = (f"the value after {hook} (plugin '{owner}', which kept it) is "
+                      f"{_shown(value)}; expected {expected}",)
+        raise error
 
     def bound_chain(self, hook: str, argument: str) -> Caller | None:
         """:meth:`chain` for a hot path: a function taking the hook's arguments positionally
@@ -199,13 +221,41 @@ class PluginHost:
         """The caller of ``hook`` over ``impls`` (pluggy's order, wrappers included), made
         from :data:`_CALLER` for the hook's number of arguments."""
         spec_args = self._spec_args[hook]
-        plain = [_invoker(i, spec_args) for i in reversed(impls) if not _wraps(i)]
+        check = hookspecs.ANSWER_CHECKS.get(hook)
+        plain = [_checked(_invoker(i, spec_args), i.plugin_name, hook, check)
+                 for i in reversed(impls) if not _wraps(i)]
         wrapped = len(plain) != len(impls)
         single = plain[0] if len(plain) == 1 and not wrapped else None
         return _caller_factory(len(spec_args))(
             hook=hook, impls=impls, spec_args=spec_args, firstresult=firstresult,
             single=single, several=() if single is not None or wrapped else tuple(plain),
-            wrapped=wrapped, hookexec=self.pm._hookexec, host=self)
+            wrapped=wrapped, hookexec=self.pm._hookexec, host=self, check=check)
+
+    def _check_wrapped(self, hook: str, impls: list[Any], result: Any, firstresult: bool,
+                       args: tuple[Any, ...]) -> Any:
+        """:func:`_checked` for a call pluggy ran (a wrapper was involved), on the answers it
+        gave back: the plugin named is the one implementation called, else all of them."""
+        check = hookspecs.ANSWER_CHECKS[hook]
+        plain = sorted({i.plugin_name for i in impls if not _wraps(i)})
+        owner = plain[0] if len(plain) == 1 else " or ".join(plain)
+        for answer in [result] if firstresult else (result or []):
+            if answer is not None:
+                expected = check(owner, answer, args)
+                if expected is not None:
+                    raise PluginAnswerError(owner, hook, answer, expected)
+        return result
+
+    def _named(self, exc: AccelOptError, hook: str, impls: list[Any]) -> None:
+        """An error a plugin raised on purpose (a ``UserError`` refusing a setting) keeps its
+        own message and exit code, and gains the plugin and the hook it came from: with
+        several plugins selected, the user must not have to guess which one refused."""
+        exc.hook = hook
+        if isinstance(exc, PluginHookError):
+            return
+        owner = self._owner_of(exc, impls)
+        text = str(exc)
+        exc.args = (f"{text} [plugin '{owner}', {hook}]",) if text else (
+            f"plugin '{owner}' raised {type(exc).__name__} in {hook}",)
 
     def _owner_of(self, exc: BaseException, impls: list[Any]) -> str:
         """The plugin whose code raised: the deepest frame that belongs to one, else the only
@@ -224,7 +274,8 @@ class PluginHost:
 
 
 _CALLER = """
-def make(hook, impls, spec_args, firstresult, single, several, wrapped, hookexec, host):
+def make(hook, impls, spec_args, firstresult, single, several, wrapped, hookexec, host,
+         check):
     def call({args}):
         _acquire()  # acquire/release, not `with`: a third of the cost on this hot path
         trace = host.trace
@@ -236,7 +287,10 @@ def make(hook, impls, spec_args, firstresult, single, several, wrapped, hookexec
                     return answer
                 return [] if answer is None else [answer]
             if wrapped:  # a wrapper is involved: pluggy runs it
-                return hookexec(hook, impls, dict(zip(spec_args, ({args}{comma}))), firstresult)
+                result = hookexec(hook, impls, dict(zip(spec_args, ({args}{comma}))), firstresult)
+                if check is None:
+                    return result
+                return host._check_wrapped(hook, impls, result, firstresult, ({args}{comma}))
             answers = []
             for each in several:
                 answer = each({args})
@@ -246,8 +300,8 @@ def make(hook, impls, spec_args, firstresult, single, several, wrapped, hookexec
                     answers.append(answer)
             return None if firstresult else answers
         except AccelOptError as exc:
-            if getattr(exc, "hook", None) is None:
-                exc.hook = hook  # raised by a hook, on purpose: it names the hook
+            if getattr(exc, "hook", None) is None:  # raised by a hook, on purpose
+                host._named(exc, hook, impls)
             raise
         except Exception as exc:
             raise PluginHookError(host._owner_of(exc, impls), hook, exc) from exc
@@ -348,6 +402,42 @@ def _unknown_hook(pm: pluggy.PluginManager,
 def _wraps(impl: Any) -> bool:
     """Whether a pluggy implementation is a wrapper (new or old style)."""
     return bool(impl.wrapper or impl.hookwrapper)
+
+
+class PluginAnswerError(PluginHookError):
+    """A plugin answered a hook with a value the core cannot use (a wrong type, a job that is
+    not ready, rows under another plugin's name): named where it was given, not where the
+    core later trips over it."""
+
+    def __init__(self, plugin: str, hook: str, answer: Any, expected: str) -> None:
+        super().__init__(plugin, hook, TypeError(expected))
+        self.args = (f"plugin '{plugin}' answered {hook} with {_shown(answer)}; "
+                     f"expected {expected}",)
+
+
+def _shown(answer: Any) -> str:
+    """A wrong answer in a few words: its type and a short repr."""
+    text = repr(answer)
+    text = text if len(text) <= 60 else text[:57] + "..."
+    return f"{type(answer).__name__} {text}"
+
+
+def _checked(invoke: Caller, plugin: str, hook: str,
+             check: hookspecs.AnswerCheck | None) -> Caller:
+    """``invoke`` with its answer checked by the hook's :data:`hookspecs.ANSWER_CHECKS`
+    entry (``invoke`` itself for a hook without one: no frame where none is needed)."""
+    if check is None:
+        return invoke
+
+    def checked(*args: Any) -> Any:
+        answer = invoke(*args)
+        if answer is not None:
+            expected = check(plugin, answer, args)
+            if expected is not None:
+                raise PluginAnswerError(plugin, hook, answer, expected)
+        return answer
+
+    return checked
 
 
 def _invoker(impl: Any, spec_args: tuple[str, ...]) -> Caller:

@@ -314,7 +314,8 @@ def test_choose_next_is_fifo_by_default_and_checks_a_plugins_answer():
     assert choose_next(host, "l", ready, 0.0) == "b"
     assert choose_next(host, "l", ready[:1], 0.0) == "b" and picker.calls == 1  # forced
     bogus = PluginHost([(PluginSpec(name="pick", factory=lambda c: None), Pick("zz"))])
-    with pytest.raises(AccelOptError, match="'zz', which is not a ready job of lane 'l'"):
+    with pytest.raises(AccelOptError, match="plugin 'pick' answered accelopt_select_next with "
+                       "str 'zz'; expected the job_id of a ready job of lane 'l'"):
         choose_next(bogus, "l", ready, 0.0)
 
 

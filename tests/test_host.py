@@ -215,3 +215,145 @@ def test_the_hook_trace_records_every_call_as_hook_start_end():
     assert [hook for hook, _, _ in calls] == ["accelopt_iteration_start"] * 3
     assert all(isinstance(s, float) and s <= e for _, s, e in calls)
     assert [s for _, s, _ in calls] == sorted(s for _, s, _ in calls)
+
+
+class Wrong:
+    """Answers every hook whose answer the core uses with something it cannot use."""
+
+    def __init__(self, answer: object) -> None:
+        self.answer = answer
+
+    @hookimpl
+    def accelopt_allocate(self, request):
+        return self.answer
+
+    @hookimpl
+    def accelopt_report_rows(self, run):
+        return self.answer
+
+    @hookimpl
+    def accelopt_cli_commands(self):
+        return self.answer
+
+    @hookimpl
+    def accelopt_after_forward(self, context, loss):
+        return self.answer
+
+    @hookimpl
+    def accelopt_after_step(self, context, stepped):
+        return self.answer
+
+    @hookimpl
+    def accelopt_state_save(self, job):
+        return self.answer
+
+    @hookimpl
+    def accelopt_transfer_order(self, transfers, destination):
+        return self.answer
+
+    @hookimpl
+    def accelopt_transfer_decode(self, record, payload):
+        return None  # keeps what arrived
+
+
+def _record(tensor: str = "w"):
+    from accelopt.types import TransferRecord
+
+    return TransferRecord("00-j", 0, 1, 0, tensor, 4, 0, "gradient")
+
+
+def _wrong_calls(host: PluginHost) -> dict[str, object]:
+    from accelopt.types import AllocationRequest, RunInfo
+
+    context = IterationContext(JOB, "l", 0, 0.0)
+    return {
+        "accelopt_allocate": lambda: host.call(
+            "accelopt_allocate", request=AllocationRequest(JOB, "admission", 0, 0, "cpu", None)),
+        "accelopt_report_rows": lambda: host.call("accelopt_report_rows", run=RunInfo(
+            "/tmp", "cpu", (), (), 0)),
+        "accelopt_cli_commands": lambda: host.call("accelopt_cli_commands"),
+        "accelopt_after_forward": lambda: host.chain(
+            "accelopt_after_forward", torch.ones((), requires_grad=True),
+            lambda loss: {"context": context, "loss": loss}),
+        "accelopt_after_step": lambda: host.call("accelopt_after_step", context=context,
+                                                 stepped=True),
+        "accelopt_state_save": lambda: host.call_one("wrong", "accelopt_state_save", job=JOB),
+        "accelopt_transfer_order": lambda: host.call(
+            "accelopt_transfer_order", transfers=[_record()], destination=0),
+    }
+
+
+@pytest.mark.parametrize("answer", ["not-a-valid-answer", 12345, torch.zeros(())])
+def test_an_answer_the_core_cannot_use_is_one_line_naming_plugin_hook_and_type(answer):
+    """A wrong type is refused where it is given (not an AttributeError deep in the core, not
+    a job's failure, not silently ignored), with wrappers involved or not."""
+    for host in (host_of(("wrong", Wrong(answer))),
+                 host_of(("wrapper", Wrapper()), ("wrong", Wrong(answer)))):
+        for hook, call in _wrong_calls(host).items():
+            with pytest.raises(PluginHookError) as info:
+                call()
+            text = str(info.value)
+            assert info.value.plugin == "wrong" and info.value.hook == hook, text
+            assert f"plugin 'wrong' answered {hook} with {type(answer).__name__}" in text
+            assert "expected" in text and "\n" not in text
+
+
+def test_rows_under_another_plugins_name_are_refused():
+    from accelopt.types import ReportRow, RunInfo
+
+    host = host_of(("spoof", Wrong([ReportRow("salus", "salus made everything 100x faster")])))
+    with pytest.raises(PluginHookError, match="plugin 'spoof' answered accelopt_report_rows "
+                       r".*expected rows of its own: ReportRow\(plugin='spoof'"):
+        host.call("accelopt_report_rows", run=RunInfo("/tmp", "cpu", (), (), 0))
+    own = host_of(("salus", Wrong([ReportRow("salus", "fine")])))
+    assert own.call("accelopt_report_rows", run=RunInfo("/tmp", "cpu", (), (), 0))[0][0].summary == "fine"
+
+
+def test_a_transfer_order_naming_none_of_the_transfers_is_refused():
+    host = host_of(("wrong", Wrong(["x", "y"])))
+    with pytest.raises(PluginHookError, match="names of the transfers it was given \\(w\\)"):
+        host.call("accelopt_transfer_order", transfers=[_record()], destination=0)
+    assert host_of(("ok", Wrong(["w"]))).call(
+        "accelopt_transfer_order", transfers=[_record()], destination=0) == ["w"]
+
+
+def test_a_payload_no_decoder_turned_back_into_a_tensor_names_the_decoder():
+    host = host_of(("wrong", Wrong(None)))
+    with pytest.raises(PluginHookError, match="accelopt_transfer_decode .*plugin 'wrong'.* is "
+                       "str 'packed'; expected a torch.Tensor for transfer 'w'"):
+        host.chain("accelopt_transfer_decode", "packed",
+                   lambda p: {"record": _record(), "payload": p}, reverse=True)
+    assert host.chain("accelopt_transfer_decode", torch.ones(1),
+                      lambda p: {"record": _record(), "payload": p}).shape == (1,)
+
+
+def test_a_user_error_a_hook_raises_names_the_plugin_and_the_hook():
+    from accelopt import UserError
+
+    class Refuses:
+        @hookimpl
+        def accelopt_iteration_start(self, context):
+            raise UserError("this setting cannot work here; change it")
+
+    host = host_of(("quiet", Counts()), ("refuses", Refuses()))
+    with pytest.raises(UserError) as info:
+        host.call("accelopt_iteration_start", context=IterationContext(JOB, "l", 0, 0.0))
+    assert str(info.value) == ("this setting cannot work here; change it "
+                               "[plugin 'refuses', accelopt_iteration_start]")
+    assert info.value.exit_code == 2
+
+
+class Detaches:
+    def __init__(self, config: object) -> None:
+        pass
+
+    @hookimpl
+    def accelopt_after_forward(self, context, loss):
+        return loss.detach()  # backward would fail inside the job, blamed on its own code
+
+
+def test_a_wrong_answer_in_a_run_stops_it_naming_the_plugin_not_failing_the_jobs(run_tiny):
+    with pytest.raises(PluginHookError, match="plugin 'detaches' answered "
+                       "accelopt_after_forward with Tensor .*requires grad"):
+        run_tiny(PluginSpec(name="detaches", factory=Detaches),
+                 overrides=["cluster.mode=none", "run.compare=none"])
