@@ -94,6 +94,35 @@ def test_residual_producers_are_pruned_as_groups_and_the_head_refused() -> None:
     assert report.pruned["stem.0"] == report.pruned["stages.0.conv2"] == (8, 4)
 
 
+class TiedHead(nn.Module):
+    """A hidden layer feeding an output layer that shares the embedding's weight (as a
+    language model's lm_head), plus an untied hidden pair that can be pruned."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(10, 16)
+        self.a = nn.Linear(16, 32)
+        self.b = nn.Linear(32, 16)
+        self.out = nn.Linear(16, 10, bias=False)
+        self.out.weight = self.emb.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.relu(self.b(torch.relu(self.a(self.emb(x).mean(1))))))
+
+
+def test_a_group_holding_a_tied_weight_stays_dense_and_says_why() -> None:
+    """Pruning sliced the tied output layer for one of its users: the tie was gone, the
+    parameter count went up (3104 -> 3600) and the row still said "node-pruned"."""
+    model = TiedHead()
+    before = count_params(model)
+    report = node_prune(model, 0.5)
+    assert report.pruned == {"a": (32, 16)}  # the untied pair is pruned as before
+    assert "out.weight is tied to emb.weight" in report.refused["b"]
+    assert model.out.weight is model.emb.weight and model.emb.weight.shape == (10, 16)
+    assert count_params(model) < before
+    model(torch.randint(10, (3, 5))).sum().backward()
+
+
 class FlatCat(nn.Module):
     """Two conv branches concatenated on channels, then flatten of 2x2 maps into a Linear:
     exercises concat offsets and the channel -> (channel*H*W) mapping."""

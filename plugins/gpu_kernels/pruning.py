@@ -115,10 +115,30 @@ def _analyse(model: nn.Module) -> _Analysis:
             if is_producer(m) and path not in covered:
                 refused[path] = why
     refused.update(not_producers)
+    for g in [*groups, *rules]:
+        g.refused = g.refused or _tied_reason(model, g.members)
     graph = {g.key: g for g in groups}
     owner = {p: g.key for g in groups for p in g.producers}
     owner.update({k: k for k in rule_map})
     return _Analysis(graph, rule_map, refused, owner)
+
+
+def _tied_reason(model: nn.Module, members: list[str]) -> str | None:
+    """Why a group whose modules hold a tied weight (an output layer sharing the embedding's)
+    stays dense: slicing it for one of its users replaced it with an untied copy, the
+    parameter count went up and the row still said "pruned"."""
+    holders: dict[int, list[str]] = {}
+    for path, module in model.named_modules(remove_duplicate=False):
+        for name, param in module.named_parameters(recurse=False):
+            holders.setdefault(id(param), []).append(f"{path}.{name}" if path else name)
+    modules = dict(model.named_modules())
+    for member in members:
+        for name, param in modules[member].named_parameters(recurse=False):
+            others = [h for h in holders[id(param)] if h != f"{member}.{name}"]
+            if others:
+                return (f"{member}.{name} is tied to {others[0]} (a shared weight cannot be "
+                        "sliced for one of its users)")
+    return None
 
 
 def plan_model(model: nn.Module) -> list[_Plan]:
