@@ -147,3 +147,27 @@ def test_a_rendezvous_that_fails_names_master_addr_and_port(tmp_path, monkeypatc
     assert str(info.value).startswith(f"the rendezvous port {port} (MASTER_PORT) is already "
                                       "in use by another process; give torchrun another")
     assert info.value.exit_code == 2
+
+
+def test_under_torchrun_only_rank_0_keeps_a_failed_runs_evidence(tmp_path, monkeypatch):
+    """Ranks sharing one hydra.run.dir (for checkpoint parts) each wrote a failed run's
+    metrics.json, the last writer's view of the failure replacing rank 0's line."""
+    import accelopt.drivers.cluster as cluster
+    from accelopt.cli.hydra_run import prepared_configs
+    from accelopt.plugin import Registry
+    from accelopt.runtime.run import execute
+
+    def fails(*_args, **_kwargs):
+        raise RuntimeError("a peer rank failed")
+
+    monkeypatch.setattr(cluster, "run_cluster", fails)
+    (cfg,) = prepared_configs(["workload=tiny", "cluster.mode=ps", "run.progress=false"],
+                              Registry.discover(), run_dir=tmp_path)
+    for rank, writes in (("1", False), ("0", True)):
+        monkeypatch.setenv("RANK", rank)
+        for key in ("WORLD_SIZE", "MASTER_ADDR"):
+            monkeypatch.setenv(key, TORCHRUN_ENV[key])
+        run_dir = tmp_path / f"rank{rank}"
+        with pytest.raises(RuntimeError, match="a peer rank failed"):
+            execute(cfg, run_dir=run_dir, registry=Registry.discover())
+        assert (run_dir / "metrics.json").exists() is writes, rank

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -31,7 +32,7 @@ from accelopt.collector import collector_paused, run_starts
 from accelopt.drivers.cluster.settings import local_info
 from accelopt.drivers.lifecycle import Lifecycle
 from accelopt.drivers.local import Executor
-from accelopt.drivers.processes import preloads_dynamo
+from accelopt.drivers.processes import preloads_dynamo, under_torchrun
 from accelopt.drivers.rows import with_placeholders
 from accelopt.drivers.setup import (
     MAX_THREADS,
@@ -278,7 +279,11 @@ def _execute_cluster(cfg: DictConfig, run_dir: Path, registry: Registry, console
                        for i, s in enumerate(specs)]
         record.telemetry_note = ("the cluster run failed: the ranks' timelines ended with "
                                  "their processes and are not in trace.json")
-        _keep_evidence(record, run_dir, exc)
+        if not under_torchrun() or os.environ.get("RANK") == "0":
+            # under torchrun only rank 0 writes, as on success: ranks sharing one
+            # hydra.run.dir (for checkpoints) wrote over rank 0's metrics.json with their own
+            # view of the failure, the last one's winning
+            _keep_evidence(record, run_dir, exc)
         raise
     record.duration_s = time.perf_counter() - started
     if not outcome.primary:  # under torchrun, only rank 0 writes the run's outputs
