@@ -99,6 +99,10 @@ class Registry:
     named: dict[str, str] = field(default_factory=dict)
     """name -> ``module:attr`` of the specs loaded from ``ACCELOPT_PLUGINS``."""
 
+    clashes: dict[str, str] = field(default_factory=dict)
+    """name -> why it cannot be used: two installed packages declare it (which one is meant
+    is not ours to guess, so neither is; the one line names both)."""
+
     @classmethod
     def discover(cls, autoload: bool | None = None) -> Registry:
         """List installed plugins. ``autoload=False`` (or the environment variable
@@ -109,10 +113,42 @@ class Registry:
         registry = cls()
         if autoload:
             for ep in entry_points(group=ENTRY_POINT_GROUP):
-                registry.entry_points.setdefault(ep.name, ep)
+                registry._add_entry_point(ep)
         for ref in filter(None, os.environ.get(EXPLICIT_PLUGINS_ENV, "").split(",")):
             registry._load_reference(ref.strip())
         return registry
+
+    def _add_entry_point(self, ep: EntryPoint) -> None:
+        """List one installed entry point. A name is one plugin: a package declaring the name
+        of a built-in plugin is ignored and listed as broken (installing a package must not
+        silently replace ``salus``), and a name two other packages declare is refused where
+        it is used, in one line naming both."""
+        taken = self.entry_points.get(ep.name)
+        if taken is None:
+            self.entry_points[ep.name] = ep
+            return
+        if taken.value == ep.value:  # the same entry point seen twice (a path listed twice)
+            return
+        if is_builtin(taken) or is_builtin(ep):
+            keep, other = (taken, ep) if is_builtin(taken) else (ep, taken)
+            self.entry_points[ep.name] = keep
+            self.broken[f"{ep.name} ({declared_by(other)})"] = (
+                f"declares the name of the built-in plugin '{ep.name}' "
+                f"({declared_by(keep)}), which is kept; rename its entry point")
+            return
+        self.clashes[ep.name] = (
+            f"plugin '{ep.name}' is declared by two installed packages ({declared_by(taken)}; "
+            f"{declared_by(ep)}); uninstall one of them or rename its entry point")
+        self.broken[ep.name] = self.clashes[ep.name]
+
+    def source(self, name: str) -> str:
+        """Where the plugin called ``name`` comes from, for listings and messages."""
+        if name in self.named:
+            return f"{self.named[name]} ({EXPLICIT_PLUGINS_ENV})"
+        ep = self.entry_points.get(name)
+        if ep is not None and name not in self.added:
+            return declared_by(ep)
+        return "added in code"
 
     def add(self, spec: PluginSpec) -> None:
         self.loaded[spec.name] = spec
@@ -124,6 +160,8 @@ class Registry:
     def get(self, name: str) -> PluginSpec:
         if name in self.loaded:
             return self.loaded[name]
+        if name in self.clashes:
+            raise PluginResolutionError(self.clashes[name])
         if name in self.entry_points and name not in self.broken:
             spec = self._load_entry_point(self.entry_points[name])
             if spec is not None:
@@ -165,8 +203,33 @@ class Registry:
             self.broken[ref] = f"{type(exc).__name__}: {exc}"
             warnings.warn(f"{EXPLICIT_PLUGINS_ENV}: cannot load {ref!r}: {exc}", stacklevel=2)
             return
+        if spec.name in self.entry_points or spec.name in self.named:
+            # a name is one plugin: an explicit spec never replaces an installed one
+            self.broken[ref] = (f"its plugin name '{spec.name}' is taken by "
+                                f"{self.source(spec.name)}; give the PluginSpec another name")
+            warnings.warn(f"{EXPLICIT_PLUGINS_ENV}: {ref!r} is ignored: {self.broken[ref]}",
+                          stacklevel=2)
+            return
         self.loaded[spec.name] = spec
         self.named[spec.name] = ref
+
+
+BUILTIN_DISTRIBUTION = "accelopt"
+"""The distribution whose entry points are the built-in plugins."""
+
+
+def is_builtin(ep: EntryPoint) -> bool:
+    """Whether ``ep`` is one of accelopt's own plugins (declared by accelopt's package)."""
+    dist = getattr(ep, "dist", None)
+    return dist is not None and dist.name.lower().replace("_", "-") == BUILTIN_DISTRIBUTION
+
+
+def declared_by(ep: EntryPoint) -> str:
+    """``module:attr (built-in)`` or ``module:attr (package NAME)``: who declared ``ep``."""
+    dist = getattr(ep, "dist", None)
+    owner = "built-in" if is_builtin(ep) else (
+        f"package {dist.name}" if dist is not None else "an installed package")
+    return f"{ep.value} ({owner})"
 
 
 def _check_spec(spec: object, where: str) -> None:

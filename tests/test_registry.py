@@ -63,3 +63,63 @@ def test_installed_is_not_enabled(run_tiny):
     record = run_tiny()
     assert record.info.plugins == ()
     assert record.plugin_rows == []
+
+
+def _install(site, dist: str, module: str, entries: dict[str, str], code: str) -> None:
+    """A package on ``site`` as pip leaves one: its module and its dist-info with entry
+    points in the accelopt.plugins group (importlib.metadata finds it on sys.path)."""
+    (site / f"{module}.py").write_text(code)
+    info = site / f"{dist.replace('-', '_')}-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n")
+    lines = "\n".join(f"{name} = {value}" for name, value in entries.items())
+    (info / "entry_points.txt").write_text(f"[accelopt.plugins]\n{lines}\n")
+
+
+FAKE = ("from accelopt import PluginSpec\n"
+        "FAKE_SALUS = PluginSpec(name='salus', factory=lambda c: object(), description='fake')\n"
+        "DUPE = PluginSpec(name='dupe', factory=lambda c: object())\n")
+
+
+def test_a_package_declaring_a_builtin_name_never_replaces_the_builtin(tmp_path, monkeypatch,
+                                                                       capsys):
+    _install(tmp_path, "accelopt-fakesalus", "accelopt_fakesalus",
+             {"salus": "accelopt_fakesalus:FAKE_SALUS"}, FAKE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    registry = Registry.discover()
+    assert registry.get("salus").description != "fake"
+    assert registry.source("salus") == "accelopt_plugins.salus:PLUGIN (built-in)"
+    assert registry.broken == {
+        "salus (accelopt_fakesalus:FAKE_SALUS (package accelopt-fakesalus))":
+            "declares the name of the built-in plugin 'salus' (accelopt_plugins.salus:PLUGIN "
+            "(built-in)), which is kept; rename its entry point"}
+    from accelopt.cli.commands import list_plugins
+
+    assert list_plugins(["--format", "plain"]) == 0
+    out, err = capsys.readouterr()
+    assert "  source: accelopt_plugins.salus:PLUGIN (built-in)" in out.splitlines()
+    assert "broken salus (accelopt_fakesalus:FAKE_SALUS (package accelopt-fakesalus)): " in err
+
+
+def test_a_name_two_packages_declare_is_refused_naming_both(tmp_path, monkeypatch):
+    for dist in ("accelopt-one", "accelopt-two"):
+        module = dist.replace("-", "_")
+        _install(tmp_path, dist, module, {"dupe": f"{module}:DUPE"}, FAKE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    registry = Registry.discover()
+    assert "dupe" not in registry.names()
+    with pytest.raises(PluginResolutionError, match=r"plugin 'dupe' is declared by two "
+                       r"installed packages \(accelopt_(one|two):DUPE \(package accelopt-\1\); "
+                       r"accelopt_.*:DUPE .*\); uninstall one of them or rename its entry point"):
+        registry.get("dupe")
+
+
+def test_an_explicit_plugin_never_replaces_an_installed_one(tmp_path, monkeypatch):
+    (tmp_path / "fake_explicit.py").write_text(FAKE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("ACCELOPT_PLUGINS", "fake_explicit:FAKE_SALUS")
+    with pytest.warns(UserWarning, match="'fake_explicit:FAKE_SALUS' is ignored: its plugin "
+                      r"name 'salus' is taken by accelopt_plugins.salus:PLUGIN \(built-in\)"):
+        registry = Registry.discover()
+    assert registry.get("salus").description != "fake"
+    assert "fake_explicit:FAKE_SALUS" in registry.broken

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from accelopt.errors import UserError, listed
-from accelopt.plugin import EXPLICIT_PLUGINS_ENV, Registry, valid_combinations
+from accelopt.plugin import EXPLICIT_PLUGINS_ENV, Registry, is_builtin, valid_combinations
 
 
 def list_plugins(args: list[str]) -> int:
@@ -37,7 +37,7 @@ def list_plugins(args: list[str]) -> int:
                     print(f"  {key}: {', '.join(d[key])}")
             if d["order"]:
                 print(f"  order: {d['order']}")
-            print(f"  source: {d['source']}")
+            print(f"  source: {d['source']} ({d['origin']})")
     else:
         table = Table(title="installed accelopt plugins (installed is not enabled: "
                       "+plugins=[...])")
@@ -48,7 +48,7 @@ def list_plugins(args: list[str]) -> int:
         for d in described:
             table.add_row(d["name"], d["description"], ", ".join(d["slots"]),
                           ", ".join(d["requires"]), ", ".join(d["conflicts"]), d["order"],
-                          d["source"])
+                          f"{d['source']} ({d['origin']})")
         console.print(table)
     for name, reason in sorted(registry.broken.items()):
         print(f"broken {name}: {reason}", file=sys.stderr)
@@ -70,7 +70,19 @@ def _describe(spec, registry: Registry) -> dict:
         "source": (ep.value if ep is not None else
                    f"{registry.named[spec.name]} ({EXPLICIT_PLUGINS_ENV})"
                    if spec.name in registry.named else "added in code"),
+        "origin": _origin(spec.name, registry),
     }
+
+
+def _origin(name: str, registry: Registry) -> str:
+    """built-in, ``package NAME``, ACCELOPT_PLUGINS or ``added in code``: which plugin of a
+    name is the one listed, beside the ones refused for taking it (listed as broken)."""
+    ep = registry.entry_points.get(name)
+    if name in registry.named:
+        return EXPLICIT_PLUGINS_ENV
+    if ep is None:
+        return "added in code"
+    return "built-in" if is_builtin(ep) else f"package {ep.dist.name if ep.dist else '?'}"
 
 
 def matrix(args: list[str]) -> int:
