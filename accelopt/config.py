@@ -14,7 +14,7 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from accelopt.errors import listed
+from accelopt.errors import PluginResolutionError, listed
 
 
 @dataclass
@@ -165,7 +165,20 @@ def register_plugin_configs(specs: list[Any]) -> None:
     so ``+plugins=[a,b]`` selects them and ``plugins.a.key=value`` is type-checked."""
     cs = ConfigStore.instance()
     for spec in specs:
-        cs.store(group="plugins", name=spec.name, node=spec.config, package=f"plugins.{spec.name}")
+        try:
+            cs.store(group="plugins", name=spec.name, node=spec.config,
+                     package=f"plugins.{spec.name}")
+        except Exception as exc:  # omegaconf's ValidationError: a field type it cannot hold
+            raise PluginResolutionError(invalid_schema(spec.name, spec.config, exc)) from None
+
+
+def invalid_schema(name: str, config_type: type, exc: BaseException) -> str:
+    """The one line saying a plugin's config dataclass is no OmegaConf schema, and which
+    field types are (the conformance suite says the same)."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return (f"plugin '{name}': {config_type.__name__} is not a valid OmegaConf schema "
+            f"({first}); use int, float, str, bool, Enum, Optional[...], list[...], "
+            "dict[str, ...] or nested dataclasses for its fields")
 
 
 def unknown_keys(cfg: DictConfig, stray_plugins: Collection[str] = ()) -> list[str]:

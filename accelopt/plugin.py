@@ -19,7 +19,7 @@ from importlib import import_module
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
-from accelopt.errors import PluginResolutionError
+from accelopt.errors import AccelOptError, PluginResolutionError, UserError
 from accelopt.types import Scope
 
 ENTRY_POINT_GROUP = "accelopt.plugins"
@@ -81,7 +81,16 @@ class PluginSpec:
         return self.config()
 
     def instantiate(self, config: Any | None = None) -> object:
-        return self.factory(self.default_config() if config is None else config)
+        """The plugin object, built by ``factory``. A factory that raises is one line naming
+        the plugin (a ``UserError`` keeps exit code 2, anything else exits 1): a third
+        party's bug must not surface as a traceback out of Hydra that names no plugin."""
+        try:
+            return self.factory(self.default_config() if config is None else config)
+        except UserError as exc:
+            raise UserError(f"plugin '{self.name}' could not be created: {exc}") from exc
+        except Exception as exc:
+            raise AccelOptError(f"plugin '{self.name}' could not be created: "
+                                f"{type(exc).__name__}: {exc}") from exc
 
 
 @dataclass

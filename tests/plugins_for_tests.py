@@ -369,3 +369,20 @@ class RefusesMidRun:
 
 REFUSES_MID_RUN = PluginSpec(name="refuses_mid_run", factory=lambda c: RefusesMidRun(),
                              description="raises a UserError in a hook (test)")
+
+
+def _explodes(config: Any) -> object:
+    raise ValueError("factory exploded")
+
+
+FACTORY_RAISES = PluginSpec(name="factoryboom", factory=_explodes,
+                            description="its factory raises (test)")
+
+
+@dataclass
+class SetConfig:
+    things: set = field(default_factory=set)  # a type OmegaConf cannot hold
+
+
+SET_CONFIG = PluginSpec(name="setcfg", factory=lambda c: object(), config=SetConfig,
+                        description="a config field OmegaConf cannot hold (test)")

@@ -136,3 +136,24 @@ def test_resolution_either_satisfies_every_constraint_or_explains(data):
             assert position[s.name] < position[other]
     slots = [slot for s in specs for slot in s.slots]
     assert len(slots) == len(set(slots))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("ref", "name", "code", "line"), [
+    ("FACTORY_RAISES", "factoryboom", 1,
+     "error: plugin 'factoryboom' could not be created: ValueError: factory exploded"),
+    ("SET_CONFIG", "setcfg", 2,
+     "error: plugin 'setcfg': SetConfig is not a valid OmegaConf schema (Unexpected type "
+     "annotation: set); use int, float, str, bool, Enum, Optional[...], list[...], "
+     "dict[str, ...] or nested dataclasses for its fields"),
+])
+def test_a_plugin_that_cannot_be_built_is_one_line_naming_it(tmp_path, ref, name, code, line):
+    """A raising factory or a config type OmegaConf cannot hold: one line naming the plugin
+    (what the conformance suite says), no traceback out of Hydra or omegaconf."""
+    from clirun import accelopt
+
+    result = accelopt("run", f"+plugins=[{name}]", "workload=tiny", "cluster.mode=none",
+                      "run.compare=none", "run.progress=false", cwd=tmp_path,
+                      ACCELOPT_PLUGINS=f"plugins_for_tests:{ref}")
+    assert result.returncode == code, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines() == [line]

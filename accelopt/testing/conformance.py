@@ -27,7 +27,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
 from accelopt import hookspecs
-from accelopt.config import register_plugin_configs
+from accelopt.config import invalid_schema, register_plugin_configs
 from accelopt.drivers.rows import SILENT_SUMMARY
 from accelopt.errors import AccelOptError, PluginResolutionError
 from accelopt.host import HOOK_DOCS, PluginHost
@@ -90,12 +90,7 @@ def check_config(spec: PluginSpec) -> None:
     try:
         OmegaConf.structured(config_type)
     except Exception as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise AssertionError(
-            f"plugin '{name}': {config_type.__name__} is not a valid OmegaConf schema ({first}); "
-            "use int, float, str, bool, Enum, Optional[...], list[...], dict[str, ...] or "
-            "nested dataclasses for its fields"
-        ) from exc
+        raise AssertionError(invalid_schema(name, config_type, exc)) from exc
     register_plugin_configs([spec])
     try:
         node = ConfigStore.instance().load(config_path=f"plugins/{name}.yaml")
@@ -112,9 +107,10 @@ def check_config(spec: PluginSpec) -> None:
     try:
         spec.instantiate(default)
     except Exception as exc:
+        cause = exc.__cause__ or exc  # instantiate names the plugin; say what the factory raised
         raise AssertionError(
             f"plugin '{name}': factory({config_type.__name__}()) raised "
-            f"{type(exc).__name__}: {exc}; the plugin must build from its default config"
+            f"{type(cause).__name__}: {cause}; the plugin must build from its default config"
         ) from exc
 
 
