@@ -82,7 +82,16 @@ class PluginSet:
                     f"implements {', '.join(decisions)}, a decision across jobs; declare "
                     "scope='run' in its PluginSpec")
         if self.cfg is not None:
-            host.call_one(spec.name, "accelopt_configure", config=config, run_config=self.cfg)
+            # read-only while the plugin reads it: a change would silently take effect (a
+            # job trained 2 iterations instead of 6, config.yaml recording 2); it now raises
+            # in the plugin's hook, one line naming the plugin
+            was = OmegaConf.is_readonly(self.cfg)
+            OmegaConf.set_readonly(self.cfg, True)
+            try:
+                host.call_one(spec.name, "accelopt_configure", config=config,
+                              run_config=self.cfg)
+            finally:
+                OmegaConf.set_readonly(self.cfg, was)
         return instance
 
     # -- hosts -------------------------------------------------------------------------------

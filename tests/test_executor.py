@@ -245,3 +245,22 @@ def test_the_iteration_end_hooks_time_is_the_iterations_as_iteration_starts_is()
     assert seen == [(0.0, 0.0), (5.0, 5.0)]  # the hook sees the iteration as it ended
     assert (first.start_s, first.end_s) == (0.0, 5.0)  # and its time is the iteration's
     assert (second.start_s, second.end_s) == (5.0, 10.0) and second.seconds == 5.0
+
+
+def test_a_plugin_cannot_change_the_run_config_it_is_configured_with(run_tiny):
+    """``accelopt_configure``'s ``run_config`` is for reading: a change took effect (a job
+    trained 2 iterations instead of 6, config.yaml recording 2). Now it raises in the hook,
+    named, and the config is writable again afterwards for the core."""
+    from accelopt import PluginSpec, hookimpl
+
+    class Shortens:
+        def __init__(self, _config=None) -> None:
+            pass
+
+        @hookimpl
+        def accelopt_configure(self, config, run_config):
+            run_config.workload.jobs[0].iterations = 2
+
+    with pytest.raises(PluginHookError, match="plugin 'shortens' raised in hook "
+                       "accelopt_configure: ReadonlyConfigError"):
+        run_tiny(PluginSpec(name="shortens", factory=Shortens), overrides=["cluster.mode=none"])
