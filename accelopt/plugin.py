@@ -28,6 +28,11 @@ EXPLICIT_PLUGINS_ENV = "ACCELOPT_PLUGINS"
 SCOPES = ("run", "job")
 
 
+class PluginWarning(RuntimeWarning):
+    """A plugin that is installed or named but cannot be used (the ``accelopt`` command prints
+    it as one line: the message is about the plugin, not about accelopt's source)."""
+
+
 @dataclass
 class NoConfig:
     """The config of a plugin that declares none (module level, so a spec can be pickled and
@@ -175,7 +180,14 @@ class Registry:
             spec = self._load_entry_point(self.entry_points[name])
             if spec is not None:
                 return spec
-        raise unknown_plugin_error(name, self.names(), self.broken.get(name))
+        raise unknown_plugin_error(name, self.names(), self.broken.get(name),
+                                   self.failed_references())
+
+    def failed_references(self) -> dict[str, str]:
+        """``module:attr`` -> why, for the ``ACCELOPT_PLUGINS`` entries that did not load (a
+        plugin whose spec never loaded has no name the registry could know)."""
+        return {ref: why for ref, why in self.broken.items()
+                if ":" in ref and " (" not in ref and ref not in self.entry_points}
 
     def all(self) -> list[PluginSpec]:
         """Import every installed plugin (broken ones become warnings)."""
@@ -196,7 +208,7 @@ class Registry:
             warnings.warn(
                 f"accelopt plugin '{ep.name}' ({ep.value}) could not be loaded and is "
                 f"skipped: {reason}",
-                RuntimeWarning,
+                PluginWarning,
                 stacklevel=2,
             )
             return None
@@ -210,14 +222,15 @@ class Registry:
             _check_spec(spec, ref)
         except Exception as exc:
             self.broken[ref] = f"{type(exc).__name__}: {exc}"
-            warnings.warn(f"{EXPLICIT_PLUGINS_ENV}: cannot load {ref!r}: {exc}", stacklevel=2)
+            warnings.warn(f"{EXPLICIT_PLUGINS_ENV}: cannot load {ref!r}: {self.broken[ref]}",
+                          PluginWarning, stacklevel=2)
             return
         if spec.name in self.entry_points or spec.name in self.named:
             # a name is one plugin: an explicit spec never replaces an installed one
             self.broken[ref] = (f"its plugin name '{spec.name}' is taken by "
                                 f"{self.source(spec.name)}; give the PluginSpec another name")
             warnings.warn(f"{EXPLICIT_PLUGINS_ENV}: {ref!r} is ignored: {self.broken[ref]}",
-                          stacklevel=2)
+                          PluginWarning, stacklevel=2)
             return
         self.loaded[spec.name] = spec
         self.named[spec.name] = ref
@@ -247,18 +260,31 @@ def _check_spec(spec: object, where: str) -> None:
 
 
 def unknown_plugin_error(
-    name: str, installed: Sequence[str], broken_reason: str | None = None
+    name: str, installed: Sequence[str], broken_reason: str | None = None,
+    failed: dict[str, str] | None = None,
 ) -> PluginResolutionError:
+    """The one line for a name no usable plugin has: installed but broken, an
+    ``ACCELOPT_PLUGINS`` entry that failed to load (the one whose module or attribute is
+    named like it, else every one that failed is listed), or unknown with the closest name."""
     if broken_reason:
         return PluginResolutionError(
             f"plugin '{name}' is installed but failed to load ({broken_reason}); "
             "reinstall it or remove it from +plugins"
         )
+    failed = failed or {}
+    like = [ref for ref in failed if name.lower() in ref.lower()]
+    if like:
+        return PluginResolutionError(
+            f"plugin '{name}' is not available: {EXPLICIT_PLUGINS_ENV} entry '{like[0]}' "
+            f"failed to load ({failed[like[0]]}); fix that entry or remove it from +plugins")
     close = difflib.get_close_matches(name, installed, n=1)
     hint = f"; did you mean '{close[0]}'? Run" if close else "; run"
     listing = ", ".join(installed) if installed else "none"
+    also = "".join(f" ({EXPLICIT_PLUGINS_ENV} entry '{ref}' failed to load: {why})"
+                   for ref, why in failed.items())
     return PluginResolutionError(
-        f"unknown plugin '{name}' (available: {listing}){hint} `accelopt plugins` to list them."
+        f"unknown plugin '{name}' (available: {listing}){hint} `accelopt plugins` to list "
+        f"them.{also}"
     )
 
 
@@ -274,21 +300,32 @@ def resolve(selected: Sequence[str], registry: Registry) -> list[PluginSpec]:
             raise PluginResolutionError(f"plugin '{name}' is selected twice; list it once")
         seen.add(name)
     specs = {name: registry.get(name) for name in selected}
-    _check_requirements(specs)
+    _check_requirements(specs, registry)
     _check_conflicts(specs)
     _check_slots(specs)
     return _order(list(selected), specs)
 
 
-def _check_requirements(specs: dict[str, PluginSpec]) -> None:
+def _check_requirements(specs: dict[str, PluginSpec], registry: Registry) -> None:
+    """A required plugin that is not selected: the fix is to select it where it is
+    installed, else to install it (selecting it would only be refused as unknown)."""
     for spec in specs.values():
         for need in spec.requires:
-            if need not in specs:
-                wanted = ",".join([*specs, need])
+            if need in specs:
+                continue
+            if need not in registry.names():
+                broken = registry.broken.get(need)
+                state = (f"which is installed but failed to load ({broken})" if broken
+                         else "which is not installed")
                 raise PluginResolutionError(
-                    f"plugin '{spec.name}' requires plugin '{need}', which is not selected; "
-                    f"select both: +plugins=[{wanted}]"
+                    f"plugin '{spec.name}' requires plugin '{need}', {state}; install it "
+                    f"(`accelopt plugins` lists what is), or remove '{spec.name}' from +plugins"
                 )
+            wanted = ",".join([*specs, need])
+            raise PluginResolutionError(
+                f"plugin '{spec.name}' requires plugin '{need}', which is not selected; "
+                f"select both: +plugins=[{wanted}]"
+            )
 
 
 def _check_conflicts(specs: dict[str, PluginSpec]) -> None:

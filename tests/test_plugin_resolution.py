@@ -68,6 +68,36 @@ def test_missing_requirement_names_both_and_the_fix():
     assert names(resolve(["a", "b"], reg)) == ["a", "b"]
 
 
+def test_a_requirement_that_is_not_installed_says_so_not_select_both():
+    """Selecting both would only be refused as unknown: the fix is to install it."""
+    reg = registry(spec("req_missing", requires=("nonexistent_plugin",)))
+    with pytest.raises(PluginResolutionError, match=r"^plugin 'req_missing' requires plugin "
+                       r"'nonexistent_plugin', which is not installed; install it \(`accelopt "
+                       r"plugins` lists what is\), or remove 'req_missing' from \+plugins$"):
+        resolve(["req_missing"], reg)
+    reg.broken["nonexistent_plugin"] = "ImportError: no module"
+    with pytest.raises(PluginResolutionError, match="which is installed but failed to load "
+                       r"\(ImportError: no module\)"):
+        resolve(["req_missing"], reg)
+
+
+def test_a_plugin_whose_explicit_entry_failed_to_load_is_named_as_failed_not_unknown(
+        monkeypatch):
+    monkeypatch.setenv("ACCELOPT_DISABLE_PLUGIN_AUTOLOAD", "1")
+    monkeypatch.setenv("ACCELOPT_PLUGINS", "plugins_for_tests:LIFO,no_such_module_notdc:PLUGIN")
+    with pytest.warns(RuntimeWarning, match="cannot load 'no_such_module_notdc:PLUGIN'"):
+        reg = Registry.discover()
+    with pytest.raises(PluginResolutionError, match=r"^plugin 'notdc' is not available: "
+                       r"ACCELOPT_PLUGINS entry 'no_such_module_notdc:PLUGIN' failed to load "
+                       r"\(ModuleNotFoundError: No module named 'no_such_module_notdc'\); fix "
+                       "that entry or remove it from \\+plugins$"):
+        resolve(["notdc"], reg)
+    with pytest.raises(PluginResolutionError, match=r"unknown plugin 'other' \(available: lifo\)"
+                       r".*\(ACCELOPT_PLUGINS entry 'no_such_module_notdc:PLUGIN' failed to "
+                       "load: ModuleNotFoundError"):
+        resolve(["other"], reg)
+
+
 def test_exclusive_slot_names_both():
     reg = registry(spec("srtf", slots=("scheduler",)), spec("fair", slots=("scheduler",)))
     with pytest.raises(PluginResolutionError, match="'srtf' and 'fair'.*'scheduler'"):

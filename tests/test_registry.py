@@ -7,7 +7,7 @@ from importlib.metadata import EntryPoint
 import pytest
 
 from accelopt.errors import PluginResolutionError
-from accelopt.plugin import Registry
+from accelopt.plugin import PluginWarning, Registry
 
 
 def test_builtin_plugins_come_through_entry_points():
@@ -118,8 +118,20 @@ def test_an_explicit_plugin_never_replaces_an_installed_one(tmp_path, monkeypatc
     (tmp_path / "fake_explicit.py").write_text(FAKE)
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv("ACCELOPT_PLUGINS", "fake_explicit:FAKE_SALUS")
-    with pytest.warns(UserWarning, match="'fake_explicit:FAKE_SALUS' is ignored: its plugin "
+    with pytest.warns(PluginWarning, match="'fake_explicit:FAKE_SALUS' is ignored: its plugin "
                       r"name 'salus' is taken by accelopt_plugins.salus:PLUGIN \(built-in\)"):
         registry = Registry.discover()
     assert registry.get("salus").description != "fake"
     assert "fake_explicit:FAKE_SALUS" in registry.broken
+
+
+def test_the_command_prints_a_plugin_warning_as_one_line_without_accelopts_source():
+    import warnings
+
+    from accelopt.cli.main import _one_line_for_plugins
+
+    formatted = _one_line_for_plugins(warnings.formatwarning)
+    assert formatted("ACCELOPT_PLUGINS: cannot load 'x:Y'", PluginWarning, "/a/plugin.py",
+                     114) == "warning: ACCELOPT_PLUGINS: cannot load 'x:Y'\n"
+    assert "/a/other.py:3: UserWarning: m" in formatted("m", UserWarning, "/a/other.py", 3)
+    assert _one_line_for_plugins(formatted) is formatted
