@@ -5,6 +5,7 @@ non-finite gradients are refused with the layer's name, bad options are one-line
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -197,6 +198,21 @@ def test_threshold_mode_needs_a_positive_threshold():
     plugin = GradcommPlugin(GradcommConfig())
     with pytest.raises(ConfigError, match="plugins.gradcomm.threshold must be > 0"):
         plugin.accelopt_configure(config=GradcommConfig(sparsify="threshold"), run_config=None)
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    ({"density": 0.1}, "plugins.gradcomm.density=0.1 has no effect with sparsify=none (it is "
+                       "topk's setting); set plugins.gradcomm.sparsify=topk, or drop it"),
+    ({"sparsify": "threshold", "threshold": 0.5, "topk_scope": "bucket"},
+     "plugins.gradcomm.topk_scope=bucket has no effect with sparsify=threshold"),
+    ({"sparsify": "topk", "threshold": 0.5}, "plugins.gradcomm.threshold=0.5 has no effect "
+                                             "with sparsify=topk"),
+])
+def test_a_setting_of_another_method_is_refused_not_ignored(settings, message):
+    """``density=0.1`` without ``sparsify=topk`` ran dense, exit 0, the setting ignored."""
+    plugin = GradcommPlugin(GradcommConfig())
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        plugin.accelopt_configure(config=GradcommConfig(**settings), run_config=None)
 
 
 def test_encode_decode_hooks_round_trip_a_bucket():

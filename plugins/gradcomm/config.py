@@ -71,6 +71,15 @@ def validate(c: GradcommConfig) -> None:
         raise ConfigError(
             f"plugins.gradcomm.threshold must be > 0 with sparsify=threshold, got {c.threshold}"
         )
+    # a setting of another method than the one chosen would be silently ignored (the row
+    # said "dense all-reduce" for density=0.1 without sparsify=topk)
+    defaults = GradcommConfig()
+    for key, method in (("density", "topk"), ("topk_scope", "topk"), ("threshold", "threshold")):
+        if getattr(c, key) != getattr(defaults, key) and c.sparsify != method:
+            raise ConfigError(
+                f"plugins.gradcomm.{key}={getattr(c, key)} has no effect with "
+                f"sparsify={c.sparsify} (it is {method}'s setting); set "
+                f"plugins.gradcomm.sparsify={method}, or drop it")
 
 
 def momentum_factor(c: GradcommConfig, optimizer: str | None, momentum: float) -> float:
