@@ -386,3 +386,34 @@ class SetConfig:
 
 SET_CONFIG = PluginSpec(name="setcfg", factory=lambda c: object(), config=SetConfig,
                         description="a config field OmegaConf cannot hold (test)")
+
+
+class CliMischief:
+    """Contributes commands named like core ones, and one whose body raises."""
+
+    def __init__(self, config: Any) -> None:
+        pass
+
+    @hookimpl
+    def accelopt_cli_commands(self) -> list[Any]:
+        from accelopt import CliCommand
+
+        def boom(args: list[str]) -> int:
+            raise ValueError("command exploded")
+
+        return [CliCommand("run", "hijack run", boom), CliCommand("plugins", "hijack", boom),
+                CliCommand("cmdraise", "raises", boom)]
+
+
+CLI_MISCHIEF = PluginSpec(name="climischief", factory=CliMischief,
+                          description="core command names and a raising command (test)")
+
+
+class CliNotAList:
+    @hookimpl
+    def accelopt_cli_commands(self) -> Any:
+        return "greet"
+
+
+CLI_NOT_A_LIST = PluginSpec(name="clibad", factory=lambda c: CliNotAList(),
+                            description="accelopt_cli_commands answers a str (test)")

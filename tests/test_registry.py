@@ -135,3 +135,38 @@ def test_the_command_prints_a_plugin_warning_as_one_line_without_accelopts_sourc
                      114) == "warning: ACCELOPT_PLUGINS: cannot load 'x:Y'\n"
     assert "/a/other.py:3: UserWarning: m" in formatted("m", UserWarning, "/a/other.py", 3)
     assert _one_line_for_plugins(formatted) is formatted
+
+
+def _main(monkeypatch, *args: str) -> int:
+    """``accelopt ARGS`` in this process (its warning format undone afterwards)."""
+    import warnings
+
+    from accelopt.cli.main import main
+
+    monkeypatch.setattr(warnings, "formatwarning", warnings.formatwarning)
+    with pytest.raises(SystemExit) as exited:
+        main(list(args))
+    return int(exited.value.code)
+
+
+def test_plugin_commands_never_shadow_core_ones_and_a_bad_one_breaks_no_help(monkeypatch,
+                                                                            capsys):
+    monkeypatch.setenv("ACCELOPT_PLUGINS", "plugins_for_tests:CLI_MISCHIEF,"
+                       "plugins_for_tests:CLI_NOT_A_LIST,plugins_for_tests:GREETER")
+    assert _main(monkeypatch, "--help") == 0
+    out = capsys.readouterr().out
+    contributed = out.split("commands contributed by installed plugins:")[1]
+    assert "hijack" not in contributed and "greet        say hello [greeter]" in contributed
+    assert "plugin 'climischief': command 'run' is a core command; ignored" in contributed
+    assert "plugin 'clibad' could not list its commands: plugin 'clibad' answered " \
+        "accelopt_cli_commands with str 'greet'; expected a list of accelopt.CliCommand" in out
+    assert _main(monkeypatch, "greet", "you") == 0
+    assert capsys.readouterr().out == "hello you\n"
+
+
+def test_a_plugin_command_that_raises_is_one_line_naming_the_plugin(monkeypatch, capsys):
+    monkeypatch.setenv("ACCELOPT_PLUGINS", "plugins_for_tests:CLI_MISCHIEF")
+    assert _main(monkeypatch, "cmdraise", "x") == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: plugin 'climischief': command 'cmdraise' raised ValueError: "
+                   "command exploded"]

@@ -15,9 +15,13 @@ import sys
 import threading
 import warnings
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from accelopt.errors import AccelOptError, Terminated, UserError, raise_terminated
 from accelopt.plugin import Registry
+
+if TYPE_CHECKING:
+    from accelopt.types import CliCommand
 
 CORE_COMMANDS: dict[str, str] = {
     "run": "run the configured workload (Hydra overrides; -m for a sweep)",
@@ -153,7 +157,7 @@ def dispatch(args: list[str], debug: bool) -> int:
     registry = Registry.discover()
     plugin_commands = plugin_cli_commands(registry)
     if command in plugin_commands:
-        return int(plugin_commands[command](rest) or 0)
+        return plugin_commands[command](rest)
     known = [*CORE_COMMANDS, *plugin_commands]
     close = difflib.get_close_matches(command, known, n=1)
     hint = f"; did you mean '{close[0]}'?" if close else ""
@@ -253,53 +257,74 @@ def hydra_overrides(args: list[str]) -> list[str]:
 
 
 def plugin_cli_commands(registry: Registry) -> dict[str, Callable[[list[str]], int]]:
-    """Subcommands contributed by installed plugins through ``accelopt_cli_commands``."""
+    """Subcommands contributed by installed plugins through ``accelopt_cli_commands``; what
+    could not be taken is a one-line warning each (:func:`contributed_commands`)."""
+    from accelopt.plugin import PluginWarning
+
+    contributed, refused = contributed_commands(registry)
+    for note in refused:
+        warnings.warn(note, PluginWarning, stacklevel=2)
+    return {name: _one_line_command(plugin, name, command.run)
+            for name, (plugin, command) in contributed.items()}
+
+
+def contributed_commands(registry: Registry) -> tuple[dict[str, tuple[str, CliCommand]],
+                                                      list[str]]:
+    """name -> (plugin, command) for every subcommand installed plugins contribute, and a note
+    for each one refused: a core command's name (``run`` stays accelopt's), a name another
+    plugin took first, or a plugin whose ``accelopt_cli_commands`` raised or answered what
+    is not a list of ``CliCommand`` (skipped, so one plugin cannot break the help of all)."""
     from accelopt.host import PluginHost
 
-    commands: dict[str, Callable[[list[str]], int]] = {}
+    commands: dict[str, tuple[str, CliCommand]] = {}
+    refused: list[str] = []
     for spec in registry.all():
         try:
-            host = PluginHost([(spec, spec.instantiate())])
-            answers = host.call("accelopt_cli_commands")
+            answers = PluginHost([(spec, spec.instantiate())]).call("accelopt_cli_commands")
         except Exception as exc:
-            warnings.warn(f"plugin '{spec.name}' could not list its commands: {exc}",
-                          RuntimeWarning, stacklevel=2)
+            refused.append(f"plugin '{spec.name}' could not list its commands: {exc}")
             continue
-        for answer in answers:
-            for command in answer or []:
-                if command.name in CORE_COMMANDS or command.name in commands:
-                    warnings.warn(f"plugin '{spec.name}': command '{command.name}' is already "
-                                  "taken; ignored", RuntimeWarning, stacklevel=2)
-                    continue
-                commands[command.name] = command.run
-    return commands
+        for command in (c for answer in answers for c in answer):
+            if command.name in CORE_COMMANDS:
+                refused.append(f"plugin '{spec.name}': command '{command.name}' is a core "
+                               "command; ignored (rename it)")
+            elif command.name in commands:
+                refused.append(f"plugin '{spec.name}': command '{command.name}' is already "
+                               f"taken by plugin '{commands[command.name][0]}'; ignored")
+            else:
+                commands[command.name] = (spec.name, command)
+    return commands, refused
+
+
+def _one_line_command(plugin: str, name: str,
+                      run: Callable[[list[str]], int | None]) -> Callable[[list[str]], int]:
+    """A contributed command whose own code raises is one line naming the plugin (exit 1;
+    a ``UserError`` keeps its line and exit 2), like an exception in a hook."""
+
+    def command(args: list[str]) -> int:
+        try:
+            return int(run(args) or 0)
+        except AccelOptError:
+            raise
+        except Exception as exc:
+            raise AccelOptError(f"plugin '{plugin}': command '{name}' raised "
+                                f"{type(exc).__name__}: {exc}") from exc
+
+    return command
 
 
 def _usage(registry: Registry) -> str:
     lines = [f"  {name:<12} {text}" for name, text in CORE_COMMANDS.items()]
-    contributed = plugin_command_help(registry)
+    with warnings.catch_warnings():  # a broken plugin is `accelopt plugins`' to report
+        warnings.simplefilter("ignore")
+        contributed, refused = contributed_commands(registry)
     if contributed:
         lines += ["", "commands contributed by installed plugins:"]
-        lines += [f"  {name:<12} {text}" for name, text in contributed.items()]
+        lines += [f"  {name:<12} {command.help} [{plugin}]"
+                  for name, (plugin, command) in contributed.items()]
+    if refused:
+        lines += ["", "not taken:"] + [f"  {note}" for note in refused]
     return USAGE + "\n".join(lines)
-
-
-def plugin_command_help(registry: Registry) -> dict[str, str]:
-    """name -> help of every subcommand installed plugins contribute."""
-    from accelopt.host import PluginHost
-
-    helps: dict[str, str] = {}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for spec in registry.all():
-            try:
-                answers = PluginHost([(spec, spec.instantiate())]).call("accelopt_cli_commands")
-            except Exception:
-                continue
-            for answer in answers:
-                for command in answer or []:
-                    helps.setdefault(command.name, f"{command.help} [{spec.name}]")
-    return helps
 
 
 if __name__ == "__main__":  # pragma: no cover
