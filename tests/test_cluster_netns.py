@@ -212,3 +212,27 @@ def test_the_documented_torchrun_commands_run_on_two_hosts(own_namespaces, tmp_p
     assert [j["status"] for j in record["jobs"]] == ["done", "done"]
     assert not list((tmp_path / "node1").glob("runs/*/*")), "other ranks write no outputs"
     assert len(own_namespaces) == 3 and not still_there(own_namespaces)
+
+
+@pytest.mark.root
+@needs_root
+@pytest.mark.timeout(60)
+def test_a_sigkilled_runs_namespaces_are_removed_by_the_next_shaped_run():
+    """A launcher killed by SIGKILL cannot delete its namespaces; nothing ever did. The next
+    run removes those whose owner's pid is gone, and leaves a live owner's alone."""
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()  # a pid that no longer exists (the dead launcher's)
+    orphan = f"accelopt-{child.pid}-dead00"
+    live = f"accelopt-{os.getpid()}-live00"
+    for name in (orphan, live):
+        subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        with netns.Namespace(Shape(10**9, None)) as ns:
+            assert orphan not in leftover_namespaces()
+            assert live in leftover_namespaces() and ns.name.startswith(f"accelopt-{os.getpid()}-")
+    finally:
+        for name in (orphan, live):
+            subprocess.run(["ip", "netns", "del", name], capture_output=True)

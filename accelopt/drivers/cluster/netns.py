@@ -150,7 +150,8 @@ class _Namespaces:
     with-block is skipped by a hard exit of the interpreter."""
 
     def __init__(self) -> None:
-        self.token = secrets.token_hex(4)
+        # the owner's pid in every name: a later run removes what a SIGKILLed one left
+        self.token = f"{os.getpid()}-{secrets.token_hex(3)}"
         self.names: list[str] = []
         self._closed = True
 
@@ -159,6 +160,7 @@ class _Namespaces:
 
     def __enter__(self: _Owner) -> _Owner:
         check_possible()
+        remove_orphaned_namespaces()
         self._closed = False
         atexit.register(self.close)
         try:
@@ -187,7 +189,7 @@ class _Namespaces:
 
 
 class Namespace(_Namespaces):
-    """``with Namespace(shape) as ns:`` creates ``accelopt-<random>``, brings its ``lo`` up
+    """``with Namespace(shape) as ns:`` creates ``accelopt-<pid>-<random>``, brings its ``lo`` up
     and shapes it: the ``shared`` topology."""
 
     def __init__(self, shape: Shape) -> None:
@@ -214,8 +216,8 @@ class Namespace(_Namespaces):
 
 class HostNetwork(_Namespaces):
     """``with HostNetwork(links) as net:`` creates one host namespace per link
-    (``accelopt-<random>-h<rank>``, address ``10.77.0.<rank+1>`` on ``eth0``) and a switch
-    namespace (``accelopt-<random>-sw``) whose bridge joins them: the ``hosts`` topology.
+    (``accelopt-<pid>-<random>-h<rank>``, address ``10.77.0.<rank+1>`` on ``eth0``) and a switch
+    namespace (``accelopt-<pid>-<random>-sw``) whose bridge joins them: the ``hosts`` topology.
     ``links[r]`` shapes host r's link in both directions; a latency is added once per
     direction, on the sending host's ``eth0``, so any two hosts are that far apart."""
 
@@ -303,6 +305,34 @@ def tx_bytes(interface: str = "lo") -> int | None:
     except OSError:
         return None
     return None
+
+
+def remove_orphaned_namespaces() -> list[str]:
+    """Delete the namespaces of runs whose process is gone; return their names.
+
+    Why: a launcher killed by SIGKILL (``timeout -s KILL`` in CI, the OOM killer) takes its
+    ranks with it but cannot run its cleanup, and nothing else would ever delete its
+    namespaces and their shaping. Each name carries its owner's pid
+    (``accelopt-<pid>-<random>...``); only those whose pid no longer exists are removed, never a
+    live run's, and never a name of another form."""
+    removed = []
+    for name in leftover_namespaces():
+        pid = name.split("-")[1]
+        if not pid.isdigit() or _alive(int(pid)):
+            continue
+        if _run("ip", "netns", "del", name).returncode == 0:
+            removed.append(name)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
 
 
 def leftover_namespaces() -> list[str]:
