@@ -357,3 +357,24 @@ def test_a_wrong_answer_in_a_run_stops_it_naming_the_plugin_not_failing_the_jobs
                        "accelopt_after_forward with Tensor .*requires grad"):
         run_tiny(PluginSpec(name="detaches", factory=Detaches),
                  overrides=["cluster.mode=none", "run.compare=none"])
+
+
+class RefusesToReport:
+    def __init__(self, config: object) -> None:
+        pass
+
+    @hookimpl
+    def accelopt_report_rows(self, run):
+        raise RuntimeError("cannot report")
+
+
+@pytest.mark.timeout(120)
+def test_a_hook_raising_after_the_jobs_ended_is_not_placed_at_an_iteration(run_tiny):
+    """report_rows runs after every job ended: the rank's last progress mark is not where."""
+    from accelopt.errors import RankFailed
+
+    with pytest.raises(RankFailed, match="raised PluginHookError: plugin 'refuses' raised in "
+                       "hook accelopt_report_rows: RuntimeError: cannot report after its jobs "
+                       "ended; the cluster run was stopped"):
+        run_tiny(PluginSpec(name="refuses", factory=RefusesToReport),
+                 overrides=["cluster.mode=ps", "run.compare=none"])

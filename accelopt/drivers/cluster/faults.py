@@ -82,6 +82,10 @@ def die_with_launcher(launcher_pid: int) -> None:
     threading.Thread(target=watch, name="accelopt-launcher-watch", daemon=True).start()
 
 
+JOBS_ENDED = -1
+"""The progress mark of a rank whose jobs have all ended."""
+
+
 class Progress:
     """The iteration a rank is in, readable by the parent even after a SIGKILL."""
 
@@ -93,6 +97,11 @@ class Progress:
     def set(self, iteration: int) -> None:
         self.iteration = iteration
         os.pwrite(self._fd, f"{iteration:>12}".encode(), 0)
+
+    def jobs_ended(self) -> None:
+        """Past the last iteration (the plugins report, the results are gathered): a failure
+        now is not 'at iteration N', the last one this rank ran."""
+        self.set(JOBS_ENDED)
 
     @staticmethod
     def read(workdir: str | os.PathLike[str], rank: int) -> int | None:
@@ -158,6 +167,8 @@ def error_text(exc: BaseException) -> str:
 
 
 def where(iteration: int | None) -> str:
+    if iteration == JOBS_ENDED:
+        return "after its jobs ended"
     return "before its first iteration" if iteration is None else f"at iteration {iteration}"
 
 

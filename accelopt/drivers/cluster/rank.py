@@ -300,6 +300,8 @@ def run_rank(cfg: DictConfig, settings: ClusterSettings, *, rank: int, world: in
     driver = ClusterDriver(cfg, jobs, plugins, rank=rank, device=device, progress=progress,
                            clock=jobs[0].now)
     driver.run()
+    if progress is not None:
+        progress.jobs_ended()
     if jobs_ended is not None and rank == 0:
         jobs_ended.set()
     result = RankResult(rank=rank, role=role, pid=os.getpid(), device=str(device),
