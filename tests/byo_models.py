@@ -338,3 +338,10 @@ class RaisesAfter(nn.Module):
 
 def raises_after(*, input_shape, num_classes, after: int = 2) -> nn.Module:
     return RaisesAfter(input_shape, num_classes, after)
+
+
+def too_wide(*, input_shape, num_classes) -> nn.Module:
+    """A first layer for 999 features, whatever the dataset gives: a mis-fit the model only
+    shows in forward."""
+    return nn.Sequential(nn.Flatten(), nn.Linear(999, num_classes))
+

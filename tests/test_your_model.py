@@ -392,3 +392,44 @@ def test_the_documented_cli_examples_run_with_the_documented_modules(tmp_path, m
         run_in_process(*args, *short, run_dir=out)
         (job,) = json.loads((out / "metrics.json").read_text())["jobs"]
         assert job["status"] == "done" and job["quality"] is not None, (args, job)
+
+
+def test_a_model_output_the_default_loss_cannot_take_is_one_line_with_the_fix():
+    """A mapping without logits, or a sequence model's per-token logits, met the default
+    cross-entropy as a raw torch error ("argument 'input' must be Tensor, not dict",
+    "Expected target size [4, 7], got [4, 5]") naming neither the output nor the fix."""
+    from accelopt.errors import UserError
+    from accelopt.job.job import job_loss
+
+    loss = job_loss(None)
+    y = torch.randint(7, (4,))
+    assert loss(torch.randn(4, 7), y).dim() == 0  # logits [batch, classes]: as before
+    with pytest.raises(UserError, match=r"the model's output \(a dict with keys scores\) has "
+                                        "no logits the default loss can use: return the logits"):
+        loss({"scores": torch.randn(4, 7)}, y)
+    with pytest.raises(UserError, match=r"cross-entropy of logits \(4, 5, 7\) float32 against "
+                                        r"labels \(4, 5\) int64: a sequence model's per-token "
+                                        r"logits; let the model compute its loss \(loss=model"):
+        loss(torch.randn(4, 5, 7), torch.randint(7, (4, 5)))
+
+
+def test_a_model_that_does_not_take_the_datasets_batches_says_which_batch(tmp_path, monkeypatch):
+    """It failed "while profiling: RuntimeError: mat1 and mat2 shapes cannot be multiplied",
+    naming neither the batch nor where to look."""
+    import os
+
+    import accelopt
+
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent) + os.pathsep
+                       + os.environ.get("PYTHONPATH", ""))
+    job = '{name:m,model:"byo_models:too_wide",dataset:digits,iterations:2,batch_size:8}'
+    record = accelopt.run(["workload=tiny", f"workload.jobs=[{job}]", "cluster.mode=none",
+                           "run.compare=none", "run.progress=false"], run_dir=tmp_path / "run")
+    (result,) = record.jobs
+    assert result.status == "failed"
+    assert result.error.startswith("its first iteration (measuring its memory, before "
+                                   "training) raised RuntimeError: mat1 and mat2 shapes "), \
+        result.error
+    assert "its batch: inputs (8, 1, 8, 8) float32, labels (8,) (check that the model " \
+        "takes the dataset's inputs: docs/your-model.md)" in result.error
+

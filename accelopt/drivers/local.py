@@ -33,6 +33,7 @@ from accelopt.drivers.scheduling import arrival_key, choose_next
 from accelopt.errors import UserError, raised_by_hook
 from accelopt.host import PluginHost
 from accelopt.job import Job, StepEvents
+from accelopt.job.job import first_step_failed
 from accelopt.records import JobResult, Span
 from accelopt.types import (
     AllocationDecision,
@@ -230,7 +231,7 @@ class Executor:
                 raise UserError(f"a job with id {job.info.job_id!r} was already submitted")
         entry = _Entry(job, JobResult(job.info), order=len(self._entries))
         if not self._profiled(entry):  # profiled in the caller's thread, outside the lock
-            raise UserError(f"job {job.info.name!r} failed while profiling: {entry.result.error}")
+            raise UserError(f"job {job.info.name!r} failed: {entry.result.error}")
         with self._cv:
             job.info = dataclasses.replace(job.info, arrival_s=self.now() - self._origin)
             entry.result.job = job.info
@@ -302,7 +303,7 @@ class Executor:
             entry.job.with_profile(self.profiler(entry.job))
         except Exception as exc:
             with self._cv:
-                self._finish(entry, "failed", f"while profiling: {type(exc).__name__}: {exc}")
+                self._finish(entry, "failed", first_step_failed(entry.job, exc))
             return False
         entry.result.job = entry.job.info
         return True

@@ -511,15 +511,66 @@ def job_loss(dataset: Any) -> Callable[[Any, torch.Tensor], torch.Tensor]:
     (:func:`logits_of`: a tuple's first element, a ``ModelOutput``'s ``logits``). A model
     output that has a ``loss_against(y)`` method computes its own loss (a sampled output
     layer only knows which logits it computed once it sees the targets)."""
-    base = getattr(dataset, "loss_fn", None) or nn.CrossEntropyLoss()
+    own_fn = getattr(dataset, "loss_fn", None)
+    base = own_fn or nn.CrossEntropyLoss()
 
     def loss(out: Any, y: torch.Tensor) -> torch.Tensor:
         if type(out) is torch.Tensor:  # logits as they are (a plain tensor has no loss_against)
-            return base(out, y)
-        own = getattr(out, "loss_against", None)
-        return own(y) if callable(own) else base(logits_of(out), y)
+            logits = out
+        else:
+            own = getattr(out, "loss_against", None)
+            if callable(own):
+                return own(y)
+            logits = logits_of(out)
+        if own_fn is not None:
+            return base(logits, y)
+        try:
+            return base(logits, y)
+        except (TypeError, RuntimeError, ValueError, IndexError) as exc:
+            raise UserError(_misfit(out, logits, y, exc)) from None
 
     return loss
+
+
+def first_step_failed(job: Job, exc: BaseException) -> str:
+    """The line for a job whose first iteration raised (the one run to measure its memory
+    profile, before it trained): the error and the batch the model was given, since that is
+    where a model that does not take the dataset's batches fails (an input width or dtype it
+    was not built for), and a raw "mat1 and mat2 shapes cannot be multiplied" names neither."""
+    first = (str(exc).strip().splitlines() or [""])[0]
+    if isinstance(exc, UserError):
+        return first
+    try:
+        x, y = job.dataset.batch(0, job.info.batch_size)
+        kind = str(inputs.tensors(x)[0].dtype).removeprefix("torch.")
+        batch = (f"; its batch: inputs {inputs.describe(x)} {kind}, labels {tuple(y.shape)} "
+                 "(check that the model takes the dataset's inputs: docs/your-model.md)")
+    except Exception:  # noqa: BLE001 - the batch is a hint; the error is the message
+        batch = ""
+    return (f"its first iteration (measuring its memory, before training) raised "
+            f"{type(exc).__name__}: {first}{batch}")
+
+
+def _misfit(out: Any, logits: Any, y: torch.Tensor, exc: Exception) -> str:
+    """One line on why the default loss (cross-entropy of the logits against class indices)
+    cannot take this model's output, with the fix: a raw torch error ("argument 'input' must
+    be Tensor, not dict", "Expected target size [16, 200]") named neither."""
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    if not isinstance(logits, torch.Tensor):
+        keys = f" with keys {', '.join(map(str, out))}" if isinstance(out, Mapping) else ""
+        return (f"the model's output (a {type(out).__name__}{keys}) has no logits the default "
+                "loss can use: return the logits tensor, a tuple starting with it, or a "
+                "mapping/ModelOutput with 'logits' (or give the dataset a loss_fn, or use "
+                "loss=model for a model that computes its own)")
+    shapes = f"logits {tuple(logits.shape)} {str(logits.dtype).removeprefix('torch.')} " \
+             f"against labels {tuple(y.shape)} {str(y.dtype).removeprefix('torch.')}"
+    if logits.dim() == 3 and y.dim() == 2:
+        return (f"cross-entropy of {shapes}: a sequence model's per-token logits; let the "
+                "model compute its loss (loss=model, called with labels=) or give the dataset "
+                "a loss_fn")
+    return (f"cross-entropy of {shapes} failed ({type(exc).__name__}: {first}); the default "
+            "loss takes logits [batch, classes] and class indices [batch] (else give the "
+            "dataset a loss_fn, or use loss=model)")
 
 
 def logits_of(out: Any) -> Any:
