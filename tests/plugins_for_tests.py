@@ -417,3 +417,14 @@ class CliNotAList:
 
 CLI_NOT_A_LIST = PluginSpec(name="clibad", factory=lambda c: CliNotAList(),
                             description="accelopt_cli_commands answers a str (test)")
+
+
+class OptimizerBuildRaises:
+    @hookimpl
+    def accelopt_optimizer_build(self, job: Any, optimizer: Any, parameters: Any,
+                                 previous: Any) -> None:
+        raise RuntimeError("optimizer_build exploded")
+
+
+OPTIMIZER_BUILD_RAISES = PluginSpec(name="optboom", factory=lambda c: OptimizerBuildRaises(),
+                                    description="raises in accelopt_optimizer_build (test)")

@@ -378,3 +378,18 @@ def test_a_hook_raising_after_the_jobs_ended_is_not_placed_at_an_iteration(run_t
                        "ended; the cluster run was stopped"):
         run_tiny(PluginSpec(name="refuses", factory=RefusesToReport),
                  overrides=["cluster.mode=ps", "run.compare=none"])
+
+
+@pytest.mark.timeout(120)
+def test_a_server_plugin_raising_before_the_workers_joined_prints_one_line(tmp_path):
+    """The workers, still setting up their gloo groups through rank 0's store, lose it: their
+    store clients' C++ warnings (~50 lines of stack frames) are not printed."""
+    from clirun import accelopt
+
+    result = accelopt("run", "+plugins=[optboom]", "workload=tiny", "cluster.mode=ps",
+                      "run.compare=none", "run.progress=false", cwd=tmp_path,
+                      ACCELOPT_PLUGINS="plugins_for_tests:OPTIMIZER_BUILD_RAISES")
+    assert result.returncode == 1
+    assert "frame #" not in result.stderr, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines()[-1].startswith("error: rank 0 (server, pid ")
+    assert len(result.stderr.strip().splitlines()) <= 2, result.stderr[-3000:]

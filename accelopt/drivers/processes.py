@@ -24,6 +24,18 @@ the garbage collector paused, then frozen (``drivers/rank_preload.py`` says why)
 PRELOAD_DDP = ["accelopt.drivers.rank_preload_ddp"]
 """The same and dynamo, for ranks that wrap their models in ``DistributedDataParallel``
 (all-reduce mode), whose constructor imports it: once in the forkserver, not in each rank."""
+CPP_LOG_LEVEL = "TORCH_CPP_LOG_LEVEL"
+
+
+def quiet_cpp_warnings() -> None:
+    """Torch's C++ log level ERROR in the ranks, unless the user chose one. Why: when a rank
+    dies (a plugin raising on a server while the workers still set up their gloo groups),
+    each peer's store client logs its broken socket as a warning with ~40 C++ stack frames,
+    ~50 lines before the launcher's one line naming the rank that failed and why. Torch reads
+    the level when it is imported, so the forkserver's preload calls this before torch."""
+    os.environ.setdefault(CPP_LOG_LEVEL, "ERROR")
+
+
 SCRATCH_PREFIX = "accelopt-rank"
 """Under torchrun, a rank other than 0 whose command names no ``hydra.run.dir`` runs in a
 temporary directory with this prefix (``cli/hydra_run.py``), removed when it ends."""

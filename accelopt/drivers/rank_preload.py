@@ -27,6 +27,10 @@ import signal
 # preload is done: ignore it here for the preload, then hand back what was there.
 _sigint = signal.signal(signal.SIGINT, signal.SIG_IGN)
 
+from accelopt.drivers.processes import quiet_cpp_warnings  # noqa: E402
+
+quiet_cpp_warnings()  # before torch: it reads the level when imported
+
 from accelopt.collector import collector_paused  # noqa: E402
 from accelopt.drivers.lazy_dynamo import defer_dynamo_import  # noqa: E402
 

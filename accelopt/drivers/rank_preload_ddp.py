@@ -15,6 +15,10 @@ import signal
 
 _sigint = signal.signal(signal.SIGINT, signal.SIG_IGN)  # as rank_preload: no traceback on Ctrl-C
 
+from accelopt.drivers.processes import quiet_cpp_warnings  # noqa: E402
+
+quiet_cpp_warnings()  # before torch: it reads the level when imported
+
 from accelopt.collector import collector_paused  # noqa: E402
 
 with collector_paused():
