@@ -533,6 +533,18 @@ def _check_decoded(plugin: str, answer: Any, args: tuple[Any, ...]) -> str | Non
             "tensor accelopt_transfer_encode replaced)")
 
 
+def _check_encoded(plugin: str, answer: Any, args: tuple[Any, ...]) -> str | None:
+    import torch
+
+    if args[0].destination != -1:  # a PS payload may become any picklable object
+        return None
+    if isinstance(answer, torch.Tensor) or (
+            isinstance(answer, tuple) and all(isinstance(p, torch.Tensor) for p in answer)):
+        return None
+    return ("an all-reduce payload: a torch.Tensor (summed) or a tuple of tensors (gathered) "
+            f"for transfer '{args[0].tensor}'")
+
+
 AnswerCheck = Callable[[str, Any, tuple[Any, ...]], "str | None"]
 
 ANSWER_CHECKS: dict[str, AnswerCheck] = {
@@ -551,6 +563,7 @@ ANSWER_CHECKS: dict[str, AnswerCheck] = {
 """hook -> the check of each plugin's answer that is not ``None`` (see above)."""
 
 CHAIN_RESULT_CHECKS: dict[str, AnswerCheck] = {
+    "accelopt_transfer_encode": _check_encoded,
     "accelopt_transfer_decode": _check_decoded,
 }
 """hook -> the check of a chained hook's final value, when a plugin changed it (one link

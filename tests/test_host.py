@@ -327,6 +327,24 @@ def test_a_payload_no_decoder_turned_back_into_a_tensor_names_the_decoder():
                       lambda p: {"record": _record(), "payload": p}).shape == (1,)
 
 
+def test_an_all_reduce_payload_an_encoder_made_no_tensor_names_the_encoder():
+    from accelopt.types import TransferRecord
+
+    class Packs:
+        @hookimpl
+        def accelopt_transfer_encode(self, record, payload):
+            return "packed"
+
+    host = host_of(("packs", Packs()))
+    bucket = TransferRecord("00-j", 0, 0, -1, "bucket0", 4, 0, "gradient")
+    with pytest.raises(PluginHookError, match="plugin 'packs' answered accelopt_transfer_encode "
+                       "with str 'packed'; expected an all-reduce payload: a torch.Tensor"):
+        host.chain("accelopt_transfer_encode", torch.ones(1),
+                   lambda p: {"record": bucket, "payload": p})
+    assert host.chain("accelopt_transfer_encode", torch.ones(1),  # PS: any picklable object
+                      lambda p: {"record": _record(), "payload": p}) == "packed"
+
+
 def test_a_user_error_a_hook_raises_names_the_plugin_and_the_hook():
     from accelopt import UserError
 
