@@ -113,6 +113,10 @@ class Registry:
     named: dict[str, str] = field(default_factory=dict)
     """name -> ``module:attr`` of the specs loaded from ``ACCELOPT_PLUGINS``."""
 
+    failed_references: dict[str, str] = field(default_factory=dict)
+    """``module:attr`` -> why, for the ``ACCELOPT_PLUGINS`` entries that did not load (a
+    spec that never loaded has no name the registry could know it by)."""
+
     clashes: dict[str, str] = field(default_factory=dict)
     """name -> why it cannot be used: two installed packages declare it (which one is meant
     is not ours to guess, so neither is; the one line names both)."""
@@ -180,14 +184,9 @@ class Registry:
             spec = self._load_entry_point(self.entry_points[name])
             if spec is not None:
                 return spec
-        raise unknown_plugin_error(name, self.names(), self.broken.get(name),
-                                   self.failed_references())
-
-    def failed_references(self) -> dict[str, str]:
-        """``module:attr`` -> why, for the ``ACCELOPT_PLUGINS`` entries that did not load (a
-        plugin whose spec never loaded has no name the registry could know)."""
-        return {ref: why for ref, why in self.broken.items()
-                if ":" in ref and " (" not in ref and ref not in self.entry_points}
+        installed_but_broken = self.broken.get(name) if name in self.entry_points else None
+        raise unknown_plugin_error(name, self.names(), installed_but_broken,
+                                   self.failed_references)
 
     def all(self) -> list[PluginSpec]:
         """Import every installed plugin (broken ones become warnings)."""
@@ -221,7 +220,7 @@ class Registry:
             spec = getattr(import_module(module), attr or "PLUGIN")
             _check_spec(spec, ref)
         except Exception as exc:
-            self.broken[ref] = f"{type(exc).__name__}: {exc}"
+            self.broken[ref] = self.failed_references[ref] = f"{type(exc).__name__}: {exc}"
             warnings.warn(f"{EXPLICIT_PLUGINS_ENV}: cannot load {ref!r}: {self.broken[ref]}",
                           PluginWarning, stacklevel=2)
             return

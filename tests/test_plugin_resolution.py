@@ -96,6 +96,15 @@ def test_a_plugin_whose_explicit_entry_failed_to_load_is_named_as_failed_not_unk
                        r".*\(ACCELOPT_PLUGINS entry 'no_such_module_notdc:PLUGIN' failed to "
                        "load: ModuleNotFoundError"):
         resolve(["other"], reg)
+    monkeypatch.setenv("ACCELOPT_PLUGINS", "no_such_module_notdc")  # attr PLUGIN by default
+    with pytest.warns(RuntimeWarning):
+        reg = Registry.discover()
+    with pytest.raises(PluginResolutionError, match=r"^plugin 'notdc' is not available: "
+                       r"ACCELOPT_PLUGINS entry 'no_such_module_notdc' failed to load"):
+        resolve(["notdc"], reg)
+    with pytest.raises(PluginResolutionError, match="ACCELOPT_PLUGINS entry "
+                       "'no_such_module_notdc' failed to load"):
+        resolve(["no_such_module_notdc"], reg)
 
 
 def test_exclusive_slot_names_both():
