@@ -248,12 +248,16 @@ class PluginHost:
     def _named(self, exc: AccelOptError, hook: str, impls: list[Any]) -> None:
         """An error a plugin raised on purpose (a ``UserError`` refusing a setting) keeps its
         own message and exit code, and gains the plugin and the hook it came from: with
-        several plugins selected, the user must not have to guess which one refused."""
+        several plugins selected, the user must not have to guess which one refused. A
+        configure refusal that names its plugin already (``plugins.NAME.key: ...``, the
+        documented form) is left as it is: it is about a setting, before anything runs."""
         exc.hook = hook
         if isinstance(exc, PluginHookError):
             return
         owner = self._owner_of(exc, impls)
         text = str(exc)
+        if hook == "accelopt_configure" and re.search(rf"\b{re.escape(owner)}\b", text):
+            return  # a setting refused up front, named as the docs show (plugins.NAME.key: ...)
         exc.args = (f"{text} [plugin '{owner}', {hook}]",) if text else (
             f"plugin '{owner}' raised {type(exc).__name__} in {hook}",)
 

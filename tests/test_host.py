@@ -360,6 +360,16 @@ def test_a_user_error_a_hook_raises_names_the_plugin_and_the_hook():
                                "[plugin 'refuses', accelopt_iteration_start]")
     assert info.value.exit_code == 2
 
+    class RefusesASetting:
+        @hookimpl
+        def accelopt_configure(self, config, run_config):
+            raise UserError("plugins.refuses.policy: unknown policy 'x'; use one of a, b")
+
+    with pytest.raises(UserError, match=r"^plugins.refuses.policy: unknown policy 'x'; use one "
+                       "of a, b$"):  # names its plugin already, as documented
+        host_of(("refuses", RefusesASetting())).call_one(
+            "refuses", "accelopt_configure", config=None, run_config=None)
+
 
 class Detaches:
     def __init__(self, config: object) -> None:
