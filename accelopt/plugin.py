@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+import re
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -87,12 +88,15 @@ class PluginSpec:
 
     def instantiate(self, config: Any | None = None) -> object:
         """The plugin object, built by ``factory``. A factory that raises is one line naming
-        the plugin (a ``UserError`` keeps exit code 2, anything else exits 1): a third
-        party's bug must not surface as a traceback out of Hydra that names no plugin."""
+        the plugin (a ``UserError`` keeps its class and exit code 2, and its message where it
+        names the plugin already; anything else exits 1): a third party's bug must not
+        surface as a traceback out of Hydra that names no plugin."""
         try:
             return self.factory(self.default_config() if config is None else config)
-        except UserError as exc:
-            raise UserError(f"plugin '{self.name}' could not be created: {exc}") from exc
+        except UserError as exc:  # refused a setting on purpose: its own class and exit code
+            if not re.search(rf"\b{re.escape(self.name)}\b", str(exc)):
+                exc.args = (f"plugin '{self.name}' could not be created: {exc}",)
+            raise
         except Exception as exc:
             raise AccelOptError(f"plugin '{self.name}' could not be created: "
                                 f"{type(exc).__name__}: {exc}") from exc

@@ -196,3 +196,19 @@ def test_a_plugin_that_cannot_be_built_is_one_line_naming_it(tmp_path, ref, name
                       ACCELOPT_PLUGINS=f"plugins_for_tests:{ref}")
     assert result.returncode == code, result.stderr[-2000:]
     assert result.stderr.strip().splitlines() == [line]
+
+
+def test_a_factory_refusing_a_setting_keeps_its_error_and_gains_the_plugins_name():
+    from accelopt.errors import ConfigError
+
+    def refuses(config):
+        raise ConfigError("unknown policy 'nope'")
+
+    with pytest.raises(ConfigError, match="^plugin 'pol' could not be created: unknown policy"):
+        PluginSpec(name="pol", factory=refuses).instantiate()
+
+    def names_itself(config):
+        raise ConfigError("plugins.pol.policy: unknown policy 'nope'")
+
+    with pytest.raises(ConfigError, match="^plugins.pol.policy: unknown policy 'nope'$"):
+        PluginSpec(name="pol", factory=names_itself).instantiate()
