@@ -256,6 +256,26 @@ class Wrong:
         return None  # keeps what arrived
 
 
+class WrapsAnswers:
+    """A wrapper on hooks whose answers are checked: pluggy then runs the call."""
+
+    @hookimpl(wrapper=True)
+    def accelopt_allocate(self, request):
+        return (yield)
+
+    @hookimpl(wrapper=True)
+    def accelopt_report_rows(self, run):
+        return (yield)
+
+    @hookimpl(wrapper=True)
+    def accelopt_after_forward(self, context, loss):
+        return (yield)
+
+    @hookimpl(wrapper=True)
+    def accelopt_state_save(self, job):
+        return (yield)
+
+
 def _record(tensor: str = "w"):
     from accelopt.types import TransferRecord
 
@@ -288,7 +308,7 @@ def test_an_answer_the_core_cannot_use_is_one_line_naming_plugin_hook_and_type(a
     """A wrong type is refused where it is given (not an AttributeError deep in the core, not
     a job's failure, not silently ignored), with wrappers involved or not."""
     for host in (host_of(("wrong", Wrong(answer))),
-                 host_of(("wrapper", Wrapper()), ("wrong", Wrong(answer)))):
+                 host_of(("wrapper", WrapsAnswers()), ("wrong", Wrong(answer)))):
         for hook, call in _wrong_calls(host).items():
             with pytest.raises(PluginHookError) as info:
                 call()
