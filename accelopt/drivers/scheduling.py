@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from accelopt.errors import AccelOptError
 from accelopt.host import PluginHost
 from accelopt.types import JobInfo, JobState
 
@@ -40,14 +39,10 @@ def choose_next(host: PluginHost, lane: str, ready: Sequence[JobState], now_s: f
     """The ``job_id`` of the ready job that runs next in ``lane`` (``ready`` is not empty).
 
     With a single ready job the choice is forced and the hook is not asked. An answer that
-    names no ready job of the lane is an error naming the hook and the ready jobs."""
+    names no ready job of the lane is refused by the host, naming the plugin and the ready
+    jobs (``hookspecs.ANSWER_CHECKS``)."""
     if len(ready) > 1 and host.implements(HOOK):
         job_id = host.call(HOOK, lane=lane, ready=list(ready), now_s=now_s)
         if job_id is not None:
-            if not any(s.job.job_id == job_id for s in ready):
-                raise AccelOptError(
-                    f"{HOOK} returned {job_id!r}, which is not a ready job of lane '{lane}' "
-                    f"(ready: {', '.join(s.job.job_id for s in ready)})"
-                )
             return str(job_id)
     return min(ready, key=arrival_order).job.job_id

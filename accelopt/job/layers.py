@@ -11,7 +11,6 @@ import dataclasses
 
 from torch import nn
 
-from accelopt.errors import AccelOptError
 from accelopt.host import PluginHost
 from accelopt.types import JobInfo, LayerOffer
 
@@ -29,13 +28,10 @@ def offer_layers(model: nn.Module, job: JobInfo, host: PluginHost) -> nn.Module:
     index = 0
 
     def build(offer: LayerOffer) -> nn.Module:
-        out = host.chain(HOOK, offer.module,
-                         lambda m: {"layer": dataclasses.replace(offer, module=m)})
-        if not isinstance(out, nn.Module):
-            raise AccelOptError(f"{HOOK} returned {type(out).__name__} for layer "
-                                f"'{offer.path or '<model>'}' of job '{job.name}', not a "
-                                "torch.nn.Module; return a module or None")
-        return out
+        # an answer that is not a module is refused by the host, naming the plugin
+        # (hookspecs.ANSWER_CHECKS)
+        return host.chain(HOOK, offer.module,
+                          lambda m: {"layer": dataclasses.replace(offer, module=m)})
 
     def visit(parent: nn.Module, prefix: str) -> None:
         nonlocal index
