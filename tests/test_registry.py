@@ -144,8 +144,13 @@ def _main(monkeypatch, *args: str) -> int:
     from accelopt.cli.main import main
 
     monkeypatch.setattr(warnings, "formatwarning", warnings.formatwarning)
-    with pytest.raises(SystemExit) as exited:
+    # the plugins' warnings are what these tests provoke: recorded here, not left to
+    # pytest's summary
+    with pytest.raises(SystemExit) as exited, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         main(list(args))
+    assert all(issubclass(w.category, PluginWarning) for w in caught), [
+        str(w.message) for w in caught]
     return int(exited.value.code)
 
 
