@@ -62,9 +62,9 @@ def refuse_finished(old_dir: Path, resume_finished: bool) -> None:
 def carry_checkpoints(source: Path, target_dir: Path) -> int:
     """Put the checkpoints under ``source`` (the resumed run's checkpoint directory) into
     ``target_dir`` (the new run's), as hard links (a copy across filesystems), before the
-    resumed run starts, so that the new directory holds the state it started from: a resumed run that stops again, before its
-    own first checkpoint or while starting, is resumed from there rather than from the
-    beginning. A file already there is left as it is (the ranks of a torchrun resume each
+    resumed run starts, so that the new directory holds the state it started from: a
+    resumed run that stops again, before its own first checkpoint or while starting, is
+    resumed from there rather than from the beginning. A file already there is left as it is (the ranks of a torchrun resume each
     carry into the same directory). The old files are never written: a later checkpoint of
     the new run replaces its own entry (temp file + rename) or unlinks it. Returns the number
     of files carried."""
