@@ -222,14 +222,21 @@ class PluginHost:
         from :data:`_CALLER` for the hook's number of arguments."""
         spec_args = self._spec_args[hook]
         check = hookspecs.ANSWER_CHECKS.get(hook)
-        plain = [_checked(_invoker(i, spec_args), i.plugin_name, hook, check)
-                 for i in reversed(impls) if not _wraps(i)]
-        wrapped = len(plain) != len(impls)
-        single = plain[0] if len(plain) == 1 and not wrapped else None
+        direct = [i for i in reversed(impls) if not _wraps(i)]
+        wrapped = len(direct) != len(impls)
+        if len(direct) == 1 and not wrapped:  # the common case: its check inlined in the
+            # caller, so an answer of None (most calls) costs one comparison, not a frame
+            single = _invoker(direct[0], spec_args)
+            return _caller_factory(len(spec_args))(
+                hook=hook, impls=impls, spec_args=spec_args, firstresult=firstresult,
+                single=single, several=(), wrapped=False, hookexec=self.pm._hookexec,
+                host=self, check=check, single_name=direct[0].plugin_name)
+        plain = [_checked(_invoker(i, spec_args), i.plugin_name, hook, check) for i in direct]
         return _caller_factory(len(spec_args))(
             hook=hook, impls=impls, spec_args=spec_args, firstresult=firstresult,
-            single=single, several=() if single is not None or wrapped else tuple(plain),
-            wrapped=wrapped, hookexec=self.pm._hookexec, host=self, check=check)
+            single=None, several=() if wrapped else tuple(plain),
+            wrapped=wrapped, hookexec=self.pm._hookexec, host=self, check=check,
+            single_name="")
 
     def _check_wrapped(self, hook: str, impls: list[Any], result: Any, firstresult: bool,
                        args: tuple[Any, ...]) -> Any:
@@ -279,7 +286,7 @@ class PluginHost:
 
 _CALLER = """
 def make(hook, impls, spec_args, firstresult, single, several, wrapped, hookexec, host,
-         check):
+         check, single_name):
     def call({args}):
         _acquire()  # acquire/release, not `with`: a third of the cost on this hot path
         trace = host.trace
@@ -287,6 +294,8 @@ def make(hook, impls, spec_args, firstresult, single, several, wrapped, hookexec
         try:
             if single is not None:  # the common case: one plugin, no wrapper
                 answer = single({args})
+                if answer is not None and check is not None:
+                    _check_answer(single_name, hook, check, answer, ({args}{comma}))
                 if firstresult:
                     return answer
                 return [] if answer is None else [answer]
@@ -328,7 +337,8 @@ def _caller_factory(arity: int) -> Callable[..., Caller]:
     """``make`` of :data:`_CALLER` for hooks of ``arity`` arguments (compiled once each)."""
     args = ", ".join(f"a{i}" for i in range(arity))
     namespace = {"_acquire": _acquire, "_release": _release, "_clock": _clock,
-                 "AccelOptError": AccelOptError, "PluginHookError": PluginHookError}
+                 "AccelOptError": AccelOptError, "PluginHookError": PluginHookError,
+                 "_check_answer": _check_answer}
     source = _CALLER.format(args=args, comma="," if arity == 1 else "")
     exec(compile(source, f"<accelopt.host caller of {arity} arguments>", "exec"), namespace)
     return namespace["make"]  # type: ignore[no-any-return]
@@ -426,19 +436,26 @@ def _shown(answer: Any) -> str:
     return f"{type(answer).__name__} {text}"
 
 
+def _check_answer(plugin: str, hook: str, check: hookspecs.AnswerCheck, answer: Any,
+                  args: tuple[Any, ...]) -> None:
+    """Raise :class:`PluginAnswerError` unless ``check`` accepts ``plugin``'s answer."""
+    expected = check(plugin, answer, args)
+    if expected is not None:
+        raise PluginAnswerError(plugin, hook, answer, expected)
+
+
 def _checked(invoke: Caller, plugin: str, hook: str,
              check: hookspecs.AnswerCheck | None) -> Caller:
     """``invoke`` with its answer checked by the hook's :data:`hookspecs.ANSWER_CHECKS`
-    entry (``invoke`` itself for a hook without one: no frame where none is needed)."""
+    entry (``invoke`` itself for a hook without one: no frame where none is needed); the
+    path of several plugins (one plugin's check is inlined in the caller)."""
     if check is None:
         return invoke
 
     def checked(*args: Any) -> Any:
         answer = invoke(*args)
         if answer is not None:
-            expected = check(plugin, answer, args)
-            if expected is not None:
-                raise PluginAnswerError(plugin, hook, answer, expected)
+            _check_answer(plugin, hook, check, answer, args)
         return answer
 
     return checked

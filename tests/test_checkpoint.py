@@ -128,6 +128,12 @@ def test_resume_of_a_finished_run_is_refused_unless_asked_and_never_rewrites_it(
     assert changed.returncode == 2 and changed.stderr.strip().splitlines() == [
         f"error: run.resume continues {first} with the configuration it ran with, so "
         "workload=tiny, +plugins=[noop] would be ignored; drop them (a new run takes them)"]
+    # a plugin's option alone: the same refusal, not composing's "add +plugins=[noop]"
+    # (which the resume would then refuse)
+    option = accelopt("run", f"run.resume={first}", "run.resume_finished=true",
+                      "plugins.noop.record=false", cwd=tmp_path)
+    assert option.returncode == 2 and "plugins.noop.record=false would be ignored; drop it" \
+        in option.stderr, option.stderr
     assert run_files(first) == before
 
 

@@ -163,8 +163,10 @@ def prepared_configs(overrides: list[str], registry: Registry, multirun: bool = 
         raise ConfigError(f"the sweep has no points ({listed(empty)} sweeps over no values); "
                           "give each swept key at least one value")
     for combo in combos:
-        out.append(compose_checked(combo))
+        # a resume's refusals first: an override it would ignore is "drop it", not a
+        # composing error's fix ("add +plugins=[salus]", which the resume then refuses)
         refuse_bad_resume(combo)
+        out.append(compose_checked(combo))
         key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
         named = [o.split("=", 1)[1] for o in combo if o.lstrip("+").startswith(f"{key}=")]
         if named and not multirun:  # a sweep's runs go under hydra.sweep.dir, each its own
