@@ -247,9 +247,7 @@ class PluginHost:
         owner = plain[0] if len(plain) == 1 else " or ".join(plain)
         for answer in [result] if firstresult else (result or []):
             if answer is not None:
-                expected = check(owner, answer, args)
-                if expected is not None:
-                    raise PluginAnswerError(owner, hook, answer, expected)
+                _check_answer(owner, hook, check, answer, args)
         return result
 
     def _named(self, exc: AccelOptError, hook: str, impls: list[Any]) -> None:

@@ -115,22 +115,28 @@ def _analyse(model: nn.Module) -> _Analysis:
             if is_producer(m) and path not in covered:
                 refused[path] = why
     refused.update(not_producers)
+    holders = _holders(model)
     for g in [*groups, *rules]:
-        g.refused = g.refused or _tied_reason(model, g.members)
+        g.refused = g.refused or _tied_reason(model, g.members, holders)
     graph = {g.key: g for g in groups}
     owner = {p: g.key for g in groups for p in g.producers}
     owner.update({k: k for k in rule_map})
     return _Analysis(graph, rule_map, refused, owner)
 
 
-def _tied_reason(model: nn.Module, members: list[str]) -> str | None:
+def _holders(model: nn.Module) -> dict[int, list[str]]:
+    """id of each parameter -> every name it has (several for a tied weight)."""
+    holders: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        holders.setdefault(id(param), []).append(name)
+    return holders
+
+
+def _tied_reason(model: nn.Module, members: list[str],
+                 holders: dict[int, list[str]]) -> str | None:
     """Why a group whose modules hold a tied weight (an output layer sharing the embedding's)
     stays dense: slicing it for one of its users replaced it with an untied copy, the
     parameter count went up and the row still said "pruned"."""
-    holders: dict[int, list[str]] = {}
-    for path, module in model.named_modules(remove_duplicate=False):
-        for name, param in module.named_parameters(recurse=False):
-            holders.setdefault(id(param), []).append(f"{path}.{name}" if path else name)
     modules = dict(model.named_modules())
     for member in members:
         for name, param in modules[member].named_parameters(recurse=False):

@@ -234,7 +234,7 @@ def _forkserver_pid(children: list[Child]) -> int | None:
     return getattr(server, "_forkserver_pid", None)
 
 
-def _gone(pid: int, wait_s: float) -> bool:
+def process_gone(pid: int, wait_s: float = 0.0) -> bool:
     """Whether process ``pid`` has exited (a zombie counts: this process has not reaped
     it, and must not, multiprocessing does), waiting up to ``wait_s`` for it to finish."""
     deadline = time.monotonic() + wait_s
@@ -361,7 +361,7 @@ class Watchdog:
                    for c in self.children):
             return None
         pid = _forkserver_pid(self.children)
-        if pid is None or not _gone(pid, wait_s=GRACE_S):
+        if pid is None or not process_gone(pid, wait_s=GRACE_S):
             return None
         at = [i for c in self.children if (i := Progress.read(self.workdir, c.rank)) is not None]
         iteration = max(at) if at else None

@@ -31,6 +31,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
+from accelopt.drivers.cluster.faults import process_gone
 from accelopt.errors import UserError
 
 CLONE_NEWNET = 0x40000000
@@ -318,21 +319,11 @@ def remove_orphaned_namespaces() -> list[str]:
     removed = []
     for name in leftover_namespaces():
         pid = name.split("-")[1]
-        if not pid.isdigit() or _alive(int(pid)):
+        if not pid.isdigit() or not process_gone(int(pid)):
             continue
         if _run("ip", "netns", "del", name).returncode == 0:
             removed.append(name)
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's live process
-        return True
-    return True
 
 
 def leftover_namespaces() -> list[str]:
