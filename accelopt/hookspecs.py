@@ -13,10 +13,14 @@ Each docstring below ends with three lines, modelled on pytest's ``hookspec.py``
 * ``Called:`` in which phase and by whom (the driver, the job's step, the transport);
 * ``Ranks:`` on which processes (``single`` is a one-process run; in a cluster run every
   rank is a process: the ``leader`` is rank 0, ``server`` and ``worker`` its roles);
-* ``Thread:`` on which thread. Whatever the thread, the core calls a process's hooks one at a
-  time (one lock per process), so a plugin never sees two of its hook calls at once. A
-  thread may serve later work (a PS rank's receiving threads are reused), so a hook leaves
-  thread-local state (torch's grad mode, autocast) as it found it: ``with`` blocks do.
+* ``Thread:`` on which thread. A *lane's thread* runs the lane's iterations: a thread of its
+  own, except in a one-process run of a single job, where the thread that started the run
+  (the main thread) runs them. Whatever the thread, the core calls a process's hooks one at
+  a time (one lock per process; where one thread makes every call, a single job in one
+  process, the step's events skip the lock), so a plugin never sees two of its hook calls
+  at once. A thread may serve later work (a PS rank's receiving threads are reused), so a
+  hook leaves thread-local state (torch's grad mode, autocast) as it found it: ``with``
+  blocks do.
 
 The same sequence of events runs in every mode; a mode only changes how gradients and
 parameters move (``docs/ARCHITECTURE.md``, "One step"). Per job and iteration::

@@ -12,7 +12,8 @@ the host was made. That one factory is the one path of every call:
   declares;
 * it serialises the process's hook calls with one lock, so a plugin never sees two of its
   hook calls at once, whether they come from lanes, the transport's receiving threads or
-  autograd's thread;
+  autograd's thread (a driver whose one thread makes every call may ask for callers without
+  it: :meth:`PluginHost.bound`);
 * it times the call for the run's timeline (``trace``) and turns a plugin's exception into a
   :class:`PluginHookError` naming the plugin and the hook.
 
@@ -89,8 +90,7 @@ class PluginHost:
         run's ``hooks`` timeline track)."""
         self._code_owner: dict[object, str] = {}
         self._impls: dict[str, list[Any]] = {}
-        self._callers: dict[str, Caller] = {}
-        self._links: dict[str, list[tuple[str, Caller]]] = {}
+        self._firstresult: dict[str, bool] = {}
         self._no_answer: dict[str, Any] = {}
         self._spec_args: dict[str, tuple[str, ...]] = {}
         for name in dir(self.pm.hook):
@@ -103,14 +103,13 @@ class PluginHost:
             if not impls:
                 continue
             self._spec_args[name] = tuple(caller.spec.argnames)
-            wrappers = [i for i in impls if _wraps(i)]
             self._impls[name] = impls
-            self._callers[name] = self._caller(name, impls, firstresult)
-            self._links[name] = [(i.plugin_name, self._caller(name, [i, *wrappers], True))
-                                 for i in reversed(impls) if not _wraps(i)]
+            self._firstresult[name] = firstresult
             for impl in impls:
                 self._code_owner[getattr(impl.function, "__code__", None)] = impl.plugin_name
         self._implemented = frozenset(self._impls)
+        self._callers, self._links = self._callers_of(locked=True)
+        self._serial: tuple[dict[str, Caller], dict[str, list[tuple[str, Caller]]]] | None = None
 
     # -- questions ---------------------------------------------------------------------------
 
@@ -133,11 +132,28 @@ class PluginHost:
             return self._no_answer[hook]
         return caller(*self._positional(hook, kwargs))
 
-    def bound(self, hook: str) -> Caller | None:
+    def bound(self, hook: str, *, serial: bool = False) -> Caller | None:
         """The caller of ``hook``, to be given its arguments positionally in the hookspec's
         order (``None`` when nobody implements it): for the events a job's step or the
-        driver fires every iteration, which then pay for no lookup and no keyword dict."""
-        return self._callers.get(hook)
+        driver fires every iteration, which then pay for no lookup and no keyword dict.
+
+        ``serial=True``: a caller that does not take the hook lock, for a driver that calls
+        every hook of the process from one thread (see :meth:`_serial_tables`)."""
+        return (self._serial_tables()[0] if serial else self._callers).get(hook)
+
+    def _serial_tables(self) -> tuple[dict[str, Caller], dict[str, list[tuple[str, Caller]]]]:
+        """The callers and chain links without the hook lock, made on first use.
+
+        Why they exist: the lock serialises calls from several threads (lanes, the
+        transport's receiving threads, autograd's); uncontended, its acquire and release are
+        still a fifth of a traced call (``benchmarks/hook_cost.py``), paid six times an
+        iteration by the step's events. A driver that runs a single job on the thread that
+        started the run, with nothing moving between processes (``drivers/local.py``: a
+        one-job local run), is the only caller of the process's hooks, so it may use these.
+        Every other path keeps the lock."""
+        if self._serial is None:
+            self._serial = self._callers_of(locked=False)
+        return self._serial
 
     def chain(
         self, hook: str, value: Any, make_kwargs: Callable[[Any], dict[str, Any]], *,
@@ -178,13 +194,14 @@ class PluginHost:
                       f"{_shown(value)}; expected {expected}",)
         raise error
 
-    def bound_chain(self, hook: str, argument: str) -> Caller | None:
+    def bound_chain(self, hook: str, argument: str, *, serial: bool = False) -> Caller | None:
         """:meth:`chain` for a hot path: a function taking the hook's arguments positionally
         that passes the value of ``argument`` through every plugin in turn and returns the
         last value a plugin gave, or ``None`` when every plugin kept it (``None`` instead of
         a function when nobody implements the hook). With one plugin that is the plugin's
-        caller itself: no frame of its own."""
-        links = [link for _, link in self._links.get(hook, ())]
+        caller itself: no frame of its own. ``serial``: as for :meth:`bound`."""
+        table = self._serial_tables()[1] if serial else self._links
+        links = [link for _, link in table.get(hook, ())]
         if not links:
             return None
         if len(links) == 1:
@@ -217,26 +234,38 @@ class PluginHost:
 
     # -- the one path ------------------------------------------------------------------------
 
-    def _caller(self, hook: str, impls: list[Any], firstresult: bool) -> Caller:
+    def _callers_of(self, *, locked: bool) -> tuple[dict[str, Caller],
+                                                     dict[str, list[tuple[str, Caller]]]]:
+        """Every implemented hook's caller, and each plugin's link of it for chains (a link
+        is that plugin's implementation with the hook's wrappers, giving its one answer)."""
+        callers: dict[str, Caller] = {}
+        links: dict[str, list[tuple[str, Caller]]] = {}
+        for hook, impls in self._impls.items():
+            wrappers = [i for i in impls if _wraps(i)]
+            callers[hook] = self._caller(hook, impls, self._firstresult[hook], locked)
+            links[hook] = [(i.plugin_name, self._caller(hook, [i, *wrappers], True, locked))
+                           for i in reversed(impls) if not _wraps(i)]
+        return callers, links
+
+    def _caller(self, hook: str, impls: list[Any], firstresult: bool,
+                locked: bool = True) -> Caller:
         """The caller of ``hook`` over ``impls`` (pluggy's order, wrappers included), made
-        from :data:`_CALLER` for the hook's number of arguments."""
+        from :data:`_SINGLE` or :data:`_CALLER` for the hook's number of arguments;
+        ``locked``: whether it takes the hook lock."""
         spec_args = self._spec_args[hook]
         check = hookspecs.ANSWER_CHECKS.get(hook)
         direct = [i for i in reversed(impls) if not _wraps(i)]
         wrapped = len(direct) != len(impls)
-        if len(direct) == 1 and not wrapped:  # the common case: its check inlined in the
-            # caller, so an answer of None (most calls) costs one comparison, not a frame
-            single = _invoker(direct[0], spec_args)
-            return _caller_factory(len(spec_args))(
-                hook=hook, impls=impls, spec_args=spec_args, firstresult=firstresult,
-                single=single, several=(), wrapped=False, hookexec=self.pm._hookexec,
-                host=self, check=check, single_name=direct[0].plugin_name)
+        if len(direct) == 1 and not wrapped:  # the common case: a caller of its own, its
+            # check inlined, so an answer of None (most calls) costs one comparison
+            return _single_factory(len(spec_args), locked, firstresult, check is not None)(
+                hook=hook, impls=impls, single=_invoker(direct[0], spec_args), host=self,
+                check=check, single_name=direct[0].plugin_name)
         plain = [_checked(_invoker(i, spec_args), i.plugin_name, hook, check) for i in direct]
-        return _caller_factory(len(spec_args))(
+        return _caller_factory(len(spec_args), locked)(
             hook=hook, impls=impls, spec_args=spec_args, firstresult=firstresult,
-            single=None, several=() if wrapped else tuple(plain),
-            wrapped=wrapped, hookexec=self.pm._hookexec, host=self, check=check,
-            single_name="")
+            several=() if wrapped else tuple(plain), wrapped=wrapped,
+            hookexec=self.pm._hookexec, host=self, check=check)
 
     def _check_wrapped(self, hook: str, impls: list[Any], result: Any, firstresult: bool,
                        args: tuple[Any, ...]) -> Any:
@@ -282,21 +311,45 @@ class PluginHost:
         return owner
 
 
-_CALLER = """
-def make(hook, impls, spec_args, firstresult, single, several, wrapped, hookexec, host,
-         check, single_name):
+_SINGLE = """
+def make(hook, impls, single, host, check, single_name):
     def call({args}):
-        _acquire()  # acquire/release, not `with`: a third of the cost on this hot path
-        trace = host.trace
+        trace = host.trace{acquire}
+        try:
+            if trace is None:
+                answer = single({args})
+            else:
+                start = _clock()
+                try:
+                    answer = single({args})
+                finally:  # three appends, no tuple: see HookTrace
+                    trace.append(hook)
+                    trace.append(start)
+                    trace.append(_clock())
+        except AccelOptError as exc:
+            if getattr(exc, "hook", None) is None:  # raised by a hook, on purpose
+                host._named(exc, hook, impls)
+            raise
+        except Exception as exc:
+            raise PluginHookError(host._owner_of(exc, impls), hook, exc) from exc{release}
+        if answer is None:
+            return {nothing}{check}
+        return {something}
+    return call
+"""
+"""The caller of a hook one plugin implements without a wrapper (every per-iteration event
+in the common case), as source: each hook gets a caller with exactly as many positional
+parameters as its hookspec has arguments, because a call through ``*args`` costs a tuple
+and an extra interpreter frame; and only the lines its case needs (the lock, the answer's
+check, the list a non-*firstresult* hook returns), because a branch not taken still costs
+its bytecodes six times an iteration (``benchmarks/hook_cost.py`` counts them)."""
+
+_CALLER = """
+def make(hook, impls, spec_args, firstresult, several, wrapped, hookexec, host, check):
+    def call({args}):
+        trace = host.trace{acquire}
         start = _clock() if trace is not None else 0.0
         try:
-            if single is not None:  # the common case: one plugin, no wrapper
-                answer = single({args})
-                if answer is not None and check is not None:
-                    _check_answer(single_name, hook, check, answer, ({args}{comma}))
-                if firstresult:
-                    return answer
-                return [] if answer is None else [answer]
             if wrapped:  # a wrapper is involved: pluggy runs it
                 result = hookexec(hook, impls, dict(zip(spec_args, ({args}{comma}))), firstresult)
                 if check is None:
@@ -317,29 +370,55 @@ def make(hook, impls, spec_args, firstresult, single, several, wrapped, hookexec
         except Exception as exc:
             raise PluginHookError(host._owner_of(exc, impls), hook, exc) from exc
         finally:
-            if trace is not None:  # three appends, no tuple: see HookTrace
+            if trace is not None:
                 trace.append(hook)
                 trace.append(start)
                 trace.append(_clock())
-            _release()
+            {release_line}
     return call
 """
-"""The one path of every hook call (see the module docstring), as source: each hook gets a
-caller with exactly as many positional parameters as its hookspec has arguments, because a
-call through ``*args`` costs a tuple and an extra interpreter frame that a per-iteration
-event pays six times an iteration (``benchmarks/hook_cost.py`` counts it)."""
+"""The caller of a hook several plugins implement, or one with a wrapper (then pluggy runs
+the call): the same contract as :data:`_SINGLE`."""
 
-
-@functools.cache
-def _caller_factory(arity: int) -> Callable[..., Caller]:
-    """``make`` of :data:`_CALLER` for hooks of ``arity`` arguments (compiled once each)."""
-    args = ", ".join(f"a{i}" for i in range(arity))
+def _compiled(source: str, name: str) -> Callable[..., Caller]:
+    """``make`` of a caller template's ``source``, its globals the hook path's own."""
     namespace = {"_acquire": _acquire, "_release": _release, "_clock": _clock,
                  "AccelOptError": AccelOptError, "PluginHookError": PluginHookError,
                  "_check_answer": _check_answer}
-    source = _CALLER.format(args=args, comma="," if arity == 1 else "")
-    exec(compile(source, f"<accelopt.host caller of {arity} arguments>", "exec"), namespace)
+    exec(compile(source, f"<accelopt.host {name}>", "exec"), namespace)
     return namespace["make"]  # type: ignore[no-any-return]
+
+
+def _arguments(arity: int) -> tuple[str, str]:
+    """The parameter list of a caller of ``arity`` arguments, and the comma that makes a
+    tuple of one of them."""
+    return ", ".join(f"a{i}" for i in range(arity)), "," if arity == 1 else ""
+
+
+@functools.cache
+def _single_factory(arity: int, locked: bool, firstresult: bool,
+                    checked: bool) -> Callable[..., Caller]:
+    """``make`` of :data:`_SINGLE` for one case (compiled once each)."""
+    args, comma = _arguments(arity)
+    source = _SINGLE.format(
+        args=args,
+        acquire="\n        _acquire()  # not `with`: a third of the cost" if locked else "",
+        release="\n        finally:\n            _release()" if locked else "",
+        nothing="None" if firstresult else "[]",
+        check=(f"\n        _check_answer(single_name, hook, check, answer, ({args}{comma}))"
+               if checked else ""),
+        something="answer" if firstresult else "[answer]")
+    return _compiled(source, f"caller of {arity} arguments")
+
+
+@functools.cache
+def _caller_factory(arity: int, locked: bool) -> Callable[..., Caller]:
+    """``make`` of :data:`_CALLER` for hooks of ``arity`` arguments (compiled once each)."""
+    args, comma = _arguments(arity)
+    source = _CALLER.format(args=args, comma=comma,
+                            acquire="\n        _acquire()" if locked else "",
+                            release_line="_release()" if locked else "pass")
+    return _compiled(source, f"caller of {arity} arguments, several plugins")
 
 
 class _HookTable:

@@ -27,7 +27,7 @@ import threading
 import time
 
 import _cli
-from callgrind import per_step
+from callgrind import LAYOUT, per_step
 
 PIECES = ("empty", "function call", "lock pair", "clock read", "noop body", "hook call",
           "hook call, trace", "keyword call")
@@ -91,8 +91,8 @@ def main() -> None:
     short, long = args.calls
     per_call = per_step(PIECES, lambda piece, n: [sys.executable, __file__, "--piece", piece,
                                                   "--n", str(n)], short, long)
-    print(f"python {sys.version.split()[0]}; callgrind, loops of {short} and {long} calls per "
-          "piece; instructions per call, the empty loop's own subtracted")
+    print(f"python {sys.version.split()[0]}; callgrind, {LAYOUT}; loops of {short} and {long} "
+          "calls per piece; instructions per call, the empty loop's own subtracted")
     for piece in PIECES[1:]:
         print(f"  {piece:<18}{per_call[piece] - per_call['empty']:>8,.0f}")
 

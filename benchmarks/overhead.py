@@ -280,8 +280,10 @@ def main() -> None:
     if args.instructions:
         short, long = args.instructions
         counts = instructions(short, long)
+        from callgrind import LAYOUT
+
         print(f"\ninstructions per iteration (callgrind, runs of {short} and {long} iterations "
-              "per side; a count, not a time):")
+              f"per side, {LAYOUT}; a count, not a time):")
         print(f"  {'a plain hand-written loop, main thread':<46}{counts['a']:>14,.0f}")
         print(f"  {'t plain hand-written loop, own thread':<46}{counts['t']:>14,.0f}  = "
               f"{counts['t'] / counts['a'] - 1:+.2%} vs a: glibc malloc on a second thread")

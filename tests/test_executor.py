@@ -265,3 +265,98 @@ def test_a_plugin_cannot_change_the_run_config_it_is_configured_with(run_tiny):
     with pytest.raises(PluginHookError, match="plugin 'shortens' raised in hook "
                        "accelopt_configure: ReadonlyConfigError"):
         run_tiny(PluginSpec(name="shortens", factory=Shortens), overrides=["cluster.mode=none"])
+
+
+ONE_JOB = ["workload.jobs=[{name:solo,model:mlp,width:8,batch_size:8,iterations:3,seed:1}]"]
+
+
+def _where_hooks_run() -> tuple[object, list[tuple[str, str, bool]]]:
+    """A plugin recording, for each call, the hook, the calling thread's name and whether
+    that thread held the hook lock."""
+    import threading
+
+    from accelopt import PluginSpec, hookimpl
+    from accelopt.host import HOOK_LOCK
+
+    seen: list[tuple[str, str, bool]] = []
+
+    def note(hook: str) -> None:
+        seen.append((hook, threading.current_thread().name, HOOK_LOCK._is_owned()))
+
+    class Where:
+        @hookimpl
+        def accelopt_allocate(self, request):
+            note(f"allocate {request.phase}")
+
+        @hookimpl
+        def accelopt_iteration_start(self, context):
+            note("iteration_start")
+
+        @hookimpl
+        def accelopt_after_forward(self, context, loss):
+            note("after_forward")
+
+        @hookimpl
+        def accelopt_before_optimizer_step(self, context, gradients):
+            note("before_optimizer_step")
+
+        @hookimpl
+        def accelopt_after_step(self, context, stepped):
+            note("after_step")
+
+        @hookimpl
+        def accelopt_iteration_end(self, context, result):
+            note("iteration_end")
+
+        @hookimpl
+        def accelopt_run_end(self, run, metrics):
+            note("run_end")
+
+    return PluginSpec(name="where", factory=lambda c: Where()), seen
+
+
+def test_one_job_runs_on_the_callers_thread_and_its_events_skip_the_hook_lock(run_tiny):
+    """A single job in one process needs no lane thread (its tensors would pay glibc's
+    per-thread arena) and no hook lock (that thread makes every hook call)."""
+    import threading
+
+    spec, seen = _where_hooks_run()
+    record = run_tiny(spec, overrides=ONE_JOB)
+    assert [j.status for j in record.jobs] == ["done"]
+    me = threading.current_thread().name
+    events = [s for s in seen if s[0] != "run_end"]
+    assert len([s for s in events if s[0] == "iteration_end"]) == 3
+    assert {(thread, locked) for _, thread, locked in events} == {(me, False)}
+    assert ("run_end", me, True) in seen  # hooks called once per run keep the lock
+
+
+def test_several_jobs_run_on_lane_threads_and_every_hook_call_takes_the_lock(run_tiny):
+    spec, seen = _where_hooks_run()
+    run_tiny(spec)
+    iteration = [s for s in seen if s[0] in ("iteration_start", "after_step", "iteration_end",
+                                             "allocate iteration")]
+    assert len([s for s in iteration if s[0] == "iteration_end"]) == 10
+    assert {(thread, locked) for _, thread, locked in iteration} == {("lane-default", True)}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("jobs", [ONE_JOB, []], ids=["one job", "two jobs"])
+def test_an_iteration_refused_while_nothing_runs_fails_the_job_without_a_hang(run_tiny, jobs):
+    """The allocation hook refuses an iteration while no other iteration runs: nothing could
+    ever grant it. The job fails with that reason and the lane goes on to the next job
+    (it used to wait on the driver's condition for a wake-up that never came)."""
+    from accelopt import PluginSpec, hookimpl
+    from accelopt.types import AllocationDecision
+
+    class RefuseIterations:
+        @hookimpl
+        def accelopt_allocate(self, request):
+            if request.phase == "iteration":
+                return AllocationDecision(granted=False)
+            return None
+
+    record = run_tiny(PluginSpec(name="refuse", factory=lambda c: RefuseIterations()),
+                      overrides=jobs)
+    assert record.jobs and {j.status for j in record.jobs} == {"failed"}
+    assert all("refused its iteration while nothing else ran" in j.error for j in record.jobs)
+    assert all(j.iterations_done == 0 for j in record.jobs)

@@ -217,6 +217,38 @@ def test_the_hook_trace_records_every_call_as_hook_start_end():
     assert [s for _, s, _ in calls] == sorted(s for _, s, _ in calls)
 
 
+@pytest.mark.parametrize("plugins", [1, 2], ids=["one plugin", "two plugins"])
+def test_serial_callers_skip_the_hook_lock_and_keep_everything_else(plugins):
+    """``bound(..., serial=True)``: the callers of a driver whose one thread makes every hook
+    call. They skip the lock and nothing else: the trace, the answer check and error naming
+    stay; every other caller takes the lock."""
+    from accelopt.host import HOOK_LOCK
+
+    held: list[bool] = []
+
+    class Notes:
+        @hookimpl
+        def accelopt_iteration_start(self, context):
+            held.append(HOOK_LOCK._is_owned())
+
+        @hookimpl
+        def accelopt_after_forward(self, context, loss):
+            held.append(HOOK_LOCK._is_owned())
+            return "not a tensor"
+
+    host = host_of(*((f"notes{i}", Notes()) for i in range(plugins)))
+    trace: list = []
+    host.trace = trace
+    context = IterationContext(JOB, "l", 0, 0.0)
+    host.bound("accelopt_iteration_start")(context)
+    host.bound("accelopt_iteration_start", serial=True)(context)
+    assert held == [True] * plugins + [False] * plugins
+    assert [hook for hook, _, _ in traced_calls(trace)] == ["accelopt_iteration_start"] * 2
+    with pytest.raises(PluginHookError, match="answered accelopt_after_forward with str"):
+        host.bound_chain("accelopt_after_forward", "loss", serial=True)(context, torch.ones(()))
+    assert held[-1] is False
+
+
 class Wrong:
     """Answers every hook whose answer the core uses with something it cannot use."""
 

@@ -148,6 +148,10 @@ class Executor:
         )
         self._pending: list[_Entry] = []
         self._lanes: dict[str, threading.Thread] = {}
+        self._inline = False
+        """Whether the one lane runs on the thread that called :meth:`run` (see there)."""
+        self._inline_lane: str | None = None
+        """A lane admission opened, for :meth:`_drive` to run on its own thread."""
         self._running = 0
         self._fatal: BaseException | None = None
         self._keep_open = keep_open
@@ -180,6 +184,15 @@ class Executor:
         # Profile before the clock starts (SALUS profiles offline): measuring one job must
         # not delay the admission of another, nor count in anybody's queueing delay.
         arrivals = [e for e in self._arrivals if self._profiled(e)]
+        # One job, and no other can come: its lane runs on this thread, not a thread of its
+        # own. Nothing could run beside it, and a second thread costs the job's tensors
+        # glibc's per-thread arena (+0.3% of an MLP step's instructions,
+        # benchmarks/overhead.py). With nothing moving between processes this thread is
+        # then the only one that calls the process's hooks: the step's events skip the
+        # hook lock (PluginHost.bound).
+        self._inline = len(self._entries) == 1 and not self._keep_open
+        if self._inline and self._serial(next(iter(self._entries.values())).job):
+            self._allocate_hook = self.host.bound("accelopt_allocate", serial=True)
         if self._external_clock:
             self._origin = self.now()
         else:
@@ -193,7 +206,8 @@ class Executor:
         # every lane ends after its current iteration once the run is stopping: nothing trains
         # (or writes a checkpoint) after run() has returned or raised
         for thread in list(self._lanes.values()):
-            thread.join()
+            if thread is not threading.current_thread():  # an inline lane that raised
+                thread.join()
         if self._fatal is not None:
             raise self._fatal
         return [e.result for e in self._entries.values()]
@@ -209,15 +223,19 @@ class Executor:
                 if self._fatal is not None:
                     return
                 self._admit_pending()
-                if self._inbox:
-                    continue
-                if not arrivals and not self._lanes:
-                    self._reject_unadmittable()
-                    if not self._pending and (self._closing or not self._keep_open):
-                        return
-                timeout = self._due(arrivals[0]) - self.now() if arrivals else None
-                if timeout is None or timeout > 0:
-                    self._cv.wait(timeout)
+                inline, self._inline_lane = self._inline_lane, None
+                if inline is None:
+                    if self._inbox:
+                        continue
+                    if not arrivals and not self._lanes:
+                        self._reject_unadmittable()
+                        if not self._pending and (self._closing or not self._keep_open):
+                            return
+                    timeout = self._due(arrivals[0]) - self.now() if arrivals else None
+                    if timeout is None or timeout > 0:
+                        self._cv.wait(timeout)
+            if inline is not None:
+                self._lane_loop(inline)  # until the job ends (or the run stops)
 
     def _due(self, entry: _Entry) -> float:
         return self._origin + entry.job.info.arrival_s
@@ -328,22 +346,26 @@ class Executor:
     def _allocate(self, entry: _Entry, phase: str) -> AllocationDecision:
         request = entry.requests.get(phase)
         if request is None or request.job is not entry.job.info:  # made once per job record
-            profile = entry.job.info.profile
-            request = AllocationRequest(
-                job=entry.job.info,
-                phase=phase,  # type: ignore[arg-type]
-                persistent_bytes=profile.persistent_bytes if profile else 0,
-                ephemeral_bytes=profile.ephemeral_bytes if profile else 0,
-                device=self.device,
-                capacity_bytes=self.capacity_bytes,
-            )
-            entry.requests[phase] = request
+            request = self._request(entry, phase)
         decision = self._allocate_hook(request) if self._allocate_hook else None
         if decision is not None:
             return decision
         if phase == "iteration":  # the default serves every iteration exclusively
             return EXCLUSIVE
         return self._default_allocation(request)
+
+    def _request(self, entry: _Entry, phase: str) -> AllocationRequest:
+        """The job's allocation request for ``phase``, made once per job record."""
+        profile = entry.job.info.profile
+        request = entry.requests[phase] = AllocationRequest(
+            job=entry.job.info,
+            phase=phase,  # type: ignore[arg-type]
+            persistent_bytes=profile.persistent_bytes if profile else 0,
+            ephemeral_bytes=profile.ephemeral_bytes if profile else 0,
+            device=self.device,
+            capacity_bytes=self.capacity_bytes,
+        )
+        return request
 
     def _default_allocation(self, request: AllocationRequest) -> AllocationDecision:
         need = request.persistent_bytes + request.ephemeral_bytes
@@ -376,35 +398,40 @@ class Executor:
         if lane in self._lanes:
             self._cv.notify_all()
             return
+        if self._inline:  # run() runs it, on its own thread
+            self._lanes[lane] = threading.current_thread()
+            self._inline_lane = lane
+            return
         thread = threading.Thread(target=self._lane_loop, args=(lane,), name=f"lane-{lane}")
         self._lanes[lane] = thread
         thread.start()
 
     def _lane_loop(self, lane: str) -> None:
+        """Run the lane's iterations until it has no job left (or the run stops). The
+        driver's lock is held except around each step (and the per-iteration callback):
+        once per iteration, for the last iteration's bookkeeping and the next choice."""
         torch.set_num_threads(self._torch_threads)
         cv = self._cv
+        cv.acquire()
         try:
             while True:
-                cv.acquire()  # acquire/release, not `with`: cheaper on this per-iteration path
-                try:
-                    entry = self._next_in_lane(lane)
-                    if entry is None:
-                        del self._lanes[lane]
-                        cv.notify_all()
-                        return
-                    if entry is _WAIT:
-                        cv.wait()
-                        continue
-                    entry.busy = True
-                    self._running += 1
-                finally:
-                    cv.release()
+                entry = self._next_in_lane(lane)
+                if entry is None:
+                    del self._lanes[lane]
+                    cv.notify_all()
+                    return
+                if entry is _WAIT:
+                    cv.wait()
+                    continue
+                entry.busy = True
+                self._running += 1
                 self._iterate(entry, lane)
         except BaseException as exc:  # a plugin bug or an interrupt: stop the whole run
-            with self._cv:
-                self._fatal = self._fatal or exc
-                self._lanes.pop(lane, None)
-                self._cv.notify_all()
+            self._fatal = self._fatal or exc
+            self._lanes.pop(lane, None)
+            cv.notify_all()
+        finally:
+            cv.release()
 
     def _next_in_lane(self, lane: str) -> _Entry | object | None:
         ready = self._in_lane.get(lane)
@@ -415,8 +442,12 @@ class Executor:
         else:
             job_id = choose_next(self.host, lane, [e.state() for e in ready], self.now())
             chosen = self._entries[job_id]
-        if self._allocate_hook:
-            decision = self._allocate(chosen, "iteration")
+        allocate = self._allocate_hook
+        if allocate is not None:  # _allocate's iteration case, inline: it runs every iteration
+            request = chosen.requests.get("iteration")
+            if request is None or request.job is not chosen.job.info:
+                request = self._request(chosen, "iteration")
+            decision = allocate(request) or EXCLUSIVE
             if not decision.granted:
                 if self._running == 0:
                     self._finish(
@@ -425,7 +456,9 @@ class Executor:
                         "the allocation hook refused its iteration while nothing else ran: "
                         "it would wait forever",
                     )
-                    return _WAIT
+                    # nothing running will wake this lane: choose again now (waiting here
+                    # hung the run, the driver waiting for this lane to end)
+                    return self._next_in_lane(lane)
                 return _WAIT
         return chosen
 
@@ -435,59 +468,71 @@ class Executor:
         key = (job.info.job_id, lane)
         events = self._events.get(key)
         if events is None:
-            events = StepEvents(self.plugins.for_job(job.info.job_id), lane, self.now)
+            events = StepEvents(self.plugins.for_job(job.info.job_id), lane, self._clock,
+                                origin=self._t0,
+                                serial=self._inline and self._serial(job))
             self._events[key] = events
         return events
 
+    @staticmethod
+    def _serial(job: Job) -> bool:
+        """Whether ``job``'s hooks come from its lane's thread only: nothing moves between
+        processes (no receiving threads, no autograd-thread transfer hooks)."""
+        return job.exchange.role == "single"
+
     def _iterate(self, entry: _Entry, lane: str) -> None:
+        """One iteration of ``entry``'s job, called and returning with the driver's lock
+        held (released around the step and the per-iteration callback)."""
         job, result = entry.job, entry.result
         iteration = job.iteration
-        start = self._clock() - self._t0  # self.now(), inline: this runs every iteration
-        error = None
-        step: IterationResult | None = None
+        cv = self._cv
+        cv.release()
         try:
-            events = entry.events
-            if events is None or events.lane != lane:
-                events = entry.events = self.events(job, lane)
-            step = job.step(events) if self.stepper is None else self.stepper(job, events)
-        except Exception as exc:
-            if raised_by_hook(exc) or not self._jobs_fail_alone:
-                raise  # a plugin's error stops the run, as any hook's does
-            # the job's own code raised: the job fails alone; the run goes on
-            error = f"{type(exc).__name__}: {exc}"
-            result.error_traceback = traceback.format_exc()  # type: ignore[attr-defined]
+            start = self._clock() - self._t0  # self.now(), inline: this runs every iteration
+            error = None
+            step: IterationResult | None = None
+            try:
+                events = entry.events
+                if events is None or events.lane != lane:
+                    events = entry.events = self.events(job, lane)
+                step = job.step(events) if self.stepper is None else self.stepper(job, events)
+            except Exception as exc:
+                if raised_by_hook(exc) or not self._jobs_fail_alone:
+                    raise  # a plugin's error stops the run, as any hook's does
+                # the job's own code raised: the job fails alone; the run goes on
+                error = f"{type(exc).__name__}: {exc}"
+                result.error_traceback = traceback.format_exc()  # type: ignore[attr-defined]
+        finally:
+            cv.acquire()
+        entry.busy = False
+        self._running -= 1
         if step is None:
             end = self.now()
             seconds = end - start
         else:  # the step's clock is ours
             end = step.end_s
             seconds = end - step.start_s
-        self._cv.acquire()
-        try:
-            entry.busy = False
-            self._running -= 1
-            if result.first_start_s is None:
-                result.first_start_s = start
-            result.service_s += seconds
-            self._lane_spans.append((job.info.name, entry.lane, start, end, iteration))
-            if step is None:
-                self._finish(entry, "failed", error or "the iteration produced no result", end)
-                return
-            entry.last_iteration_s = seconds
-            result.job = job.info
-            result.iterations_done = job.iteration
-            result.samples += step.samples
-            if step.loss is not None:
-                result.losses.append(step.loss)
-                result.final_loss = step.loss
-            if self.on_iteration is None:
-                if job.iteration >= job.info.iterations or entry.cancel_requested:
-                    self._after(entry, end)
-                return
-        finally:
-            self._cv.release()
-        self.on_iteration(job, result)  # outside the lock: a checkpoint writes a file
-        with self._cv:
+        if result.first_start_s is None:
+            result.first_start_s = start
+        result.service_s += seconds
+        self._lane_spans.append((job.info.name, entry.lane, start, end, iteration))
+        if step is None:
+            self._finish(entry, "failed", error or "the iteration produced no result", end)
+            return
+        entry.last_iteration_s = seconds
+        result.job = job.info
+        result.iterations_done = job.iteration
+        result.samples += step.samples
+        if step.loss is not None:
+            result.losses.append(step.loss)
+            result.final_loss = step.loss
+        if self.on_iteration is not None:
+            cv.release()
+            try:
+                self.on_iteration(job, result)  # outside the lock: a checkpoint writes a file
+            finally:
+                cv.acquire()
+        if job.iteration >= job.info.iterations or entry.cancel_requested:
             self._after(entry, end)
 
     def _after(self, entry: _Entry, end: float) -> None:

@@ -58,18 +58,26 @@ class StepEvents:
     (``if events.iteration_start: events.iteration_start(context)``)."""
 
     def __init__(self, host: PluginHost | None, lane: str = "default",
-                 clock: Clock = time.perf_counter) -> None:
+                 clock: Clock = time.perf_counter, *, origin: float = 0.0,
+                 serial: bool = False) -> None:
+        """The step's times are ``clock() - origin``: the driver's clock and where its zero
+        lies, given apart so that the step reads the time with no Python frame of ours
+        (a driver's ``now`` method was three frames an iteration). ``serial``: the driver
+        calls every hook of the process from this one thread, so the events may skip the
+        hook lock (:meth:`PluginHost.bound`)."""
         self.host = host
         self.lane = lane
-        self.now = clock
+        self.clock = clock
+        self.origin = origin
 
         def bound(event: Event) -> Callable[..., Any] | None:
-            return host.bound(event.value) if host is not None else None
+            return host.bound(event.value, serial=serial) if host is not None else None
 
         # the host's callers themselves: no frame of ours between the step and the hook path
         self.iteration_start = bound(Event.ITERATION_START)
         self.after_forward: Callable[[IterationContext, torch.Tensor], torch.Tensor | None] | None = (
-            host.bound_chain(Event.AFTER_FORWARD.value, "loss") if host is not None else None)
+            host.bound_chain(Event.AFTER_FORWARD.value, "loss", serial=serial)
+            if host is not None else None)
         """Passes the loss through every listening plugin; returns the loss for backward, or
         ``None`` when no plugin replaced it."""
         self.before_optimizer_step = bound(Event.BEFORE_OPTIMIZER_STEP)
@@ -80,6 +88,11 @@ class StepEvents:
         self.listens = any((self.iteration_start, self.after_forward,
                             self.before_optimizer_step, self.after_step, self.iteration_end))
         """Whether any event has a listener (else the step builds no context for them)."""
+
+
+    def now(self) -> float:
+        """Seconds on the driver's clock."""
+        return self.clock() - self.origin
 
 
 def rebuilds(answers: list[Any]) -> list[OptimizerRebuild]:

@@ -186,7 +186,8 @@ class RankJob:
                 self.wire_bytes.append((i, sent))
         events = self._events.get(lane)
         if events is None:
-            events = self._events[lane] = StepEvents(self.job.host, lane, self.now)
+            events = self._events[lane] = StepEvents(self.job.host, lane, time.time,
+                                                      origin=self.t0_epoch)
         try:
             result = self.job.step(events)
         except RuntimeError:
