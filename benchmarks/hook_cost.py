@@ -13,6 +13,8 @@ cancel out), less the empty loop's own count. The pieces, from the floor up:
   hook call        the same implementation through PluginHost's one path (lock, dispatch,
                    error naming), trace off
   hook call, trace the same with the hook timeline on (accelopt run's default)
+  serial call      the same without the hook lock: the step's events in a one-job run, whose
+                   one thread makes every hook call
   keyword call     the same hook through PluginHost.call with keyword arguments, trace on (the
                    path of hooks called once per run or job; the step's events are bound)
 
@@ -30,7 +32,7 @@ import _cli
 from callgrind import LAYOUT, per_step
 
 PIECES = ("empty", "function call", "lock pair", "clock read", "noop body", "hook call",
-          "hook call, trace", "keyword call")
+          "hook call, trace", "serial call", "keyword call")
 
 
 def loop(piece: str, n: int) -> None:
@@ -41,8 +43,8 @@ def loop(piece: str, n: int) -> None:
     spec = Registry.discover().get("noop")
     plugin = spec.instantiate()
     host = PluginHost([(spec, plugin)])
-    host.trace = [] if piece in ("hook call, trace", "keyword call") else None
-    start = host.bound("accelopt_iteration_start")
+    host.trace = [] if piece in ("hook call, trace", "serial call", "keyword call") else None
+    start = host.bound("accelopt_iteration_start", serial=piece == "serial call")
     lock = threading.RLock()
     clock = time.perf_counter
 
@@ -65,7 +67,7 @@ def loop(piece: str, n: int) -> None:
     elif piece == "noop body":
         for _ in range(n):
             plugin.accelopt_iteration_start(None)
-    elif piece in ("hook call", "hook call, trace"):
+    elif piece in ("hook call", "hook call, trace", "serial call"):
         assert start is not None
         for _ in range(n):
             start(None)
