@@ -486,8 +486,8 @@ class Executor:
         job, result = entry.job, entry.result
         iteration = job.iteration
         cv = self._cv
-        cv.release()
-        try:
+        try:  # released inside: a signal between release and try would leave it released
+            cv.release()
             start = self._clock() - self._t0  # self.now(), inline: this runs every iteration
             error = None
             step: IterationResult | None = None
@@ -527,8 +527,8 @@ class Executor:
             result.losses.append(step.loss)
             result.final_loss = step.loss
         if self.on_iteration is not None:
-            cv.release()
             try:
+                cv.release()
                 self.on_iteration(job, result)  # outside the lock: a checkpoint writes a file
             finally:
                 cv.acquire()
