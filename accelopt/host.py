@@ -325,16 +325,14 @@ def make(hook, impls, single, host, check, single_name):
                 finally:  # three appends, no tuple: see HookTrace
                     trace.append(hook)
                     trace.append(start)
-                    trace.append(_clock())
+                    trace.append(_clock()){check}
         except AccelOptError as exc:
             if getattr(exc, "hook", None) is None:  # raised by a hook, on purpose
                 host._named(exc, hook, impls)
             raise
         except Exception as exc:
             raise PluginHookError(host._owner_of(exc, impls), hook, exc) from exc{release}
-        if answer is None:
-            return {nothing}{check}
-        return {something}
+        return {answered}
     return call
 """
 """The caller of a hook one plugin implements without a wrapper (every per-iteration event
@@ -404,10 +402,9 @@ def _single_factory(arity: int, locked: bool, firstresult: bool,
         args=args,
         acquire="\n        _acquire()  # not `with`: a third of the cost" if locked else "",
         release="\n        finally:\n            _release()" if locked else "",
-        nothing="None" if firstresult else "[]",
-        check=(f"\n        _check_answer(single_name, hook, check, answer, ({args}{comma}))"
-               if checked else ""),
-        something="answer" if firstresult else "[answer]")
+        check=("\n            if answer is not None:\n                _check_answer(single_name, "
+               f"hook, check, answer, ({args}{comma}))" if checked else ""),
+        answered="answer" if firstresult else "[] if answer is None else [answer]")
     return _compiled(source, f"caller of {arity} arguments")
 
 
