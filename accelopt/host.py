@@ -247,8 +247,7 @@ class PluginHost:
                            for i in reversed(impls) if not _wraps(i)]
         return callers, links
 
-    def _caller(self, hook: str, impls: list[Any], firstresult: bool,
-                locked: bool = True) -> Caller:
+    def _caller(self, hook: str, impls: list[Any], firstresult: bool, locked: bool) -> Caller:
         """The caller of ``hook`` over ``impls`` (pluggy's order, wrappers included), made
         from :data:`_SINGLE` or :data:`_CALLER` for the hook's number of arguments;
         ``locked``: whether it takes the hook lock."""

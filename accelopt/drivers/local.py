@@ -152,6 +152,9 @@ class Executor:
         """Whether the one lane runs on the thread that called :meth:`run` (see there)."""
         self._inline_lane: str | None = None
         """A lane admission opened, for :meth:`_drive` to run on its own thread."""
+        self._serial_events = False
+        """Whether the one lane's thread makes every hook call of the process (inline, and
+        nothing moves between processes): the step's events skip the hook lock."""
         self._running = 0
         self._fatal: BaseException | None = None
         self._keep_open = keep_open
@@ -191,7 +194,9 @@ class Executor:
         # then the only one that calls the process's hooks: the step's events skip the
         # hook lock (PluginHost.bound).
         self._inline = len(self._entries) == 1 and not self._keep_open
-        if self._inline and self._serial(next(iter(self._entries.values())).job):
+        self._serial_events = self._inline and all(  # no receiving or autograd-thread hooks
+            e.job.exchange.role == "single" for e in self._entries.values())
+        if self._serial_events:
             self._allocate_hook = self.host.bound("accelopt_allocate", serial=True)
         if self._external_clock:
             self._origin = self.now()
@@ -470,15 +475,9 @@ class Executor:
         if events is None:
             events = StepEvents(self.plugins.for_job(job.info.job_id), lane, self._clock,
                                 origin=self._t0,
-                                serial=self._inline and self._serial(job))
+                                serial=self._serial_events)
             self._events[key] = events
         return events
-
-    @staticmethod
-    def _serial(job: Job) -> bool:
-        """Whether ``job``'s hooks come from its lane's thread only: nothing moves between
-        processes (no receiving threads, no autograd-thread transfer hooks)."""
-        return job.exchange.role == "single"
 
     def _iterate(self, entry: _Entry, lane: str) -> None:
         """One iteration of ``entry``'s job, called and returning with the driver's lock

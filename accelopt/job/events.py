@@ -89,10 +89,6 @@ class StepEvents:
                             self.before_optimizer_step, self.after_step, self.iteration_end))
         """Whether any event has a listener (else the step builds no context for them)."""
 
-    def now(self) -> float:
-        """Seconds on the driver's clock."""
-        return self.clock() - self.origin
-
 
 def rebuilds(answers: list[Any]) -> list[OptimizerRebuild]:
     """The optimizer rebuilds among ``accelopt_after_step``'s answers."""

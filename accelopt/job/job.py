@@ -189,7 +189,7 @@ class Job:
         the hot path: an event nobody listens to, an exchange that moves nothing, a timeline
         nobody records and a random state nobody draws from cost no call."""
         i = self.iteration
-        clock, origin = events.clock, events.origin  # events.now(), inline: no frame
+        clock, origin = events.clock, events.origin  # the driver's time: clock() - origin
         start = clock() - origin
         context = IterationContext(self.info, events.lane, i, start) if events.listens else None
         if events.iteration_start:
