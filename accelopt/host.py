@@ -132,14 +132,26 @@ class PluginHost:
             return self._no_answer[hook]
         return caller(*self._positional(hook, kwargs))
 
-    def bound(self, hook: str, *, serial: bool = False) -> Caller | None:
+    def bound(self, hook: str, *, serial: bool = False, answers: bool = True) -> Caller | None:
         """The caller of ``hook``, to be given its arguments positionally in the hookspec's
         order (``None`` when nobody implements it): for the events a job's step or the
         driver fires every iteration, which then pay for no lookup and no keyword dict.
 
         ``serial=True``: a caller that does not take the hook lock, for a driver that calls
-        every hook of the process from one thread (see :meth:`_serial_tables`)."""
-        return (self._serial_tables()[0] if serial else self._callers).get(hook)
+        every hook of the process from one thread (see :meth:`_serial_tables`).
+
+        ``answers=False``: for a caller whose answer is dropped (an event answered by
+        ``None``): the answers are still checked, but where one plugin implements the hook
+        the caller makes no list of them (an allocation per call, three calls an
+        iteration); what it returns then means nothing."""
+        caller = (self._serial_tables()[0] if serial else self._callers).get(hook)
+        if caller is None or answers or self._firstresult[hook]:
+            return caller
+        impls = self._impls[hook]
+        if len(impls) != 1 or _wraps(impls[0]):
+            return caller
+        # one implementation: its firstresult caller calls it alike and returns its answer
+        return self._caller(hook, impls, True, not serial)
 
     def _serial_tables(self) -> tuple[dict[str, Caller], dict[str, list[tuple[str, Caller]]]]:
         """The callers and chain links without the hook lock, made on first use.

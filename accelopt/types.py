@@ -226,7 +226,11 @@ class IterationContext:
 @made_often
 @dataclass(frozen=True)
 class IterationResult:
-    """What one iteration measured (on the process that ran it: a worker's own rows)."""
+    """What one iteration measured (on the process that ran it: a worker's own rows).
+
+    ``end_s`` is when the iteration's work ended, as ``accelopt_iteration_end`` sees it; a
+    driver's account of the iteration (its span, the job's service time) runs until the step
+    returns, so what that hook's plugins do counts as the job's time too."""
 
     job_id: str
     iteration: int

@@ -249,6 +249,38 @@ def test_serial_callers_skip_the_hook_lock_and_keep_everything_else(plugins):
     assert held[-1] is False
 
 
+@pytest.mark.parametrize("serial", [False, True], ids=["locked", "serial"])
+def test_a_caller_whose_answer_is_dropped_makes_no_list_and_keeps_the_rest(serial):
+    """``bound(..., answers=False)``: the step's events answered by ``None`` (iteration start
+    and end, before the optimizer step) need no list of answers; one plugin's caller returns
+    its answer as it is, and is traced, locked (or not) and names a raising plugin as the
+    ordinary caller does. With several plugins the ordinary caller is given."""
+    from accelopt.host import HOOK_LOCK
+
+    held: list[bool] = []
+
+    class Ends:
+        @hookimpl
+        def accelopt_iteration_end(self, context, result):
+            held.append(HOOK_LOCK._is_owned())
+            if result == "boom":
+                raise ValueError("boom")
+
+    host = host_of(("ends", Ends()))
+    trace: list = []
+    host.trace = trace
+    context = IterationContext(JOB, "l", 0, 0.0)
+    dropping = host.bound("accelopt_iteration_end", serial=serial, answers=False)
+    assert host.bound("accelopt_iteration_end", serial=serial)(context, None) == []
+    assert dropping(context, None) is None  # no list made
+    assert held == [not serial] * 2
+    assert [hook for hook, _, _ in traced_calls(trace)] == ["accelopt_iteration_end"] * 2
+    with pytest.raises(PluginHookError, match="plugin 'ends' raised in hook accelopt_iteration_end"):
+        dropping(context, "boom")
+    two = host_of(("ends", Ends()), ("more", Ends()))
+    assert two.bound("accelopt_iteration_end", answers=False)(context, None) == []
+
+
 class Wrong:
     """Answers every hook whose answer the core uses with something it cannot use."""
 

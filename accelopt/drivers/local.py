@@ -501,16 +501,15 @@ class Executor:
                 # the job's own code raised: the job fails alone; the run goes on
                 error = f"{type(exc).__name__}: {exc}"
                 result.error_traceback = traceback.format_exc()  # type: ignore[attr-defined]
+            # the iteration's time is the whole call: what accelopt_iteration_end's plugins
+            # do after the step's result was made costs the job too (its span, service time
+            # and samples/s count it); the lock's wait below does not
+            end = self._clock() - self._t0
         finally:
             cv.acquire()
         entry.busy = False
         self._running -= 1
-        if step is None:
-            end = self.now()
-            seconds = end - start
-        else:  # the step's clock is ours
-            end = step.end_s
-            seconds = end - step.start_s
+        seconds = end - start
         if result.first_start_s is None:
             result.first_start_s = start
         result.service_s += seconds

@@ -70,8 +70,9 @@ class StepEvents:
         self.clock = clock
         self.origin = origin
 
-        def bound(event: Event) -> Callable[..., Any] | None:
-            return host.bound(event.value, serial=serial) if host is not None else None
+        def bound(event: Event, answers: bool = False) -> Callable[..., Any] | None:
+            return (host.bound(event.value, serial=serial, answers=answers)
+                    if host is not None else None)
 
         # the host's callers themselves: no frame of ours between the step and the hook path
         self.iteration_start = bound(Event.ITERATION_START)
@@ -82,7 +83,7 @@ class StepEvents:
         ``None`` when no plugin replaced it."""
         self.before_optimizer_step = bound(Event.BEFORE_OPTIMIZER_STEP)
         self.after_step: Callable[[IterationContext, bool], list[Any]] | None = bound(
-            Event.AFTER_STEP)
+            Event.AFTER_STEP, answers=True)
         """Returns the plugins' answers (:func:`rebuilds` keeps the optimizer rebuilds)."""
         self.iteration_end = bound(Event.ITERATION_END)
         self.listens = any((self.iteration_start, self.after_forward,

@@ -203,12 +203,10 @@ class Job:
         result = IterationResult(self.info.job_id, i, start, clock() - origin,
                                  None if loss_value is None else float(loss_value), samples)
         if events.iteration_end:
+            # the hook sees the iteration as its work ended. What the plugin does here costs
+            # the job too: a driver counts it by timing the whole call of step() (a second
+            # record with a later end cost ~4,000 instructions an iteration)
             events.iteration_end(context, result)
-            # the hook's time is the iteration's, as iteration_start's is: what a plugin does
-            # here costs the job, so its span, service time and samples/s count it (they
-            # once ended before it: 0.2 s of work per iteration read as free)
-            result = IterationResult(result.job_id, i, start, clock() - origin, result.loss,
-                                     result.samples)
         return result
 
     def _run(self, i: int, context: IterationContext | None,
@@ -263,11 +261,9 @@ class Job:
                 updated = exchange.gradients(i, self._tensor_update(i, events))
             if self.optimizer is None:
                 pass  # this process takes no step (a PS worker)
-            elif updated:  # the exchange updated tensor by tensor (a PS server's early update)
-                if events.after_step:
-                    self._after_step(context, True, events)
-            elif events.before_optimizer_step or events.after_step or timer or self._custom_step:
-                self._optimizer_step(i, context, events)
+            elif (updated or events.before_optimizer_step or events.after_step or timer
+                  or self._custom_step):
+                self._optimizer_step(i, context, events, updated)
             else:
                 self.optimizer.step()
         if moves:
@@ -281,37 +277,43 @@ class Job:
             return self.forward(x, labels=y) if self.model_loss else self.forward(x)
         return inputs.call(self.forward, x, **({"labels": y} if self.model_loss else {}))
 
-    def _optimizer_step(self, i: int, context: IterationContext | None,
-                        events: StepEvents) -> None:
+    def _optimizer_step(self, i: int, context: IterationContext | None, events: StepEvents,
+                        updated: bool) -> None:
+        """The optimizer step between its two events. ``updated``: the exchange already
+        updated the parameters tensor by tensor (a PS server's early update), so only
+        ``accelopt_after_step`` is left to fire."""
         assert self.optimizer is not None
         stepped = True
-        scaler = self.scaler
-        if scaler is not None:
-            scaler.unscale_(self.optimizer)  # plugins and clipping see true gradients
-        if self._schedules:
-            set_lr(self.optimizer, lr_factor(self.spec, i))
-        gradients = None
-        if events.before_optimizer_step:
-            gradients = self._gradients()
-            events.before_optimizer_step(context, gradients)
-            stepped = gradients.skipped is None
-        if stepped and self.spec.grad_clip is not None:
-            if gradients is None:
+        if not updated:
+            scaler = self.scaler
+            if scaler is not None:
+                scaler.unscale_(self.optimizer)  # plugins and clipping see true gradients
+            if self._schedules:
+                set_lr(self.optimizer, lr_factor(self.spec, i))
+            gradients = None
+            if events.before_optimizer_step:
                 gradients = self._gradients()
-            gradients.clip_norm_(float(self.spec.grad_clip))
-        if stepped:
-            if self.timer:
-                self.timer.begin("optimizer", i)
-            if scaler is None:
-                self.optimizer.step()
-            else:
-                scaler.step(self.optimizer)  # skipped when the scaled gradients overflowed
-            if self.timer:
-                self.timer.end()
-        if scaler is not None:
-            scaler.update()
+                events.before_optimizer_step(context, gradients)
+                stepped = gradients.skipped is None
+            if stepped and self.spec.grad_clip is not None:
+                if gradients is None:
+                    gradients = self._gradients()
+                gradients.clip_norm_(float(self.spec.grad_clip))
+            if stepped:
+                if self.timer:
+                    self.timer.begin("optimizer", i)
+                if scaler is None:
+                    self.optimizer.step()
+                else:
+                    scaler.step(self.optimizer)  # skipped when the scaled gradients overflowed
+                if self.timer:
+                    self.timer.end()
+            if scaler is not None:
+                scaler.update()
         if events.after_step:
-            self._after_step(context, stepped, events)
+            answers = events.after_step(context, stepped)
+            if answers and (asked := rebuilds(answers)):
+                self.rebuild_optimizer("; ".join(r.reason for r in asked))
 
     def _gradients(self) -> Gradients:
         """This iteration's view of the gradients: one view per job record and parameter
@@ -324,12 +326,6 @@ class Job:
         else:
             view.renew()
         return view
-
-    def _after_step(self, context: IterationContext | None, stepped: bool,
-                    events: StepEvents) -> None:
-        answers = events.after_step(context, stepped)  # type: ignore[misc]
-        if answers and (asked := rebuilds(answers)):
-            self.rebuild_optimizer("; ".join(r.reason for r in asked))
 
     def _tensor_update(self, i: int,
                        events: StepEvents) -> Callable[[Sequence[str]], None] | None:

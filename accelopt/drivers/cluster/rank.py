@@ -196,11 +196,13 @@ class RankJob:
             if self.transport.failure is not None:
                 raise self.transport.failure from None
             raise
-        self.span(f"iteration {i}", "iteration", result.start_s, result.end_s, "iteration",
+        # the iteration ends when the step returns: accelopt_iteration_end's plugins, which
+        # run after the result was made, cost the job too (the local driver times it alike)
+        end = self.now()
+        self.span(f"iteration {i}", "iteration", result.start_s, end, "iteration",
                   iteration=i)
-        self.iterations.append({"iteration": i, "start_s": result.start_s,
-                                "end_s": result.end_s, "loss": result.loss,
-                                "samples": result.samples})
+        self.iterations.append({"iteration": i, "start_s": result.start_s, "end_s": end,
+                                "loss": result.loss, "samples": result.samples})
         if self.checkpointer is not None:
             self.checkpointer.after_step(self)
         return result
