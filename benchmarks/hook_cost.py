@@ -13,8 +13,8 @@ cancel out), less the empty loop's own count. The pieces, from the floor up:
   hook call        the same implementation through PluginHost's one path (lock, dispatch,
                    error naming), trace off
   hook call, trace the same with the hook timeline on (accelopt run's default)
-  serial call      the same without the hook lock: the step's events in a one-job run, whose
-                   one thread makes every hook call
+  serial call      the same without the hook lock and without a list of answers: the step's
+                   events in a one-job run, whose one thread makes every hook call
   keyword call     the same hook through PluginHost.call with keyword arguments, trace on (the
                    path of hooks called once per run or job; the step's events are bound)
 
@@ -44,7 +44,9 @@ def loop(piece: str, n: int) -> None:
     plugin = spec.instantiate()
     host = PluginHost([(spec, plugin)])
     host.trace = [] if piece in ("hook call, trace", "serial call", "keyword call") else None
-    start = host.bound("accelopt_iteration_start", serial=piece == "serial call")
+    # the serial call is the one-job step's: no lock, its answer (None) dropped, no list
+    serial = piece == "serial call"
+    start = host.bound("accelopt_iteration_start", serial=serial, answers=not serial)
     lock = threading.RLock()
     clock = time.perf_counter
 
