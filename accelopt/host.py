@@ -39,6 +39,7 @@ import pluggy
 from accelopt import hookspecs
 from accelopt.errors import AccelOptError, PluginHookError, PluginResolutionError
 from accelopt.plugin import PluginSpec
+from accelopt.records import Span
 
 HOOK_LOCK = threading.RLock()
 """Held around every hook call of this process (reentrant: a hook may trigger another)."""
@@ -61,6 +62,13 @@ def traced_calls(trace: HookTrace) -> Iterator[tuple[str, float, float]]:
     """Every call ``trace`` recorded, as (hook, start, end), in the order the calls ended."""
     values = iter(trace)
     return zip(values, values, values, strict=True)
+
+
+def hook_spans(trace: HookTrace, shift: float, process: str = "executor") -> list[Span]:
+    """Every call ``trace`` recorded as a span of the ``hooks`` track of ``process``, its
+    times moved by ``shift`` from the hooks' clock (``time.perf_counter``) onto the run's."""
+    return [Span(hook, "hooks", start + shift, end + shift, category="hook", process=process)
+            for hook, start, end in traced_calls(trace)]
 
 
 class PluginHost:

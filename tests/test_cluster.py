@@ -301,6 +301,34 @@ def test_transfer_done_is_called_once_per_received_transfer(tmp_path, test_plugi
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("trace_hooks", [True, False], ids=["traced", "untraced"])
+def test_every_ranks_hook_calls_are_on_its_hooks_track(tmp_path, test_plugins, trace_hooks):
+    """A cluster run's timeline had no hook spans (only a one-process run's did), so a slow
+    plugin hook on a rank showed only as a slower run. Each rank now records its hook calls
+    as a one-process run does, on the run's clock, under ``run.trace_hooks``."""
+    test_plugins("COUNT_DONE")
+    cfg = make_cfg("ps", iterations=2, plugins={"count_done": {}})
+    cfg.run.trace_hooks = trace_hooks
+    out = run_cluster(cfg, run_dir=tmp_path)
+    hooks = [s for s in out.spans if s.track == "hooks"]
+    if not trace_hooks:
+        assert hooks == []
+        return
+    n_params = len(list(single_process(cfg, iterations=0)[0].model.parameters()))
+    done = {rank: [s for s in hooks if s.process == f"rank {rank} ({role})"
+                   and s.name == "accelopt_transfer_done"]
+            for rank, role in ((0, "server"), (1, "worker"), (2, "worker"))}
+    # the receiver's calls: each worker receives every parameter each iteration, the server
+    # every gradient from both workers
+    assert [len(done[r]) for r in (0, 1, 2)] == [2 * n_params * 2, n_params * 2, n_params * 2]
+    # on the run's clock: inside the iterations' span of the timeline, not perf_counter's
+    iterations = [s for s in out.spans if s.category == "iteration"]
+    first = min(s.start_s for s in iterations)
+    last = max(s.end_s for s in iterations)
+    assert all(first - 1.0 <= s.start_s <= s.end_s <= last + 1.0 for s in hooks)
+    assert all(s.category == "hook" for s in hooks)
+
+
 def test_codec_and_filter_plugins_transform_payloads(tmp_path, test_plugins):
     """accelopt_transfer_encode / accelopt_transfer_decode change the payload on the wire;
     accelopt_transfer_filter drops the bias gradients."""

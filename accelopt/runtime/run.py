@@ -44,7 +44,7 @@ from accelopt.drivers.setup import (
     usable_cores,
 )
 from accelopt.errors import AccelOptError, Terminated, UserError
-from accelopt.host import HookTrace, traced_calls
+from accelopt.host import HookTrace, hook_spans
 from accelopt.job import build_jobs, job_id_for, job_specs
 from accelopt.job.checkpoint import CHECKPOINT_DIR, Checkpointer, restore
 from accelopt.job.exchange import BUILD_ONLY
@@ -349,9 +349,7 @@ def _score_jobs_here(cfg: DictConfig, registry: Registry, results: list[JobResul
 
 def _local_spans(executor: Executor, hook_calls: HookTrace) -> list[Span]:
     """The executor's iterations and every hook call, on the run's clock."""
-    t0 = executor._t0
-    return executor.spans + [Span(h, "hooks", s - t0, e - t0, category="hook")
-                             for h, s, e in traced_calls(hook_calls)]
+    return executor.spans + hook_spans(hook_calls, -executor._t0)
 
 
 def _ended_before(result: JobResult, ended: dict[str, dict[str, Any]],

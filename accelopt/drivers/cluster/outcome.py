@@ -73,6 +73,8 @@ def build_outcome(ranks: list[RankResult], settings: ClusterSettings) -> Cluster
         outcomes[job_id] = one
         out.results.append(result)
         out.spans.extend(one.spans)
+    for rank in ranks:
+        out.spans.extend(rank.hook_spans)
     if len(job_ids) == 1:
         one = outcomes[job_ids[0]]
         out.metrics, out.state = one.metrics, one.state

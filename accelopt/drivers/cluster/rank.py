@@ -33,6 +33,7 @@ from accelopt.drivers.cluster.transport import Transport, TransportStats
 from accelopt.drivers.lifecycle import Lifecycle
 from accelopt.drivers.setup import RANK_THREADS, setup_torch
 from accelopt.errors import ConfigError
+from accelopt.host import HookTrace, hook_spans
 from accelopt.job import Job, StepEvents, job_id_for, job_specs
 from accelopt.job.timeline import PhaseTimer
 from accelopt.plugin import Registry
@@ -84,6 +85,9 @@ class RankResult:
     """Leader only: job id -> (status, error) as the leader's driver ended it."""
     train_t0: float | None = None
     """When training started (seconds since the run started); job arrivals count from here."""
+    hook_spans: list[Span] = field(default_factory=list)
+    """Every hook call this rank's plugins answered (``run.trace_hooks``), on the run's clock:
+    the ``hooks`` track of this rank's process in the timeline."""
 
     @property
     def stats(self) -> TransportStats:
@@ -273,6 +277,11 @@ def run_rank(cfg: DictConfig, settings: ClusterSettings, *, rank: int, world: in
     specs = job_specs(cfg)
     ids = [job_id_for(k, spec) for k, spec in enumerate(specs)]
     plugins = activate(cfg, registry, ids)
+    hook_calls: HookTrace = []
+    if cfg.run.trace_hooks:  # as a one-process run records them: a slow hook shows
+        plugins.set_trace(hook_calls)
+    # the hooks' clock (perf_counter) onto the run's (seconds since t0_epoch, every rank's)
+    hooks_shift = time.time() - t0_epoch - time.perf_counter()
     role = settings.role(rank)
     info = RunInfo(run_dir=run_dir, device=str(device), plugins=plugins.names, jobs=(),
                    seed=int(cfg.run.seed), rank=rank, role=role,  # type: ignore[arg-type]
@@ -316,6 +325,7 @@ def run_rank(cfg: DictConfig, settings: ClusterSettings, *, rank: int, world: in
                    "iterations": sum(len(j.iterations) for j in jobs)})
     for job in jobs:
         result.parts[job.job.info.job_id] = job.finish()
+    result.hook_spans = hook_spans(hook_calls, hooks_shift, f"rank {rank} ({role})")
     gathered: list[Any] | None = None
     if results_dir is not None:  # complete or absent; not durable: a scratch directory
         with atomic_open(result_path(results_dir, rank), "wb", durable=False) as fh:
