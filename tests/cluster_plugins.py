@@ -7,6 +7,7 @@ PYTHONPATH by the tests), exactly as a third-party plugin named there would be f
 from __future__ import annotations
 
 import os
+import threading
 import time
 from dataclasses import dataclass
 
@@ -102,6 +103,48 @@ class _CountDone:
                            "negative": self.negative})]
 
 
+class _HoldLast:
+    """On a PS worker, holds the decode of each iteration's last parameter (the model's last
+    tensor) until that iteration's forward has computed the model's first layer, or 10 s.
+    With per-layer waits the first layer runs while the last parameter is held; with a wait
+    for every parameter before forward it cannot, and each hold times out. The row says how
+    many holds the first layer ended (``early``) out of how many (``held``)."""
+
+    def __init__(self) -> None:
+        self.changed = threading.Condition()
+        self.forwards = 0
+        self.first: torch.nn.Module | None = None
+        self.last: str | None = None
+        self.held = self.early = 0
+
+    def _forwarded(self, module, args, output) -> None:
+        if module is self.first:  # not a copy's (a profile's probe step)
+            with self.changed:
+                self.forwards += 1
+                self.changed.notify_all()
+
+    @hookimpl
+    def accelopt_layer_build(self, layer):
+        if layer.path == "":  # the whole model, offered last
+            self.last = [name for name, _ in layer.module.named_parameters()][-1]
+            self.first = next(m for m in layer.module.modules()
+                              if any(True for _ in m.parameters(recurse=False)))
+            self.first.register_forward_hook(self._forwarded)
+
+    @hookimpl
+    def accelopt_transfer_decode(self, record, payload):
+        if record.kind == "param" and record.tensor == self.last:
+            self.held += 1
+            with self.changed:  # forward of this iteration has passed the first layer
+                if self.changed.wait_for(lambda: self.forwards > record.iteration, timeout=10):
+                    self.early += 1
+
+    @hookimpl
+    def accelopt_report_rows(self, run):
+        return [ReportRow("hold_last", f"rank {run.rank}: {self.early} of {self.held}",
+                          {"rank": str(run.rank), "held": self.held, "early": self.early})]
+
+
 class _RankSays:
     """A run-level plugin (no transfer hook) whose report differs by rank, as a build-time
     plugin's measurement does."""
@@ -150,4 +193,5 @@ HALF = PluginSpec(name="half_codec", factory=lambda c: _Half())
 DROP_BIAS = PluginSpec(name="drop_bias", factory=lambda c: _DropBias())
 COUNT_DONE = PluginSpec(name="count_done", factory=lambda c: _CountDone(), scope="job")
 RANK_SAYS = PluginSpec(name="rank_says", factory=lambda c: _RankSays())
+HOLD_LAST = PluginSpec(name="hold_last", factory=lambda c: _HoldLast(), scope="job")
 DIGEST = PluginSpec(name="digest", factory=lambda c: _Digest(), scope="job")
