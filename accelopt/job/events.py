@@ -55,7 +55,8 @@ class Event(str, Enum):
 class StepEvents:
     """Fires one job's iteration events on its host. Each event is a callable, or ``None``
     when no plugin listens to it, so the step pays nothing for an event nobody implements
-    (``if events.iteration_start: events.iteration_start(context)``)."""
+    (``if events.iteration_start: events.iteration_start(context)``). What the events whose
+    hooks answer ``None`` return means nothing (their callers make no list of answers)."""
 
     def __init__(self, host: PluginHost | None, lane: str = "default",
                  clock: Clock = time.perf_counter, *, origin: float = 0.0,

@@ -204,8 +204,8 @@ class Job:
                                  None if loss_value is None else float(loss_value), samples)
         if events.iteration_end:
             # the hook sees the iteration as its work ended. What the plugin does here costs
-            # the job too: a driver counts it by timing the whole call of step() (a second
-            # record with a later end cost ~4,000 instructions an iteration)
+            # the job too: a driver counts it by timing the whole call of step(), so one
+            # record serves both (making a record costs ~4,000 instructions)
             events.iteration_end(context, result)
         return result
 
