@@ -131,6 +131,13 @@ class PluginSet:
         for host in [self.run, *self._own.values(), *self._all.values()]:
             host.trace = trace
 
+    def hook_code(self) -> dict[object, str]:
+        """:meth:`PluginHost.hook_code` over every host of this set (made so far)."""
+        owners: dict[object, str] = {}
+        for host in [self.run, *self._own.values(), *self._all.values()]:
+            owners.update(host.hook_code())
+        return owners
+
     def instances(self) -> list[object]:
         """Every plugin object of this process."""
         out = list(self._run_instances.values())

@@ -142,6 +142,10 @@ class RunSettings:
     """Time every hook call onto the ``hooks`` track of ``trace.json`` (each rank's own in a
     cluster run): a slow hook is visible. ``false`` saves the timing (two clock reads and
     three appends a call)."""
+    hook_watchdog_s: float = 60.0
+    """Say in one line (a warning naming the plugin, the hook and the thread) when a plugin's
+    hook call has run this many seconds while jobs train: a blocking hook stalls its work
+    silently otherwise. Nothing is stopped. 0 turns it off."""
     repeat: int = 0
     """A label only (no effect): lets a Hydra multirun sweep repeat identical runs."""
     compare: str = "none"

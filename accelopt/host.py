@@ -126,6 +126,11 @@ class PluginHost:
         return frozenset(hook for hook, impls in self._impls.items()
                          if any(i.plugin_name == plugin for i in impls))
 
+    def hook_code(self) -> dict[object, str]:
+        """The code object of every hook implementation, with the plugin that owns it (how
+        an error's traceback, or :mod:`accelopt.watchdog`, finds the plugin in a stack)."""
+        return self._code_owner
+
     def implements(self, hook: str) -> bool:
         """Whether any active plugin implements ``hook`` (lets hot paths skip the call)."""
         return hook in self._implemented

@@ -68,6 +68,7 @@ from accelopt.runtime.resume_target import (
 )
 from accelopt.telemetry import TelemetrySampler
 from accelopt.types import RunInfo
+from accelopt.watchdog import watching
 
 
 def execute(
@@ -224,7 +225,8 @@ def _execute_local(cfg: DictConfig, run_dir: Path, registry: Registry, console: 
                 progress.advance(job.info.job_id, job.iteration)
         sampler.start(started)
         try:
-            results = executor.run()
+            with watching(plugins.hook_code, float(cfg.run.hook_watchdog_s)):
+                results = executor.run()
         except BaseException as exc:
             record.telemetry = sampler.stop()
             record.duration_s = time.perf_counter() - started

@@ -39,6 +39,7 @@ from accelopt.job.timeline import PhaseTimer
 from accelopt.plugin import Registry
 from accelopt.records import Span
 from accelopt.types import IterationResult, JobInfo, ReportRow, RunInfo
+from accelopt.watchdog import watching
 
 
 @dataclass
@@ -311,7 +312,8 @@ def run_rank(cfg: DictConfig, settings: ClusterSettings, *, rank: int, world: in
     lifecycle.start([j.job for j in jobs])
     driver = ClusterDriver(cfg, jobs, plugins, rank=rank, device=device, progress=progress,
                            clock=jobs[0].now)
-    driver.run()
+    with watching(plugins.hook_code, float(cfg.run.hook_watchdog_s), f"rank {rank} ({role}): "):
+        driver.run()
     if progress is not None:
         progress.jobs_ended()
     if jobs_ended is not None and rank == 0:
