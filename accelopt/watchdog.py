@@ -72,8 +72,9 @@ class HookWatchdog:
         known = self._watched.get(id(frame))
         first, said = (known[1], known[2]) if known is not None and known[0] is frame else (now, False)
         if not said and now - first >= self.after_s:
+            took = now - first
             line = (f"{self.where}plugin '{plugin}' has been in {frame.f_code.co_name} for "
-                    f"{now - first:.0f} s (thread {thread}, {frame.f_code.co_filename}:"
+                    f"{took:.{0 if took >= 10 else 1}f} s (thread {thread}, {frame.f_code.co_filename}:"
                     f"{frame.f_lineno}); a hook that blocks stalls the work it runs in")
             self.reported.append(line)
             self.say(line)

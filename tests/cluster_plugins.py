@@ -6,6 +6,7 @@ PYTHONPATH by the tests), exactly as a third-party plugin named there would be f
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -145,6 +146,34 @@ class _HoldLast:
                           {"rank": str(run.rank), "held": self.held, "early": self.early})]
 
 
+class _WaitsForTheWatchdog:
+    """Blocks in its first ``accelopt_iteration_end`` until this process's hook watchdog has
+    named it (at most 60 s): a blocking hook, with no sleep to guess how long is enough."""
+
+    def __init__(self) -> None:
+        self.named = threading.Event()
+        self.waited = False
+
+    @hookimpl
+    def accelopt_iteration_end(self, context, result):
+        if self.waited:
+            return
+        self.waited = True
+        named = self.named
+
+        class Seen(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                if "has been in accelopt_iteration_end" in record.getMessage():
+                    named.set()
+
+        seen = Seen()
+        logging.getLogger("accelopt.watchdog").addHandler(seen)
+        try:
+            named.wait(60)
+        finally:
+            logging.getLogger("accelopt.watchdog").removeHandler(seen)
+
+
 class _RankSays:
     """A run-level plugin (no transfer hook) whose report differs by rank, as a build-time
     plugin's measurement does."""
@@ -193,5 +222,7 @@ HALF = PluginSpec(name="half_codec", factory=lambda c: _Half())
 DROP_BIAS = PluginSpec(name="drop_bias", factory=lambda c: _DropBias())
 COUNT_DONE = PluginSpec(name="count_done", factory=lambda c: _CountDone(), scope="job")
 RANK_SAYS = PluginSpec(name="rank_says", factory=lambda c: _RankSays())
+WAITS_FOR_WATCHDOG = PluginSpec(name="waits_for_watchdog",
+                                factory=lambda c: _WaitsForTheWatchdog())
 HOLD_LAST = PluginSpec(name="hold_last", factory=lambda c: _HoldLast(), scope="job")
 DIGEST = PluginSpec(name="digest", factory=lambda c: _Digest(), scope="job")

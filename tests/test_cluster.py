@@ -328,6 +328,19 @@ def test_every_ranks_hook_calls_are_on_its_hooks_track(tmp_path, test_plugins, t
     assert all(s.category == "hook" for s in hooks)
 
 
+def test_a_blocking_hook_on_a_rank_is_named_in_the_runs_log(tmp_path, test_plugins):
+    """The watchdog runs on every rank, and a spawned rank's warnings reach the run's
+    ``accelopt.log`` (they reached only the terminal), each naming its rank."""
+    test_plugins("WAITS_FOR_WATCHDOG")
+    cfg = make_cfg("ps", iterations=2, plugins={"waits_for_watchdog": {}})
+    cfg.run.hook_watchdog_s = 0.2
+    run_cluster(cfg, run_dir=tmp_path)
+    log = (tmp_path / "accelopt.log").read_text()
+    for who in ("rank 0 (server)", "rank 1 (worker)", "rank 2 (worker)"):
+        assert (f"[accelopt.watchdog][WARNING] - {who}: plugin 'waits_for_watchdog' has been "
+                "in accelopt_iteration_end for") in log
+
+
 def test_codec_and_filter_plugins_transform_payloads(tmp_path, test_plugins):
     """accelopt_transfer_encode / accelopt_transfer_decode change the payload on the wire;
     accelopt_transfer_filter drops the bias gradients."""

@@ -61,7 +61,7 @@ def test_a_hook_call_running_past_the_limit_is_named_once_and_let_go_when_it_end
         plugin.release.set()
         thread.join(30)
     assert len(said) == 1  # once per call
-    assert said[0].startswith("plugin 'blocks' has been in accelopt_iteration_start for 5 s "
+    assert said[0].startswith("plugin 'blocks' has been in accelopt_iteration_start for 5.0 s "
                               "(thread lane-test, ")
     dog.look()
     assert dog._watched == {}  # the ended call's frame is not kept

@@ -10,10 +10,12 @@ process *is* one rank: nothing is spawned, and rank 0's outcome carries every ra
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import pickle
 import signal
 import socket
+import sys
 import tempfile
 import threading
 import time
@@ -251,6 +253,24 @@ def join_local_rank(rank: int, world: int, port: int,
     return f"tcp://{master_addr}:{port}"
 
 
+LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"
+"""A rank's log lines look like the launcher's (Hydra's default job logging format)."""
+
+
+def _log_where_the_launcher_does(run_dir: str) -> None:
+    """A spawned rank's warnings (a blocking hook named by the watchdog, a transport's
+    warning) go to its stderr, as the launcher's do, and into the run's ``accelopt.log``,
+    appended line by line beside the other ranks' (without this they reached only the
+    terminal: Python's last-resort handler, and no log kept them)."""
+    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    if Path(run_dir).is_dir():
+        handlers.append(logging.FileHandler(Path(run_dir) / "accelopt.log", mode="a",
+                                            encoding="utf-8", delay=True))
+    for handler in handlers:
+        handler.setFormatter(logging.Formatter(LOG_FORMAT))
+        logging.getLogger("accelopt").addHandler(handler)
+
+
 def _adopt_environment(environ: dict[str, str]) -> None:
     """A forked rank has the forkserver's environment, from when it started: take the
     launcher's as it is now (plugins named in ACCELOPT_PLUGINS, PYTHONPATH entries)."""
@@ -280,6 +300,7 @@ def child_main(rank: int, world: int, cfg_yaml: str, port: int, t0: float, work:
         init_method = join_local_rank(rank, world, port, endpoint, master_addr)
         cfg = OmegaConf.create(cfg_yaml)
         settings = settings_from(cfg.cluster)
+        _log_where_the_launcher_does(run_dir)
         progress = faults.Progress(work, rank)
         run_rank(cfg, settings, rank=rank, world=world, t0_epoch=t0,
                  init_method=init_method, run_dir=run_dir, progress=progress,
