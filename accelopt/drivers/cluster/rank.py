@@ -66,6 +66,11 @@ class JobPart:
     iteration's end, each earlier run's part on its own clock)."""
 
 
+def process_name(rank: int, role: str) -> str:
+    """How a rank's process is named in the timeline and in its log lines."""
+    return f"rank {rank} ({role})"
+
+
 @dataclass
 class RankResult:
     """Everything one rank measured, sent to rank 0 with ``gather_object``."""
@@ -129,7 +134,7 @@ class RankJob:
         mode's, PS server/worker or all-reduce; a benchmark harness may bring its own)."""
         self.rank, self.t0_epoch, self.label = rank, t0_epoch, label
         self.role = settings.role(rank)
-        self.process = f"rank {rank} ({self.role})"
+        self.process = process_name(rank, self.role)
         self.spans: list[Span] = []
         self.iterations: list[dict[str, Any]] = []
         self.wire_bytes: list[tuple[int, int]] = []
@@ -284,6 +289,7 @@ def run_rank(cfg: DictConfig, settings: ClusterSettings, *, rank: int, world: in
     # the hooks' clock (perf_counter) onto the run's (seconds since t0_epoch, every rank's)
     hooks_shift = time.time() - t0_epoch - time.perf_counter()
     role = settings.role(rank)
+    process = process_name(rank, role)
     info = RunInfo(run_dir=run_dir, device=str(device), plugins=plugins.names, jobs=(),
                    seed=int(cfg.run.seed), rank=rank, role=role,  # type: ignore[arg-type]
                    world_size=world, leader=rank == 0, cluster=settings.info(backend))
@@ -312,7 +318,7 @@ def run_rank(cfg: DictConfig, settings: ClusterSettings, *, rank: int, world: in
     lifecycle.start([j.job for j in jobs])
     driver = ClusterDriver(cfg, jobs, plugins, rank=rank, device=device, progress=progress,
                            clock=jobs[0].now)
-    with watching(plugins.hook_code, float(cfg.run.hook_watchdog_s), f"rank {rank} ({role}): "):
+    with watching(plugins.hook_code, float(cfg.run.hook_watchdog_s), f"{process}: "):
         driver.run()
     if progress is not None:
         progress.jobs_ended()
@@ -327,7 +333,7 @@ def run_rank(cfg: DictConfig, settings: ClusterSettings, *, rank: int, world: in
                    "iterations": sum(len(j.iterations) for j in jobs)})
     for job in jobs:
         result.parts[job.job.info.job_id] = job.finish()
-    result.hook_spans = hook_spans(hook_calls, hooks_shift, f"rank {rank} ({role})")
+    result.hook_spans = hook_spans(hook_calls, hooks_shift, process)
     gathered: list[Any] | None = None
     if results_dir is not None:  # complete or absent; not durable: a scratch directory
         with atomic_open(result_path(results_dir, rank), "wb", durable=False) as fh:
