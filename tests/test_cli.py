@@ -55,6 +55,18 @@ def test_a_reference_set_that_cannot_run_is_refused_before_anything_trains(tmp_p
     assert ok.returncode == 0, ok.stderr  # the selection itself is fine
 
 
+def test_a_cluster_setting_a_one_process_run_cannot_use_is_said_where_the_run_is_read(
+        tmp_path):
+    result = accelopt("run", *TINY, "cluster.network.bandwidth=100mbit", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    line = ("warning: cluster.network.bandwidth=100mbit has no effect: cluster.mode=none runs "
+            "one process (no ranks, no process group, no links); set cluster.mode=ps or "
+            "cluster.mode=allreduce to use it")
+    assert line in result.stdout.splitlines()  # one line, however wide the terminal
+    (run_dir,) = _run_dirs(tmp_path)
+    assert line in (run_dir / "accelopt.log").read_text().splitlines()
+
+
 def test_plugin_summary_line(tmp_path):
     result = accelopt("run", "+plugins=[noop]", *TINY, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
@@ -424,6 +436,7 @@ def test_hydra_flags_with_values_are_not_overrides(tmp_path):
     (["plugins.salsa.policy=srtf"], "no plugin 'salsa' is installed; did you mean 'salus'?"),
     (["plugins=[salus]"], "plugins are selected with a leading +: +plugins=[salus]"),
     (["workload=digit"], "no workload 'digit'; did you mean 'digits'?"),
+    (["cluster.bucket_mb=0"], "cluster.bucket_mb must be > 0 (MiB per gradient bucket), got 0"),
 ])
 def test_config_mistakes_name_the_fix(overrides, needle, tmp_path):
     import accelopt

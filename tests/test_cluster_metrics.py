@@ -12,6 +12,7 @@ from accelopt.drivers.cluster.settings import (
     parse_duration,
     parse_rate,
     settings_from,
+    unused_settings,
 )
 from accelopt.errors import ConfigError
 from accelopt.job.params import buckets_by_bytes, param_table, shard_by_bytes, shard_rows
@@ -143,6 +144,20 @@ def test_settings_validate_with_one_line_errors():
     assert settings_from(_cluster(mode="ps")).network == "none"
     assert settings_from(_cluster(mode="ps", **{"network.bandwidth": "1gbit"})).network == "shared"
     assert parse_duration("1ms") == pytest.approx(1e-3)
+
+
+def test_settings_a_mode_does_not_read_are_named_not_dropped():
+    """A one-process run asked for a shaped link used to run unshaped and say nothing."""
+    assert unused_settings(_cluster(mode="none")) is None
+    assert unused_settings(_cluster(mode="none", bucket_mb=4)) is None  # a job's buckets
+    line = unused_settings(_cluster(mode="none", workers=4, **{"network.bandwidth": "100mbit"}))
+    assert line == ("cluster.workers=4, cluster.network.bandwidth=100mbit have no effect: "
+                    "cluster.mode=none runs one process (no ranks, no process group, no "
+                    "links); set cluster.mode=ps or cluster.mode=allreduce to use them")
+    line = unused_settings(_cluster(mode="allreduce", servers=3, workers=4))
+    assert line is not None and line.startswith("cluster.servers=3 has no effect: ")
+    assert "set cluster.mode=ps to use it" in line
+    assert unused_settings(_cluster(mode="ps", servers=3, **{"network.latency": "1ms"})) is None
 
 
 @pytest.mark.parametrize("backend,device,ranks,gpus,chosen,noted", [

@@ -29,7 +29,7 @@ from rich.console import Console
 from accelopt.activation import activate, selected_plugins
 from accelopt.atomic import atomic_open
 from accelopt.collector import collector_paused, run_starts
-from accelopt.drivers.cluster.settings import local_info
+from accelopt.drivers.cluster.settings import local_info, unused_settings
 from accelopt.drivers.lifecycle import Lifecycle
 from accelopt.drivers.local import Executor
 from accelopt.drivers.processes import preloads_dynamo, under_torchrun
@@ -89,6 +89,9 @@ def execute(
     resuming = resume_from is not None
     reference_sets = _reference_sets(cfg, resuming, console)
     validate(cfg, registry, reference_sets)
+    unused = unused_settings(cfg.cluster)
+    if unused is not None:
+        console.print(f"warning: {unused}", markup=False, highlight=False, soft_wrap=True)
     refs = compare.run_references(cfg, reference_sets, run_dir, registry, console)
     if refs:
         cfg = copy.deepcopy(cfg)
@@ -141,6 +144,9 @@ def _validate_settings(cfg: DictConfig) -> list[str]:
     if int(cfg.run.checkpoint_every) < 0:
         raise UserError(f"run.checkpoint_every must be >= 0 (0 = off), got "
                         f"{cfg.run.checkpoint_every}")
+    if float(cfg.cluster.bucket_mb) <= 0:  # the buckets a job records, in every mode
+        raise UserError(f"cluster.bucket_mb must be > 0 (MiB per gradient bucket), got "
+                        f"{cfg.cluster.bucket_mb}")
     if cfg.cluster.mode != "none":
         from accelopt.drivers.cluster.launch import validate as validate_cluster
         from accelopt.drivers.cluster.settings import settings_from

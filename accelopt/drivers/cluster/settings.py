@@ -177,6 +177,53 @@ def bucket_bytes(cluster: Any) -> int:
     return max(1, int(float(cluster.get("bucket_mb", 1.0)) * 2**20))
 
 
+_MODE_USES: dict[str, tuple[str, ...]] = {
+    "none": ("bucket_mb",),
+    "allreduce": ("workers", "backend", "bucket_mb", "timeout_s", "master_port", "network"),
+}
+"""The ``cluster`` keys each mode reads (a mode not named here, ``ps``, reads them all):
+one process has no ranks, no process group and no links; all-reduce has no servers."""
+
+_WHY_UNUSED = {
+    "none": "cluster.mode=none runs one process (no ranks, no process group, no links); "
+            "set cluster.mode=ps or cluster.mode=allreduce to use {them}",
+    "allreduce": "cluster.mode=allreduce has no parameter servers (every rank is a worker); "
+                 "set cluster.mode=ps to use {them}",
+}
+
+
+def unused_settings(cluster: Any) -> str | None:
+    """One line naming the ``cluster`` keys set away from their defaults that this mode does
+    not read, or ``None``. Why: ``cluster.network.bandwidth=100mbit`` on a one-process run
+    shaped nothing and said nothing, so a run could be read as measured on a link it never
+    had. A warning and not a refusal: a sweep over ``cluster.mode=none,ps`` with one
+    bandwidth, or an experiment file's cluster run repeated with ``cluster.mode=none``, are
+    meant (the workload and experiment files set these keys too)."""
+    from accelopt.config import ClusterConfig
+
+    mode = str(cluster.mode)
+    uses = _MODE_USES.get(mode)
+    if uses is None:
+        return None
+    defaults = ClusterConfig()
+    unused = []
+    for key, default in vars(defaults).items():
+        if key == "mode" or key in uses:
+            continue
+        if key == "network":
+            network = cluster.get("network") or {}
+            unused += [f"cluster.network.{name}={network.get(name)}"
+                       for name, value in vars(default).items()
+                       if network.get(name, value) not in (value, None, "", {})]
+        elif cluster.get(key, default) != default:
+            unused.append(f"cluster.{key}={cluster.get(key)}")
+    if not unused:
+        return None
+    them = "it" if len(unused) == 1 else "them"
+    verb = "has" if len(unused) == 1 else "have"
+    return f"{', '.join(unused)} {verb} no effect: " + _WHY_UNUSED[mode].format(them=them)
+
+
 def local_info(cluster: Any) -> ClusterInfo:
     """``RunInfo.cluster`` of a one-process run (``cluster.mode=none``)."""
     return ClusterInfo(mode="none", workers=1, servers=0, backend="none",
