@@ -7,6 +7,7 @@ seconds, mostly process start-up.
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -162,6 +163,25 @@ def test_a_rank_starts_with_the_preloaded_imports_frozen_and_the_collector_on():
     enabled, frozen_ddp, dynamo, sigint = _collector_of_a_rank(ddp=True)
     assert enabled and dynamo and sigint
     assert frozen_ddp > frozen + 100_000  # dynamo's too (~320,000 in all here)
+
+
+@pytest.mark.parametrize("preload", ["rank_preload", "rank_preload_ddp"])
+def test_a_preload_that_fails_to_import_hands_ctrl_c_back(preload):
+    """The forkserver passes over a preload's ImportError: the preload must not leave Ctrl-C
+    ignored for every rank forked after it."""
+    code = ("import signal, sys\n"
+            "sys.modules['accelopt.drivers.cluster.launch'] = None  # its import now fails\n"
+            "sys.modules['torch._dynamo'] = None\n"
+            "try:\n"
+            f"    import accelopt.drivers.{preload}\n"
+            "except ImportError:\n"
+            "    pass\n"
+            "else:\n"
+            "    sys.exit('the import did not fail')\n"
+            "print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, check=True)
+    assert out.stdout.strip() == "True", out.stderr
 
 
 @pytest.mark.timeout(120)

@@ -24,19 +24,22 @@ import signal
 # Ctrl-C reaches the whole process group; a forkserver still importing would print a
 # KeyboardInterrupt traceback of its own beside the launcher's one line (the launcher stops
 # the run and the forkserver with it). Python's forkserver ignores SIGINT only once its
-# preload is done: ignore it here for the preload, then hand back what was there.
+# preload is done: ignore it here for the preload, then hand back what was there, also when
+# an import fails (the forkserver passes over a preload's ImportError, and its ranks would
+# otherwise start with Ctrl-C ignored).
 _sigint = signal.signal(signal.SIGINT, signal.SIG_IGN)
+try:
+    from accelopt.drivers.processes import quiet_cpp_warnings
 
-from accelopt.drivers.processes import quiet_cpp_warnings  # noqa: E402
+    quiet_cpp_warnings()  # before torch: it reads the level when imported
 
-quiet_cpp_warnings()  # before torch: it reads the level when imported
+    from accelopt.collector import collector_paused
+    from accelopt.drivers.lazy_dynamo import defer_dynamo_import
 
-from accelopt.collector import collector_paused  # noqa: E402
-from accelopt.drivers.lazy_dynamo import defer_dynamo_import  # noqa: E402
+    with collector_paused():
+        import accelopt.drivers.cluster.launch  # noqa: F401
 
-with collector_paused():
-    import accelopt.drivers.cluster.launch  # noqa: F401
-
-    defer_dynamo_import()
-gc.freeze()
-signal.signal(signal.SIGINT, _sigint)
+        defer_dynamo_import()
+    gc.freeze()
+finally:
+    signal.signal(signal.SIGINT, _sigint)

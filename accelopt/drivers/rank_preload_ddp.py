@@ -14,16 +14,16 @@ from __future__ import annotations
 import signal
 
 _sigint = signal.signal(signal.SIGINT, signal.SIG_IGN)  # as rank_preload: no traceback on Ctrl-C
+try:
+    from accelopt.drivers.processes import quiet_cpp_warnings
 
-from accelopt.drivers.processes import quiet_cpp_warnings  # noqa: E402
+    quiet_cpp_warnings()  # before torch: it reads the level when imported
 
-quiet_cpp_warnings()  # before torch: it reads the level when imported
+    from accelopt.collector import collector_paused
 
-from accelopt.collector import collector_paused  # noqa: E402
+    with collector_paused():
+        import torch._dynamo  # noqa: F401
 
-with collector_paused():
-    import torch._dynamo  # noqa: F401
-
-import accelopt.drivers.rank_preload  # noqa: E402,F401  (freezes everything imported)
-
-signal.signal(signal.SIGINT, _sigint)
+    import accelopt.drivers.rank_preload  # noqa: F401  (freezes everything imported)
+finally:
+    signal.signal(signal.SIGINT, _sigint)
