@@ -160,6 +160,23 @@ def test_settings_a_mode_does_not_read_are_named_not_dropped():
     assert unused_settings(_cluster(mode="ps", servers=3, **{"network.latency": "1ms"})) is None
 
 
+@pytest.mark.parametrize("mode, warned", [("none", False), ("ps", True), ("allreduce", True)])
+def test_a_memory_capacity_a_cluster_run_cannot_enforce_is_named(mode, warned):
+    from accelopt.config import AccelConfig
+    from accelopt.runtime.run import settings_without_effect
+
+    cfg = OmegaConf.structured(AccelConfig)
+    cfg.cluster.mode = mode
+    assert settings_without_effect(cfg) == []  # the default capacity, auto
+    cfg.run.memory_capacity = "1MiB"
+    lines = settings_without_effect(cfg)
+    assert bool(lines) == warned
+    if warned:
+        assert lines == [f"run.memory_capacity=1MiB has no effect: cluster.mode={mode} does not "
+                         "profile jobs' memory (every rank keeps every job resident), so "
+                         "nothing is admitted or rejected by it; cluster.mode=none enforces it"]
+
+
 @pytest.mark.parametrize("backend,device,ranks,gpus,chosen,noted", [
     ("auto", "auto", 3, 0, "gloo", False),     # no GPU
     ("auto", "cpu", 3, 8, "gloo", False),      # asked for CPU

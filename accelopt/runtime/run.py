@@ -89,9 +89,8 @@ def execute(
     resuming = resume_from is not None
     reference_sets = _reference_sets(cfg, resuming, console)
     validate(cfg, registry, reference_sets)
-    unused = unused_settings(cfg.cluster)
-    if unused is not None:
-        console.print(f"warning: {unused}", markup=False, highlight=False, soft_wrap=True)
+    for line in settings_without_effect(cfg):
+        console.print(f"warning: {line}", markup=False, highlight=False, soft_wrap=True)
     refs = compare.run_references(cfg, reference_sets, run_dir, registry, console)
     if refs:
         cfg = copy.deepcopy(cfg)
@@ -134,6 +133,23 @@ def refused_sets(cfg: DictConfig, registry: Registry,
         except AccelOptError as exc:
             refused[subset] = str(exc)
     return refused
+
+
+def settings_without_effect(cfg: DictConfig) -> list[str]:
+    """One line each for settings this run's mode does not read (:func:`unused_settings`
+    for ``cluster.*``). ``run.memory_capacity`` in a cluster run: jobs are not
+    memory-profiled there (every rank keeps every job resident), so a capacity that a
+    one-process run would enforce, rejecting a job that does not fit, admits everything."""
+    lines = []
+    unused = unused_settings(cfg.cluster)
+    if unused is not None:
+        lines.append(unused)
+    if cfg.cluster.mode != "none" and str(cfg.run.memory_capacity) != "auto":
+        lines.append(f"run.memory_capacity={cfg.run.memory_capacity} has no effect: "
+                     f"cluster.mode={cfg.cluster.mode} does not profile jobs' memory (every "
+                     "rank keeps every job resident), so nothing is admitted or rejected by "
+                     "it; cluster.mode=none enforces it")
+    return lines
 
 
 def _validate_settings(cfg: DictConfig) -> list[str]:
