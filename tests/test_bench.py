@@ -89,8 +89,12 @@ def test_two_repeats_give_no_verdict():
         SetResult(("noop",), (9.5, 12.5, 8.0), repeats=(0, 1, 2)),   # 1.05x, 0.96x, 1.12x
         SetResult(("fast",), (5.0, 6.5, 4.4), repeats=(0, 1, 2)),
     ], "duration_s")}
-    assert three["noop"].verdict == "alone; within noise (gain 0.96-1.12 includes 1)"
+    assert three["noop"].verdict == "alone; within noise (paired gain 0.96-1.12 includes 1)"
     assert three["fast"].verdict == "alone"
+    unpaired = {s.label: s for s in summarize([  # every value against every baseline value
+        SetResult((), (10.0, 12.0, 9.0)), SetResult(("noop",), (9.5, 12.5, 8.0))],
+        "duration_s")}
+    assert unpaired["noop"].verdict == "alone; within noise (unpaired gain 0.72-1.50 includes 1)"
     table = render_markdown(list(by.values()), {"metric": "avg_jct_s", "command": "c",
                                                 "machine": "m", "python": "3", "repeats": 2,
                                                 "higher_is_better": False})

@@ -131,8 +131,9 @@ def summarize(
     return out
 
 
-def gain_range(result: SetResult, base: SetResult, higher: bool) -> tuple[float, float, int]:
-    """(lowest, highest, n) of a set's gain with the baseline's own noise in it (the gain
+def gain_range(result: SetResult, base: SetResult,
+               higher: bool) -> tuple[float, float, int, bool]:
+    """(lowest, highest, n, paired) of a set's gain with the baseline's own noise in it (the gain
     column's range is against the baseline's median and hides the baseline's spread): within
     each repeat against that repeat's baseline run when runs carry repeats (n: the repeats
     that measured both), else the unpaired bound, every value against every baseline value
@@ -144,11 +145,12 @@ def gain_range(result: SetResult, base: SetResult, higher: bool) -> tuple[float,
     if mine is not None and theirs is not None:
         common = sorted(set(mine) & set(theirs))
         gains, n = [ratio(mine[k], theirs[k]) for k in common], len(common)
+        paired = True
     else:
         gains = [ratio(v, b) for v in result.values for b in base.values]
-        n = min(len(result.values), len(base.values))
+        n, paired = min(len(result.values), len(base.values)), False
     gains = [g for g in gains if not math.isnan(g)]
-    return (min(gains), max(gains), n) if gains else (math.nan, math.nan, n)
+    return (min(gains), max(gains), n, paired) if gains else (math.nan, math.nan, n, paired)
 
 
 def _by_repeat(result: SetResult) -> dict[int, float] | None:
@@ -158,16 +160,20 @@ def _by_repeat(result: SetResult) -> dict[int, float] | None:
     return dict(zip(result.repeats, result.values, strict=True))
 
 
-def alone_verdict(bounds: tuple[float, float, int]) -> str:
+def alone_verdict(bounds: tuple[float, float, int, bool]) -> str:
     """A set of one plugin: 'alone' when its gain is measured (enough repeats, and a range
-    that excludes 1), else why the gain column is not a finding."""
-    low, high, n = bounds
+    that excludes 1), else why the gain column is not a finding. The range it quotes is
+    named for what it is (paired within repeats, or every value against every baseline
+    value), because the table's "gain range" column, against the baseline's median, shows
+    other numbers beside it."""
+    low, high, n, paired = bounds
     if n < MIN_REPEATS:
         return f"alone; {too_few(n)}"
     if math.isnan(low):
         return "alone; gain undefined (a value of 0)"
     if low <= 1 <= high:
-        return f"alone; within noise (gain {low:.2f}-{high:.2f} includes 1)"
+        kind = "paired gain" if paired else "unpaired gain"
+        return f"alone; within noise ({kind} {low:.2f}-{high:.2f} includes 1)"
     return "alone"
 
 
