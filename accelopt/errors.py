@@ -56,13 +56,18 @@ class RankFailed(AccelOptError):
     """A process of a cluster run died or raised; the run was stopped. In a cluster run every
     rank runs every job's iterations, so a job that raises there stops the run (where one
     process only fails that job): ``accelopt.run`` raises this, naming the rank, its pid,
-    the iteration and the cause, and ``metrics.json`` marks the jobs that had not finished
-    as failed with it."""
+    the iteration and job it was in and the cause, and ``metrics.json`` gives that job the
+    cause and marks the other jobs that had not finished as failed with this line."""
 
     def __init__(self, message: str, *, rank: int, pid: int | None, iteration: int | None,
-                 cause: str, exit_code: int = 1) -> None:
+                 cause: str, exit_code: int = 1, job_id: str = "") -> None:
         super().__init__(message)
         self.rank, self.pid, self.iteration, self.cause = rank, pid, iteration, cause
+        self.job_id = job_id
+        """The job whose iteration the rank was running when it failed (``""``: none, or
+        the failure was a peer's consequence): its own code or a plugin's hook raised
+        there, and ``metrics.json`` gives that job the cause and the others the run's
+        stop."""
         self.exit_code = exit_code
         """The rank's own error's exit code: 2 when it raised a ``UserError`` (bad input
         found on a rank, e.g. by a plugin's hook), as the same error exits in one process."""

@@ -414,3 +414,28 @@ def test_scope_is_declared_one_instance_per_job_or_per_run():
         PluginSet([wrong], make_cfg()).for_job("00-a")
     with pytest.raises(ValueError, match="scope must be one of run, job"):
         PluginSpec(name="x", factory=lambda c: None, scope="rank")
+
+
+def test_a_job_whose_code_raises_on_a_rank_is_named_and_keeps_its_cause(tmp_path):
+    """Rank 1's copy of the first job's model raises at its third forward. The run stops
+    (every rank runs every job's iterations), and its line said "at iteration 2" without
+    saying whose: it names the job now, and metrics.json gives that job the cause, as a
+    one-process run does, and the job that never ran the run's stop."""
+    import accelopt
+    from accelopt.errors import RankFailed
+
+    with pytest.raises(RankFailed) as info:
+        accelopt.run(["workload=tiny", "cluster.mode=ps", "cluster.timeout_s=20",
+                      "workload.jobs.0.model=cluster_models:raises_on_rank",
+                      "workload.jobs.0.dataset=synthetic_vectors", "run.progress=false"],
+                     run_dir=tmp_path / "run")
+    error = info.value
+    assert str(error).endswith("raised RuntimeError: boom on rank 1 at iteration 2 of job "
+                               "'tiny-mlp'; the cluster run was stopped"), str(error)
+    assert error.rank == 1 and error.job_id == "00-tiny-mlp"
+    jobs = {j["name"]: j for j in
+            json.loads((tmp_path / "run" / "metrics.json").read_text())["jobs"]}
+    assert jobs["tiny-mlp"]["status"] == "failed"
+    assert jobs["tiny-mlp"]["error"] == "RuntimeError: boom on rank 1 (rank 1, iteration 2)"
+    assert jobs["tiny-cnn"]["status"] == "failed"
+    assert jobs["tiny-cnn"]["error"] == f"the run stopped: {error}"

@@ -112,12 +112,16 @@ def test_a_failing_rank_under_torchrun_is_one_line_and_in_rank_0s_metrics(tmp_pa
     result = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True,
                             timeout=200)
     assert result.returncode != 0
-    line = "raised RuntimeError: boom on rank 1 at iteration 2; the cluster run was stopped"
+    line = ("raised RuntimeError: boom on rank 1 at iteration 2 of job 'mlp'; the cluster run "
+            "was stopped")
     assert "error: rank 1 (worker, pid " in result.stderr and line in result.stderr, \
         result.stderr[-3000:]
     assert "Error executing job" not in result.stderr, result.stderr[-3000:]
-    error = json.loads((run_dir / "metrics.json").read_text())["summary"]["error"]
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    error = metrics["summary"]["error"]
     assert error.startswith("rank 1 (worker, pid ") and error.endswith(line), error
+    (job,) = metrics["jobs"]  # the job whose code raised gets the cause itself
+    assert job["error"] == "RuntimeError: boom on rank 1 (rank 1, iteration 2)", job
 
 
 def test_a_rendezvous_that_fails_names_master_addr_and_port(tmp_path, monkeypatch):

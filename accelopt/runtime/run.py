@@ -424,9 +424,13 @@ def _keep_evidence(record: RunRecord, run_dir: Path, exc: BaseException) -> None
     if isinstance(exc, UserError):
         return  # a refusal (bad input found before the work began): nothing to keep
     error = error_line(exc)
+    culprit = getattr(exc, "job_id", "")  # a rank's failure inside one job's iteration
     for result in record.jobs:
         if result.status not in ("done", "failed", "rejected"):
             result.status = "failed"
+            if culprit and result.job.job_id == culprit:  # its own error, as in one process
+                result.error = result.error or (
+                    f"{exc.cause} (rank {exc.rank}, iteration {exc.iteration})")  # type: ignore[attr-defined]
             result.error = result.error or f"the run stopped: {error}"
     record.metrics["error"] = error
     try:

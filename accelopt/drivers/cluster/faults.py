@@ -1,10 +1,10 @@
 """Failure handling: a rank that dies (signal, exception, OOM) stops the whole run quickly,
-with one line naming the rank, its pid, what killed it and the iteration it was in.
+with one line naming the rank, its pid, what killed it and the iteration (and job) it was in.
 
 Children: :func:`die_with_parent` (the kernel SIGKILLs a child whose parent dies),
 :func:`die_with_launcher` (a rank forked from the forkserver exits when the launcher dies),
-:class:`Progress` (the current iteration in a tiny file the parent can read after a
-SIGKILL) and :func:`write_failure` (the exception, before exiting). Parent:
+:class:`Progress` (the current iteration and job in a tiny file the parent can read
+after a SIGKILL) and :func:`write_failure` (the exception, before exiting). Parent:
 :class:`Watchdog` polls the processes; on the first failure it waits a moment for the
 other ranks' reports, picks the root cause (the ranks' forkserver dying, a rendezvous port
 already in use, a signal death, an ordinary exception, an exit without one, else the
@@ -25,9 +25,9 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-from accelopt.errors import AccelOptError, RankFailed, Terminated, UserError
+from accelopt.errors import AccelOptError, RankFailed, Terminated, UserError, raised_by_hook
 
 PR_SET_PDEATHSIG = 1
 GRACE_S = 1.0
@@ -86,17 +86,43 @@ JOBS_ENDED = -1
 """The progress mark of a rank whose jobs have all ended."""
 
 
+class At(NamedTuple):
+    """Where a rank was: the iteration it was in, and whose (a cluster run's ranks run
+    every job's iterations, so an iteration number alone does not say which job's code
+    raised)."""
+
+    iteration: int | None
+    job_id: str = ""
+    job_name: str = ""
+
+
+_PROGRESS_BYTES = 512
+"""A progress record's fixed size: the iteration, then the job as JSON, padded (one
+``pwrite`` replaces the whole record, whatever the previous one held)."""
+
+
 class Progress:
-    """The iteration a rank is in, readable by the parent even after a SIGKILL."""
+    """The iteration a rank is in, and its job, readable by the parent even after a
+    SIGKILL."""
 
     def __init__(self, workdir: str | os.PathLike[str], rank: int) -> None:
-        self.iteration: int | None = None
+        self.at = At(None)
         self.path = Path(workdir) / f"progress-{rank}"
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        self._job: tuple[str, bytes] = ("", b"")
+        """The last job's id and its encoded part of the record (made once per job, not
+        per iteration)."""
 
-    def set(self, iteration: int) -> None:
-        self.iteration = iteration
-        os.pwrite(self._fd, f"{iteration:>12}".encode(), 0)
+    @property
+    def iteration(self) -> int | None:
+        return self.at.iteration
+
+    def set(self, iteration: int, job_id: str = "", job_name: str = "") -> None:
+        if job_id != self._job[0]:
+            self._job = (job_id, _job_record(job_id, job_name))
+        self.at = At(iteration, job_id, job_name)
+        record = f"{iteration:>12} ".encode() + self._job[1]
+        os.pwrite(self._fd, record.ljust(_PROGRESS_BYTES), 0)
 
     def jobs_ended(self) -> None:
         """Past the last iteration (the plugins report, the results are gathered): a failure
@@ -105,11 +131,31 @@ class Progress:
 
     @staticmethod
     def read(workdir: str | os.PathLike[str], rank: int) -> int | None:
+        return Progress.read_at(workdir, rank).iteration
+
+    @staticmethod
+    def read_at(workdir: str | os.PathLike[str], rank: int) -> At:
+        """Where rank ``rank`` last said it was (``At(None)``: before its first iteration)."""
         try:
-            text = (Path(workdir) / f"progress-{rank}").read_text().strip()
-            return int(text) if text else None
+            number, _, job = (Path(workdir) / f"progress-{rank}").read_text().strip().partition(" ")
+            iteration = int(number)
         except (OSError, ValueError):
-            return None
+            return At(None)
+        try:
+            job_id, job_name = json.loads(job)
+            return At(iteration, str(job_id), str(job_name))
+        except (ValueError, TypeError):
+            return At(iteration)
+
+
+def _job_record(job_id: str, job_name: str) -> bytes:
+    """A job's part of a progress record, within its fixed size: the name left out, then
+    the id too, where they are too long for it (the iteration is always kept)."""
+    for parts in ([job_id, job_name], [job_id, ""], ["", ""]):
+        record = json.dumps(parts).encode()
+        if len(record) <= _PROGRESS_BYTES - 13:
+            return record
+    return b""
 
 
 ENDED_FILE = "ended.json"
@@ -166,16 +212,18 @@ def error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def where(iteration: int | None) -> str:
+def where(iteration: int | None, job_name: str = "") -> str:
     if iteration == JOBS_ENDED:
         return "after its jobs ended"
-    return "before its first iteration" if iteration is None else f"at iteration {iteration}"
+    if iteration is None:
+        return "before its first iteration"
+    return f"at iteration {iteration}" + (f" of job '{job_name}'" if job_name else "")
 
 
 def raised_line(rank: int, role: str, pid: int | None, error: str,
-                iteration: int | None) -> str:
+                iteration: int | None, job_name: str = "") -> str:
     """The run's one line for a rank that raised (the local launcher's and torchrun's)."""
-    return (f"rank {rank} ({role}, pid {pid}) raised {error} {where(iteration)}; "
+    return (f"rank {rank} ({role}, pid {pid}) raised {error} {where(iteration, job_name)}; "
             "the cluster run was stopped")
 
 
@@ -187,20 +235,24 @@ def port_in_use_line(port: int, setting: str, fix: str) -> str:
 LOCAL_PORT_FIX = "set cluster.master_port=0 to pick a free port, or choose another"
 
 
-def failure_note(rank: int, role: str, iteration: int | None,
-                 exc: BaseException) -> dict[str, Any]:
-    """What a failing rank tells the others: who it is, where it was and what it raised."""
+def failure_note(rank: int, role: str, at: At, exc: BaseException) -> dict[str, Any]:
+    """What a failing rank tells the others: who it is, where it was and what it raised.
+    ``culprit``: the job whose own code raised (its model, data or loss), which a
+    one-process run would fail alone; not a plugin's hook, whose error stops the run
+    whichever job's iteration it was in."""
+    own = not raised_by_hook(exc) and not isinstance(exc, (UserError, Terminated))
     return {
-        "rank": rank, "role": role, "pid": os.getpid(), "iteration": iteration,
+        "rank": rank, "role": role, "pid": os.getpid(), "iteration": at.iteration,
+        "job_id": at.job_id, "job_name": at.job_name, "culprit": at.job_id if own else "",
         "error": error_text(exc), "port_in_use": port_in_use(exc),
         "communication": is_communication_error(exc), "time": time.time(),
         "exit_code": exc.exit_code if isinstance(exc, AccelOptError) else 1,
     }
 
 
-def write_failure(workdir: str | os.PathLike[str], rank: int, role: str,
-                  iteration: int | None, exc: BaseException) -> None:
-    note = failure_note(rank, role, iteration, exc)
+def write_failure(workdir: str | os.PathLike[str], rank: int, role: str, at: At,
+                  exc: BaseException) -> None:
+    note = failure_note(rank, role, at, exc)
     tmp = Path(workdir) / f".failure-{rank}.tmp"
     tmp.write_text(json.dumps(note))
     os.replace(tmp, Path(workdir) / f"failure-{rank}.json")
@@ -311,13 +363,13 @@ class Watchdog:
         silent = [c for c in self.children if c.process.exitcode is None]
         if kind == COMMUNICATION and silent:  # a peer timed out waiting: the one alive may be why
             c = silent[0]
-            at = Progress.read(self.workdir, c.rank)
+            at = Progress.read_at(self.workdir, c.rank)
             chosen = RankFailed(
                 f"{chosen}; rank {c.rank} ({c.role}, pid {c.pid}) had not exited when its peers "
-                f"gave up, {where(at)}: it may be the one they waited for (paused, stuck or "
-                "overloaded)",
-                rank=c.rank, pid=c.pid, iteration=at, cause="stopped responding",
-                exit_code=chosen.exit_code)
+                f"gave up, {where(at.iteration, at.job_name)}: it may be the one they waited for "
+                "(paused, stuck or overloaded)",
+                rank=c.rank, pid=c.pid, iteration=at.iteration, cause="stopped responding",
+                exit_code=chosen.exit_code)  # stuck in whose code, nobody can tell
         return chosen
 
     def _candidate(self, c: Child) -> tuple[tuple[int, float], RankFailed]:
@@ -328,15 +380,17 @@ class Watchdog:
         peer" is what they see of it."""
         code = int(c.process.exitcode)
         note = self._note(c.rank)
-        iteration = note.get("iteration") if note else Progress.read(self.workdir, c.rank)
-        where_ = where(iteration)
+        at = (At(note.get("iteration"), note.get("job_id") or "", note.get("job_name") or "")
+              if note else Progress.read_at(self.workdir, c.rank))
+        iteration, job_id = at.iteration, note.get("culprit", "") if note else at.job_id
+        where_ = where(iteration, at.job_name)
         if code < 0:
             sig = _signal_name(code)
             hint = " (out of memory? the OOM killer sends SIGKILL)" if sig == "SIGKILL" else ""
             msg = (f"rank {c.rank} ({c.role}, pid {c.pid}) was killed by {sig} {where_}"
                    f"{hint}; the cluster run was stopped")
             return (SIGNAL, 0.0), RankFailed(msg, rank=c.rank, pid=c.pid, iteration=iteration,
-                                             cause=sig)
+                                             cause=sig, job_id=job_id)
         if note and note.get("port_in_use") is not None:
             msg = port_in_use_line(int(note["port_in_use"]), "cluster.master_port",
                                    LOCAL_PORT_FIX)
@@ -344,14 +398,15 @@ class Watchdog:
                                              cause="port in use", exit_code=2)
         if note:
             kind = COMMUNICATION if note.get("communication") else EXCEPTION
-            msg = raised_line(c.rank, c.role, c.pid, note["error"], iteration)
+            msg = raised_line(c.rank, c.role, c.pid, note["error"], iteration, at.job_name)
             return (kind, float(note.get("time", 0.0))), RankFailed(
                 msg, rank=c.rank, pid=c.pid, iteration=iteration, cause=note["error"],
-                exit_code=int(note.get("exit_code", 1)))
+                exit_code=int(note.get("exit_code", 1)),
+                job_id="" if kind == COMMUNICATION else job_id)
         msg = (f"rank {c.rank} ({c.role}, pid {c.pid}) exited with code {code} {where_}; "
                "the cluster run was stopped")
         return (EXIT, 0.0), RankFailed(msg, rank=c.rank, pid=c.pid, iteration=iteration,
-                                       cause=f"exit {code}")
+                                       cause=f"exit {code}", job_id=job_id)
 
     def _dead_forkserver(self) -> RankFailed | None:
         """The ranks' forkserver (their parent) died, and the ranks with it (parent-death
@@ -455,7 +510,7 @@ PEER_FAILED = "a peer rank failed or stopped (see that rank's output)"
 
 
 def torchrun_failure(exc: BaseException, *, rank: int, world: int, role: str,
-                     iteration: int | None) -> BaseException:
+                     at: At) -> BaseException:
     """The error a torchrun rank raises for ``exc`` (one line, as the local launcher's
     watchdog gives): its own exception, named with rank, role, pid and iteration (and left
     for the others in the store); a peer's failure as that peer's line where it left one,
@@ -466,21 +521,23 @@ def torchrun_failure(exc: BaseException, *, rank: int, world: int, role: str,
                or port_in_use(exc) is not None)
     if joining and _default_store() is None:  # not in the process group yet
         return rendezvous_failure(exc, rank)
-    note = failure_note(rank, role, iteration, exc)
+    iteration = at.iteration
+    note = failure_note(rank, role, at, exc)
     own = not isinstance(exc, Terminated) and not note["communication"]
     if own:
         publish_failure(note)
         if isinstance(exc, UserError):
             return exc
-        return RankFailed(raised_line(rank, role, pid, note["error"], iteration), rank=rank,
-                          pid=pid, iteration=iteration, cause=note["error"],
-                          exit_code=int(note["exit_code"]))
+        return RankFailed(raised_line(rank, role, pid, note["error"], iteration, at.job_name),
+                          rank=rank, pid=pid, iteration=iteration, cause=note["error"],
+                          exit_code=int(note["exit_code"]), job_id=note["culprit"])
     peer = peer_failure(rank, world, GRACE_S)
     if peer is not None:
         line = raised_line(peer["rank"], peer["role"], peer["pid"], peer["error"],
-                           peer["iteration"])
+                           peer["iteration"], peer.get("job_name") or "")
         return RankFailed(line, rank=peer["rank"], pid=peer["pid"], iteration=peer["iteration"],
-                          cause=peer["error"], exit_code=int(peer.get("exit_code", 1)))
+                          cause=peer["error"], exit_code=int(peer.get("exit_code", 1)),
+                          job_id=peer.get("culprit") or "")
     if isinstance(exc, Terminated):
         return RankFailed(f"rank {rank} ({role}, pid {pid}) was terminated (SIGTERM) "
                           f"{where(iteration)}; under torchrun that usually means {PEER_FAILED}",

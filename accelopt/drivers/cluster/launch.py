@@ -308,9 +308,9 @@ def child_main(rank: int, world: int, cfg_yaml: str, port: int, t0: float, work:
                  jobs_ended=jobs_ended)
     except BaseException as exc:  # noqa: BLE001 - every failure is reported, then exit 1
         role = settings.role(rank) if settings is not None else "?"
-        iteration = progress.iteration if progress is not None else None
+        at = progress.at if progress is not None else faults.At(None)
         try:
-            faults.write_failure(work, rank, role, iteration, exc)
+            faults.write_failure(work, rank, role, at, exc)
         finally:
             release_before_exit()
             os._exit(1)
@@ -349,8 +349,7 @@ def _run_torchrun(cfg: DictConfig, settings: ClusterSettings, t0: float,
             # no watchdog here: the rank's own one line (a peer's, where it left one)
             _ignore_sigterm()
             failure = faults.torchrun_failure(exc, rank=rank, world=world,
-                                              role=settings.role(rank),
-                                              iteration=progress.iteration)
+                                              role=settings.role(rank), at=progress.at)
             if isinstance(failure, faults.RankFailed):
                 failure.ended = faults.read_ended(work)  # rank 0's: the jobs that had ended
             if failure is exc:

@@ -189,7 +189,7 @@ class RankJob:
         """Run this job's next iteration on this rank (what the leader chose)."""
         i = self.job.iteration
         if progress is not None:
-            progress.set(i)
+            progress.set(i, self.job.info.job_id, self.job.info.name)
         if self.wire is not None:
             sent = tx_bytes(self.wire)
             if sent is not None:
