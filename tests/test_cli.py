@@ -354,6 +354,8 @@ def test_a_failed_run_keeps_its_evidence(tmp_path):
                       ACCELOPT_PLUGINS="plugins_for_tests:BOOM")
     assert result.returncode == 1
     (run_dir,) = _run_dirs(tmp_path)
+    (line,) = [ln for ln in result.stderr.splitlines() if ln.startswith("error:")]
+    assert line.endswith(f"(outputs kept in {run_dir})"), line  # where to look, said
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert "plugin 'boom' raised in hook accelopt_iteration_end" in metrics["summary"]["error"]
     assert metrics["jobs"] and all(j["status"] == "failed" for j in metrics["jobs"])
