@@ -133,3 +133,7 @@ class RunRecord:
     summary: dict[str, Any] = field(default_factory=dict)
     """Once the run's outputs are written: ``metrics.json``'s ``summary`` (JCT statistics,
     makespan, duration, and :attr:`metrics`)."""
+    warnings: list[str] = field(default_factory=list)
+    """Settings this run was given but could not use (``run.settings_without_effect``): kept
+    in ``metrics.json``'s ``run`` section, so its figures are never read as measured under
+    them (a one-process run given a shaped link)."""

@@ -65,6 +65,8 @@ def test_a_cluster_setting_a_one_process_run_cannot_use_is_said_where_the_run_is
     assert line in result.stdout.splitlines()  # one line, however wide the terminal
     (run_dir,) = _run_dirs(tmp_path)
     assert line in (run_dir / "accelopt.log").read_text().splitlines()
+    run = json.loads((run_dir / "metrics.json").read_text())["run"]  # read later, still said
+    assert run["warnings"] == [line.removeprefix("warning: ")]
 
 
 def test_plugin_summary_line(tmp_path):

@@ -183,6 +183,7 @@ def to_json_dict(record: RunRecord) -> dict[str, Any]:
                 "device": info.device,
                 "plugins": list(info.plugins),
                 "seed": info.seed,
+                **({"warnings": list(record.warnings)} if record.warnings else {}),
             },
             "summary": run_metrics(record),
             # per job: its columns, and its loss curve (one value per iteration it ran)

@@ -242,7 +242,7 @@ def _execute_local(cfg: DictConfig, run_dir: Path, registry: Registry, console: 
         plugins.set_trace(hook_calls)
     sampler = TelemetrySampler(interval_s=float(cfg.run.telemetry_interval_s))
     lifecycle.start(jobs)
-    record = RunRecord(info=lifecycle.info)
+    record = RunRecord(info=lifecycle.info, warnings=settings_without_effect(cfg))
     if resume_from is not None:
         record.metrics["resumed_from"] = str(resume_from)
     started = time.perf_counter()
@@ -287,7 +287,7 @@ def _execute_cluster(cfg: DictConfig, run_dir: Path, registry: Registry, console
     settings = settings_from(cfg.cluster)
     info = RunInfo(str(run_dir), "cluster", names, (), int(cfg.run.seed),
                    world_size=settings.world_size, cluster=settings.info(settings.backend))
-    record = RunRecord(info=info)
+    record = RunRecord(info=info, warnings=settings_without_effect(cfg))
     if resume_from is not None:
         record.metrics["resumed_from"] = str(resume_from)
     started = time.perf_counter()
