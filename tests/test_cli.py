@@ -368,6 +368,20 @@ def test_a_failed_run_keeps_its_evidence(tmp_path):
     assert "error: " in log and "boom" in log
 
 
+def test_a_sweep_whose_run_fails_goes_on_and_says_which_at_the_end(tmp_path):
+    """A failed point's error scrolled away under the next points' tables: the sweep's last
+    line names every run that failed, and the exit code is non-zero."""
+    result = accelopt("run", "-m", *TINY, "+plugins=[boom],[]", cwd=tmp_path, timeout=170,
+                      ACCELOPT_PLUGINS="plugins_for_tests:BOOM")
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        "error: 1 of 2 runs of the sweep failed: #0 (#0: plugin 'boom' raised in hook "
+        "accelopt_iteration_end: ValueError: boom)")
+    statuses = sorted(json.loads((r / "metrics.json").read_text())["jobs"][0]["status"]
+                      for r in _run_dirs(tmp_path))
+    assert statuses == ["done", "failed"]  # the other point ran to its end
+
+
 def test_impossible_memory_budget_exits_nonzero_keeping_outputs(tmp_path):
     result = accelopt("run", *TINY, "run.memory_capacity=1KiB", cwd=tmp_path)
     assert result.returncode == 3

@@ -466,6 +466,8 @@ def run_hydra(args: list[str], registry: Registry, debug: bool) -> int:
     from accelopt.runtime.run import error_line, execute
 
     exit_code = 0
+    runs: list[str] = []
+    """Each run's error line ("" when it succeeded), for a sweep's closing line."""
     scratch = secondary_rank_dir(args)
     if scratch is not None:
         args = [*args, f"hydra.run.dir={scratch}"]
@@ -474,6 +476,8 @@ def run_hydra(args: list[str], registry: Registry, debug: bool) -> int:
     def task(cfg: DictConfig) -> None:
         nonlocal exit_code
         from hydra.core.hydra_config import HydraConfig
+
+        runs.append("")
 
         run_dir = Path(HydraConfig.get().runtime.output_dir)
         console = default_console(record=True)
@@ -498,6 +502,7 @@ def run_hydra(args: list[str], registry: Registry, debug: bool) -> int:
                 traceback.print_exc(file=sys.stderr)
             print(error, file=sys.stderr)
             exit_code = exc.exit_code
+            runs[-1] = str(exc)
             if remove_if_never_started(run_dir):
                 error = ""  # nothing started: no directory, no log
             if not HydraConfig.get().mode.name == "MULTIRUN":
@@ -511,6 +516,7 @@ def run_hydra(args: list[str], registry: Registry, debug: bool) -> int:
                      f"{exc.strerror} (what was written is kept in {run_dir})")
             print(error, file=sys.stderr)
             exit_code = 1
+            runs[-1] = error.removeprefix("error: ")
             if not HydraConfig.get().mode.name == "MULTIRUN":
                 raise SystemExit(1) from None
         except BaseException as exc:
@@ -524,6 +530,11 @@ def run_hydra(args: list[str], registry: Registry, debug: bool) -> int:
     try:
         with mode_from_the_command_line(args):
             task()
+        failed = [k for k, line in enumerate(runs) if line]
+        if len(runs) > 1 and failed:  # a sweep: which of its runs failed, after all of them
+            shown = ", ".join(f"#{k}" for k in failed[:10]) + (", ..." if len(failed) > 10 else "")
+            print(f"error: {len(failed)} of {len(runs)} runs of the sweep failed: {shown} "
+                  f"(#{failed[0]}: {runs[failed[0]]})", file=sys.stderr)
     finally:
         sys.argv = saved
         forget_hydra_run()
