@@ -134,6 +134,6 @@ class RunRecord:
     """Once the run's outputs are written: ``metrics.json``'s ``summary`` (JCT statistics,
     makespan, duration, and :attr:`metrics`)."""
     warnings: list[str] = field(default_factory=list)
-    """Settings this run was given but could not use (``run.settings_without_effect``): kept
-    in ``metrics.json``'s ``run`` section, so its figures are never read as measured under
-    them (a one-process run given a shaped link)."""
+    """Settings this run was given that it could not use, or that distort what it measures
+    (``runtime.run.setting_warnings``): kept in ``metrics.json``'s ``run`` section, so its
+    figures are never read as measured under them (a one-process run given a shaped link)."""

@@ -163,18 +163,34 @@ def test_settings_a_mode_does_not_read_are_named_not_dropped():
 @pytest.mark.parametrize("mode, warned", [("none", False), ("ps", True), ("allreduce", True)])
 def test_a_memory_capacity_a_cluster_run_cannot_enforce_is_named(mode, warned):
     from accelopt.config import AccelConfig
-    from accelopt.runtime.run import settings_without_effect
+    from accelopt.runtime.run import setting_warnings
 
     cfg = OmegaConf.structured(AccelConfig)
     cfg.cluster.mode = mode
-    assert settings_without_effect(cfg) == []  # the default capacity, auto
+    assert setting_warnings(cfg) == []  # the default capacity, auto
     cfg.run.memory_capacity = "1MiB"
-    lines = settings_without_effect(cfg)
+    lines = setting_warnings(cfg)
     assert bool(lines) == warned
     if warned:
         assert lines == [f"run.memory_capacity=1MiB has no effect: cluster.mode={mode} does not "
                          "profile jobs' memory (every rank keeps every job resident), so "
                          "nothing is admitted or rejected by it; cluster.mode=none enforces it"]
+
+
+def test_more_threads_than_cores_is_named(monkeypatch):
+    from accelopt.config import AccelConfig
+    from accelopt.runtime import run
+
+    monkeypatch.setattr(run, "usable_cores", lambda: 2)
+    cfg = OmegaConf.structured(AccelConfig)
+    for threads in (0, 1, 2):
+        cfg.run.threads = threads
+        assert run.setting_warnings(cfg) == []
+    cfg.run.threads = 3
+    assert run.setting_warnings(cfg) == [
+        "run.threads=3 is more than the 2 cores this process may use: its threads take turns "
+        "on them, so every op is slower and the times measure that; run.threads=2 or less "
+        "(0: torch's default)"]
 
 
 @pytest.mark.parametrize("backend,device,ranks,gpus,chosen,noted", [

@@ -89,7 +89,7 @@ def execute(
     resuming = resume_from is not None
     reference_sets = _reference_sets(cfg, resuming, console)
     validate(cfg, registry, reference_sets)
-    for line in settings_without_effect(cfg):
+    for line in setting_warnings(cfg):
         console.print(f"warning: {line}", markup=False, highlight=False, soft_wrap=True)
     refs = compare.run_references(cfg, reference_sets, run_dir, registry, console)
     if refs:
@@ -135,12 +135,20 @@ def refused_sets(cfg: DictConfig, registry: Registry,
     return refused
 
 
-def settings_without_effect(cfg: DictConfig) -> list[str]:
-    """One line each for settings this run's mode does not read (:func:`unused_settings`
-    for ``cluster.*``). ``run.memory_capacity`` in a cluster run: jobs are not
-    memory-profiled there (every rank keeps every job resident), so a capacity that a
-    one-process run would enforce, rejecting a job that does not fit, admits everything."""
+def setting_warnings(cfg: DictConfig) -> list[str]:
+    """One line each for settings that would make this run's figures read as something they
+    are not. Settings its mode does not read (:func:`unused_settings` for ``cluster.*``);
+    ``run.memory_capacity`` in a cluster run: jobs are not memory-profiled there (every rank
+    keeps every job resident), so a capacity that a one-process run would enforce,
+    rejecting a job that does not fit, admits everything. And ``run.threads`` beyond the
+    cores this process may use: the threads take turns on the cores, every op pays for it,
+    and the run's times measure the oversubscription."""
     lines = []
+    threads, cores = int(cfg.run.threads), usable_cores()
+    if threads > cores:
+        lines.append(f"run.threads={threads} is more than the {cores} cores this process may "
+                     f"use: its threads take turns on them, so every op is slower and the "
+                     f"times measure that; run.threads={cores} or less (0: torch's default)")
     unused = unused_settings(cfg.cluster)
     if unused is not None:
         lines.append(unused)
@@ -242,7 +250,7 @@ def _execute_local(cfg: DictConfig, run_dir: Path, registry: Registry, console: 
         plugins.set_trace(hook_calls)
     sampler = TelemetrySampler(interval_s=float(cfg.run.telemetry_interval_s))
     lifecycle.start(jobs)
-    record = RunRecord(info=lifecycle.info, warnings=settings_without_effect(cfg))
+    record = RunRecord(info=lifecycle.info, warnings=setting_warnings(cfg))
     if resume_from is not None:
         record.metrics["resumed_from"] = str(resume_from)
     started = time.perf_counter()
@@ -287,7 +295,7 @@ def _execute_cluster(cfg: DictConfig, run_dir: Path, registry: Registry, console
     settings = settings_from(cfg.cluster)
     info = RunInfo(str(run_dir), "cluster", names, (), int(cfg.run.seed),
                    world_size=settings.world_size, cluster=settings.info(settings.backend))
-    record = RunRecord(info=info, warnings=settings_without_effect(cfg))
+    record = RunRecord(info=info, warnings=setting_warnings(cfg))
     if resume_from is not None:
         record.metrics["resumed_from"] = str(resume_from)
     started = time.perf_counter()
