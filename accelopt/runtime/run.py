@@ -43,7 +43,7 @@ from accelopt.drivers.setup import (
     torch_threads,
     usable_cores,
 )
-from accelopt.errors import AccelOptError, Terminated, UserError
+from accelopt.errors import AccelOptError, RankFailed, Terminated, UserError
 from accelopt.host import HookTrace, hook_spans
 from accelopt.job import build_jobs, job_id_for, job_specs
 from accelopt.job.checkpoint import CHECKPOINT_DIR, Checkpointer, restore
@@ -432,13 +432,14 @@ def _keep_evidence(record: RunRecord, run_dir: Path, exc: BaseException) -> None
     if isinstance(exc, UserError):
         return  # a refusal (bad input found before the work began): nothing to keep
     error = error_line(exc)
-    culprit = getattr(exc, "job_id", "")  # a rank's failure inside one job's iteration
+    culprit, own = "", ""  # a rank failed inside a job's iteration, by that job's own code
+    if isinstance(exc, RankFailed) and exc.job_id:
+        culprit, own = exc.job_id, f"{exc.cause} (rank {exc.rank}, iteration {exc.iteration})"
     for result in record.jobs:
         if result.status not in ("done", "failed", "rejected"):
             result.status = "failed"
-            if culprit and result.job.job_id == culprit:  # its own error, as in one process
-                result.error = result.error or (
-                    f"{exc.cause} (rank {exc.rank}, iteration {exc.iteration})")  # type: ignore[attr-defined]
+            if result.job.job_id == culprit:  # its own error, as in one process
+                result.error = result.error or own
             result.error = result.error or f"the run stopped: {error}"
     record.metrics["error"] = error
     try:
