@@ -97,7 +97,7 @@ def test_job_failing_while_profiled_fails_alone(run_tiny):
     record = run_tiny(SABOTAGE, overrides=["plugins.sabotage.fail_at=2"])
     failed = next(j for j in record.jobs if j.job.name == "tiny-mlp")
     assert failed.status == "failed" and failed.error.startswith(
-        "its first iteration (measuring its memory, before training) raised ")
+        "a step measuring its memory, before training, raised ")
     assert next(j for j in record.jobs if j.job.name == "tiny-cnn").status == "done"
 
 

@@ -127,3 +127,20 @@ def test_the_launcher_takes_the_configs_the_sweeper_composed_to_validate():
     assert validated.take(master, ["lr=1"]).run == 3  # taken once: a second ask composes
     assert validated.take(OmegaConf.create({}), ["lr=2"]).run == 4  # another master config
     assert loader.composed[2:] == [["lr=1"], ["lr=2"]]
+
+
+def test_a_sweep_whose_jobs_fail_exits_non_zero_with_either_launcher(tmp_path, capsys):
+    """Packed, a sweep whose jobs failed exited 0: a CI sweep read as passing. Both
+    launchers now end it alike: each run's line, which runs failed, exit code 3."""
+    failing = ["workload.jobs.0.model=byo_models:raises_after",
+               "workload.jobs.0.dataset=synthetic_vectors"]
+    for name, extra in (("basic", []), ("packed", ["hydra/launcher=salus",
+                                                   "hydra.launcher.threads=1"])):
+        code, _out = sweep(tmp_path, name, *failing, *extra)
+        err = capsys.readouterr().err
+        assert code == 3, (name, err)
+        closing = err.strip().splitlines()[-1]
+        assert closing.startswith("error: 2 of 2 runs of the sweep failed: #0, #1 (#0: 1 of 2 "
+                                  "jobs did not complete; 'tiny-mlp' failed: a step measuring "
+                                  "its memory, before training, raised RuntimeError: boom"), \
+            (name, closing)

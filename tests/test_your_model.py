@@ -427,8 +427,8 @@ def test_a_model_that_does_not_take_the_datasets_batches_says_which_batch(tmp_pa
                            "run.compare=none", "run.progress=false"], run_dir=tmp_path / "run")
     (result,) = record.jobs
     assert result.status == "failed"
-    assert result.error.startswith("its first iteration (measuring its memory, before "
-                                   "training) raised RuntimeError: mat1 and mat2 shapes "), \
+    assert result.error.startswith("a step measuring its memory, before training, raised "
+                                   "RuntimeError: mat1 and mat2 shapes "), \
         result.error
     assert "its batch: inputs (8, 1, 8, 8) float32, labels (8,) (check that the model " \
         "takes the dataset's inputs: docs/your-model.md)" in result.error

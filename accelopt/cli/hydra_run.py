@@ -20,7 +20,7 @@ import re
 import shutil
 import sys
 import typing
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -484,14 +484,9 @@ def run_hydra(args: list[str], registry: Registry, debug: bool) -> int:
         error = ""
         try:
             record = execute(cfg, run_dir=run_dir, registry=registry, console=console)
-            unfinished = [j for j in record.jobs if j.status in ("failed", "rejected")]
+            unfinished = unfinished_jobs(record, run_dir)
             if unfinished:
-                first = unfinished[0]
-                raise JobsUnfinished(
-                    f"{len(unfinished)} of {len(record.jobs)} jobs did not complete; "
-                    f"'{first.job.name}' {first.status}: {first.error} "
-                    f"(outputs kept in {run_dir})"
-                )
+                raise JobsUnfinished(unfinished)
         except AccelOptError as exc:
             error = f"error: {exc}"
             if (run_dir / "metrics.json").is_file() and "outputs kept in" not in error:
@@ -530,17 +525,39 @@ def run_hydra(args: list[str], registry: Registry, debug: bool) -> int:
     try:
         with mode_from_the_command_line(args):
             task()
-        failed = [k for k, line in enumerate(runs) if line]
-        if len(runs) > 1 and failed:  # a sweep: which of its runs failed, after all of them
-            shown = ", ".join(f"#{k}" for k in failed[:10]) + (", ..." if len(failed) > 10 else "")
-            print(f"error: {len(failed)} of {len(runs)} runs of the sweep failed: {shown} "
-                  f"(#{failed[0]}: {runs[failed[0]]})", file=sys.stderr)
+        closing = sweep_failures(runs)
+        if closing:
+            print(f"error: {closing}", file=sys.stderr)
     finally:
         sys.argv = saved
         forget_hydra_run()
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
     return exit_code
+
+
+def unfinished_jobs(record: Any, run_dir: Path) -> str:
+    """The error of a run some of whose jobs failed or were rejected (``""`` when every job
+    finished): how many, the first one's reason, and where the outputs are."""
+    unfinished = [j for j in record.jobs if j.status in ("failed", "rejected")]
+    if not unfinished:
+        return ""
+    first = unfinished[0]
+    return (f"{len(unfinished)} of {len(record.jobs)} jobs did not complete; "
+            f"'{first.job.name}' {first.status}: {first.error} (outputs kept in {run_dir})")
+
+
+def sweep_failures(errors: Sequence[str]) -> str:
+    """A sweep's closing line from each run's error (``""``: it succeeded), or ``""`` when
+    no run failed (or it was one run, whose own line said it all): which runs failed and
+    the first one's error, after every run, where a failed run's line would otherwise have
+    scrolled away under the later runs' tables."""
+    failed = [k for k, line in enumerate(errors) if line]
+    if len(errors) < 2 or not failed:
+        return ""
+    shown = ", ".join(f"#{k}" for k in failed[:10]) + (", ..." if len(failed) > 10 else "")
+    return (f"{len(failed)} of {len(errors)} runs of the sweep failed: {shown} "
+            f"(#{failed[0]}: {errors[failed[0]]})")
 
 
 @contextlib.contextmanager

@@ -530,8 +530,9 @@ def job_loss(dataset: Any) -> Callable[[Any, torch.Tensor], torch.Tensor]:
 
 
 def first_step_failed(job: Job, exc: BaseException) -> str:
-    """The line for a job whose first iteration raised (the one run to measure its memory
-    profile, before it trained): the error and the batch the model was given, since that is
+    """The line for a job whose steps run to measure its memory profile, before it trained
+    (on a copy of it: a warm-up step and the measured ones), raised: the error and the batch
+    the model was given, since that is
     where a model that does not take the dataset's batches fails (an input width or dtype it
     was not built for), and a raw "mat1 and mat2 shapes cannot be multiplied" names neither."""
     first = (str(exc).strip().splitlines() or [""])[0]
@@ -544,7 +545,7 @@ def first_step_failed(job: Job, exc: BaseException) -> str:
                  "(check that the model takes the dataset's inputs: docs/your-model.md)")
     except Exception:  # noqa: BLE001 - the batch is a hint; the error is the message
         batch = ""
-    return (f"its first iteration (measuring its memory, before training) raised "
+    return (f"a step measuring its memory, before training, raised "
             f"{type(exc).__name__}: {first}{batch}")
 
 

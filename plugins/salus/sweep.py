@@ -321,7 +321,8 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]],
     from hydra.core.hydra_config import HydraConfig
     from hydra.core.utils import JobReturn, JobStatus, setup_globals
 
-    from accelopt.errors import AccelOptError
+    from accelopt.cli.hydra_run import sweep_failures, unfinished_jobs
+    from accelopt.errors import AccelOptError, JobsUnfinished
 
     setup_globals()
     config = launcher.config
@@ -346,11 +347,20 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]],
         print(f"error: {exc}", file=sys.stderr)
         discard_unstarted_sweep_dir(sweep_dir)
         raise SystemExit(exc.exit_code) from None
-    returns = []
+    returns, errors = [], []
     for run, part in zip(runs, parts, strict=True):
         ret = JobReturn(overrides=run.overrides, cfg=run.task, hydra_cfg=run.config,
                         working_dir=str(run.out_dir), task_name=str(config.hydra.job.name))
         ret.status = JobStatus.COMPLETED
         ret.return_value = part
         returns.append(ret)
+        errors.append(unfinished_jobs(part, run.out_dir))
+    if any(errors):  # as the basic launcher ends such a sweep: each run's line, which
+        # failed, a non-zero exit (a CI sweep whose jobs failed read as passing)
+        for line in filter(None, errors):
+            print(f"error: {line}", file=sys.stderr)
+        closing = sweep_failures(errors)
+        if closing:
+            print(f"error: {closing}", file=sys.stderr)
+        raise SystemExit(JobsUnfinished.exit_code)
     return returns
