@@ -250,3 +250,22 @@ def test_closing_the_server_waits_for_the_answers_being_written(tmp_path):
         server.close()
         assert written.is_set()  # closed only once the answer was out
         assert client.recv(100) == b'{"ok": true}\n'
+
+
+@pytest.mark.parametrize("flags, line", [
+    (["--capacity", "abc"], "--capacity: cannot read 'abc' as a size"),
+    (["--threads", "-1"], "--threads must be in [0, 1024]"),
+    (["--max-lanes", "-5"], "--max-lanes must be -1 (policy default)"),
+    (["--device", "tpu"], "--device: unknown device 'tpu'"),
+    (["--policy", "zzz"], "--policy: unknown policy 'zzz'; choose one of "),
+])
+def test_a_bad_flag_is_named_as_given_and_nothing_listens(tmp_path, flags, line):
+    """The service checks its flags as salus's settings; the refusal named
+    plugins.salus.capacity, a key the user of `accelopt serve` never typed."""
+    from accelopt_plugins.salus.cli import serve_cmd
+
+    sock = tmp_path / "s.sock"
+    with pytest.raises(UserError) as info:
+        serve_cmd(["--socket", str(sock), "--root", str(tmp_path / "root"), *flags])
+    assert str(info.value).startswith(line) and "plugins.salus" not in str(info.value)
+    assert not sock.exists()

@@ -54,7 +54,9 @@ def serve_cmd(args: list[str]) -> int:
     _socket_arg(parser)
     parser.add_argument("--root", type=Path, default=Path("runs/serve"),
                         help="where each job's run directory goes (<root>/jobs/<id>/)")
-    parser.add_argument("--policy", default="pack", help="pack | srtf | fair | fifo | rr")
+    parser.add_argument("--policy", default="pack",
+                        help="pack (default), srtf, fair, fifo, rr, las, dlas, gittins, a "
+                             "policy an installed package registers, or module:Class")
     parser.add_argument("--capacity", default="", help="memory shared by the lanes, e.g. 2GiB")
     parser.add_argument("--max-lanes", type=int, default=-1)
     parser.add_argument("--threads", type=int, default=0, help="CPU threads per lane")
@@ -68,11 +70,30 @@ def serve_cmd(args: list[str]) -> int:
     from accelopt_plugins.salus.policies import make_policy
     from accelopt_plugins.salus.service import ServeOptions, serve
 
-    make_policy(opts.policy)  # one-line error before anything starts
     options = ServeOptions(socket=_path(opts), root=opts.root, policy=opts.policy,
                            capacity=opts.capacity, max_lanes=opts.max_lanes,
                            threads=opts.threads, device=opts.device)
-    return serve(options, ready=lambda line: print(line, flush=True))
+    try:
+        make_policy(opts.policy)  # one-line error before anything starts
+        return serve(options, ready=lambda line: print(line, flush=True))
+    except UserError as exc:
+        raise _named_by_flags(exc) from None
+
+
+_FLAGS = {"plugins.salus.policy": "--policy", "plugins.salus.capacity": "--capacity",
+          "plugins.salus.threads": "--threads", "plugins.salus.max_lanes": "--max-lanes",
+          "run.device": "--device"}
+"""The settings ``accelopt serve`` passes on from its flags, by the names the checks use."""
+
+
+def _named_by_flags(exc: UserError) -> UserError:
+    """A refused setting named as the user gave it: ``--capacity``, not
+    ``plugins.salus.capacity`` (the service checks its flags as salus's settings)."""
+    text = str(exc)
+    for key, flag in _FLAGS.items():
+        text = text.replace(key, flag)
+    exc.args = (text,)
+    return exc
 
 
 def _key_values(items: list[str]) -> dict[str, Any]:
