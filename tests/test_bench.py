@@ -409,3 +409,16 @@ def test_overrides_may_come_between_the_options(capsys):
     assert matrix(["workload=tiny", "--max-size", "1", "run.seed=1", "--plugins", "noop",
                    "--format", "hydra"]) == 0
     assert capsys.readouterr().out.strip() == "+plugins=[],[noop]"
+
+
+def test_a_sweep_whose_runs_fail_is_one_line_naming_them(tmp_path):
+    """The bench quotes the sweep's last line: the runs that failed and the first error,
+    without a second 'error:' inside its own."""
+    result = accelopt("bench", "--plugins", "boom", "--repeats", "1", "--no-eval", "--out",
+                      str(tmp_path / "b"), "workload=tiny", cwd=tmp_path,
+                      ACCELOPT_PLUGINS="plugins_for_tests:BOOM")
+    assert result.returncode == 2, result.stderr
+    (line,) = [ln for ln in result.stderr.splitlines() if ln.startswith("error:")]
+    assert re.match(r"error: the sweep failed \(exit 1\): 2 of 4 runs of the sweep failed: "
+                    r"#\d, #\d \(#\d: plugin 'boom' raised in hook accelopt_iteration_end: "
+                    r"ValueError: boom\) \(full log: ", line), line

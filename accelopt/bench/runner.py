@@ -374,7 +374,8 @@ def _run_sweep(command: list[str], out: Path, total: int, console: Console,
         finally:
             log.close()
     if proc.returncode != 0:
-        tail = (out / "sweep.log").read_text().strip().splitlines()[-1:]
+        tail = [line.removeprefix("error: ")  # the sweep's own last line, once prefixed
+                for line in (out / "sweep.log").read_text().strip().splitlines()[-1:]]
         raise UserError(f"the sweep failed (exit {proc.returncode}): {' '.join(tail)} "
                         f"(full log: {out / 'sweep.log'})")
 
