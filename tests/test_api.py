@@ -212,3 +212,13 @@ def test_accelopt_run_refuses_an_unguarded_cluster_run_before_any_rank_starts(tm
         "accelopt.errors.UserError: accelopt.run is called at the top level of")
     assert out.stderr.count("Traceback") == 1  # this process's error, no rank's
     assert not (tmp_path / "out").exists()  # nothing started, nothing written
+
+
+def test_a_setting_the_run_could_not_use_is_in_the_record(tmp_path):
+    """From Python the console is discarded by default: the record says it instead."""
+    record = accelopt.run(["workload=tiny", "cluster.network.bandwidth=1gbit",
+                           "run.progress=false"], run_dir=tmp_path / "run")
+    assert record.warnings == [
+        "cluster.network.bandwidth=1gbit has no effect: cluster.mode=none runs one process (no "
+        "ranks, no process group, no links); set cluster.mode=ps or cluster.mode=allreduce to "
+        "use it"]
