@@ -594,3 +594,14 @@ def test_hydra_composes_the_run_once_and_its_mode_comes_from_the_command_line(
                           return_hydra_config=True)
             assert cfg.hydra.mode is None, choice
     GlobalHydra.instance().clear()
+
+
+def test_run_help_says_how_to_select_plugins(tmp_path):
+    """Hydra's help listed the workloads and the config but not how to select a plugin
+    (the plugin group is registered only for the plugins a command selects)."""
+    result = accelopt("run", "--help", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("accelopt run [OVERRIDES]: train the configured workload")
+    assert "Select plugins with +plugins=[a,b] (`accelopt plugins` lists" in result.stdout
+    assert "workload: default, digits, lm" in result.stdout
+    assert not (tmp_path / "runs").exists()  # help runs nothing
