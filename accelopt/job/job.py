@@ -530,11 +530,11 @@ def job_loss(dataset: Any) -> Callable[[Any, torch.Tensor], torch.Tensor]:
 
 
 def first_step_failed(job: Job, exc: BaseException) -> str:
-    """The line for a job whose steps run to measure its memory profile, before it trained
-    (on a copy of it: a warm-up step and the measured ones), raised: the error and the batch
-    the model was given, since that is
-    where a model that does not take the dataset's batches fails (an input width or dtype it
-    was not built for), and a raw "mat1 and mat2 shapes cannot be multiplied" names neither."""
+    """The line for a job whose steps run to measure its memory profile before it trained
+    (on a copy of it: a warm-up step and the measured ones) raised: the error and the batch
+    the model was given, since that is where a model that does not take the dataset's
+    batches fails (an input width or dtype it was not built for), and a raw "mat1 and mat2
+    shapes cannot be multiplied" names neither."""
     first = (str(exc).strip().splitlines() or [""])[0]
     if isinstance(exc, UserError):
         return first
