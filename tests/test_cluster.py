@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 from accelopt.config import AccelConfig, JobConfig
 from accelopt.drivers.cluster import RankFailed, run_cluster
 from accelopt.drivers.cluster.transport import HEADER_BYTES
-from accelopt.errors import ConfigError, PluginHookError
+from accelopt.errors import ConfigError, PluginHookError, UserError
 from accelopt.job import Job
 
 pytestmark = pytest.mark.timeout(120)
@@ -666,6 +666,9 @@ def test_a_ranks_progress_record_says_which_jobs_iteration_it_was_in(tmp_path):
     assert "in hook accelopt_iteration_end: RuntimeError: boom at iteration 5 of job 'b'" \
         in str(error)
     assert error.job_id == ""  # a plugin's error stops the run, whichever job's iteration
+    misfit = UserError("the model's output (a dict with keys scores) has no logits ...")
+    error = _diagnosis(tmp_path, [1, 1, 1], {2: misfit}, iteration=0, job=("01-b", "b"))
+    assert error.job_id == "01-b" and error.exit_code == 2  # the job's own output: its error
 
 
 def test_a_rank_that_exits_without_an_exception_is_named_before_its_peers_resets(tmp_path):

@@ -240,7 +240,7 @@ def failure_note(rank: int, role: str, at: At, exc: BaseException) -> dict[str, 
     ``culprit``: the job whose own code raised (its model, data or loss), which a
     one-process run would fail alone; not a plugin's hook, whose error stops the run
     whichever job's iteration it was in."""
-    own = not raised_by_hook(exc) and not isinstance(exc, (UserError, Terminated))
+    own = not raised_by_hook(exc) and not isinstance(exc, Terminated)
     return {
         "rank": rank, "role": role, "pid": os.getpid(), "iteration": at.iteration,
         "job_id": at.job_id, "job_name": at.job_name, "culprit": at.job_id if own else "",
