@@ -56,6 +56,9 @@ class Quality:
     p_at_5: float | None = None
     """Multi-label data: precision@5 (the mean share of the five best-scored classes that
     are among a point's labels), the extreme-classification convention beside P@1."""
+    note: str = ""
+    """What to know about the score (``""``: nothing): a model whose output width is not
+    the dataset's class count, which trains without an error."""
 
 
 @dataclass
@@ -88,7 +91,8 @@ class JobResult:
     """The trained model on the held-out set (``None``: not scored, see ``quality_note``)."""
     quality_note: str = ""
     """Why there is no quality: no held-out set, an inference job, the job did not finish,
-    ``evaluate: false``, or the one-line reason scoring failed."""
+    ``evaluate: false``, or the one-line reason scoring failed; with a quality, its
+    :attr:`Quality.note` (a model whose output width is not the class count)."""
 
     @property
     def jct_s(self) -> float | None:

@@ -93,6 +93,36 @@ def test_a_diverged_job_is_not_scored_by_an_argmax_over_nan(run_tiny):
     assert "diverged d: its loss is not finite" in out.getvalue()
 
 
+def test_a_head_wider_than_the_classes_is_scored_with_a_note():
+    """A model left at a library's default width (1,000 classes for 10) trains without an
+    error; its score says so, under the jobs table too. The zoo's own models fit."""
+    import io
+
+    from rich.console import Console
+
+    from accelopt.records import RunRecord
+    from accelopt.report import render_summary
+    from accelopt.types import RunInfo
+
+    spec = JobConfig(name="wide", model="mlp", width=16, batch_size=16, iterations=1, seed=1,
+                     dataset="digits")
+    job = Job(spec, job_id="wide", device=CPU)
+    fit = JobResult(job.info, status="done")
+    score_result(fit, spec, job.model, job.dataset)
+    assert fit.quality is not None and fit.quality.note == "" and fit.quality_note == ""
+    wide = nn.Sequential(nn.Flatten(), nn.Linear(64, 1000))
+    result = JobResult(job.info, status="done")
+    score_result(result, spec, wide, job.dataset)
+    note = ("the model gives 1000 scores per point for the dataset's 10 classes: its output "
+            "layer does not match the labels (num_classes of its factory?); scored as it is")
+    assert result.quality is not None and result.quality.note == note
+    assert result.quality_note == note  # metrics.json's column
+    out = io.StringIO()
+    render_summary(RunRecord(info=RunInfo(run_dir="r", device="cpu", plugins=(), jobs=(job.info,),
+                                          seed=0), jobs=[result]), Console(file=out, width=400))
+    assert f"note wide: {note}" in out.getvalue()
+
+
 @pytest.mark.parametrize("case", ["nan logits", "float labels"])
 def test_scoring_refuses_what_no_argmax_can_score(case):
     from accelopt.job.quality import score
@@ -137,7 +167,7 @@ def test_multi_label_data_gets_p_at_1_and_p_at_5_as_defined():
     # point 0: top five 0..4, labels {0, 6} -> 1 of 5; point 1: top five 6..2 -> {2, 3, 5}: 3/5
     assert hits_at_5(logits, labels).tolist() == pytest.approx([0.2, 0.6])
     model = nn.Identity()
-    p1, n, multi, p5 = score(model, [(logits, labels)])
-    assert (p1, n, multi) == (0.5, 2, True) and p5 == pytest.approx(0.4)
+    p1, n, multi, p5, width = score(model, [(logits, labels)])
+    assert (p1, n, multi, width) == (0.5, 2, True, 7) and p5 == pytest.approx(0.4)
     single = score(model, [(logits, torch.tensor([0, 6]))])
     assert single[2] is False and single[0] == 1.0

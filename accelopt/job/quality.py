@@ -61,13 +61,13 @@ def eval_batches(dataset: object, batch_size: int = EVAL_BATCH
 
 
 def score(model: torch.nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
-          device: torch.device | None = None) -> tuple[float, int, bool, float]:
-    """(top-1 precision, points scored, multi-label, precision@5) of ``model`` over
-    ``batches`` (eval mode, no gradients; the model's train/eval mode is restored
-    afterwards)."""
+          device: torch.device | None = None) -> tuple[float, int, bool, float, int]:
+    """(top-1 precision, points scored, multi-label, precision@5, scores per point) of
+    ``model`` over ``batches`` (eval mode, no gradients; the model's train/eval mode is
+    restored afterwards)."""
     was_training = model.training
     model.eval()
-    hits, hits5, n, multi = 0.0, 0.0, 0, False
+    hits, hits5, n, multi, width = 0.0, 0.0, 0, False, 0
     try:
         with torch.no_grad():
             for x, y in batches:
@@ -87,6 +87,7 @@ def score(model: torch.nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Te
                     raise ValueError("the model's outputs are not finite (nan or inf): an "
                                      "argmax over them is no prediction")
                 multi = multi or y.dim() > 1
+                width = int(logits.shape[1])
                 hits += float(hits_at_1(logits, y).sum())
                 if multi:
                     hits5 += float(hits_at_5(logits, y).sum())
@@ -94,7 +95,7 @@ def score(model: torch.nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Te
     finally:
         model.train(was_training)
     nan = float("nan")
-    return (hits / n if n else nan), n, multi, (hits5 / n if n else nan)
+    return (hits / n if n else nan), n, multi, (hits5 / n if n else nan), width
 
 
 def evaluate(model: torch.nn.Module, dataset: object,
@@ -107,9 +108,17 @@ def evaluate(model: torch.nn.Module, dataset: object,
     batches = eval_batches(dataset)
     if batches is None:
         return None
-    value, n, multi, p5 = score(model, batches, device)
+    value, n, multi, p5, width = score(model, batches, device)
+    classes = getattr(dataset, "num_classes", None)
+    note = ""
+    if isinstance(classes, int) and classes > 0 and width and width != classes:
+        # trains without an error (cross-entropy takes a wider head; a narrower one fails):
+        # the usual cause is a library model left at its default, 1,000 classes for 10
+        note = (f"the model gives {width} scores per point for the dataset's {classes} "
+                f"classes: its output layer does not match the labels (num_classes of its "
+                f"factory?); scored as it is")
     return Quality(metric="p_at_1" if multi else "accuracy", value=value, samples=n,
-                   p_at_5=p5 if multi else None)
+                   p_at_5=p5 if multi else None, note=note)
 
 
 def _shape(out: Any) -> str:
@@ -143,4 +152,6 @@ def score_result(result: JobResult, spec: Any, model: torch.nn.Module | None, da
             return
         if result.quality is None:
             result.quality_note = "its dataset has no held-out set"
+        else:
+            result.quality_note = result.quality.note
 

@@ -96,6 +96,10 @@ def _errors(record: RunRecord) -> list[str]:
         f"{r.diverged_at} of {len(r.losses)} (a learning rate too high?); not scored"
         for r in record.jobs
         if not r.error and r.diverged_at is not None
+    ] + [
+        f"[bold yellow]note[/] {escape(r.job.name)}: {escape(r.quality.note)}"
+        for r in record.jobs
+        if r.quality is not None and r.quality.note
     ]
 
 
