@@ -85,8 +85,9 @@ def _quality(m: dict[str, Any]) -> str:
 
 
 def _errors(record: RunRecord) -> list[str]:
-    """Errors, and jobs that trained on a diverged loss, go below the table: they are long
-    and would wreck its column widths."""
+    """Errors, jobs that trained on a diverged loss, and notes on a score (a model's output
+    wider than the dataset's classes) go below the table: they are long and would wreck its
+    column widths."""
     return [
         f"[bold red]{r.status}[/] {escape(r.job.name)}: {escape(r.error)}"
         for r in record.jobs
