@@ -489,7 +489,7 @@ def run_hydra(args: list[str], registry: Registry, debug: bool) -> int:
                 raise JobsUnfinished(unfinished)
         except AccelOptError as exc:
             error = f"error: {exc}"
-            if (run_dir / "metrics.json").is_file() and "outputs kept in" not in error:
+            if (run_dir / "metrics.json").is_file() and not isinstance(exc, JobsUnfinished):
                 error += f" (outputs kept in {run_dir})"  # a run stopped midway: its evidence
             if debug:  # the traceback too, and still the error's own exit code
                 import traceback

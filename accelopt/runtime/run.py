@@ -89,7 +89,8 @@ def execute(
     resuming = resume_from is not None
     reference_sets = _reference_sets(cfg, resuming, console)
     validate(cfg, registry, reference_sets)
-    for line in setting_warnings(cfg):
+    warnings = setting_warnings(cfg)  # said now, and kept in the run's record
+    for line in warnings:
         console.print(f"warning: {line}", markup=False, highlight=False, soft_wrap=True)
     refs = compare.run_references(cfg, reference_sets, run_dir, registry, console)
     if refs:
@@ -100,8 +101,8 @@ def execute(
     if resume_from is not None:  # before anything can fail: this directory can be resumed
         carry_checkpoints(resume_from / CHECKPOINT_DIR, run_dir / CHECKPOINT_DIR)
     if cfg.cluster.mode != "none":
-        return _execute_cluster(cfg, run_dir, registry, console, refs, resume_from)
-    return _execute_local(cfg, run_dir, registry, console, refs, resume_from)
+        return _execute_cluster(cfg, run_dir, registry, console, refs, resume_from, warnings)
+    return _execute_local(cfg, run_dir, registry, console, refs, resume_from, warnings)
 
 
 def validate(cfg: DictConfig, registry: Registry,
@@ -210,7 +211,8 @@ def _reference_sets(cfg: DictConfig, resuming: bool, console: Console) -> list[t
 
 
 def _execute_local(cfg: DictConfig, run_dir: Path, registry: Registry, console: Console,
-                   refs: dict[str, RunRecord], resume_from: Path | None) -> RunRecord:
+                   refs: dict[str, RunRecord], resume_from: Path | None,
+                   warnings: list[str]) -> RunRecord:
     setup_torch(cfg.run)
     device = pick_device(str(cfg.run.device))
     specs = job_specs(cfg)
@@ -250,7 +252,7 @@ def _execute_local(cfg: DictConfig, run_dir: Path, registry: Registry, console: 
         plugins.set_trace(hook_calls)
     sampler = TelemetrySampler(interval_s=float(cfg.run.telemetry_interval_s))
     lifecycle.start(jobs)
-    record = RunRecord(info=lifecycle.info, warnings=setting_warnings(cfg))
+    record = RunRecord(info=lifecycle.info, warnings=warnings)
     if resume_from is not None:
         record.metrics["resumed_from"] = str(resume_from)
     started = time.perf_counter()
@@ -287,7 +289,8 @@ def _execute_local(cfg: DictConfig, run_dir: Path, registry: Registry, console: 
 
 
 def _execute_cluster(cfg: DictConfig, run_dir: Path, registry: Registry, console: Console,
-                     refs: dict[str, RunRecord], resume_from: Path | None = None) -> RunRecord:
+                     refs: dict[str, RunRecord], resume_from: Path | None,
+                     warnings: list[str]) -> RunRecord:
     from accelopt.drivers.cluster import run_cluster
     from accelopt.drivers.cluster.settings import settings_from
 
@@ -295,7 +298,7 @@ def _execute_cluster(cfg: DictConfig, run_dir: Path, registry: Registry, console
     settings = settings_from(cfg.cluster)
     info = RunInfo(str(run_dir), "cluster", names, (), int(cfg.run.seed),
                    world_size=settings.world_size, cluster=settings.info(settings.backend))
-    record = RunRecord(info=info, warnings=setting_warnings(cfg))
+    record = RunRecord(info=info, warnings=warnings)
     if resume_from is not None:
         record.metrics["resumed_from"] = str(resume_from)
     started = time.perf_counter()
