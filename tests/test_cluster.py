@@ -669,6 +669,15 @@ def test_a_ranks_progress_record_says_which_jobs_iteration_it_was_in(tmp_path):
     misfit = UserError("the model's output (a dict with keys scores) has no logits ...")
     error = _diagnosis(tmp_path, [1, 1, 1], {2: misfit}, iteration=0, job=("01-b", "b"))
     assert error.job_id == "01-b" and error.exit_code == 2  # the job's own output: its error
+    # a user error reads as one: the problem and its fix first (not "rank 2 (...) raised
+    # UserError: ..."), where the rank was after it, the job named once
+    assert str(error) == ("the model's output (a dict with keys scores) has no logits ... "
+                          "(rank 2, worker, at iteration 0 of job 'b'; the cluster run was "
+                          "stopped)")
+    named = UserError("job 'b': w got no gradient in iteration 0; freeze it")
+    error = _diagnosis(tmp_path, [1, 1, 1], {2: named}, iteration=0, job=("01-b", "b"))
+    assert str(error) == ("job 'b': w got no gradient in iteration 0; freeze it (rank 2, "
+                          "worker, at iteration 0; the cluster run was stopped)")
 
 
 def test_a_rank_that_exits_without_an_exception_is_named_before_its_peers_resets(tmp_path):

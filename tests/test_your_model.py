@@ -329,6 +329,7 @@ def test_a_parameter_the_loss_never_reaches_is_one_line_in_allreduce(tmp_path, m
                       "cluster.timeout_s=60", "run.compare=none", "run.progress=false"],
                      run_dir=tmp_path / "spare")
     assert info.value.exit_code == 2 and time.monotonic() - start < 40
+    assert str(info.value).startswith("job 'm': ")  # the problem first, as user errors read
 
 
 def test_the_documented_dataloader_factory_trains_and_is_scored(monkeypatch):

@@ -206,9 +206,15 @@ def is_communication_error(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and bool(_GLOO_PEER_ERROR.search(str(exc)))
 
 
+def first_line(exc: BaseException) -> str:
+    """The first line of ``exc``'s message ("" when it has none)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else ""
+
+
 def error_text(exc: BaseException) -> str:
     """``Type: first line of the message``: how a rank's error appears in the run's line."""
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    text = first_line(exc)
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
@@ -225,6 +231,25 @@ def raised_line(rank: int, role: str, pid: int | None, error: str,
     """The run's one line for a rank that raised (the local launcher's and torchrun's)."""
     return (f"rank {rank} ({role}, pid {pid}) raised {error} {where(iteration, job_name)}; "
             "the cluster run was stopped")
+
+
+def user_error_line(rank: int, role: str, message: str, iteration: int | None,
+                    job_name: str = "") -> str:
+    """The run's one line for a rank whose input was wrong (a :class:`UserError` found once
+    training ran, such as a parameter all-reduce never gets a gradient for): the problem and
+    its fix first, as every other user error reads, then where the rank was. The job is not
+    named twice when the message already starts with it."""
+    named = bool(job_name) and message.startswith(f"job '{job_name}'")
+    return (f"{message} (rank {rank}, {role}, {where(iteration, '' if named else job_name)}; "
+            "the cluster run was stopped)")
+
+
+def note_line(note: dict[str, Any], iteration: int | None, job_name: str = "") -> str:
+    """The run's line for a rank's failure note (its own, or a peer's read from the store)."""
+    if note.get("user_error"):
+        return user_error_line(note["rank"], note["role"], note["message"], iteration, job_name)
+    return raised_line(note["rank"], note["role"], note["pid"], note["error"], iteration,
+                       job_name)
 
 
 def port_in_use_line(port: int, setting: str, fix: str) -> str:
@@ -244,7 +269,9 @@ def failure_note(rank: int, role: str, at: At, exc: BaseException) -> dict[str, 
     return {
         "rank": rank, "role": role, "pid": os.getpid(), "iteration": at.iteration,
         "job_id": at.job_id, "job_name": at.job_name, "culprit": at.job_id if own else "",
-        "error": error_text(exc), "port_in_use": port_in_use(exc),
+        "error": error_text(exc), "user_error": isinstance(exc, UserError),
+        "message": first_line(exc),
+        "port_in_use": port_in_use(exc),
         "communication": is_communication_error(exc), "time": time.time(),
         "exit_code": exc.exit_code if isinstance(exc, AccelOptError) else 1,
     }
@@ -398,7 +425,8 @@ class Watchdog:
                                              cause="port in use", exit_code=2)
         if note:
             kind = COMMUNICATION if note.get("communication") else EXCEPTION
-            msg = raised_line(c.rank, c.role, c.pid, note["error"], iteration, at.job_name)
+            msg = note_line({**note, "rank": c.rank, "role": c.role, "pid": c.pid}, iteration,
+                            at.job_name)
             return (kind, float(note.get("time", 0.0))), RankFailed(
                 msg, rank=c.rank, pid=c.pid, iteration=iteration, cause=note["error"],
                 exit_code=int(note.get("exit_code", 1)),
@@ -533,8 +561,7 @@ def torchrun_failure(exc: BaseException, *, rank: int, world: int, role: str,
                           exit_code=int(note["exit_code"]), job_id=note["culprit"])
     peer = peer_failure(rank, world, GRACE_S)
     if peer is not None:
-        line = raised_line(peer["rank"], peer["role"], peer["pid"], peer["error"],
-                           peer["iteration"], peer.get("job_name") or "")
+        line = note_line(peer, peer["iteration"], peer.get("job_name") or "")
         return RankFailed(line, rank=peer["rank"], pid=peer["pid"], iteration=peer["iteration"],
                           cause=peer["error"], exit_code=int(peer.get("exit_code", 1)),
                           job_id=peer.get("culprit") or "")
