@@ -197,13 +197,17 @@ def pairs_of_inputs(*, seed: int, n: int = 64):
     return [((x[j], e[j]), y[j]) for j in range(n)]
 
 
-def loader(*, seed: int, n: int = 80, batch_size: int = 16, drop_last: bool = False):
+def loader(*, seed: int, n: int = 80, batch_size: int = 16, drop_last: bool = False,
+           shuffle: bool = False, generator_seed: int | None = None):
     """A ``DataLoader`` (an iterable of batches, no ``__getitem__``) over Gaussian blobs, with
-    a held-out loader; its last batch is short unless ``drop_last``."""
+    a held-out loader; its last batch is short unless ``drop_last``. ``shuffle``: a new order
+    every pass (from a generator seeded with ``generator_seed``, if given)."""
     from torch.utils.data import DataLoader
 
     train, held_out = blobs(seed=seed, n=n, dim=16, classes=4)
-    return (DataLoader(train, batch_size=batch_size, shuffle=False, drop_last=drop_last),
+    generator = None if generator_seed is None else torch.Generator().manual_seed(generator_seed)
+    return (DataLoader(train, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last,
+                       generator=generator),
             DataLoader(held_out, batch_size=batch_size))
 
 

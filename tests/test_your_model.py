@@ -226,6 +226,12 @@ def test_a_dataloader_is_read_in_order_pass_after_pass():
     (dict(dataset="byo_models:loader", batch_size=8),
      "yields batches of 16 rows but the job's batch_size is 8; set batch_size=16"),
     (dict(dataset="byo_models:one_pass"), "one-pass iterator"),
+    # each pass a new order, seeded or not: a later pass mixed the batches kept from the
+    # previous one with the new order's, and a resumed job read other rows than it had
+    (dict(dataset="byo_models:loader", dataset_kwargs={"shuffle": True}),
+     "in a different order on each pass .* shuffle=False"),
+    (dict(dataset="byo_models:loader", dataset_kwargs={"shuffle": True, "generator_seed": 3}),
+     "in a different order on each pass"),
 ])
 def test_iterables_a_job_cannot_read_twice_or_whose_batches_do_not_fit_are_one_line(
         options, words):

@@ -193,7 +193,7 @@ class IterableBatches:
     counts as a map-style dataset of samples, not as batches):
     batch ``i`` is the iterable's ``i``-th batch, counting on into the next pass when one
     ends, so it must yield the same batches in the same order every pass (a ``DataLoader``
-    with ``shuffle=False``, or one whose sampler has a seeded generator). A pass is read
+    with ``shuffle=False``; a shuffling one is refused). A pass is read
     again from its start only when a batch before the last one read is asked for (a resumed
     or restarted job); the last few batches are kept, so the step's and a probe's reads of
     one batch cost one read. A batch with fewer rows than the job's ``batch_size`` (a
@@ -219,6 +219,7 @@ class IterableBatches:
         self._pass_length: int | None = None
         self._kept: dict[int, tuple[Any, torch.Tensor]] = {}
         first = self._read(0)
+        self._check_same_order(first)
         x, y = first
         self.batch_rows = len(y)
         self.input_shape, self.input_kind = sample_facts(inputs.tensors(x)[0][0])
@@ -233,6 +234,21 @@ class IterableBatches:
     def __repr__(self) -> str:
         return (f"IterableBatches(name={self.name!r}, batch_rows={self.batch_rows}, "
                 f"input_shape={self.input_shape}, num_classes={self.num_classes})")
+
+    def _check_same_order(self, first: tuple[Any, torch.Tensor]) -> None:
+        """Refuse an iterable whose passes come in different orders (``shuffle=True``, with or
+        without a seeded generator: each pass draws a new permutation). Batch ``i`` of a
+        later pass would be read from whichever pass a rank, a resumed job or the batches
+        kept for repeated reads happen to hold, so one pass could train some samples twice
+        and others never. The labels of two passes' first batches tell: per-sample randomness
+        (augmentation) leaves them alone."""
+        again = self._pair(next(iter(self._train)), 0)
+        if again[1].shape != first[1].shape or not torch.equal(again[1], first[1]):
+            raise ValueError(
+                f"dataset {self.name!r} yields its batches in a different order on each pass "
+                "(a DataLoader with shuffle=True?), and every rank and a resumed job read "
+                "them again; give it shuffle=False, or return its dataset (map-style), which "
+                "accelopt shuffles every epoch with the job's seed")
 
     def _pair(self, item: Any, index: int) -> tuple[Any, torch.Tensor]:
         return split_sample(item, f"dataset {self.name!r}: batch {index}", self._float_labels)
