@@ -352,3 +352,28 @@ def test_a_failed_runs_unfinished_jobs_keep_the_iterations_they_had_run(tmp_path
     assert _ended_before(JobResult(part.job.info), ended).iterations_done == 4
     ended["00-a"]["current"] = False  # left at a switch: the failing rank was elsewhere
     assert _ended_before(JobResult(part.job.info), ended, reached=7).iterations_done == 4
+
+
+def test_a_jobs_training_settings_it_cannot_use_are_named():
+    """A warm-up kept from a longer run's settings made a shortened job train in warm-up
+    throughout (and a decay never start), and min_lr did nothing under a constant schedule,
+    without a word."""
+    from accelopt.config import AccelConfig, JobConfig
+    from accelopt.runtime.run import setting_warnings
+
+    cfg = OmegaConf.structured(AccelConfig)
+    cfg.workload.jobs = [JobConfig(name="a", iterations=200, warmup_iterations=199,
+                                   lr_schedule="cosine", min_lr=0.01)]
+    assert setting_warnings(cfg) == []  # the last step is past the warm-up: nothing to say
+    cfg.workload.jobs[0].warmup_iterations = 500
+    assert setting_warnings(cfg) == [
+        "job 'a': warmup_iterations=500 is not fewer than its 200 iterations: the job is all "
+        "warm-up (its last step at 40% of lr=0.05), and its cosine decay never starts; lower "
+        "warmup_iterations"]
+    cfg.workload.jobs[0].warmup_iterations = 0
+    cfg.workload.jobs[0].lr_schedule = "constant"
+    assert setting_warnings(cfg) == [
+        "job 'a': min_lr=0.01 has no effect with lr_schedule=constant; lr_schedule=cosine or "
+        "linear decays to it"]
+    cfg.workload.jobs[0].kind = "infer"  # nothing is trained: nothing to warn about
+    assert setting_warnings(cfg) == []

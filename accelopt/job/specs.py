@@ -151,6 +151,27 @@ def validate_spec(spec: JobConfig) -> None:
     _check_names(spec, where)
 
 
+def spec_warnings(spec: JobConfig) -> list[str]:
+    """One line each for a job's training settings that it accepts but cannot use as
+    written, said at the start of the run (``runtime.run.setting_warnings``): typically a
+    warm-up or a floor kept from a longer run's settings after shortening the job. A
+    warning, not a refusal: the job still runs exactly as configured."""
+    if spec.kind != "train":
+        return []
+    where, lines = f"job '{spec.name}'", []
+    if spec.warmup_iterations >= spec.iterations:
+        last = spec.iterations / spec.warmup_iterations
+        decay = ("" if spec.lr_schedule == "constant"
+                 else f", and its {spec.lr_schedule} decay never starts")
+        lines.append(f"{where}: warmup_iterations={spec.warmup_iterations} is not fewer than "
+                     f"its {spec.iterations} iterations: the job is all warm-up (its last step "
+                     f"at {last:.0%} of lr={spec.lr}){decay}; lower warmup_iterations")
+    if spec.min_lr > 0 and spec.lr_schedule == "constant":
+        lines.append(f"{where}: min_lr={spec.min_lr} has no effect with lr_schedule=constant; "
+                     "lr_schedule=cosine or linear decays to it")
+    return lines
+
+
 def check_job_name(name: Any) -> None:
     """A job's name becomes part of its files' names (``weights/<id>.pt``, a checkpoint, a
     service's ``jobs/<id>/``): one that is empty, starts with a dot, or holds a path

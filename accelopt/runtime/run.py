@@ -43,7 +43,7 @@ from accelopt.drivers.setup import (
     torch_threads,
     usable_cores,
 )
-from accelopt.errors import AccelOptError, RankFailed, Terminated, UserError
+from accelopt.errors import AccelOptError, ConfigError, RankFailed, Terminated, UserError
 from accelopt.host import HookTrace, hook_spans
 from accelopt.job import build_jobs, job_id_for, job_specs
 from accelopt.job.checkpoint import CHECKPOINT_DIR, Checkpointer, restore
@@ -51,7 +51,7 @@ from accelopt.job.exchange import BUILD_ONLY
 from accelopt.job.job import Job, check_precision
 from accelopt.job.profile import measure_profile
 from accelopt.job.quality import score_result
-from accelopt.job.specs import job_info
+from accelopt.job.specs import job_info, spec_warnings
 from accelopt.plugin import Registry, resolve
 from accelopt.records import JobResult, RunRecord, Span
 from accelopt.report import JobProgress, render_summary, run_metrics, write_run_outputs
@@ -143,7 +143,8 @@ def setting_warnings(cfg: DictConfig) -> list[str]:
     keeps every job resident), so a capacity that a one-process run would enforce,
     rejecting a job that does not fit, admits everything. And ``run.threads`` beyond the
     cores this process may use: the threads take turns on the cores, every op pays for it,
-    and the run's times measure the oversubscription."""
+    and the run's times measure the oversubscription. And each job's training settings it
+    cannot use as written (:func:`~accelopt.job.specs.spec_warnings`)."""
     lines = []
     threads, cores = int(cfg.run.threads), usable_cores()
     if threads > cores:
@@ -158,6 +159,12 @@ def setting_warnings(cfg: DictConfig) -> list[str]:
                      f"cluster.mode={cfg.cluster.mode} does not profile jobs' memory (every "
                      "rank keeps every job resident), so nothing is admitted or rejected by "
                      "it; cluster.mode=none enforces it")
+    try:
+        specs = job_specs(cfg)
+    except ConfigError:  # the run's validation names it
+        specs = []
+    for spec in specs:
+        lines += spec_warnings(spec)
     return lines
 
 
