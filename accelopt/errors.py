@@ -18,6 +18,15 @@ def listed(items: Sequence[str], shown: int = 3, sep: str = ", ") -> str:
     return sep.join(items[:shown]) + more
 
 
+def did_you_mean(name: str, options: Sequence[str], prefix: str = "") -> str:
+    """``"; did you mean 'x'?"`` for the option closest to a mistyped ``name`` (``prefix``
+    before it: a key's parent), else ``""``: the hint every "unknown ..." line ends with."""
+    import difflib
+
+    close = difflib.get_close_matches(name, list(options), n=1)
+    return f"; did you mean '{prefix}{close[0]}'?" if close else ""
+
+
 class AccelOptError(Exception):
     """Base class of every error accelopt raises on purpose."""
 

@@ -10,7 +10,6 @@ the parsed overrides, so the message can list the installed plugins and the clos
 from __future__ import annotations
 
 import contextlib
-import difflib
 import errno
 import importlib
 import importlib.util
@@ -32,7 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from accelopt.atomic import RUNS_DIR, refuse_unwritable
 from accelopt.config import register_plugin_configs, register_schema, unknown_keys
-from accelopt.errors import AccelOptError, ConfigError, JobsUnfinished, listed
+from accelopt.errors import AccelOptError, ConfigError, JobsUnfinished, did_you_mean, listed
 from accelopt.plugin import Registry, resolve
 from accelopt.report.console import default_console
 from accelopt.runtime.resume_target import HONOURED, refuse_finished, resume_target
@@ -307,10 +306,8 @@ def _unknown_option_message(group: str, name: str) -> str:
     """``workload=nosuch``: the options of the group (the YAML files of ``configs/<group>``),
     and the closest one."""
     options = sorted(p.stem for p in (Path(config_dir()) / group).glob("*.yaml"))
-    close = difflib.get_close_matches(name, options, n=1)
-    hint = f"; did you mean '{close[0]}'?" if close else ""
     listed = f" ({group}s: {', '.join(options)})" if options else ""
-    return f"no {group} '{name}'{hint}{listed}"
+    return f"no {group} '{name}'{did_you_mean(name, options)}{listed}"
 
 
 def unknown_key_message(key: str) -> str:
@@ -330,10 +327,8 @@ def unknown_key_message(key: str) -> str:
     fields = _schema_fields(parent)
     if leaf in fields and parts[0] != "plugins":  # it exists, but cannot be replaced whole
         return f"'{key}' cannot be set this way; set its keys instead ({key}.<key>=value)"
-    close = difflib.get_close_matches(leaf, fields, n=1)
     shown = parent or "the config"
-    hint = f"; did you mean '{parent}.{close[0]}'?" if close and parent else (
-        f"; did you mean '{close[0]}'?" if close else "")
+    hint = did_you_mean(leaf, fields, f"{parent}." if parent else "")
     known = f" (keys of {shown}: {', '.join(fields)})" if fields else ""
     return f"unknown config key '{key}'{hint}{known}"
 
@@ -344,8 +339,7 @@ def _unselected_plugin_message(key: str, name: str) -> str:
     if name in installed:
         return (f"'{key}' sets an option of plugin '{name}', which this run does not select; "
                 f"add +plugins=[{name}] (or list it among the others)")
-    close = difflib.get_close_matches(name, installed, n=1)
-    hint = f"; did you mean '{close[0]}'?" if close else ""
+    hint = did_you_mean(name, installed)
     return (f"unknown config key '{key}': no plugin '{name}' is installed{hint} (installed: "
             f"{', '.join(installed)})")
 

@@ -8,7 +8,6 @@ a line naming the plugin and hook. ``--debug`` (anywhere on the line) or
 
 from __future__ import annotations
 
-import difflib
 import os
 import signal
 import sys
@@ -17,7 +16,7 @@ import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from accelopt.errors import AccelOptError, Terminated, UserError, raise_terminated
+from accelopt.errors import AccelOptError, Terminated, UserError, did_you_mean, raise_terminated
 from accelopt.plugin import Registry
 
 if TYPE_CHECKING:
@@ -159,9 +158,8 @@ def dispatch(args: list[str], debug: bool) -> int:
     if command in plugin_commands:
         return plugin_commands[command](rest)
     known = [*CORE_COMMANDS, *plugin_commands]
-    close = difflib.get_close_matches(command, known, n=1)
-    hint = f"; did you mean '{close[0]}'?" if close else ""
-    raise UserError(f"unknown command '{command}'{hint} (commands: {', '.join(known)})")
+    raise UserError(f"unknown command '{command}'{did_you_mean(command, known)} (commands: "
+                    f"{', '.join(known)})")
 
 
 def version_line() -> str:

@@ -30,7 +30,7 @@ import torch
 
 from accelopt.activation import PluginSet, as_plugin_set
 from accelopt.drivers.scheduling import arrival_key, choose_next
-from accelopt.errors import UserError, raised_by_hook
+from accelopt.errors import UserError, listed, raised_by_hook
 from accelopt.host import PluginHost
 from accelopt.job import Job, StepEvents
 from accelopt.job.job import first_step_failed
@@ -262,14 +262,26 @@ class Executor:
             self._inbox.append(entry)
             self._cv.notify_all()
 
+    def _entry(self, job_id: str) -> _Entry:
+        """The job ``job_id`` names: its id (``003-cnn``), or its number alone (``3``,
+        ``003``), which is what a person reads off the status table and types."""
+        entry = self._entries.get(job_id)
+        if entry is None and job_id.isdigit():
+            numbered = [e for jid, e in self._entries.items()
+                        if jid.split("-", 1)[0].isdigit() and int(jid.split("-", 1)[0]) == int(job_id)]
+            entry = numbered[0] if len(numbered) == 1 else None
+        if entry is None:
+            raise UserError(f"no job {job_id!r}; known jobs: "
+                            f"{listed(list(self._entries), 10) or 'none'}")
+        return entry
+
     def cancel(self, job_id: str) -> str:
         """Cancel a job wherever it is (waiting, pending, between or inside an iteration);
         returns one line saying what happened. A running iteration is never interrupted:
         the job stops at its end."""
         with self._cv:
-            entry = self._entries.get(job_id)
-            if entry is None:
-                raise UserError(f"no job {job_id!r}; known jobs: {', '.join(self._entries)}")
+            entry = self._entry(job_id)
+            job_id = entry.result.job.job_id
             if entry.finished:
                 ended = "cancelled" if CANCELLED in entry.result.error else entry.result.status
                 return f"{job_id} already {ended}"
@@ -291,9 +303,7 @@ class Executor:
         """Block until the job has ended or ``timeout_s`` passed; return its status."""
         deadline = time.monotonic() + timeout_s
         with self._cv:
-            entry = self._entries.get(job_id)
-            if entry is None:
-                raise UserError(f"no job {job_id!r}; known jobs: {', '.join(self._entries)}")
+            entry = self._entry(job_id)
             while not entry.finished and time.monotonic() < deadline:
                 self._cv.wait(max(0.0, deadline - time.monotonic()))
             return entry.result.status

@@ -42,6 +42,7 @@ from accelopt.atomic import refuse_unwritable
 from accelopt.config import AccelConfig, JobConfig
 from accelopt.drivers.local import CANCELLED, Executor
 from accelopt.drivers.setup import memory_capacity, pick_device
+from accelopt.errors import did_you_mean
 from accelopt.host import PluginHost
 from accelopt.job import Job, job_specs
 from accelopt.job.profile import measure_profile
@@ -237,6 +238,10 @@ def _job_config(fields: Any) -> JobConfig:
         merged = OmegaConf.merge(OmegaConf.structured(JobConfig), fields)
     except OmegaConfBaseException as exc:
         key = getattr(exc, "full_key", None) or getattr(exc, "key", None) or "job"
+        keys = [f.name for f in dataclasses.fields(JobConfig)]
+        if key not in keys:  # a mistyped key: the closest one, and every key
+            raise UserError(f"bad job: unknown key '{key}'{did_you_mean(str(key), keys)} "
+                            f"(JobConfig keys: {', '.join(keys)})") from None
         raise UserError(f"bad job: {key}: {str(exc).splitlines()[0]}") from None
     spec = OmegaConf.to_object(merged)
     assert isinstance(spec, JobConfig)
