@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -84,6 +85,14 @@ def test_a_killed_rank_resumes_to_the_samesaved_weights(tmp_path, mode):
     assert not (run_dir / "weights").exists(), "the run finished before it was killed"
     killed = json.loads((run_dir / "metrics.json").read_text())  # the evidence is kept
     assert killed["summary"]["error"] and killed["jobs"][0]["status"] == "failed"
+    # the ranks still running left their timelines up to the stop (the trace held nothing)
+    note = killed["telemetry"]["note"]
+    assert note.startswith("the cluster run failed: trace.json holds the timelines of "), note
+    assert re.search(r"; rank \d left none \(killed, or stuck\)$", note), note
+    trace = json.loads((run_dir / "trace.json").read_text())["traceEvents"]
+    named = {e["args"]["name"] for e in trace if e.get("name") == "process_name"}
+    assert len(named) == 1, named  # of the two ranks, the one the kill left running
+    assert any(e.get("ph") == "X" for e in trace)
 
     before = run_files(run_dir)
     new_dir = tmp_path / "resumed"

@@ -322,11 +322,10 @@ def _execute_cluster(cfg: DictConfig, run_dir: Path, registry: Registry, console
         record.duration_s = time.perf_counter() - started
         specs = job_specs(cfg)
         ended = getattr(exc, "ended", {})
-        reached = getattr(exc, "iteration", None)
+        reached = getattr(exc, "reached", getattr(exc, "iteration", None))
         record.jobs = [_ended_before(JobResult(job_info(s, job_id_for(i, s))), ended, reached)
                        for i, s in enumerate(specs)]
-        record.telemetry_note = ("the cluster run failed: the ranks' timelines ended with "
-                                 "their processes and are not in trace.json")
+        record.spans, record.telemetry_note = _timelines_so_far(exc, settings.world_size)
         if not under_torchrun() or os.environ.get("RANK") == "0":
             # under torchrun only rank 0 writes, as on success: ranks sharing one
             # hydra.run.dir (for checkpoints) wrote over rank 0's metrics.json with their own
@@ -353,6 +352,23 @@ def _execute_cluster(cfg: DictConfig, run_dir: Path, registry: Registry, console
         _score_cluster_jobs(cfg, registry, record.jobs, outcome.state)
         _write_and_render(record, run_dir, console, refs, renderer)
     return record
+
+
+def _timelines_so_far(exc: BaseException, world: int) -> tuple[list[Span], str]:
+    """A stopped cluster run's trace: the timelines its ranks left up to where they stopped
+    (a rank killed outright leaves none), and the note saying whose they are."""
+    spans, ranks = getattr(exc, "so_far", ([], []))
+    if not ranks:
+        return [], ("the cluster run failed: the ranks' timelines ended with their processes "
+                    "and are not in trace.json")
+
+    def named(which: list[int]) -> str:
+        return f"rank{'s' if len(which) > 1 else ''} {', '.join(map(str, which))}"
+
+    missing = [r for r in range(world) if r not in ranks]
+    held = f"the timelines of {named(ranks)}" if missing else "every rank's timeline"
+    lost = f"; {named(missing)} left none (killed, or stuck)" if missing else ""
+    return spans, f"the cluster run failed: trace.json holds {held} up to the stop{lost}"
 
 
 def _before_ranks(mode: str) -> Callable[[], None] | None:

@@ -148,6 +148,15 @@ class Progress:
             return At(iteration)
 
 
+def reached(workdir: str | os.PathLike[str], exc: BaseException) -> int | None:
+    """The iteration the run's current job had reached when ``exc`` stopped it: the failing
+    rank's, or, stopped from outside (Ctrl-C, SIGTERM), the leader's (rank 0: every rank
+    runs the same iteration of the same job, give or take one). None: before the first
+    iteration, or after the last."""
+    iteration = exc.iteration if isinstance(exc, RankFailed) else Progress.read(workdir, 0)
+    return None if iteration is None or iteration == JOBS_ENDED else iteration
+
+
 def _job_record(job_id: str, job_name: str) -> bytes:
     """A job's part of a progress record, within its fixed size: the name left out, then
     the id too, where they are too long for it (the iteration is always kept)."""
@@ -354,9 +363,11 @@ class Watchdog:
         self.poll_s = poll_s
 
     def wait(self) -> None:
-        """Return when every child has exited 0; raise :class:`RankFailed` (the others
-        killed) as soon as one exits otherwise. Wakes the moment a child exits (its
-        process sentinel), so the run's results are read without a polling delay."""
+        """Return when every child has exited 0; raise :class:`RankFailed` as soon as one
+        exits otherwise. The others are left running: the caller asks them for what they
+        have (their timelines so far), then :meth:`kill_all`. Wakes the moment a child
+        exits (its process sentinel), so the run's results are read without a polling
+        delay."""
         while True:
             codes = {c.rank: c.process.exitcode for c in self.children}
             if any(code not in (None, 0) for code in codes.values()):
@@ -365,9 +376,7 @@ class Watchdog:
                 return
             running = [c.process.sentinel for c in self.children if c.process.exitcode is None]
             multiprocessing.connection.wait(running, timeout=1.0)
-        error = self._diagnose()
-        self.kill_all()
-        raise error
+        raise self._diagnose()
 
     def _diagnose(self) -> RankFailed:
         """The root cause among the ranks that exited: each is ranked by :meth:`_candidate`

@@ -29,7 +29,15 @@ from accelopt.collector import collector_paused
 from accelopt.drivers.cluster import faults, netns
 from accelopt.drivers.cluster.carried import Carried
 from accelopt.drivers.cluster.outcome import ClusterOutcome, build_outcome
-from accelopt.drivers.cluster.rank import RankResult, pick_backend, result_path, run_rank
+from accelopt.drivers.cluster.rank import (
+    RankResult,
+    SoFar,
+    pick_backend,
+    read_so_far,
+    result_path,
+    run_rank,
+    so_far_path,
+)
 from accelopt.drivers.cluster.settings import ClusterSettings, settings_from
 from accelopt.drivers.processes import (
     SCRATCH_PREFIX,
@@ -97,8 +105,10 @@ def run_cluster(cfg: DictConfig, *, run_dir: str | os.PathLike[str] = ".",
             while_ranks_start()
         try:
             ranks = _spawn(cfg, settings, t0, work, str(run_dir), carried, when_jobs_end)
-        except faults.RankFailed as exc:
-            exc.ended = faults.read_ended(work)  # the jobs that had finished before
+        except BaseException as exc:  # a rank failed, Ctrl-C, SIGTERM: how far the jobs got
+            exc.ended = faults.read_ended(work)  # type: ignore[attr-defined]
+            exc.reached = faults.reached(work, exc)  # type: ignore[attr-defined]
+            exc.so_far = read_so_far(work)  # type: ignore[attr-defined]
             raise
     with collector_paused():
         return build_outcome(ranks, settings)
@@ -152,6 +162,10 @@ def _spawn(cfg: DictConfig, settings: ClusterSettings, t0: float, work: str,
         ctx = rank_context({settings.mode})
         store_ready = ctx.Event()  # rank 0's rendezvous store listens (rendezvous.py)
         jobs_ended = ctx.Event()  # the leader ran the last iteration
+        # closing `stop` (the writing end) tells the ranks still running that the run stops,
+        # so they leave their timelines so far; a pipe, not an Event: a rank that died
+        # waiting on an Event would block every later set() (its sleeper never wakes)
+        stop_read, stop = ctx.Pipe(duplex=False)
         children = []
         watchdog = faults.Watchdog(children, work)
         waiter = _WhenSet(jobs_ended, when_jobs_end) if when_jobs_end is not None else None
@@ -161,13 +175,19 @@ def _spawn(cfg: DictConfig, settings: ClusterSettings, t0: float, work: str,
                     target=child_main,
                     args=(rank, settings.world_size, cfg_yaml, port, t0, work, ends[rank],
                           ends[0].address, run_dir, carried, dict(os.environ), store_ready,
-                          jobs_ended, os.getpid()),
+                          jobs_ended, os.getpid(), stop_read),
                     name=f"accelopt-rank{rank}",
                 )
                 proc.start()
                 children.append(faults.Child(rank, settings.role(rank), proc))
             watchdog.wait()
+        except BaseException:
+            stop.close()
+            _await_so_far(children, work)
+            raise
         finally:
+            stop.close()
+            stop_read.close()
             watchdog.kill_all()
             if waiter is not None:
                 waiter.stop()
@@ -188,6 +208,39 @@ def _spawn(cfg: DictConfig, settings: ClusterSettings, t0: float, work: str,
             with open(path, "rb") as fh:
                 results.append(pickle.load(fh))
     return results
+
+
+SO_FAR_WAIT_S = 2.0
+"""How long a stopped run waits for its live ranks' timelines before it kills them."""
+
+
+def _await_so_far(children: list[faults.Child], work: str) -> None:
+    """Until every rank still running has written its timeline so far (or exited, or
+    :data:`SO_FAR_WAIT_S` passed): its writer thread does it while the rank's main thread
+    may be blocked in a collective whose peer is gone."""
+    deadline = time.monotonic() + SO_FAR_WAIT_S
+    for c in children:
+        while (c.process.exitcode is None and not so_far_path(work, c.rank).exists()
+               and time.monotonic() < deadline):
+            time.sleep(0.02)  # polling a file another process writes
+
+
+class _OnStop(threading.Thread):
+    """Calls ``callback`` once the launcher closes the other end of ``stop`` (a rank whose
+    run stopped; its main thread may be blocked in a collective, this thread is not)."""
+
+    def __init__(self, stop: Any, callback: Callable[[], None]) -> None:
+        super().__init__(name="accelopt-on-stop", daemon=True)
+        self._stop_end = stop
+        self._callback = callback
+        self.start()
+
+    def run(self) -> None:
+        try:
+            self._stop_end.recv_bytes()
+        except (EOFError, OSError):
+            pass
+        self._callback()
 
 
 class _WhenSet(threading.Thread):
@@ -287,8 +340,11 @@ def child_main(rank: int, world: int, cfg_yaml: str, port: int, t0: float, work:
                endpoint: netns.Endpoint, master_addr: str, run_dir: str,
                carried: Carried | None = None, environ: dict[str, str] | None = None,
                store_ready: Any | None = None, jobs_ended: Any | None = None,
-               launcher_pid: int | None = None) -> None:
-    """Entry point of a rank process (module-level so the start method can import it)."""
+               launcher_pid: int | None = None, stop: Any | None = None) -> None:
+    """Entry point of a rank process (module-level so the start method can import it).
+    ``stop``: the reading end of a pipe the launcher closes when the run stops before this
+    rank reports; the rank then leaves its timeline so far
+    (:class:`~accelopt.drivers.cluster.rank.SoFar`)."""
     faults.die_with_parent()
     if launcher_pid is not None:
         faults.die_with_launcher(launcher_pid)
@@ -296,6 +352,9 @@ def child_main(rank: int, world: int, cfg_yaml: str, port: int, t0: float, work:
         _adopt_environment(environ)
     settings = None
     progress = None
+    so_far = SoFar()
+    if stop is not None:
+        _OnStop(stop, lambda: so_far.write(work, rank))
     try:
         init_method = join_local_rank(rank, world, port, endpoint, master_addr)
         cfg = OmegaConf.create(cfg_yaml)
@@ -305,11 +364,12 @@ def child_main(rank: int, world: int, cfg_yaml: str, port: int, t0: float, work:
         run_rank(cfg, settings, rank=rank, world=world, t0_epoch=t0,
                  init_method=init_method, run_dir=run_dir, progress=progress,
                  carried=carried, results_dir=work, store_ready=store_ready,
-                 jobs_ended=jobs_ended)
+                 jobs_ended=jobs_ended, so_far=so_far)
     except BaseException as exc:  # noqa: BLE001 - every failure is reported, then exit 1
         role = settings.role(rank) if settings is not None else "?"
         at = progress.at if progress is not None else faults.At(None)
         try:
+            so_far.write(work, rank)
             faults.write_failure(work, rank, role, at, exc)
         finally:
             release_before_exit()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -217,19 +218,76 @@ class RankJob:
             self.checkpointer.after_step(self)
         return result
 
-    def finish(self) -> JobPart:
-        """Close the transport; this job's spans (transfers tagged with the job id),
-        transfer statistics and the state this rank owns."""
-        self.job.close()
+    def timeline(self) -> list[Span]:
+        """This job's spans so far on this rank, its transfers tagged with the job id (a
+        snapshot: another thread may still be adding to them)."""
         job_id = self.job.info.job_id
         transfers = [Span(s.name, s.track, s.start_s, s.end_s, s.category,
-                          {**s.args, "job": job_id}, s.process) for s in self.transport.spans]
+                          {**s.args, "job": job_id}, s.process)
+                     for s in list(self.transport.spans)]
+        return list(self.spans) + transfers
+
+    def finish(self) -> JobPart:
+        """Close the transport; this job's spans, transfer statistics and the state this
+        rank owns."""
+        self.job.close()
         params, buffers = self.exchange.final_state(self.job.model)
         return JobPart(rank=self.rank, role=self.role, job=self.job.info, backend=self.backend,
-                       iterations=self.iterations, spans=self.spans + transfers,
+                       iterations=self.iterations, spans=self.timeline(),
                        stats=self.transport.stats, params=params, buffers=buffers,
                        wire_bytes=self.wire_bytes, carried_s=self.carried_s,
                        carried_service_s=self.carried_service_s)
+
+
+@dataclass
+class SoFar:
+    """What a rank has run so far, for a run that stops before the rank reports (a peer
+    failed, the launcher was stopped): its jobs' timelines and its hook calls, written by
+    :meth:`write` where the launcher finds them, so a failed run's trace shows the
+    iterations up to the failure instead of nothing."""
+
+    jobs: list[RankJob] = field(default_factory=list)
+    hook_calls: HookTrace = field(default_factory=list)
+    hooks_shift: float = 0.0
+    process: str = ""
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _written: bool = False
+
+    def write(self, results_dir: str | os.PathLike[str], rank: int) -> None:
+        """Once per rank, from the rank's own failure or the launcher's request, whichever
+        comes first; the other waits for it (a rank exiting mid-write would leave nothing).
+        Best effort: the run's error is what matters."""
+        with self._lock:
+            if self._written:
+                return
+            self._written = True
+            try:
+                spans = [s for part in list(self.jobs) for s in part.timeline()]
+                spans += hook_spans(list(self.hook_calls), self.hooks_shift, self.process)
+                with atomic_open(so_far_path(results_dir, rank), "wb", durable=False) as fh:
+                    pickle.dump(spans, fh, protocol=pickle.HIGHEST_PROTOCOL)
+            except Exception:  # noqa: BLE001, S110 - evidence is best effort
+                pass
+
+
+def so_far_path(results_dir: str | os.PathLike[str], rank: int) -> Path:
+    """Where rank ``rank`` writes its timeline so far when the run stops (:class:`SoFar`)."""
+    return Path(results_dir) / f"so-far-rank{rank}.pkl"
+
+
+def read_so_far(results_dir: str | os.PathLike[str]) -> tuple[list[Span], list[int]]:
+    """The timelines the ranks of a stopped run left (their spans, and which ranks did)."""
+    spans: list[Span] = []
+    ranks: list[int] = []
+    for path in sorted(Path(results_dir).glob("so-far-rank*.pkl"),
+                       key=lambda p: int(p.stem.removeprefix("so-far-rank"))):
+        try:
+            with open(path, "rb") as fh:
+                spans += pickle.load(fh)
+            ranks.append(int(path.stem.removeprefix("so-far-rank")))
+        except Exception:  # noqa: BLE001, S112 - a rank killed while writing: skip it
+            continue
+    return spans, ranks
 
 
 def result_path(results_dir: str | os.PathLike[str], rank: int) -> Path:
@@ -243,7 +301,8 @@ def run_rank(cfg: DictConfig, settings: ClusterSettings, *, rank: int, world: in
              carried: Carried | None = None,
              results_dir: str | None = None,
              store_ready: Any | None = None,
-             jobs_ended: Any | None = None) -> list[RankResult] | None:
+             jobs_ended: Any | None = None,
+             so_far: SoFar | None = None) -> list[RankResult] | None:
     """Run one rank to the end; rank 0 returns every rank's result, the others ``None``.
 
     ``results_dir``: a directory every rank can write (local ranks share the launcher's
@@ -253,7 +312,8 @@ def run_rank(cfg: DictConfig, settings: ClusterSettings, *, rank: int, world: in
     them all again for the launcher. Without it (torchrun: ranks on other machines) rank 0
     gathers them. ``store_ready``: the local ranks' rendezvous event (``rendezvous.py``).
     ``jobs_ended``: an event the leader sets once it has run the last iteration (the launcher
-    starts its work for the outputs then)."""
+    starts its work for the outputs then). ``so_far``: filled with the rank's jobs and hook
+    calls as they are built, for a run that stops before this rank reports."""
     from accelopt.drivers.cluster.driver import ClusterDriver
 
     setup_torch(cfg.run, default_threads=RANK_THREADS)
@@ -306,6 +366,9 @@ def run_rank(cfg: DictConfig, settings: ClusterSettings, *, rank: int, world: in
                             backend=backend, plugins=plugins, t0_epoch=t0_epoch, group=group,
                             servers_group=servers_group,
                             label=f"{spec.name} " if len(specs) > 1 else ""))
+    if so_far is not None:
+        so_far.jobs, so_far.hook_calls = jobs, hook_calls
+        so_far.hooks_shift, so_far.process = hooks_shift, process
     lifecycle = Lifecycle(plugins, info)
     lifecycle.job_built([j.job for j in jobs])
     every = int(cfg.run.get("checkpoint_every", 0) or 0)
