@@ -164,6 +164,20 @@ def test_resnet18_prunes_every_conv_in_residual_groups() -> None:
     assert model.fc.in_features == 16 and model.layer4[1].bn2.num_features == 16
 
 
+def test_a_compiled_model_is_pruned_through_the_module_it_compiles() -> None:
+    """torch.fx cannot trace torch.compile's wrapper: every layer of a compiled model was
+    refused as "not torch.fx-traceable" and nothing was pruned."""
+    torch.manual_seed(0)
+    inner, x = _with_stats(ResNet18()), torch.randn(2, 3, 16, 16)
+    compiled = torch.compile(inner, backend="eager")  # eager: no C++ compiler needed
+    compiled(x)  # compiled once at the dense shapes: the pruned ones must compile afresh
+    report = node_prune(compiled, 0.5)
+    assert set(report.refused) == {"fc"} and len(report.pruned) == 20  # as uncompiled
+    assert inner.fc.in_features == 16
+    out = compiled(x)
+    assert out.shape == (2, 5) and torch.equal(out, inner(x))
+
+
 def test_mobilenet_depthwise_convs_follow_their_producers() -> None:
     torch.manual_seed(0)
     model, x = _with_stats(MobileNet()), torch.randn(2, 3, 16, 16)

@@ -425,10 +425,25 @@ def _apply_rule(modules: Mapping[str, nn.Module], g: RuleGroup, idx: torch.Tenso
     report.groups[g.key] = tuple(g.members)
 
 
+def uncompiled(model: nn.Module) -> nn.Module:
+    """The module a ``torch.compile`` wrapper compiles (else ``model``): torch.fx cannot
+    trace the wrapper, so every layer was refused as untraceable. Pruned in place, the
+    wrapper compiles it afresh on its next call (its shapes changed); paths are the
+    module's own (``1``, not ``_orig_mod.1``)."""
+    try:
+        from torch._dynamo.eval_frame import OptimizedModule
+    except ImportError:  # a torch without dynamo has no such wrapper
+        return model
+    inner = getattr(model, "_orig_mod", None)
+    return inner if isinstance(model, OptimizedModule) and isinstance(inner, nn.Module) else model
+
+
 def prune_channels(model: nn.Module, keep: Mapping[str, torch.Tensor]) -> PruneReport:
     """Keep only the given units (index tensors) of the groups owning the mapping's paths
     (a producer path, or a rule block's key), slicing every member and consumer of each
-    group. A refused or unknown path raises ``ValueError``."""
+    group. A refused or unknown path raises ``ValueError``. A ``torch.compile``d model is
+    pruned through the module it compiles (:func:`uncompiled`)."""
+    model = uncompiled(model)
     a = _analyse(model)
     report = PruneReport(params_before=count_params(model))
     report.kept = _resolve_keep(a, keep)
@@ -475,8 +490,10 @@ def node_prune(
     ``criterion``: ``l1``/``l2`` weight norms, or ``taylor``: with ``calibration`` =
     (inputs, targets) the activation form (recomputed every round on the current model,
     ``loss_fn`` default cross-entropy), else the weight form from the gradients the model
-    already holds.
+    already holds. A ``torch.compile``d model is pruned through the module it compiles
+    (:func:`uncompiled`).
     """
+    model = uncompiled(model)
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1; got {rounds}")
     if criterion not in ("l1", "l2", "taylor"):
