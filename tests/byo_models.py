@@ -313,6 +313,11 @@ def tied_output(*, input_shape, num_classes) -> nn.Module:
     return TiedOutput(input_shape, num_classes)
 
 
+def typo_inside(*, input_shape, num_classes) -> nn.Module:
+    """Takes its arguments, then calls a layer with a misspelled keyword (a TypeError)."""
+    return nn.Linear(input_shape[0], num_classes, bais=False)  # type: ignore[call-arg]
+
+
 def raises(**_: object) -> nn.Module:
     """A model factory whose own code fails."""
     raise RuntimeError("boom")

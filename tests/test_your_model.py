@@ -112,6 +112,11 @@ def test_a_transformers_vit_trains_on_images_and_is_scored():
     (dict(model_kwargs="hidden=4"), ConfigError, "model_kwargs must be a mapping"),
     (dict(model="byo_models:kw_mlp", dataset="digits", model_kwargs={"nope": 1}), ConfigError,
      "cannot be called with"),
+    # its own code's TypeError was "cannot be called with input_shape, num_classes: ...;
+    # set model_kwargs to what it takes", sending the user to the wrong place
+    (dict(model="byo_models:typo_inside", dataset="digits"), ConfigError,
+     r"model 'byo_models:typo_inside' raised TypeError: Linear.__init__\(\) got an "
+     "unexpected keyword argument 'bais'$"),
     (dict(loss="mine"), ConfigError, "loss must be one of auto, model"),
     (dict(dataset="byo_models:token_dicts", model="byo_models:kw_mlp"), ConfigError,
      r"inputs by name \(input_ids, attention_mask\) but Sequential.forward\(input\) takes no"),

@@ -47,21 +47,27 @@ def call_factory(ref: str, what: str, standard: Mapping[str, Any],
                  extra: Mapping[str, Any] | None) -> Any:
     """Build with the factory ``ref`` names: ``extra`` (the user's keywords) plus those of
     ``standard`` its signature names (a keyword in both: the user's wins). A factory that
-    rejects its arguments raises ``ValueError`` in one line naming what it was given."""
+    rejects its arguments raises ``ValueError`` in one line naming what it was given; an
+    error from inside it, one naming the factory and the error."""
     factory = resolve_ref(ref, what)
     extra = dict(extra or {})
     try:
-        params = inspect.signature(factory).parameters
+        signature: inspect.Signature | None = inspect.signature(factory)
     except (TypeError, ValueError):  # a builtin without a signature: the user's keywords only
-        params = {}
+        signature = None
+    params = signature.parameters if signature is not None else {}
     named = {k: v for k, v in standard.items() if k in params and k not in extra}
     kwargs = {**named, **extra}
-    try:
-        return factory(**kwargs)
+    try:  # the arguments against its signature, apart from the call: a TypeError from inside
+        # the factory (a typo in the user's own code) read as the factory refusing them
+        if signature is not None:
+            signature.bind(**kwargs)
     except TypeError as exc:
         given = ", ".join(kwargs) or "no arguments"
         raise ValueError(f"{what} {ref!r} cannot be called with {given}: {exc}; set "
                          f"{what}_kwargs to what it takes") from None
+    try:
+        return factory(**kwargs)
     except Exception as exc:  # the user's own code raised: one line (--debug: the chain)
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise ValueError(f"{what} {ref!r} raised {type(exc).__name__}"
