@@ -114,6 +114,7 @@ def attach(
         raise ConfigError(f"accelopt.attach takes a list of overrides, got the string "
                           f"{overrides!r}; write [{overrides!r}]")
     args = drop_empty_plugin_selection([str(o) for o in overrides])
+    _refuse_settings_of_a_driven_run(args)
     if not any(a.lstrip("+").startswith("cluster.mode=") for a in args):
         args.append("cluster.mode=none")  # the loop is one process, whatever the default
     registry = registry or Registry.discover()
@@ -139,6 +140,26 @@ def attach(
                           "(results are never overwritten)")
     return Attached(model, plugins, job_id, job_info(spec, job_id), example, out,
                     int(cfg.run.seed), local_info(cfg.cluster), console)
+
+
+DRIVEN_ONLY = ("run.compare", "run.resume", "run.resume_finished", "run.checkpoint_every")
+"""Settings of a run accelopt drives (its comparison runs, checkpoints, resume): your loop
+does its own."""
+
+
+def _refuse_settings_of_a_driven_run(args: Sequence[str]) -> None:
+    """The workload's keys and :data:`DRIVEN_ONLY` were accepted and silently had no effect
+    (``workload.jobs.0.lr=...`` did not reach the plugins, which read ``lr=``)."""
+    for arg in args:
+        key = arg.lstrip("+~").partition("=")[0]
+        if key == "workload" or key.startswith("workload."):
+            raise ConfigError(
+                f"accelopt.attach: '{arg}' has no effect in your own loop (the loop is the "
+                "workload: give attach name=, optimizer=, lr= and iterations= for what the "
+                "plugins read of it)")
+        if key in DRIVEN_ONLY:
+            raise ConfigError(f"accelopt.attach: '{arg}' has no effect in your own loop "
+                              f"({key} is for a run accelopt drives: accelopt run)")
 
 
 def _samples(item: Any) -> int:

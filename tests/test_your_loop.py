@@ -201,6 +201,12 @@ def test_the_step_and_backward_events_fire_in_a_loop_and_clipping_acts(tmp_path)
     (["cluster.mode=allreduce"], "cluster.mode=allreduce needs accelopt's ranks"),
     (["+plugins=[nope]"], "nope"),
     ("+plugins=[slide]", "takes a list of overrides"),
+    # accepted and silently without effect: the plugins read lr= from attach, not these
+    (["+plugins=[offload]", "workload.jobs.0.lr=5"], r"'workload.jobs.0.lr=5' has no effect "
+     "in your own loop .* give attach name=, optimizer=, lr= and iterations="),
+    (["workload=lm"], "'workload=lm' has no effect in your own loop"),
+    (["run.compare=each"], r"'run.compare=each' has no effect in your own loop \(run.compare "
+                           "is for a run accelopt drives"),
 ])
 def test_what_cannot_act_in_one_loop_is_refused_in_one_line(overrides, words, tmp_path):
     with pytest.raises(UserError, match=words) as info:
