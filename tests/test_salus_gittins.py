@@ -76,6 +76,25 @@ def test_without_history_or_beyond_it_it_is_las():
     assert _gittins([10, 100]).select("L0", [veteran, young], 0.0) == "01-young"
 
 
+def test_its_row_says_when_it_decided_as_las():
+    """Without a history every choice is LAS's, yet the row read "policy gittins" alone: a
+    reader took LAS's figures for the index's."""
+    a, b = _state("00-a", done=5), _state("01-b", done=2)
+    blind = _gittins()
+    blind.select("L0", [a, b], 0.0)
+    blind.select("L0", [a], 0.0)  # one ready job: no choice, not counted
+    assert blind.note() == ("0 of 1 choices by the Gittins index; the others least attained "
+                            "service first (LAS), no past job having run longer: give past "
+                            "lengths with plugins.salus.history")
+    informed = _gittins([10, 100])
+    informed.select("L0", [a, b], 0.0)
+    assert informed.note() is None  # every choice by the index: nothing to add
+    # both beyond every past length: no index, least attained service decides
+    informed.select("L0", [_state("00-vet", done=200), _state("01-old", done=150)], 0.0)
+    assert informed.note() is not None and informed.note().startswith("1 of 2 choices by")
+    assert not informed.note().endswith("plugins.salus.history")
+
+
 def test_finished_jobs_teach_it_lengths():
     policy = _gittins()
     assert policy.index(0) is None

@@ -459,6 +459,9 @@ class SalusPlugin:
                          if threads == "auto" else
                          f"{threads} intra-op thread(s) per lane (a job's numerics follow its "
                          "thread count)")
+        note = self.policy.note() if hasattr(self.policy, "note") else None
+        if note:
+            parts.append(note)
         if n_jobs == 1:
             parts.append("only one job: nothing to share, it ran alone")
         if s["failed"]:

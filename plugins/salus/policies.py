@@ -100,6 +100,11 @@ class Policy:
     def remaining_seconds(self, state: JobState) -> float:
         return self.iteration_time(state) * state.remaining_iterations
 
+    def note(self) -> str | None:
+        """What the report row should say about how this policy decided, where that is not
+        what its name promises (a fallback it took); default: nothing."""
+        return None
+
 
 GROUP = "accelopt_salus.policies"
 POLICIES = extension_point(GROUP)
@@ -288,6 +293,10 @@ class Gittins(Policy):
         self.lengths: list[int] = []
         """Past jobs' iteration counts, sorted."""
         self._index: dict[int, float | None] = {}
+        self.choices = 0
+        """Choices between several ready jobs, and how many the index decided (the others
+        went least attained service first: no past job had run longer than the chosen)."""
+        self.by_index = 0
 
     def learn(self, lengths: Iterable[int]) -> None:
         """Add past jobs' lengths (iterations) to the distribution (one sort per call, not
@@ -315,7 +324,21 @@ class Gittins(Policy):
             rate = index / seconds if seconds > 0 else float("inf")  # unmeasured: probe it
             return (0, -rate, *arrival_key(state))
 
-        return min(ready, key=key).job.job_id
+        chosen = min(ready, key=key)
+        if len(ready) > 1:
+            self.choices += 1
+            self.by_index += self.index(chosen.iterations_done) is not None
+        return chosen.job.job_id
+
+    def note(self) -> str | None:
+        """Without past lengths the policy is LAS: say so, or a reader takes its figures
+        for the Gittins index's."""
+        if not self.choices or self.by_index == self.choices:
+            return None
+        return (f"{self.by_index} of {self.choices} choices by the Gittins index; the others "
+                "least attained service first (LAS), no past job having run longer"
+                + ("" if self.by_index else
+                   ": give past lengths with plugins.salus.history"))
 
 
 def gittins_index(lengths: Sequence[int], attained: int) -> float | None:
