@@ -63,6 +63,12 @@ EXCLUSIVE = AllocationDecision(granted=True, lane=DEFAULT_LANE, reason="exclusiv
 """The default decision when no plugin answers (immutable, so one object serves)."""
 
 
+def _number(job_id: str) -> int | None:
+    """The number a job id starts with (``3`` for ``003-cnn``), None without one."""
+    head = job_id.split("-", 1)[0]
+    return int(head) if head.isdigit() else None
+
+
 @dataclass(eq=False)  # compared by identity: a lane's list is searched for the entry itself
 class _Entry:
     job: Job
@@ -268,7 +274,7 @@ class Executor:
         entry = self._entries.get(job_id)
         if entry is None and job_id.isdigit():
             numbered = [e for jid, e in self._entries.items()
-                        if jid.split("-", 1)[0].isdigit() and int(jid.split("-", 1)[0]) == int(job_id)]
+                        if _number(jid) == int(job_id)]
             entry = numbered[0] if len(numbered) == 1 else None
         if entry is None:
             raise UserError(f"no job {job_id!r}; known jobs: "
