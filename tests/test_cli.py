@@ -343,8 +343,10 @@ def test_sigterm_stops_a_run_as_ctrl_c_does_and_keeps_its_evidence(tmp_path, mod
     assert metrics["summary"]["error"] == "terminated (SIGTERM)"
     assert [j["status"] for j in metrics["jobs"]] == ["failed"]
     # how far it got: it had written a checkpoint at iteration 20 (a cluster run said 0),
-    # and its timeline up to the stop (a cluster run's trace was empty)
-    assert metrics["jobs"][0]["iterations"] >= 20, metrics["jobs"][0]
+    # its losses and its timeline up to the stop (a cluster run's were empty)
+    (job,) = metrics["jobs"]
+    assert job["iterations"] >= 20 and len(job["losses"]) >= 20, job
+    assert job["final_loss"] == job["losses"][-1]
     trace = json.loads((tmp_path / "out" / "trace.json").read_text())["traceEvents"]
     assert sum(e.get("ph") == "X" for e in trace) >= 20
     assert (tmp_path / "out" / "accelopt.log").read_text().strip().endswith(

@@ -377,3 +377,23 @@ def test_a_jobs_training_settings_it_cannot_use_are_named():
         "linear decays to it"]
     cfg.workload.jobs[0].kind = "infer"  # nothing is trained: nothing to warn about
     assert setting_warnings(cfg) == []
+
+
+def test_a_stopped_runs_losses_are_combined_only_from_every_workers_records():
+    """The records the ranks of a stopped run left give the job its losses as a finished
+    run combines them (each worker's weighted by its rows); with a worker's records missing
+    (a killed rank) a share would be weighed wrong, so none are given."""
+    from accelopt.drivers.cluster.outcome import losses_so_far
+    from accelopt.drivers.cluster.rank import RankSoFar
+
+    settings = settings_from(_cluster(mode="ps", workers=2, servers=1))  # workers: ranks 1, 2
+
+    def rows(*losses):
+        return {"00-a": [{"loss": v} for v in losses]}
+
+    server = RankSoFar(0, [], {"00-a": []})
+    left = [server, RankSoFar(1, [], rows(1.0, 2.0, 3.0)), RankSoFar(2, [], rows(3.0, 4.0))]
+    # batch 3 over two workers: 2 rows and 1 row; the iterations both workers ran
+    assert losses_so_far(left, "00-a", 3, settings) == pytest.approx([5 / 3, 8 / 3])
+    assert losses_so_far(left[:2], "00-a", 3, settings) is None
+    assert losses_so_far(left, "01-b", 3, settings) is None  # a job no rank had built

@@ -20,7 +20,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -29,7 +29,7 @@ from rich.console import Console
 from accelopt.activation import activate, selected_plugins
 from accelopt.atomic import atomic_open
 from accelopt.collector import collector_paused, run_starts
-from accelopt.drivers.cluster.settings import local_info, unused_settings
+from accelopt.drivers.cluster.settings import ClusterSettings, local_info, unused_settings
 from accelopt.drivers.lifecycle import Lifecycle
 from accelopt.drivers.local import Executor
 from accelopt.drivers.processes import preloads_dynamo, under_torchrun
@@ -69,6 +69,9 @@ from accelopt.runtime.resume_target import (
 from accelopt.telemetry import TelemetrySampler
 from accelopt.types import RunInfo
 from accelopt.watchdog import watching
+
+if TYPE_CHECKING:
+    from accelopt.drivers.cluster.rank import RankSoFar
 
 
 def execute(
@@ -325,7 +328,9 @@ def _execute_cluster(cfg: DictConfig, run_dir: Path, registry: Registry, console
         reached = getattr(exc, "reached", getattr(exc, "iteration", None))
         record.jobs = [_ended_before(JobResult(job_info(s, job_id_for(i, s))), ended, reached)
                        for i, s in enumerate(specs)]
-        record.spans, record.telemetry_note = _timelines_so_far(exc, settings.world_size)
+        left = getattr(exc, "so_far", [])
+        _losses_so_far(record.jobs, left, settings)
+        record.spans, record.telemetry_note = _timelines_so_far(left, settings.world_size)
         if not under_torchrun() or os.environ.get("RANK") == "0":
             # under torchrun only rank 0 writes, as on success: ranks sharing one
             # hydra.run.dir (for checkpoints) wrote over rank 0's metrics.json with their own
@@ -354,10 +359,10 @@ def _execute_cluster(cfg: DictConfig, run_dir: Path, registry: Registry, console
     return record
 
 
-def _timelines_so_far(exc: BaseException, world: int) -> tuple[list[Span], str]:
+def _timelines_so_far(left: list[RankSoFar], world: int) -> tuple[list[Span], str]:
     """A stopped cluster run's trace: the timelines its ranks left up to where they stopped
     (a rank killed outright leaves none), and the note saying whose they are."""
-    spans, ranks = getattr(exc, "so_far", ([], []))
+    ranks = [r.rank for r in left]
     if not ranks:
         return [], ("the cluster run failed: the ranks' timelines ended with their processes "
                     "and are not in trace.json")
@@ -368,7 +373,20 @@ def _timelines_so_far(exc: BaseException, world: int) -> tuple[list[Span], str]:
     missing = [r for r in range(world) if r not in ranks]
     held = f"the timelines of {named(ranks)}" if missing else "every rank's timeline"
     lost = f"; {named(missing)} left none (killed, or stuck)" if missing else ""
-    return spans, f"the cluster run failed: trace.json holds {held} up to the stop{lost}"
+    return ([s for r in left for s in r.spans],
+            f"the cluster run failed: trace.json holds {held} up to the stop{lost}")
+
+
+def _losses_so_far(results: list[JobResult], left: list[RankSoFar],
+                   settings: ClusterSettings) -> None:
+    """A stopped cluster run's jobs keep the losses of the iterations they ran (as a
+    one-process run's do), where every worker left its records."""
+    from accelopt.drivers.cluster.outcome import losses_so_far
+
+    for result in results:
+        losses = losses_so_far(left, result.job.job_id, result.job.batch_size, settings)
+        if losses:
+            result.losses, result.final_loss = losses, losses[-1]
 
 
 def _before_ranks(mode: str) -> Callable[[], None] | None:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from accelopt.drivers.cluster import metrics as cm
-from accelopt.drivers.cluster.rank import JobPart, RankResult
+from accelopt.drivers.cluster.rank import JobPart, RankResult, RankSoFar
 from accelopt.drivers.cluster.settings import ClusterSettings
 from accelopt.drivers.rows import merge_rows, of_plugins, representative_rows
 from accelopt.job.params import shard_rows
@@ -90,20 +90,49 @@ def build_outcome(ranks: list[RankResult], settings: ClusterSettings) -> Cluster
     return out
 
 
+def combined_loss(rows: list[dict[str, Any]], shares: list[float]) -> float | None:
+    """One iteration's loss over the whole batch from each worker's (weighted by its share
+    of the rows, as one process's mean over the batch); None for an inference iteration."""
+    if any(r["loss"] is None for r in rows):
+        return None
+    return sum(r["loss"] * share for r, share in zip(rows, shares, strict=True))
+
+
+def worker_shares(batch: int, settings: ClusterSettings) -> list[float]:
+    """Each worker's share of a batch's rows."""
+    return [(b - a) / batch for a, b in shard_rows(batch, settings.workers)]
+
+
+def losses_so_far(left: list[RankSoFar], job_id: str, batch: int,
+                  settings: ClusterSettings) -> list[float] | None:
+    """A stopped run's losses of one job, from what its workers left (None unless every
+    worker left its records: a share missing would weigh the loss wrong)."""
+    by_rank = {r.rank: r.iterations.get(job_id) for r in left}
+    rows = [by_rank.get(rank) for rank in settings.worker_ranks()]
+    if any(r is None for r in rows):
+        return None
+    shares = worker_shares(batch, settings)
+    n_iter = min(len(r) for r in rows)  # type: ignore[arg-type]
+    losses = [combined_loss([r[i] for r in rows], shares)  # type: ignore[index]
+              for i in range(n_iter)]
+    return [loss for loss in losses if loss is not None]
+
+
 def _job_outcome(parts: list[JobPart], settings: ClusterSettings,
                  status: tuple[str, str] | None = None) -> ClusterOutcome:
     """One job's outcome from every rank's part of it."""
     workers = [r for r in parts if r.role == "worker"]
     info = workers[0].job
     batch = info.batch_size
-    shares = [(b - a) / batch for a, b in shard_rows(batch, settings.workers)]
+    shares = worker_shares(batch, settings)
     n_iter = min(len(w.iterations) for w in workers)
     losses, starts, ends, seconds, samples = [], [], [], [], 0
     resumed_at = 0  # iterations carried from a checkpoint: their times are another run's
     for i in range(n_iter):
         rows = [w.iterations[i] for w in workers]
-        if all(r["loss"] is not None for r in rows):  # inference iterations have no loss
-            losses.append(sum(r["loss"] * share for r, share in zip(rows, shares, strict=True)))
+        loss = combined_loss(rows, shares)
+        if loss is not None:  # inference iterations have no loss
+            losses.append(loss)
         seconds.append(max(r["end_s"] - r["start_s"] for r in rows))
         samples += sum(r["samples"] for r in rows)
         if any(r.get("carried") for r in rows):

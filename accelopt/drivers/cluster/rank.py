@@ -242,9 +242,9 @@ class RankJob:
 @dataclass
 class SoFar:
     """What a rank has run so far, for a run that stops before the rank reports (a peer
-    failed, the launcher was stopped): its jobs' timelines and its hook calls, written by
-    :meth:`write` where the launcher finds them, so a failed run's trace shows the
-    iterations up to the failure instead of nothing."""
+    failed, the launcher was stopped): its jobs' timelines, iteration records and hook
+    calls, written by :meth:`write` where the launcher finds them, so a failed run's trace
+    and losses show the iterations up to the failure instead of nothing."""
 
     jobs: list[RankJob] = field(default_factory=list)
     hook_calls: HookTrace = field(default_factory=list)
@@ -262,12 +262,24 @@ class SoFar:
                 return
             self._written = True
             try:
-                spans = [s for part in list(self.jobs) for s in part.timeline()]
+                jobs = list(self.jobs)
+                spans = [s for part in jobs for s in part.timeline()]
                 spans += hook_spans(list(self.hook_calls), self.hooks_shift, self.process)
+                rows = {part.job.info.job_id: list(part.iterations) for part in jobs}
                 with atomic_open(so_far_path(results_dir, rank), "wb", durable=False) as fh:
-                    pickle.dump(spans, fh, protocol=pickle.HIGHEST_PROTOCOL)
+                    pickle.dump(RankSoFar(rank, spans, rows), fh,
+                                protocol=pickle.HIGHEST_PROTOCOL)
             except Exception:  # noqa: BLE001, S110 - evidence is best effort
                 pass
+
+
+@dataclass
+class RankSoFar:
+    """One rank's :class:`SoFar` as written: its spans and each job's iteration records."""
+
+    rank: int
+    spans: list[Span]
+    iterations: dict[str, list[dict[str, Any]]]
 
 
 def so_far_path(results_dir: str | os.PathLike[str], rank: int) -> Path:
@@ -275,19 +287,17 @@ def so_far_path(results_dir: str | os.PathLike[str], rank: int) -> Path:
     return Path(results_dir) / f"so-far-rank{rank}.pkl"
 
 
-def read_so_far(results_dir: str | os.PathLike[str]) -> tuple[list[Span], list[int]]:
-    """The timelines the ranks of a stopped run left (their spans, and which ranks did)."""
-    spans: list[Span] = []
-    ranks: list[int] = []
+def read_so_far(results_dir: str | os.PathLike[str]) -> list[RankSoFar]:
+    """What the ranks of a stopped run left, by rank (a rank killed outright left none)."""
+    left: list[RankSoFar] = []
     for path in sorted(Path(results_dir).glob("so-far-rank*.pkl"),
                        key=lambda p: int(p.stem.removeprefix("so-far-rank"))):
         try:
             with open(path, "rb") as fh:
-                spans += pickle.load(fh)
-            ranks.append(int(path.stem.removeprefix("so-far-rank")))
+                left.append(pickle.load(fh))
         except Exception:  # noqa: BLE001, S112 - a rank killed while writing: skip it
             continue
-    return spans, ranks
+    return left
 
 
 def result_path(results_dir: str | os.PathLike[str], rank: int) -> Path:
