@@ -285,6 +285,12 @@ class FrozenAndSpare(nn.Module):
         return self.head(torch.relu(self.embed(x.flatten(1))))
 
 
+def batchnorm_mlp(*, input_shape, num_classes) -> nn.Module:
+    """Trains on two rows or more: BatchNorm refuses one in training."""
+    return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), 16),
+                         nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, num_classes))
+
+
 def frozen(*, input_shape, num_classes) -> nn.Module:
     return FrozenAndSpare(input_shape, num_classes, spare=False)
 

@@ -343,6 +343,30 @@ def test_a_parameter_the_loss_never_reaches_is_one_line_in_allreduce(tmp_path, m
     assert str(info.value).startswith("job 'm': ")  # the problem first, as user errors read
 
 
+@pytest.mark.timeout(120)
+def test_a_workers_first_step_failing_names_the_rows_it_was_given(tmp_path, monkeypatch):
+    """Batch 2 over two workers gives each one row, which BatchNorm refuses in training: the
+    line said "Expected more than 1 value per channel" and nothing of the split (a one-process
+    run's first step names its batch)."""
+    import os
+
+    import accelopt
+    from accelopt.errors import AccelOptError
+
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent) + os.pathsep
+                       + os.environ.get("PYTHONPATH", ""))
+    job = '{name:m,model:"byo_models:batchnorm_mlp",dataset:digits,iterations:3,batch_size:2}'
+    with pytest.raises(AccelOptError) as info:
+        accelopt.run(["workload=tiny", f"workload.jobs=[{job}]", "cluster.mode=allreduce",
+                      "cluster.timeout_s=30", "run.compare=none", "run.progress=false"],
+                     run_dir=tmp_path / "bn")
+    line = str(info.value)
+    assert "ValueError: Expected more than 1 value per channel" in line, line
+    assert ("; this worker's rows of the batch: inputs (1, 1, 8, 8) float32, labels (1,) "
+            "(batch_size 2 over 2 workers; check that the model takes") in line, line
+    assert "at iteration 0 of job 'm'" in line and "\n" not in line
+
+
 def test_the_documented_dataloader_factory_trains_and_is_scored(monkeypatch):
     import types
 

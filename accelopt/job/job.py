@@ -540,13 +540,20 @@ def first_step_failed(job: Job, exc: BaseException) -> str:
         return first
     try:
         x, y = job.dataset.batch(0, job.info.batch_size)
-        kind = str(inputs.tensors(x)[0].dtype).removeprefix("torch.")
-        batch = (f"; its batch: inputs {inputs.describe(x)} {kind}, labels {tuple(y.shape)} "
-                 "(check that the model takes the dataset's inputs: docs/your-model.md)")
+        batch = f"; its batch: {described(x, y)} ({CHECK_INPUTS})"
     except Exception:  # noqa: BLE001 - the batch is a hint; the error is the message
         batch = ""
     return (f"a step measuring its memory, before training, raised "
             f"{type(exc).__name__}: {first}{batch}")
+
+
+CHECK_INPUTS = "check that the model takes the dataset's inputs: docs/your-model.md"
+
+
+def described(x: inputs.Inputs, y: torch.Tensor) -> str:
+    """``inputs (16, 64) float32, labels (16,)``: a batch as an error's hint shows it."""
+    kind = str(inputs.tensors(x)[0].dtype).removeprefix("torch.")
+    return f"inputs {inputs.describe(x)} {kind}, labels {tuple(y.shape)}"
 
 
 def _misfit(out: Any, logits: Any, y: torch.Tensor, exc: Exception) -> str:

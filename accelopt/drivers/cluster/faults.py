@@ -222,9 +222,11 @@ def first_line(exc: BaseException) -> str:
 
 
 def error_text(exc: BaseException) -> str:
-    """``Type: first line of the message``: how a rank's error appears in the run's line."""
+    """``Type: first line of the message``: how a rank's error appears in the run's line,
+    with what the rank added about it (``accelopt_context``: a worker's rows of the batch)."""
     text = first_line(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    context = getattr(exc, "accelopt_context", "")
+    return (f"{type(exc).__name__}: {text}" if text else type(exc).__name__) + context
 
 
 def where(iteration: int | None, job_name: str = "") -> str:

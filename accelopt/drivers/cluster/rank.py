@@ -25,7 +25,7 @@ from accelopt.config import JobConfig, differing_keys
 from accelopt.drivers.cluster.allreduce import AllReduce
 from accelopt.drivers.cluster.carried import Carried
 from accelopt.drivers.cluster.checkpoints import RankCheckpointer, restore_part
-from accelopt.drivers.cluster.faults import Progress
+from accelopt.drivers.cluster.faults import Progress, is_communication_error
 from accelopt.drivers.cluster.netns import tx_bytes
 from accelopt.drivers.cluster.ps import ClusterExchange, PsServer, PsWorker
 from accelopt.drivers.cluster.rendezvous import join_group
@@ -33,9 +33,10 @@ from accelopt.drivers.cluster.settings import BackendChoice, ClusterSettings, ch
 from accelopt.drivers.cluster.transport import Transport, TransportStats
 from accelopt.drivers.lifecycle import Lifecycle
 from accelopt.drivers.setup import RANK_THREADS, setup_torch
-from accelopt.errors import ConfigError
+from accelopt.errors import ConfigError, UserError, raised_by_hook
 from accelopt.host import HookTrace, hook_spans
 from accelopt.job import Job, StepEvents, job_id_for, job_specs
+from accelopt.job.job import CHECK_INPUTS, described
 from accelopt.job.timeline import PhaseTimer
 from accelopt.plugin import Registry
 from accelopt.records import Span
@@ -135,6 +136,7 @@ class RankJob:
         mode's, PS server/worker or all-reduce; a benchmark harness may bring its own)."""
         self.rank, self.t0_epoch, self.label = rank, t0_epoch, label
         self.role = settings.role(rank)
+        self.workers = settings.workers
         self.process = process_name(rank, self.role)
         self.spans: list[Span] = []
         self.iterations: list[dict[str, Any]] = []
@@ -201,11 +203,13 @@ class RankJob:
                                                       origin=self.t0_epoch)
         try:
             result = self.job.step(events)
-        except RuntimeError:
+        except Exception as exc:
             # a collective's error reached DDP's backward through the hook's future and came
             # out wrapped; raise the transport's own (one line, naming rank and bucket)
-            if self.transport.failure is not None:
+            if isinstance(exc, RuntimeError) and self.transport.failure is not None:
                 raise self.transport.failure from None
+            if i == 0 and self.role == "worker":
+                self._name_the_rows(exc)
             raise
         # the iteration ends when the step returns: accelopt_iteration_end's plugins, which
         # run after the result was made, cost the job too (the local driver times it alike)
@@ -217,6 +221,22 @@ class RankJob:
         if self.checkpointer is not None:
             self.checkpointer.after_step(self)
         return result
+
+    def _name_the_rows(self, exc: Exception) -> None:
+        """A worker's first iteration raised in the job's own code: the rows it was given go
+        into the run's line (``faults.error_text``), as a one-process run's first step says
+        its batch. A worker trains its share of the batch, which a model may not take (a
+        BatchNorm given one row: "Expected more than 1 value per channel")."""
+        if isinstance(exc, UserError) or raised_by_hook(exc) or is_communication_error(exc):
+            return
+        try:
+            x, y = self.job.batch(0)
+            shown = (f"; this worker's rows of the batch: {described(x, y)} (batch_size "
+                     f"{self.job.info.batch_size} over {self.workers} workers; "
+                     f"{CHECK_INPUTS})")
+            exc.accelopt_context = shown  # type: ignore[attr-defined]
+        except Exception:  # noqa: BLE001, S110 - the rows are a hint; the error is the line
+            pass
 
     def timeline(self) -> list[Span]:
         """This job's spans so far on this rank, its transfers tagged with the job id (a
