@@ -101,7 +101,10 @@ def test_submit_wait_and_outputs_in_the_job_directory(server):
     (b'{"op": "submit", "job": {"model": "cnn", "iterations": "many"}}\n', "iterations"),
     (b'{"op": "submit", "workload": "nope"}\n', "unknown workload"),
     (b'{"op": "cancel", "id": "no-such-job"}\n', "no job"),
-    (b'{"op": "submit", "factory": "no_such_module:f"}\n', "cannot import"),
+    (b'{"op": "submit", "factory": "no_such_module:f"}\n',
+     "the service (pid "),  # it, not the client, imports: the line said "cannot import" only
+    (b'{"op": "submit", "factory": "test_salus_service:make_job", "args": {"bogus": 1}}\n',
+     "raised TypeError: make_job() got an unexpected keyword argument 'bogus' (its traceback"),
     # a name is part of the job's directory: one that climbs out would write over another's
     (b'{"op": "submit", "job": {"model": "mlp", "name": "../../001-a"}}\n',
      "cannot name the job's files"),

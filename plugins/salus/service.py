@@ -157,8 +157,19 @@ class Service:
         try:
             fn = getattr(import_module(module), attr or "make_job")
         except (ImportError, AttributeError, ValueError) as exc:
-            raise UserError(f"cannot import {ref!r}: {type(exc).__name__}: {exc}") from None
-        made = fn(**args)
+            # the service imports it, not the client that asked: a module on the client's
+            # path only read as the client's own problem
+            raise UserError(f"the service (pid {os.getpid()}) cannot import {ref!r}: "
+                            f"{type(exc).__name__}: {exc}; start accelopt serve where it can "
+                            "(its PYTHONPATH and working directory)") from None
+        try:
+            made = fn(**args)
+        except Exception as exc:  # the user's factory: one line back, its traceback here
+            traceback.print_exc()
+            first = (str(exc).strip().splitlines() or [""])[0]
+            raise UserError(f"factory {ref!r} raised {type(exc).__name__}"
+                            + (f": {first}" if first else "")
+                            + " (its traceback is in the service's output)") from None
         if isinstance(made, Job):
             return made
         if isinstance(made, dict):
