@@ -349,6 +349,9 @@ def test_sigterm_stops_a_run_as_ctrl_c_does_and_keeps_its_evidence(tmp_path, mod
     assert job["final_loss"] == job["losses"][-1]
     trace = json.loads((tmp_path / "out" / "trace.json").read_text())["traceEvents"]
     assert sum(e.get("ph") == "X" for e in trace) >= 20
+    if mode == "ps":  # and its per-iteration Mc/Pc/U/E, as a finished cluster run writes
+        rows = json.loads((tmp_path / "out" / "per_iteration.json").read_text())
+        assert {r["rank"] for r in rows} == {1, 2} and len(rows) >= 2 * 20, rows[:2]
     assert (tmp_path / "out" / "accelopt.log").read_text().strip().endswith(
         "error: terminated (SIGTERM)")
 

@@ -391,8 +391,9 @@ def test_a_stopped_runs_losses_are_combined_only_from_every_workers_records():
     def rows(*losses):
         return {"00-a": [{"loss": v} for v in losses]}
 
-    server = RankSoFar(0, [], {"00-a": []})
-    left = [server, RankSoFar(1, [], rows(1.0, 2.0, 3.0)), RankSoFar(2, [], rows(3.0, 4.0))]
+    server = RankSoFar(0, {}, {"00-a": []}, [])
+    left = [server, RankSoFar(1, {}, rows(1.0, 2.0, 3.0), []),
+            RankSoFar(2, {}, rows(3.0, 4.0), [])]
     # batch 3 over two workers: 2 rows and 1 row; the iterations both workers ran
     assert losses_so_far(left, "00-a", 3, settings) == pytest.approx([5 / 3, 8 / 3])
     assert losses_so_far(left[:2], "00-a", 3, settings) is None

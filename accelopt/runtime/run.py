@@ -14,13 +14,14 @@ checkpoints, report); each piece stays ignorant of the others. The order, in eve
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -29,7 +30,7 @@ from rich.console import Console
 from accelopt.activation import activate, selected_plugins
 from accelopt.atomic import atomic_open
 from accelopt.collector import collector_paused, run_starts
-from accelopt.drivers.cluster.settings import ClusterSettings, local_info, unused_settings
+from accelopt.drivers.cluster.settings import local_info, unused_settings
 from accelopt.drivers.lifecycle import Lifecycle
 from accelopt.drivers.local import Executor
 from accelopt.drivers.processes import preloads_dynamo, under_torchrun
@@ -69,9 +70,6 @@ from accelopt.runtime.resume_target import (
 from accelopt.telemetry import TelemetrySampler
 from accelopt.types import RunInfo
 from accelopt.watchdog import watching
-
-if TYPE_CHECKING:
-    from accelopt.drivers.cluster.rank import RankSoFar
 
 
 def execute(
@@ -328,14 +326,19 @@ def _execute_cluster(cfg: DictConfig, run_dir: Path, registry: Registry, console
         reached = getattr(exc, "reached", getattr(exc, "iteration", None))
         record.jobs = [_ended_before(JobResult(job_info(s, job_id_for(i, s))), ended, reached)
                        for i, s in enumerate(specs)]
+        from accelopt.drivers.cluster.outcome import stopped_outcome
+
         left = getattr(exc, "so_far", [])
-        _losses_so_far(record.jobs, left, settings)
-        record.spans, record.telemetry_note = _timelines_so_far(left, settings.world_size)
+        record.spans, per_iteration = stopped_outcome(left, record.jobs, settings)
+        record.telemetry_note = _stopped_note([r.rank for r in left], settings.world_size)
         if not under_torchrun() or os.environ.get("RANK") == "0":
             # under torchrun only rank 0 writes, as on success: ranks sharing one
             # hydra.run.dir (for checkpoints) wrote over rank 0's metrics.json with their own
             # view of the failure, the last one's winning
             _keep_evidence(record, run_dir, exc)
+            if per_iteration:
+                with contextlib.suppress(OSError):  # evidence: the run's error matters more
+                    _write_per_iteration(per_iteration, run_dir)
         raise
     record.duration_s = time.perf_counter() - started
     if not outcome.primary:  # under torchrun, only rank 0 writes the run's outputs
@@ -359,13 +362,12 @@ def _execute_cluster(cfg: DictConfig, run_dir: Path, registry: Registry, console
     return record
 
 
-def _timelines_so_far(left: list[RankSoFar], world: int) -> tuple[list[Span], str]:
-    """A stopped cluster run's trace: the timelines its ranks left up to where they stopped
-    (a rank killed outright leaves none), and the note saying whose they are."""
-    ranks = [r.rank for r in left]
+def _stopped_note(ranks: list[int], world: int) -> str:
+    """A stopped cluster run's telemetry note: whose timelines its trace holds (a rank
+    killed outright leaves none)."""
     if not ranks:
-        return [], ("the cluster run failed: the ranks' timelines ended with their processes "
-                    "and are not in trace.json")
+        return ("the cluster run failed: the ranks' timelines ended with their processes and "
+                "are not in trace.json")
 
     def named(which: list[int]) -> str:
         return f"rank{'s' if len(which) > 1 else ''} {', '.join(map(str, which))}"
@@ -373,20 +375,7 @@ def _timelines_so_far(left: list[RankSoFar], world: int) -> tuple[list[Span], st
     missing = [r for r in range(world) if r not in ranks]
     held = f"the timelines of {named(ranks)}" if missing else "every rank's timeline"
     lost = f"; {named(missing)} left none (killed, or stuck)" if missing else ""
-    return ([s for r in left for s in r.spans],
-            f"the cluster run failed: trace.json holds {held} up to the stop{lost}")
-
-
-def _losses_so_far(results: list[JobResult], left: list[RankSoFar],
-                   settings: ClusterSettings) -> None:
-    """A stopped cluster run's jobs keep the losses of the iterations they ran (as a
-    one-process run's do), where every worker left its records."""
-    from accelopt.drivers.cluster.outcome import losses_so_far
-
-    for result in results:
-        losses = losses_so_far(left, result.job.job_id, result.job.batch_size, settings)
-        if losses:
-            result.losses, result.final_loss = losses, losses[-1]
+    return f"the cluster run failed: trace.json holds {held} up to the stop{lost}"
 
 
 def _before_ranks(mode: str) -> Callable[[], None] | None:

@@ -103,6 +103,25 @@ def worker_shares(batch: int, settings: ClusterSettings) -> list[float]:
     return [(b - a) / batch for a, b in shard_rows(batch, settings.workers)]
 
 
+def stopped_outcome(left: list[RankSoFar], results: list[JobResult],
+                    settings: ClusterSettings) -> tuple[list[Span], list[dict[str, Any]]]:
+    """What the ranks of a stopped run left, as a finished run's outcome gives it: every
+    span (the trace), each job's per-(worker, iteration) Mc/Pc/U/E rows, and each job's
+    losses, set on its result where every worker left its records."""
+    spans = [s for r in left for part in r.job_spans.values() for s in part]
+    spans += [s for r in left for s in r.hook_spans]
+    per_iteration: list[dict[str, Any]] = []
+    for result in results:
+        job_id = result.job.job_id
+        job_spans = [s for r in left for s in r.job_spans.get(job_id, [])]
+        per_iteration += [{"job": job_id, **row} for row in
+                          cm.per_worker_iteration(job_spans, settings.worker_ranks())]
+        losses = losses_so_far(left, job_id, result.job.batch_size, settings)
+        if losses:
+            result.losses, result.final_loss = losses, losses[-1]
+    return spans, per_iteration
+
+
 def losses_so_far(left: list[RankSoFar], job_id: str, batch: int,
                   settings: ClusterSettings) -> list[float] | None:
     """A stopped run's losses of one job, from what its workers left (None unless every

@@ -283,23 +283,25 @@ class SoFar:
             self._written = True
             try:
                 jobs = list(self.jobs)
-                spans = [s for part in jobs for s in part.timeline()]
-                spans += hook_spans(list(self.hook_calls), self.hooks_shift, self.process)
-                rows = {part.job.info.job_id: list(part.iterations) for part in jobs}
+                left = RankSoFar(
+                    rank, {part.job.info.job_id: part.timeline() for part in jobs},
+                    {part.job.info.job_id: list(part.iterations) for part in jobs},
+                    hook_spans(list(self.hook_calls), self.hooks_shift, self.process))
                 with atomic_open(so_far_path(results_dir, rank), "wb", durable=False) as fh:
-                    pickle.dump(RankSoFar(rank, spans, rows), fh,
-                                protocol=pickle.HIGHEST_PROTOCOL)
+                    pickle.dump(left, fh, protocol=pickle.HIGHEST_PROTOCOL)
             except Exception:  # noqa: BLE001, S110 - evidence is best effort
                 pass
 
 
 @dataclass
 class RankSoFar:
-    """One rank's :class:`SoFar` as written: its spans and each job's iteration records."""
+    """One rank's :class:`SoFar` as written: each job's spans and iteration records, and
+    the rank's hook calls."""
 
     rank: int
-    spans: list[Span]
+    job_spans: dict[str, list[Span]]
     iterations: dict[str, list[dict[str, Any]]]
+    hook_spans: list[Span]
 
 
 def so_far_path(results_dir: str | os.PathLike[str], rank: int) -> Path:
