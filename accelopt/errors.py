@@ -18,6 +18,20 @@ def listed(items: Sequence[str], shown: int = 3, sep: str = ", ") -> str:
     return sep.join(items[:shown]) + more
 
 
+def first_line(exc: BaseException) -> str:
+    """The first line of ``exc``'s message (``""`` when it has none): an error inside a
+    one-line message."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else ""
+
+
+def error_text(exc: BaseException) -> str:
+    """``Type: first line of the message`` (``Type`` alone without one): someone else's
+    error (a user's code, torch) quoted in one of accelopt's lines."""
+    text = first_line(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 def did_you_mean(name: str, options: Sequence[str], prefix: str = "") -> str:
     """``"; did you mean 'x'?"`` for the option closest to a mistyped ``name`` (``prefix``
     before it: a key's parent), else ``""``: the hint every "unknown ..." line ends with."""

@@ -31,7 +31,14 @@ from omegaconf import DictConfig, OmegaConf
 
 from accelopt.atomic import RUNS_DIR, refuse_unwritable
 from accelopt.config import register_plugin_configs, register_schema, unknown_keys
-from accelopt.errors import AccelOptError, ConfigError, JobsUnfinished, did_you_mean, listed
+from accelopt.errors import (
+    AccelOptError,
+    ConfigError,
+    JobsUnfinished,
+    did_you_mean,
+    first_line,
+    listed,
+)
 from accelopt.plugin import Registry, resolve
 from accelopt.report.console import default_console
 from accelopt.runtime.resume_target import HONOURED, refuse_finished, resume_target
@@ -384,8 +391,7 @@ def _joined(text: str) -> str:
 
 
 def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+    return first_line(exc) or type(exc).__name__
 
 
 WRITE_FAILURES = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EFBIG}

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from accelopt.config import JobConfig
-from accelopt.errors import ConfigError, UserError
+from accelopt.errors import ConfigError, UserError, error_text, first_line
 from accelopt.host import PluginHost
 from accelopt.job import inputs
 from accelopt.job.events import SILENT, StepEvents, rebuilds
@@ -535,16 +535,14 @@ def first_step_failed(job: Job, exc: BaseException) -> str:
     the model was given, since that is where a model that does not take the dataset's
     batches fails (an input width or dtype it was not built for), and a raw "mat1 and mat2
     shapes cannot be multiplied" names neither."""
-    first = (str(exc).strip().splitlines() or [""])[0]
     if isinstance(exc, UserError):
-        return first
+        return first_line(exc)
     try:
         x, y = job.dataset.batch(0, job.info.batch_size)
         batch = f"; its batch: {described(x, y)} ({CHECK_INPUTS})"
     except Exception:  # noqa: BLE001 - the batch is a hint; the error is the message
         batch = ""
-    return (f"a step measuring its memory, before training, raised "
-            f"{type(exc).__name__}: {first}{batch}")
+    return f"a step measuring its memory, before training, raised {error_text(exc)}{batch}"
 
 
 CHECK_INPUTS = "check that the model takes the dataset's inputs: docs/your-model.md"

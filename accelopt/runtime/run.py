@@ -44,7 +44,15 @@ from accelopt.drivers.setup import (
     torch_threads,
     usable_cores,
 )
-from accelopt.errors import AccelOptError, ConfigError, RankFailed, Terminated, UserError
+from accelopt.errors import (
+    AccelOptError,
+    ConfigError,
+    RankFailed,
+    Terminated,
+    UserError,
+    error_text,
+    first_line,
+)
 from accelopt.host import HookTrace, hook_spans
 from accelopt.job import build_jobs, job_id_for, job_specs
 from accelopt.job.checkpoint import CHECKPOINT_DIR, Checkpointer, restore
@@ -300,6 +308,7 @@ def _execute_cluster(cfg: DictConfig, run_dir: Path, registry: Registry, console
                      refs: dict[str, RunRecord], resume_from: Path | None,
                      warnings: list[str]) -> RunRecord:
     from accelopt.drivers.cluster import run_cluster
+    from accelopt.drivers.cluster.outcome import stopped_outcome
     from accelopt.drivers.cluster.settings import settings_from
 
     names = tuple(s.name for s in resolve(selected_plugins(cfg), registry))
@@ -326,8 +335,6 @@ def _execute_cluster(cfg: DictConfig, run_dir: Path, registry: Registry, console
         reached = getattr(exc, "reached", getattr(exc, "iteration", None))
         record.jobs = [_ended_before(JobResult(job_info(s, job_id_for(i, s))), ended, reached)
                        for i, s in enumerate(specs)]
-        from accelopt.drivers.cluster.outcome import stopped_outcome
-
         left = getattr(exc, "so_far", [])
         record.spans, per_iteration = stopped_outcome(left, record.jobs, settings)
         record.telemetry_note = _stopped_note([r.rank for r in left], settings.world_size)
@@ -488,11 +495,7 @@ def error_line(exc: BaseException) -> str:
         return "terminated (SIGTERM)"
     if isinstance(exc, KeyboardInterrupt):
         return "interrupted (Ctrl-C)"
-    text = str(exc).strip()
-    first = text.splitlines()[0] if text else ""
-    if isinstance(exc, AccelOptError):
-        return first
-    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+    return first_line(exc) if isinstance(exc, AccelOptError) else error_text(exc)
 
 
 def _write_and_render(record: RunRecord, run_dir: Path, console: Console,

@@ -20,6 +20,8 @@ from collections.abc import Callable, Mapping
 from importlib import import_module
 from typing import Any
 
+from accelopt.errors import error_text
+
 
 def is_ref(name: str | None) -> bool:
     """A reference has the form ``module.path:attribute`` (zoo names never contain ':')."""
@@ -69,6 +71,4 @@ def call_factory(ref: str, what: str, standard: Mapping[str, Any],
     try:
         return factory(**kwargs)
     except Exception as exc:  # the user's own code raised: one line (--debug: the chain)
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        raise ValueError(f"{what} {ref!r} raised {type(exc).__name__}"
-                         + (f": {first}" if first else "")) from exc
+        raise ValueError(f"{what} {ref!r} raised {error_text(exc)}") from exc

@@ -42,7 +42,7 @@ from accelopt.atomic import refuse_unwritable
 from accelopt.config import AccelConfig, JobConfig
 from accelopt.drivers.local import CANCELLED, Executor
 from accelopt.drivers.setup import memory_capacity, pick_device
-from accelopt.errors import did_you_mean
+from accelopt.errors import did_you_mean, error_text
 from accelopt.host import PluginHost
 from accelopt.job import Job, job_specs
 from accelopt.job.profile import measure_profile
@@ -166,10 +166,8 @@ class Service:
             made = fn(**args)
         except Exception as exc:  # the user's factory: one line back, its traceback here
             traceback.print_exc()
-            first = (str(exc).strip().splitlines() or [""])[0]
-            raise UserError(f"factory {ref!r} raised {type(exc).__name__}"
-                            + (f": {first}" if first else "")
-                            + " (its traceback is in the service's output)") from None
+            raise UserError(f"factory {ref!r} raised {error_text(exc)} (its traceback is in "
+                            "the service's output)") from None
         if isinstance(made, Job):
             return made
         if isinstance(made, dict):

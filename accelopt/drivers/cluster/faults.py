@@ -27,7 +27,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from accelopt.errors import AccelOptError, RankFailed, Terminated, UserError, raised_by_hook
+from accelopt.errors import (
+    AccelOptError,
+    RankFailed,
+    Terminated,
+    UserError,
+    error_text,
+    first_line,
+    raised_by_hook,
+)
 
 PR_SET_PDEATHSIG = 1
 GRACE_S = 1.0
@@ -215,18 +223,10 @@ def is_communication_error(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and bool(_GLOO_PEER_ERROR.search(str(exc)))
 
 
-def first_line(exc: BaseException) -> str:
-    """The first line of ``exc``'s message ("" when it has none)."""
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else ""
-
-
-def error_text(exc: BaseException) -> str:
-    """``Type: first line of the message``: how a rank's error appears in the run's line,
-    with what the rank added about it (``accelopt_context``: a worker's rows of the batch)."""
-    text = first_line(exc)
-    context = getattr(exc, "accelopt_context", "")
-    return (f"{type(exc).__name__}: {text}" if text else type(exc).__name__) + context
+def rank_error_text(exc: BaseException) -> str:
+    """How a rank's error appears in the run's line: ``Type: first line``, with what the
+    rank added about it (``accelopt_context``: a worker's rows of the batch)."""
+    return error_text(exc) + getattr(exc, "accelopt_context", "")
 
 
 def where(iteration: int | None, job_name: str = "") -> str:
@@ -280,7 +280,7 @@ def failure_note(rank: int, role: str, at: At, exc: BaseException) -> dict[str, 
     return {
         "rank": rank, "role": role, "pid": os.getpid(), "iteration": at.iteration,
         "job_id": at.job_id, "job_name": at.job_name, "culprit": at.job_id if own else "",
-        "error": error_text(exc), "user_error": isinstance(exc, UserError),
+        "error": rank_error_text(exc), "user_error": isinstance(exc, UserError),
         "message": first_line(exc),
         "port_in_use": port_in_use(exc),
         "communication": is_communication_error(exc), "time": time.time(),

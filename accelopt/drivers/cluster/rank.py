@@ -224,7 +224,7 @@ class RankJob:
 
     def _name_the_rows(self, exc: Exception) -> None:
         """A worker's first iteration raised in the job's own code: the rows it was given go
-        into the run's line (``faults.error_text``), as a one-process run's first step says
+        into the run's line (``faults.rank_error_text``), as a one-process run's first step says
         its batch. A worker trains its share of the batch, which a model may not take (a
         BatchNorm given one row: "Expected more than 1 value per channel")."""
         if isinstance(exc, UserError) or raised_by_hook(exc) or is_communication_error(exc):
