@@ -17,7 +17,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from accelopt.errors import ConfigError, UserError
+from accelopt.errors import ConfigError, UserError, first_line
 from accelopt.hookspecs import RUN_DECISION_HOOKS
 from accelopt.host import HookTrace, PluginHost
 from accelopt.plugin import PluginSpec, Registry, resolve
@@ -39,7 +39,7 @@ def plugin_config(spec: PluginSpec, cfg: DictConfig | None) -> Any:
         return OmegaConf.to_object(merged)
     except Exception as exc:  # OmegaConf's validation errors carry the key
         key = getattr(exc, "full_key", None)
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        first = first_line(exc) or type(exc).__name__
         raise ConfigError(f"plugins.{spec.name}{f'.{key}' if key else ''}: {first}") from None
 
 

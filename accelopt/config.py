@@ -14,7 +14,7 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from accelopt.errors import PluginResolutionError, listed
+from accelopt.errors import PluginResolutionError, first_line, listed
 
 
 @dataclass
@@ -182,7 +182,7 @@ def register_plugin_configs(specs: list[Any]) -> None:
 def invalid_schema(name: str, config_type: type, exc: BaseException) -> str:
     """The one line saying a plugin's config dataclass is no OmegaConf schema, and which
     field types are (the conformance suite says the same)."""
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    first = first_line(exc) or type(exc).__name__
     return (f"plugin '{name}': {config_type.__name__} is not a valid OmegaConf schema "
             f"({first}); use int, float, str, bool, Enum, Optional[...], list[...], "
             "dict[str, ...] or nested dataclasses for its fields")

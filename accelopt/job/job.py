@@ -558,7 +558,7 @@ def _misfit(out: Any, logits: Any, y: torch.Tensor, exc: Exception) -> str:
     """One line on why the default loss (cross-entropy of the logits against class indices)
     cannot take this model's output, with the fix: a raw torch error ("argument 'input' must
     be Tensor, not dict", "Expected target size [16, 200]") named neither."""
-    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    first = first_line(exc) or type(exc).__name__
     if not isinstance(logits, torch.Tensor):
         keys = f" with keys {', '.join(map(str, out))}" if isinstance(out, Mapping) else ""
         return (f"the model's output (a {type(out).__name__}{keys}) has no logits the default "

@@ -15,12 +15,13 @@ from typing import Any
 
 import psutil
 
+from accelopt.errors import first_line
 from accelopt.records import TelemetrySample
 
 
 def _short(exc: BaseException) -> str:
     """First line of an error, capped: the note must stay one line."""
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    text = first_line(exc) or type(exc).__name__
     return text if len(text) <= 80 else text[:77] + "..."
 
 

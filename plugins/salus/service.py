@@ -42,7 +42,7 @@ from accelopt.atomic import refuse_unwritable
 from accelopt.config import AccelConfig, JobConfig
 from accelopt.drivers.local import CANCELLED, Executor
 from accelopt.drivers.setup import memory_capacity, pick_device
-from accelopt.errors import did_you_mean, error_text
+from accelopt.errors import did_you_mean, error_text, first_line
 from accelopt.host import PluginHost
 from accelopt.job import Job, job_specs
 from accelopt.job.profile import measure_profile
@@ -251,7 +251,7 @@ def _job_config(fields: Any) -> JobConfig:
         if key not in keys:  # a mistyped key: the closest one, and every key
             raise UserError(f"bad job: unknown key '{key}'{did_you_mean(str(key), keys)} "
                             f"(JobConfig keys: {', '.join(keys)})") from None
-        raise UserError(f"bad job: {key}: {str(exc).splitlines()[0]}") from None
+        raise UserError(f"bad job: {key}: {first_line(exc)}") from None
     spec = OmegaConf.to_object(merged)
     assert isinstance(spec, JobConfig)
     if spec.name == "job":

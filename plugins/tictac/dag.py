@@ -31,7 +31,7 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-from accelopt.errors import UserError
+from accelopt.errors import UserError, first_line
 
 Execution = Literal["eager", "dataflow"]
 RECV, COMPUTE = "recv", "compute"
@@ -154,7 +154,7 @@ def trace(model: nn.Module, name: str = "") -> fx.GraphModule:
     except Exception as exc:  # fx raises many types (TraceError, TypeError, ...)
         where = tracer.current[-1] if tracer.current else ("", type(model).__name__)
         path = where[0] or "<root>"
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        first = first_line(exc) or type(exc).__name__
         raise UserError(
             f"tictac: torch.fx cannot trace module '{path}' ({where[1]}) of model "
             f"'{name or type(model).__name__}': {first}"
@@ -235,7 +235,7 @@ def _as_call(model: nn.Module, inputs: Any) -> tuple[tuple[Any, ...], dict[str, 
 
 
 def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+    return (first_line(exc) or type(exc).__name__)[:200]
 
 
 @contextlib.contextmanager

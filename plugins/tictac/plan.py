@@ -30,7 +30,7 @@ from accelopt_plugins.tictac.order import HEURISTICS, compute_order
 from accelopt_plugins.tictac.simulate import Simulator, efficiency
 from torch import nn
 
-from accelopt.errors import UserError
+from accelopt.errors import UserError, error_text
 
 RANDOM_SAMPLES = 1000
 
@@ -140,10 +140,9 @@ def plan_measured(model: nn.Module, example: Any, *, name: str, kind: str,
         try:
             compute = oracle.measure(traced.gm, traced.example, runs=runs, loss=loss)
         except Exception as exc:  # noqa: BLE001 - a graph that does not run: the row says why
-            first = (str(exc).strip().splitlines() or [""])[0][:200]
             raise UserError(f"tictac: the traced graph of model '{name}' ({traced.how}) does "
                             f"not run on the job's inputs to be timed: "
-                            f"{type(exc).__name__}: {first}") from None
+                            f"{error_text(exc)[:250]}") from None
         finally:
             torch.set_num_threads(before)
         compute.fingerprint = fwd_fp

@@ -71,7 +71,7 @@ import torch
 import torch.distributed as dist
 
 from accelopt.drivers.cluster import threads
-from accelopt.errors import AccelOptError
+from accelopt.errors import AccelOptError, error_text
 from accelopt.host import PluginHost
 from accelopt.records import Span
 from accelopt.types import TransferPriorities, TransferRecord
@@ -946,5 +946,4 @@ def _wait(work: Any, timeout: timedelta, where: str) -> None:
 
 def _communication_error(exc: BaseException, where: str) -> CommunicationError:
     """One line: where, and the first line of torch's (often multi-line) error."""
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return CommunicationError(f"{where}: {type(exc).__name__}: {first}")
+    return CommunicationError(f"{where}: {error_text(exc)}")
