@@ -215,6 +215,17 @@ def test_what_cannot_act_in_one_loop_is_refused_in_one_line(overrides, words, tm
     assert not (tmp_path / "r").exists()  # refused before anything was written
 
 
+def test_an_inert_plugin_in_one_loop_does_not_advise_what_attach_refuses(tmp_path):
+    """tictac has nothing to order in one process; its row used to end "use
+    cluster.mode=ps", which attach refuses in a line: the advice names `accelopt run`."""
+    ao = accelopt.attach(torch.nn.Linear(4, 2), ["+plugins=[tictac]"], run_dir=tmp_path / "r",
+                         example=(torch.randn(3, 4), torch.tensor([0, 1, 0])))
+    (row,) = ao.close()
+    assert row.plugin == "tictac" and row.metrics.get("inert") == 1
+    assert "nothing to order" in row.summary
+    assert row.summary.endswith("`accelopt run ... cluster.mode=ps`")
+
+
 def test_misuse_of_the_handle_is_one_line(tmp_path):
     ao = accelopt.attach(torch.nn.Linear(4, 2), [], run_dir=tmp_path / "r")
     with pytest.raises(UserError, match="outside `with ao.iteration"):

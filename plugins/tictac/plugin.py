@@ -486,7 +486,10 @@ class TictacPlugin:
                    else f"cluster.mode={self.mode}: all-reduce has no parameter recvs to "
                    "order, and DDP waits for every bucket before backward returns, so no "
                    "transfer can cross into the next forward")
-            return [ReportRow("tictac", f"nothing to order ({why}); use cluster.mode=ps",
+            # The advice names the driver too: inside accelopt.attach (a loop of the user's
+            # own, one process) cluster.mode cannot be set at all.
+            return [ReportRow("tictac", f"nothing to order ({why}); tictac orders the "
+                              "parameter transfers of `accelopt run ... cluster.mode=ps`",
                               {INERT: 1})]
         if self.config.heuristic == "priority":
             return self._priority_rows()
