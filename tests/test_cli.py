@@ -338,7 +338,11 @@ def test_sigterm_stops_a_run_as_ctrl_c_does_and_keeps_its_evidence(tmp_path, mod
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 143, err
-    assert err.strip().splitlines()[-1] == "terminated (SIGTERM)"
+    # the last line says where the outputs so far are, and how to go on from the checkpoint
+    out = tmp_path / "out"
+    assert err.strip().splitlines()[-1] == (
+        f"terminated (SIGTERM): what ran is kept in {out} (metrics.json, trace.json); "
+        f"continue it from its checkpoints with: accelopt run run.resume={out}"), err
     metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert metrics["summary"]["error"] == "terminated (SIGTERM)"
     assert [j["status"] for j in metrics["jobs"]] == ["failed"]

@@ -39,6 +39,7 @@ from accelopt.errors import (
     first_line,
     listed,
 )
+from accelopt.job.checkpoint import CHECKPOINT_DIR
 from accelopt.plugin import Registry, resolve
 from accelopt.report.console import default_console
 from accelopt.runtime.resume_target import HONOURED, refuse_finished, resume_target
@@ -516,6 +517,11 @@ def run_hydra(args: list[str], registry: Registry, debug: bool) -> int:
                 raise SystemExit(1) from None
         except BaseException as exc:
             error = f"error: {error_line(exc)}"  # "interrupted (Ctrl-C)", not "KeyboardInterrupt: "
+            if isinstance(exc, KeyboardInterrupt) and (run_dir / "metrics.json").is_file():
+                # Ctrl-C, SIGTERM: the outputs so far are kept; the line says where (a bare
+                # "interrupted" left a user to look for them, and to guess about resuming)
+                print(stopped_line(error_line(exc), run_dir), file=sys.stderr)
+                raise SystemExit(getattr(exc, "exit_code", 130)) from None
             raise
         finally:
             write_log(run_dir, console, error)
@@ -534,6 +540,15 @@ def run_hydra(args: list[str], registry: Registry, debug: bool) -> int:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
     return exit_code
+
+
+def stopped_line(error: str, run_dir: Path) -> str:
+    """The line a run stopped by Ctrl-C or SIGTERM ends with: what stopped it, where its
+    outputs so far are, and how to continue it where it wrote checkpoints."""
+    line = f"{error}: what ran is kept in {run_dir} (metrics.json, trace.json)"
+    if any((run_dir / CHECKPOINT_DIR).rglob("*.pt")):
+        line += f"; continue it from its checkpoints with: accelopt run run.resume={run_dir}"
+    return line
 
 
 def unfinished_jobs(record: Any, run_dir: Path) -> str:
