@@ -356,6 +356,11 @@ def test_sigterm_stops_a_run_as_ctrl_c_does_and_keeps_its_evidence(tmp_path, mod
     if mode == "ps":  # and its per-iteration Mc/Pc/U/E, as a finished cluster run writes
         rows = json.loads((tmp_path / "out" / "per_iteration.json").read_text())
         assert {r["rank"] for r in rows} == {1, 2} and len(rows) >= 2 * 20, rows[:2]
+        # and the run's figures so far, over the iterations both workers finished
+        summary = metrics["summary"]
+        assert summary["cluster_mode"] == "ps" and summary["cluster_workers"] == 2, summary
+        assert summary["mc_s"] > 0 and summary["pc_s"] > 0 and summary["iteration_s"] > 0
+        assert summary["iterations_per_s"] == pytest.approx(1 / summary["iteration_s"])
     assert (tmp_path / "out" / "accelopt.log").read_text().strip().endswith(
         "error: terminated (SIGTERM)")
 

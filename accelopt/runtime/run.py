@@ -336,7 +336,9 @@ def _execute_cluster(cfg: DictConfig, run_dir: Path, registry: Registry, console
         record.jobs = [_ended_before(JobResult(job_info(s, job_id_for(i, s))), ended, reached)
                        for i, s in enumerate(specs)]
         left = getattr(exc, "so_far", [])
-        record.spans, per_iteration = stopped_outcome(left, record.jobs, settings)
+        stopped = stopped_outcome(left, record.jobs, settings)
+        record.spans, per_iteration = stopped.spans, stopped.per_iteration
+        record.metrics.update(stopped.metrics)
         record.telemetry_note = _stopped_note([r.rank for r in left], settings.world_size)
         if not under_torchrun() or os.environ.get("RANK") == "0":
             # under torchrun only rank 0 writes, as on success: ranks sharing one

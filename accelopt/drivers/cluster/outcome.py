@@ -103,23 +103,68 @@ def worker_shares(batch: int, settings: ClusterSettings) -> list[float]:
     return [(b - a) / batch for a, b in shard_rows(batch, settings.workers)]
 
 
+@dataclass
+class StoppedOutcome:
+    """What the ranks of a stopped run left, as a finished run's outcome gives it."""
+
+    spans: list[Span]
+    """Every span the ranks left (the trace), the last iteration of each cut by the stop."""
+    per_iteration: list[dict[str, Any]]
+    """Each job's per-(worker, iteration) Mc/Pc/U/E rows from those spans."""
+    metrics: dict[str, Any]
+    """The run-level figures over the iterations every worker finished (one job that ran:
+    its medians, as a finished one-job run's; several: ``job.<name>.<key>`` each), and the
+    cluster's settings; empty where no worker left its records."""
+
+
 def stopped_outcome(left: list[RankSoFar], results: list[JobResult],
-                    settings: ClusterSettings) -> tuple[list[Span], list[dict[str, Any]]]:
-    """What the ranks of a stopped run left, as a finished run's outcome gives it: every
-    span (the trace), each job's per-(worker, iteration) Mc/Pc/U/E rows, and each job's
-    losses, set on its result where every worker left its records."""
+                    settings: ClusterSettings) -> StoppedOutcome:
+    """The outcome of a stopped run from what its ranks left: the trace, the per-iteration
+    rows, each job's losses (set on its result where every worker left its records) and
+    the run's figures so far."""
     spans = [s for r in left for part in r.job_spans.values() for s in part]
     spans += [s for r in left for s in r.hook_spans]
     per_iteration: list[dict[str, Any]] = []
+    figures: dict[str, dict[str, Any]] = {}
     for result in results:
         job_id = result.job.job_id
         job_spans = [s for r in left for s in r.job_spans.get(job_id, [])]
-        per_iteration += [{"job": job_id, **row} for row in
-                          cm.per_worker_iteration(job_spans, settings.worker_ranks())]
+        rows = cm.per_worker_iteration(job_spans, settings.worker_ranks())
+        per_iteration += [{"job": job_id, **row} for row in rows]
         losses = losses_so_far(left, job_id, result.job.batch_size, settings)
         if losses:
             result.losses, result.final_loss = losses, losses[-1]
-    return spans, per_iteration
+        finished = _finished_iterations(left, job_id, settings)
+        if finished:  # the cut iteration of each job is not one of them: its U is the stop's
+            summary = cm.summarize([r for r in rows if r["iteration"] in finished],
+                                   list(finished.values()))
+            figures[result.job.name] = {k: v for k, v in summary.items() if v is not None}
+    metrics: dict[str, Any] = {}
+    if len(figures) == 1:
+        metrics.update(next(iter(figures.values())))
+    for name, one in figures.items() if len(figures) > 1 else ():
+        metrics.update({f"job.{name}.{key}": one[key] for key in JOB_METRICS if key in one})
+    if metrics:
+        metrics.update({"cluster_mode": settings.mode, "cluster_workers": settings.workers,
+                        "cluster_servers": settings.servers, **network_metrics(settings)})
+    return StoppedOutcome(spans, per_iteration, metrics)
+
+
+def _finished_iterations(left: list[RankSoFar], job_id: str,
+                         settings: ClusterSettings) -> dict[int, float]:
+    """The iterations of one job that every worker finished in this run (not carried from
+    a checkpoint), each with its length (the slowest worker's); empty unless every worker
+    left its records."""
+    by_rank = {r.rank: r.iterations.get(job_id) for r in left}
+    records = [by_rank.get(rank) for rank in settings.worker_ranks()]
+    if not records or any(not r for r in records):
+        return {}
+    lengths: dict[int, list[float]] = {}
+    for worker in records:
+        for it in worker:  # type: ignore[union-attr]
+            if not it.get("carried"):
+                lengths.setdefault(int(it["iteration"]), []).append(it["end_s"] - it["start_s"])
+    return {i: max(v) for i, v in sorted(lengths.items()) if len(v) == len(records)}
 
 
 def losses_so_far(left: list[RankSoFar], job_id: str, batch: int,
