@@ -373,7 +373,10 @@ def accelopt_transfer_encode(record: TransferRecord, payload: Any) -> Any | None
 @hookspec
 def accelopt_transfer_decode(record: TransferRecord, payload: Any) -> Any | None:
     """Undo ``accelopt_transfer_encode`` on the receiving side; ``None`` leaves it as is.
-    ``record.wire_bytes`` is what crossed the link.
+    ``record.wire_bytes`` is what crossed the link. What the decoders give back is the
+    tensor the encoders replaced: parameter-server mode refuses one of another size than
+    ``record.nbytes`` (it would broadcast into a parameter), all-reduce one of another
+    number of elements than the bucket (it may come back in another dtype).
 
     Called: by the transport, when a transfer has arrived.
     Ranks: the receiving rank (all-reduce: every rank, for every bucket).
@@ -531,9 +534,18 @@ def _check_transfer_filter(plugin: str, answer: Any, args: tuple[Any, ...]) -> s
 def _check_decoded(plugin: str, answer: Any, args: tuple[Any, ...]) -> str | None:
     import torch
 
+    record = args[0]
     if isinstance(answer, torch.Tensor):
-        return None
-    return (f"a torch.Tensor for transfer '{args[0].tensor}' (the decoders must give back the "
+        if record.destination == -1:  # a summed bucket may come back in another dtype
+            return None  # (DDP casts it into its buffer); its size is checked there
+        if answer.numel() * answer.element_size() == record.nbytes:
+            return None
+        # a parameter server copies a parameter from it, or sums gradients with it: a
+        # tensor of another size would broadcast into the model in silence
+        return (f"the tensor accelopt_transfer_encode replaced for transfer "
+                f"'{record.tensor}' ({record.nbytes} bytes), got {answer.numel()} elements "
+                f"of {answer.dtype} ({answer.numel() * answer.element_size()} bytes)")
+    return (f"a torch.Tensor for transfer '{record.tensor}' (the decoders must give back the "
             "tensor accelopt_transfer_encode replaced)")
 
 

@@ -74,6 +74,14 @@ class _Half:
         return None
 
 
+class _Collapses:
+    """A decoder with a bug: every parameter comes back as its sum (one element)."""
+
+    @hookimpl
+    def accelopt_transfer_decode(self, record, payload):
+        return payload.sum() if record.kind == "param" else None
+
+
 class _DropBias:
     """Filter: drop every bias gradient (the server then applies a zero gradient)."""
 
@@ -220,6 +228,7 @@ BOGUS = PluginSpec(name="bogus_order", factory=lambda c: _Bogus())
 PAUSE = PluginSpec(name="pause_rank", factory=_Pause, config=PauseConfig)
 HALF = PluginSpec(name="half_codec", factory=lambda c: _Half())
 DROP_BIAS = PluginSpec(name="drop_bias", factory=lambda c: _DropBias())
+COLLAPSES = PluginSpec(name="collapses", factory=lambda c: _Collapses())
 COUNT_DONE = PluginSpec(name="count_done", factory=lambda c: _CountDone(), scope="job")
 RANK_SAYS = PluginSpec(name="rank_says", factory=lambda c: _RankSays())
 WAITS_FOR_WATCHDOG = PluginSpec(name="waits_for_watchdog",

@@ -394,6 +394,20 @@ def test_codec_and_filter_plugins_transform_payloads(tmp_path, test_plugins):
             torch.testing.assert_close(value, params[name].detach(), atol=2e-3, rtol=1e-2)
 
 
+def test_a_decoder_giving_back_a_tensor_of_another_size_is_refused(tmp_path, test_plugins):
+    """A parameter server copies parameters from what the decoders give back: a decoder's
+    one-element tensor broadcast into every weight, and the run trained a collapsed model
+    to "done" in silence (all-reduce refused the same answer)."""
+    test_plugins("COLLAPSES")
+    cfg = make_cfg("ps", iterations=2, plugins={"collapses": {}})
+    with pytest.raises(RankFailed, match=r"plugin 'collapses' answered accelopt_transfer_decode "
+                       r"with Tensor .*; expected the tensor accelopt_transfer_encode replaced "
+                       r"for transfer '.+' \(\d+ bytes\), got 1 elements of torch.float32 "
+                       r"\(4 bytes\)") as info:
+        run_cluster(cfg, run_dir=tmp_path)
+    assert "\n" not in str(info.value)
+
+
 def _signal_rank_2_at_iteration_2(test_plugins, tmp_path: Path, sig: int, timeout_s: float
                                   ) -> tuple[RankFailed, dict[str, float]]:
     """Run a PS job whose rank 2 pauses at iteration 2 and writes its pid; send it ``sig``
