@@ -230,7 +230,8 @@ def accelopt_after_forward(context: IterationContext, loss: torch.Tensor) -> tor
 
     ``loss`` is the scalar tensor backward will start from. Return a replacement (a scaled
     loss for mixed precision, a regularised one) or ``None`` to keep it; chained in plugin
-    order. The reported loss stays the job's own.
+    order. The reported loss stays the job's own. A replacement is computed from ``loss``:
+    a new leaf tensor is refused (backward from it would reach no parameter).
 
     Called: by the job's step of a training job, after the loss, before backward.
     Ranks: every process that runs forward: single and workers (never a parameter server).
@@ -291,7 +292,8 @@ def accelopt_optimizer_build(job: JobInfo, optimizer: torch.optim.Optimizer,
     parameters this process updates: all of them, or a server's shard). ``previous`` is
     ``None`` at the first build and the optimizer being replaced at a rebuild (see
     ``accelopt_after_step``), so a plugin can carry over state the core could not (that of a
-    parameter it resized). Return the optimizer to use, or ``None`` to keep it.
+    parameter it resized). Return the optimizer to use, or ``None`` to keep it; one that
+    holds none of ``parameters`` is refused (its steps would never change the model).
 
     Called: when the job is built, and at every rebuild a plugin asked for.
     Ranks: every process that takes the optimizer step: single, all-reduce workers, PS servers.
@@ -479,6 +481,11 @@ def _check_after_forward(plugin: str, answer: Any, args: tuple[Any, ...]) -> str
     import torch
 
     if isinstance(answer, torch.Tensor) and answer.numel() == 1 and answer.requires_grad:
+        if answer.grad_fn is None and not args[1].is_leaf:
+            # torch.tensor(loss.item(), requires_grad=True): backward reaches no parameter,
+            # and the job would run to "done" without training
+            return ("a loss computed from the one it was given (this one is a new leaf "
+                    "tensor: backward from it reaches no parameter)")
         return None
     return "a one-element torch.Tensor that requires grad (the loss backward starts from) or None"
 
@@ -493,6 +500,13 @@ def _check_optimizer_build(plugin: str, answer: Any, args: tuple[Any, ...]) -> s
     import torch
 
     if isinstance(answer, torch.optim.Optimizer):
+        held = {id(p) for group in answer.param_groups for p in group["params"]}
+        parameters = args[2]
+        if parameters and not any(id(p) in held for p in parameters.values()):
+            # its steps would change tensors the model does not use: the job would run to
+            # "done" untrained
+            return (f"a torch.optim.Optimizer over job '{args[0].name}''s parameters (the "
+                    "`parameters` it was given); this one holds none of them")
         return None
     return f"a torch.optim.Optimizer for job '{args[0].name}' or None"
 

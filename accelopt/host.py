@@ -529,7 +529,7 @@ class PluginAnswerError(PluginHookError):
 
 def _shown(answer: Any) -> str:
     """A wrong answer in a few words: its type and a short repr."""
-    text = repr(answer)
+    text = " ".join(repr(answer).split())  # one line: an optimizer's repr has several
     text = text if len(text) <= 60 else text[:57] + "..."
     return f"{type(answer).__name__} {text}"
 

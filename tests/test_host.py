@@ -382,6 +382,39 @@ def test_an_answer_the_core_cannot_use_is_one_line_naming_plugin_hook_and_type(a
             assert "expected" in text and "\n" not in text
 
 
+def test_a_loss_or_optimizer_cut_off_from_the_model_is_refused():
+    """A loss made anew from the old one's value, or an optimizer over other tensors, passed
+    the type checks and the job ran to "done" untrained."""
+    context = IterationContext(JOB, "l", 0, 0.0)
+    weight = nn.Parameter(torch.ones(2))
+    loss = (weight * 2).sum()
+    cut = host_of(("cut", Wrong(torch.tensor(loss.item(), requires_grad=True))))
+    with pytest.raises(PluginHookError, match="plugin 'cut' answered accelopt_after_forward "
+                       ".*expected a loss computed from the one it was given"):
+        cut.chain("accelopt_after_forward", loss, lambda x: {"context": context, "loss": x})
+    scaled = host_of(("scales", Wrong(loss * 4)))  # computed from it: fine
+    assert scaled.chain("accelopt_after_forward", loss,
+                        lambda x: {"context": context, "loss": x}).item() == 16.0
+
+    class Replaces:
+        def __init__(self, params):
+            self.params = params
+
+        @hookimpl
+        def accelopt_optimizer_build(self, job, optimizer, parameters, previous):
+            return torch.optim.SGD(self.params or list(parameters.values()), lr=0.1)
+
+    kwargs = {"job": JOB, "optimizer": torch.optim.SGD([weight], lr=1.0),
+              "parameters": {"w": weight}, "previous": None}
+    stray = host_of(("stray", Replaces([nn.Parameter(torch.zeros(3))])))
+    with pytest.raises(PluginHookError, match="plugin 'stray' answered accelopt_optimizer_build"
+                       r" .*expected a torch.optim.Optimizer over job 'j''s parameters .*holds "
+                       "none of them") as info:
+        stray.call("accelopt_optimizer_build", **kwargs)
+    assert "\n" not in str(info.value)
+    assert host_of(("own", Replaces(None))).call("accelopt_optimizer_build", **kwargs)
+
+
 def test_rows_under_another_plugins_name_are_refused():
     from accelopt.types import ReportRow, RunInfo
 
