@@ -449,9 +449,16 @@ def accelopt_layer_build(layer: LayerOffer) -> torch.nn.Module | None:
 
 
 def _check_allocate(plugin: str, answer: Any, args: tuple[Any, ...]) -> str | None:
-    if isinstance(answer, AllocationDecision):
-        return None
-    return "an accelopt.AllocationDecision or None"
+    if not isinstance(answer, AllocationDecision):
+        return "an accelopt.AllocationDecision or None"
+    # a dataclass checks no types: granted="no" would grant, lane=5 fail in the summary
+    if not isinstance(answer.granted, bool):
+        return "an AllocationDecision whose granted is True or False"
+    if not isinstance(answer.lane, str) or not answer.lane:
+        return "an AllocationDecision whose lane is a name (a non-empty str)"
+    if not isinstance(answer.reason, str) or not isinstance(answer.reject, (str, type(None))):
+        return "an AllocationDecision whose reason is a str and reject a str or None"
+    return None
 
 
 def _check_select_next(plugin: str, answer: Any, args: tuple[Any, ...]) -> str | None:
@@ -468,6 +475,15 @@ def _check_report_rows(plugin: str, answer: Any, args: tuple[Any, ...]) -> str |
         return "a list of accelopt.ReportRow or None"
     if any(row.plugin != plugin for row in rows):  # a row under another plugin's name
         return f"rows of its own: ReportRow(plugin='{plugin}', ...)"
+    for row in rows:  # what metrics.json and the summary can write
+        if not isinstance(row.summary, str):
+            return "ReportRow summaries that are str"
+        if not isinstance(row.metrics, dict):
+            return "ReportRow metrics that are a dict"
+        for key, value in row.metrics.items():
+            if not isinstance(key, str) or not isinstance(value, (int, float, str)):
+                return (f"ReportRow metrics of str keys and int, float or str values; metric "
+                        f"{key!r} is a {type(value).__name__} (a tensor's value: .item())")
     return None
 
 

@@ -13,7 +13,7 @@ from torch import nn
 
 from accelopt import PluginHookError, PluginSpec, hookimpl
 from accelopt.host import PluginHost, traced_calls
-from accelopt.types import IterationContext, JobInfo, LayerOffer
+from accelopt.types import AllocationDecision, IterationContext, JobInfo, LayerOffer, ReportRow
 
 
 class Wrapper:
@@ -413,6 +413,23 @@ def test_a_loss_or_optimizer_cut_off_from_the_model_is_refused():
         stray.call("accelopt_optimizer_build", **kwargs)
     assert "\n" not in str(info.value)
     assert host_of(("own", Replaces(None))).call("accelopt_optimizer_build", **kwargs)
+
+
+@pytest.mark.parametrize("hook, answer, expected", [
+    ("accelopt_allocate", AllocationDecision(granted="no"), "granted is True or False"),
+    ("accelopt_allocate", AllocationDecision(granted=True, lane=5), "lane is a name"),
+    ("accelopt_report_rows", [ReportRow("wrong", 42)], "summaries that are str"),
+    ("accelopt_report_rows", [ReportRow("wrong", "hi", {"x": torch.tensor(1.5)})],
+     r"metric 'x' is a Tensor \(a tensor's value: .item\(\)\)"),
+])
+def test_a_record_with_fields_of_the_wrong_type_is_refused(hook, answer, expected):
+    """Dataclasses check no types: granted='no' granted, lane=5 and a tensor metric failed
+    with a traceback in the summary or in writing metrics.json, the outputs lost."""
+    host = host_of(("wrong", Wrong(answer)))
+    with pytest.raises(PluginHookError, match=f"plugin 'wrong' answered {hook} .*expected .*"
+                       f"{expected}") as info:
+        _wrong_calls(host)[hook]()
+    assert "\n" not in str(info.value)
 
 
 def test_rows_under_another_plugins_name_are_refused():
