@@ -211,6 +211,38 @@ def test_each_plugins_state_goes_back_to_it_and_an_orphan_state_is_refused():
     assert "\n" not in str(info.value)
 
 
+def test_a_plugin_state_torch_save_cannot_write_names_the_plugin_and_key(tmp_path):
+    """A lambda in a plugin's saved state ended the run with pickle's traceback, naming
+    neither the plugin nor the key; the checkpoint before it stays."""
+    from accelopt import PluginHookError, PluginSpec, hookimpl
+    from accelopt.activation import PluginSet
+    from accelopt.config import JobConfig
+    from accelopt.job import Job
+    from accelopt.job.checkpoint import save_checkpoint
+
+    class Keeps:
+        def __init__(self, _config=None) -> None:
+            self.state = {"n": 1}
+
+        @hookimpl
+        def accelopt_state_save(self, job):
+            return self.state
+
+    keeps = Keeps()
+    spec = JobConfig(name="s", model="mlp", width=8, batch_size=8, iterations=3, seed=0)
+    job = Job(spec, job_id="s", device=torch.device("cpu"),
+              host=PluginSet.of([(PluginSpec(name="keeps", factory=Keeps), keeps)]).for_job("s"))
+    path = tmp_path / "s.pt"
+    save_checkpoint({"job": job.state_dict()}, path)
+    keeps.state = {"n": 2, "f": lambda: 1}
+    with pytest.raises(PluginHookError, match="plugin 'keeps' answered accelopt_state_save with "
+                       "dict .*; expected a dict torch.save can write .*; key 'f': "
+                       "AttributeError: Can't pickle local object") as info:
+        save_checkpoint({"job": job.state_dict()}, path)
+    assert info.value.hook == "accelopt_state_save" and "\n" not in str(info.value)
+    assert torch.load(path, weights_only=False)["job"]["plugins"] == {"keeps": {"n": 1}}
+
+
 @pytest.mark.parametrize(("files", "words"), [
     (["checkpoints/00-mlp.pt"], "from its checkpoints"),
     (["checkpoints/00-mlp/rank1.it00000060.pt"], "from its checkpoints"),  # a cluster run's

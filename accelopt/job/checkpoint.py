@@ -9,6 +9,7 @@ checkpoint or the new one, never half of one.
 
 from __future__ import annotations
 
+import io
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -17,8 +18,9 @@ from typing import Any
 import torch
 
 from accelopt.atomic import atomic_open
-from accelopt.errors import UserError
-from accelopt.job.job import Job, misfit
+from accelopt.errors import UserError, error_text
+from accelopt.host import PluginAnswerError
+from accelopt.job.job import STATE_SAVE, Job, misfit
 from accelopt.records import JobResult
 
 CHECKPOINT_DIR = "checkpoints"
@@ -31,6 +33,35 @@ def atomic_torch_save(obj: Any, path: Path) -> None:
     """``torch.save`` through :func:`accelopt.atomic.atomic_open` (temp file + rename)."""
     with atomic_open(path, "wb") as handle:
         torch.save(obj, handle)
+
+
+def save_checkpoint(state: dict[str, Any], path: Path) -> None:
+    """Write a job's checkpoint (``state["job"]`` from ``Job.state_dict``). A plugin state
+    ``torch.save`` cannot write (a lambda, an open file) stops the run in one line naming
+    the plugin and the key, where pickle's error named neither."""
+    try:
+        atomic_torch_save(state, path)
+    except OSError:
+        raise
+    except Exception:
+        culprit = _unsaveable_plugin_state(state.get("job", {}).get("plugins", {}))
+        if culprit is None:
+            raise
+        name, value, why = culprit
+        raise PluginAnswerError(name, STATE_SAVE, value, "a dict torch.save can write "
+                                f"(tensors and plain values); {why}") from None
+
+
+def _unsaveable_plugin_state(states: dict[str, Any]) -> tuple[str, Any, str] | None:
+    """The first plugin whose saved state ``torch.save`` cannot write: (its name, the state,
+    which key fails and why), or ``None``."""
+    for name, state in states.items():
+        for key, value in state.items():
+            try:
+                torch.save(value, io.BytesIO())
+            except Exception as exc:  # noqa: BLE001 - pickle raises several types
+                return name, state, f"key '{key}': {error_text(exc)}"
+    return None
 
 
 class Checkpointer:
@@ -64,7 +95,7 @@ class Checkpointer:
             "timing": {"elapsed_s": elapsed, "queueing_s": result.queueing_s},
             "spec": asdict(job.spec),
         }
-        atomic_torch_save(state, self.dir / f"{job.info.job_id}.pt")
+        save_checkpoint(state, self.dir / f"{job.info.job_id}.pt")
         self.written += 1
 
     def after_finish(self, job: Job, result: JobResult) -> None:

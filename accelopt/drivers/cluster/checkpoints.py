@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from accelopt.errors import UserError
-from accelopt.job.checkpoint import CHECKPOINT_DIR, atomic_torch_save, load_into
+from accelopt.job.checkpoint import CHECKPOINT_DIR, load_into, save_checkpoint
 
 if TYPE_CHECKING:
     from accelopt.drivers.cluster.rank import RankJob
@@ -57,7 +57,7 @@ class RankCheckpointer:
             "rank": self.rank,
             "world": self.world,
         }
-        atomic_torch_save(state, directory / f"rank{self.rank}.it{job.iteration:08d}.pt")
+        save_checkpoint(state, directory / f"rank{self.rank}.it{job.iteration:08d}.pt")
         mine = sorted(_generations(directory).get(self.rank, []))
         for old in mine[:-KEEP]:
             (directory / f"rank{self.rank}.it{old:08d}.pt").unlink(missing_ok=True)
