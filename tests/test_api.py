@@ -34,6 +34,30 @@ def test_plugins_added_in_code_run_and_report(tmp_path, monkeypatch):
     assert list(tmp_path.glob("runs/*/*/metrics.json")), "the CLI's default run directory"
 
 
+class _RaisesAtTheEnd:
+    def __init__(self, config: object = None) -> None:
+        pass
+
+    @accelopt.hookimpl
+    def accelopt_report_rows(self, run):
+        raise RuntimeError("boom in report_rows")
+
+
+def test_a_plugin_raising_after_every_job_ended_keeps_the_runs_outputs(tmp_path):
+    """A plugin raising in accelopt_report_rows (or accelopt_run_end) stopped a one-process
+    run whose jobs had all finished with nothing but config.yaml and the weights."""
+    registry = accelopt.Registry.discover()
+    registry.add(accelopt.PluginSpec(name="raises_at_end", factory=_RaisesAtTheEnd))
+    with pytest.raises(accelopt.PluginHookError, match="plugin 'raises_at_end' raised in hook "
+                       "accelopt_report_rows: RuntimeError: boom"):
+        accelopt.run([*TINY, "+plugins=[raises_at_end]", "run.compare=none"],
+                     run_dir=tmp_path / "out", registry=registry)
+    written = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert [j["status"] for j in written["jobs"]] == ["done", "done"]
+    assert written["summary"]["error"].startswith("plugin 'raises_at_end' raised in hook")
+    assert (tmp_path / "out" / "trace.json").exists()
+
+
 @pytest.mark.parametrize("overrides, words", [
     (["+plugins=[nosuch]"], "nosuch"),
     (["run.sed=1"], "did you mean 'run.seed'"),

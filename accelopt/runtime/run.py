@@ -47,6 +47,7 @@ from accelopt.drivers.setup import (
 from accelopt.errors import (
     AccelOptError,
     ConfigError,
+    PluginHookError,
     RankFailed,
     Terminated,
     UserError,
@@ -298,8 +299,16 @@ def _execute_local(cfg: DictConfig, run_dir: Path, registry: Registry, console: 
         record.spans = _local_spans(executor, hook_calls)
         lifecycle.update(jobs)
         record.info = lifecycle.info
-        record.plugin_rows = with_placeholders(lifecycle.merged_rows(), plugins.names)
-        lifecycle.end(run_metrics(record))
+        try:
+            record.plugin_rows = with_placeholders(lifecycle.merged_rows(), plugins.names)
+            lifecycle.end(run_metrics(record))
+        except PluginHookError as exc:
+            # every job has ended: a plugin raising in its report rows or at run end stops
+            # the run, but its results are written first (they used to be lost with it)
+            record.metrics["error"] = error_line(exc)
+            record.plugin_rows = record.plugin_rows or with_placeholders([], plugins.names)
+            _write_and_render(record, run_dir, console, refs, renderer)
+            raise
         _write_and_render(record, run_dir, console, refs, renderer)
     return record
 
