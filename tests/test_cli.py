@@ -92,6 +92,30 @@ def test_a_run_directory_that_holds_a_run_is_refused_before_anything_is_written(
     assert run_files(tmp_path / "out") == before
 
 
+def test_the_directory_of_a_killed_run_is_refused_while_its_checkpoints_are_in_it(tmp_path):
+    """A run SIGKILLed (out of memory, a CI runner) writes no metrics.json; a second run into
+    its directory was accepted and replaced its checkpoints, which run.resume needed."""
+    from clirun import run_files
+
+    import accelopt as accelopt_api
+
+    checkpoint = tmp_path / "out" / "checkpoints" / "00-tiny-mlp.pt"
+    checkpoint.parent.mkdir(parents=True)
+    checkpoint.write_bytes(b"the killed run's state")
+    (tmp_path / "out" / "config.yaml").write_text("killed: run\n")
+    before = run_files(tmp_path / "out")
+    again = accelopt("run", *TINY, "cluster.mode=none", "hydra.run.dir=out", cwd=tmp_path)
+    assert again.returncode == 2
+    assert again.stderr.strip().splitlines() == [
+        "error: out holds the checkpoints of a run that did not finish; continue it with "
+        "run.resume=out, or give this run another directory (hydra.run.dir / run_dir): "
+        "results are never overwritten"]
+    assert run_files(tmp_path / "out") == before
+    with pytest.raises(accelopt_api.ConfigError, match="holds the checkpoints of a run"):
+        accelopt_api.run([*TINY], run_dir=tmp_path / "out")
+    assert run_files(tmp_path / "out") == before
+
+
 def test_multirun_sweep_gives_every_run_its_metrics(tmp_path):
     result = accelopt("run", "-m", "+plugins=[],[noop]", *TINY, cwd=tmp_path)
     assert result.returncode == 0, result.stderr

@@ -204,8 +204,8 @@ def refuse_taken_sweep_dir(sweep_dir: Path) -> None:
 
 
 def refuse_taken_run_dir(run_dir: Path) -> None:
-    """A run directory that already holds a run's results (its ``metrics.json``) is refused
-    before Hydra writes into it: the new run's files would land beside the old run's
+    """A run directory that already holds a run's results (its ``metrics.json``), or the
+    checkpoints of one killed before it wrote them, is refused before Hydra writes into it: the new run's files would land beside the old run's
     (``per_iteration.json``, a plugin's file the new run does not write) and over the
     rest. Results are never overwritten."""
     from accelopt.report.writer import METRICS_JSON
@@ -214,6 +214,12 @@ def refuse_taken_run_dir(run_dir: Path) -> None:
         raise ConfigError(f"{run_dir} already holds a run ({METRICS_JSON}); give this run "
                           "another directory (hydra.run.dir / run_dir), or remove that one: "
                           "results are never overwritten")
+    if any((run_dir / CHECKPOINT_DIR).rglob("*.pt")):
+        # a run killed outright (SIGKILL, out of memory) writes no metrics.json: its
+        # checkpoints are all that is left of it, and the new run's would replace them
+        raise ConfigError(f"{run_dir} holds the checkpoints of a run that did not finish; "
+                          f"continue it with run.resume={run_dir}, or give this run another "
+                          "directory (hydra.run.dir / run_dir): results are never overwritten")
 
 
 def composed_with_every_plugin(sets: list[list[str]], overrides: list[str],
