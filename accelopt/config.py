@@ -136,6 +136,10 @@ class RunSettings:
     ended and the run is reported again in the new directory. Without it that is refused."""
     save_weights: bool = True
     profile: bool = True
+    """Measure each job's memory (persistent, ephemeral, peak) on a copy of it before the
+    clock starts, for the allocation hooks (salus's lanes) and the jobs table. One process:
+    it takes part of ``duration_s``, reported beside it as ``profiling_s``, and none of the
+    jobs' times; the telemetry samples start with the clock, as the spans do."""
     progress: bool = True
     telemetry_interval_s: float = 0.5
     trace_hooks: bool = True

@@ -254,6 +254,35 @@ def test_the_iteration_end_hooks_time_is_the_iterations_as_iteration_starts_is()
     assert [(s.start_s, s.end_s) for s in executor.spans] == [(0.0, 5.0), (5.0, 10.0)]
 
 
+def test_the_clock_and_the_telemetry_origin_start_after_the_jobs_are_profiled():
+    """The telemetry sampler started before the jobs were profiled, the spans' clock after:
+    its samples lay seconds off the iterations on the timeline (the profiling time)."""
+    import time
+
+    from accelopt.config import JobConfig
+    from accelopt.drivers.local import Executor
+    from accelopt.host import PluginHost
+    from accelopt.job import build_jobs
+    from accelopt.job.profile import measure_profile
+
+    profiled: list[float] = []
+    started: list[float] = []
+
+    def profiler(job):
+        profile = measure_profile(job)
+        profiled.append(time.perf_counter())
+        return profile
+
+    host = PluginHost([])
+    jobs = build_jobs([JobConfig(name=n, model="mlp", width=4, batch_size=4, iterations=2)
+                       for n in ("a", "b")], torch.device("cpu"), host)
+    executor = Executor(host, jobs, capacity_bytes=None, device="cpu", profiler=profiler,
+                        on_clock_start=started.append)
+    executor.run()
+    assert len(profiled) == 2 and started == [executor.clock_started]
+    assert started[0] >= max(profiled)  # the origin the sampler is given: after profiling
+
+
 def test_a_plugin_cannot_change_the_run_config_it_is_configured_with(run_tiny):
     """``accelopt_configure``'s ``run_config`` is for reading: a change took effect (a job
     trained 2 iterations instead of 6, config.yaml recording 2). Now it raises in the hook,

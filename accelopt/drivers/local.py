@@ -117,10 +117,13 @@ class Executor:
         stepper: Stepper | None = None,
         clock: Callable[[], float] | None = None,
         jobs_fail_alone: bool = True,
+        on_clock_start: Callable[[float], None] | None = None,
     ) -> None:
         """``clock``: seconds on a clock the caller shares (a cluster rank's run clock); by
-        default the driver's own, starting at 0 when :meth:`run` starts. Arrival times count
-        from the start of :meth:`run` either way. ``jobs_fail_alone=False`` turns an error of
+        default the driver's own, starting at 0 when :meth:`run` starts (after the jobs are
+        profiled): ``on_clock_start`` is then given that moment (``time.perf_counter()``),
+        for a telemetry sampler whose samples must line up with the spans. Arrival times
+        count from the start of :meth:`run` either way. ``jobs_fail_alone=False`` turns an error of
         a job's own code into the end of the run (a cluster cannot go on without a rank's
         part of an iteration)."""
         self.plugins = plugins = as_plugin_set(plugins)
@@ -130,6 +133,10 @@ class Executor:
         self._external_clock = clock is not None
         self._clock = clock or time.perf_counter
         self._origin = 0.0
+        self._on_clock_start = on_clock_start
+        self.clock_started: float | None = None
+        """When :meth:`run` started the clock (``time.perf_counter()``; own clock only): the
+        jobs' profiling comes before it."""
         self._jobs_fail_alone = jobs_fail_alone
         self._events: dict[tuple[str, str], StepEvents] = {}
         self.capacity_bytes = capacity_bytes
@@ -207,7 +214,9 @@ class Executor:
         if self._external_clock:
             self._origin = self.now()
         else:
-            self._t0 = self._clock()
+            self._t0 = self.clock_started = self._clock()
+            if self._on_clock_start is not None:
+                self._on_clock_start(self._t0)
         try:
             self._drive(arrivals)
         except BaseException as exc:  # Ctrl-C, SIGTERM (Terminated): the lanes stop too

@@ -106,10 +106,12 @@ def _errors(record: RunRecord) -> list[str]:
 
 def _run_line(record: RunRecord) -> str:
     s = run_metrics(record)
+    profiling = (f" (of which {fmt(s['profiling_s'])} s profiling the jobs' memory, before "
+                 "the first arrival)" if s.get("profiling_s") else "")
     return (
         f"[bold]Run:[/] {s['n_done']}/{s['n_jobs']} done, {s['n_failed']} failed  "
         f"avg JCT {fmt(s['avg_jct_s'])} s  p95 JCT {fmt(s['p95_jct_s'])} s  "
-        f"makespan {fmt(s['makespan_s'])} s  duration {fmt(s['duration_s'])} s"
+        f"makespan {fmt(s['makespan_s'])} s  duration {fmt(s['duration_s'])} s{profiling}"
         "\n[dim]  JCT: a job's arrival to its last iteration's end; queue: arrival to its first "
         "iteration's start (waiting for the device, a lane, or the jobs before it); makespan: "
         "first arrival to last end; duration: the run's wall time (a cluster's process "
