@@ -234,6 +234,19 @@ def test_bench_unknown_metric_is_one_line(tmp_path):
     assert not (tmp_path / "b").exists()
 
 
+def test_a_metric_the_workload_does_not_measure_is_refused_after_the_first_run(tmp_path):
+    """A summary key whose value is null (avg_perplexity of classification jobs) passed the
+    first run's check; every run ran, then the report refused, the runs left unreportable."""
+    result = accelopt("bench", "--plugins", "noop", "--repeats", "1", "--metric",
+                      "avg_perplexity", "--out", str(tmp_path / "b"), "workload=tiny",
+                      cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].startswith(
+        "error: metric 'avg_perplexity' has no value in the baseline run's metrics.json "
+        "summary (None: this workload does not measure it); choose one of: "), result.stderr
+    assert not (tmp_path / "b").exists()
+
+
 def test_an_out_directory_with_results_is_refused_before_anything_runs(tmp_path):
     out = tmp_path / "b"
     out.mkdir()
@@ -331,7 +344,8 @@ def _finished_bench(out: Path, repeats: int = 3) -> dict[str, bytes]:
         (out / "runs" / str(i)).mkdir(parents=True)
         metric = value[tuple(plugins)] * (1 + 0.01 * repeat)
         (out / "runs" / str(i) / "metrics.json").write_text(json.dumps(
-            {"summary": {"avg_jct_s": metric}, "run": {"plugins": plugins}}))
+            {"summary": {"avg_jct_s": metric, "throughput": 1 / metric},
+             "run": {"plugins": plugins}}))
     context = {"command": "accelopt bench", "metric": "avg_jct_s", "higher_is_better": False,
                "repeats": repeats, "machine": "m", "python": "3", "settings": "s",
                "sweep_s": 1.0, "quality": None}
@@ -376,6 +390,47 @@ def test_reanalyze_refuses_to_replace_a_report_with_fewer_runs(tmp_path, capsys)
     with pytest.raises(UserError, match="--force goes with --reanalyze"):
         bench_command(["--force", "--plugins", "noop", "--out", str(tmp_path / "new")])
     assert len(saved["runs"]) == len(json.loads(before["bench.json"])["runs"])
+
+
+def test_reanalyze_reports_another_metric_the_runs_measured_and_refuses_new_sets(tmp_path):
+    """--reanalyze --metric X printed the bench's own metric again, and --plugins or
+    overrides beside --reanalyze were ignored in silence."""
+    _finished_bench(tmp_path)
+    assert bench_command(["--reanalyze", "--out", str(tmp_path), "--metric", "throughput"]) == 0
+    saved = json.loads((tmp_path / "bench.json").read_text())
+    assert saved["context"]["metric"] == "throughput"
+    assert saved["context"]["higher_is_better"] is True  # guessed from the new metric's name
+    clip = {s["label"]: s for s in saved["sets"]}["clip"]
+    assert clip["median"] == pytest.approx(1 / 0.808)  # 1/0.8 x 1/1.01, the middle repeat
+    assert "# Ablation: throughput" in (tmp_path / "bench.md").read_text()
+    for extra in (["--plugins", "noop"], ["workload=tiny"]):
+        with pytest.raises(UserError, match=f"--reanalyze runs nothing: .*; drop {extra[0]}"):
+            bench_command(["--reanalyze", "--out", str(tmp_path), *extra])
+
+
+def test_a_bench_stopped_midway_can_be_reported_from_the_runs_it_finished(tmp_path, capsys):
+    """A stopped bench wrote bench.json only at the end, so --reanalyze --force (the way
+    to report a bench with runs missing) could not read it: the plan is written first."""
+    from accelopt.bench.runner import _say_how_to_report_what_ran, _write_bench_json
+
+    _finished_bench(tmp_path)
+    saved = json.loads((tmp_path / "bench.json").read_text())
+    plan = [(r["repeat"], r["plugins"], r["warmup"]) for r in saved["runs"]]
+    _write_bench_json(tmp_path, {**saved["context"], "sweep_s": None}, [], plan)  # the plan
+    for i in range(10, len(plan)):  # it stopped after run 9
+        shutil.rmtree(tmp_path / "runs" / str(i))
+    _say_how_to_report_what_ran(tmp_path, plan)
+    assert capsys.readouterr().err == (
+        f"the bench stopped after 6 of its 12 measured runs; report them with: accelopt bench "
+        f"--reanalyze --force --out {tmp_path}\n")
+    with pytest.raises(UserError, match="cannot be read: .*; the bench did not finish "
+                       r"\(rerun it, or add --force"):
+        bench_command(["--reanalyze", "--out", str(tmp_path)])
+    assert bench_command(["--reanalyze", "--force", "--out", str(tmp_path)]) == 0
+    assert "the sweep did not finish" in capsys.readouterr().out
+    assert "Sweep: did not finish." in (tmp_path / "bench.md").read_text()
+    n = {s["label"]: s["n"] for s in json.loads((tmp_path / "bench.json").read_text())["sets"]}
+    assert (n["baseline"], n["clip"]) == (1, 2)  # runs 4-9: repeat 0, then clip, noop of 1
 
 
 def test_the_bench_owns_its_run_layout(tmp_path):

@@ -75,7 +75,9 @@ def render_markdown(summary: Sequence[SetSummary], context: dict[str, Any]) -> s
         f"Machine: {context['machine']}, Python {context['python']}. "
         f"{context['repeats']} repeats, sets interleaved within each repeat.",
         "",
-        f"Settings: {context.get('settings', '')}. Sweep: {context.get('sweep_s', '?')} s.",
+        f"Settings: {context.get('settings', '')}. "
+        + ("Sweep: did not finish." if context.get("sweep_s") is None
+           else f"Sweep: {context['sweep_s']} s."),
         "",
         *([f"**Runs missing from this report** (`--reanalyze --force`; their sets have fewer "
            f"repeats): {'; '.join(context['missing_runs'])}.", ""]

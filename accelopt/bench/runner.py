@@ -32,7 +32,7 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from accelopt.atomic import refuse_unwritable
+from accelopt.atomic import atomic_open, refuse_unwritable
 from accelopt.bench.analysis import (
     HIGHER_IS_BETTER_HINTS,
     SetResult,
@@ -56,8 +56,9 @@ def parse_args(args: list[str]) -> argparse.Namespace:
                         "the empty set, each alone, and every valid combination")
     parser.add_argument("--sets", default="", help="explicit sets, e.g. '[],[salus],[salus,tictac]'")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--metric", default="duration_s",
-                        help="a key of metrics.json's summary (default: duration_s)")
+    parser.add_argument("--metric", default=None,
+                        help="a key of metrics.json's summary (default: duration_s; with "
+                        "--reanalyze: the bench's own, or another its runs measured)")
     parser.add_argument("--higher-is-better", choices=("auto", "yes", "no"), default="auto",
                         help="the metric's direction; auto: higher for names with "
                         + ", ".join(HIGHER_IS_BETTER_HINTS)
@@ -80,6 +81,12 @@ def parse_args(args: list[str]) -> argparse.Namespace:
     # intermixed: `--plugins noop workload=tiny --repeats 1 run.seed=1` is one command line
     # (parse_args would take the overrides after an option for unrecognized arguments)
     opts = parser.parse_intermixed_args(args)
+    opts.metric_given, opts.metric = opts.metric is not None, opts.metric or "duration_s"
+    extras = [name for name, given in (("--plugins", opts.plugins), ("--sets", opts.sets),
+                                       (" ".join(opts.overrides), opts.overrides)) if given]
+    if opts.reanalyze and extras:  # they were ignored in silence
+        raise UserError("--reanalyze runs nothing: its sets and settings are those of the "
+                        f"bench in --out (its bench.json); drop {', '.join(extras)}")
     if opts.repeats < 1:
         raise UserError("--repeats must be >= 1")
     if opts.force and not opts.reanalyze:
@@ -227,31 +234,62 @@ def bench_command(args: list[str]) -> int:
         *common, *forced,
     ]
     total = len(plan)
-    console.print(f"bench: {len(sets)} plugin sets x {opts.repeats} repeats (+1 warm-up run "
-                  f"per set) = {total} runs, interleaved; log: {out / 'sweep.log'}")
-    started = time.perf_counter()
-    try:
-        _run_sweep(command, out, total, console, metric=opts.metric)
-    except UnknownMetric:
-        if created:  # only the first run of a mistyped command: its --out stays free
-            shutil.rmtree(out, ignore_errors=True)
-        raise
-    results = collect(out / "runs", opts.metric, plan)
-    if opts.eval:
-        results = with_quality(results, out / "runs", plan, console)
-    higher = {"auto": None, "yes": True, "no": False}[opts.higher_is_better]
     context = {
         "command": "accelopt bench " + " ".join(args),
         "metric": opts.metric,
-        "higher_is_better": higher_is_better(opts.metric) if higher is None else higher,
+        "higher_is_better": _direction(opts),
         "repeats": opts.repeats,
         "machine": f"{platform.node()} {platform.machine()} {platform.platform()}",
         "python": platform.python_version(),
         "settings": settings_line(common, per_plugin),
-        "sweep_s": round(time.perf_counter() - started, 1),
+        "sweep_s": None,
         "quality": EVAL_METRIC if opts.eval else None,
     }
+    # the plan first: a bench stopped midway (Ctrl-C, a failed run) can still be reported
+    # from the runs it finished (--reanalyze --force); the report rewrites it at the end
+    _write_bench_json(out, context, [], plan)
+    console.print(f"bench: {len(sets)} plugin sets x {opts.repeats} repeats (+1 warm-up run "
+                  f"per set) = {total} runs, interleaved; log: {out / 'sweep.log'}")
+    started = time.perf_counter()
+    try:
+        _run_sweep(command, out, total, console, metric=opts.metric,
+                   baseline=plan.index((-1, [], True)))
+    except UnknownMetric:
+        if created:  # only the first run of a mistyped command: its --out stays free
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+    except BaseException:
+        _say_how_to_report_what_ran(out, plan)
+        raise
+    context["sweep_s"] = round(time.perf_counter() - started, 1)
+    results = collect(out / "runs", opts.metric, plan)
+    if opts.eval:
+        results = with_quality(results, out / "runs", plan, console)
     return report(results, context, plan, out, console)
+
+
+def sweep_took(context: dict[str, Any]) -> str:
+    """How long the sweep took, or that it did not finish (a stopped bench reported with
+    --reanalyze --force)."""
+    took = context.get("sweep_s")
+    return "the sweep did not finish" if took is None else f"sweep took {took} s"
+
+
+def _direction(opts: argparse.Namespace) -> bool:
+    """Whether higher is better for ``opts.metric``: ``--higher-is-better``, else guessed
+    from its name."""
+    given = {"auto": None, "yes": True, "no": False}[opts.higher_is_better]
+    return higher_is_better(opts.metric) if given is None else given
+
+
+def _say_how_to_report_what_ran(out: Path, plan: list[tuple[int, list[str], bool]]) -> None:
+    """A stopped bench's line (stderr, before its error): how many measured runs finished,
+    and the command that reports them."""
+    finished = len(_measured(out / "runs", plan))
+    measured = sum(1 for _, _, warmup in plan if not warmup)
+    if finished:
+        print(f"the bench stopped after {finished} of its {measured} measured runs; report "
+              f"them with: accelopt bench --reanalyze --force --out {out}", file=sys.stderr)
 
 
 def reanalyze(opts: argparse.Namespace) -> int:
@@ -271,16 +309,21 @@ def reanalyze(opts: argparse.Namespace) -> int:
     plan = [(int(r["repeat"]), list(r["plugins"]), bool(r["warmup"])) for r in saved["runs"]]
     context = dict(saved["context"])
     context.pop("missing_runs", None)  # this reading decides which runs are missing
+    if opts.metric_given:  # the runs measured more than the bench reported: another metric
+        context["metric"], context["higher_is_better"] = opts.metric, _direction(opts)
+    elif opts.higher_is_better != "auto":
+        context["higher_is_better"] = _direction(opts)
     problems = unreadable_runs(out / "runs", plan)
     if problems:
         named = [f"{reason} ({_label(plan[i][1])}, repeat {plan[i][0]})"
                  for i, reason in problems.items()]
         if not opts.force:
+            kept = ("the finished report is left as it is (rerun the bench, or" if saved["sets"]
+                    else "the bench did not finish (rerun it, or")
             raise UserError(
                 f"--reanalyze: {len(named)} measured run(s) of the plan in "
-                f"{out / 'bench.json'} cannot be read: {listed(named, sep='; ')}; the finished "
-                "report is left as it is (rerun the bench, or add --force to report the other "
-                "runs and name these in the report)")
+                f"{out / 'bench.json'} cannot be read: {listed(named, sep='; ')}; {kept} add "
+                "--force to report the other runs and name these in the report)")
         context["missing_runs"] = named
     console = default_console()
     results = collect(out / "runs", context["metric"], plan, skip=set(problems))
@@ -331,25 +374,31 @@ def report(results: list[SetResult], context: dict[str, Any],
     """Summarize, print the table and write bench.json, bench.png and bench.md."""
     summary = summarize(results, context["metric"], context["higher_is_better"])
     console.print(render_table(summary, context))
-    console.print(f"machine: {context['machine']}; {context['settings']}; sweep took "
-                  f"{context['sweep_s']} s")
+    console.print(f"machine: {context['machine']}; {context['settings']}; {sweep_took(context)}")
     if context.get("missing_runs"):
         console.print(f"reported without {len(context['missing_runs'])} run(s) of the plan "
                       f"(--force): {listed(context['missing_runs'], sep='; ')}",
                       markup=False)  # the sets' [a,b] labels are not rich markup
-    runs = [{"run": i, "repeat": r, "plugins": p, "warmup": w} for i, (r, p, w) in enumerate(plan)]
-    (out / "bench.json").write_text(json.dumps(
-        {"context": context, "sets": [asdict(s) for s in summary], "runs": runs}, indent=2))
+    _write_bench_json(out, context, [asdict(s) for s in summary], plan)
     render_png(summary, context, out / "bench.png")
     (out / "bench.md").write_text(render_markdown(summary, context))
     console.print(f"report: {out / 'bench.md'}  chart: {out / 'bench.png'}")
     return 0
 
 
+def _write_bench_json(out: Path, context: dict[str, Any], sets: list[dict[str, Any]],
+                      plan: list[tuple[int, list[str], bool]]) -> None:
+    """bench.json: the context, each set's figures (none yet while the sweep runs) and the
+    run plan (what ``--reanalyze`` reads)."""
+    runs = [{"run": i, "repeat": r, "plugins": p, "warmup": w} for i, (r, p, w) in enumerate(plan)]
+    with atomic_open(out / "bench.json") as handle:
+        handle.write(json.dumps({"context": context, "sets": sets, "runs": runs}, indent=2))
+
+
 def _run_sweep(command: list[str], out: Path, total: int, console: Console,
-               metric: str | None = None) -> None:
-    """Run the sweep with a progress bar; a ``metric`` the first run's summary lacks stops
-    it there (one line), instead of after every run."""
+               metric: str | None = None, baseline: int = 0) -> None:
+    """Run the sweep with a progress bar; a ``metric`` the baseline's first run (number
+    ``baseline``) does not measure stops it there (one line), instead of after every run."""
     log = (out / "sweep.log").open("w")
     columns = (TextColumn("runs"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as progress:
@@ -357,13 +406,15 @@ def _run_sweep(command: list[str], out: Path, total: int, console: Console,
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
         try:
             while proc.poll() is None:
-                done = sorted((out / "runs").glob("*/metrics.json"))
+                done = list((out / "runs").glob("*/metrics.json"))
                 progress.update(task, completed=len(done))
-                if metric is not None and done:
-                    missing = _missing_metric(done[0], metric)
-                    metric = None  # the first run decides
-                    if missing:
-                        raise UnknownMetric(missing)
+                first = out / "runs" / str(baseline) / "metrics.json"
+                if metric is not None and first.exists():
+                    missing = _missing_metric(first, metric)
+                    if missing is not None:  # the baseline's first run decides
+                        metric = None
+                        if missing:
+                            raise UnknownMetric(missing)
                 try:
                     proc.wait(timeout=0.5)
                 except subprocess.TimeoutExpired:
@@ -391,15 +442,22 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
 
 
-def _missing_metric(metrics_json: Path, metric: str) -> str:
-    """The one-line refusal when ``metric`` is not a key of a run's summary, else ''."""
+def _missing_metric(metrics_json: Path, metric: str) -> str | None:
+    """The one-line refusal when a baseline run's summary has no value of ``metric`` (not a
+    key, or null: this workload does not measure it), '' when it has one, ``None`` when the
+    file cannot be read yet."""
     try:
         summary = json.loads(metrics_json.read_text())["summary"]
-    except (OSError, ValueError, KeyError):
-        return ""  # still being written, or not ours to judge: the end of the sweep decides
-    if metric in summary:
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # not ours to judge (yet): the end of the sweep decides
+    numbers = {k for k, v in summary.items() if isinstance(v, (int, float))}
+    if metric in numbers:
         return ""
-    return unknown_metric(metric, {k for k, v in summary.items() if isinstance(v, (int, float))})
+    if metric in summary:
+        return (f"metric '{metric}' has no value in the baseline run's metrics.json summary "
+                f"({summary[metric]!r}: this workload does not measure it); choose one of: "
+                f"{', '.join(sorted(numbers))}")
+    return unknown_metric(metric, numbers)
 
 
 class UnknownMetric(UserError):
