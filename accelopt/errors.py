@@ -82,6 +82,13 @@ class RankFailed(AccelOptError):
     the iteration and job it was in and the cause, and ``metrics.json`` gives that job the
     cause and marks the other jobs that had not finished as failed with this line."""
 
+    def __new__(cls, *args: object, exit_code: int = 1, **kwargs: object) -> RankFailed:
+        # bad input found on a rank (exit code 2) is a UserError there as in one process:
+        # `except accelopt.UserError` around accelopt.run catches it in every mode
+        if cls is RankFailed and exit_code == UserError.exit_code:
+            cls = RankRefused
+        return super().__new__(cls, *args)
+
     def __init__(self, message: str, *, rank: int, pid: int | None, iteration: int | None,
                  cause: str, exit_code: int = 1, job_id: str = "") -> None:
         super().__init__(message)
@@ -97,6 +104,11 @@ class RankFailed(AccelOptError):
         self.ended: dict[str, dict[str, object]] = {}
         """The jobs that had ended before the run stopped, as the leader recorded them (job
         id -> status, error, iterations, JCT and queueing delay): their evidence says so."""
+
+
+class RankRefused(RankFailed, UserError):
+    """A :class:`RankFailed` whose rank found bad input (a plugin's refusal, a rendezvous
+    port in use): a :class:`UserError` too, exit code 2."""
 
 
 class JobFailed(AccelOptError):

@@ -357,8 +357,8 @@ def test_sigterm_stops_a_run_as_ctrl_c_does_and_keeps_its_evidence(tmp_path, mod
                      "run.progress=false", "hydra.run.dir=out"),
         cwd=tmp_path, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 90
-    while not list((tmp_path / "out").glob("checkpoints/*")) and time.monotonic() < deadline:
-        time.sleep(0.1)  # polling for the first checkpoint: the run is training
+    while not list((tmp_path / "out").rglob("checkpoints/**/*.pt")) and time.monotonic() < deadline:
+        time.sleep(0.1)  # polling for the first checkpoint (not its temp file): it trains
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 143, err

@@ -484,7 +484,7 @@ def _keep_evidence(record: RunRecord, run_dir: Path, exc: BaseException) -> None
     status (a job that had not ended is ``failed`` with the run's error), the error line in
     ``summary.error``, and the trace and timeline so far. Best effort: a failure while
     writing must not hide the run's own error. A refusal of bad input writes nothing."""
-    if isinstance(exc, UserError):
+    if isinstance(exc, UserError) and not isinstance(exc, RankFailed):
         return  # a refusal (bad input found before the work began): nothing to keep
     error = error_line(exc)
     culprit, own = "", ""  # a rank failed inside a job's iteration, by that job's own code

@@ -29,6 +29,7 @@ from typing import Any, NamedTuple
 
 from accelopt.errors import (
     AccelOptError,
+    JobsUnfinished,
     RankFailed,
     Terminated,
     UserError,
@@ -284,7 +285,11 @@ def failure_note(rank: int, role: str, at: At, exc: BaseException) -> dict[str, 
         "message": first_line(exc),
         "port_in_use": port_in_use(exc),
         "communication": is_communication_error(exc), "time": time.time(),
-        "exit_code": exc.exit_code if isinstance(exc, AccelOptError) else 1,
+        # a job's own error exits as in one process, where that job fails alone and the run
+        # ends with 3 (some jobs failed, outputs written): here it stops the run, as every
+        # rank runs every job, and the exit code says the same (not 1, "a plugin or accelopt")
+        "exit_code": JobsUnfinished.exit_code if own and at.job_id and not
+        is_communication_error(exc) else exc.exit_code if isinstance(exc, AccelOptError) else 1,
     }
 
 
