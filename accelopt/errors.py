@@ -99,8 +99,9 @@ class RankFailed(AccelOptError):
         there, and ``metrics.json`` gives that job the cause and the others the run's
         stop."""
         self.exit_code = exit_code
-        """The rank's own error's exit code: 2 when it raised a ``UserError`` (bad input
-        found on a rank, e.g. by a plugin's hook), as the same error exits in one process."""
+        """The rank's own error's exit code, as the same error exits in one process: 3 when
+        a job's own code raised (one process fails that job and exits 3), 2 when it raised a
+        ``UserError`` elsewhere (bad input found on a rank, e.g. by a plugin's hook)."""
         self.ended: dict[str, dict[str, object]] = {}
         """The jobs that had ended before the run stopped, as the leader recorded them (job
         id -> status, error, iterations, JCT and queueing delay): their evidence says so."""
