@@ -93,6 +93,7 @@ class PluginHost:
             self.pm.check_pending()
         except pluggy.PluginValidationError as exc:  # a method named like no hook
             raise _unknown_hook(self.pm, exc) from None
+        _refuse_defaulted_arguments(self.pm)
         self.trace: HookTrace | None = None
         """When a list: every call appends its hook, start and end (:data:`HookTrace`; the
         run's ``hooks`` timeline track)."""
@@ -509,6 +510,23 @@ def _unknown_hook(pm: pluggy.PluginManager,
     hint = f"; did you mean {close[0]}?" if close else f"; the hooks are listed in {HOOK_DOCS}"
     return PluginResolutionError(
         f"plugin '{plugin}' implements {method}, which is not an accelopt hook{hint}")
+
+
+def _refuse_defaulted_arguments(pm: pluggy.PluginManager) -> None:
+    """An implementation that gives a hook's argument a default never receives it: pluggy
+    passes only the arguments named without defaults, so it always sees the default, in
+    silence. One line naming the plugin, the hook and the argument."""
+    for hook in dir(pm.hook):
+        caller = getattr(pm.hook, hook)
+        if not hook.startswith(f"{pm.project_name}_") or caller.spec is None:
+            continue
+        for impl in caller.get_hookimpls():
+            defaulted = [a for a in impl.kwargnames if a in caller.spec.argnames]
+            if defaulted:
+                raise PluginResolutionError(
+                    f"plugin '{impl.plugin_name}': {hook} gives argument '{defaulted[0]}' a "
+                    "default, so the hook never passes it (it always sees the default); "
+                    f"remove the default ({HOOK_DOCS})")
 
 
 def _wraps(impl: Any) -> bool:

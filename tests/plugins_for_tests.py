@@ -119,6 +119,16 @@ EXTRA_ARGUMENT = PluginSpec(name="extra_arg", factory=lambda c: ExtraArgument(),
                             description="declares an argument no hook passes (test)")
 
 
+class DefaultedArgument:
+    @hookimpl
+    def accelopt_iteration_end(self, context: Any, result: Any = None) -> None:
+        """Gives an argument a default: pluggy would never pass it."""
+
+
+DEFAULTED_ARGUMENT = PluginSpec(name="defaulted_arg", factory=lambda c: DefaultedArgument(),
+                                description="gives a hook argument a default (test)")
+
+
 class TimesTwo(nn.Module):
     """Wraps a Linear and doubles its output: a visible, checkable replacement."""
 

@@ -318,10 +318,16 @@ def test_plugin_raising_names_plugin_and_hook(tmp_path):
                    "accelopt hook; did you mean accelopt_iteration_end?"),
     ("extra_arg", "plugin 'extra_arg': accelopt_iteration_end declares bogus, which the hook "
                   "does not pass; declare any of (context, result) (docs/hooks.md)"),
+    # accepted, and the hook always saw its default (None): the conformance kit said so, a
+    # run did not
+    ("defaulted_arg", "plugin 'defaulted_arg': accelopt_iteration_end gives argument 'result' "
+                      "a default, so the hook never passes it (it always sees the default); "
+                      "remove the default (docs/hooks.md)"),
 ])
 def test_a_plugin_pluggy_refuses_is_one_line_before_anything_runs(tmp_path, plugin, message):
     result = accelopt("run", *TINY, f"+plugins=[{plugin}]", cwd=tmp_path,
-                      ACCELOPT_PLUGINS="plugins_for_tests:MISSPELLED,plugins_for_tests:EXTRA_ARGUMENT")
+                      ACCELOPT_PLUGINS="plugins_for_tests:MISSPELLED,plugins_for_tests:EXTRA_ARGUMENT,"
+                      "plugins_for_tests:DEFAULTED_ARGUMENT")
     assert result.returncode == 2, result.stderr
     assert result.stderr.startswith(f"error: {message}"), result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
