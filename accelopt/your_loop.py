@@ -62,7 +62,7 @@ from accelopt.job.events import StepEvents, rebuilds
 from accelopt.job.gradients import Gradients
 from accelopt.job.layers import offer_layers
 from accelopt.job.params import buckets_by_bytes, param_table
-from accelopt.job.specs import job_id_for, job_info
+from accelopt.job.specs import OPTIMIZERS, job_id_for, job_info
 from accelopt.plugin import Registry
 from accelopt.types import BuiltJob, IterationContext, IterationResult, JobInfo, ReportRow, RunInfo
 
@@ -100,7 +100,8 @@ def attach(
     reports to. ``example``: one ``(inputs, labels)`` batch, for plugins that look at the
     built job (``accelopt_job_built``: a pruning probe, a planner); required only when one
     does. ``name``, ``optimizer``, ``lr``, ``iterations``: what the plugins read from the
-    job's record (slide trains with Adam at the job's ``lr``). ``run_dir``: where plugins
+    job's record (slide trains with Adam at the job's ``lr``), checked as a run's job is
+    (``lr`` and ``iterations`` 0: not given). ``run_dir``: where plugins
     write and ``close()`` keeps ``report.json`` (default ``runs/<date>/<time>``, as the CLI;
     one that holds a report already is refused). ``console``: a ``rich.console.Console`` for
     ``close()``'s table (default: discarded)."""
@@ -113,6 +114,7 @@ def attach(
     if isinstance(overrides, str):
         raise ConfigError(f"accelopt.attach takes a list of overrides, got the string "
                           f"{overrides!r}; write [{overrides!r}]")
+    _check_the_job(example, optimizer, lr, iterations)
     args = drop_empty_plugin_selection([str(o) for o in overrides])
     _refuse_settings_of_a_driven_run(args)
     if not any(a.lstrip("+").startswith("cluster.mode=") for a in args):
@@ -140,6 +142,23 @@ def attach(
                           "(results are never overwritten)")
     return Attached(model, plugins, job_id, job_info(spec, job_id), example, out,
                     int(cfg.run.seed), local_info(cfg.cluster), console)
+
+
+def _check_the_job(example: Any, optimizer: str, lr: float, iterations: int) -> None:
+    """What attach takes for the job's record, checked as a run checks its job (0 for ``lr``
+    and ``iterations``: not given; a plugin that needs them says so)."""
+    if example is not None and not (isinstance(example, (tuple, list)) and len(example) == 2):
+        raise ConfigError(f"accelopt.attach: example takes one (inputs, labels) batch of your "
+                          f"data, got {type(example).__name__}; write example=(inputs, labels)")
+    if optimizer not in OPTIMIZERS:
+        raise ConfigError(f"accelopt.attach: optimizer must be one of {', '.join(OPTIMIZERS)} "
+                          f"(the one your loop steps), got {optimizer!r}")
+    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or lr < 0:
+        raise ConfigError(f"accelopt.attach: lr must be your optimizer's learning rate (> 0; "
+                          f"0: not given), got {lr!r}")
+    if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 0:
+        raise ConfigError(f"accelopt.attach: iterations must be how many your loop runs (>= 1; "
+                          f"0: not given), got {iterations!r}")
 
 
 DRIVEN_ONLY = ("run.compare", "run.resume", "run.resume_finished", "run.checkpoint_every")

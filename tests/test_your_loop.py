@@ -215,6 +215,32 @@ def test_what_cannot_act_in_one_loop_is_refused_in_one_line(overrides, words, tm
     assert not (tmp_path / "r").exists()  # refused before anything was written
 
 
+@pytest.mark.parametrize("kwargs, words", [
+    ({"optimizer": "bogus"}, "optimizer must be one of sgd, adam, adamw .*got 'bogus'"),
+    ({"lr": -1e-3}, r"lr must be your optimizer's learning rate \(> 0; 0: not given\)"),
+    ({"lr": "0.1"}, "lr must be"),
+    ({"iterations": -5}, "iterations must be how many your loop runs"),
+    ({"example": torch.zeros(8, 4)}, r"example takes one \(inputs, labels\) batch .*got Tensor"),
+])
+def test_the_jobs_record_attach_is_given_is_checked(kwargs, words, tmp_path):
+    """attach took optimizer='bogus', a negative lr or iterations, and a bare tensor as the
+    example (recording half its rows as the batch), where a run refuses the same job."""
+    with pytest.raises(ConfigError, match=words) as info:
+        accelopt.attach(torch.nn.Linear(4, 2), [], run_dir=tmp_path / "r", **kwargs)
+    assert "\n" not in str(info.value) and not (tmp_path / "r").exists()
+
+
+def test_slide_in_a_loop_without_a_learning_rate_is_refused(tmp_path):
+    """Without lr= slide's layer trained at rate 0, its row saying it trained."""
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(),
+                                torch.nn.Linear(16, 4096))
+    example = (torch.randn(16, 8), torch.randint(0, 4096, (16,)))
+    with pytest.raises(ConfigError, match="plugins.slide.lr: job 'model' gives no learning "
+                       r"rate .*accelopt.attach\(..., lr=<rate>\)"):
+        accelopt.attach(model, ["+plugins=[slide]"], example=example, optimizer="adam",
+                        run_dir=tmp_path / "r")
+
+
 def test_an_inert_plugin_in_one_loop_does_not_advise_what_attach_refuses(tmp_path):
     """tictac has nothing to order in one process; its row used to end "use
     cluster.mode=ps", which attach refuses in a line: the advice names `accelopt run`."""

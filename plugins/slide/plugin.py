@@ -129,6 +129,11 @@ class SlidePlugin:
                 "with Adam, so set the job's optimizer to adam (or adamw) or give "
                 "plugins.slide.lr=<rate>"
             )
+        if lr <= 0:  # accelopt.attach without lr=: its layer would train at rate 0
+            raise ConfigError(
+                f"plugins.slide.lr: job '{job_name}' gives no learning rate (lr {lr:g}); SLIDE "
+                "trains its layer at the job's: give the job its lr (accelopt.attach(..., "
+                "lr=<rate>)) or plugins.slide.lr=<rate>")
         return lr
 
     @hookimpl
