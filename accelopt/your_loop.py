@@ -39,6 +39,7 @@ import dataclasses
 import io
 import json
 import time
+import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -140,6 +141,10 @@ def attach(
     if (out / REPORT_FILE).exists():
         raise ConfigError(f"{out} already holds a report ({REPORT_FILE}); give a new run_dir "
                           "(results are never overwritten)")
+    if out.resolve() in _OPEN_RUN_DIRS:  # the first one's report would be overwritten
+        raise ConfigError(f"{out} is the run_dir of an attach not closed yet; close that one "
+                          "first, or give each attach its own run_dir (results are never "
+                          "overwritten)")
     return Attached(model, plugins, job_id, job_info(spec, job_id), example, out,
                     int(cfg.run.seed), local_info(cfg.cluster), console)
 
@@ -159,6 +164,11 @@ def _check_the_job(example: Any, optimizer: str, lr: float, iterations: int) -> 
     if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 0:
         raise ConfigError(f"accelopt.attach: iterations must be how many your loop runs (>= 1; "
                           f"0: not given), got {iterations!r}")
+
+
+_OPEN_RUN_DIRS: weakref.WeakValueDictionary[Path, Attached] = weakref.WeakValueDictionary()
+"""The run directories of this process's attaches not closed yet (and not collected): each
+writes its own report.json at close()."""
 
 
 DRIVEN_ONLY = ("run.compare", "run.resume", "run.resume_finished", "run.checkpoint_every")
@@ -234,6 +244,7 @@ class Attached:
         self.plugins = plugins
         self.host: PluginHost = plugins.for_job(job_id)
         self.run_dir = run_dir
+        _OPEN_RUN_DIRS[run_dir.resolve()] = self
         self.console = console or Console(file=io.StringIO(), width=120)
         self.model: nn.Module = offer_layers(model, info, self.host)
         """The model the loop trains (the same object unless a plugin replaced its root)."""
@@ -360,6 +371,14 @@ class Attached:
                    "duration_s": round(time.perf_counter() - self._t0, 6)}
         self.lifecycle.end(metrics)
         self._closed = rows
+        _OPEN_RUN_DIRS.pop(self.run_dir.resolve(), None)
+        from accelopt.report.summary import plugins_table
+
+        self.console.print(plugins_table(rows))
+        if (self.run_dir / REPORT_FILE).exists():  # another process's, since attach
+            raise ConfigError(f"{self.run_dir / REPORT_FILE} was written since this attach "
+                              "began (another loop with the same run_dir?); it is kept, and "
+                              "this loop's rows are not written (close() returns them)")
         with atomic_open(self.run_dir / REPORT_FILE) as handle:
             handle.write(json.dumps({
                 "plugins": list(self.plugins.names),
@@ -367,9 +386,6 @@ class Attached:
                         "parameters": len(self.info.parameters)},
                 **metrics, "plugin_rows": [dataclasses.asdict(r) for r in rows],
                 "rebuild_requests": self.rebuild_requests}, indent=1, default=str) + "\n")
-        from accelopt.report.summary import plugins_table
-
-        self.console.print(plugins_table(rows))
         return rows
 
     def __enter__(self) -> Attached:

@@ -241,6 +241,23 @@ def test_slide_in_a_loop_without_a_learning_rate_is_refused(tmp_path):
                         run_dir=tmp_path / "r")
 
 
+def test_two_loops_open_on_one_run_dir_are_refused(tmp_path):
+    """Two attaches with the same run_dir: the second close() replaced the first's
+    report.json in silence."""
+    first = accelopt.attach(torch.nn.Linear(4, 2), [], run_dir=tmp_path / "r", name="first")
+    with pytest.raises(ConfigError, match="is the run_dir of an attach not closed yet"):
+        accelopt.attach(torch.nn.Linear(4, 2), [], run_dir=tmp_path / "r", name="second")
+    first.close()
+    import json
+
+    assert json.loads((tmp_path / "r" / "report.json").read_text())["job"]["name"] == "first"
+    late = accelopt.attach(torch.nn.Linear(4, 2), [], run_dir=tmp_path / "s")
+    (tmp_path / "s" / "report.json").write_text("{}")  # another process's, meanwhile
+    with pytest.raises(ConfigError, match="was written since this attach began"):
+        late.close()
+    assert (tmp_path / "s" / "report.json").read_text() == "{}"
+
+
 def test_an_inert_plugin_in_one_loop_does_not_advise_what_attach_refuses(tmp_path):
     """tictac has nothing to order in one process; its row used to end "use
     cluster.mode=ps", which attach refuses in a line: the advice names `accelopt run`."""
