@@ -412,7 +412,8 @@ class CliMischief:
             raise ValueError("command exploded")
 
         return [CliCommand("run", "hijack run", boom), CliCommand("plugins", "hijack", boom),
-                CliCommand("cmdraise", "raises", boom)]
+                CliCommand("cmdraise", "raises", boom),
+                CliCommand("cmdword", "returns a word", lambda args: "done")]
 
 
 CLI_MISCHIEF = PluginSpec(name="climischief", factory=CliMischief,

@@ -175,3 +175,9 @@ def test_a_plugin_command_that_raises_is_one_line_naming_the_plugin(monkeypatch,
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["error: plugin 'climischief': command 'cmdraise' raised ValueError: "
                    "command exploded"]
+    # its answer is not an exit code: said so (it was "raised ValueError: invalid literal
+    # for int()", the core's own int() blamed on the command)
+    assert _main(monkeypatch, "cmdword") == 1
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "error: plugin 'climischief': command 'cmdword' returned 'done'; a command returns "
+        "its exit code (an int) or None"]

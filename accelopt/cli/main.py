@@ -16,7 +16,14 @@ import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from accelopt.errors import AccelOptError, Terminated, UserError, did_you_mean, raise_terminated
+from accelopt.errors import (
+    AccelOptError,
+    Terminated,
+    UserError,
+    did_you_mean,
+    error_text,
+    raise_terminated,
+)
 from accelopt.plugin import Registry
 
 if TYPE_CHECKING:
@@ -301,12 +308,16 @@ def _one_line_command(plugin: str, name: str,
 
     def command(args: list[str]) -> int:
         try:
-            return int(run(args) or 0)
+            code = run(args)
         except AccelOptError:
             raise
         except Exception as exc:
             raise AccelOptError(f"plugin '{plugin}': command '{name}' raised "
-                                f"{type(exc).__name__}: {exc}") from exc
+                                f"{error_text(exc)}") from exc
+        if code is None or (isinstance(code, int) and not isinstance(code, bool)):
+            return code or 0
+        raise AccelOptError(f"plugin '{plugin}': command '{name}' returned {code!r}; a "
+                            "command returns its exit code (an int) or None")
 
     return command
 
