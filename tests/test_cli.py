@@ -326,8 +326,8 @@ def test_plugin_raising_names_plugin_and_hook(tmp_path):
 ])
 def test_a_plugin_pluggy_refuses_is_one_line_before_anything_runs(tmp_path, plugin, message):
     result = accelopt("run", *TINY, f"+plugins=[{plugin}]", cwd=tmp_path,
-                      ACCELOPT_PLUGINS="plugins_for_tests:MISSPELLED,plugins_for_tests:EXTRA_ARGUMENT,"
-                      "plugins_for_tests:DEFAULTED_ARGUMENT")
+                      ACCELOPT_PLUGINS="plugins_for_tests:MISSPELLED,"
+                      "plugins_for_tests:EXTRA_ARGUMENT,plugins_for_tests:DEFAULTED_ARGUMENT")
     assert result.returncode == 2, result.stderr
     assert result.stderr.startswith(f"error: {message}"), result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr

@@ -205,9 +205,10 @@ def refuse_taken_sweep_dir(sweep_dir: Path) -> None:
 
 def refuse_taken_run_dir(run_dir: Path) -> None:
     """A run directory that already holds a run's results (its ``metrics.json``), or the
-    checkpoints of one killed before it wrote them, is refused before Hydra writes into it: the new run's files would land beside the old run's
-    (``per_iteration.json``, a plugin's file the new run does not write) and over the
-    rest. Results are never overwritten."""
+    checkpoints of one killed before it wrote them, is refused before Hydra writes into
+    it: the new run's files would land beside the old run's (``per_iteration.json``, a
+    plugin's file the new run does not write) and over the rest. Results are never
+    overwritten."""
     from accelopt.report.writer import METRICS_JSON
 
     if (run_dir / METRICS_JSON).exists():

@@ -123,9 +123,9 @@ class Executor:
         default the driver's own, starting at 0 when :meth:`run` starts (after the jobs are
         profiled): ``on_clock_start`` is then given that moment (``time.perf_counter()``),
         for a telemetry sampler whose samples must line up with the spans. Arrival times
-        count from the start of :meth:`run` either way. ``jobs_fail_alone=False`` turns an error of
-        a job's own code into the end of the run (a cluster cannot go on without a rank's
-        part of an iteration)."""
+        count from the start of :meth:`run` either way. ``jobs_fail_alone=False`` turns an
+        error of a job's own code into the end of the run (a cluster cannot go on without a
+        rank's part of an iteration)."""
         self.plugins = plugins = as_plugin_set(plugins)
         self.host = plugins.run
         self.stepper = stepper

@@ -278,6 +278,13 @@ def failure_note(rank: int, role: str, at: At, exc: BaseException) -> dict[str, 
     one-process run would fail alone; not a plugin's hook, whose error stops the run
     whichever job's iteration it was in."""
     own = not raised_by_hook(exc) and not isinstance(exc, Terminated)
+    # a job's own error exits as in one process, where that job fails alone and the run
+    # ends with 3 (some jobs failed, outputs written): here it stops the run, as every rank
+    # runs every job, and the exit code says the same (not 1, "a plugin or accelopt")
+    if own and at.job_id and not is_communication_error(exc):
+        exit_code = JobsUnfinished.exit_code
+    else:
+        exit_code = exc.exit_code if isinstance(exc, AccelOptError) else 1
     return {
         "rank": rank, "role": role, "pid": os.getpid(), "iteration": at.iteration,
         "job_id": at.job_id, "job_name": at.job_name, "culprit": at.job_id if own else "",
@@ -285,11 +292,7 @@ def failure_note(rank: int, role: str, at: At, exc: BaseException) -> dict[str, 
         "message": first_line(exc),
         "port_in_use": port_in_use(exc),
         "communication": is_communication_error(exc), "time": time.time(),
-        # a job's own error exits as in one process, where that job fails alone and the run
-        # ends with 3 (some jobs failed, outputs written): here it stops the run, as every
-        # rank runs every job, and the exit code says the same (not 1, "a plugin or accelopt")
-        "exit_code": JobsUnfinished.exit_code if own and at.job_id and not
-        is_communication_error(exc) else exc.exit_code if isinstance(exc, AccelOptError) else 1,
+        "exit_code": exit_code,
     }
 
 
