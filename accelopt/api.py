@@ -86,6 +86,9 @@ def run(overrides: Sequence[str] = (), *, run_dir: str | Path | None = None,
                           "point (or use `accelopt run -m` from the shell)")
     named = [a for a in args if a.lstrip("+").startswith("hydra.run.dir=")]
     args = [a for a in args if a not in named]
+    if named and run_dir is not None and Path(named[-1].split("=", 1)[1]) != Path(run_dir):
+        raise ConfigError(f"accelopt.run: run_dir={str(run_dir)!r} and '{named[-1]}' name two "
+                          "directories for one run; give one of them")
     if named and run_dir is None:
         run_dir = named[-1].split("=", 1)[1]
     registry = registry or Registry.discover()

@@ -129,6 +129,10 @@ def test_a_finished_run_directory_is_never_overwritten(tmp_path):
     with pytest.raises(ConfigError, match="already holds a run"):
         accelopt.run([*TINY, "run.compare=none"], run_dir=out)
     assert (out / "metrics.json").read_bytes() == before
+    # two directories for one run: run_dir won, hydra.run.dir was dropped in silence
+    with pytest.raises(ConfigError, match="name two directories for one run"):
+        accelopt.run([*TINY, f"hydra.run.dir={tmp_path / 'x'}"], run_dir=tmp_path / "y")
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
 
 
 def test_the_documented_example_runs(tmp_path, monkeypatch, capsys):

@@ -220,6 +220,15 @@ def test_a_sweep_never_writes_over_an_earlier_sweep_nor_trains_before_a_bad_poin
     assert bad.returncode == 2
     assert bad.stderr.strip() == "error: job 'tiny-mlp': iterations must be >= 1, got -1"
     assert not (tmp_path / "other").exists()
+    # a fixed subdir: every point in one directory, each over the one before, exit 0
+    fixed = accelopt("run", "-m", *TINY, "hydra.sweep.dir=third", "run.seed=1,2",
+                     "hydra.sweep.subdir=fixed", cwd=tmp_path)
+    assert fixed.returncode == 2
+    assert fixed.stderr.strip() == (
+        "error: 'hydra.sweep.subdir=fixed' gives every point of the sweep the same directory, "
+        "each writing over the one before; include ${hydra.job.num} (e.g. "
+        "hydra.sweep.subdir=run${hydra.job.num}) or drop it")
+    assert not (tmp_path / "third").exists()
 
 
 def test_an_empty_sweep_is_refused_not_passed(tmp_path):

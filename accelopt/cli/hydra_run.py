@@ -180,6 +180,8 @@ def prepared_configs(overrides: list[str], registry: Registry, multirun: bool = 
             refuse_taken_run_dir(Path(named[-1]))
         if named and multirun:
             refuse_taken_sweep_dir(Path(named[-1]))
+        if multirun:
+            refuse_one_directory_for_every_point(combo)
         if multirun:  # every point's values now, not when its turn comes after the others
             from accelopt.runtime.run import validate
 
@@ -191,6 +193,18 @@ def prepared_configs(overrides: list[str], registry: Registry, multirun: bool = 
                           "pass another run_dir" if run_dir is not None
                           else f"choose another with {key}=DIR")
     return out
+
+
+def refuse_one_directory_for_every_point(overrides: list[str]) -> None:
+    """A ``hydra.sweep.subdir`` without an interpolation (``${hydra.job.num}``, the
+    default's) gives every point of a sweep the same directory: each point wrote over the
+    one before, exit 0, only the last point's results left."""
+    fixed = [o for o in overrides if o.lstrip("+").startswith("hydra.sweep.subdir=")
+             and "${" not in o]
+    if fixed:
+        raise ConfigError(f"'{fixed[-1]}' gives every point of the sweep the same directory, "
+                          "each writing over the one before; include ${hydra.job.num} (e.g. "
+                          "hydra.sweep.subdir=run${hydra.job.num}) or drop it")
 
 
 def refuse_taken_sweep_dir(sweep_dir: Path) -> None:
