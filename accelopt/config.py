@@ -119,6 +119,9 @@ class ClusterConfig:
 @dataclass
 class RunSettings:
     seed: int = 0
+    """Added to every job's own seed (weights, data order, dropout): ``run.seed=0,1,2``
+    repeats the workload with other random numbers. A generated trace's arrivals and
+    lengths keep ``workload.generate.seed``."""
     device: str = "auto"
     threads: int = 0
     """torch intra-op threads (0: leave torch's default)."""

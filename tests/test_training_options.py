@@ -188,6 +188,21 @@ def test_job_specs_are_typed_once_per_workload_and_each_caller_gets_its_own():
             job_specs(workload(iterations=0))
 
 
+def test_run_seed_changes_every_jobs_random_numbers(run_tiny):
+    """run.seed reached the plugins' RunInfo only: run.seed=0,1,2 trained three identical
+    runs recorded as three seeds. It is added to every job's seed."""
+    from accelopt.job import job_specs
+
+    cfg = OmegaConf.create({"run": {"seed": 5}, "workload": {"jobs": [
+        {"name": "a", "model": "mlp", "batch_size": 8, "iterations": 2, "seed": 1},
+        {"name": "b", "model": "mlp", "batch_size": 8, "iterations": 2}]}})
+    assert [s.seed for s in job_specs(cfg)] == [6, 5]
+    assert [s.seed for s in job_specs(cfg)] == [6, 5]  # the cached specs stay unseeded
+    zero, one, again = (run_tiny(overrides=[f"run.seed={seed}", "cluster.mode=none"]).jobs[0]
+                        .losses for seed in (0, 1, 1))
+    assert zero != one and one == again
+
+
 @pytest.mark.parametrize("name", ["../../escape", "a/b", "..", ".hidden", "", "tab\there"])
 def test_a_job_name_that_would_write_outside_its_files_is_refused(name):
     """The name is part of ``weights/<id>.pt``, the checkpoint and a service's job

@@ -45,20 +45,34 @@ an OmegaConf merge of ~0.04-0.1 s each time, on the command's start-up and its o
 
 
 def job_specs(cfg: DictConfig | Any) -> list[JobConfig]:
-    """The workload's explicit jobs followed by its generated trace (if any), validated.
-    Each call returns specs of its own (copies): callers may change them."""
+    """The workload's explicit jobs followed by its generated trace (if any), validated,
+    each job's seed offset by ``run.seed``. Each call returns specs of its own (copies):
+    callers may change them."""
     workload = OmegaConf.to_container(cfg.workload, resolve=True)
     try:
         key = json.dumps(workload, sort_keys=True, default=repr)
     except TypeError:  # keys that do not sort (int beside str): type it every time
-        return _build_specs(workload)
+        return _run_seeded(_build_specs(workload), cfg)
     built = _BUILT.get(key)
     if built is None:
         built = _build_specs(workload)  # a ConfigError is raised each time, never kept
         if len(_BUILT) >= 16:
             _BUILT.clear()
         _BUILT[key] = built
-    return copy.deepcopy(built)
+    return _run_seeded(copy.deepcopy(built), cfg)
+
+
+def _run_seeded(specs: list[JobConfig], cfg: DictConfig | Any) -> list[JobConfig]:
+    """``run.seed`` added to every job's own seed (its weights, data order, dropout), so
+    ``run.seed=0,1,2`` repeats a workload with other random numbers: it used to reach the
+    plugins' RunInfo only, and three "seeds" trained alike. A generated trace's arrivals
+    and lengths keep ``workload.generate.seed`` (they define the workload)."""
+    run = cfg.get("run") if isinstance(cfg, DictConfig) else getattr(cfg, "run", None)
+    offset = int((run.get("seed") if isinstance(run, DictConfig) else getattr(run, "seed", 0))
+                 or 0) if run is not None else 0
+    for spec in specs:
+        spec.seed += offset
+    return specs
 
 
 def _build_specs(workload_container: Any) -> list[JobConfig]:
