@@ -3,6 +3,7 @@ the ``tiny`` workload (no mocks of the runtime)."""
 
 from __future__ import annotations
 
+import collections
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -278,6 +279,42 @@ def test_a_plugin_that_keeps_the_jobs_layers_fails_the_retention_check(tmp_path:
 
     spec = make_spec(Hoarder)
     with pytest.raises(AssertionError, match=r"still holds a model/layer \(\w+\) at Hoarder.layers\[0\]"):
+        check_no_retained_job_state(spec, check_run(spec, tmp_path))
+
+
+class _Slotted:
+    __slots__ = ("held",)
+
+    def __init__(self) -> None:
+        self.held: Any = None
+
+
+class _Box:
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+
+@pytest.mark.parametrize("keep, where", [
+    (lambda m: collections.deque([m]), r"\.kept\[0\]"),
+    (lambda m: setattr(slotted := _Slotted(), "held", m) or slotted, r"\.kept\.held"),
+    (lambda m: (lambda: m), r"\.kept<closure m>"),
+    (lambda m: _Box(_Box(_Box(_Box([m])))), r"\.kept\.inner\.inner\.inner\.inner\[0\]"),
+])
+def test_the_retention_check_sees_a_model_kept_in_any_container(tmp_path: Path, keep: Any,
+                                                                 where: str) -> None:
+    """A model kept in a deque, a __slots__ object, a closure or five levels deep passed
+    the check (only dicts, lists, dataclasses and attributes four deep were walked)."""
+    class Keeper(Counter):
+        def __init__(self, config: Any) -> None:
+            super().__init__(config)
+            self.kept: Any = None
+
+        @hookimpl
+        def accelopt_job_built(self, run: Any, job: Any) -> None:
+            self.kept = keep(job.model)
+
+    spec = make_spec(Keeper)
+    with pytest.raises(AssertionError, match=rf"still holds a model/layer \(\w+\) at Keeper{where}"):
         check_no_retained_job_state(spec, check_run(spec, tmp_path))
 
 

@@ -15,10 +15,13 @@ or as a base class, which gives one pytest test per check::
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import dataclasses
 import difflib
 import gc
 import inspect
+import types
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
@@ -316,7 +319,8 @@ def check_no_retained_job_state(spec: PluginSpec, instances: list[object]) -> No
     owns (e.g. error-feedback residuals) are allowed."""
     gc.collect()
     for instance in instances:
-        found = _find_job_state(instance, f"{type(instance).__name__}", depth=4, seen=set())
+        found = _find_job_state(instance, f"{type(instance).__name__}", depth=RETENTION_DEPTH,
+                                seen=set())
         if found is not None:
             path, kind = found
             raise AssertionError(
@@ -326,10 +330,16 @@ def check_no_retained_job_state(spec: PluginSpec, instances: list[object]) -> No
             )
 
 
+RETENTION_DEPTH = 8
+"""How many references deep the retention check follows from the plugin object."""
+RETENTION_NODES = 200_000
+"""How many objects it visits at most (a plugin holding a large table of numbers)."""
+
+
 def _find_job_state(obj: Any, path: str, depth: int, seen: set[int]) -> tuple[str, str] | None:
     import torch
 
-    if id(obj) in seen:
+    if id(obj) in seen or len(seen) >= RETENTION_NODES:
         return None
     seen.add(id(obj))
     if isinstance(obj, torch.nn.Module):
@@ -340,8 +350,9 @@ def _find_job_state(obj: Any, path: str, depth: int, seen: set[int]) -> tuple[st
         if isinstance(obj, torch.nn.Parameter) or obj.requires_grad:
             return path, "a job's parameter or autograd tensor"
         return None
-    if depth == 0 or isinstance(obj, (str, bytes, int, float, bool, type(None))):
-        return None
+    if depth == 0 or isinstance(obj, (str, bytes, int, float, bool, type(None), type,
+                                      types.ModuleType)):
+        return None  # a class or a module is shared code, not the plugin's state
     for key, child in _children(obj):
         found = _find_job_state(child, f"{path}{key}", depth - 1, seen)
         if found is not None:
@@ -350,18 +361,40 @@ def _find_job_state(obj: Any, path: str, depth: int, seen: set[int]) -> tuple[st
 
 
 def _children(obj: Any) -> Iterator[tuple[str, Any]]:
+    """What ``obj`` refers to, each with the path a user would write to reach it: the items
+    of a container (a deque too), an object's attributes and ``__slots__``, what a closure
+    closed over, a bound method's object."""
     if isinstance(obj, dict):
         for key, value in list(obj.items()):
             yield f"[{key!r}]", value
-    elif isinstance(obj, (list, tuple, set, frozenset)):
+    elif isinstance(obj, (list, tuple, set, frozenset, collections.deque)):
         for index, value in enumerate(list(obj)):
             yield f"[{index}]", value
     elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         for field in dataclasses.fields(obj):
             yield f".{field.name}", getattr(obj, field.name, None)
-    elif hasattr(obj, "__dict__") and not isinstance(obj, type):
-        for key, value in list(vars(obj).items()):
-            yield f".{key}", value
+    elif types.FunctionType is type(obj):  # a lambda or closure: what it closed over
+        for name, cell in zip(obj.__code__.co_freevars, obj.__closure__ or (), strict=False):
+            with contextlib.suppress(ValueError):  # an empty cell
+                yield f"<closure {name}>", cell.cell_contents
+    elif isinstance(obj, types.MethodType):
+        yield ".__self__", obj.__self__
+    else:
+        if hasattr(obj, "__dict__"):
+            for key, value in list(vars(obj).items()):
+                yield f".{key}", value
+        for name in _slot_names(type(obj)):
+            if hasattr(obj, name):
+                yield f".{name}", getattr(obj, name)
+
+
+def _slot_names(cls: type) -> list[str]:
+    """Every ``__slots__`` name of ``cls`` and its bases."""
+    names: list[str] = []
+    for base in cls.__mro__:
+        slots = base.__dict__.get("__slots__", ())
+        names += [slots] if isinstance(slots, str) else [s for s in slots if s != "__dict__"]
+    return names
 
 
 # --- pytest base class ---------------------------------------------------------------------
