@@ -267,6 +267,18 @@ def test_a_plugin_that_raises_fails_naming_plugin_and_hook(tmp_path: Path) -> No
         check_run(make_spec(Raising), tmp_path)
 
 
+def test_a_plugin_that_makes_the_loss_diverge_fails_the_run_check(tmp_path: Path) -> None:
+    """Jobs ran to "done" with a loss of nan under it, and the run check passed."""
+    class Poisons(Counter):
+        @hookimpl
+        def accelopt_after_forward(self, context: IterationContext, loss: Any) -> Any:
+            return loss * float("nan")
+
+    with pytest.raises(AssertionError, match=r"plugin 'counter': under it the loss of "
+                       r"tiny-mlp, tiny-cnn \(the 'tiny' workload\) is not finite from loss 1"):
+        check_run(make_spec(Poisons), tmp_path)
+
+
 def test_a_plugin_that_keeps_the_jobs_layers_fails_the_retention_check(tmp_path: Path) -> None:
     class Hoarder(Counter):
         def __init__(self, config: Any) -> None:

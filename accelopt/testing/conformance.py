@@ -291,6 +291,13 @@ def _check_jobs_done(name: str, where: str, record: RunRecord) -> None:
             f"plugin '{name}': {len(unfinished)} of {len(record.jobs)} jobs of {where} did "
             f"not finish ({details})"
         )
+    diverged = [job for job in record.jobs if job.diverged_at is not None]
+    if diverged:  # "done", with a loss of nan: what the run's summary flags, the kit too
+        raise AssertionError(
+            f"plugin '{name}': under it the loss of {', '.join(j.job.name for j in diverged)} "
+            f"({where}) is not finite from loss {diverged[0].diverged_at} of "
+            f"{len(diverged[0].losses)} on (the workload trains without it)"
+        )
 
 
 def _check_reported(name: str, record: RunRecord) -> None:
