@@ -139,10 +139,16 @@ def test_an_existing_directory_is_not_overwritten(
     assert [p.name for p in target.iterdir()] == ["keep.txt"]
 
 
-def test_an_installed_plugin_name_is_refused(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize("name, words", [
+    ("noop", "already installed"),
+    # the generated tests crashed: the kit's HookRecorder is added under that name
+    ("hook_recorder", "reserved for accelopt.testing's HookRecorder"),
+])
+def test_an_installed_or_reserved_plugin_name_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str, words: str
 ) -> None:
     with pytest.raises(SystemExit) as info:
-        main(["new-plugin", "noop", "--dir", str(tmp_path)])
+        main(["new-plugin", name, "--dir", str(tmp_path)])
     assert info.value.code == 2
-    assert "already installed" in capsys.readouterr().err
+    assert words in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())

@@ -94,6 +94,11 @@ def check_name(name: str) -> None:
             f"plugin name {name!r} must be a Python identifier (letters, digits and "
             f"underscores, starting with a letter){hint}"
         )
+    from accelopt.testing.recorder import RECORDER_NAME
+
+    if name == RECORDER_NAME:  # the generated tests would fail to add the plugin beside it
+        raise UserError(f"plugin name '{name}' is reserved for accelopt.testing's HookRecorder; "
+                        "choose another NAME")
     installed = Registry.discover(autoload=True).entry_points.get(name)
     if installed is not None:
         raise UserError(
