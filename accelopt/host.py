@@ -93,7 +93,7 @@ class PluginHost:
             self.pm.check_pending()
         except pluggy.PluginValidationError as exc:  # a method named like no hook
             raise _unknown_hook(self.pm, exc) from None
-        _refuse_defaulted_arguments(self.pm)
+        _refuse_implementations_never_run(self.pm)
         self.trace: HookTrace | None = None
         """When a list: every call appends its hook, start and end (:data:`HookTrace`; the
         run's ``hooks`` timeline track)."""
@@ -512,21 +512,34 @@ def _unknown_hook(pm: pluggy.PluginManager,
         f"plugin '{plugin}' implements {method}, which is not an accelopt hook{hint}")
 
 
-def _refuse_defaulted_arguments(pm: pluggy.PluginManager) -> None:
-    """An implementation that gives a hook's argument a default never receives it: pluggy
-    passes only the arguments named without defaults, so it always sees the default, in
-    silence. One line naming the plugin, the hook and the argument."""
+def _refuse_implementations_never_run(pm: pluggy.PluginManager) -> None:
+    """Implementations pluggy accepts but that would do nothing, in silence, each refused in
+    one line naming the plugin and the hook: one giving a hook's argument a default (pluggy
+    passes only the arguments named without defaults: it always sees the default); an
+    ``async def`` or a generator that is no wrapper (the core calls hooks synchronously:
+    calling one only makes a coroutine or a generator, and its body never runs)."""
     for hook in dir(pm.hook):
         caller = getattr(pm.hook, hook)
         if not hook.startswith(f"{pm.project_name}_") or caller.spec is None:
             continue
         for impl in caller.get_hookimpls():
+            where = f"plugin '{impl.plugin_name}': {hook}"
             defaulted = [a for a in impl.kwargnames if a in caller.spec.argnames]
             if defaulted:
                 raise PluginResolutionError(
-                    f"plugin '{impl.plugin_name}': {hook} gives argument '{defaulted[0]}' a "
-                    "default, so the hook never passes it (it always sees the default); "
-                    f"remove the default ({HOOK_DOCS})")
+                    f"{where} gives argument '{defaulted[0]}' a default, so the hook never "
+                    f"passes it (it always sees the default); remove the default ({HOOK_DOCS})")
+            function = impl.function
+            if inspect.iscoroutinefunction(function) or inspect.isasyncgenfunction(function):
+                raise PluginResolutionError(
+                    f"{where} is async: hooks are called synchronously and a coroutine is "
+                    f"never awaited, so its body would never run; make it a plain def "
+                    f"({HOOK_DOCS})")
+            if inspect.isgeneratorfunction(function) and not _wraps(impl):
+                raise PluginResolutionError(
+                    f"{where} is a generator (it yields), so its body would never run; "
+                    f"return its answer, or mark it @hookimpl(wrapper=True) if it wraps the "
+                    f"other plugins' calls ({HOOK_DOCS})")
 
 
 def _wraps(impl: Any) -> bool:

@@ -129,6 +129,16 @@ DEFAULTED_ARGUMENT = PluginSpec(name="defaulted_arg", factory=lambda c: Defaulte
                                 description="gives a hook argument a default (test)")
 
 
+class AsyncHook:
+    @hookimpl
+    async def accelopt_iteration_end(self, context: Any, result: Any) -> None:
+        """A coroutine: calling it runs nothing."""
+
+
+ASYNC_HOOK = PluginSpec(name="async_hook", factory=lambda c: AsyncHook(),
+                        description="an async def hook (test)")
+
+
 class TimesTwo(nn.Module):
     """Wraps a Linear and doubles its output: a visible, checkable replacement."""
 

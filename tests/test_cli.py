@@ -332,11 +332,15 @@ def test_plugin_raising_names_plugin_and_hook(tmp_path):
     ("defaulted_arg", "plugin 'defaulted_arg': accelopt_iteration_end gives argument 'result' "
                       "a default, so the hook never passes it (it always sees the default); "
                       "remove the default (docs/hooks.md)"),
+    # ran as a coroutine never awaited: its body never ran, a RuntimeWarning the only sign
+    ("async_hook", "plugin 'async_hook': accelopt_iteration_end is async: hooks are called "
+                   "synchronously and a coroutine is never awaited"),
 ])
 def test_a_plugin_pluggy_refuses_is_one_line_before_anything_runs(tmp_path, plugin, message):
     result = accelopt("run", *TINY, f"+plugins=[{plugin}]", cwd=tmp_path,
                       ACCELOPT_PLUGINS="plugins_for_tests:MISSPELLED,"
-                      "plugins_for_tests:EXTRA_ARGUMENT,plugins_for_tests:DEFAULTED_ARGUMENT")
+                      "plugins_for_tests:EXTRA_ARGUMENT,plugins_for_tests:DEFAULTED_ARGUMENT,"
+                      "plugins_for_tests:ASYNC_HOOK")
     assert result.returncode == 2, result.stderr
     assert result.stderr.startswith(f"error: {message}"), result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
