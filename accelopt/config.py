@@ -179,11 +179,38 @@ def register_plugin_configs(specs: list[Any]) -> None:
     so ``+plugins=[a,b]`` selects them and ``plugins.a.key=value`` is type-checked."""
     cs = ConfigStore.instance()
     for spec in specs:
+        untyped = untyped_fields(spec.config)
+        if untyped:  # OmegaConf takes Any, and then checks nothing a user gives it
+            raise PluginResolutionError(invalid_schema(spec.name, spec.config, TypeError(
+                f"field '{untyped[0]}' is Any: a value of any type would pass unchecked")))
         try:
             cs.store(group="plugins", name=spec.name, node=spec.config,
                      package=f"plugins.{spec.name}")
         except Exception as exc:  # omegaconf's ValidationError: a field type it cannot hold
             raise PluginResolutionError(invalid_schema(spec.name, spec.config, exc)) from None
+
+
+def untyped_fields(config_type: Any, prefix: str = "") -> list[str]:
+    """The fields of a config dataclass (nested ones too) typed ``Any`` or
+    ``Optional[Any]``: what OmegaConf accepts without checking the values given."""
+    import dataclasses
+    import typing
+
+    if not (isinstance(config_type, type) and dataclasses.is_dataclass(config_type)):
+        return []
+    try:
+        hints = typing.get_type_hints(config_type)
+    except Exception:  # noqa: BLE001 - an annotation that does not resolve: OmegaConf says
+        return []
+    out: list[str] = []
+    for f in dataclasses.fields(config_type):
+        hint = hints.get(f.name)
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if hint is Any or (typing.get_origin(hint) is typing.Union and args == [Any]):
+            out.append(f"{prefix}{f.name}")
+        else:
+            out += untyped_fields(hint, f"{prefix}{f.name}.")
+    return out
 
 
 def invalid_schema(name: str, config_type: type, exc: BaseException) -> str:

@@ -408,6 +408,15 @@ SET_CONFIG = PluginSpec(name="setcfg", factory=lambda c: object(), config=SetCon
                         description="a config field OmegaConf cannot hold (test)")
 
 
+@dataclass
+class AnyConfig:
+    anything: Any = None  # OmegaConf takes it, and checks nothing
+
+
+ANY_CONFIG = PluginSpec(name="anycfg", factory=lambda c: object(), config=AnyConfig,
+                        description="a config field typed Any (test)")
+
+
 class CliMischief:
     """Contributes commands named like core ones, and one whose body raises."""
 

@@ -185,6 +185,11 @@ def test_resolution_either_satisfies_every_constraint_or_explains(data):
      "error: plugin 'setcfg': SetConfig is not a valid OmegaConf schema (Unexpected type "
      "annotation: set); use int, float, str, bool, Enum, Optional[...], list[...], "
      "dict[str, ...] or nested dataclasses for its fields"),
+    # accepted (any value passed unchecked) where the plugin guide says it is refused
+    ("ANY_CONFIG", "anycfg", 2,
+     "error: plugin 'anycfg': AnyConfig is not a valid OmegaConf schema (field 'anything' is "
+     "Any: a value of any type would pass unchecked); use int, float, str, bool, Enum, "
+     "Optional[...], list[...], dict[str, ...] or nested dataclasses for its fields"),
 ])
 def test_a_plugin_that_cannot_be_built_is_one_line_naming_it(tmp_path, ref, name, code, line):
     """A raising factory or a config type OmegaConf cannot hold: one line naming the plugin

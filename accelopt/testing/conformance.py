@@ -94,7 +94,10 @@ def check_config(spec: PluginSpec) -> None:
         OmegaConf.structured(config_type)
     except Exception as exc:
         raise AssertionError(invalid_schema(name, config_type, exc)) from exc
-    register_plugin_configs([spec])
+    try:
+        register_plugin_configs([spec])
+    except PluginResolutionError as exc:  # a field typed Any: what a run refuses
+        raise AssertionError(str(exc)) from exc
     try:
         node = ConfigStore.instance().load(config_path=f"plugins/{name}.yaml")
     except Exception as exc:
