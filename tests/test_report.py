@@ -167,6 +167,30 @@ def test_chrome_trace_is_valid_and_tracks_are_named(tmp_path: Path) -> None:
     assert len(counters) == 6 and all("value" in e["args"] for e in counters)
 
 
+def test_complete_events_of_one_thread_nest_as_viewers_require() -> None:
+    """Transfers in flight together on one link overlapped on one thread; Perfetto drops
+    complete events that overlap without nesting, and showed a fraction of a link's
+    transfers. Overlapping ones go to sub-threads; nested ones and ones in turn stay."""
+    record = RunRecord(info=RunInfo("runs/x", "cpu", (), (), 0), spans=[
+        Span("w", "link 1->0", 0.0, 4.0, category="comm", process="rank 1"),
+        Span("b", "link 1->0", 1.0, 5.0, category="comm", process="rank 1"),  # overlaps w
+        Span("c", "link 1->0", 2.0, 3.0, category="comm", process="rank 1"),  # inside w
+        Span("d", "link 1->0", 4.5, 6.0, category="comm", process="rank 1"),  # after w
+        Span("e", "link 1->0", 5.5, 7.0, category="comm", process="rank 1"),  # overlaps d
+    ])
+    events = chrome_trace(record)["traceEvents"]
+    names = {e["tid"]: e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+    thread = {e["name"]: names[e["tid"]] for e in events if e["ph"] == "X"}
+    assert thread == {"w": "link 1->0", "b": "link 1->0 #2", "c": "link 1->0",
+                      "d": "link 1->0", "e": "link 1->0 #2"}
+    by_thread: dict[int, list[tuple[float, float]]] = {}
+    for e in (e for e in events if e["ph"] == "X"):
+        by_thread.setdefault(e["tid"], []).append((e["ts"], e["ts"] + e["dur"]))
+    for spans in by_thread.values():  # every pair in one thread: apart, or one inside the other
+        for (_, a1), (b0, b1) in ((x, y) for x in spans for y in spans if x < y):
+            assert a1 <= b0 or b1 <= a1, spans
+
+
 def test_plot_timeline_without_spans(tmp_path: Path) -> None:
     record = RunRecord(info=RunInfo("runs/empty", "cpu", (), (), 0))
     out = plot_timeline(record, tmp_path / "t.png")

@@ -2,7 +2,8 @@
 ``chrome://tracing``.
 
 Format reference: "Trace Event Format" (Google doc linked from the Catapult project). Each
-``Span.process`` becomes a process and each ``(process, track)`` a thread; numeric ids are
+``Span.process`` becomes a process and each ``(process, track)`` a thread (more than one
+where spans of the track overlap without nesting: see :func:`_threads`); numeric ids are
 given in order of first appearance so the same record always yields the same file (diffable,
 testable).
 """
@@ -27,13 +28,48 @@ def _meta(kind: str, pid: int, tid: int, **args: Any) -> dict[str, Any]:
     return {"name": kind, "ph": "M", "pid": pid, "tid": tid, "args": args}
 
 
-def _assign_ids(record: RunRecord) -> tuple[dict[str, int], dict[tuple[str, str], int]]:
-    """pid per process and tid per (process, track), numbered from 1 by first appearance."""
+def _threads(record: RunRecord) -> list[str]:
+    """The thread each span is drawn on: its track, or, where it overlaps a span of its track
+    without nesting in it (transfers in flight together on one link), ``"<track> #2"`` and
+    on. Complete events of one thread must nest: viewers drop the ones that do not
+    (Perfetto counts them as ``slice_drop_overlapping_complete_event``), and a link track
+    showed a fraction of its transfers."""
+    threads = [span.track for span in record.spans]
+    by_track: dict[tuple[str, str], list[int]] = {}
+    for index, span in enumerate(record.spans):
+        by_track.setdefault((span.process, span.track), []).append(index)
+    for (_, track), indices in by_track.items():
+        lanes: list[list[float]] = []  # each lane's stack of open spans' ends
+        for index in sorted(indices, key=lambda i: (record.spans[i].start_s,
+                                                    -record.spans[i].end_s, i)):
+            span = record.spans[index]
+            number = _lane(lanes, span.start_s, max(span.start_s, span.end_s))
+            threads[index] = track if number == 0 else f"{track} #{number + 1}"
+    return threads
+
+
+def _lane(lanes: list[list[float]], start: float, end: float) -> int:
+    """The first lane where a span ``[start, end]`` (spans come by start) follows the lane's
+    spans or nests inside an open one; a new lane if none. Each lane is the stack of its
+    open spans' ends, and takes this one's."""
+    for number, stack in enumerate(lanes):
+        while stack and stack[-1] <= start:
+            stack.pop()
+        if not stack or end <= stack[-1]:
+            stack.append(end)
+            return number
+    lanes.append([end])
+    return len(lanes) - 1
+
+
+def _assign_ids(record: RunRecord, threads: list[str]
+                ) -> tuple[dict[str, int], dict[tuple[str, str], int]]:
+    """pid per process and tid per (process, thread), numbered from 1 by first appearance."""
     pids: dict[str, int] = {}
     tids: dict[tuple[str, str], int] = {}
-    for span in record.spans:
+    for span, thread in zip(record.spans, threads, strict=True):
         pids.setdefault(span.process, len(pids) + 1)
-        tids.setdefault((span.process, span.track), len(tids) + 1)
+        tids.setdefault((span.process, thread), len(tids) + 1)
     return pids, tids
 
 
@@ -52,10 +88,11 @@ def _metadata_events(
 
 
 def _span_events(
-    record: RunRecord, pids: dict[str, int], tids: dict[tuple[str, str], int]
+    record: RunRecord, threads: list[str], pids: dict[str, int],
+    tids: dict[tuple[str, str], int]
 ) -> list[dict[str, Any]]:
     events = []
-    for span in record.spans:
+    for span, thread in zip(record.spans, threads, strict=True):
         events.append(
             {
                 "name": span.name,
@@ -64,9 +101,11 @@ def _span_events(
                 "ts": _us(span.start_s),
                 # A span that ends before it starts is a recording bug; show it as an instant
                 # rather than produce a negative duration that viewers silently drop.
-                "dur": _us(max(0.0, span.end_s - span.start_s)),
+                # (the end rounded, not the length: a span nested in another stays inside
+                # it to the nanosecond)
+                "dur": max(0.0, round(_us(span.end_s) - _us(span.start_s), 3)),
                 "pid": pids[span.process],
-                "tid": tids[(span.process, span.track)],
+                "tid": tids[(span.process, thread)],
                 "args": dict(span.args),
             }
         )
@@ -105,9 +144,10 @@ def chrome_trace(record: RunRecord) -> dict[str, Any]:
 def trace_document(record: RunRecord) -> dict[str, Any]:
     """:func:`chrome_trace` before non-finite numbers are replaced: for a writer that
     encodes it with :func:`~accelopt.report.metrics.finite_json` (one encoding, not two)."""
-    pids, tids = _assign_ids(record)
+    threads = _threads(record)
+    pids, tids = _assign_ids(record, threads)
     events = _metadata_events(pids, tids)
-    events += _span_events(record, pids, tids)
+    events += _span_events(record, threads, pids, tids)
     events += _counter_events(record, len(pids) + 1)
     return {
         "traceEvents": events,
