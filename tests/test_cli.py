@@ -452,10 +452,17 @@ def test_impossible_memory_budget_exits_nonzero_keeping_outputs(tmp_path):
 
 
 def test_plugins_command_lists_installed(tmp_path):
-    result = accelopt("plugins", "--json", cwd=tmp_path)
+    result = accelopt("plugins", "--json", cwd=tmp_path,
+                      ACCELOPT_PLUGINS="plugins_for_tests:LIFO")
     assert result.returncode == 0
     listed = {p["name"]: p for p in json.loads(result.stdout)}
     assert listed["noop"]["source"] == "accelopt_plugins.noop:PLUGIN"
+    # the source is where it loads from, the origin how: "(ACCELOPT_PLUGINS)" was in both,
+    # and printed twice
+    assert (listed["lifo"]["source"], listed["lifo"]["origin"]) == (
+        "plugins_for_tests:LIFO", "ACCELOPT_PLUGINS")
+    text = accelopt("plugins", cwd=tmp_path, ACCELOPT_PLUGINS="plugins_for_tests:LIFO").stdout
+    assert "  source: plugins_for_tests:LIFO (ACCELOPT_PLUGINS)" in text.splitlines()
 
 
 def test_matrix_json_and_hydra(tmp_path):

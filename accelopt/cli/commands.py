@@ -67,9 +67,8 @@ def _describe(spec, registry: Registry) -> dict:
         "requires": list(spec.requires),
         "conflicts": list(spec.conflicts),
         "order": order,
-        "source": (ep.value if ep is not None else
-                   f"{registry.named[spec.name]} ({EXPLICIT_PLUGINS_ENV})"
-                   if spec.name in registry.named else "added in code"),
+        # where it is loaded from; "origin" says how (built-in, a package, the variable)
+        "source": (ep.value if ep is not None else registry.named.get(spec.name, "added in code")),
         "origin": _origin(spec.name, registry),
     }
 
