@@ -55,6 +55,14 @@ def test_a_reference_set_that_cannot_run_is_refused_before_anything_trains(tmp_p
     assert ok.returncode == 0, ok.stderr  # the selection itself is fine
 
 
+def test_a_refused_run_leaves_nothing_in_the_working_directory(tmp_path):
+    """A refusal found once Hydra had made runs/<date>/<time> removed that directory but
+    left an empty runs/<date>/ behind."""
+    result = accelopt("run", *TINY, "run.compare=bogus", cwd=tmp_path)
+    assert result.returncode == 2 and "run.compare: 'bogus' is not one of" in result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_cluster_setting_a_one_process_run_cannot_use_is_said_where_the_run_is_read(
         tmp_path):
     result = accelopt("run", *TINY, "cluster.network.bandwidth=100mbit", cwd=tmp_path)

@@ -478,7 +478,21 @@ def remove_if_never_started(run_dir: Path) -> bool:
         run_dir.rmdir()
     except OSError:
         return False
+    _remove_empty_default_parents(run_dir)
     return True
+
+
+def _remove_empty_default_parents(run_dir: Path) -> None:
+    """The default ``runs/<date>/<time>``'s ``runs/<date>`` (and ``runs``) left empty by the
+    removal of a refused run's directory: a refused command leaves nothing behind."""
+    runs = (Path.cwd() / RUNS_DIR).resolve()
+    parent = run_dir.resolve().parent
+    while parent == runs or runs in parent.parents:
+        try:
+            parent.rmdir()  # only if empty: another run's directory keeps it
+        except OSError:
+            return
+        parent = parent.parent
 
 
 def run_hydra(args: list[str], registry: Registry, debug: bool) -> int:
