@@ -485,7 +485,10 @@ def remove_if_never_started(run_dir: Path) -> bool:
 def _remove_empty_default_parents(run_dir: Path) -> None:
     """The default ``runs/<date>/<time>``'s ``runs/<date>`` (and ``runs``) left empty by the
     removal of a refused run's directory: a refused command leaves nothing behind."""
-    runs = (Path.cwd() / RUNS_DIR).resolve()
+    try:
+        runs = (Path.cwd() / RUNS_DIR).resolve()
+    except OSError:  # the working directory was the run directory, now removed
+        return
     parent = run_dir.resolve().parent
     while parent == runs or runs in parent.parents:
         try:
