@@ -171,6 +171,13 @@ def test_multirun_sweep_gives_every_run_its_metrics(tmp_path):
         (["run.threads=100000"], "run.threads must be in [0, 1024]"),
         (["+plugins=[salus]", "plugins.salus.threads=100000", "cluster.mode=none"],
          "plugins.salus.threads must be in [0, 1024]"),
+        # nan compares False with every bound: it crashed in a hook or trained in silence
+        (["+plugins=[salus]", "plugins.salus.headroom=nan", "cluster.mode=none"],
+         "plugins.salus.headroom must be a finite number >= 1.0"),
+        (["+plugins=[slide]", "plugins.slide.beta1=1.5", "cluster.mode=none"],
+         "plugins.slide.beta1 must be in [0, 1), got 1.5"),
+        (["+plugins=[slide]", "plugins.slide.lr=nan", "cluster.mode=none"],
+         "plugins.slide.lr must be a finite number > 0, got nan"),
         (["run.memory_capacity=abc"], "run.memory_capacity: cannot read 'abc'"),
         (["workload.jobs.0.arrival_s=-3"], "arrival_s must be >= 0"),
         (["workload.jobs.0.dataset=nope"], "unknown dataset 'nope'"),

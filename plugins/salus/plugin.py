@@ -16,6 +16,7 @@ How SALUS maps onto the core (see README.md):
 from __future__ import annotations
 
 import json
+import math
 import threading
 from collections import defaultdict
 from collections.abc import Sequence
@@ -136,9 +137,11 @@ class SalusPlugin:
         if not 0 <= config.threads <= MAX_THREADS:
             raise ConfigError(f"plugins.salus.threads must be in [0, {MAX_THREADS}] (0 = auto; "
                               f"this machine has {usable_cores()} cores); got {config.threads}")
-        if config.headroom < 1.0 or config.persistent_headroom < 1.0:
-            raise ConfigError("plugins.salus.headroom and persistent_headroom must be >= 1.0 "
-                              "(they only ever add safety margin)")
+        for key in ("headroom", "persistent_headroom"):  # nan compares False: checked apart
+            value = float(getattr(config, key))
+            if not (math.isfinite(value) and value >= 1.0):
+                raise ConfigError(f"plugins.salus.{key} must be a finite number >= 1.0 (it "
+                                  f"only ever adds safety margin), got {value}")
         if config.capacity:
             self.capacity = parse_bytes(str(config.capacity), "plugins.salus.capacity")
             if self.capacity <= 0:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 from typing import Optional
 
@@ -116,8 +117,13 @@ def validate(cfg: SlideConfig) -> None:
         raise ConfigError("plugins.slide.change_threshold must be in [0, 1]")
     if cfg.rebuild_growth < 1.0:
         raise ConfigError("plugins.slide.rebuild_growth must be >= 1 (gaps grow over time)")
-    if cfg.lr is not None and cfg.lr <= 0:
-        raise ConfigError(f"plugins.slide.lr must be > 0, got {cfg.lr}")
+    if cfg.lr is not None and not (math.isfinite(cfg.lr) and cfg.lr > 0):  # nan: not > 0
+        raise ConfigError(f"plugins.slide.lr must be a finite number > 0, got {cfg.lr}")
+    for key in ("beta1", "beta2"):  # Adam's moment decays: 1 or more never forgets
+        if not 0.0 <= float(getattr(cfg, key)) < 1.0:
+            raise ConfigError(f"plugins.slide.{key} must be in [0, 1), got {getattr(cfg, key)}")
+    if not (math.isfinite(cfg.eps) and cfg.eps > 0):  # 0 divides by a zero second moment
+        raise ConfigError(f"plugins.slide.eps must be a finite number > 0, got {cfg.eps}")
     if cfg.threshold >= cfg.l and cfg.sampling == "threshold":
         raise ConfigError(f"plugins.slide.threshold must be < l ({cfg.l}) or nothing is retrieved")
 
