@@ -178,6 +178,10 @@ def test_multirun_sweep_gives_every_run_its_metrics(tmp_path):
          "plugins.slide.beta1 must be in [0, 1), got 1.5"),
         (["+plugins=[slide]", "plugins.slide.lr=nan", "cluster.mode=none"],
          "plugins.slide.lr must be a finite number > 0, got nan"),
+        # found when the first conv job was profiled, the line blaming the model's inputs
+        (["+plugins=[gpu_kernels]", "plugins.gpu_kernels.conv_autotune=true",
+          "plugins.gpu_kernels.conv_cache=/proc/nope/x.json", "cluster.mode=none"],
+         "; give plugins.gpu_kernels.conv_cache a path you can write"),
         (["run.memory_capacity=abc"], "run.memory_capacity: cannot read 'abc'"),
         (["workload.jobs.0.arrival_s=-3"], "arrival_s must be >= 0"),
         (["workload.jobs.0.dataset=nope"], "unknown dataset 'nope'"),

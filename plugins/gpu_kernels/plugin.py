@@ -28,6 +28,7 @@ import copy
 import dataclasses
 import statistics
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -65,6 +66,7 @@ from accelopt import (
     hookimpl,
     isolated_rng,
 )
+from accelopt.atomic import refuse_unwritable
 from accelopt.types import INERT
 
 
@@ -194,6 +196,12 @@ class GpuKernelsPlugin:
                 f"plugins.gpu_kernels.prune_at_iteration={config.prune_at_iteration} needs a "
                 f"single-process run (cluster.mode={mode}: ranks would disagree on the "
                 "parameters); use cluster.mode=none or prune_at_iteration=0")
+        if config.conv_autotune and config.conv_cache:
+            # an unwritable cache failed the first conv job's profiling step, the line
+            # blaming the model's inputs
+            refuse_unwritable(Path(str(config.conv_cache)).expanduser().parent,
+                              "give plugins.gpu_kernels.conv_cache a path you can write, or "
+                              "conv_cache='' to keep the decisions in memory")
 
     def _tuner(self) -> ConvAutotuner:
         if self.tuner is None:
