@@ -202,8 +202,9 @@ class Service:
     def _job_finished(self, job: Job, result: JobResult) -> None:
         job_dir = self.root / "jobs" / job.info.job_id
         job_dir.mkdir(parents=True, exist_ok=True)
-        document = {"job": job_metrics(result), "losses": result.losses,
-                    "lanes_note": self.plugin.lanes_note()}
+        # the state `accelopt status` shows: a cancelled job is no failure of its own
+        document = {"job": {**job_metrics(result), "status": _ended_state(result)},
+                    "losses": result.losses, "lanes_note": self.plugin.lanes_note()}
         tmp = job_dir / "job.json.tmp"
         tmp.write_text(json.dumps(document, indent=1, default=str))
         tmp.replace(job_dir / "job.json")
@@ -213,11 +214,9 @@ class Service:
     def status(self) -> dict[str, Any]:
         jobs = []
         for info, result, busy in self.executor.snapshot():
-            state = result.status
+            state = _ended_state(result)
             if state == "pending":
                 state = "running" if busy else ("admitted" if result.lane else "waiting")
-            if result.status == "failed" and CANCELLED in result.error:
-                state = "cancelled"
             profile = info.profile
             jobs.append({
                 "id": info.job_id, "name": info.name, "model": info.model,
@@ -413,3 +412,11 @@ def _last_job_number(jobs: Path) -> int:
     numbers = [int(head) for head, _, _ in (p.name.partition("-") for p in jobs.glob("*-*"))
                if head.isdigit()] if jobs.is_dir() else []
     return max(numbers, default=0)
+
+
+def _ended_state(result: JobResult) -> str:
+    """A job's status as the service reports it, in ``status`` and in its ``job.json``:
+    ``cancelled`` for a job a user cancelled (the executor records it as failed)."""
+    if result.status == "failed" and CANCELLED in result.error:
+        return "cancelled"
+    return result.status
