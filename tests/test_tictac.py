@@ -370,6 +370,47 @@ def test_cli_command_end_to_end(capsys):
     assert "net.1.weight" in out and "tac:" in out
 
 
+@pytest.mark.parametrize("args, words", [
+    (["model=resnet50", "batch=abc"], "batch must be a whole number >= 1, got 'abc'"),
+    (["model=resnet50", "batch=-4"], "batch must be a whole number >= 1"),  # torch's error
+    (["model=resnet50", "a=0"], r"a \(Mc/Pc, .*\) must be a number > 0"),  # 1/0
+    (["model=resnet50", "a=-1"], "must be a number > 0"),  # a nan efficiency, exit 0
+    (["model=resnet50", "kind=bogus"], "kind must be one of infer, train"),  # inference
+    (["workload=tiny", "plugins.tictac.force=maybe"], "is not a bool"),  # read as false
+    (["workload=tiny", "batch=3"], "batch goes with model=NAME"),  # ignored
+    (["workload=tiny", "job=tiny-cmn"], "no job 'tiny-cmn'; did you mean 'tiny-cnn'?"),
+    (["model=alexnet", "plugins.tictac.heuristic=off"], "heuristic=off has no order"),
+])
+def test_cli_bad_arguments_are_one_line(args, words, capsys):
+    """Each of these crashed with a raw error (exit 1), or printed a plan of something else
+    with exit 0."""
+    from accelopt.cli.main import dispatch
+
+    with pytest.raises(UserError, match=words) as info:
+        dispatch(["tictac", "order", *args], False)
+    assert "\n" not in str(info.value)
+
+
+def test_cli_priority_prints_the_order_it_ranks_by_and_names_the_job_it_planned(capsys):
+    """heuristic=priority raised "unknown baseline"; a workload's first job was planned
+    alone, the others dropped without a word."""
+    from accelopt.cli.main import dispatch
+
+    assert dispatch(["tictac", "order", "model=alexnet", "plugins.tictac.heuristic=priority"],
+                    False) == 0
+    assert "# order (priority: ranked by tac)" in capsys.readouterr().out
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert dispatch(["tictac", "order", "workload=tiny", "plugins.tictac.oracle_runs=1"],
+                        False) == 0
+        first = capsys.readouterr().out.splitlines()[0]
+        assert first == ("# the workload has 2 jobs; this is the first, tiny-mlp (pick "
+                         "another with job=NAME: tiny-cnn)")
+        assert dispatch(["tictac", "order", "workload=tiny", "job=tiny-cnn",
+                         "plugins.tictac.oracle_runs=1"], False) == 0
+    assert capsys.readouterr().out.startswith("# cnn-")
+
+
 def test_plan_json_round_trip(tmp_path):
     plan = plan_meta("alexnet", batch=8, kind="infer")
     plan.add("tac")

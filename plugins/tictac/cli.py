@@ -9,17 +9,22 @@ pick one of the paper's meta-device models, anything else (``workload=tiny``,
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 from typing import Any
 
-from accelopt_plugins.tictac.config import TictacConfig
+from accelopt_plugins.tictac.config import EXECUTIONS, ORDERED_BY, TictacConfig
+from accelopt_plugins.tictac.order import HEURISTICS
 
 from accelopt import UserError
+from accelopt.errors import did_you_mean, listed
 
-USAGE = ("usage: accelopt tictac order [workload=NAME | model=resnet50|resnet152|inception_v3|"
-         "vgg16|alexnet batch=N kind=infer|train a=RATIO] [plugins.tictac.heuristic=tac] "
-         "[plugins.tictac.execution=eager|dataflow] [other run overrides]")
-META_KEYS = ("model", "batch", "kind", "a")
+USAGE = ("usage: accelopt tictac order [workload=NAME [job=NAME] | model=resnet50|resnet152|"
+         "inception_v3|vgg16|alexnet batch=N kind=infer|train a=RATIO] "
+         "[plugins.tictac.heuristic=tac] [plugins.tictac.execution=eager|dataflow] "
+         "[other run overrides]")
+META_KEYS = ("model", "batch", "kind", "a", "job")
+KINDS = ("infer", "train")
 
 
 def order_command(argv: list[str]) -> int:
@@ -30,6 +35,30 @@ def order_command(argv: list[str]) -> int:
     plan = make_plan(config, meta, overrides)
     print_plan(plan, config.heuristic, sys.stdout)
     return 0
+
+
+def _meta_values(meta: dict[str, str]) -> tuple[int, str, float]:
+    """``batch``, ``kind`` and ``a`` of a meta-device model, checked: a batch of -4 was
+    torch's error, ``a=0`` a division by zero, ``a=-1`` a negative link rate and a NaN
+    efficiency printed with exit 0, ``kind=bogus`` planned as inference."""
+    try:
+        batch = int(meta.get("batch", 32))
+    except ValueError:
+        batch = 0
+    if batch < 1:
+        raise UserError(f"tictac order: batch must be a whole number >= 1, got "
+                        f"{meta.get('batch')!r}")
+    kind = meta.get("kind", "infer")
+    if kind not in KINDS:
+        raise UserError(f"tictac order: kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    try:
+        a = float(meta.get("a", 1.0))
+    except ValueError:
+        a = float("nan")
+    if not (math.isfinite(a) and a > 0):
+        raise UserError(f"tictac order: a (Mc/Pc, communication over computation) must be a "
+                        f"number > 0, got {meta.get('a')!r}")
+    return batch, kind, a
 
 
 def parse(args: list[str]) -> tuple[TictacConfig, dict[str, str], list[str]]:
@@ -51,18 +80,26 @@ def parse(args: list[str]) -> tuple[TictacConfig, dict[str, str], list[str]]:
             meta[key] = value
         else:
             overrides.append(arg)
-    if config.heuristic == "off":
-        raise UserError("tictac order: heuristic=off has no order to print; pick tac, tic, "
-                        "random, reverse or named")
+    if ORDERED_BY.get(config.heuristic, config.heuristic) not in HEURISTICS:
+        raise UserError(f"tictac order: heuristic={config.heuristic} has no order to print; "
+                        f"pick {', '.join(HEURISTICS)} or priority")
+    if config.execution not in EXECUTIONS:
+        raise UserError(f"tictac order: execution must be one of {', '.join(EXECUTIONS)}, got "
+                        f"{config.execution!r}")
     return config, meta, overrides
 
 
 def _convert(default: Any, value: str, key: str) -> Any:
+    """``value`` as the type of ``default``, as a run reads ``plugins.tictac.KEY`` (a bool
+    is true/false/yes/no/1/0: ``force=maybe`` read as false here and was refused there)."""
+    if isinstance(default, bool):
+        words = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
+        if value.lower() not in words:
+            raise UserError(f"tictac order: {key}={value!r} is not a bool (true or false)")
+        return words[value.lower()]
     try:
-        if isinstance(default, bool):
-            return value.lower() in ("1", "true", "yes")
         return type(default)(value)
-    except ValueError:
+    except (TypeError, ValueError):
         raise UserError(f"tictac order: {key}={value!r} is not a {type(default).__name__}") \
             from None
 
@@ -74,12 +111,20 @@ def make_plan(config: TictacConfig, meta: dict[str, str], overrides: list[str]) 
         if overrides:
             raise UserError(f"tictac order: model={meta['model']} is a meta-device model; "
                             f"drop the run overrides {overrides}")
+        if "job" in meta:
+            raise UserError("tictac order: job= picks a job of a workload; a meta-device "
+                            "model is one already")
+        batch, kind, a = _meta_values(meta)
         try:
-            return plan_meta(meta["model"], batch=int(meta.get("batch", 32)),
-                             kind=meta.get("kind", "infer"), a=float(meta.get("a", 1.0)),
+            return plan_meta(meta["model"], batch=batch, kind=kind, a=a,
                              execution=config.execution)  # type: ignore[arg-type]
         except KeyError as exc:
             raise UserError(f"tictac order: {exc.args[0]}") from None
+    given = [key for key in ("batch", "kind", "a") if key in meta]
+    if given:  # ignored in silence: the workload's job has its own
+        raise UserError(f"tictac order: {', '.join(given)} {'go' if len(given) > 1 else 'goes'}"
+                        " with model=NAME (a meta-device model); a workload's job has its own "
+                        "(set workload.jobs.N.KEY)")
     from accelopt_plugins.tictac.plugin import TictacPlugin
 
     from accelopt.cli.hydra_run import compose_checked
@@ -97,9 +142,18 @@ def make_plan(config: TictacConfig, meta: dict[str, str], overrides: list[str]) 
 
     plugin = TictacPlugin(config)
     plugin.accelopt_configure(config, cfg)
-    # a command line tool, not a run: it builds the workload's first job itself, as a
-    # worker of the configured cluster would see it (its rows of the first batch)
-    spec = job_specs(cfg)[0]
+    # a command line tool, not a run: it builds one job of the workload itself (job=NAME,
+    # else the first, saying so), as a worker of the configured cluster would see it (its
+    # rows of the first batch)
+    specs = job_specs(cfg)
+    names = [s.name for s in specs]
+    if "job" in meta and meta["job"] not in names:
+        raise UserError(f"tictac order: the workload has no job {meta['job']!r}"
+                        f"{did_you_mean(meta['job'], names)} (jobs: {listed(names, 8)})")
+    spec = specs[names.index(meta.get("job", names[0]))]
+    if len(specs) > 1 and "job" not in meta:
+        print(f"# the workload has {len(specs)} jobs; this is the first, {spec.name} (pick "
+              f"another with job=NAME: {listed(names[1:], 4)})")
     job = Job(spec, job_id=spec.name, device=torch.device("cpu"))
     mode = str(cfg.cluster.mode)
     workers = int(cfg.cluster.workers) if mode == "ps" else 1
@@ -124,17 +178,19 @@ def make_plan(config: TictacConfig, meta: dict[str, str], overrides: list[str]) 
 def print_plan(plan: Any, heuristic: str, out: Any) -> None:
     import random
 
-    order = plan.order_for(heuristic, random.Random(0))
+    ordered = ORDERED_BY.get(heuristic, heuristic)  # priority ranks by TAC's order
+    order = plan.order_for(ordered, random.Random(0))
     dag = plan.dag
     print(f"# {dag.model}: {len(dag.recvs)} parameter tensors, {len(dag.program)} compute ops, "
           f"{plan.execution} execution, link {plan.bytes_per_s / 1e6:.3f} MB/s, "
           f"a = Mc/Pc = {plan.ratio_a:.2f}", file=out)
-    print(f"# order ({heuristic}): priority, tensor, bytes", file=out)
+    how = heuristic if ordered == heuristic else f"{heuristic}: ranked by {ordered}"
+    print(f"# order ({how}): priority, tensor, bytes", file=out)
     for p, r in enumerate(order):
         print(f"{p:5d}  {dag.recv_names[r]}  {dag.nbytes[dag.recvs[r]]}", file=out)
     pred = plan.predict()
     print("# predicted makespan per heuristic (random: mean / p95 over 1000 orders)", file=out)
     for h, v in pred.items():
-        mark = "  <-" if h == heuristic else ""
+        mark = "  <-" if h == ordered else ""
         extra = f" / p95 {v['p95_s'] * 1e3:.3f} ms" if h == "random" else ""
         print(f"{h:>8}: {v['makespan_s'] * 1e3:.3f} ms{extra}  E = {v['E']:.3f}{mark}", file=out)
