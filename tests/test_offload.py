@@ -185,6 +185,18 @@ def test_plugin_in_a_real_run_reports_cpu_accounting(run_tiny):
     assert all(j.status == "done" for j in record.jobs)
 
 
+def test_a_job_nothing_was_offloaded_from_is_an_inert_row(run_tiny):
+    """policy=conv on an MLP offloads nothing: its row said "0.00 MiB ... (0%)" without
+    the inert mark, so run.compare credited it with the run-to-run difference."""
+    from accelopt.types import INERT
+
+    record = run_tiny(PLUGIN, overrides=["plugins.offload.policy=conv"])
+    rows = {r.metrics.get("job"): r for r in record.plugin_rows if r.plugin == "offload"}
+    assert rows["00-tiny-mlp"].metrics.get(INERT) == 1
+    assert "nothing offloaded" in rows["00-tiny-mlp"].summary
+    assert INERT not in rows["01-tiny-cnn"].metrics  # its convolutions' maps were offloaded
+
+
 def test_plugin_layers_option_offloads_only_matching_layers(run_tiny):
     record = run_tiny(PLUGIN, overrides=["plugins.offload.layers='^features'"])
     rows = {r.metrics.get("job"): r for r in record.plugin_rows if r.plugin == "offload"}

@@ -92,7 +92,10 @@ class OffloadPlugin:
                 "offloaded_fraction": round(share, 4), "prefetch_hit_rate": round(hit, 4),
                 "fetched_on_demand": s.fetched_on_demand,
             }
-            if cpu:
+            if off == 0:  # its policy matched no saved tensor: it changed nothing here
+                metrics[INERT] = 1
+                text += "; nothing offloaded, so this job ran as without the plugin"
+            elif cpu:
                 text += ("; on cpu this is accounting only: a CPU has no device memory to "
                          "save (these bytes would leave GPU memory)")
             elif torch.cuda.is_available():
