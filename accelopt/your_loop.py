@@ -97,7 +97,7 @@ def attach(
     console: Any = None,
 ) -> Attached:
     """Activate the plugins ``overrides`` select (``["+plugins=[offload]", "plugins.offload.
-    min_kib=64"]``, as on the command line) on ``model`` and return the handle the loop
+    policy=size"]``, as on the command line) on ``model`` and return the handle the loop
     reports to. ``example``: one ``(inputs, labels)`` batch, for plugins that look at the
     built job (``accelopt_job_built``: a pruning probe, a planner); required only when one
     does. ``name``, ``optimizer``, ``lr``, ``iterations``: what the plugins read from the

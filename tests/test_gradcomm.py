@@ -207,6 +207,8 @@ def test_threshold_mode_needs_a_positive_threshold():
      "plugins.gradcomm.topk_scope=bucket has no effect with sparsify=threshold"),
     ({"sparsify": "topk", "threshold": 0.5}, "plugins.gradcomm.threshold=0.5 has no effect "
                                              "with sparsify=topk"),
+    ({"factor_masking": False}, "plugins.gradcomm.factor_masking=False has no effect with "
+                                "sparsify=none (it is momentum correction's setting"),
 ])
 def test_a_setting_of_another_method_is_refused_not_ignored(settings, message):
     """``density=0.1`` without ``sparsify=topk`` ran dense, exit 0, the setting ignored."""

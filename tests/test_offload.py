@@ -210,6 +210,8 @@ def test_plugin_layers_option_offloads_only_matching_layers(run_tiny):
     ("plugins.offload.prefetch_layers=-1", "plugins.offload.prefetch_layers"),
     ("plugins.offload.layers='('", "plugins.offload.layers"),
     ("plugins.offload.min_kib=inf", "plugins.offload.min_kib"),  # raised in layer_build
+    ("plugins.offload.min_kib=100", "plugins.offload.min_kib=100.0 has no effect with "
+                                    "policy=all"),  # ignored in silence
 ])
 def test_bad_options_are_one_line_errors(run_tiny, override, key):
     with pytest.raises(ConfigError) as info:
@@ -233,7 +235,7 @@ def test_offload_is_active_on_every_worker_of_an_allreduce_run(tmp_path):
     cfg.cluster.mode = "allreduce"
     cfg.cluster.workers = 2
     cfg.cluster.timeout_s = 30
-    cfg.plugins = {"offload": {"min_kib": 0}}
+    cfg.plugins = {"offload": {"policy": "all"}}
     out = run_cluster(cfg, run_dir=tmp_path)
     rows = [r for r in out.plugin_rows if r.plugin == "offload"]
     assert rows, [r.plugin for r in out.plugin_rows]

@@ -80,6 +80,11 @@ def validate(c: GradcommConfig) -> None:
                 f"plugins.gradcomm.{key}={getattr(c, key)} has no effect with "
                 f"sparsify={c.sparsify} (it is {method}'s setting); set "
                 f"plugins.gradcomm.sparsify={method}, or drop it")
+    if c.factor_masking != defaults.factor_masking and c.sparsify == "none":
+        raise ConfigError(
+            f"plugins.gradcomm.factor_masking={c.factor_masking} has no effect with "
+            "sparsify=none (it is momentum correction's setting, which corrects "
+            "sparsification); set plugins.gradcomm.sparsify=topk or threshold, or drop it")
 
 
 def momentum_factor(c: GradcommConfig, optimizer: str | None, momentum: float) -> float:

@@ -36,6 +36,11 @@ def validate(config: OffloadConfig) -> None:
     if not (math.isfinite(config.min_kib) and config.min_kib >= 0):
         raise ConfigError(f"plugins.offload.min_kib must be a finite number >= 0 (KiB), got "
                           f"{config.min_kib}")
+    if config.min_kib != OffloadConfig().min_kib and config.policy != "size":
+        # ignored in silence: only the size policy reads it
+        raise ConfigError(f"plugins.offload.min_kib={config.min_kib} has no effect with "
+                          f"policy={config.policy} (it is the size policy's setting); set "
+                          "plugins.offload.policy=size, or drop it")
     if config.prefetch_layers < 0:
         raise ConfigError(
             f"plugins.offload.prefetch_layers must be >= 0 (0: no prefetch), got "
