@@ -74,7 +74,9 @@ def test_packed_runs_have_their_own_outputs_and_the_basic_launchers_weights(tmp_
     (["+plugins=[salus]", "hydra.launcher.policy=fair"],
      "hydra.launcher.policy=fair and the runs' own +plugins=[salus] (plugins.salus.policy=auto)"
      " disagree"),
-], ids=["not-only-the-workload", "cluster-mode", "two-policies"])
+    # found by the runs' salus, named as a key the command line did not have
+    (["hydra.launcher.policy=bogus"], "hydra.launcher.policy: unknown policy 'bogus'"),
+], ids=["not-only-the-workload", "cluster-mode", "two-policies", "unknown-policy"])
 def test_a_sweep_that_cannot_be_packed_is_one_line_and_leaves_nothing(tmp_path, capsys,
                                                                       extra, words):
     code, out = sweep(tmp_path, "refused", "hydra/launcher=salus", *extra)

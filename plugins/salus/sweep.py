@@ -135,6 +135,22 @@ def _refuse_two_settings(salus: Any, launcher: Any) -> None:
                 f"settings are the ones used: set plugins.salus.{key}, or drop +plugins=[salus]")
 
 
+def _check_launcher_policy(ref: str) -> None:
+    """``hydra.launcher.policy`` checked under its own name: the runs' salus found it
+    wrong as "plugins.salus.policy", a key the command line did not have."""
+    from accelopt_plugins.salus.policies import AUTO, make_policy
+
+    from accelopt.errors import ConfigError
+
+    if ref == AUTO:
+        return
+    try:
+        make_policy(ref)
+    except ConfigError as exc:
+        raise ConfigError(str(exc).replace("plugins.salus.policy:", "hydra.launcher.policy:",
+                                           1)) from None
+
+
 def lanes_for(launcher: Any, device: str) -> int:
     """``hydra.launcher.max_lanes``; its default (-1) on a CPU is one lane per core: a lane
     beyond the cores adds no compute, only threads contending for the cores and the GIL
@@ -341,6 +357,7 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]],
             del task["hydra"]
         runs.append(SweepRun(index, list(overrides), sweep_config, task, out_dir))
     try:
+        _check_launcher_policy(str(launcher.policy))
         check_packable(runs)
         parts = execute_packed(runs, launcher, sweep_dir)
     except AccelOptError as exc:
