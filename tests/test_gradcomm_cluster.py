@@ -73,7 +73,11 @@ def test_fp16_halves_the_bytes_and_sparse_buckets_train(tmp_path):
     assert losses[2][-1] < losses[2][0]  # sparse still trains
     rows = [r.summary for r in sparse.plugin_rows if r.plugin == "gradcomm"]
     assert rows and "threshold 0.01" in rows[0]
-    print(rows[0])
+    # each rank sparsifies its own gradients: its row names it (two unlabelled rows per
+    # job with different figures left a reader to guess which was "the" sent fraction)
+    ranks = sorted(r.metrics["rank"] for r in sparse.plugin_rows if r.plugin == "gradcomm")
+    assert ranks == [0, 1] and all(f"from rank {k}" in s for k, s in zip(
+        ranks, sorted(rows, key=lambda s: "from rank 1" in s), strict=True))
 
 
 def test_a_diverging_run_stops_naming_the_layer_instead_of_spreading_nan(tmp_path):

@@ -190,7 +190,7 @@ class GradcommPlugin:
         residual = sum(float(r.abs().sum()) for r in self.codec.residual.values())
         text = (f"{method}, {c.dtype} values, {ef}: sent {st.sent_elements / st.elements:.2%} "
                 f"of gradient elements, {st.wire_bytes / iters / 2**20:.3f} MiB/iteration "
-                f"from this rank ({_bytes_vs_fp32(ratio)}); {fusion}, {overlap}")
+                f"from rank {run.rank} ({_bytes_vs_fp32(ratio)}); {fusion}, {overlap}")
         if st.sent_elements == 0:  # a threshold above every gradient: nothing was trained
             text = (f"{method}, {ef}: sent NO gradient element in {iters} iteration(s): the "
                     "threshold is above every gradient, so the exchange moved no weight; "
@@ -202,6 +202,8 @@ class GradcommPlugin:
             "compression_ratio": round(ratio, 3), "residual_l1": residual,
             "buckets": len(self.bucket_names),
             "momentum_correction": self.codec.momentum if self.codec.corrected else 0.0,
+            # every rank sparsifies its own gradients: its row says whose figures they are
+            "rank": run.rank,
         }
         return [ReportRow("gradcomm", text, metrics)]
 
