@@ -67,9 +67,10 @@ def _run_seeded(specs: list[JobConfig], cfg: DictConfig | Any) -> list[JobConfig
     ``run.seed=0,1,2`` repeats a workload with other random numbers: it used to reach the
     plugins' RunInfo only, and three "seeds" trained alike. A generated trace's arrivals
     and lengths keep ``workload.generate.seed`` (they define the workload)."""
-    run = cfg.get("run") if isinstance(cfg, DictConfig) else getattr(cfg, "run", None)
-    offset = int((run.get("seed") if isinstance(run, DictConfig) else getattr(run, "seed", 0))
-                 or 0) if run is not None else 0
+    if isinstance(cfg, DictConfig):
+        offset = int(OmegaConf.select(cfg, "run.seed", default=0) or 0)
+    else:  # the schema's dataclass, or a config without a run section
+        offset = int(getattr(getattr(cfg, "run", None), "seed", 0) or 0)
     for spec in specs:
         spec.seed += offset
     return specs
