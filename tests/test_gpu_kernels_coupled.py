@@ -432,6 +432,19 @@ def test_prune_after_three_iterations_then_fine_tune(run_tiny) -> None:  # type:
     assert len(adam.state) == len(list(watch.models["00-tiny-mlp"].parameters()))
 
 
+@pytest.mark.timeout(60)
+def test_taylor_pruning_at_an_iteration_uses_its_gradients(run_tiny) -> None:  # type: ignore[no-untyped-def]
+    """The trial copy pruned first was a deepcopy, which drops .grad: taylor, documented
+    for this mode, was always "skipped: ... needs gradients from a backward pass"."""
+    record = run_tiny(PLUGIN, overrides=[
+        "plugins.gpu_kernels.prune_amount=0.5", "plugins.gpu_kernels.prune_at_iteration=3",
+        "plugins.gpu_kernels.prune_criterion=taylor", "workload.jobs.0.iterations=5",
+        "workload.jobs.1.iterations=5"])
+    rows = [r for r in record.plugin_rows if r.plugin == "gpu_kernels"]
+    assert rows and all("skipped" not in r.summary for r in rows), [r.summary for r in rows]
+    assert all(r.metrics["pruned_at_iteration"] == 3 and "taylor" in r.summary for r in rows)
+
+
 def test_prune_at_iteration_refuses_cluster_modes(run_tiny) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ConfigError, match="cluster.mode=none"):
         run_tiny(PLUGIN, overrides=["plugins.gpu_kernels.prune_amount=0.5",

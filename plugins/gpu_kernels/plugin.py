@@ -272,7 +272,7 @@ class GpuKernelsPlugin:
         prune = {"criterion": c.prune_criterion}
         try:
             with isolated_rng():
-                trial = copy.deepcopy(model)
+                trial = _copy_with_gradients(model)
                 node_prune(trial, float(c.prune_amount), **prune)
                 if late.example is not None:
                     late.flops = (_flops(model, late.example), _flops(trial, late.example))
@@ -442,3 +442,14 @@ def _flops(model: nn.Module, example: tuple[tuple[Any, ...], dict[str, Any]]) ->
     """FLOPs of one forward of a copy of ``model`` (eval) on a captured ``(args, kwargs)``."""
     args, kwargs = example
     return count_flops(copy.deepcopy(model).eval(), tuple(args), kwargs)
+
+
+def _copy_with_gradients(model: nn.Module) -> nn.Module:
+    """A deep copy of ``model`` whose parameters keep their ``.grad`` (``copy.deepcopy``
+    drops them): the taylor criterion scores a trial copy from this iteration's gradients,
+    and without them pruning at an iteration was always skipped."""
+    trial = copy.deepcopy(model)
+    for copied, own in zip(trial.parameters(), model.parameters(), strict=True):
+        if own.grad is not None:
+            copied.grad = own.grad.detach().clone()
+    return trial
