@@ -83,6 +83,20 @@ def test_builders_call_factories_with_zoo_arguments() -> None:
         default_dataset_for(f"{HERE}:linear_model")
 
 
+def sized_data(*, seed: int, n_train: int = 24) -> HalfLossData:
+    CALLS.append({"seed": seed, "n_train": n_train})
+    return HalfLossData(seed)
+
+
+def test_a_factorys_own_default_is_kept_where_the_core_has_no_value() -> None:
+    """n_train=None overrode a factory's own default (n_train=24): its data were built
+    from None."""
+    CALLS.clear()
+    build_dataset(f"{HERE}:sized_data", seed=3, n_train=None)
+    build_dataset(f"{HERE}:sized_data", seed=3, n_train=8)
+    assert CALLS == [{"seed": 3, "n_train": 24}, {"seed": 3, "n_train": 8}]
+
+
 def test_zoo_names_unchanged() -> None:
     assert build_dataset("synthetic_vectors", seed=0, n_train=8).n_train == 8
     with pytest.raises(ValueError, match="unknown model"):

@@ -48,7 +48,9 @@ def resolve_ref(ref: str, what: str) -> Callable[..., Any]:
 def call_factory(ref: str, what: str, standard: Mapping[str, Any],
                  extra: Mapping[str, Any] | None) -> Any:
     """Build with the factory ``ref`` names: ``extra`` (the user's keywords) plus those of
-    ``standard`` its signature names (a keyword in both: the user's wins). A factory that
+    ``standard`` its signature names and the core has a value for (a keyword in both: the
+    user's wins; one the core has no value for, ``None``, is left to the factory's default
+    where it has one: ``n_train=None`` overrode ``def data(*, n_train=512)``). A factory that
     rejects its arguments raises ``ValueError`` in one line naming what it was given; an
     error from inside it, one naming the factory and the error."""
     factory = resolve_ref(ref, what)
@@ -58,7 +60,8 @@ def call_factory(ref: str, what: str, standard: Mapping[str, Any],
     except (TypeError, ValueError):  # a builtin without a signature: the user's keywords only
         signature = None
     params = signature.parameters if signature is not None else {}
-    named = {k: v for k, v in standard.items() if k in params and k not in extra}
+    named = {k: v for k, v in standard.items() if k in params and k not in extra
+             and (v is not None or params[k].default is inspect.Parameter.empty)}
     kwargs = {**named, **extra}
     try:  # the arguments against its signature, apart from the call: a TypeError from inside
         # the factory (a typo in the user's own code) read as the factory refusing them
