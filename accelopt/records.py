@@ -96,7 +96,11 @@ class JobResult:
 
     @property
     def jct_s(self) -> float | None:
-        return None if self.end_s is None else self.end_s - self.job.arrival_s + self.carried_s
+        """Arrival to the last iteration's end; none for a job rejected before it ran (its
+        ``end_s`` is when it was turned away, no completion: the CSV's column averaged it)."""
+        if self.end_s is None or self.status == "rejected":
+            return None
+        return self.end_s - self.job.arrival_s + self.carried_s
 
     @property
     def queueing_s(self) -> float | None:

@@ -64,6 +64,8 @@ def test_rejected_job_is_reported_not_run(run_tiny):
     assert [j.status for j in record.jobs] == ["rejected", "rejected"]
     assert all("too big" in j.error for j in record.jobs)
     assert not [s for s in record.spans if s.category == "iteration"]
+    # no JCT for a job that never ran (it had one: the time to the refusal, in the CSV)
+    assert all(j.jct_s is None and j.end_s is not None for j in record.jobs)
 
 
 def test_impossible_memory_budget_rejected_with_amount(run_tiny):
