@@ -61,6 +61,11 @@ class Quality:
     the dataset's class count, which trains without an error."""
 
 
+CANNOT_SCORE = "cannot score"
+"""How :attr:`JobResult.quality_note` starts for a trained job whose held-out scoring
+failed (as opposed to one with nothing to score: no held-out set, an inference job)."""
+
+
 @dataclass
 class JobResult:
     """Outcome and timing of one job.

@@ -73,6 +73,32 @@ def test_jobs_that_are_not_scored_say_why():
         assert "\n" not in result.quality_note
 
 
+def test_a_trained_job_whose_scoring_failed_says_so_under_the_jobs_table():
+    """Its held-out column read "–", as for a job with no held-out set: a plugin that
+    changed its numerics (pruning an LM) looked like a pure speed-up."""
+    import io
+
+    from rich.console import Console
+
+    from accelopt.records import RunRecord
+    from accelopt.report.summary import render_summary
+    from accelopt.types import RunInfo
+
+    spec = JobConfig(name="q", model="mlp", width=16, batch_size=8, iterations=1)
+    job = Job(spec, job_id="q", device=CPU)
+    failed, absent = JobResult(job.info, status="done"), JobResult(job.info, status="done")
+    score_result(failed, spec, nn.Sequential(nn.Flatten(), nn.Unflatten(1, (4, 16))),
+                 job.dataset)
+    score_result(absent, JobConfig(**{**spec.__dict__, "evaluate": False}), job.model,
+                 job.dataset)
+    out = io.StringIO()
+    render_summary(RunRecord(info=RunInfo("r", "cpu", (), (), 0), jobs=[failed, absent]),
+                   Console(file=out, width=200))
+    notes = [ln for ln in out.getvalue().splitlines() if ln.startswith("note")]
+    assert len(notes) == 1 and notes[0].startswith("note q: not scored, cannot score: "), notes
+    assert "its quality is unknown" in notes[0]
+
+
 def test_a_diverged_job_is_not_scored_by_an_argmax_over_nan(run_tiny):
     """A job that trains to its last iteration on a NaN loss used to read 'done', loss '–'
     and a held-out accuracy of whatever class an argmax over NaN picks."""

@@ -20,7 +20,7 @@ import torch
 from accelopt.errors import error_text
 from accelopt.job import inputs
 from accelopt.job.job import logits_of
-from accelopt.records import JobResult, Quality
+from accelopt.records import CANNOT_SCORE, JobResult, Quality
 
 EVAL_BATCH = 1024
 
@@ -148,7 +148,7 @@ def score_result(result: JobResult, spec: Any, model: torch.nn.Module | None, da
         try:
             result.quality = evaluate(model, dataset, device)
         except Exception as exc:  # noqa: BLE001 - a plugin's model may not score: say so
-            result.quality_note = f"cannot score: {error_text(exc)}"[:300]
+            result.quality_note = f"{CANNOT_SCORE}: {error_text(exc)}"[:300]
             return
         if result.quality is None:
             result.quality_note = "its dataset has no held-out set"

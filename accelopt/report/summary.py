@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from accelopt.records import RunRecord
+from accelopt.records import CANNOT_SCORE, RunRecord
 from accelopt.report.metrics import job_metrics, run_metrics
 from accelopt.types import ReportRow
 
@@ -101,6 +101,13 @@ def _errors(record: RunRecord) -> list[str]:
         f"[bold yellow]note[/] {escape(r.job.name)}: {escape(r.quality.note)}"
         for r in record.jobs
         if r.quality is not None and r.quality.note
+    ] + [
+        # a trained job whose held-out score failed: its "–" read like a job with no
+        # held-out set, and a plugin that changed its numerics looked like a pure speed-up
+        f"[bold yellow]note[/] {escape(r.job.name)}: not scored, {escape(r.quality_note)}; "
+        "its quality is unknown (a plugin's effect on it cannot be judged)"
+        for r in record.jobs
+        if r.quality is None and r.quality_note.startswith(CANNOT_SCORE)
     ]
 
 
