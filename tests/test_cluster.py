@@ -394,6 +394,35 @@ def test_codec_and_filter_plugins_transform_payloads(tmp_path, test_plugins):
             torch.testing.assert_close(value, params[name].detach(), atol=2e-3, rtol=1e-2)
 
 
+def test_a_stopped_run_waits_for_a_rank_that_is_writing_its_timeline(tmp_path, monkeypatch):
+    """Under load a rank took longer than the wait to pickle its timeline, and the kill cut
+    every rank's off: a rank that has started writing is given longer; one that has not,
+    the short wait."""
+    import types
+
+    from accelopt.drivers.cluster import launch
+    from accelopt.drivers.cluster.rank import so_far_path
+
+    monkeypatch.setattr(launch, "SO_FAR_WAIT_S", 0.05)
+    monkeypatch.setattr(launch, "SO_FAR_WRITE_S", 30.0)
+    alive = types.SimpleNamespace(exitcode=None)
+    children = [types.SimpleNamespace(rank=r, process=alive) for r in (1, 2)]
+    final = so_far_path(tmp_path, 1)
+    temp = final.with_name(f".{final.name}.123.abcd.tmp")
+    temp.write_bytes(b"")  # rank 1 is writing; rank 2 never starts
+
+    def finish() -> None:
+        time.sleep(0.3)
+        temp.rename(final)
+
+    writer = threading.Thread(target=finish)
+    writer.start()
+    started = time.monotonic()
+    launch._await_so_far(children, str(tmp_path))
+    writer.join()
+    assert final.exists() and 0.25 < time.monotonic() - started < 5
+
+
 def test_a_decoder_giving_back_a_tensor_of_another_size_is_refused(tmp_path, test_plugins):
     """A parameter server copies parameters from what the decoders give back: a decoder's
     one-element tensor broadcast into every weight, and the run trained a collapsed model

@@ -211,17 +211,26 @@ def _spawn(cfg: DictConfig, settings: ClusterSettings, t0: float, work: str,
 
 
 SO_FAR_WAIT_S = 2.0
-"""How long a stopped run waits for its live ranks' timelines before it kills them."""
+"""How long a stopped run waits for a live rank to start writing its timeline so far before
+it kills it (a rank stopped or stuck writes nothing)."""
+SO_FAR_WRITE_S = 20.0
+"""How long it waits for a rank that has started writing (its temporary file is there): on
+two loaded cores pickling a few thousand iterations took longer than 2 s, and the kill cut
+every rank's timeline off (trace.json empty, the losses gone)."""
 
 
 def _await_so_far(children: list[faults.Child], work: str) -> None:
-    """Until every rank still running has written its timeline so far (or exited, or
-    :data:`SO_FAR_WAIT_S` passed): its writer thread does it while the rank's main thread
-    may be blocked in a collective whose peer is gone."""
-    deadline = time.monotonic() + SO_FAR_WAIT_S
+    """Until every rank still running has written its timeline so far (or exited, or the
+    deadlines passed): its writer thread does it while the rank's main thread may be
+    blocked in a collective whose peer is gone."""
+    start = time.monotonic()
     for c in children:
-        while (c.process.exitcode is None and not so_far_path(work, c.rank).exists()
-               and time.monotonic() < deadline):
+        final = so_far_path(work, c.rank)
+        while c.process.exitcode is None and not final.exists():
+            waited = time.monotonic() - start
+            writing = any(final.parent.glob(f".{final.name}.*.tmp"))
+            if waited >= (SO_FAR_WRITE_S if writing else SO_FAR_WAIT_S):
+                break
             time.sleep(0.02)  # polling a file another process writes
 
 
