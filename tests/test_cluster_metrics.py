@@ -398,3 +398,41 @@ def test_a_stopped_runs_losses_are_combined_only_from_every_workers_records():
     assert losses_so_far(left, "00-a", 3, settings) == pytest.approx([5 / 3, 8 / 3])
     assert losses_so_far(left[:2], "00-a", 3, settings) is None
     assert losses_so_far(left, "01-b", 3, settings) is None  # a job no rank had built
+
+
+def test_a_stopped_run_makes_no_rows_for_a_worker_that_left_no_timeline():
+    """A worker killed outright: per_iteration.json had rows for it built from the server's
+    link spans alone (Pc 0, U = Mc), measurements nobody made; and a worker's loss of an
+    iteration the run did not finish was the job's last."""
+    from accelopt.config import JobConfig
+    from accelopt.drivers.cluster.outcome import stopped_outcome
+    from accelopt.drivers.cluster.rank import RankSoFar
+    from accelopt.job.specs import job_info
+    from accelopt.records import JobResult
+
+    settings = settings_from(OmegaConf.structured(ClusterConfig(mode="ps", workers=2)))
+    info = job_info(JobConfig(name="j", model="mlp", batch_size=4, iterations=9), "00-j")
+
+    def link(dst: int, it: int) -> Span:
+        return Span("w", f"link 0->{dst}", it, it + 0.5, category="comm",
+                    process="rank 0 (server)",
+                    args={"iteration": it, "source": 0, "destination": dst, "bytes": 8})
+
+    def compute(rank: int, it: int) -> Span:
+        return Span("fwd", "compute", it + 0.5, it + 0.9, category="compute",
+                    process=f"rank {rank} (worker)", args={"iteration": it})
+
+    records = [{"iteration": i, "start_s": float(i), "end_s": i + 1.0, "loss": 1.0 / (i + 1),
+                "samples": 2} for i in range(3)]
+    left = [RankSoFar(0, {"00-j": [link(d, i) for d in (1, 2) for i in range(3)]}, {}, []),
+            RankSoFar(1, {"00-j": [compute(1, i) for i in range(3)]}, {"00-j": records}, [])]
+    result = JobResult(info)
+    stopped = stopped_outcome(left, [result], settings)
+    assert {row["rank"] for row in stopped.per_iteration} == {1}  # rank 2 left nothing
+    assert result.losses == []  # not every worker left its records: no combined loss
+    left.append(RankSoFar(2, {"00-j": [compute(2, i) for i in range(3)]}, {"00-j": records},
+                          []))
+    result = JobResult(info)
+    result.iterations_done = 2  # the run reached iteration 2: a third loss is not the job's
+    stopped_outcome(left, [result], settings)
+    assert len(result.losses) == 2 and result.final_loss == result.losses[-1]

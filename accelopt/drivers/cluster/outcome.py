@@ -126,12 +126,17 @@ def stopped_outcome(left: list[RankSoFar], results: list[JobResult],
     spans += [s for r in left for s in r.hook_spans]
     per_iteration: list[dict[str, Any]] = []
     figures: dict[str, dict[str, Any]] = {}
+    # a worker killed outright left no timeline: rows for it from its peers' link spans
+    # alone (Pc 0, U = Mc) would be measurements nobody made
+    present = [rank for rank in settings.worker_ranks() if rank in {r.rank for r in left}]
     for result in results:
         job_id = result.job.job_id
         job_spans = [s for r in left for s in r.job_spans.get(job_id, [])]
-        rows = cm.per_worker_iteration(job_spans, settings.worker_ranks())
+        rows = cm.per_worker_iteration(job_spans, present)
         per_iteration += [{"job": job_id, **row} for row in rows]
         losses = losses_so_far(left, job_id, result.job.batch_size, settings)
+        if losses and result.iterations_done:  # a worker's loss of an iteration the run
+            losses = losses[:result.iterations_done]  # did not finish is not the job's
         if losses:
             result.losses, result.final_loss = losses, losses[-1]
         finished = _finished_iterations(left, job_id, settings)
@@ -324,7 +329,9 @@ def _wire_bytes_per_iteration(parts: list[JobPart], settings: ClusterSettings) -
 
 
 JOB_METRICS = ("efficiency_e", "efficiency_e_with_warmup", "iteration_s", "mc_s", "pc_s",
-               "ratio_a", "iteration_makespan_s", "bytes_per_iteration")
+               "ratio_a", "iteration_makespan_s", "bytes_per_iteration",
+               "achieved_bandwidth_bps", "wire_bytes_per_iteration",
+               "loopback_bytes_per_iteration")
 """Per-job figures copied into the run's metrics as ``job.<name>.<key>``."""
 
 
