@@ -7,6 +7,7 @@ key's name (``run.seed=abc`` -> "run.seed: expected int"), before any job is bui
 from __future__ import annotations
 
 import dataclasses
+import typing
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -193,9 +194,6 @@ def register_plugin_configs(specs: list[Any]) -> None:
 def untyped_fields(config_type: Any, prefix: str = "") -> list[str]:
     """The fields of a config dataclass (nested ones too) typed ``Any`` or
     ``Optional[Any]``: what OmegaConf accepts without checking the values given."""
-    import dataclasses
-    import typing
-
     if not (isinstance(config_type, type) and dataclasses.is_dataclass(config_type)):
         return []
     try:

@@ -39,7 +39,7 @@ from accelopt.errors import (
     first_line,
     listed,
 )
-from accelopt.job.checkpoint import CHECKPOINT_DIR
+from accelopt.job.checkpoint import has_checkpoints
 from accelopt.plugin import Registry, resolve
 from accelopt.report.console import default_console
 from accelopt.runtime.resume_target import HONOURED, refuse_finished, resume_target
@@ -229,7 +229,7 @@ def refuse_taken_run_dir(run_dir: Path) -> None:
         raise ConfigError(f"{run_dir} already holds a run ({METRICS_JSON}); give this run "
                           "another directory (hydra.run.dir / run_dir), or remove that one: "
                           "results are never overwritten")
-    if any((run_dir / CHECKPOINT_DIR).rglob("*.pt")):
+    if has_checkpoints(run_dir):
         # a run killed outright (SIGKILL, out of memory) writes no metrics.json: its
         # checkpoints are all that is left of it, and the new run's would replace them
         raise ConfigError(f"{run_dir} holds the checkpoints of a run that did not finish; "
@@ -584,7 +584,7 @@ def stopped_line(error: str, run_dir: Path) -> str:
     """The line a run stopped by Ctrl-C or SIGTERM ends with: what stopped it, where its
     outputs so far are, and how to continue it where it wrote checkpoints."""
     line = f"{error}: what ran is kept in {run_dir} (metrics.json, trace.json)"
-    if any((run_dir / CHECKPOINT_DIR).rglob("*.pt")):
+    if has_checkpoints(run_dir):
         line += f"; continue it from its checkpoints with: accelopt run run.resume={run_dir}"
     return line
 

@@ -29,6 +29,12 @@ _RESULT_FIELDS = ("status", "lane", "error", "iterations_done", "service_s", "sa
                   "final_loss", "losses")
 
 
+def has_checkpoints(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds a job's checkpoint (one process: ``<job>.pt``; a cluster
+    run: ``<job>/rankR.itN.pt``): what ``run.resume`` continues from."""
+    return any((Path(run_dir) / CHECKPOINT_DIR).rglob("*.pt"))
+
+
 def atomic_torch_save(obj: Any, path: Path) -> None:
     """``torch.save`` through :func:`accelopt.atomic.atomic_open` (temp file + rename)."""
     with atomic_open(path, "wb") as handle:

@@ -56,7 +56,7 @@ from accelopt.errors import (
 )
 from accelopt.host import HookTrace, hook_spans
 from accelopt.job import build_jobs, job_id_for, job_specs
-from accelopt.job.checkpoint import CHECKPOINT_DIR, Checkpointer, restore
+from accelopt.job.checkpoint import CHECKPOINT_DIR, Checkpointer, has_checkpoints, restore
 from accelopt.job.exchange import BUILD_ONLY
 from accelopt.job.job import Job, check_precision
 from accelopt.job.profile import measure_profile
@@ -554,7 +554,7 @@ def _maybe_resume(
     for key in honoured(_command_line() if overrides is None else overrides):
         OmegaConf.update(resumed, key, OmegaConf.select(cfg, key), merge=False)
     refuse_finished(old_dir, resume_finished)
-    if any((old_dir / CHECKPOINT_DIR).rglob("*.pt")):  # a cluster run: <job>/rankR.itN.pt
+    if has_checkpoints(old_dir):
         console.print(f"resuming {old_dir} from its checkpoints (carried into the new "
                       f"directory, which can be resumed in turn); writing into {run_dir}")
     else:

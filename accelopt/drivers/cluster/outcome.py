@@ -160,13 +160,12 @@ def _finished_iterations(left: list[RankSoFar], job_id: str,
     """The iterations of one job that every worker finished in this run (not carried from
     a checkpoint), each with its length (the slowest worker's); empty unless every worker
     left its records."""
-    by_rank = {r.rank: r.iterations.get(job_id) for r in left}
-    records = [by_rank.get(rank) for rank in settings.worker_ranks()]
+    records = _workers_records(left, job_id, settings)
     if not records or any(not r for r in records):
         return {}
     lengths: dict[int, list[float]] = {}
     for worker in records:
-        for it in worker:  # type: ignore[union-attr]
+        for it in worker:
             if not it.get("carried"):
                 lengths.setdefault(int(it["iteration"]), []).append(it["end_s"] - it["start_s"])
     return {i: max(v) for i, v in sorted(lengths.items()) if len(v) == len(records)}
@@ -176,15 +175,22 @@ def losses_so_far(left: list[RankSoFar], job_id: str, batch: int,
                   settings: ClusterSettings) -> list[float] | None:
     """A stopped run's losses of one job, from what its workers left (None unless every
     worker left its records: a share missing would weigh the loss wrong)."""
-    by_rank = {r.rank: r.iterations.get(job_id) for r in left}
-    rows = [by_rank.get(rank) for rank in settings.worker_ranks()]
-    if any(r is None for r in rows):
+    rows = _workers_records(left, job_id, settings)
+    if rows is None:
         return None
     shares = worker_shares(batch, settings)
-    n_iter = min(len(r) for r in rows)  # type: ignore[arg-type]
-    losses = [combined_loss([r[i] for r in rows], shares)  # type: ignore[index]
-              for i in range(n_iter)]
+    n_iter = min(len(r) for r in rows)
+    losses = [combined_loss([r[i] for r in rows], shares) for i in range(n_iter)]
     return [loss for loss in losses if loss is not None]
+
+
+def _workers_records(left: list[RankSoFar], job_id: str,
+                     settings: ClusterSettings) -> list[list[dict[str, Any]]] | None:
+    """Every worker's iteration records of one job, in worker order, as a stopped run's
+    ranks left them; ``None`` unless every worker left its records."""
+    by_rank = {r.rank: r.iterations.get(job_id) for r in left}
+    records = [by_rank.get(rank) for rank in settings.worker_ranks()]
+    return None if any(r is None for r in records) else records  # type: ignore[return-value]
 
 
 def _job_outcome(parts: list[JobPart], settings: ClusterSettings,
