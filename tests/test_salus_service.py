@@ -84,11 +84,16 @@ def test_submit_wait_and_outputs_in_the_job_directory(server):
     assert doc["job"]["status"] == "done" and doc["job"]["iterations"] == 8
     assert len(doc["losses"]) == 8 and doc["job"]["jct_s"] > 0
     assert (root / "jobs" / job_id / "weights.pt").stat().st_size > 0
+    # the trained model scored on the held-out set, as `accelopt run` scores it (the
+    # service wrote null with no note: a trained job with no quality and no reason)
+    assert doc["job"]["quality_metric"] == "accuracy"
+    assert 0 <= doc["job"]["quality"] <= 1 and doc["job"]["quality_samples"] > 0
     config = json.loads((root / "jobs" / job_id / "config.json").read_text())
     assert config["arrival_s"] == doc["job"]["arrival_s"]  # one arrival, not two
     status = ask(sock, {"op": "status"})
     row = next(j for j in status["jobs"] if j["id"] == job_id)
     assert row["state"] == "done" and row["done"] == 8 and row["persistent"] > 0
+    assert row["quality"] == doc["job"]["quality"] and row["quality_metric"] == "accuracy"
     assert status["note"].startswith("lanes are accounted, not enforced")
 
 
@@ -116,6 +121,17 @@ def test_malformed_requests_get_an_error_reply_and_the_service_lives(server, pay
     assert reply["ok"] is False and error in reply["error"]
     assert "\n" not in reply["error"]
     assert ask(sock, {"op": "ping"})["pid"] == proc.pid
+
+
+def test_a_refused_submit_takes_no_job_number(server):
+    """A job refused when it is built (an unknown model) took a number: the next job's id
+    skipped it, a gap that reads as a job gone missing."""
+    sock, _, _ = server
+    (first,) = ask(sock, {"op": "submit", "job": {**TINY, "name": "before"}})["submitted"]
+    refused = raw(sock, b'{"op": "submit", "job": {"model": "no_such_model"}}\n')
+    assert refused["ok"] is False and "unknown model" in refused["error"]
+    (second,) = ask(sock, {"op": "submit", "job": {**TINY, "name": "after"}})["submitted"]
+    assert int(second.split("-")[0]) == int(first.split("-")[0]) + 1
 
 
 def test_killed_clients_do_not_disturb_the_service(server):
@@ -201,6 +217,7 @@ def test_factory_job_and_cancel(server):
     doc = json.loads((root / "jobs" / long / "job.json").read_text())
     # the state the status table shows (it said "failed": a user's cancel read as a failure)
     assert doc["job"]["status"] == "cancelled" and "cancelled" in doc["job"]["error"]
+    assert doc["job"]["quality"] is None and "did not finish" in doc["job"]["quality_note"]
 
 
 def test_zz_shutdown_lets_the_service_exit(server):

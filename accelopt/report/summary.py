@@ -64,7 +64,7 @@ def _jobs_table(record: RunRecord) -> Table:
             _mib(m["persistent_bytes"]),
             _mib(m["ephemeral_bytes"]),
             _loss(m["final_loss"], result.diverged_at is not None),
-            _quality(m),
+            quality_text(m),
         )
     return table
 
@@ -72,7 +72,7 @@ def _jobs_table(record: RunRecord) -> Table:
 QUALITY_LABEL = {"accuracy": "acc", "p_at_1": "P@1", "perplexity": "ppl"}
 
 
-def _quality(m: dict[str, Any]) -> str:
+def quality_text(m: dict[str, Any]) -> str:
     """``acc 0.934`` / ``P@1 0.412``: the trained model on the held-out set (``–``: not
     scored; metrics.json's ``quality_note`` says why)."""
     if m.get("quality") is None:

@@ -143,6 +143,7 @@ def status_cmd(args: list[str]) -> int:
     from rich.console import Console
     from rich.table import Table
 
+    from accelopt.report.summary import quality_text
     from accelopt.units import format_bytes
 
     def size(value: Any) -> str:
@@ -160,13 +161,14 @@ def status_cmd(args: list[str]) -> int:
                       ", ".join(lane["jobs"]), lane["busy"] or "-")
     console.print(lanes)
     jobs = Table(title="jobs")
-    for column in ("id", "model", "state", "lane", "progress", "JCT s", "pers", "eph", "error"):
+    for column in ("id", "model", "state", "lane", "progress", "JCT s", "pers", "eph",
+                   "quality", "error"):
         jobs.add_column(column, overflow="fold")
     for job in reply["jobs"]:
         jct = "-" if job["jct_s"] is None else f"{job['jct_s']:.2f}"
         jobs.add_row(job["id"], job["model"], job["state"], job["lane"] or "-",
                      f"{job['done']}/{job['iterations']}", jct, size(job["persistent"]),
-                     size(job["ephemeral"]), job["error"] or "")
+                     size(job["ephemeral"]), quality_text(job), job["error"] or "")
     console.print(jobs)
     return 0
 

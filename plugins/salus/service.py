@@ -5,13 +5,17 @@ permissions) while others run; the core executor (kept open: ``Executor(keep_ope
 admits them through salus's lanes and switches between them at iteration boundaries under the
 configured policy. A job belongs to the service, not to the client that submitted it: the
 client may exit at once. Each job writes its results to ``<root>/jobs/<job_id>/``
-(``job.json`` with status, metrics and losses; ``weights.pt`` when it finished).
+(``job.json`` with status, metrics, losses and the trained model's held-out quality;
+``weights.pt`` when it finished). They are written on a thread of their own, not under the
+executor's lock: scoring a model on its held-out set takes a while, and the other jobs'
+iterations must not wait for it.
 
 Protocol: one JSON object per line each way. Requests: ``{"op": "submit", "job": {...}}``
 (JobConfig keys), ``{"op": "submit", "workload": "tiny"}``, ``{"op": "submit", "factory":
 "module:function", "args": {...}}`` (the function returns a JobConfig, a dict of its keys, or a
 ``Job``), ``{"op": "status"}``, ``{"op": "cancel", "id": "..."}``, ``{"op": "ping"}``,
-``{"op": "wait", "id": "...", "timeout_s": 60}`` (block until the job ended),
+``{"op": "wait", "id": "...", "timeout_s": 60}`` (block until the job ended and its files
+are written),
 ``{"op": "shutdown"}`` (stop accepting, let the jobs finish, exit). Replies carry
 ``"ok": true`` or ``"ok": false, "error": "one line"``; a malformed request gets an error
 reply and the service keeps running.
@@ -26,9 +30,12 @@ import os
 import signal
 import socket
 import socketserver
+import sys
 import threading
 import time
 import traceback
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from importlib import import_module
 from pathlib import Path
 from typing import Any
@@ -38,7 +45,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from accelopt import UserError
-from accelopt.atomic import refuse_unwritable
+from accelopt.atomic import atomic_open, refuse_unwritable
 from accelopt.config import AccelConfig, JobConfig
 from accelopt.drivers.local import CANCELLED, Executor
 from accelopt.drivers.setup import memory_capacity, pick_device
@@ -46,6 +53,7 @@ from accelopt.errors import did_you_mean, error_text, first_line
 from accelopt.host import PluginHost
 from accelopt.job import Job, job_specs
 from accelopt.job.profile import measure_profile
+from accelopt.job.quality import score_result
 from accelopt.records import JobResult
 from accelopt.report import job_metrics
 
@@ -100,6 +108,9 @@ class Service:
         """Numbers go on from the jobs a previous service left in ``root`` (a restart after a
         crash): a number reused would write a new job over an old one's results."""
         self._lock = threading.Lock()
+        self._outputs = ThreadPoolExecutor(max_workers=1, thread_name_prefix="salus-outputs")
+        self._written: dict[str, Future[None]] = {}
+        """Per ended job, its files being written (``wait`` answers once they are)."""
 
     # -- requests --------------------------------------------------------------------------
 
@@ -127,7 +138,15 @@ class Service:
                     or not timeout >= 0:
                 raise UserError(f'wait: "timeout_s" must be a number of seconds >= 0, got '
                                 f"{timeout!r}")
-            return {"status": self.executor.wait(job_id, timeout)}
+            deadline = time.monotonic() + timeout
+            status = self.executor.wait(job_id, timeout)
+            written = self._written.get(job_id)
+            if written is not None:
+                try:
+                    written.result(max(0.0, deadline - time.monotonic()))
+                except FutureTimeout:
+                    pass  # the job ended; its files come later (the caller asked for no more)
+            return {"status": status}
         if op == "shutdown":
             self.executor.close()
             return {"message": "stopping: no new jobs; running jobs finish first"}
@@ -178,18 +197,20 @@ class Service:
                         "its keys, or an accelopt Job")
 
     def _submit(self, spec: Any) -> str:
+        # under the lock to the end: a refused job (an unknown model, profiling failed)
+        # takes no number, so the numbers a user sees have no gaps
         with self._lock:
-            self._ids += 1
-            number = self._ids
-        now = self.executor.now()
-        if isinstance(spec, Job):
-            job = spec
-            job.info = dataclasses.replace(job.info, job_id=f"{number:03d}-{job.info.name}",
-                                           arrival_s=now)
-        else:
-            spec = dataclasses.replace(spec, arrival_s=now)
-            job = Job(spec, job_id=f"{number:03d}-{spec.name}", device=self.device)
-        self.executor.submit(job)  # refused (shutting down, profiling failed): no files
+            number = self._ids + 1
+            now = self.executor.now()
+            if isinstance(spec, Job):
+                job = spec
+                job.info = dataclasses.replace(job.info, job_id=f"{number:03d}-{job.info.name}",
+                                               arrival_s=now)
+            else:
+                spec = dataclasses.replace(spec, arrival_s=now)
+                job = Job(spec, job_id=f"{number:03d}-{spec.name}", device=self.device)
+            self.executor.submit(job)  # refused (shutting down, profiling failed): no files
+            self._ids = number
         job_dir = self.root / "jobs" / job.info.job_id
         job_dir.mkdir(parents=True, exist_ok=True)
         if not isinstance(spec, Job):  # its arrival as job.json has it (after profiling)
@@ -200,16 +221,32 @@ class Service:
     # -- outputs -----------------------------------------------------------------------------
 
     def _job_finished(self, job: Job, result: JobResult) -> None:
-        job_dir = self.root / "jobs" / job.info.job_id
-        job_dir.mkdir(parents=True, exist_ok=True)
-        # the state `accelopt status` shows: a cancelled job is no failure of its own
-        document = {"job": {**job_metrics(result), "status": _ended_state(result)},
-                    "losses": result.losses, "lanes_note": self.plugin.lanes_note()}
-        tmp = job_dir / "job.json.tmp"
-        tmp.write_text(json.dumps(document, indent=1, default=str))
-        tmp.replace(job_dir / "job.json")
-        if result.status == "done":
-            torch.save(job.model.state_dict(), job_dir / "weights.pt")
+        """The executor's end-of-job callback (under its lock): hand the files over."""
+        self._written[job.info.job_id] = self._outputs.submit(self._write_outputs, job, result)
+
+    def _write_outputs(self, job: Job, result: JobResult) -> None:
+        """Score the trained model on its held-out set (as ``accelopt run`` does, outside the
+        job's timed work) and write ``job.json`` and ``weights.pt``."""
+        try:
+            score_result(result, job.spec, job.model, job.dataset, job.device)
+            job_dir = self.root / "jobs" / job.info.job_id
+            job_dir.mkdir(parents=True, exist_ok=True)
+            # the state `accelopt status` shows: a cancelled job is no failure of its own
+            document = {"job": {**job_metrics(result), "status": _ended_state(result)},
+                        "losses": result.losses, "lanes_note": self.plugin.lanes_note()}
+            with atomic_open(job_dir / "job.json", "w") as fh:
+                json.dump(document, fh, indent=1, default=str)
+            if result.status == "done":
+                with atomic_open(job_dir / "weights.pt", "wb") as fh:
+                    torch.save(job.model.state_dict(), fh)
+        except Exception:  # a full disk: said in the service's output, the service goes on
+            print(f"accelopt serve: could not write job {job.info.job_id}'s files:",
+                  file=sys.stderr)
+            traceback.print_exc()
+
+    def finish_outputs(self) -> None:
+        """Wait for every ended job's files (the service is stopping)."""
+        self._outputs.shutdown(wait=True)
 
     def status(self) -> dict[str, Any]:
         jobs = []
@@ -225,6 +262,9 @@ class Service:
                 "persistent": profile.persistent_bytes if profile else None,
                 "ephemeral": profile.ephemeral_bytes if profile else None,
                 "error": result.error,
+                "quality_metric": result.quality.metric if result.quality else None,
+                "quality": result.quality.value if result.quality else None,
+                "quality_p_at_5": result.quality.p_at_5 if result.quality else None,
             })
         with self.executor.lock:
             manager = self.plugin.manager
@@ -370,6 +410,7 @@ def serve(options: ServeOptions, ready: Any = print) -> int:
               f"in {options.root}/jobs/")
         try:
             service.executor.run()
+            service.finish_outputs()
         finally:
             server.close()
             if path.exists():
