@@ -362,7 +362,10 @@ def accelopt_transfer_order(
 def accelopt_transfer_encode(record: TransferRecord, payload: Any) -> Any | None:
     """Transform an outgoing payload (e.g. compress it). Return the new payload, or ``None``
     to leave it unchanged. Chained: encoders run in plugin order, each on the previous
-    one's output; decoders run in reverse order.
+    one's output; decoders run in reverse order. In parameter-server mode a payload may
+    become any picklable object that a decoder turns back; where no plugin implements
+    ``accelopt_transfer_decode``, what the encoders give is what the receiver uses, so it
+    must be a tensor of ``record.nbytes`` (refused on the sender, naming the encoder).
 
     Called: by the transport, when a kept transfer is posted (all-reduce: from DDP's
     communication hook, once per logical bucket, when DDP's reducer hands over its gradients).
@@ -614,3 +617,11 @@ CHAIN_RESULT_CHECKS: dict[str, AnswerCheck] = {
 }
 """hook -> the check of a chained hook's final value, when a plugin changed it (one link
 may hand the next any object: only the last answer must be what the core uses)."""
+
+CHAIN_SOURCES: dict[str, str] = {
+    "accelopt_transfer_decode": "accelopt_transfer_encode",
+}
+"""hook -> the hook whose chain gave the value it receives. Where no plugin implements the
+hook, the source chain's result is what the core uses, so it gets the hook's check where it
+is made (an encoder without a decoder: its payload must be what a decoder would have to give
+back); and a value no link changed is named as the source's plugins' answer."""

@@ -200,24 +200,48 @@ class PluginHost:
         check = hookspecs.CHAIN_RESULT_CHECKS.get(hook)
         if check is not None:
             self._check_result(hook, links, value, changed_by, check, make_kwargs)
+        if changed_by is not None:
+            # nobody implements the chain this value goes to: it is what the core uses, so
+            # that chain's check applies here, naming the plugin that made it
+            sink = next((k for k, v in hookspecs.CHAIN_SOURCES.items()
+                         if v == hook and k not in self._links), None)
+            sink_check = hookspecs.CHAIN_RESULT_CHECKS.get(sink) if sink else None
+            if sink_check is not None:
+                expected = sink_check(changed_by, value,
+                                      tuple(self._positional(hook, make_kwargs(value))))
+                if expected is not None:
+                    raise PluginAnswerError(changed_by, hook, value,
+                                            f"{expected}: no plugin implements {sink} to turn "
+                                            "it back")
         return value
 
     def _check_result(self, hook: str, links: list[tuple[str, Caller]], value: Any,
                       changed_by: str | None, check: hookspecs.AnswerCheck,
                       make_kwargs: Callable[[Any], dict[str, Any]]) -> None:
         """A chain's final value checked (:data:`hookspecs.CHAIN_RESULT_CHECKS`), naming the
-        plugin that gave it, or the chain's plugins when none changed what came in (a
-        decoder that left the peer's encoded payload as it arrived)."""
+        plugin that gave it. When no link changed what came in, that is the source chain's
+        plugins (:data:`hookspecs.CHAIN_SOURCES`: an encoder whose payload no decoder
+        undid), else the links that kept it."""
         args = tuple(self._positional(hook, make_kwargs(value)))
-        owner = changed_by or " or ".join(sorted({name for name, _ in links}))
+        if changed_by is not None:
+            expected = check(changed_by, value, args)
+            if expected is not None:
+                raise PluginAnswerError(changed_by, hook, value, expected)
+            return
+        source = hookspecs.CHAIN_SOURCES.get(hook)
+        givers = sorted({name for name, _ in self._links.get(source, ())} if source else ())
+        owner = "' or '".join(givers or sorted({name for name, _ in links}))
         expected = check(owner, value, args)
         if expected is None:
             return
-        if changed_by is not None:
-            raise PluginAnswerError(owner, hook, value, expected)
         error = PluginAnswerError(owner, hook, value, expected)
-        error.args = (f"the value after {hook} (plugin '{owner}', which kept it) is "
-                      f"{_shown(value)}; expected {expected}",)
+        if givers:
+            kept = f"; kept by {' and '.join(sorted({name for name, _ in links}))}"
+            error.args = (f"the value after {hook} is {_shown(value)}, as plugin "
+                          f"'{owner}' gave it in {source}{kept}; expected {expected}",)
+        else:
+            error.args = (f"the value after {hook} (plugin '{owner}', which kept it) is "
+                          f"{_shown(value)}; expected {expected}",)
         raise error
 
     def bound_chain(self, hook: str, argument: str, *, serial: bool = False) -> Caller | None:

@@ -82,6 +82,16 @@ class _Collapses:
         return payload.sum() if record.kind == "param" else None
 
 
+class _ShrinksWithoutDecoder:
+    """An encoder whose payload nobody decodes: each gradient becomes its first element."""
+
+    @hookimpl
+    def accelopt_transfer_encode(self, record, payload):
+        if record.kind == "grad" and isinstance(payload, torch.Tensor):
+            return payload.reshape(-1)[:1].clone()
+        return None
+
+
 class _DropBias:
     """Filter: drop every bias gradient (the server then applies a zero gradient)."""
 
@@ -229,6 +239,7 @@ PAUSE = PluginSpec(name="pause_rank", factory=_Pause, config=PauseConfig)
 HALF = PluginSpec(name="half_codec", factory=lambda c: _Half())
 DROP_BIAS = PluginSpec(name="drop_bias", factory=lambda c: _DropBias())
 COLLAPSES = PluginSpec(name="collapses", factory=lambda c: _Collapses())
+SHRINKS = PluginSpec(name="shrinks", factory=lambda c: _ShrinksWithoutDecoder())
 COUNT_DONE = PluginSpec(name="count_done", factory=lambda c: _CountDone(), scope="job")
 RANK_SAYS = PluginSpec(name="rank_says", factory=lambda c: _RankSays())
 WAITS_FOR_WATCHDOG = PluginSpec(name="waits_for_watchdog",

@@ -437,6 +437,20 @@ def test_a_decoder_giving_back_a_tensor_of_another_size_is_refused(tmp_path, tes
     assert "\n" not in str(info.value)
 
 
+def test_an_encoder_without_a_decoder_giving_another_size_is_refused(tmp_path, test_plugins):
+    """With no decoder, what an encoder gives is what the server sums: a one-element
+    gradient broadcast into every parameter's and the run ended "done" (the size check ran
+    only on a decoder's answer). Refused on the sender, naming the encoder."""
+    test_plugins("SHRINKS")
+    cfg = make_cfg("ps", iterations=2, plugins={"shrinks": {}})
+    with pytest.raises(RankFailed, match=r"plugin 'shrinks' answered accelopt_transfer_encode "
+                       r"with Tensor .*; expected the tensor .* \(\d+ bytes\), got 1 elements "
+                       r"of torch.float32 \(4 bytes\): no plugin implements "
+                       r"accelopt_transfer_decode to turn it back") as info:
+        run_cluster(cfg, run_dir=tmp_path)
+    assert "\n" not in str(info.value)
+
+
 def _signal_rank_2_at_iteration_2(test_plugins, tmp_path: Path, sig: int, timeout_s: float
                                   ) -> tuple[RankFailed, dict[str, float]]:
     """Run a PS job whose rank 2 pauses at iteration 2 and writes its pid; send it ``sig``

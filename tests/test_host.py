@@ -475,7 +475,19 @@ def test_an_all_reduce_payload_an_encoder_made_no_tensor_names_the_encoder():
                        "with str 'packed'; expected an all-reduce payload: a torch.Tensor"):
         host.chain("accelopt_transfer_encode", torch.ones(1),
                    lambda p: {"record": bucket, "payload": p})
-    assert host.chain("accelopt_transfer_encode", torch.ones(1),  # PS: any picklable object
+    # PS: any picklable object a decoder turns back, and with no decoder nothing else than
+    # the tensor it replaced (a server would sum or broadcast whatever arrived)
+    with pytest.raises(PluginHookError, match="no plugin implements accelopt_transfer_decode"):
+        host.chain("accelopt_transfer_encode", torch.ones(1),
+                   lambda p: {"record": _record(), "payload": p})
+
+    class PacksAndUnpacks(Packs):
+        @hookimpl
+        def accelopt_transfer_decode(self, record, payload):
+            return torch.ones(1)
+
+    host = host_of(("packs", PacksAndUnpacks()))
+    assert host.chain("accelopt_transfer_encode", torch.ones(1),
                       lambda p: {"record": _record(), "payload": p}) == "packed"
 
 

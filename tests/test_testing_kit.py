@@ -4,6 +4,8 @@ the ``tiny`` workload (no mocks of the runtime)."""
 from __future__ import annotations
 
 import collections
+import functools
+import types
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -311,6 +313,12 @@ class _Box:
     (lambda m: setattr(slotted := _Slotted(), "held", m) or slotted, r"\.kept\.held"),
     (lambda m: (lambda: m), r"\.kept<closure m>"),
     (lambda m: _Box(_Box(_Box(_Box([m])))), r"\.kept\.inner\.inner\.inner\.inner\[0\]"),
+    # a dict keyed by the model, a partial over it, a table keyed by its parameters (as
+    # an optimizer's state is): the keys and a partial's arguments were not walked
+    (lambda m: {m: 1}, r"\.kept<key <\w+>>"),
+    (lambda m: functools.partial(print, m), r"\.kept\.args\[0\]"),
+    (lambda m: collections.defaultdict(dict, {p: 0 for p in m.parameters()}),
+     r"\.kept<key <Parameter>>"),
 ])
 def test_the_retention_check_sees_a_model_kept_in_any_container(tmp_path: Path, keep: Any,
                                                                  where: str) -> None:
@@ -326,7 +334,26 @@ def test_the_retention_check_sees_a_model_kept_in_any_container(tmp_path: Path, 
             self.kept = keep(job.model)
 
     spec = make_spec(Keeper)
-    with pytest.raises(AssertionError, match=rf"still holds a model/layer \(\w+\) at Keeper{where}"):
+    kept = r"(a model/layer \(\w+\)|a job's parameter or autograd tensor)"
+    with pytest.raises(AssertionError, match=rf"still holds {kept} at Keeper{where}"):
+        check_no_retained_job_state(spec, check_run(spec, tmp_path))
+
+
+def test_the_retention_check_walks_a_module_plugin(tmp_path: Path) -> None:
+    """A plugin that is a module of hooks (the guide allows one) passed the check whatever
+    its globals held: a module was never walked."""
+    module = types.ModuleType("hoarding_hooks")
+
+    def accelopt_job_built(run: Any, job: Any) -> None:
+        module.kept = job.model
+
+    module.accelopt_job_built = hookimpl(accelopt_job_built)
+    module.accelopt_report_rows = hookimpl(
+        lambda: [ReportRow(plugin="hoarding_hooks", summary="kept a model")])
+    spec = PluginSpec(name="hoarding_hooks", factory=lambda config: module,
+                      description="a module of hooks")
+    with pytest.raises(AssertionError, match=r"still holds a model/layer \(\w+\) at "
+                                             r"hoarding_hooks\.kept"):
         check_no_retained_job_state(spec, check_run(spec, tmp_path))
 
 

@@ -19,6 +19,7 @@ import collections
 import contextlib
 import dataclasses
 import difflib
+import functools
 import gc
 import inspect
 import types
@@ -329,8 +330,14 @@ def check_no_retained_job_state(spec: PluginSpec, instances: list[object]) -> No
     owns (e.g. error-feedback residuals) are allowed."""
     gc.collect()
     for instance in instances:
-        found = _find_job_state(instance, f"{type(instance).__name__}", depth=RETENTION_DEPTH,
-                                seen=set())
+        seen: set[int] = set()
+        if isinstance(instance, types.ModuleType):  # a module of hooks: its globals
+            found = next(filter(None, (
+                _find_job_state(value, f"{instance.__name__}.{key}", RETENTION_DEPTH - 1, seen)
+                for key, value in list(vars(instance).items()) if not key.startswith("__"))),
+                None)
+        else:
+            found = _find_job_state(instance, type(instance).__name__, RETENTION_DEPTH, seen)
         if found is not None:
             path, kind = found
             raise AssertionError(
@@ -362,7 +369,7 @@ def _find_job_state(obj: Any, path: str, depth: int, seen: set[int]) -> tuple[st
         return None
     if depth == 0 or isinstance(obj, (str, bytes, int, float, bool, type(None), type,
                                       types.ModuleType)):
-        return None  # a class or a module is shared code, not the plugin's state
+        return None  # a class or a module it imported is shared code, not the plugin's state
     for key, child in _children(obj):
         found = _find_job_state(child, f"{path}{key}", depth - 1, seen)
         if found is not None:
@@ -370,13 +377,29 @@ def _find_job_state(obj: Any, path: str, depth: int, seen: set[int]) -> tuple[st
     return None
 
 
+def _key_text(key: Any) -> str:
+    """A dict key as a path shows it: short values as written, others by their type (a
+    tensor's repr is many lines)."""
+    if isinstance(key, (str, int, float, bool, type(None))):
+        text = repr(key)
+        return text if len(text) <= 40 else text[:37] + "..."
+    return f"<{type(key).__name__}>"
+
+
 def _children(obj: Any) -> Iterator[tuple[str, Any]]:
-    """What ``obj`` refers to, each with the path a user would write to reach it: the items
-    of a container (a deque too), an object's attributes and ``__slots__``, what a closure
-    closed over, a bound method's object."""
+    """What ``obj`` refers to, each with the path a user would write to reach it: the keys
+    and items of a container (a deque too), an object's attributes and ``__slots__``, what
+    a closure closed over, a bound method's object, a ``functools.partial``'s function and
+    arguments."""
     if isinstance(obj, dict):
         for key, value in list(obj.items()):
-            yield f"[{key!r}]", value
+            text = _key_text(key)
+            yield f"<key {text}>", key  # a dict keyed by a model or by its parameters
+            yield f"[{text}]", value
+    elif isinstance(obj, functools.partial):
+        yield ".func", obj.func
+        yield ".args", obj.args
+        yield ".keywords", obj.keywords
     elif isinstance(obj, (list, tuple, set, frozenset, collections.deque)):
         for index, value in enumerate(list(obj)):
             yield f"[{index}]", value

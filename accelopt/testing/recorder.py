@@ -250,6 +250,13 @@ def _portable(value: Any, depth: int = 0) -> Any:
     if isinstance(value, torch.nn.Module):
         return Shipped(type(value).__name__, f"a module of {sum(1 for _ in value.parameters())} "
                        "parameters (not sent)")
+    if isinstance(value, torch.optim.Optimizer):
+        # not sent: unpickling one runs Optimizer.__setstate__, which patches the step of
+        # its class for the whole receiving process (a plugin's optimizer subclass that
+        # skips Optimizer.__init__ then fails in every later run of that process)
+        groups = getattr(value, "param_groups", None)
+        count = sum(len(g.get("params", ())) for g in groups) if isinstance(groups, list) else 0
+        return Shipped(type(value).__name__, f"an optimizer of {count} parameters (not sent)")
     if depth < 3 and dataclasses.is_dataclass(value) and not isinstance(value, type):
         try:
             return dataclasses.replace(value, **{
