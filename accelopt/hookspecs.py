@@ -418,6 +418,12 @@ RUN_DECISION_HOOKS = frozenset({
 })
 """Decisions across jobs: a job-scoped plugin (one instance per job) cannot implement them."""
 
+TRANSFER_HOOKS = frozenset({
+    "accelopt_transfer_order", "accelopt_transfer_encode", "accelopt_transfer_decode",
+    "accelopt_transfer_filter", "accelopt_transfer_done",
+})
+"""Transfers between ranks: called in a cluster run only, never in a one-process run."""
+
 
 # --- layer build ------------------------------------------------------------------------
 

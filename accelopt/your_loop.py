@@ -56,7 +56,7 @@ from accelopt.drivers.cluster.settings import local_info
 from accelopt.drivers.lifecycle import Lifecycle
 from accelopt.drivers.rows import with_placeholders
 from accelopt.errors import ConfigError, UserError
-from accelopt.hookspecs import RUN_DECISION_HOOKS
+from accelopt.hookspecs import RUN_DECISION_HOOKS, TRANSFER_HOOKS
 from accelopt.host import PluginHost
 from accelopt.job import inputs
 from accelopt.job.events import StepEvents, rebuilds
@@ -69,10 +69,7 @@ from accelopt.types import BuiltJob, IterationContext, IterationResult, JobInfo,
 
 T = TypeVar("T")
 REPORT_FILE = "report.json"
-NEVER_FIRED_HERE = RUN_DECISION_HOOKS | {
-    "accelopt_transfer_order", "accelopt_transfer_encode", "accelopt_transfer_decode",
-    "accelopt_transfer_filter", "accelopt_transfer_done",
-}
+NEVER_FIRED_HERE = RUN_DECISION_HOOKS | TRANSFER_HOOKS
 """Hooks only accelopt's own drivers call: decisions between jobs, transfers between ranks."""
 FIRED_HERE = frozenset({
     "accelopt_layer_build", "accelopt_job_built", "accelopt_iteration_start",

@@ -127,10 +127,31 @@ def test_the_retention_check_skips_when_modes_leave_out_the_one_process_mode(tmp
         ClusterOnly().test_does_not_retain_job_state(tmp_path)
 
 
+def test_the_kit_says_a_transfer_plugin_checked_in_one_process_is_not_checked(tmp_path):
+    """A plugin whose hooks are all transfer hooks passed every check with the default
+    modes (one process), where no transfer hook is called: the kit says so."""
+    import dataclasses
+
+    from cluster_plugins import HALF
+
+    class OneProcess(PluginConformance):
+        spec = dataclasses.replace(HALF, description="float16 on the wire")
+
+    class InACluster(OneProcess):
+        modes = ("none", "ps")
+
+    with pytest.raises(pytest.skip.Exception, match=r"plugin 'half_codec': "
+                       r"accelopt_transfer_decode, accelopt_transfer_encode run only in a "
+                       r"cluster, and modes has no cluster mode"):
+        OneProcess().test_transfer_hooks_run_in_a_cluster_mode()
+    InACluster().test_transfer_hooks_run_in_a_cluster_mode()
+
+
 class TestNoopConformance(PluginConformance):
     """The base class as a third-party test module uses it (here by installed name)."""
 
     spec = "noop"
+    modes = ("none", "ps")  # its transfer hooks too
 
 
 # --- conformance: broken plugins fail with a message that says what to fix ---------------
@@ -424,3 +445,17 @@ def test_a_spec_that_cannot_travel_to_the_ranks_is_refused_in_one_line(tmp_path:
         run_workload([local], [*ONE_JOB, "cluster.mode=ps"], tmp_path=tmp_path)
     assert "\n" not in str(info.value)
     assert not list(tmp_path.rglob("metrics.json"))
+
+
+def test_the_recorder_ships_an_optimizer_as_a_description() -> None:
+    """A rank's recorded optimizer reached the test process as a live object: unpickling it
+    ran Optimizer.__setstate__, which patched its class's step for the whole process (a
+    plugin's optimizer subclass skipping Optimizer.__init__ then failed in later runs)."""
+    import torch
+
+    from accelopt.testing.recorder import Shipped, _portable
+
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.ones(2))], lr=0.1)
+    shipped = _portable({"previous": optimizer})["previous"]
+    assert isinstance(shipped, Shipped) and shipped.type == "SGD"
+    assert "1 parameters" in shipped.text

@@ -480,6 +480,20 @@ class PluginConformance:
         for mode in self.modes:
             self._run(tmp_path, mode)
 
+    def test_transfer_hooks_run_in_a_cluster_mode(self) -> None:
+        """A plugin's transfer hooks are called in a cluster run only: with ``modes``
+        leaving every cluster mode out, the run check never calls them, and passing it
+        says nothing of them. Skipped, naming them, so the summary shows it."""
+        import pytest
+
+        spec = self._spec()
+        transfer = sorted({hook for _, _, hook in _hookimpls(spec, spec.instantiate())}
+                          & hookspecs.TRANSFER_HOOKS)
+        if transfer and not set(self.modes) - {"none"}:
+            pytest.skip(f"plugin '{spec.name}': {', '.join(transfer)} run only in a cluster, "
+                        "and modes has no cluster mode; add \"ps\" or \"allreduce\" to "
+                        "modes to check them")
+
     def test_does_not_retain_job_state(self, tmp_path: Path) -> None:
         """Checked on a one-process run, the only mode whose plugin objects live in the
         test's process; skipped (saying so) when ``modes`` leaves that mode out, because a
