@@ -623,6 +623,34 @@ def _train_slide(steps: int, seed: int = 0, **kw):
 
 
 @pytest.mark.parametrize("topup", ["sample", "batch"])
+def test_an_output_layer_without_a_bias_trains_none(topup: str) -> None:
+    """A replaced Linear(bias=False) (GPT-2's head) got a zero bias that SLIDE's Adam
+    trained: the run's held-out score was that of a model the user's architecture cannot
+    load (its weights had an extra lm_head.bias)."""
+    from accelopt_plugins.slide.xcdata import xc_2k
+
+    ds = xc_2k(0)
+    cfg = SlideConfig(k=6, l=10, bucket_size=32, min_active=150, threads=1, topup=topup)
+    torch.manual_seed(0)
+    model = XCNet(ds.vocab_size, ds.num_classes)
+    model.out = torch.nn.Linear(model.out.in_features, model.out.out_features, bias=False)
+    model.out = SlideLinear.from_linear(model.out, cfg, lr=1e-2)
+    before = model.out.weight.clone()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for i in range(5):
+        x, y = ds.batch(i, 64)
+        loss = model(x).loss_against(y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert not torch.equal(model.out.weight, before)  # it trained
+    assert torch.count_nonzero(model.out.bias) == 0 and not model.out.has_bias
+    assert model.out.grads.b[:model.out.grads.b.shape[0]].any() == 0  # nothing left over
+    with_bias = SlideLinear.from_linear(torch.nn.Linear(8, 300), cfg, lr=1e-2)
+    assert with_bias.has_bias
+
+
+@pytest.mark.parametrize("topup", ["sample", "batch"])
 def test_small_xc_problem_learns_far_above_chance(topup: str) -> None:
     model, ds = _train_slide(120, topup=topup)
     p1, p5 = precision_at_k(model, ds, (1, 5), limit=1000)
@@ -669,6 +697,23 @@ def test_config_validation_names_the_key() -> None:
         validate(SlideConfig(adam_correction="step"))
     with pytest.raises(ConfigError, match=r"plugins\.slide\.topup='shared'.*sample, batch"):
         validate(SlideConfig(topup="shared"))
+
+
+def test_hash_settings_the_tables_cannot_hold_are_refused() -> None:
+    """k=200 with simhash was reported as K=200, but a key keeps the last 64 bits of code
+    only; range_pow=30 passed validation and failed in the layer's build asking the
+    allocator for terabytes."""
+    with pytest.raises(ConfigError, match=r"plugins\.slide\.k=200: a table key holds 64 "
+                                          r"bits .* k must be <= 64"):
+        validate(SlideConfig(k=200))
+    with pytest.raises(ConfigError, match=r"k must be <= 21"):  # dwta: 3 bits per hash
+        validate(SlideConfig(hash="dwta", bin_size=8, k=22))
+    validate(SlideConfig(k=64))
+    with pytest.raises(ConfigError, match=r"plugins\.slide\.range_pow=30: .* need [\d,]+ GiB, "
+                                          r"more than this machine's") as info:
+        validate(SlideConfig(range_pow=30, l=50))
+    assert "\n" not in str(info.value)
+    validate(SlideConfig(range_pow=12, l=50))
 
 
 XC_SMALL = [

@@ -111,6 +111,14 @@ def validate(cfg: SlideConfig) -> None:
         raise ConfigError(f"plugins.slide.bin_size must be a power of two >= 2, got {cfg.bin_size}")
     if cfg.range_pow > 30:
         raise ConfigError(f"plugins.slide.range_pow must be <= 30, got {cfg.range_pow}")
+    bits = 1 if cfg.hash == "simhash" else cfg.bin_size.bit_length() - 1
+    if cfg.k * bits > KEY_BITS:  # the key's shifts would drop the first hashes' bits
+        raise ConfigError(
+            f"plugins.slide.k={cfg.k}: a table key holds {KEY_BITS} bits of hash code and "
+            f"hash={cfg.hash} gives {bits} per hash (bin_size={cfg.bin_size}), so k must be "
+            f"<= {KEY_BITS // bits}")
+    if cfg.range_pow:
+        _refuse_tables_beyond_memory(cfg)
     if not 0.0 < cfg.simhash_density <= 1.0:
         raise ConfigError("plugins.slide.simhash_density must be in (0, 1]")
     if not 0.0 <= cfg.change_threshold <= 1.0:
@@ -126,6 +134,26 @@ def validate(cfg: SlideConfig) -> None:
         raise ConfigError(f"plugins.slide.eps must be a finite number > 0, got {cfg.eps}")
     if cfg.threshold >= cfg.l and cfg.sampling == "threshold":
         raise ConfigError(f"plugins.slide.threshold must be < l ({cfg.l}) or nothing is retrieved")
+
+
+KEY_BITS = 64
+"""Bits of hash code a table key is built from (a uint64, ``hashing.table_keys_one``)."""
+
+
+def _refuse_tables_beyond_memory(cfg: SlideConfig) -> None:
+    """``range_pow`` set by hand sizes each layer's tables (``l x 2**range_pow`` buckets of
+    ``bucket_size`` int32 ids, and a count each): more than the machine's memory failed in
+    the first layer's build with an allocator's message of terabytes."""
+    import psutil
+
+    need = cfg.l * (1 << cfg.range_pow) * (cfg.bucket_size + 1) * 4
+    have = int(psutil.virtual_memory().total)
+    if need > have:
+        raise ConfigError(
+            f"plugins.slide.range_pow={cfg.range_pow}: each layer's hash tables (l={cfg.l} x "
+            f"2^{cfg.range_pow} buckets x bucket_size={cfg.bucket_size}) need "
+            f"{need / 2**30:,.0f} GiB, more than this machine's {have / 2**30:,.0f} GiB; "
+            "lower range_pow (0 sizes it from the layer's width)")
 
 
 def as_config(obj: object) -> SlideConfig:

@@ -257,6 +257,11 @@ class SlideLinear(nn.Module):
             bound = 1.0 / math.sqrt(d)
             weight = torch.empty(n, d).uniform_(-bound, bound)
             bias = torch.empty(n).uniform_(-bound, bound)
+        self.has_bias = bias is not None
+        """Whether the layer has a bias to train. The replaced Linear's ``bias=False`` (a
+        GPT-2 head) keeps a zero bias (the kernels add one) that is never updated: a
+        trained one would be a parameter the user's model does not have, and its held-out
+        score one that the model's architecture cannot reproduce."""
         bias = torch.zeros(n) if bias is None else bias
         f32 = dict(dtype=torch.float32)
         self.tied_to = tied_to
@@ -551,9 +556,11 @@ class SlideLinear(nn.Module):
         """Sparse Adam on the rows with pending gradients (``self.grads``), then count the
         step: the tail of every training step, whichever loss computed the gradients.
         ``start``: when the optimizer phase began (for the time breakdown)."""
+        bias = (self.bias.numpy(), self.m_b.numpy(), self.v_b.numpy()) if self.has_bias else None
+        if not self.has_bias:  # the kernels accumulate a bias gradient regardless: drop it
+            self.grads.b[:self.grads.count] = 0.0
         n_rows = self.grads.adam_step(
-            self.weight.numpy(), self.m_w.numpy(), self.v_w.numpy(),
-            (self.bias.numpy(), self.m_b.numpy(), self.v_b.numpy()), self.steps.numpy(),
+            self.weight.numpy(), self.m_w.numpy(), self.v_w.numpy(), bias, self.steps.numpy(),
             self.dirty.numpy(), self.lr, self.cfg, adam_global_t(self.cfg, int(self.sched[0]) + 1),
         )
         st = self.stats
