@@ -204,7 +204,8 @@ class Registry:
             spec = ep.load()
             _check_spec(spec, f"entry point '{ep.name} = {ep.value}'")
             if spec.name != ep.name:
-                raise TypeError(f"declares name '{spec.name}' but is registered as '{ep.name}'")
+                raise TypeError(f"declares name '{spec.name}' but is registered as '{ep.name}'; "
+                                "give its entry point and its PluginSpec the same name")
         except Exception as exc:  # a third party's bug must not take the tool down
             reason = f"{type(exc).__name__}: {exc}"
             self.broken[ep.name] = reason
@@ -272,7 +273,7 @@ def unknown_plugin_error(
     if broken_reason:
         return PluginResolutionError(
             f"plugin '{name}' is installed but failed to load ({broken_reason}); "
-            "reinstall it or remove it from +plugins"
+            "fix or reinstall its package, or remove it from +plugins"
         )
     failed = failed or {}
     like = [ref for ref in failed if name.lower() in ref.lower()]

@@ -458,3 +458,8 @@ class OptimizerBuildRaises:
 
 OPTIMIZER_BUILD_RAISES = PluginSpec(name="optboom", factory=lambda c: OptimizerBuildRaises(),
                                     description="raises in accelopt_optimizer_build (test)")
+
+
+NEEDS_ABSENT = PluginSpec(name="needs_absent", factory=lambda c: object(),
+                          requires=("not_installed_anywhere",),
+                          description="requires a plugin nobody installed (test)")

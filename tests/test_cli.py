@@ -472,16 +472,35 @@ def test_impossible_memory_budget_exits_nonzero_keeping_outputs(tmp_path):
 
 def test_plugins_command_lists_installed(tmp_path):
     result = accelopt("plugins", "--json", cwd=tmp_path,
-                      ACCELOPT_PLUGINS="plugins_for_tests:LIFO")
+                      ACCELOPT_PLUGINS="plugins_for_tests:LIFO,no_such_module:PLUGIN")
     assert result.returncode == 0
     listed = {p["name"]: p for p in json.loads(result.stdout)}
     assert listed["noop"]["source"] == "accelopt_plugins.noop:PLUGIN"
+    # a broken one is listed as the other formats list it (JSON left it out)
+    assert listed["lifo"]["broken"] is None
+    assert listed["no_such_module:PLUGIN"]["broken"].startswith("ModuleNotFoundError")
     # the source is where it loads from, the origin how: "(ACCELOPT_PLUGINS)" was in both,
     # and printed twice
     assert (listed["lifo"]["source"], listed["lifo"]["origin"]) == (
         "plugins_for_tests:LIFO", "ACCELOPT_PLUGINS")
     text = accelopt("plugins", cwd=tmp_path, ACCELOPT_PLUGINS="plugins_for_tests:LIFO").stdout
     assert "  source: plugins_for_tests:LIFO (ACCELOPT_PLUGINS)" in text.splitlines()
+
+
+def test_matrix_leaves_out_plugins_it_cannot_combine_and_says_so(tmp_path):
+    """An installed plugin whose config is no schema failed the whole matrix (exit 2, no
+    matrix for anyone who had it installed); one whose `requires` is not installed was
+    absent without a word."""
+    env = {"ACCELOPT_PLUGINS": "plugins_for_tests:ANY_CONFIG,plugins_for_tests:NEEDS_ABSENT"}
+    result = accelopt("matrix", "--max-size", "1", "--format", "hydra", cwd=tmp_path, **env)
+    assert result.returncode == 0, result.stderr
+    sets = result.stdout.strip().removeprefix("+plugins=").split("],[")
+    assert "noop" in sets and not any("anycfg" in s or "needs_absent" in s for s in sets)
+    lines = result.stderr.splitlines()
+    assert any(ln.startswith("left out plugin 'anycfg': AnyConfig is not a valid OmegaConf "
+                             "schema") for ln in lines), lines
+    assert any(ln.startswith("left out plugin 'needs_absent': it requires ") and
+               ln.endswith("which is not installed") for ln in lines), lines
 
 
 def test_matrix_json_and_hydra(tmp_path):

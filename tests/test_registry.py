@@ -36,6 +36,19 @@ def test_broken_entry_point_is_a_warning_not_a_crash():
         registry.get("ghost")
 
 
+def test_an_entry_point_named_unlike_its_spec_says_how_to_fix_it():
+    """Selecting it said "reinstall it", which leaves the two names as they were."""
+    registry = Registry()
+    registry.entry_points["renamed"] = EntryPoint(
+        name="renamed", value="accelopt_plugins.noop:PLUGIN", group="accelopt.plugins")
+    with pytest.warns(RuntimeWarning, match="declares name 'noop' but is registered as "
+                      "'renamed'; give its entry point and its PluginSpec the same name"):
+        registry.all()
+    with pytest.raises(PluginResolutionError, match=r"the same name\); fix or reinstall its "
+                       r"package, or remove it from \+plugins"):
+        registry.get("renamed")
+
+
 def test_entry_point_pointing_at_wrong_object_is_broken():
     registry = Registry()
     registry.entry_points["wrong"] = EntryPoint(

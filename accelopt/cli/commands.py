@@ -9,8 +9,14 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
-from accelopt.errors import UserError, listed
-from accelopt.plugin import EXPLICIT_PLUGINS_ENV, Registry, is_builtin, valid_combinations
+from accelopt.errors import PluginResolutionError, UserError, listed
+from accelopt.plugin import (
+    EXPLICIT_PLUGINS_ENV,
+    PluginSpec,
+    Registry,
+    is_builtin,
+    valid_combinations,
+)
 
 
 def list_plugins(args: list[str]) -> int:
@@ -25,8 +31,10 @@ def list_plugins(args: list[str]) -> int:
     specs = registry.all()
     fmt = "json" if opts.json else opts.format or ("table" if sys.stdout.isatty() else "plain")
     described = [_describe(s, registry) for s in specs]
-    if fmt == "json":
-        print(json.dumps(described, indent=2))
+    if fmt == "json":  # the broken ones too: a CI step reading this must see them
+        broken = [{"name": name, "broken": reason}
+                  for name, reason in sorted(registry.broken.items())]
+        print(json.dumps([{**d, "broken": None} for d in described] + broken, indent=2))
         return 0
     console = Console()
     if fmt == "plain":
@@ -112,7 +120,7 @@ def matrix(args: list[str]) -> int:
     registry = Registry.discover()
     names = [n for n in opts.plugins.split(",") if n]
     specs = [registry.get(n) for n in names] if names else registry.all()
-    combos = valid_combinations(specs, opts.max_size)
+    combos = valid_combinations(_combinable(specs, registry, check=not names), opts.max_size)
     if not opts.no_check:
         combos = _runnable(combos, opts.overrides, registry)
     if opts.format == "hydra":
@@ -122,6 +130,33 @@ def matrix(args: list[str]) -> int:
                    for c in combos]
         print(json.dumps({"include": include}))
     return 0
+
+
+def _combinable(specs: list[PluginSpec], registry: Registry, *, check: bool) -> list[PluginSpec]:
+    """The plugins a matrix can combine; each left out is named on stderr: one whose
+    ``requires`` is not among them (it would never appear in a set), and, of every
+    installed plugin (``check``: no ``--plugins``), one whose config is no schema (it would
+    fail every set; a plugin asked for by name fails the command instead)."""
+    from accelopt.config import register_plugin_configs  # hydra: only where it is needed
+
+    names = {s.name for s in specs}
+    kept = []
+    for spec in specs:
+        missing = [r for r in spec.requires if r not in names]
+        if missing:
+            installed = all(r in registry.names() for r in missing)
+            fix = "add it to --plugins" if installed else "which is not installed"
+            print(f"left out plugin '{spec.name}': it requires {', '.join(missing)}, {fix}",
+                  file=sys.stderr)
+            continue
+        if check:
+            try:
+                register_plugin_configs([spec])
+            except PluginResolutionError as exc:
+                print(f"left out {exc}", file=sys.stderr)
+                continue
+        kept.append(spec)
+    return kept
 
 
 def _runnable(combos: list[list[str]], overrides: list[str],
