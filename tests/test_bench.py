@@ -16,9 +16,9 @@ import torch
 from clirun import accelopt, accelopt_cmd, cli_env
 
 from accelopt.bench.analysis import SetResult, classify, higher_is_better, summarize
-from accelopt.bench.child import drop_unselected, selection_from_task_overrides
 from accelopt.bench.render import render_markdown
 from accelopt.bench.runner import bench_command, run_plan, set_overrides, split_overrides
+from accelopt.cli.sweep_settings import drop_unselected, selection_from_task_overrides
 from accelopt.errors import UserError
 from accelopt.job.quality import hits_at_1
 

@@ -463,6 +463,32 @@ def test_a_sweep_whose_run_fails_goes_on_and_says_which_at_the_end(tmp_path):
     assert statuses == ["done", "failed"]  # the other point ran to its end
 
 
+def test_a_sweep_over_plugin_sets_takes_a_plugins_setting_for_the_sets_that_select_it(
+        tmp_path):
+    """The CI recipe (a matrix of sets, the same overrides for every run) failed as soon as
+    it set a plugin's option: the point without the plugin could not compose it (exit 2)."""
+    import yaml
+
+    env = {"ACCELOPT_PLUGINS": "plugins_for_tests:WRAP"}
+    result = accelopt("run", "-m", *TINY, "+plugins=[],[wrap]", "plugins.wrap.paths=[net.0]",
+                      "run.profile=false", cwd=tmp_path, timeout=170, **env)
+    assert result.returncode == 0, result.stderr
+    plugins = sorted(((json.loads((r / "metrics.json").read_text())["run"]["plugins"],
+                       yaml.safe_load((r / "config.yaml").read_text()).get("plugins") or {})
+                      for r in _run_dirs(tmp_path)), key=lambda p: p[0])
+    assert plugins == [([], {}), (["wrap"], {"wrap": {"paths": ["net.0"]}})]
+    # still type-checked where it applies, and refused where no point selects the plugin
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "nobody").mkdir()
+    bad = accelopt("run", "-m", *TINY, "+plugins=[],[wrap]", "plugins.wrap.paths=7",
+                   cwd=tmp_path / "bad", timeout=120, **env)
+    assert bad.returncode == 2 and "plugins.wrap.paths" in bad.stderr, bad.stderr
+    nobody = accelopt("run", "-m", *TINY, "+plugins=[],[noop]", "plugins.wrap.paths=[a]",
+                      cwd=tmp_path / "nobody", timeout=120, **env)
+    assert nobody.returncode == 2, nobody.stderr
+    assert "sets an option of plugin 'wrap', which this run does not select" in nobody.stderr
+
+
 def test_impossible_memory_budget_exits_nonzero_keeping_outputs(tmp_path):
     result = accelopt("run", *TINY, "run.memory_capacity=1KiB", cwd=tmp_path)
     assert result.returncode == 3

@@ -224,11 +224,11 @@ def bench_command(args: list[str]) -> int:
     console = default_console()
     plan = run_plan(sets, opts.repeats)
     sweep = ",".join(_label(s) for _, s, _ in plan)
-    # Plugin settings are force-added (++) so that composing them works for every set; the
-    # child drops them from the sets that do not select the plugin (see bench/child.py).
+    # Plugin settings are force-added (++) so that composing them works for every set; each
+    # run drops them where its set does not select the plugin (cli/sweep_settings.py).
     forced = [f"++{o}" for v in per_plugin.values() for o in v]
     command = [
-        sys.executable, "-m", "accelopt.bench.child", "-m",
+        sys.executable, "-m", "accelopt.cli.main", "run", "-m",
         f"+plugins={sweep}", "run.progress=false",
         f"hydra.sweep.dir={out / 'runs'}", "hydra.sweep.subdir=${hydra.job.num}",
         *common, *forced,

@@ -30,6 +30,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 
 from accelopt.atomic import RUNS_DIR, refuse_unwritable
+from accelopt.cli.sweep_settings import drop_unselected, selection_from_task_overrides
 from accelopt.config import register_plugin_configs, register_schema, unknown_keys
 from accelopt.errors import (
     AccelOptError,
@@ -519,6 +520,9 @@ def run_hydra(args: list[str], registry: Registry, debug: bool) -> int:
         runs.append("")
 
         run_dir = Path(HydraConfig.get().runtime.output_dir)
+        if HydraConfig.get().mode.name == "MULTIRUN":  # sweep_settings.py
+            drop_unselected(cfg, selection_from_task_overrides(
+                list(HydraConfig.get().overrides.task)) or [])
         console = default_console(record=True)
         error = ""
         try:

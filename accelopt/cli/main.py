@@ -197,13 +197,18 @@ def _run(rest: list[str], debug: bool) -> int:
         from accelopt.cli.hydra_run import (
             HYDRA_PASSTHROUGH_FLAGS,
             drop_empty_plugin_selection,
+            plugin_selections,
             prepare,
             run_hydra,
         )
+        from accelopt.cli.sweep_settings import force_settings_of_swept_plugins
 
         rest = drop_empty_plugin_selection(rest)
         registry = Registry.discover()
         multirun = "-m" in rest or "--multirun" in rest
+        if multirun:  # a plugin's setting reaches the points of the sweep that select it
+            rest = force_settings_of_swept_plugins(
+                rest, plugin_selections(hydra_overrides(rest)))
         overrides = hydra_overrides(rest)
         passthrough = any(a.split("=")[0] in HYDRA_PASSTHROUGH_FLAGS for a in rest)
         modes = prepare(overrides, registry, multirun=multirun and not passthrough)
