@@ -360,3 +360,12 @@ def too_wide(*, input_shape, num_classes) -> nn.Module:
     shows in forward."""
     return nn.Sequential(nn.Flatten(), nn.Linear(999, num_classes))
 
+
+
+def with_a_nan(*, seed: int):
+    """``blobs`` with one feature of one training point nan (a first loss of nan)."""
+    train, held_out = blobs(seed=seed)
+    x, y = train.tensors
+    x = x.clone()
+    x[:, 0] = float("nan")  # every batch holds one
+    return TensorDataset(x, y), held_out

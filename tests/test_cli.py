@@ -489,6 +489,18 @@ def test_a_sweep_over_plugin_sets_takes_a_plugins_setting_for_the_sets_that_sele
     assert "sets an option of plugin 'wrap', which this run does not select" in nobody.stderr
 
 
+def test_a_run_whose_job_diverged_exits_3(tmp_path):
+    """A job trained to "done" on a loss of nan exited 0: a CI step passed a plugin that
+    broke the numerics (the summary's line is not what a pipeline reads)."""
+    result = accelopt("run", *TINY, "run.compare=none", "workload.jobs.0.lr=1.0e+12",
+                      "workload.jobs.1.lr=1.0e+12", cwd=tmp_path)
+    assert result.returncode == 3, result.stderr
+    (line,) = [ln for ln in result.stderr.splitlines() if ln.startswith("error:")]
+    assert "jobs diverged; tiny-" in line and "(outputs kept in " in line
+    (run_dir,) = _run_dirs(tmp_path)
+    assert json.loads((run_dir / "metrics.json").read_text())["summary"]["n_diverged"] >= 1
+
+
 def test_impossible_memory_budget_exits_nonzero_keeping_outputs(tmp_path):
     result = accelopt("run", *TINY, "run.memory_capacity=1KiB", cwd=tmp_path)
     assert result.returncode == 3

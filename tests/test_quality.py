@@ -117,6 +117,31 @@ def test_a_diverged_job_is_not_scored_by_an_argmax_over_nan(run_tiny):
     out = io.StringIO()
     render_summary(record, Console(file=out, width=200))
     assert "diverged d: its loss is not finite" in out.getvalue()
+    assert "(a learning rate too high, or a plugin's change?)" in out.getvalue()
+    assert "Run: 1/1 done (1 diverged), 0 failed" in out.getvalue()
+    from accelopt.report import run_metrics
+
+    assert run_metrics(record)["n_diverged"] == 1
+
+
+def test_a_first_loss_that_is_not_finite_is_not_blamed_on_the_learning_rate(run_tiny):
+    """nan in the data made the first loss nan, before any update; the line asked whether
+    the learning rate was too high."""
+    import io
+
+    from rich.console import Console
+
+    from accelopt.report.summary import render_summary
+
+    record = run_tiny(overrides=[
+        "workload.jobs=[{name: n, model: mlp, width: 16, batch_size: 16, iterations: 3, "
+        "dataset: 'byo_models:with_a_nan'}]", "run.compare=none"])
+    (result,) = record.jobs
+    assert result.diverged_at == 0  # an index: the first loss
+    out = io.StringIO()
+    render_summary(record, Console(file=out, width=200))
+    assert ("from loss 1 of 3 (the first, before any update: nan or inf in the data or the "
+            "initial weights, or a plugin's change)") in out.getvalue()
 
 
 def test_a_head_wider_than_the_classes_is_scored_with_a_note():

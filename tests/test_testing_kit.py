@@ -298,7 +298,7 @@ def test_a_plugin_that_makes_the_loss_diverge_fails_the_run_check(tmp_path: Path
             return loss * float("nan")
 
     with pytest.raises(AssertionError, match=r"plugin 'counter': under it the loss of "
-                       r"tiny-mlp, tiny-cnn \(the 'tiny' workload\) is not finite from loss 1"):
+                       r"tiny-mlp, tiny-cnn \(the 'tiny' workload\) is not finite from loss 2 of "):
         check_run(make_spec(Poisons), tmp_path)
 
 

@@ -43,6 +43,7 @@ from accelopt.errors import (
 from accelopt.job.checkpoint import has_checkpoints
 from accelopt.plugin import Registry, resolve
 from accelopt.report.console import default_console
+from accelopt.report.summary import diverged_text
 from accelopt.runtime.resume_target import HONOURED, refuse_finished, resume_target
 
 HYDRA_PASSTHROUGH_FLAGS = ("--help", "-h", "--hydra-help", "--info", "-i", "--cfg", "-c",
@@ -594,14 +595,21 @@ def stopped_line(error: str, run_dir: Path) -> str:
 
 
 def unfinished_jobs(record: Any, run_dir: Path) -> str:
-    """The error of a run some of whose jobs failed or were rejected (``""`` when every job
-    finished): how many, the first one's reason, and where the outputs are."""
+    """The error of a run some of whose jobs failed, were rejected or diverged (``""`` when
+    every job finished on a finite loss): how many, the first one's reason, and where the
+    outputs are."""
     unfinished = [j for j in record.jobs if j.status in ("failed", "rejected")]
-    if not unfinished:
-        return ""
-    first = unfinished[0]
-    return (f"{len(unfinished)} of {len(record.jobs)} jobs did not complete; "
-            f"'{first.job.name}' {first.status}: {first.error} (outputs kept in {run_dir})")
+    if unfinished:
+        first = unfinished[0]
+        return (f"{len(unfinished)} of {len(record.jobs)} jobs did not complete; "
+                f"'{first.job.name}' {first.status}: {first.error} (outputs kept in {run_dir})")
+    # trained to the end on a loss of nan: "done", and exit 0 let a CI step pass a plugin
+    # that broke the numerics (the summary said so, in a line a pipeline does not read)
+    diverged = [j for j in record.jobs if j.status == "done" and j.diverged_at is not None]
+    if diverged:
+        return (f"{len(diverged)} of {len(record.jobs)} jobs diverged; "
+                f"{diverged_text(diverged[0])} (outputs kept in {run_dir})")
+    return ""
 
 
 def sweep_failures(errors: Sequence[str]) -> str:

@@ -158,6 +158,8 @@ def run_metrics(record: RunRecord) -> dict[str, Any]:
         "n_jobs": len(jobs),
         "n_done": len(done),
         "n_failed": sum(1 for j in jobs if j.status == "failed"),
+        # done, on a loss that stopped being finite: trained to the end, learned nothing
+        "n_diverged": sum(1 for j in done if j.diverged_at is not None),
         "n_rejected": sum(1 for j in jobs if j.status == "rejected"),
         "avg_jct_s": _mean(jcts),
         "p95_jct_s": percentile(jcts, 95),

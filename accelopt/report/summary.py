@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from accelopt.records import CANNOT_SCORE, RunRecord
+from accelopt.records import CANNOT_SCORE, JobResult, RunRecord
 from accelopt.report.metrics import job_metrics, run_metrics
 from accelopt.types import ReportRow
 
@@ -93,8 +93,7 @@ def _errors(record: RunRecord) -> list[str]:
         for r in record.jobs
         if r.error
     ] + [
-        f"[bold yellow]diverged[/] {escape(r.job.name)}: its loss is not finite from loss "
-        f"{r.diverged_at} of {len(r.losses)} (a learning rate too high?); not scored"
+        f"[bold yellow]diverged[/] {escape(diverged_text(r))}; not scored"
         for r in record.jobs
         if not r.error and r.diverged_at is not None
     ] + [
@@ -111,12 +110,28 @@ def _errors(record: RunRecord) -> list[str]:
     ]
 
 
+def diverged_text(result: JobResult) -> str:
+    """A diverged job in words, with the likely causes: a first loss that is not finite
+    comes before any update, so no learning rate explains it (nan or inf in the data or
+    the initial weights, or a plugin's change); a later one is the usual too-large step,
+    or a plugin."""
+    first = result.diverged_at or 0  # an index: loss 1 is the first
+    where = f"{result.job.name}: its loss is not finite from loss {first + 1} of " \
+            f"{len(result.losses)}"
+    if first == 0:
+        return (f"{where} (the first, before any update: nan or inf in the data or the "
+                "initial weights, or a plugin's change)")
+    return f"{where} (a learning rate too high, or a plugin's change?)"
+
+
 def _run_line(record: RunRecord) -> str:
     s = run_metrics(record)
     profiling = (f" (of which {fmt(s['profiling_s'])} s profiling the jobs' memory, before "
                  "the first arrival)" if s.get("profiling_s") else "")
     return (
-        f"[bold]Run:[/] {s['n_done']}/{s['n_jobs']} done, {s['n_failed']} failed  "
+        f"[bold]Run:[/] {s['n_done']}/{s['n_jobs']} done"
+        f"{f' ({diverged} diverged)' if (diverged := s['n_diverged']) else ''}, "
+        f"{s['n_failed']} failed  "
         f"avg JCT {fmt(s['avg_jct_s'])} s  p95 JCT {fmt(s['p95_jct_s'])} s  "
         f"makespan {fmt(s['makespan_s'])} s  duration {fmt(s['duration_s'])} s{profiling}"
         "\n[dim]  JCT: a job's arrival to its last iteration's end; queue: arrival to its first "

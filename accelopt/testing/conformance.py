@@ -299,7 +299,7 @@ def _check_jobs_done(name: str, where: str, record: RunRecord) -> None:
     if diverged:  # "done", with a loss of nan: what the run's summary flags, the kit too
         raise AssertionError(
             f"plugin '{name}': under it the loss of {', '.join(j.job.name for j in diverged)} "
-            f"({where}) is not finite from loss {diverged[0].diverged_at} of "
+            f"({where}) is not finite from loss {diverged[0].diverged_at + 1} of "
             f"{len(diverged[0].losses)} on (the workload trains without it)"
         )
 
