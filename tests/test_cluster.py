@@ -437,6 +437,20 @@ def test_a_decoder_giving_back_a_tensor_of_another_size_is_refused(tmp_path, tes
     assert "\n" not in str(info.value)
 
 
+def test_a_run_started_while_a_rank_is_being_started_says_to_guard_the_call(monkeypatch,
+                                                                           tmp_path):
+    """A script calling accelopt at its top level, run again by each rank's import of it,
+    ended with multiprocessing's screen of text per rank; each rank now says what to do."""
+    import multiprocessing
+
+    from accelopt.errors import UserError
+
+    monkeypatch.setattr(multiprocessing.current_process(), "_inheriting", True, raising=False)
+    with pytest.raises(UserError, match=r'put that call under `if __name__ == "__main__":`'):
+        run_cluster(make_cfg("ps", iterations=1), run_dir=tmp_path)
+    assert not list(tmp_path.iterdir())  # nothing started
+
+
 def test_an_encoder_without_a_decoder_giving_another_size_is_refused(tmp_path, test_plugins):
     """With no decoder, what an encoder gives is what the server sums: a one-element
     gradient broadcast into every parameter's and the run ended "done" (the size check ran

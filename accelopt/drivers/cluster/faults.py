@@ -450,7 +450,8 @@ class Watchdog:
                 msg, rank=c.rank, pid=c.pid, iteration=iteration, cause=note["error"],
                 exit_code=int(note.get("exit_code", 1)),
                 job_id="" if kind == COMMUNICATION else job_id)
-        msg = (f"rank {c.rank} ({c.role}, pid {c.pid}) exited with code {code} {where_}; "
+        msg = (f"rank {c.rank} ({c.role}, pid {c.pid}) exited with code {code} {where_}"
+               f"{' (its output above says why)' if code and code > 0 else ''}; "
                "the cluster run was stopped")
         return (EXIT, 0.0), RankFailed(msg, rank=c.rank, pid=c.pid, iteration=iteration,
                                        cause=f"exit {code}", job_id=job_id)

@@ -46,7 +46,7 @@ from accelopt.drivers.processes import (
     stop_forkserver,
     under_torchrun,
 )
-from accelopt.errors import ConfigError, Terminated, raise_terminated
+from accelopt.errors import ConfigError, Terminated, UserError, raise_terminated
 from accelopt.job import job_specs
 from accelopt.plugin import Registry
 
@@ -73,6 +73,20 @@ def validate(cfg: DictConfig, settings: ClusterSettings) -> None:
             )
 
 
+def refuse_start_while_starting_a_rank() -> None:
+    """A rank process imports the script that started the run again (multiprocessing's
+    spawn and forkserver), and a script calling accelopt at its top level starts a cluster
+    run again there: multiprocessing's error is a screen of text per rank, and the run's
+    line only said that rank 0 exited before its first iteration."""
+    import multiprocessing
+
+    if getattr(multiprocessing.current_process(), "_inheriting", False):
+        raise UserError("a cluster run was started while a rank process was being started: "
+                        "each rank imports the script that started the run, and this one "
+                        "starts a run when imported; put that call under "
+                        "`if __name__ == \"__main__\":`")
+
+
 def run_cluster(cfg: DictConfig, *, run_dir: str | os.PathLike[str] = ".",
                 console: Any = None, registry: Registry | None = None,
                 while_ranks_start: Callable[[], None] | None = None,
@@ -87,6 +101,7 @@ def run_cluster(cfg: DictConfig, *, run_dir: str | os.PathLike[str] = ".",
     the run fails first, nor under torchrun); it must be quick and must not raise."""
     from accelopt.activation import selected_plugins
 
+    refuse_start_while_starting_a_rank()
     settings = settings_from(cfg.cluster)
     validate(cfg, settings)
     backend_note = pick_backend(settings, cfg).note  # refuses what cannot run, before a rank
