@@ -58,8 +58,8 @@ class JobConfig:
     standard ones (``input_shape``, ``num_classes``, ``vocab_size``, ``width``) that its
     signature names. A mapping; typed ``Any`` so ``...model_kwargs={...}`` composes."""
     dataset_kwargs: Any = None
-    """Keywords for a ``module:factory`` dataset (with ``seed``, ``n_train`` if it names
-    them)."""
+    """Keywords for a ``module:factory`` dataset (with ``seed`` if it names it; a job has no
+    ``n_train``: a factory that takes one gets it here)."""
     loss: str = "auto"
     """``auto``: the dataset's ``loss_fn`` if it has one, else cross-entropy over the
     model's logits; ``model``: the model computes it, called as ``model(x, labels=y)`` and

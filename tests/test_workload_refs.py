@@ -138,3 +138,40 @@ def test_cli_run_with_references(run_tiny) -> None:
         "workload.jobs.1.iterations=1",
     ])
     assert all(r.status == "done" for r in record.jobs)
+
+
+@pytest.mark.parametrize(("source", "words"), [
+    ("def f(:\n    pass\n", r"importing 'broken_mod' raised .*broken_mod\.py:1: SyntaxError: "),
+    ("import math\n\nraise RuntimeError('boom')\n",
+     r"importing 'broken_mod' raised RuntimeError: boom at .*broken_mod\.py:3$"),
+])
+def test_a_module_that_does_not_import_is_one_line_naming_where(tmp_path, monkeypatch, source,
+                                                                 words) -> None:
+    """Only ImportError was caught: a SyntaxError or an error at the module's top level
+    went out as itself (a Hydra traceback from the CLI, exit 1; not a UserError from
+    ``accelopt.run``)."""
+    import accelopt
+    from accelopt.errors import UserError
+
+    (tmp_path / "broken_mod.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ValueError, match=words) as info:
+        resolve_ref("broken_mod:make", "model")
+    assert "\n" not in str(info.value) and "model reference 'broken_mod:make'" in str(info.value)
+    job = '{name:m,model:"broken_mod:make",dataset:digits,iterations:1,batch_size:8}'
+    with pytest.raises(UserError, match=words.removesuffix("$")) as info:
+        accelopt.run(["workload=tiny", f"workload.jobs=[{job}]", "run.compare=none",
+                      "run.progress=false"], run_dir=tmp_path / "run")
+    assert "\n" not in str(info.value) and str(info.value).startswith("job 'm': ")
+
+
+def test_the_cli_refuses_a_module_with_a_syntax_error_with_exit_2(tmp_path) -> None:
+    from clirun import accelopt
+
+    (tmp_path / "broken_cli_mod.py").write_text("x = (\n")
+    done = accelopt("run", "workload=single", "workload.jobs.0.model=broken_cli_mod:make",
+                    "workload.jobs.0.dataset=digits", f"hydra.run.dir={tmp_path / 'run'}",
+                    cwd=tmp_path, PYTHONPATH=str(tmp_path))
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr + done.stdout
+    assert "importing 'broken_cli_mod' raised" in done.stderr and "SyntaxError" in done.stderr

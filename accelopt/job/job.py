@@ -73,6 +73,7 @@ class Job:
             self.dataset = build_dataset(dataset_name, seed=spec.seed,
                                          kwargs=spec.dataset_kwargs)
             check_compatible(spec.model, self.dataset)
+            check_rows(self.dataset, spec)
             self._one_tensor = check_batch(self.dataset, spec)
             """Batches hold one input tensor (else a tuple or mapping of them)."""
         except ValueError as exc:
@@ -87,7 +88,7 @@ class Job:
                     spec.model,
                     input_shape=tuple(self.dataset.input_shape),
                     num_classes=self.dataset.num_classes,
-                    vocab_size=self.dataset.vocab_size,
+                    vocab_size=getattr(self.dataset, "vocab_size", None),
                     width=spec.width,
                     kwargs=spec.model_kwargs,
                 )
@@ -95,6 +96,8 @@ class Job:
                 raise ConfigError(f"job '{spec.name}': {exc}") from None
             refuse_sparse_gradients(model, spec.name)
             model = offer_layers(model, info, self.host)
+        if spec.kind == "train":
+            refuse_untrainable(model, spec.name)
         self.model = model.to(device)
         self._on_cpu = device.type == "cpu"
         self.bucket_bytes = bucket_bytes
@@ -502,6 +505,21 @@ def refuse_sparse_gradients(model: nn.Module, job: str) -> None:
                           f"{'it' if len(sparse) == 1 else 'them'} with sparse=False")
 
 
+def refuse_untrainable(model: nn.Module, job: str) -> None:
+    """A training job's model with no parameter to train (none at all, or every one frozen
+    with ``requires_grad=False``) is refused in one line when the job is built: the
+    optimizer refused an empty parameter list with a traceback, and a frozen model failed
+    its first backward ("element 0 of tensors does not require grad", with a hint about the
+    dataset's inputs), DDP's own error under all-reduce, exit 3 under a parameter server."""
+    params = list(model.parameters())
+    if any(p.requires_grad for p in params):
+        return
+    what = (f"all {len(params)} of its parameter tensors are frozen (requires_grad=False)"
+            if params else "it has no parameters")
+    raise ConfigError(f"job '{job}': the model has nothing to train: {what}; use kind=infer "
+                      "to only run it, or unfreeze some (requires_grad_(True))")
+
+
 def job_loss(dataset: Any) -> Callable[[Any, torch.Tensor], torch.Tensor]:
     """The training loss: the dataset's own ``loss_fn(out, y)`` when it has one (multi-label
     targets need one), else cross-entropy over class indices, of the model's logits
@@ -612,6 +630,23 @@ def takes_labels(model: nn.Module) -> bool:
     except (TypeError, ValueError):
         return True  # cannot tell: let the call say
     return any(p.name == "labels" or p.kind is p.VAR_KEYWORD for p in params)
+
+
+def check_rows(dataset: Any, spec: JobConfig) -> None:
+    """Refuse a ``batch_size`` larger than the training set (where the dataset says its
+    size, ``n_train``): a batch holds positions of the per-epoch permutation stream, so it
+    trained silently on every row repeated, ~195 times each for 100,000 of 512 rows. A
+    refusal, not a warning: the job could not train on what was asked for (a batch of that
+    many distinct samples), and the dataset's size is known only once it is built, after
+    the run's start-of-run warnings. An inference job is not refused: it only measures its
+    model's speed on batches of that size, and repeated rows serve that as well."""
+    n_train = getattr(dataset, "n_train", None)
+    if spec.kind == "train" and isinstance(n_train, int) and 0 < n_train < spec.batch_size:
+        name = getattr(dataset, "name", None) or spec.dataset
+        raise ValueError(
+            f"batch_size={spec.batch_size} is larger than the training set of dataset "
+            f"{name!r} ({n_train} samples): every batch would repeat each sample "
+            f"~{spec.batch_size / n_train:.0f} times; set batch_size={n_train} or less")
 
 
 def check_batch(dataset: Any, spec: JobConfig) -> bool:

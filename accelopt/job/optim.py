@@ -26,8 +26,13 @@ HOOK = "accelopt_optimizer_build"
 
 def make_optimizer(spec: JobConfig, params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
     """The optimizer the job's settings name (``optimizer``, ``lr``, ``momentum``,
-    ``weight_decay``; None keeps the optimizer's own default)."""
-    params = list(params)
+    ``weight_decay``; None keeps the optimizer's own default). No parameters (a parameter
+    server whose shard is empty: more servers than the model has tensors) gives an optimizer
+    of one empty group, whose step does nothing: torch refuses an empty list ("optimizer got
+    an empty parameter list") and that server failed the run. A training job's model with
+    nothing to train is refused when the job is built (``job.refuse_untrainable``)."""
+    tensors = list(params)
+    params = tensors if tensors else [{"params": []}]  # type: ignore[list-item]
     decay = {} if spec.weight_decay is None else {"weight_decay": float(spec.weight_decay)}
     if spec.optimizer == "adam":
         return torch.optim.Adam(params, lr=spec.lr, **decay)

@@ -23,6 +23,13 @@ from accelopt.job.job import logits_of
 from accelopt.records import CANNOT_SCORE, JobResult, Quality
 
 EVAL_BATCH = 1024
+EMPTY_HELD_OUT = "its held-out set is empty"
+
+
+class EmptyHeldOut(ValueError):
+    """The dataset has a held-out set with no points: nothing to score, as with no held-out
+    set at all (a note, not a failure). Scoring none gave ``nan`` over 0 points, or an
+    adapter's ``IndexError`` read as "cannot score"."""
 
 
 def hits_at_1(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -101,8 +108,9 @@ def score(model: torch.nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Te
 
 def evaluate(model: torch.nn.Module, dataset: object,
              device: torch.device | None = None) -> Quality | None:
-    """The model's held-out top-1 on ``dataset``; None if the dataset has no held-out set.
-    A model or dataset this cannot score raises ``ValueError`` in one line."""
+    """The model's held-out top-1 on ``dataset``; None if the dataset has no held-out set,
+    :class:`EmptyHeldOut` if it has an empty one. A model or dataset this cannot score
+    raises ``ValueError`` in one line."""
     own = getattr(dataset, "evaluate_model", None)
     if callable(own):  # a dataset with a metric of its own (a language model's perplexity)
         return own(model)  # type: ignore[no-any-return]
@@ -110,6 +118,8 @@ def evaluate(model: torch.nn.Module, dataset: object,
     if batches is None:
         return None
     value, n, multi, p5, width = score(model, batches, device)
+    if n == 0:
+        raise EmptyHeldOut(EMPTY_HELD_OUT)
     classes = getattr(dataset, "num_classes", None)
     note = ""
     if isinstance(classes, int) and classes > 0 and width and width != classes:
@@ -143,10 +153,13 @@ def score_result(result: JobResult, spec: Any, model: torch.nn.Module | None, da
         result.quality_note = "its trained weights are not in this process"
     elif result.diverged_at is not None:
         result.quality_note = (f"not scored: the loss diverged (not finite from loss "
-                               f"{result.diverged_at} of {len(result.losses)})")
+                               f"{result.diverged_at + 1} of {len(result.losses)})")
     else:
         try:
             result.quality = evaluate(model, dataset, device)
+        except EmptyHeldOut:
+            result.quality_note = EMPTY_HELD_OUT
+            return
         except Exception as exc:  # noqa: BLE001 - a plugin's model may not score: say so
             result.quality_note = f"{CANNOT_SCORE}: {error_text(exc)}"[:300]
             return

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -136,8 +137,11 @@ def validate_spec(spec: JobConfig) -> None:
         raise ConfigError(f"{where}: iterations must be >= 1, got {spec.iterations}")
     if spec.batch_size < 1:
         raise ConfigError(f"{where}: batch_size must be >= 1, got {spec.batch_size}")
+    _check_finite(spec, where)
     if spec.lr <= 0:
-        raise ConfigError(f"{where}: lr must be > 0, got {spec.lr}")
+        raise ConfigError(f"{where}: lr must be a finite number > 0, got {spec.lr}")
+    if spec.momentum < 0:
+        raise ConfigError(f"{where}: momentum must be >= 0, got {spec.momentum}")
     if spec.weight_decay is not None and spec.weight_decay < 0:
         raise ConfigError(f"{where}: weight_decay must be >= 0, got {spec.weight_decay}")
     if spec.lr_schedule not in SCHEDULES:
@@ -164,6 +168,30 @@ def validate_spec(spec: JobConfig) -> None:
         raise ConfigError(f"{where}: arrival_s must be >= 0 (seconds after the run starts), "
                           f"got {spec.arrival_s}")
     _check_names(spec, where)
+
+
+FLOAT_SETTINGS = {
+    "lr": "a finite number > 0",
+    "momentum": "a finite number >= 0",
+    "weight_decay": "a finite number >= 0, or null",
+    "min_lr": "a finite number in [0, lr]",
+    "grad_clip": "a finite number > 0, or null (no clipping)",
+    "arrival_s": "a finite number >= 0 (seconds after the run starts)",
+}
+"""A job's float settings and what each takes: ``nan`` and ``inf`` pass every comparison
+check written for ordinary numbers (``nan <= 0`` is false), so ``lr=inf`` trained into
+nan and ``lr=nan`` was refused as a bad ``min_lr``."""
+
+
+def _check_finite(spec: JobConfig, where: str) -> None:
+    """Refuse a ``nan`` or ``inf`` in any of :data:`FLOAT_SETTINGS`, naming the key."""
+    for key, takes in FLOAT_SETTINGS.items():
+        value = getattr(spec, key)
+        if value is None and "null" in takes:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                or not math.isfinite(value):
+            raise ConfigError(f"{where}: {key} must be {takes}, got {value}")
 
 
 def spec_warnings(spec: JobConfig) -> list[str]:

@@ -7,7 +7,8 @@ so that every process of a cluster run, a resumed job and a repeated run see the
 ``__getitem__``; a torchvision or HF dataset with a transform, a user's own) becomes one:
 batch ``i`` is the rows the seeded per-epoch permutation puts there, fetched with
 ``dataset[j]`` and stacked. A factory may also return ``(train, held_out)``: the second is
-the held-out set every run scores (``job/quality.py``). An iterable of ready-made batches
+the held-out set every run scores (``job/quality.py``), of either kind
+(:func:`held_out_batches`). An iterable of ready-made batches
 (a ``DataLoader``, no ``__getitem__``) is read in order instead (:class:`IterableBatches`).
 
 A sample is ``(input, label)`` or a dict with a ``labels`` key (HF datasets); its input may
@@ -40,6 +41,13 @@ def adapt_dataset(built: Any, *, name: str, seed: int) -> Any:
     else a :class:`MapStyleDataset` over it (or over ``(train, held_out)``)."""
     if all(hasattr(built, attr) for attr in BATCH_PROTOCOL):
         return built
+    if _tensor_pair(built):  # a tensor is indexable, so (x, y) read as (train, held_out)
+        x, y = built
+        raise ValueError(
+            f"dataset {name!r} returned a pair of tensors ({tuple(x.shape)}, "
+            f"{tuple(y.shape)}), which reads as (train, held_out) datasets; wrap them: return "
+            "torch.utils.data.TensorDataset(x, y), or (TensorDataset(x_train, y_train), "
+            "TensorDataset(x_held_out, y_held_out))")
     held_out = None
     if (isinstance(built, tuple) and len(built) == 2
             and all(_map_style(b) or _iterable(b) for b in built)):
@@ -55,7 +63,17 @@ def adapt_dataset(built: Any, *, name: str, seed: int) -> Any:
 
 
 def _map_style(obj: Any) -> bool:
-    return hasattr(obj, "__len__") and hasattr(obj, "__getitem__")
+    """``__len__`` and ``__getitem__``, and not a torch ``IterableDataset``: torch's
+    ``Dataset`` base class defines a ``__getitem__`` that raises ``NotImplementedError``, so
+    an ``IterableDataset`` that defines ``__len__`` looked map-style and failed at item 0."""
+    return (hasattr(obj, "__len__") and hasattr(obj, "__getitem__")
+            and not isinstance(obj, torch.utils.data.IterableDataset))
+
+
+def _tensor_pair(obj: Any) -> bool:
+    """A tuple or list of two tensors: what a factory returning ``x, y`` gives."""
+    return (isinstance(obj, (tuple, list)) and len(obj) == 2
+            and all(isinstance(t, torch.Tensor) for t in obj))
 
 
 def _iterable(obj: Any) -> bool:
@@ -77,21 +95,23 @@ def split_sample(item: Any, where: str, float_labels: bool = False) -> tuple[Any
             raise ValueError(
                 f"{where} is a dict without a label (keys {sorted(item)[:6]}); add a "
                 "'labels' (or 'label') entry, or return (inputs, label) pairs")
-        x: Any = {k: _tensor(v) for k, v in item.items() if k != key}
+        x: Any = {k: _tensor(v, where, f"field {k!r}") for k, v in item.items() if k != key}
         y = item[key]
     elif isinstance(item, (tuple, list)) and len(item) == 2:
         x, y = item
         if isinstance(x, Mapping):
-            x = {k: _tensor(v) for k, v in x.items()}
+            x = {k: _tensor(v, where, f"field {k!r}") for k, v in x.items()}
         elif isinstance(x, (tuple, list)):
-            x = tuple(_tensor(v) for v in x)
+            x = tuple(_tensor(v, where, f"input {i}") for i, v in enumerate(x))
         else:
-            x = _tensor(x)
+            x = _tensor(x, where, "input")
     else:
+        wrap = (" (tensors x and y: wrap them in torch.utils.data.TensorDataset(x, y))"
+                if isinstance(item, torch.Tensor) else "")
         raise ValueError(
             f"{where} is a {type(item).__name__}, not an (input, label) pair or a dict with "
-            "'labels'; return (tensor, label) or {'input_ids': ..., 'labels': ...}")
-    y = y if isinstance(y, torch.Tensor) else torch.as_tensor(y)
+            f"'labels'; return (tensor, label) or {{'input_ids': ..., 'labels': ...}}{wrap}")
+    y = _tensor(y, where, "label")
     if y.is_floating_point() and not float_labels:
         raise ValueError(f"{where}: its label is {y.dtype}; class labels must be integers "
                          "(class indices), or give the dataset a loss_fn(out, y) for other "
@@ -117,8 +137,33 @@ def target_classes(y: torch.Tensor, per_sample: bool) -> int:
     return int(y.shape[-1]) if dims >= 1 else 1
 
 
-def _tensor(v: Any) -> torch.Tensor:
-    return v if isinstance(v, torch.Tensor) else torch.as_tensor(v)
+def _tensor(v: Any, where: str, field: str) -> torch.Tensor:
+    """``v`` as a tensor, or one line naming the sample's ``field`` that is not numbers (an
+    HF-datasets row's ``text`` column beside its ``input_ids``, a str label): torch's own
+    error ("new(): invalid data type 'str'") named neither the field nor the fix."""
+    if isinstance(v, torch.Tensor):
+        return v
+    try:
+        return torch.as_tensor(v)
+    except (TypeError, ValueError, RuntimeError):
+        text = isinstance(v, str) or (isinstance(v, (list, tuple)) and any(
+            isinstance(e, str) for e in v))
+        what = f"text ({_short(v)})" if text else f"a {type(v).__name__} ({_short(v)})"
+        if field == "label":
+            raise ValueError(
+                f"{where}: its label is {what}, not a number; labels must be numbers (integer "
+                "class indices): map each to one (HF datasets: "
+                "dataset.class_encode_column('label'))") from None
+        key = field.removeprefix("field ")
+        drop = (f"drop it (HF datasets: dataset.remove_columns([{key}]))"
+                if field.startswith("field ") else "drop it")
+        raise ValueError(f"{where}: its {field} is {what}, not numbers a model can take; "
+                         f"{drop} or convert it to numbers (tokenize text)") from None
+
+
+def _short(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def classes_attribute(*sources: Any) -> int | None:
@@ -140,6 +185,28 @@ def sample_facts(first: torch.Tensor) -> tuple[tuple[int, ...], str]:
     return tuple(first.shape), kind
 
 
+def held_out_batches(held_out: Any, name: str, float_labels: bool,
+                     batch_size: int = 1024) -> Any:
+    """The held-out set's ``(inputs, labels)`` batches, of either kind whatever the training
+    set's: a map-style one's samples stacked ``batch_size`` at a time, an iterable's batches
+    as they come. What the scorer reads (``eval_batches``): an empty set yields none, and
+    the job's note says it is empty (joining no samples raised ``IndexError``), and a
+    ``DataLoader`` beside a map-style training set was indexed as one ("not
+    subscriptable")."""
+    if not _map_style(held_out):
+        for j, item in enumerate(held_out):
+            yield split_sample(item, f"dataset {name!r}: held-out batch {j}", float_labels)
+        return
+    n = len(held_out)
+    for lo in range(0, n, batch_size):
+        pairs = [split_sample(held_out[j], f"dataset {name!r}: held-out item {j}",
+                              float_labels) for j in range(lo, min(n, lo + batch_size))]
+        try:
+            yield inputs.stack([x for x, _ in pairs]), torch.stack([y for _, y in pairs])
+        except (ValueError, RuntimeError) as exc:
+            raise ValueError(f"dataset {name!r}: held-out set: {exc}".splitlines()[0]) from None
+
+
 class MapStyleDataset:
     """The batch protocol over a map-style dataset of samples (:func:`split_sample`)."""
 
@@ -148,7 +215,8 @@ class MapStyleDataset:
         self._train, self._held_out = train, held_out
         self.n_train = len(train)
         if self.n_train == 0:
-            raise ValueError(f"dataset {name!r} is empty")
+            raise ValueError(f"dataset {name!r}: its training set is empty (len 0); return a "
+                             "dataset with at least one batch of samples")
         loss = own_loss(train)
         if loss is not None:
             self.loss_fn = loss
@@ -159,8 +227,10 @@ class MapStyleDataset:
         self.num_classes = classes_attribute(train) or (
             target_classes(y, per_sample=True) if y.is_floating_point()
             else self._max_label(train) + 1)
-        if held_out is not None:  # only then has it an eval_set: runs score it
-            self.eval_set = self._eval_set
+        if held_out is not None:  # only then has it a held-out set: runs score it
+            self.eval_batches = self._eval_batches
+            if _map_style(held_out) and len(held_out):
+                self.eval_set = self._eval_set
 
     def __repr__(self) -> str:
         return (f"MapStyleDataset(name={self.name!r}, n_train={self.n_train}, input_shape="
@@ -186,6 +256,9 @@ class MapStyleDataset:
 
     def _eval_set(self) -> tuple[Any, torch.Tensor]:
         return self._stack(self._held_out, list(range(len(self._held_out))))
+
+    def _eval_batches(self, batch_size: int = 1024) -> Any:
+        return held_out_batches(self._held_out, self.name, self._float_labels, batch_size)
 
 
 class IterableBatches:
@@ -218,9 +291,19 @@ class IterableBatches:
         self._next = 0  # index of the batch self._iter yields next
         self._pass_length: int | None = None
         self._kept: dict[int, tuple[Any, torch.Tensor]] = {}
-        first = self._read(0)
-        self._check_same_order(first)
+        try:
+            first = self._read(0)
+        except IndexError:
+            raise ValueError(
+                f"dataset {name!r}: its training iterable yields no batch (an empty "
+                "DataLoader?); give it at least one batch of samples") from None
         x, y = first
+        if y.dim() == 0:  # a label per item: the iterable yields samples, not batches
+            raise ValueError(
+                f"dataset {name!r} is an iterable (read as batches) but yields single "
+                f"samples (item 0: input {inputs.describe(x)}, a 0-d label); an iterable must "
+                "yield batches: wrap it in torch.utils.data.DataLoader(dataset, batch_size=...)")
+        self._check_same_order(first)
         self.batch_rows = len(y)
         self.input_shape, self.input_kind = sample_facts(inputs.tensors(x)[0][0])
         self.vocab_size = getattr(train, "vocab_size", None)
@@ -229,7 +312,9 @@ class IterableBatches:
             target_classes(y, per_sample=False) if y.is_floating_point()
             else self._max_label() + 1)
         if held_out is not None:
-            self.eval_set = self._eval_set
+            self.eval_batches = self._eval_batches
+            if not _map_style(held_out):
+                self.eval_set = self._eval_set
 
     def __repr__(self) -> str:
         return (f"IterableBatches(name={self.name!r}, batch_rows={self.batch_rows}, "
@@ -323,3 +408,6 @@ class IterableBatches:
         if not pairs:
             raise ValueError(f"dataset {self.name!r}: the held-out iterable yields no batch")
         return inputs.concat([x for x, _ in pairs]), torch.cat([y for _, y in pairs])
+
+    def _eval_batches(self, batch_size: int = 1024) -> Any:
+        return held_out_batches(self._held_out, self.name, self._float_labels, batch_size)

@@ -258,7 +258,7 @@ def build_dataset(name: str, *, seed: int, n_train: int | None = None,
     ``name`` may be a ``"module:factory"`` reference, called with ``kwargs`` (the job's
     ``dataset_kwargs``) and whichever of ``seed=``, ``n_train=`` its signature names; it
     returns any object with ``Dataset``'s interface (``batch``, ``input_shape``,
-    ``num_classes``, ``vocab_size``, ``input_kind``), may add ``loss_fn(out, y)`` and
+    ``num_classes``; ``vocab_size`` and ``input_kind`` optional), may add ``loss_fn(out, y)`` and
     ``eval_set()``, or a map-style ``torch.utils.data.Dataset`` of ``(input, label)`` pairs,
     which is adapted (``workloads/adapters.py``).
     """
@@ -296,16 +296,18 @@ def check_compatible(model: str, dataset: Dataset) -> None:
 
     The MLP flattens, so it takes vectors or images; every other family needs its own kind.
     A referenced model (``module:factory``) or a dataset of a kind the zoo does not know
-    (e.g. sparse inputs from a referenced factory) is its author's to match: not checked.
+    (e.g. sparse inputs from a referenced factory, or a batch-protocol object without an
+    ``input_kind``) is its author's to match: not checked.
     """
-    if is_ref(model) or dataset.input_kind not in _PLURAL:
+    kind = getattr(dataset, "input_kind", None)  # optional in the batch protocol
+    if is_ref(model) or kind not in _PLURAL:
         return
     needed = model_input_kind(model)
     accepted: tuple[InputKind, ...] = ("vector", "image") if model == "mlp" else (needed,)
-    if dataset.input_kind in accepted:
+    if kind in accepted:
         return
     needs = " or ".join(accepted)
     raise ValueError(
-        f"model {model!r} needs {needs} data; dataset {dataset.name!r} gives "
-        f"{_PLURAL[dataset.input_kind]}: choose dataset={_DEFAULT_FOR_KIND[needed]}"
+        f"model {model!r} needs {needs} data; dataset {getattr(dataset, 'name', '?')!r} gives "
+        f"{_PLURAL[kind]}: choose dataset={_DEFAULT_FOR_KIND[needed]}"
     )

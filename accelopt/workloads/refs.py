@@ -8,14 +8,18 @@ run unchanged with or without the plugin that optimises it.
 What a factory is called with (:func:`call_factory`): the job's ``model_kwargs`` /
 ``dataset_kwargs``, plus each *standard* keyword the core knows (a model's ``input_shape``,
 ``num_classes``, ``vocab_size``, ``width``; a dataset's ``seed``, ``n_train``) that the
-factory's signature names. A factory that names none of them gets only the user's keywords,
+factory's signature names (a job has no ``n_train``: only a direct ``build_dataset(n_train=)``
+call gives one). A factory that names none of them gets only the user's keywords,
 so a library constructor such as ``torchvision.models:resnet18`` (which passes ``**kwargs``
 on to its class) works as it is, with ``model_kwargs={num_classes: 10}``.
 """
 
 from __future__ import annotations
 
+import importlib
 import inspect
+import os
+import traceback
 from collections.abc import Callable, Mapping
 from importlib import import_module
 from typing import Any
@@ -37,12 +41,32 @@ def resolve_ref(ref: str, what: str) -> Callable[..., Any]:
         module = import_module(module_name)
     except ImportError as exc:
         raise ValueError(f"{what} reference {ref!r}: cannot import {module_name!r} ({exc})") from None
+    except Exception as exc:  # the user's module is broken: one line, where (--debug: chain)
+        raise ValueError(f"{what} reference {ref!r}: importing {module_name!r} raised "
+                         f"{import_error(exc)}") from exc
     factory: Any = module
     for part in attr.split("."):  # 'module:Class.from_config' names an attribute's attribute
         factory = getattr(factory, part, None)
     if not callable(factory):
         raise ValueError(f"{what} reference {ref!r}: {module_name!r} has no callable {attr!r}")
     return factory  # type: ignore[no-any-return]
+
+
+def import_error(exc: BaseException) -> str:
+    """A module's failure to import, in one line with where it is: ``file:line`` of a
+    SyntaxError, else the module's own line that raised (the first frame of the traceback
+    outside importlib and this file). Only ImportError was caught: a SyntaxError or an error
+    at the module's top level went out as a traceback (Hydra's, exit 1), and out of
+    ``accelopt.run`` as itself rather than a ``UserError``."""
+    if isinstance(exc, SyntaxError):
+        where = f"{exc.filename}:{exc.lineno}: " if exc.filename else ""
+        return f"{where}{type(exc).__name__}: {exc.msg}"
+    importlib_dir = os.path.dirname(importlib.__file__)
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if not f.filename.startswith(("<frozen", importlib_dir))
+              and f.filename != __file__]
+    where = f" at {frames[0].filename}:{frames[0].lineno}" if frames else ""
+    return f"{error_text(exc)}{where}"
 
 
 def call_factory(ref: str, what: str, standard: Mapping[str, Any],
