@@ -287,3 +287,13 @@ def test_a_parameter_server_holding_no_tensor_lets_the_run_train(tmp_path, monke
     (result,) = record.jobs
     assert result.status == "done", result.error
     assert len(result.losses) == 2 and all(v == v for v in result.losses)
+
+
+def test_a_token_model_on_data_without_a_vocab_size_says_to_give_the_dataset_one():
+    """It said "needs vocab_size >= 1; got None: pass it", and there is no job key to pass."""
+    from accelopt.workloads.models import build_model
+
+    with pytest.raises(ValueError, match=r"model 'lstm' embeds token ids and needs the "
+                       r"dataset's vocab_size \(>= 1\), got None: give the dataset a "
+                       r"vocab_size attribute"):
+        build_model("lstm", input_shape=(12,), num_classes=3, vocab_size=None)

@@ -279,7 +279,9 @@ def _require_sequence(
             "use a sequence dataset such as synthetic_sequences"
         )
     if vocab_size is None or vocab_size < 1:
-        raise ValueError(f"model {name!r} needs vocab_size >= 1; got {vocab_size}: pass it")
+        raise ValueError(f"model {name!r} embeds token ids and needs the dataset's "
+                         f"vocab_size (>= 1), got {vocab_size}: give the dataset a vocab_size "
+                         "attribute (the number of distinct token ids)")
     return input_shape[0], vocab_size
 
 
