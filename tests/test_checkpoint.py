@@ -137,6 +137,44 @@ def test_resume_of_a_finished_run_is_refused_unless_asked_and_never_rewrites_it(
     assert run_files(first) == before
 
 
+@pytest.mark.timeout(120)
+def test_a_resumed_runs_finished_jobs_keep_their_times_and_the_makespan(tmp_path):
+    """A job finished before the resume ended at its arrival with its JCT carried: its row
+    ended before it started, and the makespan moved its start back instead of its end
+    forward (0.118 s for a run whose second job arrived at 0.05 s and took 0.080 s)."""
+    first, again = tmp_path / "first", tmp_path / "again"
+    run_in_process("workload=tiny", "run.progress=false", "run.compare=none",
+                   "run.checkpoint_every=2", run_dir=first)
+    run_in_process(f"run.resume={first}", "run.resume_finished=true", "run.progress=false",
+                   run_dir=again)
+    old, new = (json.loads((d / "metrics.json").read_text()) for d in (first, again))
+    assert new["summary"]["makespan_s"] == pytest.approx(old["summary"]["makespan_s"])
+    assert new["summary"]["makespan_s"] >= max(j["arrival_s"] + j["jct_s"] for j in old["jobs"])
+    for before, after in zip(old["jobs"], new["jobs"], strict=True):
+        assert after["jct_s"] == pytest.approx(before["jct_s"])
+        assert after["end_s"] - after["arrival_s"] == pytest.approx(after["jct_s"])
+        assert after["queueing_s"] == pytest.approx(before["queueing_s"])
+        assert after["first_start_s"] - after["arrival_s"] == pytest.approx(after["queueing_s"])
+
+
+@pytest.mark.timeout(120)
+def test_a_resume_whose_checkpoints_are_of_other_jobs_writes_nothing(tmp_path):
+    """Refused in one line, after the new directory held the carried checkpoints, the config
+    and the log (the refusal is found before anything is written)."""
+    first = tmp_path / "first"
+    run_in_process("workload=single", "workload.jobs.0.iterations=4", "run.progress=false",
+                   "run.checkpoint_every=2", run_dir=first)
+    config = (first / "config.yaml").read_text()
+    assert "lr: 0.05" in config
+    (first / "config.yaml").write_text(config.replace("lr: 0.05", "lr: 0.07"))
+    refused = accelopt("run", f"run.resume={first}", "run.resume_finished=true",
+                       f"hydra.run.dir={tmp_path / 'again'}", cwd=tmp_path)
+    assert refused.returncode == 2, refused.stderr
+    assert "was written for a different job spec" in refused.stderr
+    assert "resuming" not in refused.stdout
+    assert not (tmp_path / "again").exists()
+
+
 def test_resume_of_a_directory_without_a_run_is_one_line(tmp_path):
     result = accelopt("run", f"run.resume={tmp_path}", cwd=tmp_path)
     assert result.returncode == 2

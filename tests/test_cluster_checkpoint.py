@@ -115,6 +115,10 @@ def test_a_killed_rank_resumes_to_the_samesaved_weights(tmp_path, mode):
     assert carried > 0
     assert result["samples"] / result["throughput"] > carried
     assert metrics["summary"]["makespan_s"] >= result["jct_s"]
+    # the queueing delay before the kill is the job's (it was the resumed part's own)
+    queued = [torch.load(p, weights_only=False)["queueing_s"]
+              for p in run_dir.glob(f"checkpoints/*/rank*.it{latest:08d}.pt")]
+    assert any(result["queueing_s"] == pytest.approx(q) for q in queued if q is not None)
 
 
 TESTS = str(Path(__file__).parent)

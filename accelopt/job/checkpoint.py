@@ -111,6 +111,22 @@ class Checkpointer:
             atomic_torch_save(job.model.state_dict(), self.weights_dir / f"{job.info.job_id}.pt")
 
 
+def spec_mismatch(path: Path) -> UserError:
+    return UserError(f"checkpoint {path} was written for a different job spec; resume with "
+                     "the run's own config (run.resume=<that run dir>)")
+
+
+def refuse_other_spec(path: Path, spec: Any) -> None:
+    """The checkpoint at ``path`` must be of ``spec``'s job (checked before a resumed run
+    writes anything; memory-mapped, so its tensors are not read)."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    except Exception:  # noqa: BLE001 - unreadable: said, with its fix, when it is loaded
+        return
+    if state.get("spec") != asdict(spec):
+        raise spec_mismatch(path)
+
+
 def load_into(path: Path, job: Job) -> dict[str, Any]:
     """Load the checkpoint at ``path`` into ``job`` (model, optimizer, random state,
     iteration) and return the whole saved state. Each way it can be wrong is one line: an
@@ -121,13 +137,27 @@ def load_into(path: Path, job: Job) -> dict[str, Any]:
         raise UserError(f"cannot read checkpoint {path}: {exc}; delete it to restart "
                         "that job from scratch") from None
     if state.get("spec") != asdict(job.spec):
-        raise UserError(f"checkpoint {path} was written for a different job spec; "
-                        "resume with the run's own config (run.resume=<that run dir>)")
+        raise spec_mismatch(path)
     try:
         job.load_state_dict(state["job"], source=str(path))
     except (RuntimeError, KeyError, ValueError) as exc:
         raise misfit(str(path), job.info.name, exc) from None
     return state
+
+
+def finished_before_the_resume(result: JobResult) -> None:
+    """The row of a job that had finished before the run was resumed (nothing more to
+    run): its times as they were, from its arrival, which a resumed run keeps: it ends its
+    carried time (its JCT) after it, and first started its queueing delay after it. It
+    ended at its arrival with its JCT carried, which put its end before its own first start
+    and moved its start back in the makespan instead of its end forward (a resumed run's
+    makespan came out shorter than a job's arrival plus its JCT)."""
+    arrival = result.job.arrival_s
+    result.end_s = arrival + result.carried_s
+    if result.carried_queueing_s is not None:
+        result.first_start_s = arrival + result.carried_queueing_s
+        result.carried_queueing_s = None
+    result.carried_s = 0.0
 
 
 def restore(run_dir: Path, jobs: list[Job]) -> dict[str, JobResult]:
@@ -149,7 +179,7 @@ def restore(run_dir: Path, jobs: list[Job]) -> dict[str, JobResult]:
         result.carried_s = float(timing.get("elapsed_s", 0.0))
         result.carried_queueing_s = timing.get("queueing_s")
         if result.status == "done":
-            result.end_s = job.info.arrival_s  # nothing more to run: its JCT is what it was
+            finished_before_the_resume(result)
         elif result.status not in ("failed", "rejected"):
             result.status = "pending"
         results[job.info.job_id] = result

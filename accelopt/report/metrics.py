@@ -151,9 +151,11 @@ def run_metrics(record: RunRecord) -> dict[str, Any]:
     jcts = [j.jct_s for j in done if j.jct_s is not None]
     queueing = [j.queueing_s for j in jobs if j.queueing_s is not None]
     ends = [j.end_s for j in jobs if j.end_s is not None]
-    # a resumed job arrived its carried time earlier (its JCT counts the part before the
-    # checkpoint), so the makespan, first arrival to last end, holds every JCT
-    makespan = max(ends) - min(j.job.arrival_s - j.carried_s for j in jobs) if ends else None
+    # first arrival to the last completion; a job resumed part-way completes its carried
+    # time (the part before its checkpoint) after its end in this run, so the makespan
+    # holds every job's arrival plus its JCT
+    makespan = (max(j.end_s + j.carried_s for j in jobs if j.end_s is not None)
+                - min(j.job.arrival_s for j in jobs)) if ends else None
     summary: dict[str, Any] = {
         "n_jobs": len(jobs),
         "n_done": len(done),

@@ -554,6 +554,7 @@ def _maybe_resume(
     for key in honoured(_command_line() if overrides is None else overrides):
         OmegaConf.update(resumed, key, OmegaConf.select(cfg, key), merge=False)
     refuse_finished(old_dir, resume_finished)
+    _refuse_other_checkpoints(old_dir, resumed)
     if has_checkpoints(old_dir):
         console.print(f"resuming {old_dir} from its checkpoints (carried into the new "
                       f"directory, which can be resumed in turn); writing into {run_dir}")
@@ -562,6 +563,25 @@ def _maybe_resume(
                       f"or it stopped before the first), so its jobs start from the beginning; "
                       f"writing into {run_dir}")
     return resumed, old_dir  # type: ignore[return-value]
+
+
+def _refuse_other_checkpoints(old_dir: Path, cfg: DictConfig) -> None:
+    """The checkpoints resumed from must be of this run's jobs (and in a cluster, of as many
+    ranks), checked before anything is written: the jobs' restore found out after the new
+    directory held the carried checkpoints, the config, the log (and in a cluster the
+    outputs of a run that never trained), though the refusal said nothing was written."""
+    from accelopt.drivers.cluster.checkpoints import refuse_unresumable
+    from accelopt.drivers.cluster.settings import settings_from
+    from accelopt.job.checkpoint import refuse_other_spec
+
+    for k, spec in enumerate(job_specs(cfg)):
+        job_id = job_id_for(k, spec)
+        if cfg.cluster.mode == "none":
+            path = old_dir / CHECKPOINT_DIR / f"{job_id}.pt"
+            if path.is_file():
+                refuse_other_spec(path, spec)
+        else:
+            refuse_unresumable(old_dir, job_id, spec, settings_from(cfg.cluster).world_size)
 
 
 def _command_line() -> list[str]:

@@ -19,10 +19,15 @@ from __future__ import annotations
 import re
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from accelopt.errors import UserError
-from accelopt.job.checkpoint import CHECKPOINT_DIR, load_into, save_checkpoint
+from accelopt.job.checkpoint import (
+    CHECKPOINT_DIR,
+    load_into,
+    refuse_other_spec,
+    save_checkpoint,
+)
 
 if TYPE_CHECKING:
     from accelopt.drivers.cluster.rank import RankJob
@@ -53,6 +58,7 @@ class RankCheckpointer:
             "iterations": [{**r, "carried": True} for r in part.iterations],
             "elapsed_s": part.elapsed_s(),
             "service_s": part.service_s(),
+            "queueing_s": part.queueing_s(),
             "spec": asdict(job.spec),
             "rank": self.rank,
             "world": self.world,
@@ -74,6 +80,25 @@ def _generations(directory: Path) -> dict[int, list[int]]:
     return out
 
 
+def refuse_other_ranks(directory: Path, generations: dict[int, list[int]], world: int) -> None:
+    if sorted(generations) != list(range(world)):
+        raise UserError(
+            f"checkpoints in {directory} were written by ranks {sorted(generations)}, but this "
+            f"run has {world} ranks; resume with the run's own cluster settings")
+
+
+def refuse_unresumable(resume_dir: str | Path, job_id: str, spec: Any, world: int) -> None:
+    """What :func:`restore_part` refuses, checked before a resumed run writes anything: the
+    job's checkpoints written by another number of ranks, or for another job spec."""
+    directory = job_dir(resume_dir, job_id)
+    generations = _generations(directory)
+    if not generations:
+        return
+    refuse_other_ranks(directory, generations, world)
+    rank, iterations = min(generations.items())
+    refuse_other_spec(directory / f"rank{rank}.it{max(iterations):08d}.pt", spec)
+
+
 def restore_part(resume_dir: str | Path, part: RankJob, rank: int, world: int) -> bool:
     """Load this rank's part of ``part``'s job from the newest iteration every rank saved;
     ``False`` when there is none (the job starts from scratch)."""
@@ -82,10 +107,7 @@ def restore_part(resume_dir: str | Path, part: RankJob, rank: int, world: int) -
     generations = _generations(directory)
     if not generations:
         return False
-    if sorted(generations) != list(range(world)):
-        raise UserError(
-            f"checkpoints in {directory} were written by ranks {sorted(generations)}, but this "
-            f"run has {world} ranks; resume with the run's own cluster settings")
+    refuse_other_ranks(directory, generations, world)
     common = set.intersection(*(set(v) for v in generations.values()))
     if not common:
         return False
@@ -93,4 +115,5 @@ def restore_part(resume_dir: str | Path, part: RankJob, rank: int, world: int) -
     part.iterations = list(state["iterations"])
     part.carried_s = float(state.get("elapsed_s", 0.0))
     part.carried_service_s = float(state.get("service_s", 0.0))
+    part.carried_queueing_s = state.get("queueing_s")  # absent from older checkpoints
     return True

@@ -12,6 +12,7 @@ from accelopt.drivers.cluster import metrics as cm
 from accelopt.drivers.cluster.rank import JobPart, RankResult, RankSoFar
 from accelopt.drivers.cluster.settings import ClusterSettings
 from accelopt.drivers.rows import merge_rows, of_plugins, representative_rows
+from accelopt.job.checkpoint import finished_before_the_resume
 from accelopt.job.params import shard_rows
 from accelopt.records import JobResult, Span
 from accelopt.types import ReportRow
@@ -69,7 +70,7 @@ def build_outcome(ranks: list[RankResult], settings: ClusterSettings) -> Cluster
         result.job = dataclasses.replace(result.job, arrival_s=arrival)
         result.admitted_s = arrival
         if result.end_s is None and result.status == "done" and result.carried_s:
-            result.end_s = arrival  # finished before a resume: its JCT is what it was
+            finished_before_the_resume(result)
         outcomes[job_id] = one
         out.results.append(result)
         out.spans.extend(one.spans)
@@ -227,6 +228,9 @@ def _job_outcome(parts: list[JobPart], settings: ClusterSettings,
         + ((ends[-1] - starts[0]) if starts else 0.0),
         samples=samples, final_loss=losses[-1] if losses else None, losses=losses,
         carried_s=max(p.carried_s for p in parts),
+        # the earliest worker's, as first_start_s is (None: no checkpoint carried one)
+        carried_queueing_s=min((p.carried_queueing_s for p in workers
+                                if p.carried_queueing_s is not None), default=None),
     )
     spans = [s for r in parts for s in r.spans]
     worker_ranks = settings.worker_ranks()

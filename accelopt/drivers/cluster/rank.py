@@ -66,6 +66,8 @@ class JobPart:
     carried_service_s: float = 0.0
     """Resumed: the job's service time before its checkpoint (first start to the checkpointed
     iteration's end, each earlier run's part on its own clock)."""
+    carried_queueing_s: float | None = None
+    """Resumed: the job's queueing delay before its checkpoint (``None``: it had not started)."""
 
 
 def process_name(rank: int, role: str) -> str:
@@ -165,6 +167,8 @@ class RankJob:
         """Resumed: the time the job had run before its checkpoint."""
         self.carried_service_s = 0.0
         """Resumed: the job's service time before its checkpoint."""
+        self.carried_queueing_s: float | None = None
+        """Resumed: the job's queueing delay before its checkpoint."""
 
     def elapsed_s(self) -> float:
         """How long this job has existed, from its arrival (a resumed job: since its arrival
@@ -178,6 +182,14 @@ class RankJob:
         own = [r for r in self.iterations if not r.get("carried")]
         span = own[-1]["end_s"] - own[0]["start_s"] if own else 0.0
         return self.carried_service_s + span
+
+    def queueing_s(self) -> float | None:
+        """The job's queueing delay: its arrival to its first start (a resumed job: as its
+        checkpoint carried it; ``None`` before it started)."""
+        if self.carried_queueing_s is not None:
+            return self.carried_queueing_s
+        own = [r for r in self.iterations if not r.get("carried")]
+        return own[0]["start_s"] - self.train_t0 - self.job.info.arrival_s if own else None
 
     def now(self) -> float:
         return time.time() - self.t0_epoch
@@ -256,7 +268,8 @@ class RankJob:
                        iterations=self.iterations, spans=self.timeline(),
                        stats=self.transport.stats, params=params, buffers=buffers,
                        wire_bytes=self.wire_bytes, carried_s=self.carried_s,
-                       carried_service_s=self.carried_service_s)
+                       carried_service_s=self.carried_service_s,
+                       carried_queueing_s=self.carried_queueing_s)
 
 
 @dataclass
