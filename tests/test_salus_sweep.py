@@ -67,6 +67,26 @@ def test_packed_runs_have_their_own_outputs_and_the_basic_launchers_weights(tmp_
     assert not in_multirun()  # a later accelopt.run in this process is not "in a sweep"
 
 
+def test_a_packed_runs_checkpoints_resume_that_run(tmp_path):
+    """Each run's checkpoints held the merged job's spec (``r0-tiny-mlp``), so resuming a
+    run of a packed sweep was always refused as written for a different job spec."""
+    import accelopt
+
+    code, packed = sweep(tmp_path, "packed", "hydra/launcher=salus", "run.checkpoint_every=2")
+    assert code == 0
+    for run in ("0", "1"):
+        state = torch.load(packed / run / "checkpoints" / "00-tiny-mlp.pt", weights_only=False)
+        assert state["spec"]["name"] == "tiny-mlp"
+    threads = torch.get_num_threads()
+    try:
+        record = accelopt.run([f"run.resume={packed / '1'}", "run.resume_finished=true",
+                               "run.progress=false"], run_dir=tmp_path / "resumed")
+    finally:
+        torch.set_num_threads(threads)
+    assert [j.status for j in record.jobs] == ["done", "done"]
+    assert record.jobs[0].job.name == "tiny-mlp"
+
+
 @pytest.mark.parametrize("extra,words", [
     (["run.seed=1,2"], "differ in 'run'"),
     (["cluster.mode=ps"], "cluster.mode=ps"),

@@ -214,14 +214,28 @@ def split_record(record: Any, runs: Sequence[SweepRun], origin: Origin,
     return parts
 
 
-def _copy_job_files(shared: Path, run_dir: Path, renames: dict[str, str]) -> None:
-    """``weights/`` and ``checkpoints/`` of a run's jobs, under their own ids."""
+def _copy_job_files(shared: Path, run_dir: Path, renames: dict[str, str],
+                    own_specs: dict[str, Any]) -> None:
+    """``weights/`` and ``checkpoints/`` of a run's jobs, under their own ids. A checkpoint
+    records its job's spec, which ``run.resume`` compares with the run's own: the merged
+    job's (renamed ``r<k>-<name>``) is replaced by the run's, or no run of a packed sweep
+    could be resumed ("written for a different job spec")."""
+    from accelopt.job.checkpoint import save_checkpoint
+
     for folder in ("weights", "checkpoints"):
         for merged_id, own_id in renames.items():
             source = shared / folder / f"{merged_id}.pt"
-            if source.exists():
-                (run_dir / folder).mkdir(parents=True, exist_ok=True)
+            if not source.exists():
+                continue
+            (run_dir / folder).mkdir(parents=True, exist_ok=True)
+            if folder == "weights":
                 shutil.copy2(source, run_dir / folder / f"{own_id}.pt")
+                continue
+            import torch
+
+            state = torch.load(source, map_location="cpu", weights_only=False)
+            state["spec"] = dataclasses.asdict(own_specs[own_id])
+            save_checkpoint(state, run_dir / folder / f"{own_id}.pt")
 
 
 def _write_log(path: Path, text: str) -> None:
@@ -247,7 +261,11 @@ def write_run(run: SweepRun, part: Any, shared: Path, renames: dict[str, str]) -
     OmegaConf.save(OmegaConf.create(list(run.overrides)), hydra_dir / "overrides.yaml")
     part.summary = run_metrics(part)
     write_run_outputs(part, run.out_dir)
-    _copy_job_files(shared, run.out_dir, renames)
+    from accelopt.job import job_specs
+    from accelopt.job.specs import job_id_for
+
+    own_specs = {job_id_for(k, spec): spec for k, spec in enumerate(job_specs(run.task))}
+    _copy_job_files(shared, run.out_dir, renames, own_specs)
     log = Console(file=io.StringIO(), width=120, record=True)
     render_summary(part, log)
     log.print(f"packed by hydra/launcher=salus with {part.metrics['packed_runs']} runs; "
