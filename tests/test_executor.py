@@ -66,6 +66,15 @@ def test_rejected_job_is_reported_not_run(run_tiny):
     assert not [s for s in record.spans if s.category == "iteration"]
     # no JCT for a job that never ran (it had one: the time to the refusal, in the CSV)
     assert all(j.jct_s is None and j.end_s is not None for j in record.jobs)
+    import io
+
+    from rich.console import Console
+
+    from accelopt.report.summary import render_summary
+
+    out = io.StringIO()
+    render_summary(record, Console(file=out, width=200))
+    assert "Run: 0/2 done, 0 failed, 2 rejected" in out.getvalue()  # it read "0 failed" only
 
 
 def test_impossible_memory_budget_rejected_with_amount(run_tiny):

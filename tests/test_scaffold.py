@@ -77,7 +77,7 @@ def test_generated_tests_pass(generated: Path) -> None:
         capture_output=True, text=True, timeout=220,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "8 passed" in done.stdout
+    assert "9 passed" in done.stdout
 
 
 @pytest.mark.timeout(120)

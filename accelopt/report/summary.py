@@ -131,7 +131,8 @@ def _run_line(record: RunRecord) -> str:
     return (
         f"[bold]Run:[/] {s['n_done']}/{s['n_jobs']} done"
         f"{f' ({diverged} diverged)' if (diverged := s['n_diverged']) else ''}, "
-        f"{s['n_failed']} failed  "
+        f"{s['n_failed']} failed"
+        f"{f', {rejected} rejected' if (rejected := s['n_rejected']) else ''}  "
         f"avg JCT {fmt(s['avg_jct_s'])} s  p95 JCT {fmt(s['p95_jct_s'])} s  "
         f"makespan {fmt(s['makespan_s'])} s  duration {fmt(s['duration_s'])} s{profiling}"
         "\n[dim]  JCT: a job's arrival to its last iteration's end; queue: arrival to its first "
