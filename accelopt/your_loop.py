@@ -38,11 +38,12 @@ import contextlib
 import dataclasses
 import io
 import json
+import math
 import time
 import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import torch
 from omegaconf import OmegaConf
@@ -77,6 +78,9 @@ FIRED_HERE = frozenset({
     "accelopt_iteration_end", "accelopt_optimizer_build",
 })
 """The job's hooks a loop of your own fires (with the lifecycle's)."""
+ACTS_HERE = FIRED_HERE - {"accelopt_job_built", "accelopt_iteration_end"}
+"""The hooks through which a plugin changes your loop's work (its model, loss, gradients,
+steps or optimizer); job_built and iteration_end only look."""
 
 
 @keeps_python_random
@@ -155,7 +159,8 @@ def _check_the_job(example: Any, optimizer: str, lr: float, iterations: int) -> 
     if optimizer not in OPTIMIZERS:
         raise ConfigError(f"accelopt.attach: optimizer must be one of {', '.join(OPTIMIZERS)} "
                           f"(the one your loop steps), got {optimizer!r}")
-    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or lr < 0:
+    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) \
+            or lr < 0:
         raise ConfigError(f"accelopt.attach: lr must be your optimizer's learning rate (> 0; "
                           f"0: not given), got {lr!r}")
     if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 0:
@@ -202,7 +207,8 @@ def _refuse_plugins_that_would_not_fire(plugins: PluginSet, job_id: str) -> None
     for name in plugins.names:
         hooks = host.hooks_of(name)
         decisions = hooks & RUN_DECISION_HOOKS
-        transfers_only = hooks & NEVER_FIRED_HERE and not hooks & FIRED_HERE
+        # tictac looks at the built job and its iterations, and acts on transfers only
+        transfers_only = hooks & NEVER_FIRED_HERE and not hooks & ACTS_HERE
         if decisions or transfers_only:
             missing = ", ".join(sorted(decisions or hooks & NEVER_FIRED_HERE))
             where = ("`accelopt run`, not in your own loop" if decisions else
@@ -263,6 +269,9 @@ class Attached:
         them on the optimizer your loop holds (:func:`repoint_optimizer`)."""
         self._context: IterationContext | None = None
         self._loss: float | None = None
+        self._called = {"ao.backward(loss)": 0, "ao.step(opt)": 0}
+        """How often the loop called each: a plugin listening where one never fired did
+        nothing, which ``close()`` says."""
         self._closed: list[ReportRow] | None = None
         self._t0 = time.perf_counter()
 
@@ -319,27 +328,43 @@ class Attached:
                             "hooks it fires belong to an iteration")
         return self._context
 
-    def backward(self, loss: torch.Tensor) -> None:
-        """``loss.backward()`` after ``accelopt_after_forward`` (which may replace it)."""
+    def backward(self, loss: torch.Tensor, scaler: torch.amp.GradScaler | None = None) -> None:
+        """``loss.backward()`` after ``accelopt_after_forward`` (which may replace it). With
+        mixed precision pass the loop's ``GradScaler`` and the loss itself (not
+        ``scaler.scale(loss)``): the plugins see the loss and the scaled one is backpropagated."""
         context = self._current("backward()")
+        self._called["ao.backward(loss)"] += 1
         self._loss = float(loss.detach())
         if self.events.after_forward:
             replaced = self.events.after_forward(context, loss)
             if replaced is not None:
                 loss = replaced
-        loss.backward()
+        (loss if scaler is None else scaler.scale(loss)).backward()
 
-    def step(self, optimizer: torch.optim.Optimizer) -> bool:
+    def step(self, optimizer: torch.optim.Optimizer,
+             scaler: torch.amp.GradScaler | None = None) -> bool:
         """``optimizer.step()`` between ``accelopt_before_optimizer_step`` (the gradients by
         parameter name: a plugin may clip, scale or skip them) and ``accelopt_after_step``.
-        Returns whether the optimizer stepped."""
+        With a ``GradScaler`` (the one given to :meth:`backward`): the gradients are
+        unscaled before the plugins see them (a clip at their true norm), and the step is
+        ``scaler.step`` (skipped on inf or nan) and ``scaler.update()``. Returns whether the
+        optimizer stepped."""
         context = self._current("step()")
+        self._called["ao.step(opt)"] += 1
+        if scaler is not None:
+            scaler.unscale_(optimizer)
         stepped = True
         if self.events.before_optimizer_step:
             grads = Gradients(self.info, dict(self.model.named_parameters()))
             self.events.before_optimizer_step(context, grads)
             stepped = grads.skipped is None
-        if stepped:
+        if scaler is not None:
+            scale = scaler.get_scale()
+            if stepped:
+                scaler.step(optimizer)
+            scaler.update()  # after unscale_, whether it stepped or not
+            stepped = stepped and scaler.get_scale() >= scale  # a skipped step backs off
+        elif stepped:
             optimizer.step()
         if self.events.after_step:
             before = dict(self.model.named_parameters())
@@ -372,6 +397,9 @@ class Attached:
         from accelopt.report.summary import plugins_table
 
         self.console.print(plugins_table(rows))
+        warnings = self._never_reached()
+        for line in warnings:
+            self.console.print(f"warning: {line}", markup=False, highlight=False)
         if (self.run_dir / REPORT_FILE).exists():  # another process's, since attach
             raise ConfigError(f"{self.run_dir / REPORT_FILE} was written since this attach "
                               "began (another loop with the same run_dir?); it is kept, and "
@@ -382,8 +410,34 @@ class Attached:
                 "job": {"name": self.info.name, "model": self.info.model,
                         "parameters": len(self.info.parameters)},
                 **metrics, "plugin_rows": [dataclasses.asdict(r) for r in rows],
-                "rebuild_requests": self.rebuild_requests}, indent=1, default=str) + "\n")
+                "rebuild_requests": self.rebuild_requests, "warnings": warnings},
+                indent=1, default=str) + "\n")
         return rows
+
+    LISTENED: ClassVar[dict[str, tuple[str, ...]]] = {
+        "ao.backward(loss)": ("accelopt_after_forward",),
+        "ao.step(opt)": ("accelopt_before_optimizer_step", "accelopt_after_step"),
+    }
+    """The hooks that fire only where the loop calls accelopt, by the call."""
+
+    def _never_reached(self) -> list[str]:
+        """A plugin listening to hooks that fire in a call the loop never made (``opt.step()``
+        instead of ``ao.step(opt)``) did nothing there, and its row may not know why:
+        gpu_kernels' pruning after N iterations said "the job stopped first"."""
+        if not self.iterations:
+            return []
+        lines = []
+        for call, hooks in self.LISTENED.items():
+            if self._called[call]:
+                continue
+            for name in self.plugins.names:
+                heard = sorted(set(hooks) & self.host.hooks_of(name))
+                if heard:
+                    lines.append(f"plugin '{name}' listens to {', '.join(heard)}, which "
+                                 f"{'fires' if len(heard) == 1 else 'fire'} in {call}; this "
+                                 f"loop never called it in {self.iterations} iterations, so "
+                                 "the plugin did nothing there")
+        return lines
 
     def __enter__(self) -> Attached:
         return self

@@ -82,6 +82,9 @@ class _JobRecord:
     conv_guard: str = "not run"
     notes: list[str] = field(default_factory=list)
     late: _LatePrune | None = None
+    steps_seen: int = 0
+    """``accelopt_after_step`` calls for the job: none means the loop never reached the
+    point where pruning happens (a loop of your own stepping without ``ao.step``)."""
 
 
 @dataclass
@@ -250,6 +253,8 @@ class GpuKernelsPlugin:
     def accelopt_after_step(self, context: IterationContext, stepped: bool
                             ) -> OptimizerRebuild | None:
         rec = self.jobs.get(context.job.job_id)
+        if rec is not None:
+            rec.steps_seen += 1
         late = rec.late if rec is not None else None
         if late is None or late.model is None or context.iteration + 1 != late.at:
             return None
@@ -352,7 +357,11 @@ class GpuKernelsPlugin:
         metrics: dict[str, float | int | str] = {"job": job_id}
         late = rec.late
         if late is not None and late.pruned_at is None and not rec.notes:
-            parts.append(f"prune_at_iteration={late.at} not reached: the job stopped first")
+            parts.append(
+                f"prune_at_iteration={late.at} not reached: the job stopped first"
+                if rec.steps_seen else
+                f"prune_at_iteration={late.at} not reached: accelopt_after_step never ran, "
+                "where it prunes (a loop of your own: step with ao.step(opt))")
         if rec.prune is not None:
             p = rec.prune
             if p.pruned and late is not None:
