@@ -46,6 +46,8 @@ def test_packed_runs_have_their_own_outputs_and_the_basic_launchers_weights(tmp_
         assert {"config.yaml", "metrics.json", "metrics.csv", "trace.json", "timeline.png",
                 "weights", "accelopt.log"} <= names
         assert names - {".hydra"} <= {p.name for p in (packed / run).iterdir()}
+        hydra_files = {p.name for p in (basic / run / ".hydra").iterdir()}
+        assert hydra_files == {p.name for p in (packed / run / ".hydra").iterdir()}
         ours = json.loads((packed / run / "metrics.json").read_text())
         theirs = json.loads((basic / run / "metrics.json").read_text())
         assert [j["job_id"] for j in ours["jobs"]] == [j["job_id"] for j in theirs["jobs"]]

@@ -258,6 +258,10 @@ def write_run(run: SweepRun, part: Any, shared: Path, renames: dict[str, str]) -
     hydra_dir = run.out_dir / ".hydra"
     hydra_dir.mkdir(exist_ok=True)
     OmegaConf.save(run.task, hydra_dir / "config.yaml", resolve=False)
+    # Hydra's own record of the run (its job, runtime and sweep settings), as the basic
+    # launcher leaves it beside the other two
+    OmegaConf.save(OmegaConf.create({"hydra": run.config.hydra}), hydra_dir / "hydra.yaml",
+                   resolve=False)
     OmegaConf.save(OmegaConf.create(list(run.overrides)), hydra_dir / "overrides.yaml")
     part.summary = run_metrics(part)
     write_run_outputs(part, run.out_dir)
