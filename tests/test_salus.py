@@ -89,6 +89,12 @@ def test_every_policy_runs_the_mix_and_says_lanes_are_accounted(run, policy):
         assert order[4:8] == order[:4]
 
 
+def test_auto_says_what_it_chose_on_one_device(run):
+    """The cluster row said "(auto: srtf in a cluster)"; one device's said only "pack"."""
+    row = salus_row(run(PLUGIN, overrides=["plugins.salus.policy=auto", CAP]))
+    assert row.summary.startswith("policy pack (auto: pack on one device): ")
+
+
 TWO_MLPS = ("workload.jobs=[{name:long,model:mlp,batch_size:16,iterations:120,width:32,seed:1},"
             "{name:short,model:mlp,batch_size:16,iterations:3,width:32,seed:2}]")
 

@@ -434,8 +434,8 @@ class SalusPlugin:
         if m is None or not self._status:
             return f"policy {s['policy']}: no job reached admission; nothing to share"
         n_jobs = len([st for st in self._status.values() if st != "rejected"])
-        chosen_by = (" (auto: srtf in a cluster)" if self.policy_auto and self.world_size > 1
-                     else "")
+        chosen_by = "" if not self.policy_auto else (
+            " (auto: srtf in a cluster)" if self.world_size > 1 else " (auto: pack on one device)")
         parts = [
             f"policy {s['policy']}{chosen_by}: {n_jobs} job(s) in {s['lanes_opened']} lane(s) "
             f"(peak {s['peak_lanes']} concurrent lane(s), {s['peak_resident_jobs']} resident "
