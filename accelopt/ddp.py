@@ -32,6 +32,7 @@ import torch.distributed as dist
 from torch import nn
 
 from accelopt.drivers.cluster.ddp_hook import BucketHook, reduce_bucket
+from accelopt.drivers.cluster.settings import MAX_BUCKET_MB, MAX_TIMEOUT_S, positive_number
 from accelopt.drivers.cluster.transport import Transport
 from accelopt.errors import UserError
 from accelopt.host import PluginHost
@@ -41,6 +42,15 @@ from accelopt.types import ClusterInfo, JobInfo, RunInfo
 
 DEFAULT_BUCKET_MB = 25.0
 """DDP's own default bucket size."""
+
+
+def bucket_size(bucket_mb: object) -> int:
+    """``bucket_mb`` in bytes, refused in one line unless a finite number > 0 (the checks of
+    ``cluster.bucket_mb``). Its own function so that gradcomm's ``comm_hook`` checks it
+    before comparing the ranks' settings: ``nan != nan``, so a nan given to every rank was
+    reported as ranks given different settings, and ``inf`` overflowed ``int()``."""
+    return max(1, int(positive_number(bucket_mb, "bucket_mb", "MiB per bucket",
+                                      MAX_BUCKET_MB) * 2**20))
 
 
 def comm_hook(
@@ -59,13 +69,17 @@ def comm_hook(
     (their ``@hookimpl`` methods), or ``(PluginSpec, object)`` pairs to name them; the
     process group defaults to the default one. ``job`` overrides the record the plugins are
     given (its optimizer and momentum matter to a codec that corrects for momentum); its
-    parameter table and buckets are always the model's.
+    parameter table and buckets are always the model's. ``bucket_mb`` and ``timeout_s``
+    must be finite numbers > 0 (a nan or inf is refused in one line, as ``cluster.*``'s).
+    For gradcomm's codecs alone, ``accelopt_plugins.gradcomm.comm_hook`` takes its options
+    and builds the plugin.
     """
     if isinstance(model, nn.parallel.DistributedDataParallel):
         raise UserError("comm_hook takes the model DDP wraps, not the DDP wrapper: pass "
                         "ddp.module")
-    if isinstance(bucket_mb, bool) or not isinstance(bucket_mb, (int, float)) or bucket_mb <= 0:
-        raise UserError(f"bucket_mb must be a number > 0 (MiB per bucket), got {bucket_mb!r}")
+    bucket_bytes = bucket_size(bucket_mb)
+    positive_number(timeout_s, "timeout_s", "seconds a rank waits for the others",
+                    MAX_TIMEOUT_S)
     if not dist.is_initialized():
         raise UserError("comm_hook needs torch.distributed: call "
                         "dist.init_process_group(...) first")
@@ -76,7 +90,6 @@ def comm_hook(
     rank = dist.get_rank(process_group)
     world = dist.get_world_size(process_group)
     table = param_table(model)
-    bucket_bytes = max(1, int(bucket_mb * 2**20))
     buckets = buckets_by_bytes(table, bucket_bytes)
     base = job or JobInfo(job_id="ddp", name="ddp", model=type(model).__name__, kind="train",
                           arrival_s=0.0, iterations=0, batch_size=0)

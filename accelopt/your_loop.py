@@ -126,7 +126,8 @@ def attach(
     if str(cfg.cluster.mode) != "none":
         raise ConfigError(f"accelopt.attach runs in your loop's process; cluster.mode="
                           f"{cfg.cluster.mode} needs accelopt's ranks (accelopt run), or wrap "
-                          "your model in DDP yourself and use gradcomm.comm_hook")
+                          "your model in DDP yourself and use accelopt.ddp.comm_hook "
+                          "(accelopt_plugins.gradcomm.comm_hook for gradcomm's codecs)")
     batch_size = inputs.rows(example[0]) if example is not None else 0
     spec = JobConfig(name=name, model=type(model).__name__, dataset="your loop",
                      kind="train" if model.training else "infer", batch_size=batch_size,
@@ -211,9 +212,11 @@ def _refuse_plugins_that_would_not_fire(plugins: PluginSet, job_id: str) -> None
         transfers_only = hooks & NEVER_FIRED_HERE and not hooks & ACTS_HERE
         if decisions or transfers_only:
             missing = ", ".join(sorted(decisions or hooks & NEVER_FIRED_HERE))
+            hook = ("accelopt_plugins.gradcomm.comm_hook(model, dtype=...)"
+                    if name == "gradcomm" else "accelopt.ddp.comm_hook(model, plugins=[...])")
             where = ("`accelopt run`, not in your own loop" if decisions else
-                     "`accelopt run`, or in your own DDP script through its communication "
-                     "hook (accelopt.ddp.comm_hook, docs/distributed.md)")
+                     "`accelopt run`, or in your own DDP script through a DDP communication "
+                     f"hook ({hook}, docs/distributed.md)")
             raise ConfigError(
                 f"plugin '{name}' acts through {missing}, which only accelopt's own drivers "
                 f"call (decisions between jobs, transfers between ranks): run it with {where}")

@@ -173,11 +173,52 @@ def test_bad_use_is_one_line():
         ({"sparsify": "topk", "optimizer": "SGD", "momentum": 0.9}, "optimizer must be one of"),
         ({"momentum": 1.5}, r"momentum must be a number in \[0, 1\)"),
         ({"sparsify": "topk", "density": "lots"}, "density: Value 'lots'"),
-        ({"bucket_mb": "1"}, "bucket_mb must be a number > 0"),
+        ({"bucket_mb": "1"}, "bucket_mb must be a finite number > 0"),
     ]:
         with pytest.raises(UserError, match=words) as info:
             gradcomm_hook(nn.Linear(2, 2), **options)
         assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("options, words", [
+    ({"bucket_mb": float("nan")}, r"bucket_mb must be a finite number > 0 \(MiB per bucket\), "
+                                  "got nan"),
+    ({"bucket_mb": float("inf")}, "bucket_mb must be a finite number > 0"),  # OverflowError
+    ({"bucket_mb": 1e300}, "bucket_mb must be at most 1e"),  # int(1e300 * 2**20) overflows
+    ({"momentum": float("nan")}, r"momentum must be a number in \[0, 1\)"),
+    ({"sparsify": "topk", "density": float("nan")}, r"density must be in \(0, 1\]"),
+    ({"sparsify": "threshold", "threshold": float("inf")},
+     r"threshold must be a finite number \(> 0 with sparsify=threshold\), got inf"),
+    ({"threshold": float("nan")}, "threshold must be a finite number"),
+])
+def test_nan_and_inf_are_refused_before_the_ranks_compare_settings(monkeypatch, options, words):
+    """``nan != nan``: a nan bucket_mb given to every rank was reported as ranks given
+    different settings (the comparison came first), and inf overflowed ``int()``. Every
+    numeric option is checked before the ranks' settings are gathered."""
+    import accelopt_plugins.gradcomm.ddp as gradcomm_ddp
+    from accelopt_plugins.gradcomm import comm_hook as gradcomm_hook
+
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(gradcomm_ddp, "_same_on_every_rank",
+                        lambda *a: pytest.fail("compared before the values were checked"))
+    with pytest.raises(ConfigError, match=words) as info:
+        gradcomm_hook(nn.Linear(2, 2), **options)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("options, words", [
+    ({"bucket_mb": float("inf")}, "bucket_mb must be a finite number > 0"),
+    ({"timeout_s": float("nan")}, r"timeout_s must be a finite number > 0 \(seconds"),
+    ({"timeout_s": 0}, "timeout_s must be > 0"),
+])
+def test_accelopts_hook_refuses_nan_and_inf_in_one_line(options, words):
+    """Checked before ``init_process_group`` is asked for: a timeout of nan reached
+    ``timedelta`` (ValueError), one of 0 a transport that timed out at once."""
+    from accelopt.ddp import comm_hook
+
+    with pytest.raises(ConfigError, match=words) as info:
+        comm_hook(nn.Linear(2, 2), **options)
+    assert "\n" not in str(info.value)
 
 
 class _FailedWork:
@@ -255,8 +296,15 @@ def _mismatched_worker(rank: int, init: str, out_dir: str) -> None:
         message = "accepted"
     except ConfigError as exc:
         message = str(exc)
+    try:  # the same nan on every rank: said as what it is, not as a mismatch (nan != nan)
+        gradcomm_hook(_model(), bucket_mb=float("nan"))
+        nan = "accepted"
+    except ConfigError as exc:
+        nan = str(exc)
     with open(os.path.join(out_dir, f"rank{rank}.txt"), "w") as fh:
         fh.write(message)
+    with open(os.path.join(out_dir, f"nan{rank}.txt"), "w") as fh:
+        fh.write(nan)
     dist.destroy_process_group()
 
 
@@ -270,3 +318,5 @@ def test_ranks_given_different_codec_settings_are_one_line_at_once(tmp_path):
         assert (tmp_path / f"rank{rank}.txt").read_text() == (
             "gradcomm.comm_hook: rank 1 was given other settings than rank 0 (density); every "
             "rank must encode its buckets the same way: pass the same options on every rank")
+        assert (tmp_path / f"nan{rank}.txt").read_text() == (
+            "bucket_mb must be a finite number > 0 (MiB per bucket), got nan")

@@ -480,3 +480,34 @@ def test_the_row_says_more_bytes_when_the_encoding_costs_more_than_it_saves():
 
     assert _bytes_vs_fp32(4.0) == "4.0x fewer bytes than fp32"
     assert _bytes_vs_fp32(26128 / 50293).startswith("1.9x more bytes than fp32")
+
+
+@pytest.mark.parametrize("options, codec", [
+    ({"dtype": "fp16"}, "dense, fp16 values, with error feedback"),
+    ({"sparsify": "topk", "density": 0.1},
+     "top-k density 0.1 (k over the model), fp32 values, with error feedback"),
+])
+def test_a_report_before_the_first_bucket_describes_the_configured_codec(options, codec):
+    """``state.report()`` taken before any bucket was sent said 'fp32 dense all-reduce (no
+    compression)' for an fp16 hook, and the bucket size of ``bucket_mb=0.01`` read
+    0.00999928 MiB (its bytes, ``int(0.01 * 2**20)``, converted back)."""
+    from accelopt.types import ClusterInfo, JobInfo, RunInfo
+
+    plugin = GradcommPlugin(GradcommConfig(**options))  # as gradcomm's comm_hook makes it
+    job = JobInfo(job_id="ddp", name="ddp", model="Linear", kind="train", arrival_s=0.0,
+                  iterations=0, batch_size=0)
+    run = RunInfo(run_dir=".", device="cpu", plugins=("gradcomm",), jobs=(job,), seed=0,
+                  cluster=ClusterInfo(mode="allreduce", workers=2,
+                                      bucket_bytes=int(0.01 * 2**20)), job=job)
+    plugin.accelopt_run_start(run=run)
+    (row,) = plugin.accelopt_report_rows(run=run)
+    assert row.summary.startswith(f"{codec}: nothing sent yet"), row.summary
+    assert "fp32 dense" not in row.summary and "closed at 0.01 MiB," in row.summary
+
+
+@pytest.mark.parametrize("mb, shown", [(0.01, "0.01"), (0.001, "0.001"), (25, "25"),
+                                       (1.5, "1.5"), (1000, "1000"), (2**-20, "0.000001")])
+def test_a_bucket_size_is_shown_as_it_was_set(mb, shown):
+    from accelopt_plugins.gradcomm.plugin import _mib
+
+    assert _mib(max(1, int(mb * 2**20)) / 2**20) == shown

@@ -197,7 +197,8 @@ def test_the_step_and_backward_events_fire_in_a_loop_and_clipping_acts(tmp_path)
 @pytest.mark.parametrize("overrides, words", [
     (["+plugins=[salus]"], "plugin 'salus' acts through accelopt_allocate"),
     (["+plugins=[gradcomm]"], "plugin 'gradcomm' acts through accelopt_transfer.* in your own "
-                              r"DDP script through its communication hook \(accelopt.ddp"),
+                              r"DDP script through a DDP communication hook "
+                              r"\(accelopt_plugins.gradcomm.comm_hook"),
     (["cluster.mode=allreduce"], "cluster.mode=allreduce needs accelopt's ranks"),
     # it looks at the built job and its iterations and acts on transfers only: it was
     # accepted (after asking for example=) and did nothing

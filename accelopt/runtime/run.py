@@ -30,7 +30,13 @@ from rich.console import Console
 from accelopt.activation import activate, selected_plugins
 from accelopt.atomic import atomic_open
 from accelopt.collector import collector_paused, run_starts
-from accelopt.drivers.cluster.settings import local_info, unused_settings
+from accelopt.drivers.cluster.settings import (
+    MAX_TIMEOUT_S,
+    check_numbers,
+    local_info,
+    positive_number,
+    unused_settings,
+)
 from accelopt.drivers.lifecycle import Lifecycle
 from accelopt.drivers.local import Executor
 from accelopt.drivers.processes import preloads_dynamo, under_torchrun
@@ -186,17 +192,18 @@ def _validate_settings(cfg: DictConfig) -> list[str]:
     if int(cfg.run.checkpoint_every) < 0:
         raise UserError(f"run.checkpoint_every must be >= 0 (0 = off), got "
                         f"{cfg.run.checkpoint_every}")
-    if float(cfg.cluster.bucket_mb) <= 0:  # the buckets a job records, in every mode
-        raise UserError(f"cluster.bucket_mb must be > 0 (MiB per gradient bucket), got "
-                        f"{cfg.cluster.bucket_mb}")
+    check_numbers(cfg.cluster)  # bucket_mb: the buckets a job records, in every mode
     if cfg.cluster.mode != "none":
         from accelopt.drivers.cluster.launch import validate as validate_cluster
         from accelopt.drivers.cluster.settings import settings_from
 
         validate_cluster(cfg, settings_from(cfg.cluster))
-    if float(cfg.run.telemetry_interval_s) <= 0:
-        raise UserError(f"run.telemetry_interval_s must be > 0 (seconds between samples), got "
-                        f"{cfg.run.telemetry_interval_s}")
+    # finite: nan passes a "<= 0" check, and a sampler or watchdog waiting inf seconds fails
+    positive_number(float(cfg.run.telemetry_interval_s), "run.telemetry_interval_s",
+                    "seconds between samples", MAX_TIMEOUT_S)
+    if float(cfg.run.hook_watchdog_s) != 0:
+        positive_number(float(cfg.run.hook_watchdog_s), "run.hook_watchdog_s",
+                        "seconds a hook call may run before a warning; 0: off", MAX_TIMEOUT_S)
     if not 0 <= int(cfg.run.threads) <= MAX_THREADS:
         raise UserError(f"run.threads must be in [0, {MAX_THREADS}] (0: the default; this machine "
                         f"has {usable_cores()} cores), got {cfg.run.threads}")

@@ -67,7 +67,13 @@ def validate(c: GradcommConfig) -> None:
         raise ConfigError(
             f"plugins.gradcomm.density must be in (0, 1], got {c.density}; e.g. 0.01 sends 1%"
         )
-    if c.sparsify == "threshold" and not (math.isfinite(c.threshold) and c.threshold > 0):
+    if not (isinstance(c.threshold, (int, float)) and math.isfinite(c.threshold)):
+        # said before "has no effect" or "> 0": either would read wrongly for nan or inf
+        raise ConfigError(
+            f"plugins.gradcomm.threshold must be a finite number (> 0 with sparsify=threshold), "
+            f"got {c.threshold}"
+        )
+    if c.sparsify == "threshold" and not c.threshold > 0:
         raise ConfigError(
             f"plugins.gradcomm.threshold must be > 0 with sparsify=threshold, got {c.threshold}"
         )

@@ -55,6 +55,7 @@ def comm_hook(model: nn.Module, *, optimizer: str = "sgd", momentum: float = 0.0
     from accelopt_plugins.gradcomm import PLUGIN
     from accelopt_plugins.gradcomm.plugin import GradcommPlugin
 
+    from accelopt.ddp import bucket_size
     from accelopt.ddp import comm_hook as accelopt_comm_hook
 
     known = {f.name for f in dataclasses.fields(GradcommConfig)}
@@ -73,6 +74,7 @@ def comm_hook(model: nn.Module, *, optimizer: str = "sgd", momentum: float = 0.0
                           f"SGD's momentum), got {momentum!r}")
     validate(config)
     momentum_factor(config, optimizer, momentum)  # refuse what cannot apply, in one line
+    bucket_size(bucket_mb)  # before the ranks compare it: nan != nan reads as a mismatch
     if dist.is_initialized():  # (without a group, accelopt's comm_hook says so below)
         _same_on_every_rank({**dataclasses.asdict(config), "optimizer": optimizer,
                              "momentum": float(momentum), "bucket_mb": bucket_mb},

@@ -3,6 +3,7 @@ overlap switch on the order hook, and the non-finite guard that names the layer.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -172,10 +173,10 @@ class GradcommPlugin:
                               {INERT: 1})]
         st = self.codec.stats
         iters = max(1, len(self.iterations))
-        fusion = (f"{len(self.bucket_names)} bucket(s) closed at {self.bucket_mb:g} MiB"
+        fusion = (f"{len(self.bucket_names)} bucket(s) closed at {_mib(self.bucket_mb)} MiB"
                   if self.bucket_mb else f"{len(self.bucket_names)} bucket(s)")
         overlap = "overlapping backward" if c.overlap else "held until backward ended"
-        if self.codec.lossless or st.elements == 0:
+        if self.codec.lossless:
             text = f"fp32 dense all-reduce (no compression), {fusion}, {overlap}"
             return [ReportRow("gradcomm", text, {"buckets": len(self.bucket_names)})]
         scope = "k over the model" if c.topk_scope == "model" else "k per bucket"
@@ -187,6 +188,10 @@ class GradcommPlugin:
             masking = "with" if c.factor_masking else "without"
             ef += (f" and DGC momentum correction (m={self.codec.momentum:g}, {masking} "
                    f"factor masking; the optimizer's own momentum is cancelled)")
+        if st.elements == 0:  # state.report() before the first backward: the codec, unused
+            text = (f"{method}, {c.dtype} values, {ef}: nothing sent yet (no gradient bucket "
+                    f"encoded); {fusion}, {overlap}")
+            return [ReportRow("gradcomm", text, {"buckets": len(self.bucket_names)})]
         residual = sum(float(r.abs().sum()) for r in self.codec.residual.values())
         text = (f"{method}, {c.dtype} values, {ef}: sent {st.sent_elements / st.elements:.2%} "
                 f"of gradient elements, {st.wire_bytes / iters / 2**20:.3f} MiB/iteration "
@@ -219,6 +224,20 @@ def _job_optimizers(run_config: Any) -> list[tuple[str, float]]:
     defaults = JobConfig()
     return [(str(job.get("optimizer", defaults.optimizer)),
              float(job.get("momentum", defaults.momentum))) for job in jobs or []]
+
+
+def _mib(mb: float) -> str:
+    """A bucket size in MiB with the fewest digits that give its bytes back: the bytes are
+    ``int(bucket_mb * 2**20)``, so ``bucket_mb=0.01`` (10485 bytes) read back as 0.00999928
+    MiB; printed here as 0.01, as it was set."""
+    if not math.isfinite(mb):
+        return f"{mb:g}"
+    n = int(mb * 2**20)
+    for decimals in range(13):
+        text = f"{mb:.{decimals}f}"
+        if int(float(text) * 2**20) == n:
+            return text
+    return f"{mb:g}"
 
 
 def _bytes_vs_fp32(ratio: float) -> str:

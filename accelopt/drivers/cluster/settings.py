@@ -5,6 +5,7 @@ Every check fails with one line naming the key and the fix, before any process s
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -30,7 +31,10 @@ def parse_rate(text: str, key: str = "cluster.network.bandwidth") -> int:
     match = _RATE.match(str(text))
     if not match:
         raise ConfigError(f"{key}: cannot read {text!r} as a rate; write e.g. 1gbit or 100mbit")
-    bits = int(float(match.group(1)) * _SCALE[match.group(2).lower()])
+    number = float(match.group(1)) * _SCALE[match.group(2).lower()]
+    if not math.isfinite(number):  # hundreds of digits: float() says inf, int() overflows
+        raise ConfigError(f"{key}: {text!r} is not a finite rate; write e.g. 1gbit or 100mbit")
+    bits = int(number)
     if bits < 8000:
         raise ConfigError(f"{key}: {text!r} is below 8kbit/s; give a larger rate")
     return bits
@@ -41,7 +45,56 @@ def parse_duration(text: str, key: str = "cluster.network.latency") -> float:
     match = _TIME.match(str(text))
     if not match:
         raise ConfigError(f"{key}: cannot read {text!r} as a duration; write e.g. 1ms or 200us")
-    return float(match.group(1)) * _SECONDS[match.group(2).lower()]
+    seconds = float(match.group(1)) * _SECONDS[match.group(2).lower()]
+    if not math.isfinite(seconds):  # hundreds of digits: float() says inf
+        raise ConfigError(f"{key}: {text!r} is not a finite duration; write e.g. 1ms or 200us")
+    return seconds
+
+
+def positive_number(value: Any, key: str, what: str, most: float) -> float:
+    """``value`` as a float, refused in one line naming ``key`` unless it is a finite number
+    in (0, ``most``]. Why not ``float(value) <= 0``: ``nan <= 0`` and ``inf <= 0`` are both
+    false, so ``cluster.bucket_mb=nan`` passed that check and failed later as a raw
+    ``ValueError`` (``inf``: an ``OverflowError``) from ``int(nan * 2**20)``, and
+    ``cluster.timeout_s=nan`` reached ``timedelta`` inside a rank. ``most``: the largest
+    value the consumers can hold (bytes in a C++ integer, seconds in a ``timedelta``)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not math.isfinite(value):
+        raise ConfigError(f"{key} must be a finite number > 0 ({what}), got {value!r}")
+    if value <= 0:
+        raise ConfigError(f"{key} must be > 0 ({what}), got {value!r}")
+    if value > most:
+        raise ConfigError(f"{key} must be at most {most:g} ({what}), got {value!r}")
+    return float(value)
+
+
+MAX_BUCKET_MB = 1e12
+"""About 2**60 bytes: more than any model (a bucket that size holds the whole model), and
+the bytes still fit the 64-bit integers DDP's ``bucket_cap_mb`` becomes."""
+MAX_TIMEOUT_S = 1e9
+"""About 32 years; ``timedelta`` (the process group's timeout) overflows near 8.6e13 s."""
+NUMBERS: dict[str, tuple[float, str, float]] = {
+    "bucket_mb": (1.0, "MiB per gradient bucket", MAX_BUCKET_MB),
+    "timeout_s": (30.0, "seconds a rank waits for the others", MAX_TIMEOUT_S),
+}
+"""The ``cluster`` keys that are numbers: (default, what it is, largest taken). The other
+keys are integers (``int()`` refuses nan) or strings parsed here (``network.bandwidth``,
+``network.latency``: :func:`parse_rate`, :func:`parse_duration`)."""
+
+
+def cluster_number(cluster: Any, key: str) -> float:
+    """``cluster.<key>`` (one of :data:`NUMBERS`), checked by :func:`positive_number`: the
+    one place every mode's reader (a one-process run's buckets, ``accelopt.attach``, the
+    ranks' settings) goes through, so none of them sees a nan or inf."""
+    default, what, most = NUMBERS[key]
+    return positive_number(cluster.get(key, default), f"cluster.{key}", what, most)
+
+
+def check_numbers(cluster: Any) -> None:
+    """Every number of the ``cluster`` section (:data:`NUMBERS`), in one line each, whatever
+    the mode: a run's validation calls it before anything starts."""
+    for key in NUMBERS:
+        cluster_number(cluster, key)
 
 
 @dataclass(frozen=True)
@@ -174,7 +227,7 @@ def choose_backend(settings: ClusterSettings, device: str, *, local_ranks: int,
 
 def bucket_bytes(cluster: Any) -> int:
     """``cluster.bucket_mb`` in bytes (also the buckets a one-process job records)."""
-    return max(1, int(float(cluster.get("bucket_mb", 1.0)) * 2**20))
+    return max(1, int(cluster_number(cluster, "bucket_mb") * 2**20))
 
 
 _MODE_USES: dict[str, tuple[str, ...]] = {
@@ -228,7 +281,7 @@ def local_info(cluster: Any) -> ClusterInfo:
     """``RunInfo.cluster`` of a one-process run (``cluster.mode=none``)."""
     return ClusterInfo(mode="none", workers=1, servers=0, backend="none",
                        bucket_bytes=bucket_bytes(cluster),
-                       timeout_s=float(cluster.get("timeout_s", 30.0)))
+                       timeout_s=cluster_number(cluster, "timeout_s"))
 
 
 def settings_from(cluster: Any) -> ClusterSettings:
@@ -246,10 +299,7 @@ def settings_from(cluster: Any) -> ClusterSettings:
     backend = str(cluster.backend)
     if backend not in BACKENDS:
         raise ConfigError(f"cluster.backend: {backend!r} unknown; use one of {', '.join(BACKENDS)}")
-    if float(cluster.bucket_mb) <= 0:
-        raise ConfigError(f"cluster.bucket_mb must be > 0, got {cluster.bucket_mb}")
-    if float(cluster.timeout_s) <= 0:
-        raise ConfigError(f"cluster.timeout_s must be > 0, got {cluster.timeout_s}")
+    check_numbers(cluster)
     port = int(cluster.master_port)
     if not 0 <= port < 65536:
         raise ConfigError(f"cluster.master_port must be in 0..65535 (0: pick a free one), got {port}")
@@ -267,7 +317,7 @@ def settings_from(cluster: Any) -> ClusterSettings:
         servers=servers if mode == "ps" else 0,
         backend=backend,
         bucket_bytes=bucket_bytes(cluster),
-        timeout_s=float(cluster.timeout_s),
+        timeout_s=cluster_number(cluster, "timeout_s"),
         master_port=port,
         bandwidth_bps=None if bandwidth in (None, "") else parse_rate(bandwidth),
         latency_s=None if latency in (None, "") else parse_duration(latency),
