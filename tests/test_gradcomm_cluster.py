@@ -5,6 +5,7 @@ moves, sparse buckets are gathered and still train, a diverging run stops naming
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -73,6 +74,9 @@ def test_fp16_halves_the_bytes_and_sparse_buckets_train(tmp_path):
     assert losses[2][-1] < losses[2][0]  # sparse still trains
     rows = [r.summary for r in sparse.plugin_rows if r.plugin == "gradcomm"]
     assert rows and "threshold 0.01" in rows[0]
+    # in the unit that reads: a small model's bytes printed as "0.0xx MiB/iteration" (and
+    # a smaller one's as 0.000); this one sends a few KiB
+    assert re.search(r"of gradient elements, [\d.]+ (B|KiB)/iteration from rank", rows[0])
     # each rank sparsifies its own gradients: its row names it (two unlabelled rows per
     # job with different figures left a reader to guess which was "the" sent fraction)
     ranks = sorted(r.metrics["rank"] for r in sparse.plugin_rows if r.plugin == "gradcomm")

@@ -14,6 +14,7 @@ from accelopt_plugins.gradcomm.config import GradcommConfig, momentum_factor, va
 from accelopt import JobInfo, ReportRow, RunInfo, TransferRecord, hookimpl
 from accelopt.errors import AccelOptError
 from accelopt.types import INERT
+from accelopt.units import format_bytes
 
 ALL_RANKS = -1
 
@@ -194,7 +195,7 @@ class GradcommPlugin:
             return [ReportRow("gradcomm", text, {"buckets": len(self.bucket_names)})]
         residual = sum(float(r.abs().sum()) for r in self.codec.residual.values())
         text = (f"{method}, {c.dtype} values, {ef}: sent {st.sent_elements / st.elements:.2%} "
-                f"of gradient elements, {st.wire_bytes / iters / 2**20:.3f} MiB/iteration "
+                f"of gradient elements, {format_bytes(st.wire_bytes / iters)}/iteration "
                 f"from rank {run.rank} ({_bytes_vs_fp32(ratio)}); {fusion}, {overlap}")
         if st.sent_elements == 0:  # a threshold above every gradient: nothing was trained
             text = (f"{method}, {ef}: sent NO gradient element in {iters} iteration(s): the "
