@@ -4,7 +4,9 @@
   :func:`nonnegative_float`, :func:`size`, :func:`rate`, :func:`rate_or_none`): a bad value
   is argparse's one-line usage error, exit 2, before any work;
 * :func:`refuse_existing` and :func:`add_force`: never overwrite a user's results; an
-  existing output path is refused in one line (exit 2) unless ``--force`` is given;
+  existing output path is refused in one line (exit 2) unless ``--force`` is given, a path
+  that cannot be written (under a file; a directory for a file) even with it;
+  :func:`refuse_not_a_directory`: an output directory that is a file (or under one);
 * :func:`run`: runs a script's ``main`` the way the ``accelopt`` command runs, SIGTERM
   turned into :class:`~accelopt.errors.Terminated`, accelopt's own errors printed as one
   line (``<script>: error: <message>``), exit 2 for bad input, the error's code otherwise,
@@ -159,13 +161,39 @@ def add_force(parser: argparse.ArgumentParser) -> None:
                              "benchmark never overwrites a user's results)")
 
 
-def refuse_existing(path: str | os.PathLike[str], force: bool, flag: str = "") -> None:
+def refuse_existing(path: str | os.PathLike[str], force: bool, flag: str = "",
+                    directory: bool = False) -> None:
     """Exit 2 with one line when ``path`` exists, unless ``force``: never overwrite a
-    user's results. ``flag`` names the option that chose the path."""
+    user's results. ``flag`` names the option that chose the path. Refused even with
+    ``force``: a path that cannot be written (a folder above it is a file; a directory
+    where the script writes a file, unless ``directory``), which would otherwise fail
+    with a traceback once the benchmark has run."""
+    where = f"{flag} {path}" if flag else str(path)
+    _refuse_under_a_file(path, where)
+    if not directory and os.path.isdir(path):
+        fail(f"{where} is a directory; give the name of a file to write")
     if force or not os.path.lexists(path):
         return
-    where = f"{flag} {path}" if flag else str(path)
     fail(f"{where} exists; not overwriting results (pass --force to regenerate it)")
+
+
+def refuse_not_a_directory(path: str | os.PathLike[str], flag: str = "") -> None:
+    """Exit 2 with one line when the output directory ``path`` cannot be made: it, or a
+    folder above it, is an existing file (a results file given for a directory)."""
+    where = f"{flag} {path}" if flag else str(path)
+    if os.path.lexists(path) and not os.path.isdir(path):
+        fail(f"{where} is a file, not a directory; give a directory for the results (it is "
+             "created if missing)")
+    _refuse_under_a_file(path, where)
+
+
+def _refuse_under_a_file(path: str | os.PathLike[str], where: str) -> None:
+    for parent in Path(path).parents:  # the nearest existing one decides (".": the cwd)
+        if os.path.lexists(parent):
+            if not parent.is_dir():
+                fail(f"{where}: {parent} is a file, not a directory; give a path in a "
+                     "directory")
+            return
 
 
 def run(main: Callable[[], int | None]) -> NoReturn:

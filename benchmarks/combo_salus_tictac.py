@@ -82,6 +82,7 @@ def main() -> None:
     parser.add_argument("--out", default="runs/bench/combo_salus_tictac")
     parser.add_argument("overrides", nargs="*")
     opts = parser.parse_args()
+    _cli.refuse_not_a_directory(opts.out, "--out")  # not after the first run
     registry = Registry.discover()
     out = Path(opts.out) / time.strftime("%Y%m%d-%H%M%S")
     if out.exists():  # a new directory per invocation: never written into twice

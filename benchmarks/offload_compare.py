@@ -241,11 +241,24 @@ def compare(reference: nn.Module, x: torch.Tensor, y: torch.Tensor,
 
 
 def _device(text: str) -> str:
-    """A device torch knows (``cpu``, ``cuda``, ``cuda:1``): a usage error otherwise."""
+    """``cpu`` or a CUDA device this machine has (``cuda``, ``cuda:1``): a usage error
+    otherwise (``cuda`` without one was torch's AssertionError, after the model was built)."""
     try:
-        torch.device(text)
-    except RuntimeError as exc:
-        raise argparse.ArgumentTypeError(str(exc).splitlines()[0]) from None
+        device = torch.device(text)
+    except RuntimeError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a device; use cpu or cuda[:N]") \
+            from None
+    if device.type not in ("cpu", "cuda"):
+        raise argparse.ArgumentTypeError(f"{text!r}: this benchmark runs on cpu or cuda[:N]")
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if not count:
+            raise argparse.ArgumentTypeError(f"{text!r}: no CUDA device is available on this "
+                                             "machine; use --device cpu")
+        if device.index is not None and device.index >= count:
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: this machine has {count} CUDA device(s), cuda:0 to "
+                f"cuda:{count - 1}")
     return text
 
 

@@ -130,9 +130,10 @@ def main() -> None:
         ap.error(f"--max-iterations must be >= {MIN_ITERATIONS} (the trace's shortest job); "
                  f"got {args.max_iterations}")
     out = Path(args.out or f"runs/bench/salus_jct/{time.strftime('%Y%m%d-%H%M%S')}")
-    for path in (out / "results.json",
-                 *(out / f"{policy}-rep0" for policy in POLICIES)):  # what this run writes
-        _cli.refuse_existing(path, args.force, "--out")
+    _cli.refuse_not_a_directory(out, "--out")
+    _cli.refuse_existing(out / "results.json", args.force, "--out")
+    for path in (out / f"{policy}-rep0" for policy in POLICIES):  # what this run writes
+        _cli.refuse_existing(path, args.force, "--out", directory=True)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     print(f"machine: {machine()}", flush=True)

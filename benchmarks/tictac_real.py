@@ -236,7 +236,9 @@ def main() -> int:
     for h in heuristics:
         print(f"#   {h}: {runs[h][0]['E_per_iteration']}")
     if args.json:
-        with open(args.json, "w") as fh:
+        os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
+        # "x": a file another run wrote there meanwhile is refused, not overwritten
+        with open(args.json, "w" if args.force else "x") as fh:
             json.dump({"args": vars(args), "runs": runs}, fh, indent=1, default=str)
     return 0
 

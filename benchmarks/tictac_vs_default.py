@@ -94,9 +94,10 @@ VARIANTS: dict[str, dict[str, Any]] = {}
 """More tictac sides (``--variant NAME:KEY=VALUE,...``): label -> plugins.tictac settings."""
 
 
-def settings(pairs: list[str]) -> dict[str, Any]:
+def settings(pairs: list[str], flag: str = "--set") -> dict[str, Any]:
     """``["heuristic=priority", "credit_bytes=0"]`` -> plugins.tictac settings; a pair
-    without ``=`` or a key tictac does not have is a usage error, before any run."""
+    without ``=``, a key tictac does not have, a key given twice or a value the plugin
+    refuses (``heuristic=foo``) is a usage error, before any run."""
     from dataclasses import fields
 
     from accelopt_plugins.tictac.config import TictacConfig
@@ -106,10 +107,59 @@ def settings(pairs: list[str]) -> dict[str, Any]:
     for item in pairs:
         key, eq, value = item.partition("=")
         if not eq or key not in known:
-            _cli.fail(f"--set/--variant: {item!r} is not KEY=VALUE with a plugins.tictac key "
+            _cli.fail(f"{flag}: {item!r} is not KEY=VALUE with a plugins.tictac key "
                       f"({', '.join(sorted(known))})")
+        if key in out:
+            _cli.fail(f"{flag}: {key} is given twice; give each key once")
         out[key] = int(value) if value.isdigit() else value
+    tictac_config(out, flag)
     return out
+
+
+def tictac_config(values: dict[str, Any], flag: str) -> Any:
+    """``values`` as a run reads them: OmegaConf against the plugin's config class, then
+    the plugin's own checks (``accelopt_configure``); what a run would refuse after the
+    calibration run is a usage error now."""
+    from accelopt_plugins.tictac import PLUGIN
+    from accelopt_plugins.tictac.plugin import TictacPlugin
+
+    from accelopt.activation import plugin_config
+    from accelopt.errors import UserError
+
+    cfg = OmegaConf.create({"plugins": {"tictac": values}, "cluster": {"mode": MODE[0]}})
+    try:
+        config = plugin_config(PLUGIN, cfg)
+        TictacPlugin(config).accelopt_configure(config, cfg)
+    except UserError as exc:
+        _cli.fail(f"{flag}: {exc}")
+    return config
+
+
+def tictac_sides(pairs: list[str], variants: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The tictac side's settings (``--set``) and the variants' (``--variant
+    NAME:KEY=VALUE,...``), checked before any run: a variant needs a name no other side has
+    and at least one setting, and may not repeat another tictac side's settings (it would
+    run as a copy of that side, reported under its own name)."""
+    tictac = settings(pairs)
+    configs = {"tictac": tictac_config(tictac, "--set")}
+    out: dict[str, dict[str, Any]] = {}
+    for text in variants:
+        name, colon, items = text.partition(":")
+        if not colon or not name or not items:
+            _cli.fail(f"--variant {text!r} is not NAME:KEY=VALUE,...; give a name and its "
+                      "settings, e.g. c256k:heuristic=priority,credit_bytes=262144")
+        taken = ["default", "tictac", *(k for k in EXTRA if k not in VARIANTS), *out]
+        if name in taken:
+            _cli.fail(f"--variant {text!r}: a side is already named {name!r} (taken: "
+                      f"{', '.join(taken)}); give it another name")
+        out[name] = settings(items.split(","), f"--variant {name}")
+        config = tictac_config(out[name], f"--variant {name}")
+        same = [side for side, other in configs.items() if other == config]
+        if same:
+            _cli.fail(f"--variant {text!r}: the same settings as the {same[0]} side; change "
+                      "a setting or drop it")
+        configs[name] = config
+    return tictac, out
 
 
 TOPOLOGY = ["shared"]
@@ -283,14 +333,15 @@ def main() -> int:
     if args.keep is not None:
         if args.keep.exists():
             ap.error(f"--keep {args.keep} exists; name a new directory")
+        _cli.refuse_not_a_directory(args.keep, "--keep")
         KEEP.append(args.keep)
     TOPOLOGY[0] = args.topology
     MODE[0] = args.mode
     WORKERS[0] = args.workers
-    TICTAC.update(settings(args.set))
-    for text in args.variant:
-        name, _, pairs = text.partition(":")
-        VARIANTS[name] = settings(pairs.split(",") if pairs else [])
+    tictac, variants = tictac_sides(args.set, args.variant)
+    TICTAC.update(tictac)
+    for name, values in variants.items():
+        VARIANTS[name] = values
         EXTRA[name] = f"tictac {name}"
     args.extra = [*args.extra, *VARIANTS]
     described = ", ".join(args.set) if args.set else "its defaults (TAC, self-limited)"

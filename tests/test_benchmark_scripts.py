@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
@@ -70,6 +71,29 @@ def test_refuse_existing_refuses_a_file_and_allows_it_with_force(tmp_path, capsy
     assert old.read_text() == "{}"  # refusing never touches the file
 
 
+@pytest.mark.timeout(10)
+def test_an_unwritable_output_path_is_refused_even_with_force(tmp_path, capsys) -> None:
+    """A path under a file, or a directory where a file is written, failed with a
+    traceback after the benchmark had run (--force did not help: nothing can be written
+    there)."""
+    old = tmp_path / "keep.json"
+    old.write_text("keep")
+    for call in (lambda: _cli.refuse_existing(old / "r.json", True, "--json"),
+                 lambda: _cli.refuse_existing(tmp_path, True, "--png"),
+                 lambda: _cli.refuse_not_a_directory(old, "--out"),
+                 lambda: _cli.refuse_not_a_directory(old / "a" / "b", "--out")):
+        with pytest.raises(SystemExit) as info:
+            call()
+        assert info.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and ("is a file, not a directory" in err[0]
+                                  or "is a directory; give the name of a file" in err[0])
+    assert old.read_text() == "keep" and sorted(tmp_path.iterdir()) == [old]
+    _cli.refuse_not_a_directory(tmp_path / "new" / "dir", "--out")  # made when it is written
+    _cli.refuse_not_a_directory(tmp_path, "--out")  # an existing directory: fine
+    _cli.refuse_existing(tmp_path / "sub", True, "--out", directory=True)
+
+
 def _run(main, capsys) -> tuple[int, list[str]]:
     with pytest.raises(SystemExit) as info:
         _cli.run(main)
@@ -125,6 +149,28 @@ SCRIPT_ERRORS = [
     ("slide_row_index.py", ["--reps", "-1"], "--reps"),
     ("tictac_real.py", ["--json", "{existing}"], "--force"),
     ("tictac_vs_default.py", ["--set", "heurstic=priority"], "plugins.tictac key"),
+    # an output path that is an existing file where a directory goes, or under one, or a
+    # directory where a file goes: a traceback once the runs were done (or before: salus_jct)
+    ("combo_salus_tictac.py", ["--repeats", "1", "--out", "{existing}"],
+     "results.json is a file, not a directory"),
+    ("salus_jct.py", ["--jobs", "2", "--repeats", "1", "--out", "{existing}"],
+     "results.json is a file, not a directory"),
+    ("salus_jct.py", ["--out", "{existing}/sub"], "results.json is a file, not a directory"),
+    ("tictac_real.py", ["--json", "{existing}/r.json"], "is a file, not a directory"),
+    ("tictac_real.py", ["--json", ".", "--force"], "--json . is a directory"),
+    ("slide_tta.py", ["--png", ".", "--force"], "--png . is a directory"),
+    ("tictac_vs_default.py", ["--keep", "{existing}/kept"], "is a file, not a directory"),
+    # a CUDA device the machine does not have: torch's AssertionError after the model's build
+    ("offload_compare.py", ["--device", "cuda:99"], "'cuda:99'"),
+    ("offload_compare.py", ["--device", "meta"], "cpu or cuda"),
+    # tictac_vs_default's sides: each ran, or failed after a calibration run
+    ("tictac_vs_default.py", ["--variant", "bad"], "'bad' is not NAME:KEY=VALUE"),
+    ("tictac_vs_default.py", ["--variant", "bad:"], "'bad:' is not NAME:KEY=VALUE"),
+    ("tictac_vs_default.py", ["--set", "heuristic=foo"], "heuristic='foo' is not one of"),
+    ("tictac_vs_default.py", ["--variant", "w:credit_bytes=abc"], "--variant w: plugins.tictac"),
+    ("tictac_vs_default.py", ["--variant", "x:heuristic=tac"], "the same settings as the tictac"),
+    ("tictac_vs_default.py", ["--variant", "off:heuristic=tic"], "already named 'off'"),
+    ("tictac_vs_default.py", ["--set", "heuristic=tic", "heuristic=tac"], "given twice"),
 ]
 
 
@@ -145,6 +191,30 @@ def test_a_script_refuses_bad_arguments_in_one_line(script, args, named, tmp_pat
     assert done.stdout == ""  # refused before any work
     assert existing.read_text() == "{}" and sorted(p.name for p in tmp_path.iterdir()) == [
         "results.json"]  # nothing written (no runs/ either)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
+def test_offload_compare_says_there_is_no_cuda_device(tmp_path) -> None:
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "offload_compare.py"), "--device",
+                           "cuda"], cwd=tmp_path, capture_output=True, text=True, timeout=50)
+    assert done.returncode == 2 and done.stdout == "" and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        "offload_compare.py: error: argument --device: 'cuda': no CUDA device is available on "
+        "this machine; use --device cpu")
+
+
+@pytest.mark.timeout(30)
+def test_tictac_vs_default_takes_good_sides() -> None:
+    import tictac_vs_default
+
+    tictac, variants = tictac_vs_default.tictac_sides(
+        ["heuristic=priority"], ["c256k:heuristic=priority,credit_bytes=262144",
+                                 "tic:heuristic=tic,message_s=0.001"])
+    assert tictac == {"heuristic": "priority"}
+    assert variants == {"c256k": {"heuristic": "priority", "credit_bytes": 262144},
+                        "tic": {"heuristic": "tic", "message_s": "0.001"}}
+    assert tictac_vs_default.tictac_sides([], []) == ({}, {})
 
 
 @pytest.mark.timeout(20)

@@ -373,8 +373,15 @@ def test_cli_command_end_to_end(capsys):
 @pytest.mark.parametrize("args, words", [
     (["model=resnet50", "batch=abc"], "batch must be a whole number >= 1, got 'abc'"),
     (["model=resnet50", "batch=-4"], "batch must be a whole number >= 1"),  # torch's error
-    (["model=resnet50", "a=0"], r"a \(Mc/Pc, .*\) must be a number > 0"),  # 1/0
-    (["model=resnet50", "a=-1"], "must be a number > 0"),  # a nan efficiency, exit 0
+    (["model=resnet50", "a=0"], r"a \(Mc/Pc, .*\) must be a number in \["),  # 1/0
+    (["model=resnet50", "a=-1"], r"must be a number in \[1e-06, 1e\+06\]"),  # E = nan, exit 0
+    (["model=resnet50", "a=1e308"], r"in \[1e-06, 1e\+06\], got '1e308'"),  # inf ms, E = nan
+    (["model=resnet50", "a=1e-300"], r"must be a number in \[1e-06, 1e\+06\]"),  # E = nan
+    (["model=resnet50", "a=nan"], r"must be a number in \[1e-06, 1e\+06\]"),
+    (["workload=tiny", "plugins.tictac.bandwidth_bytes_per_s=nan"],  # read as "measure"
+     r"bandwidth_bytes_per_s=nan must be a finite number >= 0"),
+    (["workload=tiny", "plugins.tictac.message_s=nan"], "message_s=nan must be >= 0 and finite"),
+    (["model=alexnet", "plugins.tictac.message_s=inf"], "message_s=inf must be >= 0 and finite"),
     (["model=resnet50", "kind=bogus"], "kind must be one of infer, train"),  # inference
     (["workload=tiny", "plugins.tictac.force=maybe"], "is not a bool"),  # read as false
     (["workload=tiny", "batch=3"], "batch goes with model=NAME"),  # ignored
@@ -389,6 +396,16 @@ def test_cli_bad_arguments_are_one_line(args, words, capsys):
     with pytest.raises(UserError, match=words) as info:
         dispatch(["tictac", "order", *args], False)
     assert "\n" not in str(info.value)
+
+
+def test_cli_prints_no_negative_zero_efficiency(capsys):
+    """resnet50's reverse order has E = -1e-15 (a rounding error), printed as -0.000."""
+    from accelopt.cli.main import dispatch
+
+    assert dispatch(["tictac", "order", "model=resnet50"], False) == 0
+    out = capsys.readouterr().out
+    assert "reverse:" in out and "E = 0.000" in out
+    assert "-0.000" not in out and "nan" not in out
 
 
 def test_cli_priority_prints_the_order_it_ranks_by_and_names_the_job_it_planned(capsys):

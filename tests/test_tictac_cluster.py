@@ -180,6 +180,21 @@ def test_configure_rejects_bad_keys_in_one_line():
         plugin.accelopt_configure(TictacConfig(replan_iteration=-1), make_cfg())
 
 
+FLOAT_KEYS = [f.name for f in dataclasses.fields(TictacConfig) if f.type == "float"]
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+@pytest.mark.parametrize("key", FLOAT_KEYS)
+def test_configure_refuses_nan_and_inf_in_every_float_key(key, value):
+    """bandwidth_bytes_per_s=nan passed its `< 0` check and was read as "measure";
+    message_s=nan and inf were accepted too (inf ms, E = nan)."""
+    assert {"bandwidth_bytes_per_s", "message_s", "pace"} <= set(FLOAT_KEYS)
+    plugin = TictacPlugin(TictacConfig())
+    with pytest.raises(ConfigError, match=rf"^plugins\.tictac\.{key}={value} must be ") as info:
+        plugin.accelopt_configure(TictacConfig(**{key: float(value)}), make_cfg())
+    assert "\n" not in str(info.value)
+
+
 def test_pace_is_a_share_of_the_shaped_rate():
     """Two workers: on the server's link two transfers share the rate, on one bus four."""
     plugin = TictacPlugin(TictacConfig(pace=0.5))

@@ -9,7 +9,6 @@ pick one of the paper's meta-device models, anything else (``workload=tiny``,
 from __future__ import annotations
 
 import dataclasses
-import math
 import sys
 from typing import Any
 
@@ -25,6 +24,9 @@ USAGE = ("usage: accelopt tictac order [workload=NAME [job=NAME] | model=resnet5
          "[other run overrides]")
 META_KEYS = ("model", "batch", "kind", "a", "job")
 KINDS = ("infer", "train")
+A_RANGE = (1e-6, 1e6)
+"""The ``a`` a meta-device model is planned at: beyond it the makespans overflow or E is
+0/0 (Mc + Pc - max(Mc, Pc) lost to rounding), printed as inf and nan."""
 
 
 def order_command(argv: list[str]) -> int:
@@ -40,7 +42,8 @@ def order_command(argv: list[str]) -> int:
 def _meta_values(meta: dict[str, str]) -> tuple[int, str, float]:
     """``batch``, ``kind`` and ``a`` of a meta-device model, checked: a batch of -4 was
     torch's error, ``a=0`` a division by zero, ``a=-1`` a negative link rate and a NaN
-    efficiency printed with exit 0, ``kind=bogus`` planned as inference."""
+    efficiency printed with exit 0, ``kind=bogus`` planned as inference, ``a=1e308`` and
+    ``a=1e-300`` inf makespans and E = nan (:data:`A_RANGE`)."""
     try:
         batch = int(meta.get("batch", 32))
     except ValueError:
@@ -55,9 +58,9 @@ def _meta_values(meta: dict[str, str]) -> tuple[int, str, float]:
         a = float(meta.get("a", 1.0))
     except ValueError:
         a = float("nan")
-    if not (math.isfinite(a) and a > 0):
+    if not A_RANGE[0] <= a <= A_RANGE[1]:
         raise UserError(f"tictac order: a (Mc/Pc, communication over computation) must be a "
-                        f"number > 0, got {meta.get('a')!r}")
+                        f"number in [{A_RANGE[0]:g}, {A_RANGE[1]:g}], got {meta.get('a')!r}")
     return batch, kind, a
 
 
@@ -115,6 +118,9 @@ def make_plan(config: TictacConfig, meta: dict[str, str], overrides: list[str]) 
             raise UserError("tictac order: job= picks a job of a workload; a meta-device "
                             "model is one already")
         batch, kind, a = _meta_values(meta)
+        from accelopt_plugins.tictac.plugin import TictacPlugin
+
+        TictacPlugin(config).accelopt_configure(config, None)  # its keys refused as in a run
         try:
             return plan_meta(meta["model"], batch=batch, kind=kind, a=a,
                              execution=config.execution)  # type: ignore[arg-type]
@@ -193,4 +199,5 @@ def print_plan(plan: Any, heuristic: str, out: Any) -> None:
     for h, v in pred.items():
         mark = "  <-" if h == ordered else ""
         extra = f" / p95 {v['p95_s'] * 1e3:.3f} ms" if h == "random" else ""
-        print(f"{h:>8}: {v['makespan_s'] * 1e3:.3f} ms{extra}  E = {v['E']:.3f}{mark}", file=out)
+        e = round(v["E"], 3) + 0.0  # a rounding error below zero printed as -0.000
+        print(f"{h:>8}: {v['makespan_s'] * 1e3:.3f} ms{extra}  E = {e:.3f}{mark}", file=out)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import random
 import statistics
 import time
@@ -126,11 +127,13 @@ class TictacPlugin:
                               "the link's rate; 0: no pacing)")
         if c.tune_block < 1 or c.tune_rounds < 1:
             raise ConfigError("plugins.tictac.tune_block and tune_rounds must be >= 1")
-        if c.bandwidth_bytes_per_s < 0:
-            raise ConfigError("plugins.tictac.bandwidth_bytes_per_s must be >= 0 (0: measure)")
-        if c.message_s < 0 and c.message_s != -1:
-            raise ConfigError(f"plugins.tictac.message_s={c.message_s} must be >= 0 (seconds per "
-                              "transfer) or -1 (fit it from the transport)")
+        # written so that nan fails them too (nan < 0 is false: nan was read as "measure")
+        if not 0 <= c.bandwidth_bytes_per_s < math.inf:
+            raise ConfigError(f"plugins.tictac.bandwidth_bytes_per_s={c.bandwidth_bytes_per_s} "
+                              "must be a finite number >= 0 (bytes/s; 0: measure)")
+        if not (0 <= c.message_s < math.inf or c.message_s == -1):
+            raise ConfigError(f"plugins.tictac.message_s={c.message_s} must be >= 0 and finite "
+                              "(seconds per transfer) or -1 (fit it from the transport)")
         if c.replan_iteration < 0:
             raise ConfigError(f"plugins.tictac.replan_iteration={c.replan_iteration} must be >= 0 "
                               "(the iteration from which measured times replace the profile's)")
