@@ -581,7 +581,13 @@ def _refuse_other_checkpoints(old_dir: Path, cfg: DictConfig) -> None:
     from accelopt.drivers.cluster.settings import settings_from
     from accelopt.job.checkpoint import refuse_other_spec
 
-    for k, spec in enumerate(job_specs(cfg)):
+    if not has_checkpoints(old_dir):
+        return
+    try:
+        specs = job_specs(cfg)
+    except ConfigError:
+        return  # a workload that builds no jobs: the run's own validation says so
+    for k, spec in enumerate(specs):
         job_id = job_id_for(k, spec)
         if cfg.cluster.mode == "none":
             path = old_dir / CHECKPOINT_DIR / f"{job_id}.pt"
