@@ -349,7 +349,9 @@ def _finished_bench(out: Path, repeats: int = 3) -> dict[str, bytes]:
     context = {"command": "accelopt bench", "metric": "avg_jct_s", "higher_is_better": False,
                "repeats": repeats, "machine": "m", "python": "3", "settings": "s",
                "sweep_s": 1.0, "quality": None}
-    report(collect(out / "runs", "avg_jct_s", plan), context, plan, out, default_console())
+    results, left_out = collect(out / "runs", "avg_jct_s", plan)
+    assert left_out == []
+    report(results, context, plan, out, default_console())
     return {name: (out / name).read_bytes() for name in ("bench.json", "bench.md", "bench.png")}
 
 
@@ -395,17 +397,57 @@ def test_reanalyze_refuses_to_replace_a_report_with_fewer_runs(tmp_path, capsys)
 def test_reanalyze_reports_another_metric_the_runs_measured_and_refuses_new_sets(tmp_path):
     """--reanalyze --metric X printed the bench's own metric again, and --plugins or
     overrides beside --reanalyze were ignored in silence."""
-    _finished_bench(tmp_path)
+    own = _finished_bench(tmp_path)
     assert bench_command(["--reanalyze", "--out", str(tmp_path), "--metric", "throughput"]) == 0
-    saved = json.loads((tmp_path / "bench.json").read_text())
+    # beside the bench's own report, which stays as it was (it was replaced, and a later
+    # plain --reanalyze reported the other metric as the bench's own)
+    assert {name: (tmp_path / name).read_bytes() for name in own} == own
+    saved = json.loads((tmp_path / "bench-throughput.json").read_text())
     assert saved["context"]["metric"] == "throughput"
     assert saved["context"]["higher_is_better"] is True  # guessed from the new metric's name
+    assert saved["context"]["command"].endswith(
+        "(reanalyzed: --metric throughput --higher-is-better yes)")
     clip = {s["label"]: s for s in saved["sets"]}["clip"]
     assert clip["median"] == pytest.approx(1 / 0.808)  # 1/0.8 x 1/1.01, the middle repeat
-    assert "# Ablation: throughput" in (tmp_path / "bench.md").read_text()
-    for extra in (["--plugins", "noop"], ["workload=tiny"]):
-        with pytest.raises(UserError, match=f"--reanalyze runs nothing: .*; drop {extra[0]}"):
+    assert "# Ablation: throughput" in (tmp_path / "bench-throughput.md").read_text()
+    assert (tmp_path / "bench-throughput.png").is_file()
+    assert bench_command(["--reanalyze", "--out", str(tmp_path)]) == 0
+    assert json.loads((tmp_path / "bench.json").read_text())["context"]["metric"] == "avg_jct_s"
+    # --repeats and --no-eval were ignored in silence too
+    for extra in (["--plugins", "noop"], ["workload=tiny"], ["--repeats", "7"], ["--no-eval"],
+                  ["--repeats=7"]):
+        with pytest.raises(UserError, match=f"--reanalyze runs nothing: .*; drop "
+                           f"{extra[0].split('=')[0]}"):
             bench_command(["--reanalyze", "--out", str(tmp_path), *extra])
+
+
+def test_runs_that_did_not_measure_are_left_out_and_named(tmp_path):
+    """A run whose job diverged or failed, or whose metric is null, counted as a
+    measurement (or its set vanished from the report without a word)."""
+    from accelopt.bench.runner import collect
+
+    plan = run_plan([[], ["a"], ["b"]], 2)
+    summaries = {("a", 0): {"n_jobs": 2, "n_diverged": 1}, ("a", 1): {"n_jobs": 2, "n_failed": 1},
+                 ("b", 0): {"avg_jct_s": None}, ("b", 1): {"error": "plugin 'b' raised"}}
+    for i, (repeat, plugins, _) in enumerate(plan):
+        summary = {"avg_jct_s": 1.0 + repeat, **summaries.get((*plugins, repeat), {})}
+        (tmp_path / "runs" / str(i)).mkdir(parents=True)
+        (tmp_path / "runs" / str(i) / "metrics.json").write_text(json.dumps(
+            {"summary": summary, "run": {"plugins": plugins}}))
+    results, left_out = collect(tmp_path / "runs", "avg_jct_s", plan)
+    assert [(r.plugins, r.values) for r in results] == [((), (1.0, 2.0))]
+    assert [line.split(" (run")[0] + line.split(")", 1)[1] for line in left_out] == [
+        "[a] repeat 0: 1 of its 2 job(s) diverged", "[b] repeat 0: its avg_jct_s is None",
+        "[a] repeat 1: 1 of its 2 job(s) failed", "[b] repeat 1: the run failed: plugin 'b' raised"]
+
+
+def test_bench_options_it_would_ignore_are_refused():
+    from accelopt.bench.runner import parse_args
+
+    with pytest.raises(UserError, match="give --plugins .* or --sets .*, not both"):
+        parse_args(["--plugins", "clip", "--sets", "[],[noop]"])
+    with pytest.raises(UserError, match="--metric needs a name"):
+        parse_args(["--plugins", "noop", "--metric", ""])
 
 
 def test_a_bench_stopped_midway_can_be_reported_from_the_runs_it_finished(tmp_path, capsys):
@@ -466,14 +508,23 @@ def test_overrides_may_come_between_the_options(capsys):
     assert capsys.readouterr().out.strip() == "+plugins=[],[noop]"
 
 
-def test_a_sweep_whose_runs_fail_is_one_line_naming_them(tmp_path):
-    """The bench quotes the sweep's last line: the runs that failed and the first error,
-    without a second 'error:' inside its own."""
+def test_a_sweep_whose_runs_fail_reports_the_others_and_names_them(tmp_path):
+    """A failed run's figures (its duration: the time to the crash) were reported as a
+    measurement by --reanalyze, a set that crashed reading as a 36x gain; the bench itself
+    stopped, saying it had (the sweep goes on past a failed run). The report is written
+    from the runs that measured, names the others, and the bench exits 3."""
+    out = tmp_path / "b"
     result = accelopt("bench", "--plugins", "boom", "--repeats", "1", "--no-eval", "--out",
-                      str(tmp_path / "b"), "workload=tiny", cwd=tmp_path,
+                      str(out), "workload=tiny", cwd=tmp_path,
                       ACCELOPT_PLUGINS="plugins_for_tests:BOOM")
-    assert result.returncode == 2, result.stderr
+    assert result.returncode == 3, result.stderr
     (line,) = [ln for ln in result.stderr.splitlines() if ln.startswith("error:")]
-    assert re.match(r"error: the sweep failed \(exit 1\): 2 of 4 runs of the sweep failed: "
-                    r"#\d, #\d \(#\d: plugin 'boom' raised in hook accelopt_iteration_end: "
-                    r"ValueError: boom\) \(full log: ", line), line
+    assert re.match(r"error: 1 measured run\(s\) left out of the report: \[boom\] repeat 0 "
+                    r"\(run \d\): the run failed: plugin 'boom' raised in hook "
+                    r"accelopt_iteration_end: ValueError: boom", line), line
+    assert "stopped" not in result.stderr
+    saved = json.loads((out / "bench.json").read_text())
+    assert [s["label"] for s in saved["sets"]] == ["baseline"]  # boom measured nothing
+    assert "**Runs left out of this report**" in (out / "bench.md").read_text()
+    again = accelopt("bench", "--reanalyze", "--out", str(out), cwd=tmp_path)
+    assert again.returncode == 3 and "left out of the report" in again.stderr

@@ -82,6 +82,11 @@ def render_markdown(summary: Sequence[SetSummary], context: dict[str, Any]) -> s
         *([f"**Runs missing from this report** (`--reanalyze --force`; their sets have fewer "
            f"repeats): {'; '.join(context['missing_runs'])}.", ""]
           if context.get("missing_runs") else []),
+        *([f"**Runs left out of this report** (they did not measure the set: a run failed, "
+           f"a job of it failed, was refused or diverged, or the metric has no value; a set "
+           f"all of whose runs are left out has no row): "
+           f"{'; '.join(context['left_out'])}.", ""]
+          if context.get("left_out") else []),
         "| " + " | ".join(columns(context)) + " |",
         "|" + "---|" * len(columns(context)),
     ]

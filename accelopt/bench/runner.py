@@ -41,7 +41,7 @@ from accelopt.bench.analysis import (
 )
 from accelopt.bench.evaluate import EVAL_METRIC, evaluate_run
 from accelopt.bench.render import render_markdown, render_png, render_table
-from accelopt.errors import UserError, listed
+from accelopt.errors import JobsUnfinished, UserError, first_line, listed
 from accelopt.plugin import Registry, resolve, valid_combinations
 from accelopt.report.console import default_console
 
@@ -80,10 +80,18 @@ def parse_args(args: list[str]) -> argparse.Namespace:
                         "to the sets that select NAME")
     # intermixed: `--plugins noop workload=tiny --repeats 1 run.seed=1` is one command line
     # (parse_args would take the overrides after an option for unrecognized arguments)
+    given = {a.split("=", 1)[0] for a in args if a.startswith("--")}  # the options named
     opts = parser.parse_intermixed_args(args)
+    if opts.metric is not None and not opts.metric.strip():
+        raise UserError("--metric needs a name (a key of metrics.json's summary), got ''")
     opts.metric_given, opts.metric = opts.metric is not None, opts.metric or "duration_s"
-    extras = [name for name, given in (("--plugins", opts.plugins), ("--sets", opts.sets),
-                                       (" ".join(opts.overrides), opts.overrides)) if given]
+    if opts.plugins and opts.sets:  # --plugins was ignored in silence beside --sets
+        raise UserError("give --plugins (its valid combinations) or --sets (exactly these "
+                        "sets), not both")
+    extras = [name for name, on in (("--plugins", opts.plugins), ("--sets", opts.sets),
+                                    ("--repeats", "--repeats" in given),
+                                    ("--no-eval", "--no-eval" in given),
+                                    (" ".join(opts.overrides), opts.overrides)) if on]
     if opts.reanalyze and extras:  # they were ignored in silence
         raise UserError("--reanalyze runs nothing: its sets and settings are those of the "
                         f"bench in --out (its bench.json); drop {', '.join(extras)}")
@@ -262,10 +270,25 @@ def bench_command(args: list[str]) -> int:
         _say_how_to_report_what_ran(out, plan)
         raise
     context["sweep_s"] = round(time.perf_counter() - started, 1)
-    results = collect(out / "runs", opts.metric, plan)
-    if opts.eval:
-        results = with_quality(results, out / "runs", plan, console)
-    return report(results, context, plan, out, console)
+    return _report_runs(out, context, plan, console)
+
+
+def _report_runs(out: Path, context: dict[str, Any], plan: list[tuple[int, list[str], bool]],
+                 console: Console, skip: set[int] | frozenset[int] = frozenset(),
+                 name: str = "bench") -> int:
+    """The report from the runs that measured; exit 3 (one line naming them) when runs
+    were left out because they failed, were refused, diverged or did not measure the
+    metric: the report is written from the others, and says so."""
+    results, left_out = collect(out / "runs", context["metric"], plan, skip)
+    context["left_out"] = left_out
+    if context.get("quality"):
+        results = with_quality(results, out / "runs", plan, console, skip=skip)
+    report(results, context, plan, out, console, name)
+    if not left_out:
+        return 0
+    print(f"error: {len(left_out)} measured run(s) left out of the report: "
+          f"{listed(left_out, sep='; ')}", file=sys.stderr)
+    return JobsUnfinished.exit_code
 
 
 def sweep_took(context: dict[str, Any]) -> str:
@@ -309,10 +332,19 @@ def reanalyze(opts: argparse.Namespace) -> int:
     plan = [(int(r["repeat"]), list(r["plugins"]), bool(r["warmup"])) for r in saved["runs"]]
     context = dict(saved["context"])
     context.pop("missing_runs", None)  # this reading decides which runs are missing
-    if opts.metric_given:  # the runs measured more than the bench reported: another metric
-        context["metric"], context["higher_is_better"] = opts.metric, _direction(opts)
-    elif opts.higher_is_better != "auto":
-        context["higher_is_better"] = _direction(opts)
+    name = "bench"
+    if opts.metric_given or opts.higher_is_better != "auto":
+        # the runs measured more than the bench reported: another metric (or direction),
+        # reported beside the bench's own report, which stays as it is
+        metric = opts.metric if opts.metric_given else context["metric"]
+        direction = _direction(opts) if opts.metric_given or opts.higher_is_better != "auto" \
+            else context["higher_is_better"]
+        if (metric, direction) != (context["metric"], context["higher_is_better"]):
+            name = f"bench-{metric}" + ("" if direction == higher_is_better(metric) else
+                                        f"-{'higher' if direction else 'lower'}")
+            context["command"] += (f" (reanalyzed: --metric {metric} --higher-is-better "
+                                   f"{'yes' if direction else 'no'})")
+        context["metric"], context["higher_is_better"] = metric, direction
     problems = unreadable_runs(out / "runs", plan)
     if problems:
         named = [f"{reason} ({_label(plan[i][1])}, repeat {plan[i][0]})"
@@ -325,11 +357,7 @@ def reanalyze(opts: argparse.Namespace) -> int:
                 f"{out / 'bench.json'} cannot be read: {listed(named, sep='; ')}; {kept} add "
                 "--force to report the other runs and name these in the report)")
         context["missing_runs"] = named
-    console = default_console()
-    results = collect(out / "runs", context["metric"], plan, skip=set(problems))
-    if context.get("quality"):
-        results = with_quality(results, out / "runs", plan, console, skip=set(problems))
-    return report(results, context, plan, out, console)
+    return _report_runs(out, context, plan, default_console(), set(problems), name)
 
 
 def unreadable_runs(runs_dir: Path, plan: list[tuple[int, list[str], bool]]) -> dict[int, str]:
@@ -370,8 +398,10 @@ def read_run(path: Path) -> dict[str, Any]:
 
 
 def report(results: list[SetResult], context: dict[str, Any],
-           plan: list[tuple[int, list[str], bool]], out: Path, console: Console) -> int:
-    """Summarize, print the table and write bench.json, bench.png and bench.md."""
+           plan: list[tuple[int, list[str], bool]], out: Path, console: Console,
+           name: str = "bench") -> int:
+    """Summarize, print the table and write ``<name>.json``, ``.png`` and ``.md`` (bench.*:
+    the bench's own report; another metric's beside it)."""
     summary = summarize(results, context["metric"], context["higher_is_better"])
     console.print(render_table(summary, context))
     console.print(f"machine: {context['machine']}; {context['settings']}; {sweep_took(context)}")
@@ -379,26 +409,32 @@ def report(results: list[SetResult], context: dict[str, Any],
         console.print(f"reported without {len(context['missing_runs'])} run(s) of the plan "
                       f"(--force): {listed(context['missing_runs'], sep='; ')}",
                       markup=False)  # the sets' [a,b] labels are not rich markup
-    _write_bench_json(out, context, [asdict(s) for s in summary], plan)
-    render_png(summary, context, out / "bench.png")
-    (out / "bench.md").write_text(render_markdown(summary, context))
-    console.print(f"report: {out / 'bench.md'}  chart: {out / 'bench.png'}")
+    if context.get("left_out"):
+        console.print(f"left out {len(context['left_out'])} run(s) that did not measure: "
+                      f"{listed(context['left_out'], sep='; ')}", markup=False)
+    _write_bench_json(out, context, [asdict(s) for s in summary], plan, name)
+    render_png(summary, context, out / f"{name}.png")
+    (out / f"{name}.md").write_text(render_markdown(summary, context))
+    console.print(f"report: {out / f'{name}.md'}  chart: {out / f'{name}.png'}")
     return 0
 
 
 def _write_bench_json(out: Path, context: dict[str, Any], sets: list[dict[str, Any]],
-                      plan: list[tuple[int, list[str], bool]]) -> None:
+                      plan: list[tuple[int, list[str], bool]], name: str = "bench") -> None:
     """bench.json: the context, each set's figures (none yet while the sweep runs) and the
     run plan (what ``--reanalyze`` reads)."""
     runs = [{"run": i, "repeat": r, "plugins": p, "warmup": w} for i, (r, p, w) in enumerate(plan)]
-    with atomic_open(out / "bench.json") as handle:
+    with atomic_open(out / f"{name}.json") as handle:
         handle.write(json.dumps({"context": context, "sets": sets, "runs": runs}, indent=2))
 
 
 def _run_sweep(command: list[str], out: Path, total: int, console: Console,
-               metric: str | None = None, baseline: int = 0) -> None:
+               metric: str | None = None, baseline: int = 0) -> int:
     """Run the sweep with a progress bar; a ``metric`` the baseline's first run (number
-    ``baseline``) does not measure stops it there (one line), instead of after every run."""
+    ``baseline``) does not measure stops it there (one line), instead of after every run.
+    Returns the sweep's exit code: a run that failed does not stop the others (Hydra goes
+    on), and the report leaves it out (:func:`collect`); a sweep that left no run at all
+    is one line."""
     log = (out / "sweep.log").open("w")
     columns = (TextColumn("runs"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as progress:
@@ -424,11 +460,12 @@ def _run_sweep(command: list[str], out: Path, total: int, console: Console,
             raise
         finally:
             log.close()
-    if proc.returncode != 0:
+    if proc.returncode != 0 and not list((out / "runs").glob("*/metrics.json")):
         tail = [line.removeprefix("error: ")  # the sweep's own last line, once prefixed
                 for line in (out / "sweep.log").read_text().strip().splitlines()[-1:]]
         raise UserError(f"the sweep failed (exit {proc.returncode}): {' '.join(tail)} "
                         f"(full log: {out / 'sweep.log'})")
+    return proc.returncode
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
@@ -496,12 +533,32 @@ def _measured(runs_dir: Path, plan: list[tuple[int, list[str], bool]],
             and not plan[int(p.parent.name)][2] and int(p.parent.name) not in skip]
 
 
+def run_failure(summary: dict[str, Any]) -> str | None:
+    """Why a run's figures are no measurement of its set (``None``: they are): the run
+    stopped with an error, or a job of it failed, was refused or diverged. Its duration is
+    the time to the crash, its JCTs those of the jobs that survived: a set that crashed
+    read as a 36x gain, one that diverged as a gain with a top-1 over its surviving jobs."""
+    if summary.get("error"):
+        return f"the run failed: {first_line(str(summary['error']))}"
+    for key, what in (("n_failed", "failed"), ("n_rejected", "were refused"),
+                      ("n_diverged", "diverged")):
+        count = summary.get(key)
+        if isinstance(count, int) and count > 0:
+            return f"{count} of its {summary.get('n_jobs', '?')} job(s) {what}"
+    return None
+
+
 def collect(runs_dir: Path, metric: str, plan: list[tuple[int, list[str], bool]],
-            skip: set[int] | frozenset[int] = frozenset()) -> list[SetResult]:
-    """Group every measured run's metric by its plugin set (warm-up runs skipped)."""
+            skip: set[int] | frozenset[int] = frozenset()
+            ) -> tuple[list[SetResult], list[str]]:
+    """Group every measured run's metric by its plugin set (warm-up runs skipped), and name
+    the runs left out: those that did not measure (:func:`run_failure`) and those whose
+    metric is null (a set whose every run is left out has no row; the line says why)."""
     values: dict[tuple[str, ...], list[float]] = defaultdict(list)
     repeats: dict[tuple[str, ...], list[int]] = defaultdict(list)
     available: set[str] = set()
+    keys: set[str] = set()
+    left_out: list[str] = []
     paths = _measured(runs_dir, plan, skip)
     if not paths:
         raise UserError(f"no runs found under {runs_dir} (no <n>/metrics.json of a measured "
@@ -510,18 +567,28 @@ def collect(runs_dir: Path, metric: str, plan: list[tuple[int, list[str], bool]]
         data = read_run(path)
         summary = data["summary"]
         available |= {k for k, v in summary.items() if isinstance(v, (int, float))}
+        keys |= set(summary)
+        repeat = plan[int(path.parent.name)][0]
+        key = tuple(data["run"]["plugins"])
+        where = f"{_label(list(key))} repeat {repeat} (run {path.parent.name})"
         value = summary.get(metric)
-        if isinstance(value, (int, float)):
-            key = tuple(data["run"]["plugins"])
-            values[key].append(float(value))
-            repeats[key].append(plan[int(path.parent.name)][0])
-    if not values:
+        why = run_failure(summary) or (None if isinstance(value, (int, float)) else
+                                       f"its {metric} is {value!r}")
+        if why is not None:
+            left_out.append(f"{where}: {why}")
+            continue
+        values[key].append(float(value))
+        repeats[key].append(repeat)
+    if metric not in keys:
         raise UserError(unknown_metric(metric, available))
+    if not values:
+        raise UserError(f"no run under {runs_dir} measured {metric}: "
+                        f"{listed(left_out, sep='; ')}")
     if () not in values:
         raise UserError(f"no baseline run (no plugins) under {runs_dir} measured {metric}: "
-                        "gains are against it; rerun the bench")
+                        f"gains are against it ({listed(left_out, sep='; ')}); rerun the bench")
     return [SetResult(plugins, tuple(v), repeats=tuple(repeats[plugins]))
-            for plugins, v in values.items()]
+            for plugins, v in values.items()], left_out
 
 
 def with_quality(results: list[SetResult], runs_dir: Path,
