@@ -287,6 +287,10 @@ def test_a_parameter_server_holding_no_tensor_lets_the_run_train(tmp_path, monke
     (result,) = record.jobs
     assert result.status == "done", result.error
     assert len(result.losses) == 2 and all(v == v for v in result.losses)
+    # it trains, and the run says a server stood idle
+    assert record.warnings == ["job 'm': server rank(s) 2 held none of its 2 parameter "
+                               "tensors (3 servers): they ran idle; cluster.servers at most "
+                               "the model's tensors uses them all"]
 
 
 def test_a_token_model_on_data_without_a_vocab_size_says_to_give_the_dataset_one():

@@ -382,6 +382,9 @@ def _execute_cluster(cfg: DictConfig, run_dir: Path, registry: Registry, console
         record.info = dataclasses.replace(info, jobs=tuple(r.job for r in record.jobs),
                                           cluster=settings.info(backend))
         record.telemetry_note = "cluster run: per-rank timelines are in trace.json"
+        record.warnings = [*record.warnings, *outcome.warnings]
+        for line in outcome.warnings:
+            console.print(f"warning: {line}", markup=False, highlight=False, soft_wrap=True)
         record.plugin_rows = with_placeholders(list(outcome.plugin_rows), names)
         _write_per_iteration(outcome.per_iteration, run_dir)
         if cfg.run.save_weights:

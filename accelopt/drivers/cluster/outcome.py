@@ -43,6 +43,8 @@ class ClusterOutcome:
     worker's start), for the run's wall throughput over several jobs."""
     steady: tuple[float, float] | None = None
     """One job's outcome: its first steady iteration's start to its last iteration's end."""
+    warnings: list[str] = field(default_factory=list)
+    """What the run did other than its settings said (said after it, kept in metrics.json)."""
 
 
 def _median(values: list[float]) -> float | None:
@@ -88,7 +90,25 @@ def build_outcome(ranks: list[RankResult], settings: ClusterSettings) -> Cluster
     rows = representative_rows([r.plugin_rows for r in ranks], [r.role for r in ranks],
                                of_plugins(leader.job_scoped))
     out.plugin_rows = merge_rows(rows, names, job_ids)
+    out.warnings = idle_servers(ranks, job_ids)
     return out
+
+
+def idle_servers(ranks: list[RankResult], job_ids: list[str]) -> list[str]:
+    """A parameter server that held none of a job's parameters (more servers than the model
+    has tensors) ran idle for it: the run trains, but cluster.servers says more servers
+    than worked."""
+    lines = []
+    for job_id in job_ids:
+        servers = [r for r in ranks if r.role == "server"]
+        idle = [r.rank for r in servers if not r.parts[job_id].params]
+        if idle:
+            tensors = sum(len(r.parts[job_id].params) for r in servers)
+            name = ranks[0].parts[job_id].job.name
+            lines.append(f"job '{name}': server rank(s) {', '.join(map(str, idle))} held none "
+                         f"of its {tensors} parameter tensors ({len(servers)} servers): they "
+                         "ran idle; cluster.servers at most the model's tensors uses them all")
+    return lines
 
 
 def combined_loss(rows: list[dict[str, Any]], shares: list[float]) -> float | None:
