@@ -62,7 +62,7 @@ def main() -> None:
     trees = [HERE, *(t.resolve() for t in args.tree)]
     for tree in trees:
         if not (tree / "accelopt" / "__init__.py").is_file():
-            raise SystemExit(f"--tree {tree}: not a checkout of accelopt (no accelopt/)")
+            _cli.fail(f"--tree {tree}: not a checkout of accelopt (no accelopt/)")
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, python "
           f"{platform.python_version()}; load average {os.getloadavg()[0]:.2f}")
     print(f"command: accelopt run run.progress=false {' '.join(args.overrides)}".rstrip())

@@ -111,9 +111,33 @@ def settings(pairs: list[str], flag: str = "--set") -> dict[str, Any]:
                       f"({', '.join(sorted(known))})")
         if key in out:
             _cli.fail(f"{flag}: {key} is given twice; give each key once")
-        out[key] = int(value) if value.isdigit() else value
+        out[key] = _value(value)
     tictac_config(out, flag)
     return out
+
+
+def _value(text: str) -> Any:
+    """A value as the command line gives it to a run: a number, a bool, a list
+    (``[0,65536]``: tune_credits) or a string; a list read as a string met OmegaConf's
+    "AnyNode is not a ListConfig"."""
+    import yaml
+
+    try:
+        return yaml.safe_load(text) if text else text
+    except yaml.YAMLError:
+        return text
+
+
+def _split_settings(items: str) -> list[str]:
+    """``a=1,b=[2,3]`` -> ``["a=1", "b=[2,3]"]``: the commas between settings, not those
+    inside a list (a variant's list setting was cut at its commas)."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(items):
+        depth += {"[": 1, "]": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            parts.append(items[start:i])
+            start = i + 1
+    return [*parts, items[start:]]
 
 
 def tictac_config(values: dict[str, Any], flag: str) -> Any:
@@ -152,7 +176,7 @@ def tictac_sides(pairs: list[str], variants: list[str]) -> tuple[dict[str, Any],
         if name in taken:
             _cli.fail(f"--variant {text!r}: a side is already named {name!r} (taken: "
                       f"{', '.join(taken)}); give it another name")
-        out[name] = settings(items.split(","), f"--variant {name}")
+        out[name] = settings(_split_settings(items), f"--variant {name}")
         config = tictac_config(out[name], f"--variant {name}")
         same = [side for side, other in configs.items() if other == config]
         if same:

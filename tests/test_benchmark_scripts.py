@@ -142,6 +142,7 @@ def test_run_child_stops_the_child_when_the_script_stops() -> None:
 
 SCRIPT_ERRORS = [
     ("startup.py", ["--repeats", "0"], "--repeats"),
+    ("startup.py", ["--tree", "{existing}"], "not a checkout of accelopt"),  # exited 1
     ("hook_cost.py", ["--calls", "0", "0"], "--calls"),
     ("tictac_sim.py", ["--section", "nosuch"], "nosuch"),
     ("salus_jct.py", ["--max-iterations", "5"], "--max-iterations"),
@@ -210,10 +211,18 @@ def test_tictac_vs_default_takes_good_sides() -> None:
 
     tictac, variants = tictac_vs_default.tictac_sides(
         ["heuristic=priority"], ["c256k:heuristic=priority,credit_bytes=262144",
-                                 "tic:heuristic=tic,message_s=0.001"])
+                                 "tic:heuristic=tic,message_s=0.001",
+                                 "tuned:heuristic=priority,credit_bytes=-1,"
+                                 "tune_credits=[0,65536,262144]"])
     assert tictac == {"heuristic": "priority"}
+    # values as a run reads them: a list was a string (refused as "AnyNode is not a
+    # ListConfig"), and a variant's list was cut at its commas
     assert variants == {"c256k": {"heuristic": "priority", "credit_bytes": 262144},
-                        "tic": {"heuristic": "tic", "message_s": "0.001"}}
+                        "tic": {"heuristic": "tic", "message_s": 0.001},
+                        "tuned": {"heuristic": "priority", "credit_bytes": -1,
+                                  "tune_credits": [0, 65536, 262144]}}
+    assert tictac_vs_default.tictac_sides(["tune_credits=[0,4096]"], [])[0] == {
+        "tune_credits": [0, 4096]}
     assert tictac_vs_default.tictac_sides([], []) == ({}, {})
 
 
