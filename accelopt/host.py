@@ -118,6 +118,11 @@ class PluginHost:
                 self._code_owner[getattr(impl.function, "__code__", None)] = impl.plugin_name
         self._implemented = frozenset(self._impls)
         self._callers, self._links = self._callers_of(locked=True)
+        self._sinks_nobody_implements = {
+            source: sink for sink, source in hookspecs.CHAIN_SOURCES.items()
+            if sink not in self._links and sink in hookspecs.CHAIN_RESULT_CHECKS}
+        """Source chain -> the chain its value goes to, where no plugin implements that one
+        (an encoder's payload nobody decodes): the source's result gets its check."""
         self._serial: tuple[dict[str, Caller], dict[str, list[tuple[str, Caller]]]] | None = None
 
     # -- questions ---------------------------------------------------------------------------
@@ -200,19 +205,16 @@ class PluginHost:
         check = hookspecs.CHAIN_RESULT_CHECKS.get(hook)
         if check is not None:
             self._check_result(hook, links, value, changed_by, check, make_kwargs)
-        if changed_by is not None:
+        sink = self._sinks_nobody_implements.get(hook)
+        if sink is not None and changed_by is not None:
             # nobody implements the chain this value goes to: it is what the core uses, so
             # that chain's check applies here, naming the plugin that made it
-            sink = next((k for k, v in hookspecs.CHAIN_SOURCES.items()
-                         if v == hook and k not in self._links), None)
-            sink_check = hookspecs.CHAIN_RESULT_CHECKS.get(sink) if sink else None
-            if sink_check is not None:
-                expected = sink_check(changed_by, value,
-                                      tuple(self._positional(hook, make_kwargs(value))))
-                if expected is not None:
-                    raise PluginAnswerError(changed_by, hook, value,
-                                            f"{expected}: no plugin implements {sink} to turn "
-                                            "it back")
+            expected = hookspecs.CHAIN_RESULT_CHECKS[sink](
+                changed_by, value, tuple(self._positional(hook, make_kwargs(value))))
+            if expected is not None:
+                raise PluginAnswerError(changed_by, hook, value,
+                                        f"{expected}: no plugin implements {sink} to turn it "
+                                        "back")
         return value
 
     def _check_result(self, hook: str, links: list[tuple[str, Caller]], value: Any,

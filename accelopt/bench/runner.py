@@ -337,8 +337,7 @@ def reanalyze(opts: argparse.Namespace) -> int:
         # the runs measured more than the bench reported: another metric (or direction),
         # reported beside the bench's own report, which stays as it is
         metric = opts.metric if opts.metric_given else context["metric"]
-        direction = _direction(opts) if opts.metric_given or opts.higher_is_better != "auto" \
-            else context["higher_is_better"]
+        direction = _direction(opts)
         if (metric, direction) != (context["metric"], context["higher_is_better"]):
             name = f"bench-{metric}" + ("" if direction == higher_is_better(metric) else
                                         f"-{'higher' if direction else 'lower'}")

@@ -128,11 +128,11 @@ def _run_line(record: RunRecord) -> str:
     s = run_metrics(record)
     profiling = (f" (of which {fmt(s['profiling_s'])} s profiling the jobs' memory, before "
                  "the first arrival)" if s.get("profiling_s") else "")
+    diverged = f" ({s['n_diverged']} diverged)" if s["n_diverged"] else ""
+    rejected = f", {s['n_rejected']} rejected" if s["n_rejected"] else ""
     return (
-        f"[bold]Run:[/] {s['n_done']}/{s['n_jobs']} done"
-        f"{f' ({diverged} diverged)' if (diverged := s['n_diverged']) else ''}, "
-        f"{s['n_failed']} failed"
-        f"{f', {rejected} rejected' if (rejected := s['n_rejected']) else ''}  "
+        f"[bold]Run:[/] {s['n_done']}/{s['n_jobs']} done{diverged}, "
+        f"{s['n_failed']} failed{rejected}  "
         f"avg JCT {fmt(s['avg_jct_s'])} s  p95 JCT {fmt(s['p95_jct_s'])} s  "
         f"makespan {fmt(s['makespan_s'])} s  duration {fmt(s['duration_s'])} s{profiling}"
         "\n[dim]  JCT: a job's arrival to its last iteration's end; queue: arrival to its first "

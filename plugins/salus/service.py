@@ -110,7 +110,7 @@ class Service:
         self._lock = threading.Lock()
         self._outputs = ThreadPoolExecutor(max_workers=1, thread_name_prefix="salus-outputs")
         self._written: dict[str, Future[None]] = {}
-        """Per ended job, its files being written (``wait`` answers once they are)."""
+        """Per ended job whose files are being written (``wait`` answers once they are)."""
 
     # -- requests --------------------------------------------------------------------------
 
@@ -222,7 +222,10 @@ class Service:
 
     def _job_finished(self, job: Job, result: JobResult) -> None:
         """The executor's end-of-job callback (under its lock): hand the files over."""
-        self._written[job.info.job_id] = self._outputs.submit(self._write_outputs, job, result)
+        job_id = job.info.job_id
+        self._written[job_id] = written = self._outputs.submit(self._write_outputs, job, result)
+        # once written, wait() has nothing to wait for: a long-lived service keeps none
+        written.add_done_callback(lambda _, job_id=job_id: self._written.pop(job_id, None))
 
     def _write_outputs(self, job: Job, result: JobResult) -> None:
         """Score the trained model on its held-out set (as ``accelopt run`` does, outside the

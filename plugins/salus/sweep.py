@@ -220,6 +220,8 @@ def _copy_job_files(shared: Path, run_dir: Path, renames: dict[str, str],
     records its job's spec, which ``run.resume`` compares with the run's own: the merged
     job's (renamed ``r<k>-<name>``) is replaced by the run's, or no run of a packed sweep
     could be resumed ("written for a different job spec")."""
+    import torch
+
     from accelopt.job.checkpoint import save_checkpoint
 
     for folder in ("weights", "checkpoints"):
@@ -231,8 +233,6 @@ def _copy_job_files(shared: Path, run_dir: Path, renames: dict[str, str],
             if folder == "weights":
                 shutil.copy2(source, run_dir / folder / f"{own_id}.pt")
                 continue
-            import torch
-
             state = torch.load(source, map_location="cpu", weights_only=False)
             state["spec"] = dataclasses.asdict(own_specs[own_id])
             save_checkpoint(state, run_dir / folder / f"{own_id}.pt")

@@ -99,8 +99,8 @@ def idle_servers(ranks: list[RankResult], job_ids: list[str]) -> list[str]:
     has tensors) ran idle for it: the run trains, but cluster.servers says more servers
     than worked."""
     lines = []
+    servers = [r for r in ranks if r.role == "server"]
     for job_id in job_ids:
-        servers = [r for r in ranks if r.role == "server"]
         idle = [r.rank for r in servers if not r.parts[job_id].params]
         if idle:
             tensors = sum(len(r.parts[job_id].params) for r in servers)
