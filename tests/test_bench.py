@@ -44,7 +44,8 @@ def test_gain_orientation_and_interaction():
     ("avg_jct_s", False), ("makespan_s", False), ("avg_perplexity", False),
     ("bytes_per_iteration", False), ("iteration_s", False), ("avg_quality", True),
     ("throughput", True), ("samples_per_s", True), ("efficiency_e", True),
-    ("achieved_bandwidth_bps", True)])
+    ("achieved_bandwidth_bps", True), ("n_done", True), ("n_failed", False),
+    ("n_diverged", False), ("n_rejected", False)])
 def test_the_direction_of_each_summary_metric(metric, higher):
     """A held-out accuracy that fell must read as a loss (gain < 1), not as a speed-up."""
     assert higher_is_better(metric) is higher

@@ -19,9 +19,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 HIGHER_IS_BETTER_HINTS = ("per_s", "throughput", "efficiency", "utilization", "precision",
-                          "quality", "accuracy", "bandwidth", "speedup")
+                          "quality", "accuracy", "bandwidth", "speedup", "n_done")
 """Substrings of a metric's name that mean higher is better (``--higher-is-better auto``);
-any other metric (times, bytes, memory, perplexity, loss) is lower-better."""
+any other metric (times, bytes, memory, perplexity, loss, failed or rejected jobs) is
+lower-better."""
 INTERACTION_TOLERANCE = 0.05
 MIN_REPEATS = 3
 """Fewer repeats than this give no verdict: their min-max is one or two samples of the
