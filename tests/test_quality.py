@@ -222,3 +222,21 @@ def test_multi_label_data_gets_p_at_1_and_p_at_5_as_defined():
     assert (p1, n, multi, width) == (0.5, 2, True, 7) and p5 == pytest.approx(0.4)
     single = score(model, [(logits, torch.tensor([0, 6]))])
     assert single[2] is False and single[0] == 1.0
+
+
+def test_minus_inf_is_a_class_not_scored_and_plus_inf_is_still_refused():
+    """A sampled output layer's LSH inference gives its unretrieved classes -inf: held-out
+    scoring refused the whole model ('not finite'). -inf is no prediction: a row of them
+    scores no hit (argmax would pick class 0), and a -inf among the top five is no hit."""
+    from accelopt.job.quality import score
+
+    ninf = float("-inf")
+    logits = torch.tensor([[ninf, 3.0, ninf, ninf, ninf, ninf],
+                           [ninf, ninf, ninf, ninf, ninf, ninf],
+                           [2.0, 1.0, ninf, ninf, ninf, ninf]])
+    labels = torch.tensor([[1, 2, -1], [0, -1, -1], [2, 0, -1]])
+    p1, n, multi, p5, _ = score(nn.Identity(), [(logits, labels)])
+    assert (p1, n, multi) == (pytest.approx(2 / 3), 3, True)
+    assert p5 == pytest.approx((1 / 5 + 0 + 1 / 5) / 3)  # class 2's -inf is not a hit
+    with pytest.raises(ValueError, match=r"not finite \(nan or \+inf\)"):
+        score(nn.Identity(), [(torch.tensor([[float("inf"), 0.0]]), torch.tensor([0]))])

@@ -699,6 +699,35 @@ def test_config_validation_names_the_key() -> None:
         validate(SlideConfig(topup="shared"))
 
 
+@pytest.mark.parametrize(("key", "value", "needle"), [
+    ("rebuild_growth", math.nan, "rebuild_growth must be a finite number >= 1"),
+    ("rebuild_growth", math.inf, "rebuild_growth must be a finite number >= 1"),
+    ("seed", -1, "seed must be >= 0"),
+    ("seed", 2**40, "seed must be < 2"),
+    ("rebuild_max_period", 0, "rebuild_max_period must be >= 1"),
+])
+def test_settings_that_failed_mid_run_are_refused_at_configure(key: str, value: object,
+                                                               needle: str) -> None:
+    """nan passed ``growth < 1.0`` and inf failed at the first rebuild (OverflowError /
+    ValueError); seed=-1 raised numpy's 'expected non-negative integer' in the layer build."""
+    with pytest.raises(ConfigError, match=needle) as info:
+        validate(SlideConfig(**{key: value}))
+    assert "\n" not in str(info.value)
+
+
+def test_a_huge_rebuild_growth_caps_at_max_period_instead_of_overflowing() -> None:
+    """``period * growth**r`` overflowed for growth=1e308 (and for 1.5 after ~1750 rebuilds)."""
+    sched = RebuildSchedule("decay", period=50, growth=1e308, max_period=2000)
+    sched.done(50, rebuilt=True)
+    assert sched.next_at == 2050
+    sched = RebuildSchedule("decay", period=50, growth=1.5, max_period=2000, rebuilds=5000)
+    sched.done(0, rebuilt=True)
+    assert sched.next_at == 2000
+    sched = RebuildSchedule("decay", period=50, growth=1.5, max_period=2000)
+    sched.done(50, rebuilt=True)
+    assert sched.next_at == 50 + 75  # below the cap: the geometric gap as before
+
+
 def test_hash_settings_the_tables_cannot_hold_are_refused() -> None:
     """k=200 with simhash was reported as K=200, but a key keeps the last 64 bits of code
     only; range_pow=30 passed validation and failed in the layer's build asking the
@@ -730,6 +759,19 @@ def test_workload_xc_runs_with_and_without_the_plugin(run_tiny) -> None:
     assert dense.jobs[0].status == slide.jobs[0].status == "done"
     row = next(r for r in slide.plugin_rows if r.plugin == "slide")
     assert "LSH-sampled softmax" in row.summary and row.metrics["union_rows_per_batch"] > 0
+    # the loss column is the sampled loss (3.5x below dense while P@1 was worse): said
+    assert "the loss column is the sampled softmax's over each active set" in row.summary
+
+
+def test_lsh_inference_is_scored_on_the_held_out_set(run_tiny) -> None:
+    """LSH inference marks the neurons it did not retrieve -inf; the scorer refused such
+    logits ('not finite') and the job was never scored."""
+    record = run_tiny(PLUGIN, overrides=[*XC_SMALL, "plugins.slide.min_width=1000",
+                                         "plugins.slide.l=8", "plugins.slide.threads=1",
+                                         "plugins.slide.inference=lsh"], workload="xc")
+    (job,) = record.jobs
+    assert job.status == "done" and job.quality is not None, job.quality_note
+    assert job.quality.metric == "p_at_1" and 0.0 <= job.quality.value <= 1.0
 
 
 def test_plugin_reports_nothing_to_do_on_narrow_outputs(run_tiny) -> None:
@@ -750,6 +792,76 @@ def test_wide_hidden_layers_stay_dense(run_tiny) -> None:
     assert all(j.status == "done" for j in record.jobs)
     row = next(r for r in record.plugin_rows if r.plugin == "slide")
     assert "not the output layer" in row.summary and "tiny-mlp:net.1" in row.summary
+
+
+class _OutputFirst(torch.nn.Module):
+    """Registers its output layer before its wide hidden layer."""
+
+    def __init__(self, wide: int = 300) -> None:
+        super().__init__()
+        self.out = torch.nn.Linear(wide, 5)
+        self.inp = torch.nn.Linear(16, wide)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.relu(self.inp(x)))
+
+
+class _SlicedHead(torch.nn.Module):
+    """Returns a slice of its wide output layer's logits."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = torch.nn.Linear(16, 32)
+        self.out = torch.nn.Linear(32, 300)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.relu(self.inp(x)))[:, :290]
+
+
+def _offer(plugin, model: torch.nn.Module) -> None:
+    from types import SimpleNamespace
+
+    from accelopt import LayerOffer
+
+    plugin.accelopt_layer_build(LayerOffer(
+        job=SimpleNamespace(name="j", kind="train"), path="", index=0, module=model,
+        module_type=type(model).__name__, in_features=None, out_features=None))
+
+
+@pytest.mark.parametrize("model", [_OutputFirst, _SlicedHead])
+def test_the_output_layer_is_the_one_the_forward_returns(model: type) -> None:
+    """The last module registered was taken for the output layer: a model defining
+    ``self.out`` before ``self.inp`` had its wide hidden layer replaced ('inp 5000 outputs
+    replaced') and failed on a TypeError about relu on the sampled logits. A head whose
+    logits the model slices is not returned unchanged either: it stays dense."""
+    from accelopt_plugins.slide.plugin import SlidePlugin
+
+    net = model()
+    plugin = SlidePlugin(SlideConfig(min_width=256, lr=1e-2, l=4, bucket_size=16))
+    _offer(plugin, net)
+    assert not any(isinstance(m, SlideLinear) for m in net.modules())
+    (row,) = plugin.accelopt_report_rows(None)
+    wide = "inp" if model is _OutputFirst else "out"
+    assert f"j:{wide} (300 outputs, not the output layer" in row.summary
+    assert net(torch.randn(4, 16)).shape[0] == 4
+    if model is _OutputFirst:
+        net = _OutputFirst()
+        net.out = torch.nn.Linear(300, 400)  # now the output layer is wide
+        _offer(plugin, net)
+        assert isinstance(net.out, SlideLinear) and isinstance(net.inp, torch.nn.Linear)
+
+
+def test_indexing_sampled_logits_is_refused_naming_eval_mode() -> None:
+    """``self.out(h)[:, :nc]`` raised "'SlideLogits' object is not subscriptable", which the
+    run blamed on the model's inputs; it is refused as every other operation is."""
+    from accelopt.errors import UserError
+
+    layer = _layer()
+    out = layer(torch.randn(4, 16))
+    with pytest.raises(TypeError, match=r"slide: indexing .* compute other metrics in eval "
+                                        r"mode") as info:
+        out[:, :10]
+    assert isinstance(info.value, UserError) and "\n" not in str(info.value)
 
 
 @pytest.mark.parametrize(("threshold", "expect_rebuild"), [(0.0, True), (1.0, False)])

@@ -7,7 +7,9 @@ multi-label data (labels ``[B, M]`` padded with -1, the extreme-classification c
 A dataset with a metric of its own scores the model itself (``evaluate_model(model)``:
 ``workload=lm``'s held-out perplexity).
 Scored after the job's last iteration, in eval mode without gradients, outside its timed
-work (JCT, makespan and iteration times do not include it).
+work (JCT, makespan and iteration times do not include it). A ``-inf`` score is a class not
+scored (a sampled output layer's LSH inference leaves its unretrieved classes so); nan and
+``+inf`` are refused.
 """
 
 from __future__ import annotations
@@ -34,19 +36,22 @@ class EmptyHeldOut(ValueError):
 
 def hits_at_1(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Per point: 1.0 if the arg-max class is among its labels (``[B]`` class ids, or ``[B, M]``
-    label sets padded with -1), else 0.0."""
-    pred = logits.argmax(dim=1)
+    label sets padded with -1), else 0.0. A ``-inf`` score is no prediction (a row of them
+    all scores 0.0, whatever argmax picks)."""
+    best = logits.max(dim=1)
     labels = labels.reshape(len(labels), -1)
-    return (labels == pred[:, None]).any(dim=1).to(torch.float64)
+    hit = (labels == best.indices[:, None]).any(dim=1) & (best.values > -torch.inf)
+    return hit.to(torch.float64)
 
 
 def hits_at_5(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Per point: the share of its five best-scored classes that are among its labels
     (``[B, M]`` label sets padded with -1; fewer than five classes: all of them)."""
     k = min(5, logits.shape[1])
-    top = logits.topk(k, dim=1).indices
+    top = logits.topk(k, dim=1)
     labels = labels.reshape(len(labels), -1)
-    return (top[:, :, None] == labels[:, None, :]).any(dim=2).to(torch.float64).sum(1) / k
+    hit = (top.indices[:, :, None] == labels[:, None, :]).any(dim=2) & (top.values > -torch.inf)
+    return hit.to(torch.float64).sum(1) / k
 
 
 def eval_batches(dataset: object, batch_size: int = EVAL_BATCH
@@ -91,9 +96,7 @@ def score(model: torch.nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Te
                         f"its held-out labels are {y.dtype} (regression or soft targets), not "
                         "class ids; give the dataset an evaluate_model(model) for a metric of "
                         "its own")
-                if not bool(torch.isfinite(logits).all()):
-                    raise ValueError("the model's outputs are not finite (nan or inf): an "
-                                     "argmax over them is no prediction")
+                _check_scores(logits)
                 multi = multi or y.dim() > 1
                 width = int(logits.shape[1])
                 hits += float(hits_at_1(logits, y).sum())
@@ -130,6 +133,15 @@ def evaluate(model: torch.nn.Module, dataset: object,
                 f"factory?); scored as it is")
     return Quality(metric="p_at_1" if multi else "accuracy", value=value, samples=n,
                    p_at_5=p5 if multi else None, note=note)
+
+
+def _check_scores(logits: torch.Tensor) -> None:
+    """Refuse nan and +inf scores (an argmax over them is no prediction). ``-inf`` is a
+    class not scored, as a sampled output layer's LSH inference marks the neurons it did
+    not retrieve; held-out scoring refused those models ("not finite") before."""
+    if bool(torch.isnan(logits).any()) or bool((logits == torch.inf).any()):
+        raise ValueError("the model's outputs are not finite (nan or +inf): an argmax over "
+                         "them is no prediction")
 
 
 def _shape(out: Any) -> str:

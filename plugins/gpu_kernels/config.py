@@ -20,14 +20,16 @@ class GpuKernelsConfig:
     """Keys users set as ``plugins.gpu_kernels.key=value``."""
 
     prune_amount: float = 0.0
-    """Fraction of neurons/channels removed from every prunable layer, in [0, 1)."""
+    """Fraction of neurons/channels removed from every prunable layer, in [0, 1); a layer
+    the amount would empty keeps one unit (the row says so)."""
     prune_criterion: str = "l1"
     """Importance of a neuron/channel (a coupled group sums its members'): ``l1`` or ``l2``
     norm of its weights, or ``taylor`` (first order, ``|sum w * dL/dw|`` from the gradients
     of the pruning iteration's batch; needs ``prune_at_iteration`` > 0: at build time there
     are no gradients)."""
     prune_rounds: int = 1
-    """Iterative schedule: reach ``prune_amount`` in this many equal-ratio rounds."""
+    """Iterative schedule: reach ``prune_amount`` in this many equal-ratio rounds. At build
+    time nothing trains between rounds: each re-ranks the fresh weights left by the last."""
     prune_at_iteration: int = 0
     """0: prune at build time (fresh weights). N > 0: train N iterations dense, prune the
     trained weights at the end of iteration N, rebuild the optimizer, fine-tune the rest.

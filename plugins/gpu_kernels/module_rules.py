@@ -13,8 +13,12 @@ units never leave the block, so slicing them is safe without a graph:
   ``BertAttention`` (``self.query/key/value``, ``output.dense``): whole heads, and the head
   count attributes the forward reads (``num_heads``/``split_size``;
   ``num_attention_heads``/``all_head_size``) are updated; attention with separate
-  ``q_proj/k_proj/v_proj/o_proj`` and a ``head_dim`` (HF ViT) likewise. Both forwards infer the head count
-  from the tensor (``view(..., -1, head_dim)``), which is what makes this safe.
+  ``q_proj/k_proj/v_proj/o_proj`` and a ``head_dim`` (HF ViT, Llama-style) likewise. Both
+  forwards infer the head count from the tensor (``view(..., -1, head_dim)``), which is what
+  makes this safe. A q/k/v/o block is pruned only after a check on a copy: with a head
+  pruned it must compute what the dense block computes with that head masked, on a probe
+  input (a user's block that splits heads by a head count of its own fails it and stays
+  dense, the reason in the report).
 
 ``nn.MultiheadAttention`` (fused ``in_proj`` with the head count baked into its C++ fast
 path) and cross-attention are refused with the reason.
@@ -22,6 +26,7 @@ path) and cross-attention are refused with the reason.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -50,6 +55,11 @@ class RuleGroup:
         return [*self.producers, *self.consumers]
 
 
+def _join(path: str, name: str) -> str:
+    """``path.name``, or ``name`` for the root (a block passed as the model itself)."""
+    return f"{path}.{name}" if path else name
+
+
 def _blocks(units: int, width: int, offsets: tuple[int, ...] = (0,)) -> torch.Tensor:
     """Column indices of unit u: ``offset + u*width + [0, width)`` for each offset."""
     base = torch.arange(units)[:, None] * width + torch.arange(width)[None, :]
@@ -59,9 +69,8 @@ def _blocks(units: int, width: int, offsets: tuple[int, ...] = (0,)) -> torch.Te
 def _ffn(path: str, up: str, down: str, up_mod: nn.Module, down_mod: nn.Module) -> RuleGroup:
     n = int(up_mod.nf if is_conv1d(up_mod) else up_mod.out_features)
     n_in = int(down_mod.nx if is_conv1d(down_mod) else down_mod.in_features)
-    group = RuleGroup(f"{path}.{up}" if path else up, path, n, "channel",
-                      {f"{path}.{up}".lstrip("."): _blocks(n, 1)},
-                      {f"{path}.{down}".lstrip("."): _blocks(n, 1)})
+    group = RuleGroup(_join(path, up), path, n, "channel", {_join(path, up): _blocks(n, 1)},
+                      {_join(path, down): _blocks(n, 1)})
     if n != n_in:
         group.refused = f"feed-forward block {path!r}: hidden sizes disagree ({n} vs {n_in})"
     return group
@@ -90,8 +99,8 @@ def _gpt2_attention(path: str, m: nn.Module) -> RuleGroup:
 
     def after(kept: int) -> None:
         m.num_heads, m.split_size = kept, kept * hd
-    return _heads(group, hd, {f"{path}.c_attn": (0, split, 2 * split)}, f"{path}.c_proj",
-                  after)
+    return _heads(group, hd, {_join(path, "c_attn"): (0, split, 2 * split)},
+                  _join(path, "c_proj"), after)
 
 
 def _bert_attention(path: str, m: nn.Module) -> RuleGroup:
@@ -110,8 +119,8 @@ def _bert_attention(path: str, m: nn.Module) -> RuleGroup:
 
     def after(kept: int) -> None:
         s.num_attention_heads, s.all_head_size = kept, kept * hd
-    return _heads(group, hd, {f"{path}.self.{n}": (0,) for n in ("query", "key", "value")},
-                  f"{path}.output.dense", after)
+    return _heads(group, hd, {_join(path, f"self.{n}"): (0,) for n in ("query", "key", "value")},
+                  _join(path, "output.dense"), after)
 
 
 def _qkvo_attention(path: str, m: nn.Module) -> RuleGroup:
@@ -130,12 +139,83 @@ def _qkvo_attention(path: str, m: nn.Module) -> RuleGroup:
                          "of an unexpected shape")
         return group
 
-    def after(kept: int) -> None:
-        for attr in ("num_attention_heads", "num_heads"):
-            if isinstance(getattr(m, attr, None), int):
-                setattr(m, attr, kept)
-    return _heads(group, hd, {f"{path}.{n}": (0,) for n in ("q_proj", "k_proj", "v_proj")},
-                  f"{path}.o_proj", after)
+    group.refused = _heads_follow_pruning(m, hd, heads)
+    return _heads(group, hd, {_join(path, n): (0,) for n in ("q_proj", "k_proj", "v_proj")},
+                  _join(path, "o_proj"), lambda kept: _set_head_count(m, kept))
+
+
+def _set_head_count(m: nn.Module, kept: int) -> None:
+    """The head-count attributes HF attention forwards read."""
+    for attr in ("num_attention_heads", "num_heads"):
+        if isinstance(getattr(m, attr, None), int):
+            setattr(m, attr, kept)
+
+
+PROBE_SHAPE = (2, 3)
+"""Batch and sequence length of the probe input a q/k/v/o attention block is checked on."""
+
+
+def _heads_follow_pruning(m: nn.Module, hd: int, heads: int) -> str | None:
+    """Why pruning heads of this q/k/v/o block would change what its kept heads compute, or
+    None. Why a check and not the class name alone: a user's ``SelfAttention`` with the same
+    attribute names that splits heads by a head count of its own (``view(B, T, self.n_heads,
+    -1)``) ran the kept columns as more, narrower heads after pruning, silently. On a copy,
+    head 0 is pruned and the block must equal the dense block with head 0's ``o_proj``
+    columns zeroed, on a seeded probe input [2, 3, d] (the job's random stream untouched).
+    A block whose forward needs more than the hidden states is trusted only if it is HF
+    ``transformers``' own (its forwards infer the head count from ``view(..., -1,
+    head_dim)``); any other is refused."""
+    if heads < 2:
+        return None
+    dense, pruned = copy.deepcopy(m).eval(), copy.deepcopy(m).eval()
+    cols = _blocks(heads, hd)[1:].flatten().to(m.q_proj.weight.device)
+    with torch.no_grad():
+        dense.o_proj.weight[:, :hd] = 0
+        for name in ("q_proj", "k_proj", "v_proj"):
+            _keep_outputs(getattr(pruned, name), cols)
+        pruned.o_proj.weight = nn.Parameter(pruned.o_proj.weight[:, cols])
+        pruned.o_proj.in_features = int(cols.numel())
+        _set_head_count(pruned, heads - 1)
+        w = m.q_proj.weight
+        x = torch.randn(*PROBE_SHAPE, m.q_proj.in_features, generator=torch.Generator()
+                        .manual_seed(0), dtype=w.dtype).to(w.device)
+        try:
+            want = _first_tensor(dense(x))
+        except Exception as exc:  # a forward that needs more than hidden states
+            if type(m).__module__.startswith("transformers."):
+                return None
+            return (f"attention heads of {type(m).__name__}: its forward could not be checked "
+                    f"on a probe input (it raised {type(exc).__name__} on hidden states "
+                    f"{list(x.shape)}), so its heads stay dense")
+        try:
+            got = _first_tensor(pruned(x))
+        except Exception as exc:
+            return (f"attention heads of {type(m).__name__}: its forward fails with a head "
+                    f"pruned ({type(exc).__name__}: {str(exc)[:120]}); it must split heads by "
+                    "view(..., -1, head_dim) and merge them by reshape(..., -1)")
+    if got.shape != want.shape or not torch.allclose(
+            got, want, rtol=1e-4, atol=1e-5 * max(1.0, float(want.abs().max()))):
+        return (f"attention heads of {type(m).__name__}: with a head pruned its kept heads "
+                "compute something else (its forward reads a head count pruning does not "
+                "update); split heads by view(..., -1, head_dim) to have them pruned")
+    return None
+
+
+def _keep_outputs(linear: nn.Linear, cols: torch.Tensor) -> None:
+    """Keep output columns ``cols`` of a Linear copy (no new module: no random init)."""
+    linear.weight = nn.Parameter(linear.weight[cols])
+    if linear.bias is not None:
+        linear.bias = nn.Parameter(linear.bias[cols])
+    linear.out_features = int(cols.numel())
+
+
+def _first_tensor(out: object) -> torch.Tensor:
+    """A block's output tensor (HF attention returns ``(output, weights)``)."""
+    if isinstance(out, (tuple, list)) and out:
+        out = out[0]
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"the block returned a {type(out).__name__}, not a tensor")
+    return out
 
 
 def _rule_for(path: str, m: nn.Module) -> RuleGroup | None:

@@ -81,15 +81,25 @@ class PruneReport:
     kept: dict[str, torch.Tensor] = field(default_factory=dict)
     """Per group key, the indices of the units kept, into the group's units before any
     round: ``prune_channels(dense_copy, report.kept)`` repeats the pruning exactly."""
+    floored: dict[str, int] = field(default_factory=dict)
+    """Groups (key -> units) the amount would have emptied: one unit kept instead."""
 
     def summary(self) -> str:
         layers = ", ".join(f"{p or '<root>'} {a}->{b}" for p, (a, b) in self.pruned.items())
         coupled = sum(1 for members in self.groups.values() if len(members) > 1)
+        floored = (f"; {self.floored_note()}" if self.floored else "")
         return (
             f"node-pruned {len(self.pruned)} layers ({layers or 'none'}) in {len(self.groups)} "
             f"groups ({coupled} coupled); params {self.params_before} -> {self.params_after}; "
-            f"refused {len(self.refused)}"
+            f"refused {len(self.refused)}{floored}"
         )
+
+    def floored_note(self) -> str:
+        """One line on the groups the amount would have emptied."""
+        names = ", ".join(f"{k or '<root>'} ({n})" for k, n in list(self.floored.items())[:3])
+        more = f" and {len(self.floored) - 3} more" if len(self.floored) > 3 else ""
+        return (f"the amount would remove every unit of {names}{more}: one unit of each kept "
+                "(a lower amount keeps more)")
 
 
 @dataclass
@@ -106,6 +116,8 @@ def _analyse(model: nn.Module) -> _Analysis:
     covered = {m for r in rules for m in r.members}
     blocks = {r.block for r in rules if r.block}
     try:
+        if any(not r.block for r in rules):  # the model is itself a block a rule prunes
+            raise TypeError("the model is a known block")
         groups, not_producers = channel_groups(model, blocks)
     except Exception as exc:  # untraceable: only the module rules can prune safely
         groups, not_producers = [], {}
@@ -140,7 +152,8 @@ def _tied_reason(model: nn.Module, members: list[str],
     modules = dict(model.named_modules())
     for member in members:
         for name, param in modules[member].named_parameters(recurse=False):
-            others = [h for h in holders[id(param)] if h != f"{member}.{name}"]
+            full = f"{member}.{name}" if member else name  # member "": the root
+            others = [h for h in holders[id(param)] if h != full]
             if others:
                 return (f"{member}.{name} is tied to {others[0]} (a shared weight cannot be "
                         "sliced for one of its users)")
@@ -332,6 +345,12 @@ def _slice_per_channel(module: nn.Module, keep: torch.Tensor) -> None:
 
 
 def _keep_count(n: int, amount: float) -> int:
+    """Units kept of ``n`` at ``amount``, at least one: an amount just under 1
+    (0.99999999999) rounded to none and left a 0-wide layer (params 3466 -> 10, FLOPs 0)."""
+    return max(1, _raw_keep(n, amount))
+
+
+def _raw_keep(n: int, amount: float) -> int:
     return n - int(math.floor(amount * n + 1e-9))
 
 
@@ -525,6 +544,8 @@ def node_prune(
             share = _amount_of(g, amounts, default)
             target = _keep_count(n0, share) if r == rounds else max(
                 1, round(n0 * (1.0 - share) ** (r / rounds)))
+            if r == rounds and _raw_keep(n0, share) < 1:
+                report.floored[g.key] = n0
             if min(target, n) < n:
                 scores = _group_scores(g, modules, criterion, taylor)
                 keep[g.key] = scores.topk(min(target, n)).indices.sort().values

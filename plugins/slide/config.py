@@ -99,11 +99,12 @@ def validate(cfg: SlideConfig) -> None:
             raise ConfigError(
                 f"plugins.slide.{key}={getattr(cfg, key)!r}: choose one of {', '.join(allowed)}"
             )
-    positive = ("min_width", "k", "l", "bucket_size", "rebuild_period", "topk")
+    positive = ("min_width", "k", "l", "bucket_size", "rebuild_period", "rebuild_max_period",
+                "topk")
     for key in positive:
         if int(getattr(cfg, key)) < 1:
             raise ConfigError(f"plugins.slide.{key} must be >= 1, got {getattr(cfg, key)}")
-    non_negative = ("min_active", "max_active", "threshold", "threads", "range_pow")
+    non_negative = ("min_active", "max_active", "threshold", "threads", "range_pow", "seed")
     for key in non_negative:
         if int(getattr(cfg, key)) < 0:
             raise ConfigError(f"plugins.slide.{key} must be >= 0, got {getattr(cfg, key)}")
@@ -123,8 +124,11 @@ def validate(cfg: SlideConfig) -> None:
         raise ConfigError("plugins.slide.simhash_density must be in (0, 1]")
     if not 0.0 <= cfg.change_threshold <= 1.0:
         raise ConfigError("plugins.slide.change_threshold must be in [0, 1]")
-    if cfg.rebuild_growth < 1.0:
-        raise ConfigError("plugins.slide.rebuild_growth must be >= 1 (gaps grow over time)")
+    if not (math.isfinite(cfg.rebuild_growth) and cfg.rebuild_growth >= 1.0):  # nan: not >=
+        raise ConfigError(f"plugins.slide.rebuild_growth must be a finite number >= 1 (gaps "
+                          f"grow over time), got {cfg.rebuild_growth}; e.g. 1.5")
+    if cfg.seed >= SEED_LIMIT:  # numpy's generators and the kernels' int64 step seeds
+        raise ConfigError(f"plugins.slide.seed must be < 2**32, got {cfg.seed}")
     if cfg.lr is not None and not (math.isfinite(cfg.lr) and cfg.lr > 0):  # nan: not > 0
         raise ConfigError(f"plugins.slide.lr must be a finite number > 0, got {cfg.lr}")
     for key in ("beta1", "beta2"):  # Adam's moment decays: 1 or more never forgets
@@ -135,6 +139,9 @@ def validate(cfg: SlideConfig) -> None:
     if cfg.threshold >= cfg.l and cfg.sampling == "threshold":
         raise ConfigError(f"plugins.slide.threshold must be < l ({cfg.l}) or nothing is retrieved")
 
+
+SEED_LIMIT = 2**32
+"""Seeds from 0 to 2**32 - 1: times 1,000,003 plus a step count, they stay within int64."""
 
 KEY_BITS = 64
 """Bits of hash code a table key is built from (a uint64, ``hashing.table_keys_one``)."""

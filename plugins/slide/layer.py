@@ -34,6 +34,8 @@ from accelopt_plugins.slide.rowgrads import RowGradients
 from accelopt_plugins.slide.tables import INSERTIONS, RebuildSchedule, build_tables
 from torch import nn
 
+from accelopt.errors import UserError
+
 SAMPLING_MODE = {"union": kernels.UNION, "threshold": kernels.THRESHOLD, "topk": kernels.TOPK,
                  "random": kernels.UNION}
 """``random`` is the ablation baseline: no table lookups, labels plus uniform random neurons."""
@@ -130,6 +132,11 @@ def set_threads(threads: int) -> None:
         numba.set_num_threads(min(int(threads), numba.config.NUMBA_NUM_THREADS))
 
 
+class SampledLogitsError(UserError, TypeError):
+    """An operation on sampled logits other than cross-entropy: a user error (its one line
+    is the job's status, not blamed on the model's inputs) that is still a ``TypeError``."""
+
+
 class SlideLogits:
     """The training output of :class:`SlideLinear`: hidden activations waiting for targets.
 
@@ -177,6 +184,16 @@ class SlideLogits:
 
     reshape = view
 
+    def __getitem__(self, index: Any) -> Any:
+        """Refused like every other operation but cross-entropy: indexing went to Python's
+        ``'SlideLogits' object is not subscriptable``, which the run blamed on the model's
+        inputs."""
+        raise SampledLogitsError(
+            f"slide: indexing [{index!r}] the wide output layer's training output: in training "
+            "it is sampled logits, of which only F.cross_entropy (or nn.CrossEntropyLoss) is "
+            "defined; compute other metrics in eval mode (model.eval(): dense logits), or keep "
+            "this layer dense (plugins.slide.min_width above its width)")
+
     _CE_DEFAULTS = {"weight": None, "size_average": None, "ignore_index": -100,
                     "reduce": None, "reduction": "mean", "label_smoothing": 0.0}
 
@@ -205,7 +222,7 @@ class SlideLogits:
                     "its width)")
             return out._cross_entropy(target, int(ignore), reduction)
         name = getattr(func, "__name__", str(func))
-        raise TypeError(
+        raise SampledLogitsError(
             f"slide: {name} on the wide output layer's training output: in training it is "
             "sampled logits, of which only F.cross_entropy (or nn.CrossEntropyLoss) is "
             "defined; compute other metrics in eval mode (model.eval(): dense logits)")

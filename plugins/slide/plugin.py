@@ -19,7 +19,7 @@ from typing import Any
 from accelopt_plugins.slide.config import SlideConfig, as_config, validate
 from accelopt_plugins.slide.layer import SlideLinear, SlideSparseInput, unshareable
 from accelopt_plugins.slide.xcmodel import SparseInput
-from torch import nn
+from torch import fx, nn
 
 from accelopt import ConfigError, LayerOffer, ReportRow, RunInfo, UserError, hookimpl
 from accelopt.types import INERT
@@ -78,6 +78,65 @@ class TieCheck:
                 f"slide: the state dict's {self.weight} differs from its {self.tied} (saved "
                 f"untied?), but this model keeps the two tied (one tensor); give both entries "
                 f"the weights wanted (copy one over the other) before loading")
+
+
+SAMPLED_LOSS = ("the loss column is the sampled softmax's over each active set, lower than "
+                "the full softmax's a dense run reports: compare the held-out column")
+"""Why a SLIDE job's training loss is not comparable with a dense job's, for its row."""
+
+
+class _LeafTracer(fx.Tracer):
+    """Every module without children is one call (SLIDE's own layers, a user's custom
+    layers): only the path from the layers to the model's output matters here."""
+
+    def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
+        return next(m.children(), None) is None or super().is_leaf_module(m, qualname)
+
+
+_PASS_THROUGH = ("view", "reshape", "float", "contiguous")
+"""Methods on a layer's output that keep it the model's output (SlideLogits defines them)."""
+
+
+def output_layers(model: nn.Module) -> tuple[set[str], str | None]:
+    """Paths of the modules whose output is (part of) the model's output, and why that is
+    unsure (else None). Why not the last module registered: a model that registers its
+    output layer first (``self.out`` before ``self.inp``) had its wide *hidden* layer
+    replaced, and the job failed on the sampled logits. Found by tracing the forward with
+    torch.fx; a model fx cannot trace falls back to the last parameterised module
+    registered (HF models, which register their head last), unless another layer reads as
+    many features as that one outputs (then it may be hidden: unsure, left dense)."""
+    try:
+        graph = _LeafTracer().trace(model)
+    except Exception:  # noqa: BLE001 - untraceable: the registration order decides
+        return _last_registered(model)
+    found: set[str] = set()
+    todo = list(next(n for n in graph.nodes if n.op == "output").all_input_nodes)
+    while todo:
+        node = todo.pop()
+        if node.op == "call_module":
+            found.add(str(node.target))
+        elif node.op == "call_method" and node.target in _PASS_THROUGH:
+            todo.append(node.args[0])  # type: ignore[arg-type]
+        elif node.op == "call_function" and node.target in (tuple, list, dict):
+            todo += node.all_input_nodes
+    return found, None
+
+
+def _last_registered(model: nn.Module) -> tuple[set[str], str | None]:
+    last = None
+    for path, mod in model.named_modules():
+        if path and any(True for _ in mod.parameters(recurse=False)) or isinstance(
+                mod, SlideSparseInput):
+            last = (path, mod)
+    if last is None:
+        return set(), None
+    width = getattr(last[1], "out_features", None)
+    readers = [p for p, m in model.named_modules()
+               if m is not last[1] and getattr(m, "in_features", None) == width]
+    if width is not None and readers:
+        return set(), (f"cannot tell if it is the output layer: the model is not torch.fx-"
+                       f"traceable and {readers[0]} reads as many features")
+    return {last[0]}, None
 
 
 class SlidePlugin:
@@ -150,20 +209,18 @@ class SlidePlugin:
         return None
 
     def _replace_output(self, model: nn.Module, layer: LayerOffer) -> None:
-        """Replace the model's last parameterised module if it is a wide Linear: only an
-        output layer may return SLIDE's deferred logits (a wide hidden layer stays dense)."""
-        last = None
-        for path, mod in model.named_modules():
-            if path and any(True for _ in mod.parameters(recurse=False)) or isinstance(
-                    mod, SlideSparseInput):
-                last = (path, mod)
+        """Replace the wide Linear whose output is the model's output (:func:`output_layers`):
+        only an output layer may return SLIDE's deferred logits (a wide hidden layer stays
+        dense, and so does every wide layer when the output layer cannot be told)."""
+        outputs, unsure = output_layers(model)
         job = layer.job.name
         for path, mod in model.named_modules():
             if not (isinstance(mod, nn.Linear) and mod.out_features >= self.cfg.min_width):
                 continue
-            if last is None or mod is not last[1]:
-                self.skipped.append(f"{job}:{path} ({mod.out_features} outputs, not the output "
-                                    "layer)")
+            if path not in outputs:
+                why = unsure or ("not the output layer: the model does not return its "
+                                 "output unchanged")
+                self.skipped.append(f"{job}:{path} ({mod.out_features} outputs, {why})")
                 continue
             tied_to = self._tie(model, job, path, mod)
             new = SlideLinear.from_linear(mod, self.cfg, lr=self._lr(job, layer.job.kind),
@@ -231,7 +288,7 @@ class SlidePlugin:
                     "rebuilding tables"
                     + (f"; sparse-input first layer: {len(self.inputs)} replaced"
                        if self.inputs else "")
-                    + notes
+                    + f"; {SAMPLED_LOSS}" + notes
                 ),
                 metrics={k: round(float(v), 6) for k, v in s.items()},
             ))

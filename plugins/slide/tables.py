@@ -9,6 +9,7 @@ uniform sample of them); a bucket's valid entries are ``min(count, capacity)``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -98,5 +99,13 @@ class RebuildSchedule:
             self.rebuilds += 1
         gap = self.period
         if self.kind == "decay":
-            gap = int(min(self.max_period, round(self.period * self.growth**self.rebuilds)))
+            gap = self._decayed_gap()
         self.next_at = step + max(gap, 1)
+
+    def _decayed_gap(self) -> int:
+        """``period * growth**rebuilds`` capped at ``max_period``, compared in log space:
+        the power itself overflowed (OverflowError) after enough rebuilds or a huge growth."""
+        if self.growth > 1.0 and self.rebuilds * math.log(self.growth) >= math.log(
+                max(self.max_period, 1) / self.period):
+            return int(self.max_period)
+        return int(min(self.max_period, round(self.period * self.growth**self.rebuilds)))
