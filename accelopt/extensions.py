@@ -13,10 +13,10 @@ process, in every rank of a cluster run, in ``run.compare`` reference runs and i
 ``accelopt bench`` sets, because all of them discover installed packages the same way.
 Objects registered in code (``extension_point(group).register(name, obj)``, e.g. by a
 decorator at import time) are sent to a cluster run's rank processes along with the run, so
-they are found there too. A name means one object: a different object registered under a
-name taken (in code, or by an installed package) is refused in one line naming both; a
-name two installed packages declare is refused in one line naming both when it is used,
-while every other name keeps working.
+they are found there too. A name means one object: a different object registered in code
+under a name taken in code is refused at once; a name an installed package declares and
+code registers too, or two installed packages declare, is refused in one line naming both
+when it is used, while every other name keeps working.
 """
 
 from __future__ import annotations
@@ -35,6 +35,10 @@ class ExtensionPoint:
         self.group = group
         self._registered: dict[str, Any] = {}
         self._entry_points: dict[str, list[EntryPoint]] | None = None
+        self._clashes: dict[str, str] = {}
+        """name -> the one-line refusal of an object registered in code under a name an
+        installed package declares: raised when the name is used, not at registration (a
+        plugin registering its own names at import would otherwise stop working entirely)."""
 
     def _installed(self) -> dict[str, list[EntryPoint]]:
         """name -> the distinct entry points declaring it (one, unless packages clash)."""
@@ -48,10 +52,12 @@ class ExtensionPoint:
         return self._entry_points
 
     def register(self, name: str, obj: Any) -> Any:
-        """Add ``obj`` under ``name``; registering the same object again is a no-op, another
-        object under a name taken, in code or by an installed package, is a
-        :class:`UserError` naming both (the package by its distribution name, so the one
-        line says what to rename or uninstall, whichever of the two came first)."""
+        """Add ``obj`` under ``name``; registering the same object again is a no-op. Another
+        object under a name taken in code is a :class:`UserError` at once; under a name an
+        installed package declares, the clash is recorded and refused, in one line naming
+        both (the package by its distribution name, so the line says what to rename or
+        uninstall), only where the name is used (:meth:`get`): every other name keeps
+        working, as for a name two installed packages declare."""
         if not isinstance(name, str) or not name.isidentifier():
             raise UserError(f"{self.group}: extension name {name!r} must be an identifier")
         taken = self._registered.get(name)
@@ -60,7 +66,7 @@ class ExtensionPoint:
                             f"register {_where(obj)} under another name")
         others = [ep for ep in self._installed().get(name, ()) if ep.value != _reference(obj)]
         if taken is None and others:
-            raise UserError(
+            self._clashes[name] = (
                 f"{self.group}: '{name}' is installed by "
                 f"{'; '.join(_declared_by(ep) for ep in others)} and registered in code by "
                 f"{_where(obj)}; a name means one object: rename one of them (or uninstall "
@@ -71,6 +77,7 @@ class ExtensionPoint:
     def unregister(self, name: str) -> None:
         """Forget an object registered in code (tests, notebooks); installed ones stay."""
         self._registered.pop(name, None)
+        self._clashes.pop(name, None)
 
     def __contains__(self, name: object) -> bool:
         return isinstance(name, str) and (name in self._registered or name in self._installed())
@@ -82,6 +89,9 @@ class ExtensionPoint:
     def get(self, name: str) -> Any | None:
         """The object called ``name`` (an installed one is imported now), or ``None``. An
         installed entry point that fails to import is a :class:`UserError` saying so."""
+        clash = self._clashes.get(name)
+        if clash is not None:  # code and a package both claim it: not ours to pick one
+            raise UserError(clash)
         installed = self._installed().get(name) or []
         if len(installed) > 1:  # two packages declare it: which one is meant is not ours to guess
             raise UserError(f"{self.group}: '{name}' is installed by {len(installed)} packages "

@@ -269,7 +269,8 @@ class Attached:
         self.iterations = 0
         self.rebuild_requests: list[str] = []
         """Optimizer rebuilds plugins asked for (``accelopt_after_step``): ``step`` makes
-        them on the optimizer your loop holds (:func:`repoint_optimizer`)."""
+        them on the optimizer your loop holds (:func:`repoint_optimizer`). Each is
+        ``"iteration N: reason"``, N counted from 1 (the iteration after which it was made)."""
         self._context: IterationContext | None = None
         self._loss: float | None = None
         self._called = {"ao.backward(loss)": 0, "ao.step(opt)": 0}
@@ -373,7 +374,8 @@ class Attached:
             before = dict(self.model.named_parameters())
             asked = rebuilds(self.events.after_step(context, stepped))
             if asked:
-                self.rebuild_requests.extend(f"iteration {context.iteration}: {r.reason}"
+                # counted from 1, as the plugins' own text counts ("at iteration 3")
+                self.rebuild_requests.extend(f"iteration {context.iteration + 1}: {r.reason}"
                                              for r in asked)
                 repoint_optimizer(optimizer, before, dict(self.model.named_parameters()))
         return stepped

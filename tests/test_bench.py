@@ -529,3 +529,30 @@ def test_a_sweep_whose_runs_fail_reports_the_others_and_names_them(tmp_path):
     assert "**Runs left out of this report**" in (out / "bench.md").read_text()
     again = accelopt("bench", "--reanalyze", "--out", str(out), cwd=tmp_path)
     assert again.returncode == 3 and "left out of the report" in again.stderr
+
+
+def test_a_bench_none_of_whose_runs_measured_exits_3_naming_them(tmp_path, capsys):
+    """Every run refused (its jobs did not fit the memory): the bench exited 2 with the
+    'no run measured' line, though runs that did not measure are exit 3 everywhere else.
+    A failed baseline run whose summary lacks the metric is no unknown metric either."""
+    from accelopt.bench.runner import _missing_metric
+    from accelopt.errors import JobsUnfinished
+
+    plan = run_plan([[], ["noop"]], 1)
+    for i, (_, plugins, _) in enumerate(plan):
+        (tmp_path / "runs" / str(i)).mkdir(parents=True)
+        (tmp_path / "runs" / str(i) / "metrics.json").write_text(json.dumps(
+            {"summary": {"duration_s": 0.5, "n_jobs": 2, "n_rejected": 2},
+             "run": {"plugins": plugins}}))
+    context = {"command": "accelopt bench", "metric": "avg_jct_s", "higher_is_better": False,
+               "repeats": 1, "machine": "m", "python": "3", "settings": "s",
+               "sweep_s": 1.0, "quality": None}
+    (tmp_path / "bench.json").write_text(json.dumps(
+        {"context": context, "sets": [],
+         "runs": [{"run": i, "repeat": r, "plugins": p, "warmup": w}
+                  for i, (r, p, w) in enumerate(plan)]}))
+    with pytest.raises(JobsUnfinished, match=r"no run under .* measured avg_jct_s: \[\] "
+                       r"repeat 0 \(run 2\): 2 of its 2 job\(s\) were refused; \[noop\]") as info:
+        bench_command(["--reanalyze", "--out", str(tmp_path)])
+    assert info.value.exit_code == 3 and "\n" not in str(info.value)
+    assert _missing_metric(tmp_path / "runs" / "2" / "metrics.json", "avg_jct_s") == ""

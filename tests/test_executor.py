@@ -294,6 +294,62 @@ def test_the_clock_and_the_telemetry_origin_start_after_the_jobs_are_profiled():
     assert started[0] >= max(profiled)  # the origin the sampler is given: after profiling
 
 
+def test_the_telemetry_backend_is_probed_before_the_clock_starts(monkeypatch):
+    """The sampler probed NVML/psutil in start(), which the executor calls once its clock
+    has started: the probing (5-26 ms) was in the queueing delay, JCT and makespan of the
+    jobs arriving at 0. Wired as a run wires it, the probe comes before the clock."""
+    import time
+
+    from accelopt.config import JobConfig
+    from accelopt.drivers.local import Executor
+    from accelopt.host import PluginHost
+    from accelopt.job import build_jobs
+    from accelopt.telemetry import TelemetrySampler
+
+    probed: list[float] = []
+    real = TelemetrySampler._init_nvml
+
+    def probe(self):
+        probed.append(time.perf_counter())
+        return real(self)
+
+    monkeypatch.setattr(TelemetrySampler, "_init_nvml", probe)
+    host = PluginHost([])
+    jobs = build_jobs([JobConfig(name="a", model="mlp", width=4, batch_size=4, iterations=2)],
+                      torch.device("cpu"), host)
+    sampler = TelemetrySampler(interval_s=60.0)
+    executor = Executor(host, jobs, capacity_bytes=None, device="cpu",
+                        on_clock_start=sampler.start)
+    executor.run()
+    samples = sampler.stop()
+    assert len(probed) == 1 and probed[0] < executor.clock_started
+    assert len(samples) == 2  # shorter than one interval: its start and its end
+
+
+def test_a_job_refused_at_submit_is_never_reported_as_ended():
+    """A submitted job whose profiling raised was refused, yet recorded as failed and given
+    to on_finish: the service wrote its job.json into the number the next job then took."""
+    from accelopt.config import JobConfig
+    from accelopt.drivers.local import Executor
+    from accelopt.errors import UserError
+    from accelopt.host import PluginHost
+    from accelopt.job import build_jobs
+
+    def profiler(job):
+        raise RuntimeError("its forward raised")
+
+    finished: list[str] = []
+    host = PluginHost([])
+    (job,) = build_jobs([JobConfig(name="y", model="mlp", width=4, batch_size=4, iterations=2)],
+                        torch.device("cpu"), host)
+    executor = Executor(host, [], capacity_bytes=None, device="cpu", profiler=profiler,
+                        on_finish=lambda job, result: finished.append(job.info.job_id),
+                        keep_open=True)
+    with pytest.raises(UserError, match="job 'y' refused: a step measuring its memory"):
+        executor.submit(job)
+    assert finished == [] and executor.snapshot() == []
+
+
 def test_a_plugin_cannot_change_the_run_config_it_is_configured_with(run_tiny):
     """``accelopt_configure``'s ``run_config`` is for reading: a change took effect (a job
     trained 2 iterations instead of 6, config.yaml recording 2). Now it raises in the hook,

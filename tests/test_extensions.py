@@ -22,6 +22,13 @@ class Other:
     pass
 
 
+class Lifo:
+    """A policy an installed package contributes (salus's protocol: select)."""
+
+    def select(self, lane, ready, now_s):
+        return ready[-1].job.job_id
+
+
 @pytest.fixture
 def installed(monkeypatch):
     """Pretend these entry points are installed in GROUP."""
@@ -58,14 +65,44 @@ def test_the_same_entry_point_seen_twice_is_no_clash(installed):
 def test_code_registering_a_name_a_package_declares_is_refused_naming_both(installed):
     """The message named the code registration as the newcomer to rename ('register
     accelopt_plugins.salus.policies:Srtf under another name') when a third-party package had
-    taken a built-in policy's name: it names both now, the package first."""
+    taken a built-in policy's name: it names both now, the package first, where the name is
+    used (registering raised, and a plugin registering its own names at import broke)."""
     point = installed(("srtf", "test_extensions:Other"))
+    point.register("srtf", Thing)
     with pytest.raises(UserError, match=r"'srtf' is installed by a package: "
                        r"test_extensions:Other and registered in code by test_extensions:Thing; "
                        "a name means one object: rename one of them"):
-        point.register("srtf", Thing)
+        point.get("srtf")
     point.register("fine", Other)
     assert point.get("fine") is Other
+
+
+def test_a_package_taking_a_built_in_policy_name_leaves_every_other_policy_working(
+        installed, monkeypatch):
+    """An installed package declaring `srtf` in salus's group made salus's own
+    @register_policy("srtf") raise at import: every policy (fifo too) and every salus command
+    was gone. Only `srtf` is refused now, in one line naming both."""
+    import importlib.util
+    from pathlib import Path
+
+    from accelopt.errors import ConfigError
+
+    group = "accelopt_salus.policies"
+    eps = [EntryPoint("srtf", "test_extensions:Other", group),
+           EntryPoint("lifo", "test_extensions:Lifo", group)]
+    monkeypatch.setattr(extensions, "entry_points",
+                        lambda group: [ep for ep in eps if ep.group == group])
+    monkeypatch.setattr(extensions, "_POINTS", {})  # a fresh process's registry
+    path = Path(__file__).parent.parent / "plugins" / "salus" / "policies.py"
+    spec = importlib.util.spec_from_file_location("fresh_salus_policies", path)
+    policies = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(policies)  # raised here: salus's own srtf came second
+    assert type(policies.make_policy("fifo")).__name__ == "Fifo"
+    assert isinstance(policies.make_policy("lifo").inner, Lifo)  # installed, no clash
+    with pytest.raises(ConfigError, match=r"plugins.salus.policy: accelopt_salus.policies: "
+                       r"'srtf' is installed by a package: test_extensions:Other and registered "
+                       r"in code by fresh_salus_policies:Srtf; a name means one object"):
+        policies.make_policy("srtf")
 
 
 def test_another_object_under_a_name_taken_in_code_is_refused_at_once(installed):

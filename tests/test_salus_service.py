@@ -31,6 +31,11 @@ def make_job(iterations: int = 5) -> dict:
             "batch_size": 8, "seed": 3}
 
 
+def train(steps: int = 1) -> None:
+    """A plain training function, not a factory: it builds no job (and returns None)."""
+    return None
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("serve")
@@ -114,6 +119,9 @@ def test_submit_wait_and_outputs_in_the_job_directory(server):
     (b'{"op": "submit", "job": {"model": "mlp", "name": "../../001-a"}}\n',
      "cannot name the job's files"),
     (b'{"op": "wait", "id": "x", "timeout_s": "abc"}\n', '"timeout_s" must be a number'),
+    # a training function given as a factory ran in the service; the line says so
+    (b'{"op": "submit", "factory": "test_salus_service:train"}\n',
+     "test_salus_service:train returned NoneType, not a job: the service (pid "),
 ])
 def test_malformed_requests_get_an_error_reply_and_the_service_lives(server, payload, error):
     sock, _, proc = server
@@ -292,3 +300,73 @@ def test_a_bad_flag_is_named_as_given_and_nothing_listens(tmp_path, flags, line)
         serve_cmd(["--socket", str(sock), "--root", str(tmp_path / "root"), *flags])
     assert str(info.value).startswith(line) and "plugins.salus" not in str(info.value)
     assert not sock.exists()
+
+
+def test_a_socket_path_that_is_not_a_socket_is_left_as_it_is(tmp_path):
+    """`accelopt serve --socket notes.txt` deleted the user's notes.txt and put its socket
+    there: anything but a socket is refused in one line and kept."""
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes")
+    for path in (notes, tmp_path):
+        with pytest.raises(UserError, match=r"is a (file|directory), not a socket, and is left "
+                           r"as it is; give --socket a path that is free") as info:
+            serve(ServeOptions(socket=path, root=tmp_path / "srv"))
+        assert "\n" not in str(info.value)
+    assert notes.read_text() == "my notes"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]  # no lock, no root
+
+
+def test_a_refused_submit_leaves_no_files_and_shares_no_number(tmp_path):
+    """A job refused while it was profiled (its model raises) had its job.json written
+    (status failed) into 001-y; the next job took 001 too, its directory describing the
+    refused one. A refused submit leaves nothing."""
+    from accelopt_plugins.salus.service import Service
+
+    service = Service(ServeOptions(socket=tmp_path / "s.sock", root=tmp_path / "root",
+                                   capacity="256MiB", threads=1))
+    try:
+        with pytest.raises(UserError, match="job 'y' refused: a step measuring its memory"):
+            service.handle({"op": "submit", "job": {"name": "y", "model": "byo_models:too_wide",
+                                                    "dataset": "digits", "iterations": 2,
+                                                    "batch_size": 8}})
+        (job_id,) = service.handle({"op": "submit", "job": {**TINY, "name": "z"}})["submitted"]
+    finally:
+        service.executor.close()
+        service.finish_outputs()  # every ended job's files written (the refused one's were)
+    assert job_id == "001-z"
+    assert [p.name for p in (tmp_path / "root" / "jobs").iterdir()] == ["001-z"]
+    assert sorted(p.name for p in (tmp_path / "root" / "jobs" / "001-z").iterdir()) == [
+        "config.json"]
+
+
+def test_a_job_a_killed_service_left_is_failed_and_listed_after_a_restart(tmp_path,
+                                                                          monkeypatch):
+    """A job running when the service was killed (kill -9) had a config.json and nothing
+    else: no job.json, no row in `accelopt status`. The next service on the root marks it
+    failed, saying why, and lists it; on exit it removes its socket and lock files."""
+    from accelopt_plugins.salus.service import INTERRUPTED
+
+    jobs = tmp_path / "root" / "jobs"
+    (jobs / "001-a").mkdir(parents=True)
+    (jobs / "001-a" / "job.json").write_text("{}")  # ended: left as it is
+    (jobs / "002-b").mkdir()
+    (jobs / "002-b" / "config.json").write_text(json.dumps(
+        {**TINY, "name": "b", "arrival_s": 1.5}))
+    monkeypatch.setattr(signal, "signal", lambda *args: None)  # pytest keeps its handlers
+    sock, seen = tmp_path / "s.sock", {}
+
+    def ready(line: str) -> None:  # the service listens: ask, then stop it
+        seen["status"] = request(sock, {"op": "status"})
+        request(sock, {"op": "shutdown"})
+
+    assert serve(ServeOptions(socket=sock, root=tmp_path / "root", capacity="256MiB",
+                              threads=1), ready=ready) == 0
+    (row,) = seen["status"]["jobs"]
+    assert (row["id"], row["state"], row["error"]) == ("002-b", "failed", INTERRUPTED)
+    assert row["iterations"] == 8 and row["model"] == "mlp"
+    doc = json.loads((jobs / "002-b" / "job.json").read_text())
+    assert doc["job"]["status"] == "failed" and doc["job"]["error"] == INTERRUPTED
+    assert doc["job"]["name"] == "b" and doc["job"]["arrival_s"] == 1.5
+    assert (jobs / "001-a" / "job.json").read_text() == "{}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["root"]  # no socket, no lock
+    assert sorted(p.name for p in (tmp_path / "root").iterdir()) == ["jobs"]

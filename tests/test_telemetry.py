@@ -48,7 +48,8 @@ def test_stop_is_prompt_and_idempotent() -> None:
     with sampler:
         pass
     assert time.perf_counter() - begin < 5.0
-    assert sampler.stop() == []
+    once = sampler.stop()
+    assert len(once) == 2 and sampler.stop() == once  # its start and its stop, once
     assert sampler._thread is not None and not sampler._thread.is_alive()
 
 
@@ -96,3 +97,34 @@ def test_nvml_init_error_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
         "no NVIDIA GPU found (NVML: Driver Not Loaded): sampling this process's CPU and RSS instead"
     )
     assert calls == []  # never initialised, so nothing to shut down
+
+
+def test_a_run_shorter_than_one_interval_has_its_start_and_end_sampled() -> None:
+    """The first sample came one interval after the start: a run shorter than that had
+    `samples: []` under a note saying it was sampling."""
+    t0 = time.perf_counter()
+    sampler = TelemetrySampler(interval_s=60.0)
+    sampler.start(t0)
+    assert sampler.wait_for_samples(1, timeout=5.0)  # the start's, without an interval
+    samples = sampler.stop()
+    assert len(samples) == 2
+    assert 0 <= samples[0].t_s <= samples[1].t_s
+    assert all(s.memory_bytes > 0 for s in samples)
+
+
+def test_the_backend_is_probed_when_made_not_when_started(monkeypatch) -> None:
+    """start() probed NVML (and set up psutil) after the run's clock had started: 5-26 ms
+    in the queueing delay of every job arriving at 0."""
+    probes: list[str] = []
+    real = TelemetrySampler._init_nvml
+
+    def probe(self: TelemetrySampler) -> str | None:
+        probes.append("probe")
+        return real(self)
+
+    monkeypatch.setattr(TelemetrySampler, "_init_nvml", probe)
+    sampler = TelemetrySampler(interval_s=60.0)
+    assert probes == ["probe"] and sampler.note != "telemetry not started"
+    with sampler:
+        pass
+    assert probes == ["probe"]  # starting it probed nothing more

@@ -401,7 +401,9 @@ def test_a_rebuild_a_plugin_asks_for_repoints_the_loops_own_optimizer(tmp_path):
         ao.step(opt)
         snapshots.append(ao.model.net[1].weight.detach().clone())
     ao.close()
-    assert ao.rebuild_requests == ["iteration 2: hidden width halved to 8"]
+    # counted from 1 like the plugins' own text: SHRINK acts after the third iteration (2
+    # counted from 0); the label read "iteration 2" beside gpu_kernels' "at iteration 3"
+    assert ao.rebuild_requests == ["iteration 3: hidden width halved to 8"]
     held = [p for group in opt.param_groups for p in group["params"]]
     assert [id(p) for p in held] == [id(p) for p in ao.model.parameters()]
     assert snapshots[3].shape == (8, 16) and not torch.equal(snapshots[3], snapshots[5])

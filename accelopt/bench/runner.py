@@ -8,6 +8,11 @@ whichever set ran last; and the order of the sets rotates from one repeat to the
 leave state behind for the next one (warm thread pools, allocator caches, JIT code). The
 sweep starts with one discarded warm-up run of every set. It is one Hydra sweep over
 ``+plugins`` whose values are the plan, in order (Hydra keeps repeated values).
+
+Exit codes: 2 for a command refused before anything runs (one line); 3 when runs of the
+sweep did not measure their set (failed, refused, diverged, or the metric is null there):
+the report leaves them out and names them, and when not even the baseline measured there is
+no report, only the line naming the runs; 0 when every measured run measured.
 """
 
 from __future__ import annotations
@@ -480,14 +485,15 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 def _missing_metric(metrics_json: Path, metric: str) -> str | None:
     """The one-line refusal when a baseline run's summary has no value of ``metric`` (not a
-    key, or null: this workload does not measure it), '' when it has one, ``None`` when the
+    key, or null: this workload does not measure it), '' when it has one or the run failed
+    (its summary says nothing of the metric: the end of the sweep decides), ``None`` when the
     file cannot be read yet."""
     try:
         summary = json.loads(metrics_json.read_text())["summary"]
     except (OSError, ValueError, KeyError, TypeError):
         return None  # not ours to judge (yet): the end of the sweep decides
     numbers = {k for k, v in summary.items() if isinstance(v, (int, float))}
-    if metric in numbers:
+    if metric in numbers or run_failure(summary):  # a failed run's summary decides nothing
         return ""
     if metric in summary:
         return (f"metric '{metric}' has no value in the baseline run's metrics.json summary "
@@ -547,6 +553,12 @@ def run_failure(summary: dict[str, Any]) -> str | None:
     return None
 
 
+class NothingMeasured(JobsUnfinished):
+    """The sweep ran, but no run measured the baseline (or any set): every run failed, was
+    refused or diverged. Exit 3, as for runs left out of a report (the bench's runs are
+    what failed, not the command line), with the runs named in one line."""
+
+
 def collect(runs_dir: Path, metric: str, plan: list[tuple[int, list[str], bool]],
             skip: set[int] | frozenset[int] = frozenset()
             ) -> tuple[list[SetResult], list[str]]:
@@ -558,6 +570,7 @@ def collect(runs_dir: Path, metric: str, plan: list[tuple[int, list[str], bool]]
     available: set[str] = set()
     keys: set[str] = set()
     left_out: list[str] = []
+    all_failed = True
     paths = _measured(runs_dir, plan, skip)
     if not paths:
         raise UserError(f"no runs found under {runs_dir} (no <n>/metrics.json of a measured "
@@ -571,21 +584,24 @@ def collect(runs_dir: Path, metric: str, plan: list[tuple[int, list[str], bool]]
         key = tuple(data["run"]["plugins"])
         where = f"{_label(list(key))} repeat {repeat} (run {path.parent.name})"
         value = summary.get(metric)
-        why = run_failure(summary) or (None if isinstance(value, (int, float)) else
-                                       f"its {metric} is {value!r}")
+        failure = run_failure(summary)
+        all_failed = all_failed and failure is not None
+        why = failure or (None if isinstance(value, (int, float)) else
+                          f"its {metric} is {value!r}")
         if why is not None:
             left_out.append(f"{where}: {why}")
             continue
         values[key].append(float(value))
         repeats[key].append(repeat)
-    if metric not in keys:
+    if metric not in keys and not all_failed:  # a failed run's summary may lack any key
         raise UserError(unknown_metric(metric, available))
     if not values:
-        raise UserError(f"no run under {runs_dir} measured {metric}: "
-                        f"{listed(left_out, sep='; ')}")
+        raise NothingMeasured(f"no run under {runs_dir} measured {metric}: "
+                              f"{listed(left_out, sep='; ')}")
     if () not in values:
-        raise UserError(f"no baseline run (no plugins) under {runs_dir} measured {metric}: "
-                        f"gains are against it ({listed(left_out, sep='; ')}); rerun the bench")
+        raise NothingMeasured(f"no baseline run (no plugins) under {runs_dir} measured "
+                              f"{metric}: gains are against it ({listed(left_out, sep='; ')}); "
+                              "rerun the bench")
     return [SetResult(plugins, tuple(v), repeats=tuple(repeats[plugins]))
             for plugins, v in values.items()], left_out
 

@@ -122,7 +122,8 @@ class Executor:
         """``clock``: seconds on a clock the caller shares (a cluster rank's run clock); by
         default the driver's own, starting at 0 when :meth:`run` starts (after the jobs are
         profiled): ``on_clock_start`` is then given that moment (``time.perf_counter()``),
-        for a telemetry sampler whose samples must line up with the spans. Arrival times
+        for a telemetry sampler whose samples must line up with the spans; it runs on the
+        clock, so it must be cheap (the sampler probes its backend when it is made). Arrival times
         count from the start of :meth:`run` either way. ``jobs_fail_alone=False`` turns an
         error of a job's own code into the end of the run (a cluster cannot go on without a
         rank's part of an iteration)."""
@@ -215,8 +216,8 @@ class Executor:
             self._origin = self.now()
         else:
             self._t0 = self.clock_started = self._clock()
-            if self._on_clock_start is not None:
-                self._on_clock_start(self._t0)
+            if self._on_clock_start is not None:  # on the clock: jobs arriving at 0 wait
+                self._on_clock_start(self._t0)  # for it (a sampler probes when made)
         try:
             self._drive(arrivals)
         except BaseException as exc:  # Ctrl-C, SIGTERM (Terminated): the lanes stop too
@@ -268,8 +269,9 @@ class Executor:
             if job.info.job_id in self._entries:
                 raise UserError(f"a job with id {job.info.job_id!r} was already submitted")
         entry = _Entry(job, JobResult(job.info), order=len(self._entries))
-        if not self._profiled(entry):  # profiled in the caller's thread, outside the lock
-            raise UserError(f"job {job.info.name!r} failed: {entry.result.error}")
+        error = self._profile_error(entry)  # in the caller's thread, outside the lock
+        if error is not None:  # refused, never accepted: no end recorded, no on_finish
+            raise UserError(f"job {job.info.name!r} refused: {error}")
         with self._cv:
             job.info = dataclasses.replace(job.info, arrival_s=self.now() - self._origin)
             entry.result.job = job.info
@@ -345,16 +347,25 @@ class Executor:
     def _profiled(self, entry: _Entry) -> bool:
         """Measure the job's profile if it has none; a job whose own code raises while
         being profiled fails alone (returns False)."""
+        error = self._profile_error(entry)
+        if error is not None:
+            with self._cv:
+                self._finish(entry, "failed", error)
+            return False
+        return True
+
+    def _profile_error(self, entry: _Entry) -> str | None:
+        """Measure the job's profile if it has none; why it could not be (its own code
+        raised), or None. Records nothing: a job of the run fails (:meth:`_profiled`), a
+        job handed to :meth:`submit` is refused and leaves no trace."""
         if self.profiler is None or entry.job.info.profile is not None:
-            return True
+            return None
         try:
             entry.job.with_profile(self.profiler(entry.job))
         except Exception as exc:
-            with self._cv:
-                self._finish(entry, "failed", first_step_failed(entry.job, exc))
-            return False
+            return first_step_failed(entry.job, exc)
         entry.result.job = entry.job.info
-        return True
+        return None
 
     def _admit_pending(self) -> None:
         """Offer every pending job to the allocation hook, in arrival order. A later small

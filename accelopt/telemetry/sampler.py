@@ -26,7 +26,11 @@ def _short(exc: BaseException) -> str:
 
 
 class TelemetrySampler:
-    """Sample every ``interval_s`` seconds on a daemon thread between ``start`` and ``stop``."""
+    """Sample at ``start``, every ``interval_s`` seconds on a daemon thread, and at ``stop``.
+
+    The backend is picked (NVML probed, else psutil set up: milliseconds) when the sampler
+    is made, by :meth:`prepare`: a run makes it before its clock starts, so that starting it
+    at the clock's origin costs the first jobs nothing measurable."""
 
     def __init__(self, interval_s: float = 0.5, device_index: int = 0) -> None:
         if interval_s <= 0:
@@ -42,8 +46,11 @@ class TelemetrySampler:
         self._nvml: Any = None
         self._handle: Any = None
         self._process: psutil.Process | None = None
+        self._prepared = False
+        self._stopped = False
         self.errors = 0
         """Samples skipped because the backend raised (e.g. GPU lost mid-run)."""
+        self.prepare()
 
     @property
     def note(self) -> str:
@@ -56,12 +63,12 @@ class TelemetrySampler:
 
     # -- lifecycle ---------------------------------------------------------------------
 
-    def start(self, t0: float | None = None) -> None:
-        """Pick the backend and start the thread; ``t0`` (``time.perf_counter()`` units) is
-        the run's start, so sample times line up with the spans. Defaults to now."""
-        if self._thread is not None:
-            raise RuntimeError("TelemetrySampler.start() called twice")
-        self._t0 = time.perf_counter() if t0 is None else t0
+    def prepare(self) -> None:
+        """Pick the backend (the costly part: NVML's initialisation, or psutil's process
+        handle) and write the note; done once, by the constructor."""
+        if self._prepared:
+            return
+        self._prepared = True
         reason = self._init_nvml()
         if reason is None:
             self._note = (
@@ -70,19 +77,31 @@ class TelemetrySampler:
             )
         else:
             self._process = psutil.Process()
-            self._process.cpu_percent(None)  # the first call only sets the reference point
             self._note = (
                 f"no NVIDIA GPU found (NVML: {reason}): sampling this process's CPU and RSS instead"
             )
+
+    def start(self, t0: float | None = None) -> None:
+        """Start the thread, which samples at once and then every interval; ``t0``
+        (``time.perf_counter()`` units) is the run's start, so sample times line up with the
+        spans. Defaults to now. The backend was picked beforehand (:meth:`prepare`)."""
+        if self._thread is not None:
+            raise RuntimeError("TelemetrySampler.start() called twice")
+        self._t0 = time.perf_counter() if t0 is None else t0
+        self.prepare()  # a no-op unless stopped and started anew (refused above)
         self._thread = threading.Thread(target=self._run, name="accelopt-telemetry", daemon=True)
         self._thread.start()
 
     def stop(self) -> list[TelemetrySample]:
-        """Stop the thread (bounded wait), release NVML, and return the samples so far."""
+        """Stop the thread (bounded wait), take the closing sample (a run shorter than one
+        interval still has its start and its end), release NVML, and return the samples.
+        A second call returns the same samples."""
         self._stop_event.set()
         thread = self._thread
-        if thread is not None:
+        if thread is not None and not self._stopped:
             thread.join(timeout=max(2.0, 2 * self.interval_s))
+            self._sample()
+        self._stopped = True
         self._shutdown_nvml()
         return self.samples
 
@@ -161,18 +180,25 @@ class TelemetrySampler:
             used = self._nvml.nvmlDeviceGetMemoryInfo(self._handle).used
             return TelemetrySample(t_s, "nvml", float(util), int(used))
         assert self._process is not None
+        # CPU % since the previous sample; psutil's first call (the start's sample) only
+        # sets the reference point and reads 0.0
         cpu = self._process.cpu_percent(None)
         rss = self._process.memory_info().rss
         return TelemetrySample(t_s, "process", float(cpu), int(rss))
 
+    def _sample(self) -> None:
+        """Take one sample (a backend error is counted, not raised)."""
+        try:
+            sample = self._read()
+        except Exception:
+            self.errors += 1
+            return
+        with self._cond:
+            self._samples.append(sample)
+            self._cond.notify_all()
+
     def _run(self) -> None:
+        self._sample()  # at the start: a run shorter than one interval has samples too
         # Event.wait doubles as the sleep and the stop signal: stop() wakes us at once.
         while not self._stop_event.wait(self.interval_s):
-            try:
-                sample = self._read()
-            except Exception:
-                self.errors += 1
-                continue
-            with self._cond:
-                self._samples.append(sample)
-                self._cond.notify_all()
+            self._sample()

@@ -113,7 +113,9 @@ POLICIES = extension_point(GROUP)
 
 def register_policy(name: str) -> Callable[[type], type]:
     """Class decorator: make a policy selectable as ``plugins.salus.policy=<name>``. A name is
-    taken once: another class under the same name is refused (``UserError``)."""
+    taken once: another class registered under the same name is refused (``UserError``); a
+    name an installed package declares too is refused where it is selected, so a package
+    that takes a built-in name disables that policy alone, not salus."""
 
     def add(cls: type) -> type:
         POLICIES.register(name, cls)

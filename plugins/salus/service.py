@@ -8,7 +8,9 @@ client may exit at once. Each job writes its results to ``<root>/jobs/<job_id>/`
 (``job.json`` with status, metrics, losses and the trained model's held-out quality;
 ``weights.pt`` when it finished). They are written on a thread of their own, not under the
 executor's lock: scoring a model on its held-out set takes a while, and the other jobs'
-iterations must not wait for it.
+iterations must not wait for it. A submit the service refuses (an unknown model, a model that
+raises while profiled) writes nothing and takes no number; a job an earlier service on the
+root left unended (killed with it) is marked failed by the next service that starts there.
 
 Protocol: one JSON object per line each way. Requests: ``{"op": "submit", "job": {...}}``
 (JobConfig keys), ``{"op": "submit", "workload": "tiny"}``, ``{"op": "submit", "factory":
@@ -23,6 +25,7 @@ reply and the service keeps running.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fcntl
 import json
@@ -30,6 +33,7 @@ import os
 import signal
 import socket
 import socketserver
+import stat
 import sys
 import threading
 import time
@@ -56,6 +60,7 @@ from accelopt.job.profile import measure_profile
 from accelopt.job.quality import score_result
 from accelopt.records import JobResult
 from accelopt.report import job_metrics
+from accelopt.types import JobInfo
 
 MAX_REQUEST = 1 << 20
 
@@ -111,6 +116,8 @@ class Service:
         self._outputs = ThreadPoolExecutor(max_workers=1, thread_name_prefix="salus-outputs")
         self._written: dict[str, Future[None]] = {}
         """Per ended job whose files are being written (``wait`` answers once they are)."""
+        self._interrupted: list[dict[str, Any]] = []
+        """Status rows of the jobs a previous service left without results (:meth:`recover`)."""
 
     # -- requests --------------------------------------------------------------------------
 
@@ -193,8 +200,12 @@ class Service:
             return _job_config(made)
         if isinstance(made, JobConfig):
             return made
-        raise UserError(f"{ref} returned {type(made).__name__}; return a JobConfig, a dict of "
-                        "its keys, or an accelopt Job")
+        # it ran here, to its end: a training function trained in the service's request
+        # thread, and only then was this said
+        raise UserError(f"{ref} returned {type(made).__name__}, not a job: the service (pid "
+                        f"{os.getpid()}) called it and it ran to its end there; a factory "
+                        "builds a job (return a JobConfig, a dict of its keys, or an accelopt "
+                        "Job) and the service trains it")
 
     def _submit(self, spec: Any) -> str:
         # under the lock to the end: a refused job (an unknown model, profiling failed)
@@ -247,28 +258,29 @@ class Service:
                   file=sys.stderr)
             traceback.print_exc()
 
+    def recover(self) -> list[str]:
+        """Mark the jobs a previous service on this root left unended (it was killed while
+        they ran, or before their files were written) as failed: their ``job.json`` says
+        so and ``status`` lists them, instead of a directory with a config and nothing else.
+        Called once this service holds the root (never while another writes into it);
+        returns their ids."""
+        for job_dir in sorted(_job_dirs(self.root / "jobs")):
+            if (job_dir / "job.json").exists():
+                continue
+            result = JobResult(_info_from_config(job_dir), status="failed", error=INTERRUPTED)
+            document = {"job": {**job_metrics(result), "status": "failed"}, "losses": []}
+            with atomic_open(job_dir / "job.json", "w") as fh:
+                json.dump(document, fh, indent=1, default=str)
+            self._interrupted.append(_status_row(result.job, result, busy=False))
+        return [row["id"] for row in self._interrupted]
+
     def finish_outputs(self) -> None:
         """Wait for every ended job's files (the service is stopping)."""
         self._outputs.shutdown(wait=True)
 
     def status(self) -> dict[str, Any]:
-        jobs = []
-        for info, result, busy in self.executor.snapshot():
-            state = _ended_state(result)
-            if state == "pending":
-                state = "running" if busy else ("admitted" if result.lane else "waiting")
-            profile = info.profile
-            jobs.append({
-                "id": info.job_id, "name": info.name, "model": info.model,
-                "state": state, "lane": result.lane, "done": result.iterations_done,
-                "iterations": info.iterations, "jct_s": result.jct_s,
-                "persistent": profile.persistent_bytes if profile else None,
-                "ephemeral": profile.ephemeral_bytes if profile else None,
-                "error": result.error,
-                "quality_metric": result.quality.metric if result.quality else None,
-                "quality": result.quality.value if result.quality else None,
-                "quality_p_at_5": result.quality.p_at_5 if result.quality else None,
-            })
+        jobs = [*self._interrupted,
+                *(_status_row(*job) for job in self.executor.snapshot())]
         with self.executor.lock:
             manager = self.plugin.manager
             lanes = [] if manager is None else [
@@ -280,6 +292,52 @@ class Service:
         return {"policy": self.plugin.policy.name, "device": str(self.device),
                 "capacity": self.executor.capacity_bytes, "used": used, "lanes": lanes,
                 "jobs": jobs, "note": self.plugin.lanes_note(), "pid": os.getpid()}
+
+
+def _status_row(info: JobInfo, result: JobResult, busy: bool) -> dict[str, Any]:
+    """One job as ``status`` lists it."""
+    state = _ended_state(result)
+    if state == "pending":
+        state = "running" if busy else ("admitted" if result.lane else "waiting")
+    profile = info.profile
+    quality = result.quality
+    return {
+        "id": info.job_id, "name": info.name, "model": info.model,
+        "state": state, "lane": result.lane, "done": result.iterations_done,
+        "iterations": info.iterations, "jct_s": result.jct_s,
+        "persistent": profile.persistent_bytes if profile else None,
+        "ephemeral": profile.ephemeral_bytes if profile else None,
+        "error": result.error,
+        "quality_metric": quality.metric if quality else None,
+        "quality": quality.value if quality else None,
+        "quality_p_at_5": quality.p_at_5 if quality else None,
+    }
+
+
+INTERRUPTED = ("the service stopped before the job ended (killed or crashed while it ran, or "
+               "before its results were written); submit it again")
+
+
+def _info_from_config(job_dir: Path) -> JobInfo:
+    """The job a directory holds, as its ``config.json`` says (a job submitted as an
+    accelopt ``Job`` has none: its id, read as ``NNN-name``, is all there is)."""
+    _, _, name = job_dir.name.partition("-")
+    fields: dict[str, Any] = {}
+    try:
+        loaded = json.loads((job_dir / "config.json").read_text())
+        fields = loaded if isinstance(loaded, dict) else {}
+    except (OSError, ValueError):
+        pass
+
+    def field(key: str, kind: type | tuple[type, ...], default: Any) -> Any:
+        value = fields.get(key, default)
+        return value if isinstance(value, kind) and not isinstance(value, bool) else default
+
+    return JobInfo(job_id=job_dir.name, name=field("name", str, name),
+                   model=field("model", str, "?"), kind=field("kind", str, "train"),
+                   arrival_s=float(field("arrival_s", (int, float), 0.0)),
+                   iterations=field("iterations", int, 0),
+                   batch_size=field("batch_size", int, 0))
 
 
 def _job_config(fields: Any) -> JobConfig:
@@ -361,15 +419,21 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
 
 def _take_lock(lock: Path, busy: str) -> Any:
     """Hold ``lock`` for the server's lifetime; a second serve cannot take it and gets
-    ``busy`` (with ``{pid}``, the holder's) in one line."""
-    handle = open(lock, "a+")
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        handle.seek(0)
-        pid = handle.read().strip() or "?"
-        handle.close()
-        raise UserError(busy.replace("{pid}", pid)) from None
+    ``busy`` (with ``{pid}``, the holder's) in one line. The holder removes the file when
+    it stops (:func:`_drop_lock`), so a lock taken on a file removed meanwhile is no lock:
+    it is taken again on the file now at that path."""
+    while True:
+        handle = open(lock, "a+")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            pid = handle.read().strip() or "?"
+            handle.close()
+            raise UserError(busy.replace("{pid}", pid)) from None
+        if _same_file(handle, lock):
+            break
+        handle.close()  # its holder removed it between our open and our lock
     handle.seek(0)
     handle.truncate()
     handle.write(str(os.getpid()))
@@ -377,23 +441,61 @@ def _take_lock(lock: Path, busy: str) -> Any:
     return handle
 
 
+def _same_file(handle: Any, path: Path) -> bool:
+    try:
+        here, there = os.fstat(handle.fileno()), os.stat(path)
+    except FileNotFoundError:
+        return False
+    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
+
+
+def _drop_lock(handle: Any, lock: Path) -> None:
+    """Remove the lock file, still holding it (a serve that opened it meanwhile finds it
+    gone and takes the new one: :func:`_take_lock`), then release it."""
+    try:
+        if _same_file(handle, lock):
+            lock.unlink()
+    except OSError:
+        pass  # a directory we cannot write: the file stays, harmless
+    handle.close()
+
+
+def _stale_socket(path: Path) -> bool:
+    """Whether ``path`` is a socket left behind (True) or absent (False); anything else at
+    that path is the user's, never removed: a one-line refusal."""
+    try:
+        mode = os.lstat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    if not stat.S_ISSOCK(mode):
+        kind = "directory" if stat.S_ISDIR(mode) else (
+            "symbolic link" if stat.S_ISLNK(mode) else "file")
+        raise UserError(f"{path} is a {kind}, not a socket, and is left as it is; give "
+                        "--socket a path that is free (or a stopped service's socket)")
+    return True
+
+
 def serve(options: ServeOptions, ready: Any = print) -> int:
     """Run the service until a shutdown request (or SIGTERM/SIGINT) and its jobs finish."""
     path = options.socket
+    _stale_socket(path)  # a file of the user's there: refused before anything is made
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    lock = _take_lock(path.with_name(path.name + ".lock"),
+    lock_path = path.with_name(path.name + ".lock")
+    lock = _take_lock(lock_path,
                       f"another accelopt serve (pid {{pid}}) is already running on {path}; stop "
                       f"it with `accelopt serve --stop --socket {path}` or pick another --socket")
     root_lock = None
+    root_lock_path = options.root / "serve.lock"
     try:
-        if path.exists() or path.is_symlink():
-            path.unlink()  # stale: its server is gone (we hold the lock)
+        if _stale_socket(path):
+            path.unlink()  # its server is gone (we hold the lock)
         service = Service(options)  # makes (and checks) the root
         # job numbers are per root: two services on other sockets numbering into one root
         # from the same last number, the second wrote over the first's jobs
-        root_lock = _take_lock(options.root / "serve.lock",
+        root_lock = _take_lock(root_lock_path,
                                f"another accelopt serve (pid {{pid}}) writes its jobs into --root "
                                f"{options.root}; give this one another --root")
+        service.recover()  # a previous service's unended jobs: failed, listed by status
         old_umask = os.umask(0o177)
         try:
             server = _Server(str(path), _Handler)
@@ -416,13 +518,14 @@ def serve(options: ServeOptions, ready: Any = print) -> int:
             service.finish_outputs()
         finally:
             server.close()
-            if path.exists():
-                path.unlink()
+            with contextlib.suppress(UserError, OSError):
+                if _stale_socket(path):  # ours (a socket: nothing else is removed)
+                    path.unlink()
         return 0
     finally:
         if root_lock is not None:
-            root_lock.close()
-        lock.close()
+            _drop_lock(root_lock, root_lock_path)
+        _drop_lock(lock, lock_path)
 
 
 # -- the client -----------------------------------------------------------------------------
@@ -451,11 +554,21 @@ def request(path: Path, message: dict[str, Any], timeout_s: float = 30.0) -> dic
     return json.loads(data)
 
 
+def _numbered(jobs: Path) -> list[Path]:
+    """The ``NNN-name`` entries under ``jobs`` (job directories, a number taken)."""
+    if not jobs.is_dir():
+        return []
+    return [p for p in jobs.glob("*-*") if p.name.partition("-")[0].isdigit()]
+
+
+def _job_dirs(jobs: Path) -> list[Path]:
+    """The ``NNN-name`` job directories under ``jobs``."""
+    return [p for p in _numbered(jobs) if p.is_dir()]
+
+
 def _last_job_number(jobs: Path) -> int:
     """The largest ``NNN`` of the ``NNN-name`` job directories under ``jobs`` (0: none)."""
-    numbers = [int(head) for head, _, _ in (p.name.partition("-") for p in jobs.glob("*-*"))
-               if head.isdigit()] if jobs.is_dir() else []
-    return max(numbers, default=0)
+    return max((int(p.name.partition("-")[0]) for p in _numbered(jobs)), default=0)
 
 
 def _ended_state(result: JobResult) -> str:
