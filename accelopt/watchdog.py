@@ -49,11 +49,19 @@ class HookWatchdog:
         """Every line said, in order."""
         self._watched: dict[int, tuple[FrameType, float, bool]] = {}
         """id(frame) -> (the frame, when it was first seen, whether it was reported)."""
+        self._plugin: dict[int, str] = {}
+        """id(frame) -> the plugin whose hook it runs (for :meth:`in_flight`)."""
+        self._looking = threading.Lock()
+        """The watchdog's thread and :meth:`in_flight` (a failing rank) may look at once."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def look(self) -> None:
         """One look at every thread's stack (what the watchdog's thread does each interval)."""
+        with self._looking:
+            self._look()
+
+    def _look(self) -> None:
         owners = self.owners()
         now = self.clock()
         names = {t.ident: t.name for t in threading.enumerate()}
@@ -64,8 +72,10 @@ class HookWatchdog:
                 plugin = owners.get(frame.f_code)
                 if plugin is not None:
                     seen[id(frame)] = self._watch(frame, plugin, now, names.get(ident, "?"))
+                    self._plugin[id(frame)] = plugin
                 frame = frame.f_back
         self._watched = seen  # calls that ended are let go
+        self._plugin = {key: self._plugin[key] for key in seen}
 
     def _watch(self, frame: FrameType, plugin: str, now: float,
                thread: str) -> tuple[FrameType, float, bool]:
@@ -80,6 +90,20 @@ class HookWatchdog:
             self.say(line)
             said = True
         return frame, first, said
+
+    def in_flight(self) -> str:
+        """The reported hook calls still running, as a clause for an error line ("; plugin
+        'x' had been in accelopt_transfer_done for at least 5.1 s (hook watchdog)"), or
+        ``""``. Why: a rank that fails because a hook blocked (its peers' transfers timed
+        out) would otherwise end with a timeout that names no plugin; the warning said it,
+        the error line did not."""
+        with self._looking:
+            self._look()
+            now = self.clock()
+            calls = [(frame.f_code.co_name, self._plugin.get(key, "?"), now - first)
+                     for key, (frame, first, said) in self._watched.items() if said]
+        return "".join(f"; plugin '{plugin}' had been in {hook} for at least {took:.1f} s "
+                       "(hook watchdog)" for hook, plugin, took in calls)
 
     # -- the thread ----------------------------------------------------------------------
 
@@ -99,7 +123,7 @@ class HookWatchdog:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        self._watched = {}  # no frame (and its locals) kept past the run
+        self._watched, self._plugin = {}, {}  # no frame (and its locals) kept past the run
 
     def __enter__(self) -> HookWatchdog:
         return self.start()

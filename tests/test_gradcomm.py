@@ -511,3 +511,30 @@ def test_a_bucket_size_is_shown_as_it_was_set(mb, shown):
     from accelopt_plugins.gradcomm.plugin import _mib
 
     assert _mib(max(1, int(mb * 2**20)) / 2**20) == shown
+
+
+@pytest.mark.parametrize("options", [{}, {"dtype": "fp16"}, {"sparsify": "topk", "density": 0.5}],
+                         ids=["lossless", "fp16", "topk"])
+def test_a_float64_bucket_is_decoded_in_float64(options):
+    """A float64 model's buckets: the lossless codec left its gradients as they were on the
+    wire but decoded them to float32 (every step 1e-9 off one process); a compressed one
+    gives them back in float64 too."""
+    codec = BucketCodec(**options)
+    flat = torch.randn(64, dtype=torch.float64)
+    payload = codec.encode("bucket0", flat)
+    if payload is None:  # lossless: the bucket goes as it is
+        assert codec.decode("bucket0", flat) is None
+        return
+    out = codec.decode("bucket0", payload if isinstance(payload, torch.Tensor) else [payload])
+    assert out.dtype == torch.float64
+    sent = out != 0  # top-k: the half it sent, each as its float32 value
+    assert int(sent.sum()) == (32 if options.get("sparsify") else 64)
+    assert torch.allclose(out[sent], flat[sent], atol=1e-2)
+
+
+def test_the_lossless_row_names_the_gradients_dtype():
+    from accelopt_plugins.gradcomm.plugin import _dtype_names
+
+    assert _dtype_names([]) == "fp32"
+    assert _dtype_names([torch.float64]) == "fp64"
+    assert _dtype_names([torch.float32, torch.float64, torch.float32]) == "fp32 and fp64"

@@ -118,3 +118,42 @@ def test_a_run_whose_hook_blocks_says_so_while_it_runs(run_tiny, caplog):
         logging.getLogger("accelopt.watchdog").removeHandler(flag)
     assert plugin.waited == [True]
     assert all(j.status == "done" for j in record.jobs)
+
+
+def test_a_failing_rank_is_told_which_reported_hook_call_is_still_running():
+    """A rank whose peers' transfers time out because one of its hooks blocks ended with a
+    timeout naming no plugin; the rank's line now gets the watchdog's in-flight call."""
+    plugin = Blocks()
+    host = PluginHost([(PluginSpec(name="blocks", factory=lambda c: plugin), plugin)])
+    now = [0.0]
+    dog = HookWatchdog(host.hook_code, after_s=2.0, say=lambda _line: None,
+                       clock=lambda: now[0])
+    thread = _blocked_call(host, plugin)
+    try:
+        dog.look()
+        now[0] = 1.0
+        assert dog.in_flight() == ""  # not reported yet: not named
+        now[0] = 2.0
+        dog.look()
+        now[0] = 5.0
+        assert dog.in_flight() == ("; plugin 'blocks' had been in accelopt_iteration_start "
+                                   "for at least 5.0 s (hook watchdog)")
+    finally:
+        plugin.release.set()
+        thread.join(30)
+    assert dog.in_flight() == ""  # the call ended
+
+
+def test_a_ranks_line_says_its_iteration_once():
+    """The transport's timeouts say their iteration, and the line added it again: '... within
+    5 s at iteration 0 at iteration 0 of job 'm''."""
+    from accelopt.drivers.cluster.faults import raised_line
+
+    error = "CommunicationError: parameters of layer 0 did not arrive within 5 s at iteration 0"
+    assert raised_line(2, "worker", 7, error, 0, "m") == (
+        "rank 2 (worker, pid 7) raised CommunicationError: parameters of layer 0 did not "
+        "arrive within 5 s at iteration 0 of job 'm'; the cluster run was stopped")
+    # another iteration's number is left alone (12 is not 1)
+    other = "CommunicationError: receiving at iteration 12"
+    assert raised_line(2, "worker", 7, other, 1) == (
+        f"rank 2 (worker, pid 7) raised {other} at iteration 1; the cluster run was stopped")

@@ -24,7 +24,7 @@ from accelopt.config import JobConfig
 from accelopt.errors import ConfigError, UserError, error_text, first_line
 from accelopt.host import PluginHost
 from accelopt.job import inputs
-from accelopt.job.events import SILENT, StepEvents, rebuilds
+from accelopt.job.events import SILENT, Event, StepEvents, rebuilds
 from accelopt.job.exchange import LOCAL, Exchange
 from accelopt.job.gradients import Gradients
 from accelopt.job.layers import offer_layers
@@ -133,6 +133,9 @@ class Job:
         """What forward calls: the model, or the exchange's wrapper of it (all-reduce: PyTorch
         DDP). Plugins, checkpoints and weights always see :attr:`model` itself."""
         self.exchange.attach(self, self.timer or NO_TIMER)
+        self._built_params = dict(self.model.named_parameters())
+        """The parameter objects the exchange was attached to (a cluster run refuses a
+        plugin's replacing one: :meth:`_refuse_changed_parameters`)."""
         rows = self.exchange.rows(self.info.batch_size)
         self._rows = None if rows == (0, self.info.batch_size) else rows
         """This process's rows of every batch (``None``: all of them)."""
@@ -316,7 +319,8 @@ class Job:
         if events.after_step:
             answers = events.after_step(context, stepped)
             if answers and (asked := rebuilds(answers)):
-                self.rebuild_optimizer("; ".join(r.reason for r in asked))
+                self.rebuild_optimizer("; ".join(r.reason for r in asked),
+                                       by=self._implementers(Event.AFTER_STEP.value))
 
     def _gradients(self) -> Gradients:
         """This iteration's view of the gradients: one view per job record and parameter
@@ -365,22 +369,50 @@ class Job:
 
         return update
 
-    def rebuild_optimizer(self, reason: str) -> None:
+    def rebuild_optimizer(self, reason: str, by: str = "a plugin") -> None:
         """Build the optimizer again over the model's current parameters (a plugin changed
-        the model), carrying over the state of every parameter that is unchanged."""
+        the model), carrying over the state of every parameter that is unchanged. ``by``:
+        who asked, for the refusal in a cluster run (``plugin 'prune'``)."""
         table = param_table(self.model)
-        if table != self.info.parameters and self.exchange.role != "single":
-            raise UserError(
-                f"job '{self.info.name}': a plugin changed the model's parameters during a "
-                f"cluster run ({reason}); the {self.exchange.role}s' parameter tables would no "
-                "longer match. Change the model at build time (accelopt_layer_build) in "
-                "cluster runs")
+        if self.exchange.role != "single":
+            self._refuse_changed_parameters(table, reason, by)
         self.info = dataclasses.replace(self.info, parameters=table,
                                         buckets=buckets_by_bytes(table, self.bucket_bytes))
         self._stepped = self.exchange.stepped_parameters(self.model)
         self.optimizer = build_optimizer(self.info, self.spec, self._stepped, self.host,
                                          previous=self.optimizer)
         self.rebuilds.append(f"iteration {self.iteration}: {reason}")
+
+    def _refuse_changed_parameters(self, table: tuple[Any, ...], reason: str, by: str) -> None:
+        """In a cluster run each rank's exchange holds the parameter objects the job was built
+        with (a server averages into them, a worker copies into them and hooks their
+        gradients, DDP's buckets view them): another parameter table, or a parameter replaced
+        by a new object under the same name and shape, would leave the exchange moving the
+        old tensors while the optimizer steps the new ones (the layer silently stops
+        training). Refused in one line."""
+        where = f"job '{self.info.name}': {by}"
+        if table != self.info.parameters:
+            raise UserError(
+                f"{where} changed the model's parameters during a cluster run ({reason}); the "
+                f"{self.exchange.role}s' parameter tables would no longer match. Change the "
+                "model at build time (accelopt_layer_build) in cluster runs")
+        now = dict(self.model.named_parameters())
+        replaced = next((n for n, p in self._built_params.items() if now.get(n) is not p), None)
+        if replaced is not None:
+            raise UserError(
+                f"{where} replaced parameter '{replaced}' by a new Parameter object during a "
+                f"cluster run ({reason}); the {self.exchange.role}'s exchange still moves the "
+                "old one, so the new one would not train. Change its values in place "
+                "(with torch.no_grad(): param.copy_(new)) or change the model at build time "
+                "(accelopt_layer_build)")
+
+    def _implementers(self, hook: str) -> str:
+        """The plugins implementing ``hook``, for a line (``plugin 'prune'``)."""
+        names = [n for n in self.host.names if hook in self.host.hooks_of(n)]
+        if not names:
+            return "a plugin"
+        quoted = ", ".join(f"'{n}'" for n in names)
+        return f"plugin {quoted}" if len(names) == 1 else f"one of plugins {quoted}"
 
     # -- state -----------------------------------------------------------------------------
 

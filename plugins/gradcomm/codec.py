@@ -29,11 +29,14 @@ every rank (every rank decodes the same gathered payload), so the replicas stay 
 Wire formats:
 
 * dense (``sparsify=none``): the bucket as a tensor of ``dtype``; the transport all-reduces
-  (sums) it, the decoder casts the sum back to float32.
+  (sums) it, the decoder casts the sum back to the bucket's own dtype. At ``dtype=fp32``
+  (lossless) a bucket goes as it is, in its own dtype (a float64 model's gradients stay
+  float64), and the decoder leaves the sum alone.
 * sparse (``topk``/``threshold``): the tuple ``(indices int32, values dtype)``. Sparse
   vectors of different ranks cannot be summed element-wise by ``all_reduce``, so the
   transport all-gathers the tuples; the decoder adds every rank's values into a dense
-  float32 bucket, in rank order (the same order on every rank, so replicas stay identical).
+  float32 bucket, in rank order (the same order on every rank, so replicas stay identical),
+  and casts it to the bucket's own dtype.
 """
 
 from __future__ import annotations
@@ -125,6 +128,8 @@ class BucketCodec:
         self.budget_iteration: int | None = None
         """The step of the last top-k encode: a new step computes the next budget."""
         self.numel: dict[str, int] = {}
+        self.dtypes: dict[str, torch.dtype] = {}
+        """Each bucket's own dtype (what the decoder gives back; what the report names)."""
         self.stats = CodecStats()
 
     STATE = ("residual", "velocity", "last_sum", "candidates", "budget", "budget_iteration",
@@ -197,7 +202,8 @@ class BucketCodec:
         """``flat``: the rank's (weighted) float32 bucket of step ``iteration``; ``bounds``:
         its extremes when the caller has measured them (then the cast check of a bucket sent
         as it is makes no pass of its own). Returns the wire payload, or ``None`` when the
-        codec is lossless (plain float32, nothing to do)."""
+        codec is lossless (the bucket goes as it is, in its own dtype)."""
+        self.dtypes[name] = flat.dtype
         if self.lossless:
             return None
         flat = flat.detach().reshape(-1)
@@ -256,19 +262,26 @@ class BucketCodec:
             raise CastOverflow(name, index)
 
     def decode(self, name: str, payload: Any) -> torch.Tensor | None:
-        """Dense: the summed tensor back in float32. Sparse: every rank's (indices, values)
-        added into a dense float32 bucket, in rank order; with momentum correction, minus
-        ``m`` times the previous sum (cancels the optimizer's momentum, module docstring)."""
+        """Lossless: nothing to do (``None``: the sum is the bucket's, in its own dtype).
+        Dense: the summed tensor back in the bucket's dtype. Sparse: every rank's (indices,
+        values) added into a dense float32 bucket, in rank order; with momentum correction,
+        minus ``m`` times the previous sum (cancels the optimizer's momentum, module
+        docstring); then cast to the bucket's dtype."""
+        dtype = self.dtypes.get(name, torch.float32)
         if isinstance(payload, torch.Tensor):
-            return None if payload.dtype == torch.float32 else payload.float()
+            return None if self.lossless or payload.dtype == dtype else payload.to(dtype)
         if isinstance(payload, list):
-            device = payload[0][1].device if payload else torch.device("cpu")
-            out = torch.zeros(self.numel[name], dtype=torch.float32, device=device)
-            for idx, values in payload:
-                out.index_add_(0, idx.long(), values.float())
-            if not self.corrected:
-                return out
-            previous = self.last_sum.get(name)
-            self.last_sum[name] = out
-            return out if previous is None else out - self.momentum * previous
+            return self._sparse_sum(name, payload).to(dtype)
         return None
+
+    def _sparse_sum(self, name: str, payload: list[tuple[torch.Tensor, torch.Tensor]]
+                    ) -> torch.Tensor:
+        device = payload[0][1].device if payload else torch.device("cpu")
+        out = torch.zeros(self.numel[name], dtype=torch.float32, device=device)
+        for idx, values in payload:
+            out.index_add_(0, idx.long(), values.float())
+        if not self.corrected:
+            return out
+        previous = self.last_sum.get(name)
+        self.last_sum[name] = out
+        return out if previous is None else out - self.momentum * previous

@@ -4,7 +4,7 @@ overlap switch on the order hook, and the non-finite guard that names the layer.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
@@ -158,8 +158,9 @@ class GradcommPlugin:
             spans, offset = [], 0
             for index in bucket:
                 p = job.parameters[index]
-                spans.append((p.name, p.module, offset, offset + p.numel))
-                offset += p.numel
+                n = p.numel * 2 if p.dtype.startswith("complex") else p.numel  # (re, im)
+                spans.append((p.name, p.module, offset, offset + n))
+                offset += n
             self.layout[f"bucket{b}"] = spans
         return self.layout
 
@@ -178,7 +179,8 @@ class GradcommPlugin:
                   if self.bucket_mb else f"{len(self.bucket_names)} bucket(s)")
         overlap = "overlapping backward" if c.overlap else "held until backward ended"
         if self.codec.lossless:
-            text = f"fp32 dense all-reduce (no compression), {fusion}, {overlap}"
+            text = (f"{_dtype_names(self.codec.dtypes.values())} dense all-reduce (no "
+                    f"compression), {fusion}, {overlap}")
             return [ReportRow("gradcomm", text, {"buckets": len(self.bucket_names)})]
         scope = "k over the model" if c.topk_scope == "model" else "k per bucket"
         method = {"none": "dense", "topk": f"top-k density {c.density:g} ({scope})",
@@ -225,6 +227,17 @@ def _job_optimizers(run_config: Any) -> list[tuple[str, float]]:
     defaults = JobConfig()
     return [(str(job.get("optimizer", defaults.optimizer)),
              float(job.get("momentum", defaults.momentum))) for job in jobs or []]
+
+
+SHORT_DTYPES = {torch.float32: "fp32", torch.float64: "fp64", torch.float16: "fp16",
+                torch.bfloat16: "bf16"}
+
+
+def _dtype_names(dtypes: Iterable[torch.dtype]) -> str:
+    """The gradients' own dtypes, as a lossless bucket goes on the wire ('fp32', 'fp32 and
+    fp64'); 'fp32' before any bucket was seen (the configured wire dtype)."""
+    names = sorted({SHORT_DTYPES.get(d, str(d).removeprefix("torch.")) for d in dtypes})
+    return " and ".join(names) or "fp32"
 
 
 def _mib(mb: float) -> str:

@@ -54,6 +54,7 @@ class AllReduce(ClusterExchange):
     def attach(self, job: Job, timer: PhaseTimer) -> None:
         super().attach(job, timer)
         self.params = dict(job.model.named_parameters())
+        self.model = job.model
         self.job_name = job.info.name
         if job.info.kind != "train":
             return  # nothing to reduce: every rank runs forward on its rows
@@ -84,6 +85,7 @@ class AllReduce(ClusterExchange):
         if self.hook is not None:
             unused = self.hook.unsent(self.params)
             if unused is not None:
+                self._refuse_replaced(iteration)
                 raise UserError(
                     f"job '{self.job_name}': {listed(unused, 4)} got no gradient in iteration {iteration} "
                     "(the loss does not use them), and all-reduce (PyTorch DDP) needs every "
@@ -91,6 +93,19 @@ class AllReduce(ClusterExchange):
                     "or use cluster.mode=ps")
             self.transport.finish_allreduce(iteration)
         return False
+
+    def _refuse_replaced(self, iteration: int) -> None:
+        """A parameter replaced by a new object after DDP wrapped the model (a plugin's
+        ``lin.weight = nn.Parameter(...)``) also leaves DDP without its gradient; say that,
+        not that the loss does not use it."""
+        now = dict(self.model.named_parameters())
+        replaced = [n for n, p in self.params.items() if now.get(n) is not p]
+        if replaced:
+            raise UserError(
+                f"job '{self.job_name}': {listed(replaced, 4)} replaced by a new Parameter "
+                f"object after the job was built (found in iteration {iteration}); DDP still "
+                "holds the old one. Change parameters' values in place (with torch.no_grad(): "
+                "param.copy_(new)) or change the model at build time (accelopt_layer_build)")
 
     def final_state(self, model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         if self.rank != 0:

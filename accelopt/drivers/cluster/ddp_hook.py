@@ -73,7 +73,7 @@ class BucketHook:
         self.logical = [[table[i] for i in bucket] for bucket in buckets]
         self._where = {id(params[p.name]): (b, k)
                        for b, bucket in enumerate(self.logical) for k, p in enumerate(bucket)}
-        self._sizes = [[params[p.name].numel() for p in bucket]
+        self._sizes = [[slot_size(params[p.name]) for p in bucket]
                        for bucket in self.logical]
         self._starts = [[sum(sizes[:k]) for k in range(len(sizes))] for sizes in self._sizes]
         """Where each parameter starts in its logical bucket's flat gradient."""
@@ -127,8 +127,9 @@ class BucketHook:
             if where is None:
                 raise RuntimeError("DDP holds a parameter that is not in the job's parameter "
                                    "table; was the model changed after it was wrapped?")
-            pieces.append(_Piece(where[0], where[1], offset, p.numel()))
-            offset += p.numel()
+            size = slot_size(p)
+            pieces.append(_Piece(where[0], where[1], offset, size))
+            offset += size
         touched = tuple(dict.fromkeys(piece.bucket for piece in pieces))
         exact = None
         if len(touched) == 1:
@@ -233,6 +234,13 @@ class BucketHook:
             buffer[piece.offset:piece.offset + piece.numel].copy_(
                 results[piece.bucket][start:start + piece.numel])
         return buffer
+
+
+def slot_size(param: torch.Tensor) -> int:
+    """How many elements ``param``'s gradient takes in a DDP bucket: DDP lays a complex
+    gradient into a bucket of its real dtype as (real, imaginary) pairs
+    (``torch.view_as_real``), two elements per complex one."""
+    return param.numel() * 2 if param.is_complex() else param.numel()
 
 
 def reduce_bucket(state, bucket):  # type: ignore[no-untyped-def]

@@ -240,7 +240,11 @@ def where(iteration: int | None, job_name: str = "") -> str:
 
 def raised_line(rank: int, role: str, pid: int | None, error: str,
                 iteration: int | None, job_name: str = "") -> str:
-    """The run's one line for a rank that raised (the local launcher's and torchrun's)."""
+    """The run's one line for a rank that raised (the local launcher's and torchrun's). An
+    error that says its iteration itself (the transport's timeouts do) has that phrase
+    taken out: the line says where the rank was once, with the job."""
+    if iteration is not None and iteration >= 0:
+        error = re.sub(rf" at iteration {iteration}\b", "", error, count=1)
     return (f"rank {rank} ({role}, pid {pid}) raised {error} {where(iteration, job_name)}; "
             "the cluster run was stopped")
 

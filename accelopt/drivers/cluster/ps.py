@@ -4,7 +4,8 @@ two exchanges a job's step uses on a server and on a worker.
 Per iteration: every server posts each of its parameter tensors to each worker as its own
 transfer (``begin``); a worker starts forward as soon as the parameters of the first layer
 have arrived (a forward pre-hook per layer, installed once in ``attach``, waits for that
-layer only); each gradient is posted to its server the moment autograd has accumulated it;
+layer only; parameters that forward reads outside their module's forward are waited for
+before forward begins: :class:`ForwardReads`); each gradient is posted to its server the moment autograd has accumulated it;
 the servers average the workers' gradients (weighted by shard size, so the result is the
 gradient of the whole global batch: ``gradients``), and the job's step then runs
 ``accelopt_before_optimizer_step`` and the optimizer on the server's shard.
@@ -33,6 +34,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_leaves
 
 from accelopt.drivers.cluster import threads
 from accelopt.drivers.cluster.settings import ClusterSettings
@@ -358,6 +361,95 @@ class LayerArrivals:
                 )
 
 
+class FirstReads(TorchFunctionMode):
+    """Sees every torch call of a worker's first forward: before a call whose arguments hold
+    one of the job's parameters runs, ``on_read(layer)`` is told that parameter's layer
+    (:class:`ForwardReads`). Thread-local, as torch's function modes are: the receiving
+    threads' copies into the parameters do not pass through it."""
+
+    def __init__(self, layer_of: dict[int, int], on_read: Callable[[int], None]) -> None:
+        super().__init__()
+        self.layer_of = layer_of
+        self.on_read = on_read
+
+    def __torch_function__(self, func: Any, types: Any, args: Sequence[Any] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
+        kwargs = kwargs or {}
+        for leaf in tree_leaves((args, kwargs)):
+            layer = self.layer_of.get(id(leaf))
+            if layer is not None:
+                self.on_read(layer)
+        return func(*args, **kwargs)
+
+
+class ForwardReads:
+    """Which layers a worker's forward reads without a pre-hook having waited for them, and
+    the wait for those layers before forward from then on.
+
+    Why: the per-layer pre-hooks wait for a layer when its module's forward runs, and the
+    receiving threads copy each parameter in the moment it arrives. A model that uses a
+    parameter without calling its module's forward (``F.linear(x, self.a.weight)``), or
+    before calling it, would read last iteration's values, or have them replaced while
+    autograd still holds them (torch's "modified by an inplace operation").
+
+    How: the first forward of the job on this worker runs under :class:`FirstReads`; a read
+    of a layer no pre-hook has waited for yet in that forward waits for the layer there and
+    then (so that forward reads the new values too) and marks it *unhooked*, as is every
+    layer no pre-hook waited for at all. From the next forward on, a pre-hook on the root
+    module waits for the unhooked layers before forward begins (no function mode, no cost
+    per call); every other layer keeps its own pre-hook, so an ordinary model (every
+    parameter read inside its module's forward) keeps the per-layer overlap. Once a layer
+    has arrived nothing is copied into it until the next iteration begins (the next
+    iteration's values are staged), so no copy lands while forward or backward uses it.
+    Forward's control flow is assumed to read the same parameters every iteration."""
+
+    def __init__(self, layers: Sequence[int], layer_of: dict[int, int],
+                 wait: Callable[[Sequence[int], str], None]) -> None:
+        self.layers = tuple(layers)
+        self.wait = wait
+        self.unhooked: tuple[int, ...] | None = None
+        """``None`` until the first forward has ended."""
+        self.covered: set[int] = set()
+        """Layers waited for so far in the first forward (by a pre-hook or a read)."""
+        self.early: set[int] = set()
+        """Layers the first forward read before any pre-hook had waited for them."""
+        self.mode = FirstReads(layer_of, self._read)
+        self.depth = 0
+
+    def hooked(self, layers: Sequence[int]) -> None:
+        """A pre-hook has waited for ``layers`` (they have arrived)."""
+        if self.unhooked is None:
+            self.covered.update(layers)
+
+    def _read(self, layer: int) -> None:
+        if layer not in self.covered:
+            self.wait([layer], f"wait layer {layer} (read outside its module)")
+            self.early.add(layer)
+            self.covered.add(layer)
+
+    def before(self, _module: nn.Module, _args: Any) -> None:
+        """The root's forward pre-hook."""
+        if self.unhooked is None:
+            if self.depth == 0:
+                self.mode.__enter__()
+            self.depth += 1
+        elif self.unhooked:
+            self.wait(self.unhooked, "wait unhooked layers")
+
+    def after(self, _module: nn.Module, _args: Any, _output: Any) -> None:
+        """The root's forward hook (also called when forward raised)."""
+        if self.unhooked is not None or self.depth == 0:
+            return
+        self.depth -= 1
+        if self.depth == 0:
+            self.mode.__exit__(None, None, None)
+            missed = self.early | (set(self.layers) - self.covered)
+            self.unhooked = tuple(sorted(missed))
+            if missed:
+                log.debug("forward reads layers %s outside their modules: waited for before "
+                          "forward from now on", self.unhooked)
+
+
 class PsWorker(ClusterExchange):
     """A worker: receives the parameters layer by layer during forward, pushes each gradient
     to its server the moment autograd has it; takes no optimizer step."""
@@ -404,11 +496,18 @@ class PsWorker(ClusterExchange):
                   for layer, mod in path.items()}
         layers = self.layers
 
+        def wait_for(needed: Sequence[int], label: str) -> None:
+            if not all(layers.ready(n) for n in needed):
+                timer.wait(label, lambda: [layers.wait(n) for n in needed])
+
         def wait_layer(layer: int) -> None:
-            needed = inside[layer]
-            if all(layers.ready(n) for n in needed):
-                return
-            timer.wait(f"wait layer {layer}", lambda: [layers.wait(n) for n in needed])
+            wait_for(inside[layer], f"wait layer {layer}")
+            self.reads.hooked(inside[layer])
+
+        params = {id(self.params[p.name]): p.layer_index for p in self.table}
+        self.reads = ForwardReads(sorted(path), params, wait_for)
+        model.register_forward_pre_hook(self.reads.before, prepend=True)
+        model.register_forward_hook(self.reads.after, always_call=True)
 
         # per-layer waits, installed once: forward of layer L starts when L's parameters are in
         for layer, module in layer_modules(model, self.table).items():

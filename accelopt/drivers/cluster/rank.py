@@ -5,6 +5,7 @@ differs), walks the same lifecycle, runs the iterations the leader chooses
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import threading
@@ -41,7 +42,7 @@ from accelopt.job.timeline import PhaseTimer
 from accelopt.plugin import Registry
 from accelopt.records import Span
 from accelopt.types import IterationResult, JobInfo, ReportRow, RunInfo
-from accelopt.watchdog import watching
+from accelopt.watchdog import HookWatchdog, watching
 
 
 @dataclass
@@ -426,8 +427,12 @@ def run_rank(cfg: DictConfig, settings: ClusterSettings, *, rank: int, world: in
     lifecycle.start([j.job for j in jobs])
     driver = ClusterDriver(cfg, jobs, plugins, rank=rank, device=device, progress=progress,
                            clock=jobs[0].now)
-    with watching(plugins.hook_code, float(cfg.run.hook_watchdog_s), f"{process}: "):
-        driver.run()
+    with watching(plugins.hook_code, float(cfg.run.hook_watchdog_s), f"{process}: ") as dog:
+        try:
+            driver.run()
+        except Exception as exc:
+            _name_blocked_hooks(exc, dog)
+            raise
     if progress is not None:
         progress.jobs_ended()
     if jobs_ended is not None and rank == 0:
@@ -452,3 +457,15 @@ def run_rank(cfg: DictConfig, settings: ClusterSettings, *, rank: int, world: in
     dist.barrier()  # no rank leaves while another still sends (or writes its result)
     dist.destroy_process_group()
     return gathered  # type: ignore[return-value]
+
+
+def _name_blocked_hooks(exc: Exception, dog: object) -> None:
+    """Append to the rank's error line the plugin hook calls its watchdog reported and that
+    still run (``faults.rank_error_text``): a hook that blocks is often why the rank's
+    transfers timed out, and the timeout alone names no plugin."""
+    if not isinstance(dog, HookWatchdog):
+        return
+    with contextlib.suppress(Exception):  # a hint must never replace the error
+        blocked = dog.in_flight()
+        if blocked:
+            exc.accelopt_context = getattr(exc, "accelopt_context", "") + blocked  # type: ignore[attr-defined]
