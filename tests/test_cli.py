@@ -124,6 +124,48 @@ def test_the_directory_of_a_killed_run_is_refused_while_its_checkpoints_are_in_i
     assert run_files(tmp_path / "out") == before
 
 
+def test_a_run_directory_another_run_has_claimed_is_refused_untouched(tmp_path):
+    """Two runs started at once into one hydra.run.dir (a CI matrix's out): both looked for
+    metrics.json, which a run writes at its end, both exited 0, and the directory held one
+    run's results and both runs' log. The first run's claim is taken here, in-process."""
+    from clirun import run_files
+
+    from accelopt.runtime.run_dir import claim, release
+
+    out = tmp_path / "out"
+    claim(out)  # the run that started first, still running
+    try:
+        before = run_files(out)
+        again = accelopt("run", *TINY, "cluster.mode=none", "hydra.run.dir=out", cwd=tmp_path)
+        assert again.returncode == 2
+        assert again.stderr.strip().splitlines() == [
+            "error: out is taken by another run (running now, or stopped before it wrote its "
+            "results: .accelopt-run); give this run another directory (hydra.run.dir / "
+            "run_dir), or remove that one: results are never overwritten"]
+        assert run_files(out) == before  # no .hydra/, no log, no config of the second run
+    finally:
+        release(out)
+
+
+def test_a_directory_holding_a_file_the_run_would_write_is_refused(tmp_path):
+    """A user's own metrics.csv or trace.json in hydra.run.dir was written over in silence;
+    a refused run leaves its directory as it found it and can be run again once fixed."""
+    from clirun import run_files
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "trace.json").write_text("mine\n")
+    again = accelopt("run", *TINY, "cluster.mode=none", "hydra.run.dir=out", cwd=tmp_path)
+    assert again.returncode == 2
+    assert again.stderr.strip().splitlines() == [
+        "error: out already holds trace.json, which this run would write over; give this run "
+        "another directory (hydra.run.dir / run_dir), or remove that one: results are never "
+        "overwritten"]
+    assert run_files(out) == {"trace.json": b"mine\n"}
+    refused = accelopt("run", *TINY, "run.compare=bogus", "hydra.run.dir=new", cwd=tmp_path)
+    assert refused.returncode == 2 and not (tmp_path / "new").exists()  # its claim given back
+
+
 def test_multirun_sweep_gives_every_run_its_metrics(tmp_path):
     result = accelopt("run", "-m", "+plugins=[],[noop]", *TINY, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
@@ -159,6 +201,10 @@ def test_multirun_sweep_gives_every_run_its_metrics(tmp_path):
         (["+plugins.noop.record=true"], "which this run does not select; add +plugins=[noop]"),
         (["+workload.jobs.0.iteratons=3"], "did you mean 'workload.jobs.0.iterations'"),
         (["+cluster.network.foo=1"], "unknown config key 'cluster.network.foo'"),
+        # a dict override names the unknown key inside it, not the key it set
+        (["+plugins=[salus]", "plugins.salus={policy: fifo, bogus: 2}"],
+         "unknown config key 'plugins.salus.bogus' (keys of plugins.salus: capacity,"),
+        (["run={sed: 2}"], "unknown config key 'run.sed'; did you mean 'run.seed'?"),
         (["+plugins=[noop]", "plugins.noop.record=maybe"], "plugins.noop.record"),
         (["+plugins=[noop,noop]"], "selected twice"),
         (["workload=nosuch"], "no workload 'nosuch' (workloads: default, digits, lm,"),
@@ -373,13 +419,20 @@ def test_a_plugin_pluggy_refuses_is_one_line_before_anything_runs(tmp_path, plug
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("mode", ["none", "ps"])
 def test_a_user_error_raised_in_a_hook_exits_2_in_every_mode(tmp_path, mode):
-    """Bad input a plugin finds mid-run is a user error on a rank too (it exited 1 there)."""
+    """Bad input a plugin finds mid-run is a user error on a rank too (it exited 1 there).
+    The run had started, so its evidence is kept in every mode: one process left only
+    accelopt.log and config.yaml, as if the run had been refused before it began."""
     result = accelopt("run", *TINY, "+plugins=[refuses_mid_run]", f"cluster.mode={mode}",
                       "cluster.timeout_s=30", cwd=tmp_path, timeout=110,
                       ACCELOPT_PLUGINS="plugins_for_tests:REFUSES_MID_RUN")
     assert result.returncode == 2, result.stderr
     assert "refuses_mid_run: this input cannot work; fix it" in result.stderr
     assert "Traceback" not in result.stderr
+    (run_dir,) = _run_dirs(tmp_path)
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert "refuses_mid_run: this input cannot work" in metrics["summary"]["error"]
+    assert (run_dir / "trace.json").is_file()
+    assert f"(outputs kept in {run_dir})" in result.stderr
 
 
 @pytest.mark.timeout(150)

@@ -17,6 +17,7 @@ from accelopt.drivers.cluster.settings import (
 from accelopt.errors import ConfigError
 from accelopt.job.params import buckets_by_bytes, param_table, shard_by_bytes, shard_rows
 from accelopt.records import Span
+from accelopt.types import JobInfo, RunInfo
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -177,6 +178,30 @@ def test_a_memory_capacity_a_cluster_run_cannot_enforce_is_named(mode, warned):
                          "nothing is admitted or rejected by it; cluster.mode=none enforces it"]
 
 
+@pytest.mark.parametrize("mode", ["none", "ps", "allreduce"])
+def test_telemetry_and_progress_a_cluster_run_does_not_read_are_named(mode):
+    """run.telemetry_interval_s and run.progress=true were ignored by a cluster run without a
+    word (no samples, no bars), while run.memory_capacity already said so."""
+    from accelopt.config import AccelConfig
+    from accelopt.runtime.run import setting_warnings
+
+    cfg = OmegaConf.structured(AccelConfig)
+    cfg.cluster.mode = mode
+    assert setting_warnings(cfg, ["run.progress=false"]) == []  # defaults, or no bars asked
+    cfg.run.telemetry_interval_s = 0.1
+    lines = setting_warnings(cfg, ["run.progress=true"])
+    if mode == "none":
+        assert lines == []
+        return
+    assert lines == [
+        f"run.telemetry_interval_s=0.1 has no effect: cluster.mode={mode} takes no telemetry "
+        "samples (each rank's timeline is in trace.json); cluster.mode=none samples the device",
+        f"run.progress=true has no effect: cluster.mode={mode} shows no progress bars (its "
+        "ranks train in their own processes; the jobs table follows the run); "
+        "cluster.mode=none shows them"]
+    assert len(setting_warnings(cfg)) == 1  # the default progress, not asked for: no line
+
+
 def test_more_threads_than_cores_is_named(monkeypatch):
     from accelopt.config import AccelConfig
     from accelopt.runtime import run
@@ -334,6 +359,36 @@ def test_a_failed_runs_finished_job_is_recorded_as_a_successful_run_counts_it(tm
     assert (got.status, got.iterations_done, got.samples) == ("done", 10, 80)
     assert got.jct_s == pytest.approx(0.6) and got.queueing_s == pytest.approx(0.1)
     assert got.throughput == pytest.approx(80 / 0.3)
+    assert (got.first_start_s, got.end_s) == (pytest.approx(5.1), pytest.approx(5.6))  # trace's
+
+
+def test_a_failed_runs_finished_job_is_on_the_traces_clock():
+    """A failed cluster run's metrics.json put a finished job at 0.93-1.19 s while its
+    trace.json had the same iterations at 2.83-3.09 s: the leader's times count from
+    train_t0, which a finished run adds (build_outcome) and a stopped one did not. And its
+    makespan ignored the job still running when the rank was killed: unknown, so null."""
+    from accelopt.records import JobResult, RunRecord
+    from accelopt.report import run_metrics
+    from accelopt.runtime.run import _ended_before
+
+    info = JobInfo(job_id="00-a", name="a", model="mlp", kind="train", arrival_s=0.5,
+                   iterations=10, batch_size=8)
+    late = JobInfo(job_id="01-b", name="b", model="mlp", kind="train", arrival_s=0.0,
+                   iterations=10, batch_size=8)
+    ended = {"00-a": {"status": "done", "iterations": 10, "jct_s": 0.6, "queueing_s": 0.1,
+                      "service_s": 0.5, "samples": 80, "train_t0": 2.0},
+             "01-b": {"status": "running", "current": True, "iterations": 3}}
+    got = _ended_before(JobResult(info), ended)
+    assert got.first_start_s == pytest.approx(2.6) and got.end_s == pytest.approx(3.1)
+    assert got.jct_s == pytest.approx(0.6) and got.queueing_s == pytest.approx(0.1)
+    running = _ended_before(JobResult(late), ended, reached=4)
+    record = RunRecord(info=RunInfo("r", "cluster", (), (info, late), 0),
+                       jobs=[got, running], metrics={"error": "rank 2 was killed"})
+    running.status = "failed"  # as the evidence marks it
+    assert run_metrics(record)["makespan_s"] is None
+    assert running.job.arrival_s == pytest.approx(2.0)  # every job on the one clock
+    running.status, running.end_s = "done", 3.5  # had it finished: first arrival to last end
+    assert run_metrics(record)["makespan_s"] == pytest.approx(3.5 - 2.0)
 
 
 def test_a_failed_runs_unfinished_jobs_keep_the_iterations_they_had_run(tmp_path):
@@ -346,7 +401,8 @@ def test_a_failed_runs_unfinished_jobs_keep_the_iterations_they_had_run(tmp_path
     driver, part = _leader(tmp_path, train_t0=1.0, iteration=4)
     driver._switched("00-a")
     ended = read_ended(tmp_path)
-    assert ended["00-a"] == {"status": "running", "current": True, "iterations": 4}
+    assert ended["00-a"] == {"status": "running", "current": True, "iterations": 4,
+                             "train_t0": 1.0}
     got = _ended_before(JobResult(part.job.info), ended, reached=7)
     assert (got.iterations_done, got.samples) == (7, 56)
     assert _ended_before(JobResult(part.job.info), ended).iterations_done == 4

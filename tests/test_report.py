@@ -338,3 +338,67 @@ def test_finite_json_encodes_once_and_writes_non_finite_numbers_as_null() -> Non
 
     (event,) = [e for e in chrome_trace(record)["traceEvents"] if e.get("name") == "x"]
     assert event["args"]["loss"] is None  # the public export stays finite
+
+
+def _two_jobs(hot_diverged: bool, hot_quality: float, ok_quality: float) -> RunRecord:
+    """Two done jobs, ``hot`` diverged (unscored) or scored, ``ok`` scored."""
+    from accelopt.records import Quality
+
+    hot, ok = _job("j0", "hot", 0.0), _job("j1", "ok", 0.0)
+    losses = [2.0, float("nan")] if hot_diverged else [2.0, 1.0]
+    jobs = [JobResult(hot, "done", "default", "", 0.0, 0.0, 1.0, 10, 1.0, 80, losses[-1], losses,
+                      quality=None if hot_diverged else Quality("accuracy", hot_quality, 100)),
+            JobResult(ok, "done", "default", "", 0.0, 0.0, 1.0, 10, 1.0, 80, 1.0, [2.0, 1.0],
+                      quality=Quality("accuracy", ok_quality, 100))]
+    return RunRecord(info=RunInfo("r", "cpu", (), (hot, ok), 0), duration_s=1.0, jobs=jobs)
+
+
+def test_run_compare_scores_quality_over_the_jobs_scored_in_both_runs() -> None:
+    """Without plugins job hot diverged (not scored): the comparison set one job's score
+    beside the mean of two (0.117 -> 0.099), and nothing said the reference run diverged."""
+    from accelopt.runtime.compare import BASELINE, attach, table
+
+    base = _two_jobs(hot_diverged=True, hot_quality=0.0, ok_quality=0.5)
+    mine = _two_jobs(hot_diverged=False, hot_quality=0.1, ok_quality=0.4)
+    mine.info = RunInfo("r", "cpu", ("clip",), mine.info.jobs, 0)
+    out = table(mine, {BASELINE: base})
+    console = Console(record=True, width=400, file=__import__("io").StringIO())
+    console.print(out)
+    text = console.export_text()
+    assert "held-out top-1 (mean) │      0.500 │ 0.400 (-0.100)" in text  # ok alone, both
+    caption = str(out.caption)
+    assert "this run: not the same jobs finished, so these averages are over different jobs: " \
+        "hot (diverged without plugins, done here)\nheld-out quality is compared over the " \
+        "jobs scored in every run: ok\n" in caption
+    assert "the run without plugins: 1 of 2 jobs did not finish: hot diverged (its loss is " \
+        "not finite from loss 2 of 2" in caption
+    attach(mine, {BASELINE: base})
+    assert mine.metrics["compare.baseline.avg_quality"] == pytest.approx(0.5)
+    (gain,) = [r.summary for r in mine.plugin_rows if r.plugin == "clip"]
+    assert "held-out top-1 (mean) 0.500 -> 0.400 (-0.100)" in gain
+    assert "[held-out quality is compared over the jobs scored in every run: ok]" in gain
+
+
+def test_the_cluster_line_says_what_was_not_measured_and_what_e_is() -> None:
+    """A resume with every iteration carried printed '0.00 MiB/iteration' (null is not 0),
+    and E and a beside the medians Mc, Pc, U read as computed from them."""
+    record = make_record()
+    record.metrics = {"cluster_mode": "ps", "cluster_backend": "gloo", "cluster_workers": 2,
+                      "efficiency_e": 0.5}
+    text = " ".join(_render(record).split())
+    assert "2 workers – it/s (1/median iteration)" in text
+    assert "a – – MiB/iteration" in text and "0.00 MiB" not in text
+    assert "E, a: medians of per-iteration values (not computed from the medians Mc, Pc, U " \
+        "shown)" in text
+
+
+def test_a_rejected_job_does_not_stretch_the_makespan() -> None:
+    """salus turned a job away at 0.05 s while the one job that ran ended at 0.009 s: the
+    makespan read 0.05 (first arrival to the rejection)."""
+    record = make_record()
+    late = _job("j3", "turned-away", 0.0)
+    record.jobs.append(JobResult(late, "rejected", "", "does not fit", None, None, 50.0))
+    assert run_metrics(record)["makespan_s"] == pytest.approx(6.0)
+    for job in record.jobs[:3]:
+        job.status = "rejected"
+    assert run_metrics(record)["makespan_s"] is None  # no job ran

@@ -8,7 +8,7 @@ import functools
 import types
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -376,6 +376,47 @@ def test_the_retention_check_walks_a_module_plugin(tmp_path: Path) -> None:
     with pytest.raises(AssertionError, match=r"still holds a model/layer \(\w+\) at "
                                              r"hoarding_hooks\.kept"):
         check_no_retained_job_state(spec, check_run(spec, tmp_path))
+
+
+class _ClassCache(Counter):
+    """Keeps the jobs' models on a mutable class attribute: the instance's own attributes
+    show nothing, the class's dict holds them."""
+
+    models: ClassVar[dict[str, Any]] = {}
+
+    @hookimpl
+    def accelopt_layer_build(self, layer: LayerOffer) -> None:
+        if layer.path == "":
+            self.models[layer.job.job_id] = layer.module
+
+
+_HOARD: dict[str, Any] = {}
+"""A module-level cache of the jobs' models (cleared by its test)."""
+
+
+class _GlobalCache(Counter):
+    @hookimpl
+    def accelopt_layer_build(self, layer: LayerOffer) -> None:
+        if layer.path == "":
+            _HOARD[layer.job.job_id] = layer.module
+
+
+@pytest.mark.parametrize("plugin, where", [
+    (_ClassCache, r"_ClassCache\.models\['00-tiny-mlp'\]"),
+    (_GlobalCache, r"test_testing_kit\._HOARD\['00-tiny-mlp'\]"),
+])
+def test_the_retention_check_sees_a_model_kept_on_the_class_or_in_a_global(
+        tmp_path: Path, plugin: type, where: str) -> None:
+    """A model kept on a mutable class attribute or in a global of the plugin's module
+    passed: only the instance's own attributes were walked."""
+    spec = make_spec(plugin)
+    try:
+        with pytest.raises(AssertionError, match=rf"still holds a model/layer \(\w+\) at "
+                                                 rf"{where}"):
+            check_no_retained_job_state(spec, check_run(spec, tmp_path))
+    finally:
+        _ClassCache.models.clear()
+        _HOARD.clear()
 
 
 def test_a_plugin_taking_a_subset_of_arguments_passes(tmp_path: Path) -> None:

@@ -45,6 +45,7 @@ from accelopt.plugin import Registry, resolve
 from accelopt.report.console import default_console
 from accelopt.report.summary import diverged_text
 from accelopt.runtime.resume_target import HONOURED, refuse_finished, resume_target
+from accelopt.runtime.run_dir import claim, refuse_taken, release
 
 HYDRA_PASSTHROUGH_FLAGS = ("--help", "-h", "--hydra-help", "--info", "-i", "--cfg", "-c",
                            "--resolve", "--package", "-p", "--shell-completion", "-sc")
@@ -220,23 +221,32 @@ def refuse_taken_sweep_dir(sweep_dir: Path) -> None:
 
 
 def refuse_taken_run_dir(run_dir: Path) -> None:
-    """A run directory that already holds a run's results (its ``metrics.json``), or the
-    checkpoints of one killed before it wrote them, is refused before Hydra writes into
-    it: the new run's files would land beside the old run's (``per_iteration.json``, a
-    plugin's file the new run does not write) and over the rest. Results are never
-    overwritten."""
-    from accelopt.report.writer import METRICS_JSON
+    """A run directory that already holds a run (its results, the checkpoints of one killed
+    before it wrote them, another run's claim: :mod:`accelopt.runtime.run_dir`) or a file the
+    run would write is refused before Hydra writes into it: the new run's files would land
+    beside the old run's and over the rest. Results are never overwritten. The ranks of one
+    torchrun job share their directory: there only an earlier run's results count."""
+    from accelopt.drivers.processes import under_torchrun
 
-    if (run_dir / METRICS_JSON).exists():
-        raise ConfigError(f"{run_dir} already holds a run ({METRICS_JSON}); give this run "
-                          "another directory (hydra.run.dir / run_dir), or remove that one: "
-                          "results are never overwritten")
-    if has_checkpoints(run_dir):
-        # a run killed outright (SIGKILL, out of memory) writes no metrics.json: its
-        # checkpoints are all that is left of it, and the new run's would replace them
-        raise ConfigError(f"{run_dir} holds the checkpoints of a run that did not finish; "
-                          f"continue it with run.resume={run_dir}, or give this run another "
-                          "directory (hydra.run.dir / run_dir): results are never overwritten")
+    refuse_taken(run_dir, shared=under_torchrun())
+
+
+def claim_named_run_dir(args: list[str]) -> Path | None:
+    """The ``hydra.run.dir`` a single run names, claimed before Hydra writes its ``.hydra/``
+    files and log there (:func:`accelopt.runtime.run_dir.claim`): a second run started into
+    it meanwhile is refused in one line, the first run's files untouched. ``None``: a sweep,
+    a command that runs nothing (``--cfg``), or the default directory (claimed by the run)."""
+    from accelopt.drivers.processes import under_torchrun
+
+    if any(a in ("-m", "--multirun") or a.split("=")[0] in HYDRA_PASSTHROUGH_FLAGS
+           for a in args):
+        return None
+    named = [a.split("=", 1)[1] for a in args if a.lstrip("+").startswith("hydra.run.dir=")]
+    if not named or "$" in named[-1]:
+        return None
+    run_dir = Path(named[-1])
+    claim(run_dir, shared=under_torchrun())
+    return run_dir
 
 
 def composed_with_every_plugin(sets: list[list[str]], overrides: list[str],
@@ -327,10 +337,19 @@ def describe_config_error(exc: BaseException) -> str:
     if "Could not override" in str(exc) or "Could not append" in str(exc):
         unknown = re.search(r"Could not override '([\w.]+)'", str(exc))
         if unknown:
-            return unknown_key_message(unknown.group(1))
+            return unknown_key_message(_deepest_key(unknown.group(1), key))
         lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
         return "; ".join(lines[:2])
     return f"{key}: {message}" if key else message
+
+
+def _deepest_key(overridden: str, missing: Any) -> str:
+    """The key to name for an override Hydra could not apply: the unknown key inside it
+    where OmegaConf says which (``plugins.salus={policy: fifo, bogus: 2}`` is refused for
+    ``plugins.salus.bogus``, and naming ``plugins.salus`` sent a user looking for a typo in
+    the plugin's name), else the override's own key."""
+    missing = str(missing or "")
+    return missing if missing.startswith(f"{overridden}.") else overridden
 
 
 def _unknown_option_message(group: str, name: str) -> str:
@@ -466,6 +485,7 @@ def remove_if_never_started(run_dir: Path) -> bool:
     a run's outputs."""
     if not run_dir.is_dir():
         return True
+    release(run_dir)  # its claim: the command can be run again once fixed
     entries = list(run_dir.iterdir())
     hydra_own = [p for p in entries if p.name == ".hydra" and p.is_dir()
                  or p.name == "accelopt.log" and p.is_file() and p.stat().st_size == 0]
@@ -512,6 +532,7 @@ def run_hydra(args: list[str], registry: Registry, debug: bool) -> int:
     scratch = secondary_rank_dir(args)
     if scratch is not None:
         args = [*args, f"hydra.run.dir={scratch}"]
+    claimed = claim_named_run_dir(args) if scratch is None else None
 
     @hydra.main(version_base="1.3", config_path=config_dir(), config_name="config")
     def task(cfg: DictConfig) -> None:
@@ -580,6 +601,8 @@ def run_hydra(args: list[str], registry: Registry, debug: bool) -> int:
     finally:
         sys.argv = saved
         forget_hydra_run()
+        if claimed is not None and not runs:  # Hydra stopped before the run began
+            remove_if_never_started(claimed)
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
     return exit_code

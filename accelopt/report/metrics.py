@@ -140,6 +140,30 @@ def job_metrics(result: JobResult) -> dict[str, Any]:
     return clean(row)
 
 
+def quality_means(jobs: list[JobResult]) -> dict[str, float | None]:
+    """``avg_quality`` (top-1 metrics) and ``avg_perplexity`` over the scored ones of
+    ``jobs``: a run's, or (``run.compare``) only the jobs scored in every run compared."""
+    scored = [j.quality for j in jobs if j.quality is not None]
+    return {"avg_quality": _mean([q.value for q in scored if q.metric in TOP1_METRICS]),
+            "avg_perplexity": _mean([q.value for q in scored if q.metric == "perplexity"])}
+
+
+def _makespan(record: RunRecord) -> float | None:
+    """The first arrival to the last completion, over the jobs that ran: a job rejected
+    (turned away by admission control) stretched it to its rejection time. ``None`` when no
+    job ran, or when the run stopped (``error``) with a job that had not ended: its end,
+    and so the makespan, is unknown. A job resumed part-way completes its carried time (the
+    part before its checkpoint) after its end in this run, so the makespan holds every
+    job's arrival plus its JCT."""
+    ran = [j for j in record.jobs if j.status != "rejected"]
+    if "error" in record.metrics and any(j.end_s is None for j in ran):
+        return None
+    ended = [j for j in ran if j.end_s is not None]
+    if not ended:
+        return None
+    return max(j.end_s + j.carried_s for j in ended) - min(j.job.arrival_s for j in ran)
+
+
 def run_metrics(record: RunRecord) -> dict[str, Any]:
     """Run-level figures; JCT statistics only over jobs that finished (``status == "done"``).
 
@@ -150,12 +174,7 @@ def run_metrics(record: RunRecord) -> dict[str, Any]:
     done = [j for j in jobs if j.status == "done"]
     jcts = [j.jct_s for j in done if j.jct_s is not None]
     queueing = [j.queueing_s for j in jobs if j.queueing_s is not None]
-    ends = [j.end_s for j in jobs if j.end_s is not None]
-    # first arrival to the last completion; a job resumed part-way completes its carried
-    # time (the part before its checkpoint) after its end in this run, so the makespan
-    # holds every job's arrival plus its JCT
-    makespan = (max(j.end_s + j.carried_s for j in jobs if j.end_s is not None)
-                - min(j.job.arrival_s for j in jobs)) if ends else None
+    makespan = _makespan(record)
     summary: dict[str, Any] = {
         "n_jobs": len(jobs),
         "n_done": len(done),
@@ -168,10 +187,7 @@ def run_metrics(record: RunRecord) -> dict[str, Any]:
         "makespan_s": makespan,
         "avg_queueing_s": _mean(queueing),
         "duration_s": record.duration_s,
-        "avg_quality": _mean([j.quality.value for j in jobs if j.quality is not None
-                              and j.quality.metric in TOP1_METRICS]),
-        "avg_perplexity": _mean([j.quality.value for j in jobs if j.quality is not None
-                                 and j.quality.metric == "perplexity"]),
+        **quality_means(jobs),
     }
     summary.update(record.metrics)
     return clean(summary)

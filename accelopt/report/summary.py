@@ -30,8 +30,8 @@ def fmt(value: Any, digits: int = 2) -> str:
     return str(value)
 
 
-def _mib(value: int | None) -> str:
-    return fmt(None if value is None else value / _MIB, 1)
+def _mib(value: float | None, digits: int = 1) -> str:
+    return fmt(None if value is None else value / _MIB, digits)
 
 
 def _loss(value: float | None, diverged: bool) -> str:
@@ -165,12 +165,13 @@ def _cluster_line(record: RunRecord) -> str | None:
         f"{m.get('cluster_workers', '?')} workers  {rate}  "
         f"Mc {fmt(m.get('mc_s'), 4)} s  Pc {fmt(m.get('pc_s'), 4)} s  "
         f"U {fmt(m.get('iteration_makespan_s'), 4)} s  E {fmt(m.get('efficiency_e'))}  "
-        f"a {fmt(m.get('ratio_a'))}  {fmt(m.get('bytes_per_iteration', 0) / 2**20)} MiB/iteration"
+        f"a {fmt(m.get('ratio_a'))}  {_mib(m.get('bytes_per_iteration'), 2)} MiB/iteration"
         f"\n[dim]  {WALL_NOTE if wall is not None else ''}"
         "medians per iteration after the warm-up: Mc communication, Pc computation inside a "
         "worker's iteration, U its length; E = (Mc+Pc-U)/(Mc+Pc-max(Mc,Pc)) is how much of "
         "the shorter one overlaps the longer (1: fully hidden; < 0: the iteration also "
-        "waited, idle); a = Mc/Pc[/dim]"
+        "waited, idle); a = Mc/Pc; E, a: medians of per-iteration values (not computed "
+        "from the medians Mc, Pc, U shown); –: not measured in this run[/dim]"
     )
 
 

@@ -18,9 +18,10 @@ from typing import Any
 from omegaconf import DictConfig
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from accelopt.errors import ConfigError, listed
-from accelopt.records import RunRecord
+from accelopt.records import JobResult, RunRecord
 from accelopt.types import INERT, ReportRow
 
 MODES = ("none", "baseline", "each")
@@ -96,11 +97,24 @@ def run_references(cfg: DictConfig, subsets: list[tuple[str, ...]], run_dir: Pat
     return refs
 
 
-def figures(record: RunRecord) -> dict[str, Any]:
+def figures(record: RunRecord, scored: set[str] | None = None) -> dict[str, Any]:
+    """The compared figures of ``record``; ``scored``: the names of the jobs whose held-out
+    quality is averaged (those scored in every run compared, :func:`scored_in_all`), so a
+    job one run did not score (diverged, failed) is left out on both sides."""
     from accelopt.report import run_metrics
+    from accelopt.report.metrics import quality_means
 
     m = run_metrics(record)
+    if scored is not None:
+        m.update(quality_means([j for j in record.jobs if j.job.name in scored]))
     return {key: m.get(key) for key, _, _ in FIGURES}
+
+
+def scored_in_all(*records: RunRecord) -> set[str]:
+    """The jobs (by name) with a held-out score in every one of ``records``: a mean over one
+    job beside a mean over two read as a plugin's effect on quality."""
+    sets = [{r.job.name for r in record.jobs if r.quality is not None} for record in records]
+    return set.intersection(*sets) if sets else set()
 
 
 def _fmt(value: Any) -> str:
@@ -125,12 +139,20 @@ def describe(base: dict[str, Any], mine: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
+def _state(result: JobResult) -> str:
+    """A job's status, ``diverged`` for one that ran to the end on a non-finite loss (it is
+    ``done`` but unscored: the runs did not finish the same jobs)."""
+    return "diverged" if result.status == "done" and result.diverged_at is not None \
+        else result.status
+
+
 def job_set_note(base: RunRecord, other: RunRecord) -> str:
-    """'' when the same jobs finished in both runs; else which did not, and that the
-    averages are then over different jobs (a plugin that rejected a large job looked
-    several times faster than the baseline that ran it)."""
-    theirs = {r.job.name: r.status for r in base.jobs}
-    ours = {r.job.name: r.status for r in other.jobs}
+    """'' when the same jobs finished (on a finite loss) in both runs; else which did not,
+    and that the averages are then over different jobs (a plugin that rejected a large job
+    looked several times faster than the baseline that ran it; a job diverged in one run
+    is not scored there: :func:`quality_note`)."""
+    theirs = {r.job.name: _state(r) for r in base.jobs}
+    ours = {r.job.name: _state(r) for r in other.jobs}
     differ = [f"{name} ({theirs.get(name, 'absent')} without plugins, "
               f"{ours.get(name, 'absent')} here)"
               for name in sorted(set(theirs) | set(ours))
@@ -141,13 +163,48 @@ def job_set_note(base: RunRecord, other: RunRecord) -> str:
             + listed(differ, sep="; "))
 
 
+def quality_note(*records: RunRecord) -> str:
+    """'' when the same jobs were scored in every run of ``records``; else over which jobs
+    the held-out quality is compared (those scored in all of them)."""
+    sets = [{r.job.name for r in record.jobs if r.quality is not None} for record in records]
+    if all(names == sets[0] for names in sets):
+        return ""
+    both = sorted(scored_in_all(*records))
+    return (f"held-out quality is compared over the jobs scored in every run: {listed(both)}"
+            if both else "no job was scored in every run, so no held-out quality is compared")
+
+
+def unfinished_jobs(name: str, record: RunRecord) -> str:
+    """The jobs a reference run did not finish on a finite loss (diverged, failed,
+    rejected), with why, or '': its own console is not shown, so the comparison says it."""
+    from accelopt.report.summary import diverged_text
+
+    said = []
+    for result in record.jobs:
+        state = _state(result)
+        if state == "diverged":
+            why = diverged_text(result).removeprefix(f"{result.job.name}: ")
+        elif state in ("failed", "rejected"):
+            why = result.error or "no error recorded"
+        else:
+            continue
+        said.append(f"{result.job.name} {state} ({why})")
+    if not said:
+        return ""
+    run = "the run without plugins" if name == BASELINE else f"the run with {name} alone"
+    return (f"{run}: {len(said)} of {len(record.jobs)} jobs did not finish: "
+            + listed(said, sep="; "))
+
+
 def attach(record: RunRecord, refs: dict[str, RunRecord]) -> None:
     """Add each plugin's measured gain (a row after its own rows) and the reference figures
-    (``compare.<label>.<key>`` in the run's metrics)."""
-    mine = figures(record)
-    base = figures(refs[BASELINE])
+    (``compare.<label>.<key>`` in the run's metrics; their held-out quality, as every
+    quality compared, over the jobs scored in every run: :func:`scored_in_all`)."""
+    scored = scored_in_all(record, *refs.values())
+    mine = figures(record, scored)
+    base = figures(refs[BASELINE], scored)
     for name, ref in refs.items():
-        for key, value in figures(ref).items():
+        for key, value in figures(ref, scored).items():
             if value is not None:
                 record.metrics[f"compare.{name}.{key}"] = value
     plugins = list(record.info.plugins)
@@ -161,7 +218,8 @@ def attach(record: RunRecord, refs: dict[str, RunRecord]) -> None:
                  if own and all(r.metrics.get(INERT) for r in own) else "")
         if alone is not None:
             text = (f"measured gain vs the same run without plugins, {plugin} alone: "
-                    f"{describe(base, figures(alone))}{noise}; all selected plugins together: "
+                    f"{describe(base, figures(alone, scored))}{noise}; all selected plugins "
+                    "together: "
                     f"{describe(base, mine)}")
         elif len(plugins) == 1:
             text = f"measured gain vs the same run without plugins: {describe(base, mine)}{noise}"
@@ -171,6 +229,8 @@ def attach(record: RunRecord, refs: dict[str, RunRecord]) -> None:
                     "(run.compare=each measures each plugin alone too)")
         differ = job_set_note(refs[BASELINE], alone if alone is not None else record)
         text += f" [{differ}]" if differ else ""
+        quality = quality_note(*refs.values(), record)
+        text += f" [{quality}]" if quality else ""
         text += " [ratio > 1x: faster; one run each, this invocation]"
         last = max((i for i, r in enumerate(rows) if r.plugin == plugin), default=len(rows) - 1)
         rows.insert(last + 1, ReportRow(plugin, text))
@@ -178,13 +238,19 @@ def attach(record: RunRecord, refs: dict[str, RunRecord]) -> None:
 
 
 def table(record: RunRecord, refs: dict[str, RunRecord]) -> Table:
-    """Baseline, each reference and this run side by side."""
-    runs = [(name, figures(ref)) for name, ref in refs.items()]
-    runs.append(("+".join(record.info.plugins) or "this run", figures(record)))
+    """Baseline, each reference and this run side by side; held-out quality over the jobs
+    scored in all of them. The caption says where the runs did not finish the same jobs,
+    and each reference run's jobs that did not finish (its own console is not shown)."""
+    scored = scored_in_all(record, *refs.values())
+    runs = [(name, figures(ref, scored)) for name, ref in refs.items()]
+    runs.append(("+".join(record.info.plugins) or "this run", figures(record, scored)))
     differ = job_set_note(refs[BASELINE], record)
+    notes = [f"this run: {differ}"] if differ else []
+    notes += [quality] if (quality := quality_note(*refs.values(), record)) else []
+    notes += [note for name, ref in refs.items() if (note := unfinished_jobs(name, ref))]
     out = Table(title="Compared in this invocation (one run each; ratio vs no plugins)",
                 title_justify="left", pad_edge=False,
-                caption=f"this run: {differ}" if differ else None, caption_justify="left")
+                caption=Text("\n".join(notes)) if notes else None, caption_justify="left")
     out.add_column("figure", no_wrap=True)
     for name, _ in runs:
         out.add_column("no plugins" if name == BASELINE else name, justify="right")

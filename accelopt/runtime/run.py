@@ -30,6 +30,7 @@ from rich.console import Console
 from accelopt.activation import activate, selected_plugins
 from accelopt.atomic import atomic_open
 from accelopt.collector import collector_paused, run_starts
+from accelopt.config import RunSettings
 from accelopt.drivers.cluster.settings import (
     MAX_TIMEOUT_S,
     check_numbers,
@@ -59,6 +60,7 @@ from accelopt.errors import (
     UserError,
     error_text,
     first_line,
+    raised_by_hook,
 )
 from accelopt.host import HookTrace, hook_spans
 from accelopt.job import build_jobs, job_id_for, job_specs
@@ -82,6 +84,7 @@ from accelopt.runtime.resume_target import (
     refuse_finished,
     resume_target,
 )
+from accelopt.runtime.run_dir import claim
 from accelopt.telemetry import TelemetrySampler
 from accelopt.types import RunInfo
 from accelopt.watchdog import watching
@@ -105,9 +108,11 @@ def execute(
     resuming = resume_from is not None
     reference_sets = _reference_sets(cfg, resuming, console)
     validate(cfg, registry, reference_sets)
-    warnings = setting_warnings(cfg)  # said now, and kept in the run's record
+    named = _command_line() if overrides is None else list(overrides)
+    warnings = setting_warnings(cfg, named)  # said now, and kept in the run's record
     for line in warnings:
         console.print(f"warning: {line}", markup=False, highlight=False, soft_wrap=True)
+    claim(run_dir, shared=under_torchrun())  # one run per directory, before anything is written
     refs = compare.run_references(cfg, reference_sets, run_dir, registry, console)
     if refs:
         cfg = copy.deepcopy(cfg)
@@ -152,12 +157,11 @@ def refused_sets(cfg: DictConfig, registry: Registry,
     return refused
 
 
-def setting_warnings(cfg: DictConfig) -> list[str]:
+def setting_warnings(cfg: DictConfig, named: Sequence[str] = ()) -> list[str]:
     """One line each for settings that would make this run's figures read as something they
-    are not. Settings its mode does not read (:func:`unused_settings` for ``cluster.*``);
-    ``run.memory_capacity`` in a cluster run: jobs are not memory-profiled there (every rank
-    keeps every job resident), so a capacity that a one-process run would enforce,
-    rejecting a job that does not fit, admits everything. And ``run.threads`` beyond the
+    are not. Settings its mode does not read (:func:`unused_settings` for ``cluster.*``,
+    :func:`_unread_in_a_cluster` for ``run.*``; ``named``: the command line's overrides).
+    And ``run.threads`` beyond the
     cores this process may use: the threads take turns on the cores, every op pays for it,
     and the run's times measure the oversubscription. And each job's training settings it
     cannot use as written (:func:`~accelopt.job.specs.spec_warnings`)."""
@@ -170,17 +174,42 @@ def setting_warnings(cfg: DictConfig) -> list[str]:
     unused = unused_settings(cfg.cluster)
     if unused is not None:
         lines.append(unused)
-    if cfg.cluster.mode != "none" and str(cfg.run.memory_capacity) != "auto":
-        lines.append(f"run.memory_capacity={cfg.run.memory_capacity} has no effect: "
-                     f"cluster.mode={cfg.cluster.mode} does not profile jobs' memory (every "
-                     "rank keeps every job resident), so nothing is admitted or rejected by "
-                     "it; cluster.mode=none enforces it")
+    if cfg.cluster.mode != "none":
+        lines += _unread_in_a_cluster(cfg, named)
     try:
         specs = job_specs(cfg)
     except ConfigError:  # the run's validation names it
         specs = []
     for spec in specs:
         lines += spec_warnings(spec)
+    return lines
+
+
+def _unread_in_a_cluster(cfg: DictConfig, named: Sequence[str]) -> list[str]:
+    """The ``run.*`` settings a cluster run does not read, when set. ``run.memory_capacity``:
+    jobs are not memory-profiled there (every rank keeps every job resident), so a capacity
+    that a one-process run would enforce, rejecting a job that does not fit, admits
+    everything. ``run.telemetry_interval_s``: no samples are taken (each rank's timeline is
+    in trace.json). ``run.progress=true`` asked for on the command line: a cluster run shows
+    no progress bars (its default is true, so only when asked for)."""
+    mode = cfg.cluster.mode
+    lines = []
+    if str(cfg.run.memory_capacity) != "auto":
+        lines.append(f"run.memory_capacity={cfg.run.memory_capacity} has no effect: "
+                     f"cluster.mode={mode} does not profile jobs' memory (every "
+                     "rank keeps every job resident), so nothing is admitted or rejected by "
+                     "it; cluster.mode=none enforces it")
+    default = RunSettings.telemetry_interval_s
+    if float(cfg.run.telemetry_interval_s) != default:
+        lines.append(f"run.telemetry_interval_s={cfg.run.telemetry_interval_s} has no effect: "
+                     f"cluster.mode={mode} takes no telemetry samples (each rank's timeline "
+                     "is in trace.json); cluster.mode=none samples the device")
+    asked = [o.split("=", 1)[1].strip().lower() for o in named
+             if o.lstrip("+").replace(" ", "").startswith("run.progress=")]
+    if asked and asked[-1] in ("true", "yes", "1", "on"):
+        lines.append(f"run.progress=true has no effect: cluster.mode={mode} shows no progress "
+                     "bars (its ranks train in their own processes; the jobs table follows "
+                     "the run); cluster.mode=none shows them")
     return lines
 
 
@@ -295,7 +324,9 @@ def _execute_local(cfg: DictConfig, run_dir: Path, registry: Registry, console: 
             record.duration_s = time.perf_counter() - started
             record.jobs = [result for _info, result, _busy in executor.snapshot()]
             record.spans = _local_spans(executor, hook_calls)
-            _keep_evidence(record, run_dir, exc)
+            # a hook's refusal mid-run, or any error once the clock ran: jobs had started
+            started = raised_by_hook(exc) or executor.clock_started is not None
+            _keep_evidence(record, run_dir, exc, started=started)
             raise
         record.telemetry = sampler.stop()
     record.duration_s = time.perf_counter() - started
@@ -450,9 +481,26 @@ def _score_jobs_here(cfg: DictConfig, registry: Registry, results: list[JobResul
         score_result(result, spec, model, dataset)
 
 
+SET_UP_TRACK = "set-up (before the clock)"
+"""The track of the hook calls made before the run's clock started (``accelopt_run_start``,
+the jobs' profiling): at time 0, each with how long before it it began."""
+
+
 def _local_spans(executor: Executor, hook_calls: HookTrace) -> list[Span]:
-    """The executor's iterations and every hook call, on the run's clock."""
-    return executor.spans + hook_spans(hook_calls, -executor._t0)
+    """The executor's iterations and every hook call, on the run's clock. A call made before
+    the clock started (the run's start, the jobs' memory profiling) is on
+    :data:`SET_UP_TRACK` at time 0, its real start in its ``before_clock_s``: at its own
+    time it was negative, trace.json began seconds before the run and the timeline's axis
+    left the run a sliver of the chart."""
+    spans = executor.spans
+    for span in hook_spans(hook_calls, -executor._t0):
+        if span.start_s < 0:
+            span = dataclasses.replace(
+                span, track=SET_UP_TRACK, start_s=0.0, end_s=max(span.end_s, 0.0),
+                args={**span.args, "before_clock_s": round(-span.start_s, 6),
+                      "duration_s": round(span.end_s - span.start_s, 6)})
+        spans.append(span)
+    return spans
 
 
 def _ended_before(result: JobResult, ended: dict[str, dict[str, Any]],
@@ -463,7 +511,17 @@ def _ended_before(result: JobResult, ended: dict[str, dict[str, Any]],
     counts them); its weights were never gathered (the ranks hand them over at the end), so
     it has no score. A job that had not ended keeps the iterations it had run (and their
     samples) when the leader last left it, or, the job it was running, ``reached`` (the
-    iteration the failing rank was in, from its progress file) where that is known."""
+    iteration the failing rank was in, from its progress file) where that is known.
+
+    Its times are on the trace's clock, as a finished run's (``build_outcome``): every
+    job's arrival counts from ``train_t0``, the leader's clock when every rank had built
+    every job, which the leader records with each job's end (a record without it counts
+    from the configured arrival: JCT and queueing delay are right, the times are not the
+    trace's)."""
+    t0 = next((float(e["train_t0"]) for e in ended.values()
+               if e.get("train_t0") is not None), 0.0)
+    arrival = t0 + result.job.arrival_s
+    result.job = dataclasses.replace(result.job, arrival_s=arrival)
     mine = ended.get(result.job.job_id)
     if mine is None:
         return result
@@ -474,11 +532,11 @@ def _ended_before(result: JobResult, ended: dict[str, dict[str, Any]],
                                          result.job.iterations)
         result.samples = result.iterations_done * result.job.batch_size
         return result
-    arrival = result.job.arrival_s
     result.status = mine["status"]
     result.error = mine.get("error") or ""
     result.samples = int(mine.get("samples") or 0)
     result.service_s = float(mine.get("service_s") or 0.0)
+    result.admitted_s = arrival
     if mine.get("jct_s") is not None:
         result.end_s = arrival + float(mine["jct_s"])
     if mine.get("queueing_s") is not None:
@@ -489,12 +547,15 @@ def _ended_before(result: JobResult, ended: dict[str, dict[str, Any]],
     return result
 
 
-def _keep_evidence(record: RunRecord, run_dir: Path, exc: BaseException) -> None:
+def _keep_evidence(record: RunRecord, run_dir: Path, exc: BaseException,
+                   started: bool = False) -> None:
     """A run that stops on an error still leaves its evidence: metrics.json with every job's
     status (a job that had not ended is ``failed`` with the run's error), the error line in
     ``summary.error``, and the trace and timeline so far. Best effort: a failure while
-    writing must not hide the run's own error. A refusal of bad input writes nothing."""
-    if isinstance(exc, UserError) and not isinstance(exc, RankFailed):
+    writing must not hide the run's own error. A refusal of bad input before any job
+    started writes nothing; ``started``: jobs had run (a plugin's hook refusing mid-run, a
+    rank's failure), so its evidence is kept whatever the error's class."""
+    if isinstance(exc, UserError) and not isinstance(exc, RankFailed) and not started:
         return  # a refusal (bad input found before the work began): nothing to keep
     error = error_line(exc)
     culprit, own = "", ""  # a rank failed inside a job's iteration, by that job's own code

@@ -22,6 +22,7 @@ import difflib
 import functools
 import gc
 import inspect
+import sys
 import types
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -337,7 +338,8 @@ def check_no_retained_job_state(spec: PluginSpec, instances: list[object]) -> No
                 for key, value in list(vars(instance).items()) if not key.startswith("__"))),
                 None)
         else:
-            found = _find_job_state(instance, type(instance).__name__, RETENTION_DEPTH, seen)
+            found = _find_job_state(instance, type(instance).__name__, RETENTION_DEPTH, seen) \
+                or _find_in_shared_state(instance, seen)
         if found is not None:
             path, kind = found
             raise AssertionError(
@@ -345,6 +347,42 @@ def check_no_retained_job_state(spec: PluginSpec, instances: list[object]) -> No
                 "only numbers or your own tensors (drop references in accelopt_release or "
                 "accelopt_run_end), or opt out with check_retention=False"
             )
+
+
+def _find_in_shared_state(instance: object, seen: set[int]) -> tuple[str, str] | None:
+    """Job state kept where the instance's own attributes do not show it: a mutable class
+    attribute (``models: dict = {}`` then ``self.models[job_id] = ...`` fills the class's
+    dict, shared by every instance) or a global of the plugin's own module. Only the
+    plugin's own classes (its module's package, not a library base or ``object``) and only
+    their data (not methods, properties, classes or modules) are walked."""
+    cls = type(instance)
+    package = cls.__module__.split(".")[0]
+    for base in cls.__mro__:
+        if base is object or base.__module__.split(".")[0] != package:
+            continue
+        found = _find_in_namespace(vars(base), f"{base.__name__}.", seen)
+        if found is not None:
+            return found
+    module = sys.modules.get(cls.__module__)
+    if module is None or package == "accelopt":
+        return None
+    return _find_in_namespace(vars(module), f"{module.__name__}.", seen)
+
+
+_CODE = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, type,
+         types.ModuleType, property, staticmethod, classmethod)
+"""What a namespace holds that is code, not state (a model is callable too: not in it)."""
+
+
+def _find_in_namespace(names: Any, prefix: str, seen: set[int]) -> tuple[str, str] | None:
+    """:func:`_find_job_state` over the data entries of a class's or a module's namespace."""
+    for key, value in list(names.items()):
+        if key.startswith("__") or isinstance(value, _CODE):
+            continue
+        found = _find_job_state(value, f"{prefix}{key}", RETENTION_DEPTH - 1, seen)
+        if found is not None:
+            return found
+    return None
 
 
 RETENTION_DEPTH = 8

@@ -126,7 +126,8 @@ class ClusterDriver:
             "status": result.status, "error": result.error,
             "iterations": result.iterations_done, "jct_s": arrived.jct_s,
             "queueing_s": arrived.queueing_s, "service_s": part.service_s(),
-            "samples": result.iterations_done * job.info.batch_size}
+            "samples": result.iterations_done * job.info.batch_size,
+            "train_t0": self.train_t0}  # the stopped run's times go on the trace's clock
         self._record()
 
     def _switched(self, job_id: str) -> None:
@@ -139,7 +140,8 @@ class ClusterDriver:
                     != "running":
                 continue
             self._ended_jobs[other] = {"status": "running", "current": current,
-                                       "iterations": self.jobs[other].job.iteration}
+                                       "iterations": self.jobs[other].job.iteration,
+                                       "train_t0": self.train_t0}
         self._current = job_id
         self._record()
 

@@ -257,6 +257,9 @@ def _job_outcome(parts: list[JobPart], settings: ClusterSettings,
     per_iter = cm.per_worker_iteration(spans, worker_ranks)
     summary = cm.summarize(per_iter, seconds, cm.link_bandwidth(spans))
     skip = int(summary["warmup_iterations"] or 0)
+    if not starts:  # every iteration carried from a checkpoint: none was measured here
+        summary.update(dict.fromkeys(("iteration_s", "iteration_s_with_warmup",
+                                      "iterations_per_s", "iterations_per_s_with_warmup")))
 
     param_bytes = sum(p.numel() * p.element_size() for r in parts for p in r.params.values())
     if settings.mode == "allreduce":

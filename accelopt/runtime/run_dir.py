@@ -1,0 +1,99 @@
+"""A run directory holds one run: claimed when the run starts, never written over.
+
+Why a claim and not only a look for ``metrics.json``: that file is written when the run
+ends, so two runs started into one ``hydra.run.dir`` (a CI matrix whose jobs name the same
+``out``) both passed the look, both exited 0, and the directory held one run's results and
+both runs' log. The claim is a marker file created with ``O_EXCL`` (the filesystem lets one
+process create it), before Hydra writes anything there, and it stays: the directory is that
+run's, finished or not. A run refused before it started gives its claim back
+(:func:`release`), so the same command can be run again once fixed.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from accelopt.errors import ConfigError
+from accelopt.job.checkpoint import WEIGHTS_DIR, has_checkpoints
+
+CLAIM_FILE = ".accelopt-run"
+"""The marker of a run directory taken by a run (its content: the claiming process's id)."""
+
+OUTPUT_NAMES = ("metrics.json", "metrics.csv", "trace.json", "timeline.png", "config.yaml",
+                "per_iteration.json", WEIGHTS_DIR)
+"""What a run writes into its directory (beside ``checkpoints/``, checked on its own): one
+of them already there, a user's own file or an older run's, would be written over."""
+
+_AGAIN = ("give this run another directory (hydra.run.dir / run_dir), or remove that one: "
+          "results are never overwritten")
+
+_held: set[str] = set()
+"""The directories this process claimed (it may give them back: :func:`release`)."""
+
+
+def refuse_taken(run_dir: Path, *, shared: bool = False) -> None:
+    """One line when ``run_dir`` is not free for a new run: it holds a run's results, the
+    checkpoints of one that did not finish, another run's claim (one running now, or one
+    stopped before it wrote its results), or a file the run would write over. ``shared``:
+    the ranks of one torchrun job share the directory (for checkpoint parts), each writing
+    its config and Hydra files there: only the results and checkpoints of an earlier run
+    count."""
+    run_dir = Path(run_dir)
+    if (run_dir / "metrics.json").exists():
+        raise ConfigError(f"{run_dir} already holds a run (metrics.json); {_AGAIN}")
+    if has_checkpoints(run_dir):
+        # a run killed outright (SIGKILL, out of memory) writes no metrics.json: its
+        # checkpoints are all that is left of it, and the new run's would replace them
+        raise ConfigError(f"{run_dir} holds the checkpoints of a run that did not finish; "
+                          f"continue it with run.resume={run_dir}, or give this run another "
+                          "directory (hydra.run.dir / run_dir): results are never overwritten")
+    if shared:
+        return
+    if (run_dir / CLAIM_FILE).exists() and str(run_dir.resolve()) not in _held:
+        raise ConfigError(f"{run_dir} is taken by another run (running now, or stopped before "
+                          f"it wrote its results: {CLAIM_FILE}); {_AGAIN}")
+    present = [name for name in OUTPUT_NAMES if (run_dir / name).exists()]
+    if present:
+        raise ConfigError(f"{run_dir} already holds {', '.join(present)}, which this run would "
+                          f"write over; {_AGAIN}")
+
+
+def claim(run_dir: Path, *, shared: bool = False) -> None:
+    """Take ``run_dir`` for this process's run, or one line saying why not
+    (:func:`refuse_taken`; another run that claimed it first included). Idempotent within
+    the process that holds it: the command line claims before Hydra writes there, and the
+    run itself (``execute``) confirms it."""
+    run_dir = Path(run_dir)
+    if str(run_dir.resolve()) in _held:
+        return
+    refuse_taken(run_dir, shared=shared)
+    if shared:  # the ranks of one torchrun job: rank 0 alone writes the results
+        return
+    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        handle = os.open(run_dir / CLAIM_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        raise ConfigError(f"{run_dir} is taken by another run started at the same time "
+                          f"({CLAIM_FILE}); {_AGAIN}") from None
+    with os.fdopen(handle, "w") as marker:
+        marker.write(f"{os.getpid()}\n")
+    _held.add(str(run_dir.resolve()))
+
+
+def release(run_dir: Path) -> bool:
+    """Give back this process's claim on ``run_dir`` (a run refused before it started):
+    its marker removed; another process's claim is never touched. Returns whether this
+    process held it."""
+    key = str(Path(run_dir).resolve()) if Path(run_dir).exists() else ""
+    if key not in _held:
+        return False
+    _held.discard(key)
+    try:
+        (Path(run_dir) / CLAIM_FILE).unlink()
+    except FileNotFoundError:
+        pass
+    return True
+
+
+__all__ = ["CLAIM_FILE", "OUTPUT_NAMES", "claim", "refuse_taken", "release"]
