@@ -482,3 +482,105 @@ def test_switch_latency_is_the_gap_between_iterations_not_the_iteration():
     iteration(c, 0, 5.025, 6.0)
     assert plugin.summary()["first_iteration_switches"] == 2
     assert plugin._start[-1] == pytest.approx(0.005, abs=1e-9)
+
+
+def _iteration(plugin, state, lane, index, start, end):
+    """Drive the plugin's iteration-end hook as the executor would, at fixed times."""
+    from accelopt import IterationContext, IterationResult
+
+    context = IterationContext(job=state.job, lane=lane, iteration=index, now_s=start)
+    plugin.accelopt_iteration_end(context=context, result=IterationResult(
+        state.job.job_id, index, start, end, 0.1, 8))
+
+
+def _cluster_plugin(world_size):
+    from accelopt_plugins.salus import SalusConfig
+    from accelopt_plugins.salus.plugin import SalusPlugin
+
+    from accelopt import RunInfo
+
+    plugin = SalusPlugin(SalusConfig(policy="rr"))
+    plugin.accelopt_run_start(run=RunInfo(
+        run_dir="", device="cpu", plugins=("salus",), jobs=(), seed=0, world_size=world_size,
+        role="single" if world_size == 1 else "server"))
+    return plugin
+
+
+def test_cluster_switch_latency_is_measured_from_the_previous_iteration_on_any_lane():
+    """A cluster runs one iteration at a time across lanes: L1's b ends at 1.0, L0's a runs
+    1.001-2.0, L1's c starts at 2.002. The switch into c is 2 ms after a's end, not the 1 s
+    since L1's own last end (a's whole iteration inside the gap). On one device lanes run at
+    once, so the same trace is measured per lane."""
+    a, b, c = _state("00-a"), _state("01-b"), _state("02-c")
+
+    def trace(plugin):
+        assert plugin.accelopt_select_next(lane="L1", ready=[b, c], now_s=0.0) == "01-b"
+        _iteration(plugin, b, "L1", 0, 0.0, 0.5)
+        assert plugin.accelopt_select_next(lane="L1", ready=[b, c], now_s=0.5) == "02-c"
+        _iteration(plugin, c, "L1", 0, 0.5, 0.9)
+        assert plugin.accelopt_select_next(lane="L1", ready=[b, c], now_s=0.9) == "01-b"
+        _iteration(plugin, b, "L1", 1, 0.9, 1.0)
+        _iteration(plugin, a, "L0", 0, 1.001, 2.0)  # a alone in L0: no choice there
+        assert plugin.accelopt_select_next(lane="L1", ready=[b, c], now_s=1.0) == "02-c"
+        _iteration(plugin, c, "L1", 1, 2.002, 3.0)
+        return plugin
+
+    cluster = trace(_cluster_plugin(2))
+    assert cluster._switch[-1] == pytest.approx(0.002, abs=1e-9)
+    assert max(cluster._switch) < 0.01
+    local = trace(_cluster_plugin(1))
+    assert local._switch[-1] == pytest.approx(1.002, abs=1e-9)
+
+
+def test_cluster_row_says_lanes_take_turns_and_what_the_starts_count():
+    """In a cluster the peak lane count is not "concurrent" (the row's own note says lanes
+    do not run at once); the first-iteration count says which starts it times."""
+    from accelopt_plugins.salus.lanes import LaneManager
+
+    for world_size, wording in ((2, "lane(s) open, taking turns"), (1, "concurrent lane(s)")):
+        plugin = _cluster_plugin(world_size)
+        plugin.manager = LaneManager(1 << 20, max_lanes=2)
+        for job_id in ("00-a", "01-b"):
+            plugin.manager.admit(job_id, 10, 10)
+            plugin._status[job_id] = "admitted"
+        line = plugin.summary_line()
+        assert f"(peak 2 {wording}, " in line
+        assert ("concurrent lane" in line) == (world_size == 1)
+    b, c = _state("01-b"), _state("02-c")
+    assert plugin.accelopt_select_next(lane="L0", ready=[b, c], now_s=0.0) == "01-b"
+    _iteration(plugin, b, "L0", 0, 0.0, 0.5)
+    assert plugin.accelopt_select_next(lane="L0", ready=[b, c], now_s=0.5) == "02-c"
+    _iteration(plugin, c, "L0", 0, 0.501, 0.9)
+    assert "(1 such starts; a start with no choice is not timed)" in plugin.summary_line()
+
+
+def test_rejection_hint_names_the_setting_that_gave_the_capacity():
+    """Only run.memory_capacity set: the hint says to raise it, not plugins.salus.capacity;
+    plugins.salus.capacity set: that one (with the service's flag)."""
+    from accelopt_plugins.salus import SalusConfig
+    from accelopt_plugins.salus.plugin import SalusPlugin
+    from omegaconf import OmegaConf
+
+    from accelopt import AllocationRequest, JobInfo
+    from accelopt.config import AccelConfig
+
+    def reject(config, memory_capacity):
+        run_config = OmegaConf.structured(AccelConfig)
+        run_config.run.memory_capacity = memory_capacity
+        plugin = SalusPlugin(config)
+        plugin.accelopt_configure(config=config, run_config=run_config)
+        job = JobInfo(job_id="00-big", name="big", model="mlp", kind="train", arrival_s=0.0,
+                      iterations=1, batch_size=8)
+        decision = plugin.accelopt_allocate(request=AllocationRequest(
+            job=job, phase="admission", persistent_bytes=4096, ephemeral_bytes=4096,
+            device="cpu", capacity_bytes=plugin.capacity or 1024))
+        assert decision.reject is not None and "\n" not in decision.reject
+        return decision.reject
+
+    by_run = reject(SalusConfig(policy="fifo", headroom=2.0), "1KiB")
+    assert by_run.endswith("raise the capacity (run.memory_capacity)")
+    assert "(2 x (1.1 x persistent" in by_run
+    by_plugin = reject(SalusConfig(policy="fifo", capacity="1KiB"), "auto")
+    assert "(plugins.salus.capacity; accelopt serve --capacity)" in by_plugin
+    by_device = reject(SalusConfig(policy="fifo"), "auto")
+    assert "it is the device's memory" in by_device

@@ -156,3 +156,16 @@ def test_a_run_under_gittins(run_tiny, tmp_path):
     assert all(r.status == "done" for r in record.jobs)
     row = next(r for r in record.plugin_rows if r.plugin == "salus")
     assert row.metrics["policy"] == "gittins"
+
+
+def test_history_refuses_non_ascii_digits_as_a_config_error(tmp_path):
+    """'²' passes str.isdigit() but int() refuses it: it must be the same one-line config
+    error naming the file and line as any other bad word, not a ValueError from int()."""
+    bad = tmp_path / "h.txt"
+    bad.write_text("12\n\u00b2\n")
+    with pytest.raises(ConfigError, match=r"h.txt:2: '\u00b2' is not a job length"):
+        read_history(str(bad))
+    arabic = tmp_path / "arabic.txt"
+    arabic.write_text("\u0661\u0662\n")  # Arabic-Indic digits: int() would take them silently
+    with pytest.raises(ConfigError, match=r"arabic.txt:1: .* is not a job length"):
+        read_history(str(arabic))

@@ -217,3 +217,17 @@ def test_jobs_spread_over_the_lanes_instead_of_queueing_behind_one():
         lanes = [m.admit(f"j{i}", 100, 50).lane for i in range(8)]
         assert None not in lanes
         assert sorted(lanes.count(lane) for lane in set(lanes)) == [4, 4], lanes
+
+
+def test_rejection_states_the_configured_headroom_and_the_capacity_setting():
+    """The formula in the rejection uses the headroom factors that produced the number (2 x
+    (1.1 x P + E) is not "1.05 x ..."), and the hint names the setting that gave the
+    capacity."""
+    m = LaneManager(1000, headroom=2.0, persistent_headroom=1.5,
+                    capacity_setting="run.memory_capacity")
+    reject = m.admit("j", 300, 200).reject
+    assert reject is not None and "\n" not in reject
+    assert "needs 1.3 KiB (2 x (1.5 x persistent 300 B + ephemeral 200 B))" in reject
+    assert reject.endswith("raise the capacity (run.memory_capacity)")
+    default = LaneManager(100).admit("j", 300, 200).reject
+    assert default is not None and "(1.05 x (1.1 x persistent" in default

@@ -106,6 +106,7 @@ class LaneManager:
         max_lanes: int = 0,
         headroom: float = 1.05,
         persistent_headroom: float = 1.1,
+        capacity_setting: str = "plugins.salus.capacity; accelopt serve --capacity",
     ) -> None:
         if capacity <= 0:
             raise ValueError(f"capacity must be positive, got {capacity}")
@@ -113,6 +114,8 @@ class LaneManager:
         self.max_lanes = int(max_lanes)
         self.headroom = float(headroom)
         self.persistent_headroom = float(persistent_headroom)
+        self.capacity_setting = capacity_setting
+        """Where the capacity came from, named in a rejection's hint (the plugin knows)."""
         self.lanes: dict[str, Lane] = {}
         self.job_lane: dict[str, str] = {}
         self._next_lane = 0
@@ -125,7 +128,8 @@ class LaneManager:
     # -- accounting ----------------------------------------------------------------------
 
     def accounted(self, job_id: str, persistent: int, ephemeral: int) -> LaneJob:
-        """Inflate a measured profile by SALUS's headroom: 1.05 * (1.1 P + E)."""
+        """Inflate a measured profile by SALUS's headroom: ``headroom * (persistent_headroom
+        * P + E)``, 1.05 * (1.1 P + E) by default."""
         p = math.ceil(self.headroom * self.persistent_headroom * max(0, persistent))
         e = math.ceil(self.headroom * max(0, ephemeral))
         return LaneJob(job_id, p, e)
@@ -152,15 +156,7 @@ class LaneManager:
         job = self.accounted(job_id, persistent, ephemeral)
         need = job.persistent + job.ephemeral
         if need > self.capacity:
-            return Admission(
-                reject=(
-                    f"needs {format_bytes(need)} (1.05 x (1.1 x persistent {format_bytes(persistent)}"
-                    f" + ephemeral {format_bytes(ephemeral)})) but the capacity is "
-                    f"{format_bytes(self.capacity)}: {format_bytes(need - self.capacity)} too much"
-                    "; lower its batch_size/width or raise the capacity (plugins.salus.capacity; "
-                    "accelopt serve --capacity)"
-                )
-            )
+            return Admission(reject=self._too_big(need, persistent, ephemeral))
         lane_limit_ok = self.max_lanes <= 0 or len(self.lanes) < self.max_lanes
         if lane_limit_ok and need <= self.free:
             lane = Lane(f"L{self._next_lane}", size=need)
@@ -192,6 +188,16 @@ class LaneManager:
                 f"waiting for memory: needs {format_bytes(need)}, {format_bytes(free)} free of "
                 f"{format_bytes(self.capacity)} in {len(self.lanes)} lane(s)"
             )
+        )
+
+    def _too_big(self, need: int, persistent: int, ephemeral: int) -> str:
+        """Why a job can never fit, with the headroom factors that inflated its profile."""
+        return (
+            f"needs {format_bytes(need)} ({self.headroom:g} x ({self.persistent_headroom:g} x "
+            f"persistent {format_bytes(persistent)} + ephemeral {format_bytes(ephemeral)})) but "
+            f"the capacity is {format_bytes(self.capacity)}: "
+            f"{format_bytes(need - self.capacity)} too much; lower its batch_size/width or raise "
+            f"the capacity ({self.capacity_setting})"
         )
 
     def fits(self, job_id: str, persistent: int, ephemeral: int) -> bool:

@@ -86,6 +86,8 @@ class SalusPlugin:
         allocations), reported apart."""
         self._continue: list[float] = []
         self._last_end: dict[str, tuple[str, float]] = {}
+        """The last iteration's (job, end) per lane, or under one key for every lane in a
+        cluster run (:meth:`_end_key`)."""
         self._boundary: dict[str, tuple[str, float, float]] = {}
         """Per lane, the last choice: (job, when it was admitted, when the lane asked)."""
         self._admitted_at: dict[str, float] = {}
@@ -104,6 +106,9 @@ class SalusPlugin:
         self.cluster_mode = "none"
         self.leader = True
         self.world_size = 1
+        self.role = "single"
+        self._capacity_setting = "plugins.salus.capacity; accelopt serve --capacity"
+        """The setting that gave the capacity: what a rejection tells the user to raise."""
         self._decisions = 0
         self._iterations: dict[str, int] = defaultdict(int)
 
@@ -147,6 +152,7 @@ class SalusPlugin:
             if self.capacity <= 0:
                 raise ConfigError("plugins.salus.capacity must be positive, e.g. 2GiB")
         run = getattr(run_config, "run", None)
+        self._capacity_setting = capacity_setting(config, run)
         self.deterministic = bool(getattr(run, "deterministic", True))
         self.device = str(getattr(run, "device", "cpu"))
         # the run's thread budget: run.threads when set (a job alone runs with it), else
@@ -167,6 +173,7 @@ class SalusPlugin:
         self.device = run.device
         self.leader = run.leader
         self.world_size = run.world_size
+        self.role = str(run.role)
         self._names.update({j.job_id: j.name for j in run.jobs})
 
     @hookimpl
@@ -205,6 +212,7 @@ class SalusPlugin:
                 max_lanes=self.max_lanes,
                 headroom=float(self.config.headroom),
                 persistent_headroom=float(self.config.persistent_headroom),
+                capacity_setting=self._capacity_setting,
             )
         return self.manager
 
@@ -314,7 +322,7 @@ class SalusPlugin:
         self._first_start.setdefault(job_id, result.start_s)
         self._arrived_at.setdefault(job_id, context.job.arrival_s)
         self._left_at[job_id] = result.end_s
-        previous = self._last_end.get(lane)
+        previous = self._last_end.get(self._end_key(lane))
         boundary = self._boundary.get(lane)
         if previous is not None and boundary is not None and boundary[0] == job_id:
             prev_job, prev_end = previous
@@ -332,12 +340,25 @@ class SalusPlugin:
                 # SALUS's switch, between two resident jobs: measured as the boundary of a
                 # job that goes on is, the previous iteration's end to the next one's start
                 self._switch.append(gap)
-        self._last_end[lane] = (job_id, result.end_s)
+        self._last_end[self._end_key(lane)] = (job_id, result.end_s)
         if self.manager is not None:
             lane_obj = self.manager.lanes.get(lane)
             if lane_obj is not None:
                 self._lane_size_peak[lane] = max(self._lane_size_peak.get(lane, 0), lane_obj.size)
             self.manager.end_iteration(job_id)
+
+    @property
+    def lanes_take_turns(self) -> bool:
+        """A cluster run: the leader runs one broadcast iteration at a time whatever the
+        lanes, so lanes order iterations but never run them at once."""
+        return self.world_size > 1 or self.role != "single"
+
+    def _end_key(self, lane: str) -> str:
+        """Whose previous iteration end a gap is measured from: the lane's own on one device
+        (lanes run at once, each its own sequence of iterations); in a cluster the previous
+        iteration on any lane, since that is what ran just before (measuring from the lane's
+        own last end would count the other lanes' iterations in between as the gap)."""
+        return "" if self.lanes_take_turns else lane
 
     # -- CUDA lanes (plugins/salus/cuda_lanes.py) -----------------------------------------
 
@@ -365,7 +386,7 @@ class SalusPlugin:
         return min(self._admitted_at.get(job_id, first), first)
 
     def lanes_note(self) -> str:
-        if self.world_size > 1:
+        if self.lanes_take_turns:
             return CLUSTER_NOTE
         return CUDA_NOTE if self.device.startswith("cuda") else CPU_NOTE
 
@@ -436,9 +457,10 @@ class SalusPlugin:
         n_jobs = len([st for st in self._status.values() if st != "rejected"])
         chosen_by = "" if not self.policy_auto else (
             " (auto: srtf in a cluster)" if self.world_size > 1 else " (auto: pack on one device)")
+        lanes = "lane(s) open, taking turns" if self.lanes_take_turns else "concurrent lane(s)"
         parts = [
             f"policy {s['policy']}{chosen_by}: {n_jobs} job(s) in {s['lanes_opened']} lane(s) "
-            f"(peak {s['peak_lanes']} concurrent lane(s), {s['peak_resident_jobs']} resident "
+            f"(peak {s['peak_lanes']} {lanes}, {s['peak_resident_jobs']} resident "
             f"job(s) vs 1 under exclusive allocation); {s['decisions']} choices between ready "
             f"jobs over {s['iterations']} iterations",
             f"peak accounted memory {format_bytes(s['peak_accounted_bytes'])} of "
@@ -453,8 +475,9 @@ class SalusPlugin:
         if s["first_iteration_latency_median_s"] is not None:
             parts.append(
                 f"a job's first iteration started {s['first_iteration_latency_median_s'] * 1e3:.3f}"
-                f" ms (median) after the lane chose it ({s['first_iteration_switches']} starts: "
-                "its start-up, not a switch)"
+                f" ms (median) after the lane chose it among waiting jobs "
+                f"({s['first_iteration_switches']} such starts; a start with no choice is not "
+                "timed): its start-up, not a switch"
             )
         if self.world_size == 1 and not self.device.startswith("cuda"):
             threads = s["threads_per_lane"]
@@ -474,3 +497,15 @@ class SalusPlugin:
             parts.append(f"{len(s['rejected'])} rejected (never fit)")
         parts.append(self.lanes_note())
         return "; ".join(parts)
+
+
+def capacity_setting(config: Any, run: Any) -> str:
+    """The setting that gives salus its capacity, named in a rejection's hint: its own
+    (``plugins.salus.capacity``, which ``accelopt serve --capacity`` sets), else the run's
+    ``run.memory_capacity`` when set, else the device's memory, which either can override."""
+    if config.capacity:
+        return "plugins.salus.capacity; accelopt serve --capacity"
+    if str(getattr(run, "memory_capacity", "auto") or "auto") != "auto":
+        return "run.memory_capacity"
+    return ("it is the device's memory: set plugins.salus.capacity or run.memory_capacity; "
+            "accelopt serve --capacity")

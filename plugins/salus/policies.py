@@ -377,7 +377,7 @@ def read_history(path: str) -> list[int]:
         for word in re.split(r"[\s,]+", line.split("#", 1)[0].strip()):
             if not word:
                 continue
-            if not word.isdigit() or int(word) == 0:
+            if not (word.isascii() and word.isdigit()) or int(word) == 0:
                 raise ConfigError(f"plugins.salus.history: {path}:{number}: {word!r} is not a "
                                   "job length (a positive number of iterations)")
             lengths.append(int(word))
