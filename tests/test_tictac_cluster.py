@@ -674,8 +674,8 @@ def test_priority_updates_each_tensor_early_and_keeps_the_numerics_bitwise(tmp_p
     for name, value in base.state.items():
         assert torch.equal(value, prio.state[name]), name
     rows = [r.summary for r in prio.plugin_rows if r.plugin == "tictac"]
-    assert any(r.startswith("enforced priority (cross-iteration: parameters by the plan's")
-               and "credit 100 B per link (configured)" in r for r in rows)
+    assert any(r.startswith("server rank 0: enforced priority (cross-iteration: parameters "
+                            "by the plan's") and "credit 100 B per link (configured)" in r for r in rows)
     assert any("gradients pushed first-layer first" in r for r in rows)
     # the server predicts both schedules with the cross-iteration simulator
     server = [r.metrics for r in prio.plugin_rows

@@ -1,11 +1,11 @@
 """Report rows: collected once per process (``drivers/lifecycle.py``), then merged.
 
 Within a process, a job-scoped plugin answers once per job; its rows are tagged with the
-job's name (``metrics["job"]``) and rows that say the same for several jobs collapse into one
-naming them. Across the ranks of a cluster run, a job-scoped plugin's rows are kept from every
-rank (a server's plan and a worker's view differ); a run-scoped plugin runs once per rank and
-would repeat itself, so its rows come from one rank. A plugin that answered nothing anywhere
-gets a row saying so.
+job's name (``metrics["job"]``) and rows that say the same for several jobs, in words and in
+numbers, collapse into one naming them. Across the ranks of a cluster run, a job-scoped
+plugin's rows are kept from every rank (a server's plan and a worker's view differ); a
+run-scoped plugin runs once per rank and would repeat itself, so its rows come from one rank.
+A plugin that answered nothing anywhere gets a row saying so.
 """
 
 from __future__ import annotations
@@ -55,21 +55,24 @@ def of_plugins(names: Sequence[str]) -> Callable[[ReportRow], bool]:
 def merge_rows(rows_by_rank: list[list[ReportRow]], job_names: list[str],
                job_ids: list[str] | None = None,
                only: Callable[[ReportRow], bool] | None = None) -> list[ReportRow]:
-    """One row per (plugin, summary): per-job rows (tagged ``metrics["job"]``, with the job's
-    name or its id: run-level plugins such as gpu_kernels tag rows with job ids) that say the
-    same for several jobs collapse into one row naming them ("all jobs" when every job).
+    """One row per (plugin, summary, metrics): per-job rows (tagged ``metrics["job"]``, with
+    the job's name or its id: run-level plugins such as gpu_kernels tag rows with job ids)
+    that say the same for several jobs, in words and in numbers, collapse into one row naming
+    them ("all jobs" when every job). Rows whose words agree but whose numbers differ stay
+    apart, each naming its jobs: a merged row shows one row's metrics, and must not pass one
+    job's figures off as every job's.
     ``only``: merge just the rows it accepts; the others are kept as they are, in place."""
     name_of = dict(zip(job_ids or [], job_names, strict=False))
 
     def rank_of(job: str) -> int:
         return job_names.index(job) if job in job_names else len(job_names)
 
-    groups: dict[tuple[str, str], list[Any]] = {}
-    order: list[tuple[str, str]] = []
+    groups: dict[tuple[str, str, str], list[Any]] = {}
+    order: list[tuple[str, str, str]] = []
     for rows in rows_by_rank:
         for row in rows:
             if only is not None and not only(row):
-                key = (row.plugin, f"\0{len(order)}")  # kept as it is, in place
+                key = (row.plugin, f"\0{len(order)}", "")  # kept as it is, in place
                 groups[key] = [row, []]
                 order.append(key)
                 continue
@@ -79,7 +82,7 @@ def merge_rows(rows_by_rank: list[list[ReportRow]], job_names: list[str],
                 if named and summary.startswith(f"{named}: "):  # by id or by name: the
                     summary = summary[len(named) + 2:]  # merged row names its jobs once
                     break
-            key = (row.plugin, summary)
+            key = (row.plugin, summary, _numbers(row.metrics))
             if key not in groups:
                 groups[key] = [dataclasses.replace(row, summary=summary), []]
                 order.append(key)
@@ -99,3 +102,8 @@ def merge_rows(rows_by_rank: list[list[ReportRow]], job_names: list[str],
                 row = ReportRow(row.plugin, row.summary, metrics)
         out.append(row)
     return out
+
+
+def _numbers(metrics: dict[str, Any] | None) -> str:
+    """A row's metrics less its job tag, as a key: rows merge only where these are equal."""
+    return repr(sorted((k, repr(v)) for k, v in (metrics or {}).items() if k != "job"))

@@ -35,8 +35,26 @@ def order_command(argv: list[str]) -> int:
         return 0 if argv and argv[0] in ("-h", "--help") else 2
     config, meta, overrides = parse(argv[1:])
     plan = make_plan(config, meta, overrides)
-    print_plan(plan, config.heuristic, sys.stdout)
+    print_plan(plan, config.heuristic, sys.stdout, source=use_order_file(plan, config))
     return 0
+
+
+def use_order_file(plan: Any, config: TictacConfig) -> str:
+    """``order_file``'s list as the plan's order, checked as a run checks it (a file that is
+    not a list of this model's tensor names is refused here, where a run warns and rebuilds
+    the order); the order's source for the header, '' when computed."""
+    if not config.order_file:
+        return ""
+    from accelopt_plugins.tictac.plugin import TictacPlugin
+
+    plugin = TictacPlugin(config)
+    plugin.plan = plan
+    try:
+        plugin.use_order_file()
+    except UserError as exc:
+        raise UserError(f"tictac order: {str(exc).removeprefix('tictac: ')}; fix the file or "
+                        "drop plugins.tictac.order_file") from None
+    return plugin.order_source
 
 
 def _meta_values(meta: dict[str, str]) -> tuple[int, str, float]:
@@ -78,7 +96,7 @@ def parse(args: list[str]) -> tuple[TictacConfig, dict[str, str], list[str]]:
             if short not in fields:
                 raise UserError(f"tictac order: unknown key '{key}' (keys: "
                                 f"{', '.join(fields)})")
-            setattr(config, short, _convert(getattr(config, short), value, key))
+            setattr(config, short, _convert(short, value, key))
         elif key in META_KEYS:
             meta[key] = value
         else:
@@ -92,19 +110,28 @@ def parse(args: list[str]) -> tuple[TictacConfig, dict[str, str], list[str]]:
     return config, meta, overrides
 
 
-def _convert(default: Any, value: str, key: str) -> Any:
-    """``value`` as the type of ``default``, as a run reads ``plugins.tictac.KEY`` (a bool
-    is true/false/yes/no/1/0: ``force=maybe`` read as false here and was refused there)."""
-    if isinstance(default, bool):
-        words = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
-        if value.lower() not in words:
-            raise UserError(f"tictac order: {key}={value!r} is not a bool (true or false)")
-        return words[value.lower()]
+KINDS_OF_VALUE = {"bool": "bool (true or false)", "int": "whole number", "float": "number",
+                  "str": "string", "list": "list of whole numbers, e.g. [0,65536]"}
+
+
+def _convert(short: str, value: str, key: str) -> Any:
+    """``value`` as a run reads ``plugins.tictac.KEY``: parsed by Hydra's override grammar,
+    then checked by OmegaConf against :class:`TictacConfig` (``tune_credits=[1,2]`` is a
+    list, ``heuristic=off`` a string, ``force=maybe`` is refused); a value that does not fit
+    the key is refused in one line."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
     try:
-        return type(default)(value)
-    except (TypeError, ValueError):
-        raise UserError(f"tictac order: {key}={value!r} is not a {type(default).__name__}") \
-            from None
+        parsed = OverridesParser.create().parse_override(f"{short}={value}").value()
+        node = OmegaConf.merge(OmegaConf.structured(TictacConfig), {short: parsed})
+        return OmegaConf.to_container(node)[short]
+    except (HydraException, OmegaConfBaseException, ValueError):
+        kind = type(getattr(TictacConfig(), short)).__name__
+        raise UserError(f"tictac order: {key}={value!r} is not a "
+                        f"{KINDS_OF_VALUE.get(kind, kind)}") from None
 
 
 def make_plan(config: TictacConfig, meta: dict[str, str], overrides: list[str]) -> Any:
@@ -181,7 +208,9 @@ def make_plan(config: TictacConfig, meta: dict[str, str], overrides: list[str]) 
                          threads=int(cfg.run.threads) or 1)
 
 
-def print_plan(plan: Any, heuristic: str, out: Any) -> None:
+def print_plan(plan: Any, heuristic: str, out: Any, source: str = "") -> None:
+    """The order (``source``: where it came from, if not computed) and every heuristic's
+    predicted makespan (the heuristic's own from ``source``'s order)."""
     import random
 
     ordered = ORDERED_BY.get(heuristic, heuristic)  # priority ranks by TAC's order
@@ -191,13 +220,14 @@ def print_plan(plan: Any, heuristic: str, out: Any) -> None:
           f"{plan.execution} execution, link {plan.bytes_per_s / 1e6:.3f} MB/s, "
           f"a = Mc/Pc = {plan.ratio_a:.2f}", file=out)
     how = heuristic if ordered == heuristic else f"{heuristic}: ranked by {ordered}"
+    how += f", from {source}" if source else ""
     print(f"# order ({how}): priority, tensor, bytes", file=out)
     for p, r in enumerate(order):
         print(f"{p:5d}  {dag.recv_names[r]}  {dag.nbytes[dag.recvs[r]]}", file=out)
     pred = plan.predict()
     print("# predicted makespan per heuristic (random: mean / p95 over 1000 orders)", file=out)
     for h, v in pred.items():
-        mark = "  <-" if h == ordered else ""
+        mark = ("  <-" + (f" ({source})" if source else "")) if h == ordered else ""
         extra = f" / p95 {v['p95_s'] * 1e3:.3f} ms" if h == "random" else ""
         e = round(v["E"], 3) + 0.0  # a rounding error below zero printed as -0.000
         print(f"{h:>8}: {v['makespan_s'] * 1e3:.3f} ms{extra}  E = {e:.3f}{mark}", file=out)

@@ -37,7 +37,7 @@ from accelopt_plugins.tictac.config import (
     ORDERED_BY,
     TictacConfig,
 )
-from accelopt_plugins.tictac.tuning import Window, WindowTuner, label
+from accelopt_plugins.tictac.tuning import Window, WindowTuner, candidates_from, label
 
 from accelopt import (
     BuiltJob,
@@ -50,6 +50,7 @@ from accelopt import (
     hookimpl,
 )
 from accelopt.job import inputs as job_inputs
+from accelopt.plugin import PluginWarning
 from accelopt.types import (
     INERT,
     CliCommand,
@@ -93,7 +94,7 @@ class TictacPlugin:
         self.gain_s = 0.0
         self.overhead_s = 0.0
         self.order_source = "computed"
-        self.tuner = WindowTuner.for_config(config)
+        self.tuner = _tuner(config)
         self.cross: dict[Window | None, float] = {}
         """priority: the cross-iteration simulator's steady iteration (s) per tuning candidate
         (``None``: the default order and whole step)."""
@@ -118,10 +119,6 @@ class TictacPlugin:
         if c.oracle_runs < 1:
             raise ConfigError("plugins.tictac.oracle_runs must be >= 1 (the oracle keeps the "
                               "minimum over that many runs)")
-        _check_tuned("credit_bytes", c.credit_bytes, "tune_credits", c.tune_credits,
-                     "no window", "credit windows", "[0,65536]")
-        _check_tuned("partition_bytes", c.partition_bytes, "tune_partitions",
-                     c.tune_partitions, "whole tensors", "chunk sizes", "[0,262144]")
         if not 0 <= c.pace <= 1:
             raise ConfigError(f"plugins.tictac.pace={c.pace} must be in [0, 1] (a fraction of "
                               "the link's rate; 0: no pacing)")
@@ -140,8 +137,12 @@ class TictacPlugin:
         if c.order_file and not Path(c.order_file).exists():
             raise ConfigError(f"plugins.tictac.order_file={c.order_file!r} does not exist; "
                               "give a JSON list of tensor names or leave it empty")
+        if c.order_file and c.heuristic in ("random", "off"):
+            raise ConfigError(f"plugins.tictac.order_file is one fixed order; heuristic="
+                              f"{c.heuristic} never uses it: drop it or pick tac, tic, "
+                              "priority, reverse or named")
         self.config = c
-        self.tuner = WindowTuner.for_config(c)
+        self.tuner = _tuner(c)
         cluster = run_config.get("cluster") if run_config is not None else None
         self.mode = str(cluster.get("mode", "none")) if cluster is not None else "none"
 
@@ -201,9 +202,8 @@ class TictacPlugin:
             if self.source is None:
                 return None  # no plan was made (no job was announced): the default order
             self._make_plan()
-        elif (not self.replanned and iteration >= self.config.replan_iteration
-              and self.config.bandwidth_bytes_per_s == 0):
-            self._replan()
+        else:
+            self._replan_after_warmup(iteration)
         t0 = time.perf_counter()  # planning is counted in plan_s, not here
         self.calls += 1
         if not self.enforce:
@@ -222,6 +222,8 @@ class TictacPlugin:
         parameter order where no plan could be made) and are updated early; a worker's
         gradients follow the parameter order (a worker does not trace: its first layers'
         gradients come last out of backward and overtake the later layers' still queued)."""
+        if transfers[0].kind == "param" and self.plan is not None:
+            self._replan_after_warmup(transfers[0].iteration)  # counted in plan_s
         t0 = time.perf_counter()
         self.calls += 1
         window = self.tuner.candidate(transfers[0].iteration)
@@ -347,6 +349,14 @@ class TictacPlugin:
         self._decide_counting_plan(t0)
         self._save()
 
+    def _replan_after_warmup(self, iteration: int) -> None:
+        """Once, from ``replan_iteration`` on: plan again with the link the transport measured
+        in the warm-up (TIC/TAC's orders and decision; priority's cross-iteration
+        prediction), unless the link's rate was configured."""
+        if (not self.replanned and iteration >= self.config.replan_iteration
+                and self.config.bandwidth_bytes_per_s == 0):
+            self._replan()
+
     def _replan(self) -> None:
         """After warm-up: the link as measured, then the orders and the decision again."""
         from accelopt_plugins.tictac import oracle
@@ -363,33 +373,37 @@ class TictacPlugin:
         plan = self.plan
         plan.times = oracle.op_times(plan.dag, plan.compute, bw, message)
         plan.bytes_per_s, plan.message_s = bw, message
-        h = self.config.heuristic
+        h = ORDERED_BY.get(self.config.heuristic, self.config.heuristic)
         keep = {h: plan.orders[h]} if self.order_source != "computed" and h in plan.orders else {}
         plan.orders, plan.predicted = keep, {}
         self._decide_counting_plan(t0)
         self._save()
 
     def _load_order_file(self) -> None:
-        """A user-given or previously saved priority list, if it still matches the model."""
-        path = self.config.order_file
-        if not path:
+        """A user-given or previously saved priority list, if it still matches the model; a
+        stale or unreadable one is warned about (and said in the row) and the order rebuilt."""
+        if not self.config.order_file:
             return
         try:
-            names = json.loads(Path(path).read_text())
-            if isinstance(names, dict):
-                names = names.get("order", [])
-        except ValueError as exc:
-            self._warn(f"tictac: order_file {path} is not JSON ({exc}); rebuilding the order")
-            return
+            self.use_order_file()
+        except UserError as exc:
+            self._warn(f"{exc}; rebuilt the {self.config.heuristic} order instead")
+
+    def use_order_file(self) -> None:
+        """Make ``order_file``'s list the plan's order for the heuristic (the order it ranks
+        by: TAC's for priority); a file that is not a JSON list of this model's tensor names
+        raises :class:`UserError` saying what is wrong with it (the CLI refuses it)."""
+        path = self.config.order_file
         current = self.plan.dag.recv_names
-        if sorted(map(str, names)) != sorted(current):
-            self._warn(f"tictac: order_file {path} does not match the model ({len(names)} names "
-                       f"vs {len(current)} parameters, or different names): stale or edited; "
-                       f"rebuilt the {self.config.heuristic} order instead")
-            return
+        names = read_order_file(path)
+        if sorted(names) != sorted(current):
+            raise UserError(f"tictac: order_file {path} does not match the model ({len(names)} "
+                            f"names vs {len(current)} parameters, or different names): stale "
+                            "or edited")
         index = {n: i for i, n in enumerate(current)}
-        self.plan.orders[self.config.heuristic] = [index[n] for n in names]
-        self.plan.schedule_s[self.config.heuristic] = 0.0
+        key = ORDERED_BY.get(self.config.heuristic, self.config.heuristic)
+        self.plan.orders[key] = [index[n] for n in names]
+        self.plan.schedule_s[key] = 0.0
         self.order_source = f"order_file {path}"
 
     def _decide_counting_plan(self, t0: float) -> None:
@@ -429,14 +443,16 @@ class TictacPlugin:
         per_iter = self.plan_s / max(1, self.iterations) + self.hook_s / max(1, self.calls)
         per_iter += plan.schedule_s.get(h, 0.0) / max(1, self.iterations)
         self.gain_s, self.overhead_s = gain, per_iter
+        given = "" if self.order_source == "computed" else f" ({self.order_source})"
         if h in ("tic", "tac") and not self.config.force and gain <= per_iter:
             self.enforce = False
             self.decision = (f"stayed out of the way: predicted gain {gain * 1e3:.3f} ms/iteration "
-                             f"over the default order <= own overhead {per_iter * 1e3:.3f} ms "
-                             f"(a = {plan.ratio_a:.2f}); force=true enforces anyway")
+                             f"of {h}{given} over the default order <= own overhead "
+                             f"{per_iter * 1e3:.3f} ms (a = {plan.ratio_a:.2f}); force=true "
+                             "enforces anyway")
         else:
             self.enforce = True
-            self.decision = (f"enforced {h}: predicted makespan {mine * 1e3:.2f} ms vs "
+            self.decision = (f"enforced {h}{given}: predicted makespan {mine * 1e3:.2f} ms vs "
                              f"{base * 1e3:.2f} ms for the default order (gain "
                              f"{gain * 1e3:.3f} ms, own overhead {per_iter * 1e3:.3f} ms, "
                              f"a = {plan.ratio_a:.2f})")
@@ -469,7 +485,7 @@ class TictacPlugin:
 
     def _warn(self, message: str) -> None:
         self.warnings.append(message)
-        warnings.warn(message, RuntimeWarning, stacklevel=3)
+        warnings.warn(message, PluginWarning, stacklevel=3)
 
     # -- observing the link ----------------------------------------------------------------
 
@@ -521,6 +537,7 @@ class TictacPlugin:
             "link_bytes_per_s": round(self.plan.bytes_per_s, 1),
             "message_ms": round(1e3 * self.plan.message_s, 4),
             "ratio_a": round(self.plan.ratio_a, 3), "warnings": len(self.warnings),
+            "order_source": self.order_source, "rank": self.rank,
             INERT: int(not self.enforce),  # stayed out of the way: the default order ran
         }
         for h, p in self.plan.predicted.items():
@@ -529,11 +546,21 @@ class TictacPlugin:
         metrics.update(tensors=total, moved_vs_default=moved, traced_by=self.plan.traced_by)
         differs = (f"its order moves {moved} of {total} tensors from the default order"
                    if moved else f"its order is the default order ({total} tensors)")
-        summary = (f"{self.decision}; {differs}; traced by {self.plan.traced_by}; "
-                   f"link {self.plan.bytes_per_s / 1e6:.2f} MB/s "
-                   f"({self.link_source}); plan in {self.plan_s:.3f} s; "
-                   f"predicted schedule in {self.out_dir}/")
+        summary = (f"{self._who()}: {self.decision}; {differs}; traced by "
+                   f"{self.plan.traced_by}; {self._link_words()}; plan in {self.plan_s:.3f} s; "
+                   f"predicted schedule in {self.out_dir}/{self._warned()}")
         return [ReportRow("tictac", summary, metrics)]
+
+    def _who(self) -> str:
+        """Which rank a row speaks for: several servers (and workers) each report a job."""
+        return f"{self.role} rank {self.rank}"
+
+    def _link_words(self) -> str:
+        return f"link {self.plan.bytes_per_s / 1e6:.2f} MB/s ({self.link_source})"
+
+    def _warned(self) -> str:
+        """The plugin's warnings, in its row (a rank's stderr is easily missed)."""
+        return f"; warnings: {' | '.join(self.warnings)}" if self.warnings else ""
 
     def _priority_rows(self) -> list[ReportRow]:
         tuner = self.tuner
@@ -572,7 +599,21 @@ class TictacPlugin:
         head = ("stayed out of the way: the default order measured fastest" if stayed
                 else f"enforced priority (cross-iteration: {what})")
         metrics[INERT] = int(stayed)
-        return [ReportRow("tictac", f"{head}, {choice}", metrics)]
+        metrics.update(rank=self.rank, warnings=len(self.warnings))
+        if self.plan is not None and self.role == "server":
+            metrics.update(link_bytes_per_s=round(self.plan.bytes_per_s, 1),
+                           link_source=self.link_source)
+        summary = f"{self._who()}: {head}, {choice}{self._predicted_words(ran)}{self._warned()}"
+        return [ReportRow("tictac", summary, metrics)]
+
+    def _predicted_words(self, ran: Any) -> str:
+        """The server's cross-iteration prediction for what ran, and the link it assumed."""
+        if self.plan is None or self.role != "server":
+            return ""
+        if ran not in self.cross:
+            return f"; not simulated; {self._link_words()}"
+        return (f"; predicted steady iteration {1e3 * self.cross[ran]:.3f} ms ({label(ran)}) "
+                f"at {self._link_words()}")
 
     def _moved_vs_default(self) -> tuple[int, int]:
         """(tensors whose position differs from the transport's default order, tensors)."""
@@ -588,6 +629,40 @@ class TictacPlugin:
         return [CliCommand("tictac", "TicTac: print the transfer order and predicted makespan "
                            "(accelopt tictac order workload=... plugins.tictac.heuristic=tac)",
                            order_command)]
+
+
+def read_order_file(path: str) -> list[str]:
+    """The tensor names of an order file: a JSON list of names, or a saved plan (``order``)."""
+    try:
+        names = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise UserError(f"tictac: order_file {path} is not a readable JSON file ({exc})") \
+            from None
+    if isinstance(names, dict):
+        names = names.get("order")
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise UserError(f"tictac: order_file {path} is not a JSON list of tensor names (nor a "
+                        "saved plan with one under 'order')")
+    return names
+
+
+def _tuner(c: TictacConfig) -> WindowTuner:
+    """The config's tuner; a grid with no setting left to run is refused (the product of the
+    credits and chunk sizes, less the chunked settings without a window)."""
+    _check_tuned("credit_bytes", c.credit_bytes, "tune_credits", c.tune_credits,
+                 "no window", "credit windows", "[0,65536]")
+    _check_tuned("partition_bytes", c.partition_bytes, "tune_partitions",
+                 c.tune_partitions, "whole tensors", "chunk sizes", "[0,262144]")
+    grid = candidates_from(c.credit_bytes, c.tune_credits, c.force, c.partition_bytes,
+                           c.tune_partitions)
+    if not [w for w in grid if w is not None]:
+        raise ConfigError(
+            f"plugins.tictac: credit_bytes={c.credit_bytes} (tune_credits={list(c.tune_credits)})"
+            f" with partition_bytes={c.partition_bytes} (tune_partitions="
+            f"{list(c.tune_partitions)}) leaves no setting to run: chunks need a credit window "
+            "> 0 (without one every chunk starts at once), so each chunked setting with credit "
+            "0 is dropped; add a credit > 0 or a chunk size of 0")
+    return WindowTuner.for_config(c)
 
 
 def _check_tuned(key: str, value: int, grid_key: str, grid: Sequence[int], zero: str,
