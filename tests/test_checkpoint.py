@@ -294,15 +294,17 @@ def test_the_resume_line_says_whether_there_is_a_checkpoint(tmp_path, files, wor
     from omegaconf import OmegaConf
     from rich.console import Console
 
-    from accelopt.config import AccelConfig
+    from accelopt.config import AccelConfig, JobConfig
     from accelopt.runtime.run import _maybe_resume
 
     old = tmp_path / "old"
     old.mkdir()
-    OmegaConf.save(OmegaConf.structured(AccelConfig), old / "config.yaml")
+    saved = OmegaConf.structured(AccelConfig)
+    saved.workload.jobs = [JobConfig(name="other")]  # not 00-mlp: no spec of its own to compare
+    OmegaConf.save(saved, old / "config.yaml")
     for name in files:
         (old / name).parent.mkdir(parents=True, exist_ok=True)
-        (old / name).write_bytes(b"")
+        torch.save({}, old / name)  # readable (an empty file is refused: test_resume_edges)
     cfg = OmegaConf.structured(AccelConfig)
     cfg.run.resume = str(old)
     out = io.StringIO()

@@ -202,7 +202,7 @@ def test_a_resume_honours_the_rendezvous_port_and_the_timeout(tmp_path):
     from omegaconf import OmegaConf
 
     from accelopt.cli.hydra_run import refuse_bad_resume
-    from accelopt.config import AccelConfig
+    from accelopt.config import AccelConfig, JobConfig
     from accelopt.errors import ConfigError
     from accelopt.runtime.run import _maybe_resume
 
@@ -210,6 +210,7 @@ def test_a_resume_honours_the_rendezvous_port_and_the_timeout(tmp_path):
     old.mkdir()
     saved = OmegaConf.structured(AccelConfig)
     saved.cluster.master_port, saved.cluster.timeout_s = 29590, 7.0
+    saved.workload.jobs = [JobConfig()]  # a run's config has a workload
     OmegaConf.save(saved, old / "config.yaml")
     given = [f"run.resume={old}", "cluster.master_port=0", "cluster.timeout_s=90"]
     refuse_bad_resume(given)  # not refused

@@ -9,6 +9,8 @@ checkpoint or the new one, never half of one.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import io
 from collections.abc import Callable
 from dataclasses import asdict
@@ -84,8 +86,15 @@ class Checkpointer:
         self.clock: Callable[[], float] | None = None
         """The driver's clock (seconds since the run started): how long each job has run,
         kept in its checkpoint so a resumed job's JCT counts the part before the resume."""
+        self.clock_offset = 0.0
+        """A resumed run: the clock of the run it resumed (:func:`resumed_clock`), so the
+        ``clock_s`` its own checkpoints record goes on from there across resumes."""
+        self.waits: dict[str, float] = {}
+        """A resumed run: the wait each job carries that had arrived, but had no checkpoint,
+        when the run resumed was stopped (:func:`carried_wait`), until the job starts."""
 
     def after_iteration(self, job: Job, result: JobResult) -> None:
+        take_carried_wait(self.waits, job.info.job_id, result)
         if self.every and job.iteration % self.every == 0 and not job.done:
             self.save(job, result)
 
@@ -98,17 +107,74 @@ class Checkpointer:
         state = {
             "job": job.state_dict(),
             "result": {k: getattr(result, k) for k in _RESULT_FIELDS},
-            "timing": {"elapsed_s": elapsed, "queueing_s": result.queueing_s},
+            "timing": {"elapsed_s": elapsed, "queueing_s": result.queueing_s,
+                       "clock_s": self.clock_offset + (self.clock() if self.clock else 0.0)},
             "spec": asdict(job.spec),
         }
         save_checkpoint(state, self.dir / f"{job.info.job_id}.pt")
         self.written += 1
 
     def after_finish(self, job: Job, result: JobResult) -> None:
+        take_carried_wait(self.waits, job.info.job_id, result)
         if self.every:
             self.save(job, result)
         if self.save_weights and result.status == "done":
             atomic_torch_save(job.model.state_dict(), self.weights_dir / f"{job.info.job_id}.pt")
+
+
+def take_carried_wait(waits: dict[str, float], job_id: str, result: JobResult) -> None:
+    """A job that waited, unstarted and without a checkpoint, when the run resumed was
+    stopped: once it has started here, its queueing delay is that wait plus its wait in this
+    run (its JCT already counts the wait, as ``carried_s``)."""
+    if job_id in waits and result.first_start_s is not None:
+        wait = waits.pop(job_id)
+        if result.carried_queueing_s is None:
+            result.carried_queueing_s = wait + result.first_start_s - result.job.arrival_s
+
+
+def clock_of(state: Any) -> float | None:
+    """The run's clock when a checkpoint was written (one process: ``timing.clock_s``; a
+    cluster rank's: ``clock_s``); ``None`` in a checkpoint written before it was kept."""
+    if not isinstance(state, dict):
+        return None
+    timing = state.get("timing")
+    value = timing.get("clock_s") if isinstance(timing, dict) else state.get("clock_s")
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+@functools.lru_cache(maxsize=8)
+def _newest_clock(files: tuple[tuple[str, int, int], ...]) -> float | None:
+    clocks = []
+    for name, _mtime, _size in files:
+        try:
+            state = torch.load(name, map_location="cpu", weights_only=False, mmap=True)
+        except Exception:  # noqa: BLE001 - an unreadable file was refused before the run
+            continue
+        clock = clock_of(state)
+        if clock is not None:
+            clocks.append(clock)
+    return max(clocks, default=None)
+
+
+def resumed_clock(run_dir: str | Path) -> float | None:
+    """How far the run resumed had got: the newest clock its checkpoints recorded (``None``:
+    none recorded one). Each set of files is read once (a cluster rank asks for every job)."""
+    files = []
+    for path in sorted((Path(run_dir) / CHECKPOINT_DIR).rglob("*.pt")):
+        with contextlib.suppress(OSError):
+            stat = path.stat()
+            files.append((str(path), stat.st_mtime_ns, stat.st_size))
+    return _newest_clock(tuple(files))
+
+
+def carried_wait(arrival_s: float, clock: float | None) -> float:
+    """The wait a job without a checkpoint of its own carries into a resumed run: the time
+    from its arrival to the newest checkpoint of the run resumed (0 if it had not arrived).
+    It restarts from scratch, but its queueing delay, its JCT and the makespan count the
+    time it had already waited, as a checkpointed job's count the time before its
+    checkpoint; the wait is measured from its arrival on the old run's clock, and the
+    resumed run counts from its arrival again, as it does for a checkpointed job."""
+    return max(0.0, clock - arrival_s) if clock is not None else 0.0
 
 
 def spec_mismatch(path: Path) -> UserError:
@@ -119,12 +185,28 @@ def spec_mismatch(path: Path) -> UserError:
 def refuse_other_spec(path: Path, spec: Any) -> None:
     """The checkpoint at ``path`` must be of ``spec``'s job (checked before a resumed run
     writes anything; memory-mapped, so its tensors are not read)."""
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
-    except Exception:  # noqa: BLE001 - unreadable: said, with its fix, when it is loaded
-        return
+    state = read_checkpoint(path, UNREADABLE_HINT)
     if state.get("spec") != asdict(spec):
         raise spec_mismatch(path)
+
+
+UNREADABLE_HINT = ("to restart that job from scratch, copy the run directory, delete the file "
+                   "in the copy and resume the copy (the directory resumed is only read)")
+"""What to do about a one-process run's unreadable checkpoint."""
+
+
+def read_checkpoint(path: Path, hint: str) -> dict[str, Any]:
+    """The checkpoint at ``path``, memory-mapped (its tensors are not read), or a one-line
+    :class:`UserError` ending with ``hint``: checked for every file a resume carries before
+    it writes anything, so a damaged file leaves no new directory behind."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    except Exception as exc:  # noqa: BLE001 - any unreadable file is the same user problem
+        raise UserError(f"cannot read checkpoint {path}: {error_text(exc)}; {hint}") from None
+    if not isinstance(state, dict):
+        raise UserError(f"cannot read checkpoint {path}: it holds a {type(state).__name__}, "
+                        f"not a checkpoint; {hint}")
+    return state
 
 
 def load_into(path: Path, job: Job) -> dict[str, Any]:
@@ -134,8 +216,8 @@ def load_into(path: Path, job: Job) -> dict[str, Any]:
     try:
         state = torch.load(path, map_location=job.device, weights_only=False)
     except Exception as exc:  # noqa: BLE001 - any unreadable file is the same user problem
-        raise UserError(f"cannot read checkpoint {path}: {exc}; delete it to restart "
-                        "that job from scratch") from None
+        raise UserError(f"cannot read checkpoint {path}: {error_text(exc)}; "
+                        f"{UNREADABLE_HINT}") from None
     if state.get("spec") != asdict(job.spec):
         raise spec_mismatch(path)
     try:
@@ -160,16 +242,28 @@ def finished_before_the_resume(result: JobResult) -> None:
     result.carried_s = 0.0
 
 
-def restore(run_dir: Path, jobs: list[Job]) -> dict[str, JobResult]:
+def restore(run_dir: Path, jobs: list[Job],
+            checkpointer: Checkpointer | None = None) -> dict[str, JobResult]:
     """Load each job's latest checkpoint from ``run_dir``; return the restored results.
 
-    A job without a checkpoint starts from scratch. A checkpoint whose job spec differs from
-    the job being resumed is refused (it would silently train something else).
+    A job without a checkpoint starts from scratch, carrying the wait it had (its
+    :func:`carried_wait`) if it had arrived. A checkpoint whose job spec differs from the
+    job being resumed is refused (it would silently train something else). ``checkpointer``
+    (the resumed run's) goes on with the old run's clock and adds the carried waits to the
+    queueing delays of the jobs that start.
     """
     results: dict[str, JobResult] = {}
+    clock = resumed_clock(run_dir)
+    if checkpointer is not None:
+        checkpointer.clock_offset = clock or 0.0
     for job in jobs:
         path = run_dir / CHECKPOINT_DIR / f"{job.info.job_id}.pt"
         if not path.exists():
+            wait = carried_wait(job.info.arrival_s, clock)
+            if wait > 0:
+                results[job.info.job_id] = JobResult(job.info, carried_s=wait)
+                if checkpointer is not None:
+                    checkpointer.waits[job.info.job_id] = wait
             continue
         state = load_into(path, job)
         result = JobResult(job.info)

@@ -153,8 +153,9 @@ def _makespan(record: RunRecord) -> float | None:
     (turned away by admission control) stretched it to its rejection time. ``None`` when no
     job ran, or when the run stopped (``error``) with a job that had not ended: its end,
     and so the makespan, is unknown. A job resumed part-way completes its carried time (the
-    part before its checkpoint) after its end in this run, so the makespan holds every
-    job's arrival plus its JCT."""
+    part before its checkpoint, or for a job still queued then, the wait it had:
+    ``job/checkpoint.py`` ``carried_wait``) after its end in this run, so the makespan
+    holds every job's arrival plus its JCT."""
     ran = [j for j in record.jobs if j.status != "rejected"]
     if "error" in record.metrics and any(j.end_s is None for j in ran):
         return None

@@ -9,10 +9,15 @@ import os
 import shutil
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
-from accelopt.errors import UserError
+from accelopt.errors import UserError, error_text
 
 CONFIG_FILE = "config.yaml"
+PACKED_SWEEP_DIR = "salus-pack"
+"""The shared execution of a ``hydra/launcher=salus`` sweep, inside its sweep directory: the
+launcher splits it into the sweep's run directories after it ends, which a resume of it
+does not (the launcher is not running then)."""
 HONOURED = ("run.progress", "cluster.master_port", "cluster.timeout_s")
 """Settings a resumed run takes from its own command line rather than the old run's config:
 they change neither the numerics nor the checkpoints (a busy rendezvous port, a timeout
@@ -28,7 +33,39 @@ def resume_target(value: str) -> Path:
     if not (old_dir / CONFIG_FILE).is_file():
         raise UserError(f"run.resume: {old_dir} has no {CONFIG_FILE}; pass the directory of a "
                         "run that accelopt wrote")
+    run_config(old_dir)
     return old_dir
+
+
+def run_config(old_dir: Path) -> Any:
+    """``old_dir``'s ``config.yaml`` merged into the config schema, or a one-line
+    :class:`UserError`: a file of other keys (the merge's traceback, after the new
+    directory was made) or one with no workload (taken as a run, which then had no jobs)."""
+    from omegaconf import OmegaConf
+
+    from accelopt.config import AccelConfig
+
+    path = old_dir / CONFIG_FILE
+    not_a_run = (f"run.resume: {path} is not the config of a run that accelopt wrote "
+                 "({}); pass the directory of such a run")
+    try:
+        cfg = OmegaConf.merge(OmegaConf.structured(AccelConfig), OmegaConf.load(path))
+    except Exception as exc:  # noqa: BLE001 - YAML, schema and type errors alike
+        raise UserError(not_a_run.format(error_text(exc))) from None
+    if not OmegaConf.select(cfg, "workload.jobs") and not OmegaConf.select(
+            cfg, "workload.generate.n_jobs"):
+        raise UserError(not_a_run.format("its workload has no jobs"))
+    return cfg
+
+
+def packed_sweep_note(old_dir: Path, run_dir: Path) -> str:
+    """The line a resume of a ``hydra/launcher=salus`` sweep's shared execution says (or
+    ''): its jobs resume, but into one run directory, not split into the sweep's runs."""
+    if old_dir.resolve().name != PACKED_SWEEP_DIR:
+        return ""
+    return (f"note: {old_dir} is a hydra/launcher=salus sweep's shared execution: its jobs "
+            f"resume into this one directory ({run_dir}; job r<k>-<name> is run k's), not "
+            "into the sweep's run directories; to get those, run the sweep again")
 
 
 def finished(run_dir: Path) -> str:

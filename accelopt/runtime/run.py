@@ -81,8 +81,10 @@ from accelopt.runtime.resume_target import (
     CONFIG_FILE,
     carry_checkpoints,
     honoured,
+    packed_sweep_note,
     refuse_finished,
     resume_target,
+    run_config,
 )
 from accelopt.runtime.run_dir import claim
 from accelopt.telemetry import TelemetrySampler
@@ -277,7 +279,7 @@ def _execute_local(cfg: DictConfig, run_dir: Path, registry: Registry, console: 
     lifecycle = Lifecycle(plugins, info)
     lifecycle.job_built(jobs)
     checkpointer = Checkpointer(run_dir, int(cfg.run.checkpoint_every), bool(cfg.run.save_weights))
-    restored = restore(resume_from, jobs) if resume_from is not None else {}
+    restored = restore(resume_from, jobs, checkpointer) if resume_from is not None else {}
     for job in jobs:  # a job that had finished before the resume: its weights (and final
         result = restored.get(job.info.job_id)  # checkpoint) belong in this run's directory
         if result is not None and result.status == "done":
@@ -612,14 +614,11 @@ def _maybe_resume(
     if not cfg.run.resume:
         return cfg, None
     old_dir = resume_target(str(cfg.run.resume))
-    saved = old_dir / CONFIG_FILE
     if old_dir.resolve() == Path(run_dir).resolve():
         raise UserError(f"run.resume: {old_dir} is also this run's output directory; a resumed "
                         "run writes into a new directory (drop hydra.run.dir)")
-    from accelopt.config import AccelConfig
-
     resume_finished = bool(cfg.run.get("resume_finished", False))
-    resumed = OmegaConf.merge(OmegaConf.structured(AccelConfig), OmegaConf.load(saved))
+    resumed = run_config(old_dir)
     resumed.run.resume = str(old_dir)
     resumed.run.resume_finished = resume_finished
     for key in honoured(_command_line() if overrides is None else overrides):
@@ -633,6 +632,9 @@ def _maybe_resume(
         console.print(f"resuming {old_dir}: it wrote no checkpoint (run.checkpoint_every was 0, "
                       f"or it stopped before the first), so its jobs start from the beginning; "
                       f"writing into {run_dir}")
+    note = packed_sweep_note(old_dir, Path(run_dir))
+    if note:
+        console.print(note, markup=False, highlight=False, soft_wrap=True)
     return resumed, old_dir  # type: ignore[return-value]
 
 
@@ -640,13 +642,20 @@ def _refuse_other_checkpoints(old_dir: Path, cfg: DictConfig) -> None:
     """The checkpoints resumed from must be of this run's jobs (and in a cluster, of as many
     ranks), checked before anything is written: the jobs' restore found out after the new
     directory held the carried checkpoints, the config, the log (and in a cluster the
-    outputs of a run that never trained), though the refusal said nothing was written."""
-    from accelopt.drivers.cluster.checkpoints import refuse_unresumable
+    outputs of a run that never trained), though the refusal said nothing was written. Every
+    file it would carry must be readable too (a damaged one was linked in before its
+    refusal)."""
+    from accelopt.drivers.cluster.checkpoints import refuse_unreadable, refuse_unresumable
     from accelopt.drivers.cluster.settings import settings_from
-    from accelopt.job.checkpoint import refuse_other_spec
+    from accelopt.job.checkpoint import UNREADABLE_HINT, read_checkpoint, refuse_other_spec
 
     if not has_checkpoints(old_dir):
         return
+    if cfg.cluster.mode == "none":  # every file carried, before any is: a damaged one is
+        for path in sorted((old_dir / CHECKPOINT_DIR).rglob("*.pt")):  # refused, not linked
+            read_checkpoint(path, UNREADABLE_HINT)
+    else:
+        refuse_unreadable(old_dir)
     try:
         specs = job_specs(cfg)
     except ConfigError:

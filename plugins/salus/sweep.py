@@ -35,9 +35,12 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from accelopt import ConfigError
 from accelopt.atomic import atomic_open
+from accelopt.runtime.resume_target import PACKED_SWEEP_DIR
 
-PACK_DIR = "salus-pack"
-"""Where the shared execution's own record goes, inside the sweep directory."""
+PACK_DIR = PACKED_SWEEP_DIR
+"""Where the shared execution's own record goes, inside the sweep directory. A killed sweep
+leaves only this directory; ``run.resume`` of it trains the jobs on into one run directory
+and says so (the split into the runs' directories is this launcher's, after the run)."""
 EXEMPT = ("workload", "hydra")
 """Top-level keys runs may differ in (the workload) or that are Hydra's own."""
 
@@ -251,8 +254,9 @@ def write_run(run: SweepRun, part: Any, shared: Path, renames: dict[str, str]) -
     from rich.console import Console
 
     from accelopt.report import render_summary, run_metrics, write_run_outputs
+    from accelopt.runtime.run_dir import claim
 
-    run.out_dir.mkdir(parents=True, exist_ok=True)
+    claim(run.out_dir)  # the run's directory is taken, as a run under the basic launcher takes it
     with atomic_open(run.out_dir / "config.yaml") as handle:
         handle.write(OmegaConf.to_yaml(run.task, resolve=True))
     hydra_dir = run.out_dir / ".hydra"

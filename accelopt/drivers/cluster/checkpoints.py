@@ -24,8 +24,11 @@ from typing import TYPE_CHECKING, Any
 from accelopt.errors import UserError
 from accelopt.job.checkpoint import (
     CHECKPOINT_DIR,
+    carried_wait,
     load_into,
+    read_checkpoint,
     refuse_other_spec,
+    resumed_clock,
     save_checkpoint,
 )
 
@@ -47,9 +50,14 @@ class RankCheckpointer:
 
     def __init__(self, run_dir: str | Path, every: int, rank: int, world: int) -> None:
         self.run_dir, self.every, self.rank, self.world = Path(run_dir), every, rank, world
+        self.clock_offset = 0.0
+        """A resumed run: the clock of the run it resumed, which ``clock_s`` goes on from."""
+        self.waits: dict[str, float] = {}
+        """A resumed run: the wait of each job that had arrived without a checkpoint."""
 
     def after_step(self, part: RankJob) -> None:
         job = part.job
+        self._carry_wait(part)
         if not self.every or (job.iteration % self.every and not job.done):
             return
         directory = job_dir(self.run_dir, job.info.job_id)
@@ -60,6 +68,7 @@ class RankCheckpointer:
             "service_s": part.service_s(),
             "queueing_s": part.queueing_s(),
             "spec": asdict(job.spec),
+            "clock_s": self.clock_offset + part.now() - part.train_t0,
             "rank": self.rank,
             "world": self.world,
         }
@@ -67,6 +76,16 @@ class RankCheckpointer:
         mine = sorted(_generations(directory).get(self.rank, []))
         for old in mine[:-KEEP]:
             (directory / f"rank{self.rank}.it{old:08d}.pt").unlink(missing_ok=True)
+
+
+    def _carry_wait(self, part: RankJob) -> None:
+        """A job that carried a wait (:func:`accelopt.job.checkpoint.carried_wait`): at its
+        first iteration here, its queueing delay becomes that wait plus this run's."""
+        job_id = part.job.info.job_id
+        if job_id in self.waits and part.carried_queueing_s is None:
+            queueing = part.queueing_s()
+            if queueing is not None:
+                part.carried_queueing_s = self.waits.pop(job_id) + queueing
 
 
 def _generations(directory: Path) -> dict[int, list[int]]:
@@ -99,17 +118,48 @@ def refuse_unresumable(resume_dir: str | Path, job_id: str, spec: Any, world: in
     refuse_other_spec(directory / f"rank{rank}.it{max(iterations):08d}.pt", spec)
 
 
+def unreadable_hint(path: Path) -> str:
+    """What deleting the unreadable rank file ``path`` does to its job's resume: the newest
+    iteration every rank would still have, or the job's restart from scratch."""
+    directory = path.parent
+    match = _NAME.match(path.name)
+    generations = _generations(directory)
+    if match and generations:
+        rank, iteration = int(match.group(1)), int(match.group(2))
+        generations[rank] = [i for i in generations[rank] if i != iteration]
+        common = set.intersection(*(set(v) for v in generations.values()))
+        then = (f"its job resumes from iteration {max(common)}, the newest every rank still "
+                "has" if common else "its job restarts from scratch")
+    else:
+        then = "its job restarts from scratch"
+    return (f"copy the run directory, delete the file in the copy and resume the copy: "
+            f"{then} (the directory resumed is only read)")
+
+
+def refuse_unreadable(resume_dir: str | Path) -> None:
+    """Every rank file a resume carries must be readable, checked before it writes anything
+    (it found a damaged file after the new directory held the carried files and the outputs
+    of a run that never trained)."""
+    for path in sorted((Path(resume_dir) / CHECKPOINT_DIR).rglob("*.pt")):
+        read_checkpoint(path, unreadable_hint(path))
+
+
 def restore_part(resume_dir: str | Path, part: RankJob, rank: int, world: int) -> bool:
     """Load this rank's part of ``part``'s job from the newest iteration every rank saved;
-    ``False`` when there is none (the job starts from scratch)."""
+    ``False`` when there is none (the job starts from scratch, carrying the wait it had if
+    it had arrived: :func:`accelopt.job.checkpoint.carried_wait`). The rank's checkpointer
+    goes on with the old run's clock."""
     job = part.job
+    clock = resumed_clock(resume_dir)
+    if part.checkpointer is not None:
+        part.checkpointer.clock_offset = clock or 0.0
     directory = job_dir(resume_dir, job.info.job_id)
     generations = _generations(directory)
-    if not generations:
-        return False
-    refuse_other_ranks(directory, generations, world)
-    common = set.intersection(*(set(v) for v in generations.values()))
+    if generations:
+        refuse_other_ranks(directory, generations, world)
+    common = set.intersection(*(set(v) for v in generations.values())) if generations else set()
     if not common:
+        _carry_wait(part, carried_wait(job.info.arrival_s, clock))
         return False
     state = load_into(directory / f"rank{rank}.it{max(common):08d}.pt", job)
     part.iterations = list(state["iterations"])
@@ -117,3 +167,10 @@ def restore_part(resume_dir: str | Path, part: RankJob, rank: int, world: int) -
     part.carried_service_s = float(state.get("service_s", 0.0))
     part.carried_queueing_s = state.get("queueing_s")  # absent from older checkpoints
     return True
+
+
+def _carry_wait(part: RankJob, wait: float) -> None:
+    if wait > 0:
+        part.carried_s = wait
+        if part.checkpointer is not None:
+            part.checkpointer.waits[part.job.info.job_id] = wait

@@ -1,0 +1,188 @@
+"""``run.resume`` at its edges: a job still waiting when the run was stopped, a directory
+that is not a run, a damaged checkpoint, and a packed sweep's shared execution."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from clirun import accelopt, run_files, run_in_process
+from rich.console import Console
+
+from accelopt.config import AccelConfig, JobConfig
+from accelopt.errors import UserError
+from accelopt.job import Job
+from accelopt.job.checkpoint import Checkpointer, restore
+from accelopt.records import JobResult, RunInfo, RunRecord
+from accelopt.report.metrics import run_metrics
+
+
+def _jobs() -> list[Job]:
+    specs = [JobConfig(name="first", width=8, batch_size=8, iterations=20, seed=0),
+             JobConfig(name="queued", width=8, batch_size=8, iterations=4, seed=1,
+                       arrival_s=0.05),
+             JobConfig(name="later", width=8, batch_size=8, iterations=4, seed=2,
+                       arrival_s=9.0)]
+    return [Job(s, job_id=f"{k:02d}-{s.name}", device=torch.device("cpu"))
+            for k, s in enumerate(specs)]
+
+
+def test_a_job_waiting_at_the_checkpoint_carries_its_wait_into_the_resume(tmp_path):
+    """A job that had arrived but not started when the run was stopped (no checkpoint of
+    its own) started at its arrival on the resumed run's clock: its queueing delay, JCT
+    and the makespan lost the time it had waited (2.33 s of queueing read as 0.12 s)."""
+    old = tmp_path / "old"
+    first, queued, later = _jobs()
+    before = Checkpointer(old, every=1, save_weights=False)
+    before.clock = lambda: 2.0  # the old run's clock when the first job's checkpoint was written
+    running = JobResult(first.info, status="running", first_start_s=0.0)
+    before.save(first, running)
+
+    jobs = _jobs()
+    after = Checkpointer(tmp_path / "new", every=0, save_weights=False)
+    restored = restore(old, jobs, after)
+    assert restored["00-first"].carried_s == pytest.approx(2.0)
+    assert restored["01-queued"].carried_s == pytest.approx(1.95)  # arrived at 0.05
+    assert "02-later" not in restored  # had not arrived: nothing to carry
+    assert after.clock_offset == pytest.approx(2.0)
+
+    # the resumed run: the first job ends at 0.15, the queued one runs 0.15 -> 0.45
+    done_first = restored["00-first"]
+    done_first.status, done_first.end_s = "done", 0.15
+    waited = restored["01-queued"]
+    waited.first_start_s = 0.15
+    after.after_iteration(jobs[1], waited)
+    waited.status, waited.end_s = "done", 0.45
+    assert waited.queueing_s == pytest.approx(1.95 + 0.10)
+    assert waited.jct_s == pytest.approx(0.40 + 1.95)
+    record = RunRecord(info=RunInfo("new", "cpu", (), (), 0),
+                       jobs=[done_first, waited])
+    summary = run_metrics(record)
+    assert summary["makespan_s"] == pytest.approx(0.45 + 1.95)
+    assert summary["makespan_s"] >= max(j.job.arrival_s + j.jct_s for j in record.jobs)
+
+    after.clock = lambda: 0.5  # its own checkpoints go on with the old run's clock
+    after.save(jobs[1], waited)
+    state = torch.load(tmp_path / "new" / "checkpoints" / "01-queued.pt", weights_only=False)
+    assert state["timing"]["clock_s"] == pytest.approx(2.5)
+
+
+def test_a_cluster_job_waiting_at_the_checkpoint_carries_its_wait(tmp_path):
+    """The same in a cluster run: a rank's part of a job with no checkpoint of its own."""
+    from accelopt.drivers.cluster.checkpoints import RankCheckpointer, restore_part
+
+    old = tmp_path / "old"
+    (old / "checkpoints" / "00-first").mkdir(parents=True)
+    torch.save({"clock_s": 3.0}, old / "checkpoints" / "00-first" / "rank0.it00000010.pt")
+    queued = _jobs()[1]
+    part = SimpleNamespace(job=queued, carried_s=0.0, carried_queueing_s=None,
+                           checkpointer=RankCheckpointer(tmp_path / "new", 5, 0, 1),
+                           queueing_s=lambda: 0.25)
+    assert restore_part(old, part, rank=0, world=1) is False  # starts from scratch
+    assert part.carried_s == pytest.approx(2.95)
+    assert part.checkpointer.clock_offset == pytest.approx(3.0)
+    part.checkpointer._carry_wait(part)  # its first iteration here
+    assert part.carried_queueing_s == pytest.approx(2.95 + 0.25)
+
+
+@pytest.mark.timeout(120)
+def test_a_resumed_run_reports_the_wait_of_a_job_queued_when_it_stopped(tmp_path):
+    """End to end: as if stopped at 5 s on its clock, the second job still queued (its
+    checkpoint gone, the first job's saying 5 s): the resumed report counts the wait."""
+    first, again = tmp_path / "first", tmp_path / "again"
+    run_in_process("workload=tiny", "run.progress=false", "run.compare=none",
+                   "run.checkpoint_every=2", run_dir=first)
+    (first / "metrics.json").unlink()
+    (first / "checkpoints" / "01-tiny-cnn.pt").unlink()
+    path = first / "checkpoints" / "00-tiny-mlp.pt"
+    state = torch.load(path, weights_only=False)
+    state["timing"]["clock_s"] = 5.0
+    torch.save(state, path)
+    run_in_process(f"run.resume={first}", "run.progress=false", run_dir=again)
+    metrics = json.loads((again / "metrics.json").read_text())
+    cnn = next(j for j in metrics["jobs"] if j["name"] == "tiny-cnn")
+    assert cnn["status"] == "done"
+    assert cnn["queueing_s"] >= 5.0 - 0.05 and cnn["jct_s"] > cnn["queueing_s"]
+    assert metrics["summary"]["makespan_s"] >= cnn["arrival_s"] + cnn["jct_s"]
+
+
+@pytest.mark.parametrize("text", ["foo: 1\n", "", "workload:\n  name: x\n"],
+                         ids=["other-keys", "empty", "no-jobs"])
+def test_a_config_yaml_that_is_no_runs_is_refused_in_one_line(tmp_path, text):
+    """A config.yaml of other keys ended in the schema merge's traceback after the new
+    directory was made; an empty one was taken as a run that then had no jobs."""
+    notrun = tmp_path / "notrun"
+    notrun.mkdir()
+    (notrun / "config.yaml").write_text(text)
+    result = accelopt("run", f"run.resume={notrun}", f"hydra.run.dir={tmp_path / 'new'}",
+                      cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "is not the config of a run that accelopt wrote" in lines[0]
+    assert "resuming" not in result.stdout
+    assert not (tmp_path / "new").exists()
+
+
+@pytest.mark.timeout(120)
+def test_a_damaged_checkpoint_is_refused_before_anything_is_written(tmp_path):
+    """A truncated checkpoint was refused only once the new directory held the config, the
+    log and a link to the damaged file; the hint asked to delete it in the directory a
+    resume only reads."""
+    first = tmp_path / "first"
+    run_in_process("workload=single", "workload.jobs.0.iterations=4", "run.progress=false",
+                   "run.checkpoint_every=2", run_dir=first)
+    (first / "metrics.json").unlink()
+    path = first / "checkpoints" / "00-mlp.pt"
+    path.write_bytes(path.read_bytes()[:100])
+    before = run_files(first)
+    refused = accelopt("run", f"run.resume={first}", f"hydra.run.dir={tmp_path / 'again'}",
+                       cwd=tmp_path)
+    assert refused.returncode == 2, refused.stderr
+    (line,) = refused.stderr.strip().splitlines()
+    assert f"cannot read checkpoint {path}" in line
+    assert "copy the run directory, delete the file in the copy and resume the copy" in line
+    assert not (tmp_path / "again").exists()
+    assert run_files(first) == before
+
+
+def test_a_damaged_rank_checkpoint_says_which_generation_is_used_without_it(tmp_path):
+    from accelopt.drivers.cluster.checkpoints import refuse_unreadable
+
+    directory = tmp_path / "checkpoints" / "00-job"
+    directory.mkdir(parents=True)
+    for rank in (0, 1):
+        for iteration in (10, 20):
+            torch.save({"clock_s": 1.0}, directory / f"rank{rank}.it{iteration:08d}.pt")
+    (directory / "rank1.it00000020.pt").write_bytes(b"cut")
+    with pytest.raises(UserError, match="resumes from iteration 10, the newest every rank "
+                                        "still has") as info:
+        refuse_unreadable(tmp_path)
+    assert "\n" not in str(info.value)
+    (directory / "rank1.it00000010.pt").unlink()
+    with pytest.raises(UserError, match="its job restarts from scratch"):
+        refuse_unreadable(tmp_path)
+
+
+def test_a_resume_of_a_packed_sweeps_execution_says_it_writes_one_directory(tmp_path):
+    """A killed hydra/launcher=salus sweep leaves only its salus-pack/; resuming it trained
+    every job into one directory, not the sweep's run directories, and said nothing."""
+    from omegaconf import OmegaConf
+
+    from accelopt.runtime.run import _maybe_resume
+
+    pack = tmp_path / "sweep" / "salus-pack"
+    pack.mkdir(parents=True)
+    saved = OmegaConf.structured(AccelConfig)
+    saved.workload.jobs = [JobConfig(name="r0-job"), JobConfig(name="r1-job")]
+    OmegaConf.save(saved, pack / "config.yaml")
+    cfg = OmegaConf.structured(AccelConfig)
+    cfg.run.resume = str(pack)
+    out = io.StringIO()
+    _maybe_resume(cfg, tmp_path / "new", Console(file=out, width=400))
+    (note,) = [ln for ln in out.getvalue().splitlines() if ln.startswith("note:")]
+    assert "hydra/launcher=salus" in note and "not into the sweep's run directories" in note
+    assert Path(pack).is_dir()
