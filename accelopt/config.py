@@ -1,14 +1,15 @@
 """The run configuration's schema, as structured configs registered with Hydra.
 
 Typing the schema means a wrong type or an unknown key fails at composition time with the
-key's name (``run.seed=abc`` -> "run.seed: expected int"), before any job is built.
+key's name (``run.seed=abc`` -> "run.seed: Value 'abc' of type 'str' could not be converted
+to Integer"), before any job is built.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import typing
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -170,9 +171,43 @@ class AccelConfig:
     plugins: dict[str, Any] = field(default_factory=dict)
 
 
-def register_schema() -> None:
-    """Register the base schema (``base_config``) that ``configs/config.yaml`` extends."""
-    ConfigStore.instance().store(name="base_config", node=AccelConfig)
+def register_schema(overrides: Sequence[str] = ()) -> None:
+    """Register the base schema (``base_config``) that ``configs/config.yaml`` extends, and,
+    when ``overrides`` pick an ``experiment=`` preset, the config of each installed plugin a
+    preset selects (:func:`preset_plugins`) not registered yet: Hydra composes
+    ``experiment=NAME`` only if the ``plugins/<name>`` nodes its defaults list names exist,
+    and the command line, whose ``+plugins=[...]`` registers the others, does not name them.
+    One a preset names that is not installed stays unregistered: Hydra's "no plugins 'x'"
+    line then says so."""
+    cs = ConfigStore.instance()
+    cs.store(name="base_config", node=AccelConfig)
+    if not any(o.lstrip("+").startswith("experiment=") for o in overrides):
+        return  # no preset: nothing of theirs to find (and no plugin imported for it)
+    registered = cs.repo.get("plugins", {})
+    missing = [n for n in preset_plugins() if f"{n}.yaml" not in registered]
+    if missing:
+        from accelopt.plugin import Registry
+
+        registry = Registry.discover()
+        installed = set(registry.names())
+        register_plugin_configs([registry.get(n) for n in missing if n in installed])
+
+
+def preset_plugins() -> list[str]:
+    """The plugins the experiment presets (``configs/experiment/*.yaml``) select in their
+    defaults lists (``- /plugins: [salus, tictac]``), in file order, each once."""
+    from pathlib import Path
+
+    import accelopt.configs
+
+    names: list[str] = []
+    for path in sorted((Path(accelopt.configs.__file__).parent / "experiment").glob("*.yaml")):
+        for entry in OmegaConf.load(path).get("defaults") or []:
+            chosen = entry.get("/plugins", entry.get("plugins")) if isinstance(entry, DictConfig) \
+                else None
+            chosen = [chosen] if isinstance(chosen, str) else list(chosen or [])
+            names += [str(n) for n in chosen if str(n) not in names]
+    return names
 
 
 def register_plugin_configs(specs: list[Any]) -> None:

@@ -233,7 +233,7 @@ def test_multirun_sweep_gives_every_run_its_metrics(tmp_path):
           "plugins.gpu_kernels.conv_cache=/proc/nope/x.json", "cluster.mode=none"],
          "; give plugins.gpu_kernels.conv_cache a path you can write"),
         (["run.memory_capacity=abc"], "run.memory_capacity: cannot read 'abc'"),
-        (["workload.jobs.0.arrival_s=-3"], "arrival_s must be >= 0"),
+        (["workload.jobs.0.arrival_s=-3"], "arrival_s must be in [0, 1e+09]"),
         (["workload.jobs.0.dataset=nope"], "unknown dataset 'nope'"),
         (["workload.jobs.0.model=nomod:fn", "workload.jobs.0.dataset=digits"],
          "cannot import 'nomod'"),

@@ -164,7 +164,7 @@ def prepared_configs(overrides: list[str], registry: Registry, multirun: bool = 
     for names in plugin_selections(overrides):
         for spec in resolve(names, registry):
             specs[spec.name] = spec
-    register_schema()
+    register_schema(overrides)
     register_plugin_configs(list(specs.values()))
     out = []
     combos = expand_sweeps(overrides) if multirun else [overrides]
@@ -257,7 +257,7 @@ def composed_with_every_plugin(sets: list[list[str]], overrides: list[str],
     sets of ``accelopt matrix`` and ``accelopt bench``)."""
     every = list(dict.fromkeys(name for s in sets for name in s))
     expose_hydra_plugins()
-    register_schema()
+    register_schema(overrides)
     register_plugin_configs([registry.get(n) for n in every])
     selection = [f"+plugins=[{','.join(every)}]"] if every else []
     return compose_checked([*selection, *overrides])
@@ -337,7 +337,8 @@ def describe_config_error(exc: BaseException) -> str:
     if "Could not override" in str(exc) or "Could not append" in str(exc):
         unknown = re.search(r"Could not override '([\w.]+)'", str(exc))
         if unknown:
-            return unknown_key_message(_deepest_key(unknown.group(1), key))
+            return (_unknown_element_key_message(unknown.group(1), key)
+                    or unknown_key_message(_deepest_key(unknown.group(1), key)))
         lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
         return "; ".join(lines[:2])
     return f"{key}: {message}" if key else message
@@ -350,6 +351,25 @@ def _deepest_key(overridden: str, missing: Any) -> str:
     the plugin's name), else the override's own key."""
     missing = str(missing or "")
     return missing if missing.startswith(f"{overridden}.") else overridden
+
+
+def _unknown_element_key_message(overridden: str, missing: Any) -> str | None:
+    """A whole value given for a list of jobs or one job (``workload.jobs=[{name: a, lrr: 1}]``,
+    ``workload.jobs.0={...}``) with a key the job has not: OmegaConf names the bare key
+    (``lrr``), so name it in its job, with the closest field; None for any other case."""
+    if not re.fullmatch(r"workload\.jobs(\.\d+)?", overridden):
+        return None
+    missing = re.sub(r"\[(\d+)\]", r".\1", str(missing or ""))
+    missing = missing.removeprefix(f"{overridden}.")
+    if not missing or "." in missing:
+        return None
+    fields = _schema_fields(overridden) or _schema_fields(f"{overridden}.0")
+    if not fields or missing in fields:
+        return None
+    where = overridden if overridden.split(".")[-1].isdigit() else f"a job of {overridden}"
+    where = f"job {overridden}" if where == overridden else where
+    return (f"unknown config key '{missing}' in {where}{did_you_mean(missing, fields)} "
+            f"(its keys: {', '.join(fields)})")
 
 
 def _unknown_option_message(group: str, name: str) -> str:

@@ -130,7 +130,7 @@ def pick_device(name: str) -> torch.device:
         raise ConfigError(f"run.device: {name!r} is not supported (jobs run on a CPU or a CUDA "
                           "device); use auto, cpu or cuda[:N]")
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise UserError("run.device=cuda but no CUDA device is available; use run.device=cpu")
+        raise UserError(f"run.device={name} but no CUDA device is available; use run.device=cpu")
     return device
 
 

@@ -72,9 +72,24 @@ def _run_seeded(specs: list[JobConfig], cfg: DictConfig | Any) -> list[JobConfig
         offset = int(OmegaConf.select(cfg, "run.seed", default=0) or 0)
     else:  # the schema's dataclass, or a config without a run section
         offset = int(getattr(getattr(cfg, "run", None), "seed", 0) or 0)
+    check_seed(offset, "run.seed")
     for spec in specs:
+        check_seed(spec.seed + offset, f"job '{spec.name}': seed + run.seed"
+                   if offset else f"job '{spec.name}': seed")
         spec.seed += offset
     return specs
+
+
+SEED_RANGE = (-(2**63), 2**64 - 1)
+"""The seeds ``torch.manual_seed`` takes (a larger one raised a raw ``ValueError: Overflow
+when unpacking long long`` from inside the run)."""
+
+
+def check_seed(seed: int, key: str) -> None:
+    """Refuse a seed torch cannot take, in one line naming ``key``."""
+    low, high = SEED_RANGE
+    if not low <= seed <= high:
+        raise ConfigError(f"{key} must be in [-2**63, 2**64-1] (torch's seed range), got {seed}")
 
 
 def _build_specs(workload_container: Any) -> list[JobConfig]:
@@ -84,7 +99,13 @@ def _build_specs(workload_container: Any) -> list[JobConfig]:
     workload = typed.workload
     specs: list[JobConfig] = [OmegaConf.to_object(j) for j in workload.jobs]  # type: ignore[misc]
     gen = workload.generate
+    if int(gen.n_jobs) < 0:
+        raise ConfigError(f"workload.generate.n_jobs must be >= 0 (0: no generated jobs), got "
+                          f"{gen.n_jobs}")
     if gen.n_jobs:
+        if not 0 < float(gen.mean_interarrival_s) <= MAX_ARRIVAL_S:
+            raise ConfigError(f"workload.generate.mean_interarrival_s must be in (0, "
+                              f"{MAX_ARRIVAL_S:g}] seconds, got {gen.mean_interarrival_s}")
         try:
             trace = generate_trace(
                 n_jobs=int(gen.n_jobs),
@@ -164,11 +185,15 @@ def validate_spec(spec: JobConfig) -> None:
     if spec.precision not in PRECISIONS:
         raise ConfigError(f"{where}: precision must be one of {', '.join(PRECISIONS)}, got "
                           f"{spec.precision!r}")
-    if spec.arrival_s < 0:
-        raise ConfigError(f"{where}: arrival_s must be >= 0 (seconds after the run starts), "
-                          f"got {spec.arrival_s}")
+    if not 0 <= spec.arrival_s <= MAX_ARRIVAL_S:
+        raise ConfigError(f"{where}: arrival_s must be in [0, {MAX_ARRIVAL_S:g}] (seconds after "
+                          f"the run starts), got {spec.arrival_s}")
     _check_names(spec, where)
 
+
+MAX_ARRIVAL_S = 1e9
+"""About 32 years: a later arrival is a typo, and a wait that long overflows the clocks a
+driver waits on (``OverflowError: timestamp out of range`` in one process)."""
 
 FLOAT_SETTINGS = {
     "lr": "a finite number > 0",

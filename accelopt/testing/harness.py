@@ -58,7 +58,7 @@ def run_workload(
             raise ValueError(f"'{RECORDER_NAME}' is reserved for the HookRecorder plugin")
         registry.add(recorder.spec())
         names.append(RECORDER_NAME)
-    register_schema()
+    register_schema(overrides)
     register_plugin_configs(resolve(names, registry))
     selection = [f"+plugins=[{','.join(names)}]"] if names else []
     cfg = compose_checked(

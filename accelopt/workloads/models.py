@@ -324,7 +324,18 @@ def build_model(
     w = _DEFAULT_WIDTH[name] if width is None else int(width)
     if w < 1:
         raise ValueError(f"width must be >= 1; got {width}")
+    try:
+        return _zoo_model(name, input_shape, num_classes, vocab_size, w)
+    except (RuntimeError, MemoryError, OverflowError) as exc:
+        # a width too large for memory (torch's allocator raises RuntimeError): one line
+        # naming the width, as a factory's own error is, not a traceback from deep in torch
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ValueError(f"the zoo model {name!r} with width={w} cannot be built ({first}); "
+                         "lower width") from None
 
+
+def _zoo_model(name: str, input_shape: tuple[int, ...], num_classes: int,
+               vocab_size: int | None, w: int) -> nn.Module:
     if name == "mlp":
         return MLP(math.prod(input_shape), num_classes, w)
     if name in ("cnn", "resnet", "inception"):

@@ -68,6 +68,11 @@ def positive_number(value: Any, key: str, what: str, most: float) -> float:
     return float(value)
 
 
+MAX_RANKS = 1024
+"""The most processes a cluster run may have: each rank is a process with its own torch
+(~0.3 GB), so a typo such as ``cluster.workers=100000`` started forking that many before
+anything failed. 1024 is beyond any run on one machine and still lets torchrun spread
+a large world over many."""
 MAX_BUCKET_MB = 1e12
 """About 2**60 bytes: more than any model (a bucket that size holds the whole model), and
 the bytes still fit the 64-bit integers DDP's ``bucket_cap_mb`` becomes."""
@@ -296,6 +301,10 @@ def settings_from(cluster: Any) -> ClusterSettings:
         raise ConfigError(f"cluster.workers must be >= 1, got {workers}")
     if mode == "ps" and servers < 1:
         raise ConfigError(f"cluster.servers must be >= 1 in ps mode, got {servers}")
+    if workers + (servers if mode == "ps" else 0) > MAX_RANKS:
+        raise ConfigError(f"cluster.workers + cluster.servers must be at most {MAX_RANKS} (one "
+                          f"process each, with its own torch), got {workers} + "
+                          f"{servers if mode == 'ps' else 0}; lower them")
     backend = str(cluster.backend)
     if backend not in BACKENDS:
         raise ConfigError(f"cluster.backend: {backend!r} unknown; use one of {', '.join(BACKENDS)}")
