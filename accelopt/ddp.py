@@ -18,6 +18,9 @@ encoder returns a tuple of tensors), ``accelopt_transfer_decode`` and
 are told ``accelopt_run_start`` once, with a :class:`~accelopt.types.RunInfo` that says
 all-reduce mode, this rank and a :class:`~accelopt.types.JobInfo` of the model (its
 parameter table and buckets). Gradients are averaged over the ranks, as DDP's own hook does.
+``state.state_dict()`` / ``state.load_state_dict(saved)`` carry the plugins' own state (error
+feedback, momentum) across a checkpoint of your script: save it on every rank with the model
+and the optimizer, load it before the first backward.
 
 For gradient compression without writing a plugin, ``accelopt_plugins.gradcomm.comm_hook``
 builds the gradcomm plugin and calls this function.

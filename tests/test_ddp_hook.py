@@ -145,17 +145,22 @@ def test_gradcomm_fp16_without_error_feedback_is_ddps_fp16_hook(runs):
 
 
 @pytest.mark.timeout(120)
-def test_the_documented_example_runs():
+@pytest.mark.parametrize("codec, row", [("topk", "top-k density 0.05"),
+                                        ("threshold", "threshold 0.01")])
+def test_the_documented_example_runs_and_compresses(codec, row):
+    """Each codec the example offers sends fewer bytes than DDP's all-reduce (its threshold
+    of 0.001 sent half the elements, each with its index: more bytes than fp32)."""
     import subprocess
     import sys
     from pathlib import Path
 
     script = Path(__file__).parents[1] / "examples" / "ddp" / "gradcomm_ddp.py"
-    out = subprocess.run([sys.executable, str(script), "--codec", "topk", "--iterations", "3"],
+    out = subprocess.run([sys.executable, str(script), "--codec", codec, "--iterations", "3"],
                          capture_output=True, text=True, timeout=100)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "DDP all-reduce: final loss" in out.stdout and "gradcomm topk: final loss" in out.stdout
-    assert "gradcomm: top-k density 0.05" in out.stdout
+    assert "DDP all-reduce: final loss" in out.stdout
+    assert f"gradcomm {codec}: final loss" in out.stdout
+    assert f"gradcomm: {row}" in out.stdout and "x fewer bytes than fp32" in out.stdout
 
 
 def test_bad_use_is_one_line():
@@ -320,3 +325,112 @@ def test_ranks_given_different_codec_settings_are_one_line_at_once(tmp_path):
             "rank must encode its buckets the same way: pass the same options on every rank")
         assert (tmp_path / f"nan{rank}.txt").read_text() == (
             "bucket_mb must be a finite number > 0 (MiB per bucket), got nan")
+
+
+RESUME = {"sparsify": "topk", "density": 0.1, "optimizer": "sgd", "momentum": MOMENTUM,
+          "bucket_mb": 0.004}
+
+
+def _resumable(rank: int, batches: list[torch.Tensor], saved: dict | None,
+               restore_hook: bool = True) -> dict:
+    """DGC top-k with momentum SGD over ``batches``, from ``saved`` (model, optimizer and the
+    hook's state) when given; returns the same three at the end."""
+    from accelopt_plugins.gradcomm import comm_hook as gradcomm_hook
+
+    net = _model()
+    ddp = DistributedDataParallel(net, bucket_cap_mb=0.004)
+    state, hook = gradcomm_hook(net, **RESUME)
+    ddp.register_comm_hook(state, hook)
+    opt = torch.optim.SGD([p for p in net.parameters() if p.requires_grad], lr=0.1,
+                          momentum=MOMENTUM)
+    if saved is not None:
+        net.load_state_dict(saved["model"])
+        opt.load_state_dict(saved["optimizer"])
+        if restore_hook:
+            state.load_state_dict(saved["hook"])
+    for x in batches:
+        opt.zero_grad()
+        nn.functional.cross_entropy(ddp(x), x[:, :4].argmax(dim=1)).backward()
+        opt.step()
+    out = {"model": {k: v.clone() for k, v in net.state_dict().items()},
+           "optimizer": opt.state_dict(), "hook": state.state_dict()}
+    state.close()
+    return out
+
+
+def _misuse(rank: int) -> dict[str, str]:
+    """Each misuse's message (one line each)."""
+    from accelopt_plugins.gradcomm import comm_hook as gradcomm_hook
+
+    from accelopt.ddp import comm_hook
+
+    out = {}
+    net = _model()
+    ddp = DistributedDataParallel(net)
+    state, hook = gradcomm_hook(_model(), dtype="fp16")  # made for another model
+    ddp.register_comm_hook(state, hook)
+    try:
+        nn.functional.mse_loss(ddp(torch.randn(2, 16)), torch.zeros(2, 4)).backward()
+        out["other_model"] = "accepted"
+    except Exception as exc:  # noqa: BLE001 - what the user sees
+        out["other_model"] = str(exc)
+    state.close()
+    bare, _ = comm_hook(_model())  # no plugin: cannot take gradcomm's residuals
+    try:
+        bare.load_state_dict({"iteration": 3, "plugins": {"gradcomm": {}}})
+        out["load"] = "accepted"
+    except Exception as exc:  # noqa: BLE001 - what the user sees
+        out["load"] = str(exc)
+    bare.close()
+    return out
+
+
+def _user_worker(rank: int, init: str, out_dir: str, what: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    if what == "misuse":
+        results = _misuse(rank)
+    else:
+        gen = torch.Generator().manual_seed(20 + rank)
+        batches = [torch.randn(8, 16, generator=gen) for _ in range(4)]
+        half = _resumable(rank, batches[:2], None)
+        results = {"whole": _resumable(rank, batches, None),
+                   "resumed": _resumable(rank, batches[2:], half),
+                   "forgot": _resumable(rank, batches[2:], half, restore_hook=False)}
+    torch.save(results, os.path.join(out_dir, f"{what}{rank}.pt"))
+    gc.collect()
+    dist.destroy_process_group()
+
+
+def _spawn_user(tmp_path, what: str) -> list[dict]:
+    mp.spawn(_user_worker, args=(f"file://{tmp_path / 'rendezvous'}", str(tmp_path), what),
+             nprocs=2)
+    return [torch.load(tmp_path / f"{what}{r}.pt") for r in range(2)]
+
+
+@pytest.mark.timeout(120)
+def test_a_resumed_script_with_the_hooks_state_ends_as_the_uninterrupted_one(tmp_path):
+    """The hook keeps gradcomm's residuals, DGC velocities and last sent sum per rank; a
+    user's script had no way to save them, so a resumed DGC run dropped what was held back
+    and applied the optimizer's restored momentum on top of the uncancelled sum."""
+    for rank in _spawn_user(tmp_path, "resume"):
+        whole, resumed = rank["whole"], rank["resumed"]
+        for name, value in whole["model"].items():
+            assert torch.equal(resumed["model"][name], value), name
+        assert resumed["hook"]["iteration"] == whole["hook"]["iteration"] == 3
+        assert any(not torch.equal(rank["forgot"]["model"][n], v)
+                   for n, v in whole["model"].items())  # the state is what made the difference
+
+
+@pytest.mark.timeout(120)
+def test_a_hook_made_for_another_model_or_plugins_is_one_line(tmp_path):
+    """A hook made for another model (or registered on a second DDP) said "was the model
+    changed after it was wrapped?"; a saved state the hook cannot load is not dropped."""
+    for misuse in _spawn_user(tmp_path, "misuse"):
+        assert misuse["other_model"] == (
+            "DDP holds a parameter that this hook was not made for: pass comm_hook the very "
+            "module this DDP wraps (ddp.module), make one (state, hook) per DDP model, and do "
+            "not change the model after wrapping it")
+        assert misuse["load"].startswith("the saved hook state holds the state of plugin "
+                                         "'gradcomm', and this hook has no plugin 'gradcomm'")
+        assert "\n" not in misuse["load"]

@@ -24,7 +24,7 @@ CODECS = {
     "fp16": {"dtype": "fp16"},
     "bf16": {"dtype": "bf16"},
     "topk": {"sparsify": "topk", "density": 0.05},
-    "threshold": {"sparsify": "threshold", "threshold": 1e-3},
+    "threshold": {"sparsify": "threshold", "threshold": 1e-2},
 }
 
 

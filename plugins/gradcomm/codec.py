@@ -90,6 +90,13 @@ def _copy(value: Any) -> Any:
     return value
 
 
+def _accumulator(dtype: torch.dtype) -> torch.dtype:
+    """Where a bucket's error feedback (and DGC's velocity) accumulates: float32, or float64
+    for a float64 bucket, so that its rounding to the wire dtype stays in the residual
+    rather than being lost before error feedback sees it."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
 class CastOverflow(ArithmeticError):
     """A finite gradient became Inf when cast to the wire dtype (fp16 tops out at 65504)."""
 
@@ -209,7 +216,7 @@ class BucketCodec:
         flat = flat.detach().reshape(-1)
         n = flat.numel()
         self.numel[name] = n
-        acc = flat.float()
+        acc = flat.to(_accumulator(flat.dtype))
         velocity = None
         if self.corrected:
             velocity = self.velocity.get(name)
@@ -229,7 +236,7 @@ class BucketCodec:
             wire = acc.to(self.dtype)
             self._check_cast(name, acc, wire, bounds)
             if self.error_feedback:
-                self.residual[name] = acc - wire.float()
+                self.residual[name] = acc - wire.to(acc.dtype)
             st.sent_elements += n
             st.wire_bytes += wire.numel() * wire.element_size()
             return wire
@@ -238,7 +245,7 @@ class BucketCodec:
         self._check_cast(name, acc[idx], values)
         if self.error_feedback:
             rest = acc.clone()
-            rest[idx] -= values.float()  # exactly 0 in float32; the rounding error in 16 bits
+            rest[idx] -= values.to(rest.dtype)  # 0 at the wire's precision, else its rounding
             self.residual[name] = rest
         if velocity is not None and self.factor_masking:
             velocity[idx] = 0.0

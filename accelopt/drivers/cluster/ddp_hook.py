@@ -27,12 +27,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from accelopt.drivers.cluster.transport import ALL_RANKS, Transport
+from accelopt.errors import UserError
+from accelopt.job.job import STATE_LOAD, STATE_SAVE
 from accelopt.types import ParamInfo, ReportRow, RunInfo, TransferRecord
 
 
@@ -125,8 +128,10 @@ class BucketHook:
         for p in params:
             where = self._where.get(id(p))
             if where is None:
-                raise RuntimeError("DDP holds a parameter that is not in the job's parameter "
-                                   "table; was the model changed after it was wrapped?")
+                raise UserError("DDP holds a parameter that this hook was not made for: pass "
+                                "comm_hook the very module this DDP wraps (ddp.module), make "
+                                "one (state, hook) per DDP model, and do not change the model "
+                                "after wrapping it")
             size = slot_size(p)
             pieces.append(_Piece(where[0], where[1], offset, size))
             offset += size
@@ -182,6 +187,36 @@ class BucketHook:
             # hook waits for a tensor that never comes; say so instead of hanging backward
             self.transport.wait_started(self.iteration)
         return out
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a resumed script needs to continue as the uninterrupted one would: each
+        plugin's own state (``accelopt_state_save``, by plugin name: gradcomm's
+        error-feedback residuals and DGC velocities) and the iteration count. Save it with
+        the model and the optimizer on every rank (each rank's residuals are its own)."""
+        plugins: dict[str, Any] = {}
+        if self.run is not None and self.run.job is not None:
+            host = self.transport.host
+            for name in host.names:
+                if STATE_SAVE in host.hooks_of(name):
+                    state = host.call_one(name, STATE_SAVE, job=self.run.job)
+                    if state is not None:
+                        plugins[name] = state
+        return {"iteration": self.iteration, "plugins": plugins}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` into a hook made for the same model and plugins,
+        before the first backward; a plugin state this hook has no plugin to load is refused
+        in one line (it would be dropped silently)."""
+        host = self.transport.host
+        for name in state.get("plugins") or {}:
+            if STATE_LOAD not in host.hooks_of(name):
+                raise UserError(f"the saved hook state holds the state of plugin '{name}', "
+                                f"and this hook has no plugin '{name}' that can load it; make "
+                                "the hook with the same plugins and options as the saved one")
+        job = self.run.job if self.run is not None else None
+        for name, plugin_state in (state.get("plugins") or {}).items():
+            host.call_one(name, STATE_LOAD, job=job, state=plugin_state)
+        self.iteration = int(state.get("iteration", -1))
 
     def unsent(self, params: dict[str, torch.Tensor]) -> list[str] | None:
         """After backward: ``None`` when DDP handed over every bucket of the iteration, else
