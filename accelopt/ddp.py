@@ -86,6 +86,9 @@ def comm_hook(
     if not dist.is_initialized():
         raise UserError("comm_hook needs torch.distributed: call "
                         "dist.init_process_group(...) first")
+    if process_group is not None and not isinstance(process_group, dist.ProcessGroup):
+        raise UserError(f"comm_hook: process_group={process_group!r} is not a process group; "
+                        "pass the one DDP uses (dist.new_group(...)), or None for the default")
     active = [p if isinstance(p, tuple) else
               (PluginSpec(name=type(p).__name__, factory=lambda _c, p=p: p), p)
               for p in plugins]

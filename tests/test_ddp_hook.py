@@ -185,6 +185,18 @@ def test_bad_use_is_one_line():
         assert "\n" not in str(info.value)
 
 
+def test_a_process_group_that_is_not_one_is_one_line(monkeypatch):
+    """``process_group="foo"`` was an AttributeError from inside torch.distributed."""
+    import torch.distributed as dist
+
+    from accelopt.ddp import comm_hook
+
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    with pytest.raises(UserError, match="process_group='foo' is not a process group") as info:
+        comm_hook(nn.Linear(2, 2), process_group="foo")
+    assert "\n" not in str(info.value)
+
+
 @pytest.mark.parametrize("options, words", [
     ({"bucket_mb": float("nan")}, r"bucket_mb must be a finite number > 0 \(MiB per bucket\), "
                                   "got nan"),
