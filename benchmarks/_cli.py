@@ -10,7 +10,8 @@
 * :func:`run`: runs a script's ``main`` the way the ``accelopt`` command runs, SIGTERM
   turned into :class:`~accelopt.errors.Terminated`, accelopt's own errors printed as one
   line (``<script>: error: <message>``), exit 2 for bad input, the error's code otherwise,
-  143 on SIGTERM, 130 on Ctrl-C;
+  143 on SIGTERM, 130 on Ctrl-C, 141 without a traceback when its output's reader has gone
+  (``script | head``);
 * :func:`run_child` and :func:`stopping`: child processes that do not outlive the script
   (stopped, with their own children, when it stops on an error, Ctrl-C or SIGTERM).
 
@@ -217,7 +218,17 @@ def run(main: Callable[[], int | None]) -> NoReturn:
     except KeyboardInterrupt:
         print(f"{prog()}: interrupted", file=sys.stderr, flush=True)
         code = 130
+    except BrokenPipeError:  # `script | head`: the reader left; no traceback for it
+        _drop_stdout()
+        code = 141  # as a shell reports a command killed by SIGPIPE
     sys.exit(code)
+
+
+def _drop_stdout() -> None:
+    """Point stdout at /dev/null, so flushing it at exit does not raise a second
+    BrokenPipeError (the recipe of Python's signal documentation)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
 
 
 def _stop(proc: Any, grace_s: float) -> None:

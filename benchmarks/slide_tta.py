@@ -134,6 +134,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.png is None:
         args.png = f"runs/bench/slide_tta/{time.strftime('%Y%m%d-%H%M%S')}-curves.png"
+    args.png = figure_path(args.png)
     _cli.refuse_existing(args.png, args.force, "--png")
     variants = dict(parse_variant(spec) for spec in args.methods)
     if len(variants) != len(args.methods):
@@ -218,6 +219,23 @@ def main() -> None:
                   f"dense's best final ({top_final}, same {final_n or ds.test.n} points), best "
                   f"{100 * (best[m] - best[top]):+.2f} points vs dense's best")
     plot(curves, args, n, target)
+
+
+def figure_path(path: str) -> str:
+    """The file ``savefig`` will write for ``--png path``, checked before the run: a name
+    without a suffix gets ``.png`` (as ``savefig`` adds it, so the refusal to overwrite
+    checks the file actually written), and a format matplotlib cannot write (``--png
+    results.txt``) exits 2 with one line instead of a traceback after the whole run."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    suffix = Path(path).suffix.lstrip(".").lower()
+    if not suffix:  # a directory is refused as one by refuse_existing
+        return path if Path(path).is_dir() else f"{path}.png"
+    formats = FigureCanvasAgg.get_supported_filetypes()
+    if suffix not in formats:
+        _cli.fail(f"--png {path}: matplotlib cannot write .{suffix} figures; give a name "
+                  f"ending in .png (or one of: {', '.join(sorted(formats))})")
+    return path
 
 
 def plot(curves: dict[str, list[tuple]], args, n: int, target: float) -> None:

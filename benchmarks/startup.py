@@ -60,6 +60,10 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", help="extra overrides of the run")
     args = parser.parse_args()
     trees = [HERE, *(t.resolve() for t in args.tree)]
+    twice = sorted({str(t) for t in trees if trees.count(t) > 1})
+    if twice:  # one side run twice a round, its rows printed twice and compared with itself
+        _cli.fail(f"--tree {twice[0]}: the same checkout given twice (this checkout is always "
+                  "a side); give other checkouts")
     for tree in trees:
         if not (tree / "accelopt" / "__init__.py").is_file():
             _cli.fail(f"--tree {tree}: not a checkout of accelopt (no accelopt/)")

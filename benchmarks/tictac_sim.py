@@ -109,7 +109,14 @@ def straggler(batch: int, workers: int, iterations: int, jitter: float, seed: in
                 iteration[h].append(max(finish))
         sr, st = (1e3 * statistics.mean(spread[h]) for h in ("random", "tac"))
         ir, it = (1e3 * statistics.mean(iteration[h]) for h in ("random", "tac"))
-        print(f"| {model} | {sr:.3f} | {st:.3f} | {sr / st:.1f}x | {ir:.2f} | {it:.2f} |")
+        print(f"| {model} | {sr:.3f} | {st:.3f} | {reduction(sr, st)} | {ir:.2f} | {it:.2f} |")
+
+
+def reduction(random_ms: float, tac_ms: float) -> str:
+    """Random's spread over TAC's, or "none (TAC 0)" where TAC's workers all finish together
+    (``--jitter 0``: every worker runs the same times in the same order), which printed
+    ``infx`` with a division warning."""
+    return f"{random_ms / tac_ms:.1f}x" if tac_ms > 0 else "none (TAC 0)"
 
 
 def schedule() -> None:
@@ -140,6 +147,10 @@ def main() -> int:
     ap.add_argument("--jitter", type=_cli.nonnegative_float, default=0.05)
     ap.add_argument("--seed", type=_cli.nonnegative_int, default=0)
     args = ap.parse_args()
+    if "straggler" in args.section.split(",") and args.workers < 2:
+        # one worker has no spread: the section printed 0.000 / 0.000 = "nanx"
+        ap.error(f"--workers: the straggler section needs at least 2 workers (the spread is "
+                 f"between workers' finish times); got {args.workers}")
     print(f"# machine: {platform.node()} {platform.machine()}, {os.cpu_count()} CPUs, load "
           f"{os.getloadavg()[0]:.2f}; python {sys.version.split()[0]}; args {vars(args)}")
     sections = args.section.split(",")

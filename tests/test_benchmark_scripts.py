@@ -127,6 +127,28 @@ def test_run_exits_with_mains_code(capsys) -> None:
     assert _run(lambda: 3, capsys)[0] == 3
 
 
+@pytest.mark.timeout(10)
+def test_run_ends_quietly_when_the_reader_of_its_output_has_gone(capsys, monkeypatch) -> None:
+    """`script | head` raised BrokenPipeError out of the script: a traceback."""
+    def main() -> None:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    dropped: list[bool] = []
+    monkeypatch.setattr(_cli, "_drop_stdout", lambda: dropped.append(True))
+    assert _run(main, capsys) == (141, [])
+    assert dropped == [True]
+
+
+@pytest.mark.timeout(30)
+def test_tictac_sim_says_none_where_tac_has_no_spread(capsys) -> None:
+    """With --jitter 0 every worker finishes TAC's order together: the reduction printed
+    "infx" with a division warning."""
+    import tictac_sim
+
+    assert tictac_sim.reduction(2.0, 0.5) == "4.0x"
+    assert tictac_sim.reduction(2.0, 0.0) == "none (TAC 0)"
+
+
 @pytest.mark.timeout(20)
 def test_run_child_stops_the_child_when_the_script_stops() -> None:
     """An exception while waiting (Ctrl-C, SIGTERM as Terminated, a timeout) stops the child
@@ -172,6 +194,14 @@ SCRIPT_ERRORS = [
     ("tictac_vs_default.py", ["--variant", "x:heuristic=tac"], "the same settings as the tictac"),
     ("tictac_vs_default.py", ["--variant", "off:heuristic=tic"], "already named 'off'"),
     ("tictac_vs_default.py", ["--set", "heuristic=tic", "heuristic=tac"], "given twice"),
+    # a figure format matplotlib cannot write: a traceback from savefig after the whole run
+    ("slide_tta.py", ["--png", "curves.txt"], "cannot write .txt figures"),
+    # no suffix: savefig writes curves.png, which the refusal to overwrite did not check
+    ("slide_tta.py", ["--png", "{existing_png_stem}"], "curves.png exists"),
+    # one worker has no spread between workers: the straggler table printed "nanx"
+    ("tictac_sim.py", ["--workers", "1"], "at least 2 workers"),
+    # this checkout given as another side: run twice a round and compared with itself
+    ("startup.py", ["--tree", "{checkout}"], "the same checkout given twice"),
 ]
 
 
@@ -181,7 +211,10 @@ SCRIPT_ERRORS = [
 def test_a_script_refuses_bad_arguments_in_one_line(script, args, named, tmp_path) -> None:
     existing = tmp_path / "results.json"
     existing.write_text("{}")
-    argv = [a.format(existing=existing) for a in args]
+    argv = [a.format(existing=existing, checkout=BENCHMARKS.parent,
+                     existing_png_stem=tmp_path / "curves") for a in args]
+    if "{existing_png_stem}" in args:
+        (tmp_path / "curves.png").write_text("keep")
     done = subprocess.run([sys.executable, str(BENCHMARKS / script), *argv], cwd=tmp_path,
                           capture_output=True, text=True, timeout=50)
     assert done.returncode == 2, done.stderr
@@ -190,7 +223,8 @@ def test_a_script_refuses_bad_arguments_in_one_line(script, args, named, tmp_pat
     assert len(errors) == 1 and errors[0] == done.stderr.strip().splitlines()[-1]
     assert errors[0].startswith(f"{script}: error:") and named in errors[0]
     assert done.stdout == ""  # refused before any work
-    assert existing.read_text() == "{}" and sorted(p.name for p in tmp_path.iterdir()) == [
+    assert existing.read_text() == "{}" and sorted(
+        p.name for p in tmp_path.iterdir() if p.name != "curves.png") == [
         "results.json"]  # nothing written (no runs/ either)
 
 
