@@ -83,21 +83,27 @@ def test_plugin_summary_line(tmp_path):
     assert "noop" in result.stdout and "hook calls" in result.stdout
 
 
+def _refused_into_out(tmp_path, line: str) -> None:
+    """A one-process run into ``hydra.run.dir=out`` is refused with ``line`` (exit 2), and
+    the directory's files are as they were, byte for byte."""
+    from clirun import run_files
+
+    before = run_files(tmp_path / "out")
+    again = accelopt("run", *TINY, "cluster.mode=none", "hydra.run.dir=out", cwd=tmp_path)
+    assert again.returncode == 2
+    assert again.stderr.strip().splitlines() == [f"error: {line}"]
+    assert run_files(tmp_path / "out") == before
+
+
 def test_a_run_directory_that_holds_a_run_is_refused_before_anything_is_written(tmp_path):
     """The CI recipe's hydra.run.dir=out, run twice: the second run's files landed beside
     and over the first's (a PS run's per_iteration.json stayed beside a one-process run's
     metrics, Hydra's .hydra/ rewritten)."""
-    from clirun import run_files
-
     first = accelopt("run", *TINY, "cluster.mode=none", "hydra.run.dir=out", cwd=tmp_path)
     assert first.returncode == 0, first.stderr
-    before = run_files(tmp_path / "out")
-    again = accelopt("run", *TINY, "cluster.mode=none", "hydra.run.dir=out", cwd=tmp_path)
-    assert again.returncode == 2
-    assert again.stderr.strip().splitlines() == [
-        "error: out already holds a run (metrics.json); give this run another directory "
-        "(hydra.run.dir / run_dir), or remove that one: results are never overwritten"]
-    assert run_files(tmp_path / "out") == before
+    _refused_into_out(tmp_path, "out already holds a run (metrics.json); give this run another "
+                      "directory (hydra.run.dir / run_dir), or remove that one: results are "
+                      "never overwritten")
 
 
 def test_the_directory_of_a_killed_run_is_refused_while_its_checkpoints_are_in_it(tmp_path):
@@ -112,13 +118,9 @@ def test_the_directory_of_a_killed_run_is_refused_while_its_checkpoints_are_in_i
     checkpoint.write_bytes(b"the killed run's state")
     (tmp_path / "out" / "config.yaml").write_text("killed: run\n")
     before = run_files(tmp_path / "out")
-    again = accelopt("run", *TINY, "cluster.mode=none", "hydra.run.dir=out", cwd=tmp_path)
-    assert again.returncode == 2
-    assert again.stderr.strip().splitlines() == [
-        "error: out holds the checkpoints of a run that did not finish; continue it with "
-        "run.resume=out, or give this run another directory (hydra.run.dir / run_dir): "
-        "results are never overwritten"]
-    assert run_files(tmp_path / "out") == before
+    _refused_into_out(tmp_path, "out holds the checkpoints of a run that did not finish; "
+                      "continue it with run.resume=out, or give this run another directory "
+                      "(hydra.run.dir / run_dir): results are never overwritten")
     with pytest.raises(accelopt_api.ConfigError, match="holds the checkpoints of a run"):
         accelopt_api.run([*TINY], run_dir=tmp_path / "out")
     assert run_files(tmp_path / "out") == before
@@ -128,21 +130,16 @@ def test_a_run_directory_another_run_has_claimed_is_refused_untouched(tmp_path):
     """Two runs started at once into one hydra.run.dir (a CI matrix's out): both looked for
     metrics.json, which a run writes at its end, both exited 0, and the directory held one
     run's results and both runs' log. The first run's claim is taken here, in-process."""
-    from clirun import run_files
 
     from accelopt.runtime.run_dir import claim, release
 
     out = tmp_path / "out"
     claim(out)  # the run that started first, still running
-    try:
-        before = run_files(out)
-        again = accelopt("run", *TINY, "cluster.mode=none", "hydra.run.dir=out", cwd=tmp_path)
-        assert again.returncode == 2
-        assert again.stderr.strip().splitlines() == [
-            "error: out is taken by another run (running now, or stopped before it wrote its "
-            "results: .accelopt-run); give this run another directory (hydra.run.dir / "
-            "run_dir), or remove that one: results are never overwritten"]
-        assert run_files(out) == before  # no .hydra/, no log, no config of the second run
+    try:  # no .hydra/, no log, no config of the second run
+        _refused_into_out(tmp_path, "out is taken by another run (running now, or stopped "
+                          "before it wrote its results: .accelopt-run); give this run another "
+                          "directory (hydra.run.dir / run_dir), or remove that one: results "
+                          "are never overwritten")
     finally:
         release(out)
 
@@ -155,12 +152,9 @@ def test_a_directory_holding_a_file_the_run_would_write_is_refused(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     (out / "trace.json").write_text("mine\n")
-    again = accelopt("run", *TINY, "cluster.mode=none", "hydra.run.dir=out", cwd=tmp_path)
-    assert again.returncode == 2
-    assert again.stderr.strip().splitlines() == [
-        "error: out already holds trace.json, which this run would write over; give this run "
-        "another directory (hydra.run.dir / run_dir), or remove that one: results are never "
-        "overwritten"]
+    _refused_into_out(tmp_path, "out already holds trace.json, which this run would write "
+                      "over; give this run another directory (hydra.run.dir / run_dir), or "
+                      "remove that one: results are never overwritten")
     assert run_files(out) == {"trace.json": b"mine\n"}
     refused = accelopt("run", *TINY, "run.compare=bogus", "hydra.run.dir=new", cwd=tmp_path)
     assert refused.returncode == 2 and not (tmp_path / "new").exists()  # its claim given back

@@ -110,11 +110,15 @@ def figures(record: RunRecord, scored: set[str] | None = None) -> dict[str, Any]
     return {key: m.get(key) for key, _, _ in FIGURES}
 
 
+def _scored(record: RunRecord) -> set[str]:
+    """The jobs (by name) of ``record`` with a held-out score."""
+    return {r.job.name for r in record.jobs if r.quality is not None}
+
+
 def scored_in_all(*records: RunRecord) -> set[str]:
     """The jobs (by name) with a held-out score in every one of ``records``: a mean over one
     job beside a mean over two read as a plugin's effect on quality."""
-    sets = [{r.job.name for r in record.jobs if r.quality is not None} for record in records]
-    return set.intersection(*sets) if sets else set()
+    return set.intersection(*map(_scored, records)) if records else set()
 
 
 def _fmt(value: Any) -> str:
@@ -166,7 +170,7 @@ def job_set_note(base: RunRecord, other: RunRecord) -> str:
 def quality_note(*records: RunRecord) -> str:
     """'' when the same jobs were scored in every run of ``records``; else over which jobs
     the held-out quality is compared (those scored in all of them)."""
-    sets = [{r.job.name for r in record.jobs if r.quality is not None} for record in records]
+    sets = [_scored(record) for record in records]
     if all(names == sets[0] for names in sets):
         return ""
     both = sorted(scored_in_all(*records))
@@ -219,8 +223,7 @@ def attach(record: RunRecord, refs: dict[str, RunRecord]) -> None:
         if alone is not None:
             text = (f"measured gain vs the same run without plugins, {plugin} alone: "
                     f"{describe(base, figures(alone, scored))}{noise}; all selected plugins "
-                    "together: "
-                    f"{describe(base, mine)}")
+                    f"together: {describe(base, mine)}")
         elif len(plugins) == 1:
             text = f"measured gain vs the same run without plugins: {describe(base, mine)}{noise}"
         else:

@@ -115,14 +115,18 @@ def _analyse(model: nn.Module) -> _Analysis:
     rule_map = {r.key: r for r in rules}
     covered = {m for r in rules for m in r.members}
     blocks = {r.block for r in rules if r.block}
-    try:
-        if any(not r.block for r in rules):  # the model is itself a block a rule prunes
-            raise TypeError("the model is a known block")
-        groups, not_producers = channel_groups(model, blocks)
-    except Exception as exc:  # untraceable: only the module rules can prune safely
-        groups, not_producers = [], {}
-        why = (f"model is not torch.fx-traceable ({type(exc).__name__}); only known blocks "
-               "(feed-forward, attention heads) are pruned")
+    groups: list[Group] = []
+    not_producers: dict[str, str] = {}
+    if any(not r.block for r in rules):  # the model is itself a block a rule prunes: its
+        why = "the model is a known block: only its rule prunes it"  # rule is the graph
+    else:
+        try:
+            groups, not_producers = channel_groups(model, blocks)
+            why = ""
+        except Exception as exc:  # untraceable: only the module rules can prune safely
+            why = (f"model is not torch.fx-traceable ({type(exc).__name__}); only known "
+                   "blocks (feed-forward, attention heads) are pruned")
+    if why:
         for path, m in model.named_modules():
             if is_producer(m) and path not in covered:
                 refused[path] = why
