@@ -761,6 +761,7 @@ def test_hydra_composes_the_run_once_and_its_mode_comes_from_the_command_line(
 
     from accelopt.cli.hydra_run import config_dir, mode_from_the_command_line
     from accelopt.cli.main import main
+    from accelopt.config import register_schema
 
     original = Hydra.get_mode
     composed: list[str] = []
@@ -786,6 +787,7 @@ def test_hydra_composes_the_run_once_and_its_mode_comes_from_the_command_line(
               for p in g.glob("*.yaml")]
     with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
         for choice in [None, *groups]:
+            register_schema([choice] if choice else [])  # a preset's plugins, as a run does
             cfg = compose("config", overrides=[choice] if choice else [],
                           return_hydra_config=True)
             assert cfg.hydra.mode is None, choice
