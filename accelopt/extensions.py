@@ -61,11 +61,13 @@ class ExtensionPoint:
         if not isinstance(name, str) or not name.isidentifier():
             raise UserError(f"{self.group}: extension name {name!r} must be an identifier")
         taken = self._registered.get(name)
-        if taken is not None and taken is not obj:
+        declared = self._installed().get(name, ())
+        loaded = taken is not None and any(ep.value == _reference(taken) for ep in declared)
+        if taken is not None and taken is not obj and not loaded:
             raise UserError(f"{self.group}: '{name}' is already registered ({_where(taken)}); "
                             f"register {_where(obj)} under another name")
-        others = [ep for ep in self._installed().get(name, ()) if ep.value != _reference(obj)]
-        if taken is None and others:
+        others = [ep for ep in declared if ep.value != _reference(obj)]
+        if others and (taken is None or loaded):  # whether or not the package's was loaded
             self._clashes[name] = (
                 f"{self.group}: '{name}' is installed by "
                 f"{'; '.join(_declared_by(ep) for ep in others)} and registered in code by "

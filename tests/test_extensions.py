@@ -105,6 +105,19 @@ def test_a_package_taking_a_built_in_policy_name_leaves_every_other_policy_worki
         policies.make_policy("srtf")
 
 
+def test_a_clash_with_a_package_is_the_same_once_its_object_was_loaded(installed):
+    """Registering under a package's name raised at once after the package's object had been
+    loaded in the process (get), and only where it was used before: the outcome depended on
+    what ran first."""
+    point = installed(("srtf", "test_extensions:Other"))
+    assert point.get("srtf") is Other  # loaded first (a run selected it)
+    point.register("srtf", Thing)  # no error here: refused where it is used
+    with pytest.raises(UserError, match="'srtf' is installed by a package"):
+        point.get("srtf")
+    point.unregister("srtf")
+    assert point.get("srtf") is Other  # the package's again
+
+
 def test_another_object_under_a_name_taken_in_code_is_refused_at_once(installed):
     point = installed()
     point.register("thing", Thing)
