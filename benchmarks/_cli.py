@@ -150,6 +150,12 @@ def prog() -> str:
     return os.path.basename(sys.argv[0]) or "benchmark"
 
 
+def summary(doc: str | None) -> str:
+    """A script's ``--help`` description: its docstring's first paragraph on one line (the
+    first line alone stopped mid-sentence)."""
+    return " ".join((doc or "").strip().split("\n\n")[0].split())
+
+
 def fail(message: str, code: int = 2) -> NoReturn:
     """``<script>: error: <message>`` on stderr, then exit ``code`` (2: bad input)."""
     print(f"{prog()}: error: {message}", file=sys.stderr, flush=True)

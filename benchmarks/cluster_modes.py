@@ -72,7 +72,7 @@ def fmt(value: float | None, spec: str) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=_cli.summary(__doc__))
     ap.add_argument("--bandwidth", type=_cli.rate, default="1gbit")
     ap.add_argument("--model", default="mlp", choices=MODEL_NAMES)
     ap.add_argument("--width", type=_cli.positive_int, default=1024)

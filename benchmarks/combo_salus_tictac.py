@@ -77,7 +77,7 @@ def oracle_bounds(record) -> tuple[float, float] | None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=_cli.summary(__doc__))
     parser.add_argument("--repeats", type=_cli.positive_int, default=3)
     parser.add_argument("--out", default="runs/bench/combo_salus_tictac")
     parser.add_argument("overrides", nargs="*")

@@ -43,7 +43,7 @@ not make)."""
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=_cli.summary(__doc__))
     ap.add_argument("--bandwidths", type=_cli.comma_separated(_cli.rate_or_none), default="100mbit,none",
                     help="comma-separated links; 'none': unshaped loopback")
     ap.add_argument("--model", default="mlp", choices=MODEL_NAMES)

@@ -203,7 +203,7 @@ def ddp_variant(args: argparse.Namespace, name: str, hook: str, bucket_mb: float
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=_cli.summary(__doc__))
     ap.add_argument("--bandwidth", type=_cli.rate_or_none, default="200mbit")
     ap.add_argument("--model", default="mlp", choices=MODEL_NAMES)
     ap.add_argument("--width", type=_cli.positive_int, default=512)

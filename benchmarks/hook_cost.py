@@ -79,7 +79,7 @@ def loop(piece: str, n: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=_cli.summary(__doc__))
     parser.add_argument("--calls", nargs=2, type=_cli.positive_int, default=(2000, 12000),
                         metavar=("SHORT", "LONG"))
     parser.add_argument("--piece", choices=PIECES, help=argparse.SUPPRESS)

@@ -105,7 +105,7 @@ def describe(speedups: dict[str, float]) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=_cli.summary(__doc__))
     ap.add_argument("--pairs", type=_cli.positive_int, default=15,
                     help="interleaved 1/2-thread pairs per probe (median of their ratios)")
     args = ap.parse_args()

@@ -263,7 +263,7 @@ def _device(text: str) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=_cli.summary(__doc__))
     ap.add_argument("--device", type=_device, default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--shrink", type=_cli.positive_int, default=4, help="VGG-16 channels divided by this")
     ap.add_argument("--image", type=_cli.positive_int, default=64)

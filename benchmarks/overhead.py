@@ -233,7 +233,7 @@ def instructions(short: int, long: int) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=_cli.summary(__doc__))
     parser.add_argument("--iterations", type=_cli.positive_int, default=3000,
                         help="interleaved iteration pairs per comparison")
     parser.add_argument("--threads", type=_cli.nonnegative_int, default=1,

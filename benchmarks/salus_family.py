@@ -302,7 +302,7 @@ def seeds(args: Any) -> list[int]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=_cli.summary(__doc__))
     ap.add_argument("--seeds", type=_cli.positive_int, default=10)
     ap.add_argument("--seed-list", type=_cli.nonnegative_int, nargs="+", default=None,
                     help="only these seeds instead of 0..--seeds-1 (to rerun one trace: "

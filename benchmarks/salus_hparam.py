@@ -24,7 +24,7 @@ from accelopt.workloads.models import MODEL_NAMES
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=_cli.summary(__doc__))
     ap.add_argument("--jobs", type=_cli.positive_int, default=8)
     ap.add_argument("--iterations", type=_cli.positive_int, default=60)
     ap.add_argument("--model", default="cnn", choices=MODEL_NAMES)

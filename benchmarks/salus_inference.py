@@ -33,7 +33,7 @@ ZOO = ["mlp", "cnn", "lstm", "transformer", "resnet", "inception"]
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=_cli.summary(__doc__))
     ap.add_argument("--models", type=_cli.positive_int, default=12)
     ap.add_argument("--requests", type=_cli.positive_int, default=200, help="batches per model")
     ap.add_argument("--repeats", type=_cli.positive_int, default=3)

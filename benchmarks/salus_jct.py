@@ -104,7 +104,7 @@ def oracle_stats(results) -> dict[str, float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=_cli.summary(__doc__))
     ap.add_argument("--jobs", type=_cli.positive_int, default=40)
     ap.add_argument("--repeats", type=_cli.positive_int, default=3)
     ap.add_argument("--seed", type=_cli.nonnegative_int, default=0)

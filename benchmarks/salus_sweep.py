@@ -86,7 +86,7 @@ def work_seconds(out: Path, runs: int) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=_cli.summary(__doc__))
     ap.add_argument("--repeats", type=_cli.positive_int, default=3)
     ap.add_argument("--runs", type=_cli.positive_int, default=8)
     ap.add_argument("--iterations", type=_cli.positive_int, default=300)

@@ -53,7 +53,7 @@ def one_run(tree: Path, overrides: list[str]) -> tuple[float, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=_cli.summary(__doc__))
     parser.add_argument("--repeats", type=_cli.positive_int, default=5)
     parser.add_argument("--tree", action="append", default=[], type=Path,
                         help="another checkout to compare (repeatable)")

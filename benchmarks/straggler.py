@@ -79,7 +79,7 @@ def wire_bound_s(settings: ClusterSettings, param_bytes: int) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=_cli.summary(__doc__))
     ap.add_argument("--bandwidth", type=_cli.rate, default="100mbit")
     ap.add_argument("--slowdown", type=_cli.positive_float, default=4.0,
                     help="the straggler's link runs at bandwidth / slowdown")

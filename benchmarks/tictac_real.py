@@ -144,7 +144,7 @@ def med(values: list[Any]) -> float | None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=_cli.summary(__doc__))
     ap.add_argument("--model", default="inception", choices=MODEL_NAMES)
     ap.add_argument("--width", type=_cli.positive_int, default=32)
     ap.add_argument("--batch", type=_cli.positive_int, default=64)

@@ -138,7 +138,7 @@ def schedule() -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=_cli.summary(__doc__))
     ap.add_argument("--section", type=_cli.names(("table", "sweep", "straggler", "schedule")), default="table,sweep,straggler,schedule")
     ap.add_argument("--batch", type=_cli.positive_int, default=32)
     ap.add_argument("--samples", type=_cli.positive_int, default=1000)

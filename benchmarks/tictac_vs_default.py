@@ -327,7 +327,7 @@ def rate_text(bits: float) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=_cli.summary(__doc__))
     ap.add_argument("--models", type=_cli.names([*MODEL_NAMES, "lm"]), default="resnet,inception,transformer,lm")
     ap.add_argument("--bandwidth", type=_cli.rate, default="200mbit", help="the calibration run's link")
     ap.add_argument("--rounds", type=_cli.positive_int, default=3)

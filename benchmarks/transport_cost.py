@@ -192,7 +192,7 @@ def measure(order: list[str], tensors: int, numel: int,
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=_cli.summary(__doc__))
     ap.add_argument("--tensors", type=_cli.positive_int, default=28, help="transfers a round")
     ap.add_argument("--kib", type=_cli.positive_float, default=10.0, help="KiB per tensor (float32)")
     ap.add_argument("--rounds", type=_cli.positive_int, default=150, help="rounds per measurement")

@@ -270,3 +270,16 @@ def test_run_all_refuses_an_unknown_check(tmp_path) -> None:
         "run_all.sh: error: unknown check 'nosuch' (checks: salus cluster cli tictac kernels "
         "offload slide)"]
     assert not (tmp_path / "logs").exists()
+
+
+@pytest.mark.timeout(10)
+def test_a_scripts_description_is_its_docstrings_first_paragraph() -> None:
+    """``--help`` showed the docstring's first line, which stopped mid-sentence ("...average
+    JCT over the")."""
+    doc = """Avg JCT of each policy over the
+    oracle's, on a family of traces.
+
+    Details that --help need not show.
+    """
+    assert _cli.summary(doc) == "Avg JCT of each policy over the oracle's, on a family of traces."
+    assert _cli.summary(None) == ""
