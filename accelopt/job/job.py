@@ -36,7 +36,7 @@ from accelopt.job.optim import (
     set_lr,
     step_tensors,
 )
-from accelopt.job.params import buckets_by_bytes, param_table
+from accelopt.job.params import buckets_by_bytes, param_table, replaced_parameters
 from accelopt.job.rng import JobRandom
 from accelopt.job.specs import job_info, validate_spec
 from accelopt.job.timeline import NO_TIMER, PhaseTimer
@@ -396,8 +396,7 @@ class Job:
                 f"{where} changed the model's parameters during a cluster run ({reason}); the "
                 f"{self.exchange.role}s' parameter tables would no longer match. Change the "
                 "model at build time (accelopt_layer_build) in cluster runs")
-        now = dict(self.model.named_parameters())
-        replaced = next((n for n, p in self._built_params.items() if now.get(n) is not p), None)
+        replaced = next(iter(replaced_parameters(self._built_params, self.model)), None)
         if replaced is not None:
             raise UserError(
                 f"{where} replaced parameter '{replaced}' by a new Parameter object during a "

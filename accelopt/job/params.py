@@ -114,3 +114,12 @@ def shard_rows(batch_size: int, workers: int) -> list[tuple[int, int]]:
         out.append((start, start + n))
         start += n
     return out
+
+
+def replaced_parameters(built: dict[str, nn.Parameter], model: nn.Module) -> list[str]:
+    """The names of ``built``'s parameters (``dict(model.named_parameters())`` when an
+    exchange was attached to them) that ``model`` now holds as other objects: a plugin's
+    ``lin.weight = nn.Parameter(...)`` leaves the exchange (a PS server, DDP) moving the old
+    tensor while the optimizer steps the new one."""
+    now = dict(model.named_parameters())
+    return [name for name, param in built.items() if now.get(name) is not param]

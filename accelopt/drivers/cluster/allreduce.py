@@ -27,7 +27,7 @@ from accelopt.drivers.cluster.ps import ClusterExchange
 from accelopt.drivers.cluster.settings import ClusterSettings
 from accelopt.drivers.cluster.transport import Transport
 from accelopt.errors import UserError, listed
-from accelopt.job.params import shard_rows
+from accelopt.job.params import replaced_parameters, shard_rows
 
 if TYPE_CHECKING:
     from accelopt.job import Job
@@ -98,8 +98,7 @@ class AllReduce(ClusterExchange):
         """A parameter replaced by a new object after DDP wrapped the model (a plugin's
         ``lin.weight = nn.Parameter(...)``) also leaves DDP without its gradient; say that,
         not that the loss does not use it."""
-        now = dict(self.model.named_parameters())
-        replaced = [n for n, p in self.params.items() if now.get(n) is not p]
+        replaced = replaced_parameters(self.params, self.model)
         if replaced:
             raise UserError(
                 f"job '{self.job_name}': {listed(replaced, 4)} replaced by a new Parameter "
