@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
 from accelopt.config import ClusterConfig
@@ -270,6 +272,30 @@ def test_sharding_balances_bytes_and_buckets_follow_backward_order():
     buckets = buckets_by_bytes(table, 4 * 64 * 64)
     assert table[buckets[0][0]].name == "2.bias"  # last layer first (indices into the table)
     assert shard_rows(10, 3) == [(0, 4), (4, 7), (7, 10)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(layers=st.lists(st.tuples(st.sampled_from(["float32", "float64", "float16"]),
+                                 st.integers(1, 40)), min_size=1, max_size=12),
+       cap=st.integers(8, 600))
+def test_buckets_are_the_ones_ddp_rebuilds_also_with_mixed_dtypes(layers, cap):
+    """DDP's own assignment (``_compute_bucket_assignment_by_size``, gradients ready in
+    reverse layer order) is the ground truth: each dtype fills buckets of its own. A
+    float32 and a float64 layer in one logical bucket were sent as one float64 tensor."""
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+
+    model = nn.Sequential(*[nn.Linear(width, 1).to(getattr(torch, dtype))
+                            for dtype, width in layers])
+    params = list(model.parameters())
+    ready = list(reversed(range(len(params))))
+    theirs, _ = dist._compute_bucket_assignment_by_size(
+        [params[i] for i in ready], [cap], [False] * len(params), ready)
+    ours = buckets_by_bytes(param_table(model), cap)
+    assert sorted(ours) == sorted(tuple(b) for b in theirs)
+    closed = [b for b in ours if sum(params[i].nbytes for i in b) >= cap]
+    assert closed == [tuple(b) for b in theirs][:len(closed)]  # in the order they close
 
 
 def test_a_rank_counts_the_ranks_on_its_own_machine(monkeypatch):

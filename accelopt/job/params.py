@@ -90,18 +90,23 @@ def buckets_by_bytes(table: Sequence[ParamInfo], bucket_bytes: int) -> tuple[tup
     """Gradient buckets in backward order (last layer first), as indices into ``table``.
     A bucket closes as soon as it holds ``bucket_bytes`` or more: PyTorch DDP's rule when it
     rebuilds its buckets after the first iteration, so in all-reduce mode these are the
-    buckets DDP reduces (for a model whose gradients arrive in reverse layer order)."""
+    buckets DDP reduces (for a model whose gradients arrive in reverse layer order).
+
+    Like DDP, each dtype fills buckets of its own (a bucket is one flat buffer of one dtype):
+    buckets are listed in the order they close, then the ones left open in the order their
+    dtype first appears. Why: a bucket mixing float32 and float64 gradients would be sent
+    as one float64 tensor, twice the float32 bytes its record names, and never matches a
+    DDP bucket, so every one would be cut and copied."""
     buckets: list[tuple[int, ...]] = []
-    current: list[int] = []
-    size = 0
+    filling: dict[str, list[int]] = {}  # dtype -> its open bucket's indices
+    filled: dict[str, int] = {}  # dtype -> its open bucket's bytes
     for info in reversed(table):
-        current.append(info.index)
-        size += info.nbytes
-        if size >= bucket_bytes:
-            buckets.append(tuple(current))
-            current, size = [], 0
-    if current:
-        buckets.append(tuple(current))
+        filling.setdefault(info.dtype, []).append(info.index)
+        filled[info.dtype] = filled.get(info.dtype, 0) + info.nbytes
+        if filled[info.dtype] >= bucket_bytes:
+            buckets.append(tuple(filling.pop(info.dtype)))
+            del filled[info.dtype]
+    buckets.extend(tuple(indices) for indices in filling.values())
     return tuple(buckets)
 
 

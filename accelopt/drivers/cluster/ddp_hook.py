@@ -5,7 +5,7 @@ DDP decides *when* gradients are ready and groups them into its own buckets, whi
 once after the first iteration (DDP starts with a single bucket and rebuilds them in the
 order gradients arrived). The transfers plugins see must not change with that: they are the
 job's *logical* buckets (``JobInfo.buckets``: backward order, each closed once it holds
-``cluster.bucket_mb``, the rule DDP applies when it rebuilds), named ``bucket0``,
+``cluster.bucket_mb``, a bucket per dtype: the rule DDP applies when it rebuilds), named ``bucket0``,
 ``bucket1``, … in every iteration, so a codec's per-bucket state (error-feedback residuals)
 keeps its shape. When a DDP bucket holds exactly one logical bucket, in the same order (the
 common case once DDP has rebuilt), its flat buffer is sent as it is, with no copy, as DDP's
