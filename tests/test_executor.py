@@ -105,11 +105,19 @@ def test_failing_job_fails_alone(run_tiny):
 
 
 def test_job_failing_while_profiled_fails_alone(run_tiny):
+    from accelopt.report.metrics import run_metrics
+
     record = run_tiny(SABOTAGE, overrides=["plugins.sabotage.fail_at=2"])
     failed = next(j for j in record.jobs if j.job.name == "tiny-mlp")
     assert failed.status == "failed" and failed.error.startswith(
         "a step measuring its memory, before training, raised ")
-    assert next(j for j in record.jobs if j.job.name == "tiny-cnn").status == "done"
+    done = next(j for j in record.jobs if j.job.name == "tiny-cnn")
+    assert done.status == "done"
+    # it never ran on the run's clock: no end there, no JCT, and the makespan is the
+    # other job's (its failure's time, before the clock, stretched it by the profiling)
+    assert failed.end_s is None and failed.jct_s is None and failed.iterations_done == 0
+    assert run_metrics(record)["makespan_s"] == pytest.approx(
+        done.end_s - min(j.job.arrival_s for j in record.jobs))
 
 
 def test_layer_build_hook_replaces_layers_once_at_build(run_tiny):

@@ -350,7 +350,7 @@ class Executor:
         error = self._profile_error(entry)
         if error is not None:
             with self._cv:
-                self._finish(entry, "failed", error)
+                self._finish(entry, "failed", error, on_clock=False)
             return False
         return True
 
@@ -578,12 +578,16 @@ class Executor:
         elif entry.cancel_requested:
             self._finish(entry, "failed", CANCELLED, end)
 
-    def _finish(self, entry: _Entry, status: str, error: str, end: float | None = None) -> None:
-        """Record a job's end, release its memory and wake everyone (pending jobs may fit)."""
+    def _finish(self, entry: _Entry, status: str, error: str, end: float | None = None, *,
+                on_clock: bool = True) -> None:
+        """Record a job's end (now, unless ``end`` says when), release its memory and wake
+        everyone (pending jobs may fit). ``on_clock=False``: the job ended before the run's
+        clock started (its profiling raised), so it has no end on that clock; the time of
+        its failure would read as a JCT and stretch the makespan by the profiling."""
         entry.result.status = status  # type: ignore[assignment]
         entry.finished = status in ENDED
         entry.result.error = error
-        entry.result.end_s = self.now() if end is None else end
+        entry.result.end_s = None if not on_clock else self.now() if end is None else end
         with contextlib.suppress(ValueError):  # a job never admitted is in no lane's list
             self._in_lane.get(entry.lane, []).remove(entry)
         if entry.lane:  # only an admitted job holds memory to give back
