@@ -369,13 +369,20 @@ def test_run_level_rows_come_from_one_worker_and_per_job_rows_from_every_rank():
     kept = representative_rows([server, worker1, worker2], ["server", "worker", "worker"],
                                of_plugins(["t"]))
     merged = merge_rows(kept, ["a", "b"], ["00-a", "01-b"])
+    # worker 2 measured another figure: the row kept says it is one worker's
+    ones = "pruned; 1.2x (rank 1's; other workers' rows differ)"
     assert [(r.plugin, r.summary) for r in merged] == [
-        ("s", "decided"), ("t", "job a: planned"), ("g", "job a: pruned; 1.2x"),
+        ("s", "decided"), ("t", "job a: planned"), ("g", f"job a: {ones}"),
         ("t", "job a: received in order")]
+    assert merged[2].metrics["rank"] == 1
     # a run of one job needs no "job a:" prefix
     alone = merge_rows(kept, ["a"], ["00-a"])
-    assert [r.summary for r in alone] == ["decided", "planned", "pruned; 1.2x",
-                                          "received in order"]
+    assert [r.summary for r in alone] == ["decided", "planned", ones, "received in order"]
+    # workers that agree: their row is the job's, and says nothing more
+    worker2[0] = ReportRow("g", "00-a: pruned; 1.2x", {"job": "00-a"})
+    kept = representative_rows([server, worker1, worker2], ["server", "worker", "worker"],
+                               of_plugins(["t"]))
+    assert [r.summary for r in merge_rows(kept, ["a"], ["00-a"])][2] == "pruned; 1.2x"
 
 
 def test_scope_is_declared_one_instance_per_job_or_per_run():

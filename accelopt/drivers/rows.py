@@ -28,21 +28,41 @@ def with_placeholders(rows: list[ReportRow], plugins: Sequence[str]) -> list[Rep
 
 def representative_rows(rows_by_rank: list[list[ReportRow]], roles: list[str],
                         per_job: Callable[[ReportRow], bool]) -> list[list[ReportRow]]:
-    """Keep one rank's view of each run-level plugin's rows.
+    """Keep one rank's view of each run-level plugin's rows (``rows_by_rank[i]``: rank i's).
 
     Job-scoped plugins (``per_job(row)`` is true: tictac, gradcomm) act on each job;
     every rank's rows of them are kept (a server's plan and a worker's view differ).
     Run-level plugins (gpu_kernels, offload, salus) run once per rank and would repeat
     themselves on every rank, with a parameter server saying "nothing to do" because it never
     runs forward. Their rows are taken from the first worker that reported the plugin, else
-    from the first rank that did (salus reports on the leader only)."""
+    from the first rank that did (salus reports on the leader only). Where another worker's
+    rows of the plugin differ (offload's bytes of its share of the batch, a measured
+    speed-up), the kept rows say whose they are: one worker's figures must not read as
+    the job's."""
     order = sorted(range(len(rows_by_rank)), key=lambda i: roles[i] != "worker")
     source: dict[str, int] = {}
     for i in order:
         for row in rows_by_rank[i]:
             if not per_job(row):
                 source.setdefault(row.plugin, i)
-    return [[r for r in rows if per_job(r) or source.get(r.plugin) == i]
+
+    def run_level(i: int, plugin: str) -> list[ReportRow]:
+        return [r for r in rows_by_rank[i] if r.plugin == plugin and not per_job(r)]
+
+    differ = {plugin for plugin, i in source.items()
+              if any(roles[k] == "worker" and k != i and run_level(k, plugin)
+                     and run_level(k, plugin) != run_level(i, plugin)
+                     for k in range(len(rows_by_rank)))}
+
+    def kept(row: ReportRow, i: int) -> ReportRow:
+        if row.plugin not in differ:
+            return row
+        return dataclasses.replace(
+            row, summary=f"{row.summary} (rank {i}'s; other workers' rows differ)",
+            metrics={**row.metrics, "rank": i})
+
+    return [[r if per_job(r) else kept(r, i) for r in rows
+             if per_job(r) or source.get(r.plugin) == i]
             for i, rows in enumerate(rows_by_rank)]
 
 
