@@ -584,3 +584,92 @@ def test_rejection_hint_names_the_setting_that_gave_the_capacity():
     assert "(plugins.salus.capacity; accelopt serve --capacity)" in by_plugin
     by_device = reject(SalusConfig(policy="fifo"), "auto")
     assert "it is the device's memory" in by_device
+
+
+def _configured(mode="none", **settings):
+    """A salus plugin configured for a run in ``cluster.mode=mode``."""
+    from accelopt_plugins.salus import SalusConfig
+    from accelopt_plugins.salus.plugin import SalusPlugin
+    from omegaconf import OmegaConf
+
+    from accelopt.config import AccelConfig
+
+    config = SalusConfig(**settings)
+    run_config = OmegaConf.structured(AccelConfig)
+    run_config.cluster.mode = mode
+    plugin = SalusPlugin(config)
+    plugin.accelopt_configure(config=config, run_config=run_config)
+    return plugin
+
+
+def _started(plugin, world_size=1, leader=True):
+    """``plugin`` told its run started; returns the warnings it gave (every one recorded)."""
+    import warnings
+
+    from accelopt import RunInfo
+    from accelopt.plugin import PluginWarning
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        plugin.accelopt_run_start(run=RunInfo(
+            run_dir="", device="cpu", plugins=("salus",), jobs=(), seed=0,
+            world_size=world_size, role="single" if world_size == 1 else "server",
+            rank=0 if leader else 1, leader=leader))
+    return [str(w.message) for w in caught if issubclass(w.category, PluginWarning)]
+
+
+def test_memory_settings_a_cluster_does_not_read_are_said_once_by_the_leader():
+    """plugins.salus.capacity (and the headrooms) in a cluster run did nothing and said
+    nothing, while run.memory_capacity there warns: jobs are not memory-profiled."""
+    plugin = _configured("ps", capacity="2GiB", headroom=1.2)
+    (line,) = _started(plugin, world_size=3)
+    assert line.startswith("plugins.salus.capacity=2GiB, plugins.salus.headroom=1.2 have no "
+                           "effect: cluster.mode=ps does not profile jobs' memory")
+    assert line.endswith("cluster.mode=none enforces them") and "\n" not in line
+    assert line in plugin.summary_line() and plugin.summary()["warnings"] == [line]
+    # the other ranks say nothing; defaults, or one process, nothing to say
+    assert _started(_configured("ps", capacity="2GiB", headroom=1.2), 3, leader=False) == []
+    assert _started(_configured("ps"), world_size=3) == []
+    assert _started(_configured("none", capacity="2GiB", headroom=1.2)) == []
+    memory, threads = _started(_configured("allreduce", persistent_headroom=1.5, threads=2), 2)
+    assert memory.startswith("plugins.salus.persistent_headroom=1.5 has no effect: "
+                             "cluster.mode=allreduce")
+    assert threads == ("plugins.salus.threads=2 has no effect: a cluster rank keeps its own "
+                       "thread count (every rank runs each iteration, one at a time); set "
+                       "run.threads")
+
+
+def test_threads_per_lane_beyond_the_cores_warn_once_as_run_threads_does(monkeypatch):
+    """PACK's 4 lanes x plugins.salus.threads=4 on 2 cores was taken silently, where
+    run.threads=3 there warns. Said once, when the lanes open make it too many (a count
+    of 1, which only fewer lanes could lower, is never said)."""
+    import warnings
+
+    from accelopt import AllocationRequest, JobInfo
+    from accelopt.plugin import PluginWarning
+
+    monkeypatch.setattr("accelopt_plugins.salus.plugin.usable_cores", lambda: 2)
+
+    def opened(plugin, jobs):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for n in range(jobs):
+                job = JobInfo(job_id=f"0{n}-j", name=f"j{n}", model="mlp", kind="train",
+                              arrival_s=0.0, iterations=1, batch_size=8)
+                plugin.accelopt_allocate(request=AllocationRequest(
+                    job=job, phase="admission", persistent_bytes=4096, ephemeral_bytes=4096,
+                    device="cpu", capacity_bytes=1 << 30))
+        assert len(plugin.manager.lanes) == jobs
+        return [str(w.message) for w in caught if issubclass(w.category, PluginWarning)]
+
+    plugin = _configured(policy="pack", threads=2, capacity="1GiB")
+    assert _started(plugin) == []  # one lane of 2 threads fits 2 cores
+    (line,) = opened(plugin, 4)
+    assert line.startswith("plugins.salus.threads=2 (accelopt serve --threads) x 2 lane(s) "
+                           "is 4 threads, more than the 2 cores this process may use: "
+                           "their threads take turns on them")
+    assert "plugins.salus.threads=1 or less" in line and line in plugin.summary_line()
+    assert opened(_configured(policy="pack", threads=1, capacity="1GiB"), 4) == []
+    assert opened(_configured(policy="pack", capacity="1GiB"), 4) == []  # auto
+    assert _started(_configured(policy="fifo", threads=4))[0].startswith(
+        "plugins.salus.threads=4 (accelopt serve --threads) x 1 lane(s) is 4 threads")

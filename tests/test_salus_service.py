@@ -205,6 +205,47 @@ def test_job_survives_its_client_exiting(server):
     assert (root / "jobs" / job_id / "job.json").is_file()
 
 
+def test_submit_reads_values_as_a_run_does(server, capsys):
+    """`accelopt submit 'model_kwargs={hidden:4}'` was refused ("model_kwargs must be a
+    mapping, e.g. model_kwargs={num_classes:10}"): only JSON was read. Values are read as
+    `accelopt run` reads overrides."""
+    from accelopt_plugins.salus.cli import submit_cmd
+
+    sock, root, _ = server
+    assert submit_cmd(["--socket", str(sock), "model=byo_models:kw_mlp", "dataset=digits",
+                       "model_kwargs={hidden: 4, depth: 2}", "iterations=2", "batch_size=8",
+                       "lr=0.05", "name=kwargs"]) == 0
+    job_id = capsys.readouterr().out.strip().splitlines()[-1]
+    assert ask(sock, {"op": "wait", "id": job_id})["status"] == "done"
+    config = json.loads((root / "jobs" / job_id / "config.json").read_text())
+    assert config["model_kwargs"] == {"hidden": 4, "depth": 2}
+    assert (config["iterations"], config["lr"]) == (2, 0.05)
+
+
+@pytest.mark.parametrize("item, value", [
+    ("m={num_classes:10}", {"num_classes": 10}),
+    ('m={"num_classes": 10}', {"num_classes": 10}),  # JSON still reads
+    ("m=[1,2]", [1, 2]), ("m=3", 3), ("m=0.1", 0.1), ("m=true", True), ("m=null", None),
+    ("m=cnn", "cnn"), ("m=byo_models:kw_mlp", "byo_models:kw_mlp"), ('m="a=b"', "a=b"),
+])
+def test_submit_values_read_as_overrides(item, value):
+    from accelopt_plugins.salus.cli import _key_values
+
+    assert _key_values([item]) == {"m": value}
+
+
+@pytest.mark.parametrize("item, line", [
+    ("name=a=b", "submit: cannot read name='a=b' ("),
+    ("lr=0.1,0.2", "submit: lr='0.1,0.2' is a sweep; a submit is one job"),
+])
+def test_a_submit_value_no_run_reads_is_one_line(item, line):
+    from accelopt_plugins.salus.cli import _key_values
+
+    with pytest.raises(UserError) as info:
+        _key_values([item])
+    assert str(info.value).startswith(line) and "\n" not in str(info.value)
+
+
 def test_factory_job_and_cancel(server):
     sock, root, _ = server
     (fact,) = ask(sock, {"op": "submit", "factory": "test_salus_service:make_job",
@@ -252,6 +293,21 @@ def test_a_restarted_service_numbers_jobs_after_those_it_finds(tmp_path):
         service.executor.close()
     assert job_id == "008-mlp"
     assert (old / "job.json").read_text() == "{}"
+
+
+def test_threads_beyond_the_cores_are_said_when_the_service_starts(tmp_path, monkeypatch):
+    """`accelopt serve --threads 4` on 2 cores was taken silently (as run.threads=4 warns)."""
+    from accelopt_plugins.salus.service import Service
+
+    from accelopt.plugin import PluginWarning
+
+    monkeypatch.setattr("accelopt_plugins.salus.plugin.usable_cores", lambda: 2)
+    with pytest.warns(PluginWarning, match=r"^plugins.salus.threads=4 \(accelopt serve "
+                      r"--threads\) x 1 lane\(s\) is 4 threads, more than the 2 "
+                      r"cores"):
+        service = Service(ServeOptions(socket=tmp_path / "s.sock", root=tmp_path / "root",
+                                       threads=4, policy="fifo"))
+    service.executor.close()
 
 
 def test_closing_the_server_waits_for_the_answers_being_written(tmp_path):
@@ -370,3 +426,48 @@ def test_a_job_a_killed_service_left_is_failed_and_listed_after_a_restart(tmp_pa
     assert (jobs / "001-a" / "job.json").read_text() == "{}"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["root"]  # no socket, no lock
     assert sorted(p.name for p in (tmp_path / "root").iterdir()) == ["jobs"]
+
+
+class RaisesOnceAEnded:
+    """A policy with a bug: first come first served while job ``a`` is ready, then it raises
+    (``--policy test_salus_service:RaisesOnceAEnded``)."""
+
+    max_lanes = 1
+
+    def select(self, lane, ready, now_s):
+        if all(state.job.name != "a" for state in ready):
+            raise RuntimeError("policy bug")
+        return ready[0].job.job_id
+
+
+def test_a_policy_that_raises_fails_the_unended_jobs_and_keeps_the_ended_ones(tmp_path,
+                                                                                monkeypatch):
+    """A policy raising mid-service stopped it with the error, leaving the jobs it had taken
+    with a config.json and nothing else until the next start. Now each unended job's
+    job.json is failed with the error line; the ended job keeps its own; the error is
+    raised (the command exits non-zero with it)."""
+    from accelopt.errors import AccelOptError
+
+    monkeypatch.setattr(signal, "signal", lambda *args: None)  # pytest keeps its handlers
+    sock, ids = tmp_path / "s.sock", []
+
+    def ready(line: str) -> None:  # before the executor runs: all three share one lane
+        for name, iterations in (("a", 2), ("b", 50), ("c", 50)):
+            ids.extend(request(sock, {"op": "submit", "job": {
+                **TINY, "name": name, "iterations": iterations}})["submitted"])
+
+    with pytest.raises(AccelOptError, match="accelopt_select_next") as info:
+        serve(ServeOptions(socket=sock, root=tmp_path / "root", capacity="256MiB", threads=1,
+                           policy="test_salus_service:RaisesOnceAEnded"), ready=ready)
+    line = str(info.value)
+    assert "policy bug" in line and "\n" not in line
+    jobs = tmp_path / "root" / "jobs"
+    docs = {job_id: json.loads((jobs / job_id / "job.json").read_text())["job"]
+            for job_id in ids}
+    a, b, c = (docs[job_id] for job_id in ids)
+    assert a["status"] == "done" and a["error"] == "" and a["iterations"] == 2
+    for doc in (b, c):
+        assert doc["status"] == "failed"
+        assert doc["error"] == f"the service stopped: {line}"
+    assert (jobs / ids[0] / "weights.pt").is_file()
+    assert not sock.exists()

@@ -7,12 +7,14 @@ plugin's commands.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
 from accelopt import CliCommand, UserError
+from accelopt.errors import first_line
 
 
 def commands() -> list[CliCommand]:
@@ -97,16 +99,38 @@ def _named_by_flags(exc: UserError) -> UserError:
 
 
 def _key_values(items: list[str]) -> dict[str, Any]:
+    """``key=value`` pairs, each value read as ``accelopt run`` reads an override's
+    (:func:`_value`)."""
     out: dict[str, Any] = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise UserError(f"expected key=value, got {item!r} (e.g. model=cnn iterations=100)")
-        try:
-            out[key] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key] = value
+        out[key] = _value(key, value)
     return out
+
+
+def _value(key: str, value: str) -> Any:
+    """``value`` as a run reads ``key=value``: Hydra's override grammar, so
+    ``model_kwargs={num_classes:10}`` is a mapping, ``[1,2]`` a list, ``0.1`` a number,
+    ``true`` a boolean and ``cnn`` a string; JSON (``{"num_classes": 10}``) is read as JSON.
+    A value neither reads (a sweep, ``a=b``) is refused in one line with the fix."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import Sweep
+    from hydra.errors import HydraException
+
+    with contextlib.suppress(json.JSONDecodeError):
+        return json.loads(value)
+    try:
+        parsed = OverridesParser.create().parse_override(f"value={value}").value()
+    except HydraException as exc:
+        raise UserError(f"submit: cannot read {key}={value!r} ({first_line(exc)}); write "
+                        "values as `accelopt run` takes them: a mapping {num_classes:10}, a "
+                        f"list [1,2], or a string in quotes, {key}='\"{value}\"'") from None
+    if isinstance(parsed, Sweep):
+        raise UserError(f"submit: {key}={value!r} is a sweep; a submit is one job: submit one "
+                        f"per value, or quote a string with a comma: {key}='\"{value}\"'")
+    return parsed
 
 
 def submit_cmd(args: list[str]) -> int:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import threading
+import warnings
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
@@ -47,6 +48,7 @@ from accelopt import (
     hookimpl,
 )
 from accelopt.drivers.setup import MAX_THREADS, usable_cores
+from accelopt.plugin import PluginWarning
 from accelopt.report.metrics import percentile
 from accelopt.units import format_bytes, parse_bytes
 
@@ -111,6 +113,9 @@ class SalusPlugin:
         """The setting that gave the capacity: what a rejection tells the user to raise."""
         self._decisions = 0
         self._iterations: dict[str, int] = defaultdict(int)
+        self.warnings: list[str] = []
+        """Settings that do not act as set (said once, as a warning, and in the report row)."""
+        self._threads_warned = False
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -175,6 +180,33 @@ class SalusPlugin:
         self.world_size = run.world_size
         self.role = str(run.role)
         self._names.update({j.job_id: j.name for j in run.jobs})
+        if run.leader:  # once per run: every rank is told the same
+            for line in unread_settings(self.config, self.cluster_mode, self.world_size):
+                self._warn(line)
+            self.check_threads(max(1, self.max_lanes))  # at least one lane opens
+
+    def _warn(self, line: str) -> None:
+        """Say ``line`` now (``warning: ...`` on the command line) and in the report row."""
+        self.warnings.append(line)
+        warnings.warn(line, PluginWarning, stacklevel=2)
+
+    def check_threads(self, lanes: int) -> None:
+        """Warn once when ``plugins.salus.threads`` x the ``lanes`` open is more threads than
+        the cores this process may use, as ``run.threads`` beyond them warns: the lanes'
+        threads take turns on the cores and every op pays for it. Only a count the user set
+        and could lower (auto never gives a lane more than its share); a cluster rank and
+        CUDA lanes do not read it."""
+        threads, cores = int(self.config.threads), usable_cores()
+        if (self._threads_warned or self.lanes_take_turns or self.device.startswith("cuda")
+                or threads <= max(1, cores // max(1, lanes))):
+            return
+        self._threads_warned = True
+        self._warn(f"plugins.salus.threads={threads} (accelopt serve --threads) x {lanes} "
+                   f"lane(s) is {threads * lanes} threads, more than the {cores} cores "
+                   "this process may use: their threads take turns on them, so every op is "
+                   f"slower and the times measure that; plugins.salus.threads="
+                   f"{max(1, cores // max(1, lanes))} or less (0: auto, the cores split "
+                   "between the lanes), or fewer lanes (plugins.salus.max_lanes)")
 
     @hookimpl
     def accelopt_report_rows(self, run: RunInfo) -> list[ReportRow]:
@@ -236,6 +268,7 @@ class SalusPlugin:
             return AllocationDecision(granted=False, reason=admission.reason)
         self._status[job.job_id] = "admitted"
         self._lane_jobs[admission.lane].add(job.job_id)
+        self.check_threads(len(lanes.lanes))
         return AllocationDecision(granted=True, lane=admission.lane, reason=admission.reason)
 
     @hookimpl
@@ -431,6 +464,7 @@ class SalusPlugin:
             "cuda_pool_peak_bytes": dict(self._cuda.pool_peak) if self._cuda else {},
             "cuda_routing": self._cuda.routing if self._cuda else None,
             "lane_size_peak_bytes": dict(self._lane_size_peak),
+            "warnings": list(self.warnings),
         }
 
     def job_table(self) -> list[dict[str, Any]]:
@@ -453,7 +487,8 @@ class SalusPlugin:
         s = self.summary()
         m = self.manager
         if m is None or not self._status:
-            return f"policy {s['policy']}: no job reached admission; nothing to share"
+            return "; ".join([f"policy {s['policy']}: no job reached admission; nothing to "
+                              "share", *self.warnings])
         n_jobs = len([st for st in self._status.values() if st != "rejected"])
         chosen_by = "" if not self.policy_auto else (
             " (auto: srtf in a cluster)" if self.world_size > 1 else " (auto: pack on one device)")
@@ -495,8 +530,38 @@ class SalusPlugin:
                          + ", ".join(self._names.get(j, j) for j in s["failed"]))
         if s["rejected"]:
             parts.append(f"{len(s['rejected'])} rejected (never fit)")
+        parts += self.warnings
         parts.append(self.lanes_note())
         return "; ".join(parts)
+
+
+MEMORY_SETTINGS = ("capacity", "headroom", "persistent_headroom")
+"""salus's settings that act only on jobs' profiled memory (the lanes' accounting)."""
+
+
+def unread_settings(config: Any, cluster_mode: str, world_size: int) -> list[str]:
+    """A line for salus's settings, set to other than their defaults, that this run does not
+    read, as ``run.memory_capacity`` is said to be: a cluster run (``cluster.mode`` other than
+    ``none``) does not profile jobs' memory, so the lanes account 0 bytes whatever the
+    capacity and margins; a cluster rank (world_size > 1) keeps ``run.threads``."""
+    from accelopt_plugins.salus import SalusConfig
+
+    default = SalusConfig()
+    lines = []
+    if cluster_mode not in ("", "none"):
+        named = [f"plugins.salus.{key}={getattr(config, key)}" for key in MEMORY_SETTINGS
+                 if str(getattr(config, key)) != str(getattr(default, key))]
+        if named:
+            verb, it = ("has", "it") if len(named) == 1 else ("have", "them")
+            lines.append(f"{', '.join(named)} {verb} no effect: cluster.mode={cluster_mode} "
+                         "does not profile jobs' memory (every rank keeps every job resident),"
+                         f" so lanes are accounted with 0 bytes and nothing is admitted or "
+                         f"rejected by {it}; cluster.mode=none enforces {it}")
+    if world_size > 1 and int(config.threads) != default.threads:
+        lines.append(f"plugins.salus.threads={config.threads} has no effect: a cluster rank "
+                     "keeps its own thread count (every rank runs each iteration, one at a "
+                     "time); set run.threads")
+    return lines
 
 
 def capacity_setting(config: Any, run: Any) -> str:

@@ -51,7 +51,7 @@ from omegaconf.errors import OmegaConfBaseException
 from accelopt import UserError
 from accelopt.atomic import atomic_open, refuse_unwritable
 from accelopt.config import AccelConfig, JobConfig
-from accelopt.drivers.local import CANCELLED, Executor
+from accelopt.drivers.local import CANCELLED, ENDED, Executor
 from accelopt.drivers.setup import memory_capacity, pick_device
 from accelopt.errors import did_you_mean, error_text, first_line
 from accelopt.host import PluginHost
@@ -106,6 +106,7 @@ class Service:
         self.host.call("accelopt_configure", config=config, run_config=run_cfg)
         capacity = self.plugin.capacity or memory_capacity("auto", self.device)
         self.plugin.device = str(self.device)
+        self.plugin.check_threads(max(1, self.plugin.max_lanes))  # said at start, not at a job
         self.executor = Executor(self.host, [], capacity_bytes=capacity, device=str(self.device),
                                  profiler=measure_profile, on_finish=self._job_finished,
                                  keep_open=True)
@@ -273,6 +274,32 @@ class Service:
                 json.dump(document, fh, indent=1, default=str)
             self._interrupted.append(_status_row(result.job, result, busy=False))
         return [row["id"] for row in self._interrupted]
+
+    def fail_unended(self, exc: BaseException) -> list[str]:
+        """The executor stopped on ``exc``: refuse new jobs, let the ended jobs' files be
+        written, then give every job that had not ended its failed ``job.json`` with the error
+        line (as ``accelopt run`` marks its unended jobs), instead of a directory with a
+        config and nothing else until the next service's :meth:`recover`. A job's
+        ``job.json`` already written is never replaced. Returns the ids it failed."""
+        from accelopt.runtime.run import error_line
+
+        self.executor.close()  # a submit answered now would leave a job nobody runs
+        self.finish_outputs()
+        error = f"the service stopped: {error_line(exc)}"
+        failed = []
+        for info, result, _ in self.executor.snapshot():
+            job_dir = self.root / "jobs" / info.job_id
+            if result.status in ENDED or (job_dir / "job.json").exists():
+                continue
+            ended = dataclasses.replace(result, status="failed", error=error)
+            document = {"job": {**job_metrics(ended), "status": "failed"},
+                        "losses": ended.losses, "lanes_note": self.plugin.lanes_note()}
+            with contextlib.suppress(OSError):  # a full disk must not hide the error
+                job_dir.mkdir(parents=True, exist_ok=True)
+                with atomic_open(job_dir / "job.json", "w") as fh:
+                    json.dump(document, fh, indent=1, default=str)
+                failed.append(info.job_id)
+        return failed
 
     def finish_outputs(self) -> None:
         """Wait for every ended job's files (the service is stopping)."""
@@ -514,7 +541,11 @@ def serve(options: ServeOptions, ready: Any = print) -> int:
               f"{service.plugin.policy.name}, {service.plugin.lanes_note()}); job outputs "
               f"in {options.root}/jobs/")
         try:
-            service.executor.run()
+            try:
+                service.executor.run()
+            except BaseException as exc:  # a policy's or plugin's error, an interrupt
+                service.fail_unended(exc)
+                raise
             service.finish_outputs()
         finally:
             server.close()
