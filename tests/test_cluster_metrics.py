@@ -518,3 +518,65 @@ def test_a_stopped_run_makes_no_rows_for_a_worker_that_left_no_timeline():
     result.iterations_done = 2  # the run reached iteration 2: a third loss is not the job's
     stopped_outcome(left, [result], settings)
     assert len(result.losses) == 2 and result.final_loss == result.losses[-1]
+
+
+def _renumbered(spans, first: int):
+    """``spans`` with every iteration number moved up by ``first`` (a resumed run's)."""
+    from dataclasses import replace
+
+    return [replace(s, args={**s.args, "iteration": s.args["iteration"] + first})
+            for s in spans]
+
+
+def _resumed_worker(first: int):
+    """Worker 1 of a run resumed at iteration ``first``: two slow warm-up iterations (Mc 6,
+    7 s long) then two steady ones (Mc 4, 5 s long), each 10 s apart."""
+    warm = _ps_worker(pull=(0, 3), compute=(3, 4), push=(4, 7), iteration=(0, 7), n=2)
+    steady = [s for s in _ps_worker(pull=(0, 2), compute=(1, 4), push=(3, 5), iteration=(0, 5))
+              if s.args["iteration"] >= 2]
+    return _renumbered(warm + steady, first)
+
+
+def test_a_resumed_runs_warm_up_counts_from_its_first_measured_iteration():
+    """Resumed at iteration 1400, the summary compared absolute iteration numbers with the
+    warm-up (2): every iteration counted as steady, so mc_s equalled mc_s_with_warmup."""
+    rows = cm.per_worker_iteration(_resumed_worker(1400), [1])
+    assert [r["iteration"] for r in rows] == [1400, 1401, 1402, 1403]
+    summary = cm.summarize(rows, [7.0, 7.0, 5.0, 5.0])
+    fresh = cm.summarize(cm.per_worker_iteration(_resumed_worker(0), [1]), [7.0, 7.0, 5.0, 5.0])
+    assert summary == fresh
+    assert summary["mc_s"] == pytest.approx(4)
+    assert summary["mc_s_with_warmup"] == pytest.approx(5)
+    assert summary["iteration_makespan_s"] == pytest.approx(5)
+    assert summary["worker_bytes_per_iteration"] == 200
+
+
+def test_a_resumed_runs_iteration_time_is_its_own_iterations_only():
+    """The iterations carried from the checkpoint (another run's, 100 s each here) entered
+    iteration_s: they were appended before the check that skips carried ones."""
+    from accelopt.drivers.cluster.outcome import _job_outcome
+    from accelopt.drivers.cluster.rank import JobPart
+
+    settings_ = settings_from(_cluster(mode="ps", workers=1, servers=1))
+    info = JobInfo(job_id="00-mlp", name="mlp", model="mlp", kind="train", arrival_s=0.0,
+                   iterations=9, batch_size=4)
+    carried = [{"iteration": i, "start_s": 100.0 * i, "end_s": 100.0 * (i + 1), "loss": 1.0,
+                "samples": 4, "carried": True} for i in range(5)]
+    own = [{"iteration": 5 + i, "start_s": 1000.0 + 10 * i,
+            "end_s": 1000.0 + 10 * i + (7.0 if i < 2 else 5.0), "loss": 0.5, "samples": 4}
+           for i in range(4)]
+    spans = [_later(s, 1000.0) for s in _resumed_worker(5)]
+    worker = JobPart(rank=1, role="worker", job=info, iterations=carried + own, spans=spans)
+    server = JobPart(rank=0, role="server", job=info)
+    metrics = _job_outcome([server, worker], settings_).metrics
+    assert metrics["iteration_s"] == pytest.approx(5.0)
+    assert metrics["iteration_s_with_warmup"] == pytest.approx(6.0)
+    assert metrics["warmup_iterations"] == 2
+    assert metrics["mc_s"] == pytest.approx(4)
+
+
+def _later(span, shift: float):
+    """``span`` moved ``shift`` seconds later."""
+    from dataclasses import replace
+
+    return replace(span, start_s=span.start_s + shift, end_s=span.end_s + shift)

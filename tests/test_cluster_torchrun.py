@@ -1,9 +1,10 @@
-"""Under torchrun (RANK/WORLD_SIZE/MASTER_ADDR set) accelopt spawns nothing: each process is
-one rank, and rank 0 alone writes the run's outputs."""
+"""Under torchrun (RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT set) accelopt spawns nothing: each
+process is one rank, and rank 0 alone writes the run's outputs."""
 
 from __future__ import annotations
 
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -42,7 +43,7 @@ def test_torchrun_runs_the_same_config_as_ranks(tmp_path):
     assert result.stdout.count("Run: 2/2 done") == 1  # only rank 0 reports
 
 
-TORCHRUN_ENV = {"RANK": "1", "WORLD_SIZE": "3", "MASTER_ADDR": "10.0.0.1"}
+TORCHRUN_ENV = {"RANK": "1", "WORLD_SIZE": "3", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
 
 
 def test_other_ranks_get_a_scratch_run_directory_unless_one_is_named():
@@ -66,9 +67,11 @@ def test_checkpoints_under_torchrun_need_one_named_run_directory(tmp_path, monke
     from accelopt.drivers.cluster import run_cluster
     from accelopt.errors import ConfigError
 
-    for key, value in TORCHRUN_ENV.items():
+    # a refusing rank tries to tell the others (nobody listens here): a second at most
+    for key, value in {**TORCHRUN_ENV, "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": str(_free_port())}.items():
         monkeypatch.setenv(key, value)
-    cfg = make_cfg("ps")
+    cfg = make_cfg("ps", timeout_s=1)
     cfg.run.checkpoint_every = 2
     with pytest.raises(ConfigError, match="hydra.run.dir") as info:
         run_cluster(cfg, run_dir=tmp_path / "accelopt-rank1-abc")
@@ -169,9 +172,138 @@ def test_under_torchrun_only_rank_0_keeps_a_failed_runs_evidence(tmp_path, monke
                               Registry.discover(), run_dir=tmp_path)
     for rank, writes in (("1", False), ("0", True)):
         monkeypatch.setenv("RANK", rank)
-        for key in ("WORLD_SIZE", "MASTER_ADDR"):
+        for key in ("WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
             monkeypatch.setenv(key, TORCHRUN_ENV[key])
         run_dir = tmp_path / f"rank{rank}"
         with pytest.raises(RuntimeError, match="a peer rank failed"):
             execute(cfg, run_dir=run_dir, registry=Registry.discover())
         assert (run_dir / "metrics.json").exists() is writes, rank
+
+
+def _node_env(rank: int, world: int, port: int, **extra: str) -> dict[str, str]:
+    """What torchrun would give rank ``rank`` of a launch of one rank per machine."""
+    return cli_env(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), **extra)
+
+
+NODE_RUN = ["workload=single", "workload.jobs.0.iterations=3", "cluster.mode=allreduce",
+            "cluster.workers=2", "run.progress=false"]
+
+
+def test_a_rank_that_refuses_its_config_stops_the_others_at_once(tmp_path):
+    """Node 1 started without the hydra.run.dir that run.checkpoint_every needs refused its
+    config before joining; node 0 waited its whole cluster.timeout_s, then blamed
+    MASTER_ADDR, MASTER_PORT and WORLD_SIZE."""
+    from clirun import accelopt_cmd
+
+    port = _free_port()
+    timeout_s = 120  # what node 0 no longer waits out (the test's own limit is below it)
+    common = [*NODE_RUN, f"cluster.timeout_s={timeout_s}", "run.checkpoint_every=2"]
+    commands = [[*common, f"hydra.run.dir={tmp_path / 'node0'}"], common]
+    nodes = [subprocess.Popen(accelopt_cmd("run", *args), cwd=tmp_path,
+                              env=_node_env(rank, 2, port, TMPDIR=str(tmp_path)),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for rank, args in enumerate(commands)]
+    try:
+        outputs = [p.communicate(timeout=timeout_s * 0.75) for p in nodes]
+    finally:
+        for p in nodes:
+            p.kill()
+    refusal = ("run.checkpoint_every under torchrun: every rank writes its part of each "
+               "checkpoint into the run directory")
+    assert [p.returncode for p in nodes] == [2, 2], outputs
+    assert f"error: rank 1 refused its config: {refusal}" in outputs[0][1], outputs[0][1]
+    assert outputs[1][1].startswith(f"error: {refusal}"), outputs[1][1]
+    assert all(len(err.strip().splitlines()) == 1 for _, err in outputs), outputs
+
+
+def test_a_rank_alone_names_the_ranks_that_never_joined(tmp_path, monkeypatch):
+    """Rank 0 of two, rank 1 never started: the line blamed MASTER_ADDR, MASTER_PORT and
+    WORLD_SIZE without saying that a rank had not come."""
+    from test_cluster import make_cfg
+
+    from accelopt.drivers.cluster import RankFailed, run_cluster
+
+    port = _free_port()
+    for key, value in {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": str(port)}.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(RankFailed) as info:
+        run_cluster(make_cfg("allreduce", timeout_s=0.5), run_dir=tmp_path)
+    assert str(info.value).startswith(
+        f"rank 1 never joined the rendezvous at MASTER_ADDR=127.0.0.1 MASTER_PORT={port} "
+        "within cluster.timeout_s=0.5 s (rank 0 waited for it)"), str(info.value)
+    assert info.value.rank == 1
+
+
+@pytest.mark.parametrize(("env", "words"), [
+    ({"RANK": "1", "WORLD_SIZE": "3"},
+     "RANK=1 and WORLD_SIZE=3 declare a torchrun launch but MASTER_ADDR and MASTER_PORT are "
+     "not set"),
+    ({"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"},
+     "but RANK is not set"),
+    ({"RANK": "abc", "WORLD_SIZE": "3", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"},
+     "RANK='abc' is not an integer"),
+    ({"RANK": "5", "WORLD_SIZE": "3", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"},
+     "RANK=5 must be in 0..2 (WORLD_SIZE=3)"),
+    ({"RANK": "0", "WORLD_SIZE": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"},
+     "WORLD_SIZE=0 must be at least 1"),
+    ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "port"},
+     "MASTER_PORT='port' is not an integer"),
+    ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "70000"},
+     "MASTER_PORT=70000 is not a port"),
+    ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",
+      "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "1"}, "LOCAL_RANK=1 must be in 0..0"),
+])
+def test_a_partial_or_wrong_torchrun_environment_is_refused_in_one_line(env, words):
+    """RANK=1 WORLD_SIZE=3 without MASTER_ADDR was taken for a local run (a whole cluster
+    started on the machine, exit 0); RANK=abc was a traceback, RANK=5 of 3 a rendezvous that
+    waited out its timeout."""
+    from accelopt.drivers.processes import under_torchrun
+    from accelopt.errors import UserError
+
+    with pytest.raises(UserError, match=re.escape(words)) as info:
+        under_torchrun(env)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("env", [
+    {"RANK": "3"},  # some schedulers export a RANK of their own
+    {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"},  # a job script's, for later ranks
+    {"LOCAL_RANK": "0"},
+    {},
+])
+def test_a_stray_variable_alone_leaves_a_local_run_alone(env):
+    from accelopt.drivers.processes import under_torchrun
+
+    assert under_torchrun(env) is False
+
+
+def test_the_command_refuses_a_partial_torchrun_environment_before_running(tmp_path):
+    from clirun import accelopt
+
+    result = accelopt("run", *NODE_RUN, f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path,
+                      RANK="1", WORLD_SIZE="3")
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines() == [
+        "error: RANK=1 and WORLD_SIZE=3 declare a torchrun launch but MASTER_ADDR and "
+        "MASTER_PORT are not set; start the ranks with torchrun (it sets RANK, WORLD_SIZE, "
+        "MASTER_ADDR and MASTER_PORT), set the missing ones, or unset RANK and WORLD_SIZE "
+        "for a local run"], result.stderr[-2000:]
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_rank_that_cannot_reach_the_rendezvous_says_so_in_one_line(tmp_path):
+    """Its store client logged each failed connect with ~20 lines of C++ stack frames
+    before the rank's one line."""
+    from clirun import accelopt_cmd
+
+    port = _free_port()  # nobody listens there
+    result = subprocess.run(accelopt_cmd("run", *NODE_RUN, "cluster.timeout_s=1"),
+                            cwd=tmp_path, env=_node_env(1, 2, port, TMPDIR=str(tmp_path)),
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        "error: rank 1 could not join the other ranks through MASTER_ADDR=127.0.0.1 "
+        f"MASTER_PORT={port} ("), result.stderr[-3000:]

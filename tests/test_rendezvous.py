@@ -81,3 +81,82 @@ def test_only_a_tcp_address_is_accepted_with_an_event():
     with pytest.raises(ValueError, match="tcp://host:port"):
         join_group("gloo", "env://", rank=1, world=2, timeout=timedelta(seconds=1),
                    store_ready=rank_context().Event())
+
+
+def _in_thread(call, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003
+    """Run ``call`` on a thread; the returned function joins it and gives what it raised."""
+    import threading
+
+    raised: list[BaseException | None] = [None]
+
+    def run() -> None:
+        try:
+            call(*args, **kwargs)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            raised[0] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+
+    def joined() -> BaseException | None:
+        thread.join(30)
+        assert not thread.is_alive()
+        return raised[0]
+
+    return joined
+
+
+@pytest.fixture
+def torchrun_address(monkeypatch):
+    """A torchrun rank's MASTER_ADDR and MASTER_PORT (nobody else listens there)."""
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
+
+
+@pytest.mark.timeout(60)
+def test_a_refusal_reaches_every_torchrun_rank_at_once(torchrun_address):
+    """A rank whose config is refused before it joins still meets the others in the store
+    and leaves its line there: they stop at once (not after their 60 s) with that line."""
+    from accelopt.drivers.cluster.rendezvous import arrive, refuse_at_rendezvous, torchrun_store
+    from accelopt.errors import RankRefused
+
+    timeout = timedelta(seconds=60)
+    store = torchrun_store(0, WORLD, timeout)  # rank 0 opens it
+    refusing = _in_thread(refuse_at_rendezvous, "cluster.workers: wrong", rank=1, world=WORLD,
+                          timeout=timeout)
+    waiting = _in_thread(lambda: arrive(torchrun_store(2, WORLD, timeout), rank=2, world=WORLD,
+                                        timeout=timeout))
+    with pytest.raises(RankRefused) as info:
+        arrive(store, rank=0, world=WORLD, timeout=timeout)
+    assert str(info.value) == "rank 1 refused its config: cluster.workers: wrong"
+    assert (info.value.rank, info.value.exit_code) == (1, 2)
+    assert refusing() is None  # its caller raises its own error
+    assert str(waiting()) == str(info.value)
+
+
+@pytest.mark.timeout(60)
+def test_torchrun_ranks_name_the_ranks_that_never_arrived(torchrun_address):
+    from accelopt.drivers.cluster.rendezvous import NeverJoined, arrive, torchrun_store
+
+    timeout = timedelta(seconds=0.5)
+    store = torchrun_store(0, WORLD, timeout)
+    other = _in_thread(lambda: arrive(torchrun_store(1, WORLD, timeout), rank=1, world=WORLD,
+                                      timeout=timeout))
+    with pytest.raises(NeverJoined, match=r"^rank 2 never joined the rendezvous at "
+                                          r"MASTER_ADDR=127\.0\.0\.1 MASTER_PORT=\d+ within "
+                                          r"cluster\.timeout_s=0\.5 s \(rank 0 waited"):
+        arrive(store, rank=0, world=WORLD, timeout=timeout)
+    assert isinstance(other(), NeverJoined)
+
+
+@pytest.mark.timeout(60)
+def test_torchrun_ranks_that_all_arrive_go_on(torchrun_address):
+    from accelopt.drivers.cluster.rendezvous import arrive, torchrun_store
+
+    timeout = timedelta(seconds=30)
+    store = torchrun_store(0, 2, timeout)
+    other = _in_thread(lambda: arrive(torchrun_store(1, 2, timeout), rank=1, world=2,
+                                      timeout=timeout))
+    arrive(store, rank=0, world=2, timeout=timeout)
+    assert other() is None

@@ -3,8 +3,8 @@ before it has imported anything heavy).
 
 Ranks fork from a forkserver that has imported torch and the runtime once, so no rank
 repeats those imports; where the platform has no forkserver, they are spawned. Under
-``torchrun`` (RANK, WORLD_SIZE, MASTER_ADDR set) this process is one rank and nothing is
-started.
+``torchrun`` (RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set) this process is one rank and
+nothing is started.
 """
 
 from __future__ import annotations
@@ -17,7 +17,12 @@ import sys
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR")
+TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+"""What torchrun sets for every rank and its ``env://`` rendezvous reads: with all of them
+set this process is one rank of a launch (:func:`under_torchrun`)."""
+TORCHRUN_INTEGERS = ("LOCAL_RANK", "LOCAL_WORLD_SIZE")
+"""What torchrun sets too and a rank reads as a number, where it is set (other launchers
+that start the ranks themselves may leave it out)."""
 PRELOAD = ["accelopt.drivers.rank_preload"]
 """What the forkserver imports before it forks the first rank: torch and the runtime, with
 the garbage collector paused, then frozen (``drivers/rank_preload.py`` says why)."""
@@ -32,7 +37,8 @@ def quiet_cpp_warnings() -> None:
     dies (a plugin raising on a server while the workers still set up their gloo groups),
     each peer's store client logs its broken socket as a warning with ~40 C++ stack frames,
     ~50 lines before the launcher's one line naming the rank that failed and why. Torch reads
-    the level when it is imported, so the forkserver's preload calls this before torch."""
+    the level when it is imported, so the forkserver's preload calls this before torch, and
+    a torchrun rank (its own top-level process) in :func:`rank_server_started_early`."""
     os.environ.setdefault(CPP_LOG_LEVEL, "ERROR")
 
 
@@ -42,8 +48,90 @@ temporary directory with this prefix (``cli/hydra_run.py``), removed when it end
 
 
 def under_torchrun(env: dict[str, str] | None = None) -> bool:
+    """Whether this process is one rank of a torchrun launch (:data:`TORCHRUN_VARS` all
+    set). A launch that is declared (WORLD_SIZE set, or RANK with MASTER_ADDR or MASTER_PORT)
+    but incomplete, or whose numbers cannot be a rank of that world, is refused in one line
+    (:class:`~accelopt.errors.UserError`): taken for a local run, ``RANK=1 WORLD_SIZE=3``
+    without a MASTER_ADDR started a whole local cluster on every machine and exited 0; and
+    ``RANK=abc`` ended in a traceback, ``RANK=5 WORLD_SIZE=3`` in a rendezvous that waited
+    its whole timeout. A variable alone that is no launch is left alone (a local run): a
+    RANK that some schedulers export for their own use, or a MASTER_ADDR and MASTER_PORT a
+    job script exports for the ranks it starts later."""
     env = dict(os.environ) if env is None else env
-    return all(env.get(v) for v in TORCHRUN_VARS)
+    present = [v for v in TORCHRUN_VARS if env.get(v)]
+    if not _declares_launch(present):
+        return False
+    missing = [v for v in TORCHRUN_VARS if v not in present]
+    if missing:
+        from accelopt.errors import UserError
+
+        raise UserError(
+            f"{_listed([f'{v}={env[v]}' for v in present])} "
+            f"declare{'s' if len(present) == 1 else ''} a torchrun launch but "
+            f"{_listed(missing)} {'is' if len(missing) == 1 else 'are'} not set; start the "
+            "ranks with torchrun (it sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT), "
+            f"set the missing ones, or unset {_listed(present)} for a local run")
+    torchrun_rank(env)
+    return True
+
+
+def _listed(words: list[str]) -> str:
+    """``a, b and c``."""
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} and {words[-1]}"
+
+
+def _declares_launch(present: list[str]) -> bool:
+    """Whether the torchrun variables set declare a launch: a world size, or a rank with
+    where to meet the others."""
+    return "WORLD_SIZE" in present or ("RANK" in present and len(present) > 1)
+
+
+def torchrun_rank(env: dict[str, str] | None = None) -> tuple[int, int]:
+    """This torchrun rank's (RANK, WORLD_SIZE), read as numbers; refused in one line
+    (:class:`~accelopt.errors.UserError`) unless they are integers with
+    0 <= RANK < WORLD_SIZE, MASTER_PORT is a port, and LOCAL_RANK and LOCAL_WORLD_SIZE,
+    where set, are integers with 0 <= LOCAL_RANK < LOCAL_WORLD_SIZE <= WORLD_SIZE."""
+    env = dict(os.environ) if env is None else env
+    values = {v: _integer(env, v) for v in ("RANK", "WORLD_SIZE", "MASTER_PORT",
+                                            *TORCHRUN_INTEGERS) if env.get(v)}
+    problem = _rank_problem(values)
+    if problem:
+        from accelopt.errors import UserError
+
+        raise UserError(problem)
+    return values["RANK"], values["WORLD_SIZE"]
+
+
+def _rank_problem(values: dict[str, int]) -> str:
+    """What is wrong with a torchrun rank's numbers, and the fix ("": nothing)."""
+    rank, world, port = values["RANK"], values["WORLD_SIZE"], values["MASTER_PORT"]
+    local_rank = values.get("LOCAL_RANK", 0)
+    local_world = values.get("LOCAL_WORLD_SIZE", world)
+    same = "give every rank the same WORLD_SIZE and its own RANK below it"
+    if world < 1:
+        return f"WORLD_SIZE={world} must be at least 1; {same}"
+    if not 0 <= rank < world:
+        return f"RANK={rank} must be in 0..{world - 1} (WORLD_SIZE={world}); {same}"
+    if not 0 < port < 65536:
+        return f"MASTER_PORT={port} is not a port (1..65535); give every rank the same port"
+    if not 0 < local_world <= world:
+        return (f"LOCAL_WORLD_SIZE={local_world} must be in 1..{world} (WORLD_SIZE={world}): "
+                "the ranks on this machine")
+    if not 0 <= local_rank < local_world:
+        return (f"LOCAL_RANK={local_rank} must be in 0..{local_world - 1} "
+                f"(LOCAL_WORLD_SIZE={local_world}): this rank's number on its machine")
+    return ""
+
+
+def _integer(env: dict[str, str], name: str) -> int:
+    """``env[name]`` as an integer, refused in one line (a torchrun variable) otherwise."""
+    try:
+        return int(env[name].strip())
+    except ValueError:
+        from accelopt.errors import UserError
+
+        raise UserError(f"{name}={env[name]!r} is not an integer; start the ranks with "
+                        f"torchrun (it sets {name}), or give it a number") from None
 
 
 def preloads_dynamo(modes: Iterable[str]) -> bool:
@@ -95,9 +183,15 @@ def rank_server_started_early(modes: Iterable[str]) -> Iterator[EarlyServer]:
     ranks from it. Stopped on leaving (or by the handle's ``stop``), so the invocation
     leaves no process behind. ``modes``: the cluster modes of the invocation's runs (as for
     :func:`rank_context`); none but ``none``, under torchrun, or no forkserver: nothing
-    happens."""
+    happens. Under torchrun it sets the ranks' C++ log level as the forkserver's preload
+    does (:func:`quiet_cpp_warnings`): ``accelopt run`` calls this before torch is
+    imported, and a rank that cannot reach its peers printed ~40 lines of C++ stack frames
+    of its store client's warnings before its one line."""
+    torchrun = under_torchrun()  # the first look: a launch that is wrong is refused here
+    if torchrun:
+        quiet_cpp_warnings()  # torch is not imported yet (the command's first step)
     modes = set(modes) - {"none"}
-    if not modes or under_torchrun() or "forkserver" not in multiprocessing.get_all_start_methods():
+    if not modes or torchrun or "forkserver" not in multiprocessing.get_all_start_methods():
         yield EarlyServer()
         return
     from multiprocessing import forkserver

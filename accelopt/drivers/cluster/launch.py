@@ -3,8 +3,8 @@
 Locally, :func:`run_cluster` starts one process per rank (``drivers/processes.py``:
 forked from a forkserver that has imported the runtime once, else spawned),
 optionally inside a shaped network namespace, watches them and returns a
-:class:`ClusterOutcome`. Under ``torchrun`` (RANK, WORLD_SIZE, MASTER_ADDR set) this
-process *is* one rank: nothing is spawned, and rank 0's outcome carries every rank's data.
+:class:`ClusterOutcome`. Under ``torchrun`` (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set)
+this process *is* one rank: nothing is spawned, and rank 0's outcome carries every rank's data.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -38,15 +39,22 @@ from accelopt.drivers.cluster.rank import (
     run_rank,
     so_far_path,
 )
-from accelopt.drivers.cluster.settings import ClusterSettings, settings_from
+from accelopt.drivers.cluster.rendezvous import TORCHRUN, NeverJoined, refuse_at_rendezvous
+from accelopt.drivers.cluster.settings import (
+    NUMBERS,
+    ClusterSettings,
+    cluster_number,
+    settings_from,
+)
 from accelopt.drivers.processes import (
     SCRATCH_PREFIX,
     rank_context,
     release_before_exit,
     stop_forkserver,
+    torchrun_rank,
     under_torchrun,
 )
-from accelopt.errors import ConfigError, Terminated, UserError, raise_terminated
+from accelopt.errors import ConfigError, Terminated, UserError, first_line, raise_terminated
 from accelopt.job import job_specs
 from accelopt.plugin import Registry
 
@@ -102,13 +110,13 @@ def run_cluster(cfg: DictConfig, *, run_dir: str | os.PathLike[str] = ".",
     from accelopt.activation import selected_plugins
 
     refuse_start_while_starting_a_rank()
+    if under_torchrun():
+        return _run_torchrun(cfg, str(run_dir), registry)
     settings = settings_from(cfg.cluster)
     validate(cfg, settings)
     backend_note = pick_backend(settings, cfg).note  # refuses what cannot run, before a rank
     carried = Carried.of(registry, selected_plugins(cfg))
     t0 = time.time()
-    if under_torchrun():
-        return _run_torchrun(cfg, settings, t0, str(run_dir), carried)
     if settings.shaped:
         netns.check_possible()
     if console is not None:
@@ -402,9 +410,15 @@ def child_main(rank: int, world: int, cfg_yaml: str, port: int, t0: float, work:
     os._exit(0)  # skip interpreter teardown (gloo threads); results are on disk
 
 
-def _run_torchrun(cfg: DictConfig, settings: ClusterSettings, t0: float,
-                  run_dir: str, carried: Carried) -> ClusterOutcome:
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+def _torchrun_checks(cfg: DictConfig, run_dir: str, registry: Registry | None, rank: int,
+                     world: int) -> tuple[ClusterSettings, Carried]:
+    """What a torchrun rank checks before it joins the others (a local run's launcher checks
+    the same before it starts a rank), and the plugins it carries."""
+    from accelopt.activation import selected_plugins
+
+    settings = settings_from(cfg.cluster)
+    validate(cfg, settings)
+    pick_backend(settings, cfg)  # refuses what cannot run
     if world != settings.world_size:
         raise ConfigError(
             f"torchrun started {world} processes but cluster.mode={settings.mode} with "
@@ -423,17 +437,42 @@ def _run_torchrun(cfg: DictConfig, settings: ClusterSettings, t0: float,
             "checkpoint into the run directory, so give every machine the same one "
             "(hydra.run.dir=runs/<name>)"
         )
+    return settings, Carried.of(registry, selected_plugins(cfg))
+
+
+def _timeout_s(cfg: DictConfig) -> float:
+    """``cluster.timeout_s``, or its default where that cannot be read (the refusal a rank
+    is about to give may be about it)."""
+    try:
+        return cluster_number(cfg.cluster, "timeout_s")
+    except Exception:  # noqa: BLE001 - any unreadable value: the default
+        return float(NUMBERS["timeout_s"][0])
+
+
+def _run_torchrun(cfg: DictConfig, run_dir: str, registry: Registry | None) -> ClusterOutcome:
+    """This process as one rank of a torchrun launch. A config this rank refuses is said in
+    the rendezvous store before the rank stops (``rendezvous.refuse_at_rendezvous``), so the
+    other ranks stop at once with its line instead of waiting out their timeout."""
+    rank, world = torchrun_rank()
+    try:
+        settings, carried = _torchrun_checks(cfg, run_dir, registry, rank, world)
+    except UserError as exc:
+        refuse_at_rendezvous(first_line(exc), rank=rank, world=world,
+                             timeout=timedelta(seconds=_timeout_s(cfg)))
+        raise
+    t0 = time.time()
     with tempfile.TemporaryDirectory(prefix="accelopt-cluster-") as work:
         progress = faults.Progress(work, rank)
         try:
             gathered = run_rank(cfg, settings, rank=rank, world=world, t0_epoch=t0,
-                                init_method="env://", run_dir=run_dir, carried=carried,
+                                init_method=TORCHRUN, run_dir=run_dir, carried=carried,
                                 progress=progress)
         except (Exception, Terminated) as exc:
-            # no watchdog here: the rank's own one line (a peer's, where it left one)
+            # no watchdog here: the rank's own one line (a peer's, where it left one); the
+            # ranks that never joined are already named (no peer's line to look for)
             _ignore_sigterm()
-            failure = faults.torchrun_failure(exc, rank=rank, world=world,
-                                              role=settings.role(rank), at=progress.at)
+            failure = exc if isinstance(exc, NeverJoined) else faults.torchrun_failure(
+                exc, rank=rank, world=world, role=settings.role(rank), at=progress.at)
             if isinstance(failure, faults.RankFailed):
                 failure.ended = faults.read_ended(work)  # rank 0's: the jobs that had ended
             if failure is exc:

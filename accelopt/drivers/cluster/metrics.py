@@ -176,19 +176,23 @@ def summarize(
     warmup: int = WARMUP_ITERATIONS,
 ) -> dict[str, float | int | None]:
     """Run-level medians. ``X`` excludes the first ``warmup`` iterations (when the run has
-    more); ``X_with_warmup`` includes every iteration."""
+    more); ``X_with_warmup`` includes every iteration. ``iteration_seconds``: the lengths of
+    the iterations this run measured, in order. The warm-up counts from the first iteration
+    this run measured, not from iteration 0: a run resumed from a checkpoint at iteration
+    1400 warms up in its iterations 1400 and 1401 (its rows carry those numbers)."""
     out: dict[str, float | int | None] = {}
     keys = ("mc_s", "pc_s", "iteration_makespan_s", "efficiency_e", "ratio_a")
     n_iter = len(iteration_seconds)
     skip = warmup if n_iter > warmup else 0
-    steady = [r for r in rows if r["iteration"] >= skip]
+    first = min((int(r["iteration"]) for r in rows), default=0)
+    steady = [r for r in rows if r["iteration"] >= first + skip]
     for key in keys:
         out[key] = _median(r[key] for r in steady)
         out[f"{key}_with_warmup"] = _median(r[key] for r in rows)
     per_iter_bytes: dict[int, int] = defaultdict(int)
     for r in rows:
         per_iter_bytes[r["iteration"]] += r["bytes"]
-    steady_iter = sorted(i for i in per_iter_bytes if i >= skip)
+    steady_iter = sorted(i for i in per_iter_bytes if i >= first + skip)
     out["iteration_s"] = _median(iteration_seconds[skip:])
     out["iteration_s_with_warmup"] = _median(iteration_seconds)
     for suffix, secs in (("", out["iteration_s"]), ("_with_warmup", out["iteration_s_with_warmup"])):

@@ -229,11 +229,11 @@ def _job_outcome(parts: list[JobPart], settings: ClusterSettings,
         loss = combined_loss(rows, shares)
         if loss is not None:  # inference iterations have no loss
             losses.append(loss)
-        seconds.append(max(r["end_s"] - r["start_s"] for r in rows))
         samples += sum(r["samples"] for r in rows)
         if any(r.get("carried") for r in rows):
             resumed_at = i + 1
             continue
+        seconds.append(max(r["end_s"] - r["start_s"] for r in rows))  # this run's only
         starts.append(min(r["start_s"] for r in rows))
         ends.append(max(r["end_s"] for r in rows))
     state_status, error = status or (("done", "") if n_iter == info.iterations else
