@@ -190,16 +190,26 @@ NODE_RUN = ["workload=single", "workload.jobs.0.iterations=3", "cluster.mode=all
             "cluster.workers=2", "run.progress=false"]
 
 
-def test_a_rank_that_refuses_its_config_stops_the_others_at_once(tmp_path):
-    """Node 1 started without the hydra.run.dir that run.checkpoint_every needs refused its
-    config before joining; node 0 waited its whole cluster.timeout_s, then blamed
-    MASTER_ADDR, MASTER_PORT and WORLD_SIZE."""
+@pytest.mark.parametrize(("node1", "refusal"), [
+    (["run.checkpoint_every=2"],
+     "run.checkpoint_every under torchrun: every rank writes its part of each checkpoint "
+     "into the run directory"),
+    (["+plugins=[gradcomm]", "plugins.gradcomm.density=5"],
+     "plugins.gradcomm.density must be in (0, 1], got 5.0"),
+], ids=["cluster-check", "run-check"])
+def test_a_rank_that_refuses_its_config_stops_the_others_at_once(tmp_path, node1, refusal):
+    """Node 1 refused its config before joining: started without the hydra.run.dir that
+    run.checkpoint_every needs (the cluster's checks), or with a plugin setting that its
+    configure refuses (the run's checks, before the cluster starts); node 0 waited its whole
+    cluster.timeout_s, then blamed MASTER_ADDR, MASTER_PORT and WORLD_SIZE (or, for the
+    second, named rank 1 as never joined)."""
     from clirun import accelopt_cmd
 
     port = _free_port()
     timeout_s = 120  # what node 0 no longer waits out (the test's own limit is below it)
-    common = [*NODE_RUN, f"cluster.timeout_s={timeout_s}", "run.checkpoint_every=2"]
-    commands = [[*common, f"hydra.run.dir={tmp_path / 'node0'}"], common]
+    common = [*NODE_RUN, f"cluster.timeout_s={timeout_s}"]
+    commands = [[*common, "run.checkpoint_every=2", f"hydra.run.dir={tmp_path / 'node0'}"],
+                [*common, *node1]]
     nodes = [subprocess.Popen(accelopt_cmd("run", *args), cwd=tmp_path,
                               env=_node_env(rank, 2, port, TMPDIR=str(tmp_path)),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -209,8 +219,6 @@ def test_a_rank_that_refuses_its_config_stops_the_others_at_once(tmp_path):
     finally:
         for p in nodes:
             p.kill()
-    refusal = ("run.checkpoint_every under torchrun: every rank writes its part of each "
-               "checkpoint into the run directory")
     assert [p.returncode for p in nodes] == [2, 2], outputs
     assert f"error: rank 1 refused its config: {refusal}" in outputs[0][1], outputs[0][1]
     assert outputs[1][1].startswith(f"error: {refusal}"), outputs[1][1]

@@ -31,6 +31,7 @@ from accelopt.activation import activate, selected_plugins
 from accelopt.atomic import atomic_open
 from accelopt.collector import collector_paused, run_starts
 from accelopt.config import RunSettings
+from accelopt.drivers.cluster.launch import refusals_said_at_rendezvous
 from accelopt.drivers.cluster.settings import (
     MAX_TIMEOUT_S,
     check_numbers,
@@ -106,15 +107,16 @@ def execute(
     run_starts()  # the command's imports are done: frozen, the collector on (collector.py)
     console = console or default_console()
     registry = registry or Registry.discover()
-    cfg, resume_from = _maybe_resume(cfg, run_dir, console, overrides)
-    resuming = resume_from is not None
-    reference_sets = _reference_sets(cfg, resuming, console)
-    validate(cfg, registry, reference_sets)
-    named = _command_line() if overrides is None else list(overrides)
-    warnings = setting_warnings(cfg, named)  # said now, and kept in the run's record
-    for line in warnings:
-        console.print(f"warning: {line}", markup=False, highlight=False, soft_wrap=True)
-    claim(run_dir, shared=under_torchrun())  # one run per directory, before anything is written
+    with refusals_said_at_rendezvous(cfg):  # a torchrun rank's peers stop at once with it
+        cfg, resume_from = _maybe_resume(cfg, run_dir, console, overrides)
+        resuming = resume_from is not None
+        reference_sets = _reference_sets(cfg, resuming, console)
+        validate(cfg, registry, reference_sets)
+        named = _command_line() if overrides is None else list(overrides)
+        warnings = setting_warnings(cfg, named)  # said now, and kept in the run's record
+        for line in warnings:
+            console.print(f"warning: {line}", markup=False, highlight=False, soft_wrap=True)
+        claim(run_dir, shared=under_torchrun())  # one run per directory, before any write
     refs = compare.run_references(cfg, reference_sets, run_dir, registry, console)
     if refs:
         cfg = copy.deepcopy(cfg)

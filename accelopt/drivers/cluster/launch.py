@@ -449,6 +449,23 @@ def _timeout_s(cfg: DictConfig) -> float:
         return float(NUMBERS["timeout_s"][0])
 
 
+@contextlib.contextmanager
+def refusals_said_at_rendezvous(cfg: DictConfig) -> Iterator[None]:
+    """Under torchrun, a :class:`~accelopt.errors.UserError` raised inside (the run's own
+    checks before the cluster starts: an unknown plugin on one machine, a run directory in
+    use) is left in the rendezvous store before it propagates, as the cluster's own checks
+    are (:func:`_run_torchrun`): the other ranks stop at once with this rank's line instead
+    of naming it as never joined after ``cluster.timeout_s``. Elsewhere: nothing."""
+    try:
+        yield
+    except UserError as exc:
+        if under_torchrun():
+            rank, world = torchrun_rank()
+            refuse_at_rendezvous(first_line(exc), rank=rank, world=world,
+                                 timeout=timedelta(seconds=_timeout_s(cfg)))
+        raise
+
+
 def _run_torchrun(cfg: DictConfig, run_dir: str, registry: Registry | None) -> ClusterOutcome:
     """This process as one rank of a torchrun launch. A config this rank refuses is said in
     the rendezvous store before the rank stops (``rendezvous.refuse_at_rendezvous``), so the
