@@ -14,7 +14,10 @@ Each bucket then goes through ``accelopt_transfer_filter``, ``accelopt_transfer_
 ``accelopt_transfer_order`` (once per iteration), the all-reduce (or an all-gather when the
 encoder returns a tuple of tensors), ``accelopt_transfer_decode`` and
 ``accelopt_transfer_done``, exactly as in an accelopt run, with records named ``bucket0``,
-``bucket1``, … by the model's logical buckets (``bucket_mb`` each, backward order). Plugins
+``bucket1``, … by the model's logical buckets (its parameters that require grad, as DDP's
+buckets: a frozen parameter is never sent; ``bucket_mb`` each, backward order). Freeze
+parameters before wrapping the model in DDP and making the hook; a trainable embedding with
+``sparse=True`` is refused in one line (the hook carries dense buckets only). Plugins
 are told ``accelopt_run_start`` once, with a :class:`~accelopt.types.RunInfo` that says
 all-reduce mode, this rank and a :class:`~accelopt.types.JobInfo` of the model (its
 parameter table and buckets). Gradients are averaged over the ranks, as DDP's own hook does.
@@ -80,6 +83,7 @@ def comm_hook(
     if isinstance(model, nn.parallel.DistributedDataParallel):
         raise UserError("comm_hook takes the model DDP wraps, not the DDP wrapper: pass "
                         "ddp.module")
+    refuse_sparse_gradients(model)
     bucket_bytes = bucket_size(bucket_mb)
     positive_number(timeout_s, "timeout_s", "seconds a rank waits for the others",
                     MAX_TIMEOUT_S)
@@ -96,7 +100,7 @@ def comm_hook(
     rank = dist.get_rank(process_group)
     world = dist.get_world_size(process_group)
     table = param_table(model)
-    buckets = buckets_by_bytes(table, bucket_bytes)
+    buckets = buckets_by_bytes(table, bucket_bytes, model)  # what DDP reduces: no frozen one
     base = job or JobInfo(job_id="ddp", name="ddp", model=type(model).__name__, kind="train",
                           arrival_s=0.0, iterations=0, batch_size=0)
     info = JobInfo(**{**{f: getattr(base, f) for f in base.__dataclass_fields__},
@@ -116,3 +120,20 @@ def comm_hook(
                        model=model, weight=1.0 / world, self_planning=True)
     state.run = run
     return state, reduce_bucket
+
+
+def refuse_sparse_gradients(model: nn.Module) -> None:
+    """A trainable embedding built with ``sparse=True`` hands DDP a sparse gradient bucket,
+    which the hook cannot cut into logical buckets nor a codec encode: backward failed
+    with torch's long "Could not run 'aten::as_strided' ... 'SparseCPU' backend". Refused
+    in one line when the hook is made (a frozen one has no gradient and is never sent)."""
+    sparse = [name or type(m).__name__ for name, m in model.named_modules()
+              if isinstance(m, (nn.Embedding, nn.EmbeddingBag)) and m.sparse
+              and m.weight.requires_grad]
+    if sparse:
+        one = len(sparse) == 1
+        names = ", ".join(f"'{name}'" for name in sparse[:3])
+        raise UserError(f"comm_hook: {'embedding' if one else 'embeddings'} {names} "
+                        f"{'was' if one else 'were'} built with sparse=True, whose sparse "
+                        "gradients the hook cannot carry (DDP's buckets are cut and encoded "
+                        f"as dense tensors): build {'it' if one else 'them'} with sparse=False")

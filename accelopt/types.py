@@ -109,7 +109,8 @@ class JobInfo:
 
     ``parameters`` and ``buckets`` are filled once the model is built (empty in the records a
     plugin sees while the model is being built, ``accelopt_layer_build``). ``buckets`` are the
-    gradient buckets an all-reduce would send, in backward order, as indices into
+    gradient buckets an all-reduce would send (the parameters that require grad when the job
+    is built: a frozen one is never sent, as in DDP), in backward order, as indices into
     ``parameters`` (``cluster.bucket_mb`` each, a tensor larger than that alone).
     """
 

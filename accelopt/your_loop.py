@@ -256,7 +256,8 @@ class Attached:
         """The model the loop trains (the same object unless a plugin replaced its root)."""
         table = param_table(self.model)
         self.info = dataclasses.replace(info, parameters=table,
-                                        buckets=buckets_by_bytes(table, cluster.bucket_bytes))
+                                        buckets=buckets_by_bytes(table, cluster.bucket_bytes,
+                                                                 self.model))
         device = next((p.device for p in self.model.parameters()), torch.device("cpu"))
         run_dir.mkdir(parents=True, exist_ok=True)
         run = RunInfo(run_dir=str(run_dir), device=str(device), plugins=plugins.names,

@@ -298,6 +298,69 @@ def test_buckets_are_the_ones_ddp_rebuilds_also_with_mixed_dtypes(layers, cap):
     assert closed == [tuple(b) for b in theirs][:len(closed)]  # in the order they close
 
 
+@settings(max_examples=40, deadline=None)
+@given(layers=st.lists(st.tuples(st.integers(1, 40), st.booleans()), min_size=1, max_size=10),
+       cap=st.integers(8, 600))
+def test_buckets_leave_frozen_parameters_out_as_ddp_does(layers, cap):
+    """DDP buckets only the parameters that require grad; the logical buckets held the
+    frozen ones too and the hook sent their slots as zeros (a frozen backbone under a
+    trainable head sent 65x DDP's bytes)."""
+    import torch.distributed as dist
+    from torch import nn
+
+    model = nn.Sequential(*[nn.Linear(width, 1) for width, _ in layers])
+    for layer, (_, frozen) in zip(model, layers, strict=True):
+        layer.requires_grad_(not frozen)
+    params = list(model.parameters())
+    trainable = [i for i, p in enumerate(params) if p.requires_grad]
+    ready = list(reversed(range(len(trainable))))
+    theirs, _ = (dist._compute_bucket_assignment_by_size(
+        [params[trainable[i]] for i in ready], [cap], [False] * len(trainable), ready)
+        if trainable else ([], None))
+    ours = buckets_by_bytes(param_table(model), cap, model)
+    assert sorted(ours) == sorted(tuple(trainable[i] for i in b) for b in theirs)
+    assert buckets_by_bytes(param_table(model), cap) != ours or not any(f for _, f in layers)
+
+
+def test_a_jobs_buckets_follow_what_trains_and_a_cluster_run_refuses_a_change():
+    """``JobInfo.buckets`` (what all-reduce mode's hook sends) hold the parameters that
+    require grad when the job is built; a plugin unfreezing one later gets it into the
+    buckets of a one-process run, and is refused in one line in a cluster run, whose DDP
+    (or PS worker) was made for the old set and would leave its gradient local."""
+    import types
+
+    import torch
+
+    from accelopt import hookimpl
+    from accelopt.config import JobConfig
+    from accelopt.errors import UserError
+    from accelopt.host import PluginHost
+    from accelopt.job import Job
+    from accelopt.plugin import PluginSpec
+
+    class FreezeFirst:
+        @hookimpl
+        def accelopt_layer_build(self, layer):  # type: ignore[no-untyped-def]
+            if layer.path == "":
+                next(m for m in layer.module.modules()
+                     if isinstance(m, torch.nn.Linear)).requires_grad_(False)
+
+    host = PluginHost([(PluginSpec(name="freeze", factory=lambda c: None), FreezeFirst())])
+    job = Job(JobConfig(name="j", model="mlp", width=4, batch_size=4, iterations=2),
+              job_id="j", device=torch.device("cpu"), host=host)
+    frozen = {p.index for p in job.info.parameters
+              if not job.model.get_parameter(p.name).requires_grad}
+    assert frozen and not frozen & {i for b in job.info.buckets for i in b}
+    job.model.requires_grad_(True)
+    job.rebuild_optimizer("unfrozen")
+    assert sorted(i for b in job.info.buckets for i in b) == list(range(len(job.info.parameters)))
+    job.model.get_parameter(job.info.parameters[0].name).requires_grad_(False)
+    job.exchange = types.SimpleNamespace(role="worker")
+    with pytest.raises(UserError, match="changed which parameters train") as info:
+        job.rebuild_optimizer("frozen again", by="plugin 'freeze'")
+    assert "\n" not in str(info.value) and "plugin 'freeze'" in str(info.value)
+
+
 def test_a_rank_counts_the_ranks_on_its_own_machine(monkeypatch):
     """Under torchrun a rank's neighbours are LOCAL_WORLD_SIZE, not the whole world."""
     import torch

@@ -476,10 +476,54 @@ def test_within_checks_finiteness_and_range_in_one_pass(value, limit, expected):
 def test_the_row_says_more_bytes_when_the_encoding_costs_more_than_it_saves():
     """A threshold sending most elements (each with its index) sent 1.9x the dense bytes and
     the row read '0.5x fewer bytes than fp32'."""
-    from accelopt_plugins.gradcomm.plugin import _bytes_vs_fp32
+    from accelopt_plugins.gradcomm.plugin import _bytes_vs_dense
 
-    assert _bytes_vs_fp32(4.0) == "4.0x fewer bytes than fp32"
-    assert _bytes_vs_fp32(26128 / 50293).startswith("1.9x more bytes than fp32")
+    assert _bytes_vs_dense(4.0) == "4.0x fewer bytes than fp32"
+    assert _bytes_vs_dense(26128 / 50293).startswith("1.9x more bytes than fp32")
+    assert _bytes_vs_dense(1.0, "bf16") == "as many bytes as bf16: no saving"
+
+
+@pytest.mark.parametrize("dtype, options, dense, wire", [
+    (torch.bfloat16, {"dtype": "fp16"}, 2, 2),  # read '2.0x fewer bytes than fp32'
+    (torch.float64, {"dtype": "fp16"}, 8, 2),  # the dense baseline read 4 bytes
+    (torch.bfloat16, {"sparsify": "topk", "density": 0.1}, 2, 4 + 2),  # fp32 values: 4 + 4
+    (torch.float64, {"sparsify": "topk", "density": 0.1}, 8, 4 + 4),
+])
+def test_bytes_count_against_the_gradients_own_dtype(dtype, options, dense, wire):
+    """DDP sends a gradient in its own dtype: that is the dense baseline, and a sparse
+    codec's values are not widened past it (the default fp32 sent a bf16 model's top-k
+    values in 4 bytes). Error feedback still keeps the rounding."""
+    codec = BucketCodec(**options)
+    g = torch.randn(1000, generator=torch.Generator().manual_seed(0)).to(dtype)
+    payload = codec.encode("b", g)
+    sent = 1000 if isinstance(payload, torch.Tensor) else 100
+    assert codec.stats.dense_bytes == 1000 * dense
+    assert codec.stats.wire_bytes == sent * wire
+    if not isinstance(payload, torch.Tensor):
+        assert payload[1].dtype == (torch.bfloat16 if dtype == torch.bfloat16
+                                    else torch.float32)
+        rest = codec.residual["b"].double()
+        rest[payload[0].long()] += payload[1].double()
+        torch.testing.assert_close(rest, g.double(), atol=1e-6, rtol=0)
+
+
+def test_the_row_names_the_gradients_dtype_as_the_dense_baseline():
+    """An all-bf16 model's fp16 buckets read '2.0x fewer bytes than fp32': DDP sends it in
+    2 bytes per element too, no saving."""
+    from accelopt.types import ClusterInfo, JobInfo, RunInfo
+
+    plugin = GradcommPlugin(GradcommConfig(dtype="fp16"))
+    job = JobInfo(job_id="ddp", name="ddp", model="Linear", kind="train", arrival_s=0.0,
+                  iterations=0, batch_size=0)
+    run = RunInfo(run_dir=".", device="cpu", plugins=("gradcomm",), jobs=(job,), seed=0,
+                  cluster=ClusterInfo(mode="allreduce", workers=2, bucket_bytes=2**20),
+                  job=job)
+    plugin.accelopt_run_start(run=run)
+    plugin.accelopt_transfer_encode(record=record(iteration=0),
+                                    payload=torch.randn(100).to(torch.bfloat16))
+    (row,) = plugin.accelopt_report_rows(run=run)
+    assert "(as many bytes as bf16: no saving)" in row.summary, row.summary
+    assert row.metrics["compression_ratio"] == 1.0
 
 
 @pytest.mark.parametrize("options, codec", [

@@ -103,7 +103,8 @@ class Job:
         self.bucket_bytes = bucket_bytes
         table = param_table(self.model)
         self.info = dataclasses.replace(info, parameters=table,
-                                        buckets=buckets_by_bytes(table, bucket_bytes))
+                                        buckets=buckets_by_bytes(table, bucket_bytes,
+                                                                 self.model))
         self.model_loss = spec.loss == "model"
         """The model computes its loss: called as ``model(x, labels=y)``."""
         if self.model_loss and not takes_labels(self.model):
@@ -376,8 +377,16 @@ class Job:
         table = param_table(self.model)
         if self.exchange.role != "single":
             self._refuse_changed_parameters(table, reason, by)
-        self.info = dataclasses.replace(self.info, parameters=table,
-                                        buckets=buckets_by_bytes(table, self.bucket_bytes))
+        buckets = buckets_by_bytes(table, self.bucket_bytes, self.model)
+        if self.exchange.role != "single" and buckets != self.info.buckets:
+            # same table, so requires_grad changed: DDP's buckets and a PS worker's gradient
+            # hooks were made for the old set and would not move the new one's gradients
+            raise UserError(
+                f"job '{self.info.name}': {by} changed which parameters train "
+                f"(requires_grad) during a cluster run ({reason}); the exchange still moves "
+                "the gradients of the parameters that trained when the job was built. "
+                "Freeze or unfreeze at build time (accelopt_layer_build) in cluster runs")
+        self.info = dataclasses.replace(self.info, parameters=table, buckets=buckets)
         self._stepped = self.exchange.stepped_parameters(self.model)
         self.optimizer = build_optimizer(self.info, self.spec, self._stepped, self.host,
                                          previous=self.optimizer)

@@ -86,11 +86,17 @@ def shard_by_bytes(table: Sequence[ParamInfo], servers: int) -> list[list[ParamI
     return [sorted(shard, key=lambda p: p.index) for shard in shards]
 
 
-def buckets_by_bytes(table: Sequence[ParamInfo], bucket_bytes: int) -> tuple[tuple[int, ...], ...]:
+def buckets_by_bytes(table: Sequence[ParamInfo], bucket_bytes: int,
+                     model: nn.Module | None = None) -> tuple[tuple[int, ...], ...]:
     """Gradient buckets in backward order (last layer first), as indices into ``table``.
     A bucket closes as soon as it holds ``bucket_bytes`` or more: PyTorch DDP's rule when it
     rebuilds its buckets after the first iteration, so in all-reduce mode these are the
     buckets DDP reduces (for a model whose gradients arrive in reverse layer order).
+
+    With ``model`` (the module ``table`` describes), its frozen parameters
+    (``requires_grad=False``) are left out, as DDP leaves them out: they have no gradient,
+    and a bucket holding one would send its slot as zeros (a frozen backbone under a
+    trainable head sent 65x DDP's bytes).
 
     Like DDP, each dtype fills buckets of its own (a bucket is one flat buffer of one dtype):
     buckets are listed in the order they close, then the ones left open in the order their
@@ -100,7 +106,11 @@ def buckets_by_bytes(table: Sequence[ParamInfo], bucket_bytes: int) -> tuple[tup
     buckets: list[tuple[int, ...]] = []
     filling: dict[str, list[int]] = {}  # dtype -> its open bucket's indices
     filled: dict[str, int] = {}  # dtype -> its open bucket's bytes
+    frozen = set() if model is None else {
+        name for name, p in model.named_parameters() if not p.requires_grad}
     for info in reversed(table):
+        if info.name in frozen:
+            continue
         filling.setdefault(info.dtype, []).append(info.index)
         filled[info.dtype] = filled.get(info.dtype, 0) + info.nbytes
         if filled[info.dtype] >= bucket_bytes:

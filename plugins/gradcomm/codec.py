@@ -32,7 +32,9 @@ Wire formats:
   (sums) it, the decoder casts the sum back to the bucket's own dtype. At ``dtype=fp32``
   (lossless) a bucket goes as it is, in its own dtype (a float64 model's gradients stay
   float64), and the decoder leaves the sum alone.
-* sparse (``topk``/``threshold``): the tuple ``(indices int32, values dtype)``. Sparse
+* sparse (``topk``/``threshold``): the tuple ``(indices int32, values dtype)``, the values
+  in the gradient's own dtype where that is narrower than ``dtype`` (a bf16 model's values
+  are not widened to fp32; error feedback keeps the rounding either way). Sparse
   vectors of different ranks cannot be summed element-wise by ``all_reduce``, so the
   transport all-gathers the tuples; the decoder adds every rank's values into a dense
   float32 bucket, in rank order (the same order on every rank, so replicas stay identical),
@@ -56,9 +58,12 @@ class CodecStats:
     elements: int = 0
     sent_elements: int = 0
     dense_bytes: int = 0
-    """What the plain float32 all-reduce would contribute per rank."""
+    """What DDP's plain all-reduce would contribute per rank: every element in the
+    gradient's own dtype (2 bytes for a bf16 model, 8 for a float64 one)."""
     wire_bytes: int = 0
-    """What this rank contributed (indices + values for sparse buckets)."""
+    """What this rank encoded (indices + values for sparse buckets). The transport hands
+    the collective more for a gathered bucket (padded to the longest rank's, plus the
+    lengths): the plugin's report counts that."""
 
 
 Bounds = tuple[float, float]
@@ -137,6 +142,8 @@ class BucketCodec:
         self.numel: dict[str, int] = {}
         self.dtypes: dict[str, torch.dtype] = {}
         """Each bucket's own dtype (what the decoder gives back; what the report names)."""
+        self.wire_dtypes: dict[str, torch.dtype] = {}
+        """The dtype each bucket's values went in (what the report names)."""
         self.stats = CodecStats()
 
     STATE = ("residual", "velocity", "last_sum", "candidates", "budget", "budget_iteration",
@@ -231,9 +238,10 @@ class BucketCodec:
         st = self.stats
         st.buckets += 1
         st.elements += n
-        st.dense_bytes += n * 4
+        st.dense_bytes += n * flat.element_size()
+        wire_dtype = self.wire_dtypes[name] = self.wire_dtype(flat.dtype)
         if self.sparsify == "none":
-            wire = acc.to(self.dtype)
+            wire = acc.to(wire_dtype)
             self._check_cast(name, acc, wire, bounds)
             if self.error_feedback:
                 self.residual[name] = acc - wire.to(acc.dtype)
@@ -241,7 +249,7 @@ class BucketCodec:
             st.wire_bytes += wire.numel() * wire.element_size()
             return wire
         idx = self.select(name, acc, iteration)
-        values = acc[idx].to(self.dtype)
+        values = acc[idx].to(wire_dtype)
         self._check_cast(name, acc[idx], values)
         if self.error_feedback:
             rest = acc.clone()
@@ -254,6 +262,14 @@ class BucketCodec:
         st.wire_bytes += (wire_idx.numel() * wire_idx.element_size()
                           + values.numel() * values.element_size())
         return (wire_idx, values)
+
+    def wire_dtype(self, own: torch.dtype) -> torch.dtype:
+        """The configured ``dtype``, or the gradient's own where it takes fewer bytes: the
+        default ``fp32`` would widen a bf16 model's top-k values to 4 bytes, where DDP sends
+        its gradients in 2."""
+        if own.is_floating_point and own.itemsize < self.dtype.itemsize:
+            return own
+        return self.dtype
 
     def _check_cast(self, name: str, before: torch.Tensor, after: torch.Tensor,
                     bounds: Bounds | None = None) -> None:

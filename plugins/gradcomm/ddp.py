@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Optional, get_type_hints
 
 import torch.distributed as dist
 from accelopt_plugins.gradcomm.config import GradcommConfig, momentum_factor, validate
@@ -36,6 +36,23 @@ def _same_on_every_rank(settings: dict[str, Any], process_group: Any) -> None:
                               "rank")
 
 
+BOOL_WORDS = frozenset({"true", "false", "yes", "no", "on", "off", "1", "0"})
+"""What a switch may be given besides True/False: the words the command line takes."""
+
+
+def _refuse_non_bool(options: dict[str, Any]) -> None:
+    """A switch (``check_finite``, ``error_feedback``, ...) given ``2`` or ``"2"`` was read
+    as true (OmegaConf takes any non-zero number for a bool): refused in one line."""
+    switches = {name for name, kind in get_type_hints(GradcommConfig).items()
+                if kind in (bool, Optional[bool])}
+    for key in sorted(switches & set(options)):
+        value = options[key]
+        if value is None or isinstance(value, bool) or str(value).lower() in BOOL_WORDS:
+            continue
+        raise ConfigError(f"gradcomm.comm_hook: {key} is a switch: give True or False, "
+                          f"got {value!r}")
+
+
 def comm_hook(model: nn.Module, *, optimizer: str = "sgd", momentum: float = 0.0,
               process_group: Any = None, bucket_mb: float = 25.0,
               **options: Any) -> tuple[Any, Callable[..., Any]]:
@@ -63,6 +80,7 @@ def comm_hook(model: nn.Module, *, optimizer: str = "sgd", momentum: float = 0.0
     if unknown:
         raise ConfigError(f"gradcomm.comm_hook: unknown option(s) {', '.join(unknown)}; "
                           f"known: {', '.join(sorted(known))}")
+    _refuse_non_bool(options)
     # typed as on the command line ("1e-3" a float, "no" false), one line naming the key
     config = plugin_config(PLUGIN, OmegaConf.create({"plugins": {PLUGIN.name: options}}))
     if optimizer not in OPTIMIZERS:

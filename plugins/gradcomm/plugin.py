@@ -41,6 +41,9 @@ class GradcommPlugin:
         self.layout: dict[str, list[Span]] | None = None
         self.bucket_names: set[str] = set()
         self.iterations: set[int] = set()
+        self.sent_bytes = 0
+        """What this rank handed the collectives for its buckets (``record.wire_bytes``): a
+        gathered sparse bucket is padded to the longest rank's, plus its lengths message."""
 
     @hookimpl
     def accelopt_configure(self, config: GradcommConfig, run_config: Any) -> None:
@@ -129,6 +132,12 @@ class GradcommPlugin:
             return None
         return self.codec.decode(record.tensor, payload)
 
+    @hookimpl
+    def accelopt_transfer_done(self, record: TransferRecord, start_s: float,
+                               end_s: float) -> None:
+        if self._ours(record) and record.tensor in self.bucket_names:
+            self.sent_bytes += record.wire_bytes
+
     # -- non-finite gradients ------------------------------------------------------------
 
     def _describe(self, record: TransferRecord, flat: torch.Tensor, what: str,
@@ -185,7 +194,11 @@ class GradcommPlugin:
         scope = "k over the model" if c.topk_scope == "model" else "k per bucket"
         method = {"none": "dense", "topk": f"top-k density {c.density:g} ({scope})",
                   "threshold": f"threshold {c.threshold:g}"}[c.sparsify]
-        ratio = st.dense_bytes / st.wire_bytes if st.wire_bytes else float("inf")
+        # what went to the collectives; the codec's own count before any transfer ended
+        sent = self.sent_bytes or st.wire_bytes
+        ratio = st.dense_bytes / sent if sent else float("inf")
+        own = _dtype_names(self.codec.dtypes.values())
+        values = _dtype_names(self.codec.wire_dtypes.values())
         ef = "with error feedback" if c.error_feedback else "without error feedback"
         if self.codec.corrected:
             masking = "with" if c.factor_masking else "without"
@@ -196,16 +209,17 @@ class GradcommPlugin:
                     f"encoded); {fusion}, {overlap}")
             return [ReportRow("gradcomm", text, {"buckets": len(self.bucket_names)})]
         residual = sum(float(r.abs().sum()) for r in self.codec.residual.values())
-        text = (f"{method}, {c.dtype} values, {ef}: sent {st.sent_elements / st.elements:.2%} "
-                f"of gradient elements, {format_bytes(st.wire_bytes / iters)}/iteration "
-                f"from rank {run.rank} ({_bytes_vs_fp32(ratio)}); {fusion}, {overlap}")
+        text = (f"{method}, {values} values, {ef}: sent {st.sent_elements / st.elements:.2%} "
+                f"of gradient elements, {format_bytes(sent / iters)}/iteration "
+                f"from rank {run.rank} ({_bytes_vs_dense(ratio, own)}); {fusion}, {overlap}")
         if st.sent_elements == 0:  # a threshold above every gradient: nothing was trained
             text = (f"{method}, {ef}: sent NO gradient element in {iters} iteration(s): the "
                     "threshold is above every gradient, so the exchange moved no weight; "
                     "lower plugins.gradcomm.threshold")
         metrics: dict[str, float | int | str] = {
             "sent_fraction": round(st.sent_elements / st.elements, 6),
-            "wire_bytes_per_iteration": st.wire_bytes // iters,
+            "wire_bytes_per_iteration": sent // iters,
+            "encoded_bytes_per_iteration": st.wire_bytes // iters,
             "dense_bytes_per_iteration": st.dense_bytes // iters,
             "compression_ratio": round(ratio, 3), "residual_l1": residual,
             "buckets": len(self.bucket_names),
@@ -254,10 +268,14 @@ def _mib(mb: float) -> str:
     return f"{mb:g}"
 
 
-def _bytes_vs_fp32(ratio: float) -> str:
+def _bytes_vs_dense(ratio: float, dense: str = "fp32") -> str:
     """'4.0x fewer bytes than fp32', or, where the encoding costs more than it saves (a
     threshold that sends most elements, each with its index), '1.9x more bytes than fp32':
-    a ratio below 1 read as 'fewer' would claim a saving that did not happen."""
+    a ratio below 1 read as 'fewer' would claim a saving that did not happen. ``dense``
+    names the gradients' own dtypes, what DDP's plain all-reduce sends: a bf16 model's fp16
+    bucket is no saving (it read '2.0x fewer bytes than fp32')."""
+    if f"{ratio:.1f}" == "1.0":
+        return f"as many bytes as {dense}: no saving"
     if ratio >= 1:
-        return f"{ratio:.1f}x fewer bytes than fp32" if ratio != float("inf") else "no bytes"
-    return f"{1 / ratio:.1f}x more bytes than fp32: the encoding costs more than it saves"
+        return f"{ratio:.1f}x fewer bytes than {dense}" if ratio != float("inf") else "no bytes"
+    return f"{1 / ratio:.1f}x more bytes than {dense}: the encoding costs more than it saves"

@@ -4,8 +4,9 @@
 DDP decides *when* gradients are ready and groups them into its own buckets, which change
 once after the first iteration (DDP starts with a single bucket and rebuilds them in the
 order gradients arrived). The transfers plugins see must not change with that: they are the
-job's *logical* buckets (``JobInfo.buckets``: backward order, each closed once it holds
-``cluster.bucket_mb``, a bucket per dtype: the rule DDP applies when it rebuilds), named ``bucket0``,
+job's *logical* buckets (``JobInfo.buckets``: the parameters that require grad, as DDP's,
+in backward order, each closed once it holds ``cluster.bucket_mb``, a bucket per dtype: the
+rule DDP applies when it rebuilds; a frozen parameter is never sent), named ``bucket0``,
 ``bucket1``, … in every iteration, so a codec's per-bucket state (error-feedback residuals)
 keeps its shape. When a DDP bucket holds exactly one logical bucket, in the same order (the
 common case once DDP has rebuilt), its flat buffer is sent as it is, with no copy, as DDP's
@@ -80,9 +81,7 @@ class BucketHook:
                        for bucket in self.logical]
         self._starts = [[sum(sizes[:k]) for k in range(len(sizes))] for sizes in self._sizes]
         """Where each parameter starts in its logical bucket's flat gradient."""
-        # frozen parameters never reach DDP: their slots are sent as zeros
-        self._expected = [sum(1 for p in bucket if params[p.name].requires_grad)
-                          for bucket in self.logical]
+        self._names = {id(p): name for name, p in params.items()}
         self._plans: dict[tuple[int, ...], _Plan] = {}
         self.iteration = -1
         self._futures: list[torch.futures.Future] = []
@@ -95,8 +94,8 @@ class BucketHook:
         """Of those, buckets whose all-reduce started at once (no transfer hook, no order:
         :meth:`Transport.allreduce_direct`)."""
         self.cut = 0
-        """DDP buckets cut into logical buckets' parts (DDP's first iteration, a frozen
-        parameter, or gradients arriving out of layer order)."""
+        """DDP buckets cut into logical buckets' parts (DDP's first iteration, or gradients
+        arriving out of layer order)."""
         self.run: RunInfo | None = None
         """The record the plugins were started with (a user's DDP script; for :meth:`report`)."""
         self.on_last_bucket: Callable[[], None] | None = None
@@ -127,6 +126,12 @@ class BucketHook:
         pieces, offset = [], 0
         for p in params:
             where = self._where.get(id(p))
+            if where is None and id(p) in self._names:
+                raise UserError(
+                    f"DDP reduces parameter '{self._names[id(p)]}', which did not require "
+                    "grad when this hook was made, so its logical buckets leave it out: "
+                    "freeze or unfreeze parameters before wrapping the model in DDP, and "
+                    "make the hook after that")
             if where is None:
                 raise UserError("DDP holds a parameter that this hook was not made for: pass "
                                 "comm_hook the very module this DDP wraps (ddp.module), make "
@@ -174,7 +179,7 @@ class BucketHook:
             for piece in plan.pieces:
                 parts = self._parts.setdefault(piece.bucket, {})
                 parts[piece.position] = buffer[piece.offset:piece.offset + piece.numel]
-                if len(parts) == self._expected[piece.bucket]:
+                if len(parts) == len(self.logical[piece.bucket]):
                     self._sent.add(piece.bucket)
                     self._post(piece.bucket, self._gather(piece.bucket, parts).mul_(self.weight))
             touched = [self._futures[b] for b in plan.touched]
@@ -227,8 +232,7 @@ class BucketHook:
         missing = [b for b in range(len(self.logical)) if b not in self._sent]
         if not missing:
             return None
-        names = [p.name for b in missing for p in self.logical[b]
-                 if params[p.name].requires_grad]
+        names = [p.name for b in missing for p in self.logical[b]]
         return [n for n in names if params[n].grad is None] or names
 
     def _forget(self) -> None:
@@ -256,9 +260,7 @@ class BucketHook:
 
     def _gather(self, b: int, parts: dict[int, torch.Tensor]) -> torch.Tensor:
         """The logical bucket's flat gradient, in its own order (a copy)."""
-        some = next(iter(parts.values()))
-        return torch.cat([parts[k] if k in parts else some.new_zeros(n)
-                          for k, n in enumerate(self._sizes[b])])
+        return torch.cat([parts[k] for k in range(len(self.logical[b]))])
 
     def _scatter(self, plan: _Plan, buffer: torch.Tensor) -> torch.Tensor:
         starts = self._starts

@@ -748,7 +748,10 @@ class Transport:
         work = dist.all_gather(outs, flat, async_op=True, group=self.group)
         gathered = _Gathered(outs, [s.tolist() for s in all_sizes],
                              [p.dtype for p in parts], widths)
-        record = self._count_allreduce(item.record, lengths[self.rank])
+        # what this rank hands the collectives: its buffer padded to the longest rank's,
+        # and its message of part lengths (the encoded length alone understated it)
+        record = self._count_allreduce(item.record,
+                                       longest + sizes.numel() * sizes.element_size())
         if self._completer is None:
             self._completer = _Completer(self)
         self._completer.put((record, gathered, work, start_s, seq, item.future))
