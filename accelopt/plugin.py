@@ -13,6 +13,7 @@ import dataclasses
 import difflib
 import os
 import re
+import sys
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -229,6 +230,8 @@ class Registry:
             warnings.warn(f"{EXPLICIT_PLUGINS_ENV}: cannot load {ref!r}: {self.broken[ref]}",
                           PluginWarning, stacklevel=2)
             return
+        if self._is_installed(spec):  # the guide's ACCELOPT_PLUGINS after `pip install -e .`
+            return
         if spec.name in self.entry_points or spec.name in self.named:
             # a name is one plugin: an explicit spec never replaces an installed one
             self.broken[ref] = (f"its plugin name '{spec.name}' is taken by "
@@ -238,6 +241,21 @@ class Registry:
             return
         self.loaded[spec.name] = spec
         self.named[spec.name] = ref
+
+    def _is_installed(self, spec: PluginSpec) -> bool:
+        """Whether ``spec`` is the very object already known under its name: an entry
+        point naming it (its module imported already, by the reference that found it) or
+        an earlier ``ACCELOPT_PLUGINS`` entry. Naming it again changes nothing, so it is not
+        a second plugin taking the name."""
+        if self.loaded.get(spec.name) is spec:
+            return True
+        ep = self.entry_points.get(spec.name)
+        if ep is None or spec.name in self.broken:
+            return False
+        target: Any = sys.modules.get(ep.module)  # not imported: not the spec found
+        for part in filter(None, (ep.attr or "").split(".")):
+            target = getattr(target, part, None)
+        return target is not None and target is spec
 
 
 BUILTIN_DISTRIBUTION = "accelopt"

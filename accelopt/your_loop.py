@@ -278,6 +278,9 @@ class Attached:
         """How often the loop called each: a plugin listening where one never fired did
         nothing, which ``close()`` says."""
         self._closed: list[ReportRow] | None = None
+        self._kept_error: Exception | None = None
+        """A plugin's error from the ``_end`` of an iteration the loop left by ``break``,
+        raised by the next accelopt call or ``close()`` (:meth:`_end_on_exit`)."""
         self._t0 = time.perf_counter()
 
     # -- the iteration -------------------------------------------------------------------
@@ -292,9 +295,20 @@ class Attached:
             try:
                 yield item
             except GeneratorExit:  # the body broke out of the loop after this item
-                self._end(context, _samples(item))
+                self._end_on_exit(context, _samples(item))
                 raise
             self._end(context, _samples(item))
+
+    def _end_on_exit(self, context: IterationContext, samples: int) -> None:
+        """``_end`` while the loop's generator is being closed (a ``break``, or an exception
+        in the body). Python finalises the generator itself there and only prints what it
+        raises ("Exception ignored in: <generator ...>"), the script going on to exit 0; so
+        a plugin's error is kept and raised by the loop's next accelopt call or ``close()``
+        (:meth:`_raise_kept`)."""
+        try:
+            self._end(context, samples)
+        except Exception as error:  # noqa: BLE001 - kept, raised by the next ao.* call
+            self._kept_error = self._kept_error or error
 
     @contextlib.contextmanager
     def iteration(self, samples: int = 0) -> Iterator[IterationContext]:
@@ -310,14 +324,33 @@ class Attached:
         self._end(context, samples)
 
     def _begin(self) -> IterationContext:
+        self._raise_kept()
         if self._closed is not None:
             raise UserError("accelopt.attach: an iteration after close(); attach again")
+        if self._context is not None:  # the inner one's _end would end the outer one's too
+            raise UserError(
+                f"accelopt.attach: an iteration began while iteration "
+                f"{self._context.iteration} is still open (an ao.loop or `with "
+                "ao.iteration():` inside another, or an ao.loop left suspended); iterations "
+                "do not nest: use one ao.loop (or ao.iteration) per training step, and a "
+                "plain loop inside it")
         context = IterationContext(self.info, self.events.lane, self.iterations,
                                    time.perf_counter() - self._t0)
         self._context, self._loss = context, None
         if self.events.iteration_start:
-            self.events.iteration_start(context)
+            try:
+                self.events.iteration_start(context)
+            except BaseException:  # the iteration never began: the next one may
+                self._context = None
+                raise
         return context
+
+    def _raise_kept(self) -> None:
+        """Raise the plugin error :meth:`_end_on_exit` kept (once): the first accelopt call
+        after the loop that lost it, or ``close()``, so that it is never lost."""
+        error, self._kept_error = self._kept_error, None
+        if error is not None:
+            raise error
 
     def _end(self, context: IterationContext, samples: int) -> None:
         self._context = None
@@ -328,6 +361,7 @@ class Attached:
             self.events.iteration_end(context, result)
 
     def _current(self, call: str) -> IterationContext:
+        self._raise_kept()
         if self._context is None:
             raise UserError(f"accelopt.attach: {call} outside `with ao.iteration():`; the "
                             "hooks it fires belong to an iteration")
@@ -383,6 +417,7 @@ class Attached:
 
     def optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         """The optimizer to use: yours, or what ``accelopt_optimizer_build`` made of it."""
+        self._raise_kept()
         params = dict(self.model.named_parameters())
         return self.host.chain("accelopt_optimizer_build", optimizer, lambda o: {
             "job": self.info, "optimizer": o, "parameters": params, "previous": None})
@@ -391,9 +426,17 @@ class Attached:
 
     def close(self) -> list[ReportRow]:
         """Every plugin's report rows (printed on the console, kept in ``report.json``) after
-        ``accelopt_run_end``; a second call returns the same rows."""
-        if self._closed is not None:
-            return self._closed
+        ``accelopt_run_end``; a second call returns the same rows. A plugin error kept from
+        the iteration a ``break`` left (:meth:`_end_on_exit`) is raised after the run is
+        closed (its rows kept, a second call returns them), as an error in the loop's body
+        reaches a ``with accelopt.attach(...)`` block's end."""
+        try:
+            return self._closed if self._closed is not None else self._close()
+        finally:
+            self._raise_kept()
+
+    def _close(self) -> list[ReportRow]:
+        """:meth:`close`'s work, done once."""
         rows = with_placeholders(self.lifecycle.merged_rows(), self.plugins.names)
         metrics = {"iterations": self.iterations,
                    "duration_s": round(time.perf_counter() - self._t0, 6)}

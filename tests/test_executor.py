@@ -462,11 +462,15 @@ def test_an_iteration_refused_while_nothing_runs_fails_the_job_without_a_hang(ru
         @hookimpl
         def accelopt_allocate(self, request):
             if request.phase == "iteration":
-                return AllocationDecision(granted=False)
+                return AllocationDecision(granted=False, reason="waiting for memory")
             return None
 
     record = run_tiny(PluginSpec(name="refuse", factory=lambda c: RefuseIterations()),
                       overrides=jobs)
     assert record.jobs and {j.status for j in record.jobs} == {"failed"}
-    assert all("refused its iteration while nothing else ran" in j.error for j in record.jobs)
+    # the plugin that refused and its reason are named (the line named neither)
+    assert {j.error for j in record.jobs} == {
+        "plugin 'refuse' refused its iteration while nothing else ran (accelopt_allocate, its "
+        "reason: 'waiting for memory'): it would wait forever; grant an iteration when no "
+        "other runs, or answer None for it"}
     assert all(j.iterations_done == 0 for j in record.jobs)

@@ -138,6 +138,31 @@ def test_an_explicit_plugin_never_replaces_an_installed_one(tmp_path, monkeypatc
     assert "fake_explicit:FAKE_SALUS" in registry.broken
 
 
+@pytest.mark.parametrize("reference", ["accelopt_mine:MINE", "accelopt_mine:MINE,accelopt_mine:MINE"])
+def test_naming_an_installed_plugin_in_accelopt_plugins_again_is_silent(tmp_path, monkeypatch,
+                                                                        reference):
+    """The guide's `ACCELOPT_PLUGINS=accelopt_my_sched:PLUGIN pytest` after `pip install -e
+    .`: the very spec its entry point names warned "... is taken by
+    accelopt_my_sched:PLUGIN ...; give the PluginSpec another name"."""
+    import warnings
+
+    _install(tmp_path, "accelopt-mine", "accelopt_mine", {"mine": "accelopt_mine:MINE"},
+             "from accelopt import PluginSpec\n"
+             "MINE = PluginSpec(name='mine', factory=lambda c: object(), description='mine')\n"
+             "OTHER = PluginSpec(name='mine', factory=lambda c: object(), description='not')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("ACCELOPT_PLUGINS", reference)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PluginWarning)
+        registry = Registry.discover()
+    assert registry.get("mine").description == "mine" and "mine" in registry.names()
+    assert registry.broken == {}
+    monkeypatch.setenv("ACCELOPT_PLUGINS", "accelopt_mine:OTHER")  # another spec: ignored
+    with pytest.warns(PluginWarning, match="'accelopt_mine:OTHER' is ignored: its plugin name "
+                      r"'mine' is taken by accelopt_mine:MINE \(package accelopt-mine\)"):
+        assert Registry.discover().get("mine").description == "mine"
+
+
 def test_the_command_prints_a_plugin_warning_as_one_line_without_accelopts_source():
     import warnings
 

@@ -152,3 +152,24 @@ def test_an_installed_or_reserved_plugin_name_is_refused(
     assert info.value.code == 2
     assert words in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
+
+
+def test_a_name_whose_module_exists_already_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``new-plugin plugins`` made the module accelopt_plugins, accelopt's own built-in
+    package: installing it overwrote accelopt_plugins/__init__.py. A name whose module is
+    importable already (here one on the path, not a plugin) is refused too."""
+    elsewhere = tmp_path / "path"
+    (elsewhere / "accelopt_taken").mkdir(parents=True)
+    (elsewhere / "accelopt_taken" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(elsewhere))
+    out = tmp_path / "out"
+    for name in ("plugins", "taken"):
+        with pytest.raises(SystemExit) as info:
+            main(["new-plugin", name, "--dir", str(out)])
+        assert info.value.code == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"plugin name '{name}' makes the module " \
+            f"accelopt_{name}, which already exists" in err and "choose another NAME" in err
+    assert not out.exists()

@@ -500,3 +500,71 @@ def test_the_recorder_ships_an_optimizer_as_a_description() -> None:
     shipped = _portable({"previous": optimizer})["previous"]
     assert isinstance(shipped, Shipped) and shipped.type == "SGD"
     assert "1 parameters" in shipped.text
+
+
+@pytest.mark.parametrize("keep, where", [
+    (lambda m: {n: p.data for n, p in m.named_parameters()}, r"\['net\.1\.weight'\]"),
+    (lambda m: m.state_dict(), r"\['net\.1\.weight'\]"),
+    (lambda m: [p.detach()[:1] for p in m.parameters()], r"\[0\]"),  # a view of one
+])
+def test_the_retention_check_sees_detached_aliases_of_the_jobs_weights(
+        tmp_path: Path, keep: Any, where: str) -> None:
+    """``{n: p.data}`` or ``model.state_dict()`` are plain tensors that share the
+    parameters' storage: they keep the job's weights alive, and passed the check."""
+    class Aliases(Counter):
+        def __init__(self, config: Any) -> None:
+            super().__init__(config)
+            self.kept: dict[str, Any] = {}
+
+        @hookimpl
+        def accelopt_job_built(self, run: Any, job: Any) -> None:
+            self.kept[job.job.name] = keep(job.model)
+
+    spec = make_spec(Aliases)
+    with pytest.raises(AssertionError, match=r"still holds a tensor sharing its storage with a "
+                       rf"job's parameter or buffer .* at Aliases\.kept\['tiny-mlp'\]{where}"):
+        check_no_retained_job_state(spec, check_run(spec, tmp_path))
+
+
+def test_the_retention_check_allows_copies_of_the_jobs_weights(tmp_path: Path) -> None:
+    class Copies(Counter):
+        def __init__(self, config: Any) -> None:
+            super().__init__(config)
+            self.kept: dict[str, Any] = {}
+
+        @hookimpl
+        def accelopt_job_built(self, run: Any, job: Any) -> None:
+            self.kept[job.job.name] = {k: t.clone() for k, t in job.model.state_dict().items()}
+
+    spec = make_spec(Copies)
+    instances = check_run(spec, tmp_path)
+    check_no_retained_job_state(spec, instances)
+    assert any(i.kept.get("tiny-mlp") for i in instances)  # it did keep its copies
+
+
+def test_an_answer_from_a_hook_declared_to_return_none_fails_the_run_check(
+        tmp_path: Path) -> None:
+    """A hook documented to return None answering 42: the core ignores it (whatever the
+    plugin meant by it never happens) and conformance passed."""
+    class Answers(Counter):
+        @hookimpl
+        def accelopt_iteration_end(self, context: IterationContext,
+                                   result: IterationResult) -> Any:
+            self.n += 1
+            return 42
+
+    with pytest.raises(AssertionError, match=r"plugin 'counter': in the 'tiny' workload, "
+                       r"accelopt_iteration_end returned int 42, but accelopt_iteration_end is "
+                       r"declared to return None: the core ignores the answer"):
+        check_run(make_spec(Answers), tmp_path)
+
+    class Named(Counter):  # an implementation under another name (specname)
+        @hookimpl(specname="accelopt_run_start")
+        def started(self, run: RunInfo) -> Any:
+            return "started"
+
+    with pytest.raises(AssertionError, match=r"started returned str 'started', but "
+                       "accelopt_run_start is declared to return None"):
+        check_run(make_spec(Named), tmp_path / "named")
+    instances = check_run(make_spec(Counter), tmp_path / "counter")  # None: fine
+    assert not [a for a in vars(instances[0]) if a.startswith("accelopt_")]  # unwrapped

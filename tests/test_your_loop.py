@@ -408,3 +408,131 @@ def test_a_rebuild_a_plugin_asks_for_repoints_the_loops_own_optimizer(tmp_path):
     assert [id(p) for p in held] == [id(p) for p in ao.model.parameters()]
     assert snapshots[3].shape == (8, 16) and not torch.equal(snapshots[3], snapshots[5])
     assert "momentum_buffer" in opt.state[head]  # an unchanged parameter keeps its state
+
+
+class _Ticks:
+    """Notes each iteration's start and end; raises in the end of iteration ``fail_at``."""
+
+    fail_at = -1
+
+    def __init__(self, config: object = None) -> None:
+        self.events: list[tuple[str, int]] = []
+
+    @hookimpl
+    def accelopt_iteration_start(self, context):
+        self.events.append(("start", context.iteration))
+
+    @hookimpl
+    def accelopt_iteration_end(self, context, result):
+        self.events.append(("end", context.iteration))
+        if context.iteration == self.fail_at:
+            raise RuntimeError("ticks end boom")
+
+
+def _ticks_attach(tmp_path: Path, fail_at: int = -1) -> tuple[accelopt.Attached, _Ticks]:
+    made: list[_Ticks] = []
+
+    def factory(config: object) -> _Ticks:
+        made.append(_Ticks())
+        made[-1].fail_at = fail_at
+        return made[-1]
+
+    reg = Registry.discover()
+    reg.add(PluginSpec(name="ticks", factory=factory, description="notes iterations"))
+    ao = accelopt.attach(torch.nn.Linear(4, 2), ["+plugins=[ticks]"], run_dir=tmp_path / "r",
+                         registry=reg)
+    return ao, made[0]
+
+
+def test_a_plugin_error_at_the_end_of_the_iteration_a_break_left_is_raised(tmp_path):
+    """A plugin raising in accelopt_iteration_end on the iteration the loop breaks out of:
+    the generator's finalisation only printed "Exception ignored in: <generator ...>" and
+    the script exited 0. The error is kept and raised by the next accelopt call, or by
+    close() (once the run is closed: its report kept)."""
+    from accelopt.errors import PluginHookError
+
+    ao, ticks = _ticks_attach(tmp_path, fail_at=1)
+    for i in ao.loop(range(5)):
+        if i == 1:
+            break
+    assert ticks.events == [("start", 0), ("end", 0), ("start", 1), ("end", 1)]
+    with pytest.raises(PluginHookError, match="plugin 'ticks' raised in hook "
+                       "accelopt_iteration_end: RuntimeError: ticks end boom"):
+        ao.close()
+    assert (tmp_path / "r" / "report.json").exists()
+    assert [r.plugin for r in ao.close()] == ["ticks"]  # raised once; the rows kept
+
+    ao, ticks = _ticks_attach(tmp_path / "next", fail_at=0)
+    for _ in ao.loop(range(3)):
+        break
+    with pytest.raises(PluginHookError, match="ticks end boom"):  # the next call raises it
+        ao.backward(torch.zeros((), requires_grad=True))
+    ao.close()
+
+
+def test_the_with_block_of_an_attach_raises_the_error_a_break_left(tmp_path):
+    from accelopt.errors import PluginHookError
+
+    ao, _ = _ticks_attach(tmp_path, fail_at=0)
+    with pytest.raises(PluginHookError, match="ticks end boom"), ao:
+        for _ in ao.loop(range(3)):
+            break
+
+
+@pytest.mark.parametrize("nesting", ["loop", "with", "loop in with"])
+def test_nested_iterations_are_refused_in_one_line(nesting, tmp_path):
+    """An ao.loop inside an ao.loop (or one `with ao.iteration()` inside another): plugins
+    saw start 0, start 0, end 0, ... and the outer body's ao.backward was refused."""
+    ao, ticks = _ticks_attach(tmp_path)
+    with pytest.raises(UserError, match="an iteration began while iteration 0 is still open"
+                       ".* iterations do not nest") as info:
+        if nesting == "loop":
+            for _ in ao.loop(range(2)):
+                for _ in ao.loop(range(2)):
+                    pass
+        elif nesting == "with":
+            with ao.iteration(), ao.iteration():
+                pass
+        else:
+            with ao.iteration():
+                for _ in ao.loop(range(2)):
+                    pass
+    assert "\n" not in str(info.value)
+    # the outer iteration ended by its exception (an ao.loop's with _end, a `with` block's
+    # without); the next one begins as usual
+    for _ in ao.loop(range(1)):
+        ao.backward(ao.model(torch.randn(3, 4)).sum())
+    ao.close()
+    starts = [n for kind, n in ticks.events if kind == "start"]
+    assert starts == ([0, 1] if nesting == "loop" else [0, 0])
+    assert ao.iterations == (2 if nesting == "loop" else 1)
+
+
+def test_an_iteration_start_that_raises_leaves_no_iteration_open(tmp_path):
+    """A plugin raising in accelopt_iteration_start: the iteration never began, so the next
+    one is not refused as nested."""
+    from accelopt.errors import PluginHookError
+
+    class StartFails:
+        calls = 0
+
+        def __init__(self, config: object = None) -> None:
+            pass
+
+        @hookimpl
+        def accelopt_iteration_start(self, context):
+            StartFails.calls += 1
+            if StartFails.calls == 1:
+                raise RuntimeError("start boom")
+
+    reg = Registry.discover()
+    reg.add(PluginSpec(name="startfails", factory=StartFails, description="raises once"))
+    ao = accelopt.attach(torch.nn.Linear(4, 2), ["+plugins=[startfails]"],
+                         run_dir=tmp_path / "r", registry=reg)
+    with pytest.raises(PluginHookError, match="start boom"):
+        for _ in ao.loop(range(2)):
+            pass
+    for _ in ao.loop(range(2)):
+        pass
+    assert ao.iterations == 2
+    ao.close()

@@ -12,6 +12,7 @@ syntax, ``$name``) and ship as package data.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import re
 import shutil
@@ -105,6 +106,29 @@ def check_name(name: str) -> None:
             f"a plugin named '{name}' is already installed ({installed.value}); "
             "choose another NAME"
         )
+    module = f"accelopt_{name}"
+    existing = existing_module(module)
+    if existing is not None:  # `new-plugin plugins`: installing it overwrote accelopt's own
+        raise UserError(
+            f"plugin name '{name}' makes the module {module}, which already exists "
+            f"({existing}): installing the package would shadow or overwrite it; choose "
+            "another NAME"
+        )
+
+
+def existing_module(module: str) -> str | None:
+    """Where the importable top-level module ``module`` is (``None`` when there is none):
+    the generated package installs a module of that name, so an existing one (accelopt's
+    own ``accelopt_plugins``, another package's) would be shadowed or overwritten."""
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):  # a broken module is still a module of that name
+        return "a module that fails to import"
+    if spec is None:
+        return None
+    locations = list(spec.submodule_search_locations or ())
+    return spec.origin if spec.origin not in (None, "namespace") else (
+        locations[0] if locations else "a namespace package")
 
 
 def render(template: str, name: str) -> str:

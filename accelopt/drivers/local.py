@@ -491,17 +491,25 @@ class Executor:
             decision = allocate(request) or EXCLUSIVE
             if not decision.granted:
                 if self._running == 0:
-                    self._finish(
-                        chosen,
-                        "failed",
-                        "the allocation hook refused its iteration while nothing else ran: "
-                        "it would wait forever",
-                    )
+                    self._finish(chosen, "failed", self._refused_alone(decision))
                     # nothing running will wake this lane: choose again now (waiting here
                     # hung the run, the driver waiting for this lane to end)
                     return self._next_in_lane(lane)
                 return _WAIT
         return chosen
+
+    def _refused_alone(self, decision: AllocationDecision) -> str:
+        """Why a job failed whose iteration was refused while nothing else ran (nothing would
+        ever free what it waits for): the plugin that answered (the hook is *firstresult*,
+        so where several implement it, the first of them that answered) and its reason."""
+        answering = [name for name in self.host.names
+                     if "accelopt_allocate" in self.host.hooks_of(name)]
+        who = (f"plugin '{answering[0]}'" if len(answering) == 1 else
+               "plugin " + " or ".join(f"'{n}'" for n in answering) + " (the first to answer)")
+        reason = f"its reason: {decision.reason!r}" if decision.reason else "no reason given"
+        return (f"{who} refused its iteration while nothing else ran (accelopt_allocate, "
+                f"{reason}): it would wait forever; grant an iteration when no other runs, or "
+                "answer None for it")
 
     def events(self, job: Job, lane: str) -> StepEvents:
         """The events of ``job``'s iterations in ``lane`` (its host: run-scoped plugins plus

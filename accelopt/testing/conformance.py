@@ -245,16 +245,20 @@ def check_run(spec: PluginSpec, tmp_path: Path, workload: str = "tiny", *,
     """Run ``workload`` under the plugin (after the plugins it requires and ``plugins``, the
     others it needs, with ``overrides``), in ``mode`` (``none``, ``ps`` or ``allreduce``):
     it must not raise, every job must finish, and the plugin must report at least one row
-    of its own. Returns the plugin objects the run built in this process (for
-    :func:`check_no_retained_job_state`; none in a cluster mode, where the plugin lives in
-    the rank processes)."""
+    of its own; and in mode ``none`` an implementation of a hook declared to return
+    ``None`` must not answer (:data:`ANSWERLESS_HOOKS`). Returns the plugin objects the run
+    built in this process, with the storages of its jobs' tensors (a :class:`RunInstances`,
+    for :func:`check_no_retained_job_state`; none in a cluster mode, where the plugin lives
+    in the rank processes)."""
     if mode not in MODES:
         raise ValueError(f"check_run: mode must be one of {', '.join(MODES)}, got {mode!r}")
-    instances: list[object] = []
+    instances = RunInstances()
+    answers: list[str] = []
 
     def capturing_factory(config: Any) -> object:
         instance = spec.factory(config)
         instances.append(instance)
+        _watch_answers(instance, answers)
         return instance
 
     # a cluster run sends the spec to its ranks (by reference): no capturing wrapper there
@@ -268,10 +272,11 @@ def check_run(spec: PluginSpec, tmp_path: Path, workload: str = "tiny", *,
         )
     extra = [*overrides, *([f"cluster.mode={mode}"] if mode != "none" else [])]
     where = f"the '{workload}' workload" + (f" in cluster.mode={mode}" if mode != "none" else "")
+    recorder = HookRecorder()
     try:
         record = run_workload(
             [*spec.requires, *plugins, probe], extra, tmp_path=tmp_path, workload=workload,
-            recorder=HookRecorder(), registry=registry,
+            recorder=recorder, registry=registry,
         )
     except AccelOptError as exc:
         raise AssertionError(f"plugin '{spec.name}': {where} failed under it: {exc}") from exc
@@ -280,9 +285,121 @@ def check_run(spec: PluginSpec, tmp_path: Path, workload: str = "tiny", *,
             f"plugin '{spec.name}': {where} raised {type(exc).__name__}: "
             f"{exc} (does accelopt_report_rows return a list of ReportRow?)"
         ) from exc
+    finally:
+        for instance in instances:
+            _unwatch_answers(instance)
+    if answers:
+        raise AssertionError(f"plugin '{spec.name}': in {where}, {answers[0]}")
     _check_jobs_done(spec.name, where, record)
     _check_reported(spec.name, record)
+    instances.job_storages = _job_storages(recorder)
+    recorder.clear()  # its records hold the jobs' models: no longer needed
     return instances
+
+
+class RunInstances(list):  # type: ignore[type-arg]
+    """The plugin objects :func:`check_run` built, and weak references to the storages of
+    the run's job tensors (parameters and buffers, by storage), which
+    :func:`check_no_retained_job_state` looks for in them: a plugin keeping ``p.data``,
+    ``p.detach()`` or ``model.state_dict()`` holds plain tensors that keep the job's
+    weights alive."""
+
+    job_storages: dict[int, Any]
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.job_storages = {}
+
+
+def _job_storages(recorder: HookRecorder) -> dict[int, Any]:
+    """Storage -> a weak reference to it (which keeps its address from being reused), for
+    every parameter and buffer of the models the run built (as they are at its end)."""
+    import torch
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    refs: dict[int, Any] = {}
+    for call in recorder.calls("job_built"):
+        model = getattr(call.get("job"), "model", None)
+        if not isinstance(model, torch.nn.Module):
+            continue  # a cluster rank's, described (Shipped)
+        for tensor in [*model.parameters(), *model.buffers()]:
+            ref = StorageWeakRef(tensor.untyped_storage())
+            refs.setdefault(ref.cdata, ref)
+    return refs
+
+
+def _storage_of(tensor: Any) -> int | None:
+    """The storage ``tensor`` views (as :func:`_job_storages` keys it), or None for a tensor
+    without one (sparse, a subclass without storage)."""
+    try:
+        return int(tensor.untyped_storage()._cdata)
+    except (RuntimeError, NotImplementedError, AttributeError, TypeError):
+        return None
+
+
+# --- answers the core ignores ------------------------------------------------------------
+
+
+ANSWERLESS_HOOKS = frozenset(
+    name for name in hook_names()
+    if inspect.signature(getattr(hookspecs, name)).return_annotation in ("None", None))
+"""The hooks declared to return ``None`` (events): the core drops what they return, so an
+answer means the plugin expected an effect that never happens (``return loss * 2`` in
+``accelopt_iteration_end``). The runtime does not check them (a check per call on the hot
+path); the run check does."""
+_WATCH_MARK = "_accelopt_conformance_watch"
+
+
+def _watch_answers(instance: object, noted: list[str]) -> None:
+    """Give ``instance`` (for the run check only) a wrapper of each of its implementations
+    of an :data:`ANSWERLESS_HOOKS` hook that notes an answer other than ``None``. The host
+    registers a plugin object's hooks as ``getattr(instance, name)``, so the wrappers are
+    what it calls; they carry the implementation's marker and, through ``__wrapped__``, its
+    signature. A module, a class, or an object that takes no attributes is left as it is."""
+    if inspect.ismodule(instance) or inspect.isclass(instance):
+        return
+    for attr in dir(type(instance)):
+        found = inspect.getattr_static(type(instance), attr, None)
+        opts = getattr(found, IMPL_MARKER, None)
+        if not inspect.isfunction(found) or opts is None or opts.get("wrapper") or \
+                opts.get("hookwrapper") or (opts.get("specname") or attr) not in \
+                ANSWERLESS_HOOKS:
+            continue
+        if inspect.iscoroutinefunction(found) or inspect.isgeneratorfunction(found) or \
+                inspect.isasyncgenfunction(found):
+            continue  # refused by the host as it is
+        try:
+            setattr(instance, attr, _watched(getattr(instance, attr), attr,
+                                             opts.get("specname") or attr, noted))
+        except (AttributeError, TypeError):  # __slots__, a frozen dataclass
+            return
+
+
+def _watched(method: Any, attr: str, hook: str, noted: list[str]) -> Any:
+    """``method`` noting in ``noted`` the first answer it gives that is not ``None``."""
+
+    @functools.wraps(method)
+    def watched(*args: Any) -> Any:
+        answer = method(*args)
+        if answer is not None and not noted:
+            text = repr(answer)
+            text = text if len(text) <= 60 else text[:57] + "..."
+            noted.append(
+                f"{attr} returned {type(answer).__name__} {text}, but {hook} is declared to "
+                "return None: the core ignores the answer, so what it was meant to do never "
+                f"happens; return nothing (the hooks that take an answer: {HOOK_DOCS})")
+        return answer
+
+    setattr(watched, _WATCH_MARK, True)
+    return watched
+
+
+def _unwatch_answers(instance: object) -> None:
+    """Take :func:`_watch_answers`'s wrappers off ``instance`` again."""
+    own = getattr(instance, "__dict__", None)
+    if isinstance(own, dict):
+        for attr in [a for a, v in own.items() if getattr(v, _WATCH_MARK, False)]:
+            delattr(instance, attr)
 
 
 def _check_jobs_done(name: str, where: str, record: RunRecord) -> None:
@@ -328,10 +445,13 @@ def check_no_retained_job_state(spec: PluginSpec, instances: list[object]) -> No
     """After a run, the plugin object must not keep the jobs' models, parameters or
     optimizers alive: that would hold device memory across runs (plugins are built per
     run, but a user's notebook or a sweep may keep the object). Plain tensors a plugin
-    owns (e.g. error-feedback residuals) are allowed."""
+    owns (e.g. error-feedback residuals) are allowed; one sharing its storage with a job's
+    parameter or buffer (``p.data``, ``p.detach()``, ``model.state_dict()``) is not, where
+    ``instances`` is what :func:`check_run` returned (it knows the jobs' storages)."""
     gc.collect()
+    storages = getattr(instances, "job_storages", None) or {}
     for instance in instances:
-        seen: set[int] = set()
+        seen = _Walk(storages)
         if isinstance(instance, types.ModuleType):  # a module of hooks: its globals
             found = next(filter(None, (
                 _find_job_state(value, f"{instance.__name__}.{key}", RETENTION_DEPTH - 1, seen)
@@ -391,6 +511,15 @@ RETENTION_NODES = 200_000
 """How many objects it visits at most (a plugin holding a large table of numbers)."""
 
 
+class _Walk(set):  # type: ignore[type-arg]
+    """The ids the retention check has visited, and the storages of the run's job tensors
+    (:attr:`RunInstances.job_storages`) a plain tensor must not share."""
+
+    def __init__(self, storages: dict[int, Any] | None = None) -> None:
+        super().__init__()
+        self.storages = storages or {}
+
+
 def _find_job_state(obj: Any, path: str, depth: int, seen: set[int]) -> tuple[str, str] | None:
     import torch
 
@@ -404,6 +533,11 @@ def _find_job_state(obj: Any, path: str, depth: int, seen: set[int]) -> tuple[st
     if isinstance(obj, torch.Tensor):
         if isinstance(obj, torch.nn.Parameter) or obj.requires_grad:
             return path, "a job's parameter or autograd tensor"
+        storages = getattr(seen, "storages", None)
+        if storages and _storage_of(obj) in storages:
+            return path, ("a tensor sharing its storage with a job's parameter or buffer "
+                          "(p.data, p.detach() and model.state_dict() keep the job's weights "
+                          "alive; keep a .clone())")
         return None
     if depth == 0 or isinstance(obj, (str, bytes, int, float, bool, type(None), type,
                                       types.ModuleType)):
