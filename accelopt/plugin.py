@@ -35,6 +35,25 @@ class PluginWarning(RuntimeWarning):
     it as one line: the message is about the plugin, not about accelopt's source)."""
 
 
+def one_line_for_plugins(plain: Callable[..., str]) -> Callable[..., str]:
+    """``warnings.formatwarning`` that prints a :class:`~accelopt.plugin.PluginWarning` (a
+    plugin that cannot be used) as ``warning: <message>``: it is about the plugin, so
+    accelopt's file and source line would only mislead. Other warnings keep ``plain``.
+    Installed by the ``accelopt`` command, and by each rank process of a cluster run
+    (``drivers/cluster/launch.py``), where a plugin's warning is said too."""
+    if getattr(plain, "one_line_for_plugins", False):  # main() called again in-process
+        return plain
+
+    def formatted(message: Warning | str, category: type[Warning], filename: str,
+                  lineno: int, line: str | None = None) -> str:
+        if issubclass(category, PluginWarning):
+            return f"warning: {message}\n"
+        return plain(message, category, filename, lineno, line)
+
+    formatted.one_line_for_plugins = True  # type: ignore[attr-defined]
+    return formatted
+
+
 @dataclass
 class NoConfig:
     """The config of a plugin that declares none (module level, so a spec can be pickled and

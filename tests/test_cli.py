@@ -77,6 +77,19 @@ def test_a_cluster_setting_a_one_process_run_cannot_use_is_said_where_the_run_is
     assert run["warnings"] == [line.removeprefix("warning: ")]
 
 
+def test_a_plugins_warning_in_a_rank_process_is_one_line_as_the_commands_are(tmp_path):
+    """A plugin warning on a cluster's leader (a rank process of its own) printed as
+    accelopt's source line, ``.../plugin.py:185: PluginWarning: ...``, and the line
+    below it: the rank processes had not the command's one-line format."""
+    result = accelopt("run", "+plugins=[salus]", "cluster.mode=ps", "cluster.workers=1",
+                      "workload=single", "workload.jobs.0.iterations=2", "run.progress=false",
+                      "plugins.salus.capacity=1KiB", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    said = [line for line in result.stderr.splitlines() if "plugins.salus.capacity" in line]
+    assert said and said[0].startswith("warning: plugins.salus.capacity=1KiB has no effect")
+    assert "PluginWarning" not in result.stderr
+
+
 def test_plugin_summary_line(tmp_path):
     result = accelopt("run", "+plugins=[noop]", *TINY, cwd=tmp_path)
     assert result.returncode == 0, result.stderr

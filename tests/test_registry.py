@@ -166,13 +166,13 @@ def test_naming_an_installed_plugin_in_accelopt_plugins_again_is_silent(tmp_path
 def test_the_command_prints_a_plugin_warning_as_one_line_without_accelopts_source():
     import warnings
 
-    from accelopt.cli.main import _one_line_for_plugins
+    from accelopt.plugin import one_line_for_plugins
 
-    formatted = _one_line_for_plugins(warnings.formatwarning)
+    formatted = one_line_for_plugins(warnings.formatwarning)
     assert formatted("ACCELOPT_PLUGINS: cannot load 'x:Y'", PluginWarning, "/a/plugin.py",
                      114) == "warning: ACCELOPT_PLUGINS: cannot load 'x:Y'\n"
     assert "/a/other.py:3: UserWarning: m" in formatted("m", UserWarning, "/a/other.py", 3)
-    assert _one_line_for_plugins(formatted) is formatted
+    assert one_line_for_plugins(formatted) is formatted
 
 
 def _main(monkeypatch, *args: str) -> int:

@@ -24,7 +24,7 @@ from accelopt.errors import (
     error_text,
     raise_terminated,
 )
-from accelopt.plugin import Registry
+from accelopt.plugin import Registry, one_line_for_plugins
 
 if TYPE_CHECKING:
     from accelopt.types import CliCommand
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> None:
     debug = "--debug" in args or os.environ.get("ACCELOPT_DEBUG", "") not in ("", "0")
     args = [a for a in args if a != "--debug"]
     warnings.simplefilter("default", RuntimeWarning)
-    warnings.formatwarning = _one_line_for_plugins(warnings.formatwarning)
+    warnings.formatwarning = one_line_for_plugins(warnings.formatwarning)
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, raise_terminated)  # stop as on Ctrl-C, evidence kept
     try:
@@ -77,25 +77,6 @@ def main(argv: list[str] | None = None) -> None:
         os.dup2(devnull, sys.stdout.fileno())
         code = 0
     sys.exit(code)
-
-
-def _one_line_for_plugins(plain: Callable[..., str]) -> Callable[..., str]:
-    """``warnings.formatwarning`` that prints a :class:`~accelopt.plugin.PluginWarning` (a
-    plugin that cannot be used) as ``warning: <message>``: it is about the plugin, so
-    accelopt's file and source line would only mislead. Other warnings keep ``plain``."""
-    from accelopt.plugin import PluginWarning
-
-    if getattr(plain, "one_line_for_plugins", False):  # main() called again in-process
-        return plain
-
-    def formatted(message: Warning | str, category: type[Warning], filename: str,
-                  lineno: int, line: str | None = None) -> str:
-        if issubclass(category, PluginWarning):
-            return f"warning: {message}\n"
-        return plain(message, category, filename, lineno, line)
-
-    formatted.one_line_for_plugins = True  # type: ignore[attr-defined]
-    return formatted
 
 
 def console() -> None:

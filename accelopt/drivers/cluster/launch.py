@@ -19,6 +19,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -56,7 +57,7 @@ from accelopt.drivers.processes import (
 )
 from accelopt.errors import ConfigError, Terminated, UserError, first_line, raise_terminated
 from accelopt.job import job_specs
-from accelopt.plugin import Registry
+from accelopt.plugin import Registry, one_line_for_plugins
 
 
 def free_port() -> int:
@@ -392,6 +393,8 @@ def child_main(rank: int, world: int, cfg_yaml: str, port: int, t0: float, work:
         cfg = OmegaConf.create(cfg_yaml)
         settings = settings_from(cfg.cluster)
         _log_where_the_launcher_does(run_dir)
+        # a plugin's warning here reads as the command's do: one line, not accelopt's source
+        warnings.formatwarning = one_line_for_plugins(warnings.formatwarning)
         progress = faults.Progress(work, rank)
         run_rank(cfg, settings, rank=rank, world=world, t0_epoch=t0,
                  init_method=init_method, run_dir=run_dir, progress=progress,
