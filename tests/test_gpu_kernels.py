@@ -577,6 +577,22 @@ def test_plugin_rejects_bad_config(run_tiny) -> None:  # type: ignore[no-untyped
             run_tiny(PLUGIN, overrides=["plugins.gpu_kernels.channels_last=maybe"])
 
 
+def test_timing_the_candidates_leaves_an_outer_plugins_saved_tensor_hooks_out() -> None:
+    """offload's hooks, active around the model's forward, saw the tuner's candidate runs
+    too: a CNN's first iteration copied 54.6 MB where each later one copied 0.7 MB."""
+    conv = nn.Conv2d(3, 4, 3).train()
+    x = torch.randn(2, 3, 8, 8, requires_grad=True)
+    packed: list[tuple[int, ...]] = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        packed.append(tuple(t.shape))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        decision = at.ConvAutotuner(at.DecisionCache(None), reps=3).choose(conv, x)
+    assert len(decision.median_ms) > 1 and packed == []
+
+
 def test_whole_model_guard_reverts_choices_that_do_not_pay(monkeypatch: pytest.MonkeyPatch) -> None:
     model, x = zoo("cnn")
     tuner = at.ConvAutotuner(at.DecisionCache(None), reps=3)

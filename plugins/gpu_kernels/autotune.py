@@ -238,9 +238,13 @@ class ConvAutotuner:
         elif valid == ["direct"]:
             decision = Decision("direct", {})
         else:
-            samples = time_callables(
-                {a: _workload(a, conv, x, training) for a in valid}, x.device, self.reps
-            )
+            # the candidates' tensors are the tuner's, not the model's: pass-through
+            # saved-tensor hooks (the innermost win) keep an outer plugin's (offload's) from
+            # copying and counting them as the model's first iteration
+            with torch.autograd.graph.saved_tensors_hooks(_as_is, _as_is):
+                samples = time_callables(
+                    {a: _workload(a, conv, x, training) for a in valid}, x.device, self.reps
+                )
             decision = Decision(
                 pick(samples, self.min_gain),
                 {a: round(statistics.median(t) * 1e3, 5) for a, t in samples.items()},
@@ -248,6 +252,11 @@ class ConvAutotuner:
             self.cache.put(key, decision)
         self.decisions[key] = decision
         return decision
+
+
+def _as_is(t: torch.Tensor) -> torch.Tensor:
+    """A saved-tensor hook that keeps the tensor as autograd would."""
+    return t
 
 
 def _workload(algorithm: str, conv: nn.Conv2d, x: torch.Tensor, training: bool) -> Callable[[], Any]:

@@ -15,10 +15,25 @@ come back just before they are needed. Two things distinguish vDNN from PyTorch'
   the end of forward the last layers are prefetched at once (backward starts with them).
 
 Parameters are never offloaded: a saved tensor whose storage is a parameter's storage (the
-weight itself or a view such as ``weight.t()``) is returned as is. Tensors whose layout cannot
+weight itself or a view such as ``weight.t()``) stays on the device. Tensors whose layout cannot
 be reproduced exactly (overlapping or non-dense strides) stay resident, so the values and
 strides backward sees are exactly those of the run without offloading and the gradients are
 bitwise identical.
+
+Saved-tensor hooks switch off autograd's own check that a saved tensor was not modified in
+place before backward used it, so the engine makes that check itself: every packed tensor
+carries the version it was saved at, and unpacking one that changed raises the error torch
+raises without the hooks (an offloaded tensor is watched while it is alive: at every layer
+boundary of the forward and at the unpack).
+
+Counting: a counting period is one training iteration when the owner marks iterations
+(:meth:`OffloadEngine.begin_iteration` / :meth:`OffloadEngine.end_iteration`; the plugin does
+at ``accelopt_iteration_start/_end``), else one grad-enabled forward of the tracked model with
+its backward. Bytes kept on the device are counted once per storage per forward pass, at the
+storage's size (a tensor saved twice, or an expanded view of a small buffer, is the memory
+behind it); parameters once per storage per period. Saves of the tracked model outside the
+layers the engine is installed on are counted as resident, so the offloaded share is of the
+whole model's saved tensors.
 
 On a CPU the same code path runs (the "host" copy is another CPU tensor and no stream
 exists); the engine's byte counts then say what would leave device memory on a GPU.
@@ -34,21 +49,29 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.modules.conv import _ConvNd
 
 POLICIES = ("all", "conv", "size")
 
 
 @dataclass
 class PassStats:
-    """Byte counts of one forward/backward pass (one training iteration)."""
+    """Counts of one counting period: a training iteration where the owner marks iterations,
+    else one forward pass with its backward."""
 
     offloaded_bytes: int = 0
+    """Bytes copied to the host (a tensor saved twice is copied, and counted, once)."""
     offloaded_tensors: int = 0
     resident_bytes: int = 0
-    """Saved non-parameter bytes kept on the device (policy said no, or layout not dense)."""
+    """Device memory that saved non-parameter tensors keep (policy said no, layout not dense,
+    or saved outside the layers the engine is installed on): each distinct storage once per
+    forward pass, at its size."""
     resident_tensors: int = 0
+    """Distinct storages behind ``resident_bytes``."""
     param_bytes: int = 0
-    """Saved tensors that are parameters (or views of them): never offloaded."""
+    """Parameter storages saved (the weight or a view of it), each once: never offloaded."""
+    forwards: int = 0
+    """Grad-enabled forward passes of the tracked model."""
     deduplicated: int = 0
     prefetched: int = 0
     """First unpacks served by a prefetch started ahead of need (a second unpack of the
@@ -60,6 +83,7 @@ class PassStats:
 @dataclass
 class Totals:
     passes: int = 0
+    """Counting periods closed: iterations, or forward passes where no iteration is marked."""
     stats: PassStats = field(default_factory=PassStats)
     max_offloaded_bytes: int = 0
 
@@ -72,10 +96,11 @@ class Totals:
 
 class _Handle:
     """What autograd keeps instead of the feature map: the host copy and, once prefetched,
-    the device copy with the event that says it has arrived."""
+    the device copy with the event that says it has arrived; and what the in-place check
+    needs (the version saved, the original while it lives, a change seen while it lived)."""
 
-    __slots__ = ("__weakref__", "device", "device_copy", "event", "group", "host", "nbytes",
-                 "unpacked")
+    __slots__ = ("__weakref__", "device", "device_copy", "event", "group", "host", "modified",
+                 "nbytes", "source", "unpacked", "version")
 
     def __init__(self, host: torch.Tensor, device: torch.device, group: int, nbytes: int,
                  event: Any) -> None:
@@ -86,6 +111,43 @@ class _Handle:
         self.event = event  # offload finished (CUDA) / None
         self.device_copy: torch.Tensor | None = None
         self.unpacked = False
+        self.version = 0
+        self.source: weakref.ReferenceType[torch.Tensor] | None = None
+        self.modified: int | None = None  # the version the original was seen at, if changed
+
+
+@dataclass
+class _RootCall:
+    """One call of the tracked model in progress: ``pass`` (a grad-enabled forward pass),
+    ``inner`` (the model calling itself: part of the same pass), ``no grad``; ``ctx`` counts
+    the saves outside the installed layers."""
+
+    role: str
+    ctx: Any = None
+
+
+class _Kept:
+    """A saved tensor left on the device, with the version it was saved at. Detached (same
+    storage and version counter): holding a saved output itself would tie it to its own
+    autograd node in a cycle the garbage collector cannot see."""
+
+    __slots__ = ("tensor", "version")
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self.tensor = t.detach()
+        self.version = t._version
+
+
+def modified_in_place(shape: torch.Size, dtype: torch.dtype, saved: int, now: int) -> RuntimeError:
+    """Autograd's own error for a saved tensor changed before backward used it (the engine's
+    hooks switch torch's check off, so the engine raises it)."""
+    dims = ", ".join(str(d) for d in shape)
+    return RuntimeError(
+        "one of the variables needed for gradient computation has been modified by an "
+        f"inplace operation: a saved tensor of shape [{dims}] ({dtype}) was modified in "
+        f"place after being saved for backward: it is at version {now}; expected version "
+        f"{saved} instead (make the in-place operation out of place, e.g. y = y + 1)"
+    )
 
 
 def dense_layout(t: torch.Tensor) -> bool:
@@ -104,8 +166,18 @@ def dense_layout(t: torch.Tensor) -> bool:
     return True
 
 
-def _is_conv(type_name: str) -> bool:
-    return type_name.startswith("Conv") or type_name.startswith("LazyConv")
+def is_convolution(module: nn.Module) -> bool:
+    """vDNN_conv's test, by class and not by name: torch's convolutions and their subclasses
+    (timm's ``StdConv2d``, gpu_kernels' ``AutotunedConv2d``, ``LazyConv*``) are; HF GPT-2's
+    ``Conv1D`` (a linear layer) is not."""
+    return isinstance(module, _ConvNd)
+
+
+def _storage_ptr(t: torch.Tensor) -> int | None:
+    try:
+        return int(t.untyped_storage().data_ptr())
+    except (RuntimeError, NotImplementedError):
+        return None
 
 
 class OffloadEngine:
@@ -123,22 +195,30 @@ class OffloadEngine:
         self.totals = Totals()
         self.current = PassStats()
         self.installed: list[str] = []
+        self.per_iteration = False
+        """Counting periods are iterations (set by :meth:`begin_iteration`)."""
         self._root: weakref.ReferenceType[nn.Module] | None = None
         self._param_ptrs: set[int] = set()
+        self._params_seen: set[int] = set()  # per period
+        self._resident_ptrs: set[int] = set()  # per forward pass
         self._group = 0
-        self._group_type = ""
+        self._conv_depth = 0
         self._groups: dict[int, list[weakref.ReferenceType[_Handle]]] = {}
-        self._dedupe: dict[tuple[Any, ...], tuple[weakref.ReferenceType[torch.Tensor], _Handle]] = {}
+        self._dedupe: dict[tuple[Any, ...], _Handle] = {}
+        self._live: dict[int, _Handle] = {}  # offloaded this forward, original still alive
         self._group_ids: list[int] = []
         self._contexts: list[Any] = []
+        self._calls: list[_RootCall] = []  # the tracked model's calls in progress
+        self._installed_ids: set[int] = set()
         self._stream: Any = None
-        self._leaf_hooked: set[int] = set()
+        self._hooked: set[int] = set()
 
     # -- installation ------------------------------------------------------------------
 
     def track(self, root: nn.Module) -> None:
-        """The whole model: its parameters are never offloaded, and its forward marks the
-        start of a new pass (statistics of the previous one are closed)."""
+        """The whole model: its parameters are never offloaded, its saves outside the
+        installed layers are counted (as resident), and its forward starts a forward pass
+        (and, where no iteration is marked, a new counting period)."""
         self._root = weakref.ref(root)
         root.register_forward_pre_hook(self._root_pre, prepend=True)
         root.register_forward_hook(self._root_post, always_call=True)
@@ -148,26 +228,77 @@ class OffloadEngine:
         parameter names and state_dict keys do not change)."""
         module.register_forward_pre_hook(self._enter)
         module.register_forward_hook(self._exit, always_call=True)
+        self._installed_ids.add(id(module))
         for sub in module.modules():
-            if not list(sub.children()) and id(sub) not in self._leaf_hooked:
-                self._leaf_hooked.add(id(sub))
+            if id(sub) in self._hooked:
+                continue
+            self._hooked.add(id(sub))
+            if next(sub.children(), None) is None:  # a leaf: one prefetch group
                 sub.register_forward_pre_hook(self._leaf_pre)
-                sub.register_forward_hook(self._leaf_post)
+            if is_convolution(sub):  # a leaf, or one with parametrizations inside
+                sub.register_forward_pre_hook(self._conv_pre)
+                sub.register_forward_hook(self._conv_post, always_call=True)
         self.installed.append(path or "<model>")
         return module
+
+    # -- iterations (the owner's boundaries) ---------------------------------------------
+
+    def begin_iteration(self) -> None:
+        """An iteration starts: from now on a counting period is an iteration. What was
+        counted since the last iteration ended (or before the first: forwards outside the
+        training loop) is not an iteration's and is dropped."""
+        if not self.per_iteration:
+            self.per_iteration = True
+            self.totals = Totals()
+        self._reset_period()
+
+    def end_iteration(self) -> None:
+        """An iteration ended: close its counting period."""
+        self.close_pass()
+
+    def finish(self) -> None:
+        """Close what is still counted for the report: a forward pass's period, but not
+        forwards after the last marked iteration."""
+        if self.per_iteration:
+            self._reset_period()
+        else:
+            self.close_pass()
 
     # -- forward-time hooks (native torch hooks, no plugin machinery) -------------------
 
     def _root_pre(self, module: nn.Module, args: Any) -> None:
-        if not torch.is_grad_enabled():
-            return
-        self.close_pass()
+        if self._calls:  # the model calling itself: part of the same forward
+            self._calls.append(_RootCall("inner"))
+        elif not torch.is_grad_enabled():
+            self._calls.append(_RootCall("no grad"))
+        else:
+            self._calls.append(_RootCall("pass", self._begin_forward(module)))
+
+    def _begin_forward(self, module: nn.Module) -> Any:
+        """A forward pass starts: its counting state, and the context that counts what the
+        layers the engine is not installed on save."""
+        if not self.per_iteration:
+            self.close_pass()
         self._param_ptrs = {p.untyped_storage().data_ptr() for p in module.parameters()}
-        self._group, self._group_type = 0, ""
+        self._resident_ptrs.clear()  # an earlier forward's freed storage may be reused
+        self._conv_depth = 0
+        self.current.forwards += 1
+        ctx = None
+        if id(module) not in self._installed_ids:  # count what the other layers save
+            ctx = torch.autograd.graph.saved_tensors_hooks(self._pack_outside, self.unpack)
+            ctx.__enter__()
+        return ctx
 
     def _root_post(self, module: nn.Module, args: Any, output: Any) -> None:
-        # backward begins with the last layers: bring them back now
+        call = self._calls.pop() if self._calls else None
+        if call is None or call.role != "pass":
+            return
+        if call.ctx is not None:
+            call.ctx.__exit__(None, None, None)
+        self._check_live()
+        self._live.clear()
         self._dedupe.clear()
+        # backward begins with the last layers: bring them back now
         if self.prefetch_layers > 0:
             self._prefetch_before(self._group + 1)
 
@@ -184,43 +315,56 @@ class OffloadEngine:
 
     def _leaf_pre(self, module: nn.Module, args: Any) -> None:
         self._group += 1
-        self._group_type = type(module).__name__
+        self._check_live()  # a layer boundary: did code since the last one modify a saved map?
 
-    def _leaf_post(self, module: nn.Module, args: Any, output: Any) -> None:
-        self._group_type = ""  # ops between layers belong to no convolution
+    def _conv_pre(self, module: nn.Module, args: Any) -> None:
+        self._conv_depth += 1
+
+    def _conv_post(self, module: nn.Module, args: Any, output: Any) -> None:
+        self._conv_depth = max(0, self._conv_depth - 1)  # ops between layers: no convolution
 
     # -- saved-tensor hooks ---------------------------------------------------------------
 
     def _wanted(self, t: torch.Tensor, nbytes: int) -> bool:
-        if self.policy == "conv" and not _is_conv(self._group_type):
+        if self.policy == "conv" and self._conv_depth == 0:
             return False
         if self.policy == "size" and nbytes < self.min_bytes:
             return False
         return dense_layout(t)
 
     def pack(self, t: torch.Tensor) -> Any:
+        """The hook inside installed layers: offload what the policy wants."""
+        return self._pack(t, may_offload=True)
+
+    def _pack_outside(self, t: torch.Tensor) -> Any:
+        """The hook of the tracked model outside installed layers: count, keep."""
+        return self._pack(t, may_offload=False)
+
+    def _pack(self, t: torch.Tensor, may_offload: bool) -> Any:
         s = self.current
         nbytes = t.numel() * t.element_size()
-        try:
-            ptr = t.untyped_storage().data_ptr()
-        except (RuntimeError, NotImplementedError):
-            ptr = None
+        ptr = _storage_ptr(t)
         if ptr is not None and ptr in self._param_ptrs:
-            s.param_bytes += nbytes
-            return t
-        if ptr is None or t.device.type == "meta" or not self._wanted(t, nbytes):
-            s.resident_bytes += nbytes
-            s.resident_tensors += 1
-            return t
+            if ptr not in self._params_seen:
+                self._params_seen.add(ptr)
+                s.param_bytes += t.untyped_storage().nbytes()
+            return _Kept(t)
+        if (not may_offload or ptr is None or t.device.type == "meta"
+                or not self._wanted(t, nbytes)):
+            self._count_resident(t, ptr, nbytes)
+            return _Kept(t)
         key = (ptr, t.storage_offset(), tuple(t.shape), t.stride(), t.dtype, t._version)
         seen = self._dedupe.get(key)
         # the first tensor must still be alive: otherwise its memory may have been reused
         # by a new tensor with the same address, shape and version
-        if seen is not None and seen[0]() is not None:
+        if seen is not None and seen.source is not None and seen.source() is not None:
             s.deduplicated += 1
-            return seen[1]
+            return seen
         handle = self._offload(t, nbytes)
-        self._dedupe[key] = (weakref.ref(t), handle)
+        handle.version = t._version
+        handle.source = weakref.ref(t, self._forget)
+        self._live[id(handle.source)] = handle
+        self._dedupe[key] = handle
         if self._group not in self._groups:
             self._groups[self._group] = []
             self._group_ids.append(self._group)  # ascending: groups are numbered in order
@@ -229,9 +373,50 @@ class OffloadEngine:
         s.offloaded_tensors += 1
         return handle
 
+    def _count_resident(self, t: torch.Tensor, ptr: int | None, nbytes: int) -> None:
+        """The memory behind a kept tensor, once per storage per forward pass: a tensor
+        saved by two layers, or an expanded view of a small buffer, is its storage."""
+        s = self.current
+        if ptr is None or t.device.type == "meta":  # no storage to tell apart
+            s.resident_bytes += nbytes
+            s.resident_tensors += 1
+        elif ptr not in self._resident_ptrs:
+            self._resident_ptrs.add(ptr)
+            s.resident_bytes += t.untyped_storage().nbytes()
+            s.resident_tensors += 1
+
+    def _forget(self, ref: weakref.ReferenceType[torch.Tensor]) -> None:
+        self._live.pop(id(ref), None)  # the original died: nothing can modify it any more
+
+    def _check_live(self) -> None:
+        """Mark offloaded tensors whose original was modified in place since it was saved
+        (the device tensor is gone by backward, so the change is looked for while it lives)."""
+        for handle in list(self._live.values()):
+            src = handle.source() if handle.source is not None else None
+            if src is not None and src._version != handle.version:
+                handle.modified = src._version
+                self._live.pop(id(handle.source), None)
+
+    def _check_version(self, packed: _Handle | _Kept) -> None:
+        if isinstance(packed, _Kept):
+            t = packed.tensor
+            if t._version != packed.version:
+                raise modified_in_place(t.shape, t.dtype, packed.version, t._version)
+            return
+        now = packed.modified
+        src = packed.source() if packed.source is not None else None
+        if now is None and src is not None:
+            now = src._version
+        if now is not None and now != packed.version:
+            raise modified_in_place(packed.host.shape, packed.host.dtype, packed.version, now)
+
     def unpack(self, packed: Any) -> torch.Tensor:
+        if isinstance(packed, _Kept):
+            self._check_version(packed)
+            return packed.tensor
         if not isinstance(packed, _Handle):
             return packed  # type: ignore[no-any-return]
+        self._check_version(packed)
         out = packed.device_copy
         if out is None:
             self.current.fetched_on_demand += 1
@@ -315,10 +500,17 @@ class OffloadEngine:
     # -- results ---------------------------------------------------------------------------
 
     def close_pass(self) -> None:
+        """Close the counting period (an iteration, or a forward pass with its backward)."""
         s = self.current
         if s.offloaded_tensors or s.resident_tensors or s.param_bytes:
             self.totals.add(s)
+        self._reset_period()
+
+    def _reset_period(self) -> None:
         self.current = PassStats()
+        self._params_seen.clear()
+        self._resident_ptrs.clear()
+        self._group = 0
         self._groups.clear()
         self._group_ids.clear()
         self._dedupe.clear()

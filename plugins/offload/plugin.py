@@ -10,7 +10,7 @@ from accelopt_plugins.offload.config import OffloadConfig, validate
 from accelopt_plugins.offload.engine import OffloadEngine
 
 from accelopt import LayerOffer, ReportRow, RunInfo, hookimpl
-from accelopt.types import INERT
+from accelopt.types import INERT, IterationContext, IterationResult
 
 MiB = 2**20
 
@@ -18,7 +18,9 @@ MiB = 2**20
 class OffloadPlugin:
     """One engine per job. The engine is installed through ``accelopt_layer_build``: on the
     whole model (offered last, under path ``""``) or on the layers ``layers`` matches. The
-    modules are kept (hooks are added to them), so parameter names do not change."""
+    modules are kept (hooks are added to them), so parameter names do not change. The
+    iteration hooks mark the engine's counting periods: the report's figures are per
+    iteration however many forward passes one makes (gradient accumulation)."""
 
     def __init__(self, config: OffloadConfig) -> None:
         self.config = config
@@ -59,6 +61,18 @@ class OffloadPlugin:
         return None
 
     @hookimpl
+    def accelopt_iteration_start(self, context: IterationContext) -> None:
+        engine = self.engines.get(context.job.job_id)
+        if engine is not None:
+            engine.begin_iteration()
+
+    @hookimpl
+    def accelopt_iteration_end(self, context: IterationContext, result: IterationResult) -> None:
+        engine = self.engines.get(context.job.job_id)
+        if engine is not None:
+            engine.end_iteration()
+
+    @hookimpl
     def accelopt_report_rows(self, run: RunInfo) -> list[ReportRow]:
         c = self.config
         if not self.engines:
@@ -67,12 +81,12 @@ class OffloadPlugin:
         rows = []
         cpu = not run.device.startswith("cuda")
         for job_id, engine in self.engines.items():
-            engine.close_pass()
+            engine.finish()
             t = engine.totals
-            if t.passes == 0:
+            if t.passes == 0 or not engine.installed:
                 where = ", ".join(engine.installed) or "no layer"
                 rows.append(ReportRow("offload", f"{job_id}: nothing to do: no saved tensor "
-                                      f"passed through the hooks ({where} matched)",
+                                      f"passed through the offloading hooks ({where} matched)",
                                       {"job": job_id, INERT: 1}))
                 continue
             s, n = t.stats, t.passes
@@ -80,18 +94,29 @@ class OffloadPlugin:
             share = off / (off + res) if off + res else 0.0
             unpacks = s.prefetched + s.fetched_on_demand
             hit = s.prefetched / unpacks if unpacks else 0.0
+            # without iteration boundaries (a loop of one's own outside ao.loop) the engine
+            # counts per forward pass, and the row says so
+            unit, key = (("iteration", "iteration") if engine.per_iteration
+                         else ("forward pass", "forward_pass"))
+            scope = f" on the layers matching {c.layers!r}" if c.layers else ""
             text = (
-                f"{job_id}: policy {c.policy}: {off / MiB:.2f} MiB/iteration of saved feature "
-                f"maps offloaded to host ({share:.0%}), {res / MiB:.2f} MiB stayed resident, "
+                f"{job_id}: policy {c.policy}{scope}: {off / MiB:.2f} MiB/{unit} of saved "
+                f"feature maps offloaded to host ({share:.0%}), {res / MiB:.2f} MiB/{unit} "
+                f"stayed resident{' (the other layers included)' if c.layers else ''}, "
                 f"{par / MiB:.2f} MiB parameters never offloaded; prefetch served "
                 f"{hit:.0%} of unpacks"
             )
+            if not engine.per_iteration:
+                text += "; counted per forward pass: no iteration boundary was marked"
             metrics: dict[str, float | int | str] = {
-                "job": job_id, "passes": n, "offloaded_bytes_per_iteration": int(off),
-                "resident_bytes_per_iteration": int(res), "param_bytes_per_iteration": int(par),
+                "job": job_id, "forward_passes": s.forwards,
+                f"offloaded_bytes_per_{key}": int(off), f"resident_bytes_per_{key}": int(res),
+                f"param_bytes_per_{key}": int(par),
                 "offloaded_fraction": round(share, 4), "prefetch_hit_rate": round(hit, 4),
                 "fetched_on_demand": s.fetched_on_demand,
             }
+            if engine.per_iteration:
+                metrics["iterations"] = n
             if off == 0:  # its policy matched no saved tensor: it changed nothing here
                 metrics[INERT] = 1
                 text += "; nothing offloaded, so this job ran as without the plugin"
