@@ -61,6 +61,19 @@ def test_the_warm_up_is_left_out():
     assert isinstance(got, Measured) and got.backward_s == pytest.approx(2.0)
 
 
+def test_the_warm_up_counts_from_a_resumed_runs_first_iteration():
+    """A run resumed at iteration 50 has its own slow warm-up there; counted from 0 it was
+    read as steady."""
+    slow = [Span(s.name, s.track, s.start_s, s.end_s + (10.0 if s.name == "backward" else 0),
+                 s.category, {**s.args, "iteration": s.args["iteration"] + 50}, s.process)
+            if s.args.get("iteration", 0) < 3 else
+            Span(s.name, s.track, s.start_s, s.end_s, s.category,
+                 {**s.args, "iteration": s.args["iteration"] + 50}, s.process)
+            for s in default_run(iterations=6)]
+    got = measure(slow, RATE, warmup=3)
+    assert isinstance(got, Measured) and got.backward_s == pytest.approx(2.0)
+
+
 def test_one_job_is_read_from_a_timeline_of_several():
     """A multi-job run's trace names compute spans "<job> forward"; another job, slower in
     every phase, must not move the figures."""

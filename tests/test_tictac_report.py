@@ -32,14 +32,72 @@ def test_rows_alike_in_words_but_not_in_numbers_are_not_merged():
         ("all jobs: same", {"ms": 1.0})]
 
 
-def _samples(plugin: TictacPlugin, records) -> None:
-    """The warm-up's transfers as the transport reports them: 1 MB/s plus 1 ms a message."""
-    for iteration in (0, 1):
+def _samples(plugin: TictacPlugin, records, first: int = 0) -> None:
+    """The warm-up's transfers as the transport reports them: 1 MB/s plus 1 ms a message
+    (``first``: the run's first iteration, past 0 where it was resumed)."""
+    for iteration in (first, first + 1):
         t = 10.0 * iteration
         for r in records:
             end = t + 1e-3 + r.nbytes / 1e6
-            plugin.accelopt_transfer_done(record=r, start_s=t, end_s=end)
+            record = dataclasses.replace(r, iteration=iteration)
+            plugin.accelopt_transfer_done(record=record, start_s=t, end_s=end)
             t = end
+
+
+def _at(records, iteration: int):
+    return [dataclasses.replace(r, iteration=iteration) for r in records]
+
+
+def test_a_resumed_run_measures_the_link_and_replans_as_an_uninterrupted_one(tmp_path,
+                                                                             monkeypatch):
+    """A run resumed at iteration 50 kept only samples of iterations < replan_iteration
+    (counted from 0): it never measured its link and planned with the default 1 Gbit/s,
+    10x off the link the uninterrupted run measured, so its enforce decision could differ."""
+    plugin, records = server_plugin(tmp_path, monkeypatch, heuristic="tac", force=True)
+    plugin.accelopt_transfer_order(transfers=_at(records, 50), destination=1)
+    _samples(plugin, records, first=50)
+    plugin.accelopt_transfer_order(transfers=_at(records, 51), destination=1)
+    assert not plugin.replanned  # still the resumed run's warm-up
+    plugin.accelopt_transfer_order(transfers=_at(records, 52), destination=1)
+    assert plugin.replanned and plugin.link_source == "measured from the transport"
+    assert plugin.plan.bytes_per_s == pytest.approx(1e6, rel=0.05)
+    (row,) = plugin.accelopt_report_rows(run=None)
+    assert "MB/s (measured from the transport)" in row.summary
+
+
+def _tuned(first: int) -> tuple[list, str]:
+    """A worker's priority plugin tuning its window (credit_bytes=-1) in a run whose first
+    iteration is ``first``: each iteration's window, and the row's account of the choice."""
+    from accelopt_plugins.tictac.plugin import TictacPriority
+
+    from accelopt.types import IterationResult, TransferRecord
+
+    config = TictacConfig(heuristic="priority", credit_bytes=-1)
+    plugin = TictacPriority(config)
+    plugin.accelopt_configure(config, make_cfg())
+    seconds = {None: 0.3, 0: 0.1, 65536: 0.2}
+    windows = []
+    for iteration in range(first, first + 17):
+        grads = [TransferRecord("tiny", iteration, 1, 0, f"w{k}", 64, k, "grad")
+                 for k in range(3)]
+        answer = plugin.accelopt_transfer_order(transfers=grads, destination=0)
+        credit = None if answer is None else answer.credit_bytes
+        windows.append(credit)
+        result = IterationResult("tiny", iteration, 0.0, seconds[credit], None, 16)
+        plugin.accelopt_iteration_end(context=None, result=result)
+    return windows, plugin.tuner.describe()
+
+
+def test_a_resumed_run_tunes_its_window_as_an_uninterrupted_one():
+    """Counted from iteration 0, a run resumed at 50 was past the tuning window (2-13): it
+    never measured a candidate and ran the last one (64 KiB) for good, undecided."""
+    fresh, words = _tuned(0)
+    resumed, resumed_words = _tuned(50)
+    assert fresh[:2] == [None, None] and fresh[-1] == 0  # warm-up off; chose credit 0
+    assert resumed == fresh
+    assert "measured over iterations 2-13" in words
+    assert "measured over iterations 52-63" in resumed_words and "chose credit 0 B" in \
+        resumed_words
 
 
 def test_priority_predicts_with_the_measured_link_and_its_row_says_so(tmp_path, monkeypatch):

@@ -36,6 +36,9 @@ class TictacConfig:
     bandwidth_bytes_per_s: float = 0.0
     message_s: float = -1.0
     replan_iteration: int = 2
+    """Warm-up iterations, counted from the first iteration the run executes (past 0 where
+    it was resumed): the link is measured in them, then planned again with it, and tuning
+    starts."""
     order_file: str = ""
     credit_bytes: int = 0
     """priority: bytes in flight per link before the next transfer by priority starts (0:

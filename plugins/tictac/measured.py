@@ -60,7 +60,8 @@ def measure(spans: Iterable[SpanLike], bytes_per_s: float, warmup: int = 2,
     together, after the last gradient), or why its timeline cannot give them. ``bytes_per_s``:
     the busiest link's rate as the simulator takes it (shared: the bus; hosts: the server's
     link). ``job``: the job to read in a timeline of several (its id, as the spans' ``job``
-    argument names it); a timeline of one job needs none."""
+    argument names it); a timeline of one job needs none. ``warmup``: the iterations left out,
+    counted from the timeline's first (a resumed run's starts past 0)."""
     if bytes_per_s <= 0:
         return f"the link's rate must be positive, got {bytes_per_s}"
     spans = list(spans)
@@ -69,13 +70,14 @@ def measure(spans: Iterable[SpanLike], bytes_per_s: float, warmup: int = 2,
         return f"the timeline has {len(jobs)} jobs ({', '.join(jobs)}); name one"
     if job is not None and job not in jobs:
         return f"no job {job!r} in the timeline (its jobs: {', '.join(jobs) or 'none named'})"
+    if job is not None:
+        spans = [s for s in spans if s.args.get("job") == job]
+    first = _first_iteration(spans)
     compute: dict[tuple[str, int, str], float] = defaultdict(float)
     phases: dict[tuple[str, int], list[float]] = {}
     for s in spans:
         iteration = s.args.get("iteration")
-        if not isinstance(iteration, int) or iteration < warmup:
-            continue
-        if job is not None and s.args.get("job") != job:
+        if not isinstance(iteration, int) or iteration < first + warmup:
             continue
         # a run's trace names a compute span "<job> forward" where several jobs share it
         step = s.name.rsplit(" ", 1)[-1]
@@ -108,3 +110,10 @@ def measure(spans: Iterable[SpanLike], bytes_per_s: float, warmup: int = 2,
                     message_s=max(0.0, statistics.median(per_message)),
                     server_s=statistics.median(turnarounds),
                     iterations=len(turnarounds))
+
+
+def _first_iteration(spans: Iterable[SpanLike]) -> int:
+    """The first iteration the timeline's run executed (past 0 where it was resumed from a
+    checkpoint): the warm-up counts from it, as the run's own warm-up does."""
+    return min((s.args["iteration"] for s in spans if isinstance(s.args.get("iteration"), int)),
+               default=0)

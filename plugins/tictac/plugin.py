@@ -87,6 +87,10 @@ class TictacPlugin:
         self.calls = 0
         self.skipped = 0
         self.replanned = False
+        self.first_iteration: int | None = None
+        """The first iteration this run executes (past 0 in a resumed run): the warm-up,
+        ``replan_iteration`` and the tuning window count from it, so a resumed run measures
+        its link and tunes as an uninterrupted one does."""
         self.warnings: list[str] = []
         self.unplanned = ""
         """Why no plan could be made for the job ('' : none refused)."""
@@ -133,7 +137,8 @@ class TictacPlugin:
                               "(seconds per transfer) or -1 (fit it from the transport)")
         if c.replan_iteration < 0:
             raise ConfigError(f"plugins.tictac.replan_iteration={c.replan_iteration} must be >= 0 "
-                              "(the iteration from which measured times replace the profile's)")
+                              "(warm-up iterations from the run's first, after which "
+                              "measured times replace the profile's)")
         if c.order_file and not Path(c.order_file).exists():
             raise ConfigError(f"plugins.tictac.order_file={c.order_file!r} does not exist; "
                               "give a JSON list of tensor names or leave it empty")
@@ -186,6 +191,17 @@ class TictacPlugin:
     def accelopt_run_end(self, run: RunInfo, metrics: dict[str, Any]) -> None:
         self.source = None  # the model copy is not kept past the run
 
+    def _since_first(self, iteration: int) -> int:
+        """``iteration`` counted from the first iteration this run executes. A run resumed
+        from a checkpoint starts past 0 (past ``replan_iteration`` too): counted from 0, it
+        would never measure its link nor replan, and would skip tuning. Every hook that sees
+        an iteration reports it here (the transfer hooks, priority's iteration end: no
+        iteration hook of its own, which would cost every iteration a call)."""
+        if self.first_iteration is None or iteration < self.first_iteration:
+            self.first_iteration = iteration
+            self.tuner.begin_at(iteration)
+        return iteration - self.first_iteration
+
     # -- the order -------------------------------------------------------------------------
 
     @hookimpl
@@ -193,6 +209,7 @@ class TictacPlugin:
                                 destination: int) -> Sequence[str] | TransferPriorities | None:
         if not transfers or destination < 0 or self.config.heuristic == "off":
             return None
+        self._since_first(transfers[0].iteration)
         if self.config.heuristic == "priority":
             return self._priorities(transfers, destination)
         if transfers[0].kind != "param":
@@ -350,10 +367,10 @@ class TictacPlugin:
         self._save()
 
     def _replan_after_warmup(self, iteration: int) -> None:
-        """Once, from ``replan_iteration`` on: plan again with the link the transport measured
-        in the warm-up (TIC/TAC's orders and decision; priority's cross-iteration
-        prediction), unless the link's rate was configured."""
-        if (not self.replanned and iteration >= self.config.replan_iteration
+        """Once, ``replan_iteration`` iterations after the run's first: plan again with the
+        link the transport measured in the warm-up (TIC/TAC's orders and decision;
+        priority's cross-iteration prediction), unless the link's rate was configured."""
+        if (not self.replanned and self._since_first(iteration) >= self.config.replan_iteration
                 and self.config.bandwidth_bytes_per_s == 0):
             self._replan()
 
@@ -492,7 +509,8 @@ class TictacPlugin:
     @hookimpl
     def accelopt_transfer_done(self, record: TransferRecord, start_s: float,
                                end_s: float) -> None:
-        if self.role != "server" or record.iteration >= self.config.replan_iteration:
+        warmup = self._since_first(record.iteration) < self.config.replan_iteration
+        if self.role != "server" or not warmup:
             return
         self.samples.setdefault(record.iteration, []).append((start_s, end_s, record.nbytes))
 
@@ -695,6 +713,7 @@ class TictacPriority(TictacPlugin):
     @hookimpl
     def accelopt_iteration_end(self, context: IterationContext,
                                result: IterationResult) -> None:
+        self._since_first(result.iteration)
         self.tuner.record(result.iteration, result.seconds)
 
 

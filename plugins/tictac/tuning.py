@@ -9,13 +9,14 @@ cross-iteration scheduling does not pay (on this machine, where the link's kerne
 the server's updates compete with the workers' compute for the same cores) the run keeps
 the default and the row says so with the measured times.
 
-The schedule: after the warm-up (``start``), each candidate in turn for ``block`` iterations,
-the whole sequence ``rounds`` times (interleaved, so drift of the machine's speed hits every
-candidate alike). Only the last iterations of a block are timed: a block's first iteration
-still carries its predecessor's mode (an early update sends the next iteration's parameters
-before that iteration begins). The choice is the candidate with the smallest median timed
-iteration; it is made once every timed iteration has ended, so the iteration that starts
-before the last one has ended keeps the last block's candidate.
+The schedule: after the warm-up (``start``, counted from the first iteration the run
+executes, so a resumed run tunes as an uninterrupted one does), each candidate in turn for
+``block`` iterations, the whole sequence ``rounds`` times (interleaved, so drift of the
+machine's speed hits every candidate alike). Only the last iterations of a block are
+timed: a block's first iteration still carries its predecessor's mode (an early update sends
+the next iteration's parameters before that iteration begins). The choice is the candidate
+with the smallest median timed iteration; it is made once every timed iteration has ended,
+so the iteration that starts before the last one has ended keeps the last block's candidate.
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ class WindowTuner:
     seconds: dict[int, float] = field(default_factory=dict)
     chosen: Candidate = OFF
     decided: bool = False
+    first: int = 0
+    """The iteration ``start`` counts its warm-up from (:meth:`begin_at`)."""
 
     def __post_init__(self) -> None:
         if not self.candidates:
@@ -73,11 +76,19 @@ class WindowTuner:
     def for_config(cls, config: Any) -> WindowTuner:
         """The tuner ``plugins.tictac`` asks for (``credit_bytes``, ``tune_credits``,
         ``partition_bytes``, ``tune_partitions``, ``tune_block``, ``tune_rounds``, ``force``;
-        from ``replan_iteration`` on)."""
+        ``replan_iteration`` iterations after the run's first on)."""
         return cls(candidates_from(config.credit_bytes, config.tune_credits, config.force,
                                    config.partition_bytes, config.tune_partitions),
                    start=config.replan_iteration, block=config.tune_block,
                    rounds=config.tune_rounds)
+
+    def begin_at(self, first: int) -> None:
+        """Count the warm-up from ``first``, the first iteration the run executes: a run
+        resumed from a checkpoint starts past 0, and counted from 0 its tuning window would
+        be over (or half over) before it began. Ignored once an iteration was measured."""
+        if not self.seconds:
+            self.start += first - self.first
+            self.first = first
 
     @property
     def end(self) -> int:
