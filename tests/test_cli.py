@@ -816,3 +816,36 @@ def test_run_help_says_how_to_select_plugins(tmp_path):
     assert "Select plugins with +plugins=[a,b] (`accelopt plugins` lists" in result.stdout
     assert "workload: default, digits, lm" in result.stdout
     assert not (tmp_path / "runs").exists()  # help runs nothing
+
+
+@pytest.mark.timeout(150)
+def test_sigterm_in_the_reference_runs_ends_with_the_command_that_resumes(tmp_path):
+    """SIGTERM while a run.compare reference run trained: exit 143 with a bare
+    'terminated (SIGTERM)' (the run's own directory held no metrics.json), and the
+    directory, without config.yaml, was refused by run.resume."""
+    import signal
+    import subprocess
+    import time
+
+    from clirun import accelopt_cmd, cli_env
+
+    proc = subprocess.Popen(
+        accelopt_cmd("run", "workload=single", "workload.jobs.0.iterations=1000000",
+                     "workload.jobs.0.width=8", "run.compare=baseline", "+plugins=[noop]",
+                     "run.checkpoint_every=10", "run.progress=false", "hydra.run.dir=out"),
+        cwd=tmp_path, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    refs = tmp_path / "out" / "compare"
+    deadline = time.monotonic() + 90
+    while not list(refs.rglob("checkpoints/*.pt")) and time.monotonic() < deadline:
+        time.sleep(0.1)  # polling for the reference run's first checkpoint: it trains
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    out = tmp_path / "out"
+    assert err.strip().splitlines()[-1] == (
+        "terminated (SIGTERM) during the run.compare=baseline reference runs, before this "
+        f"run's own jobs began: what they ran is kept in {refs}; run it again (the reference "
+        f"runs start over) with: accelopt run run.resume={out}"), err
+    from accelopt.runtime.resume_target import resume_target
+
+    assert resume_target(str(out)) == out  # accepted: it holds the config the run needs

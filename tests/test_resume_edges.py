@@ -186,3 +186,118 @@ def test_a_resume_of_a_packed_sweeps_execution_says_it_writes_one_directory(tmp_
     (note,) = [ln for ln in out.getvalue().splitlines() if ln.startswith("note:")]
     assert "hydra/launcher=salus" in note and "not into the sweep's run directories" in note
     assert Path(pack).is_dir()
+
+
+def _stops_once(fired: list[int]):
+    """A plugin that sends this process SIGTERM at its job's 3rd iteration, once in the
+    test (``fired``): a ``run.compare=each`` run with it stops in its reference run with
+    this plugin alone, the resumed run goes on."""
+    import os
+    import signal
+
+    from accelopt import PluginSpec, hookimpl
+
+    class StopAt:
+        def __init__(self, _config=None) -> None:
+            pass
+
+        @hookimpl
+        def accelopt_iteration_end(self, context, result):
+            if context.iteration == 3 and not fired:
+                fired.append(1)
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    return PluginSpec(name="stop_at", factory=StopAt)
+
+
+@pytest.mark.timeout(120)
+def test_a_run_stopped_in_its_reference_runs_is_resumed(tmp_path):
+    """SIGTERM while the run.compare references ran: its config.yaml was written only after
+    them, so the directory was refused ('has no config.yaml; pass the directory of a run
+    that accelopt wrote') and the stop ended in a bare 'terminated (SIGTERM)'. Now it can be
+    resumed: the references run again, then its jobs."""
+    import signal
+
+    from accelopt.cli.hydra_run import compose_checked, stopped_line
+    from accelopt.config import register_plugin_configs, register_schema
+    from accelopt.errors import Terminated, raise_terminated
+    from accelopt.plugin import Registry
+    from accelopt.runtime.run import execute
+
+    fired: list[int] = []
+    spec = _stops_once(fired)
+    registry = Registry.discover()
+    registry.add(spec)
+    register_schema()
+    register_plugin_configs([spec, registry.get("noop")])
+    cfg = compose_checked(["+plugins=[stop_at,noop]", "run.compare=each", "workload=single",
+                           "workload.jobs.0.iterations=8", "workload.jobs.0.width=8",
+                           "run.checkpoint_every=2", "run.progress=false"])
+    stopped, again = tmp_path / "stopped", tmp_path / "again"
+    previous = signal.signal(signal.SIGTERM, raise_terminated)
+    try:
+        with pytest.raises(Terminated):
+            execute(cfg, run_dir=stopped, registry=registry, console=Console(file=io.StringIO()))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert fired and (stopped / "compare" / "stop_at" / "checkpoints" / "00-mlp.pt").is_file()
+    assert not (stopped / "metrics.json").exists()  # its own jobs never began
+    assert stopped_line("terminated (SIGTERM)", stopped) == (
+        "terminated (SIGTERM) during the run.compare=each reference runs, before this run's "
+        f"own jobs began: what they ran is kept in {stopped / 'compare'}; run it again (the "
+        f"reference runs start over) with: accelopt run run.resume={stopped}")
+
+    out = io.StringIO()
+    record = execute(compose_checked([f"run.resume={stopped}"]), run_dir=again,
+                     registry=registry, console=Console(file=out, width=400),
+                     overrides=[f"run.resume={stopped}"])
+    assert f"resuming {stopped}: it stopped during its run.compare=each reference runs" in \
+        out.getvalue()
+    assert [j.status for j in record.jobs] == ["done"]
+    summary = json.loads((again / "metrics.json").read_text())["summary"]
+    assert summary["resumed_from"] == str(stopped)
+    assert {"compare.baseline.avg_jct_s", "compare.stop_at.avg_jct_s",
+            "compare.noop.avg_jct_s"} <= set(record.metrics)
+    for label in ("baseline", "stop_at", "noop"):  # started over, not carried
+        ref = json.loads((again / "compare" / label / "metrics.json").read_text())
+        assert [j["iterations"] for j in ref["jobs"]] == [8] and "resumed_from" not in \
+            ref["summary"], label
+    # its references ended: a resume of this directory continues its own jobs only
+    assert "compare: none" in (again / "config.yaml").read_text()
+
+
+@pytest.mark.timeout(120)
+def test_a_run_stopped_after_its_jobs_ended_says_there_is_nothing_to_resume(tmp_path):
+    """SIGTERM while the timeline was drawn (its jobs ended, metrics.json written): the
+    line said 'continue it from its checkpoints with: accelopt run run.resume=D', which is
+    refused as already finished, and named trace.json, which it had not written."""
+    from accelopt.cli.hydra_run import stopped_line
+
+    run_dir = tmp_path / "run"
+    run_in_process("workload=single", "workload.jobs.0.iterations=4", "run.progress=false",
+                   "run.checkpoint_every=2", run_dir=run_dir)
+    for name in ("metrics.csv", "trace.json", "timeline.png"):  # stopped while writing these
+        (run_dir / name).unlink()
+    line = stopped_line("terminated (SIGTERM)", run_dir)
+    assert line == (
+        "terminated (SIGTERM) after its jobs ended (all 1 job(s) done), while it wrote its "
+        f"outputs: {run_dir} holds metrics.json, not metrics.csv, trace.json, timeline.png; "
+        "nothing to resume (the jobs' results and the run's figures are in metrics.json; run "
+        "it again for the rest)")
+    refused = accelopt("run", f"run.resume={run_dir}", f"hydra.run.dir={tmp_path / 'new'}",
+                       cwd=tmp_path)
+    assert refused.returncode == 2 and "already finished" in refused.stderr  # as it says
+
+
+def test_a_stopped_line_names_only_what_the_run_kept(tmp_path):
+    """A run killed before it wrote its evidence keeps only its checkpoints: the line named
+    metrics.json and trace.json all the same (or, without metrics.json, was not said)."""
+    from accelopt.cli.hydra_run import stopped_line
+
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "00-mlp.pt").write_bytes(b"")
+    assert stopped_line("interrupted (Ctrl-C)", tmp_path) == (
+        f"interrupted (Ctrl-C): its checkpoints are kept in {tmp_path}; continue it from its "
+        f"checkpoints with: accelopt run run.resume={tmp_path}")
+    (tmp_path / "checkpoints" / "00-mlp.pt").unlink()
+    assert stopped_line("interrupted (Ctrl-C)", tmp_path) == ""  # nothing kept: the bare line

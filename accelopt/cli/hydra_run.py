@@ -44,9 +44,18 @@ from accelopt.job.checkpoint import has_checkpoints
 from accelopt.plugin import Registry, resolve
 from accelopt.report.console import default_console
 from accelopt.report.summary import diverged_text
-from accelopt.runtime.resume_target import HONOURED, refuse_finished, resume_target
+from accelopt.report.writer import METRICS_CSV, METRICS_JSON, TIMELINE_PNG, TRACE_JSON
+from accelopt.runtime.resume_target import (
+    HONOURED,
+    finished,
+    references_unfinished,
+    refuse_finished,
+    resume_target,
+)
 from accelopt.runtime.run_dir import claim, refuse_taken, release
 
+RUN_OUTPUTS = (METRICS_JSON, METRICS_CSV, TRACE_JSON, TIMELINE_PNG)
+"""What every run writes into its directory once its jobs ended (``write_run_outputs``)."""
 HYDRA_PASSTHROUGH_FLAGS = ("--help", "-h", "--hydra-help", "--info", "-i", "--cfg", "-c",
                            "--resolve", "--package", "-p", "--shell-completion", "-sc")
 
@@ -601,10 +610,12 @@ def run_hydra(args: list[str], registry: Registry, debug: bool) -> int:
                 raise SystemExit(1) from None
         except BaseException as exc:
             error = f"error: {error_line(exc)}"  # "interrupted (Ctrl-C)", not "KeyboardInterrupt: "
-            if isinstance(exc, KeyboardInterrupt) and (run_dir / "metrics.json").is_file():
+            line = stopped_line(error_line(exc), run_dir) \
+                if isinstance(exc, KeyboardInterrupt) else ""
+            if line:
                 # Ctrl-C, SIGTERM: the outputs so far are kept; the line says where (a bare
                 # "interrupted" left a user to look for them, and to guess about resuming)
-                print(stopped_line(error_line(exc), run_dir), file=sys.stderr)
+                print(line, file=sys.stderr)
                 raise SystemExit(getattr(exc, "exit_code", 130)) from None
             raise
         finally:
@@ -629,12 +640,46 @@ def run_hydra(args: list[str], registry: Registry, debug: bool) -> int:
 
 
 def stopped_line(error: str, run_dir: Path) -> str:
-    """The line a run stopped by Ctrl-C or SIGTERM ends with: what stopped it, where its
-    outputs so far are, and how to continue it where it wrote checkpoints."""
-    line = f"{error}: what ran is kept in {run_dir} (metrics.json, trace.json)"
-    if has_checkpoints(run_dir):
+    """The line a run stopped by Ctrl-C or SIGTERM ends with: what stopped it, where what
+    it wrote is kept (naming only the files it wrote), and the command that goes on from
+    there: the run again where it stopped in its ``run.compare`` reference runs, a resume
+    from its checkpoints, or none where every job had ended. '' where it kept nothing (it
+    stopped before it wrote anything): the bare error line says it all."""
+    mode = references_unfinished(run_dir)
+    if mode:  # its own jobs never began: its config, and the references' directories
+        refs = run_dir / "compare"
+        kept = f": what they ran is kept in {refs}" if refs.is_dir() else ""
+        return (f"{error} during the run.compare={mode} reference runs, before this run's "
+                f"own jobs began{kept}; run it again (the reference runs start over) with: "
+                f"accelopt run run.resume={run_dir}")
+    ended = finished(run_dir)
+    if ended:
+        return _stopped_after_the_jobs(error, run_dir, ended)
+    kept = [name for name in (METRICS_JSON, TRACE_JSON) if (run_dir / name).is_file()]
+    resumable = has_checkpoints(run_dir)
+    if not kept and not resumable:
+        return ""
+    line = (f"{error}: what ran is kept in {run_dir} ({', '.join(kept)})" if kept else
+            f"{error}: its checkpoints are kept in {run_dir}")
+    if resumable:
         line += f"; continue it from its checkpoints with: accelopt run run.resume={run_dir}"
     return line
+
+
+def _stopped_after_the_jobs(error: str, run_dir: Path, ended: str) -> str:
+    """A run stopped after every job had ended, while it wrote its outputs: nothing is left
+    to resume (a resume is refused, and ``run.resume_finished=true`` reports the restored
+    jobs again, without their timeline), so the line says which outputs it wrote and which
+    it did not, and that their figures are in metrics.json."""
+    written = [name for name in RUN_OUTPUTS if (run_dir / name).is_file()]
+    missing = [name for name in RUN_OUTPUTS if name not in written]
+    if not missing:
+        return (f"{error} after its jobs ended ({ended}) and its outputs were written: "
+                f"they are in {run_dir} ({', '.join(written)}); nothing to resume")
+    return (f"{error} after its jobs ended ({ended}), while it wrote its outputs: {run_dir} "
+            f"holds {', '.join(written)}, not {', '.join(missing)}; nothing to resume (the "
+            f"jobs' results and the run's figures are in {METRICS_JSON}; run it again for "
+            f"the rest)")
 
 
 def unfinished_jobs(record: Any, run_dir: Path) -> str:

@@ -71,11 +71,16 @@ def label(subset: tuple[str, ...]) -> str:
 
 
 def subset_config(cfg: DictConfig, subset: tuple[str, ...]) -> DictConfig:
+    """The config of the reference run with ``subset``'s plugins: no comparison of its own,
+    and no resume (a resumed run's references start over, measured in its invocation: the
+    run it resumes stopped before they ended, ``runtime/run.py``)."""
     sub = copy.deepcopy(cfg)
     plugins = cfg.get("plugins") or {}
     sub.plugins = {name: plugins[name] for name in subset}
     sub.run.compare = "none"
     sub.run.progress = False
+    sub.run.resume = None
+    sub.run.resume_finished = False
     return sub
 
 

@@ -80,6 +80,21 @@ def finished(run_dir: Path) -> str:
     return ""
 
 
+def references_unfinished(run_dir: Path) -> str:
+    """The ``run.compare`` mode of a run stopped before its reference runs ended ('' for
+    any other run). Why its config tells: a run writes its ``config.yaml`` before the
+    references still asking for them, and again without them once they ended or when it
+    runs none (``runtime/run.py``), so a config that asks for them is of a run whose own
+    jobs never began."""
+    from omegaconf import OmegaConf
+
+    try:
+        mode = OmegaConf.select(OmegaConf.load(run_dir / CONFIG_FILE), "run.compare")
+    except Exception:  # noqa: BLE001 - no config, or not one of ours: not such a run
+        return ""
+    return "" if mode in (None, "none") else str(mode)
+
+
 def honoured(overrides: Iterable[str]) -> list[str]:
     """The :data:`HONOURED` keys that ``overrides`` sets (a resume takes those from its own
     command line; the old run's value stays where none is given)."""

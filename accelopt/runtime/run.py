@@ -83,6 +83,7 @@ from accelopt.runtime.resume_target import (
     carry_checkpoints,
     honoured,
     packed_sweep_note,
+    references_unfinished,
     refuse_finished,
     resume_target,
     run_config,
@@ -109,20 +110,21 @@ def execute(
     registry = registry or Registry.discover()
     with refusals_said_at_rendezvous(cfg):  # a torchrun rank's peers stop at once with it
         cfg, resume_from = _maybe_resume(cfg, run_dir, console, overrides)
-        resuming = resume_from is not None
-        reference_sets = _reference_sets(cfg, resuming, console)
+        reference_sets = _reference_sets(cfg, console)
         validate(cfg, registry, reference_sets)
         named = _command_line() if overrides is None else list(overrides)
         warnings = setting_warnings(cfg, named)  # said now, and kept in the run's record
         for line in warnings:
             console.print(f"warning: {line}", markup=False, highlight=False, soft_wrap=True)
         claim(run_dir, shared=under_torchrun())  # one run per directory, before any write
-    refs = compare.run_references(cfg, reference_sets, run_dir, registry, console)
-    if refs:
-        cfg = copy.deepcopy(cfg)
-        cfg.run.compare = "none"
+    if not reference_sets:  # none run: its config must not read as a run stopped in them
+        cfg = _without_compare(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
-    _save_config(cfg, run_dir)
+    _save_config(cfg, run_dir)  # before the references: a run stopped in them is resumable
+    refs = compare.run_references(cfg, reference_sets, run_dir, registry, console)
+    if refs:  # they ended: a resume continues this run's own jobs, without them
+        cfg = _without_compare(cfg)
+        _save_config(cfg, run_dir)
     if resume_from is not None:  # before anything can fail: this directory can be resumed
         carry_checkpoints(resume_from / CHECKPOINT_DIR, run_dir / CHECKPOINT_DIR)
     if cfg.cluster.mode != "none":
@@ -250,21 +252,33 @@ def _validate_settings(cfg: DictConfig) -> list[str]:
     return ids
 
 
-def _reference_sets(cfg: DictConfig, resuming: bool, console: Console) -> list[tuple[str, ...]]:
+def _reference_sets(cfg: DictConfig, console: Console) -> list[tuple[str, ...]]:
     """``run.compare``: the reference sets (no plugins; each plugin alone) run before this
-    run, in this invocation; none without plugins, when resuming, or in a sweep (the line
-    says which, so a comparison asked for never just goes missing)."""
+    run, in this invocation; none without plugins or in a sweep (the line says which, so a
+    comparison asked for never just goes missing). A resumed run's config asks for them
+    only where that run stopped before they ended (:func:`references_unfinished`): they
+    run again from the beginning, as its own jobs do (it had none to resume), so the
+    comparison is measured within one invocation."""
     mode = compare.compare_mode(cfg)
     selected = selected_plugins(cfg)
     if mode == "none" or not selected:
         return []
-    skipped = ("this run resumes another (compare the finished runs)" if resuming else
-               "a sweep (-m) compares its own points: add +plugins=[] as one, or use "
-               "accelopt bench" if compare.in_multirun() else "")
-    if skipped:
-        console.print(f"[dim]run.compare={mode}: no reference runs here: {skipped}[/dim]")
+    if compare.in_multirun():
+        console.print(f"[dim]run.compare={mode}: no reference runs here: a sweep (-m) "
+                      "compares its own points: add +plugins=[] as one, or use accelopt "
+                      "bench[/dim]")
         return []
     return compare.variants(selected, mode)
+
+
+def _without_compare(cfg: DictConfig) -> DictConfig:
+    """``cfg`` asking for no reference runs (a copy; ``cfg`` itself where it asks for none):
+    what this run's ``config.yaml`` says once they ended, or where it runs none."""
+    if compare.compare_mode(cfg) == "none":
+        return cfg
+    cfg = copy.deepcopy(cfg)
+    cfg.run.compare = "none"
+    return cfg
 
 
 def _execute_local(cfg: DictConfig, run_dir: Path, registry: Registry, console: Console,
@@ -388,9 +402,10 @@ def _execute_cluster(cfg: DictConfig, run_dir: Path, registry: Registry, console
         specs = job_specs(cfg)
         ended = getattr(exc, "ended", {})
         reached = getattr(exc, "reached", getattr(exc, "iteration", None))
-        record.jobs = [_ended_before(JobResult(job_info(s, job_id_for(i, s))), ended, reached)
-                       for i, s in enumerate(specs)]
         left = getattr(exc, "so_far", [])
+        record.jobs = [_ended_before(JobResult(job_info(s, job_id_for(i, s))), ended, reached,
+                                    _completed(left, job_id_for(i, s), settings))
+                       for i, s in enumerate(specs)]
         stopped = stopped_outcome(left, record.jobs, settings)
         record.spans, per_iteration = stopped.spans, stopped.per_iteration
         record.metrics.update(stopped.metrics)
@@ -507,15 +522,29 @@ def _local_spans(executor: Executor, hook_calls: HookTrace) -> list[Span]:
     return spans
 
 
+def _completed(left: list[Any], job_id: str, settings: Any) -> int | None:
+    """How many iterations of ``job_id`` every worker of a stopped cluster run had finished
+    (those carried from a checkpoint included): each worker's records end with its last
+    finished iteration, and the job's losses and trace are of these. ``None`` unless every
+    worker left its records (one killed outright)."""
+    from accelopt.drivers.cluster.outcome import workers_records
+
+    records = workers_records(left, job_id, settings)
+    return min(map(len, records)) if records else None
+
+
 def _ended_before(result: JobResult, ended: dict[str, dict[str, Any]],
-                  reached: int | None = None) -> JobResult:
+                  reached: int | None = None, completed: int | None = None) -> JobResult:
     """A cluster job as the run left it when it stopped (the leader's record): a job that
     had ended, as it ended (status, iterations, samples, service time, JCT and queueing
     delay, from its arrival after every rank had built every job, as a successful run
     counts them); its weights were never gathered (the ranks hand them over at the end), so
     it has no score. A job that had not ended keeps the iterations it had run (and their
     samples) when the leader last left it, or, the job it was running, ``reached`` (the
-    iteration the failing rank was in, from its progress file) where that is known.
+    iteration the failing rank was in, from its progress file) where that is known; but
+    ``completed`` (:func:`_completed`), where the workers left their records: the
+    iterations every worker finished, which its losses and trace count (the leader's
+    progress ran ahead of them: a parameter server was 5 iterations past the workers).
 
     Its times are on the trace's clock, as a finished run's (``build_outcome``): every
     job's arrival counts from ``train_t0``, the leader's clock when every rank had built
@@ -531,7 +560,9 @@ def _ended_before(result: JobResult, ended: dict[str, dict[str, Any]],
         return result
     result.iterations_done = int(mine.get("iterations") or 0)
     if mine.get("status") == "running":
-        if mine.get("current") and reached is not None:
+        if completed is not None:
+            result.iterations_done = min(completed, result.job.iterations)
+        elif mine.get("current") and reached is not None:
             result.iterations_done = min(max(result.iterations_done, reached),
                                          result.job.iterations)
         result.samples = result.iterations_done * result.job.batch_size
@@ -627,7 +658,13 @@ def _maybe_resume(
         OmegaConf.update(resumed, key, OmegaConf.select(cfg, key), merge=False)
     refuse_finished(old_dir, resume_finished)
     _refuse_other_checkpoints(old_dir, resumed)
-    if has_checkpoints(old_dir):
+    mode = references_unfinished(old_dir)
+    if mode:
+        console.print(f"resuming {old_dir}: it stopped during its run.compare={mode} reference "
+                      "runs, before its own jobs began, so the reference runs start again from "
+                      "the beginning, then its jobs (a comparison is measured within one "
+                      f"invocation); writing into {run_dir}")
+    elif has_checkpoints(old_dir):
         console.print(f"resuming {old_dir} from its checkpoints (carried into the new "
                       f"directory, which can be resumed in turn); writing into {run_dir}")
     else:

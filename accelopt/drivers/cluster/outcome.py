@@ -181,7 +181,7 @@ def _finished_iterations(left: list[RankSoFar], job_id: str,
     """The iterations of one job that every worker finished in this run (not carried from
     a checkpoint), each with its length (the slowest worker's); empty unless every worker
     left its records."""
-    records = _workers_records(left, job_id, settings)
+    records = workers_records(left, job_id, settings)
     if not records or any(not r for r in records):
         return {}
     lengths: dict[int, list[float]] = {}
@@ -196,7 +196,7 @@ def losses_so_far(left: list[RankSoFar], job_id: str, batch: int,
                   settings: ClusterSettings) -> list[float] | None:
     """A stopped run's losses of one job, from what its workers left (None unless every
     worker left its records: a share missing would weigh the loss wrong)."""
-    rows = _workers_records(left, job_id, settings)
+    rows = workers_records(left, job_id, settings)
     if rows is None:
         return None
     shares = worker_shares(batch, settings)
@@ -205,7 +205,7 @@ def losses_so_far(left: list[RankSoFar], job_id: str, batch: int,
     return [loss for loss in losses if loss is not None]
 
 
-def _workers_records(left: list[RankSoFar], job_id: str,
+def workers_records(left: list[RankSoFar], job_id: str,
                      settings: ClusterSettings) -> list[list[dict[str, Any]]] | None:
     """Every worker's iteration records of one job, in worker order, as a stopped run's
     ranks left them; ``None`` unless every worker left its records."""
