@@ -320,10 +320,10 @@ def test_transfer_done_is_called_once_per_received_transfer(tmp_path, test_plugi
     test_plugins("COUNT_DONE", "RANK_SAYS")
     cfg = make_cfg("ps", iterations=2, plugins={"count_done": {}, "rank_says": {}})
     out = run_cluster(cfg, run_dir=tmp_path)
-    # a run-scoped plugin's rows come from one rank (the first worker), not one per rank;
-    # a job-scoped plugin's rows from every rank
+    # a run-scoped plugin's rows come from one rank (the first worker), not one per rank,
+    # saying so where the other worker's differ; a job-scoped plugin's rows from every rank
     assert [r.summary for r in out.plugin_rows if r.plugin == "rank_says"] == [
-        "measured on rank 1"]
+        "measured on rank 1 (rank 1's; other workers' rows differ)"]
     assert out.ranks[0].job_scoped == ["count_done"]
     rows = {r.metrics["rank"]: r.metrics for r in out.plugin_rows if r.plugin == "count_done"}
     n_params = len(list(single_process(cfg, iterations=0)[0].model.parameters()))
