@@ -11,6 +11,7 @@ import numba
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F  # noqa: N812
 from accelopt_plugins.slide import PLUGIN, kernels
 from accelopt_plugins.slide.config import SlideConfig, validate
 from accelopt_plugins.slide.hashing import make_family
@@ -1396,3 +1397,167 @@ def test_an_adamw_job_trains_its_slide_layer_with_adam_and_the_row_says_so() -> 
            "lr 0.0006, without the decoupled weight decay" in row.summary
     with pytest.raises(ConfigError, match="uses optimizer 'sgd'"):
         plugin._lr("sgd")
+
+
+# ------------------------------------------------------------- the job's loss and schedule
+
+_OWN_LOSSES = {
+    "softmax": lambda o, y: F.nll_loss(torch.log(torch.softmax(o, -1) + 1e-9), y),
+    "label_smoothing": lambda o, y: F.cross_entropy(o, y, label_smoothing=0.1),
+    "class_weights": lambda o, y: torch.nn.CrossEntropyLoss(weight=torch.ones(300))(o, y),
+    "temperature": lambda o, y: F.cross_entropy(o / 2.0, y),
+    "argmax": lambda o, y: F.cross_entropy(o, y) + 0 * (o.argmax(-1) == y).float().mean(),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(_OWN_LOSSES))
+def test_a_datasets_own_loss_the_sampled_output_cannot_compute_is_refused(kind: str) -> None:
+    """The core asked SLIDE's output for its sampled loss (``loss_against``) before the
+    dataset's own ``loss_fn``: five different losses (smoothing, class weights, a softmax of
+    its own, a temperature) all trained as the same sampled cross-entropy, and the run
+    reported success. Now the dataset's loss gets the sampled logits and is refused."""
+    from types import SimpleNamespace
+
+    from accelopt.errors import UserError
+    from accelopt.job.job import job_loss
+
+    layer = _layer()
+    torch.manual_seed(1)
+    h, y = torch.randn(6, 16), torch.randint(300, (6,))
+    loss = job_loss(SimpleNamespace(loss_fn=_OWN_LOSSES[kind]))
+    with pytest.raises(UserError, match=r"^slide: .*plugins\.slide\.min_width") as info:
+        loss(layer(h), y)
+    assert "\n" not in str(info.value)
+    assert layer.stats["steps"] == 0  # nothing trained on a loss it could not compute
+
+
+def test_plain_cross_entropy_and_the_xc_loss_still_take_the_sampled_softmax() -> None:
+    """A dataset loss that is the sampled softmax's own (cross-entropy, or the XC loss that
+    says so with ``same_as_loss_against``) keeps SLIDE's sampled path."""
+    from types import SimpleNamespace
+
+    from accelopt.job.job import job_loss
+
+    layer = _layer()
+    torch.manual_seed(1)
+    h, y = torch.randn(6, 16), torch.randint(300, (6,))
+    expected = layer(h).loss_against(y)  # no backward: the layer does not step
+    for fn in (F.cross_entropy, torch.nn.CrossEntropyLoss(), xc_softmax_loss, None):
+        got = job_loss(SimpleNamespace(loss_fn=fn))(layer(h), y)
+        torch.testing.assert_close(got, expected)
+
+
+def _schedule_plugin(**job):
+    from omegaconf import OmegaConf
+
+    from accelopt.config import AccelConfig, JobConfig
+
+    cfg = OmegaConf.structured(AccelConfig)
+    cfg.workload.jobs = [JobConfig(name="lm", optimizer="adam", lr=0.1, **job)]
+    plugin = PLUGIN.instantiate(SlideConfig())
+    plugin.accelopt_configure(SlideConfig(), cfg)
+    layer = _layer()
+    layer.lr = plugin._lr("lm")
+    plugin.layers.append(("lm", "head", layer))
+    return plugin, layer
+
+
+def _start(plugin, iteration: int) -> None:
+    from types import SimpleNamespace
+
+    from accelopt import IterationContext
+
+    plugin.accelopt_iteration_start(IterationContext(
+        job=SimpleNamespace(name="lm"), lane="l0", iteration=iteration, now_s=0.0))
+
+
+def test_the_slide_layer_follows_the_jobs_warmup_and_schedule() -> None:
+    """The layer's rate was fixed at build: under a 1000-step warm-up (the other layers'
+    rate ~0) the output layer moved as much as at full rate. Its sparse Adam now steps at
+    the core's factor of the same iteration; grad_clip, which its rows never get, is said."""
+    from accelopt.job.optim import lr_factor
+
+    plugin, layer = _schedule_plugin(iterations=2000, warmup_iterations=1000,
+                                     lr_schedule="cosine", grad_clip=1.0)
+    _start(plugin, 0)
+    assert layer.lr * layer.lr_scale == pytest.approx(0.1 / 1000)
+    before = layer.weight.clone()
+    torch.manual_seed(2)
+    h = torch.randn(8, 16, requires_grad=True)
+    layer(h).loss_against(torch.randint(300, (8,))).backward()
+    moved = float((layer.weight - before).abs().max())
+    assert 0 < moved < 2e-4  # Adam's first step moves a row by about its rate (0.1 at full)
+    spec = plugin.schedules["lm"]
+    _start(plugin, 1500)
+    assert layer.lr_scale == pytest.approx(lr_factor(spec, 1500)) and layer.lr_scale < 1
+    (row,) = plugin.accelopt_report_rows(run=None)
+    assert "follows the job's lr_schedule=cosine (warmup_iterations=1000)" in row.summary
+    assert "grad_clip=1 clips the job's other parameters only" in row.summary
+
+
+def test_a_constant_rate_job_leaves_the_slide_layer_at_its_rate() -> None:
+    plugin, layer = _schedule_plugin(iterations=10)
+    _start(plugin, 3)
+    assert layer.lr_scale == 1.0 and "lr_schedule" not in str(plugin._step_notes("lm"))
+
+
+class _WideBoth(torch.nn.Module):
+    """A wide hidden layer and a wide output layer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = torch.nn.Linear(16, 300)
+        self.out = torch.nn.Linear(300, 400)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.relu(self.inp(x)))
+
+
+def test_an_inference_job_row_counts_the_rows_it_scored() -> None:
+    """A kind=infer job ran all its batches, and the row said 'no batch ran through it (the
+    job failed or did not run)': only training batches were counted."""
+    from types import SimpleNamespace
+
+    from accelopt_plugins.slide.plugin import SlidePlugin
+
+    from accelopt import LayerOffer
+
+    net = _WideBoth()
+    plugin = SlidePlugin(SlideConfig(min_width=350, l=4, bucket_size=16))
+    plugin.accelopt_layer_build(LayerOffer(
+        job=SimpleNamespace(name="j", kind="infer"), path="", index=0, module=net,
+        module_type="_WideBoth", in_features=None, out_features=None))
+    assert isinstance(net.out, SlideLinear)
+    (row,) = plugin.accelopt_report_rows(None)
+    assert "no batch ran through it" in row.summary  # before any batch: still said
+    net.eval()
+    with torch.inference_mode():
+        for _ in range(3):
+            net(torch.randn(5, 16))
+    (row,) = plugin.accelopt_report_rows(None)
+    assert row.summary.startswith("j:out 400 outputs, inference job: 15 rows scored with dense")
+    assert row.metrics == {"inferred_rows": 15}
+
+
+def test_wide_layers_left_dense_are_reported_beside_a_replaced_one() -> None:
+    """The row named wide hidden layers left dense only when no layer was replaced."""
+    from accelopt_plugins.slide.plugin import SlidePlugin
+
+    net = _WideBoth()
+    plugin = SlidePlugin(SlideConfig(min_width=256, lr=1e-2, l=4, bucket_size=16))
+    _offer(plugin, net)
+    assert isinstance(net.out, SlideLinear) and isinstance(net.inp, torch.nn.Linear)
+    rows = plugin.accelopt_report_rows(None)
+    assert len(rows) == 2 and rows[0].summary.startswith("j:out 400 outputs replaced")
+    assert rows[1].summary == ("wide layers left dense: j:inp (300 outputs, not the output "
+                               "layer: the model does not return its output unchanged)")
+
+
+def test_a_max_active_below_min_active_is_refused_naming_both() -> None:
+    """max_active=5 with min_active=1000 capped every active set at 5, silently."""
+    with pytest.raises(ConfigError, match=r"plugins\.slide\.max_active=5 is below "
+                                          r"plugins\.slide\.min_active=1000") as info:
+        validate(SlideConfig(max_active=5, min_active=1000))
+    assert "\n" not in str(info.value)
+    validate(SlideConfig(max_active=0, min_active=1000))  # automatic
+    validate(SlideConfig(max_active=50, min_active=1000, topup="batch"))  # shared list apart

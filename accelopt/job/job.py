@@ -565,15 +565,20 @@ def job_loss(dataset: Any) -> Callable[[Any, torch.Tensor], torch.Tensor]:
     targets need one), else cross-entropy over class indices, of the model's logits
     (:func:`logits_of`: a tuple's first element, a ``ModelOutput``'s ``logits``). A model
     output that has a ``loss_against(y)`` method computes its own loss (a sampled output
-    layer only knows which logits it computed once it sees the targets)."""
+    layer only knows which logits it computed once it sees the targets), but only where
+    that is the loss asked for: no ``loss_fn``, or one marked ``same_as_loss_against``
+    (:func:`sampled_loss_allowed`). Any other ``loss_fn`` gets the output as it is, so an
+    output that cannot compute it refuses in one line: taking ``loss_against`` regardless
+    trained a label-smoothed or class-weighted loss as plain sampled cross-entropy."""
     own_fn = getattr(dataset, "loss_fn", None)
     base = own_fn or nn.CrossEntropyLoss()
+    sampled_ok = sampled_loss_allowed(own_fn)
 
     def loss(out: Any, y: torch.Tensor) -> torch.Tensor:
         if type(out) is torch.Tensor:  # logits as they are (a plain tensor has no loss_against)
             logits = out
         else:
-            own = getattr(out, "loss_against", None)
+            own = getattr(out, "loss_against", None) if sampled_ok else None
             if callable(own):
                 return own(y)
             logits = logits_of(out)
@@ -585,6 +590,13 @@ def job_loss(dataset: Any) -> Callable[[Any, torch.Tensor], torch.Tensor]:
             raise UserError(_misfit(out, logits, y, exc)) from None
 
     return loss
+
+
+def sampled_loss_allowed(own_fn: Any) -> bool:
+    """Whether an output's ``loss_against(y)`` may stand for the loss: with no ``loss_fn``
+    (cross-entropy, which it computes), or a ``loss_fn`` that says it computes the same loss
+    (its ``same_as_loss_against`` attribute is true, as SLIDE's XC softmax loss says)."""
+    return own_fn is None or bool(getattr(own_fn, "same_as_loss_against", False))
 
 
 def first_step_failed(job: Job, exc: BaseException) -> str:

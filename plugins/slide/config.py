@@ -136,6 +136,12 @@ def validate(cfg: SlideConfig) -> None:
             raise ConfigError(f"plugins.slide.{key} must be in [0, 1), got {getattr(cfg, key)}")
     if not (math.isfinite(cfg.eps) and cfg.eps > 0):  # 0 divides by a zero second moment
         raise ConfigError(f"plugins.slide.eps must be a finite number > 0, got {cfg.eps}")
+    if cfg.topup == "sample" and 0 < cfg.max_active < cfg.min_active:
+        # each sample's active set is capped at max_active, so min_active was never reached
+        raise ConfigError(
+            f"plugins.slide.max_active={cfg.max_active} is below plugins.slide.min_active="
+            f"{cfg.min_active}, so no active set could reach min_active; raise max_active "
+            "(0: automatic) or lower min_active")
     if cfg.threshold >= cfg.l and cfg.sampling == "threshold":
         raise ConfigError(f"plugins.slide.threshold must be < l ({cfg.l}) or nothing is retrieved")
 

@@ -137,6 +137,37 @@ class SampledLogitsError(UserError, TypeError):
     is the job's status, not blamed on the model's inputs) that is still a ``TypeError``."""
 
 
+class SampledLogitsAttributeError(SampledLogitsError, AttributeError):
+    """A tensor method asked of sampled logits (``out.argmax(-1)``): an ``AttributeError``
+    too, so that ``getattr(out, name, default)`` and ``hasattr`` still answer."""
+
+
+SAMPLED_ONLY_CE = ("in training it is sampled logits, of which only F.cross_entropy (or "
+                   "nn.CrossEntropyLoss, without weight or label_smoothing) is defined")
+"""What a refused operation on :class:`SlideLogits` is told, before its fixes."""
+
+REFUSAL_FIXES = ("compute other metrics in eval mode (model.eval(): dense logits), or keep "
+                 "this layer dense (plugins.slide.min_width above its width)")
+
+
+def refused(what: str, error: type[SampledLogitsError] = SampledLogitsError
+            ) -> SampledLogitsError:
+    """The one-line refusal of ``what`` on the wide output layer's training output. Why one
+    line and not a silent stand-in: a dataset's own loss (label smoothing, class weights,
+    a softmax of its own) needs every logit, and the sampled cross-entropy in its place
+    trained a different loss while the run reported success."""
+    return error(f"slide: {what} on the wide output layer's training output: "
+                 f"{SAMPLED_ONLY_CE}; {REFUSAL_FIXES}")
+
+
+def _refuse_operator(name: str, symbol: str) -> Any:
+    """A method for operator ``name`` that refuses it (see :data:`REFUSED_OPERATORS`)."""
+    def op(self: SlideLogits, *_: Any) -> Any:
+        raise refused(f"the operator {symbol}")
+    op.__name__ = name
+    return op
+
+
 class SlideLogits:
     """The training output of :class:`SlideLinear`: hidden activations waiting for targets.
 
@@ -188,11 +219,15 @@ class SlideLogits:
         """Refused like every other operation but cross-entropy: indexing went to Python's
         ``'SlideLogits' object is not subscriptable``, which the run blamed on the model's
         inputs."""
-        raise SampledLogitsError(
-            f"slide: indexing [{index!r}] the wide output layer's training output: in training "
-            "it is sampled logits, of which only F.cross_entropy (or nn.CrossEntropyLoss) is "
-            "defined; compute other metrics in eval mode (model.eval(): dense logits), or keep "
-            "this layer dense (plugins.slide.min_width above its width)")
+        raise refused(f"indexing [{index!r}]")
+
+    def __getattr__(self, name: str) -> Any:
+        """Only called for attributes the class lacks: a tensor method (``out.argmax``,
+        ``out.log_softmax``) is refused in one line, not Python's "'SlideLogits' object has
+        no attribute". Protocol probes (dunder names) get a plain ``AttributeError``."""
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise refused(f".{name}", SampledLogitsAttributeError)
 
     _CE_DEFAULTS = {"weight": None, "size_average": None, "ignore_index": -100,
                     "reduce": None, "reduction": "mean", "label_smoothing": 0.0}
@@ -215,17 +250,14 @@ class SlideLogits:
                        if k in cls._CE_DEFAULTS and v != cls._CE_DEFAULTS[k]}
             if rest or changed or set(kwargs) - set(cls._CE_DEFAULTS) or reduction not in (
                     "mean", "sum"):
-                raise TypeError(
+                raise SampledLogitsError(
                     f"slide: cross-entropy on the sampled output layer takes ignore_index "
                     f"and reduction mean|sum only (got {sorted(changed) or 'other arguments'}"
-                    "); drop them, or keep this layer dense (plugins.slide.min_width above "
-                    "its width)")
+                    "): the sampled softmax cannot weight or smooth over the classes it did "
+                    "not score; drop them, or keep this layer dense (plugins.slide.min_width "
+                    "above its width)")
             return out._cross_entropy(target, int(ignore), reduction)
-        name = getattr(func, "__name__", str(func))
-        raise SampledLogitsError(
-            f"slide: {name} on the wide output layer's training output: in training it is "
-            "sampled logits, of which only F.cross_entropy (or nn.CrossEntropyLoss) is "
-            "defined; compute other metrics in eval mode (model.eval(): dense logits)")
+        raise refused(getattr(func, "__name__", str(func)))
 
     def _cross_entropy(self, target: torch.Tensor, ignore_index: int,
                        reduction: str) -> torch.Tensor:
@@ -246,6 +278,19 @@ class SlideLogits:
             h = h.detach().requires_grad_(True)  # the layer trains in backward: make it run
         loss = _BatchTopupLoss if self.layer.cfg.topup == "batch" else _SlideLoss
         return loss.apply(h, y, self.layer)
+
+
+REFUSED_OPERATORS = {"add": "+", "sub": "-", "mul": "*", "truediv": "/", "floordiv": "//",
+                     "pow": "**", "matmul": "@"}
+"""Python operators on :class:`SlideLogits` (``out / 2.0``, a temperature), each refused
+in one line (both operand orders): Python's own "unsupported operand type(s)" named
+neither cause nor fix."""
+for _name, _symbol in REFUSED_OPERATORS.items():
+    for _dunder in (f"__{_name}__", f"__r{_name}__"):
+        setattr(SlideLogits, _dunder, _refuse_operator(_dunder, _symbol))
+for _dunder, _symbol in (("__neg__", "-"), ("__lt__", "<"), ("__le__", "<="),
+                         ("__gt__", ">"), ("__ge__", ">=")):
+    setattr(SlideLogits, _dunder, _refuse_operator(_dunder, _symbol))
 
 
 class SlideLinear(nn.Module):
@@ -269,6 +314,9 @@ class SlideLinear(nn.Module):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         self.cfg, self.lr = cfg, float(lr)
+        self.lr_scale = 1.0
+        """The job's learning-rate schedule at this step (warm-up, decay), which the plugin
+        sets before each iteration: the sparse Adam steps at ``lr * lr_scale``."""
         n, d = out_features, in_features
         if weight is None:
             bound = 1.0 / math.sqrt(d)
@@ -360,7 +408,7 @@ class SlideLinear(nn.Module):
     def reset_stats(self) -> None:
         self.stats = {f"t_{p}": 0.0 for p in PHASES}
         self.stats.update(steps=0, samples=0, active=0, union=0, retrieved=0, rebuilds=0,
-                          checks=0, rehashed=0)
+                          checks=0, rehashed=0, inferred=0)
 
     def summary(self) -> dict[str, float]:
         """Per-step means: active fraction, union of active rows, share of time rebuilding."""
@@ -578,7 +626,8 @@ class SlideLinear(nn.Module):
             self.grads.b[:self.grads.count] = 0.0
         n_rows = self.grads.adam_step(
             self.weight.numpy(), self.m_w.numpy(), self.v_w.numpy(), bias, self.steps.numpy(),
-            self.dirty.numpy(), self.lr, self.cfg, adam_global_t(self.cfg, int(self.sched[0]) + 1),
+            self.dirty.numpy(), self.lr * self.lr_scale, self.cfg,
+            adam_global_t(self.cfg, int(self.sched[0]) + 1),
         )
         st = self.stats
         st["t_optimizer"] += time.perf_counter() - start
@@ -646,13 +695,18 @@ class SlideLinear(nn.Module):
         return self.counts.numpy()
 
     def forward(self, h: torch.Tensor) -> Any:
-        if not self.training and self.cfg.inference == "lsh":
-            return self.sparse_logits(h)  # checks its input in retrieve()
-        h = as_hidden(h, self.in_features)
-        check_finite(h, "the input of the SLIDE output layer")
         if self.training:
+            h = as_hidden(h, self.in_features)
+            check_finite(h, "the input of the SLIDE output layer")
             return SlideLogits(self, h)
-        return F.linear(h, self.weight, self.bias)
+        if self.cfg.inference == "lsh":
+            out = self.sparse_logits(h)  # checks its input in retrieve()
+        else:
+            h = as_hidden(h, self.in_features)
+            check_finite(h, "the input of the SLIDE output layer")
+            out = F.linear(h, self.weight, self.bias)
+        self.stats["inferred"] += out.numel() // self.out_features  # rows scored (eval mode)
+        return out
 
     def retrieve(self, h: torch.Tensor) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """LSH inference's part before the output: the rows of ``h`` [..., d] as the kernels
@@ -832,6 +886,8 @@ class SlideSparseInput(nn.Module):
         super().__init__()
         self.in_features, self.out_features = int(weight.shape[0]), int(weight.shape[1])
         self.cfg, self.lr = cfg, float(lr)
+        self.lr_scale = 1.0
+        """As :attr:`SlideLinear.lr_scale`: the job's schedule at this step."""
         d = self.in_features
         self.register_buffer("weight", weight.detach().float().clone().contiguous())
         for name in ("m_w", "v_w"):  # zero_(): fault pages in now, not mid-training
@@ -889,7 +945,7 @@ class _SparseInput(torch.autograd.Function):
         t1 = time.perf_counter()
         grads.adam_step(
             layer.weight.numpy(), layer.m_w.numpy(), layer.v_w.numpy(), None,
-            layer.steps.numpy(), layer.dirty.numpy(), layer.lr, layer.cfg,
+            layer.steps.numpy(), layer.dirty.numpy(), layer.lr * layer.lr_scale, layer.cfg,
             adam_global_t(layer.cfg, int(layer.step_count[0]) + 1),
         )
         layer.step_count += 1

@@ -3,7 +3,9 @@
 ``accelopt_layer_build`` swaps a job's wide output ``nn.Linear`` (>= ``min_width`` outputs)
 for a :class:`SlideLinear` initialised from the same weights, and (``sparse_input``) the XC
 network's sparse first layer for :class:`SlideSparseInput`. Both train with their own sparse
-Adam, at the job's learning rate unless ``plugins.slide.lr`` says otherwise.
+Adam, at the job's learning rate unless ``plugins.slide.lr`` says otherwise, scaled each
+iteration by the job's ``lr_schedule`` and ``warmup_iterations`` as the core scales its
+optimizer's (``accelopt_iteration_start``).
 
 A weight the output layer shares with another module (GPT-2's ``lm_head`` is its input
 embedding) stays shared: the SLIDE layer's weight buffer is that Parameter's storage, so the
@@ -14,6 +16,7 @@ SLIDE runs in one process only: its weights are buffers, which neither cluster m
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 from accelopt_plugins.slide.config import SlideConfig, as_config, validate
@@ -22,7 +25,8 @@ from accelopt_plugins.slide.xcmodel import SparseInput
 from torch import fx, nn
 
 from accelopt import ConfigError, LayerOffer, ReportRow, RunInfo, UserError, hookimpl
-from accelopt.types import INERT
+from accelopt.job.optim import lr_factor, schedules
+from accelopt.types import INERT, IterationContext
 
 REFUSED_MODES = {
     "ps": "the parameter server exchanges parameters only, and SLIDE's weights are buffers "
@@ -78,6 +82,19 @@ class TieCheck:
                 f"slide: the state dict's {self.weight} differs from its {self.tied} (saved "
                 f"untied?), but this model keeps the two tied (one tensor); give both entries "
                 f"the weights wanted (copy one over the other) before loading")
+
+
+SCHEDULE_KEYS = ("lr", "iterations", "warmup_iterations", "lr_schedule", "min_lr")
+"""The job keys the core's learning-rate schedule reads (``accelopt.job.optim.lr_factor``)."""
+
+
+def schedule_of(job: Any) -> SimpleNamespace | None:
+    """The job's learning-rate schedule as ``lr_factor`` reads it, or ``None`` where its rate
+    is constant (nothing to follow)."""
+    spec = SimpleNamespace(**{k: getattr(job, k) for k in SCHEDULE_KEYS})
+    if float(spec.lr) <= 0:  # no rate of its own to scale (refused or plugins.slide.lr)
+        return None
+    return spec if schedules(spec) else None  # type: ignore[arg-type]
 
 
 SAMPLED_LOSS = ("the loss column is the sampled softmax's over each active set, lower than "
@@ -150,6 +167,13 @@ class SlidePlugin:
         self.layers: list[tuple[str, str, SlideLinear]] = []
         self.inputs: list[tuple[str, str, SlideSparseInput]] = []
         self.skipped: list[str] = []
+        self.kinds: dict[str, str] = {}
+        """Per job with a replaced layer: its kind (train or infer), for its row."""
+        self.schedules: dict[str, SimpleNamespace] = {}
+        """Per job whose learning rate changes over its iterations: its schedule, which the
+        SLIDE layers follow (they step in backward, outside the job's optimizer)."""
+        self.clips: dict[str, float] = {}
+        """Per job with ``grad_clip``: the clip, which the SLIDE layers' rows do not get."""
         self.ties: dict[tuple[str, str], str] = {}
         """(job, path) of a replaced layer whose weight another module shared (GPT-2's tied
         embedding) -> what became of the tie, for its report row."""
@@ -169,7 +193,27 @@ class SlidePlugin:
                               "the CPU (the technique is training without a GPU); add "
                               "run.device=cpu")
         for job in getattr(getattr(run_config, "workload", None), "jobs", None) or []:
-            self.job_lr[str(job.name)] = (str(job.optimizer), float(job.lr))
+            name = str(job.name)
+            self.job_lr[name] = (str(job.optimizer), float(job.lr))
+            schedule = schedule_of(job) if hasattr(job, "lr_schedule") else None
+            if schedule is not None:
+                self.schedules[name] = schedule
+            if getattr(job, "grad_clip", None) is not None:
+                self.clips[name] = float(job.grad_clip)
+
+    @hookimpl
+    def accelopt_iteration_start(self, context: IterationContext) -> None:
+        """Set the job's SLIDE layers to this iteration's rate. Why here: the layers update
+        in backward, before the core sets the optimizer's rate for the step (after
+        backward), so they compute the same factor of the same iteration themselves; with
+        the rate fixed at build, a warm-up left the output layer at full rate from step 0."""
+        schedule = self.schedules.get(context.job.name)
+        if schedule is None:
+            return
+        scale = lr_factor(schedule, context.iteration)  # type: ignore[arg-type]
+        for job, _, lay in (*self.layers, *self.inputs):
+            if job == context.job.name:
+                lay.lr_scale = scale
 
     def _lr(self, job_name: str, kind: str = "train") -> float:
         if self.cfg.lr is not None:
@@ -205,6 +249,7 @@ class SlidePlugin:
             new_in = SlideSparseInput(module.weight, module.bias, self.cfg,
                                       lr=self._lr(layer.job.name, layer.job.kind))
             self.inputs.append((layer.job.name, layer.path, new_in))
+            self.kinds[layer.job.name] = str(layer.job.kind)
             return new_in
         return None
 
@@ -230,6 +275,7 @@ class SlidePlugin:
             if tied_to is not None:
                 model.register_load_state_dict_pre_hook(TieCheck(tied_to, f"{path}.weight"))
             self.layers.append((job, path, new))
+            self.kinds[job] = str(layer.job.kind)
 
     def _tie(self, model: nn.Module, job: str, path: str, mod: nn.Linear) -> str | None:
         """The name of the Parameter outside ``path`` that is ``mod``'s weight, if the SLIDE
@@ -269,7 +315,11 @@ class SlidePlugin:
         for job, path, lay in self.layers:
             s = lay.summary()
             notes = f"; {self.ties[(job, path)]}" if (job, path) in self.ties else ""
+            if self.kinds.get(job) == "infer":
+                rows.append(self._inference_row(job, path, lay, notes))
+                continue
             notes += f"; {self.lr_notes[job]}" if job in self.lr_notes else ""
+            notes += self._step_notes(job)
             if not lay.stats.get("samples"):  # the job failed (or never ran) before a batch
                 rows.append(ReportRow(
                     plugin="slide",
@@ -292,4 +342,41 @@ class SlidePlugin:
                 ),
                 metrics={k: round(float(v), 6) for k, v in s.items()},
             ))
+        if self.skipped:  # beside replaced layers too: a wide layer left dense is news
+            rows.append(ReportRow(plugin="slide",
+                                  summary=f"wide layers left dense: {', '.join(self.skipped)}",
+                                  metrics={"left_dense": len(self.skipped)}))
         return rows
+
+    def _step_notes(self, job: str) -> str:
+        """What the row says about how the job's step reaches its SLIDE layers: the rate
+        schedule they follow, and a ``grad_clip`` they do not get (they update in backward,
+        before the core clips, from a sampled gradient the clip's norm never sees)."""
+        notes = ""
+        if job in self.schedules:
+            sch = self.schedules[job]
+            notes += (f"; its sparse Adam follows the job's lr_schedule={sch.lr_schedule} "
+                      f"(warmup_iterations={sch.warmup_iterations})")
+        if job in self.clips:
+            notes += (f"; grad_clip={self.clips[job]:g} clips the job's other parameters "
+                      "only: the SLIDE layer's sampled gradient is applied unclipped, and "
+                      "not counted in the clipped norm")
+        return notes
+
+    def _inference_row(self, job: str, path: str, lay: SlideLinear, notes: str) -> ReportRow:
+        """An inference job's row: the rows it scored (its layer never trains: no active
+        sets, no rows updated)."""
+        rows = int(lay.stats.get("inferred", 0))
+        how = ("LSH: only the retrieved neurons are scored, -inf elsewhere "
+               "(plugins.slide.inference=lsh)" if self.cfg.inference == "lsh" else
+               "dense logits (plugins.slide.inference=dense: the layer computes every "
+               "output in inference)")
+        if not rows:
+            summary = (f"{job}:{path} {lay.out_features} outputs replaced for inference, but "
+                       "no batch ran through it (the job failed or did not run: see its "
+                       "status)")
+        else:
+            summary = (f"{job}:{path} {lay.out_features} outputs, inference job: {rows} rows "
+                       f"scored with {how}")
+        return ReportRow(plugin="slide", summary=summary + notes,
+                         metrics={"inferred_rows": rows})

@@ -19,6 +19,11 @@ def xc_softmax_loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return per_sample.mean()
 
 
+xc_softmax_loss.same_as_loss_against = True  # type: ignore[attr-defined]
+"""The loss SLIDE's sampled output computes (``SlideLogits.loss_against``) estimates: the
+core's job may take the sampled one for it (``accelopt.job.job.sampled_loss_allowed``)."""
+
+
 class SparseInput(nn.Module):
     """EmbeddingBag-like first layer on padded sparse input x [B, 2, P] (row 0: feature ids
     as float, -1 = padding; row 1: values): out = bias + sum_p v_p * W[f_p]."""
