@@ -498,6 +498,44 @@ def test_channels_last_auto_measures_and_skips_non_images() -> None:
     assert flat.decision is not None and not flat.decision.channels_last
 
 
+class _Conv2dThen3d(nn.Module):
+    """A 2-D conv feeding a Conv3d (a 5-D weight), as a volume or video head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c2 = nn.Conv2d(3, 4, 3, padding=1)
+        self.c3d = nn.Conv3d(1, 2, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c3d(torch.relu(self.c2(x)).unsqueeze(1)).mean((2, 3, 4))
+
+
+@pytest.mark.parametrize("mode", ["on", "auto"])
+def test_channels_last_leaves_5d_parameters_in_the_default_layout(
+        mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``model.to(memory_format=channels_last)`` raises on a Conv3d's 5-D weight ("required
+    rank 4 tensor"): the hook failed the whole job, blamed on its inputs. Now the 4-D
+    parameters convert (what torch converts in a 2-D conv model), the Conv3d keeps the
+    default layout, and the reason names it."""
+    import accelopt_plugins.gpu_kernels.layout as layout_mod
+
+    monkeypatch.setattr(layout_mod, "pick", lambda *a, **k: "channels_last")  # no timing luck
+    torch.manual_seed(0)
+    model, x = _Conv2dThen3d(), torch.randn(2, 3, 6, 6)
+    reference = model(x)
+    params = list(model.parameters())
+    layout = ChannelsLast(model, mode, reps=1)
+    torch.testing.assert_close(model(x), reference, rtol=1e-5, atol=1e-6)
+    model(x).sum().backward()
+    d = layout.decision
+    assert d is not None and d.channels_last
+    assert "5-D parameters of c3d left in the default layout" in d.reason
+    assert model.c2.weight.is_contiguous(memory_format=torch.channels_last)
+    assert model.c2.weight.stride() != model.c2.weight.contiguous().stride()
+    assert model.c3d.weight.is_contiguous()
+    assert all(a is b for a, b in zip(params, model.parameters(), strict=True))
+
+
 def test_tiled_linear_is_linear_off_gpu() -> None:
     torch.manual_seed(0)
     lin = nn.Linear(5, 3)

@@ -8,11 +8,13 @@ prune away without changing the function."""
 
 from __future__ import annotations
 
+import copy
 import io
 
 import pytest
 import torch
 from accelopt_plugins.gpu_kernels import PLUGIN
+from accelopt_plugins.gpu_kernels import plugin as gk
 from accelopt_plugins.gpu_kernels.pruning import (
     count_flops,
     count_params,
@@ -297,6 +299,21 @@ def test_gpt2_mlp_and_heads_prune_and_dead_heads_change_nothing() -> None:
     assert "lm_head" in report.refused and "not torch.fx-traceable" in report.refused["lm_head"]
     out = _out(model, x)
     assert out.shape == (2, 12, 100) and torch.isfinite(out).all()
+
+
+def test_the_pruning_probe_measures_gpt2_called_with_keywords() -> None:
+    """An HF model in a run gets its batch as keywords (``input_ids=..., labels=...``,
+    loss=model): the probe read only ``args[0]``, so the row had params but no FLOPs, no
+    latency and no first-forward check of the pruned model."""
+    model = gpt2()
+    dense = copy.deepcopy(model)
+    record = gk._JobRecord(prune=node_prune(model, 0.5))
+    gk._PruneProbe(model, dense, record)
+    ids = torch.randint(100, (2, 12))
+    model(input_ids=ids, attention_mask=torch.ones_like(ids), labels=ids)
+    probe = record.probe
+    assert 0 < probe["flops_pruned"] < probe["flops_dense"], record.notes
+    assert probe["latency_dense_ms"] > 0 and probe["latency_pruned_ms"] > 0
 
 
 def test_bert_ffn_and_heads_prune() -> None:

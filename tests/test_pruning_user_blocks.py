@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -121,21 +122,94 @@ class _Breaks(nn.Module):
         return self.fc(x)
 
 
-def test_a_pruned_model_that_cannot_run_gets_a_row_not_a_key_error() -> None:
+@pytest.mark.parametrize("keyword", [False, True])
+def test_a_pruned_model_that_cannot_run_gets_a_row_not_a_key_error(keyword: bool) -> None:
     """The probe recorded the dense FLOPs, the pruned forward raised, and the row indexed
-    ``flops_pruned``: ``KeyError`` in accelopt_report_rows, rc 1."""
+    ``flops_pruned``: ``KeyError`` in accelopt_report_rows, rc 1. Called with keyword inputs
+    (``model(x=...)``, as HF models are), the check was skipped altogether."""
     dense, model = _Breaks(), _Breaks()
     model.broken = True
     record = gk._JobRecord(prune=PruneReport(pruned={"fc": (8, 4)}, params_before=36,
                                           params_after=20))
     gk._PruneProbe(model, dense, record)
+    x = torch.randn(2, 8)
     with pytest.raises(RuntimeError):
-        model(torch.randn(2, 8))
+        model(x=x) if keyword else model(x)
     plugin = gk.GpuKernelsPlugin(GpuKernelsConfig(prune_amount=0.5))
     plugin.jobs["j"] = record
     (row,) = plugin.accelopt_report_rows(run=None)
     assert "the pruned model failed its first forward: RuntimeError: shape" in row.summary
     assert "flops_dense" not in row.metrics and "FLOPs" not in row.summary
+
+
+class _KeywordInput(nn.Module):
+    """Takes its input by keyword only, as HF models take ``input_ids=...``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(8, 16), nn.Linear(16, 4)
+
+    def forward(self, *, input_ids: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+        return self.fc2(torch.relu(self.fc1(input_ids))) * scale
+
+
+def test_the_probe_measures_a_model_called_with_keyword_inputs() -> None:
+    """The probe read ``args[0]`` and returned silently for ``model(input_ids=...)`` (HF
+    GPT-2/BERT with loss=model): the row had params only, no FLOPs, latency or reason."""
+    torch.manual_seed(0)
+    model = _KeywordInput()
+    dense = copy.deepcopy(model)
+    record = gk._JobRecord(prune=node_prune(model, 0.5))
+    assert record.prune.pruned == {"fc1": (16, 8)}
+    gk._PruneProbe(model, dense, record)
+    model(input_ids=torch.randn(3, 8), scale=2.0)
+    probe = record.probe
+    assert 0 < probe["flops_pruned"] < probe["flops_dense"]
+    assert probe["latency_dense_ms"] > 0 and probe["latency_pruned_ms"] > 0
+    assert record.notes == []
+
+
+class _CountInput(nn.Module):
+    """Its forward takes a count, not a tensor."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(2, 2)
+
+    def forward(self, n: int) -> torch.Tensor:
+        return self.fc(torch.ones(1, 2) * n)
+
+
+def test_the_probe_says_why_it_measured_nothing() -> None:
+    """A first forward without any tensor argument: the row says nothing was measured
+    (it said nothing at all)."""
+    model = _CountInput()
+    record = gk._JobRecord()
+    gk._PruneProbe(model, copy.deepcopy(model), record)
+    model(3)
+    assert record.probe == {}
+    assert record.notes == ["pruning probe: the first forward got no tensor argument, so "
+                            "FLOPs and latency dense -> pruned were not measured"]
+
+
+def test_the_row_counts_what_it_lists() -> None:
+    """'refused 4:' listed three layers with no sign of the fourth, and 'autotuned 3 convs:
+    direct x6' counted decisions (one per conv, input shape and mode) as if convs."""
+    refused = {f"l{i}": "why" for i in range(5)}
+    record = gk._JobRecord(prune=PruneReport(pruned={"a": (8, 4)}, refused=refused,
+                                          params_before=10, params_after=5))
+    shapes = {((2, 3, 8, 8), torch.float32, True): "direct",
+              ((1, 3, 8, 8), torch.float32, False): "direct"}
+    record.convs = [SimpleNamespace(_chosen=dict(shapes)) for _ in range(3)]  # type: ignore[misc]
+    plugin = gk.GpuKernelsPlugin(GpuKernelsConfig(prune_amount=0.5, conv_autotune=True))
+    plugin.jobs["j"] = record
+    (row,) = plugin.accelopt_report_rows(run=None)
+    assert "refused 5: l0: why; l1: why; l2: why; ... and 2 more" in row.summary
+    assert ("autotuned 3 convs (6 decisions, one per conv, input shape and train/eval mode): "
+            "direct x6") in row.summary
+    record.prune.refused = dict(list(refused.items())[:3])  # type: ignore[union-attr]
+    (row,) = plugin.accelopt_report_rows(run=None)
+    assert "refused 3: l0: why; l1: why; l2: why" in row.summary and "more" not in row.summary
 
 
 @pytest.mark.parametrize(("low", "high", "dense_ms", "needle"), [

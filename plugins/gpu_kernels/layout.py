@@ -4,6 +4,12 @@ Tensor-core GPUs run NHWC convolutions natively (1.5-2x per convolution reported
 the gain is small (~1.05x measured here) and can be negative, so ``auto`` times the model's
 forward (+backward when training) both ways on the real input at its first forward and
 keeps channels_last only if it passes the same noise rule as the conv autotuner.
+
+Only 4-D tensors are converted: ``Module.to(memory_format=channels_last)`` converts 4-D and
+5-D ones and raises on a 5-D one (a Conv3d's weight), which failed the whole job of a model
+holding a Conv3d. For a 2-D conv model torch converts exactly its 4-D tensors, so the layout
+there is the one ``Module.to`` gives; 5-D parameters keep the default layout, and the
+decision's reason names their layers.
 """
 
 from __future__ import annotations
@@ -39,13 +45,47 @@ def _step(model: nn.Module, x: torch.Tensor, training: bool) -> Callable[[], Any
     return run
 
 
+def _left_default(model: nn.Module) -> list[str]:
+    """The layers holding tensors channels_last cannot take (5-D: Conv3d), in model order."""
+    owners: list[str] = []
+    for name, t in [*model.named_parameters(), *model.named_buffers()]:
+        owner = name.rpartition(".")[0] or "the model itself"
+        if t.dim() == 5 and owner not in owners:
+            owners.append(owner)
+    return owners
+
+
+def to_channels_last(model: nn.Module) -> str:
+    """Convert ``model``'s 4-D parameters (and their gradients) and buffers to channels_last
+    in place: the same Parameter objects, as ``Module.to`` keeps them, so an optimizer built
+    over them is unaffected. Returns a note naming the layers left in the default layout
+    (5-D tensors; module docstring), or ``""``."""
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 4:
+                p.data = p.data.contiguous(memory_format=torch.channels_last)
+                if p.grad is not None:
+                    p.grad = p.grad.contiguous(memory_format=torch.channels_last)
+        for name, b in list(model.named_buffers()):
+            if b.dim() == 4:
+                parent, _, leaf = name.rpartition(".")
+                setattr(model.get_submodule(parent), leaf,
+                        b.contiguous(memory_format=torch.channels_last))
+    left = _left_default(model)
+    if not left:
+        return ""
+    return (f"5-D parameters of {', '.join(left)} left in the default layout: channels_last "
+            "is 4-D")
+
+
 def measure_channels_last(model: nn.Module, x: torch.Tensor, *, training: bool,
                           reps: int = 7, min_gain: float = 0.05) -> LayoutDecision:
     """Time deep copies of ``model`` in both layouts on ``x``; never touches ``model``."""
     if x.dim() != 4:
         return LayoutDecision(False, reason=f"input is {x.dim()}-D, channels_last needs 4-D")
     dense = copy.deepcopy(model)
-    nhwc = copy.deepcopy(model).to(memory_format=torch.channels_last)
+    nhwc = copy.deepcopy(model)
+    to_channels_last(nhwc)
     x_nhwc = x.detach().contiguous(memory_format=torch.channels_last)
     samples = time_callables(
         {"contiguous": _step(dense, x.detach(), training),
@@ -73,24 +113,29 @@ class ChannelsLast:
         if self._measuring:
             return None
         if self.decision is None:
-            if not isinstance(x, torch.Tensor) or x.dim() != 4:
-                self.decision = LayoutDecision(False, reason="input is not 4-D (NCHW)")
-            elif self.mode == "on":
-                self.decision = LayoutDecision(True, reason="forced on")
-            else:
-                self._measuring = True
-                try:  # the measuring steps must not draw from the job's random stream
-                    with isolated_rng():
-                        self.decision = measure_channels_last(
-                            model, x, training=model.training and torch.is_grad_enabled(),
-                            reps=self.reps, min_gain=self.min_gain)
-                finally:
-                    self._measuring = False
-            if self.decision.channels_last:
-                model.to(memory_format=torch.channels_last)
-            else:
+            self.decision = self._decide(model, x)
+            if not self.decision.channels_last:
                 self._handle.remove()
                 return None
+            note = to_channels_last(model)
+            if note:
+                self.decision.reason += f"; {note}"
         if isinstance(x, torch.Tensor) and x.dim() == 4:
             return (x.contiguous(memory_format=torch.channels_last), *args[1:])
         return None
+
+    def _decide(self, model: nn.Module, x: Any) -> LayoutDecision:
+        """Whether to convert: never for a non-image input, always for ``on``, by timing
+        both layouts on deep copies for ``auto``."""
+        if not isinstance(x, torch.Tensor) or x.dim() != 4:
+            return LayoutDecision(False, reason="input is not 4-D (NCHW)")
+        if self.mode == "on":
+            return LayoutDecision(True, reason="forced on")
+        self._measuring = True
+        try:  # the measuring steps must not draw from the job's random stream
+            with isolated_rng():
+                return measure_channels_last(
+                    model, x, training=model.training and torch.is_grad_enabled(),
+                    reps=self.reps, min_gain=self.min_gain)
+        finally:
+            self._measuring = False

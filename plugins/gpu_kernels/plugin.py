@@ -67,6 +67,7 @@ from accelopt import (
     isolated_rng,
 )
 from accelopt.atomic import refuse_unwritable
+from accelopt.job.inputs import tensors
 from accelopt.types import INERT
 
 
@@ -117,24 +118,31 @@ class _PruneProbe:
         # (autotuned convs, tiled Linear, layout) are measured by their own rules
         self.dense, self.pruned, self.record = dense, copy.deepcopy(model), record
         self.armed = True
-        self.handle = model.register_forward_pre_hook(self._pre)
+        self.handle = model.register_forward_pre_hook(self._pre, with_kwargs=True)
 
-    def _pre(self, model: nn.Module, args: tuple[Any, ...]) -> None:
+    def _pre(self, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if not self.armed:
             return
         self.armed = False
         self.handle.remove()
-        x = args[0].detach() if args and isinstance(args[0], torch.Tensor) else None
-        if x is None:
+        # keyword inputs too (HF models take input_ids=..., attention_mask=...): reading
+        # only args[0] measured nothing for them and skipped the first-forward check
+        args = tuple(_detached(a) for a in args)
+        kwargs = {k: _detached(v) for k, v in kwargs.items()}
+        found = tensors(args) + tensors(kwargs)
+        if not found:
+            self.record.notes.append(
+                "pruning probe: the first forward got no tensor argument, so FLOPs and "
+                "latency dense -> pruned were not measured")
             return
+        device = found[0].device
         try:  # the probe must not move the job's random stream
             with isolated_rng():
-                dense = self.dense.to(x.device).eval()
-                pruned = self.pruned.to(x.device).eval()
-                x = x.contiguous()
-                flops_dense = count_flops(dense, x)
+                dense = self.dense.to(device).eval()
+                pruned = self.pruned.to(device).eval()
+                flops_dense = count_flops(dense, args, kwargs)
                 try:
-                    flops_pruned = count_flops(pruned, x)
+                    flops_pruned = count_flops(pruned, args, kwargs)
                 except Exception as exc:  # the job's own forward will fail the same way
                     self.record.notes.append(
                         f"the pruned model failed its first forward: {type(exc).__name__}: "
@@ -142,24 +150,25 @@ class _PruneProbe:
                         "dense)")
                     return
                 self.record.probe.update(flops_dense=flops_dense, flops_pruned=flops_pruned)
-                self._time(dense, pruned, x)
+                self._time(dense, pruned, args, kwargs, device)
         except Exception as exc:  # the probe only reports; it must never break training
             self.record.notes.append(f"probe failed: {type(exc).__name__}: {exc}")
         finally:
             self.dense = self.pruned = None  # type: ignore[assignment]
 
-    def _time(self, dense: nn.Module, pruned: nn.Module, x: torch.Tensor) -> None:
+    def _time(self, dense: nn.Module, pruned: nn.Module, args: tuple[Any, ...],
+              kwargs: dict[str, Any], device: torch.device) -> None:
         """Median inference latency of both, and the spread of the per-round ratios (each
         round times both, interleaved): one batch on a busy machine gave 11.88x, 0.16x and
         1.04x for identical runs, so the ratio is never shown without its spread."""
         def infer(m: nn.Module) -> Any:
             def run() -> Any:
                 with torch.no_grad():
-                    return m(x)
+                    return m(*args, **kwargs)
             return run
 
         samples = time_callables({"dense": infer(dense), "pruned": infer(pruned)},
-                                 x.device, reps=PROBE_REPS)
+                                 device, reps=PROBE_REPS)
         med = {k: statistics.median(v) for k, v in samples.items()}
         ratios = [d / max(p, 1e-12) for d, p in zip(samples["dense"], samples["pruned"],
                                                       strict=True)]
@@ -404,16 +413,19 @@ class GpuKernelsPlugin:
             if p.floored:
                 parts.append(p.floored_note())
             if p.refused:
-                parts.append(f"refused {len(p.refused)}: " + "; ".join(
-                    f"{k}: {v}" for k, v in list(p.refused.items())[:3]))
+                parts.append(_refused_part(p.refused))
             metrics.update(params_before=p.params_before, params_after=p.params_after,
                            layers_pruned=len(p.pruned), layers_refused=len(p.refused))
             parts += _probe_parts(rec.probe, metrics)
         if rec.convs:
             chosen = self._conv_choices(rec)
-            parts.append(f"autotuned {len(rec.convs)} convs: " + (", ".join(
-                f"{a} x{n}" for a, n in chosen.items()) or "not run yet")
-                + f" (whole-model guard: {rec.conv_guard})")
+            # the counts are per decision, not per conv: one conv decides again for every
+            # input shape and train/eval mode it sees (3 convs read "direct x6")
+            n = len(rec.convs)
+            parts.append(f"autotuned {n} conv{'s' if n != 1 else ''}" + (
+                f" ({sum(chosen.values())} decisions, one per conv, input shape and "
+                "train/eval mode): " + ", ".join(f"{a} x{n}" for a, n in chosen.items())
+                if chosen else ": not run yet") + f" (whole-model guard: {rec.conv_guard})")
             metrics["conv_guard"] = rec.conv_guard
             metrics.update({f"conv_{a}": n for a, n in chosen.items()})
         elif self.config.conv_autotune:
@@ -447,12 +459,24 @@ class GpuKernelsPlugin:
 
     @staticmethod
     def _conv_choices(rec: _JobRecord) -> dict[str, int]:
-        """Algorithm -> number of (layer, input shape) pairs that use it."""
+        """Algorithm -> number of decisions (one per conv, input shape and mode) taking it."""
         counts: dict[str, int] = {}
         for conv in rec.convs:
             for algo in conv._chosen.values():  # type: ignore[attr-defined]
                 counts[algo] = counts.get(algo, 0) + 1
         return counts
+
+
+REFUSED_LISTED = 3
+"""Refused layers named in the row; the rest are counted (``... and N more``)."""
+
+
+def _refused_part(refused: dict[str, str]) -> str:
+    """``refused N: path: reason; ...`` naming the first few, and saying how many more."""
+    items = list(refused.items())
+    listed = "; ".join(f"{k}: {v}" for k, v in items[:REFUSED_LISTED])
+    more = len(items) - REFUSED_LISTED
+    return f"refused {len(items)}: {listed}" + (f"; ... and {more} more" if more > 0 else "")
 
 
 def _probe_parts(pr: dict[str, float], metrics: dict[str, float | int | str]) -> list[str]:
@@ -477,6 +501,12 @@ def _probe_parts(pr: dict[str, float], metrics: dict[str, float | int | str]) ->
         metrics["prune_speedup"] = round(speed, 3)
     metrics.update(pr)
     return parts
+
+
+def _detached(value: Any) -> Any:
+    """A forward argument as the probe measures on it: a tensor detached and contiguous (the
+    job's own graph and layout untouched), anything else as it is."""
+    return value.detach().contiguous() if isinstance(value, torch.Tensor) else value
 
 
 def _cluster_mode(run_config: Any) -> str:
