@@ -10,6 +10,20 @@ from accelopt.errors import PluginResolutionError
 from accelopt.plugin import PluginWarning, Registry
 
 
+@pytest.fixture(autouse=True)
+def _forget_installed_test_packages():
+    """The packages a test installs on a temporary sys.path (``_install``) leave their
+    modules imported: a later test in the same process then finds ``accelopt_mine`` (the
+    scaffold refuses a name whose module exists), so each test's are forgotten."""
+    import sys
+
+    before = set(sys.modules)
+    yield
+    for name in set(sys.modules) - before:
+        if name.startswith("accelopt_") and not name.startswith("accelopt_plugins"):
+            del sys.modules[name]
+
+
 def test_builtin_plugins_come_through_entry_points():
     registry = Registry.discover()
     assert "noop" in registry.entry_points
