@@ -247,10 +247,7 @@ class Service:
             job_dir = self.root / "jobs" / job.info.job_id
             job_dir.mkdir(parents=True, exist_ok=True)
             # the state `accelopt status` shows: a cancelled job is no failure of its own
-            document = {"job": {**job_metrics(result), "status": _ended_state(result)},
-                        "losses": result.losses, "lanes_note": self.plugin.lanes_note()}
-            with atomic_open(job_dir / "job.json", "w") as fh:
-                json.dump(document, fh, indent=1, default=str)
+            _write_job_json(job_dir, result, _ended_state(result), self.plugin.lanes_note())
             if result.status == "done":
                 with atomic_open(job_dir / "weights.pt", "wb") as fh:
                     torch.save(job.model.state_dict(), fh)
@@ -269,9 +266,7 @@ class Service:
             if (job_dir / "job.json").exists():
                 continue
             result = JobResult(_info_from_config(job_dir), status="failed", error=INTERRUPTED)
-            document = {"job": {**job_metrics(result), "status": "failed"}, "losses": []}
-            with atomic_open(job_dir / "job.json", "w") as fh:
-                json.dump(document, fh, indent=1, default=str)
+            _write_job_json(job_dir, result, "failed")
             self._interrupted.append(_status_row(result.job, result, busy=False))
         return [row["id"] for row in self._interrupted]
 
@@ -292,12 +287,9 @@ class Service:
             if result.status in ENDED or (job_dir / "job.json").exists():
                 continue
             ended = dataclasses.replace(result, status="failed", error=error)
-            document = {"job": {**job_metrics(ended), "status": "failed"},
-                        "losses": ended.losses, "lanes_note": self.plugin.lanes_note()}
             with contextlib.suppress(OSError):  # a full disk must not hide the error
                 job_dir.mkdir(parents=True, exist_ok=True)
-                with atomic_open(job_dir / "job.json", "w") as fh:
-                    json.dump(document, fh, indent=1, default=str)
+                _write_job_json(job_dir, ended, "failed", self.plugin.lanes_note())
                 failed.append(info.job_id)
         return failed
 
@@ -319,6 +311,19 @@ class Service:
         return {"policy": self.plugin.policy.name, "device": str(self.device),
                 "capacity": self.executor.capacity_bytes, "used": used, "lanes": lanes,
                 "jobs": jobs, "note": self.plugin.lanes_note(), "pid": os.getpid()}
+
+
+def _write_job_json(job_dir: Path, result: JobResult, status: str,
+                    lanes_note: str | None = None) -> None:
+    """A job's ``job.json``: its metrics with the ``status`` ``accelopt status`` shows, its
+    losses and (where the service knows them) its lanes. One writer for an ended job, a job
+    the service stopped on, and one a killed service left."""
+    document: dict[str, Any] = {"job": {**job_metrics(result), "status": status},
+                                "losses": result.losses}
+    if lanes_note is not None:
+        document["lanes_note"] = lanes_note
+    with atomic_open(job_dir / "job.json", "w") as fh:
+        json.dump(document, fh, indent=1, default=str)
 
 
 def _status_row(info: JobInfo, result: JobResult, busy: bool) -> dict[str, Any]:

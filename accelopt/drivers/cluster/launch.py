@@ -108,15 +108,10 @@ def run_cluster(cfg: DictConfig, *, run_dir: str | os.PathLike[str] = ".",
     ``when_jobs_end``: called on another thread of this process as soon as the leader has
     run the last iteration, while the ranks still hand over their results (not at all if
     the run fails first, nor under torchrun); it must be quick and must not raise."""
-    from accelopt.activation import selected_plugins
-
     refuse_start_while_starting_a_rank()
     if under_torchrun():
         return _run_torchrun(cfg, str(run_dir), registry)
-    settings = settings_from(cfg.cluster)
-    validate(cfg, settings)
-    backend_note = pick_backend(settings, cfg).note  # refuses what cannot run, before a rank
-    carried = Carried.of(registry, selected_plugins(cfg))
+    settings, backend_note, carried = _launch_checks(cfg, registry)  # before a rank starts
     t0 = time.time()
     if settings.shaped:
         netns.check_possible()
@@ -416,12 +411,9 @@ def child_main(rank: int, world: int, cfg_yaml: str, port: int, t0: float, work:
 def _torchrun_checks(cfg: DictConfig, run_dir: str, registry: Registry | None, rank: int,
                      world: int) -> tuple[ClusterSettings, Carried]:
     """What a torchrun rank checks before it joins the others (a local run's launcher checks
-    the same before it starts a rank), and the plugins it carries."""
-    from accelopt.activation import selected_plugins
-
-    settings = settings_from(cfg.cluster)
-    validate(cfg, settings)
-    pick_backend(settings, cfg)  # refuses what cannot run
+    the same before it starts a rank: :func:`_launch_checks`, and more), and the plugins
+    it carries."""
+    settings, _, carried = _launch_checks(cfg, registry)
     if world != settings.world_size:
         raise ConfigError(
             f"torchrun started {world} processes but cluster.mode={settings.mode} with "
@@ -440,7 +432,19 @@ def _torchrun_checks(cfg: DictConfig, run_dir: str, registry: Registry | None, r
             "checkpoint into the run directory, so give every machine the same one "
             "(hydra.run.dir=runs/<name>)"
         )
-    return settings, Carried.of(registry, selected_plugins(cfg))
+    return settings, carried
+
+
+def _launch_checks(cfg: DictConfig, registry: Registry | None
+                   ) -> tuple[ClusterSettings, str, Carried]:
+    """The cluster settings, checked; the backend's note (a backend that cannot run is
+    refused); and the plugins the ranks carry. A local launcher and a torchrun rank alike."""
+    from accelopt.activation import selected_plugins
+
+    settings = settings_from(cfg.cluster)
+    validate(cfg, settings)
+    backend_note = pick_backend(settings, cfg).note
+    return settings, backend_note, Carried.of(registry, selected_plugins(cfg))
 
 
 def _timeout_s(cfg: DictConfig) -> float:
