@@ -10,6 +10,7 @@ import subprocess
 import sys
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -496,6 +497,52 @@ def test_channels_last_auto_measures_and_skips_non_images() -> None:
     flat = ChannelsLast(mlp, "auto")
     mlp(v.flatten(1))
     assert flat.decision is not None and not flat.decision.channels_last
+
+
+class _PixelValuesModel(nn.Module):
+    """An image model called as HF's are: ``model(pixel_values=x)``, returning an output
+    object whose ``logits`` the loss reads."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.head = nn.Linear(4, 5)
+        self.layouts: list[bool] = []
+
+    def forward(self, *, pixel_values: torch.Tensor) -> SimpleNamespace:
+        self.layouts.append(pixel_values.is_contiguous(memory_format=torch.channels_last))
+        return SimpleNamespace(logits=self.head(torch.relu(self.conv(pixel_values)).mean((2, 3))))
+
+
+def test_channels_last_and_the_conv_guard_read_keyword_image_inputs(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # reading only args[0], a model taking pixel_values= was "input is not 4-D" for the
+    # layout and its tuned convs were never checked by the whole-model guard
+    from accelopt_plugins.gpu_kernels.plugin import _ConvGuard, _JobRecord
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 8, 8)
+    forced = _PixelValuesModel()
+    layout = ChannelsLast(forced, "on")
+    forced(pixel_values=x)
+    assert layout.decision is not None and layout.decision.channels_last
+    assert forced.layouts == [True] and forced.conv.weight.is_contiguous(
+        memory_format=torch.channels_last)
+    measured = _PixelValuesModel()
+    auto = ChannelsLast(measured, "auto", reps=3)
+    measured(pixel_values=x).logits.sum().backward()
+    assert auto.decision is not None and auto.decision.reason == "measured"
+
+    guarded = _PixelValuesModel()
+    at.autotune_model(guarded, at.ConvAutotuner(at.DecisionCache(None), reps=3))
+    record = _JobRecord()
+    _ConvGuard(guarded, reps=3, min_gain=0.05, record=record)
+    conv = guarded.conv
+    monkeypatch.setattr(conv, "_chosen", {"any": "im2col"}, raising=False)
+    monkeypatch.setattr(at, "time_callables",
+                        lambda fns, *a, **k: {n: [1.0, 1.0, 1.0] for n, f in fns.items() if f() or True})
+    guarded(pixel_values=x)
+    assert record.conv_guard in {"kept", "all direct"}, record.notes
 
 
 class _Conv2dThen3d(nn.Module):

@@ -41,6 +41,7 @@ from accelopt_plugins.gpu_kernels.conv_algos import (
 from torch import nn
 
 from accelopt.atomic import atomic_open
+from accelopt.job.job import logits_of
 
 CACHE_VERSION = 1
 
@@ -325,13 +326,34 @@ def autotune_model(model: nn.Module, tuner: ConvAutotuner) -> list[str]:
     return replaced
 
 
-def verify_model(model: nn.Module, x: torch.Tensor, *, training: bool, reps: int = 7,
-                 min_gain: float = 0.05) -> bool:
+def model_step(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+               training: bool) -> Callable[[], Any]:
+    """One timed call of ``model`` as the job calls it (positional and keyword inputs: HF
+    image models take ``pixel_values=``): in training a forward and a backward of its
+    logits' sum (a ``ModelOutput``'s ``logits``), else a forward without autograd."""
+    def run() -> Any:
+        if training:
+            model.zero_grad(set_to_none=True)
+            out = logits_of(model(*args, **kwargs))
+            if not isinstance(out, torch.Tensor):
+                raise TypeError(f"the model returned a {type(out).__name__} with no logits "
+                                "tensor to time a backward of")
+            out.float().sum().backward()
+            return None
+        with torch.no_grad():
+            return model(*args, **kwargs)
+    return run
+
+
+def verify_model(model: nn.Module, x: torch.Tensor | tuple[Any, ...], *, training: bool,
+                 reps: int = 7, min_gain: float = 0.05,
+                 kwargs: dict[str, Any] | None = None) -> bool:
     """Whole-model guard on top of the per-layer rule: per-layer timings in isolation can
     mislead (caches, layout conversions between layers, a noisy machine), so a deep copy of
     ``model`` is timed with its tuned choices vs forced to direct, under the same noise
     rule. Unless the tuned model is measurably faster, every AutotunedConv2d of ``model`` is
-    forced back to direct. Returns whether the tuned choices were kept."""
+    forced back to direct. ``x`` is the input tensor or the positional inputs, ``kwargs``
+    the keyword inputs. Returns whether the tuned choices were kept."""
     import copy
 
     tuned = [m for m in model.modules() if isinstance(m, AutotunedConv2d)]
@@ -339,20 +361,19 @@ def verify_model(model: nn.Module, x: torch.Tensor, *, training: bool, reps: int
         return False
     clone = copy.deepcopy(model)
     convs = [m for m in clone.modules() if isinstance(m, AutotunedConv2d)]
+    args = x if isinstance(x, tuple) else (x,)
+    step = model_step(clone, args, kwargs or {}, training)
+    found = [t for t in (*args, *(kwargs or {}).values()) if isinstance(t, torch.Tensor)]
+    device = found[0].device if found else torch.device("cpu")
 
     def run(override: str | None) -> Callable[[], Any]:
-        def step() -> Any:
+        def timed() -> Any:
             for m in convs:
                 m.override = override
-            if training:
-                clone.zero_grad(set_to_none=True)
-                clone(x).float().sum().backward()
-                return None
-            with torch.no_grad():
-                return clone(x)
-        return step
+            return step()
+        return timed
 
-    samples = time_callables({"direct": run("direct"), "tuned": run(None)}, x.device, reps)
+    samples = time_callables({"direct": run("direct"), "tuned": run(None)}, device, reps)
     keep = pick(samples, min_gain) == "tuned"
     for m in tuned:
         m.override = None if keep else "direct"

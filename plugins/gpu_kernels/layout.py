@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import copy
 import statistics
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from accelopt_plugins.gpu_kernels.autotune import pick, time_callables
+from accelopt_plugins.gpu_kernels.autotune import model_step, pick, time_callables
 from torch import nn
 
 from accelopt import isolated_rng
@@ -34,15 +33,20 @@ class LayoutDecision:
     reason: str = ""
 
 
-def _step(model: nn.Module, x: torch.Tensor, training: bool) -> Callable[[], Any]:
-    def run() -> Any:
-        if training:
-            model.zero_grad(set_to_none=True)
-            model(x).float().sum().backward()
-            return None
-        with torch.no_grad():
-            return model(x)
-    return run
+def image_input(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
+    """The forward's image: its first 4-D tensor input, positional or keyword (an HF image
+    model takes ``pixel_values=``)."""
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor) and value.dim() == 4:
+            return value
+    return None
+
+
+def with_image(args: tuple[Any, ...], kwargs: dict[str, Any], image: torch.Tensor,
+               new: torch.Tensor) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The forward's inputs with ``image`` (the very tensor) replaced by ``new``."""
+    return (tuple(new if a is image else a for a in args),
+            {k: new if v is image else v for k, v in kwargs.items()})
 
 
 def _left_default(model: nn.Module) -> list[str]:
@@ -78,19 +82,25 @@ def to_channels_last(model: nn.Module) -> str:
             "is 4-D")
 
 
-def measure_channels_last(model: nn.Module, x: torch.Tensor, *, training: bool,
-                          reps: int = 7, min_gain: float = 0.05) -> LayoutDecision:
-    """Time deep copies of ``model`` in both layouts on ``x``; never touches ``model``."""
-    if x.dim() != 4:
-        return LayoutDecision(False, reason=f"input is {x.dim()}-D, channels_last needs 4-D")
+def measure_channels_last(model: nn.Module, x: torch.Tensor | tuple[Any, ...], *,
+                          training: bool, reps: int = 7, min_gain: float = 0.05,
+                          kwargs: dict[str, Any] | None = None) -> LayoutDecision:
+    """Time deep copies of ``model`` in both layouts on its inputs (``x``: the input tensor
+    or the positional inputs; ``kwargs``: the keyword inputs); never touches ``model``."""
+    args, kwargs = (x if isinstance(x, tuple) else (x,)), dict(kwargs or {})
+    image = image_input(args, kwargs)
+    if image is None:
+        return LayoutDecision(False, reason="no 4-D (NCHW) input, channels_last needs one")
     dense = copy.deepcopy(model)
     nhwc = copy.deepcopy(model)
     to_channels_last(nhwc)
-    x_nhwc = x.detach().contiguous(memory_format=torch.channels_last)
+    plain = with_image(args, kwargs, image, image.detach())
+    converted = with_image(args, kwargs, image,
+                           image.detach().contiguous(memory_format=torch.channels_last))
     samples = time_callables(
-        {"contiguous": _step(dense, x.detach(), training),
-         "channels_last": _step(nhwc, x_nhwc, training)},
-        x.device, reps,
+        {"contiguous": model_step(dense, *plain, training),
+         "channels_last": model_step(nhwc, *converted, training)},
+        image.device, reps,
     )
     choice = pick(samples, min_gain, baseline="contiguous")
     med = {k: round(statistics.median(v) * 1e3, 4) for k, v in samples.items()}
@@ -106,36 +116,40 @@ class ChannelsLast:
         self.mode, self.reps, self.min_gain = mode, reps, min_gain
         self.decision: LayoutDecision | None = None
         self._measuring = False  # deep copies made while measuring carry a disarmed hook
-        self._handle = model.register_forward_pre_hook(self._pre)
+        self._handle = model.register_forward_pre_hook(self._pre, with_kwargs=True)
 
-    def _pre(self, model: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
-        x = args[0] if args else None
+    def _pre(self, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+             ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
         if self._measuring:
             return None
+        image = image_input(args, kwargs)
         if self.decision is None:
-            self.decision = self._decide(model, x)
+            self.decision = self._decide(model, args, kwargs, image)
             if not self.decision.channels_last:
                 self._handle.remove()
                 return None
             note = to_channels_last(model)
             if note:
                 self.decision.reason += f"; {note}"
-        if isinstance(x, torch.Tensor) and x.dim() == 4:
-            return (x.contiguous(memory_format=torch.channels_last), *args[1:])
-        return None
+        if image is None:
+            return None
+        return with_image(args, kwargs, image,
+                          image.contiguous(memory_format=torch.channels_last))
 
-    def _decide(self, model: nn.Module, x: Any) -> LayoutDecision:
-        """Whether to convert: never for a non-image input, always for ``on``, by timing
+    def _decide(self, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+                image: torch.Tensor | None) -> LayoutDecision:
+        """Whether to convert: never without an image input, always for ``on``, by timing
         both layouts on deep copies for ``auto``."""
-        if not isinstance(x, torch.Tensor) or x.dim() != 4:
-            return LayoutDecision(False, reason="input is not 4-D (NCHW)")
+        if image is None:
+            return LayoutDecision(False, reason="no 4-D (NCHW) input")
         if self.mode == "on":
             return LayoutDecision(True, reason="forced on")
         self._measuring = True
         try:  # the measuring steps must not draw from the job's random stream
             with isolated_rng():
                 return measure_channels_last(
-                    model, x, training=model.training and torch.is_grad_enabled(),
+                    model, args, kwargs=kwargs,
+                    training=model.training and torch.is_grad_enabled(),
                     reps=self.reps, min_gain=self.min_gain)
         finally:
             self._measuring = False

@@ -186,18 +186,25 @@ class _ConvGuard:
     def __init__(self, model: nn.Module, reps: int, min_gain: float, record: _JobRecord) -> None:
         self.reps, self.min_gain, self.record = reps, min_gain, record
         self.armed = True
-        self.handle = model.register_forward_hook(self._post)
+        self.handle = model.register_forward_hook(self._post, with_kwargs=True)
 
-    def _post(self, model: nn.Module, args: tuple[Any, ...], _out: Any) -> None:
+    def _post(self, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+              _out: Any) -> None:
         if not self.armed:
             return
         self.armed = False
         self.handle.remove()
-        if not args or not isinstance(args[0], torch.Tensor):
+        # keyword inputs too (HF image models take pixel_values=...): reading only args[0]
+        # left such a model's tuned choices unchecked, the row saying "not run"
+        # (detached only: the layout the tuned convs saw is the one timed)
+        args = tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args)
+        kwargs = {k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+        if not tensors(args) + tensors(kwargs):
+            self.record.conv_guard = "not run: the first forward got no tensor input"
             return
         try:
             with isolated_rng():  # its training-mode steps must not draw the job's masks
-                kept = verify_model(model, args[0].detach(),
+                kept = verify_model(model, args, kwargs=kwargs,
                                     training=model.training and torch.is_grad_enabled(),
                                     reps=self.reps, min_gain=self.min_gain)
             self.record.conv_guard = "kept" if kept else "all direct"
