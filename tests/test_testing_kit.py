@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
+import torch
 
 from accelopt import (
     IterationContext,
@@ -61,6 +62,24 @@ def test_recorder_sees_the_noop_lifecycle_in_order(tmp_path: Path) -> None:
         range(6)
     )
     assert record.info.plugins == ("noop", RECORDER_NAME)
+
+
+def test_a_dropped_recorder_frees_what_it_recorded() -> None:
+    # the process-wide registry held every recorder, and through its calls every model and
+    # tensor of every run a test suite recorded
+    import gc
+    import weakref
+
+    from accelopt.testing import recorder as recorder_module
+
+    recorder = HookRecorder()
+    payload = torch.zeros(4)
+    recorder.record("accelopt_iteration_end", tensor=payload)
+    token, watched = recorder.token, weakref.ref(payload)
+    assert recorder_module.RecorderFactory(token)(None).recorder is recorder
+    del recorder, payload
+    gc.collect()
+    assert token not in recorder_module._RECORDERS and watched() is None
 
 
 def test_recorder_implements_every_hook() -> None:

@@ -34,6 +34,7 @@ import dataclasses
 import itertools
 import pickle
 import uuid
+import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -106,9 +107,10 @@ class Shipped:
 
 
 DUMP_DIR = ".accelopt-hook-recorder"
-_RECORDERS: dict[str, HookRecorder] = {}
+_RECORDERS: weakref.WeakValueDictionary[str, HookRecorder] = weakref.WeakValueDictionary()
 """The recorders of this process by token: a rank process has none, so its recorder plugin
-records locally and writes its calls for the parent to read."""
+records locally and writes its calls for the parent to read. Weak: a recorder's calls hold
+the run's models and tensors, and a test suite making one recorder per test kept them all."""
 
 
 class HookRecorder:
