@@ -18,6 +18,10 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from accelopt.errors import PluginResolutionError, first_line, listed
 
+YOUR_LOOP_DATASET = "your loop"
+"""The dataset of a job that ``accelopt.attach`` describes: the user's loop feeds it, and
+steps its optimizer (a plugin updating parameters itself gets no rate schedule from it)."""
+
 
 @dataclass
 class JobConfig:

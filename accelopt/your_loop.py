@@ -52,7 +52,7 @@ from torch import nn
 from accelopt.activation import PluginSet, activate
 from accelopt.api import keeps_python_random
 from accelopt.atomic import atomic_open
-from accelopt.config import JobConfig
+from accelopt.config import YOUR_LOOP_DATASET, JobConfig
 from accelopt.drivers.cluster.settings import local_info
 from accelopt.drivers.lifecycle import Lifecycle
 from accelopt.drivers.rows import with_placeholders
@@ -129,7 +129,7 @@ def attach(
                           "your model in DDP yourself and use accelopt.ddp.comm_hook "
                           "(accelopt_plugins.gradcomm.comm_hook for gradcomm's codecs)")
     batch_size = inputs.rows(example[0]) if example is not None else 0
-    spec = JobConfig(name=name, model=type(model).__name__, dataset="your loop",
+    spec = JobConfig(name=name, model=type(model).__name__, dataset=YOUR_LOOP_DATASET,
                      kind="train" if model.training else "infer", batch_size=batch_size,
                      iterations=int(iterations), optimizer=optimizer, lr=float(lr))
     cfg.workload.jobs = [OmegaConf.structured(spec)]

@@ -163,6 +163,10 @@ def test_the_documented_loop_fires_the_hooks_and_reports_the_rows_of_accelopt_ru
         assert rows[0].metrics[key] == ours[0].metrics[key], key
     if name == "slide":  # the same layer replaced, named the same way
         assert rows[0].summary.split(" trained")[0] == ours[0].summary.split(" trained")[0]
+        # a scheduler of the loop never reaches the layer (it updates itself): the row says
+        # at which rate it trains; accelopt run's job follows its own lr_schedule instead
+        assert "sparse Adam runs at lr 0.001 throughout" in rows[0].summary
+        assert "throughout" not in ours[0].summary
 
 
 def test_the_step_and_backward_events_fire_in_a_loop_and_clipping_acts(tmp_path):

@@ -25,6 +25,7 @@ from accelopt_plugins.slide.xcmodel import SparseInput
 from torch import fx, nn
 
 from accelopt import ConfigError, LayerOffer, ReportRow, RunInfo, UserError, hookimpl
+from accelopt.config import YOUR_LOOP_DATASET
 from accelopt.job.optim import lr_factor, schedules
 from accelopt.types import INERT, IterationContext
 
@@ -174,6 +175,9 @@ class SlidePlugin:
         SLIDE layers follow (they step in backward, outside the job's optimizer)."""
         self.clips: dict[str, float] = {}
         """Per job with ``grad_clip``: the clip, which the SLIDE layers' rows do not get."""
+        self.own_loops: set[str] = set()
+        """Jobs of ``accelopt.attach``: the user's loop steps their optimizer, so a scheduler
+        there never reaches the SLIDE layers (which update themselves, in backward)."""
         self.ties: dict[tuple[str, str], str] = {}
         """(job, path) of a replaced layer whose weight another module shared (GPT-2's tied
         embedding) -> what became of the tie, for its report row."""
@@ -200,6 +204,8 @@ class SlidePlugin:
                 self.schedules[name] = schedule
             if getattr(job, "grad_clip", None) is not None:
                 self.clips[name] = float(job.grad_clip)
+            if getattr(job, "dataset", None) == YOUR_LOOP_DATASET:
+                self.own_loops.add(name)
 
     @hookimpl
     def accelopt_iteration_start(self, context: IterationContext) -> None:
@@ -357,6 +363,10 @@ class SlidePlugin:
             sch = self.schedules[job]
             notes += (f"; its sparse Adam follows the job's lr_schedule={sch.lr_schedule} "
                       f"(warmup_iterations={sch.warmup_iterations})")
+        if job in self.own_loops:
+            notes += (f"; its sparse Adam runs at lr {self._lr(job):g} throughout: a "
+                      "scheduler of your loop changes your optimizer's rate only "
+                      "(plugins.slide.lr sets the layer's)")
         if job in self.clips:
             notes += (f"; grad_clip={self.clips[job]:g} clips the job's other parameters "
                       "only: the SLIDE layer's sampled gradient is applied unclipped, and "
