@@ -20,6 +20,14 @@ Without overrides it runs the embedded default workload (five jobs, 2 workers + 
 local processes, unshaped loopback); ``experiment=salus_tictac`` runs it on the shaped
 network (root). Plugin settings given as ``plugins.NAME.key=value`` apply to the sets that
 select NAME.
+
+A run in which a job failed, was refused or diverged measured other work than its set's
+(its JCTs are those of the jobs that survived): it is named and left out, as ``accelopt
+bench`` leaves it out, and the script exits 3 (no table at all when no baseline run
+measured). A plugin whose report rows say it changed nothing (``inert``: tictac with
+nothing to order) is flagged, its difference being noise. A set measured below a bound is
+flagged too: the bounds come from the baseline runs' measured service times, which vary
+from run to run.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import math
 import os
 import platform
 import statistics
@@ -38,11 +47,14 @@ import _cli
 from rich.console import Console
 from rich.table import Table
 
-from accelopt.bench.analysis import SetResult, summarize
+from accelopt.bench.analysis import SetResult, SetSummary, summarize
+from accelopt.bench.runner import run_failure
 from accelopt.cli.hydra_run import compose_checked
 from accelopt.config import register_plugin_configs, register_schema
+from accelopt.errors import JobsUnfinished
 from accelopt.plugin import Registry
 from accelopt.report import run_metrics
+from accelopt.runtime.compare import INERT_NOTE, inert_plugins
 from accelopt.runtime.run import execute
 
 SETS = ((), ("salus",), ("tictac",), ("salus", "tictac"))
@@ -76,7 +88,66 @@ def oracle_bounds(record) -> tuple[float, float] | None:
     return oracle_average_jct(jobs), sum(j.length_s for j in jobs)
 
 
-def main() -> None:
+Measured = dict[tuple[str, ...], list[tuple[int, dict]]]
+"""Each set's runs that measured it: (repeat, the run's metrics)."""
+
+
+def fmt(value: float | None, spec: str = "7.3f") -> str:
+    """A figure, or '–' (right-aligned as wide) where the run has none."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–".rjust(int(spec.split(".")[0] or 0))
+    return f"{value:{spec}}"
+
+
+def run_line(r: int, name: str, m: dict, seconds: float, failure: str | None,
+             inert: list[str]) -> str:
+    """One run's progress line: its figures, and why they do not count (the run is left
+    out) or that its plugins changed nothing (their difference is noise)."""
+    line = (f"repeat {r} {name:13s} avg JCT {fmt(m.get('avg_jct_s'))} s  makespan "
+            f"{fmt(m.get('makespan_s'))} s  E {fmt(m.get('efficiency_e'), '.3f')}  "
+            f"({seconds:.1f} s)")
+    if failure:
+        line += f"  LEFT OUT: {failure}"
+    if inert:
+        line += f"  [{', '.join(inert)} changed nothing (inert)]"
+    return line
+
+
+def inert_sets(inert: dict[tuple[str, ...], list[list[str]]]) -> dict[tuple[str, ...], tuple]:
+    """Each set's plugins that changed nothing in every run of it that measured."""
+    return {p: tuple(n for n in p if all(n in seen for seen in runs)) if runs else ()
+            for p, runs in inert.items()}
+
+
+def gain_text(s: SetSummary) -> str:
+    """A set's gain, marked when the set changed nothing (its gain is noise)."""
+    return f"{s.gain:.2f}x" + (" (inert)" if s.inert else "")
+
+
+def bound_warnings(results: Measured, jct: float, work: float) -> list[str]:
+    """A warning per figure where a set's median beats its bound. The bounds are computed
+    from the service times the baseline's runs measured (median over its repeats), not
+    from the set's own runs: service times vary from run to run (noise, contention, jobs
+    that stopped early), so a set below the bound measured shorter jobs than the baseline
+    did, which is no evidence that it beat the optimal schedule."""
+    out = []
+    for key, bound, what in (("avg_jct_s", jct, "avg JCT"), ("makespan_s", work, "makespan")):
+        below = []
+        for plugins, runs in results.items():
+            values = [m[key] for _, m in runs if m.get(key) is not None]
+            if values and statistics.median(values) < bound:
+                below.append(f"{'+'.join(plugins) or 'baseline'} "
+                             f"{statistics.median(values):.3f} s")
+        if below:
+            out.append(f"warning: {', '.join(below)} below the {what} bound {bound:.3f} s: the "
+                       "bound comes from the service times the baseline's runs measured, and "
+                       "those vary from run to run, so this set's jobs took less service time "
+                       "than the baseline's did (noise, less contention, or less work), which "
+                       "is no evidence of beating the optimal schedule")
+    return out
+
+
+def main() -> int:
     parser = argparse.ArgumentParser(description=_cli.summary(__doc__))
     parser.add_argument("--repeats", type=_cli.positive_int, default=3)
     parser.add_argument("--out", default="runs/bench/combo_salus_tictac")
@@ -87,7 +158,9 @@ def main() -> None:
     out = Path(opts.out) / time.strftime("%Y%m%d-%H%M%S")
     if out.exists():  # a new directory per invocation: never written into twice
         _cli.fail(f"--out: {out} exists (another invocation this second); not overwriting it")
-    results: dict[tuple[str, ...], list[dict]] = {s: [] for s in SETS}
+    results: Measured = {s: [] for s in SETS}
+    inert_runs: dict[tuple[str, ...], list[list[str]]] = {s: [] for s in SETS}
+    left_out: list[str] = []
     bounds: list[tuple[float, float] | None] = []
     quiet = Console(file=io.StringIO(), width=140)
     started = time.time()
@@ -104,19 +177,41 @@ def main() -> None:
             t = time.time()
             record = execute(cfg, run_dir=out / f"r{r}-{name}", registry=registry, console=quiet)
             m = run_metrics(record)
-            results[plugins].append(m)
+            # a run whose job failed or diverged measured other work than the set's: its JCTs
+            # are those of the jobs that survived (`accelopt bench` leaves it out the same way)
+            failure = run_failure(m)
+            inert = inert_plugins(plugins, record.plugin_rows)
+            print(run_line(r, name, m, time.time() - t, failure, inert), flush=True)
+            if failure:
+                left_out.append(f"{name} repeat {r}: {failure}")
+                continue
+            results[plugins].append((r, m))
+            inert_runs[plugins].append(inert)
             if not plugins:
                 bounds.append(oracle_bounds(record))
-            print(f"repeat {r} {name:13s} avg JCT {m.get('avg_jct_s', 0):7.3f} s  makespan "
-                  f"{m.get('makespan_s', 0):7.3f} s  E {m.get('efficiency_e', float('nan')):.3f}"
-                  f"  ({time.time() - t:.1f} s)", flush=True)
+    if not results[()]:
+        _cli.fail(f"no baseline run measured (the ratios are against it): "
+                  f"{'; '.join(left_out)}", code=JobsUnfinished.exit_code)
+    report(results, inert_sets(inert_runs), bounds, left_out, opts, out, started)
+    (out / "combo.json").write_text(json.dumps(
+        {"+".join(p) or "baseline": [m for _, m in results[p]] for p in SETS}, indent=1,
+        default=str))
+    return JobsUnfinished.exit_code if left_out else 0
+
+
+def report(results: Measured, inert: dict[tuple[str, ...], tuple], bounds: list,
+           left_out: list[str], opts: argparse.Namespace, out: Path, started: float) -> None:
+    """The table, the interaction lines, the bounds and the notes, from the runs that
+    measured; the runs left out and the plugins that changed nothing are named."""
+    def values(plugins: tuple[str, ...], key: str) -> list[float]:
+        return [m[key] for _, m in results[plugins] if m.get(key) is not None]
 
     def med(plugins: tuple[str, ...], key: str) -> float | None:
-        vals = [m[key] for m in results[plugins] if m.get(key) is not None]
+        vals = values(plugins, key)
         return statistics.median(vals) if vals else None
 
     def spread(plugins: tuple[str, ...], key: str) -> str:
-        vals = [m[key] for m in results[plugins] if m.get(key) is not None]
+        vals = values(plugins, key)
         return f"[{min(vals):.3f}-{max(vals):.3f}]" if len(vals) > 1 else ""
 
     console = Console(width=160)
@@ -124,7 +219,8 @@ def main() -> None:
                   "(ratio: baseline / set, > 1 is faster; E: difference)", title_justify="left")
     table.add_column("figure")
     for plugins in SETS:
-        table.add_column("+".join(plugins) or "baseline", justify="right")
+        flag = " (inert)" if plugins and set(inert[plugins]) >= set(plugins) else ""
+        table.add_column(("+".join(plugins) or "baseline") + flag, justify="right")
     for key, label in FIGURES:
         base = med((), key)
         cells = []
@@ -139,38 +235,44 @@ def main() -> None:
             cells.append(text)
         table.add_row(label, *cells)
     console.print(table)
+    for name in dict.fromkeys(n for p in SETS for n in inert[p]):
+        console.print(f"note: {INERT_NOTE.format(plugin=name, run='every run of its sets')}")
+    if left_out:
+        console.print(f"left out {len(left_out)} run(s) that did not measure their set (a job "
+                      f"failed, was refused or diverged): {'; '.join(left_out)}", markup=False)
     for key, label in FIGURES[:2]:
-        sets = [SetResult(p, tuple(m[key] for m in results[p] if m.get(key) is not None),
-                          repeats=tuple(r for r, m in enumerate(results[p])
-                                        if m.get(key) is not None)) for p in SETS]
+        sets = [SetResult(p, tuple(m[key] for _, m in results[p] if m.get(key) is not None),
+                          repeats=tuple(r for r, m in results[p] if m.get(key) is not None),
+                          inert=inert[p]) for p in SETS]
         if any(not r.values for r in sets):
             continue
         summary = {x.plugins: x for x in summarize(sets, key, higher=False)}
         combo = summary[("salus", "tictac")]
         console.print(
-            f"interaction on {label}: salus {summary[('salus',)].gain:.2f}x, tictac "
-            f"{summary[('tictac',)].gain:.2f}x, together {combo.gain:.2f}x vs product "
-            f"{combo.expected_gain:.2f}x; interaction {combo.interaction:.3f} (paired within "
-            f"each of {len(sets[0].values)} repeats, range {combo.interaction_low:.3f}-"
-            f"{combo.interaction_high:.3f}) -> {combo.verdict} (docs/combinations.md's rule)")
-    bounds = [b for b in bounds if b is not None]
-    if bounds:
-        jct = statistics.median(b[0] for b in bounds)
-        work = statistics.median(b[1] for b in bounds)
+            f"interaction on {label}: salus {gain_text(summary[('salus',)])}, tictac "
+            f"{gain_text(summary[('tictac',)])}, together {combo.gain:.2f}x vs product "
+            f"{combo.expected_gain:.2f}x; interaction {fmt(combo.interaction, '.3f')} (paired "
+            f"within each repeat that measured all four sets, range "
+            f"{fmt(combo.interaction_low, '.3f')}-{fmt(combo.interaction_high, '.3f')}) -> "
+            f"{combo.verdict} (docs/combinations.md's rule)", markup=False)
+    measured = [b for b in bounds if b is not None]
+    if measured:
+        jct = statistics.median(b[0] for b in measured)
+        work = statistics.median(b[1] for b in measured)
         base_jct, base_span = med((), "avg_jct_s"), med((), "makespan_s")
         console.print(
             f"bound: avg JCT {jct:.3f} s (SRPT oracle on the baseline's measured service "
             f"times: {base_jct / jct if base_jct else float('nan'):.2f}x below the baseline); "
             f"makespan {work:.3f} s (the jobs' service times back to back, no idle time"
             + (f": {base_span / work:.2f}x below the baseline)" if base_span else ")"))
+        for line in bound_warnings(results, jct, work):
+            console.print(line, markup=False)
     console.print("median iteration: a worker's iteration, no throughput where iterations "
                   "overlap (tictac's early update ends one before its gradients have left); "
                   "avg JCT and makespan are the wall-clock figures")
     console.print(f"machine: {platform.node()} {platform.machine()}, {os.cpu_count()} CPUs, "
                   f"python {sys.version.split()[0]}; overrides: {' '.join(opts.overrides) or '-'};"
-                  f" wall {time.time() - started:.0f} s; runs in {out}")
-    (out / "combo.json").write_text(json.dumps(
-        {"+".join(p) or "baseline": results[p] for p in SETS}, indent=1, default=str))
+                  f" wall {time.time() - started:.0f} s; runs in {out}", markup=False)
 
 
 if __name__ == "__main__":

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -556,3 +558,147 @@ def test_a_bench_none_of_whose_runs_measured_exits_3_naming_them(tmp_path, capsy
         bench_command(["--reanalyze", "--out", str(tmp_path)])
     assert info.value.exit_code == 3 and "\n" not in str(info.value)
     assert _missing_metric(tmp_path / "runs" / "2" / "metrics.json", "avg_jct_s") == ""
+
+
+def test_an_out_path_with_hydra_grammar_characters_is_one_directory(tmp_path, monkeypatch):
+    """`--out a,b` was a Hydra sweep over two sweep directories: the sweep failed after the
+    plan was written, with Hydra's 'Set the environment variable HYDRA_FULL_ERROR=1' as the
+    only line. The path is now quoted for Hydra; what cannot be quoted is one line first."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    import accelopt.bench.runner as runner
+
+    commands: list[list[str]] = []
+
+    def sweep(command, *args, **kwargs):
+        commands.append(command)
+        raise KeyboardInterrupt  # stop there: the command line is what is tested
+
+    monkeypatch.setattr(runner, "_run_sweep", sweep)
+    out = tmp_path / "a,b [c]=d"
+    with pytest.raises(KeyboardInterrupt):
+        bench_command(["--plugins", "noop", "--repeats", "1", "--out", str(out),
+                       "workload=tiny"])
+    (override,) = [a for a in commands[0] if a.startswith("hydra.sweep.dir=")]
+    parsed = OverridesParser.create().parse_override(override)
+    assert not parsed.is_sweep_override() and parsed.value() == str(out / "runs")
+    for odd in ("it's", "a$b", "back\\slash"):
+        with pytest.raises(UserError, match="read by Hydra's override grammar") as info:
+            bench_command(["--plugins", "noop", "--repeats", "1", "--out",
+                           str(tmp_path / odd), "workload=tiny"])
+        assert "\n" not in str(info.value)
+        assert not (tmp_path / odd).exists()  # refused before anything was written
+
+
+def test_a_failed_sweep_says_its_cause_not_hydras_hint(tmp_path):
+    from rich.console import Console
+
+    from accelopt.bench.runner import _run_sweep
+
+    (tmp_path / "runs").mkdir()
+    command = [sys.executable, "-c", "print('error: the cause'); print('Set the environment "
+               "variable HYDRA_FULL_ERROR=1 for a complete stack trace.'); raise SystemExit(1)"]
+    with pytest.raises(UserError, match=r"the sweep failed \(exit 1\): the cause \(full log"):
+        _run_sweep(command, tmp_path, 1, Console(file=io.StringIO()))
+
+
+def test_an_out_holding_an_unfinished_bench_is_not_sent_to_reanalyze(tmp_path):
+    """A bench stopped before its report left its plan (bench.json) and sweep.log: the same
+    command was refused with 'or --reanalyze to report a finished one again', which then
+    refused too (nothing finished)."""
+    from accelopt.bench.runner import _write_bench_json
+
+    plan = run_plan([[], ["noop"]], 1)
+    _write_bench_json(tmp_path, {"metric": "duration_s"}, [], plan)
+    (tmp_path / "sweep.log").write_text("error: the sweep failed\n")
+    with pytest.raises(UserError) as info:
+        bench_command(["--plugins", "noop", "--repeats", "1", "--out", str(tmp_path),
+                       "workload=tiny"])
+    message = str(info.value)
+    assert "holds a bench that did not finish (0 of its 2 measured runs" in message
+    assert "give another --out, or delete that directory" in message
+    assert "--reanalyze" not in message and "\n" not in message
+    (tmp_path / "runs" / "2").mkdir(parents=True)  # one measured run finished
+    (tmp_path / "runs" / "2" / "metrics.json").write_text(json.dumps(
+        {"summary": {"duration_s": 1.0}, "run": {"plugins": []}}))
+    with pytest.raises(UserError, match=r"\(1 of its 2 measured runs; .*; or report those "
+                       r"with --reanalyze --force"):
+        bench_command(["--plugins", "noop", "--repeats", "1", "--out", str(tmp_path)])
+
+
+def test_an_undefined_gain_is_null_in_json_and_n_a_on_screen(tmp_path):
+    """A metric whose baseline is 0 (n_failed) wrote "gain": NaN (not JSON) into
+    bench.json and showed 'nanx', the baseline's own gain included."""
+    from rich.console import Console
+
+    from accelopt.bench.runner import report
+
+    results = [SetResult((), (0.0, 0.0, 0.0), repeats=(0, 1, 2)),
+               SetResult(("noop",), (0.0, 1.0, 0.0), repeats=(0, 1, 2))]
+    context = {"command": "accelopt bench", "metric": "n_failed", "higher_is_better": False,
+               "repeats": 3, "machine": "m", "python": "3", "settings": "s", "sweep_s": 1.0,
+               "quality": None}
+    console = Console(file=io.StringIO(), width=200)
+    report(results, context, run_plan([[], ["noop"]], 3), tmp_path, console)
+    text = (tmp_path / "bench.json").read_text()
+
+    def no_nan(constant: str) -> None:
+        raise AssertionError(f"{constant} in bench.json")
+
+    sets = {s["label"]: s for s in json.loads(text, parse_constant=no_nan)["sets"]}
+    assert sets["baseline"]["gain"] == 1.0 and sets["noop"]["gain"] is None
+    shown = console.file.getvalue()
+    assert "nan" not in shown.lower().replace("n/a", "")
+    assert re.search(r"baseline\s*│\s*0 │\s*0-0 │ 1\.000x │", shown), shown
+    assert re.search(r"noop\s*│\s*0 │\s*0-1 │\s*n/a │", shown), shown
+    assert "| baseline | 0 | 0-0 | 1.000x | n/a |" in (tmp_path / "bench.md").read_text()
+
+
+def test_a_set_that_changed_nothing_is_flagged_not_credited(tmp_path):
+    """Every run's rows said tictac and gradcomm changed nothing (inert), yet the table
+    showed their gains and an interaction verdict."""
+    from accelopt.bench.analysis import INERT_VERDICT
+    from accelopt.bench.runner import collect
+
+    plan = run_plan([[], ["clip"], ["noop"], ["clip", "noop"]], 3)
+    value = {(): 1.0, ("clip",): 0.8, ("noop",): 0.7, ("clip", "noop"): 0.5}
+    for i, (repeat, plugins, _) in enumerate(plan):
+        rows = [{"plugin": "noop", "summary": "did nothing", "metrics": {"inert": 1}},
+                {"plugin": "clip", "summary": "clipped", "metrics": {}}]
+        (tmp_path / "runs" / str(i)).mkdir(parents=True)
+        (tmp_path / "runs" / str(i) / "metrics.json").write_text(json.dumps(
+            {"summary": {"avg_jct_s": value[tuple(plugins)] * (1 + 0.01 * repeat)},
+             "run": {"plugins": plugins},
+             "plugins": [r for r in rows if r["plugin"] in plugins]}))
+    results, _ = collect(tmp_path / "runs", "avg_jct_s", plan)
+    assert {r.plugins: r.inert for r in results} == {
+        (): (), ("clip",): (), ("noop",): ("noop",), ("clip", "noop"): ("noop",)}
+    verdicts = {s.label: s.verdict for s in summarize(results, "avg_jct_s")}
+    assert verdicts["noop"] == INERT_VERDICT == "inert: changed nothing in its runs (its gain " \
+        "is noise)"
+    assert verdicts["clip"] == "alone"
+    assert verdicts["clip+noop"].endswith("; noop changed nothing in its runs")
+    assert summarize([*results[:1], SetResult(("noop",), (0.7,) * 3, inert=("noop",)),
+                      SetResult(("clip", "noop"), (0.5,) * 3, inert=("clip", "noop")),
+                      SetResult(("clip",), (0.8,) * 3)], "avg_jct_s")[2].verdict == INERT_VERDICT
+
+
+def test_the_min_max_column_is_never_cut(tmp_path):
+    """'0.01183-0.011…': on a narrow terminal the figures were cut; they wrap now, and
+    show fewer digits (the run-to-run noise is in the third)."""
+    from rich.console import Console
+
+    from accelopt.bench.render import render_table
+
+    results = [SetResult((), (0.011834, 0.011951, 0.0119), repeats=(0, 1, 2)),
+               SetResult(("noop",), (0.01201, 0.01183, 0.0125), repeats=(0, 1, 2))]
+    context = {"metric": "avg_jct_s", "higher_is_better": False, "repeats": 3}
+    for width, whole in ((120, True), (80, False)):
+        console = Console(file=io.StringIO(), width=width)
+        console.print(render_table(summarize(results, "avg_jct_s"), context))
+        shown = console.file.getvalue()
+        assert "…" not in shown, shown
+        if whole:  # on one line where the terminal is wide enough
+            assert "0.0118-0.012 " in shown and "0.0118-0.0125" in shown, shown
+        else:
+            assert "0.0118-" in shown and "0.0125" in shown, shown

@@ -6,6 +6,7 @@ accelopt's own errors are one line, not a traceback; results are never overwritt
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -283,3 +284,55 @@ def test_a_scripts_description_is_its_docstrings_first_paragraph() -> None:
     """
     assert _cli.summary(doc) == "Avg JCT of each policy over the oracle's, on a family of traces."
     assert _cli.summary(None) == ""
+
+
+@pytest.mark.timeout(60)
+def test_combo_leaves_out_failed_runs_flags_inert_plugins_and_a_value_below_its_bound(
+        tmp_path, monkeypatch, capsys) -> None:
+    """combo_salus_tictac credited runs whose job diverged (a None avg JCT was a TypeError
+    in its progress line), credited tictac with a gain where its rows said it changed
+    nothing, and printed a set far below its own printed bound without a word. The runs
+    are faked: the script's own accounting is what is tested."""
+    from types import SimpleNamespace
+
+    import combo_salus_tictac as combo
+
+    from accelopt.types import INERT, ReportRow
+
+    measured = {  # (set, repeat): the run's summary
+        ((), 0): {"avg_jct_s": 1.0, "makespan_s": 2.0},
+        ((), 1): {"avg_jct_s": 1.0, "makespan_s": 2.0},
+        (("salus",), 0): {"avg_jct_s": 0.4, "makespan_s": 2.0},
+        (("salus",), 1): {"avg_jct_s": 0.4, "makespan_s": 2.0},
+        (("tictac",), 0): {"avg_jct_s": None, "makespan_s": None, "n_jobs": 2,
+                           "n_diverged": 1},
+        (("tictac",), 1): {"avg_jct_s": 0.9, "makespan_s": 2.0},
+        (("salus", "tictac"), 0): {"avg_jct_s": 0.4, "makespan_s": 2.0},
+        (("salus", "tictac"), 1): {"avg_jct_s": 0.4, "makespan_s": 2.0},
+    }
+
+    def execute(cfg, run_dir, registry, console):
+        run_dir.mkdir(parents=True)
+        repeat = -1 if run_dir.name.startswith("warmup") else int(run_dir.name[1])
+        rows = [ReportRow("tictac", "nothing to order", {INERT: 1})] if "tictac" in cfg else []
+        return SimpleNamespace(m=measured.get((cfg, repeat)), plugin_rows=rows, jobs=[])
+
+    monkeypatch.setattr(combo, "compose", lambda plugins, overrides, registry: plugins)
+    monkeypatch.setattr(combo, "execute", execute)
+    monkeypatch.setattr(combo, "run_metrics", lambda record: dict(record.m))
+    monkeypatch.setattr(combo, "oracle_bounds", lambda record: (0.5, 1.0))
+    monkeypatch.setattr(sys, "argv", ["combo_salus_tictac.py", "--repeats", "2", "--out",
+                                      str(tmp_path)])
+    assert combo.main() == 3  # runs were left out, as `accelopt bench` exits
+    out = capsys.readouterr().out
+    assert "repeat 0 tictac        avg JCT       – s" in out
+    assert "LEFT OUT: 1 of its 2 job(s) diverged" in out
+    assert "left out 1 run(s) that did not measure their set" in out
+    assert "tictac (inert)" in out and "tictac 1.11x (inert)" in " ".join(out.split())
+    assert "note: tictac changed nothing in every run of its sets, its rows say so: this " \
+           "difference is run-to-run noise, not its gain" in " ".join(out.split())
+    joined = " ".join(out.split())
+    assert "warning: salus 0.400 s, salus+tictac 0.400 s below the avg JCT bound 0.500 s" \
+        in joined
+    (saved,) = tmp_path.glob("*/combo.json")
+    assert [m["avg_jct_s"] for m in json.loads(saved.read_text())["tictac"]] == [0.9]

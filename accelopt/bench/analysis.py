@@ -44,6 +44,9 @@ class SetResult:
     repeats: tuple[int, ...] = ()
     """The repeat each value was measured in (aligned with ``values``), when known: then a
     combination's interaction is also computed within each repeat (paired)."""
+    inert: tuple[str, ...] = ()
+    """The set's plugins that changed nothing in every one of its runs (each run's report
+    rows say so: ``accelopt.types.INERT``): their part of the gain is run-to-run noise."""
 
     @property
     def label(self) -> str:
@@ -79,6 +82,12 @@ class SetSummary:
     (paired: every set ran once per repeat, so slow drift between repeats cancels); without
     repeat labels, the conservative unpaired bound (the combination's lowest gain over the
     product of its members' highest gains, and vice versa)."""
+    inert: tuple[str, ...] = ()
+    """The set's plugins that changed nothing in its runs (:attr:`SetResult.inert`)."""
+
+
+INERT_VERDICT = "inert: changed nothing in its runs (its gain is noise)"
+"""The verdict of a set none of whose plugins did anything: no gain, alone or together."""
 
 
 def summarize(
@@ -92,7 +101,7 @@ def summarize(
     base = by_set[()].median
 
     def gain(value: float) -> float:
-        if value == 0 or base == 0:
+        if value == 0 or base == 0:  # undefined: NaN here, null in bench.json, n/a shown
             return math.nan
         return value / base if higher else base / value
 
@@ -101,7 +110,7 @@ def summarize(
     out = []
     for r in results:
         gains = spread[r.plugins]
-        g = gain(r.median)
+        g = gain(r.median) if r.plugins else 1.0  # the baseline is itself, whatever its value
         expected = interaction = low = high = None
         if not r.plugins:
             verdict = "baseline"
@@ -128,8 +137,19 @@ def summarize(
         quality = statistics.median(r.quality) if r.quality else None
         out.append(SetSummary(r.label, r.plugins, r.median, min(r.values), max(r.values),
                               len(r.values), g, gains[0], gains[-1], expected, interaction,
-                              verdict, quality, low, high))
+                              inert_verdict(r, verdict), quality, low, high, r.inert))
     return out
+
+
+def inert_verdict(result: SetResult, verdict: str) -> str:
+    """``verdict``, unless plugins of the set changed nothing in its runs: then a gain or an
+    interaction is machine noise, and the verdict says so (every plugin inert: the set has
+    no effect at all; some: which of them did nothing)."""
+    if not result.inert or not result.plugins:
+        return verdict
+    if set(result.inert) >= set(result.plugins):
+        return INERT_VERDICT
+    return f"{verdict}; {', '.join(result.inert)} changed nothing in its runs"
 
 
 def gain_range(result: SetResult, base: SetResult,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,9 @@ VERDICT_RULE = (
     "synergistic above, interfering below, and inconclusive when its range includes 1 (unless "
     f"the whole range lies within 1 +- {INTERACTION_TOLERANCE}); a set alone is within noise "
     "when its gain against each repeat's own baseline run (without repeats: every value "
-    "against every baseline value) ranges over 1.")
+    "against every baseline value) ranges over 1. A set is inert when each of its plugins "
+    "said in every one of its runs' report rows that it changed nothing there: its gain is "
+    "run-to-run noise, not an effect (a set of which only some plugins were inert names them).")
 """The verdict column's rule, as ``accelopt.bench.analysis.classify`` and ``alone_verdict``
 apply it: written under the report's table so that a reader sees why a verdict is missing."""
 
@@ -30,23 +33,33 @@ def columns(context: dict[str, Any]) -> tuple[str, ...]:
 
 
 def _row(s: SetSummary, context: dict[str, Any]) -> list[str]:
-    def opt(x: float | None) -> str:
-        return "–" if x is None else f"{x:.3f}"
-
-    row = [s.label, f"{s.median:.4g}", f"{s.low:.4g}-{s.high:.4g}", f"{s.gain:.3f}x",
-           f"{s.gain_low:.3f}-{s.gain_high:.3f}", opt(s.expected_gain), _interaction(s),
-           s.verdict]
+    row = [s.label, f"{s.median:.4g}", _span(s.low, s.high, ".3g"), _num(s.gain, ".3f", "x"),
+           _span(s.gain_low, s.gain_high, ".3f"), _num(s.expected_gain, ".3f"),
+           _interaction(s), s.verdict]
     if context.get("quality"):
-        row.append(opt(s.quality) if s.quality is None else f"{s.quality:.4f}")
+        row.append(_num(s.quality, ".4f"))
     return row
+
+
+def _num(x: float | None, spec: str, unit: str = "") -> str:
+    """``x`` formatted; '–' when there is none, 'n/a' when it is undefined (NaN: a gain
+    against a baseline of 0)."""
+    if x is None:
+        return "–"
+    return "n/a" if math.isnan(x) else f"{x:{spec}}{unit}"
+
+
+def _span(low: float | None, high: float | None, spec: str) -> str:
+    low_text, high_text = _num(low, spec), _num(high, spec)
+    return low_text if low_text == high_text == "n/a" else f"{low_text}-{high_text}"
 
 
 def _interaction(s: SetSummary) -> str:
     if s.interaction is None:
         return "–"
-    if s.interaction_low is None or s.interaction_high is None:
-        return f"{s.interaction:.3f}"
-    return f"{s.interaction:.3f} ({s.interaction_low:.2f}-{s.interaction_high:.2f})"
+    if s.interaction_low is None or s.interaction_high is None or math.isnan(s.interaction):
+        return _num(s.interaction, ".3f")
+    return f"{_num(s.interaction, '.3f')} ({_span(s.interaction_low, s.interaction_high, '.2f')})"
 
 
 def render_table(summary: Sequence[SetSummary], context: dict[str, Any]) -> Table:
@@ -55,7 +68,9 @@ def render_table(summary: Sequence[SetSummary], context: dict[str, Any]) -> Tabl
                   f"{context['repeats']} interleaved repeats; gain > 1 = better than baseline",
                   title_justify="left")
     for column in columns(context):
-        table.add_column(column, justify="left" if column in ("set", "verdict") else "right")
+        # a figure is never cut ("0.01183-0.011…" on a narrow terminal): it wraps instead
+        table.add_column(column, justify="left" if column in ("set", "verdict") else "right",
+                         overflow="fold")
     for s in summary:
         table.add_row(*_row(s, context))
     if context["repeats"] < MIN_REPEATS:

@@ -49,6 +49,8 @@ from accelopt.bench.render import render_markdown, render_png, render_table
 from accelopt.errors import JobsUnfinished, UserError, first_line, listed
 from accelopt.plugin import Registry, resolve, valid_combinations
 from accelopt.report.console import default_console
+from accelopt.report.metrics import finite_json
+from accelopt.runtime.compare import is_inert
 
 
 def parse_args(args: list[str]) -> argparse.Namespace:
@@ -229,8 +231,8 @@ def bench_command(args: list[str]) -> int:
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} is a file; give a directory (new, or empty)")
     if out.exists() and any(out.iterdir()):
-        raise UserError(f"--out {out} is not empty (a bench's results are never overwritten); "
-                        "give another directory, or --reanalyze to report a finished one again")
+        raise UserError(f"--out {out} {_what_out_holds(out)}")
+    sweep_dir = hydra_quoted(out / "runs")
     refuse_unwritable(out, "give --out a directory you can write")
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
@@ -243,7 +245,7 @@ def bench_command(args: list[str]) -> int:
     command = [
         sys.executable, "-m", "accelopt.cli.main", "run", "-m",
         f"+plugins={sweep}", "run.progress=false",
-        f"hydra.sweep.dir={out / 'runs'}", "hydra.sweep.subdir=${hydra.job.num}",
+        f"hydra.sweep.dir={sweep_dir}", "hydra.sweep.subdir=${hydra.job.num}",
         *common, *forced,
     ]
     total = len(plan)
@@ -262,7 +264,8 @@ def bench_command(args: list[str]) -> int:
     # from the runs it finished (--reanalyze --force); the report rewrites it at the end
     _write_bench_json(out, context, [], plan)
     console.print(f"bench: {len(sets)} plugin sets x {opts.repeats} repeats (+1 warm-up run "
-                  f"per set) = {total} runs, interleaved; log: {out / 'sweep.log'}")
+                  f"per set) = {total} runs, interleaved; log: {out / 'sweep.log'}",
+                  markup=False)  # a [ in --out is part of the path
     started = time.perf_counter()
     try:
         _run_sweep(command, out, total, console, metric=opts.metric,
@@ -276,6 +279,42 @@ def bench_command(args: list[str]) -> int:
         raise
     context["sweep_s"] = round(time.perf_counter() - started, 1)
     return _report_runs(out, context, plan, console)
+
+
+def hydra_quoted(path: Path) -> str:
+    """``path`` as a value of Hydra's override grammar: single-quoted, so that a comma,
+    bracket, space or ``=`` in it is part of the path (unquoted, ``--out a,b`` was a sweep
+    over two directories and the bench failed after writing its plan). A quote, backslash or
+    ``$`` (an interpolation inside quotes too) is refused in one line before anything is
+    written: Hydra would read them as grammar, not as the path."""
+    text = str(path)
+    odd = sorted({c for c in text if c in "'\\$"})
+    if odd:
+        raise UserError(f"--out {path.parent}: {' '.join(odd)} in the path is read by Hydra's "
+                        "override grammar, not as part of the path; give a directory "
+                        "without it")
+    return f"'{text}'"
+
+
+def _what_out_holds(out: Path) -> str:
+    """Why a non-empty ``--out`` is refused, and what to do: a finished bench can be
+    reported again (--reanalyze); a bench that did not finish (its plan written, no report)
+    cannot, only its finished runs with --force; anything else is not a bench at all."""
+    try:
+        saved = json.loads((out / "bench.json").read_text())
+        plan = [(int(r["repeat"]), list(r["plugins"]), bool(r["warmup"])) for r in saved["runs"]]
+        finished = bool(saved["sets"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return ("is not empty and holds no finished bench (a bench's results are never "
+                "overwritten); give another --out, or delete that directory")
+    if finished:
+        return ("is not empty: it holds a finished bench (a bench's results are never "
+                "overwritten); give another --out, or --reanalyze to report it again")
+    done = len(_measured(out / "runs", plan))
+    measured = sum(1 for _, _, warmup in plan if not warmup)
+    some = (f"; or report those with --reanalyze --force --out {out}" if done else "")
+    return (f"holds a bench that did not finish ({done} of its {measured} measured runs; "
+            f"see {out / 'sweep.log'}); give another --out, or delete that directory{some}")
 
 
 def _report_runs(out: Path, context: dict[str, Any], plan: list[tuple[int, list[str], bool]],
@@ -419,7 +458,7 @@ def report(results: list[SetResult], context: dict[str, Any],
     _write_bench_json(out, context, [asdict(s) for s in summary], plan, name)
     render_png(summary, context, out / f"{name}.png")
     (out / f"{name}.md").write_text(render_markdown(summary, context))
-    console.print(f"report: {out / f'{name}.md'}  chart: {out / f'{name}.png'}")
+    console.print(f"report: {out / f'{name}.md'}  chart: {out / f'{name}.png'}", markup=False)
     return 0
 
 
@@ -428,8 +467,8 @@ def _write_bench_json(out: Path, context: dict[str, Any], sets: list[dict[str, A
     """bench.json: the context, each set's figures (none yet while the sweep runs) and the
     run plan (what ``--reanalyze`` reads)."""
     runs = [{"run": i, "repeat": r, "plugins": p, "warmup": w} for i, (r, p, w) in enumerate(plan)]
-    with atomic_open(out / f"{name}.json") as handle:
-        handle.write(json.dumps({"context": context, "sets": sets, "runs": runs}, indent=2))
+    with atomic_open(out / f"{name}.json") as handle:  # an undefined gain (NaN) is null
+        handle.write(finite_json({"context": context, "sets": sets, "runs": runs}, indent=2))
 
 
 def _run_sweep(command: list[str], out: Path, total: int, console: Console,
@@ -465,11 +504,16 @@ def _run_sweep(command: list[str], out: Path, total: int, console: Console,
         finally:
             log.close()
     if proc.returncode != 0 and not list((out / "runs").glob("*/metrics.json")):
-        tail = [line.removeprefix("error: ")  # the sweep's own last line, once prefixed
-                for line in (out / "sweep.log").read_text().strip().splitlines()[-1:]]
+        lines = [line for line in (out / "sweep.log").read_text().strip().splitlines()
+                 if not line.startswith(HYDRA_HINT)]  # Hydra's hint is no cause
+        tail = [line.removeprefix("error: ") for line in lines[-1:]]  # the sweep's last line
         raise UserError(f"the sweep failed (exit {proc.returncode}): {' '.join(tail)} "
                         f"(full log: {out / 'sweep.log'})")
     return proc.returncode
+
+
+HYDRA_HINT = "Set the environment variable HYDRA_FULL_ERROR=1"
+"""The line Hydra ends a failure with, after the one that says what failed."""
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
@@ -567,6 +611,7 @@ def collect(runs_dir: Path, metric: str, plan: list[tuple[int, list[str], bool]]
     metric is null (a set whose every run is left out has no row; the line says why)."""
     values: dict[tuple[str, ...], list[float]] = defaultdict(list)
     repeats: dict[tuple[str, ...], list[int]] = defaultdict(list)
+    inert: dict[tuple[str, ...], set[str]] = {}
     available: set[str] = set()
     keys: set[str] = set()
     left_out: list[str] = []
@@ -593,6 +638,8 @@ def collect(runs_dir: Path, metric: str, plan: list[tuple[int, list[str], bool]]
             continue
         values[key].append(float(value))
         repeats[key].append(repeat)
+        here = inert_in_run(data)
+        inert[key] = inert[key] & here if key in inert else here
     if metric not in keys and not all_failed:  # a failed run's summary may lack any key
         raise UserError(unknown_metric(metric, available))
     if not values:
@@ -602,8 +649,18 @@ def collect(runs_dir: Path, metric: str, plan: list[tuple[int, list[str], bool]]
         raise NothingMeasured(f"no baseline run (no plugins) under {runs_dir} measured "
                               f"{metric}: gains are against it ({listed(left_out, sep='; ')}); "
                               "rerun the bench")
-    return [SetResult(plugins, tuple(v), repeats=tuple(repeats[plugins]))
+    return [SetResult(plugins, tuple(v), repeats=tuple(repeats[plugins]),
+                      inert=tuple(p for p in plugins if p in inert[plugins]))
             for plugins, v in values.items()], left_out
+
+
+def inert_in_run(data: dict[str, Any]) -> set[str]:
+    """The plugins of a run that changed nothing in it, by its report rows in
+    ``metrics.json`` (``accelopt.runtime.compare.is_inert``): a set inert in every run has
+    no gain to report, whatever the noise between its runs and the baseline's shows."""
+    rows = [(str(r.get("plugin")), r.get("metrics") or {}) for r in data.get("plugins") or []
+            if isinstance(r, dict)]
+    return {name for name in data["run"]["plugins"] if is_inert(name, rows)}
 
 
 def with_quality(results: list[SetResult], runs_dir: Path,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import io
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,28 @@ FIGURES: tuple[tuple[str, str, str], ...] = (
     ("avg_quality", "held-out top-1 (mean)", "e"),
     ("avg_perplexity", "held-out perplexity (mean)", "time"),
 )
+
+
+INERT_NOTE = ("{plugin} changed nothing in {run}, its rows say so: this difference is "
+              "run-to-run noise, not its gain")
+"""What a measured difference of a plugin whose every report row is inert is (``INERT``):
+said beside it by ``run.compare``, ``accelopt bench`` and the benchmark scripts alike."""
+
+
+def is_inert(plugin: str, rows: Iterable[tuple[str, Mapping[str, Any]]]) -> bool:
+    """Whether ``plugin`` changed nothing in a run, by that run's report rows, given as
+    (plugin, metrics) pairs (``ReportRow``s, or ``metrics.json``'s "plugins" list): it has
+    rows, and every one of them says ``INERT``. A plugin without rows is not called inert
+    (it said nothing either way)."""
+    own = [metrics for name, metrics in rows if name == plugin]
+    return bool(own) and all(metrics.get(INERT) for metrics in own)
+
+
+def inert_plugins(plugins: Iterable[str], rows: Iterable[ReportRow]) -> list[str]:
+    """The ones of ``plugins`` that changed nothing in the run whose report rows are
+    ``rows`` (:func:`is_inert`)."""
+    pairs = [(r.plugin, r.metrics) for r in rows]
+    return [name for name in plugins if is_inert(name, pairs)]
 
 
 def compare_mode(cfg: DictConfig) -> str:
@@ -84,16 +107,36 @@ def subset_config(cfg: DictConfig, subset: tuple[str, ...]) -> DictConfig:
     return sub
 
 
+def reference_dir(run_dir: Path, subset: tuple[str, ...]) -> Path:
+    """Where the reference run with ``subset``'s plugins writes: ``<run_dir>/compare/<label>``."""
+    return Path(run_dir) / "compare" / label(subset)
+
+
+def refuse_taken_references(run_dir: Path, subsets: list[tuple[str, ...]]) -> None:
+    """One line when a reference run's directory is not free (it holds a file the reference
+    would write over, an earlier run's results or claim: ``runtime/run_dir.refuse_taken``).
+    Called before the run writes anything (``execute``, before it claims ``run_dir``): found
+    when the reference starts, the run with plugins had written its config, which refused
+    the same command once the user's file was moved away; and, with ``each``, the second
+    reference's directory was found taken only after the first reference had run."""
+    from accelopt.runtime.run_dir import refuse_taken
+
+    for subset in subsets:
+        refuse_taken(reference_dir(run_dir, subset))
+
+
 def run_references(cfg: DictConfig, subsets: list[tuple[str, ...]], run_dir: Path,
                    registry: Any, console: Console) -> dict[str, RunRecord]:
-    """Run every reference set (quietly), return their records by label."""
+    """Run every reference set (quietly), return their records by label; every reference's
+    directory is checked before the first runs (:func:`refuse_taken_references`)."""
     from accelopt.runtime.run import execute
 
     mode = compare_mode(cfg)
+    refuse_taken_references(run_dir, subsets)
     refs: dict[str, RunRecord] = {}
     for subset in subsets:
         name = label(subset)
-        where = run_dir / "compare" / name
+        where = reference_dir(run_dir, subset)
         console.print(f"[dim]run.compare={mode}: running the same workload with "
                       f"{'no plugins' if not subset else name} first ({where})[/dim]")
         quiet = Console(file=io.StringIO(), width=120)
@@ -220,11 +263,9 @@ def attach(record: RunRecord, refs: dict[str, RunRecord]) -> None:
     rows = list(record.plugin_rows)
     for plugin in plugins:
         alone = refs.get(plugin)
-        own = [r for r in (alone.plugin_rows if alone is not None else rows)
-               if r.plugin == plugin]
-        noise = (f" ({plugin} changed nothing in this run, its rows say so: this difference is "
-                 "run-to-run noise, not its gain)"
-                 if own and all(r.metrics.get(INERT) for r in own) else "")
+        source = alone.plugin_rows if alone is not None else rows
+        noise = (f" ({INERT_NOTE.format(plugin=plugin, run='this run')})"
+                 if inert_plugins([plugin], source) else "")
         if alone is not None:
             text = (f"measured gain vs the same run without plugins, {plugin} alone: "
                     f"{describe(base, figures(alone, scored))}{noise}; all selected plugins "

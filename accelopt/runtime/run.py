@@ -116,6 +116,7 @@ def execute(
         warnings = setting_warnings(cfg, named)  # said now, and kept in the run's record
         for line in warnings:
             console.print(f"warning: {line}", markup=False, highlight=False, soft_wrap=True)
+        compare.refuse_taken_references(run_dir, reference_sets)  # before any write, too
         claim(run_dir, shared=under_torchrun())  # one run per directory, before any write
     if not reference_sets:  # none run: its config must not read as a run stopped in them
         cfg = _without_compare(cfg)

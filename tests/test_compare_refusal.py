@@ -1,0 +1,78 @@
+"""``run.compare``: a reference run's directory that is not free refuses the run before it
+writes anything, so the same command runs once the user's file is moved away; the inert
+note is one helper for ``run.compare``, ``accelopt bench`` and the benchmark scripts."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from accelopt.config import register_plugin_configs, register_schema
+from accelopt.errors import ConfigError
+from accelopt.plugin import Registry
+from accelopt.runtime.compare import inert_plugins, is_inert, refuse_taken_references
+from accelopt.runtime.run_dir import CLAIM_FILE
+from accelopt.types import INERT, ReportRow
+
+
+def _cfg(overrides: list[str]):
+    from accelopt.cli.hydra_run import compose_checked
+
+    registry = Registry.discover()
+    register_schema()
+    register_plugin_configs([registry.get("noop")])
+    return compose_checked(["+plugins=[noop]", "workload=tiny", "run.progress=false",
+                            *overrides]), registry
+
+
+@pytest.mark.timeout(60)
+def test_a_taken_reference_directory_refuses_before_the_run_writes_anything(tmp_path):
+    """The reference's directory was checked when the reference started, after the run with
+    plugins had claimed its directory and written config.yaml there: with the user's file
+    moved away, the same command was refused ('already holds config.yaml')."""
+    from accelopt.runtime.run import execute
+
+    run_dir = tmp_path / "cx"
+    user_file = run_dir / "compare" / "baseline" / "trace.json"
+    user_file.parent.mkdir(parents=True)
+    user_file.write_text(json.dumps({"keep": 1}))
+    cfg, registry = _cfg(["run.compare=baseline"])
+    with pytest.raises(ConfigError, match="compare/baseline already holds trace.json") as info:
+        execute(cfg, run_dir=run_dir, registry=registry, console=Console(file=io.StringIO()))
+    assert "\n" not in str(info.value)
+    assert json.loads(user_file.read_text()) == {"keep": 1}  # the user's file is untouched
+    # nothing of the refused run: no config, no claim on the directory
+    assert sorted(p.relative_to(run_dir).as_posix() for p in run_dir.rglob("*")) == [
+        "compare", "compare/baseline", "compare/baseline/trace.json"]
+    assert not (run_dir / CLAIM_FILE).exists()
+
+
+def test_every_reference_directory_is_checked_before_any_runs(tmp_path):
+    """With run.compare=each the second reference's taken directory was found only after
+    the first reference had run."""
+    taken = tmp_path / "compare" / "noop" / "metrics.json"
+    taken.parent.mkdir(parents=True)
+    taken.write_text("{}")
+    refuse_taken_references(tmp_path, [()])  # the baseline's directory is free
+    with pytest.raises(ConfigError, match=r"compare/noop already holds a run \(metrics.json\)"):
+        refuse_taken_references(tmp_path, [(), ("noop",), ("clip",)])
+    assert not (tmp_path / "compare" / "baseline").exists()
+
+
+def test_inert_is_every_row_of_the_plugin_saying_so():
+    rows = [ReportRow("tictac", "nothing to order", {INERT: 1}),
+            ReportRow("salus", "reordered 3 jobs", {}),
+            ReportRow("gradcomm", "no gradients to compress", {INERT: 1}),
+            ReportRow("gradcomm", "compressed 2 tensors", {})]
+    assert inert_plugins(["tictac", "salus", "gradcomm", "noop"], rows) == ["tictac"]
+    assert is_inert("tictac", [("tictac", {"inert": 1})])  # metrics.json's rows
+    assert not is_inert("noop", [])  # no rows: it said nothing either way
+
+
+def test_compare_modes_are_unchanged_for_a_free_directory(tmp_path: Path):
+    refuse_taken_references(tmp_path / "new", [(), ("noop",)])
+    assert not (tmp_path / "new").exists()  # checking writes nothing
