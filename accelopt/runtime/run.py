@@ -88,7 +88,7 @@ from accelopt.runtime.resume_target import (
     resume_target,
     run_config,
 )
-from accelopt.runtime.run_dir import claim
+from accelopt.runtime.run_dir import OUTPUT_NAMES, claim, release
 from accelopt.telemetry import TelemetrySampler
 from accelopt.types import RunInfo
 from accelopt.watchdog import watching
@@ -122,15 +122,33 @@ def execute(
         cfg = _without_compare(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     _save_config(cfg, run_dir)  # before the references: a run stopped in them is resumable
-    refs = compare.run_references(cfg, reference_sets, run_dir, registry, console)
-    if refs:  # they ended: a resume continues this run's own jobs, without them
-        cfg = _without_compare(cfg)
-        _save_config(cfg, run_dir)
-    if resume_from is not None:  # before anything can fail: this directory can be resumed
-        carry_checkpoints(resume_from / CHECKPOINT_DIR, run_dir / CHECKPOINT_DIR)
-    if cfg.cluster.mode != "none":
-        return _execute_cluster(cfg, run_dir, registry, console, refs, resume_from, warnings)
-    return _execute_local(cfg, run_dir, registry, console, refs, resume_from, warnings)
+    try:
+        refs = compare.run_references(cfg, reference_sets, run_dir, registry, console)
+        if refs:  # they ended: a resume continues this run's own jobs, without them
+            cfg = _without_compare(cfg)
+            _save_config(cfg, run_dir)
+        if resume_from is not None:  # before anything can fail: this directory can be resumed
+            carry_checkpoints(resume_from / CHECKPOINT_DIR, run_dir / CHECKPOINT_DIR)
+        if cfg.cluster.mode != "none":
+            return _execute_cluster(cfg, run_dir, registry, console, refs, resume_from,
+                                    warnings)
+        return _execute_local(cfg, run_dir, registry, console, refs, resume_from, warnings)
+    except UserError:
+        _give_back_if_nothing_ran(run_dir)
+        raise
+
+
+def _give_back_if_nothing_ran(run_dir: Path) -> None:
+    """A run refused as it built its jobs (a model with nothing to train, a plugin refusing
+    the model) wrote only its config: that file, and its claim, are removed, so the same
+    command runs again once fixed (kept, the config refused the fixed rerun as "would write
+    over"). Anything else a run writes (results, checkpoints, a reference run's directory)
+    keeps the directory the run's."""
+    written = [name for name in OUTPUT_NAMES if name != CONFIG_FILE and (run_dir / name).exists()]
+    if written or has_checkpoints(run_dir) or any(run_dir.glob("compare/*/metrics.json")):
+        return
+    (run_dir / CONFIG_FILE).unlink(missing_ok=True)
+    release(run_dir)
 
 
 def validate(cfg: DictConfig, registry: Registry,
