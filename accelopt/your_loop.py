@@ -501,15 +501,18 @@ def repoint_optimizer(optimizer: torch.optim.Optimizer, before: dict[str, nn.Par
     the model (pruned a layer: new, smaller Parameters), in place, since the loop keeps
     its own reference to it: each group keeps the parameters of the names it held, now
     the model's current ones; an unchanged parameter keeps its state, a replaced one starts
-    afresh (its old state has the old shape); a parameter of a new name joins the first
-    group. Without it the optimizer went on stepping tensors the model no longer used."""
+    afresh (its old state has the old shape). A parameter the loop gave the optimizer from
+    outside the model (a learnable temperature) stays. A parameter of a name new to the
+    model joins the first group; one the loop left out of its optimizer (a frozen body when
+    fine-tuning a head) stays out: it used to join as "new", so the optimizer stepped
+    layers the loop never asked it to train. Without the repointing the optimizer went on
+    stepping tensors the model no longer used."""
     name_of = {id(p): n for n, p in before.items()}
-    placed: set[str] = set()
     for group in optimizer.param_groups:
-        names = [name_of[id(p)] for p in group["params"] if id(p) in name_of]
-        group["params"] = [after[n] for n in names if n in after]
-        placed.update(names)
-    new = [p for n, p in after.items() if n not in placed and p.requires_grad]
+        group["params"] = [after[name_of[id(p)]] if id(p) in name_of else p
+                           for p in group["params"]
+                           if id(p) not in name_of or name_of[id(p)] in after]
+    new = [p for n, p in after.items() if n not in before and p.requires_grad]
     if new and optimizer.param_groups:
         optimizer.param_groups[0]["params"].extend(new)
     current = {id(p) for group in optimizer.param_groups for p in group["params"]}

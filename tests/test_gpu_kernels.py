@@ -725,3 +725,20 @@ def test_pruning_in_a_parameter_server_run_agrees_on_every_rank(tmp_path) -> Non
     assert len(per_rank) == 3, per_rank  # the server and both workers pruned, alike
     assert len({tuple(v) for v in per_rank.values()}) == 1 and None not in per_rank[0]
     assert len(out.results[0].losses) == 3
+
+
+def test_a_frozen_layer_is_left_unpruned_and_said() -> None:
+    """Fine-tuning a head over a frozen body: pruning cut the frozen 16-unit layer to 8 (and
+    sliced the next layer's inputs), and the row said "trained at the pruned size" though
+    nothing trained it. A group that slices a frozen layer stays dense, with the reason;
+    the trainable layers beside it are pruned as before."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.ReLU(), torch.nn.Linear(16, 16),
+                                torch.nn.ReLU(), torch.nn.Linear(16, 5))
+    model[0].requires_grad_(False)
+    frozen = model[0].weight.detach().clone()
+    report = node_prune(model, 0.5)
+    assert torch.equal(model[0].weight, frozen) and model[2].in_features == 16
+    assert report.refused["0"] == ("0.weight is frozen (requires_grad=False): a frozen layer "
+                                   "is left as it is")
+    assert report.pruned["2"] == (16, 8) and model[4].in_features == 8

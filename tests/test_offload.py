@@ -481,3 +481,31 @@ def test_a_saved_tensor_modified_in_place_raises_as_without_offload(policy, min_
     message = str(info.value)
     assert "shape [3, 4]" in message and "modified in place after being saved" in message
     assert "\n" not in message
+
+
+def _hooks(model: nn.Module) -> int:
+    return sum(len(m._forward_pre_hooks) + len(m._forward_hooks) for m in model.modules())
+
+
+def test_a_loops_model_is_left_without_hooks_at_close_and_never_stacked(tmp_path):
+    """The engine kept no handles: a loop's model (``accelopt.attach``) kept offloading
+    after ``close()``, and attach/close/attach stacked a second engine's hooks on it. Its
+    hooks come off at the run's end; an attach over one not closed is refused in one line."""
+    import accelopt
+    from accelopt.errors import UserError
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    x, y = torch.randn(8, 16), torch.randint(4, (8,))
+    for k in range(2):
+        ao = accelopt.attach(model, ["+plugins=[offload]"], run_dir=tmp_path / f"r{k}")
+        assert _hooks(ao.model) > 0
+        for _ in ao.loop(range(2)):
+            torch.nn.functional.cross_entropy(ao.model(x), y).backward()
+        (row,) = ao.close()
+        assert "offloaded to host" in row.summary and _hooks(ao.model) == 0
+    accelopt.attach(model, ["+plugins=[offload]"], run_dir=tmp_path / "open")
+    with pytest.raises(UserError, match=r"offload: job '.*': the model still carries the "
+                                        r"offloading hooks of an earlier run") as info:
+        accelopt.attach(model, ["+plugins=[offload]"], run_dir=tmp_path / "again")
+    assert "\n" not in str(info.value)

@@ -1561,3 +1561,62 @@ def test_a_max_active_below_min_active_is_refused_naming_both() -> None:
     assert "\n" not in str(info.value)
     validate(SlideConfig(max_active=0, min_active=1000))  # automatic
     validate(SlideConfig(max_active=50, min_active=1000, topup="batch"))  # shared list apart
+
+
+def test_a_frozen_layer_is_left_dense_and_the_row_says_why() -> None:
+    """SLIDE trains its layers itself (sparse Adam in backward): a head the user froze
+    (``requires_grad_(False)``) was swapped in, reported "trained", and changed. A frozen
+    output layer, and a frozen sparse input layer, stay dense, named in the row."""
+    from types import SimpleNamespace
+
+    from accelopt_plugins.slide.plugin import SlidePlugin
+    from accelopt_plugins.slide.xcmodel import SparseInput
+
+    from accelopt import LayerOffer
+
+    net = _WideBoth()
+    net.out.requires_grad_(False)
+    plugin = SlidePlugin(SlideConfig(min_width=256, lr=1e-2, l=4, bucket_size=16,
+                                     sparse_input=True))
+    embed = SparseInput(50, 8)
+    embed.weight.requires_grad_(False)
+    kept = plugin.accelopt_layer_build(LayerOffer(
+        job=SimpleNamespace(name="j", kind="train"), path="embed", index=0, module=embed,
+        module_type="SparseInput", in_features=None, out_features=None))
+    _offer(plugin, net)
+    assert kept is None and isinstance(net.out, torch.nn.Linear)
+    (row,) = plugin.accelopt_report_rows(None)
+    assert "j:out (400 outputs, frozen: weight, bias requires_grad=False" in row.summary
+    assert "j:embed (sparse input, frozen: weight requires_grad=False" in row.summary
+    assert "no output Linear layer has" not in row.summary
+
+
+class _WideRows(torch.utils.data.TensorDataset):
+    num_classes = 300
+
+
+def wide_rows(*, seed: int) -> _WideRows:
+    """64 rows of 12 features, 300 classes: softmax regression's data."""
+    g = torch.Generator().manual_seed(seed)
+    return _WideRows(torch.randn(64, 12, generator=g), torch.randint(300, (64,), generator=g))
+
+
+def softmax_regression(*, input_shape, num_classes) -> torch.nn.Module:
+    """One wide Linear: SLIDE's natural case, its only trainable layer."""
+    return torch.nn.Linear(input_shape[0], num_classes)
+
+
+def test_a_model_whose_only_layer_slide_takes_still_trains(run_tiny) -> None:
+    """With its one Linear swapped for SLIDE's (buffers trained by its own sparse Adam) the
+    model had no parameters left, and the job was refused: "the model has nothing to
+    train: it has no parameters", though without slide it trained."""
+    record = run_tiny(PLUGIN, workload="single", overrides=[
+        "run.profile=false", "workload.jobs.0.model=test_slide:softmax_regression",
+        "workload.jobs.0.dataset=test_slide:wide_rows", "workload.jobs.0.optimizer=adam",
+        "workload.jobs.0.iterations=2", "workload.jobs.0.batch_size=8",
+        "plugins.slide.min_width=256", "plugins.slide.l=4", "plugins.slide.threads=1"])
+    (job,) = record.jobs
+    assert job.status == "done" and job.iterations_done == 2, job.error
+    (row,) = [r for r in record.plugin_rows if r.plugin == "slide"]
+    assert row.summary.startswith("mlp:(the model) 300 outputs trained with ")
+    assert row.metrics["union_rows_per_batch"] > 0

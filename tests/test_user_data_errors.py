@@ -87,6 +87,18 @@ def str_labels(*, seed: int) -> list[tuple]:
     return [(x[i], "cat") for i in range(len(x))]
 
 
+def bool_labels(*, seed: int) -> TensorDataset:
+    """A binary task's labels as a mask: ``y > 0``."""
+    x, y = xy(seed=seed)
+    return TensorDataset(x, y > 0)
+
+
+def column_labels(*, seed: int) -> TensorDataset:
+    """Class indices as a column ``[N, 1]``: a batch's labels are ``[B, 1]``."""
+    x, y = xy(seed=seed)
+    return TensorDataset(x, y[:, None])
+
+
 def tensor_pair(*, seed: int):
     return xy(seed=seed)
 
@@ -189,6 +201,12 @@ def test_an_iterable_dataset_with_len_is_read_as_its_batches():
      r"batch 0: its field 'text' is text .* dataset.remove_columns\(\['text'\]\)"),
     (dict(dataset=f"{HERE}:str_labels"),
      r"item 0: its label is text \('cat'\), not a number; labels must be numbers"),
+    (dict(dataset=f"{HERE}:bool_labels"),  # used to fail at the first step, in torch's words
+     r"labels are torch.bool but cross-entropy needs class indices \(int64\); return "
+     r"y.long\(\) \(False/True as classes 0/1\), or give the dataset a loss_fn"),
+    (dict(dataset=f"{HERE}:column_labels"),
+     r"labels have shape \(16, 1\) but cross-entropy needs one class index per row "
+     r"\(shape \(16,\)\); return y.squeeze\(1\), or give the dataset a loss_fn"),
     (dict(dataset=f"{HERE}:tensor_pair"),
      r"returned a pair of tensors \(\(64, 8\), \(64,\)\), which reads as \(train, held_out\) "
      r"datasets; wrap them: return torch.utils.data.TensorDataset\(x, y\)"),

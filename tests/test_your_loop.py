@@ -540,3 +540,23 @@ def test_an_iteration_start_that_raises_leaves_no_iteration_open(tmp_path):
         pass
     assert ao.iterations == 2
     ao.close()
+
+
+def test_a_repointed_optimizer_keeps_out_the_layers_the_loop_left_out():
+    """A loop fine-tuning a head (``SGD(model.head.parameters())``) whose body a plugin
+    pruned: every pruned name was "new" to the optimizer, so after the rebuild it stepped
+    the whole body too (165 -> 565 parameters in the report's case), nothing said. Only a
+    name new to the model joins; a parameter from outside the model stays."""
+    from accelopt.your_loop import repoint_optimizer
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Linear(6, 3))
+    temperature = torch.nn.Parameter(torch.ones(()))
+    opt = torch.optim.SGD([*model[1].parameters(), temperature], lr=0.1)
+    before = dict(model.named_parameters())
+    model[0].weight = torch.nn.Parameter(torch.zeros(3, 4))  # "pruned": a new Parameter
+    model[0].extra = torch.nn.Parameter(torch.zeros(2))      # a name new to the model
+    repoint_optimizer(opt, before, dict(model.named_parameters()))
+    held = {id(p) for group in opt.param_groups for p in group["params"]}
+    assert held == {id(model[1].weight), id(model[1].bias), id(temperature),
+                    id(model[0].extra)}

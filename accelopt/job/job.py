@@ -545,14 +545,23 @@ def refuse_sparse_gradients(model: nn.Module, job: str) -> None:
                           f"{'it' if len(sparse) == 1 else 'them'} with sparse=False")
 
 
+TRAINS_ITSELF = "trains_itself"
+"""A module attribute (true) that a plugin's layer sets when it updates its own weights, in
+backward, outside the job's optimizer (SLIDE's layers: buffers trained by a sparse Adam)."""
+
+
 def refuse_untrainable(model: nn.Module, job: str) -> None:
     """A training job's model with no parameter to train (none at all, or every one frozen
     with ``requires_grad=False``) is refused in one line when the job is built: the
     optimizer refused an empty parameter list with a traceback, and a frozen model failed
     its first backward ("element 0 of tensors does not require grad", with a hint about the
-    dataset's inputs), DDP's own error under all-reduce, exit 3 under a parameter server."""
+    dataset's inputs), DDP's own error under all-reduce, exit 3 under a parameter server.
+    A layer a plugin swapped in that trains itself (:data:`TRAINS_ITSELF`) is something to
+    train: SLIDE on softmax regression (one wide Linear, now SLIDE's buffers) was refused
+    as "it has no parameters"; its optimizer is then one empty group, a step of nothing."""
     params = list(model.parameters())
-    if any(p.requires_grad for p in params):
+    if any(p.requires_grad for p in params) or any(
+            getattr(m, TRAINS_ITSELF, False) for m in model.modules()):
         return
     what = (f"all {len(params)} of its parameter tensors are frozen (requires_grad=False)"
             if params else "it has no parameters")
@@ -726,8 +735,25 @@ def check_batch(dataset: Any, spec: JobConfig) -> bool:
             f"batch 0's input tensors have different row counts ({inputs.describe(x)}); every "
             "input tensor needs one row per label")
     plain = spec.loss == "auto" and getattr(dataset, "loss_fn", None) is None
-    if plain and y.dim() == 1 and y.is_floating_point():
+    if plain:
+        refuse_label_form(y)
+    return one_tensor
+
+
+def refuse_label_form(y: torch.Tensor) -> None:
+    """Labels the default cross-entropy cannot take, refused when the job is built (they
+    failed its first step, in torch's words): float (where a loss_fn is meant), bool (a
+    binary task's mask: ``y.long()`` gives classes 0 and 1), and a column ``[N, 1]`` of
+    class indices (one index per row is ``[N]``: ``y.squeeze(1)``)."""
+    if y.dim() == 1 and y.is_floating_point():
         raise ValueError(
             f"labels are {y.dtype} but cross-entropy needs class indices (int64, shape "
             f"{tuple(y.shape)}); return integer labels, or give the dataset a loss_fn")
-    return one_tensor
+    if y.dtype == torch.bool:
+        raise ValueError(
+            "labels are torch.bool but cross-entropy needs class indices (int64); return "
+            "y.long() (False/True as classes 0/1), or give the dataset a loss_fn")
+    if y.dim() == 2 and y.shape[1] == 1 and not y.is_floating_point():
+        raise ValueError(
+            f"labels have shape {tuple(y.shape)} but cross-entropy needs one class index per "
+            f"row (shape ({len(y)},)); return y.squeeze(1), or give the dataset a loss_fn")

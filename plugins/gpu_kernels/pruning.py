@@ -133,7 +133,8 @@ def _analyse(model: nn.Module) -> _Analysis:
     refused.update(not_producers)
     holders = _holders(model)
     for g in [*groups, *rules]:
-        g.refused = g.refused or _tied_reason(model, g.members, holders)
+        g.refused = (g.refused or _tied_reason(model, g.members, holders)
+                     or _frozen_reason(model, g.members))
     graph = {g.key: g for g in groups}
     owner = {p: g.key for g in groups for p in g.producers}
     owner.update({k: k for k in rule_map})
@@ -161,6 +162,21 @@ def _tied_reason(model: nn.Module, members: list[str],
             if others:
                 return (f"{member}.{name} is tied to {others[0]} (a shared weight cannot be "
                         "sliced for one of its users)")
+    return None
+
+
+def _frozen_reason(model: nn.Module, members: list[str]) -> str | None:
+    """Why a group that slices a frozen layer (a parameter with ``requires_grad=False``: a
+    body held fixed while a head is fine-tuned) stays dense: pruning changes what that
+    layer computes, which the user froze it not to; a frozen 16-unit layer was cut to 8 and
+    the row said "trained at the pruned size" though nothing trained it."""
+    modules = dict(model.named_modules())
+    for member in members:
+        for name, param in modules[member].named_parameters(recurse=False):
+            if not param.requires_grad:
+                full = f"{member}.{name}" if member else name
+                return (f"{full} is frozen (requires_grad=False): a frozen layer is left as "
+                        "it is")
     return None
 
 

@@ -50,6 +50,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.nn.modules.conv import _ConvNd
+from torch.utils.hooks import RemovableHandle
 
 POLICIES = ("all", "conv", "size")
 
@@ -212,6 +213,8 @@ class OffloadEngine:
         self._installed_ids: set[int] = set()
         self._stream: Any = None
         self._hooked: set[int] = set()
+        self._handles: list[RemovableHandle] = []
+        """Every hook the engine registered on a module, for :meth:`remove`."""
 
     # -- installation ------------------------------------------------------------------
 
@@ -220,26 +223,38 @@ class OffloadEngine:
         installed layers are counted (as resident), and its forward starts a forward pass
         (and, where no iteration is marked, a new counting period)."""
         self._root = weakref.ref(root)
-        root.register_forward_pre_hook(self._root_pre, prepend=True)
-        root.register_forward_hook(self._root_post, always_call=True)
+        self._handles += [root.register_forward_pre_hook(self._root_pre, prepend=True),
+                          root.register_forward_hook(self._root_post, always_call=True)]
 
     def install(self, module: nn.Module, path: str) -> nn.Module:
         """Run ``module``'s forward inside the offloading hooks (the module itself is kept:
         parameter names and state_dict keys do not change)."""
-        module.register_forward_pre_hook(self._enter)
-        module.register_forward_hook(self._exit, always_call=True)
+        self._handles += [module.register_forward_pre_hook(self._enter),
+                          module.register_forward_hook(self._exit, always_call=True)]
         self._installed_ids.add(id(module))
         for sub in module.modules():
             if id(sub) in self._hooked:
                 continue
             self._hooked.add(id(sub))
             if next(sub.children(), None) is None:  # a leaf: one prefetch group
-                sub.register_forward_pre_hook(self._leaf_pre)
+                self._handles.append(sub.register_forward_pre_hook(self._leaf_pre))
             if is_convolution(sub):  # a leaf, or one with parametrizations inside
-                sub.register_forward_pre_hook(self._conv_pre)
-                sub.register_forward_hook(self._conv_post, always_call=True)
+                self._handles += [sub.register_forward_pre_hook(self._conv_pre),
+                                  sub.register_forward_hook(self._conv_post, always_call=True)]
         self.installed.append(path or "<model>")
         return module
+
+    def remove(self) -> None:
+        """Take every hook off the model (the run ended): the model runs as it did before,
+        and a later engine on it does not stack on this one. Without it a loop's model
+        (``accelopt.attach``) kept offloading after ``close()``, and each attach added a
+        second set of hooks. What was counted stays, for the report."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        self._hooked.clear()
+        self._installed_ids.clear()
+        self._root = None
 
     # -- iterations (the owner's boundaries) ---------------------------------------------
 
@@ -514,6 +529,16 @@ class OffloadEngine:
         self._groups.clear()
         self._group_ids.clear()
         self._dedupe.clear()
+
+
+def engine_on(module: nn.Module) -> OffloadEngine | None:
+    """The engine whose hooks ``module`` carries, if any (one not yet removed: a loop's
+    earlier ``accelopt.attach`` that was never closed)."""
+    for hook in (*module._forward_pre_hooks.values(), *module._forward_hooks.values()):
+        owner = getattr(hook, "__self__", None)
+        if isinstance(owner, OffloadEngine):
+            return owner
+    return None
 
 
 def install_on(model: nn.Module, engine: OffloadEngine,

@@ -7,9 +7,9 @@ from typing import Any
 
 import torch
 from accelopt_plugins.offload.config import OffloadConfig, validate
-from accelopt_plugins.offload.engine import OffloadEngine
+from accelopt_plugins.offload.engine import OffloadEngine, engine_on
 
-from accelopt import LayerOffer, ReportRow, RunInfo, hookimpl
+from accelopt import LayerOffer, ReportRow, RunInfo, UserError, hookimpl
 from accelopt.types import INERT, IterationContext, IterationResult
 
 MiB = 2**20
@@ -48,6 +48,12 @@ class OffloadPlugin:
         if layer.job.kind != "train":
             return None  # inference saves nothing for backward
         engine = self._engine(layer.job.job_id)
+        other = engine_on(layer.module)
+        if other is not None and other is not engine:
+            raise UserError(
+                f"offload: job '{layer.job.name}': the model still carries the offloading "
+                f"hooks of an earlier run (on {layer.path or 'its root'}: an accelopt.attach "
+                "not closed?); close() that one first, so the two do not stack")
         taken = self._taken.setdefault(layer.job.job_id, [])
         if layer.path == "":
             engine.track(layer.module)
@@ -71,6 +77,14 @@ class OffloadPlugin:
         engine = self.engines.get(context.job.job_id)
         if engine is not None:
             engine.end_iteration()
+
+    @hookimpl
+    def accelopt_run_end(self, run: RunInfo, metrics: dict[str, Any]) -> None:
+        """Take the engines' hooks off the models (after the report rows were read): a
+        loop's own model (``accelopt.attach``) outlives the run, and went on offloading,
+        counted by nobody, after ``close()``."""
+        for engine in self.engines.values():
+            engine.remove()
 
     @hookimpl
     def accelopt_report_rows(self, run: RunInfo) -> list[ReportRow]:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import copy
 import math
 import time
-from typing import Any
+from typing import Any, ClassVar
 
 import numba
 import numpy as np
@@ -295,6 +295,10 @@ for _dunder, _symbol in (("__neg__", "-"), ("__lt__", "<"), ("__le__", "<="),
 
 class SlideLinear(nn.Module):
     """A wide Linear(in_features -> out_features) trained the SLIDE way (see module doc)."""
+
+    trains_itself: ClassVar[bool] = True
+    """Its weights update in backward (sparse Adam), outside the job's optimizer: a job
+    whose only trainable layer this is still trains (``accelopt.job.job.TRAINS_ITSELF``)."""
 
     def __init__(
         self,
@@ -880,6 +884,9 @@ class SlideSparseInput(nn.Module):
     """First layer on padded sparse input x [B, 2, P] (ids, values; id -1 = padding):
     out = bias + sum_p v_p W[f_p]. Weight rows get sparse Adam on the batch's features only;
     the (narrow) bias stays an ordinary parameter for the job's optimizer."""
+
+    trains_itself: ClassVar[bool] = True
+    """Its weight rows update in backward (``accelopt.job.job.TRAINS_ITSELF``)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor, cfg: SlideConfig, *,
                  lr: float) -> None:

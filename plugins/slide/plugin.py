@@ -157,6 +157,25 @@ def _last_registered(model: nn.Module) -> tuple[set[str], str | None]:
     return {last[0]}, None
 
 
+ROOT_LABEL = "(the model)"
+"""How a row names the layer of a model that is one Linear (its path is empty)."""
+
+
+def frozen_in(module: nn.Module, kind: str) -> str | None:
+    """Why a training job's layer stays dense because the user froze it (a parameter with
+    ``requires_grad=False``), else None. SLIDE's layer trains every weight it holds with its
+    own sparse Adam, in backward, outside the job's optimizer: a frozen head swapped in
+    was trained all the same (a fine-tuned body's fixed head changed). An inference job
+    trains nothing, so its frozen layer is still replaced (for LSH inference)."""
+    if kind != "train":
+        return None
+    frozen = [n for n, p in module.named_parameters() if not p.requires_grad]
+    if not frozen:
+        return None
+    return (f"frozen: {', '.join(frozen)} requires_grad=False, and SLIDE would train it "
+            "with its own sparse Adam")
+
+
 class SlidePlugin:
     """Replaces wide output layers at build time and reports what the layers did."""
 
@@ -249,9 +268,12 @@ class SlidePlugin:
     def accelopt_layer_build(self, layer: LayerOffer) -> Any | None:
         module = layer.module
         if layer.path == "":  # the root comes last: now the output layer is known
-            self._replace_output(module, layer)
-            return None
+            return self._replace_output(module, layer)
         if self.cfg.sparse_input and isinstance(module, SparseInput):
+            frozen = frozen_in(module, layer.job.kind)
+            if frozen:
+                self.skipped.append(f"{layer.job.name}:{layer.path} (sparse input, {frozen})")
+                return None
             new_in = SlideSparseInput(module.weight, module.bias, self.cfg,
                                       lr=self._lr(layer.job.name, layer.job.kind))
             self.inputs.append((layer.job.name, layer.path, new_in))
@@ -259,10 +281,14 @@ class SlidePlugin:
             return new_in
         return None
 
-    def _replace_output(self, model: nn.Module, layer: LayerOffer) -> None:
+    def _replace_output(self, model: nn.Module, layer: LayerOffer) -> nn.Module | None:
         """Replace the wide Linear whose output is the model's output (:func:`output_layers`):
         only an output layer may return SLIDE's deferred logits (a wide hidden layer stays
-        dense, and so does every wide layer when the output layer cannot be told)."""
+        dense, and so does every wide layer when the output layer cannot be told). A model
+        that is one wide Linear (softmax regression) is its own output layer: the SLIDE
+        layer returned replaces the root (it was left dense as "not the output layer")."""
+        if isinstance(model, nn.Linear):
+            return self._replace_root(model, layer)
         outputs, unsure = output_layers(model)
         job = layer.job.name
         for path, mod in model.named_modules():
@@ -273,6 +299,10 @@ class SlidePlugin:
                                  "output unchanged")
                 self.skipped.append(f"{job}:{path} ({mod.out_features} outputs, {why})")
                 continue
+            frozen = frozen_in(mod, layer.job.kind)
+            if frozen:
+                self.skipped.append(f"{job}:{path} ({mod.out_features} outputs, {frozen})")
+                continue
             tied_to = self._tie(model, job, path, mod)
             new = SlideLinear.from_linear(mod, self.cfg, lr=self._lr(job, layer.job.kind),
                                           tied_to=tied_to)
@@ -282,6 +312,22 @@ class SlidePlugin:
                 model.register_load_state_dict_pre_hook(TieCheck(tied_to, f"{path}.weight"))
             self.layers.append((job, path, new))
             self.kinds[job] = str(layer.job.kind)
+        return None
+
+    def _replace_root(self, model: nn.Linear, layer: LayerOffer) -> nn.Module | None:
+        """The SLIDE layer for a model that is one Linear, if wide and trainable (else
+        None, and a frozen one is named in the row); no other module can share its weight."""
+        job, label = layer.job.name, ROOT_LABEL
+        if model.out_features < self.cfg.min_width:
+            return None
+        frozen = frozen_in(model, layer.job.kind)
+        if frozen:
+            self.skipped.append(f"{job}:{label} ({model.out_features} outputs, {frozen})")
+            return None
+        new = SlideLinear.from_linear(model, self.cfg, lr=self._lr(job, layer.job.kind))
+        self.layers.append((job, label, new))
+        self.kinds[job] = str(layer.job.kind)
+        return new
 
     def _tie(self, model: nn.Module, job: str, path: str, mod: nn.Linear) -> str | None:
         """The name of the Parameter outside ``path`` that is ``mod``'s weight, if the SLIDE
@@ -311,10 +357,9 @@ class SlidePlugin:
     @hookimpl
     def accelopt_report_rows(self, run: RunInfo) -> list[ReportRow]:
         if not self.layers:
-            why = (f"no output Linear layer has >= {self.cfg.min_width} outputs "
-                   f"(plugins.slide.min_width)")
-            if self.skipped:
-                why += f"; wide layers left dense: {', '.join(self.skipped)}"
+            why = (f"no layer replaced; wide layers left dense: {', '.join(self.skipped)}"
+                   if self.skipped else f"no output Linear layer has >= {self.cfg.min_width} "
+                   "outputs (plugins.slide.min_width)")
             return [ReportRow(plugin="slide", summary=f"nothing to do on this workload: {why}",
                               metrics={INERT: 1})]
         rows = []
