@@ -7,14 +7,16 @@ to Integer"), before any job is built.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import typing
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf, ValidationError
+from omegaconf.nodes import BooleanNode
 
 from accelopt.errors import PluginResolutionError, first_line, listed
 
@@ -173,6 +175,42 @@ class AccelConfig:
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     plugins: dict[str, Any] = field(default_factory=dict)
+
+
+BOOLEAN_WORDS = {"true": True, "false": False, "yes": True, "no": False, "on": True,
+                 "off": False, "y": True, "n": False}
+"""The words OmegaConf takes for a boolean (any case); of numbers only 1 and 0 are taken."""
+
+
+def strict_boolean(value: Any) -> bool:
+    """A boolean setting's value as OmegaConf converts it, but refusing every number other
+    than 1 and 0: OmegaConf turns any integer into ``value != 0``, so ``run.deterministic=2``
+    or ``plugins.tictac.force=-3`` ran as ``true`` without a word (a typo, or a count given
+    to a switch). Raises omegaconf's ``ValidationError``: the composing error names the key."""
+    if isinstance(value, bool):
+        return value
+    text = value.strip() if isinstance(value, str) else value
+    if isinstance(text, int) or (isinstance(text, str) and text.lstrip("+-").isdigit()):
+        if int(text) in (0, 1):
+            return int(text) == 1
+    elif isinstance(value, str) and value.lower() in BOOLEAN_WORDS:
+        return BOOLEAN_WORDS[value.lower()]
+    raise ValidationError("'$VALUE' is not a boolean; give true or false")
+
+
+@contextlib.contextmanager
+def strict_booleans() -> Iterator[None]:
+    """Within: every boolean node of a config, the schema's and each plugin's alike, converts
+    its values with :func:`strict_boolean` (the one place both are typed: OmegaConf's
+    ``BooleanNode``). Composing the run's config up front within it refuses the value before
+    anything starts; the original conversion is back on leaving."""
+    original = BooleanNode.__dict__["_validate_and_convert_impl"]
+    BooleanNode._validate_and_convert_impl = (  # type: ignore[method-assign]
+        lambda self, value: strict_boolean(value))
+    try:
+        yield
+    finally:
+        BooleanNode._validate_and_convert_impl = original  # type: ignore[method-assign]
 
 
 def register_schema(overrides: Sequence[str] = ()) -> None:

@@ -301,9 +301,9 @@ def test_a_sweep_never_writes_over_an_earlier_sweep_nor_trains_before_a_bad_poin
                      "hydra.sweep.subdir=fixed", cwd=tmp_path)
     assert fixed.returncode == 2
     assert fixed.stderr.strip() == (
-        "error: 'hydra.sweep.subdir=fixed' gives every point of the sweep the same directory, "
-        "each writing over the one before; include ${hydra.job.num} (e.g. "
-        "hydra.sweep.subdir=run${hydra.job.num}) or drop it")
+        "error: points #0 and #1 of the sweep both write to third/fixed (hydra.sweep.subdir="
+        "fixed), each over the one before; make hydra.sweep.subdir differ per point: include "
+        "${hydra.job.num} (e.g. hydra.sweep.subdir=fixed_${hydra.job.num}) or drop it")
     assert not (tmp_path / "third").exists()
 
 
@@ -658,8 +658,60 @@ def test_hydra_flags_with_values_are_not_overrides(tmp_path):
     assert "noop:" in result.stdout and "record: true" in result.stdout
 
 
+@pytest.mark.parametrize("flags, line", [
+    (["--config-name", "nope"], "--config-name nope: no nope.yaml in accelopt's configs; drop "
+     "--config-name (accelopt run reads its config.yaml) or name a config of --config-dir DIR"),
+    (["--config-dir", "nowhere"], "--config-dir nowhere: no such directory; give the directory "
+     "of your own configs (its workload/NAME.yaml, experiment/NAME.yaml are then found beside "
+     "accelopt's)"),
+    (["--config-path=/nonexistent"], "--config-path /nonexistent: no such directory; to add "
+     "configs of your own, give --config-dir DIR (accelopt's stay found)"),
+])
+def test_hydras_config_flags_naming_what_is_not_there_are_one_line_exit_2(tmp_path, flags,
+                                                                          line):
+    """Hydra printed a UserWarning with its own file's path, then a several-line error with
+    its config search path, and exited 1."""
+    result = accelopt("run", *flags, *TINY, cwd=tmp_path)
+    assert (result.returncode, result.stderr.strip()) == (2, f"error: {line}")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_plugins_setting_with_a_plus_in_a_sweep_selecting_it_names_the_fix_that_works():
+    """``-m '+plugins=[],[salus]' +plugins.salus.policy=srtf`` was told "add
+    +plugins=[salus]", which the sweep had: the fix is to drop the + (the setting then
+    reaches the points that select salus, and only them)."""
+    from accelopt.cli.hydra_run import plugin_selections, prepared_configs
+    from accelopt.cli.sweep_settings import force_settings_of_swept_plugins
+    from accelopt.errors import ConfigError
+    from accelopt.plugin import Registry
+
+    registry = Registry.discover()
+    with pytest.raises(ConfigError) as refused:
+        prepared_configs([*TINY, "+plugins=[],[salus]", "+plugins.salus.policy=srtf"],
+                         registry, multirun=True)
+    assert str(refused.value) == (
+        "'+plugins.salus.policy=srtf' sets an option of plugin 'salus', which is selected, and "
+        "a + adds a key its config has already: drop the +: plugins.salus.policy=srtf (it "
+        "reaches the points of the sweep that select it)")
+    fixed = [*TINY, "cluster.mode=none", "+plugins=[],[salus]", "plugins.salus.policy=srtf"]
+    fixed = force_settings_of_swept_plugins(fixed, plugin_selections(fixed))  # as `run` does
+    without, with_salus = prepared_configs(fixed, registry, multirun=True)
+    assert with_salus.plugins.salus.policy == "srtf" and "capacity" in with_salus.plugins.salus
+    assert "capacity" not in without.plugins.salus  # the stray entry a run drops
+
+
 @pytest.mark.parametrize("overrides, needle", [
     (["plugins.salus.policy=srtf"], "which this run does not select; add +plugins=[salus]"),
+    # Hydra's fixes were on the lines after the one kept, or named another fix
+    (["+plugins=salus,tictac"], "'+plugins=salus,tictac' lists several plugins without "
+     "brackets; select them all with +plugins=[salus,tictac] (or run one each as a sweep: "
+     "add -m)"),
+    (["run.seed=0,1"], "'run.seed=0,1' gives several values outside a sweep: add -m to run "
+     "one each, give a list (run.seed=[0,1]), or quote them for one string (run.seed='0,1')"),
+    (["+experiment=salus_tictac"], "'+experiment=salus_tictac': experiment is in accelopt's "
+     "defaults list already (null unless chosen), so the + adds it a second time; drop the +: "
+     "experiment=salus_tictac"),
+    (["+plugins=[salus]", "+plugins.salus.policy=srtf"], "drop the +: plugins.salus.policy=srtf"),
     (["plugins.salsa.policy=srtf"], "no plugin 'salsa' is installed; did you mean 'salus'?"),
     (["plugins=[salus]"], "plugins are selected with a leading +: +plugins=[salus]"),
     (["workload=digit"], "no workload 'digit'; did you mean 'digits'?"),

@@ -131,3 +131,49 @@ def test_the_schema_docstring_quotes_the_real_message_for_a_wrong_type():
     with pytest.raises(ConfigError) as caught:
         compose_checked(["workload=tiny", "run.seed=abc"])
     assert str(caught.value) in " ".join((accelopt.config.__doc__ or "").split())
+
+
+@pytest.mark.parametrize("override", ["run.deterministic=2", "run.deterministic=-1",
+                                      "run.deterministic='2'", "run.deterministic=maybe",
+                                      "run.deterministic=1.0", "+plugins=[tictac]",
+                                      "+plugins=[gradcomm]"])
+def test_a_boolean_setting_takes_true_or_false_not_any_number(override):
+    """OmegaConf turns any integer into ``!= 0``: ``run.deterministic=2`` or ``-1``,
+    ``plugins.tictac.force=-3``, ``plugins.gradcomm.overlap=2`` ran as true without a word,
+    while 1.0 and 'maybe' were refused (without the fix). Core keys and plugins' alike."""
+    from accelopt.errors import ConfigError
+    from accelopt.plugin import Registry
+
+    key, value = {"+plugins=[tictac]": ("plugins.tictac.force", "-3"),
+                  "+plugins=[gradcomm]": ("plugins.gradcomm.overlap", "2")}.get(
+        override, ("run.deterministic", override.split("=", 1)[1]))
+    overrides = ["workload=tiny", override]
+    if override.startswith("+plugins"):
+        from accelopt.config import register_plugin_configs
+
+        name = override.split("[")[1].rstrip("]")
+        register_plugin_configs([Registry.discover().get(name)])
+        overrides.append(f"{key}={value}")
+    register_schema()
+    with pytest.raises(ConfigError) as refused:
+        compose_checked(overrides)
+    assert str(refused.value) == f"{key}: '{value.strip(chr(39))}' is not a boolean; give " \
+        "true or false"
+
+
+def test_boolean_words_and_one_and_zero_are_still_taken_and_omegaconf_is_left_as_it_was():
+    from omegaconf import ValidationError
+
+    register_schema()
+    for value, expected in [("1", True), ("0", False), ("yes", True), ("off", False),
+                            ("True", True), ("false", False), ("'1'", True)]:
+        cfg = compose_checked(["workload=tiny", f"run.deterministic={value}"])
+        assert cfg.run.deterministic is expected, value
+    # outside accelopt's composing, OmegaConf converts as it always did (nothing patched)
+    from accelopt.config import RunSettings
+
+    node = OmegaConf.structured(RunSettings)
+    node.deterministic = 2
+    assert node.deterministic is True
+    with pytest.raises(ValidationError):
+        node.deterministic = "maybe"

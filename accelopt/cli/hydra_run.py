@@ -21,17 +21,22 @@ import sys
 import typing
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from accelopt.atomic import RUNS_DIR, refuse_unwritable
 from accelopt.cli.sweep_settings import drop_unselected, selection_from_task_overrides
-from accelopt.config import register_plugin_configs, register_schema, unknown_keys
+from accelopt.config import (
+    register_plugin_configs,
+    register_schema,
+    strict_booleans,
+    unknown_keys,
+)
 from accelopt.errors import (
     AccelOptError,
     ConfigError,
@@ -154,13 +159,20 @@ def _empty_sweep(override: str) -> bool:
     return parsed.is_sweep_override() and not list(parsed.sweep_string_iterator())
 
 
-def prepare(overrides: list[str], registry: Registry, multirun: bool) -> set[str]:
+def prepare(overrides: list[str], registry: Registry,
+            multirun: bool) -> tuple[set[str], str | None]:
     """Load the selected plugins, register configs, and compose every requested config
     once so that any mistake surfaces as one line before Hydra starts. Returns the cluster
     modes among them other than ``none`` (empty: every run is local; else the ranks'
-    forkserver can start before Hydra runs them)."""
-    modes = {str(cfg.cluster.mode) for cfg in prepared_configs(overrides, registry, multirun)}
-    return modes - {"none"}
+    forkserver can start before Hydra runs them), and the directory a single run's
+    ``hydra.run.dir`` with a ``${...}`` in it resolved to (None for any other: for
+    :func:`pin_run_dir`)."""
+    configs, dirs = prepared_points(overrides, registry, multirun)
+    modes = {str(cfg.cluster.mode) for cfg in configs} - {"none"}
+    pinned = None
+    if not multirun and "$" in (named_dir(overrides, "hydra.run.dir") or "") and dirs[0]:
+        pinned = dirs[0].run
+    return modes, pinned
 
 
 def prepared_configs(overrides: list[str], registry: Registry, multirun: bool = False,
@@ -168,55 +180,114 @@ def prepared_configs(overrides: list[str], registry: Registry, multirun: bool = 
     """:func:`prepare`'s work, returning the composed configs (one per sweep point), so a
     caller that runs one (``accelopt.run``) need not compose it again; ``run_dir``: the run
     directory such a caller chose (else the overrides' or the default one is checked)."""
+    return prepared_points(overrides, registry, multirun, run_dir)[0]
+
+
+def prepared_points(overrides: list[str], registry: Registry, multirun: bool = False,
+                    run_dir: Path | None = None
+                    ) -> tuple[list[DictConfig], list[PointDirs | None]]:
+    """:func:`prepared_configs`, with each point's directories where Hydra picks them
+    (``run_dir`` None) and they are checked: a named one resolved (``${workload.name}``)."""
     expose_hydra_plugins()
     specs = {}
-    for names in plugin_selections(overrides):
+    selections = plugin_selections(overrides)
+    for names in selections:
         for spec in resolve(names, registry):
             specs[spec.name] = spec
     register_schema(overrides)
     register_plugin_configs(list(specs.values()))
-    out = []
+    refuse_added_setting_of_a_selected_plugin(overrides, selections)
+    out, where = [], []
     combos = expand_sweeps(overrides) if multirun else [overrides]
     if not combos:  # an empty sweep would exit 0 having run nothing (a CI step testing nothing)
         empty = [o for o in overrides if _empty_sweep(o)]
         raise ConfigError(f"the sweep has no points ({listed(empty)} sweeps over no values); "
                           "give each swept key at least one value")
-    for combo in combos:
+    key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+    clock = OmegaConf.create()  # ${now:...}: one instant for every point, as in Hydra's sweep
+    for index, combo in enumerate(combos):
         # a resume's refusals first: an override it would ignore is "drop it", not a
         # composing error's fix ("add +plugins=[salus]", which the resume then refuses)
         refuse_bad_resume(combo)
-        out.append(compose_checked(combo))
-        key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
-        named = [o.split("=", 1)[1] for o in combo if o.lstrip("+").startswith(f"{key}=")]
+        named = named_dir(combo, key)
+        resolve_dirs = run_dir is None and (multirun or "$" in (named or ""))
+        cfg, dirs = compose_point(combo, index if resolve_dirs else None, clock)
+        out.append(cfg)
+        where.append(dirs)
+        if dirs is not None and named is not None:  # the directory Hydra will write into
+            named = (dirs.sweep if multirun else dirs.run) or named
         if named and not multirun:  # a sweep's runs go under hydra.sweep.dir, each its own
-            refuse_taken_run_dir(Path(named[-1]))
+            refuse_taken_run_dir(Path(named))
         if named and multirun:
-            refuse_taken_sweep_dir(Path(named[-1]))
+            refuse_taken_sweep_dir(Path(named))
         if multirun:
-            refuse_one_directory_for_every_point(combo)
+            refuse_one_directory_for_two_points(where)
         if multirun:  # every point's values now, not when its turn comes after the others
             from accelopt.runtime.run import validate
 
             validate(out[-1], registry)
         # the fixed part of the directory (before a ${now:...}): an unwritable one is one line
         # now, not an OSError traceback from Hydra's first write or after the run trained
-        written = str(run_dir) if run_dir is not None else (named[-1] if named else RUNS_DIR)
+        written = str(run_dir) if run_dir is not None else (named or RUNS_DIR)
         refuse_unwritable(Path(written.split("$", 1)[0] or "."),
                           "pass another run_dir" if run_dir is not None
                           else f"choose another with {key}=DIR")
-    return out
+    return out, where
 
 
-def refuse_one_directory_for_every_point(overrides: list[str]) -> None:
-    """A ``hydra.sweep.subdir`` without an interpolation (``${hydra.job.num}``, the
-    default's) gives every point of a sweep the same directory: each point wrote over the
-    one before, exit 0, only the last point's results left."""
-    fixed = [o for o in overrides if o.lstrip("+").startswith("hydra.sweep.subdir=")
-             and "${" not in o]
-    if fixed:
-        raise ConfigError(f"'{fixed[-1]}' gives every point of the sweep the same directory, "
-                          "each writing over the one before; include ${hydra.job.num} (e.g. "
-                          "hydra.sweep.subdir=run${hydra.job.num}) or drop it")
+def named_dir(overrides: Sequence[str], key: str) -> str | None:
+    """The value the overrides give ``key`` (``hydra.run.dir``, ``hydra.sweep.dir``), the
+    last one, as given; None when they give none."""
+    named = [o.split("=", 1)[1] for o in overrides if o.lstrip("+").startswith(f"{key}=")]
+    return named[-1] if named else None
+
+
+def refuse_one_directory_for_two_points(where: Sequence[PointDirs | None]) -> None:
+    """Two points of a sweep whose directories resolve to one (a ``hydra.sweep.subdir``
+    without ``${hydra.job.num}``, the default's: ``fixed``, ``${workload.name}`` in a seed
+    sweep): each point wrote over the one before, exit 0, only the last point's results
+    left. Checked as each point is composed, against the points before it: the sweep is
+    refused before anything runs. A point whose directory resolves only once Hydra runs is
+    checked then (:func:`run_hydra`)."""
+    latest = where[-1]
+    if latest is None or latest.point is None:
+        return
+    mine = os.path.abspath(latest.point)
+    for earlier, dirs in enumerate(where[:-1]):
+        if dirs is not None and dirs.point is not None and os.path.abspath(dirs.point) == mine:
+            raise ConfigError(shared_directory_line(earlier, len(where) - 1, latest.point,
+                                                    latest.subdir))
+
+
+def shared_directory_line(earlier: int, later: int, directory: str, subdir: str) -> str:
+    """The line refusing sweep point ``later`` whose directory is point ``earlier``'s."""
+    example = f"{subdir}_${{hydra.job.num}}" if subdir else "${hydra.job.num}"
+    return (f"points #{earlier} and #{later} of the sweep both write to {directory} "
+            f"(hydra.sweep.subdir={subdir}), each over the one before; make "
+            f"hydra.sweep.subdir differ per point: include ${{hydra.job.num}} (e.g. "
+            f"hydra.sweep.subdir={example}) or drop it")
+
+
+def refuse_added_setting_of_a_selected_plugin(overrides: Sequence[str],
+                                              selections: Sequence[Sequence[str]]) -> None:
+    """``+plugins.salus.policy=srtf`` where the command selects salus (in a sweep, some of
+    its points): the ``+`` adds a key, which the selected plugin's node already has (Hydra
+    refuses it), and a sweep's points without salus were told to select it. Without the
+    ``+`` the setting reaches every point that selects the plugin
+    (:mod:`accelopt.cli.sweep_settings`)."""
+    selected = {name for names in selections for name in names}
+    for override in overrides:
+        if not override.startswith("+") or override.startswith("++"):
+            continue
+        name = override[1:].partition("=")[0].split(".")
+        if len(name) < 2 or name[0] != "plugins" or name[1] not in selected:
+            continue
+        if len(name) == 2 or name[2] in _schema_fields(f"plugins.{name[1]}"):  # else a typo
+            reach = " (it reaches the points of the sweep that select it)" \
+                if len(selections) > 1 else ""
+            raise ConfigError(f"'{override}' sets an option of plugin '{name[1]}', which is "
+                              f"selected, and a + adds a key its config has already: drop "
+                              f"the +: {override[1:]}{reach}")
 
 
 def refuse_taken_sweep_dir(sweep_dir: Path) -> None:
@@ -238,6 +309,76 @@ def refuse_taken_run_dir(run_dir: Path) -> None:
     from accelopt.drivers.processes import under_torchrun
 
     refuse_taken(run_dir, shared=under_torchrun())
+
+
+SAFE_PATH = re.compile(r"[\w./:@%+~-]+")
+"""A directory an override can give unquoted (:func:`pin_run_dir`)."""
+
+
+def pin_run_dir(args: list[str], resolved: str | None) -> list[str]:
+    """``args`` with its ``hydra.run.dir`` (one with a ``${...}`` in it, which
+    :func:`prepare` resolved against the composed config to ``resolved``) replaced by that
+    directory, so the directory checked, the one :func:`claim_named_run_dir` claims before
+    Hydra writes, and the one Hydra writes into are one (a ``${now:...}`` in it included).
+    Unchanged when there is none or it cannot be given unquoted."""
+    if not resolved or not SAFE_PATH.fullmatch(resolved):
+        return args
+    at = max(i for i, a in enumerate(args) if a.lstrip("+").startswith("hydra.run.dir="))
+    plus = args[at][:len(args[at]) - len(args[at].lstrip("+"))]
+    return [*args[:at], f"{plus}hydra.run.dir={resolved}", *args[at + 1:]]
+
+
+CONFIG_FLAGS = {"--config-path": "config-path", "-cp": "config-path",
+                "--config-dir": "config-dir", "-cd": "config-dir",
+                "--config-name": "config-name", "-cn": "config-name"}
+"""Hydra's flags that choose where configs are read (``--flag VALUE`` or ``--flag=VALUE``)."""
+
+
+def config_flags(args: Sequence[str]) -> dict[str, list[str]]:
+    """The values of :data:`CONFIG_FLAGS` on a command line, by flag (its long name)."""
+    found: dict[str, list[str]] = {}
+    for i, arg in enumerate(args):
+        flag, eq, value = arg.partition("=")
+        if flag not in CONFIG_FLAGS:
+            continue
+        if not eq:
+            value = args[i + 1] if i + 1 < len(args) else ""
+        found.setdefault(CONFIG_FLAGS[flag], []).append(value)
+    return found
+
+
+def refuse_bad_config_flags(args: Sequence[str]) -> None:
+    """``--config-dir``, ``--config-path`` or ``--config-name`` naming what is not there:
+    one line naming the flag and the fix, exit 2, before anything is composed (Hydra printed
+    a warning with its own file's path, then a several-line error, exit 1). Where Hydra
+    looks: ``--config-dir`` from the working directory, ``--config-path`` (a relative one)
+    from accelopt's own package, and ``--config-name`` in the primary directory and every
+    ``--config-dir``."""
+    flags = config_flags(args)
+    dirs = flags.get("config-dir", [])
+    for directory in dirs:
+        if not Path(directory).expanduser().is_dir():
+            raise ConfigError(f"--config-dir {directory}: no such directory; give the "
+                              "directory of your own configs (its workload/NAME.yaml, "
+                              "experiment/NAME.yaml are then found beside accelopt's)")
+    primary = config_dir()
+    for path in flags.get("config-path", [])[-1:]:
+        if path.startswith("pkg://"):
+            return  # a package's configs: Hydra's to find
+        primary = os.path.normpath(os.path.join(os.path.dirname(__file__), path))
+        if not Path(primary).is_dir():
+            where = "" if os.path.isabs(path) else \
+                " (a relative one is taken from accelopt's package, not from here)"
+            raise ConfigError(f"--config-path {path}: no such directory{where}; to add configs "
+                              "of your own, give --config-dir DIR (accelopt's stay found)")
+    for name in flags.get("config-name", [])[-1:]:
+        stem = name.removesuffix(".yaml")
+        if not any((Path(d).expanduser() / f"{stem}.yaml").is_file() for d in [primary, *dirs]):
+            looked = ", ".join("accelopt's configs" if d == config_dir() else d
+                               for d in [primary, *dirs])
+            raise ConfigError(f"--config-name {name}: no {stem}.yaml in {looked}; drop "
+                              "--config-name (accelopt run reads its config.yaml) or name a "
+                              "config of --config-dir DIR")
 
 
 def claim_named_run_dir(args: list[str]) -> Path | None:
@@ -306,15 +447,45 @@ def _kept_by_resume(override: str) -> bool:
 def compose_checked(overrides: list[str]) -> DictConfig:
     """Compose one configuration with Hydra's compose API; errors become one line, and so
     does a key the schema does not have (:func:`accelopt.config.unknown_keys`)."""
+    return compose_point(overrides)[0]
+
+
+class PointDirs(NamedTuple):
+    """Where one composed run (a sweep's point) writes, resolved as Hydra resolves it when
+    the run starts (its ``${...}`` against the composed config, ``${hydra.job.num}`` the
+    point's number); ``None`` where a value does not resolve before Hydra runs."""
+
+    run: str | None
+    """``hydra.run.dir`` (a single run's directory)."""
+    sweep: str | None
+    """``hydra.sweep.dir`` (a sweep's, holding ``multirun.yaml``)."""
+    point: str | None
+    """``hydra.sweep.dir``/``hydra.sweep.subdir``: the point's own directory in a sweep."""
+    subdir: str
+    """``hydra.sweep.subdir`` as given (for the line refusing it)."""
+
+
+def compose_point(overrides: list[str], job_num: int | None = None,
+                  clock: DictConfig | None = None) -> tuple[DictConfig, PointDirs | None]:
+    """:func:`compose_checked`, and with ``job_num`` the point's directories as well
+    (:func:`point_dirs`; ``clock``: the resolver cache the points share, so ``${now:...}`` is
+    one instant for all of them, as Hydra's sweep copies its own to each run). Boolean values
+    are read strictly (:func:`accelopt.config.strict_booleans`)."""
     GlobalHydra.instance().clear()
+    dirs = None
     try:
-        with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
-            cfg = compose("config", overrides=overrides)
+        with initialize_config_dir(config_dir=config_dir(), version_base="1.3"), \
+                strict_booleans():
+            cfg = compose("config", overrides=overrides, return_hydra_config=job_num is not None)
+            if job_num is not None:
+                dirs = point_dirs(cfg, job_num, clock)
+                with open_dict(cfg):
+                    del cfg["hydra"]
             OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     except HydraException as exc:
-        raise ConfigError(describe_config_error(exc)) from None
+        raise ConfigError(describe_config_error(exc, overrides)) from None
     except Exception as exc:  # omegaconf's ValidationError and friends
-        raise ConfigError(describe_config_error(exc)) from None
+        raise ConfigError(describe_config_error(exc, overrides)) from None
     finally:
         GlobalHydra.instance().clear()
     forced = [o[len("++plugins."):].split(".", 1)[0] for o in overrides
@@ -322,11 +493,56 @@ def compose_checked(overrides: list[str]) -> DictConfig:
     unknown = unknown_keys(cfg, stray_plugins=forced)
     if unknown:
         raise ConfigError(unknown_key_message(unknown[0]))
-    return cfg
+    return cfg, dirs
 
 
-def describe_config_error(exc: BaseException) -> str:
-    """One line naming the key and what was expected, from Hydra/OmegaConf's errors."""
+def point_dirs(cfg: DictConfig, job_num: int, clock: DictConfig | None) -> PointDirs:
+    """The directories of a config composed with its ``hydra`` node, for sweep point
+    ``job_num``, resolved as Hydra's launcher and ``run_job`` do (``hydra.job.num`` and ``id``
+    set, ``HydraConfig`` set for ``${hydra:...}``), so a directory can be checked before
+    Hydra writes into it (a ``${workload.name}`` in it was taken literally, and a directory
+    holding a run was written over)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    with open_dict(cfg):
+        cfg.hydra.job.num = job_num
+        cfg.hydra.job.id = job_num
+    if clock is not None:
+        OmegaConf.copy_cache(from_config=clock, to_config=cfg)
+    subdir = str(OmegaConf.to_container(cfg.hydra.sweep, resolve=False).get("subdir"))
+    saved = HydraConfig.instance().cfg
+    try:
+        HydraConfig.instance().set_config(cfg)
+        run, sweep, sub = (_resolved(cfg, key) for key in
+                           ("hydra.run.dir", "hydra.sweep.dir", "hydra.sweep.subdir"))
+    finally:
+        HydraConfig.instance().cfg = saved
+    if clock is not None:
+        OmegaConf.copy_cache(from_config=cfg, to_config=clock)
+    point = os.path.join(sweep, sub) if sweep is not None and sub is not None else None
+    return PointDirs(run, sweep, point, subdir)
+
+
+def _resolved(cfg: DictConfig, key: str) -> str | None:
+    try:
+        value = OmegaConf.select(cfg, key, throw_on_resolution_failure=True)
+    except Exception:  # noqa: BLE001 - resolvable only once Hydra runs: Hydra's to check
+        return None
+    return None if value is None else str(value)
+
+
+def describe_config_error(exc: BaseException, overrides: Sequence[str] = ()) -> str:
+    """One line naming the key and what was expected, from Hydra/OmegaConf's errors
+    (``overrides``: the command line's, for the fix of a mistake Hydra names only in part)."""
+    ambiguous = re.search(r"Ambiguous value for argument '(.*)'", str(exc))
+    if ambiguous:
+        return _several_values_message(ambiguous.group(1))
+    twice = re.search(r"Multiple values for ([\w/.]+)\. To override a value use 'override "
+                      r"[\w/.]+: (.*)'", str(exc))
+    if twice and f"+{twice.group(1)}={twice.group(2)}" in overrides:
+        group, value = twice.groups()
+        return (f"'+{group}={value}': {group} is in accelopt's defaults list already (null "
+                f"unless chosen), so the + adds it a second time; drop the +: {group}={value}")
     cause: Any = exc
     while getattr(cause, "__cause__", None) is not None:
         cause = cause.__cause__
@@ -351,6 +567,19 @@ def describe_config_error(exc: BaseException) -> str:
         lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
         return "; ".join(lines[:2])
     return f"{key}: {message}" if key else message
+
+
+def _several_values_message(override: str) -> str:
+    """``+plugins=salus,tictac`` outside a sweep: Hydra's first line named the override only
+    (its fixes were on the lines after it). Plugins: the list that selects them all."""
+    key, _, value = override.partition("=")
+    if key.lstrip("+~") == "plugins" and "[" not in value:
+        return (f"'{override}' lists several plugins without brackets; select them all with "
+                f"{key}=[{value}] (or run one each as a sweep: add -m)")
+    line = f"'{override}' gives several values outside a sweep: add -m to run one each"
+    if "[" in value or "{" in value:  # lists or mappings: only a sweep takes several
+        return line
+    return f"{line}, give a list ({key}=[{value}]), or quote them for one string ({key}='{value}')"
 
 
 def _deepest_key(overridden: str, missing: Any) -> str:
@@ -558,6 +787,8 @@ def run_hydra(args: list[str], registry: Registry, debug: bool) -> int:
     exit_code = 0
     runs: list[str] = []
     """Each run's error line ("" when it succeeded), for a sweep's closing line."""
+    written: dict[str, int] = {}
+    """A sweep's directories so far, each with the number of the run that wrote it."""
     scratch = secondary_rank_dir(args)
     if scratch is not None:
         args = [*args, f"hydra.run.dir={scratch}"]
@@ -572,6 +803,13 @@ def run_hydra(args: list[str], registry: Registry, debug: bool) -> int:
 
         run_dir = Path(HydraConfig.get().runtime.output_dir)
         if HydraConfig.get().mode.name == "MULTIRUN":  # sweep_settings.py
+            earlier = written.setdefault(str(run_dir), len(runs) - 1)
+            if earlier != len(runs) - 1:  # its directory resolved only now: refused now
+                runs[-1] = shared_directory_line(earlier, len(runs) - 1, str(run_dir), str(
+                    OmegaConf.to_container(HydraConfig.get().sweep)["subdir"]))
+                print(f"error: {runs[-1]}", file=sys.stderr)
+                exit_code = ConfigError.exit_code
+                return  # the earlier run's outputs, log and claim stay as they are
             drop_unselected(cfg, selection_from_task_overrides(
                 list(HydraConfig.get().overrides.task)) or [])
         console = default_console(record=True)

@@ -178,12 +178,15 @@ def _run(rest: list[str], debug: bool) -> int:
         from accelopt.cli.hydra_run import (
             HYDRA_PASSTHROUGH_FLAGS,
             drop_empty_plugin_selection,
+            pin_run_dir,
             plugin_selections,
             prepare,
+            refuse_bad_config_flags,
             run_hydra,
         )
         from accelopt.cli.sweep_settings import force_settings_of_swept_plugins
 
+        refuse_bad_config_flags(rest)
         rest = drop_empty_plugin_selection(rest)
         registry = Registry.discover()
         multirun = "-m" in rest or "--multirun" in rest
@@ -192,7 +195,9 @@ def _run(rest: list[str], debug: bool) -> int:
                 rest, plugin_selections(hydra_overrides(rest)))
         overrides = hydra_overrides(rest)
         passthrough = any(a.split("=")[0] in HYDRA_PASSTHROUGH_FLAGS for a in rest)
-        modes = prepare(overrides, registry, multirun=multirun and not passthrough)
+        modes, pinned = prepare(overrides, registry, multirun=multirun and not passthrough)
+        if not passthrough:  # the directory checked is the one claimed and written
+            rest = pin_run_dir(rest, pinned)
         if not modes or passthrough:
             early.stop()
         elif not early.running:  # a workload's own cluster mode: start it now, as before
