@@ -67,8 +67,8 @@ def run(overrides: Sequence[str] = (), *, run_dir: str | Path | None = None,
         drop_empty_plugin_selection,
         prepared_configs,
         refuse_bad_resume,
-        refuse_taken_run_dir,
     )
+    from accelopt.cli.run_dirs import refuse_taken_run_dir
     from accelopt.drivers.processes import (
         rank_server_started_early,
         refuse_unguarded_main,

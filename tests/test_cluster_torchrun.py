@@ -49,7 +49,7 @@ TORCHRUN_ENV = {"RANK": "1", "WORLD_SIZE": "3", "MASTER_ADDR": "10.0.0.1", "MAST
 def test_other_ranks_get_a_scratch_run_directory_unless_one_is_named():
     import os
 
-    from accelopt.cli.hydra_run import secondary_rank_dir
+    from accelopt.cli.run_dirs import secondary_rank_dir
 
     scratch = secondary_rank_dir(["workload=tiny"], TORCHRUN_ENV)
     try:

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from clirun import accelopt, run_files
 
-from accelopt.cli.hydra_run import pin_run_dir, prepared_configs
+from accelopt.cli.hydra_run import prepared_configs
+from accelopt.cli.run_dirs import pin_run_dir
 from accelopt.errors import ConfigError
 from accelopt.plugin import Registry
 

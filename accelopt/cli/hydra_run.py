@@ -14,14 +14,11 @@ import errno
 import importlib
 import importlib.util
 import itertools
-import os
-import re
 import shutil
 import sys
-import typing
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
@@ -30,6 +27,25 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from accelopt.atomic import RUNS_DIR, refuse_unwritable
+from accelopt.cli.config_errors import (
+    config_dir,
+    describe_config_error,
+    first_line_of,
+    refuse_added_setting_of_a_selected_plugin,
+    unknown_key_message,
+)
+from accelopt.cli.run_dirs import (
+    PointDirs,
+    claim_named_run_dir,
+    named_dir,
+    point_dirs,
+    refuse_one_directory_for_two_points,
+    refuse_taken_run_dir,
+    refuse_taken_sweep_dir,
+    remove_if_never_started,
+    secondary_rank_dir,
+    shared_directory_line,
+)
 from accelopt.cli.sweep_settings import drop_unselected, selection_from_task_overrides
 from accelopt.config import (
     register_plugin_configs,
@@ -41,8 +57,6 @@ from accelopt.errors import (
     AccelOptError,
     ConfigError,
     JobsUnfinished,
-    did_you_mean,
-    first_line,
     listed,
 )
 from accelopt.job.checkpoint import has_checkpoints
@@ -57,12 +71,9 @@ from accelopt.runtime.resume_target import (
     refuse_finished,
     resume_target,
 )
-from accelopt.runtime.run_dir import claim, refuse_taken, release
 
 RUN_OUTPUTS = (METRICS_JSON, METRICS_CSV, TRACE_JSON, TIMELINE_PNG)
 """What every run writes into its directory once its jobs ended (``write_run_outputs``)."""
-HYDRA_PASSTHROUGH_FLAGS = ("--help", "-h", "--hydra-help", "--info", "-i", "--cfg", "-c",
-                           "--resolve", "--package", "-p", "--shell-completion", "-sc")
 
 
 def expose_hydra_plugins() -> None:
@@ -104,11 +115,6 @@ def _register_if_already_scanned() -> None:
         registry.register(module.SalusLauncher)
 
 
-def config_dir() -> str:
-    """The directory of ``configs/``: in a checkout, an editable or a wheel install alike."""
-    import accelopt.configs
-
-    return str(Path(accelopt.configs.__file__).parent)
 
 
 def plugin_selections(overrides: list[str]) -> list[list[str]]:
@@ -116,7 +122,7 @@ def plugin_selections(overrides: list[str]) -> list[list[str]]:
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
     except HydraException as exc:
-        raise ConfigError(f"cannot parse the overrides: {_first_line(exc)}") from None
+        raise ConfigError(f"cannot parse the overrides: {first_line_of(exc)}") from None
     selections: list[list[str]] = []
     for override in parsed:
         if override.key_or_group != "plugins":
@@ -235,168 +241,28 @@ def prepared_points(overrides: list[str], registry: Registry, multirun: bool = F
     return out, where
 
 
-def named_dir(overrides: Sequence[str], key: str) -> str | None:
-    """The value the overrides give ``key`` (``hydra.run.dir``, ``hydra.sweep.dir``), the
-    last one, as given; None when they give none."""
-    named = [o.split("=", 1)[1] for o in overrides if o.lstrip("+").startswith(f"{key}=")]
-    return named[-1] if named else None
 
 
-def refuse_one_directory_for_two_points(where: Sequence[PointDirs | None]) -> None:
-    """Two points of a sweep whose directories resolve to one (a ``hydra.sweep.subdir``
-    without ``${hydra.job.num}``, the default's: ``fixed``, ``${workload.name}`` in a seed
-    sweep): each point wrote over the one before, exit 0, only the last point's results
-    left. Checked as each point is composed, against the points before it: the sweep is
-    refused before anything runs. A point whose directory resolves only once Hydra runs is
-    checked then (:func:`run_hydra`)."""
-    latest = where[-1]
-    if latest is None or latest.point is None:
-        return
-    mine = os.path.abspath(latest.point)
-    for earlier, dirs in enumerate(where[:-1]):
-        if dirs is not None and dirs.point is not None and os.path.abspath(dirs.point) == mine:
-            raise ConfigError(shared_directory_line(earlier, len(where) - 1, latest.point,
-                                                    latest.subdir))
 
 
-def shared_directory_line(earlier: int, later: int, directory: str, subdir: str) -> str:
-    """The line refusing sweep point ``later`` whose directory is point ``earlier``'s."""
-    example = f"{subdir}_${{hydra.job.num}}" if subdir else "${hydra.job.num}"
-    return (f"points #{earlier} and #{later} of the sweep both write to {directory} "
-            f"(hydra.sweep.subdir={subdir}), each over the one before; make "
-            f"hydra.sweep.subdir differ per point: include ${{hydra.job.num}} (e.g. "
-            f"hydra.sweep.subdir={example}) or drop it")
 
 
-def refuse_added_setting_of_a_selected_plugin(overrides: Sequence[str],
-                                              selections: Sequence[Sequence[str]]) -> None:
-    """``+plugins.salus.policy=srtf`` where the command selects salus (in a sweep, some of
-    its points): the ``+`` adds a key, which the selected plugin's node already has (Hydra
-    refuses it), and a sweep's points without salus were told to select it. Without the
-    ``+`` the setting reaches every point that selects the plugin
-    (:mod:`accelopt.cli.sweep_settings`)."""
-    selected = {name for names in selections for name in names}
-    for override in overrides:
-        if not override.startswith("+") or override.startswith("++"):
-            continue
-        name = override[1:].partition("=")[0].split(".")
-        if len(name) < 2 or name[0] != "plugins" or name[1] not in selected:
-            continue
-        if len(name) == 2 or name[2] in _schema_fields(f"plugins.{name[1]}"):  # else a typo
-            reach = " (it reaches the points of the sweep that select it)" \
-                if len(selections) > 1 else ""
-            raise ConfigError(f"'{override}' sets an option of plugin '{name[1]}', which is "
-                              f"selected, and a + adds a key its config has already: drop "
-                              f"the +: {override[1:]}{reach}")
 
 
-def refuse_taken_sweep_dir(sweep_dir: Path) -> None:
-    """A named ``hydra.sweep.dir`` that already holds files is refused before the sweep:
-    Hydra numbers a sweep's runs from 0 again, so a second sweep into the same directory
-    wrote its runs over the first one's (a fixed directory is how CI collects artifacts)."""
-    if sweep_dir.is_dir() and any(sweep_dir.iterdir()):
-        raise ConfigError(f"hydra.sweep.dir {sweep_dir} already holds files (an earlier "
-                          "sweep's runs?); give this sweep another directory, or remove that "
-                          "one: results are never overwritten")
 
 
-def refuse_taken_run_dir(run_dir: Path) -> None:
-    """A run directory that already holds a run (its results, the checkpoints of one killed
-    before it wrote them, another run's claim: :mod:`accelopt.runtime.run_dir`) or a file the
-    run would write is refused before Hydra writes into it: the new run's files would land
-    beside the old run's and over the rest. Results are never overwritten. The ranks of one
-    torchrun job share their directory: there only an earlier run's results count."""
-    from accelopt.drivers.processes import under_torchrun
-
-    refuse_taken(run_dir, shared=under_torchrun())
 
 
-SAFE_PATH = re.compile(r"[\w./:@%+~-]+")
-"""A directory an override can give unquoted (:func:`pin_run_dir`)."""
 
 
-def pin_run_dir(args: list[str], resolved: str | None) -> list[str]:
-    """``args`` with its ``hydra.run.dir`` (one with a ``${...}`` in it, which
-    :func:`prepare` resolved against the composed config to ``resolved``) replaced by that
-    directory, so the directory checked, the one :func:`claim_named_run_dir` claims before
-    Hydra writes, and the one Hydra writes into are one (a ``${now:...}`` in it included).
-    Unchanged when there is none or it cannot be given unquoted."""
-    if not resolved or not SAFE_PATH.fullmatch(resolved):
-        return args
-    at = max(i for i, a in enumerate(args) if a.lstrip("+").startswith("hydra.run.dir="))
-    plus = args[at][:len(args[at]) - len(args[at].lstrip("+"))]
-    return [*args[:at], f"{plus}hydra.run.dir={resolved}", *args[at + 1:]]
 
 
-CONFIG_FLAGS = {"--config-path": "config-path", "-cp": "config-path",
-                "--config-dir": "config-dir", "-cd": "config-dir",
-                "--config-name": "config-name", "-cn": "config-name"}
-"""Hydra's flags that choose where configs are read (``--flag VALUE`` or ``--flag=VALUE``)."""
 
 
-def config_flags(args: Sequence[str]) -> dict[str, list[str]]:
-    """The values of :data:`CONFIG_FLAGS` on a command line, by flag (its long name)."""
-    found: dict[str, list[str]] = {}
-    for i, arg in enumerate(args):
-        flag, eq, value = arg.partition("=")
-        if flag not in CONFIG_FLAGS:
-            continue
-        if not eq:
-            value = args[i + 1] if i + 1 < len(args) else ""
-        found.setdefault(CONFIG_FLAGS[flag], []).append(value)
-    return found
 
 
-def refuse_bad_config_flags(args: Sequence[str]) -> None:
-    """``--config-dir``, ``--config-path`` or ``--config-name`` naming what is not there:
-    one line naming the flag and the fix, exit 2, before anything is composed (Hydra printed
-    a warning with its own file's path, then a several-line error, exit 1). Where Hydra
-    looks: ``--config-dir`` from the working directory, ``--config-path`` (a relative one)
-    from accelopt's own package, and ``--config-name`` in the primary directory and every
-    ``--config-dir``."""
-    flags = config_flags(args)
-    dirs = flags.get("config-dir", [])
-    for directory in dirs:
-        if not Path(directory).expanduser().is_dir():
-            raise ConfigError(f"--config-dir {directory}: no such directory; give the "
-                              "directory of your own configs (its workload/NAME.yaml, "
-                              "experiment/NAME.yaml are then found beside accelopt's)")
-    primary = config_dir()
-    for path in flags.get("config-path", [])[-1:]:
-        if path.startswith("pkg://"):
-            return  # a package's configs: Hydra's to find
-        primary = os.path.normpath(os.path.join(os.path.dirname(__file__), path))
-        if not Path(primary).is_dir():
-            where = "" if os.path.isabs(path) else \
-                " (a relative one is taken from accelopt's package, not from here)"
-            raise ConfigError(f"--config-path {path}: no such directory{where}; to add configs "
-                              "of your own, give --config-dir DIR (accelopt's stay found)")
-    for name in flags.get("config-name", [])[-1:]:
-        stem = name.removesuffix(".yaml")
-        if not any((Path(d).expanduser() / f"{stem}.yaml").is_file() for d in [primary, *dirs]):
-            looked = ", ".join("accelopt's configs" if d == config_dir() else d
-                               for d in [primary, *dirs])
-            raise ConfigError(f"--config-name {name}: no {stem}.yaml in {looked}; drop "
-                              "--config-name (accelopt run reads its config.yaml) or name a "
-                              "config of --config-dir DIR")
 
 
-def claim_named_run_dir(args: list[str]) -> Path | None:
-    """The ``hydra.run.dir`` a single run names, claimed before Hydra writes its ``.hydra/``
-    files and log there (:func:`accelopt.runtime.run_dir.claim`): a second run started into
-    it meanwhile is refused in one line, the first run's files untouched. ``None``: a sweep,
-    a command that runs nothing (``--cfg``), or the default directory (claimed by the run)."""
-    from accelopt.drivers.processes import under_torchrun
-
-    if any(a in ("-m", "--multirun") or a.split("=")[0] in HYDRA_PASSTHROUGH_FLAGS
-           for a in args):
-        return None
-    named = [a.split("=", 1)[1] for a in args if a.lstrip("+").startswith("hydra.run.dir=")]
-    if not named or "$" in named[-1]:
-        return None
-    run_dir = Path(named[-1])
-    claim(run_dir, shared=under_torchrun())
-    return run_dir
 
 
 def composed_with_every_plugin(sets: list[list[str]], overrides: list[str],
@@ -450,19 +316,6 @@ def compose_checked(overrides: list[str]) -> DictConfig:
     return compose_point(overrides)[0]
 
 
-class PointDirs(NamedTuple):
-    """Where one composed run (a sweep's point) writes, resolved as Hydra resolves it when
-    the run starts (its ``${...}`` against the composed config, ``${hydra.job.num}`` the
-    point's number); ``None`` where a value does not resolve before Hydra runs."""
-
-    run: str | None
-    """``hydra.run.dir`` (a single run's directory)."""
-    sweep: str | None
-    """``hydra.sweep.dir`` (a sweep's, holding ``multirun.yaml``)."""
-    point: str | None
-    """``hydra.sweep.dir``/``hydra.sweep.subdir``: the point's own directory in a sweep."""
-    subdir: str
-    """``hydra.sweep.subdir`` as given (for the line refusing it)."""
 
 
 def compose_point(overrides: list[str], job_num: int | None = None,
@@ -496,203 +349,28 @@ def compose_point(overrides: list[str], job_num: int | None = None,
     return cfg, dirs
 
 
-def point_dirs(cfg: DictConfig, job_num: int, clock: DictConfig | None) -> PointDirs:
-    """The directories of a config composed with its ``hydra`` node, for sweep point
-    ``job_num``, resolved as Hydra's launcher and ``run_job`` do (``hydra.job.num`` and ``id``
-    set, ``HydraConfig`` set for ``${hydra:...}``), so a directory can be checked before
-    Hydra writes into it (a ``${workload.name}`` in it was taken literally, and a directory
-    holding a run was written over)."""
-    from hydra.core.hydra_config import HydraConfig
-
-    with open_dict(cfg):
-        cfg.hydra.job.num = job_num
-        cfg.hydra.job.id = job_num
-    if clock is not None:
-        OmegaConf.copy_cache(from_config=clock, to_config=cfg)
-    subdir = str(OmegaConf.to_container(cfg.hydra.sweep, resolve=False).get("subdir"))
-    saved = HydraConfig.instance().cfg
-    try:
-        HydraConfig.instance().set_config(cfg)
-        run, sweep, sub = (_resolved(cfg, key) for key in
-                           ("hydra.run.dir", "hydra.sweep.dir", "hydra.sweep.subdir"))
-    finally:
-        HydraConfig.instance().cfg = saved
-    if clock is not None:
-        OmegaConf.copy_cache(from_config=cfg, to_config=clock)
-    point = os.path.join(sweep, sub) if sweep is not None and sub is not None else None
-    return PointDirs(run, sweep, point, subdir)
 
 
-def _resolved(cfg: DictConfig, key: str) -> str | None:
-    try:
-        value = OmegaConf.select(cfg, key, throw_on_resolution_failure=True)
-    except Exception:  # noqa: BLE001 - resolvable only once Hydra runs: Hydra's to check
-        return None
-    return None if value is None else str(value)
 
 
-def describe_config_error(exc: BaseException, overrides: Sequence[str] = ()) -> str:
-    """One line naming the key and what was expected, from Hydra/OmegaConf's errors
-    (``overrides``: the command line's, for the fix of a mistake Hydra names only in part)."""
-    ambiguous = re.search(r"Ambiguous value for argument '(.*)'", str(exc))
-    if ambiguous:
-        return _several_values_message(ambiguous.group(1))
-    twice = re.search(r"Multiple values for ([\w/.]+)\. To override a value use 'override "
-                      r"[\w/.]+: (.*)'", str(exc))
-    if twice and f"+{twice.group(1)}={twice.group(2)}" in overrides:
-        group, value = twice.groups()
-        return (f"'+{group}={value}': {group} is in accelopt's defaults list already (null "
-                f"unless chosen), so the + adds it a second time; drop the +: {group}={value}")
-    cause: Any = exc
-    while getattr(cause, "__cause__", None) is not None:
-        cause = cause.__cause__
-    key = getattr(cause, "full_key", None)
-    message = _first_line(cause if cause is not exc else exc)
-    if message.endswith("raised while composing config:"):  # the reason is on the next lines
-        return _joined(str(exc))
-    if getattr(cause, "problem_mark", None) is not None:  # YAML: the file, line and problem
-        return f"a YAML file does not parse: {_joined(str(cause))}"
-    added = re.fullmatch(r"workload\.jobs\[(\d+)\]", str(key or ""))
-    if added and "is not a subclass of JobConfig" in message:
-        return (f"workload.jobs.{added.group(1)} is not a job of this workload (it has fewer); "
-                "set a key of an existing job, or give the whole list: workload.jobs=[{...}]")
-    missing = re.search(r"Could not find '(\w+)/([^']+)'", str(exc))
-    if missing:
-        return _unknown_option_message(missing.group(1), missing.group(2))
-    if "Could not override" in str(exc) or "Could not append" in str(exc):
-        unknown = re.search(r"Could not override '([\w.]+)'", str(exc))
-        if unknown:
-            return (_unknown_element_key_message(unknown.group(1), key)
-                    or unknown_key_message(_deepest_key(unknown.group(1), key)))
-        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-        return "; ".join(lines[:2])
-    return f"{key}: {message}" if key else message
 
 
-def _several_values_message(override: str) -> str:
-    """``+plugins=salus,tictac`` outside a sweep: Hydra's first line named the override only
-    (its fixes were on the lines after it). Plugins: the list that selects them all."""
-    key, _, value = override.partition("=")
-    if key.lstrip("+~") == "plugins" and "[" not in value:
-        return (f"'{override}' lists several plugins without brackets; select them all with "
-                f"{key}=[{value}] (or run one each as a sweep: add -m)")
-    line = f"'{override}' gives several values outside a sweep: add -m to run one each"
-    if "[" in value or "{" in value:  # lists or mappings: only a sweep takes several
-        return line
-    return f"{line}, give a list ({key}=[{value}]), or quote them for one string ({key}='{value}')"
 
 
-def _deepest_key(overridden: str, missing: Any) -> str:
-    """The key to name for an override Hydra could not apply: the unknown key inside it
-    where OmegaConf says which (``plugins.salus={policy: fifo, bogus: 2}`` is refused for
-    ``plugins.salus.bogus``, and naming ``plugins.salus`` sent a user looking for a typo in
-    the plugin's name), else the override's own key."""
-    missing = str(missing or "")
-    return missing if missing.startswith(f"{overridden}.") else overridden
 
 
-def _unknown_element_key_message(overridden: str, missing: Any) -> str | None:
-    """A whole value given for a list of jobs or one job (``workload.jobs=[{name: a, lrr: 1}]``,
-    ``workload.jobs.0={...}``) with a key the job has not: OmegaConf names the bare key
-    (``lrr``), so name it in its job, with the closest field; None for any other case."""
-    if not re.fullmatch(r"workload\.jobs(\.\d+)?", overridden):
-        return None
-    missing = re.sub(r"\[(\d+)\]", r".\1", str(missing or ""))
-    missing = missing.removeprefix(f"{overridden}.")
-    if not missing or "." in missing:
-        return None
-    fields = _schema_fields(overridden) or _schema_fields(f"{overridden}.0")
-    if not fields or missing in fields:
-        return None
-    where = overridden if overridden.split(".")[-1].isdigit() else f"a job of {overridden}"
-    where = f"job {overridden}" if where == overridden else where
-    return (f"unknown config key '{missing}' in {where}{did_you_mean(missing, fields)} "
-            f"(its keys: {', '.join(fields)})")
 
 
-def _unknown_option_message(group: str, name: str) -> str:
-    """``workload=nosuch``: the options of the group (the YAML files of ``configs/<group>``),
-    and the closest one."""
-    options = sorted(p.stem for p in (Path(config_dir()) / group).glob("*.yaml"))
-    listed = f" ({group}s: {', '.join(options)})" if options else ""
-    return f"no {group} '{name}'{did_you_mean(name, options)}{listed}"
 
 
-def unknown_key_message(key: str) -> str:
-    """'run.sed' -> "unknown config key 'run.sed'; did you mean 'run.seed'?" (from the schema
-    or, for ``plugins.NAME.*``, from the plugin's config dataclass)."""
-    parent, _, leaf = key.rpartition(".")
-    parts = key.split(".")
-    if key == "plugins":
-        return ("plugins are selected with a leading +: +plugins=[salus] (several: "
-                "+plugins=[salus,tictac]); plugins.NAME.key=value then sets their options")
-    if parts[0] == "plugins" and len(parts) >= 2:
-        # a valid option of a plugin (or any option of one whose config is not even known)
-        # that Hydra cannot set: the plugin is not selected
-        known = _schema_fields(f"plugins.{parts[1]}")
-        if not known or (len(parts) == 3 and parts[2] in known):
-            return _unselected_plugin_message(key, parts[1])
-    fields = _schema_fields(parent)
-    if leaf in fields and parts[0] != "plugins":  # it exists, but cannot be replaced whole
-        return f"'{key}' cannot be set this way; set its keys instead ({key}.<key>=value)"
-    shown = parent or "the config"
-    hint = did_you_mean(leaf, fields, f"{parent}." if parent else "")
-    known = f" (keys of {shown}: {', '.join(fields)})" if fields else ""
-    return f"unknown config key '{key}'{hint}{known}"
 
 
-def _unselected_plugin_message(key: str, name: str) -> str:
-    """``plugins.salus.policy=srtf`` without ``+plugins=[salus]``: say to select it."""
-    installed = Registry.discover().names()
-    if name in installed:
-        return (f"'{key}' sets an option of plugin '{name}', which this run does not select; "
-                f"add +plugins=[{name}] (or list it among the others)")
-    hint = did_you_mean(name, installed)
-    return (f"unknown config key '{key}': no plugin '{name}' is installed{hint} (installed: "
-            f"{', '.join(installed)})")
 
 
-def _schema_fields(path: str) -> list[str]:
-    from hydra.core.config_store import ConfigStore
-
-    from accelopt.config import AccelConfig
-
-    parts = path.split(".") if path else []
-    node: Any = AccelConfig
-    if parts[:1] == ["plugins"] and len(parts) >= 2:
-        stored = ConfigStore.instance().repo.get("plugins", {}).get(f"{parts[1]}.yaml")
-        node = getattr(stored, "node", None)
-        parts = parts[2:]
-        if node is None:
-            return []
-        node = OmegaConf.to_object(node) if not isinstance(node, type) else node
-        node = type(node) if not isinstance(node, type) else node
-    for part in parts:
-        if part.isdigit() and typing.get_origin(node) is list:
-            node = typing.get_args(node)[0]
-            continue
-        try:
-            hints = typing.get_type_hints(node)
-        except Exception:
-            return []
-        if part not in hints:
-            return []
-        node = hints[part]
-        if typing.get_origin(node) is typing.Union:  # Optional[X]
-            node = next(a for a in typing.get_args(node) if a is not type(None))
-    return sorted(getattr(node, "__dataclass_fields__", {}))
 
 
-def _joined(text: str) -> str:
-    """A several-line Hydra/OmegaConf/YAML message as one line: its lines joined, without
-    OmegaConf's ``reference_type=``/``object_type=`` lines."""
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()
-             and not ln.strip().startswith(("reference_type=", "object_type="))]
-    return " ".join(lines)
 
 
-def _first_line(exc: BaseException) -> str:
-    return first_line(exc) or type(exc).__name__
 
 
 WRITE_FAILURES = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EFBIG}
@@ -718,64 +396,10 @@ def write_log(run_dir: Path, console: Any, error: str) -> None:
                   file=sys.stderr)
 
 
-def secondary_rank_dir(args: list[str], env: dict[str, str] | None = None) -> str | None:
-    """Under torchrun, a rank other than 0 writes no outputs (rank 0 gathers them): unless
-    the command names a ``hydra.run.dir`` (then every rank shares it, e.g. for checkpoint
-    parts), such a rank's Hydra directory is a temporary one, removed when it ends, so a
-    machine's ``runs/`` gets no directory per rank holding only a config."""
-    import tempfile
-
-    from accelopt.drivers.processes import SCRATCH_PREFIX, under_torchrun
-
-    env = dict(os.environ) if env is None else env
-    if not under_torchrun(env) or env["RANK"] == "0":
-        return None
-    if any(a.lstrip("+").startswith("hydra.run.dir=") for a in args):
-        return None
-    return tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{env['RANK']}-")
 
 
-def remove_if_never_started(run_dir: Path) -> bool:
-    """A run refused before it started (a user error found by the up-front validation)
-    leaves no run directory behind. Only what Hydra itself wrote there is removed (its
-    ``.hydra/`` and its still empty job log ``accelopt.log``), and the directory only if that
-    leaves it empty: never a user's directory with anything else in it, never one that holds
-    a run's outputs."""
-    if not run_dir.is_dir():
-        return True
-    release(run_dir)  # its claim: the command can be run again once fixed
-    entries = list(run_dir.iterdir())
-    hydra_own = [p for p in entries if p.name == ".hydra" and p.is_dir()
-                 or p.name == "accelopt.log" and p.is_file() and p.stat().st_size == 0]
-    if len(hydra_own) != len(entries):
-        return False
-    for path in hydra_own:
-        if path.is_dir():
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            path.unlink()
-    try:
-        run_dir.rmdir()
-    except OSError:
-        return False
-    _remove_empty_default_parents(run_dir)
-    return True
 
 
-def _remove_empty_default_parents(run_dir: Path) -> None:
-    """The default ``runs/<date>/<time>``'s ``runs/<date>`` (and ``runs``) left empty by the
-    removal of a refused run's directory: a refused command leaves nothing behind."""
-    try:
-        runs = (Path.cwd() / RUNS_DIR).resolve()
-    except OSError:  # the working directory was the run directory, now removed
-        return
-    parent = run_dir.resolve().parent
-    while parent == runs or runs in parent.parents:
-        try:
-            parent.rmdir()  # only if empty: another run's directory keeps it
-        except OSError:
-            return
-        parent = parent.parent
 
 
 def run_hydra(args: list[str], registry: Registry, debug: bool) -> int:

@@ -175,15 +175,14 @@ def _run(rest: list[str], debug: bool) -> int:
     # imported, so the forkserver's imports overlap this process's imports and config
     # composition; stopped at once when the composed config turns out to run locally.
     with rank_server_started_early(modes_before_composing(rest)) as early:
+        from accelopt.cli.config_errors import HYDRA_PASSTHROUGH_FLAGS, refuse_bad_config_flags
         from accelopt.cli.hydra_run import (
-            HYDRA_PASSTHROUGH_FLAGS,
             drop_empty_plugin_selection,
-            pin_run_dir,
             plugin_selections,
             prepare,
-            refuse_bad_config_flags,
             run_hydra,
         )
+        from accelopt.cli.run_dirs import pin_run_dir
         from accelopt.cli.sweep_settings import force_settings_of_swept_plugins
 
         refuse_bad_config_flags(rest)

@@ -44,7 +44,7 @@ def quiet_cpp_warnings() -> None:
 
 SCRATCH_PREFIX = "accelopt-rank"
 """Under torchrun, a rank other than 0 whose command names no ``hydra.run.dir`` runs in a
-temporary directory with this prefix (``cli/hydra_run.py``), removed when it ends."""
+temporary directory with this prefix (``cli/run_dirs.py``), removed when it ends."""
 
 
 def under_torchrun(env: dict[str, str] | None = None) -> bool:
