@@ -321,9 +321,10 @@ def test_transfer_done_is_called_once_per_received_transfer(tmp_path, test_plugi
     cfg = make_cfg("ps", iterations=2, plugins={"count_done": {}, "rank_says": {}})
     out = run_cluster(cfg, run_dir=tmp_path)
     # a run-scoped plugin's rows come from one rank (the first worker), not one per rank,
-    # saying so where the other worker's differ; a job-scoped plugin's rows from every rank
+    # saying so where another rank's differ (the server's too); a job-scoped plugin's rows
+    # from every rank
     assert [r.summary for r in out.plugin_rows if r.plugin == "rank_says"] == [
-        "measured on rank 1 (rank 1's; other workers' rows differ)"]
+        "measured on rank 1 (rank 1's; other ranks' rows differ)"]
     assert out.ranks[0].job_scoped == ["count_done"]
     rows = {r.metrics["rank"]: r.metrics for r in out.plugin_rows if r.plugin == "count_done"}
     n_params = len(list(single_process(cfg, iterations=0)[0].model.parameters()))
@@ -822,3 +823,42 @@ def test_a_rendezvous_port_in_use_is_one_line_with_the_fix(tmp_path):
     # bad input, as in one process: `except accelopt.UserError` catches it in every mode
     assert info.value.exit_code == 2 and isinstance(info.value, UserError)
     assert no_children_left()
+
+
+def test_a_failure_line_gives_the_iteration_its_error_names_once():
+    """A PS worker receives iteration 3's parameters while its progress still says 2: the
+    line read "receiving from rank 0 at iteration 3: ... at iteration 2 of job 'x'"."""
+    from accelopt.drivers.cluster.faults import JOBS_ENDED, raised_line
+
+    error = ("CommunicationError: rank 1: receiving from rank 0 at iteration 3: "
+             "RuntimeError: timed out")
+    line = raised_line(1, "worker", 11, error, 2, "tiny-mlp")
+    assert line == ("rank 1 (worker, pid 11) raised CommunicationError: rank 1: receiving "
+                    "from rank 0: RuntimeError: timed out at iteration 3 of job 'tiny-mlp'; "
+                    "the cluster run was stopped")
+    assert line.count("iteration") == 1
+    assert raised_line(1, "worker", 11, "RuntimeError: boom", 2) == (
+        "rank 1 (worker, pid 11) raised RuntimeError: boom at iteration 2; the cluster run "
+        "was stopped")
+    ended = raised_line(1, "worker", 11, error, JOBS_ENDED)
+    assert ended.endswith("after its jobs ended; the cluster run was stopped")
+
+
+def test_a_rank_stuck_in_a_plugin_hook_is_named_in_the_runs_line(tmp_path):
+    """Rank 0's hook watchdog named a plugin hook that had run for long; its peers timed
+    out waiting. The line blamed a worker's timeout and said rank 0 "may be the one": it
+    names the hook now."""
+    from accelopt.drivers.cluster import faults
+    from accelopt.drivers.cluster.transport import CommunicationError
+
+    faults.Progress(tmp_path, 0).hook_blocked(
+        "rank 0 (server): plugin 'hang' has been in accelopt_transfer_done for 2.0 s (thread "
+        "recv 1, /x/hang.py:12); a hook that blocks stalls the work it runs in")
+    timeout = CommunicationError("rank 1: receiving from rank 0 at iteration 3: timed out")
+    error = _diagnosis(tmp_path, [None, 1], {1: timeout}, iteration=3)
+    line = str(error)
+    assert line.startswith("rank 0 (server, pid 100) was stuck in a plugin hook at iteration "
+                           "3: plugin 'hang' has been in accelopt_transfer_done for 2.0 s "
+                           "(hook watchdog), and its peers gave up waiting: rank 1 (worker")
+    assert "may be the one" not in line and "\n" not in line
+    assert error.rank == 0 and "stuck in a plugin hook" in error.cause

@@ -643,3 +643,36 @@ def _later(span, shift: float):
     from dataclasses import replace
 
     return replace(span, start_s=span.start_s + shift, end_s=span.end_s + shift)
+
+
+def test_a_job_within_the_shapers_burst_is_said_to_be_unconstrained():
+    """A tiny job on a 50 Mbit/s loopback read 147 Mbit/s achieved under "shaped loopback 50
+    Mbit/s": its iterations fit in tbf's burst (36 KB), which leaves at the machine's speed,
+    and nothing said the link never held it back."""
+    import types
+
+    from accelopt.drivers.cluster.outcome import unconstrained_link
+    from accelopt.drivers.cluster.transport import TransportStats
+
+    cluster = OmegaConf.structured(ClusterConfig)
+    cluster.mode, cluster.workers = "allreduce", 2
+    cluster.network.bandwidth = "50mbit"
+    s = settings_from(cluster)
+
+    def parts(per_rank: int) -> list:
+        return [types.SimpleNamespace(stats=TransportStats(
+            bytes_by_iteration=dict.fromkeys(range(5), per_rank))) for _ in range(2)]
+
+    small = {"bytes_per_iteration": 9136.0, "achieved_bandwidth_bps": 147e6,
+             "warmup_iterations": 2}
+    (line,) = unconstrained_link("tiny", small, parts(4568), s)
+    assert line.startswith("job 'tiny': the shaped network (50 Mbit/s) did not constrain it")
+    assert "within tbf's burst" in line and "147.0 Mbit/s, above the rate" in line
+    big = {"bytes_per_iteration": 2e6, "achieved_bandwidth_bps": 48e6, "warmup_iterations": 2}
+    assert unconstrained_link("big", big, parts(10**6), s) == []
+    fast = {**big, "achieved_bandwidth_bps": 90e6}  # over the rate, whatever the size
+    assert "above the rate" in unconstrained_link("big", fast, parts(10**6), s)[0]
+    cluster.network.topology = "hosts"
+    (hosts,) = unconstrained_link("tiny", small, parts(4568), settings_from(cluster))
+    assert "each rank sent at most 4.5 KiB per iteration" in hosts
+    assert unconstrained_link("big", big, parts(10**6), settings_from(cluster)) == []

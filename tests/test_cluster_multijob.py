@@ -359,9 +359,9 @@ def test_merge_rows_accepts_job_ids_from_run_level_plugins():
 
 def test_run_level_rows_come_from_one_worker_and_per_job_rows_from_every_rank():
     from accelopt.drivers.rows import merge_rows, of_plugins, representative_rows
-    from accelopt.types import ReportRow
+    from accelopt.types import INERT, ReportRow
 
-    server = [ReportRow("g", "00-a: nothing to do", {"job": "00-a"}),
+    server = [ReportRow("g", "00-a: nothing to do", {"job": "00-a", INERT: 1}),
               ReportRow("s", "decided"), ReportRow("t", "planned", {"job": "a"})]
     worker1 = [ReportRow("g", "00-a: pruned; 1.2x", {"job": "00-a"}),
                ReportRow("t", "received in order", {"job": "a"})]
@@ -383,6 +383,29 @@ def test_run_level_rows_come_from_one_worker_and_per_job_rows_from_every_rank():
     kept = representative_rows([server, worker1, worker2], ["server", "worker", "worker"],
                                of_plugins(["t"]))
     assert [r.summary for r in merge_rows(kept, ["a"], ["00-a"])][2] == "pruned; 1.2x"
+
+
+def test_a_servers_differing_row_and_a_silent_worker_are_not_read_as_agreement():
+    """A server's row saying the plugin FAILED beside workers' "applied fine" showed only
+    "applied fine": only other workers were compared, and a worker that reported nothing
+    counted as agreeing. A server's row that only says it had nothing to do (INERT) is no
+    disagreement, and a plugin reporting on one rank alone (salus) is not flagged."""
+    from accelopt.drivers.rows import representative_rows
+    from accelopt.types import INERT, ReportRow
+
+    def kept(*ranks: list[ReportRow]) -> list[str]:
+        roles = ["server"] + ["worker"] * (len(ranks) - 1)
+        return [r.summary for rows in representative_rows(list(ranks), roles, lambda r: False)
+                for r in rows]
+
+    failed, fine = [ReportRow("p", "FAILED to apply")], [ReportRow("p", "applied fine")]
+    assert kept(failed, fine, fine) == ["applied fine (rank 1's; other ranks' rows differ)"]
+    assert kept(failed, fine, []) == [
+        "applied fine (rank 1's; other ranks' rows differ; rank 2 reported nothing)"]
+    assert kept([], fine, []) == ["applied fine (rank 1's; rank 2 reported nothing)"]
+    idle = [ReportRow("p", "nothing to do", {INERT: 1})]
+    assert kept(idle, fine, fine) == ["applied fine"]
+    assert kept([ReportRow("p", "decided")], [], []) == ["decided"]
 
 
 def test_scope_is_declared_one_instance_per_job_or_per_run():

@@ -153,7 +153,8 @@ def test_a_ranks_line_says_its_iteration_once():
     assert raised_line(2, "worker", 7, error, 0, "m") == (
         "rank 2 (worker, pid 7) raised CommunicationError: parameters of layer 0 did not "
         "arrive within 5 s at iteration 0 of job 'm'; the cluster run was stopped")
-    # another iteration's number is left alone (12 is not 1)
+    # another iteration's number: the error's (the transfer's) is the one given, once
     other = "CommunicationError: receiving at iteration 12"
     assert raised_line(2, "worker", 7, other, 1) == (
-        f"rank 2 (worker, pid 7) raised {other} at iteration 1; the cluster run was stopped")
+        "rank 2 (worker, pid 7) raised CommunicationError: receiving at iteration 12; the "
+        "cluster run was stopped")

@@ -14,7 +14,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from accelopt.types import ReportRow
+from accelopt.types import INERT, ReportRow
 
 SILENT_SUMMARY = "active, but reported nothing about what it did"
 
@@ -35,10 +35,14 @@ def representative_rows(rows_by_rank: list[list[ReportRow]], roles: list[str],
     Run-level plugins (gpu_kernels, offload, salus) run once per rank and would repeat
     themselves on every rank, with a parameter server saying "nothing to do" because it never
     runs forward. Their rows are taken from the first worker that reported the plugin, else
-    from the first rank that did (salus reports on the leader only). Where another worker's
+    from the first rank that did (salus reports on the leader only). Where another rank's
     rows of the plugin differ (offload's bytes of its share of the batch, a measured
-    speed-up), the kept rows say whose they are: one worker's figures must not read as
-    the job's."""
+    speed-up, a server that failed where the workers did not), the kept rows say whose they
+    are: one rank's figures must not read as the job's. A non-worker's rows that only say
+    the plugin had nothing to do there (every one marked ``INERT``: a server never runs
+    forward) are no disagreement. A worker that reported nothing does not agree either: the
+    kept rows say so, unless the plugin reported on the leader (rank 0) alone, as salus,
+    which decides there, does by design."""
     order = sorted(range(len(rows_by_rank)), key=lambda i: roles[i] != "worker")
     source: dict[str, int] = {}
     for i in order:
@@ -49,21 +53,51 @@ def representative_rows(rows_by_rank: list[list[ReportRow]], roles: list[str],
     def run_level(i: int, plugin: str) -> list[ReportRow]:
         return [r for r in rows_by_rank[i] if r.plugin == plugin and not per_job(r)]
 
-    differ = {plugin for plugin, i in source.items()
-              if any(roles[k] == "worker" and k != i and run_level(k, plugin)
-                     and run_level(k, plugin) != run_level(i, plugin)
-                     for k in range(len(rows_by_rank)))}
+    notes = {plugin: note for plugin, i in source.items()
+             if (note := _disagreement(plugin, i, roles, run_level))}
 
     def kept(row: ReportRow, i: int) -> ReportRow:
-        if row.plugin not in differ:
+        if row.plugin not in notes:
             return row
         return dataclasses.replace(
-            row, summary=f"{row.summary} (rank {i}'s; other workers' rows differ)",
+            row, summary=f"{row.summary} (rank {i}'s; {notes[row.plugin]})",
             metrics={**row.metrics, "rank": i})
 
     return [[r if per_job(r) else kept(r, i) for r in rows
              if per_job(r) or source.get(r.plugin) == i]
             for i, rows in enumerate(rows_by_rank)]
+
+
+def _disagreement(plugin: str, kept: int, roles: list[str],
+                  run_level: Callable[[int, str], list[ReportRow]]) -> str:
+    """What the other ranks said about ``plugin`` where it is not what rank ``kept`` said:
+    "other workers' rows differ" (only workers), "other ranks' rows differ" (a server too),
+    "rank 2 reported nothing"; ``""`` where they agree."""
+    mine = run_level(kept, plugin)
+    differ: list[int] = []
+    silent: list[int] = []
+    reporters = [k for k in range(len(roles)) if run_level(k, plugin)]
+    leader_only = reporters == [0]  # decided on the leader and said there (salus)
+    for k in range(len(roles)):
+        theirs = run_level(k, plugin)
+        if k == kept:
+            continue
+        if not theirs:
+            if roles[k] == "worker" and not leader_only:
+                silent.append(k)
+            continue
+        if roles[k] != "worker" and all(r.metrics.get(INERT) for r in theirs):
+            continue  # a server with nothing to do: not a disagreement
+        if theirs != mine:
+            differ.append(k)
+    parts = []
+    if differ:
+        who = "workers'" if all(roles[k] == "worker" for k in differ) else "ranks'"
+        parts.append(f"other {who} rows differ")
+    if silent:
+        parts.append(f"rank{'s' if len(silent) > 1 else ''} "
+                     f"{', '.join(map(str, silent))} reported nothing")
+    return "; ".join(parts)
 
 
 def of_plugins(names: Sequence[str]) -> Callable[[ReportRow], bool]:

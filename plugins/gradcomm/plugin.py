@@ -12,6 +12,7 @@ from accelopt_plugins.gradcomm.codec import BucketCodec, CastOverflow, extremes,
 from accelopt_plugins.gradcomm.config import GradcommConfig, momentum_factor, validate
 
 from accelopt import JobInfo, ReportRow, RunInfo, TransferRecord, hookimpl
+from accelopt.drivers.cluster.transport import allreduce_wire_bytes
 from accelopt.errors import AccelOptError
 from accelopt.types import INERT
 from accelopt.units import format_bytes
@@ -41,9 +42,15 @@ class GradcommPlugin:
         self.layout: dict[str, list[Span]] | None = None
         self.bucket_names: set[str] = set()
         self.iterations: set[int] = set()
+        self.workers = 2
+        """The ranks of the all-reduce (the run's ``cluster.workers``)."""
         self.sent_bytes = 0
-        """What this rank handed the collectives for its buckets (``record.wire_bytes``): a
-        gathered sparse bucket is padded to the longest rank's, plus its lengths message."""
+        """What this rank sent on its links for its buckets (``record.wire_bytes``): a
+        gathered sparse bucket is padded to the longest rank's, plus its lengths message,
+        and goes to every other rank."""
+        self.dense_wire_bytes = 0
+        """What DDP's plain all-reduce of the same buckets would have sent on this rank's
+        links at the same number of ranks: the ratio compares wire with wire."""
 
     @hookimpl
     def accelopt_configure(self, config: GradcommConfig, run_config: Any) -> None:
@@ -52,6 +59,7 @@ class GradcommPlugin:
         cluster = run_config.get("cluster") if run_config is not None else None
         if cluster is not None:
             self.mode = str(cluster.get("mode", "none"))
+            self.workers = int(cluster.get("workers", self.workers) or self.workers)
             self.bucket_mb = float(cluster.get("bucket_mb", 0) or 0) or None
         jobs = _job_optimizers(run_config)
         for optimizer, momentum in jobs or [(None, 0.0)]:  # refuse what cannot apply, up front
@@ -70,6 +78,7 @@ class GradcommPlugin:
         """The job this instance serves (its optimizer, parameter table and buckets) and the
         run's mode come from the run's record."""
         self.mode = run.cluster.mode
+        self.workers = run.cluster.workers
         self.bucket_mb = run.cluster.bucket_bytes / 2**20
         if run.job is not None:
             self.job = run.job
@@ -137,6 +146,7 @@ class GradcommPlugin:
                                end_s: float) -> None:
         if self._ours(record) and record.tensor in self.bucket_names:
             self.sent_bytes += record.wire_bytes
+            self.dense_wire_bytes += allreduce_wire_bytes(record.nbytes, self.workers)
 
     # -- non-finite gradients ------------------------------------------------------------
 
@@ -194,9 +204,15 @@ class GradcommPlugin:
         scope = "k over the model" if c.topk_scope == "model" else "k per bucket"
         method = {"none": "dense", "topk": f"top-k density {c.density:g} ({scope})",
                   "threshold": f"threshold {c.threshold:g}"}[c.sparsify]
-        # what went to the collectives; the codec's own count before any transfer ended
-        sent = self.sent_bytes or st.wire_bytes
-        ratio = st.dense_bytes / sent if sent else float("inf")
+        # on the wire, against a dense all-reduce's wire at the same number of ranks (a
+        # ring all-reduce sends 2(n-1)/n of a bucket, an all-gather n-1 times the parts);
+        # before any transfer ended, or alone (nothing crosses a wire), the codec's own
+        # count against the dense buckets'
+        on_wire = self.dense_wire_bytes > 0
+        sent = self.sent_bytes if on_wire else st.wire_bytes
+        dense = self.dense_wire_bytes if on_wire else st.dense_bytes
+        ratio = dense / sent if sent else float("inf")
+        where = "on its links" if on_wire else "encoded (no link bytes counted)"
         own = _dtype_names(self.codec.dtypes.values())
         values = _dtype_names(self.codec.wire_dtypes.values())
         ef = "with error feedback" if c.error_feedback else "without error feedback"
@@ -210,15 +226,14 @@ class GradcommPlugin:
             return [ReportRow("gradcomm", text, {"buckets": len(self.bucket_names)})]
         residual = sum(float(r.abs().sum()) for r in self.codec.residual.values())
         text = (f"{method}, {values} values, {ef}: sent {st.sent_elements / st.elements:.2%} "
-                f"of gradient elements, {format_bytes(sent / iters)}/iteration "
-                f"from rank {run.rank} ({_bytes_vs_dense(ratio, own)}); {fusion}, {overlap}")
+                f"of gradient elements, {format_bytes(sent / iters)}/iteration from rank "
+                f"{run.rank} {where} ({_bytes_vs_dense(ratio, own)}); {fusion}, {overlap}")
         if st.sent_elements == 0:  # a threshold above every gradient: nothing was trained
             text = (f"{method}, {ef}: sent NO gradient element in {iters} iteration(s): the "
                     "threshold is above every gradient, so the exchange moved no weight; "
                     "lower plugins.gradcomm.threshold")
         metrics: dict[str, float | int | str] = {
             "sent_fraction": round(st.sent_elements / st.elements, 6),
-            "wire_bytes_per_iteration": sent // iters,
             "encoded_bytes_per_iteration": st.wire_bytes // iters,
             "dense_bytes_per_iteration": st.dense_bytes // iters,
             "compression_ratio": round(ratio, 3), "residual_l1": residual,
@@ -227,6 +242,9 @@ class GradcommPlugin:
             # every rank sparsifies its own gradients: its row says whose figures they are
             "rank": run.rank,
         }
+        if on_wire:
+            metrics["wire_bytes_per_iteration"] = sent // iters
+            metrics["dense_wire_bytes_per_iteration"] = self.dense_wire_bytes // iters
         return [ReportRow("gradcomm", text, metrics)]
 
 

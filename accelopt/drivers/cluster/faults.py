@@ -14,6 +14,7 @@ torchrun there is no parent: :func:`torchrun_failure` gives each rank the same o
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import multiprocessing.connection
@@ -117,6 +118,7 @@ class Progress:
     def __init__(self, workdir: str | os.PathLike[str], rank: int) -> None:
         self.at = At(None)
         self.path = Path(workdir) / f"progress-{rank}"
+        self.hooks_path = Path(workdir) / f"hooks-{rank}"
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         self._job: tuple[str, bytes] = ("", b"")
         """The last job's id and its encoded part of the record (made once per job, not
@@ -132,6 +134,24 @@ class Progress:
         self.at = At(iteration, job_id, job_name)
         record = f"{iteration:>12} ".encode() + self._job[1]
         os.pwrite(self._fd, record.ljust(_PROGRESS_BYTES), 0)
+
+    def hook_blocked(self, line: str) -> None:
+        """Keep the hook watchdog's line (a plugin hook running for long) where the parent
+        can read it: a rank stuck in a hook never raises, its peers time out, and the run's
+        line must name the hook rather than guess (:meth:`Watchdog._diagnose`)."""
+        with contextlib.suppress(OSError):  # a hint must never stop the rank
+            with open(self.hooks_path, "a", encoding="utf-8") as fh:
+                fh.write(line.replace("\n", " ") + "\n")
+
+    @staticmethod
+    def blocked_hooks(workdir: str | os.PathLike[str], rank: int) -> list[str]:
+        """The hook calls rank ``rank``'s watchdog reported ("plugin 'x' has been in
+        accelopt_transfer_done for 2.0 s"), oldest first."""
+        try:
+            lines = (Path(workdir) / f"hooks-{rank}").read_text(encoding="utf-8").splitlines()
+        except OSError:
+            return []
+        return [_hook_clause(line) for line in lines if line.strip()]
 
     def jobs_ended(self) -> None:
         """Past the last iteration (the plugins report, the results are gathered): a failure
@@ -155,6 +175,16 @@ class Progress:
             return At(iteration, str(job_id), str(job_name))
         except (ValueError, TypeError):
             return At(iteration)
+
+
+_HOOK_LINE = re.compile(r"(plugin '.*?' has been in \w+ for [\d.]+ s)")
+
+
+def _hook_clause(line: str) -> str:
+    """The watchdog's line without its rank prefix and its thread and file: "plugin 'x'
+    has been in accelopt_transfer_done for 2.0 s"."""
+    found = _HOOK_LINE.search(line)
+    return found.group(1) if found else line.strip()
 
 
 def reached(workdir: str | os.PathLike[str], exc: BaseException) -> int | None:
@@ -238,13 +268,23 @@ def where(iteration: int | None, job_name: str = "") -> str:
     return f"at iteration {iteration}" + (f" of job '{job_name}'" if job_name else "")
 
 
+_NAMED_ITERATION = re.compile(r" at iteration (\d+)\b")
+"""How the transport's errors name the iteration of the transfer that failed."""
+
+
 def raised_line(rank: int, role: str, pid: int | None, error: str,
                 iteration: int | None, job_name: str = "") -> str:
     """The run's one line for a rank that raised (the local launcher's and torchrun's). An
     error that says its iteration itself (the transport's timeouts do) has that phrase
-    taken out: the line says where the rank was once, with the job."""
-    if iteration is not None and iteration >= 0:
-        error = re.sub(rf" at iteration {iteration}\b", "", error, count=1)
+    taken out and the line says that iteration, once, with the job. Why the error's and
+    not the rank's progress: a PS worker receives the next iteration's parameters while its
+    progress still says the last one, and the line read "receiving from rank 0 at
+    iteration 3: ... at iteration 2" (the iteration the transfer was for is the one that
+    failed)."""
+    named = _NAMED_ITERATION.search(error)
+    if named is not None and iteration != JOBS_ENDED:
+        error = error[:named.start()] + error[named.end():]
+        iteration = int(named.group(1))
     return (f"rank {rank} ({role}, pid {pid}) raised {error} {where(iteration, job_name)}; "
             "the cluster run was stopped")
 
@@ -411,6 +451,10 @@ class Watchdog:
         candidates.sort(key=lambda kv: kv[0])
         (kind, _), chosen = candidates[0]
         silent = [c for c in self.children if c.process.exitcode is None]
+        if kind == COMMUNICATION:
+            hooked = self._blocked_hook(silent or self.children)
+            if hooked is not None:
+                return hooked(chosen)
         if kind == COMMUNICATION and silent:  # a peer timed out waiting: the one alive may be why
             c = silent[0]
             at = Progress.read_at(self.workdir, c.rank)
@@ -421,6 +465,29 @@ class Watchdog:
                 rank=c.rank, pid=c.pid, iteration=at.iteration, cause="stopped responding",
                 exit_code=chosen.exit_code)  # stuck in whose code, nobody can tell
         return chosen
+
+    def _blocked_hook(self, children: list[Child]) -> Any:
+        """Where a rank's hook watchdog saw a plugin hook run for long (the first such rank
+        among ``children``), what turns a peer's communication error into the run's line
+        naming that hook; else None. Why: the line blamed the peer's timeout and guessed
+        that the silent rank "may be the one", while the watchdog had named the hook."""
+        for c in children:
+            hooks = Progress.blocked_hooks(self.workdir, c.rank)
+            if not hooks:
+                continue
+            at = Progress.read_at(self.workdir, c.rank)
+
+            def line(chosen: RankFailed, c: Child = c, hooks: list[str] = hooks,
+                     at: At = at) -> RankFailed:
+                return RankFailed(
+                    f"rank {c.rank} ({c.role}, pid {c.pid}) was stuck in a plugin hook "
+                    f"{where(at.iteration, at.job_name)}: {hooks[-1]} (hook watchdog), and its "
+                    f"peers gave up waiting: {chosen}",
+                    rank=c.rank, pid=c.pid, iteration=at.iteration,
+                    cause=f"stuck in a plugin hook: {hooks[-1]}", exit_code=chosen.exit_code)
+
+            return line
+        return None
 
     def _candidate(self, c: Child) -> tuple[tuple[int, float], RankFailed]:
         """How likely a rank that exited non-zero is the root cause (its rank in the order

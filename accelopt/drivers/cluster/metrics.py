@@ -150,7 +150,10 @@ def _by_window(
 
 
 def link_bandwidth(spans: Sequence[Span]) -> list[float]:
-    """Per iteration: all bytes moved / time at least one transfer was in flight (bits/s)."""
+    """Per iteration: all bytes moved / time at least one transfer was in flight (bits/s).
+    The bytes are what the ranks sent on their links (an all-reduce's, by its algorithm:
+    ``transport.allreduce_wire_bytes``); an iteration that sent none (one rank alone) has
+    no figure rather than 0 bit/s."""
     by_iter: dict[int, list[Span]] = defaultdict(list)
     for span in spans:
         if span.category == "comm" and "iteration" in span.args:
@@ -159,7 +162,7 @@ def link_bandwidth(spans: Sequence[Span]) -> list[float]:
     for it in sorted(by_iter):
         busy = union_length((s.start_s, s.end_s) for s in by_iter[it])
         nbytes = sum(int(s.args.get("bytes", 0)) for s in by_iter[it])
-        if busy > 0:
+        if busy > 0 and nbytes > 0:
             out.append(8 * nbytes / busy)
     return out
 

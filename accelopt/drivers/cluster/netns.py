@@ -60,11 +60,20 @@ class Shape:
     def limited(self) -> bool:
         return self.bandwidth_bps is not None or self.latency_s is not None
 
+    @property
+    def burst_bytes(self) -> int:
+        """tbf's burst: a few packets or 1 ms of traffic. What leaves within it after the
+        link was idle goes at the machine's speed, so a job that sends no more than this
+        per iteration is not held to the rate at all (``outcome.unconstrained_link`` says
+        so after the run)."""
+        assert self.bandwidth_bps is not None
+        return int(max(4 * (MTU + 14), self.bandwidth_bps / 8 * 0.001))  # 14: Ethernet header
+
     def tbf_args(self) -> list[str]:
         """Rate limit with a burst of a few packets (or 1 ms of traffic) and a 50 ms queue."""
         assert self.bandwidth_bps is not None
         rate_bytes = self.bandwidth_bps / 8
-        burst = int(max(4 * (MTU + 14), rate_bytes * 0.001))  # 14: Ethernet header
+        burst = self.burst_bytes
         limit = int(max(4 * burst, rate_bytes * 0.05))
         return ["tbf", "rate", f"{self.bandwidth_bps}bit", "burst", str(burst), "limit", str(limit)]
 

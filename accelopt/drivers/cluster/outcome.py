@@ -16,6 +16,7 @@ from accelopt.job.checkpoint import finished_before_the_resume
 from accelopt.job.params import shard_rows
 from accelopt.records import JobResult, Span
 from accelopt.types import ReportRow
+from accelopt.units import format_bytes
 
 
 @dataclass
@@ -91,7 +92,54 @@ def build_outcome(ranks: list[RankResult], settings: ClusterSettings) -> Cluster
                                of_plugins(leader.job_scoped))
     out.plugin_rows = merge_rows(rows, names, job_ids)
     out.warnings = idle_servers(ranks, job_ids)
+    for job_id, name in zip(job_ids, names, strict=True):
+        out.warnings += unconstrained_link(name, outcomes[job_id].metrics,
+                                           [r.parts[job_id] for r in ranks], settings)
     return out
+
+
+OVER_THE_RATE = 1.1
+"""Achieved bandwidth above the configured rate by more than this (timing noise aside): the
+shaper did not hold the job to the rate."""
+
+
+def unconstrained_link(name: str, metrics: dict[str, Any], parts: list[JobPart],
+                       settings: ClusterSettings) -> list[str]:
+    """A line when the shaped network did not constrain the job: its ranks sent no more per
+    iteration than tbf lets through at once after an idle moment (its burst), or, on the
+    one shaped loopback every transfer crosses, the transfers ran above its rate. Why: a
+    tiny job on a 50 Mbit/s link read 147 Mbit/s achieved under "shaped loopback 50
+    Mbit/s", with nothing saying the link never held it back."""
+    if not settings.bandwidth_bps or settings.network == "none":
+        return []
+    skip = int(metrics.get("warmup_iterations", 0) or 0)
+    counts = [[float(n) for _, n in sorted(p.stats.bytes_by_iteration.items())] for p in parts]
+    sent = [_median(c[skip:] or c) for c in counts]  # each rank's, past the warm-up
+    if settings.network == "shared":
+        total = metrics.get("bytes_per_iteration")
+        fits = total is not None and total <= settings.link(0).burst_bytes
+        achieved = metrics.get("achieved_bandwidth_bps")
+        over = achieved is not None and achieved > OVER_THE_RATE * settings.bandwidth_bps
+        what = f"its ranks sent {format_bytes(total or 0)} per iteration"
+        burst = settings.link(0).burst_bytes
+    else:  # a link per host: each within its own link's burst
+        shapes = settings.links()
+        fits = all(n is None or not shape.bandwidth_bps or n <= shape.burst_bytes
+                   for n, shape in zip(sent, shapes, strict=True))
+        over = False
+        what = f"each rank sent at most {format_bytes(max(n or 0 for n in sent))} per iteration"
+        burst = min(s.burst_bytes for s in shapes if s.bandwidth_bps)
+    if not (fits or over):
+        return []
+    rate = settings.bandwidth_bps / 1e6
+    why = [f"{what}, within tbf's burst of {format_bytes(burst)}, which leaves at the "
+           "machine's speed"] if fits else [what]
+    if over:
+        why.append(f"its transfers ran at {metrics['achieved_bandwidth_bps'] / 1e6:.1f} Mbit/s,"
+                   " above the rate")
+    return [f"job '{name}': the shaped network ({rate:g} Mbit/s) did not constrain it: "
+            f"{'; '.join(why)}; its times and bandwidth are not the link's (a job that sends "
+            "more per iteration than the burst is held to the rate)"]
 
 
 def idle_servers(ranks: list[RankResult], job_ids: list[str]) -> list[str]:
@@ -266,6 +314,8 @@ def _job_outcome(parts: list[JobPart], settings: ClusterSettings,
         param_bytes = sum(p.numel() * p.element_size() for p in parts[0].params.values())
     wire = [sum(r.stats.bytes_by_iteration.get(i, 0) for r in parts)
             for i in range(resumed_at, n_iter)]
+    handed = [sum(r.stats.collective_bytes_by_iteration.get(i, 0) for r in parts)
+              for i in range(resumed_at, n_iter)]
     steady = starts[skip:] if len(starts) > skip else starts
     # 1 / median iteration is no throughput once iterations overlap (an early update sends
     # the next iteration's parameters inside this one): count iterations over wall time
@@ -293,6 +343,9 @@ def _job_outcome(parts: list[JobPart], settings: ClusterSettings,
     )
     if settings.mode == "ps":
         metrics["expected_bytes_per_iteration"] = 2 * param_bytes * settings.workers
+    elif any(handed):  # beside what went on the wire: what the ranks handed gloo / NCCL
+        metrics["collective_bytes_per_iteration"] = (_median(handed[skip:]) if handed[skip:]
+                                                     else _median(handed))
     metrics.update(network_metrics(settings))
     sent = _wire_bytes_per_iteration(parts, settings)
     if sent:
@@ -364,7 +417,7 @@ def _wire_bytes_per_iteration(parts: list[JobPart], settings: ClusterSettings) -
 JOB_METRICS = ("efficiency_e", "efficiency_e_with_warmup", "iteration_s", "mc_s", "pc_s",
                "ratio_a", "iteration_makespan_s", "bytes_per_iteration",
                "achieved_bandwidth_bps", "wire_bytes_per_iteration",
-               "loopback_bytes_per_iteration")
+               "loopback_bytes_per_iteration", "collective_bytes_per_iteration")
 """Per-job figures copied into the run's metrics as ``job.<name>.<key>``."""
 
 

@@ -43,6 +43,7 @@ from accelopt.plugin import Registry
 from accelopt.records import Span
 from accelopt.types import IterationResult, JobInfo, ReportRow, RunInfo
 from accelopt.watchdog import HookWatchdog, watching
+from accelopt.watchdog import log as watchdog_log
 
 
 @dataclass
@@ -113,8 +114,11 @@ class RankResult:
                         "logical_bytes", "ordered", "held", "inversions", "overtaken",
                         "partitioned", "chunks", "updated_early"):
                 setattr(total, key, getattr(total, key) + getattr(st, key))
-            for it, n in st.bytes_by_iteration.items():
-                total.bytes_by_iteration[it] = total.bytes_by_iteration.get(it, 0) + n
+            for mine, theirs in ((total.bytes_by_iteration, st.bytes_by_iteration),
+                                 (total.collective_bytes_by_iteration,
+                                  st.collective_bytes_by_iteration)):
+                for it, n in theirs.items():
+                    mine[it] = mine.get(it, 0) + n
             total.started_log += st.started_log
             total.arrival_log += st.arrival_log
         return total
@@ -427,7 +431,8 @@ def run_rank(cfg: DictConfig, settings: ClusterSettings, *, rank: int, world: in
     lifecycle.start([j.job for j in jobs])
     driver = ClusterDriver(cfg, jobs, plugins, rank=rank, device=device, progress=progress,
                            clock=jobs[0].now)
-    with watching(plugins.hook_code, float(cfg.run.hook_watchdog_s), f"{process}: ") as dog:
+    with _hook_watchdog(plugins.hook_code, float(cfg.run.hook_watchdog_s), process,
+                        progress) as dog:
         try:
             driver.run()
         except Exception as exc:
@@ -457,6 +462,21 @@ def run_rank(cfg: DictConfig, settings: ClusterSettings, *, rank: int, world: in
     dist.barrier()  # no rank leaves while another still sends (or writes its result)
     dist.destroy_process_group()
     return gathered  # type: ignore[return-value]
+
+
+def _hook_watchdog(owners: Any, after_s: float, process: str,
+                   progress: Progress | None) -> contextlib.AbstractContextManager[object]:
+    """The rank's hook watchdog (``run.hook_watchdog_s``), whose lines also go beside the
+    rank's progress, where the launcher reads them: a rank stuck in a hook never raises, and
+    the run's line must name the hook (``faults.Watchdog``)."""
+    if progress is None or after_s <= 0:
+        return watching(owners, after_s, f"{process}: ")
+
+    def say(line: str) -> None:
+        watchdog_log.warning(line)
+        progress.hook_blocked(line)
+
+    return HookWatchdog(owners, after_s, where=f"{process}: ", say=say)
 
 
 def _name_blocked_hooks(exc: Exception, dog: object) -> None:

@@ -45,7 +45,9 @@ follows its first, so every message the sender starts has its receive posted); i
 the tensor once its last chunk is in, assembled in place.
 
 All-reduce. A gradient bucket is one transfer with destination -1 ("all ranks"), started as
-an async ``all_reduce`` in the same enforced order; a completion thread timestamps each
+an async ``all_reduce`` in the same enforced order; its bytes are what this rank sends on its
+links for it (:func:`allreduce_wire_bytes`, :func:`allgather_wire_bytes`), not the buffer it
+hands the collective, which 3 or more ranks send more than once; a completion thread timestamps each
 bucket when its work finishes, so the timeline shows communication overlapping backward.
 When nothing stands between a bucket and the wire (no filter, encode, decode or done hook,
 and no order for the iteration), :meth:`Transport.allreduce_direct` starts it at once from
@@ -98,6 +100,23 @@ class TransferOrderError(AccelOptError):
 
 class CommunicationError(AccelOptError):
     """torch.distributed failed under a transfer (peer gone, timeout)."""
+
+
+def allreduce_wire_bytes(nbytes: int, world: int) -> int:
+    """What one rank sends on its links to all-reduce a buffer of ``nbytes`` over ``world``
+    ranks: a ring all-reduce (gloo's algorithm on CPU, NCCL's ring) is a reduce-scatter and
+    an all-gather of ``nbytes / world`` pieces, ``world - 1`` steps each, so
+    ``2 (world - 1) / world`` of the buffer (1x with 2 ranks, 1.33x with 3, 0 alone). Why
+    not the buffer itself: with 3 ranks that undercounted the kernel's byte counters by a
+    quarter, and the bandwidth with it."""
+    return 2 * (world - 1) * nbytes // world if world > 1 else 0
+
+
+def allgather_wire_bytes(nbytes: int, world: int) -> int:
+    """What one rank sends on its links to all-gather a buffer of ``nbytes`` (every rank's
+    the same size) over ``world`` ranks: a ring all-gather forwards each of the other ranks'
+    buffers and its own once, ``world - 1`` buffers."""
+    return (world - 1) * nbytes if world > 1 else 0
 
 
 def tag_for(iteration: int, seq: int, part: int) -> int:
@@ -176,6 +195,10 @@ class TransportStats:
     updated_early: int = 0
     """PS server, early update: tensors updated as their gradients completed."""
     bytes_by_iteration: dict[int, int] = field(default_factory=dict)
+    """What this rank sent on its links, by iteration (``bytes_per_iteration``)."""
+    collective_bytes_by_iteration: dict[int, int] = field(default_factory=dict)
+    """All-reduce: the buffers this rank handed the collectives, by iteration (with 2 ranks
+    what it sends; with more, less: :func:`allreduce_wire_bytes`)."""
     started_log: list[tuple[int, int, int, str]] = field(default_factory=list)
     """(iteration, destination, sequence, tensor) in the order transfers started."""
     arrival_log: list[tuple[int, int, int, str]] = field(default_factory=list)
@@ -224,6 +247,7 @@ class Transport:
         """Payload bytes that go in the header's message: gloo (CPU) fills a receive with a
         shorter message; NCCL (CUDA) needs both ends to name the same size, so there every
         payload but an empty one goes as a message of its own."""
+        self._world_size: int | None = None
         self._peers: dict[int, tuple[Any, int]] = {}
         """Per peer rank: the group and its rank there (``_peer``)."""
         self._link_free: dict[int, float] = {}
@@ -675,7 +699,9 @@ class Transport:
             self.stats.dropped += 1
         start_s = self.now()
         work = dist.all_reduce(payload, async_op=True, group=self.group)
-        record = self._count_allreduce(item.record, payload.numel() * payload.element_size())
+        nbytes = payload.numel() * payload.element_size()
+        record = self._count_allreduce(item.record, nbytes,
+                                       allreduce_wire_bytes(nbytes, self._world()))
         if self._completer is None:
             self._completer = _Completer(self)
         self._completer.put((record, payload, work, start_s, seq, item.future))
@@ -695,7 +721,9 @@ class Transport:
                 return None
             stream.posted += 1
             seq = self._numbered(stream, record, first=True)
-            record = self._count_allreduce(record, tensor.numel() * tensor.element_size())
+            nbytes = tensor.numel() * tensor.element_size()
+            record = self._count_allreduce(record, nbytes,
+                                           allreduce_wire_bytes(nbytes, self._world()))
             self._lock.notify_all()
         start_s = self.now()
         work = dist.all_reduce(tensor, async_op=True, group=self.group)
@@ -714,13 +742,21 @@ class Transport:
 
         return work.get_future().then(finished)
 
-    def _count_allreduce(self, record: TransferRecord, nbytes: int) -> TransferRecord:
-        """The statistics of one started collective of ``nbytes`` (this rank's share); the
-        record with its wire bytes."""
-        self.stats.payload_bytes += nbytes
-        by_it = self.stats.bytes_by_iteration
-        by_it[record.iteration] = by_it.get(record.iteration, 0) + nbytes
-        return dataclasses.replace(record, wire_bytes=nbytes)
+    def _world(self) -> int:
+        """The ranks of this transport's collectives, found once (1 outside a process
+        group: a transport driven by hand)."""
+        if self._world_size is None:
+            self._world_size = dist.get_world_size(self.group) if dist.is_initialized() else 1
+        return self._world_size
+
+    def _count_allreduce(self, record: TransferRecord, handed: int, wire: int) -> TransferRecord:
+        """The statistics of one started collective: this rank ``handed`` it that many bytes
+        and sends ``wire`` on its links for it; the record with its wire bytes."""
+        self.stats.payload_bytes += wire
+        for by_it, n in ((self.stats.bytes_by_iteration, wire),
+                         (self.stats.collective_bytes_by_iteration, handed)):
+            by_it[record.iteration] = by_it.get(record.iteration, 0) + n
+        return dataclasses.replace(record, wire_bytes=wire)
 
     def _start_allgather(self, item: _Item, seq: int) -> None:
         """A bucket an encoder turned into a tuple of tensors (e.g. sparse indices and
@@ -732,7 +768,7 @@ class Transport:
             parts = [p[:0] for p in parts]
             self.stats.dropped += 1
         start_s = self.now()
-        world = dist.get_world_size(self.group)
+        world = self._world()
         sizes = torch.tensor([p.numel() for p in parts], dtype=torch.int64, device=self.device)
         all_sizes = [torch.empty_like(sizes) for _ in range(world)]
         dist.all_gather(all_sizes, sizes, group=self.group)  # tiny, synchronous: the length
@@ -749,9 +785,10 @@ class Transport:
         gathered = _Gathered(outs, [s.tolist() for s in all_sizes],
                              [p.dtype for p in parts], widths)
         # what this rank hands the collectives: its buffer padded to the longest rank's,
-        # and its message of part lengths (the encoded length alone understated it)
-        record = self._count_allreduce(item.record,
-                                       longest + sizes.numel() * sizes.element_size())
+        # and its message of part lengths (the encoded length alone understated it); a
+        # ring all-gather sends each of them on to world - 1 ranks
+        handed = longest + sizes.numel() * sizes.element_size()
+        record = self._count_allreduce(item.record, handed, allgather_wire_bytes(handed, world))
         if self._completer is None:
             self._completer = _Completer(self)
         self._completer.put((record, gathered, work, start_s, seq, item.future))
