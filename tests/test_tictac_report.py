@@ -157,6 +157,19 @@ def test_order_file_is_named_in_the_row_and_a_stale_one_is_said_in_it(tmp_path, 
         TictacPlugin(config).accelopt_configure(config, make_cfg())
 
 
+@pytest.mark.parametrize("setting", [{"credit_bytes": 65536}, {"pace": 0.5},
+                                     {"partition_bytes": 1024}])
+def test_a_priority_only_setting_with_another_heuristic_is_refused(setting) -> None:
+    # the run went ahead with it unread, its row silent about it
+    config = TictacConfig(heuristic="tac", **setting)
+    key = next(iter(setting))
+    with pytest.raises(ConfigError, match=rf"plugins.tictac.{key}=.*read by heuristic=priority "
+                       "only, and heuristic=tac would run without it"):
+        TictacPlugin(config).accelopt_configure(config, make_cfg())
+    config = TictacConfig(heuristic="priority", **setting)
+    TictacPlugin(config).accelopt_configure(config, make_cfg())
+
+
 def _order(*args: str) -> int:
     from accelopt.cli.main import dispatch
 

@@ -62,6 +62,23 @@ from accelopt.types import (
 DEFAULT_BYTES_PER_S = 125e6  # 1 Gbit/s when nothing better is known
 
 
+PRIORITY_ONLY = ("credit_bytes", "partition_bytes", "pace")
+"""The settings only ``heuristic=priority`` reads (its credit window, chunks and pacing)."""
+
+
+def refuse_priority_settings(c: Any) -> None:
+    """A priority-only setting given with another heuristic is refused in one line: the run
+    went ahead with the setting unread and a row that never mentioned it (``tac`` with
+    ``credit_bytes=65536``: no window, and no word of it)."""
+    given = [f"{key}={getattr(c, key)}" for key in PRIORITY_ONLY if getattr(c, key) != 0]
+    if given and c.heuristic != "priority":
+        raise ConfigError(
+            f"plugins.tictac.{', plugins.tictac.'.join(given)}: read by heuristic=priority "
+            f"only, and heuristic={c.heuristic} would run without "
+            f"{'it' if len(given) == 1 else 'them'}; set plugins.tictac.heuristic=priority, "
+            f"or drop {'it' if len(given) == 1 else 'them'}")
+
+
 class TictacPlugin:
     """One instance per job and process (each cluster rank activates its own)."""
 
@@ -146,8 +163,9 @@ class TictacPlugin:
             raise ConfigError(f"plugins.tictac.order_file is one fixed order; heuristic="
                               f"{c.heuristic} never uses it: drop it or pick tac, tic, "
                               "priority, reverse or named")
+        self.tuner = _tuner(c)  # its values checked first: the fix of a wrong one is its own
+        refuse_priority_settings(c)
         self.config = c
-        self.tuner = _tuner(c)
         cluster = run_config.get("cluster") if run_config is not None else None
         self.mode = str(cluster.get("mode", "none")) if cluster is not None else "none"
 
