@@ -196,13 +196,15 @@ NODE_RUN = ["workload=single", "workload.jobs.0.iterations=3", "cluster.mode=all
      "into the run directory"),
     (["+plugins=[gradcomm]", "plugins.gradcomm.density=5"],
      "plugins.gradcomm.density must be in (0, 1], got 5.0"),
-], ids=["cluster-check", "run-check"])
+    (["+plugins=[nosuch]"], "unknown plugin 'nosuch'"),
+], ids=["cluster-check", "run-check", "command-line"])
 def test_a_rank_that_refuses_its_config_stops_the_others_at_once(tmp_path, node1, refusal):
     """Node 1 refused its config before joining: started without the hydra.run.dir that
     run.checkpoint_every needs (the cluster's checks), or with a plugin setting that its
     configure refuses (the run's checks, before the cluster starts); node 0 waited its whole
     cluster.timeout_s, then blamed MASTER_ADDR, MASTER_PORT and WORLD_SIZE (or, for the
-    second, named rank 1 as never joined)."""
+    second, named rank 1 as never joined; and for a mistake in its command line, refused
+    as its config was composed)."""
     from clirun import accelopt_cmd
 
     port = _free_port()

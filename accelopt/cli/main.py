@@ -8,6 +8,7 @@ a line naming the plugin and hook. ``--debug`` (anywhere on the line) or
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -194,7 +195,9 @@ def _run(rest: list[str], debug: bool) -> int:
                 rest, plugin_selections(hydra_overrides(rest)))
         overrides = hydra_overrides(rest)
         passthrough = any(a.split("=")[0] in HYDRA_PASSTHROUGH_FLAGS for a in rest)
-        modes, pinned = prepare(overrides, registry, multirun=multirun and not passthrough)
+        # a torchrun rank's mistake in its command line stops its peers at once, with it
+        with _refusal_said_to_the_peers():
+            modes, pinned = prepare(overrides, registry, multirun=multirun and not passthrough)
         if not passthrough:  # the directory checked is the one claimed and written
             rest = pin_run_dir(rest, pinned)
         if not modes or passthrough:
@@ -203,6 +206,21 @@ def _run(rest: list[str], debug: bool) -> int:
             with rank_server_started_early(modes):
                 return run_hydra(rest, registry, debug)
         return run_hydra(rest, registry, debug)
+
+
+def _refusal_said_to_the_peers() -> contextlib.AbstractContextManager[None]:
+    """Under torchrun, a mistake in a rank's command line (an unknown plugin on one machine)
+    is left in the rendezvous store, so the other ranks stop at once with its line instead
+    of naming it as never joined after cluster.timeout_s
+    (``launch.refusals_said_at_rendezvous``). Elsewhere nothing, and nothing imported: the
+    cluster's modules bring torch, which the command imports after composing."""
+    from accelopt.drivers.processes import under_torchrun
+
+    if not under_torchrun():
+        return contextlib.nullcontext()
+    from accelopt.drivers.cluster.launch import refusals_said_at_rendezvous
+
+    return refusals_said_at_rendezvous(None)
 
 
 def modes_before_composing(args: list[str]) -> set[str]:

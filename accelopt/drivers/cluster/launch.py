@@ -447,22 +447,24 @@ def _launch_checks(cfg: DictConfig, registry: Registry | None
     return settings, backend_note, Carried.of(registry, selected_plugins(cfg))
 
 
-def _timeout_s(cfg: DictConfig) -> float:
+def _timeout_s(cfg: DictConfig | None) -> float:
     """``cluster.timeout_s``, or its default where that cannot be read (the refusal a rank
-    is about to give may be about it)."""
+    is about to give may be about it, or its config could not be composed: ``None``)."""
     try:
-        return cluster_number(cfg.cluster, "timeout_s")
+        return cluster_number(cfg.cluster, "timeout_s")  # type: ignore[union-attr]
     except Exception:  # noqa: BLE001 - any unreadable value: the default
         return float(NUMBERS["timeout_s"][0])
 
 
 @contextlib.contextmanager
-def refusals_said_at_rendezvous(cfg: DictConfig) -> Iterator[None]:
+def refusals_said_at_rendezvous(cfg: DictConfig | None) -> Iterator[None]:
     """Under torchrun, a :class:`~accelopt.errors.UserError` raised inside (the run's own
     checks before the cluster starts: an unknown plugin on one machine, a run directory in
     use) is left in the rendezvous store before it propagates, as the cluster's own checks
     are (:func:`_run_torchrun`): the other ranks stop at once with this rank's line instead
-    of naming it as never joined after ``cluster.timeout_s``. Elsewhere: nothing."""
+    of naming it as never joined after ``cluster.timeout_s``. Elsewhere: nothing. ``cfg``
+    ``None``: the command line's config is being composed (a mistake in it is refused
+    there), so the rank waits the default ``cluster.timeout_s`` for its peers to read it."""
     try:
         yield
     except UserError as exc:
