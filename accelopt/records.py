@@ -71,9 +71,10 @@ class JobResult:
     """Outcome and timing of one job.
 
     JCT (job completion time) is measured from arrival to the end of its last iteration;
-    queueing delay from arrival to the start of its first iteration. A job resumed from a
-    checkpoint carries the time it had already spent (``carried_s``, from its arrival in the
-    run it was resumed from until that checkpoint), so its JCT counts the whole job.
+    queueing delay from arrival to the start of its first iteration. In a resumed run the
+    arrival is on that run's clock (negative for a job that had arrived before it:
+    ``job/checkpoint.py`` ``arrive_on_resumed_clock``), so JCT and queueing delay count
+    the time before the resume; ``carried_s`` serves checkpoints that recorded no clock.
     """
 
     job: JobInfo
@@ -89,7 +90,8 @@ class JobResult:
     final_loss: float | None = None
     losses: list[float] = field(default_factory=list)
     carried_s: float = 0.0
-    """Time from arrival to the checkpoint this job was resumed from (0: not resumed)."""
+    """Time from arrival to the checkpoint this job was resumed from, where that run
+    recorded no clock (0 otherwise: its arrival on the resumed clock counts that time)."""
     carried_queueing_s: float | None = None
     """The queueing delay it had before that checkpoint (``None``: it had not started)."""
     quality: Quality | None = None

@@ -34,7 +34,8 @@ def _jobs() -> list[Job]:
 def test_a_job_waiting_at_the_checkpoint_carries_its_wait_into_the_resume(tmp_path):
     """A job that had arrived but not started when the run was stopped (no checkpoint of
     its own) started at its arrival on the resumed run's clock: its queueing delay, JCT
-    and the makespan lost the time it had waited (2.33 s of queueing read as 0.12 s)."""
+    and the makespan lost the time it had waited (2.33 s of queueing read as 0.12 s). Every
+    arrival now moves onto the resumed clock, 2 s (the old run's clock) earlier."""
     old = tmp_path / "old"
     first, queued, later = _jobs()
     before = Checkpointer(old, every=1, save_weights=False)
@@ -45,24 +46,23 @@ def test_a_job_waiting_at_the_checkpoint_carries_its_wait_into_the_resume(tmp_pa
     jobs = _jobs()
     after = Checkpointer(tmp_path / "new", every=0, save_weights=False)
     restored = restore(old, jobs, after)
-    assert restored["00-first"].carried_s == pytest.approx(2.0)
-    assert restored["01-queued"].carried_s == pytest.approx(1.95)  # arrived at 0.05
-    assert "02-later" not in restored  # had not arrived: nothing to carry
+    assert [j.info.arrival_s for j in jobs] == pytest.approx([-2.0, -1.95, 7.0])
+    assert restored["00-first"].carried_s == 0.0  # its arrival counts the time before
+    assert set(restored) == {"00-first"}  # the others start from scratch
     assert after.clock_offset == pytest.approx(2.0)
 
     # the resumed run: the first job ends at 0.15, the queued one runs 0.15 -> 0.45
     done_first = restored["00-first"]
     done_first.status, done_first.end_s = "done", 0.15
-    waited = restored["01-queued"]
-    waited.first_start_s = 0.15
+    waited = JobResult(jobs[1].info, first_start_s=0.15)
     after.after_iteration(jobs[1], waited)
     waited.status, waited.end_s = "done", 0.45
-    assert waited.queueing_s == pytest.approx(1.95 + 0.10)
-    assert waited.jct_s == pytest.approx(0.40 + 1.95)
+    assert waited.queueing_s == pytest.approx(1.95 + 0.15)
+    assert waited.jct_s == pytest.approx(1.95 + 0.45)
     record = RunRecord(info=RunInfo("new", "cpu", (), (), 0),
                        jobs=[done_first, waited])
     summary = run_metrics(record)
-    assert summary["makespan_s"] == pytest.approx(0.45 + 1.95)
+    assert summary["makespan_s"] == pytest.approx(2.0 + 0.45)
     assert summary["makespan_s"] >= max(j.job.arrival_s + j.jct_s for j in record.jobs)
 
     after.clock = lambda: 0.5  # its own checkpoints go on with the old run's clock
@@ -80,13 +80,11 @@ def test_a_cluster_job_waiting_at_the_checkpoint_carries_its_wait(tmp_path):
     torch.save({"clock_s": 3.0}, old / "checkpoints" / "00-first" / "rank0.it00000010.pt")
     queued = _jobs()[1]
     part = SimpleNamespace(job=queued, carried_s=0.0, carried_queueing_s=None,
-                           checkpointer=RankCheckpointer(tmp_path / "new", 5, 0, 1),
-                           queueing_s=lambda: 0.25)
+                           checkpointer=RankCheckpointer(tmp_path / "new", 5, 0, 1))
     assert restore_part(old, part, rank=0, world=1) is False  # starts from scratch
-    assert part.carried_s == pytest.approx(2.95)
+    assert part.job.info.arrival_s == pytest.approx(0.05 - 3.0)  # on the resumed clock
+    assert part.carried_s == 0.0
     assert part.checkpointer.clock_offset == pytest.approx(3.0)
-    part.checkpointer._carry_wait(part)  # its first iteration here
-    assert part.carried_queueing_s == pytest.approx(2.95 + 0.25)
 
 
 @pytest.mark.timeout(120)
@@ -106,8 +104,13 @@ def test_a_resumed_run_reports_the_wait_of_a_job_queued_when_it_stopped(tmp_path
     metrics = json.loads((again / "metrics.json").read_text())
     cnn = next(j for j in metrics["jobs"] if j["name"] == "tiny-cnn")
     assert cnn["status"] == "done"
+    assert cnn["arrival_s"] == pytest.approx(0.05 - 5.0)  # on the resumed run's clock
     assert cnn["queueing_s"] >= 5.0 - 0.05 and cnn["jct_s"] > cnn["queueing_s"]
-    assert metrics["summary"]["makespan_s"] >= cnn["arrival_s"] + cnn["jct_s"]
+    for job in metrics["jobs"]:  # one clock: each row's own times give its figures
+        assert job["end_s"] - job["arrival_s"] == pytest.approx(job["jct_s"])
+        assert job["first_start_s"] - job["arrival_s"] == pytest.approx(job["queueing_s"])
+    assert metrics["summary"]["makespan_s"] == pytest.approx(
+        max(j["end_s"] for j in metrics["jobs"]) - min(j["arrival_s"] for j in metrics["jobs"]))
 
 
 @pytest.mark.parametrize("text", ["foo: 1\n", "", "workload:\n  name: x\n"],

@@ -56,7 +56,11 @@ class Lifecycle:
 
     def start(self, jobs: Sequence[Job] = ()) -> None:
         """``run_start``, then each resumed job's plugin states (``accelopt_state_load``):
-        after the plugins have set themselves up, before any iteration."""
+        after the plugins have set themselves up, before any iteration. ``jobs``' records
+        are refreshed first: a resume moved their arrivals onto its own clock after
+        ``job_built`` (``job/checkpoint.py``: ``arrive_on_resumed_clock``)."""
+        if jobs:
+            self.update(jobs)
         for host, info in self._hosts():
             host.call("accelopt_run_start", run=info)
         for job in jobs:

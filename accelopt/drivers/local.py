@@ -124,7 +124,9 @@ class Executor:
         profiled): ``on_clock_start`` is then given that moment (``time.perf_counter()``),
         for a telemetry sampler whose samples must line up with the spans; it runs on the
         clock, so it must be cheap (the sampler probes its backend when it is made). Arrival times
-        count from the start of :meth:`run` either way. ``jobs_fail_alone=False`` turns an
+        count from the start of :meth:`run` either way; a resumed run's job that had arrived
+        before the run resumed stopped has a negative one (``job/checkpoint.py``:
+        ``arrive_on_resumed_clock``): it is there from the start, in its arrival order. ``jobs_fail_alone=False`` turns an
         error of a job's own code into the end of the run (a cluster cannot go on without a
         rank's part of an iteration)."""
         self.plugins = plugins = as_plugin_set(plugins)

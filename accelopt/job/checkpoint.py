@@ -10,6 +10,7 @@ checkpoint or the new one, never half of one.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import io
 from collections.abc import Callable
@@ -89,16 +90,16 @@ class Checkpointer:
         self.clock_offset = 0.0
         """A resumed run: the clock of the run it resumed (:func:`resumed_clock`), so the
         ``clock_s`` its own checkpoints record goes on from there across resumes."""
-        self.waits: dict[str, float] = {}
-        """A resumed run: the wait each job carries that had arrived, but had no checkpoint,
-        when the run resumed was stopped (:func:`carried_wait`), until the job starts."""
 
     def after_iteration(self, job: Job, result: JobResult) -> None:
-        take_carried_wait(self.waits, job.info.job_id, result)
         if self.every and job.iteration % self.every == 0 and not job.done:
             self.save(job, result)
 
     def save(self, job: Job, result: JobResult) -> None:
+        """Write ``job``'s checkpoint. ``elapsed_s`` is the time since its arrival (its JCT
+        once done); in a resumed run its arrival is on this run's clock
+        (:func:`arrive_on_resumed_clock`), so that is the time since its arrival in the
+        first run, however many resumes ago."""
         if result.status == "done" and result.jct_s is not None:
             elapsed = result.jct_s
         else:
@@ -115,21 +116,10 @@ class Checkpointer:
         self.written += 1
 
     def after_finish(self, job: Job, result: JobResult) -> None:
-        take_carried_wait(self.waits, job.info.job_id, result)
         if self.every:
             self.save(job, result)
         if self.save_weights and result.status == "done":
             atomic_torch_save(job.model.state_dict(), self.weights_dir / f"{job.info.job_id}.pt")
-
-
-def take_carried_wait(waits: dict[str, float], job_id: str, result: JobResult) -> None:
-    """A job that waited, unstarted and without a checkpoint, when the run resumed was
-    stopped: once it has started here, its queueing delay is that wait plus its wait in this
-    run (its JCT already counts the wait, as ``carried_s``)."""
-    if job_id in waits and result.first_start_s is not None:
-        wait = waits.pop(job_id)
-        if result.carried_queueing_s is None:
-            result.carried_queueing_s = wait + result.first_start_s - result.job.arrival_s
 
 
 def clock_of(state: Any) -> float | None:
@@ -167,14 +157,33 @@ def resumed_clock(run_dir: str | Path) -> float | None:
     return _newest_clock(tuple(files))
 
 
-def carried_wait(arrival_s: float, clock: float | None) -> float:
-    """The wait a job without a checkpoint of its own carries into a resumed run: the time
-    from its arrival to the newest checkpoint of the run resumed (0 if it had not arrived).
-    It restarts from scratch, but its queueing delay, its JCT and the makespan count the
-    time it had already waited, as a checkpointed job's count the time before its
-    checkpoint; the wait is measured from its arrival on the old run's clock, and the
-    resumed run counts from its arrival again, as it does for a checkpointed job."""
-    return max(0.0, clock - arrival_s) if clock is not None else 0.0
+def arrive_on_resumed_clock(job: Job, clock: float | None) -> None:
+    """Put ``job``'s arrival on a resumed run's clock: ``clock`` (the run resumed had got
+    that far, :func:`resumed_clock`) earlier than configured. A resumed run's clock starts
+    at 0 where the old one stood at ``clock``, so a job that had arrived by then (it ran, or
+    waited in the queue, with or without a checkpoint of its own) arrives at once, at a
+    negative time, ahead of every job that arrived after it, and one that had not arrives
+    ``arrival_s - clock`` after the resume. Its JCT (end - arrival), queueing delay (first
+    start - arrival) and the makespan then count the time before the resume, the work lost
+    after its own checkpoint included, and every time in the report (arrival, admission,
+    start, end, spans) is on the one clock. Replaying the configured arrival on the new clock
+    lost the time from the resume to it: the job was absent from scheduling meanwhile, and
+    its JCT, queueing delay and the makespan came out short by it. ``None`` (checkpoints
+    that recorded no clock): the arrival stays as configured, and a checkpoint's
+    ``elapsed_s`` is carried instead (:func:`restore`)."""
+    if clock:
+        job.info = dataclasses.replace(job.info, arrival_s=job.info.arrival_s - clock)
+
+
+def carried_time(state: dict[str, Any], done: bool, clock: float | None) -> float:
+    """The time a job restored from ``state`` carries (``JobResult.carried_s``): its JCT,
+    where it had finished (:func:`finished_before_the_resume` turns it into its end), or
+    its ``elapsed_s`` where the run resumed recorded no clock; otherwise nothing, because
+    its arrival on the resumed clock already counts the time before the resume
+    (:func:`arrive_on_resumed_clock`)."""
+    if done or clock is None:
+        return float(state.get("elapsed_s", 0.0))
+    return 0.0
 
 
 def spec_mismatch(path: Path) -> UserError:
@@ -229,11 +238,12 @@ def load_into(path: Path, job: Job) -> dict[str, Any]:
 
 def finished_before_the_resume(result: JobResult) -> None:
     """The row of a job that had finished before the run was resumed (nothing more to
-    run): its times as they were, from its arrival, which a resumed run keeps: it ends its
-    carried time (its JCT) after it, and first started its queueing delay after it. It
-    ended at its arrival with its JCT carried, which put its end before its own first start
-    and moved its start back in the makespan instead of its end forward (a resumed run's
-    makespan came out shorter than a job's arrival plus its JCT)."""
+    run): its times as they were, from its arrival (on the resumed run's clock, before it
+    started: :func:`arrive_on_resumed_clock`): it ends its carried time (its JCT) after
+    it, and first started its queueing delay after it. It ended at its arrival with its
+    JCT carried, which put its end before its own first start and moved its start back in
+    the makespan instead of its end forward (a resumed run's makespan came out shorter than
+    a job's arrival plus its JCT)."""
     arrival = result.job.arrival_s
     result.end_s = arrival + result.carried_s
     if result.carried_queueing_s is not None:
@@ -246,31 +256,27 @@ def restore(run_dir: Path, jobs: list[Job],
             checkpointer: Checkpointer | None = None) -> dict[str, JobResult]:
     """Load each job's latest checkpoint from ``run_dir``; return the restored results.
 
-    A job without a checkpoint starts from scratch, carrying the wait it had (its
-    :func:`carried_wait`) if it had arrived. A checkpoint whose job spec differs from the
-    job being resumed is refused (it would silently train something else). ``checkpointer``
-    (the resumed run's) goes on with the old run's clock and adds the carried waits to the
-    queueing delays of the jobs that start.
+    Every job's arrival moves onto the resumed run's clock (:func:`arrive_on_resumed_clock`),
+    so a job that had arrived is there from the start, with or without a checkpoint; one
+    without a checkpoint starts from scratch. A checkpoint whose job spec differs from the
+    job being resumed is refused (it would silently train something else).
+    ``checkpointer`` (the resumed run's) goes on with the old run's clock.
     """
     results: dict[str, JobResult] = {}
     clock = resumed_clock(run_dir)
     if checkpointer is not None:
         checkpointer.clock_offset = clock or 0.0
     for job in jobs:
+        arrive_on_resumed_clock(job, clock)
         path = run_dir / CHECKPOINT_DIR / f"{job.info.job_id}.pt"
         if not path.exists():
-            wait = carried_wait(job.info.arrival_s, clock)
-            if wait > 0:
-                results[job.info.job_id] = JobResult(job.info, carried_s=wait)
-                if checkpointer is not None:
-                    checkpointer.waits[job.info.job_id] = wait
             continue
         state = load_into(path, job)
         result = JobResult(job.info)
         for key, value in state["result"].items():
             setattr(result, key, value)
         timing = state.get("timing", {})
-        result.carried_s = float(timing.get("elapsed_s", 0.0))
+        result.carried_s = carried_time(timing, result.status == "done", clock)
         result.carried_queueing_s = timing.get("queueing_s")
         if result.status == "done":
             finished_before_the_resume(result)

@@ -152,10 +152,11 @@ def _makespan(record: RunRecord) -> float | None:
     """The first arrival to the last completion, over the jobs that ran: a job rejected
     (turned away by admission control) stretched it to its rejection time. ``None`` when no
     job ran, or when the run stopped (``error``) with a job that had not ended: its end,
-    and so the makespan, is unknown. A job resumed part-way completes its carried time (the
-    part before its checkpoint, or for a job still queued then, the wait it had:
-    ``job/checkpoint.py`` ``carried_wait``) after its end in this run, so the makespan
-    holds every job's arrival plus its JCT."""
+    and so the makespan, is unknown. In a resumed run every arrival is on its clock (a job
+    that had arrived before the resume at a negative time: ``job/checkpoint.py``
+    ``arrive_on_resumed_clock``); only a job resumed from checkpoints that recorded no clock
+    completes its carried time after its end here, so the makespan holds every job's
+    arrival plus its JCT."""
     ran = [j for j in record.jobs if j.status != "rejected"]
     if "error" in record.metrics and any(j.end_s is None for j in ran):
         return None

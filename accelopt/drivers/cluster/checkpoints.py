@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 from accelopt.errors import UserError
 from accelopt.job.checkpoint import (
     CHECKPOINT_DIR,
-    carried_wait,
+    arrive_on_resumed_clock,
+    carried_time,
     load_into,
     read_checkpoint,
     refuse_other_spec,
@@ -52,12 +53,9 @@ class RankCheckpointer:
         self.run_dir, self.every, self.rank, self.world = Path(run_dir), every, rank, world
         self.clock_offset = 0.0
         """A resumed run: the clock of the run it resumed, which ``clock_s`` goes on from."""
-        self.waits: dict[str, float] = {}
-        """A resumed run: the wait of each job that had arrived without a checkpoint."""
 
     def after_step(self, part: RankJob) -> None:
         job = part.job
-        self._carry_wait(part)
         if not self.every or (job.iteration % self.every and not job.done):
             return
         directory = job_dir(self.run_dir, job.info.job_id)
@@ -76,16 +74,6 @@ class RankCheckpointer:
         mine = sorted(_generations(directory).get(self.rank, []))
         for old in mine[:-KEEP]:
             (directory / f"rank{self.rank}.it{old:08d}.pt").unlink(missing_ok=True)
-
-
-    def _carry_wait(self, part: RankJob) -> None:
-        """A job that carried a wait (:func:`accelopt.job.checkpoint.carried_wait`): at its
-        first iteration here, its queueing delay becomes that wait plus this run's."""
-        job_id = part.job.info.job_id
-        if job_id in self.waits and part.carried_queueing_s is None:
-            queueing = part.queueing_s()
-            if queueing is not None:
-                part.carried_queueing_s = self.waits.pop(job_id) + queueing
 
 
 def _generations(directory: Path) -> dict[int, list[int]]:
@@ -146,31 +134,25 @@ def refuse_unreadable(resume_dir: str | Path) -> None:
 
 def restore_part(resume_dir: str | Path, part: RankJob, rank: int, world: int) -> bool:
     """Load this rank's part of ``part``'s job from the newest iteration every rank saved;
-    ``False`` when there is none (the job starts from scratch, carrying the wait it had if
-    it had arrived: :func:`accelopt.job.checkpoint.carried_wait`). The rank's checkpointer
-    goes on with the old run's clock."""
+    ``False`` when there is none (the job starts from scratch). Either way its arrival moves
+    onto the resumed run's clock, as a one-process resume's does
+    (:func:`accelopt.job.checkpoint.arrive_on_resumed_clock`: every rank reads the same
+    newest clock), and the rank's checkpointer goes on with the old run's clock."""
     job = part.job
     clock = resumed_clock(resume_dir)
     if part.checkpointer is not None:
         part.checkpointer.clock_offset = clock or 0.0
+    arrive_on_resumed_clock(job, clock)
     directory = job_dir(resume_dir, job.info.job_id)
     generations = _generations(directory)
     if generations:
         refuse_other_ranks(directory, generations, world)
     common = set.intersection(*(set(v) for v in generations.values())) if generations else set()
     if not common:
-        _carry_wait(part, carried_wait(job.info.arrival_s, clock))
         return False
     state = load_into(directory / f"rank{rank}.it{max(common):08d}.pt", job)
     part.iterations = list(state["iterations"])
-    part.carried_s = float(state.get("elapsed_s", 0.0))
+    part.carried_s = carried_time(state, job.done, clock)
     part.carried_service_s = float(state.get("service_s", 0.0))
     part.carried_queueing_s = state.get("queueing_s")  # absent from older checkpoints
     return True
-
-
-def _carry_wait(part: RankJob, wait: float) -> None:
-    if wait > 0:
-        part.carried_s = wait
-        if part.checkpointer is not None:
-            part.checkpointer.waits[part.job.info.job_id] = wait
