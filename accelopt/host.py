@@ -274,7 +274,11 @@ class PluginHost:
         """Call one plugin's implementation of a hook (each plugin gets its own config)."""
         for name, link in self._links.get(hook, ()):
             if name == plugin:
-                return link(*self._positional(hook, kwargs))
+                try:
+                    return link(*self._positional(hook, kwargs))
+                except PluginHookError as exc:
+                    _name_config_write(exc)
+                    raise
         return None
 
     def _positional(self, hook: str, kwargs: dict[str, Any]) -> list[Any]:
@@ -571,6 +575,20 @@ def _refuse_implementations_never_run(pm: pluggy.PluginManager) -> None:
 def _wraps(impl: Any) -> bool:
     """Whether a pluggy implementation is a wrapper (new or old style)."""
     return bool(impl.wrapper or impl.hookwrapper)
+
+
+def _name_config_write(exc: PluginHookError) -> None:
+    """A plugin assigning to the read-only run config (``accelopt_configure``'s
+    ``run_config``): OmegaConf's error runs to four lines (``full_key:``,
+    ``reference_type=``...); make it one, naming the key and the fix."""
+    from omegaconf.errors import ReadonlyConfigError
+
+    if isinstance(exc.error, ReadonlyConfigError):
+        key = getattr(exc.error, "full_key", None)
+        where, flag = (f"run_config.{key}", f"{key}=...") if key else ("run_config", "it")
+        exc.args = (f"plugin '{exc.plugin}' raised in hook {exc.hook}: ReadonlyConfigError: "
+                    f"it assigned to {where}, which is read-only to plugins; keep the value "
+                    f"in the plugin (self.x = ...), or set {flag} on the command line",)
 
 
 class PluginAnswerError(PluginHookError):

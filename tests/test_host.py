@@ -443,6 +443,24 @@ def test_rows_under_another_plugins_name_are_refused():
     assert own.call("accelopt_report_rows", run=RunInfo("/tmp", "cpu", (), (), 0))[0][0].summary == "fine"
 
 
+def test_a_refused_report_is_what_the_rows_say():
+    """A report_rows answer of the wrong type stopped the run, but the saved summary gave the
+    plugin "active, but reported nothing about what it did" (and every other plugin too):
+    the rows of the stopped report name the refusal, and say the others went uncollected."""
+    from accelopt.drivers.rows import SILENT_SUMMARY, stopped_report
+    from accelopt.types import RunInfo
+
+    host = host_of(("rowsstr", Wrong("did stuff")))
+    with pytest.raises(PluginHookError) as info:
+        host.call("accelopt_report_rows", run=RunInfo("/tmp", "cpu", (), (), 0))
+    exc = info.value
+    refused, other = stopped_report(["rowsstr", "noop"], exc.plugin, str(exc))
+    assert refused.summary == f"report refused: {exc}" and refused.metrics == {"refused": 1}
+    assert "answered accelopt_report_rows with str 'did stuff'" in refused.summary
+    assert other.plugin == "noop" and "not collected" in other.summary
+    assert SILENT_SUMMARY not in (refused.summary, other.summary)
+
+
 def test_a_transfer_order_naming_none_of_the_transfers_is_refused():
     host = host_of(("wrong", Wrong(["x", "y"])))
     with pytest.raises(PluginHookError, match="names of the transfers it was given \\(w\\)"):
@@ -567,3 +585,51 @@ def test_a_server_plugin_raising_before_the_workers_joined_prints_one_line(tmp_p
     assert "frame #" not in result.stderr, result.stderr[-3000:]
     assert result.stderr.strip().splitlines()[-1].startswith("error: rank 0 (server, pid ")
     assert len(result.stderr.strip().splitlines()) <= 2, result.stderr[-3000:]
+
+
+def test_assigning_to_the_run_config_is_one_line_naming_the_fix():
+    """OmegaConf's read-only error added ``full_key:``/``reference_type=`` lines to the
+    one-line error of a plugin assigning to ``run_config`` in ``accelopt_configure``."""
+    from omegaconf import OmegaConf
+
+    class Assigns:
+        @hookimpl
+        def accelopt_configure(self, config, run_config):
+            run_config.run.seed = 5
+
+    cfg = OmegaConf.create({"run": {"seed": 0}})
+    OmegaConf.set_readonly(cfg, True)
+    host = host_of(("assign", Assigns()))
+    with pytest.raises(PluginHookError) as info:
+        host.call_one("assign", "accelopt_configure", config=None, run_config=cfg)
+    assert str(info.value) == (
+        "plugin 'assign' raised in hook accelopt_configure: ReadonlyConfigError: it assigned "
+        "to run_config.run.seed, which is read-only to plugins; keep the value in the plugin "
+        "(self.x = ...), or set run.seed=... on the command line")
+
+
+class ReportsAString:
+    """Answers accelopt_report_rows with a str: a wrong answer, refused."""
+
+    def __init__(self, config: object) -> None:
+        pass
+
+    @hookimpl
+    def accelopt_report_rows(self, run):
+        return "all good"
+
+
+@pytest.mark.timeout(120)
+def test_a_refused_report_answer_is_what_the_saved_record_says(run_tiny, tmp_path):
+    """The run's table and metrics.json said the plugin was "active, but reported nothing",
+    then the run stopped on its refused answer: the record misstated what it did."""
+    import json
+
+    with pytest.raises(PluginHookError, match="answered accelopt_report_rows with str"):
+        run_tiny(PluginSpec(name="stringly", factory=ReportsAString),
+                 overrides=["run.compare=none"])
+    saved = json.loads((tmp_path / "run0" / "metrics.json").read_text())
+    rows = {r["plugin"]: r["summary"] for r in saved["plugins"]}
+    assert rows["stringly"].startswith("report refused: plugin 'stringly' answered "
+                                       "accelopt_report_rows with str"), rows
+    assert "reported nothing" not in json.dumps(saved["plugins"])

@@ -173,3 +173,14 @@ def test_a_name_whose_module_exists_already_is_refused(
         assert err.count("\n") == 1 and f"plugin name '{name}' makes the module " \
             f"accelopt_{name}, which already exists" in err and "choose another NAME" in err
     assert not out.exists()
+
+
+def test_the_generated_package_pins_this_accelopts_minor_series() -> None:
+    """render's docstring promised a pin to the minor series; pyproject got
+    ``accelopt>=0.1.0``, which a 0.2 with another plugin API satisfies."""
+    import accelopt
+    from accelopt.cli.scaffold import accelopt_requirement, render
+
+    assert accelopt_requirement("0.1.0") == "accelopt>=0.1,<0.2"
+    assert accelopt_requirement("1.12.3.dev4") == "accelopt>=1.12,<1.13"
+    assert accelopt_requirement(accelopt.__version__) in render("pyproject.toml.tmpl", "my_sched")

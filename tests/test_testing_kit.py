@@ -205,8 +205,28 @@ def test_a_plugin_that_reports_nothing_fails(tmp_path: Path) -> None:
         def accelopt_report_rows(self, run: RunInfo) -> list[ReportRow]:
             return []
 
-    with pytest.raises(AssertionError, match=r"accelopt_report_rows gave no ReportRow\(plugin='counter'"):
+    with pytest.raises(AssertionError, match=r"accelopt_report_rows gave no ReportRow\(plugin='counter'"
+                       ) as info:
         check_run(make_spec(Silent), tmp_path)
+    # it names the mode, and does not ask to implement a hook that is implemented
+    assert "in cluster.mode=none" in str(info.value)
+    assert "implement it" not in str(info.value)
+
+
+def test_a_plugin_without_report_rows_is_told_to_implement_it(tmp_path: Path) -> None:
+    class NoRows:
+        def __init__(self, config: Any) -> None:
+            self.n = 0
+
+        @hookimpl
+        def accelopt_iteration_end(self, context: IterationContext,
+                                   result: IterationResult) -> None:
+            self.n += 1
+
+    with pytest.raises(AssertionError, match=r"plugin 'counter': in cluster.mode=none it "
+                       r"reported nothing, as it implements no accelopt_report_rows; "
+                       r"implement it"):
+        check_run(make_spec(NoRows), tmp_path)
 
 
 def test_a_misspelled_argument_fails_and_names_the_right_one() -> None:
@@ -452,6 +472,26 @@ def test_a_plugin_taking_a_subset_of_arguments_passes(tmp_path: Path) -> None:
 
 
 # --- the kit in cluster runs ----------------------------------------------------------------
+
+
+class AnswersAnEvent(Counter):
+    """Answers ``accelopt_iteration_end`` (declared ``-> None``); module level, so that a
+    cluster run's ranks can build it."""
+
+    @hookimpl
+    def accelopt_iteration_end(self, context: IterationContext, result: IterationResult) -> Any:
+        self.n += 1
+        return self.n
+
+
+@pytest.mark.timeout(180)
+def test_an_answer_to_an_event_fails_the_run_check_in_a_cluster_mode(tmp_path: Path) -> None:
+    """The answer watcher ran in mode none only: a kit with ``modes = ("ps",)`` passed a
+    plugin answering an event, though the guide says the run check catches it."""
+    with pytest.raises(AssertionError, match=r"plugin 'counter': in the 'tiny' workload in "
+                       r"cluster.mode=ps, accelopt_iteration_end returned int 1, but "
+                       r"accelopt_iteration_end is declared to return None"):
+        check_run(make_spec(AnswersAnEvent), tmp_path, overrides=ONE_JOB, mode="ps")
 
 ONE_JOB = ["workload.jobs=[{name: m, model: mlp, width: 8, batch_size: 8, iterations: 2}]",
            "cluster.timeout_s=30"]

@@ -140,8 +140,18 @@ def render(template: str, name: str) -> str:
     return Template(text).substitute(
         name=name,
         class_prefix=class_prefix(name),
-        accelopt_requirement=f"accelopt>={accelopt.__version__}",
+        accelopt_requirement=accelopt_requirement(accelopt.__version__),
     )
+
+
+def accelopt_requirement(version: str) -> str:
+    """``0.1.0`` -> ``accelopt>=0.1,<0.2``: the minor series of ``version`` (a later minor
+    release may change the plugin API the package was generated against)."""
+    match = re.match(r"(\d+)\.(\d+)", version)
+    if match is None:  # no X.Y: nothing to pin to but the version itself
+        return f"accelopt>={version}"
+    major, minor = int(match.group(1)), int(match.group(2))
+    return f"accelopt>={major}.{minor},<{major}.{minor + 1}"
 
 
 def class_prefix(name: str) -> str:

@@ -26,6 +26,17 @@ def with_placeholders(rows: list[ReportRow], plugins: Sequence[str]) -> list[Rep
                    for name in plugins if name not in reported]
 
 
+def stopped_report(plugins: Sequence[str], plugin: str, line: str) -> list[ReportRow]:
+    """The rows of a run whose report stopped at ``plugin``'s ``accelopt_report_rows`` (it
+    raised, or its answer was refused: ``line``, the run's error). That plugin's row gives
+    the reason; the other plugins' rows were not collected, and their rows say so: a
+    placeholder saying a plugin "reported nothing" would misstate both."""
+    return [ReportRow(name, f"report refused: {line}", {"refused": 1}) if name == plugin
+            else ReportRow(name, "report not collected: the run stopped at the refused "
+                                 f"report of plugin '{plugin}'")
+            for name in plugins]
+
+
 def representative_rows(rows_by_rank: list[list[ReportRow]], roles: list[str],
                         per_job: Callable[[ReportRow], bool]) -> list[list[ReportRow]]:
     """Keep one rank's view of each run-level plugin's rows (``rows_by_rank[i]``: rank i's).

@@ -42,7 +42,7 @@ from accelopt.drivers.cluster.settings import (
 from accelopt.drivers.lifecycle import Lifecycle
 from accelopt.drivers.local import Executor
 from accelopt.drivers.processes import preloads_dynamo, under_torchrun
-from accelopt.drivers.rows import with_placeholders
+from accelopt.drivers.rows import stopped_report, with_placeholders
 from accelopt.drivers.setup import (
     MAX_THREADS,
     memory_capacity,
@@ -385,7 +385,9 @@ def _execute_local(cfg: DictConfig, run_dir: Path, registry: Registry, console: 
             # every job has ended: a plugin raising in its report rows or at run end stops
             # the run, but its results are written first (they used to be lost with it)
             record.metrics["error"] = error_line(exc)
-            record.plugin_rows = record.plugin_rows or with_placeholders([], plugins.names)
+            record.plugin_rows = record.plugin_rows or (
+                stopped_report(plugins.names, exc.plugin, error_line(exc))
+                if exc.hook == "accelopt_report_rows" else with_placeholders([], plugins.names))
             _write_and_render(record, run_dir, console, refs, renderer)
             raise
         _write_and_render(record, run_dir, console, refs, renderer)

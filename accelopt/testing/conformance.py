@@ -22,6 +22,7 @@ import difflib
 import functools
 import gc
 import inspect
+import os
 import sys
 import types
 from collections.abc import Iterator, Sequence
@@ -245,8 +246,9 @@ def check_run(spec: PluginSpec, tmp_path: Path, workload: str = "tiny", *,
     """Run ``workload`` under the plugin (after the plugins it requires and ``plugins``, the
     others it needs, with ``overrides``), in ``mode`` (``none``, ``ps`` or ``allreduce``):
     it must not raise, every job must finish, and the plugin must report at least one row
-    of its own; and in mode ``none`` an implementation of a hook declared to return
-    ``None`` must not answer (:data:`ANSWERLESS_HOOKS`). Returns the plugin objects the run
+    of its own; and an implementation of a hook declared to return ``None`` must not answer
+    (:data:`ANSWERLESS_HOOKS`), in every mode (a cluster run's ranks note such answers in
+    a file under ``tmp_path``). Returns the plugin objects the run
     built in this process, with the storages of its jobs' tensors (a :class:`RunInstances`,
     for :func:`check_no_retained_job_state`; none in a cluster mode, where the plugin lives
     in the rank processes)."""
@@ -261,8 +263,14 @@ def check_run(spec: PluginSpec, tmp_path: Path, workload: str = "tiny", *,
         _watch_answers(instance, answers)
         return instance
 
-    # a cluster run sends the spec to its ranks (by reference): no capturing wrapper there
-    probe = spec if mode != "none" else dataclasses.replace(spec, factory=capturing_factory)
+    # a cluster run sends the spec to its ranks (by reference): no capturing closure there,
+    # a picklable watcher that notes answers in files instead
+    notes_dir = Path(tmp_path) / "conformance-answers"
+    for stale in _noted_files(notes_dir):  # an earlier check_run's, with this tmp_path
+        stale.unlink()
+    watching = functools.partial(_watching_factory, spec.factory, str(notes_dir))
+    probe = dataclasses.replace(
+        spec, factory=capturing_factory if mode == "none" else watching)
     registry = Registry.discover()
     missing = [name for name in spec.requires if name not in registry.names()]
     if missing:
@@ -288,10 +296,11 @@ def check_run(spec: PluginSpec, tmp_path: Path, workload: str = "tiny", *,
     finally:
         for instance in instances:
             _unwatch_answers(instance)
+    answers += _noted_in(notes_dir)
     if answers:
         raise AssertionError(f"plugin '{spec.name}': in {where}, {answers[0]}")
     _check_jobs_done(spec.name, where, record)
-    _check_reported(spec.name, record)
+    _check_reported(spec, mode, record)
     instances.job_storages = _job_storages(recorder)
     recorder.clear()  # its records hold the jobs' models: no longer needed
     return instances
@@ -394,6 +403,37 @@ def _watched(method: Any, attr: str, hook: str, noted: list[str]) -> Any:
     return watched
 
 
+class _NotesFile(list):  # type: ignore[type-arg]
+    """The notes of :func:`_watched`, each also written to a file of ``directory``: a
+    cluster rank's plugin object lives in the rank's process, and only files come back."""
+
+    def __init__(self, directory: str) -> None:
+        super().__init__()
+        self.directory = Path(directory)
+
+    def append(self, text: str) -> None:
+        super().append(text)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        (self.directory / f"{os.getpid()}-{id(self)}.txt").write_text(text)
+
+
+def _watching_factory(factory: Any, directory: str, config: Any) -> object:
+    """``factory(config)``, its answerless hooks watched, notes written under ``directory``
+    (module level, so a spec using it travels to a cluster's ranks)."""
+    instance = factory(config)
+    _watch_answers(instance, _NotesFile(directory))
+    return instance
+
+
+def _noted_in(directory: Path) -> list[str]:
+    """What the ranks' watchers noted (:class:`_NotesFile`), in a stable order."""
+    return [p.read_text() for p in _noted_files(directory)]
+
+
+def _noted_files(directory: Path) -> list[Path]:
+    return sorted(directory.glob("*.txt")) if directory.is_dir() else []
+
+
 def _unwatch_answers(instance: object) -> None:
     """Take :func:`_watch_answers`'s wrappers off ``instance`` again."""
     own = getattr(instance, "__dict__", None)
@@ -422,15 +462,40 @@ def _check_jobs_done(name: str, where: str, record: RunRecord) -> None:
         )
 
 
-def _check_reported(name: str, record: RunRecord) -> None:
+def _check_reported(spec: PluginSpec, mode: str, record: RunRecord) -> None:
+    """The plugin said something of its own in the run's summary; the failure names the
+    mode (a rule such as "no rows on a worker" holds in one mode and not another) and says
+    whether the hook is missing or answered nothing."""
+    name = spec.name
     placeholder = _no_report_summary()
     own = [row for row in record.plugin_rows if row.plugin == name and row.summary != placeholder]
-    if not own:
+    if own:
+        return
+    where = f"in cluster.mode={mode}"
+    if not _implements(spec, "accelopt_report_rows"):
         raise AssertionError(
-            f"plugin '{name}': accelopt_report_rows gave no ReportRow(plugin='{name}', ...); "
-            "implement it and say what the plugin did on this run, or why it did nothing, "
-            "so users never have to guess whether it was active"
+            f"plugin '{name}': {where} it reported nothing, as it implements no "
+            f"accelopt_report_rows; implement it and return a ReportRow(plugin='{name}', ...) "
+            "saying what the plugin did on this run, or why it did nothing, so users never "
+            "have to guess whether it was active"
         )
+    ranks = "" if mode == "none" else " on any rank"
+    raise AssertionError(
+        f"plugin '{name}': {where} accelopt_report_rows gave no ReportRow(plugin='{name}', "
+        f"...){ranks}; return at least one saying what the plugin did, or why it did nothing"
+        + ("" if mode == "none" else " (return [] on a rank only where another rank reports: "
+           "an all-reduce worker has role 'worker' and takes the optimizer step)")
+    )
+
+
+def _implements(spec: PluginSpec, hook: str) -> bool:
+    """Whether the plugin's default object implements ``hook`` (True when that cannot be
+    told: the message then assumes the hook exists rather than ask for it wrongly)."""
+    try:
+        instance = spec.instantiate()
+        return any(found == hook for _, _, found in _hookimpls(spec, instance))
+    except Exception:
+        return True
 
 
 def _no_report_summary() -> str:
