@@ -120,7 +120,8 @@ class PluginHost:
         self._callers, self._links = self._callers_of(locked=True)
         self._sinks_nobody_implements = {
             source: sink for sink, source in hookspecs.CHAIN_SOURCES.items()
-            if sink not in self._links and sink in hookspecs.CHAIN_RESULT_CHECKS}
+            if not any(not _wraps(i) for i in self._impls.get(sink, ()))
+            and sink in hookspecs.CHAIN_RESULT_CHECKS}
         """Source chain -> the chain its value goes to, where no plugin implements that one
         (an encoder's payload nobody decodes): the source's result gets its check."""
         self._serial: tuple[dict[str, Caller], dict[str, list[tuple[str, Caller]]]] | None = None
@@ -301,6 +302,12 @@ class PluginHost:
             callers[hook] = self._caller(hook, impls, self._firstresult[hook], locked)
             links[hook] = [(i.plugin_name, self._caller(hook, [i, *wrappers], True, locked))
                            for i in reversed(impls) if not _wraps(i)]
+            if wrappers and not links[hook]:
+                # wrappers alone: one link of them around no implementation (its yield gives
+                # None, the value unchanged); without it a wrapper on a chained hook that no
+                # plugin implements plainly was never called
+                links[hook] = [(wrappers[0].plugin_name,
+                                self._caller(hook, wrappers, True, locked))]
         return callers, links
 
     def _caller(self, hook: str, impls: list[Any], firstresult: bool, locked: bool) -> Caller:

@@ -633,3 +633,23 @@ def test_a_refused_report_answer_is_what_the_saved_record_says(run_tiny, tmp_pat
     assert rows["stringly"].startswith("report refused: plugin 'stringly' answered "
                                        "accelopt_report_rows with str"), rows
     assert "reported nothing" not in json.dumps(saved["plugins"])
+
+
+def test_a_wrapper_alone_on_a_chained_hook_is_called():
+    """A ``wrapper=True`` implementation of a chained hook that no plugin implements plainly
+    was never called (the chain had no link to wrap), though wrappers are honoured by every
+    hook; it now runs once around nothing, the value unchanged."""
+    seen: list[object] = []
+
+    class Watches:
+        @hookimpl(wrapper=True)
+        def accelopt_after_forward(self, context, loss):
+            seen.append(loss)
+            return (yield)
+
+    context = IterationContext(JOB, "l", 0, 0.0)
+    loss = torch.ones(())
+    host = host_of(("watches", Watches()))
+    assert host.chain("accelopt_after_forward", loss,
+                      lambda x: {"context": context, "loss": x}) is loss
+    assert seen == [loss]
