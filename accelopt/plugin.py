@@ -209,8 +209,18 @@ class Registry:
             if spec is not None:
                 return spec
         installed_but_broken = self.broken.get(name) if name in self.entry_points else None
+        if installed_but_broken is None:
+            self._try_every_entry_point()  # the list offered must be what can be selected
         raise unknown_plugin_error(name, self.names(), installed_but_broken,
-                                   self.failed_references)
+                                   self.failed_references, sorted(self.clashes))
+
+    def _try_every_entry_point(self) -> None:
+        """Load every installed plugin not loaded yet, quietly (its failure is its listing's
+        business, not this error's): an unknown name's line listed, as available, installed
+        plugins whose import fails, which are then refused when picked."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", PluginWarning)
+            self.all()
 
     def all(self) -> list[PluginSpec]:
         """Import every installed plugin (broken ones become warnings)."""
@@ -302,11 +312,12 @@ def _check_spec(spec: object, where: str) -> None:
 
 def unknown_plugin_error(
     name: str, installed: Sequence[str], broken_reason: str | None = None,
-    failed: dict[str, str] | None = None,
+    failed: dict[str, str] | None = None, clashing: Sequence[str] = (),
 ) -> PluginResolutionError:
     """The one line for a name no usable plugin has: installed but broken, an
     ``ACCELOPT_PLUGINS`` entry that failed to load (the one whose module or attribute is
-    named like it, else every one that failed is listed), or unknown with the closest name."""
+    named like it, else every one that failed is listed), or unknown with the closest name;
+    ``clashing``: names two installed packages declare (not selectable, said apart)."""
     if broken_reason:
         return PluginResolutionError(
             f"plugin '{name}' is installed but failed to load ({broken_reason}); "
@@ -323,6 +334,9 @@ def unknown_plugin_error(
     listing = ", ".join(installed) if installed else "none"
     also = "".join(f" ({EXPLICIT_PLUGINS_ENV} entry '{ref}' failed to load: {why})"
                    for ref, why in failed.items())
+    if clashing:
+        also += (f" (declared by two installed packages, so not selectable: "
+                 f"{', '.join(clashing)}; `accelopt plugins` says which)")
     return PluginResolutionError(
         f"unknown plugin '{name}' (available: {listing}){hint} `accelopt plugins` to list "
         f"them.{also}"

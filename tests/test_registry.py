@@ -50,6 +50,22 @@ def test_broken_entry_point_is_a_warning_not_a_crash():
         registry.get("ghost")
 
 
+def test_an_unknown_name_lists_only_what_can_be_selected(recwarn):
+    """The line offered, as available, an installed plugin whose import fails (refused when
+    picked) and left out, without a word, a name two packages declare."""
+    registry = Registry()
+    registry.entry_points["noop"] = EntryPoint(
+        name="noop", value="accelopt_plugins.noop:PLUGIN", group="accelopt.plugins")
+    registry.entry_points["ghost"] = EntryPoint(
+        name="ghost", value="no_such_module_xyz:PLUGIN", group="accelopt.plugins")
+    registry.clashes["twice"] = registry.broken["twice"] = "declared by two packages"
+    with pytest.raises(PluginResolutionError) as info:
+        registry.get("nosuch")
+    assert "(available: noop)" in str(info.value), str(info.value)
+    assert "not selectable: twice" in str(info.value)
+    assert not [w for w in recwarn if issubclass(w.category, PluginWarning)]  # one line only
+
+
 def test_an_entry_point_named_unlike_its_spec_says_how_to_fix_it():
     """Selecting it said "reinstall it", which leaves the two names as they were."""
     registry = Registry()
