@@ -12,6 +12,7 @@ accelopt_bytecount = pytest.importorskip(
     reason="the example is not installed: pip install -e examples/plugins/bytecount")
 
 from accelopt.testing import PluginConformance, run_workload  # noqa: E402
+from accelopt.types import INERT  # noqa: E402
 
 PLUGIN = accelopt_bytecount.PLUGIN
 ONE_JOB = ["workload.jobs=[{name: m, model: mlp, width: 16, batch_size: 8, iterations: 4}]",
@@ -42,6 +43,7 @@ def test_in_one_process_it_says_there_is_nothing_to_count(tmp_path):
     record = run_workload([PLUGIN], tmp_path=tmp_path)
     (row,) = [r for r in record.plugin_rows if r.plugin == "bytecount"]
     assert "no transfers" in row.summary
+    assert row.metrics.get(INERT) == 1  # else bench and run.compare credit it with noise
 
 
 class TestByteCountConformance(PluginConformance):

@@ -16,6 +16,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from accelopt import PluginSpec, ReportRow, RunInfo, TransferRecord, hookimpl
+from accelopt.types import INERT
 
 COLUMNS = ("rank", "job", "iteration", "tensor", "kind", "source", "destination",
            "transfers", "wire_bytes")
@@ -60,8 +61,9 @@ class ByteCount:
     @hookimpl
     def accelopt_report_rows(self, run: RunInfo) -> list[ReportRow]:
         if self.mode == "none":
+            # inert: it changed nothing, so a measured difference is noise, not its gain
             return [ReportRow("bytecount", "no transfers in a one-process run "
-                              "(cluster.mode=none); nothing counted")]
+                              "(cluster.mode=none); nothing counted", {INERT: 1})]
         total = sum(nbytes for _, nbytes in self.rows.values())
         tensors = len({(k[0], k[2]) for k in self.rows})
         return [ReportRow("bytecount",
