@@ -90,6 +90,11 @@ def comm_hook(
     if not dist.is_initialized():
         raise UserError("comm_hook needs torch.distributed: call "
                         "dist.init_process_group(...) first")
+    if process_group is dist.GroupMember.NON_GROUP_MEMBER:  # dist.new_group's answer to a
+        # rank outside the group: read as "not a process group", which the user did pass
+        raise UserError(f"comm_hook: rank {dist.get_rank()} is not a member of process_group "
+                        "(dist.new_group gives a rank outside the group no group); make the "
+                        "hook, and DDP, only on the group's ranks, or pass None for the default")
     if process_group is not None and not isinstance(process_group, dist.ProcessGroup):
         raise UserError(f"comm_hook: process_group={process_group!r} is not a process group; "
                         "pass the one DDP uses (dist.new_group(...)), or None for the default")

@@ -269,6 +269,20 @@ def test_a_process_group_that_is_not_one_is_one_line(monkeypatch):
     assert "\n" not in str(info.value)
 
 
+def test_a_rank_outside_the_process_group_is_told_so(monkeypatch):
+    """On a rank outside ``dist.new_group([0])`` (which gives it ``NON_GROUP_MEMBER``, -100)
+    the line was "process_group=-100 is not a process group": what the user passed is one."""
+    import torch.distributed as dist
+
+    from accelopt.ddp import comm_hook
+
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_rank", lambda group=None: 1)
+    with pytest.raises(UserError, match="rank 1 is not a member of process_group") as info:
+        comm_hook(nn.Linear(2, 2), process_group=dist.GroupMember.NON_GROUP_MEMBER)
+    assert "\n" not in str(info.value) and "-100" not in str(info.value)
+
+
 @pytest.mark.parametrize("options, words", [
     ({"bucket_mb": float("nan")}, r"bucket_mb must be a finite number > 0 \(MiB per bucket\), "
                                   "got nan"),

@@ -471,3 +471,214 @@ def test_a_policy_that_raises_fails_the_unended_jobs_and_keeps_the_ended_ones(tm
         assert doc["error"] == f"the service stopped: {line}"
     assert (jobs / ids[0] / "weights.pt").is_file()
     assert not sock.exists()
+
+
+def _service(tmp_path):
+    from accelopt_plugins.salus.service import Service
+
+    return Service(ServeOptions(socket=tmp_path / "s.sock", root=tmp_path / "root",
+                                capacity="256MiB", threads=1))
+
+
+def test_a_submit_the_shutdown_overtakes_while_profiling_is_refused(tmp_path):
+    """A submit still being profiled when a shutdown came was added to the executor after
+    its run had returned: answered ``submitted``, never run, and failed "killed or crashed"
+    by the next service. It is refused, with the add, and leaves no files."""
+    service = _service(tmp_path)
+    profile = service.executor.profiler
+
+    def shutdown_meanwhile(job):  # the shutdown request arrives during the profiling
+        service.handle({"op": "shutdown"})
+        return profile(job)
+
+    service.executor.profiler = shutdown_meanwhile
+    try:
+        with pytest.raises(UserError, match="the service is shutting down and accepts no new "
+                           "jobs; submit to a new one"):
+            service.handle({"op": "submit", "job": {**TINY, "name": "late"}})
+        assert service.executor.snapshot() == []
+        assert service.executor.run() == []  # nothing was left for a run that had ended
+    finally:
+        service.finish_outputs()
+    assert list((tmp_path / "root" / "jobs").iterdir()) == []
+
+
+def test_a_request_still_running_when_the_server_closes_gets_a_definite_answer():
+    """A submit whose profiling outlasted the close's grace got no answer: the client read
+    "closed the connection without answering", not knowing whether its job was taken."""
+    import tempfile
+    import threading
+
+    from accelopt_plugins.salus.service import _Handler, _Server
+
+    started, release = threading.Event(), threading.Event()
+
+    class Slow:  # a service whose answer comes only after the server closed
+        def handle(self, request):
+            started.set()
+            release.wait(30)
+            return {"submitted": ["001-late"]}
+
+    with tempfile.TemporaryDirectory() as tmp:  # a short path: sockets' are limited
+        path = os.path.join(tmp, "s.sock")
+        server = _Server(path, _Handler)
+        server.service = Slow()
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+            client.settimeout(30)
+            client.connect(path)
+            client.sendall(b'{"op": "submit"}\n')
+            assert started.wait(30)
+            server.close(grace_s=0)
+            release.set()  # the late answer is not written after the one close gave
+            reply = json.loads(client.makefile().readline())
+    assert reply["ok"] is False
+    assert reply["error"].startswith("the service stopped before answering (it was shutting "
+                                     "down and accepts no new jobs)")
+
+
+def test_a_full_backlog_is_retried_then_said_in_one_line(tmp_path, monkeypatch):
+    """16 clients at once: half got a raw ``BlockingIOError: [Errno 11]`` (a backlog of 5,
+    and a connect with a timeout does not wait for room). The service's backlog is larger,
+    and a client finding it full retries, then says the service is busy."""
+    import tempfile
+
+    from accelopt_plugins.salus import service as module
+
+    monkeypatch.setattr(module, "BUSY_RETRY_S", 0.05, raising=False)
+    with tempfile.TemporaryDirectory() as tmp, \
+            socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+        path = os.path.join(tmp, "s.sock")
+        listener.bind(path)
+        listener.listen(0)  # accepts nothing: the backlog fills
+        queued = []
+        while True:
+            waiting = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            waiting.setblocking(False)
+            queued.append(waiting)
+            try:
+                waiting.connect(path)
+            except BlockingIOError:
+                break
+        try:
+            with pytest.raises(UserError, match="is busy: it took no new connection") as info:
+                request(Path(path), {"op": "ping"}, timeout_s=5)
+        finally:
+            for waiting in queued:
+                waiting.close()
+    assert "\n" not in str(info.value)
+    assert module._Server.request_queue_size >= 64
+
+
+@pytest.mark.parametrize("timeout", [float("inf"), float("nan"), -1, "60", True])
+def test_a_wait_timeout_that_is_no_finite_number_is_one_line(tmp_path, timeout):
+    """``"timeout_s": Infinity`` answered OverflowError, its traceback in the service's log."""
+    service = _service(tmp_path)
+    try:
+        with pytest.raises(UserError, match=r'"timeout_s" must be a number of seconds >= 0 '
+                           r"\(finite\), got "):
+            service.handle({"op": "wait", "id": "1", "timeout_s": timeout})
+    finally:
+        service.executor.close()
+
+
+def test_a_huge_wait_timeout_waits_instead_of_overflowing(tmp_path):
+    """``"timeout_s": 1e10`` (or 1e308) reached a lock's wait, which takes at most
+    ``threading.TIMEOUT_MAX``: OverflowError. A cancel ends the wait."""
+    import threading
+
+    from accelopt.drivers.local import Executor
+
+    service = _service(tmp_path)
+    try:
+        (job_id,) = service.handle({"op": "submit", "job": TINY})["submitted"]
+        asked = []
+        wait = service.executor.wait
+
+        def recorded(job, timeout_s):
+            asked.append(timeout_s)
+            return wait(job, timeout_s)
+
+        service.executor.wait = recorded
+        answers = []
+        waiter = threading.Thread(target=lambda: answers.append(
+            service.handle({"op": "wait", "id": job_id, "timeout_s": 1e308})))
+        with service.executor.lock:  # held: the waiter waits inside, the cancel comes after
+            waiter.start()
+            while waiter.is_alive() and not service.executor.lock._waiters:  # in its wait
+                service.executor.lock.wait(0)
+            service.executor.cancel(job_id)
+        waiter.join(30)
+        assert answers == [{"status": "failed"}]
+        assert asked == [threading.TIMEOUT_MAX]
+        assert Executor.wait(service.executor, job_id, 1e308) == "failed"
+    finally:
+        service.executor.close()
+        service.finish_outputs()
+
+
+def test_a_first_signal_stops_accepting_and_a_second_stops_now(tmp_path, capfd):
+    """SIGINT and SIGTERM to `accelopt serve` did nothing visible and could not stop it: a
+    long job ran on, only SIGKILL ended it, losing its results. The first signal says what
+    it waits for and stops accepting; the second stops the jobs and fails the unended."""
+    import threading
+
+    from accelopt_plugins.salus.service import _Stopper
+
+    from accelopt.errors import Terminated
+
+    service = _service(tmp_path)
+    (job_id,) = service.handle({"op": "submit", "job": {**TINY, "iterations": 10**7}})[
+        "submitted"]
+    raised = []
+
+    def run() -> None:
+        try:
+            service.executor.run()
+        except BaseException as exc:  # what serve() is given
+            raised.append(exc)
+
+    runner = threading.Thread(target=run)
+    runner.start()
+    stop = _Stopper(service)
+    try:
+        stop(signal.SIGTERM, None)
+        assert ("accelopt serve: stopping: waiting for 1 job; signal again to stop now\n"
+                in capfd.readouterr().err)
+        with pytest.raises(UserError, match="shutting down"):
+            service.handle({"op": "submit", "job": TINY})
+        stop(signal.SIGTERM, None)
+        runner.join(60)
+    finally:
+        service.executor.close(stop_now=KeyboardInterrupt())  # old code: never ends
+        runner.join(60)
+    assert not runner.is_alive() and len(raised) == 1 and isinstance(raised[0], Terminated)
+    assert service.fail_unended(raised[0]) == [job_id]
+    doc = json.loads((tmp_path / "root" / "jobs" / job_id / "job.json").read_text())["job"]
+    assert doc["status"] == "failed"
+    assert doc["error"] == "the service stopped: terminated (SIGTERM)"
+    assert doc["iterations"] < 10**7
+
+
+def test_ctrl_c_twice_ends_the_service_with_130(tmp_path):
+    """The command line's exit status for a service stopped by a second Ctrl-C."""
+    sock = tmp_path / "s.sock"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "accelopt.cli.main", "serve", "--socket", str(sock), "--root",
+         str(tmp_path / "root"), "--capacity", "256MiB", "--threads", "1"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert "listening on" in proc.stdout.readline(), proc.stderr.read()
+        (job_id,) = ask(sock, {"op": "submit", "job": {**TINY, "iterations": 10**7}})[
+            "submitted"]
+        proc.send_signal(signal.SIGINT)
+        assert "stopping: waiting for 1 job; signal again" in proc.stderr.readline()
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 130
+        assert "interrupted" in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    doc = json.loads((tmp_path / "root" / "jobs" / job_id / "job.json").read_text())["job"]
+    assert doc["status"] == "failed" and "interrupted" in doc["error"]

@@ -266,8 +266,7 @@ class Executor:
     def submit(self, job: Job) -> None:
         """Hand a job to a running executor (thread-safe); it arrives now."""
         with self._cv:
-            if self._closing:
-                raise UserError("the executor is shutting down and accepts no new jobs")
+            self._refuse_if_closing()
             if job.info.job_id in self._entries:
                 raise UserError(f"a job with id {job.info.job_id!r} was already submitted")
         entry = _Entry(job, JobResult(job.info), order=len(self._entries))
@@ -275,11 +274,20 @@ class Executor:
         if error is not None:  # refused, never accepted: no end recorded, no on_finish
             raise UserError(f"job {job.info.name!r} refused: {error}")
         with self._cv:
+            # asked again with the add, under one lock: a close() during the profiling may
+            # have let run() return, and a job added now would be accepted and never run
+            self._refuse_if_closing()
             job.info = dataclasses.replace(job.info, arrival_s=self.now() - self._origin)
             entry.result.job = job.info
             self._entries[job.info.job_id] = entry
             self._inbox.append(entry)
             self._cv.notify_all()
+
+    def _refuse_if_closing(self) -> None:
+        """A submit after :meth:`close` is refused (called under the lock)."""
+        if self._closing:
+            raise UserError("the service is shutting down and accepts no new jobs; submit to "
+                            "a new one")
 
     def _entry(self, job_id: str) -> _Entry:
         """The job ``job_id`` names: its id (``003-cnn``), or its number alone (``3``,
@@ -319,18 +327,27 @@ class Executor:
             return f"{job_id} will stop at the end of its current iteration"
 
     def wait(self, job_id: str, timeout_s: float) -> str:
-        """Block until the job has ended or ``timeout_s`` passed; return its status."""
-        deadline = time.monotonic() + timeout_s
+        """Block until the job has ended or ``timeout_s`` passed; return its status. A
+        timeout beyond ``threading.TIMEOUT_MAX`` (an inf, 1e10) waits that long: passed on,
+        it raised OverflowError from the condition's wait."""
+        deadline = time.monotonic() + min(timeout_s, threading.TIMEOUT_MAX)
         with self._cv:
             entry = self._entry(job_id)
             while not entry.finished and time.monotonic() < deadline:
-                self._cv.wait(max(0.0, deadline - time.monotonic()))
+                self._cv.wait(min(max(0.0, deadline - time.monotonic()), threading.TIMEOUT_MAX))
             return entry.result.status
 
-    def close(self) -> None:
-        """Stop accepting jobs; :meth:`run` returns once the admitted ones have finished."""
+    def close(self, stop_now: BaseException | None = None) -> None:
+        """Stop accepting jobs; :meth:`run` returns once the admitted ones have finished.
+
+        ``stop_now`` (a second Ctrl-C or SIGTERM to a service) stops the run as that error
+        would have: every lane ends after its current iteration and :meth:`run` raises it,
+        the unended jobs left for the caller to mark. Safe from a signal handler of the
+        thread in :meth:`run` (the lock is re-entrant, and a wait it is in wakes)."""
         with self._cv:
             self._closing = True
+            if stop_now is not None:
+                self._fatal = self._fatal or stop_now
             self._cv.notify_all()
 
     @property

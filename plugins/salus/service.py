@@ -29,6 +29,7 @@ import contextlib
 import dataclasses
 import fcntl
 import json
+import math
 import os
 import signal
 import socket
@@ -53,7 +54,7 @@ from accelopt.atomic import atomic_open, refuse_unwritable
 from accelopt.config import AccelConfig, JobConfig
 from accelopt.drivers.local import CANCELLED, ENDED, Executor
 from accelopt.drivers.setup import memory_capacity, pick_device
-from accelopt.errors import did_you_mean, error_text, first_line
+from accelopt.errors import Terminated, did_you_mean, error_text, first_line
 from accelopt.host import PluginHost
 from accelopt.job import Job, job_specs
 from accelopt.job.profile import measure_profile
@@ -141,11 +142,7 @@ class Service:
             job_id = request.get("id")
             if not isinstance(job_id, str):
                 raise UserError('wait needs "id": a job id string')
-            timeout = request.get("timeout_s", 60.0)
-            if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
-                    or not timeout >= 0:
-                raise UserError(f'wait: "timeout_s" must be a number of seconds >= 0, got '
-                                f"{timeout!r}")
+            timeout = _wait_timeout(request.get("timeout_s", 60.0))
             deadline = time.monotonic() + timeout
             status = self.executor.wait(job_id, timeout)
             written = self._written.get(job_id)
@@ -313,6 +310,17 @@ class Service:
                 "jobs": jobs, "note": self.plugin.lanes_note(), "pid": os.getpid()}
 
 
+def _wait_timeout(timeout: Any) -> float:
+    """A ``wait`` request's ``timeout_s``: a finite number >= 0, refused in one line
+    otherwise, capped at ``threading.TIMEOUT_MAX`` (what a lock's wait takes: an inf or a
+    1e10 raised OverflowError in the answer and a traceback in the service's log)."""
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
+            or not 0 <= timeout < math.inf:
+        raise UserError(f'wait: "timeout_s" must be a number of seconds >= 0 (finite), got '
+                        f"{timeout!r}")
+    return min(float(timeout), threading.TIMEOUT_MAX)
+
+
 def _write_job_json(job_dir: Path, result: JobResult, status: str,
                     lanes_note: str | None = None) -> None:
     """A job's ``job.json``: its metrics with the ``status`` ``accelopt status`` shows, its
@@ -416,10 +424,14 @@ class _Handler(socketserver.StreamRequestHandler):
         except Exception as exc:  # a bug or a user factory's error: answer, keep serving
             reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
             traceback.print_exc()
-        try:
-            self.wfile.write((json.dumps(reply, default=str) + "\n").encode())
-        except OSError:
-            pass  # the client was killed before reading its answer
+        self.server.answer(self.request, reply)  # type: ignore[attr-defined]
+
+
+STOPPED_BEFORE_ANSWERING = ("the service stopped before answering (it was shutting down and "
+                            "accepts no new jobs); submit to a new one")
+"""The answer :meth:`_Server.close` gives a request still being handled when its grace
+ended (a submit whose profiling outlasted it): the client read "closed the connection without
+answering", not knowing whether its job was taken."""
 
 
 class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
@@ -428,24 +440,50 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     written: the reply to ``shutdown`` was lost when the process exited first."""
 
     daemon_threads = True
+    request_queue_size = 128
+    """The listen backlog (socketserver's default is 5): with more clients connecting at
+    once than that, the others' connects failed with EAGAIN while the service was idle."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.handlers: list[threading.Thread] = []
+        self.handlers: list[tuple[threading.Thread, socket.socket]] = []
+        self._answering = threading.Lock()
+        self._answered: set[int] = set()
+        """The connections (by ``id``) answered or being answered: each gets one answer."""
 
     def process_request(self, request: Any, client_address: Any) -> None:
         thread = threading.Thread(target=self.process_request_thread,
                                   args=(request, client_address), daemon=True)
-        self.handlers = [t for t in self.handlers if t.is_alive()] + [thread]
+        self.handlers = [(t, r) for t, r in self.handlers if t.is_alive()] + [(thread, request)]
         thread.start()
+
+    def shutdown_request(self, request: Any) -> None:
+        with self._answering:
+            self._answered.discard(id(request))  # an id may be reused once it is closed
+        super().shutdown_request(request)
+
+    def answer(self, request: socket.socket, reply: dict[str, Any]) -> bool:
+        """Write ``reply`` on ``request`` unless it was answered already (by :meth:`close`);
+        whether this call wrote it."""
+        with self._answering:
+            if id(request) in self._answered:
+                return False
+            self._answered.add(id(request))
+        with contextlib.suppress(OSError):  # the client was killed before reading its answer
+            request.sendall((json.dumps(reply, default=str) + "\n").encode())
+        return True
 
     def close(self, grace_s: float = 5.0) -> None:
         """Stop accepting, give the requests being answered up to ``grace_s`` to finish,
-        close the socket."""
+        answer the ones still running with :data:`STOPPED_BEFORE_ANSWERING`, close the
+        socket."""
         self.shutdown()
         deadline = time.monotonic() + grace_s
-        for thread in list(self.handlers):
+        for thread, _ in list(self.handlers):
             thread.join(max(0.0, deadline - time.monotonic()))
+        for thread, request in list(self.handlers):
+            if thread.is_alive():
+                self.answer(request, {"ok": False, "error": STOPPED_BEFORE_ANSWERING})
         self.server_close()
 
 
@@ -507,8 +545,46 @@ def _stale_socket(path: Path) -> bool:
     return True
 
 
+class _Stopper:
+    """``accelopt serve``'s SIGINT and SIGTERM handler. The first signal stops accepting
+    jobs (as a ``shutdown`` request) and says so in one line; the running jobs finish. The
+    second stops now: every lane ends after its current iteration and the executor's run
+    raises ``KeyboardInterrupt`` (SIGINT) or ``Terminated`` (SIGTERM), so the unended jobs
+    are marked failed (:meth:`Service.fail_unended`) and the command exits 130 or 143.
+    (Both only closed the executor, silently: a long job ran on, and only SIGKILL stopped
+    the service, losing what the jobs had done.)"""
+
+    def __init__(self, service: Service) -> None:
+        self.service = service
+        self.signalled = False
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        executor = self.service.executor
+        if self.signalled:
+            executor.close(stop_now=Terminated() if signum == signal.SIGTERM
+                           else KeyboardInterrupt())
+            return
+        self.signalled = True
+        executor.close()
+        unended = sum(result.status not in ENDED for _, result, _ in executor.snapshot())
+        _say(f"accelopt serve: stopping: waiting for {_jobs(unended)}; signal again to stop "
+             "now\n")
+
+
+def _jobs(count: int) -> str:
+    return f"{count} job{'' if count == 1 else 's'}"
+
+
+def _say(line: str) -> None:
+    """``line`` on stderr, written at once: safe in a signal handler (a ``print`` there,
+    interrupting another print to the same stream, raised RuntimeError)."""
+    with contextlib.suppress(OSError):
+        os.write(sys.stderr.fileno(), line.encode())
+
+
 def serve(options: ServeOptions, ready: Any = print) -> int:
-    """Run the service until a shutdown request (or SIGTERM/SIGINT) and its jobs finish."""
+    """Run the service until a shutdown request (or a first SIGTERM/SIGINT) and its jobs
+    finish; a second signal stops it now, raising that signal's error (:class:`_Stopper`)."""
     path = options.socket
     _stale_socket(path)  # a file of the user's there: refused before anything is made
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -537,9 +613,7 @@ def serve(options: ServeOptions, ready: Any = print) -> int:
         server.service = service  # type: ignore[attr-defined]
         threading.Thread(target=server.serve_forever, name="salus-socket", daemon=True).start()
 
-        def stop(signum: int, frame: Any) -> None:
-            service.executor.close()
-
+        stop = _Stopper(service)
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, stop)
         ready(f"accelopt serve: listening on {path} (pid {os.getpid()}, policy "
@@ -549,7 +623,10 @@ def serve(options: ServeOptions, ready: Any = print) -> int:
             try:
                 service.executor.run()
             except BaseException as exc:  # a policy's or plugin's error, an interrupt
-                service.fail_unended(exc)
+                failed = service.fail_unended(exc)
+                if isinstance(exc, KeyboardInterrupt) and failed:
+                    _say(f"accelopt serve: stopped now; {_jobs(len(failed))} marked failed "
+                         f"in {options.root}/jobs/\n")
                 raise
             service.finish_outputs()
         finally:
@@ -567,27 +644,63 @@ def serve(options: ServeOptions, ready: Any = print) -> int:
 # -- the client -----------------------------------------------------------------------------
 
 
+BUSY_RETRY_S = 5.0
+"""How long :func:`request` retries a connect the service's full backlog refused."""
+
+
 def request(path: Path, message: dict[str, Any], timeout_s: float = 30.0) -> dict[str, Any]:
     """Send one request, return the reply; a one-line UserError if no service answers."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(timeout_s)
+    sock = _connect(path, timeout_s)
     try:
-        sock.connect(str(path))
-    except (FileNotFoundError, ConnectionRefusedError):
-        sock.close()
-        raise UserError(f"no accelopt serve is running on {path}; start one with "
-                        "`accelopt serve` (or pass --socket)") from None
-    with sock:
-        sock.sendall((json.dumps(message) + "\n").encode())
-        data = b""
-        while not data.endswith(b"\n"):
-            chunk = sock.recv(65536)
-            if not chunk:
-                break
-            data += chunk
+        with sock:
+            sock.sendall((json.dumps(message) + "\n").encode())
+            data = b""
+            while not data.endswith(b"\n"):
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+    except TimeoutError:
+        raise UserError(f"the service on {path} did not answer within {timeout_s:g} s") from None
+    except ConnectionError as exc:
+        raise UserError(f"the service on {path} dropped the connection ({exc.strerror or exc})"
+                        "; it may have stopped (see its output)") from None
     if not data:
         raise UserError(f"the service on {path} closed the connection without answering")
     return json.loads(data)
+
+
+def _connect(path: Path, timeout_s: float) -> socket.socket:
+    """A connection to the service. A connect its full backlog refuses (EAGAIN: a socket
+    with a timeout does not wait for room, and the raw ``BlockingIOError`` reached the
+    caller) is tried again for up to :data:`BUSY_RETRY_S` (at most ``timeout_s``), then said
+    in one line."""
+    deadline = time.monotonic() + min(timeout_s, BUSY_RETRY_S)
+    pause = 0.005
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(timeout_s)
+        try:
+            sock.connect(str(path))
+            return sock
+        except (FileNotFoundError, ConnectionRefusedError):
+            sock.close()
+            raise UserError(f"no accelopt serve is running on {path}; start one with "
+                            "`accelopt serve` (or pass --socket)") from None
+        except BlockingIOError:
+            sock.close()
+            if time.monotonic() >= deadline:
+                raise UserError(f"the service on {path} is busy: it took no new connection "
+                                f"for {min(timeout_s, BUSY_RETRY_S):g} s; try again") from None
+        except TimeoutError:
+            sock.close()
+            raise UserError(f"the service on {path} did not answer within {timeout_s:g} "
+                            "s") from None
+        except BaseException:
+            sock.close()
+            raise
+        time.sleep(pause)  # the backlog drains as the service accepts
+        pause = min(2 * pause, 0.1)
 
 
 def _numbered(jobs: Path) -> list[Path]:
