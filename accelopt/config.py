@@ -153,6 +153,8 @@ class RunSettings:
     jobs' times; the telemetry samples start with the clock, as the spans do."""
     progress: bool = True
     telemetry_interval_s: float = 0.5
+    """Seconds between telemetry samples; at least 0.05 (a process's CPU time is counted in
+    ~10 ms ticks: shorter intervals read 0% or thousands of percent)."""
     trace_hooks: bool = True
     """Time every hook call onto the ``hooks`` track of ``trace.json`` (each rank's own in a
     cluster run): a slow hook is visible. ``false`` saves the timing (two clock reads and

@@ -220,6 +220,9 @@ def test_multirun_sweep_gives_every_run_its_metrics(tmp_path):
         (["run.device=tpu"], "run.device"),
         (["run.device=mps"], "run.device: 'mps' is not supported"),
         (["run.telemetry_interval_s=0", "cluster.mode=none"], "run.telemetry_interval_s must be > 0"),
+        # psutil's CPU share over 1e-6 s read 0% and 9427% (CPU time counts in ~10 ms ticks)
+        (["run.telemetry_interval_s=1e-6", "cluster.mode=none"],
+         "run.telemetry_interval_s must be at least 0.05 (CPU time is counted in ~10 ms"),
         (["run.telemetry_interval_s=nan", "cluster.mode=none"],
          "run.telemetry_interval_s must be a finite number > 0"),
         (["run.hook_watchdog_s=inf", "cluster.mode=none"],
@@ -640,6 +643,22 @@ def test_matrix_leaves_out_the_sets_the_runs_configuration_refuses(tmp_path):
         refused = accelopt("matrix", bad, cwd=tmp_path)
         assert refused.returncode == 2 and says in refused.stderr, refused.stderr
         assert len(refused.stderr.strip().splitlines()) == 1 and not refused.stdout
+
+
+def test_matrix_refuses_a_plugin_setting_the_plugin_refuses_as_run_does(tmp_path):
+    """plugins.clip.max_norm=-1: `accelopt run` exits 2, where the matrix left clip out and
+    exited 0 (a CI matrix silently without the plugin the user was configuring)."""
+    bad = accelopt("matrix", "--max-size", "1", "--plugins", "clip,noop", "workload=tiny",
+                   "plugins.clip.max_norm=-1", cwd=tmp_path)
+    assert bad.returncode == 2 and not bad.stdout, bad.stderr
+    assert bad.stderr.strip() == ("error: plugins.clip.max_norm must be > 0, got -1.0 (given "
+                                  "plugins.clip.max_norm=-1; refused by [clip]): fix the "
+                                  "setting, or drop it")
+    # a set refused by the configuration, not by the setting given: still left out
+    ps = accelopt("matrix", "--format", "hydra", "--plugins", "slide,clip",
+                  "plugins.clip.max_norm=0.5", cwd=tmp_path)
+    assert ps.returncode == 0 and ps.stdout.strip() == "+plugins=[],[clip]", ps.stderr
+    assert ps.stderr.startswith("left out 2 set(s)"), ps.stderr
 
 
 def test_unknown_command(tmp_path):

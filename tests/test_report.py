@@ -402,3 +402,16 @@ def test_a_rejected_job_does_not_stretch_the_makespan() -> None:
     for job in record.jobs[:3]:
         job.status = "rejected"
     assert run_metrics(record)["makespan_s"] is None  # no job ran
+
+
+def test_a_diverged_job_says_so_in_its_own_record(tmp_path: Path) -> None:
+    """A job that trained to its end on a loss of nan read ``status: done`` with an empty
+    error in metrics.json and metrics.csv: a CI step checking each job passed it."""
+    record = make_record()
+    record.jobs[1].losses = [0.5, float("nan")]
+    paths = write_run_outputs(record, tmp_path)
+    jobs = json.loads(paths["metrics.json"].read_text())["jobs"]
+    assert [(j["status"], j["diverged"]) for j in jobs] == [
+        ("done", False), ("done", True), ("failed", False)]
+    with paths["metrics.csv"].open(newline="") as fh:
+        assert [r["diverged"] for r in csv.DictReader(fh)] == ["False", "True", "False"]

@@ -163,7 +163,10 @@ def _runnable(combos: list[list[str]], overrides: list[str],
               registry: Registry) -> list[list[str]]:
     """The combinations ``accelopt run`` would accept with ``overrides``: one composition with
     every plugin selected, then each set configured as the run's up-front validation does it.
-    The rest are named on stderr, one line per reason."""
+    The rest are named on stderr, one line per reason. A set refused only for a plugin
+    setting the user gave (``plugins.clip.max_norm=-1``) is the user's mistake, as
+    ``accelopt run`` says with exit 2: refused in one line, not left out (the matrix dropped
+    the plugin and exited 0)."""
     from accelopt.cli.hydra_run import composed_with_every_plugin
     from accelopt.runtime.run import refused_sets
 
@@ -173,6 +176,7 @@ def _runnable(combos: list[list[str]], overrides: list[str],
         print(f"checking {len(combos)} sets against {setting} (--max-size N checks fewer, "
               "--no-check none) ...", file=sys.stderr)
     refused = refused_sets(cfg, registry, [tuple(c) for c in combos])
+    _refuse_plugin_settings(refused, overrides, registry)
     by_reason: dict[str, list[str]] = {}
     for combo, reason in refused.items():
         by_reason.setdefault(reason, []).append(f"[{','.join(combo)}]")
@@ -180,3 +184,30 @@ def _runnable(combos: list[list[str]], overrides: list[str],
         print(f"left out {len(labels)} set(s) that {setting} refuses ({listed(labels)}): {reason}",
               file=sys.stderr)
     return [c for c in combos if tuple(c) not in refused]
+
+
+def _plugin_settings(overrides: list[str]) -> list[str]:
+    """The overrides that set a plugin's settings (``plugins.NAME.key=value``)."""
+    return [o for o in overrides if o.lstrip("+~").startswith("plugins.")]
+
+
+def _refuse_plugin_settings(refused: dict[tuple[str, ...], str], overrides: list[str],
+                            registry: Registry) -> None:
+    """Raise a :class:`UserError` naming the first reason where a set in ``refused`` is
+    accepted once the plugin settings the user gave are taken away: those settings are what
+    it refuses, a mistake to fix, not a set to leave out."""
+    given = _plugin_settings(overrides)
+    if not refused or not given:
+        return
+    from accelopt.cli.hydra_run import composed_with_every_plugin
+    from accelopt.runtime.run import refused_sets
+
+    rest = [o for o in overrides if o not in given]
+    sets = [list(c) for c in refused]
+    still = refused_sets(composed_with_every_plugin(sets, rest, registry), registry,
+                         list(refused))
+    mistaken = [c for c in refused if c not in still]
+    if mistaken:
+        labels = [f"[{','.join(c)}]" for c in mistaken if refused[c] == refused[mistaken[0]]]
+        raise UserError(f"{refused[mistaken[0]]} (given {' '.join(given)}; refused by "
+                        f"{listed(labels)}): fix the setting, or drop it")

@@ -75,6 +75,11 @@ from accelopt.runtime.resume_target import (
 RUN_OUTPUTS = (METRICS_JSON, METRICS_CSV, TRACE_JSON, TIMELINE_PNG)
 """What every run writes into its directory once its jobs ended (``write_run_outputs``)."""
 
+EXIT_REASONS = {1: "a plugin raised, or an internal error", 2: "a user mistake",
+                3: "jobs failed, were rejected or diverged"}
+"""A run's non-zero exit codes, most severe first: a sweep exits with the most severe of its
+runs' codes, whatever their order (it exited with its last failing run's)."""
+
 
 def expose_hydra_plugins() -> None:
     """Let Hydra's plugin scan see this project's ``hydra_plugins`` (the ``salus``
@@ -411,6 +416,8 @@ def run_hydra(args: list[str], registry: Registry, debug: bool) -> int:
     exit_code = 0
     runs: list[str] = []
     """Each run's error line ("" when it succeeded), for a sweep's closing line."""
+    codes: list[int] = []
+    """Each run's exit code (0 when it succeeded), for a sweep's exit code and closing line."""
     written: dict[str, int] = {}
     """A sweep's directories so far, each with the number of the run that wrote it."""
     scratch = secondary_rank_dir(args)
@@ -424,6 +431,7 @@ def run_hydra(args: list[str], registry: Registry, debug: bool) -> int:
         from hydra.core.hydra_config import HydraConfig
 
         runs.append("")
+        codes.append(0)
 
         run_dir = Path(HydraConfig.get().runtime.output_dir)
         if HydraConfig.get().mode.name == "MULTIRUN":  # sweep_settings.py
@@ -432,7 +440,8 @@ def run_hydra(args: list[str], registry: Registry, debug: bool) -> int:
                 runs[-1] = shared_directory_line(earlier, len(runs) - 1, str(run_dir), str(
                     OmegaConf.to_container(HydraConfig.get().sweep)["subdir"]))
                 print(f"error: {runs[-1]}", file=sys.stderr)
-                exit_code = ConfigError.exit_code
+                codes[-1] = ConfigError.exit_code
+                exit_code = most_severe(codes)
                 return  # the earlier run's outputs, log and claim stay as they are
             drop_unselected(cfg, selection_from_task_overrides(
                 list(HydraConfig.get().overrides.task)) or [])
@@ -452,7 +461,8 @@ def run_hydra(args: list[str], registry: Registry, debug: bool) -> int:
 
                 traceback.print_exc(file=sys.stderr)
             print(error, file=sys.stderr)
-            exit_code = exc.exit_code
+            codes[-1] = exc.exit_code
+            exit_code = most_severe(codes)
             runs[-1] = str(exc)
             if remove_if_never_started(run_dir):
                 error = ""  # nothing started: no directory, no log
@@ -466,7 +476,8 @@ def run_hydra(args: list[str], registry: Registry, debug: bool) -> int:
             error = (f"error: cannot write {exc.filename or 'the run outputs'}: "
                      f"{exc.strerror} (what was written is kept in {run_dir})")
             print(error, file=sys.stderr)
-            exit_code = 1
+            codes[-1] = 1
+            exit_code = most_severe(codes)
             runs[-1] = error.removeprefix("error: ")
             if not HydraConfig.get().mode.name == "MULTIRUN":
                 raise SystemExit(1) from None
@@ -488,7 +499,7 @@ def run_hydra(args: list[str], registry: Registry, debug: bool) -> int:
     try:
         with mode_from_the_command_line(args):
             task()
-        closing = sweep_failures(runs)
+        closing = sweep_failures(runs, codes)
         if closing:
             print(f"error: {closing}", file=sys.stderr)
     finally:
@@ -562,17 +573,42 @@ def unfinished_jobs(record: Any, run_dir: Path) -> str:
     return ""
 
 
-def sweep_failures(errors: Sequence[str]) -> str:
+def _severity(code: int) -> int:
+    """``code``'s rank in :data:`EXIT_REASONS` (0: the most severe); a code not there ranks
+    before all of them."""
+    return list(EXIT_REASONS).index(code) if code in EXIT_REASONS else -1
+
+
+def most_severe(codes: Sequence[int]) -> int:
+    """The exit code of a sweep whose runs exited with ``codes``: the most severe non-zero
+    one (:data:`EXIT_REASONS`), 0 when every run succeeded."""
+    failed = [c for c in codes if c]
+    return min(failed, key=_severity) if failed else 0
+
+
+def sweep_failures(errors: Sequence[str], codes: Sequence[int] = ()) -> str:
     """A sweep's closing line from each run's error (``""``: it succeeded), or ``""`` when
     no run failed (or it was one run, whose own line said it all): which runs failed and
     the first one's error, after every run, where a failed run's line would otherwise have
-    scrolled away under the later runs' tables."""
+    scrolled away under the later runs' tables. Runs that failed for different reasons
+    (``codes``, each run's exit code): the first error of each, the count per exit code,
+    and which one the sweep exits with (a CI log said only the first reason, and the exit
+    code was the last failing run's)."""
     failed = [k for k, line in enumerate(errors) if line]
     if len(errors) < 2 or not failed:
         return ""
     shown = ", ".join(f"#{k}" for k in failed[:10]) + (", ..." if len(failed) > 10 else "")
-    return (f"{len(failed)} of {len(errors)} runs of the sweep failed: {shown} "
-            f"(#{failed[0]}: {errors[failed[0]]})")
+    by_code: dict[int, list[int]] = {}
+    for k in failed:
+        by_code.setdefault(codes[k] if k < len(codes) else 0, []).append(k)
+    head = f"{len(failed)} of {len(errors)} runs of the sweep failed: {shown}"
+    if len(by_code) < 2:
+        return f"{head} (#{failed[0]}: {errors[failed[0]]})"
+    ranked = sorted(by_code, key=_severity)
+    firsts = "; ".join(f"#{by_code[c][0]}: {errors[by_code[c][0]]}" for c in ranked)
+    counts = ", ".join(f"{len(by_code[c])} exit {c} ({EXIT_REASONS.get(c, 'other')})"
+                       for c in ranked)
+    return f"{head} ({firsts}); {counts}; the sweep exits {ranked[0]}, the most severe"
 
 
 @contextlib.contextmanager

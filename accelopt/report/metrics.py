@@ -41,8 +41,10 @@ JOB_COLUMNS: tuple[str, ...] = (
     "quality_samples",
     "quality_p_at_5",
     "quality_note",
+    "diverged",
 )
-"""Column order of ``metrics.csv``; fixed so that files from different runs line up."""
+"""Column order of ``metrics.csv``; fixed so that files from different runs line up (a new
+column goes last, so a reader by position keeps working)."""
 
 TOP1_METRICS = ("accuracy", "p_at_1")
 """Held-out qualities where higher is better (``avg_quality``); perplexity is lower-better
@@ -137,6 +139,9 @@ def job_metrics(result: JobResult) -> dict[str, Any]:
     row["quality_samples"] = quality.samples if quality is not None else None
     row["quality_p_at_5"] = quality.p_at_5 if quality is not None else None
     row["quality_note"] = result.quality_note
+    # a job that trained to its end on a loss of nan is "done" (other code reads that
+    # status); this is the per-job field a CI check reads to fail it
+    row["diverged"] = result.diverged_at is not None
     return clean(row)
 
 

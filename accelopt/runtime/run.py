@@ -90,6 +90,7 @@ from accelopt.runtime.resume_target import (
 )
 from accelopt.runtime.run_dir import OUTPUT_NAMES, claim, release
 from accelopt.telemetry import TelemetrySampler
+from accelopt.telemetry.sampler import MIN_INTERVAL_S
 from accelopt.types import RunInfo
 from accelopt.watchdog import watching
 
@@ -253,8 +254,13 @@ def _validate_settings(cfg: DictConfig) -> list[str]:
 
         validate_cluster(cfg, settings_from(cfg.cluster))
     # finite: nan passes a "<= 0" check, and a sampler or watchdog waiting inf seconds fails
-    positive_number(float(cfg.run.telemetry_interval_s), "run.telemetry_interval_s",
-                    "seconds between samples", MAX_TIMEOUT_S)
+    interval = positive_number(float(cfg.run.telemetry_interval_s), "run.telemetry_interval_s",
+                               "seconds between samples", MAX_TIMEOUT_S)
+    if interval < MIN_INTERVAL_S:
+        raise ConfigError(f"run.telemetry_interval_s must be at least {MIN_INTERVAL_S:g} (CPU "
+                          f"time is counted in ~10 ms ticks: shorter intervals read 0% or "
+                          f"thousands of percent), got {cfg.run.telemetry_interval_s}; set "
+                          f"run.telemetry_interval_s={MIN_INTERVAL_S:g} or more")
     if float(cfg.run.hook_watchdog_s) != 0:
         positive_number(float(cfg.run.hook_watchdog_s), "run.hook_watchdog_s",
                         "seconds a hook call may run before a warning; 0: off", MAX_TIMEOUT_S)
@@ -348,50 +354,77 @@ def _execute_local(cfg: DictConfig, run_dir: Path, registry: Registry, console: 
     if resume_from is not None:
         record.metrics["resumed_from"] = str(resume_from)
     started = time.perf_counter()
-    with progress:
-        for job in jobs:
-            progress.add_job(job.info.job_id, job.info.name, job.info.iterations)
-            if job.iteration:
-                progress.advance(job.info.job_id, job.iteration)
-        try:
-            with watching(plugins.hook_code, float(cfg.run.hook_watchdog_s)):
-                results = executor.run()
-        except BaseException as exc:
+    results: list[JobResult] | None = None  # set once every job has ended
+    writing = False  # the outputs are being written: what stops them keeps what they wrote
+    try:
+        with progress:
+            for job in jobs:
+                progress.add_job(job.info.job_id, job.info.name, job.info.iterations)
+                if job.iteration:
+                    progress.advance(job.info.job_id, job.iteration)
+            try:
+                with watching(plugins.hook_code, float(cfg.run.hook_watchdog_s)):
+                    results = executor.run()
+            except BaseException as exc:
+                record.telemetry = sampler.stop()
+                record.duration_s = time.perf_counter() - started
+                record.jobs = [result for _info, result, _busy in executor.snapshot()]
+                record.spans = _local_spans(executor, hook_calls)
+                # a hook's refusal mid-run, or any error once the clock ran: jobs had started
+                started = raised_by_hook(exc) or executor.clock_started is not None
+                _keep_evidence(record, run_dir, exc, started=started)
+                raise
             record.telemetry = sampler.stop()
-            record.duration_s = time.perf_counter() - started
-            record.jobs = [result for _info, result, _busy in executor.snapshot()]
+        record.duration_s = time.perf_counter() - started
+        if cfg.run.profile and executor.clock_started is not None:
+            # in duration_s, not in any job's times: say how much of it there was
+            record.metrics["profiling_s"] = executor.clock_started - started
+        with drawing_process() as renderer:  # imports matplotlib while the jobs are scored
+            record.telemetry_note = sampler.note
+            record.jobs = results
+            for job, result in zip(jobs, results, strict=True):
+                score_result(result, job.spec, job.model, job.dataset, job.device)
             record.spans = _local_spans(executor, hook_calls)
-            # a hook's refusal mid-run, or any error once the clock ran: jobs had started
-            started = raised_by_hook(exc) or executor.clock_started is not None
-            _keep_evidence(record, run_dir, exc, started=started)
-            raise
-        record.telemetry = sampler.stop()
-    record.duration_s = time.perf_counter() - started
-    if cfg.run.profile and executor.clock_started is not None:
-        # in duration_s, not in any job's times: say how much of it there was
-        record.metrics["profiling_s"] = executor.clock_started - started
-    with drawing_process() as renderer:  # imports matplotlib while the jobs are scored
-        record.telemetry_note = sampler.note
-        record.jobs = results
-        for job, result in zip(jobs, results, strict=True):
-            score_result(result, job.spec, job.model, job.dataset, job.device)
-        record.spans = _local_spans(executor, hook_calls)
-        lifecycle.update(jobs)
-        record.info = lifecycle.info
-        try:
-            record.plugin_rows = with_placeholders(lifecycle.merged_rows(), plugins.names)
-            lifecycle.end(run_metrics(record))
-        except PluginHookError as exc:
-            # every job has ended: a plugin raising in its report rows or at run end stops
-            # the run, but its results are written first (they used to be lost with it)
-            record.metrics["error"] = error_line(exc)
-            record.plugin_rows = record.plugin_rows or (
-                stopped_report(plugins.names, exc.plugin, error_line(exc))
-                if exc.hook == "accelopt_report_rows" else with_placeholders([], plugins.names))
+            lifecycle.update(jobs)
+            record.info = lifecycle.info
+            try:
+                record.plugin_rows = with_placeholders(lifecycle.merged_rows(), plugins.names)
+                lifecycle.end(run_metrics(record))
+            except PluginHookError as exc:
+                # every job has ended: a plugin raising in its report rows or at run end
+                # stops the run, but its results are written first (they used to be lost)
+                record.metrics["error"] = error_line(exc)
+                record.plugin_rows = record.plugin_rows or (
+                    stopped_report(plugins.names, exc.plugin, error_line(exc))
+                    if exc.hook == "accelopt_report_rows"
+                    else with_placeholders([], plugins.names))
+                writing = True
+                _write_and_render(record, run_dir, console, refs, renderer)
+                raise
+            writing = True
             _write_and_render(record, run_dir, console, refs, renderer)
-            raise
-        _write_and_render(record, run_dir, console, refs, renderer)
+    except BaseException as exc:
+        if results is not None and not writing:
+            # every job had ended: a Ctrl-C or SIGTERM (or an error) before the outputs
+            # were written still writes the jobs' results (it used to leave only
+            # config.yaml, the log and the weights)
+            record.duration_s = record.duration_s or time.perf_counter() - started
+            _keep_finished(record, results, executor, hook_calls, run_dir, exc)
+        raise
     return record
+
+
+def _keep_finished(record: RunRecord, results: list[JobResult], executor: Executor,
+                   hook_calls: HookTrace, run_dir: Path, exc: BaseException) -> None:
+    """Keep the evidence of a run stopped after every job had ended, before its outputs
+    were written: the jobs' results (each not yet scored says so), the timeline, and the
+    error in ``summary.error``."""
+    record.jobs = results
+    record.spans = record.spans or _local_spans(executor, hook_calls)
+    for result in results:  # scored already, or a note saying why not: kept as it is
+        if result.quality is None and not result.quality_note:
+            result.quality_note = f"not scored: {error_line(exc)} before it was scored"
+    _keep_evidence(record, run_dir, exc, started=True)
 
 
 def _execute_cluster(cfg: DictConfig, run_dir: Path, registry: Registry, console: Console,

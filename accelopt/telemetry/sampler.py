@@ -18,6 +18,12 @@ import psutil
 from accelopt.errors import first_line
 from accelopt.records import TelemetrySample
 
+MIN_INTERVAL_S = 0.05
+"""The shortest ``run.telemetry_interval_s`` a run accepts: the operating system counts a
+process's CPU time in ticks of about 10 ms, so over a shorter interval psutil's CPU share
+reads 0% or thousands of percent (1e-6 s gave 0% and 9427%); over 50 ms a tick is at most
+20 points of a core."""
+
 
 def _short(exc: BaseException) -> str:
     """First line of an error, capped: the note must stay one line."""

@@ -1,0 +1,84 @@
+"""What a CI step reads from a run: its outputs after a stop, its exit code, its per-job
+records."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from accelopt.testing import run_workload
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.mark.parametrize("where", ["drawing_process", "score_result", "end"])
+def test_a_stop_after_every_job_ended_still_writes_their_results(tmp_path: Path, monkeypatch,
+                                                                 where):
+    """SIGTERM (or Ctrl-C) once every job had ended, while they were scored: the run left
+    only config.yaml, its log and the weights, and its last line was a bare "terminated"."""
+    import accelopt.runtime.run as run
+    from accelopt.cli.hydra_run import stopped_line
+    from accelopt.errors import Terminated
+    from accelopt.runtime.run import Lifecycle
+
+    def stop(*_args, **_kwargs):
+        raise Terminated()
+
+    if where in ("drawing_process", "score_result"):  # its start; the jobs' scoring
+        monkeypatch.setattr(run, where, stop)
+    else:
+        monkeypatch.setattr(Lifecycle, "end", stop)  # the plugins' run end
+    with pytest.raises(Terminated):
+        run_workload([], ["run.compare=none"], tmp_path=tmp_path)
+    (run_dir,) = [p for p in tmp_path.iterdir() if (p / "metrics.json").is_file()]
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert [j["status"] for j in metrics["jobs"]] == ["done", "done"]
+    assert all(j["iterations"] > 0 and j["losses"] for j in metrics["jobs"])
+    assert metrics["summary"]["error"] == "terminated (SIGTERM)"
+    assert (run_dir / "metrics.csv").is_file() and (run_dir / "trace.json").is_file()
+    if where != "end":
+        assert all("not scored: terminated (SIGTERM)" in j["quality_note"]
+                   for j in metrics["jobs"])
+    line = stopped_line("terminated (SIGTERM)", run_dir)
+    assert line.startswith("terminated (SIGTERM) after its jobs ended (all 2 job(s) done)")
+    assert str(run_dir) in line
+
+
+@pytest.mark.parametrize("order", [(1, 3), (3, 1)])
+def test_a_sweeps_exit_code_is_its_most_severe_runs_whatever_their_order(
+        tmp_path: Path, monkeypatch, capsys, order):
+    """A point whose plugin crashed (exit 1) and one whose job diverged (exit 3): the sweep
+    exited with the last failing point's code (3 or 1 by their order) and its closing line
+    named only the first point's reason."""
+    import accelopt.runtime.run as run
+    from accelopt.cli.main import dispatch
+    from accelopt.errors import AccelOptError, JobsUnfinished
+
+    errors = {1: AccelOptError("plugin 'boom' raised in hook accelopt_run_start: ValueError"),
+              3: JobsUnfinished("1 of 2 jobs diverged")}
+
+    def execute(cfg, **_kwargs):
+        raise errors[order[int(cfg.run.seed) - 1]]
+
+    monkeypatch.setattr(run, "execute", execute)
+    monkeypatch.chdir(tmp_path)
+    code = dispatch(["run", "-m", "workload=tiny", "run.progress=false", "run.seed=1,2",
+                     f"hydra.sweep.dir={tmp_path / 'sweep'}"], False)
+    assert code == 1  # a crash outranks jobs that did not complete, in either order
+    closing = capsys.readouterr().err.strip().splitlines()[-1]
+    assert closing == (
+        f"error: 2 of 2 runs of the sweep failed: #0, #1 (#{order.index(1)}: {errors[1]}; "
+        f"#{order.index(3)}: {errors[3]}); 1 exit 1 (a plugin raised, or an internal error), "
+        "1 exit 3 (jobs failed, were rejected or diverged); the sweep exits 1, the most severe")
+
+
+def test_the_sweeps_exit_code_ranks_a_crash_over_a_mistake_over_unfinished_jobs():
+    from accelopt.cli.hydra_run import most_severe, sweep_failures
+
+    assert most_severe([0, 3, 2, 0]) == 2 and most_severe([3, 1, 2]) == 1
+    assert most_severe([0, 0]) == 0 and most_severe([3, 3]) == 3
+    # one reason: the line as it always was
+    assert sweep_failures(["", "x", "y"], [0, 3, 3]) == (
+        "2 of 3 runs of the sweep failed: #1, #2 (#1: x)")
