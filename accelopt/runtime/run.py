@@ -371,8 +371,8 @@ def _execute_local(cfg: DictConfig, run_dir: Path, registry: Registry, console: 
                 record.jobs = [result for _info, result, _busy in executor.snapshot()]
                 record.spans = _local_spans(executor, hook_calls)
                 # a hook's refusal mid-run, or any error once the clock ran: jobs had started
-                started = raised_by_hook(exc) or executor.clock_started is not None
-                _keep_evidence(record, run_dir, exc, started=started)
+                jobs_started = raised_by_hook(exc) or executor.clock_started is not None
+                _keep_evidence(record, run_dir, exc, started=jobs_started)
                 raise
             record.telemetry = sampler.stop()
         record.duration_s = time.perf_counter() - started
