@@ -82,3 +82,33 @@ def test_the_sweeps_exit_code_ranks_a_crash_over_a_mistake_over_unfinished_jobs(
     # one reason: the line as it always was
     assert sweep_failures(["", "x", "y"], [0, 3, 3]) == (
         "2 of 3 runs of the sweep failed: #1, #2 (#1: x)")
+
+
+def test_a_sweep_stopped_midway_says_which_points_ended_and_which_never_ran(
+        tmp_path: Path, monkeypatch, capsys):
+    """Ctrl-C in a sweep's second point: the line spoke of that point only ("run it again for
+    the rest"), not of the points before it (kept) or after it (never run), and a rerun into
+    the same sweep directory is refused as taken."""
+    import accelopt.runtime.run as run
+    from accelopt.cli.main import dispatch
+    from accelopt.errors import JobsUnfinished
+
+    def execute(cfg, **_kwargs):
+        if int(cfg.run.seed) == 1:
+            raise JobsUnfinished("1 of 2 jobs diverged")  # it ended (its outputs kept)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(run, "execute", execute)
+    monkeypatch.chdir(tmp_path)
+    sweep = tmp_path / "sweep"
+    try:
+        code = dispatch(["run", "-m", "workload=tiny", "run.progress=false", "run.seed=1,2,3",
+                         f"hydra.sweep.dir={sweep}"], False)
+    except SystemExit as stop:
+        code = stop.code
+    assert code == 130
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.endswith(
+        f"interrupted (Ctrl-C); the sweep stopped at point #1: point #0 ended before it (kept "
+        f"in {sweep}), and the points after it did not run: run them with a new "
+        "hydra.sweep.dir (a directory holding a sweep's runs is not written into again)"), last

@@ -485,6 +485,9 @@ def run_hydra(args: list[str], registry: Registry, debug: bool) -> int:
             error = f"error: {error_line(exc)}"  # "interrupted (Ctrl-C)", not "KeyboardInterrupt: "
             line = stopped_line(error_line(exc), run_dir) \
                 if isinstance(exc, KeyboardInterrupt) else ""
+            if isinstance(exc, KeyboardInterrupt) and HydraConfig.get().mode.name == "MULTIRUN":
+                line = (line or error.removeprefix("error: ")) + interrupted_sweep_note(
+                    len(runs) - 1, Path(HydraConfig.get().sweep.dir))
             if line:
                 # Ctrl-C, SIGTERM: the outputs so far are kept; the line says where (a bare
                 # "interrupted" left a user to look for them, and to guess about resuming)
@@ -510,6 +513,19 @@ def run_hydra(args: list[str], registry: Registry, debug: bool) -> int:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
     return exit_code
+
+
+def interrupted_sweep_note(point: int, sweep_dir: Path) -> str:
+    """What a Ctrl-C or SIGTERM in sweep point ``point`` leaves of the sweep, said after
+    the point's own line: which points had ended (kept), and that the later ones never ran
+    and how to run them (the line spoke of the current point only, "run it again for the
+    rest", and a rerun into the same directory is refused as taken)."""
+    before = ("no point before it had run" if point == 0 else
+              f"point{'s' if point > 1 else ''} #0{f'-#{point - 1}' if point > 1 else ''} "
+              f"ended before it (kept in {sweep_dir})")
+    return (f"; the sweep stopped at point #{point}: {before}, and the points after it did "
+            "not run: run them with a new hydra.sweep.dir (a directory holding a sweep's "
+            "runs is not written into again)")
 
 
 def stopped_line(error: str, run_dir: Path) -> str:
