@@ -86,14 +86,16 @@ def test_gradcomm_ratio_is_wire_against_wire_at_three_ranks(tmp_path):
 @needs_root
 def test_three_rank_bytes_match_the_kernels_counters(tmp_path, own_namespaces):  # noqa: F811
     """On a shaped loopback the kernel counts what really left: the transport's figure is
-    within a few percent of it (TCP/IP headers and ACKs add; the kernel's count of a run
-    has been 2.3% under the transport's in some runs), dense and gathered alike. Counting
-    the buffers handed to gloo instead read 1.36 here (the ring sends 4/3 of them)."""
+    within a few percent of it, dense and gathered alike (TCP/IP headers and ACKs add; the
+    kernel's count has read from 6.6% under the transport's, under a full test suite's
+    load, to 1% over: the transport's is the algorithm's count, per iteration past the
+    warm-up). Counting the buffers handed to gloo instead read 1.36 here (the ring sends 4/3
+    of them), and 2.04 for the gathered run."""
     cfg = make_cfg(iterations=5, width=128, **{"network.bandwidth": "200mbit"})
     dense = run_cluster(cfg, run_dir=tmp_path / "dense").metrics
     cfg.plugins = {"gradcomm": {"sparsify": "topk", "density": 0.1}}
     sparse = run_cluster(cfg, run_dir=tmp_path / "sparse").metrics
     for m in (dense, sparse):
         ratio = m["wire_bytes_per_iteration"] / m["bytes_per_iteration"]
-        assert 0.95 <= ratio < 1.08, ratio
+        assert 0.9 <= ratio < 1.1, ratio
     assert not still_there(own_namespaces)

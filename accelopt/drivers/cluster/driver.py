@@ -74,6 +74,9 @@ class ClusterDriver:
         self.schedule: list[dict[str, Any]] = []
         self.statuses: dict[str, tuple[str, str]] = {}
         self._ended_jobs: dict[str, dict[str, Any]] = {}
+        self._ended_lock = threading.Lock()
+        """Held while ``_ended_jobs`` changes and is written: lanes end and switch jobs on
+        threads of their own, and two writing ``ended.json`` at once failed the run."""
         self.train_t0: float | None = None
         self._broadcast = threading.Lock()
         self._ids = list(self.jobs)
@@ -122,28 +125,30 @@ class ClusterDriver:
         arrived = dataclasses.replace(
             result, job=dataclasses.replace(
                 job.info, arrival_s=(self.train_t0 or 0.0) + job.info.arrival_s))
-        self._ended_jobs[job.info.job_id] = {
-            "status": result.status, "error": result.error,
-            "iterations": result.iterations_done, "jct_s": arrived.jct_s,
-            "queueing_s": arrived.queueing_s, "service_s": part.service_s(),
-            "samples": result.iterations_done * job.info.batch_size,
-            "train_t0": self.train_t0}  # the stopped run's times go on the trace's clock
-        self._record()
+        with self._ended_lock:
+            self._ended_jobs[job.info.job_id] = {
+                "status": result.status, "error": result.error,
+                "iterations": result.iterations_done, "jct_s": arrived.jct_s,
+                "queueing_s": arrived.queueing_s, "service_s": part.service_s(),
+                "samples": result.iterations_done * job.info.batch_size,
+                "train_t0": self.train_t0}  # the stopped run's times go on the trace's clock
+            self._record()
 
     def _switched(self, job_id: str) -> None:
         """The leader switches to ``job_id``: the job it leaves and the one it takes are
         recorded with the iterations they have run (the one taken marked ``current``), so a
         run stopped later tells how far each unfinished job got (a rank's progress file
         holds only the iteration it is in, of whichever job)."""
-        for other, current in ((self._current, False), (job_id, True)):
-            if other is None or self._ended_jobs.get(other, {}).get("status", "running") \
-                    != "running":
-                continue
-            self._ended_jobs[other] = {"status": "running", "current": current,
-                                       "iterations": self.jobs[other].job.iteration,
-                                       "train_t0": self.train_t0}
-        self._current = job_id
-        self._record()
+        with self._ended_lock:
+            for other, current in ((self._current, False), (job_id, True)):
+                if other is None or self._ended_jobs.get(other, {}).get(
+                        "status", "running") != "running":
+                    continue
+                self._ended_jobs[other] = {"status": "running", "current": current,
+                                           "iterations": self.jobs[other].job.iteration,
+                                           "train_t0": self.train_t0}
+            self._current = job_id
+            self._record()
 
     def _record(self) -> None:
         if self.progress is not None:

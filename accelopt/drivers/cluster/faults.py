@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from accelopt.atomic import atomic_open
 from accelopt.errors import (
     AccelOptError,
     JobsUnfinished,
@@ -212,10 +213,10 @@ ENDED_FILE = "ended.json"
 def record_ended(workdir: str | os.PathLike[str], ended: dict[str, dict[str, Any]]) -> None:
     """The leader's record of the jobs that have ended (rewritten whole, atomically, at
     each job's end): if a later job stops the run, the launcher still knows which had
-    finished, and their evidence says so instead of failing every job."""
-    tmp = Path(workdir) / f".{ENDED_FILE}.tmp"
-    tmp.write_text(json.dumps(ended))
-    os.replace(tmp, Path(workdir) / ENDED_FILE)
+    finished, and their evidence says so instead of failing every job. A temp file of its
+    own per write: one fixed name, renamed by one writer, was gone for the other."""
+    with atomic_open(Path(workdir) / ENDED_FILE, durable=False) as fh:
+        fh.write(json.dumps(ended))
 
 
 def read_ended(workdir: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
