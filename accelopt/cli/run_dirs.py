@@ -101,10 +101,10 @@ def claim_named_run_dir(args: list[str]) -> Path | None:
     if any(a in ("-m", "--multirun") or a.split("=")[0] in HYDRA_PASSTHROUGH_FLAGS
            for a in args):
         return None
-    named = [a.split("=", 1)[1] for a in args if a.lstrip("+").startswith("hydra.run.dir=")]
-    if not named or "$" in named[-1]:
+    named = named_dir(args, "hydra.run.dir")
+    if named is None or "$" in named:
         return None
-    run_dir = Path(named[-1])
+    run_dir = Path(named)
     claim(run_dir, shared=under_torchrun())
     return run_dir
 
@@ -171,7 +171,7 @@ def secondary_rank_dir(args: list[str], env: dict[str, str] | None = None) -> st
     env = dict(os.environ) if env is None else env
     if not under_torchrun(env) or env["RANK"] == "0":
         return None
-    if any(a.lstrip("+").startswith("hydra.run.dir=") for a in args):
+    if named_dir(args, "hydra.run.dir") is not None:
         return None
     return tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{env['RANK']}-")
 
