@@ -112,3 +112,34 @@ def test_a_sweep_stopped_midway_says_which_points_ended_and_which_never_ran(
         f"interrupted (Ctrl-C); the sweep stopped at point #1: point #0 ended before it (kept "
         f"in {sweep}), and the points after it did not run: run them with a new "
         "hydra.sweep.dir (a directory holding a sweep's runs is not written into again)"), last
+
+
+def test_a_sweep_names_the_runs_whose_plugins_changed_nothing(tmp_path: Path, monkeypatch,
+                                                               capsys):
+    """A CI smoke sweep over plugin sets: a run whose plugin's rows all say inert passed as
+    that plugin passing, though it exercised nothing of it, and nothing after the tables said
+    so."""
+    from types import SimpleNamespace
+
+    import accelopt.runtime.run as run
+    from accelopt.cli.main import dispatch
+    from accelopt.types import INERT, ReportRow
+
+    rows = {1: [], 2: [ReportRow("idle", "nothing to do", {INERT: 1})],
+            3: [ReportRow("busy", "did it", {}), ReportRow("idle", "nothing", {INERT: 1})]}
+    plugins = {1: (), 2: ("idle",), 3: ("busy", "idle")}
+
+    def execute(cfg, **_kwargs):
+        seed = int(cfg.run.seed)
+        return SimpleNamespace(info=SimpleNamespace(plugins=plugins[seed]), plugin_rows=rows[seed],
+                               jobs=[])
+
+    monkeypatch.setattr(run, "execute", execute)
+    monkeypatch.chdir(tmp_path)
+    code = dispatch(["run", "-m", "workload=tiny", "run.progress=false", "run.seed=1,2,3",
+                     f"hydra.sweep.dir={tmp_path / 'sweep'}"], False)
+    assert code == 0  # a note, not a failure: the runs did what they were asked
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == ("note: 2 of 3 runs of the sweep had plugins that changed nothing in them "
+                    "(their report rows say inert): #1 [idle], #2 [idle]; those runs test "
+                    "nothing of those plugins on this workload")

@@ -64,6 +64,7 @@ from accelopt.plugin import Registry, resolve
 from accelopt.report.console import default_console
 from accelopt.report.summary import diverged_text
 from accelopt.report.writer import METRICS_CSV, METRICS_JSON, TIMELINE_PNG, TRACE_JSON
+from accelopt.runtime.compare import inert_plugins
 from accelopt.runtime.resume_target import (
     HONOURED,
     finished,
@@ -401,12 +402,6 @@ def write_log(run_dir: Path, console: Any, error: str) -> None:
                   file=sys.stderr)
 
 
-
-
-
-
-
-
 def run_hydra(args: list[str], registry: Registry, debug: bool) -> int:
     """Hand the command line to Hydra (single run or ``-m`` multirun)."""
     import hydra
@@ -418,6 +413,8 @@ def run_hydra(args: list[str], registry: Registry, debug: bool) -> int:
     """Each run's error line ("" when it succeeded), for a sweep's closing line."""
     codes: list[int] = []
     """Each run's exit code (0 when it succeeded), for a sweep's exit code and closing line."""
+    inert: list[list[str]] = []
+    """Each run's plugins that changed nothing in it, for a sweep's closing note."""
     written: dict[str, int] = {}
     """A sweep's directories so far, each with the number of the run that wrote it."""
     scratch = secondary_rank_dir(args)
@@ -432,6 +429,7 @@ def run_hydra(args: list[str], registry: Registry, debug: bool) -> int:
 
         runs.append("")
         codes.append(0)
+        inert.append([])
 
         run_dir = Path(HydraConfig.get().runtime.output_dir)
         if HydraConfig.get().mode.name == "MULTIRUN":  # sweep_settings.py
@@ -449,6 +447,7 @@ def run_hydra(args: list[str], registry: Registry, debug: bool) -> int:
         error = ""
         try:
             record = execute(cfg, run_dir=run_dir, registry=registry, console=console)
+            inert[-1] = inert_plugins(record.info.plugins, record.plugin_rows)
             unfinished = unfinished_jobs(record, run_dir)
             if unfinished:
                 raise JobsUnfinished(unfinished)
@@ -502,6 +501,9 @@ def run_hydra(args: list[str], registry: Registry, debug: bool) -> int:
     try:
         with mode_from_the_command_line(args):
             task()
+        note = sweep_inert_note(inert)
+        if note:
+            print(f"note: {note}", file=sys.stderr)
         closing = sweep_failures(runs, codes)
         if closing:
             print(f"error: {closing}", file=sys.stderr)
@@ -600,6 +602,21 @@ def most_severe(codes: Sequence[int]) -> int:
     one (:data:`EXIT_REASONS`), 0 when every run succeeded."""
     failed = [c for c in codes if c]
     return min(failed, key=_severity) if failed else 0
+
+
+def sweep_inert_note(inert: Sequence[Sequence[str]]) -> str:
+    """A sweep's note naming the runs some of whose plugins changed nothing in them (their
+    report rows say ``inert``), or ``""`` when none did (or it was one run, whose own report
+    said so): a CI smoke sweep over plugin sets counted such a run as the plugin passing,
+    where it exercised nothing of it."""
+    idle = [(k, names) for k, names in enumerate(inert) if names]
+    if len(inert) < 2 or not idle:
+        return ""
+    shown = ", ".join(f"#{k} [{', '.join(names)}]" for k, names in idle[:10])
+    more = ", ..." if len(idle) > 10 else ""
+    return (f"{len(idle)} of {len(inert)} runs of the sweep had plugins that changed nothing "
+            f"in them (their report rows say inert): {shown}{more}; those runs test nothing "
+            "of those plugins on this workload")
 
 
 def sweep_failures(errors: Sequence[str], codes: Sequence[int] = ()) -> str:
