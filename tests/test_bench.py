@@ -702,3 +702,33 @@ def test_the_min_max_column_is_never_cut(tmp_path):
             assert "0.0118-0.012 " in shown and "0.0118-0.0125" in shown, shown
         else:
             assert "0.0118-" in shown and "0.0125" in shown, shown
+
+
+def test_the_quality_column_of_a_language_model_bench_is_its_perplexity(tmp_path):
+    """A bench of a language model said "no run scored a training job on a held-out set"
+    and left the quality column empty, though every run had scored its perplexity: a plugin
+    that cost perplexity (131 -> 168) showed only its speed."""
+    from rich.console import Console
+
+    from accelopt.bench.runner import with_quality
+
+    plan = [(-1, [], True), (-1, ["gradcomm"], True), (0, [], False), (0, ["gradcomm"], False)]
+    for n, (_repeat, plugins, _warmup) in enumerate(plan):
+        run = tmp_path / str(n)
+        run.mkdir()
+        ppl = 131.4 if not plugins else 168.0
+        (run / "metrics.json").write_text(json.dumps({
+            "run": {"plugins": plugins}, "summary": {},
+            "jobs": [{"quality": ppl, "quality_metric": "perplexity"}]}))
+    context = {"quality": "top1"}
+    said = io.StringIO()
+    results = with_quality([SetResult((), (1.0,)), SetResult(("gradcomm",), (0.5,))], tmp_path,
+                           plan, Console(file=said), context=context)
+    assert [r.quality for r in results] == [(131.4,), (168.0,)]
+    assert context["quality"] == "perplexity" and "no run scored" not in said.getvalue()
+    report = render_markdown(summarize(results, "duration_s"), {
+        "command": "accelopt bench", "metric": "duration_s", "higher_is_better": False,
+        "repeats": 1, "machine": "m", "python": "3", "settings": "", "sweep_s": 1.0,
+        **context})
+    assert "perplexity (median)" in report and "168.0000" in report
+    assert "held-out perplexity of each run's language models (lower is better)" in report

@@ -117,9 +117,11 @@ def render_markdown(summary: Sequence[SetSummary], context: dict[str, Any]) -> s
         "",
     ]
     if context.get("quality"):
-        lines[-1:-1] = [f"{context['quality']}: held-out top-1 of each run's saved weights "
-                        "(accuracy; P@1 for multi-label data), median over the repeats; not "
-                        "part of the gain.", ""]
+        what = ("held-out perplexity of each run's language models (lower is better)"
+                if context["quality"] == "perplexity" else "held-out top-1 of each run's "
+                "saved weights (accuracy; P@1 for multi-label data)")
+        lines[-1:-1] = [f"{context['quality']}: {what}, median over the repeats; not part of "
+                        "the gain.", ""]
     return "\n".join(lines)
 
 

@@ -44,7 +44,7 @@ from accelopt.bench.analysis import (
     higher_is_better,
     summarize,
 )
-from accelopt.bench.evaluate import EVAL_METRIC, evaluate_run
+from accelopt.bench.evaluate import EVAL_METRIC, PERPLEXITY, evaluate_run
 from accelopt.bench.render import render_markdown, render_png, render_table
 from accelopt.errors import JobsUnfinished, UserError, first_line, listed
 from accelopt.plugin import Registry, resolve, valid_combinations
@@ -73,7 +73,8 @@ def parse_args(args: list[str]) -> argparse.Namespace:
     parser.add_argument("--out", default="", help="output directory (default: runs/bench/<time>)")
     parser.add_argument("--no-eval", dest="eval", action="store_false",
                         help="leave out the quality column (each run's held-out top-1: "
-                        "accuracy, or P@1 for multi-label data, as the run scored it)")
+                        "accuracy, or P@1 for multi-label data, as the run scored it; the "
+                        "perplexity of runs that train language models only)")
     parser.add_argument("--eval", dest="eval", action="store_true",
                         help=argparse.SUPPRESS)  # the default; kept for old command lines
     parser.add_argument("--reanalyze", action="store_true",
@@ -326,7 +327,8 @@ def _report_runs(out: Path, context: dict[str, Any], plan: list[tuple[int, list[
     results, left_out = collect(out / "runs", context["metric"], plan, skip)
     context["left_out"] = left_out
     if context.get("quality"):
-        results = with_quality(results, out / "runs", plan, console, skip=skip)
+        results = with_quality(results, out / "runs", plan, console, skip=skip,
+                               context=context)
     report(results, context, plan, out, console, name)
     if not left_out:
         return 0
@@ -665,16 +667,22 @@ def inert_in_run(data: dict[str, Any]) -> set[str]:
 
 def with_quality(results: list[SetResult], runs_dir: Path,
                  plan: list[tuple[int, list[str], bool]], console: Console,
-                 skip: set[int] | frozenset[int] = frozenset()) -> list[SetResult]:
-    """Attach each set's held-out top-1 scores, one per measured run (as each run scored
-    its trained jobs, ``accelopt/job/quality.py``)."""
-    scores: dict[tuple[str, ...], list[float]] = defaultdict(list)
+                 skip: set[int] | frozenset[int] = frozenset(),
+                 context: dict[str, Any] | None = None) -> list[SetResult]:
+    """Attach each set's held-out quality, one score per measured run (as each run scored
+    its trained jobs, ``accelopt/job/quality.py``): top-1, or the perplexity of runs that
+    train language models only, which ``context["quality"]`` then names."""
+    scores: dict[str, dict[tuple[str, ...], list[float]]] = defaultdict(lambda: defaultdict(list))
     for path in _measured(runs_dir, plan, skip):
         plugins = tuple(read_run(path)["run"]["plugins"])
-        value = evaluate_run(path.parent)
-        if value is not None:
-            scores[plugins].append(value)
+        scored = evaluate_run(path.parent)
+        if scored is not None:
+            scores[scored[0]][plugins].append(scored[1])
     if not scores:
         console.print("quality: no run scored a training job on a held-out set (inference "
                       "workloads and evaluate: false are not scored)")
-    return [replace(r, quality=tuple(scores.get(r.plugins, ()))) for r in results]
+    column = EVAL_METRIC if EVAL_METRIC in scores or not scores else PERPLEXITY
+    if context is not None and scores:
+        context["quality"] = column
+    chosen = scores.get(column, {})
+    return [replace(r, quality=tuple(chosen.get(r.plugins, ()))) for r in results]
