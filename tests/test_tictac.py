@@ -428,6 +428,20 @@ def test_cli_priority_prints_the_order_it_ranks_by_and_names_the_job_it_planned(
     assert capsys.readouterr().out.startswith("# cnn-")
 
 
+def test_cli_names_a_workload_job_without_a_width_by_its_name(capsys):
+    """The header named the plan ``{model}-w{width}``: ``# mlp-wNone`` for a job that sets no
+    width. It is named as a run's plan is, ``{model}-{job}``."""
+    from accelopt.cli.main import dispatch
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert dispatch(["tictac", "order", "workload=single",
+                         "workload.jobs=[{name: m, model: mlp, batch_size: 8, iterations: 2}]",
+                         "plugins.tictac.oracle_runs=1"], False) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("# mlp-m: ") and "None" not in out
+
+
 def test_plan_json_round_trip(tmp_path):
     plan = plan_meta("alexnet", batch=8, kind="infer")
     plan.add("tac")

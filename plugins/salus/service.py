@@ -75,6 +75,24 @@ def default_socket() -> Path:
     return base / "accelopt-salus.sock"
 
 
+SOCKET_PATH_MAX = 107 if sys.platform.startswith("linux") else 103
+"""The longest Unix socket path, in bytes: ``sun_path`` (108 bytes on Linux, 104 on macOS and
+the BSDs) less its terminating NUL."""
+
+
+def check_socket_path(path: Path) -> None:
+    """Refuse, in one line with the fix, a socket path longer than a Unix socket takes.
+
+    Why before any bind or connect: ``socket`` raises a bare ``OSError("AF_UNIX path too
+    long")``, which ``accelopt serve``, ``submit`` and ``status`` reported as a crash of the
+    plugin (and ``serve`` after it had made the socket's directory and lock file)."""
+    size = len(os.fsencode(str(path)))
+    if size > SOCKET_PATH_MAX:
+        raise UserError(f"the socket path {path} is {size} bytes, over the {SOCKET_PATH_MAX}-"
+                        "byte limit of a Unix socket path; pass a shorter --socket or "
+                        "$ACCELOPT_SALUS_SOCKET")
+
+
 @dataclasses.dataclass
 class ServeOptions:
     socket: Path
@@ -87,16 +105,21 @@ class ServeOptions:
 
 
 class Service:
-    """The executor, the salus plugin and the request handlers of one ``accelopt serve``."""
+    """The executor, the salus plugin and the request handlers of one ``accelopt serve``.
+
+    Constructing one checks every option and writes nothing: ``--capacity abc`` or
+    ``--device tpu`` refused after ``<root>/jobs`` was made left an empty root behind. Job
+    directories are made as jobs are submitted (:func:`serve` makes ``<root>/jobs`` once
+    the service starts)."""
 
     def __init__(self, options: ServeOptions) -> None:
         from accelopt_plugins.salus import PLUGIN, SalusConfig
 
         self.options = options
         self.root = options.root
-        # a root the service cannot write is said now, not at the first job's end
+        # a root the service cannot write is said now, not at the first job's end; it is
+        # made by :func:`serve` once every option passed (a refused start leaves nothing)
         refuse_unwritable(self.root / "jobs", "give --root a directory you can write")
-        (self.root / "jobs").mkdir(parents=True, exist_ok=True)
         self.device = pick_device(options.device)
         config = SalusConfig(policy=options.policy, capacity=options.capacity,
                              max_lanes=options.max_lanes, threads=options.threads)
@@ -586,7 +609,9 @@ def serve(options: ServeOptions, ready: Any = print) -> int:
     """Run the service until a shutdown request (or a first SIGTERM/SIGINT) and its jobs
     finish; a second signal stops it now, raising that signal's error (:class:`_Stopper`)."""
     path = options.socket
+    check_socket_path(path)
     _stale_socket(path)  # a file of the user's there: refused before anything is made
+    service = Service(options)  # every option checked, nothing written: a refusal leaves none
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     lock_path = path.with_name(path.name + ".lock")
     lock = _take_lock(lock_path,
@@ -597,7 +622,7 @@ def serve(options: ServeOptions, ready: Any = print) -> int:
     try:
         if _stale_socket(path):
             path.unlink()  # its server is gone (we hold the lock)
-        service = Service(options)  # makes (and checks) the root
+        (options.root / "jobs").mkdir(parents=True, exist_ok=True)  # checked by Service
         # job numbers are per root: two services on other sockets numbering into one root
         # from the same last number, the second wrote over the first's jobs
         root_lock = _take_lock(root_lock_path,
@@ -675,6 +700,7 @@ def _connect(path: Path, timeout_s: float) -> socket.socket:
     with a timeout does not wait for room, and the raw ``BlockingIOError`` reached the
     caller) is tried again for up to :data:`BUSY_RETRY_S` (at most ``timeout_s``), then said
     in one line."""
+    check_socket_path(path)
     deadline = time.monotonic() + min(timeout_s, BUSY_RETRY_S)
     pause = 0.005
     while True:

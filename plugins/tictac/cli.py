@@ -201,7 +201,9 @@ def make_plan(config: TictacConfig, meta: dict[str, str], overrides: list[str]) 
     message, bw = plugin._link()
     from accelopt_plugins.tictac.plan import plan_measured
 
-    return plan_measured(job.model, x, name=f"{spec.model}-w{spec.width}", kind=spec.kind,
+    # named as a run's plan names it (model-job): "-w{width}" printed "wNone" for a job
+    # that sets no width (most models have none)
+    return plan_measured(job.model, x, name=f"{spec.model}-{job.info.job_id}", kind=spec.kind,
                          bytes_per_s=bw, message_s=message,
                          execution=config.execution,  # type: ignore[arg-type]
                          runs=config.oracle_runs, loss=lambda out: job.loss_fn(out, y),
