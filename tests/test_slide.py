@@ -441,7 +441,7 @@ def test_bad_hidden_states_are_one_line_errors_in_every_mode(mode: str, case: st
 @pytest.mark.parametrize(("h_shape", "y", "needle"), [
     ((40, 16), torch.zeros(3, dtype=torch.int64), r"targets of shape \[3\].*\[40, 16\]"),
     ((4, 16), torch.zeros(6, dtype=torch.int64), r"targets of shape \[6\]"),
-    ((2, 3, 16), torch.zeros(3, 2, dtype=torch.int64), r"\[2, 3\] or a padded label matrix"),
+    ((2, 3, 16), torch.zeros(3, 2, dtype=torch.int64), "a sequence model's per-token logits"),
     ((4, 16), torch.zeros(4), "integer label ids, got torch.float32"),
     ((4, 16), torch.full((4,), 300), r"label ids must be in \[0, 300\)"),
 ])
@@ -458,15 +458,17 @@ def test_targets_that_do_not_line_up_with_the_rows_are_one_line_errors(h_shape, 
 
 
 def test_sequence_states_flatten_with_their_targets_and_other_dtypes_are_converted() -> None:
-    """[B, T, d] states with [B, T] targets are the B*T rows with their labels (the loss of
-    the flattened batch, bit for bit); a float64 input trains and gets a float64 gradient."""
+    """[B, T, d] states viewed as [B*T, V] logits with their flattened [B*T] targets are the
+    B*T rows with their labels (the loss of the flattened batch, bit for bit); unflattened
+    they are refused, as dense cross-entropy refuses per-token logits (test_slide_defects).
+    A float64 input trains and gets a float64 gradient."""
     h = torch.randn(2, 3, 16, generator=torch.Generator().manual_seed(5))
     y = torch.randint(300, (2, 3), generator=torch.Generator().manual_seed(6))
-    loss3 = _layer()(h).loss_against(y)
+    loss3 = F.cross_entropy(_layer()(h).view(-1, 300), y.view(-1))
     loss2 = _layer()(h.reshape(6, 16)).loss_against(y.reshape(6))
     assert float(loss3.detach()) == float(loss2.detach())
-    h64 = h.double().requires_grad_(True)
-    _layer()(h64).loss_against(y).backward()
+    h64 = h.reshape(6, 16).double().requires_grad_(True)
+    _layer()(h64).loss_against(y.reshape(6)).backward()
     assert h64.grad is not None and h64.grad.dtype == torch.float64
     assert torch.isfinite(h64.grad).all()
 

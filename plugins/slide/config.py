@@ -142,6 +142,19 @@ def validate(cfg: SlideConfig) -> None:
             f"plugins.slide.max_active={cfg.max_active} is below plugins.slide.min_active="
             f"{cfg.min_active}, so no active set could reach min_active; raise max_active "
             "(0: automatic) or lower min_active")
+    if cfg.rebuild == "decay" and cfg.rebuild_max_period < cfg.rebuild_period:
+        # the cap would make every gap max_period: more rebuilds than fixed, none decaying
+        raise ConfigError(
+            f"plugins.slide.rebuild_max_period={cfg.rebuild_max_period} is below "
+            f"plugins.slide.rebuild_period={cfg.rebuild_period}, so rebuild=decay would "
+            "rebuild more often than rebuild=fixed; raise rebuild_max_period to at least "
+            "rebuild_period")
+    if cfg.sampling == "random" and cfg.topup == "sample" and cfg.min_active < 2:
+        # nothing is retrieved and the top-up stops at min_active: the labels alone
+        raise ConfigError(
+            f"plugins.slide.min_active={cfg.min_active} with sampling=random leaves each "
+            "sample only its labels active (no negative: the loss is 0 and nothing trains); "
+            "set min_active above a sample's label count (e.g. 1000)")
     if cfg.threshold >= cfg.l and cfg.sampling == "threshold":
         raise ConfigError(f"plugins.slide.threshold must be < l ({cfg.l}) or nothing is retrieved")
 

@@ -137,6 +137,31 @@ class SampledLogitsError(UserError, TypeError):
     is the job's status, not blamed on the model's inputs) that is still a ``TypeError``."""
 
 
+class SampledTargetError(UserError, ValueError):
+    """Targets the sampled cross-entropy cannot take where dense cross-entropy would refuse
+    them too (a class id out of range, a sequence's per-token logits): a user error (its one
+    line is the job's status) that is still a ``ValueError``."""
+
+
+SEQUENCE_LOGITS = ("a sequence model's per-token logits; let the model compute its loss "
+                   "(loss=model, called with labels=) or give the dataset a loss_fn")
+"""Why the default loss refuses [B, T, V] logits, in the dense job's words (the core's
+``job_loss`` refuses a dense model's per-token logits with this reason)."""
+
+
+def check_class_ids(y: torch.Tensor, n: int, ignore_index: int) -> None:
+    """Refuse a class id outside ``[0, n)`` that is not ``ignore_index``, as dense
+    ``F.cross_entropy`` does ("Target -1 is out of bounds"). Why: the label matrix of the
+    multi-label loss reads -1 as padding, so a -1 class id became a row with no label,
+    counted in the mean at loss 0, where a dense run refused it."""
+    bad = (y != ignore_index) & ((y < 0) | (y >= n))
+    if bool(bad.any()):
+        raise SampledTargetError(
+            f"slide: label ids must be in [0, {n}) for cross-entropy, got "
+            f"{int(y[bad][0])} (dense cross-entropy refuses it too); give class ids, or "
+            f"mark rows to skip with ignore_index={ignore_index}")
+
+
 class SampledLogitsAttributeError(SampledLogitsError, AttributeError):
     """A tensor method asked of sampled logits (``out.argmax(-1)``): an ``AttributeError``
     too, so that ``getattr(out, name, default)`` and ``hasattr`` still answer."""
@@ -261,19 +286,48 @@ class SlideLogits:
 
     def _cross_entropy(self, target: torch.Tensor, ignore_index: int,
                        reduction: str) -> torch.Tensor:
+        """``F.cross_entropy`` with dense semantics: logits [rows, classes] (a [B, T, V]
+        output is refused, as torch reads its dimension 1 as the classes), rows whose target
+        is ``ignore_index`` dropped, any other id outside the classes refused."""
+        if self.h.dim() > 2:
+            v = self.layer.out_features
+            raise SampledTargetError(
+                f"slide: cross-entropy of logits {tuple(self.shape)} against targets "
+                f"{tuple(getattr(target, 'shape', ()))}: F.cross_entropy takes the classes "
+                f"in dimension 1, so dense logits of this shape are refused too; flatten "
+                f"both first: F.cross_entropy(out.view(-1, {v}), y.view(-1))")
         h, y = align_targets(self.h, target, multi=False)
+        return self._rows_cross_entropy(h, y, ignore_index, reduction)
+
+    def _rows_cross_entropy(self, h: torch.Tensor, y: torch.Tensor, ignore_index: int,
+                            reduction: str) -> torch.Tensor:
+        """The sampled cross-entropy of rows ``h`` [R, d] with one class id each."""
+        check_class_ids(y, self.layer.out_features, ignore_index)
         keep = y != ignore_index
         if not bool(keep.all()):
             h, y = h[keep], y[keep]
         if len(y) == 0:
             return h.sum() * 0.0  # nothing to learn from: a zero loss with a graph
-        loss = SlideLogits(self.layer, h).loss_against(y)
+        loss = self._sampled(h, y)
         return loss * len(y) if reduction == "sum" else loss
 
     def loss_against(self, y: torch.Tensor) -> torch.Tensor:
-        """Softmax over the active set with 1/|y| targets; y is [B] or [B, M] padded with -1
-        (for [..., d] activations: [...] or [..., M], see :func:`align_targets`)."""
+        """Softmax over the active set with 1/|y| targets; y is [B] class ids (dense
+        cross-entropy's: -100 skips a row, any other id outside the classes is refused) or
+        [B, M] label sets padded with -1. A sequence model's [B, T, V] output is refused as
+        the default loss refuses dense per-token logits (:data:`SEQUENCE_LOGITS`)."""
+        if self.h.dim() > 2:
+            shape = tuple(getattr(y, "shape", ()))
+            raise SampledTargetError(
+                f"slide: cross-entropy of logits {tuple(self.shape)} against labels {shape}: "
+                f"{SEQUENCE_LOGITS}")
         h, y = align_targets(self.h, y)
+        if y.dim() == 1:
+            return self._rows_cross_entropy(h, y, -100, "mean")
+        return self._sampled(h, y)
+
+    def _sampled(self, h: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The sampled softmax loss of rows ``h`` [R, d] against ``y`` [R] or [R, M]."""
         if torch.is_grad_enabled() and not h.requires_grad:
             h = h.detach().requires_grad_(True)  # the layer trains in backward: make it run
         loss = _BatchTopupLoss if self.layer.cfg.topup == "batch" else _SlideLoss
@@ -412,7 +466,7 @@ class SlideLinear(nn.Module):
     def reset_stats(self) -> None:
         self.stats = {f"t_{p}": 0.0 for p in PHASES}
         self.stats.update(steps=0, samples=0, active=0, union=0, retrieved=0, rebuilds=0,
-                          checks=0, rehashed=0, inferred=0)
+                          checks=0, rehashed=0, inferred=0, label_only=0)
 
     def summary(self) -> dict[str, float]:
         """Per-step means: active fraction, union of active rows, share of time rebuilding."""
@@ -423,6 +477,7 @@ class SlideLinear(nn.Module):
             "active_fraction": s["active"] / samples / self.out_features,
             "active_per_sample": s["active"] / samples,
             "retrieved_per_sample": s["retrieved"] / samples,
+            "label_only_fraction": s["label_only"] / samples,
             "union_rows_per_batch": s["union"] / steps,
             # the first build's time included; the rows rehashed count rebuilds only
             "rebuild_time_share": s["t_rebuild"] / total if total else 0.0,
@@ -612,9 +667,13 @@ class SlideLinear(nn.Module):
         return hn
 
     def count_forward(self, t0: float, t1: float, t2: float, samples: int, active: int,
-                      retrieved: int) -> None:
-        """Statistics of a training forward: selection from t0 to t1, logits to t2."""
+                      retrieved: int, label_only: int = 0) -> None:
+        """Statistics of a training forward: selection from t0 to t1, logits to t2.
+        ``retrieved``: the retrieved neurons scored (after threshold or top-k, labels not
+        counted); ``label_only``: samples whose active set was only their labels (no
+        negative: a zero loss, nothing learned from them)."""
         st = self.stats
+        st["label_only"] += label_only
         st["t_hash"] += t1 - t0
         st["t_forward"] += t2 - t1
         st["samples"] += samples
@@ -626,6 +685,8 @@ class SlideLinear(nn.Module):
         step: the tail of every training step, whichever loss computed the gradients.
         ``start``: when the optimizer phase began (for the time breakdown)."""
         bias = (self.bias.numpy(), self.m_b.numpy(), self.v_b.numpy()) if self.has_bias else None
+        g = self.grads
+        moved = rows_with_gradient(g.w[:g.count], g.b[:g.count] if self.has_bias else None)
         if not self.has_bias:  # the kernels accumulate a bias gradient regardless: drop it
             self.grads.b[:self.grads.count] = 0.0
         n_rows = self.grads.adam_step(
@@ -635,7 +696,7 @@ class SlideLinear(nn.Module):
         )
         st = self.stats
         st["t_optimizer"] += time.perf_counter() - start
-        st["union"] += n_rows
+        st["union"] += min(moved, n_rows)
         st["steps"] += 1
         self.sched[0] += 1
 
@@ -761,6 +822,34 @@ class SlideLinear(nn.Module):
                 torch.from_numpy(ids).reshape(*lead, k))
 
 
+def rows_with_gradient(w: np.ndarray, b: np.ndarray | None) -> int:
+    """How many packed gradient rows are not all zero (weights, or bias when given). Why
+    not the rows the active sets named: a sample whose active set is only its labels has a
+    zero gradient, and its rows were reported as updated. Only rows with a zero bias
+    gradient are scanned in full (rarely more than those label-only rows)."""
+    if b is None:
+        return int(np.count_nonzero(np.any(w != 0, axis=1)))
+    zero = np.flatnonzero(b == 0)
+    return len(b) - len(zero) + int(np.count_nonzero(np.any(w[zero] != 0, axis=1)))
+
+
+def label_only_samples(n_active: np.ndarray, labels: np.ndarray, extra: int = 0) -> int:
+    """Samples whose active set (``n_active[b]`` own neurons plus ``extra`` shared ones)
+    holds no more neurons than their labels: no negative to push down."""
+    n_lab = (labels >= 0).sum(axis=1) if labels.size else np.zeros(len(n_active), np.int64)
+    return int(np.count_nonzero(n_active + extra <= n_lab))
+
+
+def retrieved_scored(s: dict[str, np.ndarray], batch: int) -> int:
+    """Retrieved neurons that entered the active sets (after threshold or top-k; labels
+    not counted): the fixed part of each set, less its labels. Why not the kernel's
+    ``retrieved``: that counts the tables' candidates before the filter (755 per sample
+    reported while 1 was active)."""
+    width = s["ids"].shape[1]
+    fixed = np.arange(width)[None, :] < s["n_fixed"][:batch, None]
+    return int(np.count_nonzero(fixed & (s["is_label"][:batch] == 0)))
+
+
 def hit_counter_dtype(tables: int) -> type:
     """The narrowest signed integer that counts hits from ``tables`` tables and holds the
     negative markers of :func:`kernels.select_active`: int8 for up to 126 tables. Why: the
@@ -795,8 +884,10 @@ class _SlideLoss(torch.autograd.Function):
         kernels.forward_active(hn, layer.weight.numpy(), layer.bias.numpy(), s["ids"],
                                s["n_active"], s["is_label"], s["n_fixed"], s["offset"],
                                s["logits"], s["dz"], s["loss"])
-        layer.count_forward(t0, t1, time.perf_counter(), hn.shape[0], int(s["n_active"].sum()),
-                            int(s["retrieved"].sum()))
+        batch = hn.shape[0]
+        layer.count_forward(t0, t1, time.perf_counter(), batch, int(s["n_active"].sum()),
+                            retrieved_scored(s, batch),
+                            label_only_samples(s["n_active"][:batch], labels))
         ctx.layer, ctx.h = layer, hn
         return torch.tensor(float(s["loss"].mean(dtype=np.float64)), dtype=h.dtype)
 
@@ -853,7 +944,8 @@ class _BatchTopupLoss(torch.autograd.Function):
         batch = hn.shape[0]
         layer.count_forward(t0, t1, time.perf_counter(), batch,
                             int(s["n_active"].sum()) + batch * len(shared),
-                            int(s["retrieved"].sum()))
+                            int(s["n_active"].sum()),  # own list: retrieved, not shared
+                            label_only_samples(s["n_active"][:batch], labels, len(shared)))
         ctx.layer, ctx.h, ctx.shared, ctx.w_sh, ctx.dz_sh = layer, hn, sh, w_sh, z_sh
         return torch.tensor(float(s["loss"].mean(dtype=np.float64)), dtype=h.dtype)
 

@@ -115,9 +115,12 @@ _PASS_THROUGH = ("view", "reshape", "float", "contiguous")
 """Methods on a layer's output that keep it the model's output (SlideLogits defines them)."""
 
 
-def output_layers(model: nn.Module) -> tuple[set[str], str | None]:
-    """Paths of the modules whose output is (part of) the model's output, and why that is
-    unsure (else None). Why not the last module registered: a model that registers its
+def output_layers(model: nn.Module) -> tuple[set[str], str | None, dict[str, int]]:
+    """Paths of the modules whose output is (part of) the model's output, why that is
+    unsure (else None), and how many times the forward calls each module (empty when it
+    cannot be traced). Why the calls: a wide layer used both as a hidden layer and as the
+    output layer (called twice) cannot be SLIDE's, whose training output is sampled logits
+    for the loss only. Why not the last module registered: a model that registers its
     output layer first (``self.out`` before ``self.inp``) had its wide *hidden* layer
     replaced, and the job failed on the sampled logits. Found by tracing the forward with
     torch.fx; a model fx cannot trace falls back to the last parameterised module
@@ -126,7 +129,11 @@ def output_layers(model: nn.Module) -> tuple[set[str], str | None]:
     try:
         graph = _LeafTracer().trace(model)
     except Exception:  # noqa: BLE001 - untraceable: the registration order decides
-        return _last_registered(model)
+        return (*_last_registered(model), {})
+    calls: dict[str, int] = {}
+    for node in graph.nodes:
+        if node.op == "call_module":
+            calls[str(node.target)] = calls.get(str(node.target), 0) + 1
     found: set[str] = set()
     todo = list(next(n for n in graph.nodes if n.op == "output").all_input_nodes)
     while todo:
@@ -137,7 +144,7 @@ def output_layers(model: nn.Module) -> tuple[set[str], str | None]:
             todo.append(node.args[0])  # type: ignore[arg-type]
         elif node.op == "call_function" and node.target in (tuple, list, dict):
             todo += node.all_input_nodes
-    return found, None
+    return found, None, calls
 
 
 def _last_registered(model: nn.Module) -> tuple[set[str], str | None]:
@@ -176,6 +183,25 @@ def frozen_in(module: nn.Module, kind: str) -> str | None:
             "with its own sparse Adam")
 
 
+def names_of(model: nn.Module, mod: nn.Module) -> list[str]:
+    """Every path under which ``model`` registers ``mod``, first name first: a head
+    registered twice (``self.alias = self.head``) is one module with two names, and
+    ``named_modules`` (and torch.fx) give only the first."""
+    return [p for p, m in model.named_modules(remove_duplicate=False) if m is mod]
+
+
+def own_forward(mod: nn.Module) -> str | None:
+    """Why a wide ``nn.Linear`` subclass stays dense (else None): its class overrides
+    ``forward`` (a cosine classifier, a scaled head), and SLIDE's layer computes
+    ``x @ W.T + b`` only, so replacing it changed the model's outputs (by up to 10 for a
+    cosine head, before any training)."""
+    cls = type(mod)
+    if cls is nn.Linear or cls.forward is nn.Linear.forward:
+        return None
+    return (f"{cls.__name__} subclasses nn.Linear with its own forward, which SLIDE's layer "
+            "(x @ W.T + b) would not compute")
+
+
 class SlidePlugin:
     """Replaces wide output layers at build time and reports what the layers did."""
 
@@ -197,6 +223,8 @@ class SlidePlugin:
         self.own_loops: set[str] = set()
         """Jobs of ``accelopt.attach``: the user's loop steps their optimizer, so a scheduler
         there never reaches the SLIDE layers (which update themselves, in backward)."""
+        self.aliases: dict[tuple[str, str], str] = {}
+        """(job, path) of a replaced layer registered under more names -> the row's note."""
         self.ties: dict[tuple[str, str], str] = {}
         """(job, path) of a replaced layer whose weight another module shared (GPT-2's tied
         embedding) -> what became of the tie, for its report row."""
@@ -289,25 +317,35 @@ class SlidePlugin:
         layer returned replaces the root (it was left dense as "not the output layer")."""
         if isinstance(model, nn.Linear):
             return self._replace_root(model, layer)
-        outputs, unsure = output_layers(model)
+        outputs, unsure, calls = output_layers(model)
         job = layer.job.name
-        for path, mod in model.named_modules():
+        for path, mod in list(model.named_modules()):
             if not (isinstance(mod, nn.Linear) and mod.out_features >= self.cfg.min_width):
                 continue
-            if path not in outputs:
+            names = names_of(model, mod)
+            times = max((calls.get(n, 0) for n in names), default=0)
+            why = own_forward(mod)
+            if why is None and times > 1:
+                why = (f"called {times} times in the forward: SLIDE's training output is "
+                       "sampled logits for the loss only, so its layer can be called once, "
+                       "as the output layer")
+            if why is None and not any(n in outputs for n in names):
                 why = unsure or ("not the output layer: the model does not return its "
                                  "output unchanged")
+            if why is None:
+                why = frozen_in(mod, layer.job.kind)
+            if why:
                 self.skipped.append(f"{job}:{path} ({mod.out_features} outputs, {why})")
                 continue
-            frozen = frozen_in(mod, layer.job.kind)
-            if frozen:
-                self.skipped.append(f"{job}:{path} ({mod.out_features} outputs, {frozen})")
-                continue
-            tied_to = self._tie(model, job, path, mod)
+            tied_to = self._tie(model, job, names, mod)
             new = SlideLinear.from_linear(mod, self.cfg, lr=self._lr(job, layer.job.kind),
                                           tied_to=tied_to)
-            parent_path, _, name = path.rpartition(".")
-            setattr(model.get_submodule(parent_path), name, new)
+            for name_path in names:  # every name: the forward may call any of them
+                parent_path, _, name = name_path.rpartition(".")
+                setattr(model.get_submodule(parent_path), name, new)
+            if len(names) > 1:
+                self.aliases[(job, path)] = (f"also registered as {', '.join(names[1:])}: "
+                                             "replaced under every name")
             if tied_to is not None:
                 model.register_load_state_dict_pre_hook(TieCheck(tied_to, f"{path}.weight"))
             self.layers.append((job, path, new))
@@ -320,20 +358,23 @@ class SlidePlugin:
         job, label = layer.job.name, ROOT_LABEL
         if model.out_features < self.cfg.min_width:
             return None
-        frozen = frozen_in(model, layer.job.kind)
-        if frozen:
-            self.skipped.append(f"{job}:{label} ({model.out_features} outputs, {frozen})")
+        why = own_forward(model) or frozen_in(model, layer.job.kind)
+        if why:
+            self.skipped.append(f"{job}:{label} ({model.out_features} outputs, {why})")
             return None
         new = SlideLinear.from_linear(model, self.cfg, lr=self._lr(job, layer.job.kind))
         self.layers.append((job, label, new))
         self.kinds[job] = str(layer.job.kind)
         return new
 
-    def _tie(self, model: nn.Module, job: str, path: str, mod: nn.Linear) -> str | None:
-        """The name of the Parameter outside ``path`` that is ``mod``'s weight, if the SLIDE
-        layer can share its storage (else the layer is untied, and its row says why)."""
+    def _tie(self, model: nn.Module, job: str, names: list[str], mod: nn.Linear
+             ) -> str | None:
+        """The name of the Parameter outside the layer (under any of its ``names``) that is
+        ``mod``'s weight, if the SLIDE layer can share its storage (else the layer is
+        untied, and its row says why)."""
+        path = names[0]
         tied = [n for n, p in model.named_parameters(remove_duplicate=False)
-                if p is mod.weight and not n.startswith(path + ".")]
+                if p is mod.weight and not any(n.startswith(a + ".") for a in names)]
         if not tied:
             return None
         why = unshareable(mod.weight)
@@ -365,7 +406,8 @@ class SlidePlugin:
         rows = []
         for job, path, lay in self.layers:
             s = lay.summary()
-            notes = f"; {self.ties[(job, path)]}" if (job, path) in self.ties else ""
+            notes = "".join(f"; {d[(job, path)]}" for d in (self.aliases, self.ties)
+                            if (job, path) in d)
             if self.kinds.get(job) == "infer":
                 rows.append(self._inference_row(job, path, lay, notes))
                 continue
@@ -379,6 +421,20 @@ class SlidePlugin:
                              f"or did not run: see its status){notes}"),
                     metrics={"samples": 0}))
                 continue
+            only = s["label_only_fraction"]
+            if only >= 1:  # no sample had a negative: the layer learned nothing
+                rows.append(ReportRow(
+                    plugin="slide",
+                    summary=(f"{job}:{path} {lay.out_features} outputs NOT trained: under "
+                             f"{self._method()} every sample's active set was only its "
+                             f"labels (no negative: a zero loss, nothing learned); "
+                             f"{self._label_fix()}{notes}"),
+                    metrics={k: round(float(v), 6) for k, v in s.items()}))
+                continue
+            if only > 0:
+                notes = (f"; WARNING: {100 * only:.1f}% of samples had only their labels "
+                         f"active (no negative: a zero loss, nothing learned from them); "
+                         f"{self._label_fix()}") + notes
             rows.append(ReportRow(
                 plugin="slide",
                 summary=(
@@ -398,6 +454,13 @@ class SlidePlugin:
                                   summary=f"wide layers left dense: {', '.join(self.skipped)}",
                                   metrics={"left_dense": len(self.skipped)}))
         return rows
+
+    def _label_fix(self) -> str:
+        """The setting that gives samples whose active set was only their labels some
+        negatives (the row's warning names it)."""
+        if self.cfg.sampling == "threshold":
+            return "lower plugins.slide.threshold or raise plugins.slide.min_active"
+        return "raise plugins.slide.min_active"
 
     def _step_notes(self, job: str) -> str:
         """What the row says about how the job's step reaches its SLIDE layers: the rate
