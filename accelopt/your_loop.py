@@ -34,12 +34,15 @@ Torch itself is left as the loop set it (threads, determinism: ``accelopt run`` 
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import copy
 import dataclasses
 import io
 import json
 import math
 import time
+import warnings
 import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -252,8 +255,26 @@ class Attached:
         self.run_dir = run_dir
         _OPEN_RUN_DIRS[run_dir.resolve()] = self
         self.console = console or Console(file=io.StringIO(), width=120)
+        given = dict(model.named_parameters())
         self.model: nn.Module = offer_layers(model, info, self.host)
         """The model the loop trains (the same object unless a plugin replaced its root)."""
+        current = dict(self.model.named_parameters())
+        self._replaced: weakref.WeakValueDictionary[str, nn.Parameter] = \
+            weakref.WeakValueDictionary({n: p for n, p in given.items() if current.get(n) is not p})
+        """The parameters a plugin replaced in ``attach`` (build-time pruning slices layers
+        into new, smaller Parameters), by name; weak, so the dense ones are not kept alive
+        unless an optimizer made before attach holds them: ``step`` then repoints it."""
+        self._replaced_versions = {n: current[n]._version for n in self._replaced
+                                   if n in current}
+        """Each replacement's version counter at attach: unchanged at ``close()`` after
+        training means no optimizer ever stepped it (one made before attach, stepped with
+        ``opt.step()``), which ``close()`` warns about."""
+        total = len(given)
+        del given, current  # only what the loop holds keeps a replaced parameter alive now
+        if self._replaced:  # an optimizer made before attach (or a reference of the loop's)
+            warnings.warn(_stale_optimizer_note(len(self._replaced), total), stacklevel=4)
+        else:  # nothing holds the old ones: no optimizer can be stale, and a loop that only
+            self._replaced_versions = {}  # evaluates must not read as "never stepped"
         table = param_table(self.model)
         self.info = dataclasses.replace(info, parameters=table,
                                         buckets=buckets_by_bytes(table, cluster.bucket_bytes,
@@ -272,6 +293,9 @@ class Attached:
         """Optimizer rebuilds plugins asked for (``accelopt_after_step``): ``step`` makes
         them on the optimizer your loop holds (:func:`repoint_optimizer`). Each is
         ``"iteration N: reason"``, N counted from 1 (the iteration after which it was made)."""
+        self._notes: list[str] = []
+        """Warnings ``close()`` adds to its own (a repointed optimizer, a replacement a
+        plugin's ``accelopt_optimizer_build`` returned at a rebuild)."""
         self._context: IterationContext | None = None
         self._loss: float | None = None
         self._called = {"ao.backward(loss)": 0, "ao.step(opt)": 0}
@@ -390,6 +414,7 @@ class Attached:
         optimizer stepped."""
         context = self._current("step()")
         self._called["ao.step(opt)"] += 1
+        self._repoint_stale(optimizer)
         if scaler is not None:
             scaler.unscale_(optimizer)
         stepped = True
@@ -412,12 +437,53 @@ class Attached:
                 # counted from 1, as the plugins' own text counts ("at iteration 3")
                 self.rebuild_requests.extend(f"iteration {context.iteration + 1}: {r.reason}"
                                              for r in asked)
-                repoint_optimizer(optimizer, before, dict(self.model.named_parameters()))
+                self._rebuild(optimizer, before, context.iteration + 1)
         return stepped
 
+    def _rebuild(self, optimizer: torch.optim.Optimizer, before: dict[str, nn.Parameter],
+                 iteration: int) -> None:
+        """What ``accelopt run`` does at a rebuild, on the optimizer the loop holds (in
+        place, since the loop keeps its own reference): repoint it at the current
+        parameters, then offer it to ``accelopt_optimizer_build`` with the optimizer as it
+        was (``previous``), so a plugin carries the state of the parameters it resized
+        (gpu_kernels slices momentum and Adam moments); without the offer that state was
+        dropped. A replacement a plugin returns cannot reach the loop: said in close()."""
+        previous = copy.copy(optimizer)
+        previous.state = collections.defaultdict(dict, optimizer.state)
+        previous.param_groups = [dict(g) for g in optimizer.param_groups]
+        params = dict(self.model.named_parameters())
+        repoint_optimizer(optimizer, before, params)
+        out = self.host.chain("accelopt_optimizer_build", optimizer, lambda o: {
+            "job": self.info, "optimizer": o, "parameters": params, "previous": previous})
+        if out is not optimizer:
+            self._notes.append(
+                f"at the rebuild after iteration {iteration} a plugin's "
+                f"accelopt_optimizer_build returned a new {type(out).__name__}; your loop "
+                "steps its own optimizer, so the replacement was not used")
+
+    def _repoint_stale(self, optimizer: torch.optim.Optimizer) -> None:
+        """Point an optimizer made before ``attach`` at the parameters a plugin put in place
+        of the ones it holds (build-time pruning): it stepped the old, dense Parameters, the
+        model's own never moved, and the row still said "trained at the pruned size"."""
+        if not self._replaced:
+            return
+        stale = dict(self._replaced.items())
+        ids = {id(p) for p in stale.values()}
+        if not any(id(p) in ids for g in optimizer.param_groups for p in g["params"]):
+            return
+        current = dict(self.model.named_parameters())
+        # unchanged and new names as they are now: only the replaced ones are swapped
+        repoint_optimizer(optimizer, {**current, **stale}, current)
+        self._notes.append(
+            f"the optimizer handed to ao.step held {len(stale)} parameters a plugin replaced "
+            "in attach (made before attach); it was pointed at the model's current ones, "
+            "their fresh state starting at that step")
+
     def optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-        """The optimizer to use: yours, or what ``accelopt_optimizer_build`` made of it."""
+        """The optimizer to use: yours, or what ``accelopt_optimizer_build`` made of it (one
+        made before ``attach`` is first pointed at the parameters a plugin replaced)."""
         self._raise_kept()
+        self._repoint_stale(optimizer)
         params = dict(self.model.named_parameters())
         return self.host.chain("accelopt_optimizer_build", optimizer, lambda o: {
             "job": self.info, "optimizer": o, "parameters": params, "previous": None})
@@ -446,7 +512,7 @@ class Attached:
         from accelopt.report.summary import plugins_table
 
         self.console.print(plugins_table(rows))
-        warnings = self._never_reached()
+        warnings = self._never_reached() + self._notes + self._never_stepped()
         for line in warnings:
             self.console.print(f"warning: {line}", markup=False, highlight=False)
         if (self.run_dir / REPORT_FILE).exists():  # another process's, since attach
@@ -488,11 +554,40 @@ class Attached:
                                  "the plugin did nothing there")
         return lines
 
+    def _never_stepped(self) -> list[str]:
+        """The parameters a plugin replaced in ``attach`` that no step ever changed in a loop
+        that ran: the loop's optimizer was made before attach and stepped with
+        ``opt.step()``, so it updated the old tensors and the model trained only what the
+        plugin left in place."""
+        if not self.iterations or not self._replaced_versions:
+            return []
+        params = dict(self.model.named_parameters())
+        if any(n in params and params[n]._version != v
+               for n, v in self._replaced_versions.items()):
+            return []
+        return [f"the {len(self._replaced_versions)} parameters a plugin replaced in attach "
+                f"never changed in {self.iterations} iterations: {STALE_OPTIMIZER_FIX}"]
+
     def __enter__(self) -> Attached:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+STALE_OPTIMIZER_FIX = (
+    "an optimizer made before attach still holds the old ones, and opt.step() does not train "
+    "them; build it over ao.model.parameters() after attach, or step it with ao.step(opt), "
+    "which points it at the current ones")
+"""Why an optimizer made before ``attach`` is stale once a plugin replaced parameters, and
+the fix."""
+
+
+def _stale_optimizer_note(replaced: int, total: int) -> str:
+    """The warning ``attach`` gives when plugins replaced parameters."""
+    return (f"accelopt.attach: plugins replaced {replaced} of the model's {total} parameters "
+            "that your loop still holds (a pruned or swapped layer has new Parameters): "
+            f"{STALE_OPTIMIZER_FIX}")
 
 
 def repoint_optimizer(optimizer: torch.optim.Optimizer, before: dict[str, nn.Parameter],

@@ -6,7 +6,9 @@ that could not act in one loop are refused in one line."""
 from __future__ import annotations
 
 import collections
+import contextlib
 import difflib
+import json
 import sys
 from pathlib import Path
 
@@ -560,3 +562,95 @@ def test_a_repointed_optimizer_keeps_out_the_layers_the_loop_left_out():
     held = {id(p) for group in opt.param_groups for p in group["params"]}
     assert held == {id(model[1].weight), id(model[1].bias), id(temperature),
                     id(model[0].extra)}
+
+
+def _pruned_mlp_loop(tmp_path: Path, overrides: list[str], *, through_ao: bool,
+                     iterations: int = 12) -> tuple[accelopt.your_loop.Attached,
+                                                   torch.optim.Optimizer, dict, torch.Tensor]:
+    """An MLP whose SGD (with momentum) is made BEFORE attach prunes it, trained for
+    ``iterations`` with ``ao.step(opt)`` or plain ``opt.step()``."""
+    torch.manual_seed(0)
+    x = torch.randn(64, 20)
+    y = x[:, :5].argmax(1)
+    model = torch.nn.Sequential(torch.nn.Linear(20, 32), torch.nn.ReLU(),
+                                torch.nn.Linear(32, 32), torch.nn.ReLU(),
+                                torch.nn.Linear(32, 5))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    with pytest.warns(UserWarning, match="optimizer made before attach") if not any(
+            "prune_at_iteration" in o for o in overrides) else contextlib.nullcontext():
+        ao = accelopt.attach(model, ["+plugins=[gpu_kernels]",
+                                     "plugins.gpu_kernels.prune_amount=0.5", *overrides],
+                             example=(x, y), optimizer="sgd", lr=0.1, run_dir=tmp_path / "r")
+    before = {n: p.detach().clone() for n, p in ao.model.named_parameters()}
+    for _ in ao.loop(range(iterations)):
+        loss = torch.nn.functional.cross_entropy(ao.model(x), y)
+        opt.zero_grad()
+        if through_ao:
+            ao.backward(loss)
+            ao.step(opt)
+        else:
+            loss.backward()
+            opt.step()
+    return ao, opt, before, loss.detach()
+
+
+def test_an_optimizer_made_before_attach_is_repointed_by_ao_step(tmp_path):
+    """Build-time pruning replaces the sliced layers' parameters; an optimizer made before
+    attach went on stepping the dense ones, so 5 of the 6 parameters never changed while the
+    row said "trained at the pruned size". ao.step now points it at the current ones."""
+    ao, opt, before, _ = _pruned_mlp_loop(tmp_path, [], through_ao=True)
+    ao.close()
+    held = {id(p) for group in opt.param_groups for p in group["params"]}
+    assert held == {id(p) for p in ao.model.parameters()}
+    changed = {n: not torch.equal(p, before[n]) for n, p in ao.model.named_parameters()}
+    assert all(changed.values()), changed
+    report = json.loads((tmp_path / "r" / "report.json").read_text())
+    assert any("pointed at the model's current ones" in w for w in report["warnings"])
+
+
+def test_an_optimizer_made_before_attach_and_stepped_plainly_is_warned_about(tmp_path):
+    """With opt.step() the loop never hands accelopt its optimizer: attach warns, and close()
+    says that the replaced parameters never changed and how to fix the loop."""
+    ao, _, before, _ = _pruned_mlp_loop(tmp_path, [], through_ao=False)
+    ao.close()
+    report = json.loads((tmp_path / "r" / "report.json").read_text())
+    assert any("never changed in 12 iterations" in w and "ao.step(opt)" in w
+               for w in report["warnings"]), report["warnings"]
+
+
+def test_an_optimizer_made_after_attach_gets_no_stale_warning(tmp_path):
+    """The documented order (optimizer over ao.model's parameters) trains every parameter:
+    neither attach (nothing holds the replaced parameters) nor close() warns."""
+    import warnings
+
+    torch.manual_seed(0)
+    x, y = torch.randn(32, 20), torch.randint(5, (32,))
+    model = torch.nn.Sequential(torch.nn.Linear(20, 32), torch.nn.ReLU(), torch.nn.Linear(32, 5))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        ao = accelopt.attach(model, ["+plugins=[gpu_kernels]",
+                                     "plugins.gpu_kernels.prune_amount=0.5"],
+                             example=(x, y), run_dir=tmp_path / "r")
+    opt = torch.optim.SGD(ao.model.parameters(), lr=0.1)
+    for _ in ao.loop(range(3)):
+        loss = torch.nn.functional.cross_entropy(ao.model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    ao.close()
+    report = json.loads((tmp_path / "r" / "report.json").read_text())
+    assert not any("replaced" in w for w in report["warnings"]), report["warnings"]
+
+
+def test_pruning_after_n_iterations_in_a_loop_carries_the_momentum(tmp_path):
+    """gpu_kernels' README says nothing is dropped at a pruning after N iterations; under
+    attach the row said "state of 0 sliced params carried": ao.step repointed the optimizer
+    without offering it to accelopt_optimizer_build, so every sliced momentum restarted."""
+    ao, opt, _, _ = _pruned_mlp_loop(tmp_path, ["plugins.gpu_kernels.prune_at_iteration=4"],
+                                     through_ao=True, iterations=4)
+    rows = ao.close()
+    (row,) = [r for r in rows if r.plugin == "gpu_kernels"]
+    assert "state of 5 sliced params carried" in row.summary, row.summary
+    first = ao.model[0].weight
+    assert first.shape == (16, 20) and opt.state[first]["momentum_buffer"].shape == (16, 20)
+    assert torch.count_nonzero(opt.state[first]["momentum_buffer"]) > 0

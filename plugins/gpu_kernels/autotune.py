@@ -299,6 +299,8 @@ class AutotunedConv2d(AlgoConv2d):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.override is not None:
             return self._conv_forward(x, self.weight, self.bias)
+        if x.dim() == 3:  # unbatched (C, H, W), as nn.Conv2d takes it: tuned as a batch of 1
+            return self.forward(x.unsqueeze(0)).squeeze(0)
         key = (tuple(x.shape), x.dtype, self.training and torch.is_grad_enabled())
         algo = self._chosen.get(key)
         if algo is None:

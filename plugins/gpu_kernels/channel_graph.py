@@ -93,8 +93,23 @@ class _Tracer(fx.Tracer):
         self.leaves = leaves
 
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
-        return (is_conv1d(m) or qualname in self.leaves
+        return (is_conv1d(m) or qualname in self.leaves or foreign_plugin(m) is not None
                 or super().is_leaf_module(m, qualname))
+
+
+PLUGINS_PACKAGE = "accelopt_plugins."
+
+
+def foreign_plugin(module: nn.Module) -> str | None:
+    """The plugin whose layer ``module`` is, when another plugin put it in before pruning
+    (``+plugins=[slide,gpu_kernels]``: slide's output layer), else ``None``. Such a layer is
+    a single opaque call of the trace: tracing into it raised (slide's forward branches on
+    its inputs), which refused every layer of the model as "not torch.fx-traceable"."""
+    where = type(module).__module__
+    if not where.startswith(PLUGINS_PACKAGE):
+        return None
+    name = where[len(PLUGINS_PACKAGE):].partition(".")[0]
+    return None if name in ("gpu_kernels", "") else name
 
 
 def trace(model: nn.Module, leaves: set[str] | None = None) -> fx.Graph:
@@ -278,6 +293,13 @@ class _Planner:
             return self._passthrough(node, pool=True)
         if isinstance(mod, nn.Flatten):
             return self._flatten(node, mod.start_dim if mod.end_dim == -1 else -99)
+        plugin = foreign_plugin(mod)
+        if plugin is not None:
+            self._refuse(self._inputs(node), (
+                f"feeds {type(mod).__name__} {where}, a layer plugin '{plugin}' put in before "
+                f"gpu_kernels pruned; list gpu_kernels first (+plugins=[gpu_kernels,{plugin}]) "
+                "to prune the model before that layer replaces its own"))
+            return None
         return self._opaque(node, type(mod).__name__)
 
     def _producer(self, node: fx.Node, path: str, mod: nn.Module) -> _Layout:

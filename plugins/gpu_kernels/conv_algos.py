@@ -153,7 +153,11 @@ CONV_FUNCTIONS: dict[str, Callable[..., torch.Tensor]] = {
 def run_algorithm(algorithm: str, conv: nn.Conv2d, x: torch.Tensor,
                   weight: torch.Tensor | None = None,
                   bias: torch.Tensor | None | str = "same") -> torch.Tensor:
-    """Compute ``conv`` on ``x`` with ``algorithm`` (optionally with substitute parameters)."""
+    """Compute ``conv`` on ``x`` with ``algorithm`` (optionally with substitute parameters).
+    An unbatched ``(C, H, W)`` input, which ``nn.Conv2d`` takes, runs as a batch of one: the
+    algorithms unpack ``(N, C, H, W)`` and raised on it."""
+    if x.dim() == 3:
+        return run_algorithm(algorithm, conv, x.unsqueeze(0), weight, bias).squeeze(0)
     w = conv.weight if weight is None else weight
     b = conv.bias if isinstance(bias, str) else bias
     p = conv_params(conv)

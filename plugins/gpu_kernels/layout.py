@@ -23,7 +23,7 @@ import torch
 from accelopt_plugins.gpu_kernels.autotune import model_step, pick, time_callables
 from torch import nn
 
-from accelopt import isolated_rng
+from accelopt import UserError, isolated_rng
 
 
 @dataclass
@@ -107,6 +107,35 @@ def measure_channels_last(model: nn.Module, x: torch.Tensor | tuple[Any, ...], *
     return LayoutDecision(choice == "channels_last", med, "measured")
 
 
+def layout_failure(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+                   image: torch.Tensor, training: bool) -> str | None:
+    """Why ``model`` cannot run in channels_last: the error of one step of an NHWC deep copy
+    when the same step of a contiguous copy runs (``None`` when the NHWC one runs, or when
+    both fail: the model's own forward then fails as it would without this plugin). A
+    forward calling ``view`` on a conv output (``h.view(h.size(0), -1)``) fails only in NHWC,
+    whose tensors are not contiguous in the default sense; it failed the job, the line
+    blaming the inputs."""
+    nhwc = copy.deepcopy(model)
+    to_channels_last(nhwc)
+    converted = with_image(args, kwargs, image,
+                           image.detach().contiguous(memory_format=torch.channels_last))
+    try:
+        model_step(nhwc, *converted, training)()
+        return None
+    except Exception as exc:  # noqa: BLE001 - the answer is the error itself
+        error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:240] if str(exc) else ''}"
+    finally:
+        del nhwc
+    try:
+        model_step(copy.deepcopy(model), *with_image(args, kwargs, image, image.detach()),
+                   training)()
+    except Exception:  # noqa: BLE001 - the model fails either way: not the layout's doing
+        return None
+    hint = (" (a .view() of a tensor channels_last made non-contiguous: use .reshape() "
+            "there)" if "view" in error else "")
+    return error + hint
+
+
 class ChannelsLast:
     """Installed on a model: at its first 4-D forward decides (``mode='auto'``) or simply
     applies (``mode='on'``) channels_last, converting parameters in place (same Parameter
@@ -142,14 +171,22 @@ class ChannelsLast:
         both layouts on deep copies for ``auto``."""
         if image is None:
             return LayoutDecision(False, reason="no 4-D (NCHW) input")
-        if self.mode == "on":
-            return LayoutDecision(True, reason="forced on")
+        training = model.training and torch.is_grad_enabled()
         self._measuring = True
-        try:  # the measuring steps must not draw from the job's random stream
+        try:  # the trial and measuring steps must not draw from the job's random stream
             with isolated_rng():
-                return measure_channels_last(
-                    model, args, kwargs=kwargs,
-                    training=model.training and torch.is_grad_enabled(),
-                    reps=self.reps, min_gain=self.min_gain)
+                failure = layout_failure(model, args, kwargs, image, training)
+                if failure is not None and self.mode == "on":
+                    raise UserError(
+                        f"plugins.gpu_kernels.channels_last=on: the model fails in the "
+                        f"channels_last layout and runs in the default one: {failure}; "
+                        "change the forward, or set channels_last=auto (falls back) or off")
+                if failure is not None:
+                    return LayoutDecision(False, reason="kept contiguous: the model fails in "
+                                          f"channels_last, {failure}")
+                if self.mode == "on":
+                    return LayoutDecision(True, reason="forced on")
+                return measure_channels_last(model, args, kwargs=kwargs, training=training,
+                                             reps=self.reps, min_gain=self.min_gain)
         finally:
             self._measuring = False

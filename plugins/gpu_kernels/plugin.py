@@ -27,6 +27,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import statistics
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,7 @@ from accelopt import (
 )
 from accelopt.atomic import refuse_unwritable
 from accelopt.job.inputs import tensors
+from accelopt.plugin import PluginWarning
 from accelopt.types import INERT
 
 
@@ -83,6 +85,9 @@ class _JobRecord:
     conv_guard: str = "not run"
     notes: list[str] = field(default_factory=list)
     late: _LatePrune | None = None
+    last_iteration: int = 0
+    """The latest iteration (counted from 1) whose ``accelopt_after_step`` ran: how many
+    were fine-tuned after a pruning at iteration N is this minus N."""
     steps_seen: int = 0
     """``accelopt_after_step`` calls for the job: none means the loop never reached the
     point where pruning happens (a loop of your own stepping without ``ao.step``)."""
@@ -292,6 +297,7 @@ class GpuKernelsPlugin:
         rec = self.jobs.get(context.job.job_id)
         if rec is not None:
             rec.steps_seen += 1
+            rec.last_iteration = context.iteration + 1
         late = rec.late if rec is not None else None
         if late is None or late.model is None or context.iteration + 1 != late.at:
             return None
@@ -302,6 +308,8 @@ class GpuKernelsPlugin:
             late.hook.remove()
         if not done:
             return None
+        if context.job.iterations and late.at >= context.job.iterations:
+            warnings.warn(_untuned_note(late.at), PluginWarning, stacklevel=2)
         return OptimizerRebuild(reason=f"gpu_kernels node-pruned {len(rec.prune.pruned)} "
                                 f"layers at iteration {late.at}")  # type: ignore[union-attr]
 
@@ -407,7 +415,13 @@ class GpuKernelsPlugin:
                     f"weights, {self.config.prune_criterion}; optimizer rebuilt, state of "
                     f"{late.carried} sliced params carried), params "
                     f"{p.params_before}->{p.params_after}")
+                tuned = max(0, rec.last_iteration - late.at)
+                parts.append(f"fine-tuned {tuned} iteration{'s' if tuned != 1 else ''} after "
+                             "pruning")
+                if not tuned:
+                    parts.append(f"warning: {_untuned_note(late.at)}")
                 metrics["pruned_at_iteration"] = late.at
+                metrics["fine_tuned_iterations"] = tuned
                 if late.flops is not None:
                     parts.append(f"FLOPs {late.flops[0]}->{late.flops[1]}")
                     metrics.update(flops_before=late.flops[0], flops_after=late.flops[1])
@@ -472,6 +486,15 @@ class GpuKernelsPlugin:
             for algo in conv._chosen.values():  # type: ignore[attr-defined]
                 counts[algo] = counts.get(algo, 0) + 1
         return counts
+
+
+def _untuned_note(at: int) -> str:
+    """The warning for a job pruned at its last iteration: the model it ends with is the
+    pruned one untrained (a digits MLP at 50%: accuracy 0.34 against 0.59 fine-tuned), and
+    every loss the job logged was the dense model's."""
+    return (f"pruned at iteration {at}, the job's last: no iteration fine-tuned the pruned "
+            "model, and every loss logged is the dense model's; set plugins.gpu_kernels."
+            "prune_at_iteration below the job's iterations")
 
 
 REFUSED_LISTED = 3
