@@ -75,6 +75,7 @@ def run(overrides: Sequence[str] = (), *, run_dir: str | Path | None = None,
         under_torchrun,
     )
     from accelopt.drivers.setup import torch_state_kept
+    from accelopt.runtime.resume_target import run_mode
     from accelopt.runtime.run import execute
 
     if isinstance(overrides, str):
@@ -96,10 +97,11 @@ def run(overrides: Sequence[str] = (), *, run_dir: str | Path | None = None,
     (cfg,) = prepared_configs(args, registry, run_dir=out)
     refuse_bad_resume([*args, f"hydra.run.dir={run_dir}"] if run_dir else args)
     refuse_taken_run_dir(out)
-    if str(cfg.cluster.mode) != "none" and not under_torchrun():
+    mode = run_mode(cfg)  # a resume runs in its saved run's mode
+    if mode != "none" and not under_torchrun():
         refuse_unguarded_main()
     console = console or Console(file=io.StringIO(), width=120)
-    with rank_server_started_early({str(cfg.cluster.mode)}), torch_state_kept():
+    with rank_server_started_early({mode}), torch_state_kept():
         return execute(cfg, run_dir=out, registry=registry, console=console, overrides=args)
 
 

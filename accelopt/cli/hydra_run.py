@@ -14,6 +14,7 @@ import errno
 import importlib
 import importlib.util
 import itertools
+import json
 import shutil
 import sys
 from collections.abc import Iterator, Sequence
@@ -59,7 +60,7 @@ from accelopt.errors import (
     JobsUnfinished,
     listed,
 )
-from accelopt.job.checkpoint import has_checkpoints
+from accelopt.job.checkpoint import WEIGHTS_DIR, has_checkpoints
 from accelopt.plugin import Registry, resolve
 from accelopt.report.console import default_console
 from accelopt.report.summary import diverged_text
@@ -71,6 +72,7 @@ from accelopt.runtime.resume_target import (
     references_unfinished,
     refuse_finished,
     resume_target,
+    run_mode,
 )
 
 RUN_OUTPUTS = (METRICS_JSON, METRICS_CSV, TRACE_JSON, TIMELINE_PNG)
@@ -180,7 +182,7 @@ def prepare(overrides: list[str], registry: Registry,
     ``hydra.run.dir`` with a ``${...}`` in it resolved to (None for any other: for
     :func:`pin_run_dir`)."""
     configs, dirs = prepared_points(overrides, registry, multirun)
-    modes = {str(cfg.cluster.mode) for cfg in configs} - {"none"}
+    modes = {run_mode(cfg) for cfg in configs} - {"none"}
     pinned = None
     if not multirun and "$" in (named_dir(overrides, "hydra.run.dir") or "") and dirs[0]:
         pinned = dirs[0].run
@@ -564,6 +566,16 @@ def _stopped_after_the_jobs(error: str, run_dir: Path, ended: str) -> str:
     it did not, and that their figures are in metrics.json."""
     written = [name for name in RUN_OUTPUTS if (run_dir / name).is_file()]
     missing = [name for name in RUN_OUTPUTS if name not in written]
+    unsaved = _weights_not_saved(run_dir)
+    if unsaved:  # a cluster run stopped before its ranks handed over the final weights
+        files = ", ".join(f"{WEIGHTS_DIR}/{job_id}.pt" for job_id in unsaved)
+        return (f"{error} after its jobs ended ({ended}), before their weights were saved: "
+                f"{run_dir} holds {', '.join(written) or 'no outputs'}, not {files}, and its "
+                "jobs were not scored; "
+                + (f"save the weights and score the jobs from its checkpoints with: accelopt "
+                   f"run run.resume={run_dir} run.resume_finished=true"
+                   if has_checkpoints(run_dir) else
+                   "it wrote no checkpoints to save them from; run it again for them"))
     if not missing:
         return (f"{error} after its jobs ended ({ended}) and its outputs were written: "
                 f"they are in {run_dir} ({', '.join(written)}); nothing to resume")
@@ -571,6 +583,24 @@ def _stopped_after_the_jobs(error: str, run_dir: Path, ended: str) -> str:
             f"holds {', '.join(written)}, not {', '.join(missing)}; nothing to resume (the "
             f"jobs' results and the run's figures are in {METRICS_JSON}; run it again for "
             f"the rest)")
+
+
+def _weights_not_saved(run_dir: Path) -> list[str]:
+    """The ids of the jobs whose final weights a run stopped after its jobs ended should
+    have saved (``run.save_weights``, by its ``config.yaml``) and did not: a cluster run
+    saves them after the ranks hand them over, at its very end, so a Ctrl-C then left
+    every job done, no ``weights/`` and no scores, and the line said "nothing to resume"
+    where ``run.resume_finished=true`` restores them from the final checkpoints."""
+    try:
+        saved = OmegaConf.select(OmegaConf.load(run_dir / "config.yaml"), "run.save_weights",
+                                 default=True)
+        jobs = json.loads((run_dir / METRICS_JSON).read_text(encoding="utf-8"))["jobs"]
+        ids = [str(j["job_id"]) for j in jobs if j.get("status") == "done"]
+    except Exception:  # noqa: BLE001 - no config or metrics of ours: nothing to say
+        return []
+    if not saved:
+        return []
+    return [i for i in ids if not (run_dir / WEIGHTS_DIR / f"{i}.pt").is_file()]
 
 
 def unfinished_jobs(record: Any, run_dir: Path) -> str:

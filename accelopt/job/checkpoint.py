@@ -252,6 +252,19 @@ def finished_before_the_resume(result: JobResult) -> None:
     result.carried_s = 0.0
 
 
+def started_before_the_resume(result: JobResult) -> None:
+    """A job that had started before the run was resumed (its checkpoint carried its
+    queueing delay) first started then, not at its first iteration after the resume: its
+    first start is its arrival (on the resumed run's clock, :func:`arrive_on_resumed_clock`)
+    plus that delay, negative where it was before the resume, so ``first_start_s -
+    arrival_s`` is its queueing delay, as the report says. It was the resumed run's first
+    iteration, which put the first start after the resume and disagreed with the queueing
+    delay carried beside it. Its queueing delay is then its first start's, as for any job."""
+    if result.carried_queueing_s is not None:
+        result.first_start_s = result.job.arrival_s + float(result.carried_queueing_s)
+        result.carried_queueing_s = None
+
+
 def restore(run_dir: Path, jobs: list[Job],
             checkpointer: Checkpointer | None = None) -> dict[str, JobResult]:
     """Load each job's latest checkpoint from ``run_dir``; return the restored results.
@@ -280,7 +293,9 @@ def restore(run_dir: Path, jobs: list[Job],
         result.carried_queueing_s = timing.get("queueing_s")
         if result.status == "done":
             finished_before_the_resume(result)
-        elif result.status not in ("failed", "rejected"):
-            result.status = "pending"
+        else:
+            started_before_the_resume(result)
+            if result.status not in ("failed", "rejected"):
+                result.status = "pending"
         results[job.info.job_id] = result
     return results

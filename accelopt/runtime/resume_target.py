@@ -58,6 +58,18 @@ def run_config(old_dir: Path) -> Any:
     return cfg
 
 
+def run_mode(cfg: Any) -> str:
+    """The cluster mode ``cfg`` runs in. A resume runs with the resumed run's saved config
+    (``runtime/run.py``), not with the one composed from its overrides (the default
+    workload's), so its mode is the saved one: a one-process run resumed at a script's top
+    level was refused as a cluster run (``accelopt.run``), and the command line started
+    the ranks' process server for it."""
+    resume = cfg.run.get("resume")
+    if resume and str(resume).lower() not in ("null", "none", "''", '""'):
+        return str(run_config(resume_target(str(resume))).cluster.mode)
+    return str(cfg.cluster.mode)
+
+
 def packed_sweep_note(old_dir: Path, run_dir: Path) -> str:
     """The line a resume of a ``hydra/launcher=salus`` sweep's shared execution says (or
     ''): its jobs resume, but into one run directory, not split into the sweep's runs."""

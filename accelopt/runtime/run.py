@@ -369,6 +369,7 @@ def _execute_local(cfg: DictConfig, run_dir: Path, registry: Registry, console: 
                 record.telemetry = sampler.stop()
                 record.duration_s = time.perf_counter() - started
                 record.jobs = [result for _info, result, _busy in executor.snapshot()]
+                _not_scored(record.jobs, jobs, exc)
                 record.spans = _local_spans(executor, hook_calls)
                 # a hook's refusal mid-run, or any error once the clock ran: jobs had started
                 jobs_started = raised_by_hook(exc) or executor.clock_started is not None
@@ -412,6 +413,31 @@ def _execute_local(cfg: DictConfig, run_dir: Path, registry: Registry, console: 
             _keep_finished(record, results, executor, hook_calls, run_dir, exc)
         raise
     return record
+
+
+def _not_scored(results: list[JobResult], jobs: list[Job], exc: BaseException) -> None:
+    """Why each job that had finished in a run stopped mid-way has no score (the run scores
+    its jobs once every job has ended): it had neither quality nor a note, where a job left
+    unscored says why (docs/your-model.md), as a run stopped later does
+    (:func:`_keep_finished`). Not scored here: the run was asked to stop, and a held-out
+    pass can take long; a resume scores it. A job that would not be scored anyway (an
+    inference job, ``evaluate: false``) gets that reason, and one that had not finished
+    says so, as in a run that ended."""
+    specs = {job.info.job_id: job.spec for job in jobs}
+    for result in results:
+        if result.quality is not None or result.quality_note:
+            continue
+        if result.status != "done":
+            ended = result.status in ("failed", "rejected")
+            result.quality_note = ("the job did not finish "
+                                   f"({result.status if ended else 'the run stopped'})")
+            continue
+        spec = specs.get(result.job.job_id)
+        if spec is not None and (not getattr(spec, "evaluate", True) or spec.kind != "train"):
+            score_result(result, spec, None, None)  # its reason, without a model
+        else:
+            result.quality_note = (f"not scored: {error_line(exc)} before the run scored its "
+                                   "jobs (it does once every job has ended; a resume does)")
 
 
 def _keep_finished(record: RunRecord, results: list[JobResult], executor: Executor,

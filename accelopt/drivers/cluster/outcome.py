@@ -12,7 +12,7 @@ from accelopt.drivers.cluster import metrics as cm
 from accelopt.drivers.cluster.rank import JobPart, RankResult, RankSoFar
 from accelopt.drivers.cluster.settings import ClusterSettings
 from accelopt.drivers.rows import merge_rows, of_plugins, representative_rows
-from accelopt.job.checkpoint import finished_before_the_resume
+from accelopt.job.checkpoint import finished_before_the_resume, started_before_the_resume
 from accelopt.job.params import shard_rows
 from accelopt.records import JobResult, Span
 from accelopt.types import ReportRow
@@ -74,6 +74,8 @@ def build_outcome(ranks: list[RankResult], settings: ClusterSettings) -> Cluster
         result.admitted_s = arrival
         if result.end_s is None and result.status == "done" and result.carried_s:
             finished_before_the_resume(result)
+        else:  # started before the resume: its first start then, not its first one here
+            started_before_the_resume(result)
         outcomes[job_id] = one
         out.results.append(result)
         out.spans.extend(one.spans)
