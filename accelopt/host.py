@@ -83,6 +83,7 @@ class PluginHost:
         # pluggy calls the most recently registered implementation first, so register in
         # reverse to have plugins called in activation (command-line) order.
         for spec, instance in reversed(list(active)):
+            _refuse_undecorated(self.pm, spec.name, instance)
             table = _hook_table(instance, self.pm.project_name)
             try:
                 self.pm.register(table, name=spec.name)
@@ -512,6 +513,45 @@ def _hook_table(plugin: object, project: str) -> object:
 
 
 HOOK_DOCS = "docs/hooks.md"
+
+
+def _refuse_undecorated(pm: pluggy.PluginManager, plugin: str, found_on: object) -> None:
+    """A method named like a hook (``accelopt_*``) but not marked ``@hookimpl``, refused in
+    one line naming the plugin, the method and the fix. Why: pluggy registers only marked
+    functions (this project's manager adds no naming convention, unlike pytest's), so such a
+    method is never called and the run went on with exit 0 as if the plugin worked. The
+    conformance kit (``accelopt.testing``) refuses the same methods.
+
+    Read on the class of an instance (never the instance: see :func:`_hook_table`), or on a
+    module or class registered as it is; a staticmethod or classmethod counts as marked when
+    either it or its function carries the marker."""
+    project = pm.project_name
+    marker = project + "_impl"
+    owner = found_on if inspect.ismodule(found_on) or inspect.isclass(found_on) \
+        else type(found_on)
+    for name in dir(owner):
+        if not name.startswith(f"{project}_"):
+            continue
+        found = (inspect.getattr_static(owner, name, None) if inspect.isclass(owner)
+                 else getattr(owner, name, None))
+        function = found.__func__ if isinstance(found, (staticmethod, classmethod)) else found
+        if not inspect.isroutine(function) or hasattr(found, marker) \
+                or hasattr(function, marker):
+            continue
+        caller = getattr(pm.hook, name, None)
+        where = f"plugin '{plugin}': {name}"
+        if caller is not None and caller.spec is not None:
+            raise PluginResolutionError(
+                f"{where} is not decorated with @hookimpl, so it is never called; decorate "
+                f"it with @hookimpl (from accelopt import hookimpl) ({HOOK_DOCS})")
+        known = [h for h in dir(pm.hook) if h.startswith(f"{project}_")
+                 and getattr(pm.hook, h).spec is not None]
+        close = difflib.get_close_matches(name, known, n=1)
+        meant = f"rename it to {close[0]} and " if close else "name it after a hook and "
+        raise PluginResolutionError(
+            f"{where} is named like a hook but is no accelopt hook and has no @hookimpl, so it "
+            f"is never called; {meant}decorate it with @hookimpl if it is meant as one, else "
+            f"rename it without the {project}_ prefix ({HOOK_DOCS})")
 
 
 def _refused(pm: pluggy.PluginManager, plugin: str, table: object,

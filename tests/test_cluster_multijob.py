@@ -346,8 +346,8 @@ def test_a_row_that_names_its_job_itself_is_named_once():
 
 
 def test_merge_rows_accepts_job_ids_from_run_level_plugins():
-    # gpu_kernels and offload run once per rank (run level) and tag their rows with the
-    # job's id; the merged row names the job, and an unknown tag does not break the report
+    # rows merge_rows is given tagged with a job's id (not the core's tag: a run passes only
+    # job-scoped plugins' rows) still name the job, and an unknown tag does not break it
     from accelopt.drivers.rows import merge_rows
     from accelopt.types import ReportRow
 
@@ -368,15 +368,16 @@ def test_run_level_rows_come_from_one_worker_and_per_job_rows_from_every_rank():
     worker2 = [ReportRow("g", "00-a: pruned; 1.1x", {"job": "00-a"})]
     kept = representative_rows([server, worker1, worker2], ["server", "worker", "worker"],
                                of_plugins(["t"]))
-    merged = merge_rows(kept, ["a", "b"], ["00-a", "01-b"])
-    # worker 2 measured another figure: the row kept says it is one worker's
-    ones = "pruned; 1.2x (rank 1's; other workers' rows differ)"
+    merged = merge_rows(kept, ["a", "b"], ["00-a", "01-b"], only=of_plugins(["t"]))
+    # worker 2 measured another figure: the row kept says it is one worker's; g is
+    # run-scoped, so its row stays as it returned it (as in a one-process run)
+    ones = "00-a: pruned; 1.2x (rank 1's; other workers' rows differ)"
     assert [(r.plugin, r.summary) for r in merged] == [
-        ("s", "decided"), ("t", "job a: planned"), ("g", f"job a: {ones}"),
+        ("s", "decided"), ("t", "job a: planned"), ("g", ones),
         ("t", "job a: received in order")]
     assert merged[2].metrics["rank"] == 1
     # a run of one job needs no "job a:" prefix
-    alone = merge_rows(kept, ["a"], ["00-a"])
+    alone = merge_rows(kept, ["a"], ["00-a"], only=of_plugins(["t"]))
     assert [r.summary for r in alone] == ["decided", "planned", ones, "received in order"]
     # workers that agree: their row is the job's, and says nothing more
     worker2[0] = ReportRow("g", "00-a: pruned; 1.2x", {"job": "00-a"})

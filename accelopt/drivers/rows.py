@@ -4,8 +4,10 @@ Within a process, a job-scoped plugin answers once per job; its rows are tagged 
 job's name (``metrics["job"]``) and rows that say the same for several jobs, in words and in
 numbers, collapse into one naming them. Across the ranks of a cluster run, a job-scoped
 plugin's rows are kept from every rank (a server's plan and a worker's view differ); a
-run-scoped plugin runs once per rank and would repeat itself, so its rows come from one rank.
-A plugin that answered nothing anywhere gets a row saying so.
+run-scoped plugin runs once per rank and would repeat itself, so its rows come from one rank,
+and otherwise as it returned them, as in a one-process run: its own keys (a ``"job"`` of its
+own too) are never rewritten and its distinct rows never collapsed. A plugin that answered
+nothing anywhere gets a row saying so; the plugins' rows are in selection order in every mode.
 """
 
 from __future__ import annotations
@@ -20,10 +22,16 @@ SILENT_SUMMARY = "active, but reported nothing about what it did"
 
 
 def with_placeholders(rows: list[ReportRow], plugins: Sequence[str]) -> list[ReportRow]:
-    """Every active plugin gets a line: its own, or one saying it reported nothing."""
+    """Every active plugin gets a line: its own, or one saying it reported nothing; the
+    plugins in ``plugins``' order (the selection's), each plugin's rows in the order they
+    came. Why sorted here: rows are collected host by host (the run's, then each job's) and,
+    in a cluster run, rank by rank (a plugin that reports on the server before one that
+    reports on a worker), so their order of arrival differs by mode; the table must not."""
     reported = {row.plugin for row in rows}
-    return rows + [ReportRow(plugin=name, summary=SILENT_SUMMARY)
-                   for name in plugins if name not in reported]
+    position = {name: i for i, name in enumerate(plugins)}
+    every = rows + [ReportRow(plugin=name, summary=SILENT_SUMMARY)
+                    for name in plugins if name not in reported]
+    return sorted(every, key=lambda row: position.get(row.plugin, len(position)))
 
 
 def stopped_report(plugins: Sequence[str], plugin: str, line: str) -> list[ReportRow]:
@@ -126,7 +134,9 @@ def merge_rows(rows_by_rank: list[list[ReportRow]], job_names: list[str],
     them ("all jobs" when every job). Rows whose words agree but whose numbers differ stay
     apart, each naming its jobs: a merged row shows one row's metrics, and must not pass one
     job's figures off as every job's.
-    ``only``: merge just the rows it accepts; the others are kept as they are, in place."""
+    ``only``: merge just the rows it accepts; the others are kept as they are, in place. Every
+    run passes the job-scoped plugins' rows (:func:`of_plugins`): only their ``"job"`` tag is
+    the core's; a run-scoped plugin's ``"job"`` key is its own, and stays."""
     name_of = dict(zip(job_ids or [], job_names, strict=False))
 
     def rank_of(job: str) -> int:

@@ -12,12 +12,15 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from accelopt.errors import UserError
 from accelopt.types import ParamInfo
 
 
 def param_table(model: nn.Module) -> tuple[ParamInfo, ...]:
     """Every distinct parameter in module order; a tied parameter is listed once, under the
-    first module that owns it."""
+    first module that owns it. A model with uninitialized parameters is refused
+    (:func:`refuse_lazy`)."""
+    refuse_lazy(model)
     out: list[ParamInfo] = []
     seen: set[int] = set()
     layer = 0
@@ -35,6 +38,25 @@ def param_table(model: nn.Module) -> tuple[ParamInfo, ...]:
             ))
         layer += 1
     return tuple(out)
+
+
+def refuse_lazy(model: nn.Module) -> None:
+    """A model whose parameters are not materialised yet (a lazy module: ``nn.LazyLinear``,
+    ``nn.LazyConv2d``, ... before its first forward pass), refused in one line naming the
+    first such parameter and the fix. Why not materialise it here with one batch: the shapes
+    are what the runtime plans with (the parameter table, buckets, shards, the optimizer
+    the core builds, the plugins' ``accelopt_layer_build``), all before any batch is drawn,
+    and a forward pass on the user's behalf would run their code and draw from the RNG
+    where the user did not; torch itself raises deep in the first use, several lines long."""
+    for name, param in model.named_parameters():
+        if nn.parameter.is_lazy(param):
+            lazy = [type(m).__name__ for m in model.modules()
+                    if isinstance(m, nn.modules.lazy.LazyModuleMixin)]
+            raise UserError(
+                f"the model has uninitialized parameters ('{name}' of a lazy module, "
+                f"{lazy[0] if lazy else 'nn.Lazy*'}): run one forward pass on a batch before "
+                "handing the model over (model(example)), or give the layer its input size "
+                "(nn.Linear instead of nn.LazyLinear)")
 
 
 def layer_modules(model: nn.Module, table: Sequence[ParamInfo]) -> dict[int, nn.Module]:

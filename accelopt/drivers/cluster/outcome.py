@@ -90,9 +90,13 @@ def build_outcome(ranks: list[RankResult], settings: ClusterSettings) -> Cluster
     switches = sum(1 for a, b in zip(leader.schedule, leader.schedule[1:], strict=False)
                    if a["run"] != b["run"])
     out.metrics.update({"scheduling_decisions": len(leader.schedule), "job_switches": switches})
+    job_scoped = of_plugins(leader.job_scoped)
     rows = representative_rows([r.plugin_rows for r in ranks], [r.role for r in ranks],
-                               of_plugins(leader.job_scoped))
-    out.plugin_rows = merge_rows(rows, names, job_ids)
+                               job_scoped)
+    # as a one-process run merges them (drivers/lifecycle.py): only a job-scoped plugin's
+    # rows, which the core tagged with their job; a run-scoped plugin's rows, taken from one
+    # rank above, stay as the plugin returned them (its own "job" key included)
+    out.plugin_rows = merge_rows(rows, names, job_ids, only=job_scoped)
     out.warnings = idle_servers(ranks, job_ids)
     for job_id, name in zip(job_ids, names, strict=True):
         out.warnings += unconstrained_link(name, outcomes[job_id].metrics,
