@@ -54,6 +54,12 @@ class Exchange:
     def begin(self, iteration: int) -> None:
         """The iteration starts (before the batch is read)."""
 
+    def weigh(self, share: float | None) -> None:
+        """Before backward: this process's share of the iteration's loss (its labelled
+        positions over the batch's, where the model's loss is a mean over them; ``None``: its
+        share of the rows). An exchange that combines several processes' gradients scales
+        this process's by it; one process's gradient is the batch's already."""
+
     def gradients(self, iteration: int,
                   update: Callable[[Sequence[str]], None] | None = None) -> bool:
         """After backward: move the gradients so that, on a process that steps, ``.grad`` of

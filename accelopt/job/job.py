@@ -14,6 +14,7 @@ possible and keeps jobs that share a process from perturbing each other.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -42,6 +43,8 @@ from accelopt.job.specs import job_info, validate_spec
 from accelopt.job.timeline import NO_TIMER, PhaseTimer
 from accelopt.types import BuiltJob, IterationContext, IterationResult, JobProfile
 from accelopt.workloads import build_dataset, build_model, check_compatible, default_dataset_for
+
+log = logging.getLogger(__name__)
 
 DEFAULT_BUCKET_BYTES = 2**20
 STATE_SAVE, STATE_LOAD = "accelopt_state_save", "accelopt_state_load"
@@ -158,6 +161,14 @@ class Job:
         self.whole_step_reason = ""
         """Why this job's step cannot be applied tensor by tensor ('': it can)."""
         self._view: Gradients | None = None
+        self._convention = loss_convention(self.model) if self.model_loss else "rows"
+        """Over what the loss is a mean (:func:`loss_convention`)."""
+        self._said_rows = False
+        """The warning that a loss of unknown convention is combined by rows was logged."""
+        self.loss_share: float | None = None
+        """This process's share of the last batch's loss, where it trains on some rows of the
+        batch and the model's loss is a mean over labelled positions, not rows: its labelled
+        positions over the batch's (``None``: its share of the rows)."""
 
     # -- facts -----------------------------------------------------------------------------
 
@@ -169,16 +180,56 @@ class Job:
         self.info = dataclasses.replace(self.info, profile=profile)
 
     def batch(self, index: int) -> tuple[inputs.Inputs, torch.Tensor]:
-        """This process's rows of the ``index``-th global batch, on the job's device."""
+        """This process's rows of the ``index``-th global batch, on the job's device (and,
+        where it trains on some rows only, its share of the batch's loss:
+        :attr:`loss_share`)."""
         x, y = self.dataset.batch(index, self.info.batch_size)
         if self._rows is not None:
             start, stop = self._rows
+            self.loss_share = self._share_of_loss(y, start, stop)
             x, y = inputs.slice_rows(x, start, stop), y[start:stop]
         if self._one_tensor and self._on_cpu and x.is_cpu and y.is_cpu:
             return x, y  # already there (the common case: one tensor, batches on the CPU)
         # each tensor moved only if it is elsewhere (to_device and .to return it otherwise)
         return (inputs.to_device(x, self.device, non_blocking=True),
                 y.to(self.device, non_blocking=True))
+
+    def _share_of_loss(self, y: torch.Tensor, start: int, stop: int) -> float | None:
+        """Rows ``[start, stop)``'s share of the loss of the whole batch ``y``.
+
+        Why: a model computing its own loss (``loss: model``, labels -100 where nothing is to
+        be predicted, as HF transformers pad) averages over the labelled positions, not the
+        rows. Each worker's loss is the mean over its own positions, so weighting it by its
+        rows trains another objective than one process (and a worker with no labelled
+        position has a nan loss, which the rows' weights put into the batch's). Every worker
+        reads the whole batch, so each counts the positions of its rows and of the batch
+        without talking to the others. ``None`` (weigh by rows): every row holds as many
+        labelled positions, or none of the batch does (one process's loss is nan too), or
+        the model's convention is unknown (said once in the run's log)."""
+        if self._convention == "rows" or y.is_floating_point() or y.dim() < 1:
+            return None
+        ignored = y == IGNORE_INDEX
+        if not bool(ignored.any()):
+            return None
+        if self._convention is None:
+            if not self._said_rows and start == 0:  # the first worker says it for all
+                self._said_rows = True
+                log.warning(
+                    "job '%s': its labels hold %d (positions to ignore) and accelopt does not "
+                    "know over what %s's own loss is a mean, so the workers' losses and "
+                    "gradients are combined by their rows; if the model averages over "
+                    "labelled positions, that is not one process's loss (a transformers model "
+                    "naming its loss_type, e.g. 'ForCausalLM', is combined by them)",
+                    self.info.name, IGNORE_INDEX, type(self.model).__name__)
+            return None
+        counted = ~ignored
+        if self._convention == "causal":
+            if counted.dim() < 2:  # no sequence to shift: not a causal LM's labels
+                return None
+            counted = counted[..., 1:]
+        per_row = counted.reshape(len(y), -1).sum(dim=1)
+        total = int(per_row.sum())
+        return int(per_row[start:stop].sum()) / total if total else None
 
     def built(self) -> BuiltJob:
         """The record ``accelopt_job_built`` receives: the model and this process's rows of
@@ -253,6 +304,8 @@ class Job:
                 if timer:
                     timer.end()
                 loss_value = loss.detach()
+                if moves:  # the gradients are scaled by this share of the batch's loss
+                    exchange.weigh(self.loss_share)
                 if events.after_forward:
                     replaced = events.after_forward(context, loss)
                     if replaced is not None:
@@ -680,6 +733,36 @@ def model_loss(out: Any, y: torch.Tensor) -> torch.Tensor:
             "a model that computes its loss from labels= returns it as .loss (HF "
             "transformers do when given labels), else use loss=auto")
     return value
+
+
+IGNORE_INDEX = -100
+"""The label of a position a model's own loss leaves out (PyTorch's and HF's default)."""
+
+CAUSAL_LOSS_TYPES = ("ForCausalLM",)
+"""transformers loss types averaging over ``labels[..., 1:] != -100`` (the labels shifted)."""
+
+LABEL_LOSS_TYPES = ("ForMaskedLM", "ForTokenClassification", "ForSequenceClassification",
+                    "ForImageClassification", "ForAudioClassification",
+                    "ForVideoClassification")
+"""transformers loss types averaging over ``labels != -100``."""
+
+
+def loss_convention(model: nn.Module) -> str | None:
+    """Over what a model's own loss (``loss: model``) is a mean: ``"causal"`` (an HF causal
+    LM: its shifted labels that are not -100), ``"labels"`` (other HF cross-entropy heads:
+    its labels that are not -100), ``None``: not known. Read from transformers' ``loss_type``
+    or, failing that, the class name (``GPT2LMHeadModel``, ``LlamaForCausalLM``)."""
+    loss_type = getattr(model, "loss_type", None)
+    if loss_type in CAUSAL_LOSS_TYPES:
+        return "causal"
+    if loss_type in LABEL_LOSS_TYPES:
+        return "labels"
+    name = type(model).__name__
+    if name.endswith(("ForCausalLM", "LMHeadModel")):
+        return "causal"
+    if name.endswith(LABEL_LOSS_TYPES):
+        return "labels"
+    return None
 
 
 def takes_labels(model: nn.Module) -> bool:

@@ -8,8 +8,9 @@ overlaps backward) and writes the reduced gradients into ``.grad`` before backwa
 What accelopt adds is DDP's communication hook (``ddp_hook.py``): every bucket goes through
 the transport, and so through the transfer hooks (filter, encode, order, decode, done), as the
 job's logical buckets (``JobInfo.buckets``, named ``bucket0``, ``bucket1``, … in every
-iteration). Each rank scales its gradients by its share of the global batch first, so the sum
-is the global batch's mean gradient. The job's step then runs
+iteration). Each rank scales its gradients by its share of the global batch's loss first (its
+rows' share, or its labelled positions' where the model's loss is a mean over them:
+``Job.loss_share``), so the sum is the global batch's mean gradient. The job's step then runs
 ``accelopt_before_optimizer_step`` on the final gradients and every rank takes the same step.
 """
 
@@ -47,6 +48,8 @@ class AllReduce(ClusterExchange):
         self.stream = self.index
         self.hook: BucketHook | None = None
         self.ddp: DistributedDataParallel | None = None
+        self.row_share = 1.0
+        """This rank's rows over the batch's: its weight unless :meth:`weigh` says another."""
 
     def rows(self, batch_size: int) -> tuple[int, int]:
         return shard_rows(batch_size, self.settings.workers)[self.index]
@@ -59,9 +62,10 @@ class AllReduce(ClusterExchange):
         if job.info.kind != "train":
             return  # nothing to reduce: every rank runs forward on its rows
         row0, row1 = self.rows(job.info.batch_size)
+        self.row_share = (row1 - row0) / job.info.batch_size
         self.hook = BucketHook(self.transport, job_id=self.job_id, table=self.table,
                                buckets=job.info.buckets, model=job.model,
-                               weight=(row1 - row0) / job.info.batch_size)
+                               weight=self.row_share)
         device = next(job.model.parameters()).device
         self.ddp = DistributedDataParallel(
             job.model,
@@ -76,6 +80,10 @@ class AllReduce(ClusterExchange):
     def begin(self, iteration: int) -> None:
         if self.hook is not None:
             self.hook.begin(iteration)
+
+    def weigh(self, share: float | None) -> None:
+        if self.hook is not None:
+            self.hook.weight = self.row_share if share is None else share
 
     def gradients(self, iteration: int,
                   update: Callable[[Sequence[str]], None] | None = None) -> bool:

@@ -16,8 +16,11 @@ copies it into the gradients. Otherwise the DDP bucket is cut into the logical b
 parts, each logical bucket is sent once all its parts have arrived (possibly from several
 DDP buckets), and the results are written back into DDP's buffers.
 
-Each rank scales its gradients by its share of the global batch before sending (``weight``;
-``1 / world`` in a user's own DDP script), so the sum is the global batch's mean gradient.
+Each rank scales its gradients by its share of the global batch's loss before sending
+(``weight``, which the runtime sets per iteration: its rows' share, or its labelled positions'
+where the model's loss is a mean over them; ``1 / world`` in a user's own DDP script), so the
+sum is the global batch's mean gradient. A rank of weight 0 sends zeros (its gradient may be
+nan: a mean over no labelled position).
 
 One instance per job and rank. ``begin(iteration)`` plans an iteration's transfers (the order
 hook is asked then); the runtime calls it from the job's exchange, and a user's DDP script,
@@ -166,7 +169,7 @@ class BucketHook:
             b = plan.exact
             self._sent.add(b)
             self.in_place += 1
-            buffer.mul_(self.weight)
+            self._weighted(buffer)
             direct = self.transport.allreduce_direct(self.record(b, self.iteration), buffer)
             if direct is not None:
                 self.direct += 1
@@ -181,7 +184,7 @@ class BucketHook:
                 parts[piece.position] = buffer[piece.offset:piece.offset + piece.numel]
                 if len(parts) == len(self.logical[piece.bucket]):
                     self._sent.add(piece.bucket)
-                    self._post(piece.bucket, self._gather(piece.bucket, parts).mul_(self.weight))
+                    self._post(piece.bucket, self._weighted(self._gather(piece.bucket, parts)))
             touched = [self._futures[b] for b in plan.touched]
             out = torch.futures.collect_all(touched).then(
                 lambda _f: self._scatter(plan, buffer))
@@ -254,6 +257,11 @@ class BucketHook:
         """Stop the transport's completion thread (call it before
         ``dist.destroy_process_group()``; an accelopt run does)."""
         self.transport.close()
+
+    def _weighted(self, flat: torch.Tensor) -> torch.Tensor:
+        """``flat`` scaled in place by this rank's weight; zeros for a weight of 0, which
+        contributes nothing even where the gradient is nan (``0 * nan`` is nan)."""
+        return flat.zero_() if self.weight == 0 else flat.mul_(self.weight)
 
     def _post(self, b: int, payload: torch.Tensor) -> None:
         self.transport.post(self.record(b, self.iteration), payload, future=self._futures[b])

@@ -166,11 +166,21 @@ def idle_servers(ranks: list[RankResult], job_ids: list[str]) -> list[str]:
 
 
 def combined_loss(rows: list[dict[str, Any]], shares: list[float]) -> float | None:
-    """One iteration's loss over the whole batch from each worker's (weighted by its share
-    of the rows, as one process's mean over the batch); None for an inference iteration."""
+    """One iteration's loss over the whole batch from each worker's, weighted as one
+    process's mean over the batch is: by the worker's ``weight`` where its record has one
+    (its labelled positions over the batch's, where the model's loss is a mean over them:
+    ``Job.loss_share``), else by its share of the rows. A worker of weight 0 adds nothing
+    (its loss, a mean over no position, is nan, and ``0 * nan`` is nan). None for an
+    inference iteration."""
     if any(r["loss"] is None for r in rows):
         return None
-    return sum(r["loss"] * share for r, share in zip(rows, shares, strict=True))
+    total = 0.0
+    for r, share in zip(rows, shares, strict=True):
+        weight = r.get("weight")
+        weight = share if weight is None else weight
+        if weight:
+            total += r["loss"] * weight
+    return total
 
 
 def worker_shares(batch: int, settings: ClusterSettings) -> list[float]:

@@ -7,7 +7,9 @@ have arrived (a forward pre-hook per layer, installed once in ``attach``, waits 
 layer only; parameters that forward reads outside their module's forward are waited for
 before forward begins: :class:`ForwardReads`); each gradient is posted to its server the moment autograd has accumulated it;
 the servers average the workers' gradients (weighted by shard size, so the result is the
-gradient of the whole global batch: ``gradients``), and the job's step then runs
+gradient of the whole global batch: ``gradients``; where the model's loss is a mean over
+labelled positions, each worker first rescales its gradient to its positions' share:
+``PsWorker.weigh``), and the job's step then runs
 ``accelopt_before_optimizer_step`` and the optimizer on the server's shard.
 
 Early update (cross-iteration scheduling: an order hook answered
@@ -470,6 +472,9 @@ class PsWorker(ClusterExchange):
         self._stage_lock = threading.Lock()
         self._sending: list[int] = []
         """Iterations whose gradient sends may still be leaving."""
+        self._scale = 1.0
+        """What this iteration's gradients are multiplied by before they are sent
+        (:meth:`weigh`)."""
 
     def rows(self, batch_size: int) -> tuple[int, int]:
         return shard_rows(batch_size, self.settings.workers)[self.index]
@@ -482,6 +487,9 @@ class PsWorker(ClusterExchange):
         model = job.model
         self.model = model
         self.total = job.info.iterations
+        start, stop = self.rows(job.info.batch_size)
+        self.row_share = (stop - start) / job.info.batch_size
+        """This worker's rows over the batch's: the weight the servers give its gradients."""
         self.params = dict(model.named_parameters())
         self._shards = self.shards()
         self.owner = {p.name: s for s, shard in self._shards.items() for p in shard}
@@ -526,12 +534,27 @@ class PsWorker(ClusterExchange):
                 self.params[info.name].register_post_accumulate_grad_hook(
                     lambda p, info=info: self._post_grad(info, p.grad))
 
+    def weigh(self, share: float | None) -> None:
+        """The servers weigh each worker's gradient by its rows' share of the batch; where
+        this worker's share of the loss is another (its labelled positions'), its gradient is
+        rescaled by the ratio before it is sent, so the servers' weighted sum is the batch's
+        mean gradient all the same."""
+        self._scale = 1.0 if share is None else share / self.row_share
+
     def _post_grad(self, info: ParamInfo, grad: torch.Tensor | None) -> None:
         """Send one gradient; ``None`` (the loss did not reach the parameter, or it is
         frozen) goes as a header saying so, and the server leaves that parameter's ``.grad``
         ``None`` unless another worker had one, as one process would (a zero gradient is
-        not the same: weight decay and momentum would still move the parameter)."""
+        not the same: weight decay and momentum would still move the parameter). A scale of
+        0 (no labelled position in this worker's rows) sends zeros: its gradient may be nan
+        (a mean over nothing), and ``0 * nan`` is nan."""
         self._posted.add(info.name)
+        if grad is not None and self._scale != 1.0:
+            with torch.no_grad():  # this worker's own copy: it takes no step with it
+                if self._scale == 0:
+                    grad.zero_()
+                else:
+                    grad.mul_(self._scale)
         self.transport.post(self.record(info, self._iteration, self.rank, self.owner[info.name],
                                         "grad"), grad)
 

@@ -234,7 +234,8 @@ class RankJob:
         self.span(f"iteration {i}", "iteration", result.start_s, end, "iteration",
                   iteration=i)
         self.iterations.append({"iteration": i, "start_s": result.start_s, "end_s": end,
-                                "loss": result.loss, "samples": result.samples})
+                                "loss": result.loss, "samples": result.samples,
+                                "weight": self.job.loss_share})
         if self.checkpointer is not None:
             self.checkpointer.after_step(self)
         return result
