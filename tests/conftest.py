@@ -52,6 +52,18 @@ def one_rank_server_for_the_session():
         yield
 
 
+@pytest.fixture
+def one_numba_thread():
+    """numba single-threaded for a test (SLIDE's active sets are then deterministic; the
+    thread-scaling figures are benchmarks), its thread count given back after."""
+    import numba
+
+    before = numba.get_num_threads()
+    numba.set_num_threads(1)
+    yield
+    numba.set_num_threads(before)
+
+
 def compose_with(specs: Sequence[PluginSpec], overrides: Sequence[str]) -> DictConfig:
     register_schema()
     register_plugin_configs(list(specs))

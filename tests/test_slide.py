@@ -26,16 +26,7 @@ from hypothesis import strategies as st
 
 from accelopt.errors import ConfigError
 
-pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tests run single-threaded (deterministic); the thread-scaling figures are benchmarks."""
-    before = numba.get_num_threads()
-    numba.set_num_threads(1)
-    yield
-    numba.set_num_threads(before)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("one_numba_thread")]
 
 
 def _pair_at_angle(rng: np.random.Generator, dim: int, theta: float) -> np.ndarray:

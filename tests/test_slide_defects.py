@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-import numba
 import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
@@ -19,16 +18,7 @@ from torch import nn
 from accelopt import LayerOffer
 from accelopt.errors import ConfigError, UserError
 
-pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Single-threaded, as in tests/test_slide.py: deterministic active sets."""
-    before = numba.get_num_threads()
-    numba.set_num_threads(1)
-    yield
-    numba.set_num_threads(before)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("one_numba_thread")]
 
 
 def _layer(n: int = 300, d: int = 16, **kw) -> SlideLinear:
