@@ -131,8 +131,27 @@ class Terminated(KeyboardInterrupt):
     exit_code = 143  # 128 + SIGTERM, what a shell reports for a process SIGTERM killed
 
 
+REPEATED_SIGTERM_S = 1.0
+"""A SIGTERM this soon after the one being handled is the same stop, not a second one."""
+
+_last_sigterm: list[float] = []
+"""When :func:`raise_terminated` last raised (``time.monotonic``), if it has."""
+
+
 def raise_terminated(signum: int, _frame: object) -> None:
-    """A SIGTERM handler: :class:`Terminated` in the main thread."""
+    """A SIGTERM handler: :class:`Terminated` in the main thread, once per stop. A SIGTERM
+    within :data:`REPEATED_SIGTERM_S` of the last one is ignored: ``timeout`` (and a CI
+    runner's time limit) signals the command and then its whole process group, so one stop
+    arrives as two signals milliseconds apart, and the second one, raised inside the first
+    one's clean-up (the lanes being joined, the outputs being written), left a run's
+    metrics.json and metrics.csv disagreeing, or its trace and timeline unwritten. A later
+    SIGTERM still stops the clean-up at once."""
+    import time
+
+    now = time.monotonic()
+    if _last_sigterm and now - _last_sigterm[0] < REPEATED_SIGTERM_S:
+        return
+    _last_sigterm[:] = [now]
     raise Terminated()
 
 

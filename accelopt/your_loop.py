@@ -523,7 +523,10 @@ class Attached:
             handle.write(json.dumps({
                 "plugins": list(self.plugins.names),
                 "job": {"name": self.info.name, "model": self.info.model,
-                        "parameters": len(self.info.parameters)},
+                        # elements, as a reader counts a model's parameters (the key gave
+                        # the number of tensors); the tensors beside it
+                        "parameters": sum(math.prod(p.shape) for p in self.info.parameters),
+                        "parameter_tensors": len(self.info.parameters)},
                 **metrics, "plugin_rows": [dataclasses.asdict(r) for r in rows],
                 "rebuild_requests": self.rebuild_requests, "warnings": warnings},
                 indent=1, default=str) + "\n")

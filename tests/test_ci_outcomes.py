@@ -143,3 +143,25 @@ def test_a_sweep_names_the_runs_whose_plugins_changed_nothing(tmp_path: Path, mo
     assert last == ("note: 2 of 3 runs of the sweep had plugins that changed nothing in them "
                     "(their report rows say inert): #1 [idle], #2 [idle]; those runs test "
                     "nothing of those plugins on this workload")
+
+
+def test_one_stop_signalled_twice_at_once_is_one_stop(monkeypatch):
+    """``timeout`` (and a CI runner's time limit) sends SIGTERM to the command and then to its
+    process group: the second, raised inside the first one's clean-up, left metrics.json and
+    metrics.csv disagreeing about a job, or the trace unwritten. A SIGTERM that soon after is
+    the same stop; a later one stops the clean-up."""
+    import time
+
+    import accelopt.errors as errors
+    from accelopt.errors import Terminated, raise_terminated
+
+    clock = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(errors, "_last_sigterm", [])
+    with pytest.raises(Terminated):
+        raise_terminated(15, None)
+    clock[0] += 0.01
+    raise_terminated(15, None)  # the process group's copy of the same stop: nothing raised
+    clock[0] += errors.REPEATED_SIGTERM_S
+    with pytest.raises(Terminated):  # a second stop, asked for later: it stops the clean-up
+        raise_terminated(15, None)

@@ -44,6 +44,25 @@ def test_the_layout_survives_its_json_form() -> None:
     assert len(again.labels) == 3 and again.legend == ["job-0", "job-1", "job-2"]
 
 
+def test_the_legend_names_a_clusters_jobs_as_the_jobs_table_does() -> None:
+    """A cluster's spans carry the job's id ("00-a"), one process's its name: the legend of
+    a cluster run read "00-a" where the same run in one process read "a"."""
+    from accelopt.records import JobResult
+    from accelopt.types import JobInfo
+
+    spans = [Span(f"iter {i}", "lane 0", i * 0.1, i * 0.1 + 0.08,
+                  args={"job": ("00-a", "01-b")[i % 2]}) for i in range(4)]
+    spans.append(Span("push", "transport", 0.5, 0.6, args={"job": "a"}, process="rank1"))
+    jobs = [JobResult(JobInfo(job_id=f"0{k}-{n}", name=n, model="mlp", kind="train",
+                              arrival_s=0.0, iterations=2, batch_size=4))
+            for k, n in enumerate("ab")]
+    layout = timeline_layout(RunRecord(info=RunInfo("runs/t", "cpu", (), (), 0), spans=spans,
+                                       jobs=jobs))
+    assert layout.legend == ["a", "b"]
+    # one colour per job, whether its span names it by id or by name
+    assert len({colour for _row, colour, _segments in layout.bars}) == 2
+
+
 @pytest.mark.timeout(120)
 def test_the_process_draws_the_same_png_as_the_run_would(tmp_path: Path) -> None:
     record = _record()

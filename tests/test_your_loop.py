@@ -337,6 +337,9 @@ def test_a_plugin_listening_where_the_loop_never_calls_accelopt_is_said(tmp_path
     assert report["warnings"] == [
         "plugin 'gpu_kernels' listens to accelopt_after_step, which fires in ao.step(opt); this "
         "loop never called it in 4 iterations, so the plugin did nothing there"]
+    # the model's parameters counted as a reader counts them (it said 4: the tensors)
+    assert report["job"]["parameters"] == sum(p.numel() for p in model.parameters()) == 387
+    assert report["job"]["parameter_tensors"] == 4
 
 
 def test_slide_in_a_loop_without_a_learning_rate_is_refused(tmp_path):

@@ -116,8 +116,12 @@ def timeline_layout(record: RunRecord) -> TimelineLayout:
     title = f"accelopt timeline: {Path(record.info.run_dir).name or record.info.run_dir}"
     if not spans:
         return TimelineLayout(title, [], [], [])
-    keys = list(dict.fromkeys(_colour_key(s) for s in spans))
+    # a cluster's spans name the job by its id ("00-tiny-mlp"), one process's by its name:
+    # the legend names it as the jobs table does, in every mode
+    named = {r.job.job_id: r.job.name for r in record.jobs}
+    keys = list(dict.fromkeys(named.get(_colour_key(s), _colour_key(s)) for s in spans))
     colour = {k: i for i, k in enumerate(keys)}
+    colour.update({job_id: colour[name] for job_id, name in named.items() if name in colour})
     left = min(0.0, min(s.start_s for s in spans))
     right = max(s.end_s for s in spans)
     pixel_s = (right - left) / (FIG_WIDTH_IN * DPI)  # the axis is narrower
