@@ -59,6 +59,13 @@ def bucket_size(bucket_mb: object) -> int:
                                       MAX_BUCKET_MB) * 2**20))
 
 
+def timeout_seconds(timeout_s: object) -> float:
+    """``timeout_s`` as a float, refused in one line unless a finite number > 0 (the checks
+    of ``cluster.timeout_s``); its own function for the same reason as :func:`bucket_size`."""
+    return positive_number(timeout_s, "timeout_s", "seconds a rank waits for the others",
+                           MAX_TIMEOUT_S)
+
+
 def comm_hook(
     model: nn.Module,
     plugins: Sequence[object | tuple[PluginSpec, object]] = (),
@@ -73,7 +80,13 @@ def comm_hook(
 
     ``model`` is the module DDP wraps (not the DDP wrapper); ``plugins`` are plugin objects
     (their ``@hookimpl`` methods), or ``(PluginSpec, object)`` pairs to name them; the
-    process group defaults to the default one. ``job`` overrides the record the plugins are
+    process group defaults to the default one. Pass the very group DDP was given
+    (``DistributedDataParallel(model, process_group=...)``): the hook reduces on its own
+    group, not on DDP's, and cannot check that they are the same (DDP does not hand its group
+    to a communication hook). A hook on another group is not refused: on a smaller one (each
+    rank's ``dist.new_group([rank])``) the gradients are not averaged across DDP's ranks and
+    the replicas drift apart without an error; on one of other ranks it waits for them.
+    ``job`` overrides the record the plugins are
     given (its optimizer and momentum matter to a codec that corrects for momentum); its
     parameter table and buckets are always the model's. ``bucket_mb`` and ``timeout_s``
     must be finite numbers > 0 (a nan or inf is refused in one line, as ``cluster.*``'s).
@@ -85,8 +98,7 @@ def comm_hook(
                         "ddp.module")
     refuse_sparse_gradients(model)
     bucket_bytes = bucket_size(bucket_mb)
-    positive_number(timeout_s, "timeout_s", "seconds a rank waits for the others",
-                    MAX_TIMEOUT_S)
+    timeout_seconds(timeout_s)
     if not dist.is_initialized():
         raise UserError("comm_hook needs torch.distributed: call "
                         "dist.init_process_group(...) first")

@@ -293,6 +293,7 @@ def test_a_rank_outside_the_process_group_is_told_so(monkeypatch):
     ({"sparsify": "threshold", "threshold": float("inf")},
      r"threshold must be a finite number \(> 0 with sparsify=threshold\), got inf"),
     ({"threshold": float("nan")}, "threshold must be a finite number"),
+    ({"timeout_s": float("nan")}, r"timeout_s must be a finite number > 0 \(seconds"),
 ])
 def test_nan_and_inf_are_refused_before_the_ranks_compare_settings(monkeypatch, options, words):
     """``nan != nan``: a nan bucket_mb given to every rank was reported as ranks given

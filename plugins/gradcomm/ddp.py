@@ -54,7 +54,7 @@ def _refuse_non_bool(options: dict[str, Any]) -> None:
 
 
 def comm_hook(model: nn.Module, *, optimizer: str = "sgd", momentum: float = 0.0,
-              process_group: Any = None, bucket_mb: float = 25.0,
+              process_group: Any = None, bucket_mb: float = 25.0, timeout_s: float = 300.0,
               **options: Any) -> tuple[Any, Callable[..., Any]]:
     """``(state, hook)`` for ``ddp.register_comm_hook(state, hook)``: gradcomm's codec on
     every gradient bucket of your own DDP job.
@@ -68,11 +68,14 @@ def comm_hook(model: nn.Module, *, optimizer: str = "sgd", momentum: float = 0.0
     SGD must be built with that same ``momentum``: the decoder hands it
     ``S_t - m*S_{t-1}``, so torch's momentum buffer equals the sent velocity sum ``S_t``
     (with ``momentum=0`` the step would apply that difference: no momentum at all).
-    ``state.report()`` gives gradcomm's summary row (bytes sent, ratio)."""
+    ``process_group``, ``bucket_mb`` and ``timeout_s`` (how long a rank waits for the
+    others, seconds) are ``accelopt.ddp.comm_hook``'s and go to it unchanged (see there for
+    what is not checked about ``process_group``). ``state.report()`` gives gradcomm's
+    summary row (bytes sent, ratio)."""
     from accelopt_plugins.gradcomm import PLUGIN
     from accelopt_plugins.gradcomm.plugin import GradcommPlugin
 
-    from accelopt.ddp import bucket_size
+    from accelopt.ddp import bucket_size, timeout_seconds
     from accelopt.ddp import comm_hook as accelopt_comm_hook
 
     known = {f.name for f in dataclasses.fields(GradcommConfig)}
@@ -93,6 +96,7 @@ def comm_hook(model: nn.Module, *, optimizer: str = "sgd", momentum: float = 0.0
     validate(config)
     momentum_factor(config, optimizer, momentum)  # refuse what cannot apply, in one line
     bucket_size(bucket_mb)  # before the ranks compare it: nan != nan reads as a mismatch
+    timeout_seconds(timeout_s)
     if dist.is_initialized():  # (without a group, accelopt's comm_hook says so below)
         _same_on_every_rank({**dataclasses.asdict(config), "optimizer": optimizer,
                              "momentum": float(momentum), "bucket_mb": bucket_mb},
@@ -103,4 +107,4 @@ def comm_hook(model: nn.Module, *, optimizer: str = "sgd", momentum: float = 0.0
                   momentum=float(momentum))
     spec = dataclasses.replace(PLUGIN, factory=lambda _c: plugin)
     return accelopt_comm_hook(model, [(spec, plugin)], process_group=process_group,
-                              bucket_mb=bucket_mb, job=job)
+                              bucket_mb=bucket_mb, timeout_s=timeout_s, job=job)

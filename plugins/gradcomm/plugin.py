@@ -13,7 +13,7 @@ from accelopt_plugins.gradcomm.config import GradcommConfig, momentum_factor, va
 
 from accelopt import JobInfo, ReportRow, RunInfo, TransferRecord, hookimpl
 from accelopt.drivers.cluster.transport import allreduce_wire_bytes
-from accelopt.errors import AccelOptError
+from accelopt.errors import AccelOptError, UserError
 from accelopt.types import INERT
 from accelopt.units import format_bytes
 
@@ -89,12 +89,61 @@ class GradcommPlugin:
     @hookimpl
     def accelopt_state_save(self, job: JobInfo) -> dict[str, Any] | None:
         """The error-feedback residuals (and DGC's velocities) of this rank: without them a
-        resumed run would drop what the last steps held back."""
-        return self.codec.state_dict()
+        resumed run would drop what the last steps held back. With the options they were
+        made under (``options``), which a load compares with its own."""
+        state = self.codec.state_dict()
+        if state is not None:
+            state["options"] = self._state_options()
+        return state
 
     @hookimpl
     def accelopt_state_load(self, job: JobInfo, state: dict[str, Any]) -> None:
+        """Refused in one line when the state was saved under other options: loaded as it
+        was, a state of other bucket sizes failed at the first backward inside the encoder
+        with torch's "The size of tensor a (132) must match the size of tensor b (1476)",
+        and a top-k state loaded into an fp16 codec was accepted silently (its residuals
+        added into the fp16 gradients, and saved again with the next state)."""
+        self._refuse_other_options(state)
         self.codec.load_state_dict(state)
+
+    def _state_options(self) -> dict[str, Any]:
+        """The options the carried state depends on (``None`` where one does not apply):
+        the wire dtype, the sparsifier and its density or threshold, error feedback, DGC's
+        momentum factor (0: off), factor masking, top-k's scope and the bucket size."""
+        codec, c = self.codec, self.config
+        topk, corrected = codec.sparsify == "topk", codec.corrected
+        return {"dtype": c.dtype, "sparsify": codec.sparsify,
+                "density": codec.density if topk else None,
+                "threshold": codec.threshold if codec.sparsify == "threshold" else None,
+                "error_feedback": codec.error_feedback,
+                "momentum": codec.momentum if corrected else 0.0,
+                "factor_masking": codec.factor_masking if corrected else None,
+                "topk_scope": codec.scope if topk else None,
+                "bucket_mb": self.bucket_mb}
+
+    def _refuse_other_options(self, state: dict[str, Any]) -> None:
+        """The options that differ from the saved state's, or a saved bucket whose
+        size is not this job's (the same options on another model), in one line."""
+        fix = ("make the hook (or run) with the options the state was saved with, or start "
+               "without the saved gradcomm state")
+        saved = state.get("options")
+        if isinstance(saved, dict):
+            mine = self._state_options()
+            differ = [key for key, value in mine.items() if key in saved and saved[key] != value]
+            if differ:
+                then = ", ".join(f"{key}={_shown(saved[key])}" for key in differ)
+                now = ", ".join(f"{key}={_shown(mine[key])}" for key in differ)
+                raise UserError(f"gradcomm: the saved state was made with {then}; this hook "
+                                f"has {now}; {fix}")
+        layout = self._layout()
+        for name, numel in (state.get("numel") or {}).items():
+            spans = layout.get(name)
+            size = spans[-1][3] if spans else None
+            if layout and size != numel:
+                have = f"has {size} elements" if size is not None else "does not exist"
+                raise UserError(f"gradcomm: the saved state's {name} holds {numel} gradient "
+                                f"elements, and this job's {name} {have} (another model or "
+                                f"bucket size); {fix}")
 
     # -- send / recv -------------------------------------------------------------------
 
@@ -246,6 +295,12 @@ class GradcommPlugin:
             metrics["wire_bytes_per_iteration"] = sent // iters
             metrics["dense_wire_bytes_per_iteration"] = self.dense_wire_bytes // iters
         return [ReportRow("gradcomm", text, metrics)]
+
+
+def _shown(value: object) -> str:
+    """An option's value in a message: a float as the user would write it (a bucket of
+    ``1e-4`` MiB is kept as 9.5367431640625e-05, whole bytes)."""
+    return f"{value:.4g}" if isinstance(value, float) else repr(value)
 
 
 def _job_optimizers(run_config: Any) -> list[tuple[str, float]]:

@@ -24,7 +24,9 @@ nan: a mean over no labelled position).
 
 One instance per job and rank. ``begin(iteration)`` plans an iteration's transfers (the order
 hook is asked then); the runtime calls it from the job's exchange, and a user's DDP script,
-which has no such call, gets it from the first bucket of each iteration.
+which has no such call, gets it from the first bucket of each iteration (DDP's bucket of
+``index() == 0`` that is not part of the current one: with ``static_graph=True`` every
+bucket of DDP's first iteration has index 0, see :meth:`BucketHook._starts_iteration`).
 """
 
 from __future__ import annotations
@@ -154,17 +156,17 @@ class BucketHook:
     # -- the hook ----------------------------------------------------------------------
 
     def __call__(self, bucket: dist.GradBucket) -> torch.futures.Future:
-        if self.self_planning and bucket.index() == 0:
-            if self.iteration >= 0:
-                self.transport.finish_allreduce(self.iteration)
-                self._forget()
-            self.begin(self.iteration + 1)
         buffer = bucket.buffer()
         params = bucket.parameters()
         key = tuple(id(p) for p in params)
         plan = self._plans.get(key)
         if plan is None:
             plan = self._plans[key] = self._plan(params)
+        if self.self_planning and bucket.index() == 0 and self._starts_iteration(plan):
+            if self.iteration >= 0:
+                self.transport.finish_allreduce(self.iteration)
+                self._forget()
+            self.begin(self.iteration + 1)
         if plan.exact is not None:
             b = plan.exact
             self._sent.add(b)
@@ -188,13 +190,32 @@ class BucketHook:
             touched = [self._futures[b] for b in plan.touched]
             out = torch.futures.collect_all(touched).then(
                 lambda _f: self._scatter(plan, buffer))
-        if bucket.is_last():
-            if self.on_last_bucket is not None:
-                self.on_last_bucket()
+        if bucket.is_last() and self.on_last_bucket is not None:
+            self.on_last_bucket()
+        if bucket.is_last() or len(self._sent) == len(self.logical):
             # every bucket of the iteration is posted: a transfer still held by the order
-            # hook waits for a tensor that never comes; say so instead of hanging backward
+            # hook waits for a tensor that never comes; say so instead of hanging backward.
+            # (Also without is_last(): DDP with static_graph=True flags no bucket of its
+            # first iteration as the last one.)
             self.transport.wait_started(self.iteration)
         return out
+
+    def _starts_iteration(self, plan: _Plan) -> bool:
+        """Whether a DDP bucket of ``index() == 0`` begins a new iteration (a user's script,
+        where nobody calls :meth:`begin`). Not always: DDP with ``static_graph=True`` hands
+        over *every* bucket of its first iteration with ``index() == 0`` (and none with
+        ``is_last()``), and a model with parameters of several dtypes has several buckets
+        then; reading each as a new iteration finished the iteration with a planned
+        transfer still to come, which waited for the order timeout. A new iteration begins
+        when every logical bucket of the current one has been sent, or when this DDP bucket
+        holds a gradient the current iteration has already taken (DDP hands each gradient
+        over once per iteration). Nothing planned yet (a new hook, or one given a saved
+        state's iteration count) begins one too."""
+        if not self._futures or len(self._sent) == len(self.logical):
+            return True
+        return any(piece.bucket in self._sent
+                   or piece.position in self._parts.get(piece.bucket, ())
+                   for piece in plan.pieces)
 
     def state_dict(self) -> dict[str, Any]:
         """What a resumed script needs to continue as the uninterrupted one would: each
@@ -225,6 +246,7 @@ class BucketHook:
         for name, plugin_state in (state.get("plugins") or {}).items():
             host.call_one(name, STATE_LOAD, job=job, state=plugin_state)
         self.iteration = int(state.get("iteration", -1))
+        self._futures = []  # the next bucket of index 0 begins the next iteration
 
     def unsent(self, params: dict[str, torch.Tensor]) -> list[str] | None:
         """After backward: ``None`` when DDP handed over every bucket of the iteration, else
