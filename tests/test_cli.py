@@ -380,7 +380,8 @@ def test_a_job_index_past_the_workloads_jobs_names_the_fix(tmp_path):
     assert result.returncode == 2
     assert result.stderr.strip() == (
         "error: workload.jobs.5 is not a job of this workload (it has fewer); set a key of "
-        "an existing job, or give the whole list: workload.jobs=[{...}]")
+        "an existing job, or give the whole list, one mapping per job: "
+        "workload.jobs=[{name: a, model: mlp},{name: b, model: cnn}]")
 
 
 def test_conflicting_plugins_one_line(tmp_path):

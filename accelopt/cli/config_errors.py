@@ -54,10 +54,14 @@ def describe_config_error(exc: BaseException, overrides: Sequence[str] = ()) -> 
         return _joined(str(exc))
     if getattr(cause, "problem_mark", None) is not None:  # YAML: the file, line and problem
         return f"a YAML file does not parse: {_joined(str(cause))}"
-    added = re.fullmatch(r"workload\.jobs\[(\d+)\]", str(key or ""))
-    if added and "is not a subclass of JobConfig" in message:
-        return (f"workload.jobs.{added.group(1)} is not a job of this workload (it has fewer); "
-                "set a key of an existing job, or give the whole list: workload.jobs=[{...}]")
+    element = re.fullmatch(r"workload\.jobs\[(\d+)\]", str(key or ""))
+    if element:
+        line = _job_element_message(element.group(1), message)
+        if line:
+            return line
+    removed = _removed_element_message(exc, overrides)
+    if removed:
+        return removed
     missing = re.search(r"Could not find '(\w+)/([^']+)'", str(exc))
     if missing:
         return _unknown_option_message(missing.group(1), missing.group(2))
@@ -69,6 +73,46 @@ def describe_config_error(exc: BaseException, overrides: Sequence[str] = ()) -> 
         lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
         return "; ".join(lines[:2])
     return f"{key}: {message}" if key else message
+
+
+WHOLE_JOBS = ("give the whole list, one mapping per job: "
+              "workload.jobs=[{name: a, model: mlp},{name: b, model: cnn}]")
+"""The fix of every mistake about the elements of ``workload.jobs`` (a list of jobs is
+given whole: OmegaConf neither grows nor shrinks it by index)."""
+
+
+def _job_element_message(index: str, message: str) -> str | None:
+    """``workload.jobs.N`` refused by OmegaConf: a key set in a job past the end (it made
+    an empty mapping there), a job added by index, or an element that is not a job mapping
+    (``workload.jobs=[5]``, ``[null]``). Each says which, and that the fix is the whole
+    list; None for any other error at that key."""
+    if "Invalid type assigned: dict is not a subclass of JobConfig" in message:
+        return (f"workload.jobs.{index} is not a job of this workload (it has fewer); set a key "
+                f"of an existing job, or {WHOLE_JOBS}")
+    if "list index out of range" in message:
+        return (f"workload.jobs.{index}: a job cannot be added by its index (the workload has "
+                f"fewer jobs); {WHOLE_JOBS}")
+    given = re.search(r"is not a subclass of JobConfig\. value: (.*)", message)
+    if given or "cannot be assigned None" in message:
+        value = "null" if given is None or given.group(1) == "None" else given.group(1).strip()
+        return (f"workload.jobs.{index} is {value}, not a job: every element must be a job "
+                f"mapping; {WHOLE_JOBS}")
+    return None
+
+
+def _removed_element_message(exc: BaseException, overrides: Sequence[str]) -> str | None:
+    """``~workload.jobs.1``: Hydra deletes by key, and a list's index is not one (its
+    error was Python's "list indices must be integers or slices, not str")."""
+    if "list indices must be integers" not in str(exc):
+        return None
+    for override in overrides:
+        found = re.fullmatch(r"~([\w.]+)\.(\d+)(=.*)?", override)
+        if found:
+            fix = (WHOLE_JOBS.replace("the whole list", "the whole list without it", 1)
+                   if found.group(1) == "workload.jobs"
+                   else f"give the whole list without it: {found.group(1)}=[...]")
+            return f"'{override}': an element of a list cannot be removed by its index; {fix}"
+    return None
 
 
 def _several_values_message(override: str) -> str:

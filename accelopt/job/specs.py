@@ -189,6 +189,7 @@ def validate_spec(spec: JobConfig) -> None:
         raise ConfigError(f"{where}: arrival_s must be in [0, {MAX_ARRIVAL_S:g}] (seconds after "
                           f"the run starts), got {spec.arrival_s}")
     _check_names(spec, where)
+    _check_buildable(spec, where)
 
 
 MAX_ARRIVAL_S = 1e9
@@ -276,3 +277,87 @@ def _check_names(spec: JobConfig, where: str) -> None:
                                  "'package.module:factory'")
         except ValueError as exc:
             raise ConfigError(f"{where}: {exc}") from None
+
+
+ZOO_DATASET_KINDS = {"synthetic_vectors": "vector", "synthetic_images": "image",
+                     "synthetic_sequences": "sequence", "digits": "image"}
+"""The kind of input each zoo dataset gives, known by its name (``Dataset.input_kind`` once
+built)."""
+
+
+class _NamedDataset:
+    """What :func:`~accelopt.workloads.data.check_compatible` and ``check_rows`` read of a
+    dataset, known from a zoo dataset's name without building it."""
+
+    def __init__(self, name: str, input_kind: str, n_train: int | None) -> None:
+        self.name, self.input_kind, self.n_train = name, input_kind, n_train
+
+
+def _check_buildable(spec: JobConfig, where: str) -> None:
+    """What building the job would refuse and its settings already tell: a zoo model's
+    width, keywords given to a zoo model or dataset (they take none), a zoo model on a zoo
+    dataset of the wrong kind, a training batch larger than a synthetic dataset, keywords a
+    ``module:factory`` does not take. Checked with the settings because a cluster run builds
+    its jobs inside the ranks, after its processes and run directory exist: the same mistake
+    refused here is refused before anything starts, in every mode."""
+    from accelopt.job.job import check_rows
+    from accelopt.workloads import MODEL_NAMES, check_compatible, default_dataset_for
+    from accelopt.workloads.data import _DEFAULT_N_TRAIN
+    from accelopt.workloads.refs import is_ref
+
+    model, zoo_model = str(spec.model), str(spec.model) in MODEL_NAMES
+    if zoo_model and spec.width is not None and (isinstance(spec.width, bool)
+                                                 or int(spec.width) < 1):
+        raise ConfigError(f"{where}: width must be >= 1 (or null: the model's default), got "
+                          f"{spec.width}")
+    if zoo_model and spec.model_kwargs:
+        raise ConfigError(f"{where}: model_kwargs {dict(spec.model_kwargs)} given for the zoo "
+                          f"model {model!r}, which takes width only; model_kwargs are for "
+                          "'module:factory' models (drop them)")
+    dataset = str(spec.dataset) if spec.dataset is not None else (
+        default_dataset_for(model) if zoo_model else None)
+    if dataset is None:
+        return
+    if not is_ref(dataset) and spec.dataset_kwargs:
+        raise ConfigError(f"{where}: dataset_kwargs {dict(spec.dataset_kwargs)} given for the "
+                          f"zoo dataset {dataset!r}; dataset_kwargs are for 'module:factory' "
+                          "datasets (drop them)")
+    for what, name, kwargs in (("model", model, spec.model_kwargs),
+                               ("dataset", dataset, spec.dataset_kwargs)):
+        if is_ref(name) and kwargs:
+            _check_keywords(name, what, kwargs, where)
+    kind = ZOO_DATASET_KINDS.get(dataset)
+    if kind is None:
+        return
+    n_train = _DEFAULT_N_TRAIN if dataset.startswith("synthetic_") else None
+    try:
+        named = _NamedDataset(dataset, kind, n_train)
+        if zoo_model:
+            check_compatible(model, named)  # type: ignore[arg-type]
+        check_rows(named, spec)
+    except ValueError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+def _check_keywords(ref: str, what: str, kwargs: Mapping[str, Any], where: str) -> None:
+    """The job's ``<what>_kwargs`` names against the factory's signature: a keyword it does
+    not take is refused as building would refuse it (``refs.call_factory``), without calling
+    the factory."""
+    import inspect
+
+    from accelopt.workloads.refs import resolve_ref
+
+    try:
+        factory = resolve_ref(ref, what)
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):  # no signature (a builtin), or refused where it is built
+        return
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    unknown = [k for k in kwargs if k not in params
+               or params[k].kind is inspect.Parameter.POSITIONAL_ONLY]
+    if unknown:
+        takes = ", ".join(params) or "no keywords"
+        raise ConfigError(f"{where}: {what} {ref!r} cannot be called with {', '.join(kwargs)}: "
+                          f"it takes no keyword {unknown[0]!r} (it takes {takes}); set "
+                          f"{what}_kwargs to what it takes")

@@ -478,6 +478,8 @@ def _execute_cluster(cfg: DictConfig, run_dir: Path, registry: Registry, console
                               when_jobs_end=drawing.start)
     except BaseException as exc:
         drawing.close()
+        if getattr(exc, "never_started", False):
+            raise  # refused as the ranks built their jobs: nothing to keep (launch.py)
         record.duration_s = time.perf_counter() - started
         specs = job_specs(cfg)
         ended = getattr(exc, "ended", {})
@@ -724,8 +726,11 @@ def _maybe_resume(
     (but for the :data:`HONOURED` settings ``overrides`` gives), into this invocation's own
     ``run_dir``; the old directory is only read. Returns the config to run and the
     directory resumed from (``None``: not resuming)."""
-    if not cfg.run.resume:
+    if cfg.run.resume is None:
         return cfg, None
+    if not str(cfg.run.resume).strip():  # `run.resume=` started a new run, recorded as ''
+        raise UserError("run.resume is empty: give the run directory to resume, or leave "
+                        "run.resume out")
     old_dir = resume_target(str(cfg.run.resume))
     if old_dir.resolve() == Path(run_dir).resolve():
         raise UserError(f"run.resume: {old_dir} is also this run's output directory; a resumed "

@@ -10,6 +10,7 @@ this process *is* one rank: nothing is spawned, and rank 0's outcome carries eve
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import pickle
@@ -128,9 +129,33 @@ def run_cluster(cfg: DictConfig, *, run_dir: str | os.PathLike[str] = ".",
             exc.ended = faults.read_ended(work)  # type: ignore[attr-defined]
             exc.reached = faults.reached(work, exc)  # type: ignore[attr-defined]
             exc.so_far = read_so_far(work)  # type: ignore[attr-defined]
+            exc.never_started = never_started(  # type: ignore[attr-defined]
+                exc, work, settings.world_size)
             raise
     with collector_paused():
         return build_outcome(ranks, settings)
+
+
+def never_started(exc: BaseException, work: str, world: int) -> bool:
+    """Whether a cluster run that failed with ``exc`` was refused rather than stopped: bad
+    input (a :class:`UserError`, e.g. a job's model factory raising as the ranks build their
+    jobs) found before any rank ran an iteration, and every rank's own failure bad input too
+    (or a peer's consequence). Such a run is treated as a one-process run refused before it
+    started: exit 2, one line, and nothing of its outputs kept, so the same directory takes
+    the fixed command (kept, its evidence refused the rerun as "already holds a run")."""
+    if not isinstance(exc, UserError) or getattr(exc, "iteration", None) is not None:
+        return False
+    if faults.read_ended(work) or any(faults.Progress.read(work, rank) is not None
+                                      for rank in range(world)):
+        return False  # an iteration ran: the run started, its evidence is kept
+    for note in Path(work).glob("failure-*.json"):
+        try:
+            said = json.loads(note.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return False
+        if not (said.get("user_error") or said.get("communication")):
+            return False
+    return True
 
 
 @contextlib.contextmanager
@@ -501,6 +526,11 @@ def _run_torchrun(cfg: DictConfig, run_dir: str, registry: Registry | None) -> C
                 exc, rank=rank, world=world, role=settings.role(rank), at=progress.at)
             if isinstance(failure, faults.RankFailed):
                 failure.ended = faults.read_ended(work)  # rank 0's: the jobs that had ended
+            # bad input before any iteration (iterations are collective: none ran anywhere)
+            failure.never_started = (  # type: ignore[attr-defined]
+                isinstance(failure, UserError) and progress.at.iteration is None
+                and getattr(failure, "iteration", None) is None
+                and not getattr(failure, "ended", None))
             if failure is exc:
                 raise
             raise failure from exc
