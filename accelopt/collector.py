@@ -47,6 +47,17 @@ def pause_until_run_starts() -> None:
         _paused_until_run_starts = True
 
 
+def no_run_started() -> None:
+    """A command that paused the collector (:func:`pause_until_run_starts`) ends without a
+    run having started (a mistake refused first, ``accelopt run`` called in-process with
+    ``execute`` replaced): the collector on again, nothing frozen. Left off, a caller in the
+    same process (a notebook, a test session) ran on with no cyclic collection at all."""
+    global _paused_until_run_starts
+    if _paused_until_run_starts:
+        _paused_until_run_starts = False
+        gc.enable()
+
+
 def run_starts() -> None:
     """If :func:`pause_until_run_starts` paused the collector: freeze every object made so far
     (imports and configuration, never garbage: no collection scans them again) and turn the

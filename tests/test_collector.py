@@ -67,3 +67,19 @@ def test_a_run_without_the_command_leaves_the_collector_alone():
         print(gc.isenabled(), gc.get_freeze_count())
     """)
     assert seen == ["True", "0", "False", "0"]
+
+
+def test_a_run_command_refused_before_its_run_turns_the_collector_on_again(tmp_path,
+                                                                           monkeypatch):
+    """``accelopt run`` pauses the collector until its run starts; a command that ended
+    before (a refused setting, or ``execute`` replaced in a test) left it off for the rest of
+    the process: a later test found ``gc.isenabled()`` false."""
+    from accelopt.cli.main import dispatch
+
+    monkeypatch.chdir(tmp_path)
+    assert gc.isenabled()
+    from accelopt.errors import PluginResolutionError
+
+    with pytest.raises(PluginResolutionError):  # main() makes it one line, exit 2
+        dispatch(["run", "workload=tiny", "+plugins=[no_such_plugin]"], False)
+    assert gc.isenabled()

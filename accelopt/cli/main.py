@@ -167,10 +167,17 @@ def version_line() -> str:
 
 
 def _run(rest: list[str], debug: bool) -> int:
-    from accelopt.collector import pause_until_run_starts
-    from accelopt.drivers.processes import rank_server_started_early
+    from accelopt.collector import no_run_started, pause_until_run_starts
 
     pause_until_run_starts()  # no full collections over the imports (accelopt/collector.py)
+    try:
+        return _run_paused(rest, debug)
+    finally:
+        no_run_started()  # a command refused before its run leaves the collector as it was
+
+
+def _run_paused(rest: list[str], debug: bool) -> int:
+    from accelopt.drivers.processes import rank_server_started_early
 
     # The default run is a cluster run: start its ranks' forkserver before even Hydra is
     # imported, so the forkserver's imports overlap this process's imports and config
