@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from gloo_pair import two_ranks
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -484,27 +485,19 @@ def _misuse(rank: int) -> dict[str, str]:
     return out
 
 
-def _user_worker(rank: int, init: str, out_dir: str, what: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+def _user_results(rank: int, what: str) -> dict:
     if what == "misuse":
-        results = _misuse(rank)
-    else:
-        gen = torch.Generator().manual_seed(20 + rank)
-        batches = [torch.randn(8, 16, generator=gen) for _ in range(4)]
-        half = _resumable(rank, batches[:2], None)
-        results = {"whole": _resumable(rank, batches, None),
-                   "resumed": _resumable(rank, batches[2:], half),
-                   "forgot": _resumable(rank, batches[2:], half, restore_hook=False)}
-    torch.save(results, os.path.join(out_dir, f"{what}{rank}.pt"))
-    gc.collect()
-    dist.destroy_process_group()
+        return _misuse(rank)
+    gen = torch.Generator().manual_seed(20 + rank)
+    batches = [torch.randn(8, 16, generator=gen) for _ in range(4)]
+    half = _resumable(rank, batches[:2], None)
+    return {"whole": _resumable(rank, batches, None),
+            "resumed": _resumable(rank, batches[2:], half),
+            "forgot": _resumable(rank, batches[2:], half, restore_hook=False)}
 
 
 def _spawn_user(tmp_path, what: str) -> list[dict]:
-    mp.spawn(_user_worker, args=(f"file://{tmp_path / 'rendezvous'}", str(tmp_path), what),
-             nprocs=2)
-    return [torch.load(tmp_path / f"{what}{r}.pt") for r in range(2)]
+    return two_ranks(tmp_path, what, _user_results)
 
 
 @pytest.mark.timeout(120)

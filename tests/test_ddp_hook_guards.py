@@ -4,13 +4,9 @@ iteration has ``index() == 0``) and a saved hook state made with other options."
 
 from __future__ import annotations
 
-import gc
-import os
-
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
+from gloo_pair import two_ranks
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -95,22 +91,14 @@ def _resume_elsewhere(rank: int) -> dict[str, str]:
     return out
 
 
-def _worker(rank: int, init: str, out_dir: str, what: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+def _compute(rank: int, what: str) -> dict:
     if what == "static":
-        results: dict = {how: _static(rank, how) for how in ("ddp", "accelopt", "gradcomm")}
-    else:
-        results = _resume_elsewhere(rank)
-    torch.save(results, os.path.join(out_dir, f"{what}{rank}.pt"))
-    gc.collect()  # the DDP wrappers, before the group goes
-    dist.destroy_process_group()
+        return {how: _static(rank, how) for how in ("ddp", "accelopt", "gradcomm")}
+    return _resume_elsewhere(rank)
 
 
 def _spawn(tmp_path, what: str) -> list[dict]:
-    mp.spawn(_worker, args=(f"file://{tmp_path / 'rendezvous'}", str(tmp_path), what),
-             nprocs=2)
-    return [torch.load(tmp_path / f"{what}{r}.pt") for r in range(2)]
+    return two_ranks(tmp_path, what, _compute)
 
 
 @pytest.mark.timeout(120)
