@@ -303,7 +303,7 @@ def _check_buildable(spec: JobConfig, where: str) -> None:
     from accelopt.job.job import check_rows
     from accelopt.workloads import MODEL_NAMES, check_compatible, default_dataset_for
     from accelopt.workloads.data import _DEFAULT_N_TRAIN
-    from accelopt.workloads.refs import is_ref
+    from accelopt.workloads.refs import is_ref, refuse_unknown_keywords
 
     model, zoo_model = str(spec.model), str(spec.model) in MODEL_NAMES
     if zoo_model and spec.width is not None and (isinstance(spec.width, bool)
@@ -325,7 +325,10 @@ def _check_buildable(spec: JobConfig, where: str) -> None:
     for what, name, kwargs in (("model", model, spec.model_kwargs),
                                ("dataset", dataset, spec.dataset_kwargs)):
         if is_ref(name) and kwargs:
-            _check_keywords(name, what, kwargs, where)
+            try:
+                refuse_unknown_keywords(name, what, kwargs)
+            except ValueError as exc:
+                raise ConfigError(f"{where}: {exc}") from None
     kind = ZOO_DATASET_KINDS.get(dataset)
     if kind is None:
         return
@@ -337,27 +340,3 @@ def _check_buildable(spec: JobConfig, where: str) -> None:
         check_rows(named, spec)
     except ValueError as exc:
         raise ConfigError(f"{where}: {exc}") from None
-
-
-def _check_keywords(ref: str, what: str, kwargs: Mapping[str, Any], where: str) -> None:
-    """The job's ``<what>_kwargs`` names against the factory's signature: a keyword it does
-    not take is refused as building would refuse it (``refs.call_factory``), without calling
-    the factory."""
-    import inspect
-
-    from accelopt.workloads.refs import resolve_ref
-
-    try:
-        factory = resolve_ref(ref, what)
-        params = inspect.signature(factory).parameters
-    except (TypeError, ValueError):  # no signature (a builtin), or refused where it is built
-        return
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return
-    unknown = [k for k in kwargs if k not in params
-               or params[k].kind is inspect.Parameter.POSITIONAL_ONLY]
-    if unknown:
-        takes = ", ".join(params) or "no keywords"
-        raise ConfigError(f"{where}: {what} {ref!r} cannot be called with {', '.join(kwargs)}: "
-                          f"it takes no keyword {unknown[0]!r} (it takes {takes}); set "
-                          f"{what}_kwargs to what it takes")

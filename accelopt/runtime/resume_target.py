@@ -65,9 +65,9 @@ def run_mode(cfg: Any) -> str:
     level was refused as a cluster run (``accelopt.run``), and the command line started
     the ranks' process server for it."""
     resume = cfg.run.get("resume")
-    if resume and str(resume).lower() not in ("null", "none", "''", '""'):
-        return str(run_config(resume_target(str(resume))).cluster.mode)
-    return str(cfg.cluster.mode)
+    if resume is None or not str(resume).strip():  # none, or empty (refused as the run starts)
+        return str(cfg.cluster.mode)
+    return str(run_config(resume_target(str(resume))).cluster.mode)
 
 
 def packed_sweep_note(old_dir: Path, run_dir: Path) -> str:

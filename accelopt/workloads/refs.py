@@ -69,6 +69,27 @@ def import_error(exc: BaseException) -> str:
     return f"{error_text(exc)}{where}"
 
 
+def refuse_unknown_keywords(ref: str, what: str, extra: Mapping[str, Any]) -> None:
+    """The user's keywords ``extra`` against the signature of the factory ``ref`` names,
+    without calling it: one it does not take raises ``ValueError`` in one line, as
+    :func:`call_factory` would once the job is built. Checked with the settings because a
+    cluster run builds its jobs inside the ranks, after its processes have started. A
+    factory without a signature, or taking ``**kwargs``, takes any."""
+    try:
+        params = inspect.signature(resolve_ref(ref, what)).parameters
+    except (TypeError, ValueError):  # no signature (a builtin), or refused where it is built
+        return
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    unknown = [k for k in extra if k not in params
+               or params[k].kind is inspect.Parameter.POSITIONAL_ONLY]
+    if unknown:
+        takes = ", ".join(params) or "no keywords"
+        raise ValueError(f"{what} {ref!r} cannot be called with {', '.join(extra)}: it takes "
+                         f"no keyword {unknown[0]!r} (it takes {takes}); set {what}_kwargs to "
+                         "what it takes")
+
+
 def call_factory(ref: str, what: str, standard: Mapping[str, Any],
                  extra: Mapping[str, Any] | None) -> Any:
     """Build with the factory ``ref`` names: ``extra`` (the user's keywords) plus those of

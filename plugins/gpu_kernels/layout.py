@@ -175,18 +175,23 @@ class ChannelsLast:
         self._measuring = True
         try:  # the trial and measuring steps must not draw from the job's random stream
             with isolated_rng():
+                if self.mode != "on":  # the measurement runs both layouts: a failure there
+                    try:  # is diagnosed after it, not by a trial step before every one
+                        return measure_channels_last(model, args, kwargs=kwargs,
+                                                     training=training, reps=self.reps,
+                                                     min_gain=self.min_gain)
+                    except Exception:
+                        failure = layout_failure(model, args, kwargs, image, training)
+                        if failure is None:
+                            raise  # it fails in the default layout too: its own error
+                        return LayoutDecision(False, reason="kept contiguous: the model fails "
+                                              f"in channels_last, {failure}")
                 failure = layout_failure(model, args, kwargs, image, training)
-                if failure is not None and self.mode == "on":
+                if failure is not None:
                     raise UserError(
                         f"plugins.gpu_kernels.channels_last=on: the model fails in the "
                         f"channels_last layout and runs in the default one: {failure}; "
                         "change the forward, or set channels_last=auto (falls back) or off")
-                if failure is not None:
-                    return LayoutDecision(False, reason="kept contiguous: the model fails in "
-                                          f"channels_last, {failure}")
-                if self.mode == "on":
-                    return LayoutDecision(True, reason="forced on")
-                return measure_channels_last(model, args, kwargs=kwargs, training=training,
-                                             reps=self.reps, min_gain=self.min_gain)
+                return LayoutDecision(True, reason="forced on")
         finally:
             self._measuring = False
