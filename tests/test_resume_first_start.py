@@ -111,8 +111,8 @@ def test_a_cluster_jobs_first_start_is_carried_as_its_queueing_delay(tmp_path):
                                     train_t0=0.25 if rank == 0 else None,
                                     statuses={"00-mlp": ("done", "")} if rank == 0 else {}))
         (result,) = build_outcome(ranks, settings_from(cluster)).results
-        assert result.job.arrival_s == pytest.approx(-7.75), mode
-        assert result.first_start_s == pytest.approx(-7.0), mode
+        assert result.job.arrival_s == pytest.approx(-8.0), mode
+        assert result.first_start_s == pytest.approx(-7.25), mode
         assert result.queueing_s == pytest.approx(0.75), mode
         assert result.first_start_s - result.job.arrival_s == pytest.approx(result.queueing_s)
 

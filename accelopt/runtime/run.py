@@ -628,15 +628,10 @@ def _ended_before(result: JobResult, ended: dict[str, dict[str, Any]],
     iterations every worker finished, which its losses and trace count (the leader's
     progress ran ahead of them: a parameter server was 5 iterations past the workers).
 
-    Its times are on the trace's clock, as a finished run's (``build_outcome``): every
-    job's arrival counts from ``train_t0``, the leader's clock when every rank had built
-    every job, which the leader records with each job's end (a record without it counts
-    from the configured arrival: JCT and queueing delay are right, the times are not the
-    trace's)."""
-    t0 = next((float(e["train_t0"]) for e in ended.values()
-               if e.get("train_t0") is not None), 0.0)
-    arrival = t0 + result.job.arrival_s
-    result.job = dataclasses.replace(result.job, arrival_s=arrival)
+    Its times are on the training clock, as a finished run's (``build_outcome``): its
+    arrival as configured (0 when every rank had built every job), its first start and end
+    that arrival plus the queueing delay and JCT the leader recorded."""
+    arrival = result.job.arrival_s
     mine = ended.get(result.job.job_id)
     if mine is None:
         return result

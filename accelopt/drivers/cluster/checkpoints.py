@@ -52,7 +52,12 @@ class RankCheckpointer:
     def __init__(self, run_dir: str | Path, every: int, rank: int, world: int) -> None:
         self.run_dir, self.every, self.rank, self.world = Path(run_dir), every, rank, world
         self.clock_offset = 0.0
-        """A resumed run: the clock of the run it resumed, which ``clock_s`` goes on from."""
+        """A resumed run: the clock of the run it resumed, which ``clock_s`` goes on from.
+        ``clock_s`` is on the training clock (from ``train_t0``, when every rank had built
+        every job), the clock a job's reported times are on
+        (:func:`~accelopt.drivers.cluster.driver.on_training_clock`): a job that had arrived
+        before the stop is at a negative arrival after the resume whatever either run's
+        start-up took."""
 
     def after_step(self, part: RankJob) -> None:
         job = part.job

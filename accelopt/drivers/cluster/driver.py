@@ -59,6 +59,27 @@ FREE = 2
 """Decision flag: run the job's remaining iterations without waiting for more decisions."""
 
 
+def on_training_clock(result: JobResult, train_t0: float | None) -> JobResult:
+    """``result`` (measured on the ranks' clock, which starts with the launcher) moved onto
+    the training clock, whose 0 is ``train_t0``, when every rank had built every job, in
+    place: its admission, first start and end move ``train_t0`` earlier, and its arrival
+    stays the one it has (as configured, or on a resumed run's clock:
+    ``checkpoints.restore_part``). So ``arrival_s`` in ``metrics.json`` means what it
+    means in one process (the configured arrival, counted from when training could start),
+    JCT and queueing delay exclude process start-up, and a resumed job that had arrived
+    before the stop is at a negative arrival whatever either run's start-up took: the
+    checkpoints' clock (``RankCheckpointer.after_step``) counts from ``train_t0`` too. On
+    the ranks' clock (``train_t0`` + arrival) a job configured at 0 would arrive after the
+    start-up, and a resumed job's sign would depend on how long the resumed run took to
+    start. ``None``: no training clock (nothing moves)."""
+    shift = float(train_t0 or 0.0)
+    for name in ("admitted_s", "first_start_s", "end_s"):
+        value = getattr(result, name)
+        if value is not None:
+            setattr(result, name, value - shift)
+    return result
+
+
 class ClusterDriver:
     """Runs this rank's part of every iteration the leader chooses."""
 
@@ -117,21 +138,19 @@ class ClusterDriver:
 
     def _ended(self, job: Job, result: JobResult) -> None:
         """A job's end, recorded where the launcher finds it if the run stops later: JCT and
-        queueing delay from its arrival counted as a successful run counts it (from
-        ``train_t0``, so without process start-up: ``outcome.build_outcome``), its
+        queueing delay from its arrival counted as a successful run counts it (on the
+        training clock, so without process start-up: :func:`on_training_clock`), its
         service time (the leader's part of it) and samples (the global batch per
-        iteration)."""
+        iteration). A stopped run's report puts the job at its arrival plus these, on the
+        same training clock as a successful run's."""
         part = self.jobs[job.info.job_id]
-        arrived = dataclasses.replace(
-            result, job=dataclasses.replace(
-                job.info, arrival_s=(self.train_t0 or 0.0) + job.info.arrival_s))
+        timed = on_training_clock(dataclasses.replace(result, job=job.info), self.train_t0)
         with self._ended_lock:
             self._ended_jobs[job.info.job_id] = {
                 "status": result.status, "error": result.error,
-                "iterations": result.iterations_done, "jct_s": arrived.jct_s,
-                "queueing_s": arrived.queueing_s, "service_s": part.service_s(),
-                "samples": result.iterations_done * job.info.batch_size,
-                "train_t0": self.train_t0}  # the stopped run's times go on the trace's clock
+                "iterations": result.iterations_done, "jct_s": timed.jct_s,
+                "queueing_s": timed.queueing_s, "service_s": part.service_s(),
+                "samples": result.iterations_done * job.info.batch_size}
             self._record()
 
     def _switched(self, job_id: str) -> None:
@@ -145,8 +164,7 @@ class ClusterDriver:
                         "status", "running") != "running":
                     continue
                 self._ended_jobs[other] = {"status": "running", "current": current,
-                                           "iterations": self.jobs[other].job.iteration,
-                                           "train_t0": self.train_t0}
+                                           "iterations": self.jobs[other].job.iteration}
             self._current = job_id
             self._record()
 

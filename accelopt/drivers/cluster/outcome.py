@@ -3,12 +3,12 @@ merged timeline, run-level metrics and the plugins' report rows."""
 
 from __future__ import annotations
 
-import dataclasses
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
 from accelopt.drivers.cluster import metrics as cm
+from accelopt.drivers.cluster.driver import on_training_clock
 from accelopt.drivers.cluster.rank import JobPart, RankResult, RankSoFar
 from accelopt.drivers.cluster.settings import ClusterSettings
 from accelopt.drivers.rows import merge_rows, of_plugins, representative_rows
@@ -55,7 +55,9 @@ def _median(values: list[float]) -> float | None:
 def build_outcome(ranks: list[RankResult], settings: ClusterSettings) -> ClusterOutcome:
     """Every job's outcome as if it were alone (its own spans and transfers), run-level
     figures over all of them (one job: that job's figures), and the plugins' rows merged over
-    the ranks. Job arrival times count from ``train_t0`` (every rank had built every job), so
+    the ranks. Every job's times are on the training clock
+    (``driver.on_training_clock``: 0 when every rank had built every job), so its arrival is
+    the configured one (on a resumed run's clock: negative for a job that had arrived) and
     JCT and queueing delay exclude process start-up; the timeline keeps the run's own time
     origin."""
     ranks = sorted(ranks, key=lambda r: r.rank)
@@ -68,10 +70,8 @@ def build_outcome(ranks: list[RankResult], settings: ClusterSettings) -> Cluster
     for job_id in job_ids:
         one = _job_outcome([r.parts[job_id] for r in ranks], settings,
                            leader.statuses.get(job_id))
-        result = one.results[0]
-        arrival = t0 + result.job.arrival_s
-        result.job = dataclasses.replace(result.job, arrival_s=arrival)
-        result.admitted_s = arrival
+        result = on_training_clock(one.results[0], t0)
+        result.admitted_s = result.job.arrival_s
         if result.end_s is None and result.status == "done" and result.carried_s:
             finished_before_the_resume(result)
         else:  # started before the resume: its first start then, not its first one here
