@@ -245,6 +245,9 @@ def test_offload_is_active_on_every_worker_of_an_allreduce_run(tmp_path):
     rows = [r for r in out.plugin_rows if r.plugin == "offload"]
     assert rows, [r.plugin for r in out.plugin_rows]
     assert any("offloaded" in r.summary for r in rows), [r.summary for r in rows]
+    # one worker's bytes (its 4 of the batch's 8 rows), said so: not the job's
+    assert all("figures per worker (each of the 2 workers training 4 of the batch's 8 rows)"
+               in r.summary for r in rows), [r.summary for r in rows]
     assert len(out.results[0].losses) == 3
 
 

@@ -35,6 +35,16 @@ behind it); parameters once per storage per period. Saves of the tracked model o
 layers the engine is installed on are counted as resident, so the offloaded share is of the
 whole model's saved tensors.
 
+A call of an installed layer that runs under the caller's own saved-tensor hooks is left to
+them: ``torch.utils.checkpoint`` (non-reentrant) saves through its hooks and drops the tensors,
+recomputing them in backward; the engine's hooks, entered inside, would be innermost and win,
+so checkpointing would stop in silence (the forward never recomputed: BatchNorm's running
+statistics updated once instead of twice, feature maps copied that checkpoint drops). So the
+engine enters its hooks only where the innermost saved-tensor hooks are its own or none, and
+never for a forward that runs during backward (checkpoint's recomputation, reentrant or not):
+that forward is not another pass, and what it saves is used at once. Those calls are counted
+(``left_to_caller``); what they save is neither offloaded nor counted.
+
 On a CPU the same code path runs (the "host" copy is another CPU tensor and no stream
 exists); the engine's byte counts then say what would leave device memory on a GPU.
 """
@@ -79,6 +89,11 @@ class PassStats:
     same feature map reuses the copy and counts in neither)."""
     fetched_on_demand: int = 0
     """Unpacks that had to copy synchronously (a prefetch miss)."""
+    left_to_caller: int = 0
+    """Calls of installed layers left to the caller's saved-tensor hooks: run under
+    ``torch.utils.checkpoint`` (or hooks of the caller's own), or recomputed by a reentrant
+    checkpoint during backward. A non-reentrant checkpoint's recomputation is the same call
+    again and is not counted twice."""
 
 
 @dataclass
@@ -172,6 +187,18 @@ def is_convolution(module: nn.Module) -> bool:
     (timm's ``StdConv2d``, gpu_kernels' ``AutotunedConv2d``, ``LazyConv*``) are; HF GPT-2's
     ``Conv1D`` (a linear layer) is not."""
     return isinstance(module, _ConvNd)
+
+
+_top_hooks: Callable[[bool], Any] | None = getattr(
+    torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+"""The innermost saved-tensor hooks in effect (pack, unpack), or None; absent from some
+torch versions."""
+
+
+def in_backward() -> bool:
+    """True while autograd's engine runs a backward on this thread: a forward that runs
+    then is a checkpoint's recomputation, not a pass of the training step."""
+    return int(torch._C._current_graph_task_id()) != -1
 
 
 def _storage_ptr(t: torch.Tensor) -> int | None:
@@ -281,11 +308,25 @@ class OffloadEngine:
 
     # -- forward-time hooks (native torch hooks, no plugin machinery) -------------------
 
+    def _caller_hooks(self) -> str:
+        """Whose saved-tensor hooks this call's saves belong to: ``""`` (none, or the
+        engine's own: enter the engine's), ``"caller"`` (the caller's, in forward: a
+        ``torch.utils.checkpoint`` around the call; left to them, counted), ``"recompute"``
+        (a forward during backward, a checkpoint's recomputation: left alone, and counted
+        only for a reentrant checkpoint, whose forward saved nothing under no_grad)."""
+        top = _top_hooks(False) if _top_hooks is not None else None
+        foreign = top is not None and getattr(top[0], "__self__", None) is not self
+        if in_backward():
+            return "recompute" if foreign else "caller"
+        return "caller" if foreign else ""
+
     def _root_pre(self, module: nn.Module, args: Any) -> None:
         if self._calls:  # the model calling itself: part of the same forward
             self._calls.append(_RootCall("inner"))
         elif not torch.is_grad_enabled():
             self._calls.append(_RootCall("no grad"))
+        elif in_backward():  # a checkpoint recomputing the model: no other pass
+            self._calls.append(_RootCall("recompute"))
         else:
             self._calls.append(_RootCall("pass", self._begin_forward(module)))
 
@@ -299,7 +340,9 @@ class OffloadEngine:
         self._conv_depth = 0
         self.current.forwards += 1
         ctx = None
-        if id(module) not in self._installed_ids:  # count what the other layers save
+        # count what the other layers save, unless the caller's hooks (a checkpoint around
+        # the model) take the saves: entered inside them, the engine's would win
+        if id(module) not in self._installed_ids and not self._caller_hooks():
             ctx = torch.autograd.graph.saved_tensors_hooks(self._pack_outside, self.unpack)
             ctx.__enter__()
         return ctx
@@ -320,13 +363,20 @@ class OffloadEngine:
     def _enter(self, module: nn.Module, args: Any) -> None:
         if self._root is None:  # installed on a layer of a model never tracked
             self._param_ptrs |= {p.untyped_storage().data_ptr() for p in module.parameters()}
-        ctx = torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
-        ctx.__enter__()
+        caller = self._caller_hooks()
+        ctx = None
+        if not caller:
+            ctx = torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
+            ctx.__enter__()
+        elif caller == "caller":  # checkpoint drops these maps: better than offloading them
+            self.current.left_to_caller += 1
         self._contexts.append(ctx)
 
     def _exit(self, module: nn.Module, args: Any, output: Any) -> None:
         if self._contexts:
-            self._contexts.pop().__exit__(None, None, None)
+            ctx = self._contexts.pop()
+            if ctx is not None:
+                ctx.__exit__(None, None, None)
 
     def _leaf_pre(self, module: nn.Module, args: Any) -> None:
         self._group += 1
@@ -517,7 +567,7 @@ class OffloadEngine:
     def close_pass(self) -> None:
         """Close the counting period (an iteration, or a forward pass with its backward)."""
         s = self.current
-        if s.offloaded_tensors or s.resident_tensors or s.param_bytes:
+        if s.offloaded_tensors or s.resident_tensors or s.param_bytes or s.left_to_caller:
             self.totals.add(s)
         self._reset_period()
 

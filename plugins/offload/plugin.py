@@ -10,9 +10,40 @@ from accelopt_plugins.offload.config import OffloadConfig, validate
 from accelopt_plugins.offload.engine import OffloadEngine, engine_on
 
 from accelopt import LayerOffer, ReportRow, RunInfo, UserError, hookimpl
+from accelopt.job.params import shard_rows
 from accelopt.types import INERT, IterationContext, IterationResult
 
 MiB = 2**20
+
+
+def worker_share(run: RunInfo, job_id: str) -> tuple[str, dict[str, int]]:
+    """Where this process is a worker of a cluster run: the words that say its figures are
+    one worker's, and the metrics behind them; ``("", {})`` elsewhere.
+
+    Why: each worker trains its own rows of the batch (contiguous, sizes differing by at most
+    one), so its bytes are its share, not the job's (half
+    of them in a run of two workers), and the core shows one worker's row unmarked when all
+    workers' rows agree. The job's total is not known here: another worker's share may be a
+    row larger, and its maps are in another process. The split is the cluster's own
+    (:func:`~accelopt.job.params.shard_rows`)."""
+    if run.role != "worker":
+        return "", {}
+    workers = max(1, run.cluster.workers)
+    index = run.rank - run.cluster.servers if run.cluster.mode == "ps" else run.rank
+    job = next((j for j in run.jobs if j.job_id == job_id), None)
+    metrics = {"per_worker": 1, "workers": workers}
+    if job is None or job.batch_size <= 0:
+        return (f" figures per worker (one of {workers}, each training its share of the "
+                "batch)", metrics)
+    sizes = [stop - start for start, stop in shard_rows(job.batch_size, workers)]
+    rows = sizes[index] if 0 <= index < workers else 0
+    metrics |= {"worker_batch_rows": rows, "batch_rows": job.batch_size}
+    if len(set(sizes)) == 1:
+        who = f"each of the {workers} workers training {rows} of the batch's {job.batch_size} rows"
+    else:
+        who = (f"this worker training {rows} of the batch's {job.batch_size} rows, split over "
+               f"{workers} workers")
+    return f" figures per worker ({who})", metrics
 
 
 class OffloadPlugin:
@@ -112,9 +143,13 @@ class OffloadPlugin:
             # counts per forward pass, and the row says so
             unit, key = (("iteration", "iteration") if engine.per_iteration
                          else ("forward pass", "forward_pass"))
+            worker, worker_metrics = worker_share(run, job_id)
+            if worker:
+                unit += " per worker"
             scope = f" on the layers matching {c.layers!r}" if c.layers else ""
             text = (
-                f"{job_id}: policy {c.policy}{scope}: {off / MiB:.2f} MiB/{unit} of saved "
+                f"{job_id}:{worker}{':' if worker else ''} policy {c.policy}{scope}: "
+                f"{off / MiB:.2f} MiB/{unit} of saved "
                 f"feature maps offloaded to host ({share:.0%}), {res / MiB:.2f} MiB/{unit} "
                 f"stayed resident{' (the other layers included)' if c.layers else ''}, "
                 f"{par / MiB:.2f} MiB parameters never offloaded; prefetch served "
@@ -131,6 +166,12 @@ class OffloadPlugin:
             }
             if engine.per_iteration:
                 metrics["iterations"] = n
+            metrics |= worker_metrics
+            if s.left_to_caller:
+                metrics["calls_left_to_checkpoint"] = s.left_to_caller
+                text += (f"; {s.left_to_caller} call(s) of the offloaded layers ran under the "
+                         "caller's torch.utils.checkpoint (or saved-tensor hooks of its own) "
+                         "and were left to it: what they save is neither offloaded nor counted")
             if off == 0:  # its policy matched no saved tensor: it changed nothing here
                 metrics[INERT] = 1
                 text += "; nothing offloaded, so this job ran as without the plugin"
