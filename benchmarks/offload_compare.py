@@ -3,7 +3,12 @@ torch.utils.checkpoint, on one VGG-16-shaped network, in one run.
 
 Prints, side by side: the saved-activation bytes left on the compute device after forward
 (what vDNN cuts), the bytes copied to the host, step time (median of --repeats timed steps
-after warm-up), and whether the gradients are bitwise equal to the baseline's.
+after warm-up), and whether the gradients are bitwise equal to the baseline's (else the
+largest difference). Bytes and gradients come from one counted pass under the same hooks as
+the timed steps. ``save_on_cpu`` copies each saved tensor into a contiguous buffer, so the
+transposed Linear weights that ``addmm`` saves come back in another memory layout and the
+matmuls of backward can round differently: its gradients may differ from the baseline's in
+the last bits (vDNN offloads feature maps only, weights never).
 
 On CUDA the activation memory is measured (``torch.cuda.max_memory_allocated`` during
 forward+backward minus what was allocated before: parameters, gradients, optimizer state).
@@ -22,6 +27,7 @@ import os
 import platform
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 import _cli
@@ -69,35 +75,47 @@ class VGG(nn.Module):
 
 class Counter:
     """Counts the bytes of saved tensors (each storage once) as they are saved, split into
-    parameters and activations; ``move`` copies them to the host (``save_on_cpu``-style)."""
+    parameters and activations, and the bytes a wrapped pack hook copied off them.
 
-    def __init__(self, params: set[int], move: bool) -> None:
-        self.params, self.move = params, move
+    Counting wraps the variant's own pack hook (``inner``; none: the tensor is kept as it is)
+    instead of nesting a second hook around it: autograd runs only the innermost
+    ``saved_tensors_hooks``, so an outer counting hook would replace the variant's own and
+    the counted pass would compute other gradients than the timed steps."""
+
+    def __init__(self, params: set[int],
+                 inner: Callable[[torch.Tensor], Any] | None = None) -> None:
+        self.params, self.inner = params, inner
         self.seen: set[int] = set()
         self.activation_bytes = self.param_bytes = self.copied_bytes = 0
+        self.resident_activation_bytes = 0
+        """Activation bytes the pack hook left where they were (on the compute device)."""
 
     def pack(self, t: torch.Tensor) -> Any:
         ptr = t.untyped_storage().data_ptr()
         nbytes = t.numel() * t.element_size()
+        packed = t if self.inner is None else self.inner(t)
+        kept = _packed_tensor(packed)
+        moved = kept is None or kept.untyped_storage().data_ptr() != ptr
+        if moved:
+            self.copied_bytes += nbytes
         if ptr in self.params:
             self.param_bytes += nbytes
         elif ptr not in self.seen:
             self.seen.add(ptr)
             self.activation_bytes += nbytes
-        if not self.move:
-            return t
-        self.copied_bytes += nbytes
-        host = torch.empty(t.size(), dtype=t.dtype, layout=t.layout,
-                           pin_memory=t.device.type == "cuda")
-        host.copy_(t)
-        return (t.device, host)
-
-    @staticmethod
-    def unpack(packed: Any) -> torch.Tensor:
-        if isinstance(packed, tuple):
-            device, host = packed
-            return host.to(device, non_blocking=True)
+            if not moved:
+                self.resident_activation_bytes += nbytes
         return packed
+
+
+def _packed_tensor(packed: Any) -> torch.Tensor | None:
+    """The tensor a pack hook kept: the value itself, or the tensor in a ``(device, tensor)``
+    pair (``save_on_cpu``'s form); None for any other form."""
+    if isinstance(packed, torch.Tensor):
+        return packed
+    if isinstance(packed, tuple) and len(packed) == 2 and isinstance(packed[1], torch.Tensor):
+        return packed[1]
+    return None
 
 
 class Variant:
@@ -130,10 +148,29 @@ class Variant:
 
     def _own_hooks(self) -> Any:
         """What the variant itself installs around forward (offload's engine is installed on
-        the model; save_on_cpu is torch's own context manager)."""
+        the model; save_on_cpu is torch's own context manager).
+
+        ``save_on_cpu`` with ``pin_memory=True`` on every device: with ``False`` its pack is
+        ``tensor.cpu()``, which on a CPU returns the tensor itself, so the variant would copy
+        nothing there and its row would repeat the baseline's. With ``True`` it copies each
+        saved tensor into a fresh host buffer (pinned where CUDA exists), as on a GPU."""
         if self.name == "save_on_cpu":
-            return torch.autograd.graph.save_on_cpu(pin_memory=self.x.device.type == "cuda")
+            return torch.autograd.graph.save_on_cpu(pin_memory=True)
         return contextlib.nullcontext()
+
+    def _counted_hooks(self) -> tuple[Any, Counter | None]:
+        """The variant's own hooks with a byte count around its pack hook (no engine: the
+        engine's own hooks are the inner ones and it counts itself). The gradients of the
+        counted pass are those of the timed steps: the same pack and unpack run."""
+        if self.engine is not None:
+            return contextlib.nullcontext(), None
+        own = self._own_hooks()
+        if isinstance(own, torch.autograd.graph.saved_tensors_hooks):
+            counter = Counter(self.params, own.pack_hook)
+            return torch.autograd.graph.saved_tensors_hooks(counter.pack, own.unpack_hook), \
+                counter
+        counter = Counter(self.params)
+        return torch.autograd.graph.saved_tensors_hooks(counter.pack, lambda t: t), counter
 
     def warm_up(self, steps: int) -> None:
         for _ in range(steps):
@@ -141,19 +178,15 @@ class Variant:
             self.opt.step()
 
     def measure(self) -> dict[str, Any]:
-        """The counted pass: resident and copied bytes, peak memory on CUDA, gradients."""
+        """The counted pass: resident and copied bytes, peak memory on CUDA, gradients, all
+        under the hooks the timed steps run."""
         device = self.x.device
         self.opt.zero_grad(set_to_none=False)
         if device.type == "cuda":
             torch.cuda.synchronize()
             base = torch.cuda.memory_allocated()
             torch.cuda.reset_peak_memory_stats()
-        counter = None
-        if self.engine is None:  # the engine's own hooks are the inner ones: it counts itself
-            counter = Counter(self.params, move=self.name == "save_on_cpu")
-            hooks: Any = torch.autograd.graph.saved_tensors_hooks(counter.pack, counter.unpack)
-        else:
-            hooks = contextlib.nullcontext()
+        hooks, counter = self._counted_hooks()
         resident_after_forward: list[int] = []
         probe = None
         if device.type == "cuda":
@@ -183,8 +216,7 @@ class Variant:
             resident, copied = s.resident_bytes // n, s.offloaded_bytes // n
         else:
             assert counter is not None
-            resident = 0 if self.name == "save_on_cpu" else counter.activation_bytes
-            copied = counter.copied_bytes
+            resident, copied = counter.resident_activation_bytes, counter.copied_bytes
         return {"name": self.name, "resident": resident, "copied": copied, "peak": peak,
                 "after_forward": resident_after_forward[0] if resident_after_forward else None,
                 "grads": grads}
@@ -196,6 +228,17 @@ class Variant:
         self._step(self._own_hooks())
         sync()
         self.times.append(time.perf_counter() - t0)
+
+
+def grads_verdict(grads: list[torch.Tensor], base: list[torch.Tensor]) -> str:
+    """``bitwise equal``, or ``differ`` with the largest absolute difference: a last-bit
+    change (a saved tensor copied into another memory layout, which changes the order of a
+    matmul's sums) reads differently from a wrong gradient."""
+    if all(torch.equal(a, b) for a, b in zip(grads, base, strict=True)):
+        return "bitwise equal"
+    worst = max(float((a.double() - b.double()).abs().max()) for a, b in
+                zip(grads, base, strict=True))
+    return f"differ (max |diff| {worst:.1e})"
 
 
 def copy_bandwidth(device: torch.device, nbytes: int = 64 * MiB, repeats: int = 5) -> float:
@@ -301,13 +344,13 @@ def main() -> None:
     print(header)
     print("-" * len(header))
     for r in results:
-        same = all(torch.equal(a, b) for a, b in zip(r["grads"], base["grads"], strict=True))
+        verdict = grads_verdict(r["grads"], base["grads"])
         cut = 1 - r["resident"] / base["resident"] if base["resident"] else 0.0
         peak = "-" if r["peak"] is None else f"{r['peak'] / MiB:.1f}"
         slow = r["step_s"] / base["step_s"] - 1
         print(f"{r['name']:<16}{r['resident'] / MiB:>13.2f}{-cut:>+9.0%}{r['copied'] / MiB:>12.2f}"
               f"{peak:>10}{r['step_s'] * 1e3:>9.1f}{slow:>+9.0%}  "
-              f"{'bitwise equal' if same else 'differ'}")
+              f"{verdict}")
     off = results[1]
     floor = 2 * off["copied"] / bandwidth
     link = "pinned device-to-host copy" if device.type == "cuda" else "memcpy (no host link on a CPU)"

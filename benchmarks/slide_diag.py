@@ -34,6 +34,23 @@ from slide_common import (  # noqa: E402
 )
 
 
+def eval_steps(steps: int, asked: list[int] | None) -> list[int]:
+    """The steps to evaluate at, in order: ``asked``, or five evenly spaced ones. Step 0 (the
+    default's first with fewer than 5 steps) is left out: evaluation follows a step, so a
+    column for it would stay empty and shift the row."""
+    chosen = asked or [steps * i // 5 for i in range(1, 6)]
+    return sorted({s for s in chosen if s >= 1})
+
+
+def table_head(evals: list[int]) -> list[str]:
+    """The lines above the rows: the bound, then the markdown header and separator. The bound
+    goes first: a line between the separator and the rows ends a markdown table there."""
+    return ["# bound: the dense variant's P@1 at each step (full softmax, the same data, weights "
+            "and lr) is what a sampled output layer can at best match; run `dense` beside",
+            "| variant | " + " | ".join(f"P@1 @{s}" for s in evals) + " | ms/step | active/sample |",
+            "|---|" + "---:|" * (len(evals) + 2)]
+
+
 def main() -> None:
     use_huge_pages()  # before any model is built: the same memory setting for every method
     ap = argparse.ArgumentParser(description=__doc__)
@@ -48,17 +65,20 @@ def main() -> None:
     ap.add_argument("--sampled-active", type=_cli.positive_int, default=1000)
     ap.add_argument("variants", nargs="+")
     args = ap.parse_args()
+    # a step past --steps is never reached: its column would be missing and the row's later
+    # figures would shift under the wrong headers
+    late = sorted(s for s in args.eval_at or [] if s > args.steps)
+    if late:
+        ap.error(f"--eval-at {' '.join(map(str, late))}: after the last step ({args.steps}); "
+                 "give steps from 1 to --steps")
+    evals = eval_steps(args.steps, args.eval_at)
     set_threads(args.threads)
     ds = synthetic(args.width)
     n, d = ds.num_classes, ds.vocab_size
-    evals = sorted(set(args.eval_at or [args.steps * i // 5 for i in range(1, 6)]))
     print(f"# machine: {machine()}")
     print(f"# {n:,} labels, batch {args.batch}, lr {args.lr}, {args.steps} steps, "
           f"P@1 on {args.eval_n} held-out points at steps {evals}")
-    print("| variant | " + " | ".join(f"P@1 @{s}" for s in evals) + " | ms/step | active/sample |")
-    print("|---|" + "---:|" * (len(evals) + 2))
-    print("# bound: the dense variant's P@1 at each step (full softmax, the same data, weights "
-          "and lr) is what a sampled output layer can at best match; run `dense` beside")
+    print("\n".join(table_head(evals)))
     for spec in args.variants:
         name, kw = parse_variant(spec)
         init = init_net(d, n)

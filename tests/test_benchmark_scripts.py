@@ -203,6 +203,10 @@ SCRIPT_ERRORS = [
     ("tictac_sim.py", ["--workers", "1"], "at least 2 workers"),
     # this checkout given as another side: run twice a round and compared with itself
     ("startup.py", ["--tree", "{checkout}"], "the same checkout given twice"),
+    # an evaluation after the last step: never reached, so the row's figures shifted left
+    # under the headers (ms/step printed under "P@1 @5000")
+    ("slide_diag.py", ["--width", "2k", "--steps", "20", "--eval-at", "10", "5000", "--", "dense"],
+     "--eval-at 5000: after the last step (20)"),
 ]
 
 
@@ -238,6 +242,21 @@ def test_offload_compare_says_there_is_no_cuda_device(tmp_path) -> None:
     assert done.stderr.strip().splitlines()[-1] == (
         "offload_compare.py: error: argument --device: 'cuda': no CUDA device is available on "
         "this machine; use --device cpu")
+
+
+@pytest.mark.timeout(30)
+def test_slide_diag_table_has_one_column_per_evaluation_and_no_line_inside() -> None:
+    """The ``# bound`` line sat between the separator and the rows, which ends a markdown
+    table; fewer than 5 steps gave a step-0 column that no evaluation filled."""
+    import slide_diag
+
+    assert slide_diag.eval_steps(3, None) == [1, 2, 3]
+    assert slide_diag.eval_steps(1500, None) == [300, 600, 900, 1200, 1500]
+    assert slide_diag.eval_steps(20, [10, 5, 10]) == [5, 10]
+    head = slide_diag.table_head([5, 10])
+    assert head[0].startswith("# bound:")
+    assert head[1:] == ["| variant | P@1 @5 | P@1 @10 | ms/step | active/sample |",
+                        "|---|---:|---:|---:|---:|"]
 
 
 @pytest.mark.timeout(30)

@@ -10,6 +10,7 @@ the GPU. Prints one line per command with its wall time and what the run recorde
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -78,9 +79,14 @@ def run(args: list[str], where: Path, cpu: bool = False) -> tuple[int, float, st
 
 
 def main() -> int:
+    # before the CUDA check: --help shows what the check does, and a mistyped option is
+    # refused here instead of starting the whole check on a GPU
+    ap = argparse.ArgumentParser(description=_cli.summary(__doc__))
+    ap.add_argument("--cpu", action="store_true",
+                    help="run the same commands on this machine's CPU (no GPU needed)")
+    cpu = ap.parse_args().cpu
     import torch
 
-    cpu = "--cpu" in sys.argv
     if not cpu and not torch.cuda.is_available():
         print("SKIP: no CUDA device (the CLI GPU check needs one; --cpu runs it here)")
         return 0

@@ -18,6 +18,7 @@ Verifies:
 
 from __future__ import annotations
 
+import argparse
 import sys
 import tempfile
 import time
@@ -165,6 +166,9 @@ def cli_runs(tmp: Path) -> list[tuple[str, bool, str]]:
 
 
 def main() -> int:
+    # before the CUDA check: --help shows what the check does, and a mistyped option is
+    # refused here instead of starting the whole check on a GPU
+    argparse.ArgumentParser(description=_cli.summary(__doc__)).parse_args()
     if not torch.cuda.is_available():
         print("SKIP: no CUDA device (cluster GPU check needs one)")
         return 0

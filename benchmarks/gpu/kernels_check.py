@@ -15,6 +15,7 @@ SKIP when there is no CUDA.
 
 from __future__ import annotations
 
+import argparse
 import math
 import statistics
 import sys
@@ -154,6 +155,9 @@ def layout() -> None:
 
 
 def main() -> int:
+    # before the CUDA check: --help shows what the check does, and a mistyped option is
+    # refused here instead of starting the whole check on a GPU
+    argparse.ArgumentParser(description=_cli.summary(__doc__)).parse_args()
     if not torch.cuda.is_available():
         print("SKIP: no CUDA device; nothing to check")
         return 0

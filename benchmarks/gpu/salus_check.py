@@ -20,6 +20,7 @@ stream, and verifies:
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -50,6 +51,9 @@ def peak_allocated_on(trace: list[dict], stream: int) -> int:
 
 
 def main() -> int:
+    # before the CUDA check: --help shows what the check does, and a mistyped option is
+    # refused here instead of starting the whole check on a GPU
+    argparse.ArgumentParser(description=_cli.summary(__doc__)).parse_args()
     if not torch.cuda.is_available():
         print("SKIP: no CUDA device (salus GPU check needs one)")
         return 0

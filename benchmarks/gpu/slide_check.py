@@ -24,7 +24,7 @@ import _cli  # noqa: E402
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=_cli.summary(__doc__))
     ap.add_argument("--width", default="670k")
     ap.add_argument("--steps", type=_cli.positive_int, default=20)
     ap.add_argument("--cpu-threads", type=_cli.nonnegative_int, default=0, help="0: all cores")

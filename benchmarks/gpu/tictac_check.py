@@ -17,6 +17,7 @@ synchronise around it, minimum over runs) and the plan built from it. Verifies:
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -27,6 +28,9 @@ import _cli  # noqa: E402
 
 
 def main() -> int:
+    # before the CUDA check: --help shows what the check does, and a mistyped option is
+    # refused here instead of starting the whole check on a GPU
+    argparse.ArgumentParser(description=_cli.summary(__doc__)).parse_args()
     if not torch.cuda.is_available():
         print("SKIP: no CUDA device (tictac GPU check needs one)")
         return 0
