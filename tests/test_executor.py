@@ -222,6 +222,38 @@ def test_open_executor_takes_submissions_and_cancels():
     assert [info.name for info, _, _ in executor.snapshot()] == ["short", "long"]
 
 
+def test_a_job_submitted_before_the_clock_starts_arrives_when_it_starts(monkeypatch):
+    """A job submitted to an open executor before run() (a service's ready callback) kept
+    its arrival on the constructor's clock; run() then restarted the clock, so the job
+    ended before it arrived: a negative JCT (-10 s here)."""
+    import threading
+
+    from accelopt.config import JobConfig
+    from accelopt.drivers import local
+    from accelopt.host import PluginHost
+    from accelopt.job import build_jobs
+
+    now = [100.0]
+    monkeypatch.setattr(local.time, "perf_counter", lambda: now[0])
+    host = PluginHost()
+    executor = local.Executor(host, [], capacity_bytes=None, device="cpu", keep_open=True)
+    monkeypatch.undo()  # the executor keeps the fake clock; nothing else sees it
+    (job,) = build_jobs([JobConfig(name="early", width=8, iterations=2)],
+                        torch.device("cpu"), host)
+    now[0] = 110.0
+    executor.submit(job)
+    now[0] = 120.0
+    runner = threading.Thread(target=executor.run)
+    runner.start()
+    try:
+        assert executor.wait(job.info.job_id, timeout_s=60) == "done"
+    finally:
+        executor.close()
+        runner.join(timeout=60)
+    ((info, result, _),) = executor.snapshot()
+    assert info.arrival_s == 0.0 and result.jct_s is not None and result.jct_s >= 0
+
+
 def test_lane_threads_use_the_runs_thread_count(run_tiny):
     """OpenMP thread counts are per OS thread: lanes must inherit run.threads."""
     from accelopt import PluginSpec, hookimpl

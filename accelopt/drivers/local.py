@@ -217,6 +217,11 @@ class Executor:
         if self._external_clock:
             self._origin = self.now()
         else:
+            with self._cv:  # submitted before the clock started (a service's ready callback):
+                for entry in self._inbox:  # they arrive when it starts, as jobs at 0 do; their
+                    # arrival on the old origin put them after their own end (a negative JCT)
+                    entry.job.info = dataclasses.replace(entry.job.info, arrival_s=0.0)
+                    entry.result.job = entry.job.info
             self._t0 = self.clock_started = self._clock()
             if self._on_clock_start is not None:  # on the clock: jobs arriving at 0 wait
                 self._on_clock_start(self._t0)  # for it (a sampler probes when made)
@@ -321,8 +326,11 @@ class Executor:
                 self._finish(entry, "failed", CANCELLED)
                 return f"{job_id} cancelled while waiting for memory"
             if not entry.busy and entry.lane:
+                done, iterations = entry.result.iterations_done, entry.job.info.iterations
                 self._finish(entry, "failed", CANCELLED)
-                return f"{job_id} cancelled between iterations; lane {entry.lane} reclaimed"
+                when = ("before it started" if done == 0 else
+                        f"after {done} of {iterations} iteration{'' if iterations == 1 else 's'}")
+                return f"{job_id} cancelled {when}; it left lane {entry.lane}"
             entry.cancel_requested = True
             return f"{job_id} will stop at the end of its current iteration"
 

@@ -133,6 +133,20 @@ def _value(key: str, value: str) -> Any:
     return parsed
 
 
+def _one_source(opts: argparse.Namespace) -> None:
+    """Refuse a submit whose parts would not all be used: ``--workload`` submits the
+    workload's own jobs, so key=value pairs or a ``--factory`` beside it were dropped without
+    a word (the jobs ran with the workload's values, the factory was never imported)."""
+    if opts.workload and opts.factory:
+        raise UserError(f"submit: --workload {opts.workload} and --factory {opts.factory} are two "
+                        "submits; give one of them")
+    if opts.workload and opts.overrides:
+        keys = ", ".join(item.partition("=")[0] for item in opts.overrides)
+        raise UserError(f"submit: --workload submits the workload's own jobs: key=value "
+                        f"overrides ({keys}) are not applied to them; drop them, or submit one "
+                        "job with model=... and those keys")
+
+
 def submit_cmd(args: list[str]) -> int:
     """Submit a job: `accelopt submit model=cnn iterations=200 batch_size=32 [name=x]`,
     `accelopt submit --workload tiny`, or `accelopt submit --factory mod:fn key=value`."""
@@ -142,6 +156,7 @@ def submit_cmd(args: list[str]) -> int:
     parser.add_argument("--factory", help="module:function returning a JobConfig/dict/Job")
     parser.add_argument("overrides", nargs="*", help="job config key=value pairs")
     opts = parser.parse_args(args)
+    _one_source(opts)
     fields = _key_values(opts.overrides)
     if opts.workload:
         message: dict[str, Any] = {"op": "submit", "workload": opts.workload}

@@ -153,10 +153,11 @@ class LaneManager:
         """Place a job, or say why not (see the module docstring for the algorithm)."""
         if job_id in self.job_lane:
             return Admission(lane=self.job_lane[job_id], reason="already admitted")
+        never = self.never_fits(persistent, ephemeral)
+        if never is not None:
+            return Admission(reject=never)
         job = self.accounted(job_id, persistent, ephemeral)
         need = job.persistent + job.ephemeral
-        if need > self.capacity:
-            return Admission(reject=self._too_big(need, persistent, ephemeral))
         lane_limit_ok = self.max_lanes <= 0 or len(self.lanes) < self.max_lanes
         if lane_limit_ok and need <= self.free:
             lane = Lane(f"L{self._next_lane}", size=need)
@@ -190,6 +191,16 @@ class LaneManager:
             )
         )
 
+    def never_fits(self, persistent: int, ephemeral: int) -> str | None:
+        """Why a job of this measured profile can never be admitted (its accounted need is
+        over the capacity), or ``None``. Admission rejects with it; a service asks it when a
+        job is submitted, so that a job no lane can ever hold is refused then instead of
+        being taken (a number, a directory) and rejected later. It depends only on the
+        profile and the fixed capacity, never on the lanes open now."""
+        job = self.accounted("", persistent, ephemeral)
+        need = job.persistent + job.ephemeral
+        return self._too_big(need, persistent, ephemeral) if need > self.capacity else None
+
     def _too_big(self, need: int, persistent: int, ephemeral: int) -> str:
         """Why a job can never fit, with the headroom factors that inflated its profile."""
         return (
@@ -202,10 +213,10 @@ class LaneManager:
 
     def fits(self, job_id: str, persistent: int, ephemeral: int) -> bool:
         """Whether ``admit`` would place the job now (without placing it)."""
+        if self.never_fits(persistent, ephemeral) is not None:
+            return False
         job = self.accounted(job_id, persistent, ephemeral)
         need = job.persistent + job.ephemeral
-        if need > self.capacity:
-            return False
         if (self.max_lanes <= 0 or len(self.lanes) < self.max_lanes) and need <= self.free:
             return True
         return any(lane.need_with(job) - lane.size <= self.free for lane in self.lanes.values())

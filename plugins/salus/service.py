@@ -9,7 +9,8 @@ client may exit at once. Each job writes its results to ``<root>/jobs/<job_id>/`
 ``weights.pt`` when it finished). They are written on a thread of their own, not under the
 executor's lock: scoring a model on its held-out set takes a while, and the other jobs'
 iterations must not wait for it. A submit the service refuses (an unknown model, a model that
-raises while profiled) writes nothing and takes no number; a job an earlier service on the
+raises while profiled, a job whose profile can never fit the capacity) writes nothing and takes
+no number; a job an earlier service on the
 root left unended (killed with it) is marked failed by the next service that starts there.
 
 Protocol: one JSON object per line each way. Requests: ``{"op": "submit", "job": {...}}``
@@ -57,11 +58,12 @@ from accelopt.drivers.setup import memory_capacity, pick_device
 from accelopt.errors import Terminated, did_you_mean, error_text, first_line
 from accelopt.host import PluginHost
 from accelopt.job import Job, job_specs
+from accelopt.job.job import first_step_failed
 from accelopt.job.profile import measure_profile
 from accelopt.job.quality import score_result
 from accelopt.records import JobResult
 from accelopt.report import job_metrics
-from accelopt.types import JobInfo
+from accelopt.types import AllocationRequest, JobInfo
 
 MAX_REQUEST = 1 << 20
 
@@ -160,7 +162,7 @@ class Service:
             job_id = request.get("id")
             if not isinstance(job_id, str):
                 raise UserError('cancel needs "id": a job id string')
-            return {"message": self.executor.cancel(job_id)}
+            return {"message": self._cancel(job_id)}
         if op == "wait":
             job_id = request.get("id")
             if not isinstance(job_id, str):
@@ -181,6 +183,13 @@ class Service:
         raise UserError(f"unknown op {op!r}; use submit, status, cancel, wait, ping or shutdown")
 
     def _specs(self, request: dict[str, Any]) -> list[Any]:
+        given = [key for key in ("job", "workload", "factory") if key in request]
+        if len(given) > 1:  # one was taken and the others dropped without a word
+            raise UserError(f"submit takes one of \"job\", \"workload\" or \"factory\", got "
+                            f"{' and '.join(repr(key) for key in given)}; send one per submit")
+        if "args" in request and "factory" not in request:
+            raise UserError('submit: "args" are a factory\'s arguments; with "job" put the keys '
+                            'in "job", a workload takes none')
         if "workload" in request:
             name = str(request["workload"])
             path = Path(import_module("accelopt.configs").__file__).parent / "workload"
@@ -241,6 +250,7 @@ class Service:
             else:
                 spec = dataclasses.replace(spec, arrival_s=now)
                 job = Job(spec, job_id=f"{number:03d}-{spec.name}", device=self.device)
+            self._refuse_never_fits(job)
             self.executor.submit(job)  # refused (shutting down, profiling failed): no files
             self._ids = number
         job_dir = self.root / "jobs" / job.info.job_id
@@ -249,6 +259,53 @@ class Service:
             spec = dataclasses.replace(spec, arrival_s=job.info.arrival_s)
             (job_dir / "config.json").write_text(json.dumps(dataclasses.asdict(spec), indent=1))
         return job.info.job_id
+
+    def _refuse_never_fits(self, job: Job) -> None:
+        """Profile ``job`` (as :meth:`Executor.submit` would, with the executor's profiler and
+        its refusal) and refuse it in one line if no lane can ever hold it. The capacity is
+        fixed and the profile measured, so the lane manager's admission would only reject it
+        later: the submit printed a job id and exited 0, the job took a number and a
+        directory, and only ``status`` said "rejected". The check is the admission's own
+        (:meth:`LaneManager.never_fits`)."""
+        profiler = self.executor.profiler
+        if profiler is None:
+            return
+        if job.info.profile is None:
+            try:
+                job.with_profile(profiler(job))
+            except Exception as exc:  # the job's own code: refused as the executor refuses it
+                raise UserError(f"job {job.info.name!r} refused: "
+                                f"{first_step_failed(job, exc)}") from None
+        profile = job.info.profile
+        if profile is None:
+            return
+        with self.executor.lock:  # the plugin's hooks make and change its lanes under it
+            manager = self.plugin.manager or self.plugin._lanes(AllocationRequest(
+                job=job.info, phase="admission", persistent_bytes=profile.persistent_bytes,
+                ephemeral_bytes=profile.ephemeral_bytes, device=str(self.device),
+                capacity_bytes=self.executor.capacity_bytes))
+            never = manager.never_fits(profile.persistent_bytes, profile.ephemeral_bytes)
+        if never is not None:
+            raise UserError(f"job {job.info.name!r} refused: it {never}")
+
+    def _cancel(self, job_id: str) -> str:
+        """Cancel a job: the executor's line (when it stopped, which lane it left) and, for a
+        job this cancel took out of a lane, whether salus reclaimed the lane or it runs on
+        with its other jobs (only the plugin's lane manager knows). Held under the
+        executor's lock throughout, so nothing else ends a job meanwhile."""
+        with self.executor.lock:
+            before = {info.job_id for info, result, _ in self.executor.snapshot()
+                      if result.status not in ENDED}
+            message = self.executor.cancel(job_id)
+            ended = [result for info, result, _ in self.executor.snapshot()
+                     if info.job_id in before and result.status in ENDED]
+            if len(ended) != 1 or not ended[0].lane:
+                return message  # not yet in a lane, ended already, or stops after its iteration
+            manager = self.plugin.manager
+            lane = None if manager is None else manager.lanes.get(ended[0].lane)
+            if lane is None:
+                return f"{message}, which was reclaimed"
+            return f"{message}, which runs on with {', '.join(sorted(lane.jobs))}"
 
     # -- outputs -----------------------------------------------------------------------------
 
@@ -349,12 +406,20 @@ def _write_job_json(job_dir: Path, result: JobResult, status: str,
     """A job's ``job.json``: its metrics with the ``status`` ``accelopt status`` shows, its
     losses and (where the service knows them) its lanes. One writer for an ended job, a job
     the service stopped on, and one a killed service left."""
-    document: dict[str, Any] = {"job": {**job_metrics(result), "status": status},
+    document: dict[str, Any] = {"job": {**job_metrics(result), "status": status,
+                                        "jct_s": _jct(result)},
                                 "losses": result.losses}
     if lanes_note is not None:
         document["lanes_note"] = lanes_note
     with atomic_open(job_dir / "job.json", "w") as fh:
         json.dump(document, fh, indent=1, default=str)
+
+
+def _jct(result: JobResult) -> float | None:
+    """A job's completion time, ``None`` for one that ran no iteration (cancelled while it
+    waited, or failed before its first step ended): it completed nothing, and the time to
+    its cancel read as a JCT in ``status``."""
+    return None if result.iterations_done == 0 else result.jct_s
 
 
 def _status_row(info: JobInfo, result: JobResult, busy: bool) -> dict[str, Any]:
@@ -367,7 +432,7 @@ def _status_row(info: JobInfo, result: JobResult, busy: bool) -> dict[str, Any]:
     return {
         "id": info.job_id, "name": info.name, "model": info.model,
         "state": state, "lane": result.lane, "done": result.iterations_done,
-        "iterations": info.iterations, "jct_s": result.jct_s,
+        "iterations": info.iterations, "jct_s": _jct(result),
         "persistent": profile.persistent_bytes if profile else None,
         "ephemeral": profile.ephemeral_bytes if profile else None,
         "error": result.error,
