@@ -92,6 +92,9 @@ class PluginSpec:
     def __post_init__(self) -> None:
         if not self.name.isidentifier():
             raise ValueError(f"plugin name {self.name!r} must be a Python identifier")
+        refusal = value_like_name(self.name)
+        if refusal is not None:
+            raise ValueError(refusal)
         if self.scope not in SCOPES:
             raise ValueError(f"plugin '{self.name}': scope must be one of {', '.join(SCOPES)}, "
                              f"got {self.scope!r}")
@@ -145,6 +148,15 @@ class Registry:
     """name -> why it cannot be used: two installed packages declare it (which one is meant
     is not ours to guess, so neither is; the one line names both)."""
 
+    value_named: dict[str, str] = field(default_factory=dict)
+    """name -> why it cannot be used: an installed entry point whose name a selection reads
+    as a value (:func:`value_like_name`). It is never imported nor offered as available, so
+    the ``+plugins=[...]`` lines of ``accelopt matrix`` and ``accelopt bench`` stay valid for
+    every other plugin; :meth:`all` says so once, and selecting it is this one line."""
+
+    said: set[str] = field(default_factory=set, repr=False)
+    """The names of :attr:`value_named` whose warning :meth:`all` gave already."""
+
     @classmethod
     def discover(cls, autoload: bool | None = None) -> Registry:
         """List installed plugins. ``autoload=False`` (or the environment variable
@@ -164,7 +176,17 @@ class Registry:
         """List one installed entry point. A name is one plugin: a package declaring the name
         of a built-in plugin is ignored and listed as broken (installing a package must not
         silently replace ``salus``), and a name two other packages declare is refused where
-        it is used, in one line naming both."""
+        it is used, in one line naming both. A name a selection reads as a value (``true``)
+        is refused the same way: no selection could name it, and it would break every
+        selection that lists it beside others."""
+        reading = read_as_value(ep.name)
+        if reading is not None:
+            self.entry_points.setdefault(ep.name, ep)
+            self.value_named[ep.name] = self.broken[ep.name] = (
+                f"accelopt plugin '{ep.name}' ({declared_by(ep)}) cannot be used: its name is "
+                f"{reading}; its package must rename its entry point and PluginSpec, e.g. to "
+                f"'{ep.name.lower()}_plugin'")
+            return
         taken = self.entry_points.get(ep.name)
         if taken is None:
             self.entry_points[ep.name] = ep
@@ -204,6 +226,8 @@ class Registry:
             return self.loaded[name]
         if name in self.clashes:
             raise PluginResolutionError(self.clashes[name])
+        if name in self.value_named:
+            raise PluginResolutionError(self.value_named[name])
         if name in self.entry_points and name not in self.broken:
             spec = self._load_entry_point(self.entry_points[name])
             if spec is not None:
@@ -218,12 +242,18 @@ class Registry:
         """Load every installed plugin not loaded yet, quietly (its failure is its listing's
         business, not this error's): an unknown name's line listed, as available, installed
         plugins whose import fails, which are then refused when picked."""
+        said = set(self.said)  # quiet here: a later listing still says them
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", PluginWarning)
             self.all()
+        self.said = said
 
     def all(self) -> list[PluginSpec]:
-        """Import every installed plugin (broken ones become warnings)."""
+        """Import every installed plugin (broken ones become warnings; one whose name is
+        read as a value is not imported, said once)."""
+        for name in sorted(set(self.value_named) - self.said):
+            self.said.add(name)
+            warnings.warn(self.value_named[name], PluginWarning, stacklevel=2)
         for name in sorted(self.entry_points):
             if name not in self.loaded and name not in self.broken:
                 self._load_entry_point(self.entry_points[name])
@@ -303,6 +333,39 @@ def declared_by(ep: EntryPoint) -> str:
     owner = "built-in" if is_builtin(ep) else (
         f"package {dist.name}" if dist is not None else "an installed package")
     return f"{ep.value} ({owner})"
+
+
+VALUE_WORDS: dict[str, tuple[str, str]] = {
+    **dict.fromkeys(("true", "false", "null", "inf", "nan"),
+                    ("Hydra's override grammar", "+plugins=[{name}]")),
+    **dict.fromkeys(("yes", "no", "on", "off"), ("YAML", "an experiment's '- /plugins: [{name}]'")),
+}
+"""Words read as a value, not a name (any case), by whom, and where: Hydra's override grammar
+reads ``+plugins=[true]`` as ``[True]`` (true, false, null, inf, nan), and YAML reads an
+experiment's defaults list ``- /plugins: [on]`` as ``[True]`` (yes, no, on, off)."""
+
+
+def value_like_name(name: str) -> str | None:
+    """The one-line refusal of a plugin name that a selection of it would read as a value
+    (``None`` for any other name): ``+plugins=[true]`` selects ``True``, which no plugin is,
+    and the ``+plugins=[...]`` overrides that ``accelopt matrix`` and ``accelopt bench`` write
+    fail for every plugin beside it. The one check for a new package (``accelopt
+    new-plugin``) and a :class:`PluginSpec`; an installed entry point is refused by
+    :func:`read_as_value` too."""
+    reading = read_as_value(name)
+    if reading is None:
+        return None
+    return f"plugin name {name!r} is {reading}; choose another, e.g. '{name.lower()}_plugin'"
+
+
+def read_as_value(name: str) -> str | None:
+    """Who reads ``name`` as a value instead of a plugin name, and where (``None``: nobody)."""
+    found = VALUE_WORDS.get(name.lower())
+    if found is None:
+        return None
+    reader, where = found
+    return (f"read by {reader} as a value, not as a name ({where.format(name=name)} selects "
+            "no plugin)")
 
 
 def _check_spec(spec: object, where: str) -> None:

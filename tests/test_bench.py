@@ -464,7 +464,7 @@ def test_a_bench_stopped_midway_can_be_reported_from_the_runs_it_finished(tmp_pa
     _write_bench_json(tmp_path, {**saved["context"], "sweep_s": None}, [], plan)  # the plan
     for i in range(10, len(plan)):  # it stopped after run 9
         shutil.rmtree(tmp_path / "runs" / str(i))
-    _say_how_to_report_what_ran(tmp_path, plan)
+    _say_how_to_report_what_ran(tmp_path, plan, "avg_jct_s")
     assert capsys.readouterr().err == (
         f"the bench stopped after 6 of its 12 measured runs; report them with: accelopt bench "
         f"--reanalyze --force --out {tmp_path}\n")
@@ -621,8 +621,8 @@ def test_an_out_holding_an_unfinished_bench_is_not_sent_to_reanalyze(tmp_path):
     (tmp_path / "runs" / "2").mkdir(parents=True)  # one measured run finished
     (tmp_path / "runs" / "2" / "metrics.json").write_text(json.dumps(
         {"summary": {"duration_s": 1.0}, "run": {"plugins": []}}))
-    with pytest.raises(UserError, match=r"\(1 of its 2 measured runs; .*; or report those "
-                       r"with --reanalyze --force"):
+    with pytest.raises(UserError, match=r"\(1 of its 2 measured runs measured duration_s; .*; "
+                       r"or report those with --reanalyze --force"):
         bench_command(["--plugins", "noop", "--repeats", "1", "--out", str(tmp_path)])
 
 

@@ -233,10 +233,20 @@ def bench_command(args: list[str]) -> int:
         raise UserError(f"--out {out} is a file; give a directory (new, or empty)")
     if out.exists() and any(out.iterdir()):
         raise UserError(f"--out {out} {_what_out_holds(out)}")
-    sweep_dir = hydra_quoted(out / "runs")
+    hydra_quoted(out / "runs")  # a path Hydra would misread: refused before anything is written
     refuse_unwritable(out, "give --out a directory you can write")
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
+    marker = _mark_running(out)
+    try:
+        return _bench(opts, args, out, created, sets, common, per_plugin)
+    finally:  # however it ends (a report, a refusal, SIGTERM, Ctrl-C): it is not running
+        marker.unlink(missing_ok=True)
+
+
+def _bench(opts: argparse.Namespace, args: list[str], out: Path, created: bool,
+           sets: list[list[str]], common: list[str], per_plugin: dict[str, list[str]]) -> int:
+    """The bench in ``out`` (checked, created, marked running): the sweep, then its report."""
     console = default_console()
     plan = run_plan(sets, opts.repeats)
     sweep = ",".join(_label(s) for _, s, _ in plan)
@@ -246,7 +256,7 @@ def bench_command(args: list[str]) -> int:
     command = [
         sys.executable, "-m", "accelopt.cli.main", "run", "-m",
         f"+plugins={sweep}", "run.progress=false",
-        f"hydra.sweep.dir={sweep_dir}", "hydra.sweep.subdir=${hydra.job.num}",
+        f"hydra.sweep.dir={hydra_quoted(out / 'runs')}", "hydra.sweep.subdir=${hydra.job.num}",
         *common, *forced,
     ]
     total = len(plan)
@@ -276,7 +286,7 @@ def bench_command(args: list[str]) -> int:
             shutil.rmtree(out, ignore_errors=True)
         raise
     except BaseException:
-        _say_how_to_report_what_ran(out, plan)
+        _say_how_to_report_what_ran(out, plan, opts.metric)
         raise
     context["sweep_s"] = round(time.perf_counter() - started, 1)
     return _report_runs(out, context, plan, console)
@@ -298,24 +308,90 @@ def hydra_quoted(path: Path) -> str:
 
 
 def _what_out_holds(out: Path) -> str:
-    """Why a non-empty ``--out`` is refused, and what to do: a finished bench can be
-    reported again (--reanalyze); a bench that did not finish (its plan written, no report)
-    cannot, only its finished runs with --force; anything else is not a bench at all."""
+    """Why a non-empty ``--out`` is refused, and what to do: a bench still running (its
+    :data:`RUNNING` marker names a live process) is left to finish; a finished bench can be
+    reported again (--reanalyze); a bench that did not finish (its plan written, no report,
+    no process) cannot, only the runs that measured its metric with --force, where the
+    baseline is among them; anything else is not a bench at all."""
+    running = _still_running(out)
+    if running is not None:
+        return (f"holds a bench that has not finished: {running} (log: {out / 'sweep.log'}); "
+                "give another --out, or wait for it to end")
     try:
         saved = json.loads((out / "bench.json").read_text())
         plan = [(int(r["repeat"]), list(r["plugins"]), bool(r["warmup"])) for r in saved["runs"]]
-        finished = bool(saved["sets"])
-    except (OSError, ValueError, KeyError, TypeError):
+        finished = bool(saved["sets"]) and not (out / RUNNING).exists()
+        metric = str(saved.get("context", {}).get("metric") or "duration_s")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return ("is not empty and holds no finished bench (a bench's results are never "
                 "overwritten); give another --out, or delete that directory")
     if finished:
         return ("is not empty: it holds a finished bench (a bench's results are never "
                 "overwritten); give another --out, or --reanalyze to report it again")
-    done = len(_measured(out / "runs", plan))
+    done, baseline = _runs_that_measured(out / "runs", plan, metric)
     measured = sum(1 for _, _, warmup in plan if not warmup)
-    some = (f"; or report those with --reanalyze --force --out {out}" if done else "")
-    return (f"holds a bench that did not finish ({done} of its {measured} measured runs; "
-            f"see {out / 'sweep.log'}); give another --out, or delete that directory{some}")
+    some = (f"; or report those with --reanalyze --force --out {out}" if baseline else "")
+    return (f"holds a bench that did not finish ({done} of its {measured} measured runs "
+            f"measured {metric}; see {out / 'sweep.log'}); give another --out, or delete that "
+            f"directory{some}")
+
+
+RUNNING = "bench.running"
+"""The file a bench keeps in its ``--out`` while it runs (its process id and host), removed
+however it ends: one left behind with no such process is a bench that was killed."""
+
+
+def _mark_running(out: Path) -> Path:
+    """Create ``out``/:data:`RUNNING` (exclusively: of two benches given the same empty
+    ``--out`` at once, the second is refused as the first's ``--out`` is)."""
+    marker = out / RUNNING
+    try:
+        with marker.open("x") as handle:
+            json.dump({"pid": os.getpid(), "host": platform.node()}, handle)
+    except FileExistsError:
+        raise UserError(f"--out {out} {_what_out_holds(out)}") from None
+    return marker
+
+
+def _still_running(out: Path) -> str | None:
+    """Which process runs the bench in ``out`` ("still running (process N on HOST)"), or
+    ``None`` when none does: no :data:`RUNNING` marker, or its process is gone from this
+    host. A process on another host cannot be asked, so it may be running."""
+    try:
+        recorded = json.loads((out / RUNNING).read_text())
+        pid, host = int(recorded["pid"]), str(recorded["host"])
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError):  # written this instant, or damaged
+        return f"its {RUNNING} names no process it can be asked about"
+    if host != platform.node():
+        return f"it may still be running (process {pid} on {host}, which cannot be asked here)"
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:  # another user's process: alive
+        pass
+    return f"it is still running (process {pid} on {host})"
+
+
+def _runs_that_measured(runs_dir: Path, plan: list[tuple[int, list[str], bool]],
+                        metric: str) -> tuple[int, bool]:
+    """(how many measured runs of ``plan`` measured ``metric``, whether a baseline run is
+    among them): what a stopped bench can report with --reanalyze --force. A run that was
+    stopped, failed or lacks the metric wrote a metrics.json too, and counts for nothing."""
+    done, baseline = 0, False
+    for path in _measured(runs_dir, plan):
+        try:
+            summary = read_run(path)["summary"]
+        except UnreadableRun:
+            continue
+        value = summary.get(metric)
+        if run_failure(summary) is None and isinstance(value, (int, float)) \
+                and not isinstance(value, bool):
+            done += 1
+            baseline = baseline or not plan[int(path.parent.name)][1]
+    return done, baseline
 
 
 def _report_runs(out: Path, context: dict[str, Any], plan: list[tuple[int, list[str], bool]],
@@ -351,14 +427,20 @@ def _direction(opts: argparse.Namespace) -> bool:
     return higher_is_better(opts.metric) if given is None else given
 
 
-def _say_how_to_report_what_ran(out: Path, plan: list[tuple[int, list[str], bool]]) -> None:
-    """A stopped bench's line (stderr, before its error): how many measured runs finished,
-    and the command that reports them."""
-    finished = len(_measured(out / "runs", plan))
+def _say_how_to_report_what_ran(out: Path, plan: list[tuple[int, list[str], bool]],
+                                metric: str) -> None:
+    """A stopped bench's line (stderr, before its error): how many measured runs measured
+    ``metric``, and the command that reports them; none when no run did (the run that was
+    stopped wrote a metrics.json, with its error, and measured nothing)."""
+    done, baseline = _runs_that_measured(out / "runs", plan, metric)
     measured = sum(1 for _, _, warmup in plan if not warmup)
-    if finished:
-        print(f"the bench stopped after {finished} of its {measured} measured runs; report "
+    if done and baseline:
+        print(f"the bench stopped after {done} of its {measured} measured runs; report "
               f"them with: accelopt bench --reanalyze --force --out {out}", file=sys.stderr)
+    elif done:
+        print(f"the bench stopped after {done} of its {measured} measured runs, none of them "
+              "the baseline's (no plugins), which gains are against: there is nothing to "
+              "report; rerun it", file=sys.stderr)
 
 
 def reanalyze(opts: argparse.Namespace) -> int:
@@ -369,6 +451,10 @@ def reanalyze(opts: argparse.Namespace) -> int:
     if not opts.out:
         raise UserError("--reanalyze needs --out DIR, the directory of a finished bench")
     out = Path(opts.out).resolve()
+    running = _still_running(out)
+    if running is not None:  # its report would be replaced by the bench's own at its end
+        raise UserError(f"--reanalyze: the bench in {out} has not finished: {running}; wait "
+                        "for it to end (it writes its report itself)")
     try:
         saved = json.loads((out / "bench.json").read_text())
     except (OSError, ValueError) as exc:

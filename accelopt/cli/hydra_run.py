@@ -133,7 +133,7 @@ def plugin_selections(overrides: list[str]) -> list[list[str]]:
         raise ConfigError(f"cannot parse the overrides: {first_line_of(exc)}") from None
     selections: list[list[str]] = []
     for override in parsed:
-        if override.key_or_group != "plugins":
+        if override.key_or_group != "plugins" or override.is_delete():  # ~plugins: no value
             continue
         if override.is_sweep_override():
             values = list(override.sweep_iterator())
@@ -141,8 +141,22 @@ def plugin_selections(overrides: list[str]) -> list[list[str]]:
             values = [override.value()]
         for value in values:
             names = value if isinstance(value, list) else [value]
-            selections.append([str(n) for n in names])
+            read = [n for n in names if not isinstance(n, str)]
+            if read:  # `[true]` is [True]: "unknown plugin 'True'", or a TypeError later
+                raise ConfigError(
+                    f"'{override.input_line}': Hydra's override grammar reads "
+                    f"{_as_written(read[0])} as a value ({read[0]!r}), not as a plugin name; "
+                    "no plugin is named true, false, null, inf, nan or a number "
+                    "(`accelopt plugins` lists them)")
+            selections.append(list(names))
     return selections or [[]]
+
+
+def _as_written(value: object) -> str:
+    """How a value Hydra read was written on the command line (``True``: ``true``)."""
+    if value is None or isinstance(value, bool):
+        return "null" if value is None else str(value).lower()
+    return str(value).lower() if isinstance(value, float) else str(value)
 
 
 EMPTY_SELECTIONS = ("+plugins=[]", "plugins=[]", "++plugins=[]")

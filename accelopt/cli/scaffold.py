@@ -23,7 +23,7 @@ from string import Template
 
 import accelopt
 from accelopt.errors import UserError
-from accelopt.plugin import Registry
+from accelopt.plugin import Registry, value_like_name
 
 NAME_PATTERN = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 
@@ -86,8 +86,9 @@ def create_plugin(name: str, directory: Path) -> Path:
 
 def check_name(name: str) -> None:
     """The name becomes a module (``accelopt_NAME``), an entry point, a Hydra config group
-    entry and a ``plugins.NAME.key=value`` path, so it must be a plain identifier; and it
-    must not shadow an installed plugin, which would make one of the two unreachable."""
+    entry and a ``plugins.NAME.key=value`` path, so it must be a plain identifier that no
+    selection reads as a value (``+plugins=[true]`` is ``[True]``); and it must not shadow an
+    installed plugin, which would make one of the two unreachable."""
     if not NAME_PATTERN.fullmatch(name):
         suggestion = re.sub(r"\W+", "_", name).strip("_")
         hint = f", e.g. {suggestion}" if suggestion and NAME_PATTERN.fullmatch(suggestion) else ""
@@ -95,6 +96,9 @@ def check_name(name: str) -> None:
             f"plugin name {name!r} must be a Python identifier (letters, digits and "
             f"underscores, starting with a letter){hint}"
         )
+    refusal = value_like_name(name)
+    if refusal is not None:  # the package would install, and no selection could name it
+        raise UserError(refusal)
     from accelopt.testing.recorder import RECORDER_NAME
 
     if name == RECORDER_NAME:  # the generated tests would fail to add the plugin beside it
