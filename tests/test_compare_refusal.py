@@ -76,3 +76,31 @@ def test_inert_is_every_row_of_the_plugin_saying_so():
 def test_compare_modes_are_unchanged_for_a_free_directory(tmp_path: Path):
     refuse_taken_references(tmp_path / "new", [(), ("noop",)])
     assert not (tmp_path / "new").exists()  # checking writes nothing
+
+
+@pytest.mark.timeout(120)
+def test_a_failing_reference_run_is_named_with_its_directory(tmp_path):
+    """A plugin raising in its reference run (run.compare=each) gave the line of a run that
+    failed itself ("plugin 'boom' raised ...") with no directory, while the run with the
+    selected plugins had not started and the evidence was in compare/boom."""
+    from plugins_for_tests import BOOM
+
+    from accelopt.errors import PluginHookError
+    from accelopt.runtime.run import execute
+
+    registry = Registry.discover()
+    registry.add(BOOM)
+    register_schema()
+    register_plugin_configs([registry.get("noop"), BOOM])
+    from accelopt.cli.hydra_run import compose_checked
+
+    cfg = compose_checked(["+plugins=[noop,boom]", "workload=tiny", "run.progress=false",
+                           "run.compare=each"])
+    run_dir = tmp_path / "cx"
+    with pytest.raises(PluginHookError) as info:
+        execute(cfg, run_dir=run_dir, registry=registry, console=Console(file=io.StringIO()))
+    where = run_dir / "compare" / "boom"
+    assert str(info.value).startswith(
+        f"the reference run with boom alone (run.compare) failed, outputs kept in {where}: "
+        "plugin 'boom' raised in hook accelopt_iteration_end")
+    assert (where / "metrics.json").is_file() and "\n" not in str(info.value)

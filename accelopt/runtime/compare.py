@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from accelopt.errors import ConfigError, listed
+from accelopt.errors import AccelOptError, ConfigError, listed
 from accelopt.records import JobResult, RunRecord
 from accelopt.types import INERT, ReportRow
 
@@ -140,9 +140,23 @@ def run_references(cfg: DictConfig, subsets: list[tuple[str, ...]], run_dir: Pat
         console.print(f"[dim]run.compare={mode}: running the same workload with "
                       f"{'no plugins' if not subset else name} first ({where})[/dim]")
         quiet = Console(file=io.StringIO(), width=120)
-        refs[name] = execute(subset_config(cfg, subset), run_dir=where, registry=registry,
-                             console=quiet)
+        try:
+            refs[name] = execute(subset_config(cfg, subset), run_dir=where, registry=registry,
+                                 console=quiet)
+        except AccelOptError as exc:
+            raise _in_reference(exc, subset, where) from None
     return refs
+
+
+def _in_reference(exc: AccelOptError, subset: tuple[str, ...], where: Path) -> AccelOptError:
+    """``exc``, raised by a reference run, with its line saying so: the line read as the run's
+    own failure ("plugin 'boom' raised ..." with no directory), while the run with the
+    selected plugins had not started and the evidence was in the reference's directory. The
+    same error (its class, exit code and attributes), its message prefixed."""
+    which = "without plugins" if not subset else f"with {label(subset)} alone"
+    kept = f", outputs kept in {where}" if (where / "metrics.json").is_file() else ""
+    exc.args = (f"the reference run {which} (run.compare) failed{kept}: {exc}", *exc.args[1:])
+    return exc
 
 
 def figures(record: RunRecord, scored: set[str] | None = None) -> dict[str, Any]:
