@@ -161,14 +161,16 @@ class Job:
         self.whole_step_reason = ""
         """Why this job's step cannot be applied tensor by tensor ('': it can)."""
         self._view: Gradients | None = None
-        self._convention = loss_convention(self.model) if self.model_loss else "rows"
-        """Over what the loss is a mean (:func:`loss_convention`)."""
+        self._convention = (loss_convention(self.model) if self.model_loss
+                            else job_loss_convention(self.dataset))
+        """Over what the loss is a mean (:func:`loss_convention`, :func:`job_loss_convention`)."""
         self._said_rows = False
         """The warning that a loss of unknown convention is combined by rows was logged."""
         self.loss_share: float | None = None
         """This process's share of the last batch's loss, where it trains on some rows of the
-        batch and the model's loss is a mean over labelled positions, not rows: its labelled
-        positions over the batch's (``None``: its share of the rows)."""
+        batch and the loss is a mean over labelled positions, not rows (the model's own, or
+        the default cross-entropy): its labelled positions over the batch's (``None``: its
+        share of the rows)."""
 
     # -- facts -----------------------------------------------------------------------------
 
@@ -199,7 +201,7 @@ class Job:
 
         Why: a model computing its own loss (``loss: model``, labels -100 where nothing is to
         be predicted, as HF transformers pad) averages over the labelled positions, not the
-        rows. Each worker's loss is the mean over its own positions, so weighting it by its
+        rows, and so does the job's default cross-entropy (``ignore_index`` -100). Each worker's loss is the mean over its own positions, so weighting it by its
         rows trains another objective than one process (and a worker with no labelled
         position has a nan loss, which the rows' weights put into the batch's). Every worker
         reads the whole batch, so each counts the positions of its rows and of the batch
@@ -400,11 +402,9 @@ class Job:
             return None
         self.whole_step_reason = (
             "a plugin implements accelopt_before_optimizer_step" if events.before_optimizer_step
-            else f"grad_clip={self.spec.grad_clip} needs the norm over every gradient"
-            if self.spec.grad_clip is not None
-            else "precision=fp16's gradient scaler reads every gradient" if self.scaler
-            else f"the optimizer is {type(optimizer).__name__}, not torch's SGD, Adam or AdamW"
-            if type(optimizer) not in PER_TENSOR_OPTIMIZERS else "")
+            else settings_read_every_gradient(self.spec)
+            or (f"the optimizer is {type(optimizer).__name__}, not torch's SGD, Adam or AdamW"
+                if type(optimizer) not in PER_TENSOR_OPTIMIZERS else ""))
         if self.whole_step_reason:
             return None
         scheduled = self._schedules
@@ -548,6 +548,19 @@ class Job:
 
     def close(self) -> None:
         self.exchange.close()
+
+
+def settings_read_every_gradient(spec: JobConfig) -> str:
+    """Why a job's settings make its optimizer step one over every gradient ('': they do
+    not): clipping takes the norm over all of them, and fp16's scaler unscales and checks
+    all of them. The step then cannot update tensors one by one as their gradients arrive
+    (:meth:`Job._tensor_update`), and a plugin relying on that (tictac's priority) says so
+    in its row with these words."""
+    if spec.grad_clip is not None:
+        return f"grad_clip={spec.grad_clip} needs the norm over every gradient"
+    if spec.precision == "fp16" and spec.kind == "train":
+        return "precision=fp16's gradient scaler reads every gradient"
+    return ""
 
 
 def misfit(source: str, job_name: str, exc: BaseException) -> UserError:
@@ -763,6 +776,25 @@ def loss_convention(model: nn.Module) -> str | None:
     if name.endswith(LABEL_LOSS_TYPES):
         return "labels"
     return None
+
+
+def job_loss_convention(dataset: Any) -> str | None:
+    """Over what the loss :func:`job_loss` builds for ``dataset`` is a mean: ``"labels"``
+    where it is cross-entropy with ``ignore_index`` -100 and ``reduction="mean"`` (the
+    default, ``nn.CrossEntropyLoss()``, or a dataset's ``loss_fn`` that is such an
+    ``nn.CrossEntropyLoss``; a sampled output's ``loss_against`` computes the same), whose
+    mean is over the labels that are not -100, every position of ``[B]`` or ``[B, T]``
+    labels alike; ``"rows"`` for any other ``loss_fn``, whose convention is not known (a
+    per-point mean, as the XC softmax loss's, is one over rows). Why: with -100 labels, the
+    rows' weights trained a cluster on another objective than one process, and a worker
+    whose rows were all -100 put its nan loss into the batch's."""
+    own_fn = getattr(dataset, "loss_fn", None)
+    if own_fn is None:
+        return "labels"
+    if (isinstance(own_fn, nn.CrossEntropyLoss) and own_fn.weight is None
+            and own_fn.reduction == "mean" and own_fn.ignore_index == IGNORE_INDEX):
+        return "labels"
+    return "rows"
 
 
 def takes_labels(model: nn.Module) -> bool:

@@ -9,7 +9,9 @@ A dataset with a metric of its own scores the model itself (``evaluate_model(mod
 Scored after the job's last iteration, in eval mode without gradients, outside its timed
 work (JCT, makespan and iteration times do not include it). A ``-inf`` score is a class not
 scored (a sampled output layer's LSH inference leaves its unretrieved classes so); nan and
-``+inf`` are refused.
+``+inf`` are refused. A point without a label (-100, PyTorch cross-entropy's
+``ignore_index``, where one class id is given; no id >= 0 in a label set) is not scored nor
+counted, as training skips it; a held-out set with no labelled point is not scored (a note).
 """
 
 from __future__ import annotations
@@ -26,12 +28,32 @@ from accelopt.records import CANNOT_SCORE, JobResult, Quality
 
 EVAL_BATCH = 1024
 EMPTY_HELD_OUT = "its held-out set is empty"
+IGNORE_INDEX = -100
+"""A single-label held-out point labelled so has nothing to predict (as in training)."""
+NONE_LABELLED = ("not scored: no point of its held-out set is labelled (every label is "
+                 f"{IGNORE_INDEX}, or every label set holds no class id >= 0)")
 
 
 class EmptyHeldOut(ValueError):
     """The dataset has a held-out set with no points: nothing to score, as with no held-out
     set at all (a note, not a failure). Scoring none gave ``nan`` over 0 points, or an
     adapter's ``IndexError`` read as "cannot score"."""
+
+
+class NoneLabelled(EmptyHeldOut):
+    """The held-out set has points but none with a label: nothing to score either (a note
+    saying so). Scored, every point was a miss: an accuracy of 0.000 over points that
+    have no answer."""
+
+
+def labelled(labels: torch.Tensor) -> torch.Tensor:
+    """Per point: whether it has a label to score against. One class id per point
+    (``[B]``): not :data:`IGNORE_INDEX`, the label training's cross-entropy skips. A label
+    set (``[B, M]``, padded with -1): some id >= 0. Why: such points counted as misses, so
+    a held-out set with half its points unlabelled scored half its accuracy."""
+    if labels.dim() <= 1:
+        return labels != IGNORE_INDEX
+    return (labels.reshape(len(labels), -1) >= 0).any(dim=1)
 
 
 def hits_at_1(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -77,10 +99,12 @@ def score(model: torch.nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Te
           device: torch.device | None = None) -> tuple[float, int, bool, float, int]:
     """(top-1 precision, points scored, multi-label, precision@5, scores per point) of
     ``model`` over ``batches`` (eval mode, no gradients; the model's train/eval mode is
-    restored afterwards)."""
+    restored afterwards). Points without a label (:func:`labelled`) are left out;
+    :class:`NoneLabelled` if the batches hold points but none with a label."""
     was_training = model.training
     model.eval()
     hits, hits5, n, multi, width = 0.0, 0.0, 0, False, 0
+    seen = 0
     try:
         with torch.no_grad():
             for x, y in batches:
@@ -99,12 +123,20 @@ def score(model: torch.nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Te
                 _check_scores(logits)
                 multi = multi or y.dim() > 1
                 width = int(logits.shape[1])
+                seen += len(y)
+                keep = labelled(y)
+                if not bool(keep.all()):
+                    if not bool(keep.any()):
+                        continue
+                    logits, y = logits[keep], y[keep]
                 hits += float(hits_at_1(logits, y).sum())
                 if multi:
                     hits5 += float(hits_at_5(logits, y).sum())
                 n += len(y)
     finally:
         model.train(was_training)
+    if seen and not n:
+        raise NoneLabelled(NONE_LABELLED)
     nan = float("nan")
     return (hits / n if n else nan), n, multi, (hits5 / n if n else nan), width
 
@@ -112,7 +144,7 @@ def score(model: torch.nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Te
 def evaluate(model: torch.nn.Module, dataset: object,
              device: torch.device | None = None) -> Quality | None:
     """The model's held-out top-1 on ``dataset``; None if the dataset has no held-out set,
-    :class:`EmptyHeldOut` if it has an empty one. A model or dataset this cannot score
+    :class:`EmptyHeldOut` if it has an empty one (:class:`NoneLabelled`: no point labelled). A model or dataset this cannot score
     raises ``ValueError`` in one line."""
     own = getattr(dataset, "evaluate_model", None)
     if callable(own):  # a dataset with a metric of its own (a language model's perplexity)
@@ -169,8 +201,8 @@ def score_result(result: JobResult, spec: Any, model: torch.nn.Module | None, da
     else:
         try:
             result.quality = evaluate(model, dataset, device)
-        except EmptyHeldOut:
-            result.quality_note = EMPTY_HELD_OUT
+        except EmptyHeldOut as exc:
+            result.quality_note = str(exc) or EMPTY_HELD_OUT
             return
         except Exception as exc:  # noqa: BLE001 - a plugin's model may not score: say so
             result.quality_note = f"{CANNOT_SCORE}: {error_text(exc)}"[:300]

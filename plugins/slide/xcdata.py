@@ -362,9 +362,22 @@ def xc_670k(seed: int = 0, n_train: int | None = None) -> XCDataset:
     return synthetic("670k", seed, n_train)
 
 
+XC_LINE = "'l1,l2 f:v f:v' (comma-separated label ids, then feature:value pairs)"
+"""A point's line in the XC repository's format, as a refusal names it."""
+
+
 def from_files(train_path: str | Path, test_path: str | Path, seed: int = 0) -> XCDataset:
-    """A dataset from XC-format files (e.g. Amazon-670K's train.txt / test.txt)."""
+    """A dataset from XC-format files (e.g. Amazon-670K's train.txt / test.txt).
+
+    A training file whose points have no label at all is refused: every point's loss is 0
+    (a point without labels adds nothing), so it "trained" to losses of 0.0 on nothing. Its
+    held-out points without labels are kept; held-out scoring leaves them out
+    (``accelopt.job.quality.labelled``), and says so where none has a label."""
     train, test = read_xc(train_path), read_xc(test_path)
+    if not len(train.labels):
+        what = f"none of its {train.n} points has a label" if train.n else "it holds no point"
+        raise ValueError(f"{train_path}: {what}, so there is nothing to train on; each point's "
+                         f"line is {XC_LINE}")
     if (train.n_features, train.n_labels) != (test.n_features, test.n_labels):
         raise ValueError("train and test headers disagree on the number of features or labels")
     return XCDataset(Path(train_path).stem, seed, train, test)
