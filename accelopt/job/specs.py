@@ -13,7 +13,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from accelopt.config import AccelConfig, JobConfig
-from accelopt.errors import ConfigError
+from accelopt.errors import ConfigError, UserError
 from accelopt.types import JobInfo
 from accelopt.workloads import generate_trace
 
@@ -340,3 +340,35 @@ def _check_buildable(spec: JobConfig, where: str) -> None:
         check_rows(named, spec)
     except ValueError as exc:
         raise ConfigError(f"{where}: {exc}") from None
+
+
+def check_datasets(specs: list[JobConfig]) -> None:
+    """Build each job's ``module:factory`` dataset once, in this process, and refuse (one line
+    naming the job) what only its data tells: a label that is not a class index, labels of
+    a kind cross-entropy cannot take, a held-out set unlike the training set
+    (``workloads/adapters.py``). For a cluster run's launcher, before any rank starts: its
+    ranks build the jobs, and such a dataset trained there until a batch held the bad label
+    (``Target -5 is out of bounds`` after 4 iterations, on every rank). Settings alone cannot
+    tell (:func:`_check_buildable`), and a one-process run refuses it as it builds the job,
+    before training, so only the cluster launcher pays for this extra build. A factory that
+    raises anything but a refusal is left to the ranks, which report it as they build."""
+    from accelopt.workloads.data import build_dataset
+    from accelopt.workloads.refs import is_ref
+
+    seen: set[str] = set()
+    for spec in specs:
+        if spec.dataset is None or not is_ref(str(spec.dataset)):
+            continue
+        kwargs = dict(spec.dataset_kwargs) if spec.dataset_kwargs else None
+        key = json.dumps([str(spec.dataset), spec.seed, kwargs], sort_keys=True, default=repr)
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            build_dataset(str(spec.dataset), seed=spec.seed, kwargs=kwargs)
+        except ValueError as exc:
+            raise ConfigError(f"job '{spec.name}': {exc}") from None
+        except UserError:
+            raise  # a refusal in its own words (one line)
+        except Exception:  # noqa: BLE001, S112 - the ranks build it again and report it
+            continue

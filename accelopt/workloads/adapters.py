@@ -19,7 +19,15 @@ What the job needs to know is read from the data: ``input_shape`` from the first
 ``num_classes`` from the dataset's ``num_classes`` or ``classes`` attribute, else one pass
 over the labels; ``input_kind`` from the sample (float images ``[C, H, W]``, float vectors,
 integer token sequences). Data a job cannot use (labels not row-aligned with inputs,
-non-tensor samples, float labels) gets one line naming the problem and the fix.
+non-tensor samples, float labels, a label that is not a class index, a held-out set unlike
+the training set) gets one line naming the problem and the fix.
+
+Class labels (a dataset without a ``loss_fn`` of its own) are checked where they are in
+memory when the dataset is built (:func:`check_labels`): a ``TensorDataset``'s label tensor,
+or every label where one pass over them counts the classes; otherwise, and for an
+iterable's batches, each batch's labels as it is read (one min and max). Integer labels of
+another width (int32, uint8) become int64 as each sample is read: cross-entropy takes only
+int64 (or uint8) targets, and a conversion loses nothing.
 """
 
 from __future__ import annotations
@@ -84,6 +92,64 @@ LABEL_KEYS = ("labels", "label")
 """The label of a dict sample (HF datasets' convention); every other key is a model input."""
 
 
+IGNORE_LABEL = -100
+"""A label cross-entropy leaves out (PyTorch's ``ignore_index`` default; HF's padding)."""
+
+
+def class_labels(y: torch.Tensor) -> torch.Tensor:
+    """Integer labels as int64: cross-entropy refused int32 targets ("expected target dtype
+    to be Long or Byte, but got Int") at the first step, though they are integers. Float,
+    bool and complex labels are left as they are (refused with their own fix)."""
+    if y.dtype in (torch.int64, torch.bool) or y.is_floating_point() or y.is_complex():
+        return y
+    return y.long()
+
+
+def check_labels(y: torch.Tensor, num_classes: Any, where: str, first_row: int = 0,
+                 rows: list[int] | None = None) -> None:
+    """Refuse, in one line naming the first bad label's row and value and the fix, integer
+    labels that are not class indices of ``num_classes`` classes: each must be in
+    ``[0, num_classes)`` or -100 (ignored). A label -5, or 7 for a dataset that says it has 5
+    classes, trained until a batch held it and then failed in torch's words ("Target -5 is
+    out of bounds"), in a cluster run after its ranks started. One min and max when all is
+    well. The row named is the set's: ``first_row`` is the row of ``y[0]``, or ``rows`` are
+    the set's rows of ``y``'s (a shuffled batch).
+    Float and bool labels are other checks' to refuse (or a ``loss_fn``'s to take)."""
+    if y.numel() == 0 or y.is_floating_point() or y.is_complex() or y.dtype == torch.bool:
+        return
+    top = num_classes if isinstance(num_classes, int) and not isinstance(num_classes, bool) \
+        else None
+    lo, hi = int(y.min()), int(y.max())
+    if lo >= 0 and (top is None or hi < top):
+        return
+    bad = (y != IGNORE_LABEL) & ((y < 0) | (y >= top if top is not None else False))
+    if not bool(bad.any()):
+        return
+    flat = int(bad.reshape(-1).nonzero()[0])
+    value = int(y.reshape(-1)[flat])
+    at = flat // max(1, y[0].numel()) if y.dim() else 0
+    row = rows[at] if rows is not None else first_row + at
+    if value < 0:
+        fix = (f"class labels are indices 0..{top - 1}" if top is not None
+               else "class labels are indices from 0") + " (or -100: a row left out of the loss)"
+    else:
+        fix = (f"the dataset has {top} classes: fix that label, or give the dataset "
+               f"num_classes={value + 1} (a model as wide)")
+    raise ValueError(f"{where}: label {value} at row {row} is not a class index; {fix}")
+
+
+def tensor_labels(data: Any) -> torch.Tensor | None:
+    """The label tensor of a ``torch.utils.data.TensorDataset(x, y)`` whose items are its
+    tensors' rows (its own ``__getitem__``): every label, in memory, without reading
+    ``len(data)`` samples. ``None`` for any other dataset."""
+    tensors = getattr(data, "tensors", None)
+    if (isinstance(data, torch.utils.data.TensorDataset)
+            and type(data).__getitem__ is torch.utils.data.TensorDataset.__getitem__
+            and isinstance(tensors, tuple) and len(tensors) == 2):
+        return tensors[1]
+    return None
+
+
 def split_sample(item: Any, where: str, float_labels: bool = False) -> tuple[Any, torch.Tensor]:
     """One sample as ``(inputs, label)``: an ``(input, label)`` pair (the input a tensor, a
     tuple of tensors or a dict of tensors), or a dict whose ``labels``/``label`` key is the
@@ -116,7 +182,7 @@ def split_sample(item: Any, where: str, float_labels: bool = False) -> tuple[Any
         raise ValueError(f"{where}: its label is {y.dtype}; class labels must be integers "
                          "(class indices), or give the dataset a loss_fn(out, y) for other "
                          "targets")
-    return x, y
+    return x, (y if float_labels else class_labels(y))
 
 
 def own_loss(*sources: Any) -> Any:
@@ -186,25 +252,70 @@ def sample_facts(first: torch.Tensor) -> tuple[tuple[int, ...], str]:
 
 
 def held_out_batches(held_out: Any, name: str, float_labels: bool,
-                     batch_size: int = 1024) -> Any:
+                     batch_size: int = 1024, num_classes: int | None = None) -> Any:
     """The held-out set's ``(inputs, labels)`` batches, of either kind whatever the training
     set's: a map-style one's samples stacked ``batch_size`` at a time, an iterable's batches
     as they come. What the scorer reads (``eval_batches``): an empty set yields none, and
     the job's note says it is empty (joining no samples raised ``IndexError``), and a
     ``DataLoader`` beside a map-style training set was indexed as one ("not
-    subscriptable")."""
+    subscriptable"). Each batch's class labels are checked against ``num_classes``
+    (:func:`check_labels`): a label above the classes was scored silently."""
     if not _map_style(held_out):
         for j, item in enumerate(held_out):
-            yield split_sample(item, f"dataset {name!r}: held-out batch {j}", float_labels)
+            x, y = split_sample(item, f"dataset {name!r}: held-out batch {j}", float_labels)
+            if not float_labels:
+                check_labels(y, num_classes, f"dataset {name!r}: held-out batch {j}")
+            yield x, y
         return
     n = len(held_out)
     for lo in range(0, n, batch_size):
         pairs = [split_sample(held_out[j], f"dataset {name!r}: held-out item {j}",
                               float_labels) for j in range(lo, min(n, lo + batch_size))]
         try:
-            yield inputs.stack([x for x, _ in pairs]), torch.stack([y for _, y in pairs])
+            x, y = inputs.stack([x for x, _ in pairs]), torch.stack([y for _, y in pairs])
         except (ValueError, RuntimeError) as exc:
             raise ValueError(f"dataset {name!r}: held-out set: {exc}".splitlines()[0]) from None
+        if not float_labels:
+            check_labels(y, num_classes, f"dataset {name!r}: held-out set", first_row=lo)
+        yield x, y
+
+
+def check_held_out(data: Any, held_out: Any) -> None:
+    """Refuse, when the dataset is built, a held-out set its job cannot score: inputs of
+    another shape or kind than the training set's (30 features beside 20), labels of another
+    kind (float beside class indices), or labels that are not class indices of the training
+    set's classes (all of them where they are in memory, a ``TensorDataset``'s; else each
+    batch as it is scored). It was found after training, or never: a run trained fully and
+    then said "not scored ... mat1 and mat2 shapes cannot be multiplied", and labels above
+    the classes were scored. ``data``: the adapted training set (its ``input_shape``,
+    ``input_kind``, ``num_classes``, ``_float_labels``); its first sample's facts are read
+    from the held-out set's first item (a map-style set) or batch (an iterable), whose
+    label :func:`split_sample` refuses if it is float where class indices are needed."""
+    name, float_labels = data.name, data._float_labels
+    where = f"dataset {name!r}: held-out set"
+    if _map_style(held_out):
+        if not len(held_out):
+            return  # scored as empty (its note says so)
+        x, _ = split_sample(held_out[0], f"{where}: item 0", float_labels)
+    else:
+        first = next(iter(held_out), None)
+        if first is None:
+            return
+        x, _ = split_sample(first, f"{where}: batch 0", float_labels)
+        x = inputs.tensors(x)[0][0] if inputs.tensors(x) else x  # its first sample
+    found = inputs.tensors(x)
+    if found:
+        shape, kind = sample_facts(found[0])
+        same = shape == tuple(data.input_shape) or (
+            kind == "sequence" == data.input_kind and len(shape) == len(data.input_shape))
+        if not same or (kind == "sequence") != (data.input_kind == "sequence"):
+            raise ValueError(
+                f"{where}: its inputs are {shape} {found[0].dtype} per sample but the training "
+                f"set's are {tuple(data.input_shape)} ({data.input_kind}); give the held-out "
+                "set the training set's input shape and dtype (the model takes those)")
+    labels = tensor_labels(held_out)
+    if labels is not None and not float_labels:
+        check_labels(labels, data.num_classes, where)
 
 
 class MapStyleDataset:
@@ -227,7 +338,15 @@ class MapStyleDataset:
         self.num_classes = classes_attribute(train) or (
             target_classes(y, per_sample=True) if y.is_floating_point()
             else self._max_label(train) + 1)
+        self._checked = False
+        """Every training label was checked when the dataset was built (else each batch's
+        are, as it is read)."""
+        labels = tensor_labels(train)
+        if labels is not None and not self._float_labels:
+            check_labels(labels, self.num_classes, f"dataset {name!r}: training set")
+            self._checked = True
         if held_out is not None:  # only then has it a held-out set: runs score it
+            check_held_out(self, held_out)
             self.eval_batches = self._eval_batches
             if _map_style(held_out) and len(held_out):
                 self.eval_set = self._eval_set
@@ -240,7 +359,16 @@ class MapStyleDataset:
         return split_sample(data[j], f"dataset {self.name!r}: item {j}", self._float_labels)
 
     def _max_label(self, data: Any) -> int:
-        return max(int(self._sample(data, j)[1].max()) for j in range(len(data)))
+        """The largest label, over every sample (each checked: no negative but -100)."""
+        top = 0
+        for j in range(len(data)):
+            y = self._sample(data, j)[1]
+            low, high = int(y.min()), int(y.max())
+            if low < 0:  # y[None]: one sample's labels are one row
+                check_labels(y[None], None, f"dataset {self.name!r}: training set", first_row=j)
+            top = max(top, high)
+        self._checked = True
+        return top
 
     def _stack(self, data: Any, rows: list[int]) -> tuple[Any, torch.Tensor]:
         pairs = [self._sample(data, j) for j in rows]
@@ -252,13 +380,22 @@ class MapStyleDataset:
     def batch(self, index: int, batch_size: int) -> tuple[Any, torch.Tensor]:
         """The ``index``-th training batch: a pure function of (seed, index, batch_size)."""
         rows = batch_rows(self.seed, self.n_train, index, batch_size).tolist()
-        return self._stack(self._train, rows)
+        x, y = self._stack(self._train, rows)
+        if not (self._checked or self._float_labels):
+            check_labels(y, self.num_classes, f"dataset {self.name!r}: training set",
+                         rows=rows)
+        return x, y
 
     def _eval_set(self) -> tuple[Any, torch.Tensor]:
-        return self._stack(self._held_out, list(range(len(self._held_out))))
+        x, y = self._stack(self._held_out, list(range(len(self._held_out))))
+        if not self._float_labels:
+            check_labels(y, self.num_classes, f"dataset {self.name!r}: held-out set")
+        return x, y
 
     def _eval_batches(self, batch_size: int = 1024) -> Any:
-        return held_out_batches(self._held_out, self.name, self._float_labels, batch_size)
+        return held_out_batches(self._held_out, self.name, self._float_labels, batch_size,
+                                self.num_classes)
+
 
 
 class IterableBatches:
@@ -312,6 +449,7 @@ class IterableBatches:
             target_classes(y, per_sample=False) if y.is_floating_point()
             else self._max_label() + 1)
         if held_out is not None:
+            check_held_out(self, held_out)
             self.eval_batches = self._eval_batches
             if not _map_style(held_out):
                 self.eval_set = self._eval_set
@@ -371,6 +509,8 @@ class IterableBatches:
         top, full, short_seen = 0, 0, False
         for j, item in enumerate(self._train):
             y = self._pair(item, j)[1]
+            if not self._float_labels:
+                check_labels(y, None, f"dataset {self.name!r}: batch {j}")
             top = max(top, int(y.max()))
             short_seen = short_seen or len(y) < self.batch_rows
             full += 0 if short_seen else 1
@@ -400,14 +540,21 @@ class IterableBatches:
                 f"dataset {self.name!r} yields batches of {self.batch_rows} rows but the job's "
                 f"batch_size is {batch_size}; set batch_size={self.batch_rows} (the iterable "
                 "decides the batch size)")
-        x, y = self._read(index % self._length(batch_size))
+        at = index % self._length(batch_size)
+        x, y = self._read(at)
+        if not self._float_labels:  # one min and max: its labels cannot be read up front
+            check_labels(y, self.num_classes, f"dataset {self.name!r}: batch {at}")
         return x, y
 
     def _eval_set(self) -> tuple[Any, torch.Tensor]:
         pairs = [self._pair(item, j) for j, item in enumerate(self._held_out)]
         if not pairs:
             raise ValueError(f"dataset {self.name!r}: the held-out iterable yields no batch")
-        return inputs.concat([x for x, _ in pairs]), torch.cat([y for _, y in pairs])
+        y = torch.cat([y for _, y in pairs])
+        if not self._float_labels:
+            check_labels(y, self.num_classes, f"dataset {self.name!r}: held-out set")
+        return inputs.concat([x for x, _ in pairs]), y
 
     def _eval_batches(self, batch_size: int = 1024) -> Any:
-        return held_out_batches(self._held_out, self.name, self._float_labels, batch_size)
+        return held_out_batches(self._held_out, self.name, self._float_labels, batch_size,
+                                self.num_classes)

@@ -58,6 +58,7 @@ from accelopt.drivers.processes import (
 )
 from accelopt.errors import ConfigError, Terminated, UserError, first_line, raise_terminated
 from accelopt.job import job_specs
+from accelopt.job.specs import check_datasets
 from accelopt.plugin import Registry, one_line_for_plugins
 
 
@@ -113,6 +114,7 @@ def run_cluster(cfg: DictConfig, *, run_dir: str | os.PathLike[str] = ".",
     if under_torchrun():
         return _run_torchrun(cfg, str(run_dir), registry)
     settings, backend_note, carried = _launch_checks(cfg, registry)  # before a rank starts
+    check_datasets(job_specs(cfg))  # what only the data tells, before a rank starts
     t0 = time.time()
     if settings.shaped:
         netns.check_possible()
