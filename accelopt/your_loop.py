@@ -19,14 +19,23 @@ What fires where: ``accelopt_configure`` and the layer offers (``accelopt_layer_
 model transformed in place, its root possibly replaced: use ``ao.model``) in ``attach``, then
 ``accelopt_job_built`` (with ``example``, the first batch, when a plugin needs one) and
 ``accelopt_run_start``; ``accelopt_iteration_start``/``_end`` around each item of
-``ao.loop(...)`` (or each ``with ao.iteration():`` block); ``accelopt_after_forward`` in ``ao.backward(loss)`` (instead of
-``loss.backward()``); ``accelopt_before_optimizer_step`` and ``accelopt_after_step`` in
-``ao.step(opt)`` (instead of ``opt.step()``); ``accelopt_optimizer_build`` in
+``ao.loop(...)`` (or each ``with ao.iteration():`` block); ``accelopt_after_forward`` in
+``ao.backward(loss)`` (instead of ``loss.backward()``); ``accelopt_before_optimizer_step``
+(the gradients of ``opt``'s parameters) and ``accelopt_after_step`` in ``ao.step(opt)``
+(instead of ``opt.step()``); ``accelopt_optimizer_build`` in
 ``ao.optimizer(opt)``; ``accelopt_report_rows`` and ``accelopt_run_end`` in ``close()``. The
 last three are needed only by plugins that listen to them (a clipping plugin: ``ao.step``);
 ``attach`` refuses, in one line, a plugin whose hooks would never fire here: decisions
 between jobs (salus: ``accelopt run`` schedules jobs, a loop has one) and transfers between
 processes (use ``accelopt_plugins.gradcomm.comm_hook`` in your own DDP script).
+
+An iteration is one item of ``ao.loop`` (one ``with ao.iteration():`` block), not an
+optimizer step: a loop may step several optimizers in one (a GAN) or one in several
+(gradient accumulation). A setting counted in iterations that acts at a step (gpu_kernels'
+``prune_at_iteration``) acts at the first ``ao.step`` at or after that iteration, and a
+rebuild there repoints every optimizer the loop stepped with ``ao.step``. An ``attach`` that
+fails leaves the model as it was given (the plugins' ``accelopt_run_end``, then every
+module's children, parameters and hooks put back).
 
 Torch itself is left as the loop set it (threads, determinism: ``accelopt run`` sets them,
 ``attach`` does not), and the loop's random numbers are its own.
@@ -54,7 +63,7 @@ from torch import nn
 
 from accelopt.activation import PluginSet, activate
 from accelopt.api import keeps_python_random
-from accelopt.atomic import atomic_open
+from accelopt.atomic import atomic_open, refuse_unwritable
 from accelopt.config import YOUR_LOOP_DATASET, JobConfig
 from accelopt.drivers.cluster.settings import local_info
 from accelopt.drivers.lifecycle import Lifecycle
@@ -119,6 +128,10 @@ def attach(
     if isinstance(overrides, str):
         raise ConfigError(f"accelopt.attach takes a list of overrides, got the string "
                           f"{overrides!r}; write [{overrides!r}]")
+    if not isinstance(overrides, Iterable):  # None: iterating it gave a TypeError traceback
+        raise ConfigError(f"accelopt.attach takes a list of overrides, got "
+                          f"{type(overrides).__name__}; write [] for none, or "
+                          "['+plugins=[offload]']")
     _check_the_job(example, optimizer, lr, iterations)
     args = drop_empty_plugin_selection([str(o) for o in overrides])
     _refuse_settings_of_a_driven_run(args)
@@ -150,6 +163,9 @@ def attach(
         raise ConfigError(f"{out} is the run_dir of an attach not closed yet; close that one "
                           "first, or give each attach its own run_dir (results are never "
                           "overwritten)")
+    # before any plugin touches the model: an unwritable run_dir failed after the layers
+    # were offered, with a FileNotFoundError traceback and the plugins' hooks left on it
+    refuse_unwritable(out, "give accelopt.attach a run_dir= you can write")
     return Attached(model, plugins, job_id, job_info(spec, job_id), example, out,
                     int(cfg.run.seed), local_info(cfg.cluster), console)
 
@@ -204,6 +220,25 @@ def _samples(item: Any) -> int:
     return 0
 
 
+def _check_optimizer(optimizer: Any, call: str) -> None:
+    """A string or a model handed where the optimizer goes failed deep inside with an
+    AttributeError traceback."""
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise UserError(f"accelopt.attach: {call} takes your torch.optim.Optimizer, got "
+                        f"{type(optimizer).__name__}; pass the optimizer object your loop "
+                        "steps")
+
+
+def _named_in(optimizer: torch.optim.Optimizer, model: nn.Module) -> dict[str, nn.Parameter]:
+    """The parameters ``optimizer`` steps, named as in ``model``: the gradients the plugins
+    see at its step. The whole model's were shown, so a GAN's discriminator step was
+    clipped by a norm that held the generator's stale gradients. A parameter from outside
+    the model (a learnable temperature) has no name and is not shown."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    return {names[id(p)]: p for group in optimizer.param_groups for p in group["params"]
+            if id(p) in names}
+
+
 def _refuse_plugins_that_would_not_fire(plugins: PluginSet, job_id: str) -> None:
     """A plugin that decides between jobs (one loop is one job), or that acts only on
     transfers between ranks (one loop is one process), would do nothing here: say so."""
@@ -241,6 +276,21 @@ class _YourJob:
                         loss=nn.CrossEntropyLoss())
 
 
+class _ModelState:
+    """Every module's own attributes as the loop gave the model to ``attach`` (its children,
+    parameters, buffers and hook tables, each table copied): what a failed ``attach`` puts
+    back, whatever a plugin replaced, sliced or hooked before the failure."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.modules = [(m, {k: copy.copy(v) if isinstance(v, dict) else v
+                             for k, v in vars(m).items()}) for m in model.modules()]
+
+    def restore(self) -> None:
+        for module, attributes in self.modules:
+            vars(module).clear()
+            vars(module).update(attributes)
+
+
 class Attached:
     """A loop's handle on its plugins: ``model`` (as the plugins transformed it), the
     iteration context, the optional backward/step/optimizer calls and ``close()``."""
@@ -250,11 +300,58 @@ class Attached:
                  console: Any) -> None:
         from rich.console import Console
 
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UserError(f"accelopt.attach: cannot create run_dir {run_dir} "
+                            f"({exc.strerror or exc}); give a run_dir= you can write") from None
         self.plugins = plugins
         self.host: PluginHost = plugins.for_job(job_id)
         self.run_dir = run_dir
-        _OPEN_RUN_DIRS[run_dir.resolve()] = self
         self.console = console or Console(file=io.StringIO(), width=120)
+        self._rebuilt_away: weakref.WeakValueDictionary[str, nn.Parameter] = \
+            weakref.WeakValueDictionary()
+        """The parameters a rebuild replaced, by name (weak, as :attr:`_replaced`)."""
+        self._stepped: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
+        """Every optimizer the loop stepped through ``ao.step``, weakly: a rebuild (pruning
+        after N iterations) repoints them all, not only the one whose step it followed (a
+        GAN's or a body/head loop's other optimizer went on holding the dense tensors)."""
+        as_given = _ModelState(model)
+        _OPEN_RUN_DIRS[run_dir.resolve()] = self
+        try:
+            self._set_up(model, plugins, info, example, run_dir, seed, cluster)
+        except BaseException:
+            _OPEN_RUN_DIRS.pop(run_dir.resolve(), None)
+            self._undo(as_given, info, run_dir, seed, cluster)
+            raise
+        del as_given  # only what the loop holds keeps a replaced parameter alive now
+        if self._replaced:  # an optimizer made before attach (or a reference of the loop's)
+            warnings.warn(_stale_optimizer_note(len(self._replaced), self._given_parameters),
+                          stacklevel=4)
+        else:  # nothing holds the old ones: no optimizer can be stale, and a loop that only
+            self._replaced_versions = {}  # evaluates must not read as "never stepped"
+
+    def _undo(self, as_given: _ModelState, info: JobInfo, run_dir: Path, seed: int,
+              cluster: Any) -> None:
+        """Put the model back as the loop gave it after ``attach`` failed: every plugin's
+        ``accelopt_run_end`` (the cleanup ``close()`` runs; offload takes its hooks off),
+        then the modules' own attributes, children, parameters and hook tables as they were.
+        Without it the failed attach's hooks stayed on a model the loop cannot reach them
+        on, and the corrected retry was refused ("carries the hooks of an earlier run")."""
+        lifecycle = getattr(self, "lifecycle", None) or Lifecycle(self.plugins, RunInfo(
+            run_dir=str(run_dir), device="cpu", plugins=self.plugins.names, jobs=(info,),
+            seed=seed, cluster=cluster))
+        metrics = {"iterations": 0, "duration_s": 0.0}
+        for host, run in lifecycle._hosts():  # each host, whatever another one raised
+            with contextlib.suppress(Exception):  # the error attach raises is the first one
+                host.call("accelopt_run_end", run=run, metrics=metrics)
+        as_given.restore()
+
+    def _set_up(self, model: nn.Module, plugins: PluginSet, info: JobInfo,
+                example: tuple[Any, Any] | None, run_dir: Path, seed: int,
+                cluster: Any) -> None:
+        """The layer offers, ``job_built`` and ``run_start``: what :meth:`_undo` takes back
+        when one of them fails."""
         given = dict(model.named_parameters())
         self.model: nn.Module = offer_layers(model, info, self.host)
         """The model the loop trains (the same object unless a plugin replaced its root)."""
@@ -269,18 +366,12 @@ class Attached:
         """Each replacement's version counter at attach: unchanged at ``close()`` after
         training means no optimizer ever stepped it (one made before attach, stepped with
         ``opt.step()``), which ``close()`` warns about."""
-        total = len(given)
-        del given, current  # only what the loop holds keeps a replaced parameter alive now
-        if self._replaced:  # an optimizer made before attach (or a reference of the loop's)
-            warnings.warn(_stale_optimizer_note(len(self._replaced), total), stacklevel=4)
-        else:  # nothing holds the old ones: no optimizer can be stale, and a loop that only
-            self._replaced_versions = {}  # evaluates must not read as "never stepped"
+        self._given_parameters = len(given)
         table = param_table(self.model)
         self.info = dataclasses.replace(info, parameters=table,
                                         buckets=buckets_by_bytes(table, cluster.bucket_bytes,
                                                                  self.model))
         device = next((p.device for p in self.model.parameters()), torch.device("cpu"))
-        run_dir.mkdir(parents=True, exist_ok=True)
         run = RunInfo(run_dir=str(run_dir), device=str(device), plugins=plugins.names,
                       jobs=(self.info,), seed=seed, cluster=cluster)
         self._job = _YourJob(self.info, self.model, example)
@@ -395,6 +486,12 @@ class Attached:
         """``loss.backward()`` after ``accelopt_after_forward`` (which may replace it). With
         mixed precision pass the loop's ``GradScaler`` and the loss itself (not
         ``scaler.scale(loss)``): the plugins see the loss and the scaled one is backpropagated."""
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            got = (f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor)
+                   else type(loss).__name__)
+            raise UserError(f"accelopt.attach: ao.backward(loss) takes the loss, one number "
+                            f"(a one-element tensor), got {got}; reduce it first "
+                            "(loss.mean() or loss.sum())")
         context = self._current("backward()")
         self._called["ao.backward(loss)"] += 1
         self._loss = float(loss.detach())
@@ -412,14 +509,16 @@ class Attached:
         unscaled before the plugins see them (a clip at their true norm), and the step is
         ``scaler.step`` (skipped on inf or nan) and ``scaler.update()``. Returns whether the
         optimizer stepped."""
+        _check_optimizer(optimizer, "ao.step(opt)")
         context = self._current("step()")
         self._called["ao.step(opt)"] += 1
+        self._stepped.add(optimizer)
         self._repoint_stale(optimizer)
         if scaler is not None:
             scaler.unscale_(optimizer)
         stepped = True
         if self.events.before_optimizer_step:
-            grads = Gradients(self.info, dict(self.model.named_parameters()))
+            grads = Gradients(self.info, _named_in(optimizer, self.model))
             self.events.before_optimizer_step(context, grads)
             stepped = grads.skipped is None
         if scaler is not None:
@@ -442,7 +541,21 @@ class Attached:
 
     def _rebuild(self, optimizer: torch.optim.Optimizer, before: dict[str, nn.Parameter],
                  iteration: int) -> None:
-        """What ``accelopt run`` does at a rebuild, on the optimizer the loop holds (in
+        """:meth:`_rebuild_one` on the optimizer whose step the rebuild followed, then on
+        every other one the loop stepped through ``ao.step`` (a GAN's two, a body's and a
+        head's): only the first was repointed, and the others went on stepping tensors
+        the model no longer used, with no warning."""
+        self._rebuild_one(optimizer, before, iteration)
+        for other in list(self._stepped):
+            if other is not optimizer:
+                self._rebuild_one(other, before, iteration)
+        current = dict(self.model.named_parameters())
+        # one the loop steps first after the rebuild is repointed at that step
+        self._rebuilt_away.update({n: p for n, p in before.items() if current.get(n) is not p})
+
+    def _rebuild_one(self, optimizer: torch.optim.Optimizer, before: dict[str, nn.Parameter],
+                     iteration: int) -> None:
+        """What ``accelopt run`` does at a rebuild, on an optimizer the loop holds (in
         place, since the loop keeps its own reference): repoint it at the current
         parameters, then offer it to ``accelopt_optimizer_build`` with the optimizer as it
         was (``previous``), so a plugin carries the state of the parameters it resized
@@ -465,23 +578,25 @@ class Attached:
         """Point an optimizer made before ``attach`` at the parameters a plugin put in place
         of the ones it holds (build-time pruning): it stepped the old, dense Parameters, the
         model's own never moved, and the row still said "trained at the pruned size"."""
-        if not self._replaced:
+        if not self._replaced and not self._rebuilt_away:
             return
-        stale = dict(self._replaced.items())
+        stale = {**self._replaced, **self._rebuilt_away}
         ids = {id(p) for p in stale.values()}
-        if not any(id(p) in ids for g in optimizer.param_groups for p in g["params"]):
+        held = sum(id(p) in ids for g in optimizer.param_groups for p in g["params"])
+        if not held:
             return
         current = dict(self.model.named_parameters())
         # unchanged and new names as they are now: only the replaced ones are swapped
         repoint_optimizer(optimizer, {**current, **stale}, current)
         self._notes.append(
-            f"the optimizer handed to ao.step held {len(stale)} parameters a plugin replaced "
-            "in attach (made before attach); it was pointed at the model's current ones, "
-            "their fresh state starting at that step")
+            f"the optimizer handed to ao.step held {held} parameters a plugin replaced "
+            "(in attach, or at a rebuild before its first ao.step); it was pointed at the "
+            "model's current ones, their fresh state starting at that step")
 
     def optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         """The optimizer to use: yours, or what ``accelopt_optimizer_build`` made of it (one
         made before ``attach`` is first pointed at the parameters a plugin replaced)."""
+        _check_optimizer(optimizer, "ao.optimizer(opt)")
         self._raise_kept()
         self._repoint_stale(optimizer)
         params = dict(self.model.named_parameters())

@@ -110,6 +110,15 @@ class _LatePrune:
     def capture(self, _m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         self.example = (args, kwargs)
 
+    def release(self) -> None:
+        """Let go of the model and its last input, and take :meth:`capture` off the model:
+        at the pruning, and at the run's end when the pruning was never reached (the hook
+        stayed on a loop's own model after ``close()``, keeping its latest input alive)."""
+        self.model = self.example = None
+        if self.hook is not None:
+            self.hook.remove()
+            self.hook = None
+
 
 PROBE_REPS = 7
 """Interleaved timing rounds of the pruning probe (its ratio's spread is over these)."""
@@ -299,21 +308,26 @@ class GpuKernelsPlugin:
             rec.steps_seen += 1
             rec.last_iteration = context.iteration + 1
         late = rec.late if rec is not None else None
-        if late is None or late.model is None or context.iteration + 1 != late.at:
+        if late is not None and late.model is None:
+            # every optimizer of the rebuild was offered (a loop of one's own may step
+            # several): the dense parameters the lineage holds are let go
+            late.lineage = {}
+        # the first step at or after the iteration, once: a loop stepping every 2nd
+        # iteration (gradient accumulation) never stepped at iteration N, and stayed dense
+        if late is None or late.model is None or context.iteration + 1 < late.at:
             return None
         assert rec is not None
-        done = self._prune_late(rec, late)
-        late.model = late.example = None  # nothing of the job is kept past its pruning
-        if late.hook is not None:
-            late.hook.remove()
+        at = context.iteration + 1
+        done = self._prune_late(rec, late, at)
+        late.release()  # nothing of the job is kept past its pruning
         if not done:
             return None
-        if context.job.iterations and late.at >= context.job.iterations:
-            warnings.warn(_untuned_note(late.at), PluginWarning, stacklevel=2)
+        if context.job.iterations and at >= context.job.iterations:
+            warnings.warn(_untuned_note(at), PluginWarning, stacklevel=2)
         return OptimizerRebuild(reason=f"gpu_kernels node-pruned {len(rec.prune.pruned)} "
-                                f"layers at iteration {late.at}")  # type: ignore[union-attr]
+                                f"layers at iteration {at}")  # type: ignore[union-attr]
 
-    def _prune_late(self, rec: _JobRecord, late: _LatePrune) -> bool:
+    def _prune_late(self, rec: _JobRecord, late: _LatePrune, at: int) -> bool:
         """Prune a trial copy first (the model must still run on the last real input and the
         FLOPs are measured there), then the live model, recording each new parameter's
         lineage for the optimizer state."""
@@ -328,12 +342,12 @@ class GpuKernelsPlugin:
                     late.flops = (_flops(model, late.example), _flops(trial, late.example))
             del trial
         except Exception as exc:  # a model the pruner cannot handle stays dense, said so
-            rec.notes.append(f"pruning at iteration {late.at} skipped: "
+            rec.notes.append(f"pruning at iteration {at} skipped: "
                              f"{type(exc).__name__}: {exc}")
             return False
         with record_lineage() as lineage:
             rec.prune = node_prune(model, float(c.prune_amount), **prune)
-        late.lineage, late.pruned_at = dict(lineage), late.at
+        late.lineage, late.pruned_at = dict(lineage), at
         return bool(rec.prune.pruned)
 
     @hookimpl
@@ -354,7 +368,6 @@ class GpuKernelsPlugin:
                     k: slice_like(v, steps).clone() if isinstance(v, torch.Tensor)
                     and v.shape == orig.shape else v for k, v in state.items()}
                 late.carried += 1
-        late.lineage = {}
         return None
 
     @hookimpl
@@ -382,9 +395,7 @@ class GpuKernelsPlugin:
         rec.prune = PruneReport(**state["prune"])
         late.pruned_at, late.flops, late.carried = (
             int(state["pruned_at"]), state["flops"], int(state["carried"]))
-        late.model = late.example = None
-        if late.hook is not None:
-            late.hook.remove()
+        late.release()
 
     @hookimpl
     def accelopt_report_rows(self, run: RunInfo) -> list[ReportRow]:
@@ -410,17 +421,20 @@ class GpuKernelsPlugin:
         if rec.prune is not None:
             p = rec.prune
             if p.pruned and late is not None:
+                at = late.pruned_at if late.pruned_at is not None else late.at
+                later = (f" (prune_at_iteration={late.at}: the first optimizer step at or after it)"
+                         if at != late.at else "")
                 parts.append(
-                    f"node-pruned {len(p.pruned)} layers at iteration {late.at} (trained "
+                    f"node-pruned {len(p.pruned)} layers at iteration {at}{later} (trained "
                     f"weights, {self.config.prune_criterion}; optimizer rebuilt, state of "
                     f"{late.carried} sliced params carried), params "
                     f"{p.params_before}->{p.params_after}")
-                tuned = max(0, rec.last_iteration - late.at)
+                tuned = max(0, rec.last_iteration - at)
                 parts.append(f"fine-tuned {tuned} iteration{'s' if tuned != 1 else ''} after "
                              "pruning")
                 if not tuned:
-                    parts.append(f"warning: {_untuned_note(late.at)}")
-                metrics["pruned_at_iteration"] = late.at
+                    parts.append(f"warning: {_untuned_note(at)}")
+                metrics["pruned_at_iteration"] = at
                 metrics["fine_tuned_iterations"] = tuned
                 if late.flops is not None:
                     parts.append(f"FLOPs {late.flops[0]}->{late.flops[1]}")
@@ -474,9 +488,10 @@ class GpuKernelsPlugin:
 
     @hookimpl
     def accelopt_run_end(self, run: RunInfo, metrics: dict[str, Any]) -> None:
-        for rec in self.jobs.values():  # drop any model reference still held
+        for rec in self.jobs.values():  # drop any model reference and hook still held
             if rec.late is not None:
-                rec.late.model = rec.late.example = None
+                rec.late.release()
+                rec.late.lineage = {}
 
     @staticmethod
     def _conv_choices(rec: _JobRecord) -> dict[str, int]:

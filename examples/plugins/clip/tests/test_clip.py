@@ -36,7 +36,7 @@ def test_inert_under_a_huge_bound_and_clipping_under_a_tiny_one(tmp_path, mode):
                         tmp_path=tmp_path)
     assert losses(huge) == losses(plain)
     (row,) = [r for r in huge.plugin_rows if r.plugin == "clip"]
-    assert row.metrics["clipped"] == 0 and row.metrics["iterations"] == 3
+    assert row.metrics["clipped"] == 0 and row.metrics["steps"] == 3
     tiny = run_workload([PLUGIN], [*mode_overrides(mode), "plugins.clip.max_norm=1e-4"],
                         tmp_path=tmp_path)
     assert losses(tiny)[0] == losses(plain)[0]  # the first step's loss comes before any clip

@@ -23,15 +23,17 @@ class ClipConfig:
     """``plugins.clip.<field>=<value>``."""
 
     max_norm: float = 1.0
-    """Scale the gradients so that their norm is at most this (per job, per iteration)."""
+    """Scale the gradients so that their norm is at most this (per job, per optimizer step)."""
     norm_type: float = 2.0
     """The p of the p-norm (``inf``: the largest absolute entry)."""
     skip_non_finite: bool = True
-    """Skip the optimizer step of an iteration whose gradient norm is NaN or infinite."""
+    """Skip an optimizer step whose gradient norm is NaN or infinite."""
 
 
 class ClipPlugin:
-    """Counts, per job, the iterations it clipped and the largest norm it saw."""
+    """Counts, per job, the optimizer steps it clipped and the largest norm it saw: steps,
+    not iterations, since a loop of one's own may step twice an iteration (a GAN) or once
+    in several (gradient accumulation)."""
 
     def __init__(self, config: ClipConfig) -> None:
         self.config = config
@@ -67,11 +69,11 @@ class ClipPlugin:
         rows = []
         for name, norms in self.seen.items():
             n, clipped = len(norms), self.clipped.get(name, 0)
-            text = (f"{name}: clipped {clipped} of {n} iterations to norm "
+            text = (f"{name}: clipped {clipped} of {n} optimizer steps to norm "
                     f"{self.config.max_norm:g} (largest norm {max(norms):.4g})")
             if self.skipped.get(name):
                 text += f"; skipped {self.skipped[name]} non-finite steps"
-            rows.append(ReportRow("clip", text, {"job": name, "iterations": n,
+            rows.append(ReportRow("clip", text, {"job": name, "steps": n,
                                                  "clipped": clipped,
                                                  "max_norm_seen": round(max(norms), 6)}))
         return rows
