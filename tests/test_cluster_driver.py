@@ -22,6 +22,14 @@ class _Part:
                                    iterations=iterations, done=False)
         self.steps = 0
 
+    carried_service_s = 0.0
+
+    def queueing_s(self) -> float | None:  # what the leader records of a job it leaves
+        return 0.0 if self.steps else None
+
+    def service_s(self) -> float:
+        return float(self.steps)
+
     def step(self, lane, progress):
         self.steps += 1
         self.job.iteration += 1

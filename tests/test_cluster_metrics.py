@@ -421,7 +421,8 @@ def _leader(tmp_path, train_t0: float, iteration: int = 0):
     info = JobInfo(job_id="00-a", name="a", model="mlp", kind="train", arrival_s=0.0,
                    iterations=10, batch_size=8)
     part = SimpleNamespace(job=SimpleNamespace(info=info, iteration=iteration),
-                           service_s=lambda: 0.3, carried_s=0.0)
+                           service_s=lambda: 0.3, carried_s=0.0, carried_service_s=0.0,
+                           queueing_s=lambda: 0.5 if iteration else None)
     progress = SimpleNamespace(path=tmp_path / "progress-0")
     driver = ClusterDriver(OmegaConf.create({}), [part], None, rank=0, device=None,
                            progress=progress, clock=None)
@@ -495,7 +496,8 @@ def test_a_failed_runs_unfinished_jobs_keep_the_iterations_they_had_run(tmp_path
     driver, part = _leader(tmp_path, train_t0=1.0, iteration=4)
     driver._switched("00-a")
     ended = read_ended(tmp_path)
-    assert ended["00-a"] == {"status": "running", "current": True, "iterations": 4}
+    assert ended["00-a"] == {"status": "running", "current": True, "iterations": 4,
+                             "queueing_s": 0.5, "service_s": 0.3, "carried_service_s": 0.0}
     got = _ended_before(JobResult(part.job.info), ended, reached=7)
     assert (got.iterations_done, got.samples) == (7, 56)
     assert _ended_before(JobResult(part.job.info), ended).iterations_done == 4

@@ -159,7 +159,7 @@ def test_chrome_trace_is_valid_and_tracks_are_named(tmp_path: Path) -> None:
         assert e["ts"] >= 0 and e["dur"] >= 0
         assert (e["pid"], e["tid"]) in threads
     assert spans[0]["ts"] == 500_000 and spans[0]["dur"] == 1_000_000
-    assert spans[0]["args"] == {"job": "mlp-a", "iteration": 0}
+    assert spans[0]["args"] == {"job": "j0", "name": "mlp-a", "iteration": 0}
     assert spans[3]["cat"] == "hook"
     assert sorted(threads.values()) == ["hooks", "lane default", "lane lane1"]
     assert set(processes.values()) == {"executor", "plugins", "telemetry"}

@@ -26,7 +26,7 @@ def test_hook_calls_before_the_clock_leave_the_trace_and_chart_at_time_0(tmp_pat
     (run_dir,) = [p for p in tmp_path.iterdir() if (p / "trace.json").is_file()]
     events = json.loads((run_dir / "trace.json").read_text())["traceEvents"]
     assert min(e["ts"] for e in events if "ts" in e) >= 0
-    assert any(e.get("ph") == "X" and e["name"] == "tiny-mlp" for e in events)
+    assert any(e.get("ph") == "X" and e["name"] == "tiny-mlp iteration 0" for e in events)
 
 
 def test_a_stopped_cluster_runs_iterations_are_those_every_worker_finished(tmp_path, monkeypatch):

@@ -87,15 +87,48 @@ def _metadata_events(
     return events
 
 
+def _job_names(record: RunRecord) -> tuple[dict[str, str], dict[str, str]]:
+    """job id -> name, and name -> job id for the names only one job has."""
+    infos = [r.job for r in record.jobs] + list(record.info.jobs)
+    by_id = {info.job_id: info.name for info in infos}
+    counts: dict[str, int] = {}
+    for name in by_id.values():
+        counts[name] = counts.get(name, 0) + 1
+    by_name = {name: job_id for job_id, name in by_id.items() if counts[name] == 1}
+    return by_id, by_name
+
+
+def _iteration_span(name: str, args: dict[str, Any], by_id: dict[str, str],
+                    by_name: dict[str, str]) -> tuple[str, dict[str, Any]]:
+    """An iteration span's event name and args in one convention whatever made it:
+    ``args.job`` the job's id (as ``per_iteration.json`` and ``metrics.json`` name it),
+    ``args.name`` its name, and the event ``"<name> iteration <i>"``. One process records
+    its iterations under the job's name, a cluster rank under its id (named ``iteration
+    <i>`` when the run has one job), so a script matching a job's spans across modes found
+    none of one of them. Any other span is kept as it was."""
+    job, iteration = args.get("job"), args.get("iteration")
+    if job is None or iteration is None:
+        return name, args
+    job_id = str(job) if str(job) in by_id else by_name.get(str(job))
+    if job_id is None:  # a job the record does not know: left as recorded
+        return name, args
+    return (f"{by_id[job_id]} iteration {iteration}",
+            {**args, "job": job_id, "name": by_id[job_id]})
+
+
 def _span_events(
     record: RunRecord, threads: list[str], pids: dict[str, int],
     tids: dict[tuple[str, str], int]
 ) -> list[dict[str, Any]]:
     events = []
+    by_id, by_name = _job_names(record)
     for span, thread in zip(record.spans, threads, strict=True):
+        name, args = span.name, span.args
+        if span.category == "iteration":
+            name, args = _iteration_span(name, args, by_id, by_name)
         events.append(
             {
-                "name": span.name,
+                "name": name,
                 "cat": span.category,
                 "ph": "X",
                 "ts": _us(span.start_s),
@@ -106,7 +139,7 @@ def _span_events(
                 "dur": max(0.0, round(_us(span.end_s) - _us(span.start_s), 3)),
                 "pid": pids[span.process],
                 "tid": tids[(span.process, thread)],
-                "args": dict(span.args),
+                "args": dict(args),
             }
         )
     return events

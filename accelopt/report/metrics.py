@@ -195,6 +195,9 @@ def run_metrics(record: RunRecord) -> dict[str, Any]:
         "avg_queueing_s": _mean(queueing),
         "duration_s": record.duration_s,
         **quality_means(jobs),
+        # every run says its mode ("none": one process), so a script comparing runs of
+        # either kind reads the same key (a cluster run's figures give it as well)
+        "cluster_mode": record.info.cluster.mode,
     }
     summary.update(record.metrics)
     return clean(summary)

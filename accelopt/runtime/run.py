@@ -457,7 +457,7 @@ def _execute_cluster(cfg: DictConfig, run_dir: Path, registry: Registry, console
                      refs: dict[str, RunRecord], resume_from: Path | None,
                      warnings: list[str]) -> RunRecord:
     from accelopt.drivers.cluster import run_cluster
-    from accelopt.drivers.cluster.outcome import stopped_outcome
+    from accelopt.drivers.cluster.outcome import service_so_far, stopped_outcome
     from accelopt.drivers.cluster.settings import settings_from
 
     names = tuple(s.name for s in resolve(selected_plugins(cfg), registry))
@@ -486,7 +486,8 @@ def _execute_cluster(cfg: DictConfig, run_dir: Path, registry: Registry, console
         reached = getattr(exc, "reached", getattr(exc, "iteration", None))
         left = getattr(exc, "so_far", [])
         record.jobs = [_ended_before(JobResult(job_info(s, job_id_for(i, s))), ended, reached,
-                                    _completed(left, job_id_for(i, s), settings))
+                                    _completed(left, job_id_for(i, s), settings),
+                                    service_so_far(left, job_id_for(i, s), settings))
                        for i, s in enumerate(specs)]
         stopped = stopped_outcome(left, record.jobs, settings)
         record.spans, per_iteration = stopped.spans, stopped.per_iteration
@@ -616,7 +617,8 @@ def _completed(left: list[Any], job_id: str, settings: Any) -> int | None:
 
 
 def _ended_before(result: JobResult, ended: dict[str, dict[str, Any]],
-                  reached: int | None = None, completed: int | None = None) -> JobResult:
+                  reached: int | None = None, completed: int | None = None,
+                  service: float | None = None) -> JobResult:
     """A cluster job as the run left it when it stopped (the leader's record): a job that
     had ended, as it ended (status, iterations, samples, service time, JCT and queueing
     delay, from its arrival after every rank had built every job, as a successful run
@@ -628,6 +630,12 @@ def _ended_before(result: JobResult, ended: dict[str, dict[str, Any]],
     iterations every worker finished, which its losses and trace count (the leader's
     progress ran ahead of them: a parameter server was 5 iterations past the workers).
 
+    A job that had started, ended or not, keeps its queueing delay (its first start) and
+    service time (so samples/s), as in one process: a running job's service time is
+    ``service`` (:func:`~accelopt.drivers.cluster.outcome.service_so_far`: the iterations
+    every worker finished, which its samples count) plus what a checkpoint carried, where
+    the workers left their records, else what the leader recorded when it last left it.
+
     Its times are on the training clock, as a finished run's (``build_outcome``): its
     arrival as configured (0 when every rank had built every job), its first start and end
     that arrival plus the queueing delay and JCT the leader recorded."""
@@ -636,6 +644,9 @@ def _ended_before(result: JobResult, ended: dict[str, dict[str, Any]],
     if mine is None:
         return result
     result.iterations_done = int(mine.get("iterations") or 0)
+    if mine.get("queueing_s") is not None:
+        result.admitted_s = arrival
+        result.first_start_s = arrival + float(mine["queueing_s"])
     if mine.get("status") == "running":
         if completed is not None:
             result.iterations_done = min(completed, result.job.iterations)
@@ -643,6 +654,8 @@ def _ended_before(result: JobResult, ended: dict[str, dict[str, Any]],
             result.iterations_done = min(max(result.iterations_done, reached),
                                          result.job.iterations)
         result.samples = result.iterations_done * result.job.batch_size
+        result.service_s = (float(mine.get("carried_service_s") or 0.0) + service
+                            if service is not None else float(mine.get("service_s") or 0.0))
         return result
     result.status = mine["status"]
     result.error = mine.get("error") or ""
@@ -651,8 +664,6 @@ def _ended_before(result: JobResult, ended: dict[str, dict[str, Any]],
     result.admitted_s = arrival
     if mine.get("jct_s") is not None:
         result.end_s = arrival + float(mine["jct_s"])
-    if mine.get("queueing_s") is not None:
-        result.first_start_s = arrival + float(mine["queueing_s"])
     if result.status == "done":
         result.quality_note = ("not scored: the run stopped before the ranks handed over "
                                "the weights")

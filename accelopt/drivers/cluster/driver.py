@@ -160,13 +160,36 @@ class ClusterDriver:
         holds only the iteration it is in, of whichever job)."""
         with self._ended_lock:
             for other, current in ((self._current, False), (job_id, True)):
-                if other is None or self._ended_jobs.get(other, {}).get(
-                        "status", "running") != "running":
-                    continue
-                self._ended_jobs[other] = {"status": "running", "current": current,
-                                           "iterations": self.jobs[other].job.iteration}
+                if self._running(other):
+                    self._ended_jobs[other] = self._so_far(other, current)  # type: ignore[arg-type]
             self._current = job_id
             self._record()
+
+    def _running(self, job_id: str | None) -> bool:
+        """``job_id`` is a job that has not ended (its record, if any, says ``running``)."""
+        return job_id is not None and self._ended_jobs.get(job_id, {}).get(
+            "status", "running") == "running"
+
+    def _so_far(self, job_id: str, current: bool) -> dict[str, Any]:
+        """An unfinished job's record: its iterations, and its queueing delay (``None``
+        before its first start) and service time so far, as :meth:`_ended` records a
+        finished job's, so a stopped run's report gives it a first start and samples/s as
+        one process does (its first start is on the training clock: the queueing delay
+        counts from the arrival after every rank had built every job)."""
+        part = self.jobs[job_id]
+        return {"status": "running", "current": current, "iterations": part.job.iteration,
+                "queueing_s": part.queueing_s(), "service_s": part.service_s(),
+                "carried_service_s": part.carried_service_s}
+
+    def _started(self, job_id: str) -> None:
+        """The job the leader runs has its first start in this run: its record gets the
+        queueing delay (one file write per job; the switch that took it came before)."""
+        with self._ended_lock:
+            if (self._running(job_id) and job_id in self._ended_jobs
+                    and self._ended_jobs[job_id].get("queueing_s") is None):
+                self._ended_jobs[job_id] = self._so_far(
+                    job_id, bool(self._ended_jobs[job_id].get("current")))
+                self._record()
 
     def _record(self) -> None:
         if self.progress is not None:
@@ -193,7 +216,10 @@ class ClusterDriver:
             if not self._freed:
                 self._freed = len(self.jobs) == 1  # one job: the followers run on by themselves
                 self._send({"run": job_id, "lane": events.lane, "free": self._freed})
-            return self.jobs[job_id].step(events.lane, self.progress)
+            result = self.jobs[job_id].step(events.lane, self.progress)
+            if self.progress is not None:
+                self._started(job_id)
+            return result
 
     _current: str | None = None
     """The job the leader ran last (a switch away from it records how far it got)."""

@@ -89,7 +89,9 @@ def build_outcome(ranks: list[RankResult], settings: ClusterSettings) -> Cluster
         _aggregate(out, outcomes, names, settings)
     switches = sum(1 for a, b in zip(leader.schedule, leader.schedule[1:], strict=False)
                    if a["run"] != b["run"])
-    out.metrics.update({"scheduling_decisions": len(leader.schedule), "job_switches": switches})
+    out.metrics = {**out.metrics, "scheduling_decisions": len(leader.schedule),
+                   "job_switches": switches}
+    out.metrics = summary_figures(out.metrics, names, settings)
     job_scoped = of_plugins(leader.job_scoped)
     rows = representative_rows([r.plugin_rows for r in ranks], [r.role for r in ranks],
                                job_scoped)
@@ -197,9 +199,10 @@ class StoppedOutcome:
     per_iteration: list[dict[str, Any]]
     """Each job's per-(worker, iteration) Mc/Pc/U/E rows from those spans."""
     metrics: dict[str, Any]
-    """The run-level figures over the iterations every worker finished (one job that ran:
-    its medians, as a finished one-job run's; several: ``job.<name>.<key>`` each), and the
-    cluster's settings; empty where no worker left its records."""
+    """The run-level figures over the iterations every worker finished (one job: its
+    medians, as a finished one-job run's; several: ``job.<name>.<key>`` each), and the
+    cluster's settings, under the keys a finished run's has (:func:`summary_figures`):
+    ``None`` for a figure the ranks did not leave (or, with no worker's records, any)."""
 
 
 def stopped_outcome(left: list[RankSoFar], results: list[JobResult],
@@ -230,14 +233,15 @@ def stopped_outcome(left: list[RankSoFar], results: list[JobResult],
                                    list(finished.values()))
             figures[result.job.name] = {k: v for k, v in summary.items() if v is not None}
     metrics: dict[str, Any] = {}
-    if len(figures) == 1:
-        metrics.update(next(iter(figures.values())))
-    for name, one in figures.items() if len(figures) > 1 else ():
-        metrics.update({f"job.{name}.{key}": one[key] for key in JOB_METRICS if key in one})
-    if metrics:
-        metrics.update({"cluster_mode": settings.mode, "cluster_workers": settings.workers,
-                        "cluster_servers": settings.servers, **network_metrics(settings)})
-    return StoppedOutcome(spans, per_iteration, metrics)
+    if len(results) == 1:  # one job's figures are the run's, as in a finished run
+        metrics.update(next(iter(figures.values()), {}))
+    else:
+        for name, one in figures.items():
+            metrics.update({f"job.{name}.{key}": one[key] for key in JOB_METRICS if key in one})
+    metrics.update({"cluster_mode": settings.mode, "cluster_workers": settings.workers,
+                    "cluster_servers": settings.servers})
+    return StoppedOutcome(spans, per_iteration,
+                          summary_figures(metrics, [r.job.name for r in results], settings))
 
 
 def _finished_iterations(left: list[RankSoFar], job_id: str,
@@ -254,6 +258,15 @@ def _finished_iterations(left: list[RankSoFar], job_id: str,
             if not it.get("carried"):
                 lengths.setdefault(int(it["iteration"]), []).append(it["end_s"] - it["start_s"])
     return {i: max(v) for i, v in sorted(lengths.items()) if len(v) == len(records)}
+
+
+def service_so_far(left: list[RankSoFar], job_id: str,
+                   settings: ClusterSettings) -> float | None:
+    """A stopped run's service time of one job in this run, from what its workers left: its
+    iterations every worker finished added up (each the slowest worker's), as a finished
+    run's (:func:`_job_outcome`); ``None`` unless every worker left its records."""
+    finished = _finished_iterations(left, job_id, settings)
+    return sum(finished.values()) if finished else None
 
 
 def losses_so_far(left: list[RankSoFar], job_id: str, batch: int,
@@ -306,10 +319,12 @@ def _job_outcome(parts: list[JobPart], settings: ClusterSettings,
         job=info, status=state_status, lane=f"cluster {settings.mode}", error=error,  # type: ignore[arg-type]
         admitted_s=starts[0] if starts else None, first_start_s=starts[0] if starts else None,
         end_s=ends[-1] if ends else None, iterations_done=n_iter,
-        # samples count the carried iterations, so the service time does too: throughput
-        # is over the whole job, as a single-process resume's is
-        service_s=max(p.carried_service_s for p in workers)
-        + ((ends[-1] - starts[0]) if starts else 0.0),
+        # the job's own iterations added up (each the slowest worker's), as one process
+        # adds up its iterations' spans: not its first start to its last end, which counts
+        # the time other jobs held the cluster in between. Samples count the carried
+        # iterations, so the service time does too: throughput is over the whole job, as a
+        # single-process resume's is
+        service_s=max(p.carried_service_s for p in workers) + sum(seconds),
         samples=samples, final_loss=losses[-1] if losses else None, losses=losses,
         carried_s=max(p.carried_s for p in parts),
         # the earliest worker's, as first_start_s is (None: no checkpoint carried one)
@@ -435,6 +450,71 @@ JOB_METRICS = ("efficiency_e", "efficiency_e_with_warmup", "iteration_s", "mc_s"
                "achieved_bandwidth_bps", "wire_bytes_per_iteration",
                "loopback_bytes_per_iteration", "collective_bytes_per_iteration")
 """Per-job figures copied into the run's metrics as ``job.<name>.<key>``."""
+
+
+TRANSFER_COUNTS = ("transfers", "transfers_dropped", "transfers_ordered", "transfers_held",
+                   "transfers_overtaken", "transfers_partitioned", "tensors_updated_early")
+"""The transport's counts, per job and summed over the jobs."""
+
+MEDIANS = ("mc_s", "pc_s", "iteration_makespan_s", "efficiency_e", "ratio_a")
+"""The per-iteration figures a run gives as medians (``cm.summarize``)."""
+
+ONE_JOB_METRICS = (
+    "wall_iterations_per_s", "cluster_mode", "cluster_workers", "cluster_servers",
+    "cluster_backend", "param_bytes", "bytes_per_iteration", *TRANSFER_COUNTS,
+    "out_of_order_fraction", *(f"{key}{suffix}" for key in MEDIANS
+                               for suffix in ("", "_with_warmup")),
+    "iteration_s", "iteration_s_with_warmup", "iterations_per_s",
+    "iterations_per_s_with_warmup", "achieved_bandwidth_bps",
+    "achieved_bandwidth_bps_with_warmup", "worker_bytes_per_iteration", "warmup_iterations",
+    "scheduling_decisions", "job_switches")
+"""The summary keys of a one-job cluster run (beside the network's and the mode's:
+:func:`summary_figures`)."""
+
+SEVERAL_JOBS_METRICS = (
+    "cluster_mode", "cluster_workers", "cluster_servers", "cluster_backend", "cluster_jobs",
+    "efficiency_e", "efficiency_e_with_warmup", "iteration_s", "iterations_per_s",
+    "wall_iterations_per_s", "bytes_per_iteration", "mc_s", "pc_s", "iteration_makespan_s",
+    "ratio_a", *TRANSFER_COUNTS, "out_of_order_fraction", "scheduling_decisions",
+    "job_switches")
+"""The run-level summary keys of a cluster run of several jobs (each job's own:
+``job.<name>.<key>``, :data:`JOB_METRICS`)."""
+
+
+MODE_METRICS = ("expected_bytes_per_iteration", "collective_bytes_per_iteration",
+                "wire_bytes_per_iteration", "loopback_bytes_per_iteration")
+"""Figures only some modes and networks have (:func:`summary_figures`)."""
+
+
+def summary_figures(metrics: dict[str, Any], names: list[str],
+                    settings: ClusterSettings) -> dict[str, Any]:
+    """``metrics`` under every key a cluster run of these jobs reports, ``None`` where a
+    figure is unknown (not measured, or a stopped run's ranks did not leave it). Finished
+    and stopped runs both go through it, so their summaries have the same keys and a script
+    reading ``summary["bytes_per_iteration"]`` gets ``null``, not a KeyError, from a run
+    that failed. The mode and the network decide the rest: ``expected_bytes_per_iteration``
+    (ps), ``collective_bytes_per_iteration`` (all-reduce), ``wire_bytes_per_iteration`` (a
+    shaped network) and ``loopback_bytes_per_iteration`` (its shared loopback)."""
+    extra = [key for key, wanted in (
+        ("expected_bytes_per_iteration", settings.mode == "ps"),
+        ("collective_bytes_per_iteration", settings.mode == "allreduce"),
+        ("wire_bytes_per_iteration", settings.shaped),
+        ("loopback_bytes_per_iteration", settings.shaped and settings.network == "shared"))
+        if wanted]
+    if len(names) == 1:
+        keys = [*ONE_JOB_METRICS, *extra]
+    else:
+        per_job = [key for key in JOB_METRICS if key not in MODE_METRICS or key in extra]
+        keys = [*SEVERAL_JOBS_METRICS,
+                *(f"job.{name}.{key}" for name in names for key in per_job)]
+    out = {key: metrics.get(key) for key in keys}
+    out.update({"cluster_mode": settings.mode, "cluster_workers": settings.workers,
+                "cluster_servers": settings.servers, **network_metrics(settings)})
+    if len(names) > 1:
+        out["cluster_jobs"] = len(names)
+    for key, value in metrics.items():  # a figure the lists do not name is kept as well
+        out.setdefault(key, value)
+    return out
 
 
 def _aggregate(out: ClusterOutcome, outcomes: dict[str, ClusterOutcome], names: list[str],

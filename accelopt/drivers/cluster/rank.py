@@ -181,12 +181,13 @@ class RankJob:
         return max(0.0, self.now() - self.train_t0 - self.job.info.arrival_s) + self.carried_s
 
     def service_s(self) -> float:
-        """The job's service time so far: its first start to its latest iteration's end in
-        this run, plus what the checkpoint it was resumed from carried (the carried rows'
-        times are another run's clock, so they do not count here)."""
+        """The job's service time so far: its own iterations in this run added up (as one
+        process adds up its iterations' spans; its first start to its latest end would count
+        the time other jobs held the cluster in between), plus what the checkpoint it was
+        resumed from carried (the carried rows' times are another run's clock, so they do
+        not count here)."""
         own = [r for r in self.iterations if not r.get("carried")]
-        span = own[-1]["end_s"] - own[0]["start_s"] if own else 0.0
-        return self.carried_service_s + span
+        return self.carried_service_s + sum(r["end_s"] - r["start_s"] for r in own)
 
     def queueing_s(self) -> float | None:
         """The job's queueing delay: its arrival to its first start (a resumed job: as its
