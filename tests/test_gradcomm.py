@@ -217,6 +217,34 @@ def test_a_setting_of_another_method_is_refused_not_ignored(settings, message):
         plugin.accelopt_configure(config=GradcommConfig(**settings), run_config=None)
 
 
+@pytest.mark.parametrize("override, key", [
+    ("plugins.gradcomm.density=0.01", "density=0.01"),
+    ("plugins.gradcomm.topk_scope=model", "topk_scope=model"),
+    ("plugins.gradcomm.threshold=0.0", "threshold=0.0"),
+    ("plugins.gradcomm.factor_masking=true", "factor_masking=True"),
+])
+def test_a_setting_equal_to_its_default_is_refused_without_its_method(run_tiny, override, key):
+    """Compared with the defaults, ``density=0.01`` without ``sparsify=topk`` was accepted
+    (and ignored) where ``density=0.1`` was refused: the composed config holds every key, so
+    only a ``null`` default shows that a value was given."""
+    with pytest.raises(ConfigError) as info:
+        run_tiny(PLUGIN, overrides=[override])
+    assert f"plugins.gradcomm.{key} has no effect with sparsify=none" in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_method_settings_left_null_read_as_their_defaults():
+    """``null`` stands for the method's default; nothing given is nothing refused."""
+    config = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(GradcommConfig),
+                                                 {"dtype": "fp16"}))
+    assert (config.density, config.threshold, config.factor_masking, config.topk_scope) == (
+        0.01, 0.0, True, "model")
+    assert config.explicit == frozenset()
+    GradcommPlugin(GradcommConfig()).accelopt_configure(config=config, run_config=None)
+    given = GradcommConfig(sparsify="topk", density=0.01, topk_scope="model")
+    assert given.explicit == {"density", "topk_scope"} and given == GradcommConfig(sparsify="topk")
+
+
 def test_encode_decode_hooks_round_trip_a_bucket():
     """accelopt_transfer_encode on the sender, accelopt_transfer_decode on every rank."""
     g = torch.randn(10)

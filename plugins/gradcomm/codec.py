@@ -102,6 +102,46 @@ def _accumulator(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def model_budgets(candidates: dict[str, torch.Tensor], k_model: int) -> dict[str, int]:
+    """Each bucket's share of the model-wide top ``k_model`` of the ``candidates``
+    (magnitudes per bucket), at least 1. Counting every entry ``>=`` the K-th value
+    over-counted its ties: where most of the gradient was exactly 0 (an embedding's unused
+    rows), the K-th value was 0 and every zero counted, so a zero bucket's budget was its
+    whole size and top-k at density 0.01 sent 90% of the elements. Here each bucket gets
+    its entries strictly above the K-th value, and the rest of K goes to the tied entries
+    (:func:`share_ties`), so the shares add up to K; without ties the shares are the
+    ``>=`` counts, as before."""
+    mags = torch.cat(list(candidates.values()))
+    k = min(k_model, mags.numel())
+    kth = torch.topk(mags, k).values.min()
+    above: dict[str, int] = {}
+    tied: dict[str, int] = {}
+    for b, c in candidates.items():
+        c = c if c.dtype == kth.dtype else c.to(kth.dtype)  # compared as the K-th was found
+        above[b], tied[b] = int((c > kth).sum()), int((c == kth).sum())
+    extra = share_ties(tied, k - sum(above.values()))
+    return {b: max(1, above[b] + extra[b]) for b in candidates}
+
+
+def share_ties(tied: dict[str, int], slots: int) -> dict[str, int]:
+    """``slots`` places shared between buckets holding ``tied[b]`` entries equal to the K-th
+    value, in proportion to ``tied`` (largest remainder, remainders tied broken by bucket
+    name): integers only, so the same counts give the same shares on every rank and every
+    run, whatever order the buckets were seen in. Never more than a bucket's tied entries
+    (``slots`` is at most their sum); no slots, or no tied entry (a NaN K-th value), gives
+    0 to every bucket."""
+    total = sum(tied.values())
+    if slots <= 0 or total == 0:
+        return dict.fromkeys(tied, 0)
+    slots = min(slots, total)
+    share = {b: slots * t // total for b, t in tied.items()}
+    rest = slots - sum(share.values())
+    by_remainder = sorted(tied, key=lambda b: (-(slots * tied[b] % total), b))
+    for b in by_remainder[:rest]:
+        share[b] += 1
+    return share
+
+
 class CastOverflow(ArithmeticError):
     """A finite gradient became Inf when cast to the wire dtype (fp16 tops out at 65504)."""
 
@@ -180,7 +220,10 @@ class BucketCodec:
         Per-bucket top-k forces a small, dense-gradient bucket (the output layer) to wait
         ~1/density steps per entry; one bucket for the model avoids that but loses overlap.
         Ranks may choose different k (the all-gather takes any lengths); the first step of a
-        run, and any bucket not seen yet, use the bucket scope."""
+        run, and any bucket not seen yet, use the bucket scope. The budgets add up to K
+        (plus one for each bucket holding none of the top K: every bucket sends at least
+        one entry); entries tied with the K-th value are shared out by
+        :func:`share_ties`."""
         own = max(1, math.ceil(self.density * n))
         if self.scope != "model" or iteration is None:
             return own
@@ -188,9 +231,7 @@ class BucketCodec:
         if previous is not None and iteration != previous and self.candidates:
             total = sum(self.numel[b] for b in self.candidates)
             k_model = max(1, math.ceil(self.density * total))
-            mags = torch.cat(list(self.candidates.values()))
-            kth = torch.topk(mags, min(k_model, mags.numel())).values.min()
-            self.budget = {b: max(1, int((c >= kth).sum())) for b, c in self.candidates.items()}
+            self.budget = model_budgets(self.candidates, k_model)
         return min(n, self.budget.get(name, own))
 
     def select(self, name: str, acc: torch.Tensor, iteration: int | None = None) -> torch.Tensor:

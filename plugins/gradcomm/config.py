@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 from accelopt.errors import ConfigError
 
 DTYPES = ("fp32", "fp16", "bf16")
 SPARSIFY = ("none", "topk", "threshold")
 SCOPES = ("bucket", "model")
+
+METHOD_DEFAULTS: dict[str, Any] = {"density": 0.01, "threshold": 0.0, "factor_masking": True,
+                                   "topk_scope": "model"}
+"""The settings of one method (top-k, threshold, momentum correction) and the value their
+``null`` stands for. They default to ``null`` so that a value the user gives is seen as given, even one equal to the
+method's default: the composed config holds every key, so a comparison with the defaults
+let ``density=0.01`` without ``sparsify=topk`` pass while ``density=0.1`` was refused."""
 
 
 @dataclass
@@ -33,18 +40,30 @@ class GradcommConfig:
     velocity of the entries just sent (DGC's momentum factor masking). ``topk_scope``:
     ``bucket`` sends ``density`` of every bucket; ``model`` shares the budget ``density`` x
     (all gradient elements) between buckets by where the last step's model-wide top-k fell
-    (top-k over the whole model, one step stale, overlap kept)."""
+    (top-k over the whole model, one step stale, overlap kept). ``density``, ``threshold``,
+    ``factor_masking`` and ``topk_scope`` default to ``null``, read as their method's
+    default (0.01, 0.0, true, ``model``: :data:`METHOD_DEFAULTS`); a value given for a
+    method not chosen is a one-line error (:func:`validate`)."""
 
     dtype: str = "fp32"
     sparsify: str = "none"
-    density: float = 0.01
-    threshold: float = 0.0
+    density: Optional[float] = None
+    threshold: Optional[float] = None
     error_feedback: bool = True
     overlap: bool = True
     check_finite: bool = True
     momentum_correction: Optional[bool] = None  # OmegaConf 2.3 needs Optional
-    factor_masking: bool = True
-    topk_scope: str = "model"
+    factor_masking: Optional[bool] = None
+    topk_scope: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        """Note which method settings were given (not ``null``), then put each method's
+        default in place of ``null``: the plugin and the codec read plain values, and
+        :func:`validate` reads ``explicit``. Not a field, so not a config key."""
+        self.explicit = frozenset(k for k in METHOD_DEFAULTS if getattr(self, k) is not None)
+        for key, default in METHOD_DEFAULTS.items():
+            if getattr(self, key) is None:
+                setattr(self, key, default)
 
 
 def validate(c: GradcommConfig) -> None:
@@ -78,15 +97,16 @@ def validate(c: GradcommConfig) -> None:
             f"plugins.gradcomm.threshold must be > 0 with sparsify=threshold, got {c.threshold}"
         )
     # a setting of another method than the one chosen would be silently ignored (the row
-    # said "dense all-reduce" for density=0.1 without sparsify=topk)
-    defaults = GradcommConfig()
+    # said "dense all-reduce" for density=0.1 without sparsify=topk); any value given counts,
+    # the method's default too (``explicit``: the settings that were not null)
+    explicit = getattr(c, "explicit", frozenset())
     for key, method in (("density", "topk"), ("topk_scope", "topk"), ("threshold", "threshold")):
-        if getattr(c, key) != getattr(defaults, key) and c.sparsify != method:
+        if key in explicit and c.sparsify != method:
             raise ConfigError(
                 f"plugins.gradcomm.{key}={getattr(c, key)} has no effect with "
                 f"sparsify={c.sparsify} (it is {method}'s setting); set "
                 f"plugins.gradcomm.sparsify={method}, or drop it")
-    if c.factor_masking != defaults.factor_masking and c.sparsify == "none":
+    if "factor_masking" in explicit and c.sparsify == "none":
         raise ConfigError(
             f"plugins.gradcomm.factor_masking={c.factor_masking} has no effect with "
             "sparsify=none (it is momentum correction's setting, which corrects "
