@@ -35,6 +35,8 @@ def order_command(argv: list[str]) -> int:
         return 0 if argv and argv[0] in ("-h", "--help") else 2
     config, meta, overrides = parse(argv[1:])
     plan = make_plan(config, meta, overrides)
+    if plan is None:
+        return 0  # nothing to order, said as a run says it
     print_plan(plan, config.heuristic, sys.stdout, source=use_order_file(plan, config))
     return 0
 
@@ -135,6 +137,10 @@ def _convert(short: str, value: str, key: str) -> Any:
 
 
 def make_plan(config: TictacConfig, meta: dict[str, str], overrides: list[str]) -> Any:
+    """The plan of a meta-device model or of a workload's job; ``None`` (after printing the
+    run's own line) where a run of these overrides would order nothing: in all-reduce mode
+    a run stays out, and an order printed with predicted makespans would be one it never
+    enforces. ``cluster.mode=none`` (the default) is planned as one worker of a PS run."""
     from accelopt_plugins.tictac.plan import plan_meta
 
     if "model" in meta:
@@ -158,7 +164,7 @@ def make_plan(config: TictacConfig, meta: dict[str, str], overrides: list[str]) 
         raise UserError(f"tictac order: {', '.join(given)} {'go' if len(given) > 1 else 'goes'}"
                         " with model=NAME (a meta-device model); a workload's job has its own "
                         "(set workload.jobs.N.KEY)")
-    from accelopt_plugins.tictac.plugin import TictacPlugin
+    from accelopt_plugins.tictac.plugin import TictacPlugin, nothing_to_order, oracle_loss
 
     from accelopt.cli.hydra_run import compose_checked
     from accelopt.config import register_schema
@@ -175,6 +181,10 @@ def make_plan(config: TictacConfig, meta: dict[str, str], overrides: list[str]) 
 
     plugin = TictacPlugin(config)
     plugin.accelopt_configure(config, cfg)
+    mode = str(cfg.cluster.mode)
+    if mode not in ("none", "ps"):
+        print(f"# tictac: {nothing_to_order(mode)}")
+        return None
     # a command line tool, not a run: it builds one job of the workload itself (job=NAME,
     # else the first, saying so), as a worker of the configured cluster would see it (its
     # rows of the first batch)
@@ -188,7 +198,6 @@ def make_plan(config: TictacConfig, meta: dict[str, str], overrides: list[str]) 
         print(f"# the workload has {len(specs)} jobs; this is the first, {spec.name} (pick "
               f"another with job=NAME: {listed(names[1:], 4)})")
     job = Job(spec, job_id=spec.name, device=torch.device("cpu"))
-    mode = str(cfg.cluster.mode)
     workers = int(cfg.cluster.workers) if mode == "ps" else 1
     row0, row1 = shard_rows(spec.batch_size, workers)[0]
     x, y = job.dataset.batch(0, spec.batch_size)
@@ -206,7 +215,7 @@ def make_plan(config: TictacConfig, meta: dict[str, str], overrides: list[str]) 
     return plan_measured(job.model, x, name=f"{spec.model}-{job.info.job_id}", kind=spec.kind,
                          bytes_per_s=bw, message_s=message,
                          execution=config.execution,  # type: ignore[arg-type]
-                         runs=config.oracle_runs, loss=lambda out: job.loss_fn(out, y),
+                         runs=config.oracle_runs, loss=oracle_loss(job.loss_fn, y),
                          threads=int(cfg.run.threads) or 1)
 
 

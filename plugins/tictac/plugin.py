@@ -105,6 +105,12 @@ class TictacPlugin:
         self.skipped = 0
         self.replanned = False
         self.first_iteration: int | None = None
+        self.last_iteration: int | None = None
+        """The latest iteration a hook has seen: what ran last, where tuning never ended."""
+        self.run_config: Any = None
+        self.whole_step = ""
+        """Why the server takes the whole optimizer step where priority asks to update each
+        tensor early ('': nothing in the job's config refuses it)."""
         """The first iteration this run executes (past 0 in a resumed run): the warm-up,
         ``replan_iteration`` and the tuning window count from it, so a resumed run measures
         its link and tunes as an uninterrupted one does."""
@@ -166,6 +172,7 @@ class TictacPlugin:
         self.tuner = _tuner(c)  # its values checked first: the fix of a wrong one is its own
         refuse_priority_settings(c)
         self.config = c
+        self.run_config = run_config
         cluster = run_config.get("cluster") if run_config is not None else None
         self.mode = str(cluster.get("mode", "none")) if cluster is not None else "none"
 
@@ -191,8 +198,13 @@ class TictacPlugin:
             # oracle's forward and backward must not touch the job's own model.
             y = job.targets.detach().cpu()
             self.source = (copy.deepcopy(job.model).cpu(), job_inputs.detached(job.inputs),
-                           lambda out, loss=job.loss, y=y: _oracle_loss(loss, out, y),
-                           f"{job.job.model}-{job.job.job_id}", job.job.kind)
+                           oracle_loss(job.loss, y), f"{job.job.model}-{job.job.job_id}",
+                           job.job.kind)
+            if self.config.heuristic == "priority":
+                self.whole_step = whole_step_reason(self.run_config, job.job)
+                if self.whole_step:
+                    self._warn(f"tictac: early update refused ({self.whole_step}): the whole "
+                               "optimizer step instead, parameters sent after it by priority")
             try:
                 self._make_plan()
             except UserError as exc:
@@ -218,6 +230,8 @@ class TictacPlugin:
         if self.first_iteration is None or iteration < self.first_iteration:
             self.first_iteration = iteration
             self.tuner.begin_at(iteration)
+        if self.last_iteration is None or iteration > self.last_iteration:
+            self.last_iteration = iteration
         return iteration - self.first_iteration
 
     # -- the order -------------------------------------------------------------------------
@@ -537,15 +551,7 @@ class TictacPlugin:
     @hookimpl
     def accelopt_report_rows(self, run: RunInfo) -> list[ReportRow]:
         if self.mode != "ps":
-            why = ("cluster.mode=none: no parameter transfers" if self.mode == "none"
-                   else f"cluster.mode={self.mode}: all-reduce has no parameter recvs to "
-                   "order, and DDP waits for every bucket before backward returns, so no "
-                   "transfer can cross into the next forward")
-            # The advice names the driver too: inside accelopt.attach (a loop of the user's
-            # own, one process) cluster.mode cannot be set at all.
-            return [ReportRow("tictac", f"nothing to order ({why}); tictac orders the "
-                              "parameter transfers of `accelopt run ... cluster.mode=ps`",
-                              {INERT: 1})]
+            return [ReportRow("tictac", nothing_to_order(self.mode), {INERT: 1})]
         if self.config.heuristic == "priority":
             return self._priority_rows()
         if self.role == "worker":
@@ -615,7 +621,11 @@ class TictacPlugin:
             metrics[f"predicted_{'off' if c is None else c.key}_ms"] = round(1e3 * seconds, 3)
         for key, value in self.cross_inputs.items():
             metrics[f"simulated_{key}"] = round(value, 3)
-        ran = tuner.chosen if tuner.decided else tuner.candidates[-1]
+        # what ran: a tuning stopped early ran its candidates so far, the last one last;
+        # where every iteration ran the default order, no schedule is named (none ran)
+        never = self.skipped == self.calls
+        ran = (None if never else tuner.chosen if tuner.decided
+               else tuner.candidate(self.last_iteration or 0))
         if ran in self.cross:
             metrics["predicted_ms"] = round(1e3 * self.cross[ran], 3)
             metrics["predicted_schedule"] = "off" if ran is None else ran.key
@@ -630,11 +640,17 @@ class TictacPlugin:
             what = (f"parameters by the plan's order, traced by {self.plan.traced_by}"
                     if self.plan is not None else
                     f"parameters by layer order ({self.unplanned or 'no plan'})")
-            what += (", each tensor updated early and sent at once wherever the job's step "
+            what += (f", the early update refused ({self.whole_step}): the whole optimizer "
+                     "step, each parameter sent after it" if self.whole_step else
+                     ", each tensor updated early and sent at once wherever the job's step "
                      "allows it (tensors_updated_early in the run metrics counts them)")
-        head = ("stayed out of the way: the default order measured fastest" if stayed
-                else f"enforced priority (cross-iteration: {what})")
-        metrics[INERT] = int(stayed)
+        if stayed:
+            head = "stayed out of the way: the default order measured fastest"
+        elif never:
+            head = self._never_words()
+        else:
+            head = f"enforced priority (cross-iteration: {what})"
+        metrics[INERT] = int(stayed or never)
         metrics.update(rank=self.rank, warnings=len(self.warnings))
         if self.plan is not None and self.role == "server":
             metrics.update(link_bytes_per_s=round(self.plan.bytes_per_s, 1),
@@ -642,14 +658,31 @@ class TictacPlugin:
         summary = f"{self._who()}: {head}, {choice}{self._predicted_words(ran)}{self._warned()}"
         return [ReportRow("tictac", summary, metrics)]
 
+    def _never_words(self) -> str:
+        """Why no iteration ran a priority schedule: none ran, or each ran tuning's baseline
+        (the default order) and the run ended before tuning got past it."""
+        if not self.calls:
+            return "no transfer was ordered (no iteration ran)"
+        tuner = self.tuner
+        first = self.first_iteration or 0
+        ran = (self.last_iteration or first) - first + 1
+        needed = tuner.end - tuner.first + 1
+        return (f"ran the default order (whole step) throughout, no priority schedule: "
+                f"{ran} iteration(s), all warm-up or tuning's baseline (off); tuning needs "
+                f"{needed} iterations to run its choice (set workload.jobs.N.iterations >= "
+                f"{needed}, or credit_bytes and partition_bytes >= 0 to skip it)")
+
     def _predicted_words(self, ran: Any) -> str:
         """The server's cross-iteration prediction for what ran, and the link it assumed."""
         if self.plan is None or self.role != "server":
             return ""
         if ran not in self.cross:
             return f"; not simulated; {self._link_words()}"
-        return (f"; predicted steady iteration {1e3 * self.cross[ran]:.3f} ms ({label(ran)}) "
-                f"at {self._link_words()}")
+        # the simulator's candidates update early: a refused early update did not run so
+        refused = (" with the early update, which the step refused" if self.whole_step
+                   and ran is not None else "")
+        return (f"; predicted steady iteration {1e3 * self.cross[ran]:.3f} ms ({label(ran)}"
+                f"{refused}) at {self._link_words()}")
 
     def _moved_vs_default(self) -> tuple[int, int]:
         """(tensors whose position differs from the transport's default order, tensors)."""
@@ -710,6 +743,43 @@ def _check_tuned(key: str, value: int, grid_key: str, grid: Sequence[int], zero:
     if value == -1 and not grid:
         raise ConfigError(f"plugins.tictac.{grid_key} is empty; give the {what} to measure, "
                           f"e.g. {example}, or set {key}")
+
+
+def nothing_to_order(mode: str) -> str:
+    """Why tictac stays out of a run outside parameter-server mode: the run's row and
+    ``accelopt tictac order``'s answer (one text, so the two never disagree)."""
+    why = ("cluster.mode=none: no parameter transfers" if mode == "none"
+           else f"cluster.mode={mode}: all-reduce has no parameter recvs to "
+           "order, and DDP waits for every bucket before backward returns, so no "
+           "transfer can cross into the next forward")
+    # The advice names the driver too: inside accelopt.attach (a loop of the user's
+    # own, one process) cluster.mode cannot be set at all.
+    return (f"nothing to order ({why}); tictac orders the parameter transfers of "
+            "`accelopt run ... cluster.mode=ps`")
+
+
+def whole_step_reason(run_config: Any, info: Any) -> str:
+    """Why the job's config makes its step one over every gradient (the core then refuses
+    priority's early update and logs it; this says so in the plugin's row too, in the
+    core's words: :func:`~accelopt.job.job.settings_read_every_gradient`). '' where the
+    config allows the early update."""
+    if run_config is None or run_config.get("workload") is None:
+        return ""
+    from accelopt.job.job import settings_read_every_gradient
+    from accelopt.job.specs import job_specs
+
+    spec = next((s for s in job_specs(run_config) if s.name == info.name), None)
+    if spec is None or spec.kind != "train":
+        return ""
+    return settings_read_every_gradient(spec)
+
+
+def oracle_loss(loss: Any, y: torch.Tensor) -> Any:
+    """``out -> loss`` for the plan's oracle: the job's ``loss`` over targets ``y``, a
+    model's own loss summed where its traced output has none (:func:`_oracle_loss`). A run
+    and ``accelopt tictac order`` both plan with it: a loss of their own made the CLI fail
+    on a model the run plans."""
+    return lambda out: _oracle_loss(loss, out, y)
 
 
 def _oracle_loss(loss: Any, out: Any, y: torch.Tensor) -> torch.Tensor:
