@@ -104,3 +104,19 @@ def test_a_failing_reference_run_is_named_with_its_directory(tmp_path):
         f"the reference run with boom alone (run.compare) failed, outputs kept in {where}: "
         "plugin 'boom' raised in hook accelopt_iteration_end")
     assert (where / "metrics.json").is_file() and "\n" not in str(info.value)
+
+
+@pytest.mark.timeout(120)
+def test_the_measured_gain_row_carries_its_figures(tmp_path):
+    """The measured-gain row's metrics were empty: a script comparing runs had to parse
+    its sentence for the baseline's and the set's figures."""
+    from accelopt.runtime.run import execute
+
+    cfg, registry = _cfg(["run.compare=baseline"])
+    record = execute(cfg, run_dir=tmp_path / "g", registry=registry,
+                     console=Console(file=io.StringIO()))
+    (row,) = [r for r in record.plugin_rows if r.summary.startswith("measured gain")]
+    base, mine = row.metrics["baseline.avg_jct_s"], row.metrics["together.avg_jct_s"]
+    assert base == record.metrics["compare.baseline.avg_jct_s"]
+    assert row.metrics["together.avg_jct_s.gain"] == pytest.approx(base / mine)
+    assert f"{base:.3f} -> {mine:.3f}" in row.summary

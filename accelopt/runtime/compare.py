@@ -195,6 +195,26 @@ def _change(key_kind: str, base: Any, mine: Any) -> str:
     return f" ({base / mine:.2f}x)" if mine > 0 else ""
 
 
+def gain_metrics(base: dict[str, Any], mine: dict[str, Any], prefix: str) -> dict[str, float]:
+    """The figures :func:`describe` puts in words, for a script: ``<prefix>.<key>`` the
+    set's value and ``<prefix>.<key>.gain`` its change against the baseline (a ratio > 1
+    faster for a time, a difference for E and quality), where both are known. The row's
+    metrics were empty, so a script comparing runs had to parse its sentence."""
+    out: dict[str, float] = {}
+    for key, _, kind in FIGURES:
+        value, ref = mine.get(key), base.get(key)
+        if value is None:
+            continue
+        out[f"{prefix}.{key}"] = value
+        if ref is None:
+            continue
+        if kind == "e":
+            out[f"{prefix}.{key}.gain"] = value - ref
+        elif value > 0:
+            out[f"{prefix}.{key}.gain"] = ref / value
+    return out
+
+
 def describe(base: dict[str, Any], mine: dict[str, Any]) -> str:
     parts = []
     for key, name, kind in FIGURES:
@@ -280,7 +300,10 @@ def attach(record: RunRecord, refs: dict[str, RunRecord]) -> None:
         source = alone.plugin_rows if alone is not None else rows
         noise = (f" ({INERT_NOTE.format(plugin=plugin, run='this run')})"
                  if inert_plugins([plugin], source) else "")
+        together = gain_metrics(base, mine, "together")
+        measured = together
         if alone is not None:
+            measured = {**gain_metrics(base, figures(alone, scored), "alone"), **together}
             text = (f"measured gain vs the same run without plugins, {plugin} alone: "
                     f"{describe(base, figures(alone, scored))}{noise}; all selected plugins "
                     f"together: {describe(base, mine)}")
@@ -296,7 +319,9 @@ def attach(record: RunRecord, refs: dict[str, RunRecord]) -> None:
         text += f" [{quality}]" if quality else ""
         text += " [ratio > 1x: faster; one run each, this invocation]"
         last = max((i for i, r in enumerate(rows) if r.plugin == plugin), default=len(rows) - 1)
-        rows.insert(last + 1, ReportRow(plugin, text))
+        rows.insert(last + 1, ReportRow(plugin, text, {
+            **{f"baseline.{key}": value for key, value in base.items() if value is not None},
+            **measured}))
     record.plugin_rows = rows
 
 
