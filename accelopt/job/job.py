@@ -201,8 +201,9 @@ class Job:
 
         Why: a model computing its own loss (``loss: model``, labels -100 where nothing is to
         be predicted, as HF transformers pad) averages over the labelled positions, not the
-        rows, and so does the job's default cross-entropy (``ignore_index`` -100). Each worker's loss is the mean over its own positions, so weighting it by its
-        rows trains another objective than one process (and a worker with no labelled
+        rows, and so does the job's default cross-entropy (``ignore_index`` -100). Each
+        worker's loss is the mean over its own positions, so weighting it by its rows
+        trains another objective than one process (and a worker with no labelled
         position has a nan loss, which the rows' weights put into the batch's). Every worker
         reads the whole batch, so each counts the positions of its rows and of the batch
         without talking to the others. ``None`` (weigh by rows): every row holds as many

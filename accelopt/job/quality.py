@@ -144,8 +144,8 @@ def score(model: torch.nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Te
 def evaluate(model: torch.nn.Module, dataset: object,
              device: torch.device | None = None) -> Quality | None:
     """The model's held-out top-1 on ``dataset``; None if the dataset has no held-out set,
-    :class:`EmptyHeldOut` if it has an empty one (:class:`NoneLabelled`: no point labelled). A model or dataset this cannot score
-    raises ``ValueError`` in one line."""
+    :class:`EmptyHeldOut` if it has an empty one (:class:`NoneLabelled`: no point
+    labelled). A model or dataset this cannot score raises ``ValueError`` in one line."""
     own = getattr(dataset, "evaluate_model", None)
     if callable(own):  # a dataset with a metric of its own (a language model's perplexity)
         return own(model)  # type: ignore[no-any-return]

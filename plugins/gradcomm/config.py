@@ -15,9 +15,10 @@ SCOPES = ("bucket", "model")
 METHOD_DEFAULTS: dict[str, Any] = {"density": 0.01, "threshold": 0.0, "factor_masking": True,
                                    "topk_scope": "model"}
 """The settings of one method (top-k, threshold, momentum correction) and the value their
-``null`` stands for. They default to ``null`` so that a value the user gives is seen as given, even one equal to the
-method's default: the composed config holds every key, so a comparison with the defaults
-let ``density=0.01`` without ``sparsify=topk`` pass while ``density=0.1`` was refused."""
+``null`` stands for. They default to ``null`` so that a value the user gives is seen as
+given, even one equal to the method's default: the composed config holds every key, so a
+comparison with the defaults let ``density=0.01`` without ``sparsify=topk`` pass while
+``density=0.1`` was refused."""
 
 
 @dataclass
