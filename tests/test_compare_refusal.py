@@ -120,3 +120,16 @@ def test_the_measured_gain_row_carries_its_figures(tmp_path):
     assert base == record.metrics["compare.baseline.avg_jct_s"]
     assert row.metrics["together.avg_jct_s.gain"] == pytest.approx(base / mine)
     assert f"{base:.3f} -> {mine:.3f}" in row.summary
+
+
+def test_a_measured_gain_row_leaves_a_plugins_inert_rows_inert():
+    """The measured-gain row run.compare adds after a plugin's rows carries no ``inert``:
+    counted as the plugin's own, a plugin that changed nothing read as active in every
+    compared run (the sweep's closing note never named it)."""
+    from accelopt.runtime.compare import COMPARED
+
+    rows = [ReportRow("tictac", "nothing to order", {INERT: 1}),
+            ReportRow("tictac", "measured gain vs the same run without plugins: ...",
+                      {COMPARED: 1, "together.avg_jct_s": 1.0})]
+    assert inert_plugins(["tictac"], rows) == ["tictac"]
+    assert not is_inert("tictac", [("tictac", {COMPARED: 1})])  # no row of its own

@@ -40,6 +40,10 @@ FIGURES: tuple[tuple[str, str, str], ...] = (
 )
 
 
+COMPARED = "compared"
+"""The metric marking a plugin's measured-gain row (:func:`attach`): a comparison, not a row
+of the plugin's own (:func:`is_inert` leaves it out)."""
+
 INERT_NOTE = ("{plugin} changed nothing in {run}, its rows say so: this difference is "
               "run-to-run noise, not its gain")
 """What a measured difference of a plugin whose every report row is inert is (``INERT``):
@@ -50,8 +54,10 @@ def is_inert(plugin: str, rows: Iterable[tuple[str, Mapping[str, Any]]]) -> bool
     """Whether ``plugin`` changed nothing in a run, by that run's report rows, given as
     (plugin, metrics) pairs (``ReportRow``s, or ``metrics.json``'s "plugins" list): it has
     rows, and every one of them says ``INERT``. A plugin without rows is not called inert
-    (it said nothing either way)."""
-    own = [metrics for name, metrics in rows if name == plugin]
+    (it said nothing either way). The measured-gain row ``run.compare`` adds after a
+    plugin's own (``COMPARED``) says nothing of what the plugin did: counted, it made every
+    plugin of a compared run read as active, its own rows' ``inert`` overruled."""
+    own = [metrics for name, metrics in rows if name == plugin and not metrics.get(COMPARED)]
     return bool(own) and all(metrics.get(INERT) for metrics in own)
 
 
@@ -320,7 +326,7 @@ def attach(record: RunRecord, refs: dict[str, RunRecord]) -> None:
         text += " [ratio > 1x: faster; one run each, this invocation]"
         last = max((i for i, r in enumerate(rows) if r.plugin == plugin), default=len(rows) - 1)
         rows.insert(last + 1, ReportRow(plugin, text, {
-            **{f"baseline.{key}": value for key, value in base.items() if value is not None},
+            COMPARED: 1, **{f"baseline.{key}": value for key, value in base.items() if value is not None},
             **measured}))
     record.plugin_rows = rows
 
