@@ -95,6 +95,9 @@ class ClusterDriver:
         self.schedule: list[dict[str, Any]] = []
         self.statuses: dict[str, tuple[str, str]] = {}
         self._ended_jobs: dict[str, dict[str, Any]] = {}
+        self._first_started: set[str] = set()
+        """The jobs whose first iteration in this run the leader has recorded
+        (:meth:`_started`)."""
         self._ended_lock = threading.Lock()
         """Held while ``_ended_jobs`` changes and is written: lanes end and switch jobs on
         threads of their own, and two writing ``ended.json`` at once failed the run."""
@@ -217,7 +220,8 @@ class ClusterDriver:
                 self._freed = len(self.jobs) == 1  # one job: the followers run on by themselves
                 self._send({"run": job_id, "lane": events.lane, "free": self._freed})
             result = self.jobs[job_id].step(events.lane, self.progress)
-            if self.progress is not None:
+            if self.progress is not None and job_id not in self._first_started:
+                self._first_started.add(job_id)  # once per job, not a lock every iteration
                 self._started(job_id)
             return result
 
