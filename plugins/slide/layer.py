@@ -869,7 +869,26 @@ def as_label_matrix(y: torch.Tensor, n: int) -> np.ndarray:
     arr = np.ascontiguousarray(lab.numpy())
     if arr.size and (arr.max() >= n or arr.min() < -1):
         raise ValueError(f"slide: label ids must be in [0, {n}) (or -1 padding)")
-    return arr
+    return without_repeats(arr)
+
+
+def without_repeats(labels: np.ndarray) -> np.ndarray:
+    """``labels`` [B, M] with each label repeated within its row replaced by -1 (padding),
+    a copy only where one is. Why: a point's labels are a set (the dense
+    ``xc_softmax_loss`` counts a repeat once); ``topup=sample``'s kernel collapsed a repeat
+    while ``topup=batch`` weighed it twice, so the two sampled losses disagreed with each
+    other and one of them with the dense loss."""
+    if labels.shape[1] < 2:
+        return labels
+    order = np.argsort(labels, axis=1, kind="stable")
+    ranked = np.take_along_axis(labels, order, axis=1)
+    repeat = (ranked[:, 1:] == ranked[:, :-1]) & (ranked[:, 1:] >= 0)
+    if not repeat.any():
+        return labels
+    rows, cols = np.nonzero(repeat)
+    out = labels.copy()
+    out[rows, order[rows, cols + 1]] = -1
+    return out
 
 
 class _SlideLoss(torch.autograd.Function):

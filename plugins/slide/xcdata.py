@@ -15,6 +15,7 @@ below 2**24; row 1: values; id -1 pads), ``y`` is int64 [B, M] label ids padded 
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 import os
 from dataclasses import asdict, dataclass
@@ -27,6 +28,8 @@ from accelopt_plugins.slide.xcmodel import xc_softmax_loss
 from numba import njit
 
 MAX_FEATURES = 1 << 24  # feature ids travel as float32 in x
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -195,8 +198,14 @@ def write_xc(path: str | Path, data: XCData) -> None:
 
 
 def read_xc(path: str | Path) -> XCData:
-    """Read the XC repository's format; a malformed line raises ValueError naming its number."""
+    """Read the XC repository's format; a malformed line raises ValueError naming its number.
+
+    A point's labels are a set: a label listed twice in a line is kept once (every loss
+    counts it once), and one log line says how many points had such repeats. A feature id
+    of 2**24 or more is refused: ``x`` carries feature ids as float32, which holds integers
+    exactly only up to there (16777217 arrived as 16777216, another feature's weights)."""
     indptr, indices, values, label_ptr, labels = [0], [], [], [0], []
+    with_repeats = 0
     with open(path, encoding="ascii", errors="replace") as fh:
         header = fh.readline().split()
         if len(header) != 3 or not all(t.isdigit() for t in header):
@@ -213,11 +222,15 @@ def read_xc(path: str | Path) -> XCData:
                 lab_tok, feat_toks = "", tokens
             else:
                 lab_tok, feat_toks = tokens[0], tokens[1:]
-            for t in filter(None, lab_tok.split(",")):
+            row: dict[int, None] = {}  # insertion-ordered: the first of a repeat stays
+            toks = [t for t in lab_tok.split(",") if t]
+            for t in toks:
                 if not t.isdigit() or int(t) >= nl:
                     raise ValueError(f"{path}:{lineno}: expected label ids in [0, {nl}) separated "
                                      f"by commas, got {lab_tok!r}")
-                labels.append(int(t))
+                row[int(t)] = None
+            with_repeats += len(row) < len(toks)
+            labels.extend(row)
             for t in feat_toks:
                 f, sep, v = t.partition(":")
                 try:
@@ -227,12 +240,21 @@ def read_xc(path: str | Path) -> XCData:
                 if not sep or not 0 <= fid < nf or not math.isfinite(val):
                     raise ValueError(f"{path}:{lineno}: expected 'feature:value' with feature in "
                                      f"[0, {nf}) and a finite value, got {t!r}")
+                if fid >= MAX_FEATURES:
+                    raise ValueError(f"{path}:{lineno}: feature id {fid} is not below the limit "
+                                     f"{MAX_FEATURES} (2**24): feature ids travel as float32, "
+                                     f"exact only below it, so it would merge with another "
+                                     f"feature; renumber the features to ids below {MAX_FEATURES}")
                 indices.append(fid)
                 values.append(val)
             indptr.append(len(indices))
             label_ptr.append(len(labels))
     if count != n:
         raise ValueError(f"{path}: header says {n} points but the file has {count}")
+    if with_repeats:
+        log.warning("%s: %d of %d points list a label more than once; each repeat was dropped "
+                    "(a point's labels are a set: every loss counts a label once)",
+                    path, with_repeats, count)
     return XCData(
         indptr=np.asarray(indptr, np.int64), indices=np.asarray(indices, np.int32),
         data=np.asarray(values, np.float32), label_ptr=np.asarray(label_ptr, np.int64),

@@ -8,12 +8,23 @@ import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
 
+def first_occurrences(y: torch.Tensor) -> torch.Tensor:
+    """Boolean mask of ``y`` [B, M] (label ids padded with -1): true where an entry is a
+    label not seen earlier in its row. Why: a point's labels are a set, so a label listed
+    twice counts once; otherwise the dense loss and SLIDE's two sampled losses (whose
+    kernels mark active neurons, so a repeat collapses there) weighed it differently."""
+    earlier = torch.ones(y.shape[1], y.shape[1], dtype=torch.bool, device=y.device).tril(-1)
+    repeat = ((y[:, :, None] == y[:, None, :]) & earlier).any(2)
+    return (y >= 0) & ~repeat
+
+
 def xc_softmax_loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """Full softmax with target 1/|y| on each true label (y: [B, M] ids padded with -1, or
-    [B] class ids); a point without labels contributes 0."""
+    [B] class ids); a point without labels contributes 0, and a label repeated in a row
+    counts once (a point's labels are a set, as in SLIDE's sampled losses)."""
     if y.dim() == 1:
         y = y[:, None]
-    mask = (y >= 0).to(logits.dtype)
+    mask = first_occurrences(y).to(logits.dtype)
     logp = F.log_softmax(logits, dim=1).gather(1, y.clamp(min=0))
     per_sample = -(logp * mask).sum(1) / mask.sum(1).clamp(min=1.0)
     return per_sample.mean()
