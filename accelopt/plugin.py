@@ -15,7 +15,7 @@ import os
 import re
 import sys
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import import_module
 from importlib.metadata import EntryPoint, entry_points
@@ -168,8 +168,11 @@ class Registry:
         if autoload:
             for ep in entry_points(group=ENTRY_POINT_GROUP):
                 registry._add_entry_point(ep)
-        for ref in filter(None, os.environ.get(EXPLICIT_PLUGINS_ENV, "").split(",")):
-            registry._load_reference(ref.strip())
+        with warnings.catch_warnings():
+            if another_process_warns():
+                warnings.simplefilter("ignore", PluginWarning)
+            for ref in filter(None, os.environ.get(EXPLICIT_PLUGINS_ENV, "").split(",")):
+                registry._load_reference(ref.strip())
         return registry
 
     def _add_entry_point(self, ep: EntryPoint) -> None:
@@ -315,6 +318,23 @@ class Registry:
         for part in filter(None, (ep.attr or "").split(".")):
             target = getattr(target, part, None)
         return target is not None and target is spec
+
+
+def another_process_warns(env: Mapping[str, str] | None = None) -> bool:
+    """Whether this process is a rank of a cluster run whose ``ACCELOPT_PLUGINS`` warnings
+    another process gives, so that a bad entry is said once per run, not once per process:
+    a rank the local launcher started (``RANK`` set, and a multiprocessing child: the
+    launcher, which read the same variable, said it), or a torchrun rank other than rank 0
+    (no launcher reads the variable there; rank 0 says it). The entries' failures are still
+    recorded in every process, so selecting a plugin that failed to load is refused there
+    in one line all the same."""
+    env = os.environ if env is None else env
+    rank = env.get("RANK")
+    if not rank:
+        return False
+    import multiprocessing
+
+    return rank != "0" or multiprocessing.parent_process() is not None
 
 
 BUILTIN_DISTRIBUTION = "accelopt"

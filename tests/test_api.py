@@ -250,3 +250,21 @@ def test_a_setting_the_run_could_not_use_is_in_the_record(tmp_path):
         "cluster.network.bandwidth=1gbit has no effect: cluster.mode=none runs one process (no "
         "ranks, no process group, no links); set cluster.mode=ps or cluster.mode=allreduce to "
         "use it"]
+
+
+def test_run_workload_refuses_an_unguarded_cluster_run_before_any_rank_starts(tmp_path):
+    """``run_workload`` from the top level of a script started the run again in each rank,
+    which failed there, leaving "rank 0 ... exited with code 1 before its first iteration"."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "check.py"
+    script.write_text("from accelopt.testing import run_workload\n"
+                      f"run_workload([], ['cluster.mode=ps'], tmp_path={str(tmp_path)!r})\n")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=100)
+    assert out.returncode != 0
+    assert out.stderr.strip().splitlines()[-1].startswith(
+        "accelopt.errors.UserError: run_workload is called at the top level of")
+    assert out.stderr.count("Traceback") == 1  # this process's error, no rank's
+    assert not (tmp_path / "run-0").exists()  # nothing started, nothing written

@@ -330,7 +330,8 @@ def test_merge_rows_collapses_what_every_job_says():
     merged = merge_rows(rows, ["a", "b"])
     assert [(r.plugin, r.summary) for r in merged] == [
         ("t", f"all jobs: {same}"), ("t", "job b: planned"), ("s", "decided")]
-    assert merged[1].metrics == {"x": 1}
+    assert merged[1].metrics == {"x": 1, "job": "b"}  # a program reading metrics.json
+    assert merged[0].metrics == {"job": "a, b"}  # learns the jobs without parsing the text
 
 
 def test_a_row_that_names_its_job_itself_is_named_once():
@@ -407,6 +408,12 @@ def test_a_servers_differing_row_and_a_silent_worker_are_not_read_as_agreement()
     idle = [ReportRow("p", "nothing to do", {INERT: 1})]
     assert kept(idle, fine, fine) == ["applied fine"]
     assert kept([ReportRow("p", "decided")], [], []) == ["decided"]
+    # done where the optimizer steps (clip): two PS servers report, the workers take no step
+    # and say nothing; that silence is no news ("ranks 2, 3 reported nothing" said it was)
+    clipped = [ReportRow("p", "clipped 3")]
+    roles = ["server", "server", "worker", "worker"]
+    rows = representative_rows([clipped, clipped, [], []], roles, lambda r: False)
+    assert [r.summary for ranks in rows for r in ranks] == ["clipped 3"]
 
 
 def test_scope_is_declared_one_instance_per_job_or_per_run():

@@ -28,8 +28,8 @@ def test_rows_alike_in_words_but_not_in_numbers_are_not_merged():
              ReportRow("t", "same", {"job": "b", "ms": 1.0})]]
     merged = merge_rows(rows, ["a", "b"])
     assert [(r.summary, r.metrics) for r in merged] == [
-        ("job a: enforced", {"ms": 0.5}), ("job b: enforced", {"ms": 1.4}),
-        ("all jobs: same", {"ms": 1.0})]
+        ("job a: enforced", {"ms": 0.5, "job": "a"}), ("job b: enforced", {"ms": 1.4, "job": "b"}),
+        ("all jobs: same", {"ms": 1.0, "job": "a, b"})]
 
 
 def _samples(plugin: TictacPlugin, records, first: int = 0) -> None:

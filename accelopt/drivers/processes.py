@@ -208,14 +208,15 @@ def rank_server_started_early(modes: Iterable[str]) -> Iterator[EarlyServer]:
         handle.stop()
 
 
-def refuse_unguarded_main() -> None:
+def refuse_unguarded_main(caller: str = "accelopt.run") -> None:
     """Refuse, in one line and before any process starts, a cluster run started from the top
     level of a script. Rank processes import the script that started the run again (as
     multiprocessing does, so that what it defines, e.g. a plugin class, exists in them), and
     a call outside ``if __name__ == "__main__":`` would start the run again in each of them,
     which fails there with pages of multiprocessing's traceback and leaves the launcher with
     only "rank 0 exited before its first iteration". Nothing to check for an interactive
-    session, ``python -c`` or a notebook (no script is imported again)."""
+    session, ``python -c`` or a notebook (no script is imported again). ``caller``: the
+    function the user called, named in the message."""
     main = sys.modules.get("__main__")
     path = getattr(main, "__file__", None)
     if main is None or not path:
@@ -227,7 +228,7 @@ def refuse_unguarded_main() -> None:
         from accelopt.errors import UserError
 
         raise UserError(
-            f"accelopt.run with a cluster mode from a script read from {path}: the ranks of a "
+            f"{caller} with a cluster mode from a script read from {path}: the ranks of a "
             "cluster run re-run the script that started it by its path, which this one has "
             "not; save it as a file, with the call under `if __name__ == \"__main__\":`")
     frame = sys._getframe(1)
@@ -246,7 +247,7 @@ def refuse_unguarded_main() -> None:
         from accelopt.errors import UserError
 
         raise UserError(
-            f"accelopt.run is called at the top level of {path} (line {line}): the ranks of a "
+            f"{caller} is called at the top level of {path} (line {line}): the ranks of a "
             "cluster run import that script again, so each would start the run again; put "
             "the call under `if __name__ == \"__main__\":`")
 

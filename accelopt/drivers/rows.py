@@ -96,7 +96,9 @@ def _disagreement(plugin: str, kept: int, roles: list[str],
     differ: list[int] = []
     silent: list[int] = []
     reporters = [k for k in range(len(roles)) if run_level(k, plugin)]
-    leader_only = reporters == [0]  # decided on the leader and said there (salus)
+    # decided on the leader and said there (salus), or done where the optimizer steps and said
+    # by the servers (a PS worker takes no step: clip): workers with nothing to say are silent
+    leader_only = reporters == [0] or all(roles[k] == "server" for k in reporters)
     for k in range(len(roles)):
         theirs = run_level(k, plugin)
         if k == kept:
@@ -131,7 +133,8 @@ def merge_rows(rows_by_rank: list[list[ReportRow]], job_names: list[str],
     """One row per (plugin, summary, metrics): per-job rows (tagged ``metrics["job"]``, with
     the job's name or its id: run-level plugins such as gpu_kernels tag rows with job ids)
     that say the same for several jobs, in words and in numbers, collapse into one row naming
-    them ("all jobs" when every job). Rows whose words agree but whose numbers differ stay
+    them ("all jobs" when every job), in its summary and in ``metrics["job"]`` (the names,
+    comma-separated, so a program reading ``metrics.json`` needs no parsing). Rows whose words agree but whose numbers differ stay
     apart, each naming its jobs: a merged row shows one row's metrics, and must not pass one
     job's figures off as every job's.
     ``only``: merge just the rows it accepts; the others are kept as they are, in place. Every
@@ -168,7 +171,8 @@ def merge_rows(rows_by_rank: list[list[ReportRow]], job_names: list[str],
     for key in order:
         row, jobs = groups[key]
         if jobs:
-            metrics = {k: v for k, v in row.metrics.items() if k != "job"}
+            metrics = {**{k: v for k, v in row.metrics.items() if k != "job"},
+                       "job": ", ".join(sorted(jobs, key=rank_of))}  # readable by a program
             if len(job_names) > 1:  # a run of one job needs no "job X:" prefix
                 who = ("all jobs" if len(jobs) == len(job_names)
                        else "job " + ", ".join(sorted(jobs, key=rank_of)))

@@ -17,8 +17,10 @@ from rich.console import Console
 
 from accelopt.cli.hydra_run import compose_checked
 from accelopt.config import register_plugin_configs, register_schema
+from accelopt.drivers.processes import refuse_unguarded_main, under_torchrun
 from accelopt.plugin import PluginSpec, Registry, resolve
 from accelopt.records import RunRecord
+from accelopt.runtime.resume_target import run_mode
 from accelopt.runtime.run import execute
 from accelopt.testing.recorder import RECORDER_NAME, HookRecorder
 
@@ -64,6 +66,8 @@ def run_workload(
     cfg = compose_checked(
         [f"workload={workload}", *selection, *QUIET_OVERRIDES, *overrides]
     )
+    if run_mode(cfg) != "none" and not under_torchrun():
+        refuse_unguarded_main("run_workload")  # each rank would import the script and rerun it
     run_dir = _fresh_dir(Path(tmp_path))
     began_at = len(recorder.records) if recorder is not None else None
     record = execute(

@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass
 
 from accelopt import PluginSpec, ReportRow, UserError, hookimpl
+from accelopt.types import INERT
 
 
 @dataclass
@@ -65,17 +66,21 @@ class ClipPlugin:
         if not self.seen:
             if run.role == "worker":
                 return []  # a PS worker takes no optimizer step: its servers clip
-            return [ReportRow("clip", "no optimizer step ran here: nothing to clip")]
+            return [ReportRow("clip", "no optimizer step ran here: nothing to clip", {INERT: 1})]
         rows = []
         for name, norms in self.seen.items():
-            n, clipped = len(norms), self.clipped.get(name, 0)
+            n, clipped, skipped = len(norms), self.clipped.get(name, 0), self.skipped.get(name, 0)
             text = (f"{name}: clipped {clipped} of {n} optimizer steps to norm "
                     f"{self.config.max_norm:g} (largest norm {max(norms):.4g})")
-            if self.skipped.get(name):
-                text += f"; skipped {self.skipped[name]} non-finite steps"
-            rows.append(ReportRow("clip", text, {"job": name, "steps": n,
-                                                 "clipped": clipped,
-                                                 "max_norm_seen": round(max(norms), 6)}))
+            if skipped:
+                text += f"; skipped {skipped} non-finite steps"
+            metrics: dict[str, float | int | str] = {
+                "job": name, "steps": n, "clipped": clipped, "max_norm_seen": round(max(norms), 6)}
+            if not clipped and not skipped:
+                # it changed nothing: run.compare and bench then call a difference noise,
+                # not the plugin's gain
+                metrics[INERT] = 1
+            rows.append(ReportRow("clip", text, metrics))
         return rows
 
 
