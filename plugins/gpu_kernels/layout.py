@@ -165,6 +165,15 @@ class ChannelsLast:
         return with_image(args, kwargs, image,
                           image.contiguous(memory_format=torch.channels_last))
 
+    def reapply(self, model: nn.Module) -> None:
+        """Convert ``model`` again after its parameters were replaced (pruning after N
+        iterations slices a layer into new, default-layout tensors): the decision already
+        taken holds for the whole job, and without this the sliced layers ran NCHW for the
+        rest of it while the row said "channels_last on". No-op before the decision (the
+        first forward converts whatever the model then holds) or when it was "off"."""
+        if self.decision is not None and self.decision.channels_last:
+            to_channels_last(model)
+
     def _decide(self, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
                 image: torch.Tensor | None) -> LayoutDecision:
         """Whether to convert: never without an image input, always for ``on``, by timing

@@ -15,11 +15,14 @@ each pruned parameter's optimizer state (momentum, Adam moments) with the same i
 instead of dropping it. Only single-process runs: in a parameter-server run the parameters
 live on the server, in an all-reduce run DDP's buckets are fixed at wrap time, so ranks would
 disagree; ``accelopt_configure`` refuses those in one line. The units kept are the plugin's
-checkpoint state, so a resume re-prunes the dense build before the weights load.
+checkpoint state, so a resume re-prunes the dense build before the weights load. The sliced
+layers are new tensors in the default layout: a channels_last decision already taken is
+applied to them again (in place, so the rebuilt optimizer holds the live parameters).
 
 At the first forward a one-shot probe measures, on the real input, FLOPs and inference
 latency of the dense copy kept at build time vs the pruned model (deep copies, eval mode,
-so the training run is not disturbed).
+so the training run is not disturbed). FLOPs are of one forward of that batch, so the row
+and metrics give its rows and the FLOPs per row: a cluster rank's share counts fewer.
 """
 
 from __future__ import annotations
@@ -106,6 +109,8 @@ class _LatePrune:
     lineage: Lineage = field(default_factory=dict)
     carried: int = 0
     flops: tuple[int, int] | None = None
+    flops_rows: int | None = None
+    """The rows of the batch ``flops`` were counted on (:func:`batch_rows`)."""
 
     def capture(self, _m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         self.example = (args, kwargs)
@@ -164,6 +169,9 @@ class _PruneProbe:
                         "dense)")
                     return
                 self.record.probe.update(flops_dense=flops_dense, flops_pruned=flops_pruned)
+                rows = batch_rows(found)
+                if rows is not None:
+                    self.record.probe["flops_batch_rows"] = rows
                 self._time(dense, pruned, args, kwargs, device)
         except Exception as exc:  # the probe only reports; it must never break training
             self.record.notes.append(f"probe failed: {type(exc).__name__}: {exc}")
@@ -340,6 +348,8 @@ class GpuKernelsPlugin:
                 node_prune(trial, float(c.prune_amount), **prune)
                 if late.example is not None:
                     late.flops = (_flops(model, late.example), _flops(trial, late.example))
+                    late.flops_rows = batch_rows(tensors(late.example[0])
+                                                 + tensors(late.example[1]))
             del trial
         except Exception as exc:  # a model the pruner cannot handle stays dense, said so
             rec.notes.append(f"pruning at iteration {at} skipped: "
@@ -347,6 +357,8 @@ class GpuKernelsPlugin:
             return False
         with record_lineage() as lineage:
             rec.prune = node_prune(model, float(c.prune_amount), **prune)
+        if rec.layout is not None:  # in place (same Parameters): the lineage still holds
+            rec.layout.reapply(model)
         late.lineage, late.pruned_at = dict(lineage), at
         return bool(rec.prune.pruned)
 
@@ -365,7 +377,7 @@ class GpuKernelsPlugin:
             state = previous.state.get(orig) if orig is not None else None
             if state and param not in optimizer.state:
                 optimizer.state[param] = {
-                    k: slice_like(v, steps).clone() if isinstance(v, torch.Tensor)
+                    k: _like(param, slice_like(v, steps)) if isinstance(v, torch.Tensor)
                     and v.shape == orig.shape else v for k, v in state.items()}
                 late.carried += 1
         return None
@@ -380,7 +392,7 @@ class GpuKernelsPlugin:
         if late is None or late.pruned_at is None or rec.prune is None:  # type: ignore[union-attr]
             return None
         return {"pruned_at": late.pruned_at, "prune": dataclasses.asdict(rec.prune),  # type: ignore[union-attr]
-                "flops": late.flops, "carried": late.carried}
+                "flops": late.flops, "flops_rows": late.flops_rows, "carried": late.carried}
 
     @hookimpl
     def accelopt_state_load(self, job: JobInfo, state: dict[str, Any]) -> None:
@@ -392,9 +404,12 @@ class GpuKernelsPlugin:
                 f"{state.get('pruned_at')} (plugins.gpu_kernels.prune_at_iteration), which "
                 "this run does not do; resume with the run's own configuration")
         prune_channels(late.model, state["prune"]["kept"])
+        if rec.layout is not None:
+            rec.layout.reapply(late.model)
         rec.prune = PruneReport(**state["prune"])
         late.pruned_at, late.flops, late.carried = (
             int(state["pruned_at"]), state["flops"], int(state["carried"]))
+        late.flops_rows = state.get("flops_rows")  # absent from older checkpoints
         late.release()
 
     @hookimpl
@@ -437,8 +452,9 @@ class GpuKernelsPlugin:
                 metrics["pruned_at_iteration"] = at
                 metrics["fine_tuned_iterations"] = tuned
                 if late.flops is not None:
-                    parts.append(f"FLOPs {late.flops[0]}->{late.flops[1]}")
                     metrics.update(flops_before=late.flops[0], flops_after=late.flops[1])
+                    parts.append(_flops_part(late.flops[0], late.flops[1], late.flops_rows,
+                                             ("flops_before", "flops_after"), metrics))
             elif p.pruned:
                 parts.append(
                     f"node-pruned {len(p.pruned)} layers at build time (fresh weights, trained "
@@ -530,7 +546,10 @@ def _probe_parts(pr: dict[str, float], metrics: dict[str, float | int | str]) ->
     of what slicing can gain), is called noise, not a speed-up."""
     parts: list[str] = []
     if "flops_dense" in pr and "flops_pruned" in pr:
-        parts.append(f"FLOPs {pr['flops_dense']:.0f}->{pr['flops_pruned']:.0f}")
+        rows = pr.get("flops_batch_rows")
+        parts.append(_flops_part(pr["flops_dense"], pr["flops_pruned"],
+                                 None if rows is None else int(rows),
+                                 ("flops_dense", "flops_pruned"), metrics))
     if "latency_dense_ms" in pr and "latency_pruned_ms" in pr:
         speed = pr["latency_dense_ms"] / max(pr["latency_pruned_ms"], 1e-9)
         low, high = pr.get("speedup_low", speed), pr.get("speedup_high", speed)
@@ -548,10 +567,41 @@ def _probe_parts(pr: dict[str, float], metrics: dict[str, float | int | str]) ->
     return parts
 
 
+def batch_rows(found: list[torch.Tensor]) -> int | None:
+    """The rows (first dimension) of the first tensor input: the batch FLOPs are counted on.
+    ``None`` for a 0-d one, which has no rows."""
+    return int(found[0].shape[0]) if found and found[0].dim() > 0 else None
+
+
+def _flops_part(before: float, after: float, rows: int | None, keys: tuple[str, str],
+                metrics: dict[str, float | int | str]) -> str:
+    """``FLOPs a->b`` with the batch they were counted on and per row. Why: FLOPs are of
+    one forward of the batch the job fed, which in a cluster run is one rank's share (half
+    the rows with two workers), so the same job read 6967296->2041856 single-process and
+    3483648->1020928 in a cluster with nothing saying why; per row, the modes agree. Adds
+    ``flops_batch_rows`` and ``<key>_per_row`` to ``metrics``."""
+    text = f"FLOPs {before:.0f}->{after:.0f}"
+    if not rows:  # no batch dimension (or an empty batch): nothing to divide by
+        return text
+    per = (round(before / rows), round(after / rows))
+    metrics.update({"flops_batch_rows": rows, f"{keys[0]}_per_row": per[0],
+                    f"{keys[1]}_per_row": per[1]})
+    return (f"{text} per batch of {rows} row{'s' if rows != 1 else ''} "
+            f"({per[0]}->{per[1]} per row)")
+
+
 def _detached(value: Any) -> Any:
     """A forward argument as the probe measures on it: a tensor detached and contiguous (the
     job's own graph and layout untouched), anything else as it is."""
     return value.detach().contiguous() if isinstance(value, torch.Tensor) else value
+
+
+def _like(param: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """A copy of ``value`` (sliced optimizer state) in ``param``'s memory layout: slicing
+    gives a default-layout tensor, while a pruned parameter converted back to channels_last
+    is not one."""
+    out = torch.empty_like(param, dtype=value.dtype, device=value.device)
+    return out.copy_(value)
 
 
 def _cluster_mode(run_config: Any) -> str:

@@ -38,6 +38,7 @@ from accelopt_plugins.gpu_kernels.channel_graph import (
     Group,
     Use,
     channel_groups,
+    foreign_plugin,
     is_conv1d,
     is_producer,
     out_channels,
@@ -131,6 +132,9 @@ def _analyse(model: nn.Module) -> _Analysis:
             if is_producer(m) and path not in covered:
                 refused[path] = why
     refused.update(not_producers)
+    known = {*refused, *covered, *blocks}
+    for path, reason in unhandled_layers(model, known).items():
+        refused.setdefault(path, reason)
     holders = _holders(model)
     for g in [*groups, *rules]:
         g.refused = (g.refused or _tied_reason(model, g.members, holders)
@@ -139,6 +143,39 @@ def _analyse(model: nn.Module) -> _Analysis:
     owner = {p: g.key for g in groups for p in g.producers}
     owner.update({k: k for k in rule_map})
     return _Analysis(graph, rule_map, refused, owner)
+
+
+NOT_LAYERS: tuple[type[nn.Module], ...] = (
+    nn.modules.batchnorm._NormBase, nn.LayerNorm, nn.GroupNorm, nn.RMSNorm, nn.Embedding,
+    nn.EmbeddingBag)
+"""Modules with parameters that are never themselves a pruning candidate, so not listed as
+refused: norms follow the channels of the layer before them (sliced with it, or that layer's
+group is refused naming the norm), and an embedding table is the model's input."""
+
+
+def unhandled_layers(model: nn.Module, known: set[str]) -> dict[str, str]:
+    """Layers holding parameters of a type the pruner has no rule for (Conv1d, Conv3d,
+    ConvTranspose2d, a custom layer with its own weight), path -> why, in model order. They
+    were left out of the refused layers, so a model of two Conv1d read "no prunable layer;
+    refused 1: fc" as if the convs had been looked at and found fine. ``known``: paths
+    already accounted for (refused with a reason, or pruned by a module rule), whose
+    submodules are skipped too; parameter-free modules and the root are never listed."""
+    out: dict[str, str] = {}
+    skip: list[str] = []
+    for path, module in model.named_modules():
+        if not path or any(path.startswith(f"{s}.") for s in skip):
+            continue
+        if path in known:
+            skip.append(path)
+            continue
+        if is_producer(module) or isinstance(module, (nn.Conv2d, *NOT_LAYERS)):
+            continue  # Conv2d: every kind (grouped, depthwise) has its own rule or reason
+        opaque = foreign_plugin(module) is not None  # one call of the trace: its insides
+        if opaque:  # are its plugin's, the layer is listed as a whole
+            skip.append(path)
+        if next(module.parameters(recurse=opaque), None) is not None:
+            out[path] = f"not a prunable layer type: {type(module).__name__}"
+    return out
 
 
 def _holders(model: nn.Module) -> dict[int, list[str]]:
@@ -641,4 +678,4 @@ def count_flops(model: nn.Module, example: Any, kwargs: Mapping[str, Any] | None
 
 __all__ = ["PruneReport", "channel_importance", "count_flops", "count_params", "node_prune",
            "out_channels", "plan_model", "prune_channels", "prune_transformer_ffn",
-           "record_lineage", "slice_like", "taylor_scores"]
+           "record_lineage", "slice_like", "taylor_scores", "unhandled_layers"]
