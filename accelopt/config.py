@@ -168,7 +168,8 @@ class RunSettings:
     compare: str = "none"
     """none | baseline | each: with plugins selected, also run the same workload without
     plugins (baseline), and each selected plugin alone (each), in this invocation, and print
-    them side by side. Ignored in a multirun sweep (a sweep is its own comparison)."""
+    them side by side. Ignored in a multirun sweep (a sweep is its own comparison); refused under
+    ``hydra/launcher=salus``."""
 
 
 @dataclass

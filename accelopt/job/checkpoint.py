@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import functools
 import io
+import json
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -76,13 +77,17 @@ def _unsaveable_plugin_state(states: dict[str, Any]) -> tuple[str, Any, str] | N
 class Checkpointer:
     """Saves a job's state every ``every`` iterations and when it finishes."""
 
-    def __init__(self, run_dir: Path, every: int, save_weights: bool) -> None:
+    def __init__(self, run_dir: Path, every: int, save_weights: bool,
+                 settings: dict[str, Any] | None = None) -> None:
         if every < 0:
             raise UserError(f"run.checkpoint_every must be >= 0 (0 = off), got {every}")
         self.dir = run_dir / CHECKPOINT_DIR
         self.weights_dir = run_dir / WEIGHTS_DIR
         self.every = every
         self.save_weights = save_weights
+        self.settings = settings
+        """The run's plugin settings (:func:`plugin_settings`), recorded in every checkpoint
+        beside its job spec (:data:`PLUGIN_SETTINGS`)."""
         self.written = 0
         self.clock: Callable[[], float] | None = None
         """The driver's clock (seconds since the run started): how long each job has run,
@@ -111,6 +116,7 @@ class Checkpointer:
             "timing": {"elapsed_s": elapsed, "queueing_s": result.queueing_s,
                        "clock_s": self.clock_offset + (self.clock() if self.clock else 0.0)},
             "spec": asdict(job.spec),
+            PLUGIN_SETTINGS: self.settings,
         }
         save_checkpoint(state, self.dir / f"{job.info.job_id}.pt")
         self.written += 1
@@ -184,6 +190,99 @@ def carried_time(state: dict[str, Any], done: bool, clock: float | None) -> floa
     if done or clock is None:
         return float(state.get("elapsed_s", 0.0))
     return 0.0
+
+
+PLUGIN_SETTINGS = "plugin_settings"
+"""A checkpoint's record of the plugins its run used and each one's settings (the run
+config's ``plugins`` section, :func:`plugin_settings`), beside its job spec: a resume whose
+config changed them is refused before it writes anything (:func:`refuse_other_plugins`).
+Absent from checkpoints written before it was kept (those resume unchecked)."""
+
+def plugin_settings(cfg: Any) -> dict[str, Any] | None:
+    """The ``plugins`` section of the run config ``cfg`` as plain values, as ``config.yaml``
+    writes it and a resume reads it back (resolved, through YAML: an enum is its name), so
+    the section a run used and the one its ``config.yaml`` holds compare equal unless the
+    file was edited. ``None``: no config (a set of ready-made plugins), or one that cannot be
+    written out (then nothing is recorded, and nothing checked)."""
+    from omegaconf import DictConfig, OmegaConf
+
+    if not isinstance(cfg, DictConfig):
+        return None
+    try:
+        node = cfg.get("plugins")
+        if node is None:
+            return {}
+        plain = OmegaConf.to_container(OmegaConf.create(OmegaConf.to_yaml(node, resolve=True)))
+    except Exception:  # noqa: BLE001 - an interpolation unresolvable here: nothing to record
+        return None
+    return plain if isinstance(plain, dict) else None
+
+
+def plugin_difference(recorded: dict[str, Any], current: dict[str, Any]) -> str:
+    """The first way ``current`` (a resume's plugin settings) differs from ``recorded`` (its
+    checkpoint's), in words naming the plugin and the setting with the old and new values,
+    and how many more there are; '' where they agree."""
+    found: list[str] = []
+    for name in recorded:
+        if name not in current:
+            found.append(f"plugin '{name}' was active and is no longer selected "
+                         f"(plugins.{name} is gone)")
+    for name in current:
+        if name not in recorded:
+            found.append(f"plugin '{name}' was not active and is selected now")
+    for name, old in recorded.items():
+        if name in current:
+            _setting_differences(f"plugins.{name}", old, current[name], found)
+    if not found and list(recorded) != list(current):
+        found.append(f"the plugins ran in the order {', '.join(recorded)} and are listed "
+                     f"{', '.join(current)} now (their hooks run in that order)")
+    if not found:
+        return ""
+    more = f" (and {len(found) - 1} more difference(s))" if len(found) > 1 else ""
+    return found[0] + more
+
+
+_UNSET = object()
+
+
+def _setting_differences(key: str, old: Any, new: Any, found: list[str]) -> None:
+    """Append ``key``'s differences (each nested setting's, dotted) to ``found``."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        for sub in list(old) + [k for k in new if k not in old]:
+            _setting_differences(f"{key}.{sub}", old.get(sub, _UNSET), new.get(sub, _UNSET),
+                                 found)
+    elif old != new:
+        found.append(f"{key} was {_shown(old)} and is {_shown(new)} now")
+
+
+def _shown(value: Any) -> str:
+    """A setting's value as ``config.yaml`` spells it (``null``, ``true``, ``0.5``)."""
+    if value is _UNSET:
+        return "unset"
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+def refuse_other_plugins(path: Path, state: dict[str, Any], current: dict[str, Any] | None,
+                         config: Path) -> None:
+    """The checkpoint at ``path`` (its ``state``) must have been written with the plugins and
+    plugin settings the resume runs with (``current``, from ``config``, the resumed run's
+    ``config.yaml``), checked before a resumed run writes anything: an edited setting
+    otherwise ran the rest of the job with the new value on state made with the old one (a
+    pruning amount changed after the pruning: the weights were the old amount's, the new
+    ``config.yaml`` recorded the new one), and a removed plugin was refused only when its
+    state failed to load, after the new directory had been made. A checkpoint with no record
+    (written before it was kept) is not checked."""
+    recorded = state.get(PLUGIN_SETTINGS)
+    if not isinstance(recorded, dict) or current is None:
+        return
+    difference = plugin_difference(recorded, current)
+    if difference:
+        raise UserError(f"run.resume: checkpoint {path} was written with other plugin "
+                        f"settings than {config} holds: {difference}; resume with the original "
+                        "settings (undo the edit of that config.yaml) or start a new run")
 
 
 def spec_mismatch(path: Path) -> UserError:

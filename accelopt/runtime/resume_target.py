@@ -73,7 +73,8 @@ def run_mode(cfg: Any) -> str:
 def packed_sweep_note(old_dir: Path, run_dir: Path) -> str:
     """The line a resume of a ``hydra/launcher=salus`` sweep's shared execution says (or
     ''): its jobs resume, but into one run directory, not split into the sweep's runs."""
-    if old_dir.resolve().name != PACKED_SWEEP_DIR:
+    name = old_dir.resolve().name  # a batched sweep's later batches: salus-pack-<k>
+    if name != PACKED_SWEEP_DIR and not name.startswith(f"{PACKED_SWEEP_DIR}-"):
         return ""
     return (f"note: {old_dir} is a hydra/launcher=salus sweep's shared execution: its jobs "
             f"resume into this one directory ({run_dir}; job r<k>-<name> is run k's), not "

@@ -65,7 +65,13 @@ from accelopt.errors import (
 )
 from accelopt.host import HookTrace, hook_spans
 from accelopt.job import build_jobs, job_id_for, job_specs
-from accelopt.job.checkpoint import CHECKPOINT_DIR, Checkpointer, has_checkpoints, restore
+from accelopt.job.checkpoint import (
+    CHECKPOINT_DIR,
+    Checkpointer,
+    has_checkpoints,
+    plugin_settings,
+    restore,
+)
 from accelopt.job.exchange import BUILD_ONLY
 from accelopt.job.job import Job, check_precision
 from accelopt.job.profile import measure_profile
@@ -319,7 +325,8 @@ def _execute_local(cfg: DictConfig, run_dir: Path, registry: Registry, console: 
                    cluster=local_info(cfg.cluster))
     lifecycle = Lifecycle(plugins, info)
     lifecycle.job_built(jobs)
-    checkpointer = Checkpointer(run_dir, int(cfg.run.checkpoint_every), bool(cfg.run.save_weights))
+    checkpointer = Checkpointer(run_dir, int(cfg.run.checkpoint_every),
+                                bool(cfg.run.save_weights), plugin_settings(cfg))
     restored = restore(resume_from, jobs, checkpointer) if resume_from is not None else {}
     for job in jobs:  # a job that had finished before the resume: its weights (and final
         result = restored.get(job.info.job_id)  # checkpoint) belong in this run's directory
@@ -774,18 +781,26 @@ def _refuse_other_checkpoints(old_dir: Path, cfg: DictConfig) -> None:
     directory held the carried checkpoints, the config, the log (and in a cluster the
     outputs of a run that never trained), though the refusal said nothing was written. Every
     file it would carry must be readable too (a damaged one was linked in before its
-    refusal)."""
-    from accelopt.drivers.cluster.checkpoints import refuse_unreadable, refuse_unresumable
+    refusal). Each must have been written with the plugins and plugin settings of the
+    config resumed (an edited ``config.yaml``: refused, where it either ran half the job with
+    other settings or was refused by a plugin's state load after the directory was made)."""
+    from accelopt.drivers.cluster.checkpoints import refuse_unresumable, unreadable_hint
     from accelopt.drivers.cluster.settings import settings_from
-    from accelopt.job.checkpoint import UNREADABLE_HINT, read_checkpoint, refuse_other_spec
+    from accelopt.job.checkpoint import (
+        UNREADABLE_HINT,
+        read_checkpoint,
+        refuse_other_plugins,
+        refuse_other_spec,
+    )
 
     if not has_checkpoints(old_dir):
         return
-    if cfg.cluster.mode == "none":  # every file carried, before any is: a damaged one is
-        for path in sorted((old_dir / CHECKPOINT_DIR).rglob("*.pt")):  # refused, not linked
-            read_checkpoint(path, UNREADABLE_HINT)
-    else:
-        refuse_unreadable(old_dir)
+    settings = plugin_settings(cfg)
+    # every file carried, before any is (a damaged one is refused, not linked), read once
+    for path in sorted((old_dir / CHECKPOINT_DIR).rglob("*.pt")):
+        hint = UNREADABLE_HINT if cfg.cluster.mode == "none" else unreadable_hint(path)
+        state = read_checkpoint(path, hint)
+        refuse_other_plugins(path, state, settings, old_dir / CONFIG_FILE)
     try:
         specs = job_specs(cfg)
     except ConfigError:

@@ -9,7 +9,10 @@ into each run's own directory: the same ``config.yaml``, ``metrics.json``, ``met
 ``trace.json``, ``timeline.png`` and ``weights/`` as under the basic launcher, its jobs under
 their own ids and names, their times on the shared clock (a run's JCTs include the time it
 waited for the others: that is what packing trades). The shared execution keeps its own
-record in ``<sweep dir>/salus-pack/``.
+record in ``<sweep dir>/salus-pack/``. A sweeper that launches its runs in batches
+(``hydra.sweeper.max_batch_size``) calls the launcher once per batch: each batch is packed
+on its own, into its own shared execution (:func:`pack_dir_name`), never into an earlier
+batch's.
 
 What can be packed: runs that differ only in their workload (a learning-rate sweep, a seed
 sweep, a model sweep). Everything else (plugins, cluster mode, run settings) is one setting
@@ -41,6 +44,7 @@ PACK_DIR = PACKED_SWEEP_DIR
 """Where the shared execution's own record goes, inside the sweep directory. A killed sweep
 leaves only this directory; ``run.resume`` of it trains the jobs on into one run directory
 and says so (the split into the runs' directories is this launcher's, after the run)."""
+
 EXEMPT = ("workload", "hydra")
 """Top-level keys runs may differ in (the workload) or that are Hydra's own."""
 
@@ -58,6 +62,32 @@ class SweepRun:
     out_dir: Path
 
 
+def pack_dir_name(first_index: int) -> str:
+    """The shared execution's directory of the batch whose first run is ``first_index``:
+    :data:`PACK_DIR` for the first (a sweep launched in one batch has only that one), and
+    ``salus-pack-<first index>`` for a later batch. One name for every batch let each batch
+    write over the one before: its metrics, trace and checkpoints lost, while the earlier
+    runs' ``metrics.json`` still named it as their packed execution."""
+    return PACK_DIR if first_index == 0 else f"{PACK_DIR}-{first_index}"
+
+
+def batch_size_limit(runs: Sequence[SweepRun]) -> int | None:
+    """``hydra.sweeper.max_batch_size`` (None where the sweeper has none, or it is unset)."""
+    limit = OmegaConf.select(runs[0].config, "hydra.sweeper.max_batch_size", default=None)
+    return int(limit) if limit else None
+
+
+def batched(runs: Sequence[SweepRun]) -> bool:
+    """Whether the sweeper launches its runs in batches (this launch is one of them)."""
+    return runs[0].index > 0 or batch_size_limit(runs) is not None
+
+
+def span(runs: Sequence[SweepRun]) -> str:
+    """``run #3`` or ``runs #3-#5``: the runs of one launch (their indices are consecutive)."""
+    first, last = runs[0].index, runs[-1].index
+    return f"run #{first}" if first == last else f"runs #{first}-#{last}"
+
+
 def _without(cfg: DictConfig, keys: Sequence[str]) -> dict[str, Any]:
     data = OmegaConf.to_container(cfg, resolve=False)
     assert isinstance(data, dict)
@@ -65,8 +95,9 @@ def _without(cfg: DictConfig, keys: Sequence[str]) -> dict[str, Any]:
 
 
 def check_packable(runs: Sequence[SweepRun]) -> None:
-    """Runs that differ in anything but their workload cannot share one execution: one line
-    naming the first differing key and the fix."""
+    """Runs that differ in anything but their workload cannot share one execution, nor can
+    settings the one execution would not honour (a cluster, a resume, ``run.compare``'s
+    reference runs): one line naming the first such key and the fix."""
     first = _without(runs[0].task, EXEMPT)
     for run in runs[1:]:
         other = _without(run.task, EXEMPT)
@@ -85,6 +116,12 @@ def check_packable(runs: Sequence[SweepRun]) -> None:
     if task.run.get("resume"):
         raise ConfigError("hydra/launcher=salus cannot resume runs (run.resume); resume each "
                           "run on its own")
+    compare = str(task.run.get("compare", "none"))
+    if compare != "none":  # the merged execution runs no reference runs: dropped unsaid
+        raise ConfigError(
+            f"hydra/launcher=salus runs no run.compare reference runs, but "
+            f"run.compare={compare}; drop run.compare (a sweep compares its own points), "
+            "or use accelopt bench, or Hydra's basic launcher (drop hydra/launcher=salus)")
 
 
 Origin = dict[str, tuple[int, str, str]]
@@ -154,6 +191,22 @@ def _check_launcher_policy(ref: str) -> None:
                                            1)) from None
 
 
+def _check_launcher_numbers(launcher: Any) -> None:
+    """``hydra.launcher.max_lanes`` and ``.threads`` checked under their own names: the
+    runs' salus found them wrong as "plugins.salus.max_lanes" / ".threads", keys the
+    command line did not have (the bounds are salus's own)."""
+    from accelopt.drivers.setup import MAX_THREADS, usable_cores
+
+    lanes, threads = int(launcher.max_lanes), int(launcher.threads)
+    if lanes < -1:
+        raise ConfigError("hydra.launcher.max_lanes must be -1 (one lane per core on a CPU, "
+                          "the policy's default on a GPU), 0 (as many as fit) or a positive "
+                          f"count; got {lanes}")
+    if not 0 <= threads <= MAX_THREADS:
+        raise ConfigError(f"hydra.launcher.threads must be in [0, {MAX_THREADS}] (0 = auto; "
+                          f"this machine has {usable_cores()} cores); got {threads}")
+
+
 def lanes_for(launcher: Any, device: str) -> int:
     """``hydra.launcher.max_lanes``; its default (-1) on a CPU is one lane per core: a lane
     beyond the cores adds no compute, only threads contending for the cores and the GIL
@@ -218,14 +271,16 @@ def split_record(record: Any, runs: Sequence[SweepRun], origin: Origin,
 
 
 def _copy_job_files(shared: Path, run_dir: Path, renames: dict[str, str],
-                    own_specs: dict[str, Any]) -> None:
+                    own_specs: dict[str, Any], own_plugins: dict[str, Any] | None) -> None:
     """``weights/`` and ``checkpoints/`` of a run's jobs, under their own ids. A checkpoint
-    records its job's spec, which ``run.resume`` compares with the run's own: the merged
-    job's (renamed ``r<k>-<name>``) is replaced by the run's, or no run of a packed sweep
-    could be resumed ("written for a different job spec")."""
+    records its job's spec and its run's plugin settings, which ``run.resume`` compares
+    with the run's own: the merged job's (renamed ``r<k>-<name>``) and the merged run's
+    (the launcher's salus among them) are replaced by the run's, or no run of a packed
+    sweep could be resumed ("written for a different job spec", "written with other
+    plugin settings")."""
     import torch
 
-    from accelopt.job.checkpoint import save_checkpoint
+    from accelopt.job.checkpoint import PLUGIN_SETTINGS, save_checkpoint
 
     for folder in ("weights", "checkpoints"):
         for merged_id, own_id in renames.items():
@@ -238,6 +293,8 @@ def _copy_job_files(shared: Path, run_dir: Path, renames: dict[str, str],
                 continue
             state = torch.load(source, map_location="cpu", weights_only=False)
             state["spec"] = dataclasses.asdict(own_specs[own_id])
+            # None (the run's settings cannot be written out): a resume leaves them unchecked
+            state[PLUGIN_SETTINGS] = own_plugins
             save_checkpoint(state, run_dir / folder / f"{own_id}.pt")
 
 
@@ -270,10 +327,11 @@ def write_run(run: SweepRun, part: Any, shared: Path, renames: dict[str, str]) -
     part.summary = run_metrics(part)
     write_run_outputs(part, run.out_dir)
     from accelopt.job import job_specs
+    from accelopt.job.checkpoint import plugin_settings
     from accelopt.job.specs import job_id_for
 
     own_specs = {job_id_for(k, spec): spec for k, spec in enumerate(job_specs(run.task))}
-    _copy_job_files(shared, run.out_dir, renames, own_specs)
+    _copy_job_files(shared, run.out_dir, renames, own_specs, plugin_settings(run.task))
     log = Console(file=io.StringIO(), width=120, record=True)
     render_summary(part, log)
     log.print(f"packed by hydra/launcher=salus with {part.metrics['packed_runs']} runs; "
@@ -285,30 +343,90 @@ def write_run(run: SweepRun, part: Any, shared: Path, renames: dict[str, str]) -
 def execute_packed(runs: Sequence[SweepRun], launcher: Any, sweep_dir: Path,
                    console: Any = None) -> list[Any]:
     """Run every run's jobs in one salus execution; write each run's directory; return each
-    run's record (its share)."""
+    run's record (its share). A Ctrl-C or SIGTERM ends it in one line saying where what ran
+    is kept and how to go on (:func:`interrupted_pack_line`), exit 130 (143)."""
     from accelopt.plugin import Registry
     from accelopt.report.console import default_console
-    from accelopt.runtime.run import execute
+    from accelopt.runtime.run import error_line, execute
 
     console = console or default_console(record=True)
     merged, origin = merged_config(runs, launcher)
-    shared = sweep_dir / PACK_DIR
+    shared = sweep_dir / pack_dir_name(runs[0].index)
     started = time.perf_counter()
+    written: list[SweepRun] | None = None
+    """The runs whose directories were written; None while the shared execution runs."""
     try:
-        record = execute(merged, run_dir=shared, registry=Registry.discover(),
-                         console=console)
-    finally:
-        if shared.is_dir():
-            _write_log(shared / "accelopt.log", console.export_text(clear=True))
-    parts = split_record(record, runs, origin, shared)
-    for position, (run, part) in enumerate(zip(runs, parts, strict=True)):
-        renames = {merged_id: own_id for merged_id, (run_pos, own_id, _name) in origin.items()
-                   if run_pos == position}
-        write_run(run, part, shared, renames)
-    console.print(f"[dim]salus launcher: {len(runs)} runs, {len(record.jobs)} jobs packed "
-                  f"onto one device in {time.perf_counter() - started:.1f} s; each run's "
-                  f"outputs in its own directory, the shared execution in {shared}[/dim]")
+        try:
+            record = execute(merged, run_dir=shared, registry=Registry.discover(),
+                             console=console)
+        finally:
+            if shared.is_dir():
+                _write_log(shared / "accelopt.log", console.export_text(clear=True))
+        parts = split_record(record, runs, origin, shared)
+        written = []
+        for position, (run, part) in enumerate(zip(runs, parts, strict=True)):
+            renames = {merged_id: own_id
+                       for merged_id, (run_pos, own_id, _name) in origin.items()
+                       if run_pos == position}
+            write_run(run, part, shared, renames)
+            written.append(run)
+    except KeyboardInterrupt as exc:  # Terminated (SIGTERM) included
+        print(interrupted_pack_line(error_line(exc), runs, shared, sweep_dir, written),
+              file=sys.stderr)
+        raise SystemExit(getattr(exc, "exit_code", 130)) from None
+    seconds = time.perf_counter() - started
+    console.print(f"[dim]{packed_line(runs, len(record.jobs), seconds, shared)}[/dim]")
     return parts
+
+
+def packed_line(runs: Sequence[SweepRun], jobs: int, seconds: float, shared: Path) -> str:
+    """What one launch packed, and, where the sweeper launches in batches, that runs were
+    packed only within a batch (a sweep of 8 runs in batches of 2 is 4 executions of 2)."""
+    if not batched(runs):
+        return (f"salus launcher: {len(runs)} runs, {jobs} jobs packed onto one device in "
+                f"{seconds:.1f} s; each run's outputs in its own directory, the shared "
+                f"execution in {shared}")
+    limit = batch_size_limit(runs)
+    why = f" (hydra.sweeper.max_batch_size={limit})" if limit else ""
+    return (f"salus launcher: {span(runs)} ({jobs} jobs) packed onto "
+            f"one device in {seconds:.1f} s; each run's outputs in its own directory, this "
+            f"batch's shared execution in {shared}: the sweeper launches its runs in batches"
+            f"{why}, so runs are packed per batch{f' of up to {limit}' if limit else ''}, "
+            "each batch in its own shared execution")
+
+
+def interrupted_pack_line(error: str, runs: Sequence[SweepRun], shared: Path,
+                          sweep_dir: Path, written: Sequence[SweepRun] | None) -> str:
+    """The line a sweep stopped by Ctrl-C or SIGTERM in a packed execution ends with, as
+    the basic launcher's (``stopped_line`` and ``interrupted_sweep_note``): where what ran
+    is kept, the ``run.resume`` command where the shared execution wrote checkpoints, and
+    which runs had ended. A bare "interrupted" left a user to look for them."""
+    from accelopt.cli.hydra_run import stopped_line
+
+    what = span(runs)
+    if written is None:  # in the shared execution: its record, not split into the runs
+        line = stopped_line(error, shared) or f"{error} before {shared} held anything"
+        line += (f"; the sweep stopped in the packed execution of {what}: it is not split "
+                 "into their run directories (a resume trains their jobs on into one new "
+                 "directory, job r<k>-<name> being run k's)")
+        again = what
+    else:
+        done = [r.index for r in written]
+        left = [f"#{r.index}" for r in runs if r.index not in done]
+        line = (f"{error} after the packed execution of {what} ended, while it was split "
+                f"into their run directories: the whole record is in {shared}; "
+                f"{', '.join(f'#{i}' for i in done) or 'none'} written, not "
+                f"{', '.join(left)}")
+        again = f"run{'s' if len(left) > 1 else ''} {', '.join(left)}"
+    first = runs[0].index
+    if first > 0:
+        earlier = "run #0" if first == 1 else f"runs #0-#{first - 1}"
+        line += f"; {earlier} ended before it (kept in {sweep_dir})"
+    if batched(runs):
+        line += ", and any later batch did not run"
+        again += " and any later batch"
+    return (f"{line}; for their own run directories, sweep {again} again with a new "
+            "hydra.sweep.dir (a directory holding a sweep's runs is not written into again)")
 
 
 def discard_unstarted_sweep_dir(sweep_dir: Path) -> None:
@@ -384,6 +502,7 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]],
         runs.append(SweepRun(index, list(overrides), sweep_config, task, out_dir))
     try:
         _check_launcher_policy(str(launcher.policy))
+        _check_launcher_numbers(launcher)
         check_packable(runs)
         parts = execute_packed(runs, launcher, sweep_dir)
     except AccelOptError as exc:

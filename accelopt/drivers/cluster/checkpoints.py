@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from accelopt.errors import UserError
 from accelopt.job.checkpoint import (
     CHECKPOINT_DIR,
+    PLUGIN_SETTINGS,
     arrive_on_resumed_clock,
     carried_time,
     load_into,
@@ -49,8 +50,12 @@ def job_dir(run_dir: str | Path, job_id: str) -> Path:
 class RankCheckpointer:
     """Writes this rank's part of a job after the iterations that need a checkpoint."""
 
-    def __init__(self, run_dir: str | Path, every: int, rank: int, world: int) -> None:
+    def __init__(self, run_dir: str | Path, every: int, rank: int, world: int,
+                 settings: dict[str, Any] | None = None) -> None:
         self.run_dir, self.every, self.rank, self.world = Path(run_dir), every, rank, world
+        self.settings = settings
+        """The run's plugin settings, recorded in every file beside its job spec
+        (:data:`~accelopt.job.checkpoint.PLUGIN_SETTINGS`)."""
         self.clock_offset = 0.0
         """A resumed run: the clock of the run it resumed, which ``clock_s`` goes on from.
         ``clock_s`` is on the training clock (from ``train_t0``, when every rank had built
@@ -74,6 +79,7 @@ class RankCheckpointer:
             "clock_s": self.clock_offset + part.now() - part.train_t0,
             "rank": self.rank,
             "world": self.world,
+            PLUGIN_SETTINGS: self.settings,
         }
         save_checkpoint(state, directory / f"rank{self.rank}.it{job.iteration:08d}.pt")
         mine = sorted(_generations(directory).get(self.rank, []))

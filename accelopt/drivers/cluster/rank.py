@@ -37,6 +37,7 @@ from accelopt.drivers.setup import RANK_THREADS, setup_torch
 from accelopt.errors import ConfigError, UserError, raised_by_hook
 from accelopt.host import HookTrace, hook_spans
 from accelopt.job import Job, StepEvents, job_id_for, job_specs
+from accelopt.job.checkpoint import plugin_settings
 from accelopt.job.job import CHECK_INPUTS, described
 from accelopt.job.timeline import PhaseTimer
 from accelopt.plugin import Registry
@@ -427,7 +428,8 @@ def run_rank(cfg: DictConfig, settings: ClusterSettings, *, rank: int, world: in
     resume = cfg.run.get("resume")
     for part in jobs:
         if every:
-            part.checkpointer = RankCheckpointer(run_dir, every, rank, world)
+            part.checkpointer = RankCheckpointer(run_dir, every, rank, world,
+                                                 plugin_settings(cfg))
         if resume:
             restore_part(str(resume), part, rank, world)
     lifecycle.start([j.job for j in jobs])
