@@ -201,13 +201,17 @@ def status_cmd(args: list[str]) -> int:
     console.print(lanes)
     jobs = Table(title="jobs")
     for column in ("id", "model", "state", "lane", "progress", "JCT s", "pers", "eph",
-                   "quality", "error"):
+                   "quality", "error / note"):
         jobs.add_column(column, overflow="fold")
     for job in reply["jobs"]:
         jct = "-" if job["jct_s"] is None else f"{job['jct_s']:.2f}"
-        jobs.add_row(job["id"], job["model"], job["state"], job["lane"] or "-",
-                     f"{job['done']}/{job['iterations']}", jct, size(job["persistent"]),
-                     size(job["ephemeral"]), quality_text(job), job["error"] or "")
+        # a job done on a loss of nan read as one done well ("done", quality "–", no error)
+        diverged = job.get("diverged") and job["state"] == "done"
+        note = job.get("quality_note", "") if diverged else ""
+        jobs.add_row(job["id"], job["model"], "diverged" if diverged else job["state"],
+                     job["lane"] or "-", f"{job['done']}/{job['iterations']}", jct,
+                     size(job["persistent"]), size(job["ephemeral"]), quality_text(job),
+                     job["error"] or note)
     console.print(jobs)
     return 0
 

@@ -15,13 +15,12 @@ root left unended (killed with it) is marked failed by the next service that sta
 
 Protocol: one JSON object per line each way. Requests: ``{"op": "submit", "job": {...}}``
 (JobConfig keys), ``{"op": "submit", "workload": "tiny"}``, ``{"op": "submit", "factory":
-"module:function", "args": {...}}`` (the function returns a JobConfig, a dict of its keys, or a
-``Job``), ``{"op": "status"}``, ``{"op": "cancel", "id": "..."}``, ``{"op": "ping"}``,
-``{"op": "wait", "id": "...", "timeout_s": 60}`` (block until the job ended and its files
-are written),
-``{"op": "shutdown"}`` (stop accepting, let the jobs finish, exit). Replies carry
-``"ok": true`` or ``"ok": false, "error": "one line"``; a malformed request gets an error
-reply and the service keeps running.
+"module:function", "args": {...}}`` (the function returns a JobConfig, a dict of its keys
+naming ``model``, or a ``Job``), ``{"op": "status"}``, ``{"op": "cancel", "id": "..."}``,
+``{"op": "ping"}``, ``{"op": "wait", "id": "...", "timeout_s": 60}`` (block until the job
+ended and its files are written), ``{"op": "shutdown"}`` (stop accepting, let the jobs
+finish, exit). Replies carry ``"ok": true`` or ``"ok": false, "error": "one line"``; a
+malformed request gets an error reply and the service keeps running.
 """
 
 from __future__ import annotations
@@ -63,6 +62,7 @@ from accelopt.job.profile import measure_profile
 from accelopt.job.quality import score_result
 from accelopt.records import JobResult
 from accelopt.report import job_metrics
+from accelopt.report.metrics import finite
 from accelopt.types import AllocationRequest, JobInfo
 
 MAX_REQUEST = 1 << 20
@@ -226,16 +226,27 @@ class Service:
                             "the service's output)") from None
         if isinstance(made, Job):
             return made
-        if isinstance(made, dict):
-            return _job_config(made)
-        if isinstance(made, JobConfig):
-            return made
+        ran = (f"the service (pid {os.getpid()}) called it and it ran to its end there; a "
+               "factory builds a job (return a JobConfig, a dict of its keys naming its "
+               "\"model\", or an accelopt Job) and the service trains it")
+        if isinstance(made, dict) and not isinstance(made.get("model"), str):
+            # a training function's metrics ({"loss": ...}) or the settings it trained with
+            # ({"lr": ..., "iterations": ...}) were read as a job's keys: refused with a
+            # confusing key error, or taken as a default mlp job nobody asked for
+            shown = ", ".join(repr(key) for key in list(made)[:6]) or "no keys"
+            raise UserError(f"{ref} returned a dict without \"model\" ({shown}), not a job: "
+                            f"{ran}")
+        if isinstance(made, (dict, JobConfig)):
+            # through the schema a plain submit's keys go through: a JobConfig is a plain
+            # dataclass, and its iterations="abc" reached the job's checks as a TypeError
+            fields = made if isinstance(made, dict) else dataclasses.asdict(made)
+            try:
+                return _job_config(fields)
+            except UserError as exc:
+                raise UserError(f"{ref} returned a {exc}") from None
         # it ran here, to its end: a training function trained in the service's request
         # thread, and only then was this said
-        raise UserError(f"{ref} returned {type(made).__name__}, not a job: the service (pid "
-                        f"{os.getpid()}) called it and it ran to its end there; a factory "
-                        "builds a job (return a JobConfig, a dict of its keys, or an accelopt "
-                        "Job) and the service trains it")
+        raise UserError(f"{ref} returned {type(made).__name__}, not a job: {ran}")
 
     def _submit(self, spec: Any) -> str:
         # under the lock to the end: a refused job (an unknown model, profiling failed)
@@ -297,10 +308,16 @@ class Service:
             before = {info.job_id for info, result, _ in self.executor.snapshot()
                       if result.status not in ENDED}
             message = self.executor.cancel(job_id)
-            ended = [result for info, result, _ in self.executor.snapshot()
+            after = self.executor.snapshot()
+            ended = [result for info, result, _ in after
                      if info.job_id in before and result.status in ENDED]
+            running = [(info, result) for info, result, busy in after
+                       if busy and info.job_id in before and result.status not in ENDED
+                       and message.startswith(f"{info.job_id} ")]
+            if running:
+                return _stops_later(message, *running[0])
             if len(ended) != 1 or not ended[0].lane:
-                return message  # not yet in a lane, ended already, or stops after its iteration
+                return message  # not yet in a lane, or ended already
             manager = self.plugin.manager
             lane = None if manager is None else manager.lanes.get(ended[0].lane)
             if lane is None:
@@ -321,10 +338,13 @@ class Service:
         job's timed work) and write ``job.json`` and ``weights.pt``."""
         try:
             score_result(result, job.spec, job.model, job.dataset, job.device)
+            state = _ended_state(result)
+            if state == "cancelled":  # it said "the job did not finish (failed)"
+                result.quality_note = "the job did not finish (cancelled)"
             job_dir = self.root / "jobs" / job.info.job_id
             job_dir.mkdir(parents=True, exist_ok=True)
             # the state `accelopt status` shows: a cancelled job is no failure of its own
-            _write_job_json(job_dir, result, _ended_state(result), self.plugin.lanes_note())
+            _write_job_json(job_dir, result, state, self.plugin.lanes_note())
             if result.status == "done":
                 with atomic_open(job_dir / "weights.pt", "wb") as fh:
                     torch.save(job.model.state_dict(), fh)
@@ -390,6 +410,18 @@ class Service:
                 "jobs": jobs, "note": self.plugin.lanes_note(), "pid": os.getpid()}
 
 
+def _stops_later(message: str, info: JobInfo, result: JobResult) -> str:
+    """The cancel line of a job inside an iteration: the cancel answers at once (it does
+    not wait for the iteration to end), so it cannot yet say after how many iterations the
+    job stopped or whether its lane was reclaimed; it says which iteration runs and where
+    the rest will be said (the bare "will stop at the end of its current iteration" left a
+    user who read the documented line waiting for what it never said)."""
+    done, total = result.iterations_done, info.iterations
+    return (f"{message} (iteration {done + 1} of {total}); `accelopt status` then shows it "
+            "cancelled, its iterations done, and its lane gone if it held no other job (its "
+            "job.json too)")
+
+
 def _wait_timeout(timeout: Any) -> float:
     """A ``wait`` request's ``timeout_s``: a finite number >= 0, refused in one line
     otherwise, capped at ``threading.TIMEOUT_MAX`` (what a lock's wait takes: an inf or a
@@ -411,8 +443,8 @@ def _write_job_json(job_dir: Path, result: JobResult, status: str,
                                 "losses": result.losses}
     if lanes_note is not None:
         document["lanes_note"] = lanes_note
-    with atomic_open(job_dir / "job.json", "w") as fh:
-        json.dump(document, fh, indent=1, default=str)
+    with atomic_open(job_dir / "job.json", "w") as fh:  # a diverged loss as null, not NaN
+        json.dump(finite(document), fh, indent=1, default=str, allow_nan=False)
 
 
 def _jct(result: JobResult) -> float | None:
@@ -439,6 +471,10 @@ def _status_row(info: JobInfo, result: JobResult, busy: bool) -> dict[str, Any]:
         "quality_metric": quality.metric if quality else None,
         "quality": quality.value if quality else None,
         "quality_p_at_5": quality.p_at_5 if quality else None,
+        # a job that trained to its end on a loss of nan is "done", as in a run's
+        # metrics.json; these say so (the row read as a job done well)
+        "diverged": result.diverged_at is not None,
+        "quality_note": result.quality_note,
     }
 
 
@@ -506,6 +542,8 @@ class _Handler(socketserver.StreamRequestHandler):
                 request = json.loads(line)
             except (json.JSONDecodeError, UnicodeDecodeError) as exc:
                 raise UserError(f"malformed request: not JSON ({exc})") from None
+            if isinstance(request, dict):  # the close answers one left unanswered by its op
+                self.server.ops[id(self.request)] = request.get("op")  # type: ignore[attr-defined]
             reply = {"ok": True, **service.handle(request)}
         except UserError as exc:
             reply = {"ok": False, "error": str(exc)}
@@ -520,6 +558,13 @@ STOPPED_BEFORE_ANSWERING = ("the service stopped before answering (it was shutti
 """The answer :meth:`_Server.close` gives a request still being handled when its grace
 ended (a submit whose profiling outlasted it): the client read "closed the connection without
 answering", not knowing whether its job was taken."""
+
+STOPPED_WHILE_WAITING = ("the service stopped while this wait ran, before the job ended: it "
+                         "was stopped now (a second signal, or an error), and a job it had "
+                         "not ended is marked failed; its job.json says how it ended")
+"""The answer :meth:`_Server.close` gives a ``wait`` still waiting: a service stopped now
+leaves its unended jobs unended in the executor (failed only in their ``job.json``), and
+such a wait read the submit's "submit to a new one"."""
 
 
 class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
@@ -538,6 +583,8 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         self._answering = threading.Lock()
         self._answered: set[int] = set()
         """The connections (by ``id``) answered or being answered: each gets one answer."""
+        self.ops: dict[int, Any] = {}
+        """Each connection's (by ``id``) request ``op``, once read."""
 
     def process_request(self, request: Any, client_address: Any) -> None:
         thread = threading.Thread(target=self.process_request_thread,
@@ -548,6 +595,7 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     def shutdown_request(self, request: Any) -> None:
         with self._answering:
             self._answered.discard(id(request))  # an id may be reused once it is closed
+            self.ops.pop(id(request), None)
         super().shutdown_request(request)
 
     def answer(self, request: socket.socket, reply: dict[str, Any]) -> bool:
@@ -563,15 +611,17 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
 
     def close(self, grace_s: float = 5.0) -> None:
         """Stop accepting, give the requests being answered up to ``grace_s`` to finish,
-        answer the ones still running with :data:`STOPPED_BEFORE_ANSWERING`, close the
-        socket."""
+        answer the ones still running with :data:`STOPPED_BEFORE_ANSWERING` (a ``wait``:
+        :data:`STOPPED_WHILE_WAITING`), close the socket."""
         self.shutdown()
         deadline = time.monotonic() + grace_s
         for thread, _ in list(self.handlers):
             thread.join(max(0.0, deadline - time.monotonic()))
         for thread, request in list(self.handlers):
             if thread.is_alive():
-                self.answer(request, {"ok": False, "error": STOPPED_BEFORE_ANSWERING})
+                error = (STOPPED_WHILE_WAITING if self.ops.get(id(request)) == "wait"
+                         else STOPPED_BEFORE_ANSWERING)
+                self.answer(request, {"ok": False, "error": error})
         self.server_close()
 
 
