@@ -164,8 +164,10 @@ class Job:
         self._convention = (loss_convention(self.model) if self.model_loss
                             else job_loss_convention(self.dataset))
         """Over what the loss is a mean (:func:`loss_convention`, :func:`job_loss_convention`)."""
-        self._said_rows = False
-        """The warning that a loss of unknown convention is combined by rows was logged."""
+        self.warnings: list[str] = []
+        """What this job did other than its settings say, one line each, as its log said it
+        (the loss of unknown convention combined by rows): a cluster run keeps them in
+        ``metrics.json``'s run warnings, where a line only in a rank's log went unseen."""
         self.loss_share: float | None = None
         """This process's share of the last batch's loss, where it trains on some rows of the
         batch and the loss is a mean over labelled positions, not rows (the model's own, or
@@ -215,15 +217,9 @@ class Job:
         if not bool(ignored.any()):
             return None
         if self._convention is None:
-            if not self._said_rows and start == 0:  # the first worker says it for all
-                self._said_rows = True
-                log.warning(
-                    "job '%s': its labels hold %d (positions to ignore) and accelopt does not "
-                    "know over what %s's own loss is a mean, so the workers' losses and "
-                    "gradients are combined by their rows; if the model averages over "
-                    "labelled positions, that is not one process's loss (a transformers model "
-                    "naming its loss_type, e.g. 'ForCausalLM', is combined by them)",
-                    self.info.name, IGNORE_INDEX, type(self.model).__name__)
+            if not self.warnings and start == 0:  # the first worker says it for all
+                self.warnings.append(unknown_convention_line(self.info.name, self.model))
+                log.warning("%s", self.warnings[-1])
             return None
         counted = ~ignored
         if self._convention == "causal":
@@ -761,11 +757,30 @@ LABEL_LOSS_TYPES = ("ForMaskedLM", "ForTokenClassification", "ForSequenceClassif
 """transformers loss types averaging over ``labels != -100``."""
 
 
+SEQ2SEQ_LM_CLASSES = frozenset({
+    "T5ForConditionalGeneration", "MT5ForConditionalGeneration",
+    "UMT5ForConditionalGeneration", "LongT5ForConditionalGeneration",
+    "BartForConditionalGeneration", "MBartForConditionalGeneration",
+    "PLBartForConditionalGeneration", "MvpForConditionalGeneration",
+    "PegasusForConditionalGeneration", "PegasusXForConditionalGeneration",
+    "BigBirdPegasusForConditionalGeneration", "LEDForConditionalGeneration",
+    "MarianMTModel", "BlenderbotForConditionalGeneration",
+    "BlenderbotSmallForConditionalGeneration", "M2M100ForConditionalGeneration",
+    "FSMTForConditionalGeneration", "WhisperForConditionalGeneration",
+    "Speech2TextForConditionalGeneration"})
+"""transformers encoder-decoder models (text and speech) whose own loss is
+``CrossEntropyLoss()`` (ignore_index -100, mean) over their labels, unshifted (the decoder's
+inputs are the labels shifted right): a mean over ``labels != -100``. By exact class name:
+their ``loss_type``, ``ForConditionalGeneration``, is shared by multimodal models whose loss
+is a causal LM's, and the MoE ones (SwitchTransformers, NllbMoe) add a router loss."""
+
+
 def loss_convention(model: nn.Module) -> str | None:
     """Over what a model's own loss (``loss: model``) is a mean: ``"causal"`` (an HF causal
-    LM: its shifted labels that are not -100), ``"labels"`` (other HF cross-entropy heads:
-    its labels that are not -100), ``None``: not known. Read from transformers' ``loss_type``
-    or, failing that, the class name (``GPT2LMHeadModel``, ``LlamaForCausalLM``)."""
+    LM: its shifted labels that are not -100), ``"labels"`` (other HF cross-entropy heads,
+    and the seq2seq models of :data:`SEQ2SEQ_LM_CLASSES`: its labels that are not -100),
+    ``None``: not known. Read from transformers' ``loss_type`` or, failing that, the class
+    name (``GPT2LMHeadModel``, ``LlamaForCausalLM``, ``T5ForConditionalGeneration``)."""
     loss_type = getattr(model, "loss_type", None)
     if loss_type in CAUSAL_LOSS_TYPES:
         return "causal"
@@ -774,9 +789,19 @@ def loss_convention(model: nn.Module) -> str | None:
     name = type(model).__name__
     if name.endswith(("ForCausalLM", "LMHeadModel")):
         return "causal"
-    if name.endswith(LABEL_LOSS_TYPES):
+    if name.endswith(LABEL_LOSS_TYPES) or name in SEQ2SEQ_LM_CLASSES:
         return "labels"
     return None
+
+
+def unknown_convention_line(job: str, model: nn.Module) -> str:
+    """The warning of a cluster job whose model's own loss is of unknown convention
+    (:func:`loss_convention`) on labels holding -100: its workers are combined by rows."""
+    return (f"job '{job}': its labels hold {IGNORE_INDEX} (positions to ignore) and accelopt "
+            f"does not know over what {type(model).__name__}'s own loss is a mean, so the "
+            "workers' losses and gradients are combined by their rows; if the model averages "
+            "over labelled positions, that is not one process's loss (a transformers model "
+            "naming its loss_type, e.g. 'ForCausalLM', is combined by them)")
 
 
 def job_loss_convention(dataset: Any) -> str | None:

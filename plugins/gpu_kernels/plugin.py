@@ -500,7 +500,27 @@ class GpuKernelsPlugin:
                              + (f", ms {d.median_ms}" if d.median_ms else "") + ")")
                 metrics["channels_last"] = int(d.channels_last)
         parts += rec.notes
+        if not self._changed(rec):
+            metrics[INERT] = 1
         return ReportRow("gpu_kernels", f"{job_id}: " + "; ".join(parts), metrics)
+
+    @staticmethod
+    def _changed(rec: _JobRecord) -> bool:
+        """Whether the plugin changed anything the job ran: a layer pruned, a conv running an
+        algorithm other than torch's direct one (the whole-model guard kept it), a tiled
+        kernel run in place of ``F.linear``, or the model put in channels_last. Why: a row
+        saying "no prunable layer" carried no ``INERT``, so ``run.compare`` credited
+        gpu_kernels with the run-to-run noise of a model it left as it was."""
+        if rec.prune is not None and rec.prune.pruned:
+            return True
+        if rec.conv_guard != "all direct" and any(
+                algo != "direct" for conv in rec.convs
+                for algo in conv._chosen.values()):  # type: ignore[attr-defined]
+            return True
+        if any(t.last_path not in ("torch", "none") for t in rec.tiled):
+            return True
+        decision = rec.layout.decision if rec.layout is not None else None
+        return decision is not None and bool(decision.channels_last)
 
     @hookimpl
     def accelopt_run_end(self, run: RunInfo, metrics: dict[str, Any]) -> None:

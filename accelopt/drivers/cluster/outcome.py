@@ -100,6 +100,10 @@ def build_outcome(ranks: list[RankResult], settings: ClusterSettings) -> Cluster
     # rank above, stay as the plugin returned them (its own "job" key included)
     out.plugin_rows = merge_rows(rows, names, job_ids, only=job_scoped)
     out.warnings = idle_servers(ranks, job_ids)
+    for job_id in job_ids:  # each line once (a rank's own, or one said by several)
+        for rank in ranks:
+            out.warnings += [line for line in rank.parts[job_id].warnings
+                             if line not in out.warnings]
     for job_id, name in zip(job_ids, names, strict=True):
         out.warnings += unconstrained_link(name, outcomes[job_id].metrics,
                                            [r.parts[job_id] for r in ranks], settings)

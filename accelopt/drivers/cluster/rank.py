@@ -71,6 +71,9 @@ class JobPart:
     iteration's end, each earlier run's part on its own clock)."""
     carried_queueing_s: float | None = None
     """Resumed: the job's queueing delay before its checkpoint (``None``: it had not started)."""
+    warnings: list[str] = field(default_factory=list)
+    """What the job said it did other than its settings (``Job.warnings``): kept in
+    ``metrics.json``'s run warnings, where a rank's log alone went unseen."""
 
 
 def process_name(rank: int, role: str) -> str:
@@ -277,7 +280,8 @@ class RankJob:
                        stats=self.transport.stats, params=params, buffers=buffers,
                        wire_bytes=self.wire_bytes, carried_s=self.carried_s,
                        carried_service_s=self.carried_service_s,
-                       carried_queueing_s=self.carried_queueing_s)
+                       carried_queueing_s=self.carried_queueing_s,
+                       warnings=list(self.job.warnings))
 
 
 @dataclass
