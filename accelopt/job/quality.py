@@ -5,7 +5,11 @@ top-1 precision of the final model on the held-out set (``Dataset.eval_set()``, 
 dataset's own ``eval_batches``): accuracy for single-label data, precision@1 (P@1) for
 multi-label data (labels ``[B, M]`` padded with -1, the extreme-classification convention).
 A dataset with a metric of its own scores the model itself (``evaluate_model(model)``:
-``workload=lm``'s held-out perplexity).
+``workload=lm``'s held-out perplexity). A model that computes its own loss (``loss: model``)
+is called as its job calls it, ``model(x, labels=y)``, and scored from its output's logits:
+an encoder-decoder (T5, BART) makes its decoder's inputs from the labels and cannot run
+without them; its per-token logits are then not ``[batch, classes]`` and the note says so,
+as for a causal LM's.
 Scored after the job's last iteration, in eval mode without gradients, outside its timed
 work (JCT, makespan and iteration times do not include it). A ``-inf`` score is a class not
 scored (a sampled output layer's LSH inference leaves its unretrieved classes so); nan and
@@ -96,11 +100,14 @@ def eval_batches(dataset: object, batch_size: int = EVAL_BATCH
 
 
 def score(model: torch.nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
-          device: torch.device | None = None) -> tuple[float, int, bool, float, int]:
+          device: torch.device | None = None,
+          with_labels: bool = False) -> tuple[float, int, bool, float, int]:
     """(top-1 precision, points scored, multi-label, precision@5, scores per point) of
     ``model`` over ``batches`` (eval mode, no gradients; the model's train/eval mode is
     restored afterwards). Points without a label (:func:`labelled`) are left out;
-    :class:`NoneLabelled` if the batches hold points but none with a label."""
+    :class:`NoneLabelled` if the batches hold points but none with a label.
+    ``with_labels``: the model is called with ``labels=y`` (``loss: model``, as its job's
+    step calls it); the labels reach the score only through the logits the model makes."""
     was_training = model.training
     model.eval()
     hits, hits5, n, multi, width = 0.0, 0.0, 0, False, 0
@@ -110,7 +117,8 @@ def score(model: torch.nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Te
             for x, y in batches:
                 if device is not None:
                     x, y = inputs.to_device(x, device), y.to(device)
-                logits = logits_of(inputs.call(model, x))
+                logits = logits_of(inputs.call(model, x, **({"labels": y} if with_labels
+                                                             else {})))
                 if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
                     raise ValueError(
                         f"the model's output is {_shape(logits)}, not [batch, classes] "
@@ -141,18 +149,20 @@ def score(model: torch.nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Te
     return (hits / n if n else nan), n, multi, (hits5 / n if n else nan), width
 
 
-def evaluate(model: torch.nn.Module, dataset: object,
-             device: torch.device | None = None) -> Quality | None:
+def evaluate(model: torch.nn.Module, dataset: object, device: torch.device | None = None,
+             with_labels: bool = False) -> Quality | None:
     """The model's held-out top-1 on ``dataset``; None if the dataset has no held-out set,
     :class:`EmptyHeldOut` if it has an empty one (:class:`NoneLabelled`: no point
-    labelled). A model or dataset this cannot score raises ``ValueError`` in one line."""
+    labelled). A model or dataset this cannot score raises ``ValueError`` in one line.
+    ``with_labels``: the model computes its own loss and is called with ``labels=``, as its
+    job's step calls it (:func:`score`)."""
     own = getattr(dataset, "evaluate_model", None)
     if callable(own):  # a dataset with a metric of its own (a language model's perplexity)
         return own(model)  # type: ignore[no-any-return]
     batches = eval_batches(dataset)
     if batches is None:
         return None
-    value, n, multi, p5, width = score(model, batches, device)
+    value, n, multi, p5, width = score(model, batches, device, with_labels)
     if n == 0:
         raise EmptyHeldOut(EMPTY_HELD_OUT)
     classes = getattr(dataset, "num_classes", None)
@@ -186,7 +196,8 @@ def score_result(result: JobResult, spec: Any, model: torch.nn.Module | None, da
                  device: torch.device | None = None) -> None:
     """Set ``result.quality`` (or ``result.quality_note``, saying why not) for a job that
     ran: scored only when it trained to the end, asks for it (``evaluate``), and its data
-    has a held-out set. Never raises: a model this cannot score gets a one-line note."""
+    has a held-out set. Never raises: a model this cannot score gets a one-line note. A
+    ``loss: model`` job's model is called with the labels, as its step calls it."""
     if not getattr(spec, "evaluate", True):
         result.quality_note = "evaluate: false"
     elif spec.kind != "train":
@@ -200,7 +211,8 @@ def score_result(result: JobResult, spec: Any, model: torch.nn.Module | None, da
                                f"{result.diverged_at + 1} of {len(result.losses)})")
     else:
         try:
-            result.quality = evaluate(model, dataset, device)
+            result.quality = evaluate(model, dataset, device,
+                                      with_labels=getattr(spec, "loss", "auto") == "model")
         except EmptyHeldOut as exc:
             result.quality_note = str(exc) or EMPTY_HELD_OUT
             return

@@ -164,7 +164,12 @@ def make_plan(config: TictacConfig, meta: dict[str, str], overrides: list[str]) 
         raise UserError(f"tictac order: {', '.join(given)} {'go' if len(given) > 1 else 'goes'}"
                         " with model=NAME (a meta-device model); a workload's job has its own "
                         "(set workload.jobs.N.KEY)")
-    from accelopt_plugins.tictac.plugin import TictacPlugin, nothing_to_order, oracle_loss
+    from accelopt_plugins.tictac.plugin import (
+        TictacPlugin,
+        job_labels,
+        nothing_to_order,
+        oracle_loss,
+    )
 
     from accelopt.cli.hydra_run import compose_checked
     from accelopt.config import register_schema
@@ -176,6 +181,7 @@ def make_plan(config: TictacConfig, meta: dict[str, str], overrides: list[str]) 
     import torch
 
     from accelopt.job import Job, job_specs
+    from accelopt.job import inputs as job_inputs
     from accelopt.job.params import shard_rows
     from accelopt.types import ClusterInfo
 
@@ -201,7 +207,7 @@ def make_plan(config: TictacConfig, meta: dict[str, str], overrides: list[str]) 
     workers = int(cfg.cluster.workers) if mode == "ps" else 1
     row0, row1 = shard_rows(spec.batch_size, workers)[0]
     x, y = job.dataset.batch(0, spec.batch_size)
-    x, y = x[row0:row1], y[row0:row1]
+    x, y = job_inputs.slice_rows(x, row0, row1), y[row0:row1]  # a tuple's, a mapping's too
     bandwidth = (cfg.cluster.get("network") or {}).get("bandwidth")
     if bandwidth:
         from accelopt.drivers.cluster.settings import parse_rate
@@ -216,7 +222,7 @@ def make_plan(config: TictacConfig, meta: dict[str, str], overrides: list[str]) 
                          bytes_per_s=bw, message_s=message,
                          execution=config.execution,  # type: ignore[arg-type]
                          runs=config.oracle_runs, loss=oracle_loss(job.loss_fn, y),
-                         threads=int(cfg.run.threads) or 1)
+                         threads=int(cfg.run.threads) or 1, labels=job_labels(job.loss_fn, y))
 
 
 def print_plan(plan: Any, heuristic: str, out: Any, source: str = "") -> None:

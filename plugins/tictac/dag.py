@@ -146,14 +146,20 @@ class _Tracer(fx.Tracer):
         return out
 
 
-def trace(model: nn.Module, name: str = "") -> fx.GraphModule:
-    """``torch.fx`` graph of ``model``; a model fx cannot trace is one line naming the module."""
+def trace(model: nn.Module, name: str = "", labels: bool = False) -> fx.GraphModule:
+    """``torch.fx`` graph of ``model``; a model fx cannot trace is one line naming the module.
+    ``labels``: the graph is of the call a model computing its own loss (``loss: model``) is
+    given, ``model(x, labels=y)``: it takes ``(x, labels)`` and holds the model's parameters
+    under :data:`LABELLED_PREFIX`."""
     tracer = _Tracer()
+    root: nn.Module = _WithLabels(model) if labels else model
     try:
-        graph = tracer.trace(model, concrete_args=_defaults_after_the_input(model) or None)
+        graph = tracer.trace(root, concrete_args=None if labels else
+                             _defaults_after_the_input(model) or None)
     except Exception as exc:  # fx raises many types (TraceError, TypeError, ...)
         where = tracer.current[-1] if tracer.current else ("", type(model).__name__)
-        path = where[0] or "<root>"
+        path = where[0].removeprefix(LABELLED_PREFIX) if labels else where[0]
+        path = "<root>" if path in ("", LABELLED_PREFIX.rstrip(".")) else path
         first = first_line(exc) or type(exc).__name__
         raise UserError(
             f"tictac: torch.fx cannot trace module '{path}' ({where[1]}) of model "
@@ -162,12 +168,31 @@ def trace(model: nn.Module, name: str = "") -> fx.GraphModule:
     return fx.GraphModule(tracer.root, graph)
 
 
+LABELLED_PREFIX = "model."
+"""What the names in a graph traced with labels carry before the model's own names."""
+
+
+class _WithLabels(nn.Module):
+    """``forward(x, labels)`` calls ``model(x, labels=labels)``, the job's call under ``loss:
+    model``. fx traces through it into the model's forward, whose other parameters keep
+    their defaults as Python values (so ``mask is None`` holds), while ``labels`` is an
+    input and ``labels is None`` is False: the graph holds the model's loss, as it runs."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: Any, labels: Any) -> Any:
+        return self.model(x, labels=labels)
+
+
 def _defaults_after_the_input(model: nn.Module) -> dict[str, Any]:
     """The forward's parameters after its first, with their defaults, held at those values
-    while fx traces: the job calls the model with its one input, so ``forward(x,
-    labels=None)`` runs with ``labels`` None. Traced as placeholders instead, ``labels is
-    None`` is False on the proxy and the graph bakes in the loss branch, which then fails
-    when run without labels."""
+    while fx traces: a job whose loss is computed outside the model calls it with its one
+    input, so ``forward(x, labels=None)`` runs with ``labels`` None. Traced as placeholders
+    instead, ``labels is None`` is False on the proxy and the graph bakes in the loss
+    branch, which then fails when run without labels. (A job under ``loss: model`` calls it
+    with its labels: :func:`trace` with ``labels``.)"""
     import inspect
 
     try:
@@ -213,9 +238,11 @@ class _FlatInputs(nn.Module):
         return self.model(*args, **kwargs)
 
 
-def _as_call(model: nn.Module, inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """(args, kwargs) as the job's step calls the model (``accelopt.job.inputs.call``); a
-    model that can return a key-value cache is asked not to (the trace needs no cache)."""
+def _as_call(model: nn.Module, inputs: Any,
+             labels: torch.Tensor | None = None) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """(args, kwargs) as the job's step calls the model (``accelopt.job.inputs.call``), with
+    ``labels=`` where given (``loss: model``); a model that can return a key-value cache is
+    asked not to (the trace needs no cache)."""
     import inspect
     from collections.abc import Mapping
 
@@ -231,6 +258,8 @@ def _as_call(model: nn.Module, inputs: Any) -> tuple[tuple[Any, ...], dict[str, 
         takes = {}
     if "use_cache" in takes and "use_cache" not in kwargs:
         kwargs["use_cache"] = False
+    if labels is not None:
+        kwargs["labels"] = labels
     return args, kwargs
 
 
@@ -252,20 +281,29 @@ def _quiet_torch_logs() -> Iterator[None]:
         logger.setLevel(level)
 
 
-def trace_inputs(model: nn.Module, inputs: Any, name: str = "") -> Traced:
+def trace_inputs(model: nn.Module, inputs: Any, name: str = "",
+                 labels: torch.Tensor | None = None) -> Traced:
     """The op graph of ``model`` on the job's real ``inputs``: ``torch.fx`` first (symbolic,
     one tensor input), then ``torch.export`` (non-strict: runs the forward once on the
     inputs, so data-dependent Python, HF's models and several inputs trace). A model neither
-    traces is one line with both reasons (the plugin falls back to the default order)."""
+    traces is one line with both reasons (the plugin falls back to the default order).
+
+    ``labels``: the job's labels where the model computes its own loss (``loss: model``),
+    which the job's step passes as ``labels=``: the graph is of that call, loss included.
+    Traced without them, an encoder-decoder (T5, BART: its decoder's inputs are made from
+    the labels) could not be traced at all, and another model was timed without its loss."""
     from torch.utils import _pytree
 
     fx_why = "torch.fx: not tried (the model takes several inputs)"
     if isinstance(inputs, torch.Tensor):
         try:
-            return Traced(trace(model, name), (inputs,), "torch.fx")
+            if labels is None:
+                return Traced(trace(model, name), (inputs,), "torch.fx")
+            return Traced(trace(model, name, labels=True), (inputs, labels), "torch.fx",
+                          prefix=LABELLED_PREFIX)
         except UserError as exc:
             fx_why = str(exc).removeprefix("tictac: ")
-    args, kwargs = _as_call(model, inputs)
+    args, kwargs = _as_call(model, inputs, labels)
     leaves, spec = _pytree.tree_flatten((args, kwargs))
     flat = _FlatInputs(model, spec, leaves)
     example = tuple(v for v in leaves if isinstance(v, torch.Tensor))
@@ -273,8 +311,9 @@ def trace_inputs(model: nn.Module, inputs: Any, name: str = "") -> Traced:
         with torch.no_grad(), _quiet_torch_logs():
             gm = torch.export.export(flat, example, strict=False).module()
     except Exception as exc:  # export raises many types (Unsupported, RuntimeError, ...)
+        given = " (called with labels=, as the job calls it)" if labels is not None else ""
         raise UserError(
-            f"tictac: cannot trace model '{name or type(model).__name__}': {fx_why}; "
+            f"tictac: cannot trace model '{name or type(model).__name__}'{given}: {fx_why}; "
             f"torch.export: {_first_line(exc)}"
         ) from None
     return Traced(gm, example, "torch.export", prefix="model.")  # type: ignore[arg-type]

@@ -103,11 +103,12 @@ class Plan:
         return self.predicted
 
 
-def dag_for(model: nn.Module, name: str, kind: str,
-            inputs: Any = None) -> tuple[Dag, Dag, Traced | None]:
+def dag_for(model: nn.Module, name: str, kind: str, inputs: Any = None,
+            labels: torch.Tensor | None = None) -> tuple[Dag, Dag, Traced | None]:
     """(the DAG planned on, its forward DAG, the trace): traced on the job's real ``inputs``
-    when given (:func:`trace_inputs`: torch.fx, then torch.export), else symbolically."""
-    traced = trace_inputs(model, inputs, name) if inputs is not None else None
+    when given (:func:`trace_inputs`: torch.fx, then torch.export; with ``labels=`` where
+    the model computes its own loss), else symbolically."""
+    traced = trace_inputs(model, inputs, name, labels) if inputs is not None else None
     gm = traced.gm if traced is not None else trace(model, name)
     fwd = build_dag(model, name, gm, traced.prefix if traced is not None else "")
     return (training_dag(fwd) if kind == "train" else fwd), fwd, traced
@@ -117,12 +118,15 @@ def plan_measured(model: nn.Module, example: Any, *, name: str, kind: str,
                   bytes_per_s: float, message_s: float = 0.0, execution: Execution = "eager",
                   runs: int = 5, run_dir: str | Path | None = None, device: str = "cpu",
                   loss: Callable[[Any], torch.Tensor] | None = None,
-                  threads: int | None = 1) -> Plan:
+                  threads: int | None = 1, labels: torch.Tensor | None = None) -> Plan:
     """A plan for a real model on ``example`` (one tensor, a tuple or a mapping of tensors,
     as the job gives them): measured op times (cached in ``run_dir``), with as many
     intra-op threads as the ranks use (a cluster rank runs with 1 unless run.threads says
-    otherwise; a 2-thread pool on a loaded 2-core machine turns a 10 us op into 15 ms)."""
-    dag, fwd, traced = dag_for(model, name, kind, example)
+    otherwise; a 2-thread pool on a loaded 2-core machine turns a 10 us op into 15 ms).
+    ``labels``: the job's labels where it calls the model with them (``loss: model``), so
+    the graph traced and timed is the call its step makes (the plugin's
+    ``job_labels``)."""
+    dag, fwd, traced = dag_for(model, name, kind, example, labels)
     assert traced is not None
     fwd_fp = fwd.fingerprint()
     batch = int(traced.example[0].shape[0]) if traced.example else 0

@@ -199,7 +199,7 @@ class TictacPlugin:
             y = job.targets.detach().cpu()
             self.source = (copy.deepcopy(job.model).cpu(), job_inputs.detached(job.inputs),
                            oracle_loss(job.loss, y), f"{job.job.model}-{job.job.job_id}",
-                           job.job.kind)
+                           job.job.kind, job_labels(job.loss, y))
             if self.config.heuristic == "priority":
                 self.whole_step = whole_step_reason(self.run_config, job.job)
                 if self.whole_step:
@@ -387,12 +387,13 @@ class TictacPlugin:
         t0 = time.perf_counter()
         self.order_source = "computed"
         assert self.source is not None
-        model, x, loss, name, kind = self.source
+        model, x, loss, name, kind, labels = self.source
         message, bw = self._link()
         self.plan = plan_measured(
             model, x, name=name, kind=kind,
             bytes_per_s=bw, message_s=message, execution=self.config.execution,  # type: ignore[arg-type]
-            runs=self.config.oracle_runs, run_dir=self.run_dir, loss=loss, threads=None)
+            runs=self.config.oracle_runs, run_dir=self.run_dir, loss=loss, threads=None,
+            labels=labels)
         if not ignore_files:
             self._load_order_file()
         self._decide_counting_plan(t0)
@@ -782,10 +783,20 @@ def oracle_loss(loss: Any, y: torch.Tensor) -> Any:
     return lambda out: _oracle_loss(loss, out, y)
 
 
+def job_labels(loss: Any, y: torch.Tensor) -> torch.Tensor | None:
+    """The labels ``y`` where the job's ``loss`` is the model's own (``loss: model``: its step
+    calls ``model(x, labels=y)``), else None (it calls ``model(x)``): the plan traces and
+    times the call the job makes. A run and ``accelopt tictac order`` both plan with it."""
+    from accelopt.job.job import model_loss
+
+    return y if loss is model_loss else None
+
+
 def _oracle_loss(loss: Any, out: Any, y: torch.Tensor) -> torch.Tensor:
-    """The job's loss for the oracle's backward; a model that computes its own loss
-    (``loss: model``) is traced without labels, so its output is summed instead (the
-    backward through the model is what is timed, not the loss)."""
+    """The job's loss for the oracle's backward. A model that computes its own loss (``loss:
+    model``) is traced with its labels, as the job calls it, so its output holds that loss;
+    an output that still has none (a model returning no loss even given labels) is summed
+    instead (the backward through the model is what is timed, not the loss)."""
     from accelopt_plugins.tictac.oracle import _sum_loss
 
     try:

@@ -1,0 +1,210 @@
+"""A job under ``loss: model`` calls its model as ``model(x, labels=y)``: tictac's trace and
+the held-out scoring call it the same way. Both called it without the labels, so an
+encoder-decoder (T5, BART: its decoder's inputs are made from the labels) could be trained
+but neither traced ("not applied: cannot trace model ... You must specify exactly one of
+input_ids or inputs_embeds") nor scored ("cannot score: ValueError: You must specify ...")."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+pytestmark = pytest.mark.timeout(120)
+transformers = pytest.importorskip("transformers")
+T5 = transformers.T5ForConditionalGeneration  # its import (seconds) paid once, when collected
+
+TESTS = str(Path(__file__).parent)
+HERE = Path(__file__).stem
+VOCAB, LENGTH = 32, 6
+
+
+class NeedsLabels(nn.Module):
+    """The simplest model computing its own loss: ``forward(x, labels)``, no default."""
+
+    def __init__(self, input_shape, num_classes) -> None:
+        super().__init__()
+        self.fc = nn.Linear(math.prod(input_shape), num_classes)
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+        logits = self.fc(x.flatten(1))
+        return {"loss": nn.functional.cross_entropy(logits, labels), "logits": logits}
+
+
+def needs_labels(*, input_shape, num_classes) -> nn.Module:
+    return NeedsLabels(input_shape, num_classes)
+
+
+def tiny_t5() -> nn.Module:
+    """An encoder-decoder from a config (no download): one layer each, width 16."""
+    cfg = transformers.T5Config(vocab_size=VOCAB, d_model=16, d_kv=8, d_ff=32, num_layers=1,
+                                num_heads=2, decoder_start_token_id=0, pad_token_id=0)
+    return T5(cfg)
+
+
+class Reversed(Dataset):
+    """HF-style seq2seq rows: the target is the input reversed, its last position -100."""
+
+    def __init__(self, n: int, seed: int) -> None:
+        g = torch.Generator().manual_seed(seed)
+        self.ids = torch.randint(1, VOCAB, (n, LENGTH), generator=g)
+        self.labels = self.ids.flip(1).clone()
+        self.labels[:, -1] = -100
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.ids[i], "attention_mask": torch.ones(LENGTH, dtype=torch.long),
+                "labels": self.labels[i]}
+
+
+def reversed_ids(*, seed: int) -> tuple[Dataset, Dataset]:
+    return Reversed(16, seed), Reversed(8, seed + 1)
+
+
+def _t5_job_entry() -> str:
+    return (f"workload.jobs=[{{name: s2s, model: '{HERE}:tiny_t5', dataset: '{HERE}:reversed_ids'"
+            ", loss: model, batch_size: 4, iterations: 1}]")
+
+
+# -- tictac: the call the job makes, traced and timed ---------------------------------------
+
+
+def test_tictac_order_traces_an_encoder_decoder_with_its_labels(monkeypatch):
+    """``accelopt tictac order`` on a T5 under ``loss: model``: traced as the job calls it
+    (with ``labels=``), every parameter a recv, its own loss timed in the backward."""
+    from accelopt_plugins.tictac.cli import make_plan, parse
+
+    monkeypatch.syspath_prepend(TESTS)
+    torch.manual_seed(0)
+    plan = make_plan(*parse(["workload=single", _t5_job_entry(), "tictac.oracle_runs=1"]))
+    assert plan.traced_by == "torch.export"
+    assert len(plan.dag.recvs) == len(list(tiny_t5().parameters()))
+    assert plan.compute.backward_s > 0
+
+
+def test_the_plugin_traces_a_model_that_needs_its_labels_with_them(tmp_path, monkeypatch):
+    """``forward(x, labels)``: fx made ``labels`` an input the graph was then run without
+    ("does not run on the job's inputs to be timed"), so a server kept the default order.
+    Now the graph is of ``model(x, labels=y)``, by fx, and holds the model's loss."""
+    from accelopt_plugins.tictac.config import TictacConfig
+    from accelopt_plugins.tictac.plugin import TictacPlugin
+    from omegaconf import OmegaConf
+    from test_tictac_cluster import make_cfg, server_run
+
+    from accelopt.job import Job
+
+    monkeypatch.syspath_prepend(TESTS)
+    cfg = make_cfg()
+    cfg.workload.jobs[0].model = f"{HERE}:needs_labels"
+    cfg.workload.jobs[0].loss = "model"
+    cfg.workload.jobs[0].width = None
+    cfg.workload.jobs[0].dataset = "synthetic_vectors"
+    conf = TictacConfig(oracle_runs=1)
+    plugin = TictacPlugin(conf)
+    plugin.accelopt_configure(conf, cfg)
+    job = Job(OmegaConf.to_object(cfg.workload.jobs[0]), job_id="tiny",
+              device=torch.device("cpu"))
+    run = dataclasses.replace(server_run(tmp_path, [job.info]), job=job.info)
+    plugin.accelopt_job_built(run=run, job=job.built())
+    assert plugin.unplanned == "" and plugin.plan is not None
+    assert plugin.plan.traced_by == "torch.fx"
+    assert plugin.plan.dag.recv_names == ["fc.weight", "fc.bias"]
+    assert any("cross_entropy" in name for name in plugin.plan.dag.names)  # its loss, traced
+
+
+def test_a_model_given_no_labels_is_traced_as_before():
+    """Where the job computes the loss (``loss: auto``), the model is called with its one
+    input, and ``forward(x, labels=None)`` is traced with ``labels`` held at None."""
+    import sys
+
+    from accelopt_plugins.tictac.dag import trace_inputs
+
+    sys.path.insert(0, TESTS)
+    from byo_models import own_loss
+
+    traced = trace_inputs(own_loss(input_shape=(8,), num_classes=3), torch.randn(4, 8))
+    assert traced.how == "torch.fx" and len(traced.example) == 1 and traced.prefix == ""
+    assert not any("cross_entropy" in str(n.target) for n in traced.gm.graph.nodes)
+
+
+# -- held-out scoring: the call the job makes, scored from its logits ------------------------
+
+
+def _scored(spec, job):
+    from accelopt.job.quality import score_result
+    from accelopt.records import JobResult
+
+    result = JobResult(job.info, status="done")
+    score_result(result, spec, job.model, job.dataset)
+    return result
+
+
+def test_held_out_scoring_calls_the_model_with_its_labels(monkeypatch):
+    """A ``loss: model`` job's model that needs its labels was reported "cannot score:
+    TypeError: ... missing 1 required positional argument: 'labels'"; scored now, from its
+    output's logits, as top-1 against the held-out labels."""
+    from accelopt.config import JobConfig
+    from accelopt.job import Job
+
+    monkeypatch.syspath_prepend(TESTS)
+    spec = JobConfig(name="q", model=f"{HERE}:needs_labels", dataset="digits", loss="model",
+                     batch_size=32, iterations=20, seed=1)
+    job = Job(spec, job_id="q", device=torch.device("cpu"))
+    for _ in range(spec.iterations):
+        job.step()
+    result = _scored(spec, job)
+    assert result.quality is not None, result.quality_note
+    x, y = job.dataset.eval_set()
+    with torch.no_grad():
+        by_hand = float((job.model(x, labels=y)["logits"].argmax(1) == y).double().mean())
+    assert result.quality.metric == "accuracy" and result.quality.samples == len(y)
+    assert result.quality.value == pytest.approx(by_hand) and result.quality.value > 0.5
+
+
+def test_a_model_scored_with_its_labels_scores_as_without_them():
+    """Labels that do not change the logits (an HF classifier's, ``OwnLoss``'s) give the
+    figure scored without them: only the call changed."""
+    import sys
+
+    from accelopt.config import JobConfig
+    from accelopt.job import Job
+    from accelopt.job.quality import evaluate
+
+    sys.path.insert(0, TESTS)
+    spec = JobConfig(name="q", model="byo_models:own_loss", dataset="digits", loss="model",
+                     batch_size=32, iterations=3, seed=1)
+    job = Job(spec, job_id="q", device=torch.device("cpu"))
+    for _ in range(spec.iterations):
+        job.step()
+    plain = evaluate(job.model, job.dataset)
+    given = _scored(spec, job).quality
+    assert given is not None and plain is not None
+    assert (given.value, given.samples) == (plain.value, plain.samples)
+
+
+def test_an_encoder_decoder_is_not_scored_for_its_per_token_logits_not_for_no_labels(
+        monkeypatch):
+    """T5 under ``loss: model`` runs when called with its labels; its logits are per token
+    ``[batch, positions, vocabulary]``, which held-out top-1 does not score (as a causal
+    LM's, GPT-2's): the note names that shape, not the decoder's "You must specify exactly
+    one of input_ids or inputs_embeds" of a call without labels."""
+    from accelopt.config import JobConfig
+    from accelopt.job import Job
+
+    monkeypatch.syspath_prepend(TESTS)
+    spec = JobConfig(name="s2s", model=f"{HERE}:tiny_t5", dataset=f"{HERE}:reversed_ids",
+                     loss="model", batch_size=4, iterations=1, seed=0)
+    job = Job(spec, job_id="s2s", device=torch.device("cpu"))
+    job.step()
+    result = _scored(spec, job)
+    note = result.quality_note
+    assert result.quality is None and note.startswith("cannot score: ValueError: "), note
+    assert f"a tensor of shape (8, {LENGTH}, {VOCAB}), not [batch, classes]" in note, note
+    assert "input_ids or inputs_embeds" not in note, note
