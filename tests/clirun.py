@@ -57,3 +57,20 @@ def run_in_process(*args: str, run_dir: Path):
         return accelopt.run(list(args), run_dir=run_dir)
     finally:
         torch.set_num_threads(threads)
+
+
+def sweep_in_process(sweep: list[str], out: Path, *extra: str) -> int:
+    """``accelopt run -m SWEEP EXTRA hydra.sweep.dir=OUT`` in this process; its exit code.
+    torch's thread count is restored after (``run.threads`` sets it for the process)."""
+    import torch
+
+    from accelopt.cli.main import main
+
+    threads = torch.get_num_threads()
+    try:
+        main(["run", "-m", *sweep, *extra, f"hydra.sweep.dir={out}"])
+        return 0
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    finally:
+        torch.set_num_threads(threads)

@@ -225,21 +225,27 @@ def test_a_module_run_with_dash_m_is_checked_as_multiprocessing_imports_it(modul
     assert (out.returncode != 0) is refused, out.stderr
 
 
-def test_accelopt_run_refuses_an_unguarded_cluster_run_before_any_rank_starts(tmp_path):
+@pytest.mark.parametrize("caller", ["accelopt.run", "run_workload"])
+def test_an_unguarded_cluster_run_is_refused_before_any_rank_starts(tmp_path, caller):
+    """``run_workload`` was not checked: from the top level of a script it started the run
+    again in each rank, which failed there, leaving "rank 0 ... exited with code 1 before
+    its first iteration"."""
     import subprocess
     import sys
 
-    script = tmp_path / "train.py"
-    overrides = ["cluster.mode=ps", *TINY]
-    script.write_text(f"import accelopt\naccelopt.run({overrides!r}, "
-                      f"run_dir={str(tmp_path / 'out')!r})\n")
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                         timeout=100)
-    assert out.returncode != 0
-    assert out.stderr.strip().splitlines()[-1].startswith(
-        "accelopt.errors.UserError: accelopt.run is called at the top level of")
-    assert out.stderr.count("Traceback") == 1  # this process's error, no rank's
-    assert not (tmp_path / "out").exists()  # nothing started, nothing written
+    script, out = tmp_path / "train.py", tmp_path / "out"
+    call = (f"import accelopt\naccelopt.run({['cluster.mode=ps', *TINY]!r}, run_dir={str(out)!r})"
+            if caller == "accelopt.run" else
+            "from accelopt.testing import run_workload\n"
+            f"run_workload([], ['cluster.mode=ps'], tmp_path={str(out)!r})")
+    script.write_text(call + "\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=100)
+    assert done.returncode != 0
+    assert done.stderr.strip().splitlines()[-1].startswith(
+        f"accelopt.errors.UserError: {caller} is called at the top level of")
+    assert done.stderr.count("Traceback") == 1  # this process's error, no rank's
+    assert not out.exists()  # nothing started, nothing written
 
 
 def test_a_setting_the_run_could_not_use_is_in_the_record(tmp_path):
@@ -251,20 +257,3 @@ def test_a_setting_the_run_could_not_use_is_in_the_record(tmp_path):
         "ranks, no process group, no links); set cluster.mode=ps or cluster.mode=allreduce to "
         "use it"]
 
-
-def test_run_workload_refuses_an_unguarded_cluster_run_before_any_rank_starts(tmp_path):
-    """``run_workload`` from the top level of a script started the run again in each rank,
-    which failed there, leaving "rank 0 ... exited with code 1 before its first iteration"."""
-    import subprocess
-    import sys
-
-    script = tmp_path / "check.py"
-    script.write_text("from accelopt.testing import run_workload\n"
-                      f"run_workload([], ['cluster.mode=ps'], tmp_path={str(tmp_path)!r})\n")
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                         timeout=100)
-    assert out.returncode != 0
-    assert out.stderr.strip().splitlines()[-1].startswith(
-        "accelopt.errors.UserError: run_workload is called at the top level of")
-    assert out.stderr.count("Traceback") == 1  # this process's error, no rank's
-    assert not (tmp_path / "run-0").exists()  # nothing started, nothing written

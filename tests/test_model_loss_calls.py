@@ -6,7 +6,6 @@ input_ids or inputs_embeds") nor scored ("cannot score: ValueError: You must spe
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from pathlib import Path
 
@@ -93,26 +92,12 @@ def test_the_plugin_traces_a_model_that_needs_its_labels_with_them(tmp_path, mon
     """``forward(x, labels)``: fx made ``labels`` an input the graph was then run without
     ("does not run on the job's inputs to be timed"), so a server kept the default order.
     Now the graph is of ``model(x, labels=y)``, by fx, and holds the model's loss."""
-    from accelopt_plugins.tictac.config import TictacConfig
-    from accelopt_plugins.tictac.plugin import TictacPlugin
-    from omegaconf import OmegaConf
-    from test_tictac_cluster import make_cfg, server_run
-
-    from accelopt.job import Job
+    from test_tictac_cluster import server_plugin
 
     monkeypatch.syspath_prepend(TESTS)
-    cfg = make_cfg()
-    cfg.workload.jobs[0].model = f"{HERE}:needs_labels"
-    cfg.workload.jobs[0].loss = "model"
-    cfg.workload.jobs[0].width = None
-    cfg.workload.jobs[0].dataset = "synthetic_vectors"
-    conf = TictacConfig(oracle_runs=1)
-    plugin = TictacPlugin(conf)
-    plugin.accelopt_configure(conf, cfg)
-    job = Job(OmegaConf.to_object(cfg.workload.jobs[0]), job_id="tiny",
-              device=torch.device("cpu"))
-    run = dataclasses.replace(server_run(tmp_path, [job.info]), job=job.info)
-    plugin.accelopt_job_built(run=run, job=job.built())
+    plugin, _records = server_plugin(tmp_path, monkeypatch, job_settings={
+        "model": f"{HERE}:needs_labels", "loss": "model", "width": None,
+        "dataset": "synthetic_vectors"})
     assert plugin.unplanned == "" and plugin.plan is not None
     assert plugin.plan.traced_by == "torch.fx"
     assert plugin.plan.dag.recv_names == ["fc.weight", "fc.bias"]

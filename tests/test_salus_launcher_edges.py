@@ -8,9 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
-
-from accelopt.cli.main import main
+from clirun import sweep_in_process
 
 pytestmark = pytest.mark.timeout(180)
 SWEEP = ["workload=tiny", "workload.jobs.0.lr=0.01,0.05", "run.threads=1",
@@ -19,15 +17,7 @@ SWEEP = ["workload=tiny", "workload.jobs.0.lr=0.01,0.05", "run.threads=1",
 
 def sweep(tmp_path, name, *extra):
     """``accelopt run -m SWEEP EXTRA`` in this process; its exit code and sweep directory."""
-    threads = torch.get_num_threads()
-    try:
-        main(["run", "-m", *SWEEP, *extra, f"hydra.sweep.dir={tmp_path / name}"])
-        code = 0
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    finally:
-        torch.set_num_threads(threads)
-    return code, tmp_path / name
+    return sweep_in_process(SWEEP, tmp_path / name, *extra), tmp_path / name
 
 
 def test_each_batch_packs_into_its_own_shared_execution(tmp_path, capsys):

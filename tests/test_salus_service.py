@@ -503,9 +503,9 @@ def test_a_submit_the_shutdown_overtakes_while_profiling_is_refused(tmp_path):
     assert list(tmp_path.iterdir()) == []  # no job directory (a Service makes no root itself)
 
 
-def test_a_request_still_running_when_the_server_closes_gets_a_definite_answer():
-    """A submit whose profiling outlasted the close's grace got no answer: the client read
-    "closed the connection without answering", not knowing whether its job was taken."""
+def reply_cut_off_by_close(request: bytes, late_answer: dict) -> dict:
+    """The reply a client gets to ``request`` when the server closes (no grace) while the
+    service is still answering it; the service's own ``late_answer`` comes only after."""
     import tempfile
     import threading
 
@@ -517,7 +517,7 @@ def test_a_request_still_running_when_the_server_closes_gets_a_definite_answer()
         def handle(self, request):
             started.set()
             release.wait(30)
-            return {"submitted": ["001-late"]}
+            return late_answer
 
     with tempfile.TemporaryDirectory() as tmp:  # a short path: sockets' are limited
         path = os.path.join(tmp, "s.sock")
@@ -527,11 +527,17 @@ def test_a_request_still_running_when_the_server_closes_gets_a_definite_answer()
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
             client.settimeout(30)
             client.connect(path)
-            client.sendall(b'{"op": "submit"}\n')
+            client.sendall(request)
             assert started.wait(30)
             server.close(grace_s=0)
             release.set()  # the late answer is not written after the one close gave
-            reply = json.loads(client.makefile().readline())
+            return json.loads(client.makefile().readline())
+
+
+def test_a_request_still_running_when_the_server_closes_gets_a_definite_answer():
+    """A submit whose profiling outlasted the close's grace got no answer: the client read
+    "closed the connection without answering", not knowing whether its job was taken."""
+    reply = reply_cut_off_by_close(b'{"op": "submit"}\n', {"submitted": ["001-late"]})
     assert reply["ok"] is False
     assert reply["error"].startswith("the service stopped before answering (it was shutting "
                                      "down and accepts no new jobs)")

@@ -6,16 +6,13 @@ its end), synchronised by events, never by sleeps."""
 from __future__ import annotations
 
 import json
-import os
-import socket
-import tempfile
 import threading
 from pathlib import Path
 
 import pytest
 import torch
 from accelopt_plugins.salus import cli
-from accelopt_plugins.salus.service import ServeOptions, Service, _Handler, _Server
+from accelopt_plugins.salus.service import ServeOptions, Service
 
 from accelopt import UserError
 from accelopt.config import JobConfig
@@ -201,27 +198,10 @@ def test_a_cancel_inside_an_iteration_says_how_far_and_where_the_rest_is(tmp_pat
 def test_a_wait_the_stopping_service_cuts_off_is_told_so_not_to_submit_again():
     """A ``wait`` still waiting when the server closed got the submit's answer ("... accepts
     no new jobs); submit to a new one")."""
-    started, release = threading.Event(), threading.Event()
+    from test_salus_service import reply_cut_off_by_close
 
-    class Waiting:  # a service whose wait outlasts the close
-        def handle(self, request):
-            started.set()
-            release.wait(30)
-            return {"status": "failed"}
-
-    with tempfile.TemporaryDirectory() as tmp:  # a short path: sockets' are limited
-        path = os.path.join(tmp, "s.sock")
-        server = _Server(path, _Handler)
-        server.service = Waiting()
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
-            client.settimeout(30)
-            client.connect(path)
-            client.sendall(b'{"op": "wait", "id": "001-a", "timeout_s": 1000}\n')
-            assert started.wait(30)
-            server.close(grace_s=0)
-            release.set()
-            reply = json.loads(client.makefile().readline())
+    reply = reply_cut_off_by_close(b'{"op": "wait", "id": "001-a", "timeout_s": 1000}\n',
+                                   {"status": "failed"})
     assert reply["ok"] is False
     assert reply["error"].startswith("the service stopped while this wait ran, before the "
                                      "job ended")

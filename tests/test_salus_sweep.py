@@ -9,9 +9,8 @@ import json
 
 import pytest
 import torch
+from clirun import sweep_in_process
 from omegaconf import OmegaConf
-
-from accelopt.cli.main import main
 
 pytestmark = pytest.mark.timeout(180)
 SWEEP = ["workload=tiny", "workload.jobs.0.lr=0.01,0.05", "run.threads=1",
@@ -20,15 +19,7 @@ SWEEP = ["workload=tiny", "workload.jobs.0.lr=0.01,0.05", "run.threads=1",
 
 def sweep(tmp_path, name, *extra):
     """``accelopt run -m SWEEP EXTRA`` in this process; its exit code."""
-    threads = torch.get_num_threads()
-    try:
-        main(["run", "-m", *SWEEP, *extra, f"hydra.sweep.dir={tmp_path / name}"])
-        code = 0
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    finally:
-        torch.set_num_threads(threads)
-    return code, tmp_path / name
+    return sweep_in_process(SWEEP, tmp_path / name, *extra), tmp_path / name
 
 
 def test_packed_runs_have_their_own_outputs_and_the_basic_launchers_weights(tmp_path):

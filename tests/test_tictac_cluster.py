@@ -46,12 +46,16 @@ def server_run(tmp_path, jobs=()) -> RunInfo:
                    world_size=3, leader=True, cluster=SERVER)
 
 
-def server_plugin(tmp_path, monkeypatch, **config) -> tuple[TictacPlugin, list[TransferRecord]]:
+def server_plugin(tmp_path, monkeypatch, job_settings=None,
+                  **config) -> tuple[TictacPlugin, list[TransferRecord]]:
     """The plugin as rank 0 (the server) of a 1-server, 2-worker run holds it: configured,
-    then told about its built job (where it plans), then the run starts."""
+    then told about its built job (where it plans), then the run starts. ``job_settings``:
+    the job's keys to change from :func:`make_cfg`'s."""
     from accelopt.job import Job
 
     cfg = make_cfg()
+    for key, value in (job_settings or {}).items():
+        cfg.workload.jobs[0][key] = value
     conf = TictacConfig(oracle_runs=1, **config)
     plugin = TictacPlugin(conf)
     plugin.accelopt_configure(conf, cfg)
