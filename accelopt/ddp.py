@@ -23,7 +23,9 @@ all-reduce mode, this rank and a :class:`~accelopt.types.JobInfo` of the model (
 parameter table and buckets). Gradients are averaged over the ranks, as DDP's own hook does.
 ``state.state_dict()`` / ``state.load_state_dict(saved)`` carry the plugins' own state (error
 feedback, momentum) across a checkpoint of your script: save it on every rank with the model
-and the optimizer, load it before the first backward.
+and the optimizer, load it before the first backward. Pass ``load_state_dict`` exactly what
+``state_dict()`` returned (``checkpoint["hook"]``); anything else is refused in one line. After
+``state.close()`` the hook refuses every bucket: make a new one to train on.
 
 For gradient compression without writing a plugin, ``accelopt_plugins.gradcomm.comm_hook``
 builds the gradcomm plugin and calls this function.

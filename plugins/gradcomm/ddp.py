@@ -36,21 +36,38 @@ def _same_on_every_rank(settings: dict[str, Any], process_group: Any) -> None:
                               "rank")
 
 
-BOOL_WORDS = frozenset({"true", "false", "yes", "no", "on", "off", "1", "0"})
-"""What a switch may be given besides True/False: the words the command line takes."""
+BOOL_WORDS = frozenset({"true", "false", "yes", "no", "on", "off"})
+"""What a switch may be given besides True/False: the words the command line takes. Not a
+number, nor a number's text: in Python, ``factor_masking=1`` or ``error_feedback="0"`` reads
+as a count or a typo, and ``check_finite=2`` (as any non-zero number, for OmegaConf) was
+read as true."""
 
 
 def _refuse_non_bool(options: dict[str, Any]) -> None:
-    """A switch (``check_finite``, ``error_feedback``, ...) given ``2`` or ``"2"`` was read
-    as true (OmegaConf takes any non-zero number for a bool): refused in one line."""
+    """A switch (``check_finite``, ``error_feedback``, ...) given a number (``2``, ``1``,
+    ``"0"``) is refused in one line: OmegaConf reads any non-zero number as true."""
     switches = {name for name, kind in get_type_hints(GradcommConfig).items()
                 if kind in (bool, Optional[bool])}
     for key in sorted(switches & set(options)):
         value = options[key]
-        if value is None or isinstance(value, bool) or str(value).lower() in BOOL_WORDS:
+        if value is None or isinstance(value, bool) or (
+                isinstance(value, str) and value.lower() in BOOL_WORDS):
             continue
         raise ConfigError(f"gradcomm.comm_hook: {key} is a switch: give True or False, "
                           f"got {value!r}")
+
+
+def _refuse_non_group(process_group: Any) -> None:
+    """``process_group`` must be None (the default group) or a ``ProcessGroup``: anything
+    else (``"x"``) failed inside torch's gather of the ranks' settings with
+    "'str' object has no attribute 'size'". (``dist.new_group``'s answer to a rank outside
+    the group is left to ``accelopt.ddp.comm_hook``, which names that case.)"""
+    if process_group is None or process_group is dist.GroupMember.NON_GROUP_MEMBER \
+            or isinstance(process_group, dist.ProcessGroup):
+        return
+    raise ConfigError(f"gradcomm.comm_hook: process_group={process_group!r} is not a process "
+                      "group; pass the one DDP uses (dist.new_group(...)), or None for the "
+                      "default")
 
 
 def comm_hook(model: nn.Module, *, optimizer: str = "sgd", momentum: float = 0.0,
@@ -94,6 +111,7 @@ def comm_hook(model: nn.Module, *, optimizer: str = "sgd", momentum: float = 0.0
         raise ConfigError(f"gradcomm.comm_hook: momentum must be a number in [0, 1) (your "
                           f"SGD's momentum), got {momentum!r}")
     validate(config)
+    _refuse_non_group(process_group)
     momentum_factor(config, optimizer, momentum)  # refuse what cannot apply, in one line
     bucket_size(bucket_mb)  # before the ranks compare it: nan != nan reads as a mismatch
     timeout_seconds(timeout_s)

@@ -131,8 +131,8 @@ class GradcommPlugin:
             mine = self._state_options()
             differ = [key for key, value in mine.items() if key in saved and saved[key] != value]
             if differ:
-                then = ", ".join(f"{key}={_shown(saved[key])}" for key in differ)
-                now = ", ".join(f"{key}={_shown(mine[key])}" for key in differ)
+                then = ", ".join(f"{key}={_shown(saved[key], key)}" for key in differ)
+                now = ", ".join(f"{key}={_shown(mine[key], key)}" for key in differ)
                 raise UserError(f"gradcomm: the saved state was made with {then}; this hook "
                                 f"has {now}; {fix}")
         layout = self._layout()
@@ -297,9 +297,12 @@ class GradcommPlugin:
         return [ReportRow("gradcomm", text, metrics)]
 
 
-def _shown(value: object) -> str:
-    """An option's value in a message: a float as the user would write it (a bucket of
-    ``1e-4`` MiB is kept as 9.5367431640625e-05, whole bytes)."""
+def _shown(value: object, key: str = "") -> str:
+    """An option's value in a message: a float as the user would write it, a bucket size as
+    it was set (``bucket_mb=0.001`` is kept as 1048 bytes, 0.00099945 MiB, and was shown
+    "0.0009995", a number the user never typed)."""
+    if key == "bucket_mb" and isinstance(value, float):
+        return _mib(value)
     return f"{value:.4g}" if isinstance(value, float) else repr(value)
 
 

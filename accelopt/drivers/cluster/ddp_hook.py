@@ -101,6 +101,9 @@ class BucketHook:
         self.cut = 0
         """DDP buckets cut into logical buckets' parts (DDP's first iteration, or gradients
         arriving out of layer order)."""
+        self.closed = False
+        """:meth:`close` was called: the transport's completion thread is gone, so a bucket
+        posted now would never complete (backward hung forever, whatever ``timeout_s``)."""
         self.run: RunInfo | None = None
         """The record the plugins were started with (a user's DDP script; for :meth:`report`)."""
         self.on_last_bucket: Callable[[], None] | None = None
@@ -156,6 +159,8 @@ class BucketHook:
     # -- the hook ----------------------------------------------------------------------
 
     def __call__(self, bucket: dist.GradBucket) -> torch.futures.Future:
+        if self.closed:
+            raise UserError(CLOSED)
         buffer = bucket.buffer()
         params = bucket.parameters()
         key = tuple(id(p) for p in params)
@@ -222,30 +227,47 @@ class BucketHook:
         plugin's own state (``accelopt_state_save``, by plugin name: gradcomm's
         error-feedback residuals and DGC velocities) and the iteration count. Save it with
         the model and the optimizer on every rank (each rank's residuals are its own)."""
-        plugins: dict[str, Any] = {}
-        if self.run is not None and self.run.job is not None:
-            host = self.transport.host
-            for name in host.names:
-                if STATE_SAVE in host.hooks_of(name):
-                    state = host.call_one(name, STATE_SAVE, job=self.run.job)
-                    if state is not None:
-                        plugins[name] = state
+        job = self.run.job if self.run is not None else None
+        # None (nothing to carry yet) is kept: a load then knows that the plugin's state was
+        # saved, not left out
+        plugins = {name: self.transport.host.call_one(name, STATE_SAVE, job=job)
+                   for name in self._carrying()}
         return {"iteration": self.iteration, "plugins": plugins}
+
+    def _carrying(self) -> list[str]:
+        """The plugins whose state :meth:`state_dict` saves (those with a save hook, in a
+        user's script: a hook started with a job)."""
+        if self.run is None or self.run.job is None:
+            return []
+        host = self.transport.host
+        return [name for name in host.names if STATE_SAVE in host.hooks_of(name)]
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` into a hook made for the same model and plugins,
-        before the first backward; a plugin state this hook has no plugin to load is refused
-        in one line (it would be dropped silently)."""
+        before the first backward. Anything else is refused in one line, as it would be
+        dropped silently: what is not such a state (the whole checkpoint instead of its
+        hook entry: the residuals were lost and the iteration count reset, and the resume
+        diverged), a plugin state this hook has no plugin to load, or a state without one
+        of this hook's plugins that carry state."""
+        refuse_foreign_state(state)
         host = self.transport.host
-        for name in state.get("plugins") or {}:
+        saved = state["plugins"]
+        for name in saved:
             if STATE_LOAD not in host.hooks_of(name):
                 raise UserError(f"the saved hook state holds the state of plugin '{name}', "
                                 f"and this hook has no plugin '{name}' that can load it; make "
                                 "the hook with the same plugins and options as the saved one")
+        for name in self._carrying():
+            if name not in saved:
+                raise UserError(f"the saved hook state holds no state of plugin '{name}' "
+                                f"(it holds {_listed(saved) or 'none'}), which this hook "
+                                "carries across a checkpoint; pass what state_dict() of a hook "
+                                "made with the same plugins and options returned")
         job = self.run.job if self.run is not None else None
-        for name, plugin_state in (state.get("plugins") or {}).items():
-            host.call_one(name, STATE_LOAD, job=job, state=plugin_state)
-        self.iteration = int(state.get("iteration", -1))
+        for name, plugin_state in saved.items():
+            if plugin_state is not None:
+                host.call_one(name, STATE_LOAD, job=job, state=plugin_state)
+        self.iteration = state["iteration"]
         self._futures = []  # the next bucket of index 0 begins the next iteration
 
     def unsent(self, params: dict[str, torch.Tensor]) -> list[str] | None:
@@ -277,7 +299,9 @@ class BucketHook:
 
     def close(self) -> None:
         """Stop the transport's completion thread (call it before
-        ``dist.destroy_process_group()``; an accelopt run does)."""
+        ``dist.destroy_process_group()``; an accelopt run does). The hook refuses every
+        bucket after it, in one line: a bucket's transfer would never complete."""
+        self.closed = True
         self.transport.close()
 
     def _weighted(self, flat: torch.Tensor) -> torch.Tensor:
@@ -301,6 +325,43 @@ class BucketHook:
             buffer[piece.offset:piece.offset + piece.numel].copy_(
                 results[piece.bucket][start:start + piece.numel])
         return buffer
+
+
+CLOSED = ("this DDP communication hook was closed (state.close()), and a closed hook cannot "
+          "reduce gradients: do not train after close(); to train on, make a new "
+          "(state, hook) with comm_hook and register it on a new DDP")
+
+
+STATE_KEYS = frozenset({"iteration", "plugins"})
+"""The keys of :meth:`BucketHook.state_dict`."""
+
+
+def refuse_foreign_state(state: object) -> None:
+    """Refuse in one line what is not a :meth:`BucketHook.state_dict`: a dict with exactly
+    its keys, an iteration count (-1: none yet) and the plugins' states by name. Read
+    leniently, the whole checkpoint (``{"model", "optimizer", "hook"}``) loaded as nothing:
+    no residuals, the iteration count reset, a resume that diverged without an error."""
+    fix = ("pass what state.state_dict() returned, e.g. load_state_dict(checkpoint['hook']) "
+           "rather than the whole checkpoint")
+    if not isinstance(state, dict):
+        raise UserError(f"load_state_dict was given a {type(state).__name__}, not a hook "
+                        f"state; {fix}")
+    if set(state) != STATE_KEYS:
+        raise UserError(f"load_state_dict was given a dict with keys {_listed(state) or 'none'}"
+                        f", not a hook state (keys 'iteration' and 'plugins'); {fix}")
+    iteration, plugins = state["iteration"], state["plugins"]
+    if isinstance(iteration, bool) or not isinstance(iteration, int) or iteration < -1:
+        raise UserError(f"load_state_dict: the hook state's iteration must be an int >= -1, "
+                        f"got {iteration!r}; {fix}")
+    if not isinstance(plugins, dict) or not all(isinstance(k, str) for k in plugins):
+        raise UserError("load_state_dict: the hook state's plugins must be a dict of plugin "
+                        f"states by name, got {type(plugins).__name__}; {fix}")
+
+
+def _listed(keys: object) -> str:
+    """A dict's keys for a message: 'model', 'opt', 'hook' (the first eight)."""
+    names = [repr(k) for k in keys][:9]  # type: ignore[attr-defined]
+    return ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
 
 
 def slot_size(param: torch.Tensor) -> int:
