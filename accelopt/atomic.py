@@ -9,6 +9,7 @@ only atomic within one filesystem.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import secrets
 import tempfile
@@ -16,11 +17,58 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
-from accelopt.errors import UserError
+from accelopt.errors import AccelOptError, UserError
 
 RUNS_DIR = "runs"
 """Where a run writes unless told otherwise, relative to the working directory
 (``configs/config.yaml``'s ``hydra.run.dir`` and ``hydra.sweep.dir`` start with it)."""
+
+
+WRITE_FAILURES = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES,
+                            errno.EPERM, errno.EFBIG})
+"""The errors of a write the machine refused (full disk, quota, read-only filesystem,
+permission, an immutable directory): nothing the run did wrong, and nothing it can go on
+writing its outputs through."""
+
+UNWRITABLE_FIX = "free space there or make it writable, then run again"
+"""What to do about an output the machine refused (:class:`OutputUnwritable`)."""
+
+
+class OutputUnwritable(AccelOptError, OSError):
+    """An output (a checkpoint, weights, a report file) the machine refused to write: one
+    line naming the file, the OS's reason and what to do, exit 1, in every mode. Why its own
+    error: torch reports a full disk as ``RuntimeError: [enforce fail at
+    inline_container.cc] unexpected pos`` with the ``OSError`` only chained, and a bare
+    ``OSError`` reached the user as a traceback from whichever writer came first. Still an
+    ``OSError`` (its ``errno``, ``strerror`` and ``filename`` are the cause's), so code that
+    tolerates a failed write (``except OSError``) goes on tolerating it."""
+
+    exit_code = 1
+
+    def __init__(self, path: Path | str, cause: OSError) -> None:
+        reason = cause.strerror or str(cause)
+        OSError.__init__(self, cause.errno, reason, str(path))
+        self.path = str(path)
+        self.reason = reason
+
+    def __reduce__(self) -> tuple[object, ...]:  # a rank's error crosses a process boundary
+        return (type(self), (self.path, OSError(self.errno, self.reason)))
+
+    def __str__(self) -> str:
+        return f"cannot write {self.path}: {self.reason}; {UNWRITABLE_FIX}"
+
+
+def write_failure(exc: BaseException) -> OSError | None:
+    """The refused write (an ``OSError`` in :data:`WRITE_FAILURES`) that ``exc`` is or was
+    caused by, e.g. the ``OSError`` behind torch's ``RuntimeError``; ``None`` if none."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in WRITE_FAILURES:
+            return current
+        current = current.__cause__ or current.__context__
+    return None
 
 
 def _create_temp(path: Path) -> tuple[int, Path]:
@@ -41,11 +89,19 @@ def _create_temp(path: Path) -> tuple[int, Path]:
 def atomic_open(path: Path, mode: str = "w", *, durable: bool = True,
                 **kwargs: object) -> Iterator[IO]:
     """Open a temp file next to ``path``; on success it replaces ``path``, on error it is
-    deleted. ``mode`` is ``"w"`` (text, UTF-8 unless given) or ``"wb"``. ``durable=False``
-    skips the fsync, for a scratch file that need not survive a crash of the machine."""
+    deleted; a write the machine refused (a full disk, a directory made read-only: in the
+    chain of whatever the writer raised) is :class:`OutputUnwritable`. ``mode`` is ``"w"``
+    (text, UTF-8 unless given) or ``"wb"``. ``durable=False`` skips the fsync, for a scratch
+    file that need not survive a crash of the machine."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = _create_temp(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = _create_temp(path)
+    except OSError as exc:
+        refused = write_failure(exc)
+        if refused is None or isinstance(exc, OutputUnwritable):
+            raise
+        raise OutputUnwritable(path, refused) from exc
     try:
         if "b" not in mode:
             kwargs.setdefault("encoding", "utf-8")
@@ -55,9 +111,12 @@ def atomic_open(path: Path, mode: str = "w", *, durable: bool = True,
             if durable:
                 os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(OSError):
             tmp.unlink()
+        refused = None if isinstance(exc, OutputUnwritable) else write_failure(exc)
+        if refused is not None:
+            raise OutputUnwritable(path, refused) from exc
         raise
 
 

@@ -70,8 +70,8 @@ def test_a_sweeps_exit_code_is_its_most_severe_runs_whatever_their_order(
     closing = capsys.readouterr().err.strip().splitlines()[-1]
     assert closing == (
         f"error: 2 of 2 runs of the sweep failed: #0, #1 (#{order.index(1)}: {errors[1]}; "
-        f"#{order.index(3)}: {errors[3]}); 1 exit 1 (a plugin raised, or an internal error), "
-        "1 exit 3 (jobs failed, were rejected or diverged); the sweep exits 1, the most severe")
+        f"#{order.index(3)}: {errors[3]}); 1 exit 1 (a plugin raised, an output could not be "
+        "written, or an internal error), 1 exit 3 (jobs failed, were rejected or diverged); the sweep exits 1, the most severe")
 
 
 def test_the_sweeps_exit_code_ranks_a_crash_over_a_mistake_over_unfinished_jobs():

@@ -491,8 +491,9 @@ def test_sigterm_stops_a_run_as_ctrl_c_does_and_keeps_its_evidence(tmp_path, mod
         assert summary["cluster_mode"] == "ps" and summary["cluster_workers"] == 2, summary
         assert summary["mc_s"] > 0 and summary["pc_s"] > 0 and summary["iteration_s"] > 0
         assert summary["iterations_per_s"] == pytest.approx(1 / summary["iteration_s"])
-    assert (tmp_path / "out" / "accelopt.log").read_text().strip().endswith(
-        "error: terminated (SIGTERM)")
+    assert (tmp_path / "out" / "accelopt.log").read_text().strip().endswith(  # the whole line
+        f"terminated (SIGTERM): what ran is kept in {out} (metrics.json, trace.json); "
+        f"continue it from its checkpoints with: accelopt run run.resume={out}")
 
 
 @pytest.mark.timeout(180)

@@ -81,7 +81,7 @@ def test_a_killed_rank_resumes_to_the_samesaved_weights(tmp_path, mode):
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 1, stderr.decode()[-2000:]
+    assert proc.returncode == 3, stderr.decode()[-2000:]  # jobs unfinished: a dead worker
     assert not (run_dir / "weights").exists(), "the run finished before it was killed"
     killed = json.loads((run_dir / "metrics.json").read_text())  # the evidence is kept
     assert killed["summary"]["error"] and killed["jobs"][0]["status"] == "failed"

@@ -10,7 +10,6 @@ the parsed overrides, so the message can list the installed plugins and the clos
 from __future__ import annotations
 
 import contextlib
-import errno
 import importlib
 import importlib.util
 import itertools
@@ -27,7 +26,13 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from accelopt.atomic import RUNS_DIR, refuse_unwritable
+from accelopt.atomic import (
+    RUNS_DIR,
+    UNWRITABLE_FIX,
+    WRITE_FAILURES,
+    OutputUnwritable,
+    refuse_unwritable,
+)
 from accelopt.cli.config_errors import (
     config_dir,
     describe_config_error,
@@ -58,6 +63,8 @@ from accelopt.errors import (
     AccelOptError,
     ConfigError,
     JobsUnfinished,
+    RankFailed,
+    UserError,
     listed,
 )
 from accelopt.job.checkpoint import WEIGHTS_DIR, has_checkpoints
@@ -78,7 +85,8 @@ from accelopt.runtime.resume_target import (
 RUN_OUTPUTS = (METRICS_JSON, METRICS_CSV, TRACE_JSON, TIMELINE_PNG)
 """What every run writes into its directory once its jobs ended (``write_run_outputs``)."""
 
-EXIT_REASONS = {1: "a plugin raised, or an internal error", 2: "a user mistake",
+EXIT_REASONS = {1: "a plugin raised, an output could not be written, or an internal error",
+                2: "a user mistake",
                 3: "jobs failed, were rejected or diverged"}
 """A run's non-zero exit codes, most severe first: a sweep exits with the most severe of its
 runs' codes, whatever their order (it exited with its last failing run's)."""
@@ -371,33 +379,20 @@ def compose_point(overrides: list[str], job_num: int | None = None,
     return cfg, dirs
 
 
+def resume_hint(run_dir: Path) -> str:
+    """The end of a stopped run's line where it wrote checkpoints: how to go on from them."""
+    return f"; continue it from its checkpoints with: accelopt run run.resume={run_dir}"
 
 
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-WRITE_FAILURES = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EFBIG}
-"""The errors of a write the machine refused (full disk, quota, read-only, permission): the
-run's fault is none of them, so they are one line, exit 1, outputs so far kept."""
+def resumable_after(exc: AccelOptError, run_dir: Path) -> bool:
+    """Whether the line of a run stopped by ``exc`` says how to resume it: a rank that died
+    or raised, or an output the machine refused (a full disk), where the run wrote
+    checkpoints to go on from. Not after a refusal of bad input (the resume would meet it
+    again) nor a plugin's error, nor where every job is done (by its metrics.json: nothing
+    is left to resume)."""
+    if isinstance(exc, UserError) or not isinstance(exc, (RankFailed, OutputUnwritable)):
+        return False
+    return has_checkpoints(run_dir) and not finished(run_dir)
 
 
 def write_log(run_dir: Path, console: Any, error: str) -> None:
@@ -469,8 +464,13 @@ def run_hydra(args: list[str], registry: Registry, debug: bool) -> int:
                 raise JobsUnfinished(unfinished)
         except AccelOptError as exc:
             error = f"error: {exc}"
-            if (run_dir / "metrics.json").is_file() and not isinstance(exc, JobsUnfinished):
+            if isinstance(exc, OutputUnwritable):  # a full disk may have refused metrics.json
+                error = (f"error: cannot write {exc.path}: {exc.reason} (what was written is "
+                         f"kept in {run_dir}); {UNWRITABLE_FIX}")
+            elif (run_dir / "metrics.json").is_file() and not isinstance(exc, JobsUnfinished):
                 error += f" (outputs kept in {run_dir})"  # a run stopped midway: its evidence
+            if resumable_after(exc, run_dir):
+                error += resume_hint(run_dir)
             if debug:  # the traceback too, and still the error's own exit code
                 import traceback
 
@@ -507,6 +507,7 @@ def run_hydra(args: list[str], registry: Registry, debug: bool) -> int:
                 # Ctrl-C, SIGTERM: the outputs so far are kept; the line says where (a bare
                 # "interrupted" left a user to look for them, and to guess about resuming)
                 print(line, file=sys.stderr)
+                error = line  # the log ends with the same line (it had the bare error only)
                 raise SystemExit(getattr(exc, "exit_code", 130)) from None
             raise
         finally:
@@ -569,7 +570,7 @@ def stopped_line(error: str, run_dir: Path) -> str:
     line = (f"{error}: what ran is kept in {run_dir} ({', '.join(kept)})" if kept else
             f"{error}: its checkpoints are kept in {run_dir}")
     if resumable:
-        line += f"; continue it from its checkpoints with: accelopt run run.resume={run_dir}"
+        line += resume_hint(run_dir)
     return line
 
 

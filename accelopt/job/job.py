@@ -851,12 +851,30 @@ def check_rows(dataset: Any, spec: JobConfig) -> None:
             f"~{spec.batch_size / n_train:.0f} times; set batch_size={n_train} or less")
 
 
+def first_batch(dataset: Any, spec: JobConfig) -> tuple[Any, Any]:
+    """Batch 0 of ``dataset``, read while the job is built (:func:`check_batch`); data that
+    raises there (an unreadable record, a stream that breaks: an iterable is read through
+    once to learn its length) is refused in one line naming the dataset and its error, as a
+    dataset factory that raises is. It was a traceback in one process, where the cluster
+    modes, which read it on a rank, said it in one line."""
+    try:
+        return dataset.batch(0, spec.batch_size)
+    except (ValueError, UserError):
+        raise  # the adapter's own refusal of the data's form: its line names the problem
+    except Exception as exc:  # the user's own data raised: one line (--debug: the chain)
+        name = spec.dataset or getattr(dataset, "name", None) or "the job's dataset"
+        raise ValueError(f"dataset {name!r} raised {error_text(exc)} while the job was built "
+                         f"(reading its first batch, batch_size={spec.batch_size}, before any "
+                         "job started); fix the data it reads (--debug shows where it "
+                         "raised)") from exc
+
+
 def check_batch(dataset: Any, spec: JobConfig) -> bool:
     """Refuse, in one line naming the shapes, a dataset whose labels a job cannot train on:
     not row-aligned with the inputs, or float where class indices are needed. Returns whether
     the inputs are one tensor (else a tuple or mapping of tensors, :mod:`~accelopt.job.
     inputs`)."""
-    x, y = dataset.batch(0, spec.batch_size)
+    x, y = first_batch(dataset, spec)
     one_tensor = isinstance(x, torch.Tensor)
     if not one_tensor and not inputs.tensors(x):
         raise ValueError(

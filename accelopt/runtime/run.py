@@ -28,7 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
 from accelopt.activation import activate, selected_plugins
-from accelopt.atomic import atomic_open
+from accelopt.atomic import OutputUnwritable, atomic_open
 from accelopt.collector import collector_paused, run_starts
 from accelopt.config import RunSettings
 from accelopt.drivers.cluster.launch import refusals_said_at_rendezvous
@@ -526,11 +526,19 @@ def _execute_cluster(cfg: DictConfig, run_dir: Path, registry: Registry, console
         for line in outcome.warnings:
             console.print(f"warning: {line}", markup=False, highlight=False, soft_wrap=True)
         record.plugin_rows = with_placeholders(list(outcome.plugin_rows), names)
-        _write_per_iteration(outcome.per_iteration, run_dir)
-        if cfg.run.save_weights:
-            _save_cluster_weights(record.jobs, outcome.state, run_dir)
+        # a file the machine refuses (a full disk, a directory made read-only) stops the
+        # run after the rest is written and the summary printed: its results exist
+        refused: OutputUnwritable | None = None
+        try:
+            _write_per_iteration(outcome.per_iteration, run_dir)
+            if cfg.run.save_weights:
+                _save_cluster_weights(record.jobs, outcome.state, run_dir)
+        except OutputUnwritable as exc:
+            refused = exc
         _score_cluster_jobs(cfg, registry, record.jobs, outcome.state)
         _write_and_render(record, run_dir, console, refs, renderer)
+        if refused is not None:
+            raise refused
     return record
 
 
@@ -720,11 +728,17 @@ def _write_and_render(record: RunRecord, run_dir: Path, console: Console,
     if refs:
         compare.attach(record, refs)
     record.summary = run_metrics(record)
-    write_run_outputs(record, run_dir, renderer)
+    refused: OutputUnwritable | None = None
+    try:
+        write_run_outputs(record, run_dir, renderer)
+    except OutputUnwritable as exc:  # the results exist: shown before the one line saying so
+        refused = exc
     render_summary(record, console)
     if refs:
         console.print(compare.table(record, refs))
     console.print(f"[dim]run directory: {run_dir}[/dim]")
+    if refused is not None:
+        raise refused
 
 
 def _save_config(cfg: DictConfig, run_dir: Path) -> None:

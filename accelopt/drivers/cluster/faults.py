@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from accelopt.atomic import atomic_open
+from accelopt.atomic import OutputUnwritable, atomic_open
 from accelopt.errors import (
     AccelOptError,
     JobsUnfinished,
@@ -326,7 +326,9 @@ def failure_note(rank: int, role: str, at: At, exc: BaseException) -> dict[str, 
     # a job's own error exits as in one process, where that job fails alone and the run
     # ends with 3 (some jobs failed, outputs written): here it stops the run, as every rank
     # runs every job, and the exit code says the same (not 1, "a plugin or accelopt")
-    if own and at.job_id and not is_communication_error(exc):
+    # a refused write (a full disk) is no job's failure: exit 1, as in one process
+    if (own and at.job_id and not is_communication_error(exc)
+            and not isinstance(exc, OutputUnwritable)):
         exit_code = JobsUnfinished.exit_code
     else:
         exit_code = exc.exit_code if isinstance(exc, AccelOptError) else 1
@@ -507,8 +509,10 @@ class Watchdog:
             hint = " (out of memory? the OOM killer sends SIGKILL)" if sig == "SIGKILL" else ""
             msg = (f"rank {c.rank} ({c.role}, pid {c.pid}) was killed by {sig} {where_}"
                    f"{hint}; the cluster run was stopped")
+            # the jobs did not finish (a dead worker), not a plugin's or accelopt's error: 3
             return (SIGNAL, 0.0), RankFailed(msg, rank=c.rank, pid=c.pid, iteration=iteration,
-                                             cause=sig, job_id=job_id)
+                                             cause=sig, job_id=job_id,
+                                             exit_code=JobsUnfinished.exit_code)
         if note and note.get("port_in_use") is not None:
             msg = port_in_use_line(int(note["port_in_use"]), "cluster.master_port",
                                    LOCAL_PORT_FIX)
