@@ -104,6 +104,16 @@ def test_failing_job_fails_alone(run_tiny):
     assert by_name["tiny-cnn"].status == "done"
 
 
+def test_a_learning_rate_past_the_dtype_is_named_not_the_inputs(run_tiny):
+    """lr=1e39 overflows float32 in the optimizer's first step: the line said "check that
+    the model takes the dataset's inputs", which were fine."""
+    record = run_tiny(overrides=["workload.jobs.0.lr=1e39"])
+    failed = next(j for j in record.jobs if j.job.name == "tiny-mlp")
+    assert failed.status == "failed" and "without overflow" in failed.error
+    assert "check the job's lr (1e+39), momentum and weight_decay" in failed.error
+    assert "dataset's inputs" not in failed.error
+
+
 def test_job_failing_while_profiled_fails_alone(run_tiny):
     from accelopt.report.metrics import run_metrics
 

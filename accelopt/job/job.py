@@ -679,12 +679,18 @@ def first_step_failed(job: Job, exc: BaseException) -> str:
     shapes cannot be multiplied" names neither."""
     if isinstance(exc, UserError):
         return first_line(exc)
+    raised = f"a step measuring its memory, before training, raised {error_text(exc)}"
+    if "without overflow" in str(exc):  # torch casting a setting into the parameters' dtype
+        # (lr=1e39 in float32): the inputs are not the problem, so the batch is no hint
+        return (f"{raised}; a number the optimizer applies to the parameters does not fit "
+                f"their dtype: check the job's lr ({job.spec.lr:g}), momentum and "
+                "weight_decay")
     try:
         x, y = job.dataset.batch(0, job.info.batch_size)
         batch = f"; its batch: {described(x, y)} ({CHECK_INPUTS})"
     except Exception:  # noqa: BLE001 - the batch is a hint; the error is the message
         batch = ""
-    return f"a step measuring its memory, before training, raised {error_text(exc)}{batch}"
+    return f"{raised}{batch}"
 
 
 CHECK_INPUTS = "check that the model takes the dataset's inputs: docs/your-model.md"
