@@ -379,6 +379,13 @@ def compose_point(overrides: list[str], job_num: int | None = None,
     return cfg, dirs
 
 
+def unwritable_line(path: object, reason: object, run_dir: Path) -> str:
+    """The line of a run stopped by an output the machine refused (a full disk, a directory
+    made read-only), whichever writer met it."""
+    return (f"error: cannot write {path}: {reason} (what was written is kept in {run_dir}); "
+            f"{UNWRITABLE_FIX}")
+
+
 def resume_hint(run_dir: Path) -> str:
     """The end of a stopped run's line where it wrote checkpoints: how to go on from them."""
     return f"; continue it from its checkpoints with: accelopt run run.resume={run_dir}"
@@ -465,8 +472,7 @@ def run_hydra(args: list[str], registry: Registry, debug: bool) -> int:
         except AccelOptError as exc:
             error = f"error: {exc}"
             if isinstance(exc, OutputUnwritable):  # a full disk may have refused metrics.json
-                error = (f"error: cannot write {exc.path}: {exc.reason} (what was written is "
-                         f"kept in {run_dir}); {UNWRITABLE_FIX}")
+                error = unwritable_line(exc.path, exc.reason, run_dir)
             elif (run_dir / "metrics.json").is_file() and not isinstance(exc, JobsUnfinished):
                 error += f" (outputs kept in {run_dir})"  # a run stopped midway: its evidence
             if resumable_after(exc, run_dir):
@@ -488,8 +494,7 @@ def run_hydra(args: list[str], registry: Registry, debug: bool) -> int:
                 error = f"error: {error_line(exc)}"
                 raise
             # a disk that filled up (or went read-only) under a run: one line, not a traceback
-            error = (f"error: cannot write {exc.filename or 'the run outputs'}: "
-                     f"{exc.strerror} (what was written is kept in {run_dir})")
+            error = unwritable_line(exc.filename or "the run outputs", exc.strerror, run_dir)
             print(error, file=sys.stderr)
             codes[-1] = 1
             exit_code = most_severe(codes)

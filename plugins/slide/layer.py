@@ -32,6 +32,7 @@ from accelopt_plugins.slide.config import SlideConfig
 from accelopt_plugins.slide.hashing import FAMILIES, _keys_dense_par, make_family, pack_sign_keys
 from accelopt_plugins.slide.rowgrads import RowGradients
 from accelopt_plugins.slide.tables import INSERTIONS, RebuildSchedule, build_tables
+from accelopt_plugins.slide.xcmodel import first_occurrences
 from torch import nn
 
 from accelopt.errors import UserError
@@ -866,29 +867,11 @@ def as_label_matrix(y: torch.Tensor, n: int) -> np.ndarray:
         lab = lab[:, None]
     if lab.dim() != 2:
         raise ValueError(f"slide: targets must be [B] or [B, M] label ids, got shape {tuple(y.shape)}")
-    arr = np.ascontiguousarray(lab.numpy())
-    if arr.size and (arr.max() >= n or arr.min() < -1):
+    if lab.numel() and (int(lab.max()) >= n or int(lab.min()) < -1):
         raise ValueError(f"slide: label ids must be in [0, {n}) (or -1 padding)")
-    return without_repeats(arr)
-
-
-def without_repeats(labels: np.ndarray) -> np.ndarray:
-    """``labels`` [B, M] with each label repeated within its row replaced by -1 (padding),
-    a copy only where one is. Why: a point's labels are a set (the dense
-    ``xc_softmax_loss`` counts a repeat once); ``topup=sample``'s kernel collapsed a repeat
-    while ``topup=batch`` weighed it twice, so the two sampled losses disagreed with each
-    other and one of them with the dense loss."""
-    if labels.shape[1] < 2:
-        return labels
-    order = np.argsort(labels, axis=1, kind="stable")
-    ranked = np.take_along_axis(labels, order, axis=1)
-    repeat = (ranked[:, 1:] == ranked[:, :-1]) & (ranked[:, 1:] >= 0)
-    if not repeat.any():
-        return labels
-    rows, cols = np.nonzero(repeat)
-    out = labels.copy()
-    out[rows, order[rows, cols + 1]] = -1
-    return out
+    # a repeat within a row is padding: a point's labels are a set, as the dense loss
+    # counts them (topup=sample's kernel collapsed a repeat, topup=batch weighed it twice)
+    return np.ascontiguousarray(torch.where(first_occurrences(lab), lab, -1).numpy())
 
 
 class _SlideLoss(torch.autograd.Function):

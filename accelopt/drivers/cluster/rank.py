@@ -430,10 +430,10 @@ def run_rank(cfg: DictConfig, settings: ClusterSettings, *, rank: int, world: in
     lifecycle.job_built([j.job for j in jobs])
     every = int(cfg.run.get("checkpoint_every", 0) or 0)
     resume = cfg.run.get("resume")
+    settings = plugin_settings(cfg) if every else None  # recorded in every checkpoint
     for part in jobs:
         if every:
-            part.checkpointer = RankCheckpointer(run_dir, every, rank, world,
-                                                 plugin_settings(cfg))
+            part.checkpointer = RankCheckpointer(run_dir, every, rank, world, settings)
         if resume:
             restore_part(str(resume), part, rank, world)
     lifecycle.start([j.job for j in jobs])
