@@ -1,9 +1,9 @@
 """accelopt: a small core runtime with hook points; optimisation techniques are plugins.
 
 The public API is what this module exports: :func:`run` (``accelopt run`` as a function,
-``accelopt/api.py``) and, for plugin authors, the hook and record types (plus
-:mod:`accelopt.types`, :mod:`accelopt.errors` and :mod:`accelopt.testing`); everything
-else may change.
+``accelopt/api.py``) and the :class:`RunRecord` it returns, and, for plugin authors, the
+hook and record types (plus :mod:`accelopt.types`, :mod:`accelopt.errors` and
+:mod:`accelopt.testing`); everything else may change.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from accelopt.errors import AccelOptError, ConfigError, PluginHookError, RankFai
 from accelopt.extensions import ExtensionPoint, extension_point
 from accelopt.hookspecs import hookimpl, hookspec
 from accelopt.plugin import PluginSpec, Registry
+from accelopt.records import RunRecord
 from accelopt.types import (
     AllocationDecision,
     AllocationRequest,
@@ -75,6 +76,7 @@ __all__ = [
     "Registry",
     "ReportRow",
     "RunInfo",
+    "RunRecord",
     "TransferPriorities",
     "TransferRecord",
     "UserError",

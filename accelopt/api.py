@@ -11,15 +11,19 @@ a notebook or a sweep script gets the numbers without parsing ``metrics.json``.
 
 What differs from the CLI: Hydra's own ``.hydra/`` files are not written (the composed
 config is, as ``config.yaml``), sweeps (``-m``) are not expanded (call ``run`` per point),
-and the console output goes where ``console`` says (default: nowhere).
+and the console output goes where ``console`` says (default: nowhere; ``accelopt.log`` in
+the run directory keeps it, with the run's logged warnings and its error line, as the
+CLI's does).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
+import logging
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -60,7 +64,12 @@ def run(overrides: Sequence[str] = (), *, run_dir: str | Path | None = None,
     directory that already holds a run's ``metrics.json`` is refused: results are never
     overwritten. ``registry``: the plugins to choose from (default: the installed ones;
     add your own with ``registry.add(spec)``). ``console``: a ``rich.console.Console`` for
-    the run's tables and progress (default: discarded)."""
+    the run's tables and progress (default: discarded).
+
+    The run trains under its own torch defaults whatever the caller set (default dtype
+    float32, gradients enabled, even inside ``torch.no_grad()``) and leaves the caller's
+    settings, threads and random states as they were; inside ``torch.inference_mode()``,
+    which cannot be left from inside, it is refused."""
     from rich.console import Console
 
     from accelopt.cli.hydra_run import (
@@ -74,10 +83,11 @@ def run(overrides: Sequence[str] = (), *, run_dir: str | Path | None = None,
         refuse_unguarded_main,
         under_torchrun,
     )
-    from accelopt.drivers.setup import torch_state_kept
+    from accelopt.drivers.setup import refuse_inference_mode, torch_state_kept
     from accelopt.runtime.resume_target import run_mode
     from accelopt.runtime.run import execute
 
+    refuse_inference_mode()  # before anything is composed or written
     if isinstance(overrides, str):
         raise ConfigError(f"accelopt.run takes a list of overrides, got the string "
                           f"{overrides!r}; write accelopt.run([{overrides!r}])")
@@ -101,8 +111,74 @@ def run(overrides: Sequence[str] = (), *, run_dir: str | Path | None = None,
     if mode != "none" and not under_torchrun():
         refuse_unguarded_main()
     console = console or Console(file=io.StringIO(), width=120)
-    with rank_server_started_early({mode}), torch_state_kept():
+    with rank_server_started_early({mode}), torch_state_kept(), run_logged(out, console):
         return execute(cfg, run_dir=out, registry=registry, console=console, overrides=args)
+
+
+@contextlib.contextmanager
+def run_logged(run_dir: Path, console: Any) -> Iterator[None]:
+    """The run's ``accelopt.log``, as the command writes it: the warnings of accelopt's
+    loggers as they happen (a watchdog naming a blocked hook), then what the run printed on
+    ``console`` (its tables and ``warning:`` lines) and its error line. Only where the run
+    kept its directory (its ``config.yaml``): a run refused before it started leaves none,
+    as on the command line. A caller's console records the run's output for it and is left
+    recording (or not) as it was, with what it had recorded before."""
+    from accelopt.cli.hydra_run import write_log
+    from accelopt.drivers.cluster.launch import LOG_FORMAT
+    from accelopt.runtime.resume_target import CONFIG_FILE
+    from accelopt.runtime.run import error_line
+
+    recording = bool(console.record)
+    printed = _PrintedSince(console)
+    console.record = True
+    logger = logging.getLogger("accelopt")
+    handler = _LogInRunDir(run_dir / "accelopt.log")
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    handlers: list[logging.Handler] = [handler]
+    if not logger.hasHandlers() and logging.lastResort is not None:
+        handlers.append(logging.lastResort)  # still on stderr, where they went without a log
+    for each in handlers:
+        logger.addHandler(each)
+    error = ""
+    try:
+        yield
+    except BaseException as exc:
+        error = f"error: {error_line(exc)}"
+        raise
+    finally:
+        for each in handlers:
+            logger.removeHandler(each)
+        handler.close()
+        if (run_dir / CONFIG_FILE).is_file():
+            write_log(run_dir, printed, error)
+        if not recording:
+            console.export_text(clear=True)  # what this run made it record: not the caller's
+        console.record = recording
+
+
+class _PrintedSince:
+    """What ``console`` printed from now on, as :func:`~accelopt.cli.hydra_run.write_log`
+    reads it (``export_text``), leaving what it had recorded before in place."""
+
+    def __init__(self, console: Any) -> None:
+        self.console = console
+        self.before = console.export_text(clear=False) if console.record else ""
+
+    def export_text(self, clear: bool = True) -> str:
+        text = self.console.export_text(clear=False)
+        return text[len(self.before):] if text.startswith(self.before) else text
+
+
+class _LogInRunDir(logging.FileHandler):
+    """Appends to the run directory's log once the run made the directory (a warning logged
+    before that, as the run is refused, has no log to go to)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path, mode="a", encoding="utf-8", delay=True)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.stream is not None or Path(self.baseFilename).parent.is_dir():
+            super().emit(record)
 
 
 def default_run_dir(root: str | Path = RUNS_DIR) -> Path:

@@ -126,6 +126,8 @@ class Job:
         self.training = spec.kind == "train"
         self.random = JobRandom(spec.seed, device, stream=self.exchange.stream)
         self.iteration = 0
+        self._batch_index = 0
+        """The index of the batch last read (:meth:`batch`): the one a forward failed on."""
         self.rebuilds: list[str] = []
         """Why the optimizer was rebuilt, one entry per rebuild (``accelopt_after_step``)."""
         self.pending_plugin_states: dict[str, Any] = {}
@@ -187,6 +189,7 @@ class Job:
         """This process's rows of the ``index``-th global batch, on the job's device (and,
         where it trains on some rows only, its share of the batch's loss:
         :attr:`loss_share`)."""
+        self._batch_index = index
         x, y = self.dataset.batch(index, self.info.batch_size)
         if self._rows is not None:
             start, stop = self._rows
@@ -251,11 +254,15 @@ class Job:
         context = IterationContext(self.info, events.lane, i, start) if events.listens else None
         if events.iteration_start:
             events.iteration_start(context)
-        if self.random.uses_rng is False:  # known not to draw: no state to swap in
-            loss_value, samples = self._run(i, context, events)
-        else:
-            with self.random.active():
+        try:
+            if self.random.uses_rng is False:  # known not to draw: no state to swap in
                 loss_value, samples = self._run(i, context, events)
+            else:
+                with self.random.active():
+                    loss_value, samples = self._run(i, context, events)
+        except Exception as exc:
+            mark_batch(exc, i)
+            raise
         self.iteration += 1
         result = IterationResult(self.info.job_id, i, start, clock() - origin,
                                  None if loss_value is None else float(loss_value), samples)
@@ -332,9 +339,13 @@ class Job:
     def _call(self, x: inputs.Inputs, y: torch.Tensor) -> Any:
         """Forward: ``model(x)`` (a tuple's tensors positional, a mapping's by keyword:
         :mod:`accelopt.job.inputs`), with ``labels=y`` when the model computes its loss."""
-        if self._one_tensor:
-            return self.forward(x, labels=y) if self.model_loss else self.forward(x)
-        return inputs.call(self.forward, x, **({"labels": y} if self.model_loss else {}))
+        try:
+            if self._one_tensor:
+                return self.forward(x, labels=y) if self.model_loss else self.forward(x)
+            return inputs.call(self.forward, x, **({"labels": y} if self.model_loss else {}))
+        except Exception as exc:  # a forward outside step() (the profile's) names its batch
+            mark_batch(exc, self._batch_index)
+            raise
 
     def _optimizer_step(self, i: int, context: IterationContext | None, events: StepEvents,
                         updated: bool) -> None:
@@ -674,9 +685,9 @@ def sampled_loss_allowed(own_fn: Any) -> bool:
 def first_step_failed(job: Job, exc: BaseException) -> str:
     """The line for a job whose steps run to measure its memory profile before it trained
     (on a copy of it: a warm-up step and the measured ones) raised: the error and the batch
-    the model was given, since that is where a model that does not take the dataset's
-    batches fails (an input width or dtype it was not built for), and a raw "mat1 and mat2
-    shapes cannot be multiplied" names neither."""
+    the failing step was given (:func:`mark_batch`), since that is where a model that does
+    not take the dataset's batches fails (an input width or dtype it was not built for), and
+    a raw "mat1 and mat2 shapes cannot be multiplied" names neither."""
     if isinstance(exc, UserError):
         return first_line(exc)
     raised = f"a step measuring its memory, before training, raised {error_text(exc)}"
@@ -685,12 +696,38 @@ def first_step_failed(job: Job, exc: BaseException) -> str:
         return (f"{raised}; a number the optimizer applies to the parameters does not fit "
                 f"their dtype: check the job's lr ({job.spec.lr:g}), momentum and "
                 "weight_decay")
+    index = failed_batch(exc)
+    if index is None:  # raised outside a step or a forward: no batch to blame
+        return raised
     try:
-        x, y = job.dataset.batch(0, job.info.batch_size)
-        batch = f"; its batch: {described(x, y)} ({CHECK_INPUTS})"
+        x, y = job.dataset.batch(index, job.info.batch_size)
+        which = f" (batch {index})" if index else ""
+        batch = f"; its batch{which}: {described(x, y)} ({CHECK_INPUTS})"
     except Exception:  # noqa: BLE001 - the batch is a hint; the error is the message
         batch = ""
     return f"{raised}{batch}"
+
+
+FAILED_BATCH = "accelopt_batch"
+"""The attribute :func:`mark_batch` sets on an exception raised in a job's step or forward."""
+
+
+def mark_batch(exc: BaseException, index: int) -> None:
+    """Tag ``exc`` with the index of the batch the step or forward that raised it was given
+    (the innermost tag stands), so that an error's hint describes that batch: a step on a
+    copy of the job (the memory profile's) leaves nothing else behind to say which it was,
+    and where a dataset's later batches differ, another batch would name one that fits."""
+    if getattr(exc, FAILED_BATCH, None) is None:
+        try:
+            setattr(exc, FAILED_BATCH, index)
+        except AttributeError:  # an exception type that takes no attributes: no hint
+            pass
+
+
+def failed_batch(exc: BaseException) -> int | None:
+    """The index :func:`mark_batch` tagged ``exc`` with (``None``: not raised in a step)."""
+    index = getattr(exc, FAILED_BATCH, None)
+    return index if isinstance(index, int) else None
 
 
 CHECK_INPUTS = "check that the model takes the dataset's inputs: docs/your-model.md"

@@ -33,6 +33,7 @@ from accelopt.testing.recorder import (
     RECORDER_NAME,
     HookCall,
     HookRecorder,
+    Shipped,
     hook_names,
 )
 
@@ -43,6 +44,7 @@ __all__ = [
     "HookRecorder",
     "PluginConformance",
     "RunRecord",
+    "Shipped",
     "check_config",
     "check_declarations",
     "check_hookimpls",

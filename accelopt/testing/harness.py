@@ -51,6 +51,9 @@ def run_workload(
     :class:`accelopt.PluginHookError`. ``overrides`` may select a cluster mode
     (``cluster.mode=ps``): uninstalled specs are then sent to every rank (their factory and
     config must be defined at module level) and the recorder gathers every rank's calls.
+    A recorder given to several runs tags each run's calls with its run
+    (:meth:`HookRecorder.runs`); give each run a fresh one unless the runs belong together
+    (a run and its resume).
     """
     _refuse_selection_overrides(overrides)
     registry = registry if registry is not None else Registry.discover()
@@ -69,7 +72,10 @@ def run_workload(
     if run_mode(cfg) != "none" and not under_torchrun():
         refuse_unguarded_main("run_workload")  # each rank would import the script and rerun it
     run_dir = _fresh_dir(Path(tmp_path))
-    began_at = len(recorder.records) if recorder is not None else None
+    began_at = None
+    if recorder is not None:
+        began_at = len(recorder.records)
+        recorder.begin_run()  # its calls from here are this run's (HookRecorder: runs)
     record = execute(
         cfg,
         run_dir=run_dir,

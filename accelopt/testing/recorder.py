@@ -88,13 +88,15 @@ def normalize_hook(name: str) -> str:
 
 @dataclass(frozen=True)
 class HookCall:
-    """One recorded call: the hook's full name, the keyword arguments it was given and the
+    """One recorded call: the hook's full name, the keyword arguments it was given, the
     rank of the process that made it (0 in a one-process run; :data:`LAUNCHER` for the
-    launching process of a cluster run)."""
+    launching process of a cluster run) and the run it belongs to (0 for the first run the
+    recorder was passed to, 1 for the next: :meth:`HookRecorder.runs`)."""
 
     hook: str
     kwargs: dict[str, Any]
     rank: int = 0
+    run: int = 0
 
 
 @dataclass(frozen=True)
@@ -120,11 +122,20 @@ class HookRecorder:
     Pass it to :func:`run_workload` (``recorder=HookRecorder()``), then ask it questions.
     Hook names may be given with or without the ``accelopt_`` prefix; ``rank=N`` restricts a
     question to one rank's calls.
+
+    One recorder per run is the rule. A recorder passed to several runs (a checkpointed run,
+    then its resume) keeps every run's calls, each tagged with its run (0, 1, ...: see
+    :meth:`runs`); ``run=N`` restricts a question to one run's calls. Without it,
+    :meth:`names`, :meth:`calls` and :meth:`count` cover every run, and :meth:`assert_order`
+    refuses (a ValueError naming the fix): an order across two runs (run 0's ``run_end``
+    before run 1's ``run_start``) is no order of either. :meth:`clear` forgets every call.
     """
 
     def __init__(self) -> None:
         self.records: list[HookCall] = []
         self.token = uuid.uuid4().hex
+        self._run = -1
+        """The run calls are recorded into (-1: none begun; calls made then are run 0's)."""
         _RECORDERS[self.token] = self
 
     # -- recording -----------------------------------------------------------------------
@@ -132,7 +143,13 @@ class HookRecorder:
     def record(self, hook: str, **kwargs: Any) -> None:
         """Append one call (the core calls a process's hooks one at a time, so no two
         threads append at once)."""
-        self.records.append(HookCall(hook, kwargs))
+        self.records.append(HookCall(hook, kwargs, run=max(self._run, 0)))
+
+    def begin_run(self) -> int:
+        """Record the calls that follow as a new run's, and return its number (what
+        :func:`run_workload` does before each run it is given this recorder for)."""
+        self._run = max(self._run, self.records[-1].run if self.records else -1) + 1
+        return self._run
 
     def spec(self) -> PluginSpec:
         """The plugin that feeds this recorder; :func:`run_workload` selects it for you. Its
@@ -144,7 +161,9 @@ class HookRecorder:
         )
 
     def clear(self) -> None:
+        """Forget every recorded call: the next run is run 0 again."""
         self.records.clear()
+        self._run = -1
 
     def collect(self, run_dir: str | Path, run_began_at: int | None = None) -> int:
         """Read the calls the ranks of a cluster run wrote into ``run_dir`` (what
@@ -156,9 +175,10 @@ class HookRecorder:
         if files and run_began_at is not None:
             self.records[run_began_at:] = [dataclasses.replace(c, rank=LAUNCHER)
                                            for c in self.records[run_began_at:]]
+        run = max(self._run, 0)
         for path in files:
             with open(path, "rb") as fh:
-                self.records.extend(pickle.load(fh))
+                self.records.extend(dataclasses.replace(c, run=run) for c in pickle.load(fh))
         return len(files)
 
     # -- questions -----------------------------------------------------------------------
@@ -167,28 +187,43 @@ class HookRecorder:
         """The ranks whose calls were recorded."""
         return sorted({call.rank for call in self.records})
 
-    def _of(self, rank: int | None) -> list[HookCall]:
-        return [c for c in self.records if rank is None or c.rank == rank]
+    def runs(self) -> list[int]:
+        """The runs whose calls were recorded (``[0]`` for a recorder used once)."""
+        return sorted({call.run for call in self.records})
 
-    def names(self, rank: int | None = None) -> list[str]:
-        """The hook names of every call, in order."""
-        return [call.hook for call in self._of(rank)]
+    def _of(self, rank: int | None, run: int | None = None) -> list[HookCall]:
+        return [c for c in self.records
+                if (rank is None or c.rank == rank) and (run is None or c.run == run)]
 
-    def calls(self, hook: str, rank: int | None = None) -> list[dict[str, Any]]:
-        """The keyword arguments of every call of ``hook``, in order."""
+    def names(self, rank: int | None = None, run: int | None = None) -> list[str]:
+        """The hook names of every call (of every run unless ``run`` is given), in order."""
+        return [call.hook for call in self._of(rank, run)]
+
+    def calls(self, hook: str, rank: int | None = None,
+              run: int | None = None) -> list[dict[str, Any]]:
+        """The keyword arguments of every call of ``hook`` (of every run unless ``run`` is
+        given), in order."""
         full = normalize_hook(hook)
-        return [call.kwargs for call in self._of(rank) if call.hook == full]
+        return [call.kwargs for call in self._of(rank, run) if call.hook == full]
 
-    def count(self, hook: str, rank: int | None = None) -> int:
-        """How many times ``hook`` was called."""
-        return len(self.calls(hook, rank))
+    def count(self, hook: str, rank: int | None = None, run: int | None = None) -> int:
+        """How many times ``hook`` was called (in every run unless ``run`` is given)."""
+        return len(self.calls(hook, rank, run))
 
-    def assert_order(self, hooks: Sequence[str], rank: int | None = None) -> None:
+    def assert_order(self, hooks: Sequence[str], rank: int | None = None,
+                     run: int | None = None) -> None:
         """Assert that ``hooks`` occur in this order (as a subsequence: other calls may come
         in between). The message shows where the expectation broke and the actual sequence.
-        In a cluster run, name the ``rank`` whose order you mean."""
+        In a cluster run, name the ``rank`` whose order you mean; in a recorder given to
+        several runs, the ``run`` (without it, a ValueError: an order across runs proves
+        nothing about either)."""
+        runs = self.runs()
+        if run is None and len(runs) > 1:
+            raise ValueError(f"assert_order: this HookRecorder holds the calls of {len(runs)} "
+                             f"runs; name one with run=N (N in {runs}), or give each run a "
+                             "fresh HookRecorder() (or call recorder.clear() between them)")
         wanted = [normalize_hook(h) for h in hooks]
-        actual = self.names(rank)
+        actual = self.names(rank, run)
         position = 0
         for index, hook in enumerate(wanted):
             try:

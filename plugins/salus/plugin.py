@@ -47,7 +47,7 @@ from accelopt import (
     UserError,
     hookimpl,
 )
-from accelopt.drivers.setup import MAX_THREADS, usable_cores
+from accelopt.drivers.setup import MAX_THREADS, capacity_beyond_device, usable_cores
 from accelopt.plugin import PluginWarning
 from accelopt.report.metrics import percentile
 from accelopt.units import format_bytes, parse_bytes
@@ -183,12 +183,26 @@ class SalusPlugin:
         if run.leader:  # once per run: every rank is told the same
             for line in unread_settings(self.config, self.cluster_mode, self.world_size):
                 self._warn(line)
+            self.check_capacity(run.device)
             self.check_threads(max(1, self.max_lanes))  # at least one lane opens
 
     def _warn(self, line: str) -> None:
         """Say ``line`` now (``warning: ...`` on the command line) and in the report row."""
         self.warnings.append(line)
         warnings.warn(line, PluginWarning, stacklevel=2)
+
+    def check_capacity(self, device: str) -> None:
+        """Warn when ``plugins.salus.capacity`` is more memory than the run's device has:
+        lanes are packed against the setting, not the device, so the value reads as a limit
+        that nothing holds. A cluster run does not read it (:func:`unread_settings` says so)."""
+        if self.capacity is None or self.cluster_mode != "none":
+            return
+        import torch
+
+        line = capacity_beyond_device(self.capacity, torch.device(device),
+                                      f"plugins.salus.capacity={self.config.capacity}")
+        if line is not None:
+            self._warn(line)
 
     def check_threads(self, lanes: int) -> None:
         """Warn once when ``plugins.salus.threads`` x the ``lanes`` open is more threads than
