@@ -40,7 +40,8 @@ class JobConfig:
     """``sgd``, ``adam`` or ``adamw``."""
     lr: float = 0.05
     momentum: float = 0.9
-    """SGD's momentum (the other optimizers ignore it)."""
+    """SGD's momentum, in [0, 1) (the other optimizers ignore it; a warning names one set for
+    them)."""
     weight_decay: Optional[float] = None
     """L2 penalty (``sgd``, ``adam``) or decoupled decay (``adamw``); None: the optimizer's
     own default (0, 0, 0.01)."""

@@ -226,7 +226,7 @@ def test_multirun_sweep_gives_every_run_its_metrics(tmp_path):
         (["run.telemetry_interval_s=nan", "cluster.mode=none"],
          "run.telemetry_interval_s must be a finite number > 0"),
         (["run.hook_watchdog_s=inf", "cluster.mode=none"],
-         "run.hook_watchdog_s must be a finite number > 0"),
+         "run.hook_watchdog_s must be a finite number >= 0"),
         (["run.threads=-2"], "run.threads must be in [0, 1024]"),
         (["run.threads=100000"], "run.threads must be in [0, 1024]"),
         (["+plugins=[salus]", "plugins.salus.threads=100000", "cluster.mode=none"],

@@ -1,7 +1,8 @@
 """One line for each configuration mistake, with its fix: Hydra's and OmegaConf's errors
-(an unknown key, a wrong type, several values outside a sweep, a group added twice), a
-setting given a ``+`` its plugin's config already has, and Hydra's config flags naming what
-is not there. Kept apart from composing (``hydra_run``) so the wording has one home."""
+(an unknown key, a wrong type, several values outside a sweep, a group added twice or
+force-added, an override its grammar cannot read), a setting given a ``+`` its plugin's
+config already has, and Hydra's config flags naming what is not there. Kept apart from
+composing (``hydra_run``) so the wording has one home."""
 
 from __future__ import annotations
 
@@ -45,6 +46,10 @@ def describe_config_error(exc: BaseException, overrides: Sequence[str] = ()) -> 
         group, value = twice.groups()
         return (f"'+{group}={value}': {group} is in accelopt's defaults list already (null "
                 f"unless chosen), so the + adds it a second time; drop the +: {group}={value}")
+    forced = re.search(r"force-add of config groups is not supported: '(.*)'", str(exc))
+    forced_line = force_added_group_message(forced.group(1)) if forced else None
+    if forced_line:
+        return forced_line
     cause: Any = exc
     while getattr(cause, "__cause__", None) is not None:
         cause = cause.__cause__
@@ -73,6 +78,98 @@ def describe_config_error(exc: BaseException, overrides: Sequence[str] = ()) -> 
         lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
         return "; ".join(lines[:2])
     return f"{key}: {message}" if key else message
+
+
+OVERRIDE_FORM = ("an override is key=value (a list: key=[a,b]; plugins: +plugins=[a,b]), "
+                 "quoted for the shell where it holds a space or brackets: 'key=[a, b]'")
+"""What every override that does not parse is told, after what is wrong with it."""
+
+PAIRS = {"[": "]", "{": "}", "(": ")"}
+
+
+def describe_override_parse_error(override: str, reason: str) -> str:
+    """One line for an override Hydra's grammar cannot read (``reason``: Hydra's message):
+    it named neither the override nor the fix ("no viable alternative at input '[1'"), or
+    the override only ("Error parsing override 'run.seed==1'"), the reason on later lines.
+    Said here: the override, what in it is wrong (no '=', two, a bracket or a quote left
+    open, a character the grammar takes only quoted) and :data:`OVERRIDE_FORM`."""
+    where = f"cannot read the override '{override}'"
+    key, eq, value = override.partition("=")
+    if not eq:
+        return f"{where}: it has no '=' ({key}=VALUE sets a key); {OVERRIDE_FORM}"
+    if value.startswith("="):
+        return f"{where}: '=' twice; write one: {key}={value.lstrip('=')}"
+    unpaired = _unpaired(value)
+    if unpaired:
+        return f"{where}: {unpaired}; {OVERRIDE_FORM}"
+    character = _unreadable_character(override, reason)
+    if character is not None and len(character) == 1 and override.find(character) < len(key):
+        return (f"{where}: its key {key!r} is not names joined by single dots (run.seed; a "
+                f"leading + adds a key, ~ removes one); {OVERRIDE_FORM}")
+    if character is not None:
+        quote = '"' if "'" in value else "'"
+        shell = "'" if quote == '"' else '"'
+        return (f"{where}: Hydra reads {character!r} in a value only inside quotes; quote the "
+                f"value for Hydra, and that for the shell: {shell}{key}={quote}{value}{quote}"
+                f"{shell}")
+    return f"{where}: {first_line(reason) or reason}; {OVERRIDE_FORM}"
+
+
+def _unpaired(value: str) -> str | None:
+    """The first bracket or quote of an override's value that is not paired (outside
+    quotes), said as what is wrong with it; None where every one is."""
+    opened: list[str] = []
+    quote = None
+    for character in value:
+        if quote is not None:
+            quote = None if character == quote else quote
+        elif character in "'\"":
+            quote = character
+        elif character in PAIRS:
+            opened.append(character)
+        elif character in PAIRS.values():
+            if not opened or PAIRS[opened[-1]] != character:
+                return f"a '{character}' closes nothing"
+            opened.pop()
+    if quote is not None:
+        return f"a {quote} quote is never closed"
+    if opened:
+        return f"a '{opened[-1]}' is never closed"
+    return None
+
+
+def _unreadable_character(override: str, reason: str) -> str | None:
+    """What Hydra's grammar stopped at: the character its lexer's caret points to, or the
+    token of an "extraneous/mismatched input 'X'" or "no viable alternative at input 'X'"
+    (its last character: the one that made it unreadable); None where it names neither."""
+    lines = reason.splitlines()
+    prefix = "LexerNoViableAltException: "
+    if len(lines) >= 2 and lines[0].startswith(prefix) and lines[1].strip() == "^":
+        at = len(lines[1]) - 1 - len(prefix)
+        return override[at] if 0 <= at < len(override) else None
+    token = re.search(r"(?:extraneous|mismatched) input '(.+?)' expecting", reason)
+    if token:
+        return token.group(1)
+    token = re.search(r"no viable alternative at input '(.+?)'", reason)
+    return token.group(1)[-1] if token else None
+
+
+def force_added_group_message(line: str) -> str | None:
+    """``++plugins=salus``: Hydra refuses ``++`` for a config group ("force-add of config
+    groups is not supported"), naming no fix. A group's option is selected without it:
+    plugins as a list added with one +, the groups of accelopt's defaults list (workload,
+    experiment, Hydra's own) with none. None for a line that is not a ``++group=value``."""
+    found = re.fullmatch(r"\+\+([\w/.]+)=(.*)", line)
+    if not found:
+        return None
+    group, value = found.groups()
+    if group == "plugins":
+        names = value.strip().removeprefix("[").removesuffix("]")
+        fix = f"+plugins=[{names}]"
+    else:
+        fix = f"{group}={value}"
+    return (f"'{line}': ++ (force-add) sets keys, not config groups; select {group} with "
+            f"{fix}")
 
 
 WHOLE_JOBS = ("give the whole list, one mapping per job: "

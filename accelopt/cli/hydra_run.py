@@ -23,7 +23,8 @@ from typing import Any
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.errors import HydraException
+from hydra.core.override_parser.types import Override
+from hydra.errors import HydraException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from accelopt.atomic import (
@@ -36,6 +37,7 @@ from accelopt.atomic import (
 from accelopt.cli.config_errors import (
     config_dir,
     describe_config_error,
+    describe_override_parse_error,
     first_line_of,
     refuse_added_setting_of_a_selected_plugin,
     unknown_key_message,
@@ -137,12 +139,15 @@ def plugin_selections(overrides: list[str]) -> list[list[str]]:
     """Every plugin list the command line asks for (several with ``-m`` sweeps)."""
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
+    except OverrideParseException as exc:
+        raise ConfigError(describe_override_parse_error(exc.override, exc.message)) from None
     except HydraException as exc:
         raise ConfigError(f"cannot parse the overrides: {first_line_of(exc)}") from None
+    selecting = [o for o in parsed  # ~plugins: no value
+                 if o.key_or_group == "plugins" and not o.is_delete()]
+    refuse_repeated_selection(selecting)
     selections: list[list[str]] = []
-    for override in parsed:
-        if override.key_or_group != "plugins" or override.is_delete():  # ~plugins: no value
-            continue
+    for override in selecting:
         if override.is_sweep_override():
             values = list(override.sweep_iterator())
         else:
@@ -158,6 +163,26 @@ def plugin_selections(overrides: list[str]) -> list[list[str]]:
                     "(`accelopt plugins` lists them)")
             selections.append(list(names))
     return selections or [[]]
+
+
+def refuse_repeated_selection(selecting: Sequence[Override]) -> None:
+    """Plugins selected by two overrides (``'+plugins=[noop]' '+plugins=[salus]'``): Hydra
+    adds both lists to the run, so a plugin named in both would run once without a word,
+    where one list naming it twice is refused (:func:`accelopt.plugin.resolve`), and the
+    checks made before composing would see each list alone. One override selects them
+    all."""
+    if len(selecting) < 2:
+        return
+    given = " and ".join(f"'{o.input_line}'" for o in selecting)
+    if any(o.is_sweep_override() for o in selecting):
+        fix = "one +plugins=[a,b] (a sweep: one -m '+plugins=[a],[a,b]')"
+    else:
+        values = [o.value() for o in selecting]
+        names = [n for v in values for n in (v if isinstance(v, list) else [v])]
+        fix = f"+plugins=[{','.join(str(n) for n in dict.fromkeys(names))}]"
+    times = "twice" if len(selecting) == 2 else f"{len(selecting)} times"
+    raise ConfigError(f"plugins are selected {times} ({given}); list every plugin in one "
+                      f"override: {fix}")
 
 
 def _as_written(value: object) -> str:
@@ -572,11 +597,33 @@ def stopped_line(error: str, run_dir: Path) -> str:
     resumable = has_checkpoints(run_dir)
     if not kept and not resumable:
         return ""
+    no_timeline = _timeline_missing(run_dir) if TRACE_JSON in kept else None
+    if no_timeline is not None:
+        kept.remove(TRACE_JSON)
     line = (f"{error}: what ran is kept in {run_dir} ({', '.join(kept)})" if kept else
             f"{error}: its checkpoints are kept in {run_dir}")
+    if no_timeline is not None:
+        line += f"; {TRACE_JSON} holds no timeline: {no_timeline}"
     if resumable:
         line += resume_hint(run_dir)
     return line
+
+
+def _timeline_missing(run_dir: Path) -> str | None:
+    """Why the run's ``trace.json`` holds no event (``metrics.json``'s telemetry note, where
+    it has one), or None where it holds some: a stopped cluster run whose ranks died with
+    it wrote an empty trace, and the stop line listed it as kept."""
+    try:
+        with open(run_dir / TRACE_JSON, encoding="utf-8") as handle:
+            if json.load(handle).get("traceEvents"):
+                return None
+    except (OSError, ValueError, AttributeError):
+        return None  # not the run's trace as it writes it: not ours to describe
+    try:
+        note = json.loads((run_dir / METRICS_JSON).read_text(encoding="utf-8"))["telemetry"]["note"]
+    except (OSError, ValueError, KeyError, TypeError):
+        note = None
+    return str(note) if note else "no rank left its timeline"
 
 
 def _stopped_after_the_jobs(error: str, run_dir: Path, ended: str) -> str:

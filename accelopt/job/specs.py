@@ -161,8 +161,9 @@ def validate_spec(spec: JobConfig) -> None:
     _check_finite(spec, where)
     if spec.lr <= 0:
         raise ConfigError(f"{where}: lr must be a finite number > 0, got {spec.lr}")
-    if spec.momentum < 0:
-        raise ConfigError(f"{where}: momentum must be >= 0, got {spec.momentum}")
+    if not 0 <= spec.momentum < 1:
+        raise ConfigError(f"{where}: momentum must be in [0, 1) (SGD's velocity decay; 0.9 is "
+                          f"usual), got {spec.momentum}")
     if spec.weight_decay is not None and spec.weight_decay < 0:
         raise ConfigError(f"{where}: weight_decay must be >= 0, got {spec.weight_decay}")
     if spec.lr_schedule not in SCHEDULES:
@@ -198,7 +199,7 @@ driver waits on (``OverflowError: timestamp out of range`` in one process)."""
 
 FLOAT_SETTINGS = {
     "lr": "a finite number > 0",
-    "momentum": "a finite number >= 0",
+    "momentum": "a finite number in [0, 1)",
     "weight_decay": "a finite number >= 0, or null",
     "min_lr": "a finite number in [0, lr]",
     "grad_clip": "a finite number > 0, or null (no clipping)",
@@ -223,8 +224,10 @@ def _check_finite(spec: JobConfig, where: str) -> None:
 def spec_warnings(spec: JobConfig) -> list[str]:
     """One line each for a job's training settings that it accepts but cannot use as
     written, said at the start of the run (``runtime.run.setting_warnings``): typically a
-    warm-up or a floor kept from a longer run's settings after shortening the job. A
-    warning, not a refusal: the job still runs exactly as configured."""
+    warm-up or a floor kept from a longer run's settings after shortening the job, or an SGD
+    momentum kept after switching the job to Adam (a momentum at its default was never
+    chosen, so it is not named). A warning, not a refusal: the job still runs exactly as
+    configured."""
     if spec.kind != "train":
         return []
     where, lines = f"job '{spec.name}'", []
@@ -238,6 +241,10 @@ def spec_warnings(spec: JobConfig) -> list[str]:
     if spec.min_lr > 0 and spec.lr_schedule == "constant":
         lines.append(f"{where}: min_lr={spec.min_lr} has no effect with lr_schedule=constant; "
                      "lr_schedule=cosine or linear decays to it")
+    if spec.optimizer != "sgd" and spec.momentum != JobConfig.momentum:
+        lines.append(f"{where}: momentum={spec.momentum} has no effect with "
+                     f"optimizer={spec.optimizer} (its betas are its own); optimizer=sgd uses "
+                     "it")
     return lines
 
 

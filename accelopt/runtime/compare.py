@@ -150,8 +150,23 @@ def run_references(cfg: DictConfig, subsets: list[tuple[str, ...]], run_dir: Pat
             refs[name] = execute(subset_config(cfg, subset), run_dir=where, registry=registry,
                                  console=quiet)
         except AccelOptError as exc:
-            raise _in_reference(exc, subset, where) from None
+            raise references_kept(_in_reference(exc, subset, where), run_dir,
+                                  list(refs)) from None
     return refs
+
+
+def references_kept(exc: AccelOptError, run_dir: Path, finished: list[str]) -> AccelOptError:
+    """``exc`` (its class, exit code and attributes), its line also saying where the
+    reference runs that finished before it (their labels: ``finished``) kept their
+    outputs, unless the run's own outputs are in ``run_dir`` (the command line says those
+    are kept, and they hold the references' directory). Why: a run stopped after its
+    references trained shows none of their figures, so its line says where they are."""
+    kept = [name for name in finished
+            if (Path(run_dir) / "compare" / name / "metrics.json").is_file()]
+    if kept and not (Path(run_dir) / "metrics.json").is_file():
+        exc.args = (f"{exc}; the run.compare reference runs that finished kept their outputs "
+                    f"in {Path(run_dir) / 'compare'} ({', '.join(kept)})", *exc.args[1:])
+    return exc
 
 
 def _in_reference(exc: AccelOptError, subset: tuple[str, ...], where: Path) -> AccelOptError:
@@ -291,7 +306,10 @@ def unfinished_jobs(name: str, record: RunRecord) -> str:
 def attach(record: RunRecord, refs: dict[str, RunRecord]) -> None:
     """Add each plugin's measured gain (a row after its own rows) and the reference figures
     (``compare.<label>.<key>`` in the run's metrics; their held-out quality, as every
-    quality compared, over the jobs scored in every run: :func:`scored_in_all`)."""
+    quality compared, over the jobs scored in every run: :func:`scored_in_all`). The gain
+    row of a plugin that changed nothing in the run measured (alone where it ran alone)
+    carries ``INERT``, as its sentence says so: a script reading its ``alone.*`` and
+    ``together.*`` figures can tell run-to-run noise from the plugin's gain."""
     scored = scored_in_all(record, *refs.values())
     mine = figures(record, scored)
     base = figures(refs[BASELINE], scored)
@@ -304,8 +322,8 @@ def attach(record: RunRecord, refs: dict[str, RunRecord]) -> None:
     for plugin in plugins:
         alone = refs.get(plugin)
         source = alone.plugin_rows if alone is not None else rows
-        noise = (f" ({INERT_NOTE.format(plugin=plugin, run='this run')})"
-                 if inert_plugins([plugin], source) else "")
+        inert = bool(inert_plugins([plugin], source))
+        noise = f" ({INERT_NOTE.format(plugin=plugin, run='this run')})" if inert else ""
         together = gain_metrics(base, mine, "together")
         measured = together
         if alone is not None:
@@ -326,9 +344,31 @@ def attach(record: RunRecord, refs: dict[str, RunRecord]) -> None:
         text += " [ratio > 1x: faster; one run each, this invocation]"
         last = max((i for i, r in enumerate(rows) if r.plugin == plugin), default=len(rows) - 1)
         rows.insert(last + 1, ReportRow(plugin, text, {
-            COMPARED: 1, **{f"baseline.{key}": value for key, value in base.items() if value is not None},
+            COMPARED: 1, **({INERT: 1} if inert else {}),
+            **{f"baseline.{key}": value for key, value in base.items() if value is not None},
             **measured}))
     record.plugin_rows = rows
+
+
+IDLE_MARK = "(changed nothing)"
+"""The comparison table's mark on the column of a run whose plugins changed nothing in it
+(:func:`_idle_runs`)."""
+
+
+def _idle_runs(record: RunRecord, refs: dict[str, RunRecord]) -> dict[str, str]:
+    """The columns of :func:`table` whose plugins all changed nothing in their run (by that
+    run's rows: :func:`inert_plugins`), each with the note saying so (:data:`INERT_NOTE`):
+    unmarked, such a run's ratio reads as the plugin's gain, where the rows call it
+    noise."""
+    runs = [(name, ref.info.plugins, ref.plugin_rows, f"the run with {name} alone")
+            for name, ref in refs.items() if name != BASELINE]
+    runs.append(("+".join(record.info.plugins), record.info.plugins, record.plugin_rows,
+                 "this run"))
+    out: dict[str, str] = {}
+    for name, plugins, rows, run in runs:
+        if plugins and len(inert_plugins(plugins, rows)) == len(plugins):
+            out[name] = INERT_NOTE.format(plugin=listed(list(plugins)), run=run)
+    return out
 
 
 def table(record: RunRecord, refs: dict[str, RunRecord]) -> Table:
@@ -342,12 +382,15 @@ def table(record: RunRecord, refs: dict[str, RunRecord]) -> Table:
     notes = [f"this run: {differ}"] if differ else []
     notes += [quality] if (quality := quality_note(*refs.values(), record)) else []
     notes += [note for name, ref in refs.items() if (note := unfinished_jobs(name, ref))]
+    idle = _idle_runs(record, refs)
+    notes += list(idle.values())
     out = Table(title="Compared in this invocation (one run each; ratio vs no plugins)",
                 title_justify="left", pad_edge=False,
                 caption=Text("\n".join(notes)) if notes else None, caption_justify="left")
     out.add_column("figure", no_wrap=True)
     for name, _ in runs:
-        out.add_column("no plugins" if name == BASELINE else name, justify="right")
+        header = "no plugins" if name == BASELINE else name
+        out.add_column(f"{header} {IDLE_MARK}" if name in idle else header, justify="right")
     base = runs[0][1]
     for key, name, kind in FIGURES:
         values = [f.get(key) for _, f in runs]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import math
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -27,7 +28,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
-from accelopt.activation import activate, selected_plugins
+from accelopt.activation import PluginSet, activate, selected_plugins
 from accelopt.atomic import OutputUnwritable, atomic_open
 from accelopt.collector import collector_paused, run_starts
 from accelopt.config import RunSettings
@@ -45,6 +46,7 @@ from accelopt.drivers.processes import preloads_dynamo, under_torchrun
 from accelopt.drivers.rows import stopped_report, with_placeholders
 from accelopt.drivers.setup import (
     MAX_THREADS,
+    capacity_warning,
     memory_capacity,
     pick_device,
     rank_threads,
@@ -129,6 +131,7 @@ def execute(
         cfg = _without_compare(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     _save_config(cfg, run_dir)  # before the references: a run stopped in them is resumable
+    refs: dict[str, RunRecord] = {}
     try:
         refs = compare.run_references(cfg, reference_sets, run_dir, registry, console)
         if refs:  # they ended: a resume continues this run's own jobs, without them
@@ -140,8 +143,10 @@ def execute(
             return _execute_cluster(cfg, run_dir, registry, console, refs, resume_from,
                                     warnings)
         return _execute_local(cfg, run_dir, registry, console, refs, resume_from, warnings)
-    except UserError:
-        _give_back_if_nothing_ran(run_dir)
+    except AccelOptError as exc:
+        if isinstance(exc, UserError):
+            _give_back_if_nothing_ran(run_dir)
+        compare.references_kept(exc, run_dir, list(refs))  # its line says where they are
         raise
 
 
@@ -161,10 +166,34 @@ def _give_back_if_nothing_ran(run_dir: Path) -> None:
 def validate(cfg: DictConfig, registry: Registry,
              reference_sets: list[tuple[str, ...]] = ()) -> None:
     """Everything that can be checked before a job runs: the jobs, the cluster settings, and
-    each plugin set (this run's and every reference set's) activated and configured once."""
+    each plugin set (this run's and every reference set's) activated and configured once.
+    With reference sets, each set with plugins also builds its jobs
+    (:func:`_refuse_unbuildable`)."""
     ids = _validate_settings(cfg)
     for subset in [None, *reference_sets]:
-        activate(cfg if subset is None else compare.subset_config(cfg, subset), registry, ids)
+        subset_cfg = cfg if subset is None else compare.subset_config(cfg, subset)
+        plugins = activate(subset_cfg, registry, ids)
+        if reference_sets and subset != ():
+            _refuse_unbuildable(subset_cfg, plugins)
+
+
+def _refuse_unbuildable(cfg: DictConfig, plugins: PluginSet) -> None:
+    """Build the jobs of ``cfg`` under ``plugins`` (its model, each layer offered to
+    ``accelopt_layer_build``, its optimizer to ``accelopt_optimizer_build``) and drop them,
+    training nothing: a plugin's refusal of a job as it is built is raised here, one line.
+    Why: the ``run.compare`` reference runs train before this run, so without it a set
+    whose plugin refuses a job as it is built (its optimizer, its layers) is refused only
+    after the runs before it have trained. Once per set with plugins, in this process, on
+    the run's device, as the run builds them (:func:`_execute_local`); not for a cluster
+    run (its ranks build their jobs with their exchanges and roles)."""
+    if cfg.cluster.mode != "none":
+        return
+    device = pick_device(str(cfg.run.device))
+    jobs = build_jobs(job_specs(cfg), device, plugins,
+                      bucket_bytes=local_info(cfg.cluster).bucket_bytes)
+    del jobs
+    if device.type == "cuda":  # the built models' memory: not held as the runs start
+        torch.cuda.empty_cache()
 
 
 def refused_sets(cfg: DictConfig, registry: Registry,
@@ -195,8 +224,10 @@ def setting_warnings(cfg: DictConfig, named: Sequence[str] = ()) -> list[str]:
     :func:`_unread_in_a_cluster` for ``run.*``; ``named``: the command line's overrides).
     And ``run.threads`` beyond the
     cores this process may use: the threads take turns on the cores, every op pays for it,
-    and the run's times measure the oversubscription. And each job's training settings it
-    cannot use as written (:func:`~accelopt.job.specs.spec_warnings`)."""
+    and the run's times measure the oversubscription. A one-process run's
+    ``run.memory_capacity`` beyond the device's memory (it admits jobs against it). And each
+    job's training settings it cannot use as written
+    (:func:`~accelopt.job.specs.spec_warnings`)."""
     lines = []
     threads, cores = int(cfg.run.threads), usable_cores()
     if threads > cores:
@@ -208,6 +239,10 @@ def setting_warnings(cfg: DictConfig, named: Sequence[str] = ()) -> list[str]:
         lines.append(unused)
     if cfg.cluster.mode != "none":
         lines += _unread_in_a_cluster(cfg, named)
+    else:
+        capacity = capacity_warning(str(cfg.run.memory_capacity), pick_device(str(cfg.run.device)))
+        if capacity is not None:
+            lines.append(capacity)
     try:
         specs = job_specs(cfg)
     except ConfigError:  # the run's validation names it
@@ -267,9 +302,7 @@ def _validate_settings(cfg: DictConfig) -> list[str]:
                           f"time is counted in ~10 ms ticks: shorter intervals read 0% or "
                           f"thousands of percent), got {cfg.run.telemetry_interval_s}; set "
                           f"run.telemetry_interval_s={MIN_INTERVAL_S:g} or more")
-    if float(cfg.run.hook_watchdog_s) != 0:
-        positive_number(float(cfg.run.hook_watchdog_s), "run.hook_watchdog_s",
-                        "seconds a hook call may run before a warning; 0: off", MAX_TIMEOUT_S)
+    _check_watchdog(cfg.run.hook_watchdog_s)
     if not 0 <= int(cfg.run.threads) <= MAX_THREADS:
         raise UserError(f"run.threads must be in [0, {MAX_THREADS}] (0: the default; this machine "
                         f"has {usable_cores()} cores), got {cfg.run.threads}")
@@ -281,6 +314,19 @@ def _validate_settings(cfg: DictConfig) -> list[str]:
     for spec in specs:  # fp16 needs CUDA and one process: say so before anything starts
         check_precision(spec, device_type, one_process)
     return ids
+
+
+def _check_watchdog(value: Any) -> None:
+    """``run.hook_watchdog_s``: 0 (off) or a finite number of seconds up to
+    :data:`MAX_TIMEOUT_S`. A refusal says ">= 0": :func:`positive_number`'s "> 0" would
+    contradict the 0 (off) it accepts."""
+    what = "seconds a hook call may run before a warning; 0: off"
+    seconds = float(value)
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ConfigError(f"run.hook_watchdog_s must be a finite number >= 0 ({what}), "
+                          f"got {value!r}")
+    if seconds > 0:
+        positive_number(seconds, "run.hook_watchdog_s", what, MAX_TIMEOUT_S)
 
 
 def _reference_sets(cfg: DictConfig, console: Console) -> list[tuple[str, ...]]:
