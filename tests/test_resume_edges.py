@@ -304,3 +304,19 @@ def test_a_stopped_line_names_only_what_the_run_kept(tmp_path):
         f"checkpoints with: accelopt run run.resume={tmp_path}")
     (tmp_path / "checkpoints" / "00-mlp.pt").unlink()
     assert stopped_line("interrupted (Ctrl-C)", tmp_path) == ""  # nothing kept: the bare line
+
+
+def test_a_stopped_line_does_not_count_an_empty_trace_as_kept(tmp_path):
+    """A cluster run stopped with its ranks (SIGTERM to the process group) whose ranks left
+    no timeline wrote a trace.json of no events: the line said its timeline was kept in it."""
+    from accelopt.cli.hydra_run import stopped_line
+
+    note = "the ranks' timelines ended with their processes and are not in trace.json"
+    (tmp_path / "metrics.json").write_text(json.dumps({"telemetry": {"note": note}}))
+    (tmp_path / "trace.json").write_text(json.dumps({"traceEvents": []}))
+    assert stopped_line("terminated (SIGTERM)", tmp_path) == (
+        f"terminated (SIGTERM): what ran is kept in {tmp_path} (metrics.json); trace.json "
+        f"holds no timeline: {note}")
+    (tmp_path / "trace.json").write_text(json.dumps({"traceEvents": [{"ph": "X"}]}))
+    assert stopped_line("terminated (SIGTERM)", tmp_path) == (
+        f"terminated (SIGTERM): what ran is kept in {tmp_path} (metrics.json, trace.json)")

@@ -98,6 +98,8 @@ class ClusterDriver:
         self._first_started: set[str] = set()
         """The jobs whose first iteration in this run the leader has recorded
         (:meth:`_started`)."""
+        self._service: dict[str, float] = {}
+        """Leader: each job's service time so far, carried part included (:meth:`_served`)."""
         self._ended_lock = threading.Lock()
         """Held while ``_ended_jobs`` changes and is written: lanes end and switch jobs on
         threads of their own, and two writing ``ended.json`` at once failed the run."""
@@ -143,16 +145,15 @@ class ClusterDriver:
         """A job's end, recorded where the launcher finds it if the run stops later: JCT and
         queueing delay from its arrival counted as a successful run counts it (on the
         training clock, so without process start-up: :func:`on_training_clock`), its
-        service time (the leader's part of it) and samples (the global batch per
-        iteration). A stopped run's report puts the job at its arrival plus these, on the
-        same training clock as a successful run's."""
-        part = self.jobs[job.info.job_id]
+        service time (as the leader saw it: :meth:`_served`) and samples (the global batch
+        per iteration). A stopped run's report puts the job at its arrival plus these, on
+        the same training clock as a successful run's."""
         timed = on_training_clock(dataclasses.replace(result, job=job.info), self.train_t0)
         with self._ended_lock:
             self._ended_jobs[job.info.job_id] = {
                 "status": result.status, "error": result.error,
                 "iterations": result.iterations_done, "jct_s": timed.jct_s,
-                "queueing_s": timed.queueing_s, "service_s": part.service_s(),
+                "queueing_s": timed.queueing_s, "service_s": self._service_s(job.info.job_id),
                 "samples": result.iterations_done * job.info.batch_size}
             self._record()
 
@@ -181,7 +182,7 @@ class ClusterDriver:
         counts from the arrival after every rank had built every job)."""
         part = self.jobs[job_id]
         return {"status": "running", "current": current, "iterations": part.job.iteration,
-                "queueing_s": part.queueing_s(), "service_s": part.service_s(),
+                "queueing_s": part.queueing_s(), "service_s": self._service_s(job_id),
                 "carried_service_s": part.carried_service_s}
 
     def _started(self, job_id: str) -> None:
@@ -220,10 +221,44 @@ class ClusterDriver:
                 self._freed = len(self.jobs) == 1  # one job: the followers run on by themselves
                 self._send({"run": job_id, "lane": events.lane, "free": self._freed})
             result = self.jobs[job_id].step(events.lane, self.progress)
-            if self.progress is not None and job_id not in self._first_started:
-                self._first_started.add(job_id)  # once per job, not a lock every iteration
-                self._started(job_id)
+            if self.progress is not None:
+                self._served(job_id)
+                if job_id not in self._first_started:
+                    self._first_started.add(job_id)  # once per job, not a lock every iteration
+                    self._started(job_id)
             return result
+
+    def _served(self, job_id: str) -> None:
+        """The job's iterations and service time so far, after each of its iterations, where
+        the launcher reads them if the run stops with its ranks
+        (:meth:`~accelopt.drivers.cluster.faults.Progress.served`): the job's record in
+        ``ended.json`` is written at its switches and first start only (one file write
+        per job), and a run of one job stopped later gave it one iteration's time.
+
+        The leader's iterations of a job that follow each other count from the previous
+        one's end, not their own start: the time between two of them is that job's (no
+        other job ran between), whatever part of each iteration the leader's own span
+        covers (a parameter server's is its own part of it), so the figure is the time the
+        job's iterations took on the cluster, give or take the part of the first one before
+        the leader's. Added up here one iteration at a time (``RankJob.service_s`` sums
+        every record: a cost per iteration that grows with the job)."""
+        part = self.jobs[job_id]
+        last = part.iterations[-1]
+        begun = last["start_s"]
+        if self._previous is not None and self._previous[0] == job_id:
+            begun = min(begun, self._previous[1])
+        self._previous = (job_id, last["end_s"])
+        so_far = self._service.get(job_id, part.carried_service_s) + last["end_s"] - begun
+        self._service[job_id] = so_far
+        self.progress.served(job_id, part.job.iteration, so_far)  # type: ignore[union-attr]
+
+    def _service_s(self, job_id: str) -> float:
+        """The job's service time so far as the leader saw it (:meth:`_served`; the job's
+        own iterations added up before it has run one here)."""
+        return self._service.get(job_id, self.jobs[job_id].service_s())
+
+    _previous: tuple[str, float] | None = None
+    """The leader's last iteration: its job and its end (:meth:`_served`)."""
 
     _current: str | None = None
     """The job the leader ran last (a switch away from it records how far it got)."""

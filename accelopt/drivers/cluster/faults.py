@@ -93,6 +93,25 @@ def die_with_launcher(launcher_pid: int) -> None:
     threading.Thread(target=watch, name="accelopt-launcher-watch", daemon=True).start()
 
 
+def sigterm_after(left: threading.Event, wait_s: float = GRACE_S) -> None:
+    """A rank's SIGTERM waits up to ``wait_s`` for ``left`` (set once the rank has written
+    its timeline so far, which its launcher asks for as the run stops), then ends the rank
+    as SIGTERM does. Why: SIGTERM to the whole process group (what ``timeout`` and CI
+    runners send) reached the ranks with the launcher, and a rank that died of it at once
+    left nothing: the stopped run's trace.json was empty and its losses gone, where a
+    SIGTERM to the launcher alone kept them. A rank signalled alone still dies of it (the
+    launcher names "killed by SIGTERM"), ``wait_s`` later. Main thread only (a signal
+    handler); the handler runs once the rank's main thread is back in Python, and where it
+    is blocked in a transfer meanwhile, the writer thread leaves the timeline regardless."""
+
+    def handler(signum: int, frame: Any) -> None:
+        left.wait(wait_s)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, handler)
+
+
 JOBS_ENDED = -1
 """The progress mark of a rank whose jobs have all ended."""
 
@@ -159,6 +178,27 @@ class Progress:
         now is not 'at iteration N', the last one this rank ran."""
         self.set(JOBS_ENDED)
 
+    def served(self, job_id: str, iterations: int, service_s: float) -> None:
+        """The leader's service time of the job it runs, over the iterations of it that it
+        has finished, after each of them (one ``pwrite`` of a second fixed record, as
+        :meth:`set`'s): a run stopped with its ranks (SIGTERM to the process group) leaves
+        no worker's records, and the job's samples/s must divide the iterations counted
+        by the time they took (:func:`read_ended`), not by the first iteration's alone,
+        which is when the leader last wrote its record of a run of one job."""
+        record = json.dumps([job_id, iterations, service_s]).encode()
+        os.pwrite(self._fd, record.ljust(_PROGRESS_BYTES), _PROGRESS_BYTES)
+
+    @staticmethod
+    def read_served(workdir: str | os.PathLike[str], rank: int = 0) -> tuple[str, int, float] | None:
+        """What :meth:`served` last wrote on rank ``rank`` (None: nothing, or not readable)."""
+        try:
+            with open(Path(workdir) / f"progress-{rank}", "rb") as fh:
+                fh.seek(_PROGRESS_BYTES)
+                job_id, iterations, service_s = json.loads(fh.read(_PROGRESS_BYTES).strip())
+            return str(job_id), int(iterations), float(service_s)
+        except (OSError, ValueError, TypeError):
+            return None
+
     @staticmethod
     def read(workdir: str | os.PathLike[str], rank: int) -> int | None:
         return Progress.read_at(workdir, rank).iteration
@@ -167,7 +207,9 @@ class Progress:
     def read_at(workdir: str | os.PathLike[str], rank: int) -> At:
         """Where rank ``rank`` last said it was (``At(None)``: before its first iteration)."""
         try:
-            number, _, job = (Path(workdir) / f"progress-{rank}").read_text().strip().partition(" ")
+            with open(Path(workdir) / f"progress-{rank}", "rb") as fh:
+                text = fh.read(_PROGRESS_BYTES).decode()
+            number, _, job = text.strip().partition(" ")
             iteration = int(number)
         except (OSError, ValueError):
             return At(None)
@@ -220,10 +262,24 @@ def record_ended(workdir: str | os.PathLike[str], ended: dict[str, dict[str, Any
 
 
 def read_ended(workdir: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
+    """The leader's record of the jobs (:func:`record_ended`), the job it was running
+    brought up to the iterations it had finished and their service time
+    (:meth:`Progress.served`): its record is written when it starts, so without this a
+    run stopped later paired the iterations reached with the first iteration's service
+    time, and its samples/s was many times the real one."""
     try:
-        return dict(json.loads((Path(workdir) / ENDED_FILE).read_text()))
+        ended = dict(json.loads((Path(workdir) / ENDED_FILE).read_text()))
     except (OSError, ValueError):
         return {}
+    served = Progress.read_served(workdir, 0)
+    if served is None:
+        return ended
+    job_id, iterations, service_s = served
+    mine = ended.get(job_id)
+    if (mine is not None and mine.get("status") == "running"
+            and iterations >= int(mine.get("iterations") or 0)):
+        mine.update(iterations=iterations, service_s=service_s)
+    return ended
 
 
 _GLOO_PEER_ERROR = re.compile(

@@ -409,7 +409,9 @@ def child_main(rank: int, world: int, cfg_yaml: str, port: int, t0: float, work:
     progress = None
     so_far = SoFar()
     if stop is not None:
-        _OnStop(stop, lambda: so_far.write(work, rank))
+        left = threading.Event()  # set once this rank's timeline so far is written
+        _OnStop(stop, lambda: (so_far.write(work, rank), left.set()))
+        faults.sigterm_after(left)
     try:
         init_method = join_local_rank(rank, world, port, endpoint, master_addr)
         cfg = OmegaConf.create(cfg_yaml)

@@ -344,9 +344,7 @@ def _job_outcome(parts: list[JobPart], settings: ClusterSettings,
         summary.update(dict.fromkeys(("iteration_s", "iteration_s_with_warmup",
                                       "iterations_per_s", "iterations_per_s_with_warmup")))
 
-    param_bytes = sum(p.numel() * p.element_size() for r in parts for p in r.params.values())
-    if settings.mode == "allreduce":
-        param_bytes = sum(p.numel() * p.element_size() for p in parts[0].params.values())
+    param_bytes = held_bytes(parts[:1] if settings.mode == "allreduce" else parts)
     wire = [sum(r.stats.bytes_by_iteration.get(i, 0) for r in parts)
             for i in range(resumed_at, n_iter)]
     handed = [sum(r.stats.collective_bytes_by_iteration.get(i, 0) for r in parts)
@@ -403,6 +401,20 @@ def _job_outcome(parts: list[JobPart], settings: ClusterSettings,
     )
 
 
+def held_bytes(parts: list[JobPart]) -> int:
+    """The bytes of the parameters ``parts`` hold, each storage once: a parameter server's
+    state names a tied weight under each of its names (``PsServer.final_state``, so the
+    gathered state loads back), and summing the names counted an embedding tied to the
+    output layer twice, while the wire and the layer order carry it once. The names of one
+    tensor share its data (one pointer, a pickle of the rank's state keeps them one); two
+    ranks' tensors are never one."""
+    seen: dict[tuple[int, int], int] = {}
+    for part in parts:
+        for p in part.params.values():
+            seen[(id(part), p.data_ptr())] = p.numel() * p.element_size()
+    return sum(seen.values())
+
+
 def wall_throughput(outcomes: list[ClusterOutcome]) -> float | None:
     """Several jobs' wall throughput: the iterations (of any job) that started while some job
     was in its steady iterations (its first steady start to its last end), over the length
@@ -452,7 +464,8 @@ def _wire_bytes_per_iteration(parts: list[JobPart], settings: ClusterSettings) -
 JOB_METRICS = ("efficiency_e", "efficiency_e_with_warmup", "iteration_s", "mc_s", "pc_s",
                "ratio_a", "iteration_makespan_s", "bytes_per_iteration",
                "achieved_bandwidth_bps", "wire_bytes_per_iteration",
-               "loopback_bytes_per_iteration", "collective_bytes_per_iteration")
+               "loopback_bytes_per_iteration", "collective_bytes_per_iteration",
+               "expected_bytes_per_iteration")
 """Per-job figures copied into the run's metrics as ``job.<name>.<key>``."""
 
 
@@ -498,7 +511,9 @@ def summary_figures(metrics: dict[str, Any], names: list[str],
     reading ``summary["bytes_per_iteration"]`` gets ``null``, not a KeyError, from a run
     that failed. The mode and the network decide the rest: ``expected_bytes_per_iteration``
     (ps), ``collective_bytes_per_iteration`` (all-reduce), ``wire_bytes_per_iteration`` (a
-    shaped network) and ``loopback_bytes_per_iteration`` (its shared loopback)."""
+    shaped network) and ``loopback_bytes_per_iteration`` (its shared loopback): a run of
+    several jobs has each job's (``job.<name>.<key>``) and the run's, their median over the
+    jobs, as ``bytes_per_iteration``."""
     extra = [key for key, wanted in (
         ("expected_bytes_per_iteration", settings.mode == "ps"),
         ("collective_bytes_per_iteration", settings.mode == "allreduce"),
@@ -509,7 +524,7 @@ def summary_figures(metrics: dict[str, Any], names: list[str],
         keys = [*ONE_JOB_METRICS, *extra]
     else:
         per_job = [key for key in JOB_METRICS if key not in MODE_METRICS or key in extra]
-        keys = [*SEVERAL_JOBS_METRICS,
+        keys = [*SEVERAL_JOBS_METRICS, *extra,
                 *(f"job.{name}.{key}" for name in names for key in per_job)]
     out = {key: metrics.get(key) for key in keys}
     out.update({"cluster_mode": settings.mode, "cluster_workers": settings.workers,
@@ -529,6 +544,9 @@ def _aggregate(out: ClusterOutcome, outcomes: dict[str, ClusterOutcome], names: 
     all_e: list[float] = []
     steady_rows: list[dict[str, Any]] = []
     wire: list[float] = []
+    by_mode: dict[str, list[float]] = {}
+    """The mode's and the network's figures of each job (:data:`MODE_METRICS`): the run's
+    is their median over the jobs, as ``bytes_per_iteration``'s is."""
     iteration_s: list[float] = []
     totals = {"transfers": 0, "transfers_dropped": 0, "transfers_ordered": 0,
               "transfers_held": 0, "transfers_overtaken": 0, "transfers_partitioned": 0,
@@ -548,6 +566,9 @@ def _aggregate(out: ClusterOutcome, outcomes: dict[str, ClusterOutcome], names: 
                     steady_e.append(row["efficiency_e"])
         if one.metrics.get("bytes_per_iteration") is not None:
             wire.append(float(one.metrics["bytes_per_iteration"]))
+        for key in MODE_METRICS:
+            if one.metrics.get(key) is not None:
+                by_mode.setdefault(key, []).append(float(one.metrics[key]))
         worker_rows = [it for p in parts if p.role == "worker" for it in p.iterations]
         by_iter: dict[int, float] = {}
         for it in worker_rows:
@@ -573,6 +594,7 @@ def _aggregate(out: ClusterOutcome, outcomes: dict[str, ClusterOutcome], names: 
         "iterations_per_s": 1.0 / _median(iteration_s) if iteration_s else None,
         "wall_iterations_per_s": wall_throughput(list(outcomes.values())),
         "bytes_per_iteration": _median(wire),
+        **{key: _median(values) for key, values in by_mode.items()},
         **{key: _median([r[key] for r in steady_rows if r.get(key) is not None])
            for key in ("mc_s", "pc_s", "iteration_makespan_s", "ratio_a")},
         **totals,
