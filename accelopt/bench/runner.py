@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
+import math
 import os
 import platform
 import re
@@ -46,7 +47,13 @@ from accelopt.bench.analysis import (
 )
 from accelopt.bench.evaluate import EVAL_METRIC, PERPLEXITY, evaluate_run
 from accelopt.bench.render import render_markdown, render_png, render_table
-from accelopt.errors import JobsUnfinished, UserError, first_line, listed
+from accelopt.errors import (
+    JobsUnfinished,
+    PluginResolutionError,
+    UserError,
+    first_line,
+    listed,
+)
 from accelopt.plugin import Registry, resolve, valid_combinations
 from accelopt.report.console import default_console
 from accelopt.report.metrics import finite_json
@@ -71,12 +78,10 @@ def parse_args(args: list[str]) -> argparse.Namespace:
                         + ", ".join(HIGHER_IS_BETTER_HINTS)
                         + ", lower for every other (times, bytes, perplexity)")
     parser.add_argument("--out", default="", help="output directory (default: runs/bench/<time>)")
-    parser.add_argument("--no-eval", dest="eval", action="store_false",
-                        help="leave out the quality column (each run's held-out top-1: "
-                        "accuracy, or P@1 for multi-label data, as the run scored it; the "
-                        "perplexity of runs that train language models only)")
-    parser.add_argument("--eval", dest="eval", action="store_true",
-                        help=argparse.SUPPRESS)  # the default; kept for old command lines
+    parser.add_argument("--eval", action=argparse.BooleanOptionalAction, default=True,
+                        help="the quality column, on unless --no-eval: each run's held-out "
+                        "top-1 (accuracy, or P@1 for multi-label data, as the run scored it; "
+                        "the perplexity of runs that train language models only)")
     parser.add_argument("--reanalyze", action="store_true",
                         help="run nothing: re-read the finished bench in --out (its bench.json "
                         "and runs) and write its table, chart and report again")
@@ -99,6 +104,7 @@ def parse_args(args: list[str]) -> argparse.Namespace:
     extras = [name for name, on in (("--plugins", opts.plugins), ("--sets", opts.sets),
                                     ("--repeats", "--repeats" in given),
                                     ("--no-eval", "--no-eval" in given),
+                                    ("--eval", "--eval" in given),
                                     (" ".join(opts.overrides), opts.overrides)) if on]
     if opts.reanalyze and extras:  # they were ignored in silence
         raise UserError("--reanalyze runs nothing: its sets and settings are those of the "
@@ -114,7 +120,10 @@ def plugin_sets(opts: argparse.Namespace, registry: Registry) -> list[list[str]]
     if opts.sets:
         sets = parse_sets(opts.sets)
     else:
-        names = [n for n in opts.plugins.split(",") if n]
+        names = [n.strip() for n in opts.plugins.split(",") if n.strip()]
+        twice = [n for i, n in enumerate(names) if n in names[:i]]
+        if twice:  # as `accelopt run +plugins=[a,a]` refuses it (plugin.resolve)
+            raise PluginResolutionError(f"plugin '{twice[0]}' is selected twice; list it once")
         if not names:
             raise UserError("name the plugins to compare: accelopt bench --plugins a,b [overrides]")
         sets = valid_combinations([registry.get(n) for n in names])
@@ -279,8 +288,8 @@ def _bench(opts: argparse.Namespace, args: list[str], out: Path, created: bool,
                   markup=False)  # a [ in --out is part of the path
     started = time.perf_counter()
     try:
-        _run_sweep(command, out, total, console, metric=opts.metric,
-                   baseline=plan.index((-1, [], True)))
+        code = _run_sweep(command, out, total, console, metric=opts.metric,
+                          baseline=plan.index((-1, [], True)))
     except UnknownMetric:
         if created:  # only the first run of a mistyped command: its --out stays free
             shutil.rmtree(out, ignore_errors=True)
@@ -289,7 +298,12 @@ def _bench(opts: argparse.Namespace, args: list[str], out: Path, created: bool,
         _say_how_to_report_what_ran(out, plan, opts.metric)
         raise
     context["sweep_s"] = round(time.perf_counter() - started, 1)
-    return _report_runs(out, context, plan, console)
+    reported = _report_runs(out, context, plan, console)
+    if code != 0 and reported == 0:  # every run measured, yet the sweep says it failed
+        print(f"error: the sweep exited {code} though every run of the plan measured "
+              f"{opts.metric}; see {out / 'sweep.log'}", file=sys.stderr)
+        return JobsUnfinished.exit_code
+    return reported
 
 
 def hydra_quoted(path: Path) -> str:
@@ -319,7 +333,7 @@ def _what_out_holds(out: Path) -> str:
                 "give another --out, or wait for it to end")
     try:
         saved = json.loads((out / "bench.json").read_text())
-        plan = [(int(r["repeat"]), list(r["plugins"]), bool(r["warmup"])) for r in saved["runs"]]
+        plan = saved_plan(saved)
         finished = bool(saved["sets"]) and not (out / RUNNING).exists()
         metric = str(saved.get("context", {}).get("metric") or "duration_s")
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
@@ -387,8 +401,7 @@ def _runs_that_measured(runs_dir: Path, plan: list[tuple[int, list[str], bool]],
         except UnreadableRun:
             continue
         value = summary.get(metric)
-        if run_failure(summary) is None and isinstance(value, (int, float)) \
-                and not isinstance(value, bool):
+        if run_failure(summary) is None and measurement(value) is not None:
             done += 1
             baseline = baseline or not plan[int(path.parent.name)][1]
     return done, baseline
@@ -459,10 +472,13 @@ def reanalyze(opts: argparse.Namespace) -> int:
         saved = json.loads((out / "bench.json").read_text())
     except (OSError, ValueError) as exc:
         raise UserError(f"--reanalyze: cannot read {out / 'bench.json'} ({exc})") from None
-    if "runs" not in saved:
+    if isinstance(saved, dict) and "runs" not in saved:
         raise UserError(f"--reanalyze: {out / 'bench.json'} predates the run plan; rerun it")
-    plan = [(int(r["repeat"]), list(r["plugins"]), bool(r["warmup"])) for r in saved["runs"]]
-    context = dict(saved["context"])
+    try:
+        plan, context = saved_plan(saved), saved_context(saved)
+    except ValueError as exc:
+        raise UserError(f"--reanalyze: {out / 'bench.json'} is not what a bench writes: "
+                        f"{exc}; rerun the bench") from None
     context.pop("missing_runs", None)  # this reading decides which runs are missing
     name = "bench"
     if opts.metric_given or opts.higher_is_better != "auto":
@@ -481,7 +497,8 @@ def reanalyze(opts: argparse.Namespace) -> int:
         named = [f"{reason} ({_label(plan[i][1])}, repeat {plan[i][0]})"
                  for i, reason in problems.items()]
         if not opts.force:
-            kept = ("the finished report is left as it is (rerun the bench, or" if saved["sets"]
+            kept = ("the finished report is left as it is (rerun the bench, or"
+                    if saved.get("sets")
                     else "the bench did not finish (rerun it, or")
             raise UserError(
                 f"--reanalyze: {len(named)} measured run(s) of the plan in "
@@ -491,16 +508,61 @@ def reanalyze(opts: argparse.Namespace) -> int:
     return _report_runs(out, context, plan, default_console(), set(problems), name)
 
 
+def saved_plan(saved: Any) -> list[tuple[int, list[str], bool]]:
+    """The run plan of a bench.json (its ``runs``), checked entry by entry: a partial or
+    hand-edited file is a ``ValueError`` saying what is wrong, not a ``KeyError`` deep in
+    the report."""
+    runs = saved.get("runs") if isinstance(saved, dict) else None
+    if not isinstance(runs, list) or not runs:
+        raise ValueError("its 'runs' is not a list of the sweep's runs")
+    plan = []
+    for i, entry in enumerate(runs):
+        entry = entry if isinstance(entry, dict) else {}
+        repeat, plugins, warmup = (entry.get(k) for k in ("repeat", "plugins", "warmup"))
+        if isinstance(repeat, bool) or not isinstance(repeat, int):
+            raise ValueError(f"runs[{i}] has no integer 'repeat' (got {repeat!r})")
+        if not isinstance(plugins, list) or not all(isinstance(n, str) for n in plugins):
+            raise ValueError(f"runs[{i}] has no list of plugin names 'plugins' "
+                             f"(got {plugins!r})")
+        if not isinstance(warmup, bool):
+            raise ValueError(f"runs[{i}] has no true/false 'warmup' (got {warmup!r})")
+        plan.append((repeat, plugins, warmup))
+    return plan
+
+
+SAVED_CONTEXT = {"command": str, "metric": str, "higher_is_better": bool, "repeats": int,
+                 "machine": str, "python": str}
+"""The context keys the report reads from a bench.json, and their types."""
+
+
+def saved_context(saved: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a bench.json's ``context``, checked for the keys the report reads (a
+    ``ValueError`` naming the first one missing or of the wrong type)."""
+    context = saved.get("context")
+    if not isinstance(context, dict):
+        raise ValueError("it has no 'context' object")
+    for key, kind in SAVED_CONTEXT.items():
+        value = context.get(key)
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)) \
+                or (kind is str and key == "metric" and not value.strip()):
+            raise ValueError(f"its context has no {kind.__name__} '{key}' (got {value!r})")
+    return dict(context)
+
+
 def unreadable_runs(runs_dir: Path, plan: list[tuple[int, list[str], bool]]) -> dict[int, str]:
     """{run number: '<its metrics.json> (why)'} for each measured run of the plan whose
-    metrics.json is missing or cannot be read (warm-up runs count for nothing)."""
+    metrics.json is missing or cannot be read (warm-up runs count for nothing). A run the
+    sweep's log says failed before writing one is none of them: :func:`collect` leaves it
+    out, with that error."""
     problems: dict[int, str] = {}
+    failed = sweep_log_errors(runs_dir.parent / "sweep.log")
     for i, (_, _, warmup) in enumerate(plan):
         if not warmup:
             try:
                 read_run(runs_dir / str(i) / "metrics.json")
             except UnreadableRun as exc:
-                problems[i] = f"{exc.path} ({exc.reason})"
+                if not (exc.reason == "missing" and i in failed):
+                    problems[i] = f"{exc.path} ({exc.reason})"
     return problems
 
 
@@ -564,8 +626,8 @@ def _run_sweep(command: list[str], out: Path, total: int, console: Console,
     """Run the sweep with a progress bar; a ``metric`` the baseline's first run (number
     ``baseline``) does not measure stops it there (one line), instead of after every run.
     Returns the sweep's exit code: a run that failed does not stop the others (Hydra goes
-    on), and the report leaves it out (:func:`collect`); a sweep that left no run at all
-    is one line."""
+    on), and the report leaves it out (:func:`collect`); a sweep that left no run at all,
+    nor any run's error, is one line."""
     log = (out / "sweep.log").open("w")
     columns = (TextColumn("runs"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as progress:
@@ -591,7 +653,8 @@ def _run_sweep(command: list[str], out: Path, total: int, console: Console,
             raise
         finally:
             log.close()
-    if proc.returncode != 0 and not list((out / "runs").glob("*/metrics.json")):
+    if proc.returncode != 0 and not list((out / "runs").glob("*/metrics.json")) \
+            and not sweep_log_errors(out / "sweep.log"):  # runs that failed: the report names them
         lines = [line for line in (out / "sweep.log").read_text().strip().splitlines()
                  if not line.startswith(HYDRA_HINT)]  # Hydra's hint is no cause
         tail = [line.removeprefix("error: ") for line in lines[-1:]]  # the sweep's last line
@@ -695,17 +758,22 @@ def collect(runs_dir: Path, metric: str, plan: list[tuple[int, list[str], bool]]
             skip: set[int] | frozenset[int] = frozenset()
             ) -> tuple[list[SetResult], list[str]]:
     """Group every measured run's metric by its plugin set (warm-up runs skipped), and name
-    the runs left out: those that did not measure (:func:`run_failure`) and those whose
-    metric is null (a set whose every run is left out has no row; the line says why)."""
+    the runs left out: those that did not measure (:func:`run_failure`), those whose
+    metric is null or not finite, and those that wrote no metrics.json (refused while their
+    jobs were built: :func:`unwritten_runs`). Every measured run of the plan is one or the
+    other, so a set whose every run is left out has no row, and the line says why."""
     values: dict[tuple[str, ...], list[float]] = defaultdict(list)
     repeats: dict[tuple[str, ...], list[int]] = defaultdict(list)
     inert: dict[tuple[str, ...], set[str]] = {}
     available: set[str] = set()
     keys: set[str] = set()
-    left_out: list[str] = []
+    left: dict[int, str] = {}  # run number: why it is left out
     all_failed = True
     paths = _measured(runs_dir, plan, skip)
-    if not paths:
+    errors = sweep_log_errors(runs_dir.parent / "sweep.log")
+    left.update(unwritten_runs(runs_dir, plan, {int(p.parent.name) for p in paths} | set(skip),
+                               errors))
+    if not paths and not errors:  # not even a run that failed: the runs are elsewhere
         raise UserError(f"no runs found under {runs_dir} (no <n>/metrics.json of a measured "
                         "run); see the sweep's log beside it")
     for path in paths:
@@ -719,15 +787,16 @@ def collect(runs_dir: Path, metric: str, plan: list[tuple[int, list[str], bool]]
         value = summary.get(metric)
         failure = run_failure(summary)
         all_failed = all_failed and failure is not None
-        why = failure or (None if isinstance(value, (int, float)) else
+        why = failure or (None if measurement(value) is not None else
                           f"its {metric} is {value!r}")
         if why is not None:
-            left_out.append(f"{where}: {why}")
+            left[int(path.parent.name)] = f"{where}: {why}"
             continue
         values[key].append(float(value))
         repeats[key].append(repeat)
         here = inert_in_run(data)
         inert[key] = inert[key] & here if key in inert else here
+    left_out = [left[i] for i in sorted(left)]  # in sweep order
     if metric not in keys and not all_failed:  # a failed run's summary may lack any key
         raise UserError(unknown_metric(metric, available))
     if not values:
@@ -740,6 +809,59 @@ def collect(runs_dir: Path, metric: str, plan: list[tuple[int, list[str], bool]]
     return [SetResult(plugins, tuple(v), repeats=tuple(repeats[plugins]),
                       inert=tuple(p for p in plugins if p in inert[plugins]))
             for plugins, v in values.items()], left_out
+
+
+def measurement(value: Any) -> float | None:
+    """``value`` as a measurement, or ``None`` when it is none: not a number (null, a
+    string, a bool) or not finite (NaN, infinity: a median and a gain of them are NaN
+    too, a set reported with figures that say nothing)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def unwritten_runs(runs_dir: Path, plan: list[tuple[int, list[str], bool]],
+                   accounted: set[int], errors: dict[int, str]) -> dict[int, str]:
+    """{N: '<set> repeat R (run N): why'} for each measured run of the plan not in ``accounted``
+    that wrote no metrics.json: refused while its jobs were built, or never run. Its
+    reason is its first error line in the sweep's log (``errors``: :func:`sweep_log_errors`;
+    it has no folder of its own to hold one)."""
+    lines = {}
+    for i, (repeat, plugins, warmup) in enumerate(plan):
+        if warmup or i in accounted:
+            continue
+        why = (f"it failed before writing its metrics.json: {errors[i]}" if i in errors else
+               f"it wrote no metrics.json (see {runs_dir.parent / 'sweep.log'})")
+        lines[i] = f"{_label(plugins)} repeat {repeat} (run {i}): {why}"
+    return lines
+
+
+SWEEP_RUN = re.compile(r"\[HYDRA\]\s+#(\d+) : ")
+"""The line with which Hydra's sweep log starts run N's part (``[HYDRA] <tab>#N : ...``)."""
+
+
+SWEEP_CLOSING = re.compile(r"error: \d+ of \d+ runs of the sweep ")
+"""The sweep's closing line after its last run (``hydra_run.sweep_failures``): about every
+run, not the last one's own error."""
+
+
+def sweep_log_errors(log: Path) -> dict[int, str]:
+    """{run number: the first ``error:`` line of its part of the sweep's log} for the runs
+    that logged one (none when the log cannot be read)."""
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return {}
+    errors: dict[int, str] = {}
+    run = None
+    for line in text.splitlines():
+        match = SWEEP_RUN.search(line)
+        if match is not None:
+            run = int(match.group(1))
+        elif (run is not None and run not in errors and line.startswith("error: ")
+              and not SWEEP_CLOSING.match(line)):
+            errors[run] = line.removeprefix("error: ").strip()
+    return errors
 
 
 def inert_in_run(data: dict[str, Any]) -> set[str]:
