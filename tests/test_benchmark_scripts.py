@@ -275,8 +275,9 @@ def test_tictac_vs_default_takes_good_sides() -> None:
                         "tic": {"heuristic": "tic", "message_s": 0.001},
                         "tuned": {"heuristic": "priority", "credit_bytes": -1,
                                   "tune_credits": [0, 65536, 262144]}}
-    assert tictac_vs_default.tictac_sides(["tune_credits=[0,4096]"], [])[0] == {
-        "tune_credits": [0, 4096]}
+    assert tictac_vs_default.tictac_sides(
+        ["heuristic=priority", "credit_bytes=-1", "tune_credits=[0,4096]"], [])[0] == {
+        "heuristic": "priority", "credit_bytes": -1, "tune_credits": [0, 4096]}
     assert tictac_vs_default.tictac_sides([], []) == ({}, {})
 
 

@@ -201,7 +201,8 @@ def test_cli_prints_the_order_files_order_or_refuses_the_file(tmp_path, capsys):
 
 def test_cli_reads_values_as_a_run_does(capsys):
     """tune_credits=[1,2] was int('['): a ValueError naming no key, exit 1."""
-    assert _order("plugins.tictac.tune_credits=[1,2]", "plugins.tictac.force=yes") == 0
+    assert _order("plugins.tictac.tune_credits=[1,2]", "plugins.tictac.heuristic=priority",
+                  "plugins.tictac.force=yes") == 0
     with pytest.raises(UserError, match=r"seed='1.5' is not a whole number$"):
         _order("plugins.tictac.seed=1.5")
     with pytest.raises(UserError, match=r"tune_credits='\[1,' is not a list of whole numbers"):

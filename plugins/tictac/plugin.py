@@ -66,17 +66,54 @@ PRIORITY_ONLY = ("credit_bytes", "partition_bytes", "pace")
 """The settings only ``heuristic=priority`` reads (its credit window, chunks and pacing)."""
 
 
+PRIORITY_GRIDS = ("tune_credits", "tune_partitions")
+"""The tuning grids only ``heuristic=priority`` reads (with ``credit_bytes`` or
+``partition_bytes`` at -1)."""
+
+
 def refuse_priority_settings(c: Any) -> None:
     """A priority-only setting given with another heuristic is refused in one line: the run
     went ahead with the setting unread and a row that never mentioned it (``tac`` with
-    ``credit_bytes=65536``: no window, and no word of it)."""
+    ``credit_bytes=65536``: no window, and no word of it). A tuning grid counts as given
+    where it differs from its default: ``tune_credits=[]`` with ``tac`` is no less unread."""
+    defaults = TictacConfig()
     given = [f"{key}={getattr(c, key)}" for key in PRIORITY_ONLY if getattr(c, key) != 0]
+    given += [f"{key}={list(getattr(c, key))}" for key in PRIORITY_GRIDS
+              if [int(x) for x in getattr(c, key)] != getattr(defaults, key)]
     if given and c.heuristic != "priority":
         raise ConfigError(
             f"plugins.tictac.{', plugins.tictac.'.join(given)}: read by heuristic=priority "
             f"only, and heuristic={c.heuristic} would run without "
             f"{'it' if len(given) == 1 else 'them'}; set plugins.tictac.heuristic=priority, "
             f"or drop {'it' if len(given) == 1 else 'them'}")
+
+
+MAX_CHUNKS = 1024
+"""The most chunks ``partition_bytes`` may cut one tensor into: each chunk is a message with
+its own header, receive and credit return, so a 1 MiB tensor in 64 B chunks (16384) takes
+longer than the cluster's timeout to cross and the run dies waiting for it."""
+
+
+def refuse_too_many_chunks(c: Any, candidates: Sequence[Any], parameters: Sequence[Any]) -> None:
+    """A chunk size that cuts the job's largest tensor into more than :data:`MAX_CHUNKS`
+    chunks is refused before training, in one line naming the tensor, its bytes, the chunk
+    count and the smallest size that keeps to the limit; run, it would die at the cluster's
+    timeout with an error blaming a server "paused, stuck or overloaded"."""
+    sizes = sorted({w.partition_bytes for w in candidates if w is not None and w.partition_bytes})
+    if not sizes or not parameters:
+        return
+    big = max(parameters, key=lambda p: p.nbytes)
+    part = sizes[0]
+    chunks = -(-big.nbytes // part)
+    if chunks <= MAX_CHUNKS:
+        return
+    least = -(-big.nbytes // MAX_CHUNKS)
+    key = (f"partition_bytes={c.partition_bytes}" if c.partition_bytes >= 0
+           else f"tune_partitions={list(c.tune_partitions)}")
+    raise ConfigError(f"plugins.tictac.{key}: chunks of {part} B cut tensor {big.name!r} "
+                      f"({big.nbytes} B) into {chunks} chunks, more than the {MAX_CHUNKS} per "
+                      f"tensor allowed (each chunk is a message of its own); use chunk sizes "
+                      f">= {least} B, or 0 for whole tensors")
 
 
 class TictacPlugin:
@@ -115,6 +152,8 @@ class TictacPlugin:
         ``replan_iteration`` and the tuning window count from it, so a resumed run measures
         its link and tunes as an uninterrupted one does."""
         self.warnings: list[str] = []
+        self.sent: set[str] = set()
+        """The tensors this sender's order hook was asked about: its shard of the model."""
         self.unplanned = ""
         """Why no plan could be made for the job ('' : none refused)."""
         self.iterations = 1
@@ -190,6 +229,8 @@ class TictacPlugin:
     def accelopt_job_built(self, run: RunInfo, job: BuiltJob) -> None:
         self._place(run)
         self.iterations = int(job.job.iterations)
+        if self.mode == "ps" and self.config.heuristic == "priority":
+            refuse_too_many_chunks(self.config, self.tuner.candidates, job.job.parameters)
         if self.mode == "ps" and self.role == "server" and self.config.heuristic != "off":
             # Plan before the clock: a cluster rank builds every job and then announces it,
             # before the barrier that starts training, so the fx trace and the time oracle
@@ -242,6 +283,8 @@ class TictacPlugin:
         if not transfers or destination < 0 or self.config.heuristic == "off":
             return None
         self._since_first(transfers[0].iteration)
+        if transfers[0].kind == "param":
+            self.sent.update(t.tensor for t in transfers)
         if self.config.heuristic == "priority":
             return self._priorities(transfers, destination)
         if transfers[0].kind != "param":
@@ -416,6 +459,7 @@ class TictacPlugin:
         shaped = self._shaped_rate()
         fit = oracle.fit_link(samples, shaped) if samples else None
         if fit is None:
+            self.link_source += "; " + unmeasured_link(len(samples), self.cluster.servers)
             return
         t0 = time.perf_counter()
         self.link = fit
@@ -447,9 +491,9 @@ class TictacPlugin:
         current = self.plan.dag.recv_names
         names = read_order_file(path)
         if sorted(names) != sorted(current):
-            raise UserError(f"tictac: order_file {path} does not match the model ({len(names)} "
-                            f"names vs {len(current)} parameters, or different names): stale "
-                            "or edited")
+            raise UserError(f"tictac: order_file {path} does not match the model's "
+                            f"{len(current)} parameters ({order_file_mismatch(names, current)})"
+                            ": stale or edited")
         index = {n: i for i, n in enumerate(current)}
         key = ORDERED_BY.get(self.config.heuristic, self.config.heuristic)
         self.plan.orders[key] = [index[n] for n in names]
@@ -587,8 +631,10 @@ class TictacPlugin:
             metrics[f"predicted_{h}_ms"] = round(1e3 * p["makespan_s"], 4)
         moved, total = self._moved_vs_default()
         metrics.update(tensors=total, moved_vs_default=moved, traced_by=self.plan.traced_by)
-        differs = (f"its order moves {moved} of {total} tensors from the default order"
-                   if moved else f"its order is the default order ({total} tensors)")
+        tensors = f"{total} tensor{'' if total == 1 else 's'}" + (
+            " of this server's shard" if self._sharded() else "")
+        differs = (f"its order moves {moved} of {tensors} from the default order"
+                   if moved else f"its order is the default order ({tensors})")
         summary = (f"{self._who()}: {self.decision}; {differs}; traced by "
                    f"{self.plan.traced_by}; {self._link_words()}; plan in {self.plan_s:.3f} s; "
                    f"predicted schedule in {self.out_dir}/{self._warned()}")
@@ -631,7 +677,8 @@ class TictacPlugin:
             metrics["predicted_ms"] = round(1e3 * self.cross[ran], 3)
             metrics["predicted_schedule"] = "off" if ran is None else ran.key
         if len(tuner.candidates) == 1:
-            choice = f"{label(tuner.candidates[0])} per link (configured)"
+            choice = (f"{label(tuner.candidates[0])} per link (configured"
+                      f"{_unwindowed_chunks(tuner.candidates[0])})")
         else:
             choice = tuner.describe()
         stayed = tuner.decided and tuner.chosen is None
@@ -682,14 +729,44 @@ class TictacPlugin:
         # the simulator's candidates update early: a refused early update did not run so
         refused = (" with the early update, which the step refused" if self.whole_step
                    and ran is not None else "")
+        measured = self.tuner.timed().get(ran) or []
+        beside = (f", measured {1e3 * statistics.median(measured):.3f} ms (median of "
+                  f"{len(measured)} timed iterations)" if measured else "")
         return (f"; predicted steady iteration {1e3 * self.cross[ran]:.3f} ms ({label(ran)}"
-                f"{refused}) at {self._link_words()}")
+                f"{refused}{self._chunk_caveat(ran)}) at {self._link_words()}{beside}")
+
+    def _chunk_caveat(self, ran: Any) -> str:
+        """Why a chunked prediction is no prediction: the simulator charges the per-message
+        cost to every chunk, but that cost was fitted on whole-tensor arrivals (the warm-up's
+        transfers, one record per tensor), so with small chunks it is charged many times over
+        what a chunk costs (a 16 B chunk predicted 2.4 s against 82 ms measured)."""
+        plan = self.plan
+        if (ran is None or not ran.partition_bytes or not ran.credit_bytes
+                or self.config.message_s >= 0 or plan.message_s <= 0):
+            return ""
+        sizes = [int(plan.dag.nbytes[op]) for op in plan.dag.recvs]
+        chunks = sum(max(1, -(-n // ran.partition_bytes)) for n in sizes)
+        if chunks == len(sizes):
+            return ""
+        return (f"; not a prediction for chunks: the per-message cost "
+                f"{1e3 * plan.message_s:.3f} ms was fitted on whole tensors and is charged to "
+                f"each of {chunks} chunks per worker and direction instead of {len(sizes)} "
+                "tensors")
+
+    def _sharded(self) -> bool:
+        """Whether this server sends a shard of the model (several servers) and has said
+        which tensors it holds (its transfers, seen by the order hook)."""
+        return self.cluster.servers > 1 and bool(self.sent)
 
     def _moved_vs_default(self) -> tuple[int, int]:
         """(tensors whose position differs from the transport's default order, tensors)."""
         plan, h = self.plan, self.config.heuristic
         mine = plan.order_for(ORDERED_BY.get(h, h), random.Random(self.config.seed))
         default = plan.order_for("named")
+        if self._sharded():  # each server orders its own shard: compare those tensors only
+            names = plan.dag.recv_names
+            mine = [r for r in mine if names[r] in self.sent]
+            default = [r for r in default if names[r] in self.sent]
         return sum(a != b for a, b in zip(mine, default, strict=True)), len(default)
 
     @hookimpl
@@ -716,6 +793,42 @@ def read_order_file(path: str) -> list[str]:
     return names
 
 
+def order_file_mismatch(names: Sequence[str], current: Sequence[str], first: int = 3) -> str:
+    """What an order file gets wrong against the model's tensor names: the names it repeats,
+    the model's names it leaves out and the names the model does not have (the first
+    ``first`` of each), so the file can be mended rather than guessed at."""
+    counts: dict[str, int] = {}
+    for n in names:
+        counts[n] = counts.get(n, 0) + 1
+    known = set(current)
+    parts = []
+    for what, found in (("named more than once", [n for n, k in counts.items() if k > 1]),
+                        ("missing", [n for n in current if n not in counts]),
+                        ("not in the model", [n for n in counts if n not in known])):
+        if found:
+            more = f" and {len(found) - first} more" if len(found) > first else ""
+            parts.append(f"{what}: {', '.join(found[:first])}{more}")
+    return "; ".join(parts)
+
+
+def unmeasured_link(arrivals: int, servers: int) -> str:
+    """Why the warm-up measured no link for this rank (its row keeps the assumed rate): a
+    server sends only its shard, which may be one tensor or none, and a fit needs three
+    arrivals spread in time."""
+    where = "this server's shard" if servers > 1 else "this server's links"
+    return (f"nothing measured: {arrivals} arrival{'' if arrivals == 1 else 's'} on {where} "
+            "in the warm-up, too few or too close together to fit a rate")
+
+
+def _unwindowed_chunks(window: Any) -> str:
+    """What chunks do without a credit window: every chunk starts as soon as it is posted,
+    so chunking preempts nothing and the order is the one without chunks ('' otherwise)."""
+    if window is None or not window.partition_bytes or window.credit_bytes:
+        return ""
+    return ("; with no window every chunk starts when posted: the chunks change no order, "
+            "they only add messages; set credit_bytes > 0 for chunks to be preempted")
+
+
 def _tuner(c: TictacConfig) -> WindowTuner:
     """The config's tuner; a grid with no setting left to run is refused (the product of the
     credits and chunk sizes, less the chunked settings without a window)."""
@@ -737,10 +850,15 @@ def _tuner(c: TictacConfig) -> WindowTuner:
 
 def _check_tuned(key: str, value: int, grid_key: str, grid: Sequence[int], zero: str,
                  what: str, example: str) -> None:
-    """A priority setting is a size >= 0 or -1 (measured over its grid of sizes >= 0)."""
-    if value < -1 or any(int(x) < 0 for x in grid):
+    """A priority setting is a size >= 0 or -1 (measured over its grid of sizes >= 0); the
+    refusal names the setting that is wrong, the value or its grid."""
+    if value < -1:
         raise ConfigError(f"plugins.tictac.{key} must be >= 0 (0: {zero}) or -1 (tune over "
-                          f"{grid_key}, each >= 0)")
+                          f"{grid_key}), not {value}")
+    negative = [int(x) for x in grid if int(x) < 0]
+    if negative:
+        raise ConfigError(f"plugins.tictac.{grid_key}={list(grid)} holds {negative}: each "
+                          f"entry is a size >= 0 (0: {zero}), e.g. {example}")
     if value == -1 and not grid:
         raise ConfigError(f"plugins.tictac.{grid_key} is empty; give the {what} to measure, "
                           f"e.g. {example}, or set {key}")
