@@ -1,4 +1,5 @@
-"""Byte sizes: read them from config ('2GiB') and print them for humans."""
+"""Byte sizes: read them from config ('2GiB') and print them for humans, and what a job too
+large for its memory should change (:func:`how_to_fit`)."""
 
 from __future__ import annotations
 
@@ -30,3 +31,17 @@ def format_bytes(n: float) -> str:
             return f"{value:.0f} B" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     return f"{value:.1f} GiB"  # pragma: no cover
+
+
+def how_to_fit(persistent_bytes: int, ephemeral_bytes: int, capacity_setting: str) -> str:
+    """The change that makes a job too large for the memory fit, for the end of its
+    rejection: it names what most of its need is. Mostly persistent (weights, gradients,
+    optimizer state), a smaller batch barely helps and a model factory may ignore
+    ``width``: its model's size has to shrink. Mostly ephemeral (one iteration's
+    activations), the batch does."""
+    if persistent_bytes >= ephemeral_bytes:
+        return (f"most of it is persistent ({format_bytes(persistent_bytes)}: its model's "
+                "parameters, gradients and optimizer state): make its model smaller (its "
+                f"width, or the size its model_kwargs give) or raise {capacity_setting}")
+    return (f"most of it is one iteration's ephemeral memory ({format_bytes(ephemeral_bytes)}): "
+            f"lower its batch_size or raise {capacity_setting}")

@@ -226,8 +226,8 @@ def test_run_compare_says_when_the_runs_did_not_finish_the_same_jobs(run_tiny):
     record = run_tiny(spec, overrides=["run.compare=baseline", "cluster.mode=none"])
     (gain,) = [r.summary for r in record.plugin_rows if r.plugin == "rejects"
                and r.summary.startswith("measured gain")]
-    assert "[not the same jobs finished, so these averages are over different jobs: " \
-        "tiny-cnn (done without plugins, rejected here)]" in gain
+    assert "[not the same jobs finished: tiny-cnn (done without plugins, rejected here)] " \
+        "[times are compared over the jobs every run finished: tiny-mlp]" in gain
     import copy
 
     from accelopt.runtime.compare import BASELINE, job_set_note, table

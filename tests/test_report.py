@@ -87,7 +87,7 @@ def test_run_metrics_against_hand_values() -> None:
     assert s["avg_jct_s"] == pytest.approx(4.0)  # (3.0 + 5.0) / 2, failed job excluded
     assert s["p95_jct_s"] == pytest.approx(4.9)  # 3.0 + 0.95 * (5.0 - 3.0)
     assert s["makespan_s"] == pytest.approx(6.0)  # first arrival 0.0 to last end 6.0
-    assert s["avg_queueing_s"] == pytest.approx((0.5 + 1.0 + 1.0) / 3)
+    assert s["avg_queueing_s"] == pytest.approx((0.5 + 1.0) / 2)  # done jobs only, as avg_jct_s
     assert s["duration_s"] == 6.5
     assert s["custom"] == 1
 
@@ -367,9 +367,9 @@ def test_run_compare_scores_quality_over_the_jobs_scored_in_both_runs() -> None:
     text = console.export_text()
     assert "held-out top-1 (mean) │      0.500 │ 0.400 (-0.100)" in text  # ok alone, both
     caption = str(out.caption)
-    assert "this run: not the same jobs finished, so these averages are over different jobs: " \
-        "hot (diverged without plugins, done here)\nheld-out quality is compared over the " \
-        "jobs scored in every run: ok\n" in caption
+    assert "this run: not the same jobs finished: hot (diverged without plugins, done here)\n" \
+        "times are compared over the jobs every run finished: ok\nheld-out quality is " \
+        "compared over the jobs scored in every run: ok\n" in caption
     assert "the run without plugins: 1 of 2 jobs did not finish: hot diverged (its loss is " \
         "not finite from loss 2 of 2" in caption
     attach(mine, {BASELINE: base})

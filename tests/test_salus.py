@@ -338,14 +338,32 @@ def test_a_policy_that_chooses_a_job_that_is_not_ready_is_named_in_one_line(run)
 
 
 def test_a_policy_name_is_taken_once():
-    from accelopt_plugins.salus.policies import Srtf, register_policy
+    """A class under a built-in's name is refused where that name is selected, told to
+    rename (never the built-in); a second class under a name taken in code, at once."""
+    from accelopt_plugins.salus.policies import Policy, Srtf, make_policy, register_policy
 
     class Impostor(Srtf):
         pass
 
-    with pytest.raises(UserError, match="'srtf' is already registered"):
-        register_policy("srtf")(Impostor)
+    class Mine(Policy):
+        def select(self, lane, ready, now_s):
+            return ready[0].job.job_id
+
+    register_policy("srtf")(Impostor)  # refused where selected, not here
+    try:
+        with pytest.raises(ConfigError, match=r"register \S+Impostor under another name$"):
+            make_policy("srtf")
+        assert type(make_policy("fifo")).__name__ == "Fifo"
+    finally:
+        POLICIES.unregister("srtf")
     register_policy("srtf")(Srtf)  # the same class again is no conflict
+    assert type(make_policy("srtf")) is Srtf
+    register_policy("mine_once")(Mine)
+    try:
+        with pytest.raises(UserError, match="'mine_once' is already registered"):
+            register_policy("mine_once")(Impostor)
+    finally:
+        POLICIES.unregister("mine_once")
 
 
 @pytest.mark.timeout(180)

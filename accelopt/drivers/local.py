@@ -43,7 +43,7 @@ from accelopt.types import (
     JobProfile,
     JobState,
 )
-from accelopt.units import format_bytes
+from accelopt.units import format_bytes, how_to_fit
 
 DEFAULT_LANE = "default"
 Profiler = Callable[[Job], JobProfile]
@@ -443,8 +443,10 @@ class Executor:
                 granted=False,
                 reject=(
                     f"job '{request.job.name}' needs {format_bytes(need)} (persistent + one "
-                    f"iteration) but the device has {format_bytes(cap)}: {format_bytes(need - cap)} too much; "
-                    "lower its batch_size/width or raise run.memory_capacity"
+                    f"iteration) but the device has {format_bytes(cap)}: "
+                    f"{format_bytes(need - cap)} too much; "
+                    + how_to_fit(request.persistent_bytes, request.ephemeral_bytes,
+                                 "run.memory_capacity")
                 ),
             )
         return EXCLUSIVE
@@ -615,10 +617,10 @@ class Executor:
 
     def _finish(self, entry: _Entry, status: str, error: str, end: float | None = None, *,
                 on_clock: bool = True) -> None:
-        """Record a job's end (now, unless ``end`` says when), release its memory and wake
-        everyone (pending jobs may fit). ``on_clock=False``: the job ended before the run's
-        clock started (its profiling raised), so it has no end on that clock; the time of
-        its failure would read as a JCT and stretch the makespan by the profiling."""
+        """Record a job's end (now, unless ``end`` says when), release its memory, admit the
+        pending jobs that now fit and wake everyone. ``on_clock=False``: the job ended before
+        the run's clock started (its profiling raised), so it has no end on that clock; the
+        time of its failure would read as a JCT and stretch the makespan by the profiling."""
         entry.result.status = status  # type: ignore[assignment]
         entry.finished = status in ENDED
         entry.result.error = error
@@ -629,6 +631,11 @@ class Executor:
             self.host.call("accelopt_release", job=entry.job.info, lane=entry.lane, status=status)
         if self.on_finish is not None:
             self.on_finish(entry.job, entry.result)
+        if entry.lane and self._fatal is None:
+            # here, not on the driving thread when it next wakes: the lane that ran this job
+            # chooses its next one as soon as this returns, and a job waiting for the memory
+            # just freed must be among those it chooses from, not started an iteration late
+            self._admit_pending()
         self._cv.notify_all()
 
 

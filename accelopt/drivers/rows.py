@@ -61,7 +61,11 @@ def representative_rows(rows_by_rank: list[list[ReportRow]], roles: list[str],
     the plugin had nothing to do there (every one marked ``INERT``: a server never runs
     forward) are no disagreement. A worker that reported nothing does not agree either: the
     kept rows say so, unless the plugin reported on the leader (rank 0) alone, as salus,
-    which decides there, does by design."""
+    which decides there, does by design. Whether the plugin changed nothing is decided over
+    every rank's rows, not the kept ones: kept rows marked ``INERT`` lose the mark, and say
+    on which ranks it acted, where another rank's rows are not inert (a PS server applies
+    the optimizer step its workers never take), so every reader of the mark
+    (``runtime/compare.is_inert``) sees the run's verdict."""
     order = sorted(range(len(rows_by_rank)), key=lambda i: roles[i] != "worker")
     source: dict[str, int] = {}
     for i in order:
@@ -74,17 +78,35 @@ def representative_rows(rows_by_rank: list[list[ReportRow]], roles: list[str],
 
     notes = {plugin: note for plugin, i in source.items()
              if (note := _disagreement(plugin, i, roles, run_level))}
+    active = {plugin: ranks for plugin in source
+              if (ranks := _active_ranks(plugin, len(rows_by_rank), run_level))}
 
     def kept(row: ReportRow, i: int) -> ReportRow:
         if row.plugin not in notes:
             return row
-        return dataclasses.replace(
-            row, summary=f"{row.summary} (rank {i}'s; {notes[row.plugin]})",
-            metrics={**row.metrics, "rank": i})
+        metrics = {**row.metrics, "rank": i}
+        note = notes[row.plugin]
+        if row.metrics.get(INERT) and active.get(row.plugin):
+            metrics.pop(INERT)  # inert here only: the plugin acted on another rank
+            ranks = active[row.plugin]
+            note += (f"; active on rank{'s' if len(ranks) > 1 else ''} "
+                     f"{', '.join(map(str, ranks))}")
+        return dataclasses.replace(row, summary=f"{row.summary} (rank {i}'s; {note})",
+                                   metrics=metrics)
 
     return [[r if per_job(r) else kept(r, i) for r in rows
              if per_job(r) or source.get(r.plugin) == i]
             for i, rows in enumerate(rows_by_rank)]
+
+
+def _active_ranks(plugin: str, world: int,
+                  run_level: Callable[[int, str], list[ReportRow]]) -> list[int]:
+    """The ranks whose rows of ``plugin`` do not all say ``INERT`` (it acted there). The
+    plugin is inert in the run only where no rank is listed (``docs/plugin-guide.md``: every
+    row of its own says so): a worker's "changed nothing" kept beside a server's "scaled every
+    gradient" made the run's comparison and the bench call the server's effect noise."""
+    return [k for k in range(world)
+            if (rows := run_level(k, plugin)) and not all(r.metrics.get(INERT) for r in rows)]
 
 
 def _disagreement(plugin: str, kept: int, roles: list[str],

@@ -172,7 +172,12 @@ def _makespan(record: RunRecord) -> float | None:
 
 
 def run_metrics(record: RunRecord) -> dict[str, Any]:
-    """Run-level figures; JCT statistics only over jobs that finished (``status == "done"``).
+    """Run-level figures. ``avg_jct_s``, ``p95_jct_s`` and ``avg_queueing_s`` are over the
+    same jobs, those that finished (``status == "done"``): a failed job's time is no
+    completion time, and its wait counted beside the finished jobs' JCTs would make the two
+    figures describe different jobs (a plugin that failed a long-waiting job would move the
+    queueing figure and not the JCT).
+    ``n_failed`` and the jobs table say what the others did.
 
     ``record.metrics`` is merged last, so a figure the runtime or a plugin measured itself
     takes precedence over the one derived here.
@@ -180,7 +185,7 @@ def run_metrics(record: RunRecord) -> dict[str, Any]:
     jobs = record.jobs
     done = [j for j in jobs if j.status == "done"]
     jcts = [j.jct_s for j in done if j.jct_s is not None]
-    queueing = [j.queueing_s for j in jobs if j.queueing_s is not None]
+    queueing = [j.queueing_s for j in done if j.queueing_s is not None]
     makespan = _makespan(record)
     summary: dict[str, Any] = {
         "n_jobs": len(jobs),

@@ -11,7 +11,9 @@ within noise: for medians of repeats use ``accelopt bench``.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import io
+import statistics
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -180,17 +182,71 @@ def _in_reference(exc: AccelOptError, subset: tuple[str, ...], where: Path) -> A
     return exc
 
 
-def figures(record: RunRecord, scored: set[str] | None = None) -> dict[str, Any]:
+def figures(record: RunRecord, scored: set[str] | None = None,
+            finished: set[str] | None = None) -> dict[str, Any]:
     """The compared figures of ``record``; ``scored``: the names of the jobs whose held-out
     quality is averaged (those scored in every run compared, :func:`scored_in_all`), so a
-    job one run did not score (diverged, failed) is left out on both sides."""
+    job one run did not score (diverged, failed) is left out on both sides; ``finished``:
+    the jobs its times are taken over (:func:`compared_jobs`), ``None`` for all of them."""
     from accelopt.report import run_metrics
     from accelopt.report.metrics import quality_means
 
     m = run_metrics(record)
     if scored is not None:
         m.update(quality_means([j for j in record.jobs if j.job.name in scored]))
+    if finished is not None:
+        m.update(_time_figures(record, finished))
     return {key: m.get(key) for key, _, _ in FIGURES}
+
+
+TIMES = ("avg_jct_s", "p95_jct_s", "makespan_s")
+"""The time figures derived from a run's jobs (``report.metrics.run_metrics``)."""
+PER_JOB = ("iteration_s", "efficiency_e")
+"""The figures a cluster run of several jobs gives per job (``job.<name>.<key>``) and as
+their median over its jobs."""
+
+
+def _time_figures(record: RunRecord, names: set[str]) -> dict[str, Any]:
+    """:data:`TIMES` and :data:`PER_JOB` of ``record`` over its jobs named in ``names``
+    only: a run that rejected a large job looked faster than the baseline that ran it. A
+    per-job figure not given for each of them (a run of one job gives no per-job keys) is
+    ``None``: no figure, rather than one over other jobs."""
+    from accelopt.report import run_metrics
+
+    stopped = {"error": record.metrics["error"]} if "error" in record.metrics else {}
+    jobs = [j for j in record.jobs if j.job.name in names]
+    derived = run_metrics(dataclasses.replace(record, jobs=jobs, metrics=stopped))
+    out: dict[str, Any] = {key: derived.get(key) for key in TIMES}
+    for key in PER_JOB:
+        values = [record.metrics.get(f"job.{name}.{key}") for name in sorted(names)]
+        known = [v for v in values if isinstance(v, int | float)]
+        out[key] = statistics.median(known) if known and len(known) == len(values) else None
+    return out
+
+
+def _finished(record: RunRecord) -> set[str]:
+    """The jobs (by name) of ``record`` that finished on a finite loss."""
+    return {r.job.name for r in record.jobs if _state(r) == "done"}
+
+
+def compared_jobs(*records: RunRecord) -> set[str] | None:
+    """The jobs (by name) the time figures of ``records`` are compared over: ``None`` (each
+    run's own, all of them) when every run finished the same jobs, else those every one of
+    them finished (:func:`finished_note` says which)."""
+    sets = [_finished(record) for record in records]
+    if all(names == sets[0] for names in sets):
+        return None
+    return set.intersection(*sets)
+
+
+def finished_note(*records: RunRecord) -> str:
+    """'' when every run of ``records`` finished the same jobs; else over which jobs the
+    times are compared (:func:`compared_jobs`)."""
+    names = compared_jobs(*records)
+    if names is None:
+        return ""
+    return (f"times are compared over the jobs every run finished: {listed(sorted(names))}"
+            if names else "no job finished in every run, so no times are compared")
 
 
 def _scored(record: RunRecord) -> set[str]:
@@ -254,10 +310,10 @@ def _state(result: JobResult) -> str:
 
 
 def job_set_note(base: RunRecord, other: RunRecord) -> str:
-    """'' when the same jobs finished (on a finite loss) in both runs; else which did not,
-    and that the averages are then over different jobs (a plugin that rejected a large job
-    looked several times faster than the baseline that ran it; a job diverged in one run
-    is not scored there: :func:`quality_note`)."""
+    """'' when the same jobs finished (on a finite loss) in both runs; else which did not
+    (a plugin that rejected a large job looked several times faster than the baseline that
+    ran it, so the times are compared over the jobs every run finished: :func:`finished_note`;
+    a job diverged in one run is not scored there: :func:`quality_note`)."""
     theirs = {r.job.name: _state(r) for r in base.jobs}
     ours = {r.job.name: _state(r) for r in other.jobs}
     differ = [f"{name} ({theirs.get(name, 'absent')} without plugins, "
@@ -266,8 +322,7 @@ def job_set_note(base: RunRecord, other: RunRecord) -> str:
               if (theirs.get(name) == "done") != (ours.get(name) == "done")]
     if not differ:
         return ""
-    return ("not the same jobs finished, so these averages are over different jobs: "
-            + listed(differ, sep="; "))
+    return "not the same jobs finished: " + listed(differ, sep="; ")
 
 
 def quality_note(*records: RunRecord) -> str:
@@ -305,16 +360,18 @@ def unfinished_jobs(name: str, record: RunRecord) -> str:
 
 def attach(record: RunRecord, refs: dict[str, RunRecord]) -> None:
     """Add each plugin's measured gain (a row after its own rows) and the reference figures
-    (``compare.<label>.<key>`` in the run's metrics; their held-out quality, as every
-    quality compared, over the jobs scored in every run: :func:`scored_in_all`). The gain
+    (``compare.<label>.<key>`` in the run's metrics; their times over the jobs every run
+    finished, :func:`compared_jobs`, and their held-out quality, as every quality compared,
+    over the jobs scored in every run: :func:`scored_in_all`). The gain
     row of a plugin that changed nothing in the run measured (alone where it ran alone)
     carries ``INERT``, as its sentence says so: a script reading its ``alone.*`` and
     ``together.*`` figures can tell run-to-run noise from the plugin's gain."""
     scored = scored_in_all(record, *refs.values())
-    mine = figures(record, scored)
-    base = figures(refs[BASELINE], scored)
+    finished = compared_jobs(*refs.values(), record)
+    mine = figures(record, scored, finished)
+    base = figures(refs[BASELINE], scored, finished)
     for name, ref in refs.items():
-        for key, value in figures(ref, scored).items():
+        for key, value in figures(ref, scored, finished).items():
             if value is not None:
                 record.metrics[f"compare.{name}.{key}"] = value
     plugins = list(record.info.plugins)
@@ -327,9 +384,10 @@ def attach(record: RunRecord, refs: dict[str, RunRecord]) -> None:
         together = gain_metrics(base, mine, "together")
         measured = together
         if alone is not None:
-            measured = {**gain_metrics(base, figures(alone, scored), "alone"), **together}
+            measured = {**gain_metrics(base, figures(alone, scored, finished), "alone"),
+                        **together}
             text = (f"measured gain vs the same run without plugins, {plugin} alone: "
-                    f"{describe(base, figures(alone, scored))}{noise}; all selected plugins "
+                    f"{describe(base, figures(alone, scored, finished))}{noise}; all selected plugins "
                     f"together: {describe(base, mine)}")
         elif len(plugins) == 1:
             text = f"measured gain vs the same run without plugins: {describe(base, mine)}{noise}"
@@ -339,6 +397,8 @@ def attach(record: RunRecord, refs: dict[str, RunRecord]) -> None:
                     "(run.compare=each measures each plugin alone too)")
         differ = job_set_note(refs[BASELINE], alone if alone is not None else record)
         text += f" [{differ}]" if differ else ""
+        times = finished_note(*refs.values(), record)
+        text += f" [{times}]" if times else ""
         quality = quality_note(*refs.values(), record)
         text += f" [{quality}]" if quality else ""
         text += " [ratio > 1x: faster; one run each, this invocation]"
@@ -372,14 +432,17 @@ def _idle_runs(record: RunRecord, refs: dict[str, RunRecord]) -> dict[str, str]:
 
 
 def table(record: RunRecord, refs: dict[str, RunRecord]) -> Table:
-    """Baseline, each reference and this run side by side; held-out quality over the jobs
-    scored in all of them. The caption says where the runs did not finish the same jobs,
+    """Baseline, each reference and this run side by side; times over the jobs every one of
+    them finished, held-out quality over the jobs scored in all of them. The caption says where the runs did not finish the same jobs,
     and each reference run's jobs that did not finish (its own console is not shown)."""
     scored = scored_in_all(record, *refs.values())
-    runs = [(name, figures(ref, scored)) for name, ref in refs.items()]
-    runs.append(("+".join(record.info.plugins) or "this run", figures(record, scored)))
+    finished = compared_jobs(*refs.values(), record)
+    runs = [(name, figures(ref, scored, finished)) for name, ref in refs.items()]
+    runs.append(("+".join(record.info.plugins) or "this run",
+                 figures(record, scored, finished)))
     differ = job_set_note(refs[BASELINE], record)
     notes = [f"this run: {differ}"] if differ else []
+    notes += [times] if (times := finished_note(*refs.values(), record)) else []
     notes += [quality] if (quality := quality_note(*refs.values(), record)) else []
     notes += [note for name, ref in refs.items() if (note := unfinished_jobs(name, ref))]
     idle = _idle_runs(record, refs)

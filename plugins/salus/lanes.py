@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from accelopt.units import format_bytes
+from accelopt.units import format_bytes, how_to_fit
 
 
 @dataclass
@@ -207,8 +207,8 @@ class LaneManager:
             f"needs {format_bytes(need)} ({self.headroom:g} x ({self.persistent_headroom:g} x "
             f"persistent {format_bytes(persistent)} + ephemeral {format_bytes(ephemeral)})) but "
             f"the capacity is {format_bytes(self.capacity)}: "
-            f"{format_bytes(need - self.capacity)} too much; lower its batch_size/width or raise "
-            f"the capacity ({self.capacity_setting})"
+            f"{format_bytes(need - self.capacity)} too much; "
+            + how_to_fit(persistent, ephemeral, f"the capacity ({self.capacity_setting})")
         )
 
     def fits(self, job_id: str, persistent: int, ephemeral: int) -> bool:

@@ -104,6 +104,9 @@ class SalusPlugin:
         self._lane_jobs: dict[str, set[str]] = defaultdict(set)
         self._cuda: CudaLanes | None = None
         self._lane_size_peak: dict[str, int] = {}
+        self._profiled: dict[str, bool] = {}
+        """Per job that asked for admission, whether it came with a memory profile: without
+        one (run.profile=false) the lanes account it as 0 bytes, not as measured."""
         self._lock = threading.Lock()
         self.cluster_mode = "none"
         self.leader = True
@@ -272,6 +275,7 @@ class SalusPlugin:
                 return AllocationDecision(granted=True, lane=lanes.job_lane[job.job_id])
             self._guard_waits += 1
             return AllocationDecision(granted=False, reason="lane busy or out of memory")
+        self._profiled[job.job_id] = job.profile is not None
         admission = lanes.admit(job.job_id, request.persistent_bytes, request.ephemeral_bytes)
         if admission.reject is not None:
             self._rejected[job.job_id] = admission.reject
@@ -456,6 +460,7 @@ class SalusPlugin:
             "lanes_note": self.lanes_note(),
             "capacity_bytes": self.capacity,
             "peak_accounted_bytes": m.peak_used if m else 0,
+            "unprofiled_jobs": sum(not p for p in self._profiled.values()),
             "peak_lanes": m.peak_lanes if m else 0,
             "peak_resident_jobs": m.peak_jobs if m else 0,
             "lanes_opened": m.lanes_opened if m else 0,
@@ -497,6 +502,23 @@ class SalusPlugin:
                 out[key] = value
         return out
 
+    def memory_line(self, s: dict[str, Any]) -> str:
+        """The accounted memory against the capacity, unless jobs came without a memory
+        profile (run.profile=false): then what the lanes packed against was no estimate, and
+        "0 B" would read as measured. A cluster run's lanes note says it for its own reason."""
+        capacity = format_bytes(s["capacity_bytes"] or 0)
+        accounted = (f"peak accounted memory {format_bytes(s['peak_accounted_bytes'])} of "
+                     f"{capacity}")
+        unprofiled = s["unprofiled_jobs"]
+        if not unprofiled or self.lanes_take_turns:
+            return accounted
+        if unprofiled == len(self._profiled):
+            return (f"no memory accounted against the {capacity} capacity: the jobs were not "
+                    "memory-profiled (run.profile=false), so lanes and packing had no "
+                    "estimates of their memory")
+        return (f"{accounted}, {unprofiled} of {len(self._profiled)} job(s) not "
+                "memory-profiled (run.profile=false) and counted as 0 B")
+
     def summary_line(self) -> str:
         s = self.summary()
         m = self.manager
@@ -512,8 +534,7 @@ class SalusPlugin:
             f"(peak {s['peak_lanes']} {lanes}, {s['peak_resident_jobs']} resident "
             f"job(s) vs 1 under exclusive allocation); {s['decisions']} choices between ready "
             f"jobs over {s['iterations']} iterations",
-            f"peak accounted memory {format_bytes(s['peak_accounted_bytes'])} of "
-            f"{format_bytes(s['capacity_bytes'] or 0)}",
+            self.memory_line(s),
         ]
         if s["switch_latency_median_s"] is not None:
             parts.append(

@@ -45,6 +45,10 @@ Adding a policy, three ways, none of which needs salus to import your code:
   test); it is sent to a cluster's ranks with the run;
 * an import path, ``plugins.salus.policy=my_module:MyPolicy`` (imported for you).
 
+The names above are salus's own: a package or module that registers one of them too, before
+or after salus, is refused in one line naming both where that name is selected, telling it
+to rename; every other policy keeps working.
+
 A policy is any class with ``select(lane, ready, now_s) -> job_id``; optionally
 ``observe(job_id, seconds)``, a ``max_lanes`` class attribute (default 1) and an
 ``iteration_time`` attribute, which salus sets to its refined estimate of a job's iteration
@@ -114,11 +118,23 @@ POLICIES = extension_point(GROUP)
 def register_policy(name: str) -> Callable[[type], type]:
     """Class decorator: make a policy selectable as ``plugins.salus.policy=<name>``. A name is
     taken once: another class registered under the same name is refused (``UserError``); a
-    name an installed package declares too is refused where it is selected, so a package
-    that takes a built-in name disables that policy alone, not salus."""
+    name salus's own policies use, or an installed package declares too, is refused where it
+    is selected, so a module or package that takes a built-in name disables that policy
+    alone, not salus."""
+    return _registrar(name, builtin=False)
+
+
+def _builtin_policy(name: str) -> Callable[[type], type]:
+    """:func:`register_policy` for salus's own policies: their names are never the ones to
+    rename, whichever module registered a clashing class first (see ``ExtensionPoint``)."""
+    return _registrar(name, builtin=True)
+
+
+def _registrar(name: str, builtin: bool) -> Callable[[type], type]:
+    """The decorator both registrations share: register, then name the class after it."""
 
     def add(cls: type) -> type:
-        POLICIES.register(name, cls)
+        POLICIES.register(name, cls, builtin=builtin)
         if "name" not in vars(cls) or not vars(cls)["name"]:
             cls.name = name  # type: ignore[attr-defined]
         return cls
@@ -191,14 +207,23 @@ def make_policy(ref: str) -> Policy:
     except UserError as exc:
         raise ConfigError(f"plugins.salus.policy: {exc}") from None
     if cls is None:
-        raise ConfigError(
-            f"plugins.salus.policy: unknown policy {ref!r}; choose one of "
-            f"{', '.join(sorted([AUTO, *POLICIES.names()]))} or give module:Class"
-        )
+        raise ConfigError(f"plugins.salus.policy: unknown policy {ref!r}; {_choices()}")
     return as_policy(cls, ref)
 
 
-@register_policy("fifo")
+def _choices() -> str:
+    """The names a run may select, for an unknown one's error; a name two objects claim is
+    no choice until one is renamed, so it is listed apart, as clashing."""
+    clashing = POLICIES.clashing()
+    usable = sorted({AUTO, *POLICIES.names()} - set(clashing))
+    line = f"choose one of {', '.join(usable)} or give module:Class"
+    if clashing:
+        line += (f" ({', '.join(clashing)}: claimed by two policies, refused until one is "
+                 "renamed; select it to see which)")
+    return line
+
+
+@_builtin_policy("fifo")
 class Fifo(Policy):
     """One job at a time, in arrival order, to completion (the baseline)."""
 
@@ -206,7 +231,7 @@ class Fifo(Policy):
         return min(ready, key=arrival_key).job.job_id
 
 
-@register_policy("pack")
+@_builtin_policy("pack")
 class Pack(Policy):
     """Utilization: as many lanes as fit run concurrently; arrival order inside a lane."""
 
@@ -216,7 +241,7 @@ class Pack(Policy):
         return min(ready, key=arrival_key).job.job_id
 
 
-@register_policy("srtf")
+@_builtin_policy("srtf")
 class Srtf(Policy):
     """Shortest remaining time first (preemptive at iteration boundaries). Equal estimates
     (in a cluster, jobs not measured yet all count 0 s) go to the job with the fewest
@@ -227,7 +252,7 @@ class Srtf(Policy):
                                          *arrival_key(s))).job.job_id
 
 
-@register_policy("fair")
+@_builtin_policy("fair")
 class Fair(Policy):
     """Least device time used so far first: equal progress, no starvation."""
 
@@ -235,7 +260,7 @@ class Fair(Policy):
         return min(ready, key=lambda s: (s.service_seconds, *arrival_key(s))).job.job_id
 
 
-@register_policy("rr")
+@_builtin_policy("rr")
 class RoundRobin(Policy):
     """One iteration each, in turn: the job chosen least recently goes next."""
 
@@ -250,13 +275,13 @@ class RoundRobin(Policy):
         return chosen.job.job_id
 
 
-@register_policy("las")
+@_builtin_policy("las")
 class Las(Fair):
     """Least attained service first (Tiresias's LAS): knows no job length, only the device
     time each job has had; a new job starts at zero and so runs before longer-served ones."""
 
 
-@register_policy("dlas")
+@_builtin_policy("dlas")
 class Dlas(Policy):
     """Discretised LAS (Tiresias): queue ``k`` holds the jobs whose attained service lies in
     ``[thresholds_s[k-1], thresholds_s[k])``; the lowest non-empty queue runs, FIFO inside it.
@@ -274,7 +299,7 @@ class Dlas(Policy):
         return min(ready, key=lambda s: (self.queue(s), *arrival_key(s))).job.job_id
 
 
-@register_policy("gittins")
+@_builtin_policy("gittins")
 class Gittins(Policy):
     """Tiresias's Gittins index (NSDI'19, after Gittins 1989), the optimal policy for average
     JCT among those that know no job's length, only the distribution lengths come from.
