@@ -135,36 +135,57 @@ def test_pruning_before_the_last_iteration_counts_the_fine_tuning(tmp_path: Path
     assert "warning" not in row.summary and row.metrics["fine_tuned_iterations"] == 3
 
 
-@pytest.mark.parametrize("order", ["slide,gpu_kernels", "gpu_kernels,slide"])
-def test_gpu_kernels_after_slide_prunes_what_it_can_and_names_the_order(
-        tmp_path: Path, order: str) -> None:
-    """After slide replaced the output layer, tracing into slide's layer raised and every
-    layer was refused as "not torch.fx-traceable"; now slide's layer is one opaque call: the
-    layers before the one feeding it are pruned, and that one's refusal names the order that
-    prunes it too."""
+def _slide_with_pruning(tmp_path: Path, order: str, at: int = 0
+                        ) -> tuple[nn.Module, accelopt.ReportRow, list[float]]:
+    """A 16-32-32-512 MLP under ``+plugins=[order]`` (slide on the 512-wide head, pruning
+    50% at iteration ``at``), trained 3 Adam steps; the model, gpu_kernels' row and the
+    losses."""
     torch.manual_seed(0)
     x, y = torch.randn(32, 16), torch.randint(512, (32,))
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(),
                           nn.Linear(32, 512))
+    losses: list[float] = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         ao = accelopt.attach(model, [f"+plugins=[{order}]", "plugins.gpu_kernels.prune_amount=0.5",
-                                     "plugins.slide.min_width=256"],
-                             example=(x, y), optimizer="adam", lr=1e-2, iterations=2,
-                             run_dir=tmp_path / "r")
+                                     "plugins.slide.min_width=256",
+                                     f"plugins.gpu_kernels.prune_at_iteration={at}"],
+                             example=(x, y), optimizer="adam", lr=1e-2, iterations=3,
+                             run_dir=tmp_path / order.replace(",", "+"))
         opt = torch.optim.Adam(ao.model.parameters(), lr=1e-2)
-        for _ in ao.loop(range(2)):
+        for _ in ao.loop(range(3)):
             loss = F.cross_entropy(ao.model(x), y)
             opt.zero_grad()
             ao.backward(loss)
             ao.step(opt)
+            losses.append(float(loss))
         rows = ao.close()
     (row,) = [r for r in rows if r.plugin == "gpu_kernels"]
+    return ao.model, row, losses
+
+
+@pytest.mark.parametrize("order", ["slide,gpu_kernels", "gpu_kernels,slide"])
+@pytest.mark.parametrize("at", [0, 1])
+def test_gpu_kernels_after_slide_prunes_what_it_can_in_either_order(
+        tmp_path: Path, order: str, at: int) -> None:
+    """After slide replaced the output layer, tracing into slide's layer raised and every
+    layer was refused as "not torch.fx-traceable"; now slide's layer is one opaque call: the
+    layers before the one feeding it are pruned, in either list order (gpu_kernels runs
+    after slide), and that one's refusal says it stays dense (it named an order that could
+    not prune it; pruning late, ``at`` 1, too)."""
+    model, row, _ = _slide_with_pruning(tmp_path, order, at)
     assert "not torch.fx-traceable" not in row.summary, row.summary
-    assert ao.model[0].out_features == 16
-    assert type(ao.model[4]).__name__ == "SlideLinear"
-    if order == "slide,gpu_kernels":
-        assert row.metrics["layers_pruned"] == 1
-        assert "+plugins=[gpu_kernels,slide]" in row.summary, row.summary
-    else:
-        assert row.metrics["layers_pruned"] == 2
+    assert model[0].out_features == 16 and model[2].out_features == 32
+    assert type(model[4]).__name__ == "SlideLinear"
+    assert row.metrics["layers_pruned"] == 1
+    assert "list gpu_kernels first" not in row.summary and "stays dense" in row.summary
+
+
+def test_slide_with_gpu_kernels_is_the_same_run_in_either_order(tmp_path: Path) -> None:
+    """Listed first, gpu_kernels pruned the layer feeding SLIDE's head and SLIDE trained on
+    the pruned width; listed second, that layer stayed dense: two experiments under one
+    name. Either order now runs slide first, with the same pruning and losses."""
+    (_, first, loss_a), (_, second, loss_b) = [
+        _slide_with_pruning(tmp_path, order) for order in ("slide,gpu_kernels", "gpu_kernels,slide")]
+    assert first.metrics["params_after"] == second.metrics["params_after"]
+    assert loss_a == loss_b

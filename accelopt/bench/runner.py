@@ -194,10 +194,16 @@ def set_overrides(plugins: list[str], common: list[str],
 
 
 def preflight(sets: list[list[str]], common: list[str], per_plugin: dict[str, list[str]],
-              registry: Registry) -> None:
+              registry: Registry, *, explicit: bool = True) -> list[list[str]]:
     """Check every set as ``accelopt run`` checks it before training (each plugin's
     ``accelopt_configure`` validates the whole run config) before anything runs, so a set
-    that cannot run is named in one line instead of failing minutes into the sweep."""
+    that cannot run is named in one line instead of failing minutes into the sweep.
+
+    Returns the sets to run. ``explicit`` sets (``--sets``) are the user's choice: one that
+    cannot run refuses the bench. Sets derived from ``--plugins`` ("every valid
+    combination") leave out those this configuration refuses, as ``accelopt matrix`` does,
+    one line on stderr per reason; the bench is refused only when nothing but the baseline
+    would be left, or when a plugin setting the user gave is what a set refuses."""
     from accelopt.cli.hydra_run import composed_with_every_plugin
     from accelopt.runtime.run import refused_sets
 
@@ -210,11 +216,32 @@ def preflight(sets: list[list[str]], common: list[str], per_plugin: dict[str, li
                 for o in per_plugin.get(name, [])]
     cfg = composed_with_every_plugin(sets, [*common, *settings], registry)
     refused = refused_sets(cfg, registry, [tuple(s) for s in sets])
-    if refused:
-        (first, reason), *rest = refused.items()
-        others = [_label(list(s)) for s, _ in rest]
-        also = f" (also cannot run: {', '.join(others)})" if others else ""
-        raise UserError(f"set {_label(list(first))} cannot run: {reason}{also}")
+    if not refused:
+        return sets
+    if not explicit:
+        from accelopt.cli.commands import _refuse_plugin_settings
+
+        _refuse_plugin_settings(refused, [*common, *settings], registry)
+        kept = [s for s in sets if tuple(s) not in refused]
+        if any(kept):
+            _say_left_out(refused, common)
+            return kept
+    (first, reason), *rest = refused.items()
+    others = [_label(list(s)) for s, _ in rest]
+    also = f" (also cannot run: {', '.join(others)})" if others else ""
+    raise UserError(f"set {_label(list(first))} cannot run: {reason}{also}")
+
+
+def _say_left_out(refused: dict[tuple[str, ...], str], common: list[str]) -> None:
+    """One stderr line per reason naming the sets left out, worded as ``accelopt matrix``
+    words it, so a bench of "every valid combination" says what it does not measure."""
+    setting = " ".join(common) or "the default configuration"
+    by_reason: dict[str, list[str]] = {}
+    for chosen, reason in refused.items():
+        by_reason.setdefault(reason, []).append(_label(list(chosen)))
+    for reason, labels in by_reason.items():
+        print(f"left out {len(labels)} set(s) that {setting} refuses ({listed(labels)}): "
+              f"{reason}", file=sys.stderr)
 
 
 def _label(plugins: list[str]) -> str:
@@ -236,7 +263,7 @@ def bench_command(args: list[str]) -> int:
     common, per_plugin = split_overrides(opts.overrides)
     registry = Registry.discover()
     sets = plugin_sets(opts, registry)
-    preflight(sets, common, per_plugin, registry)
+    sets = preflight(sets, common, per_plugin, registry, explicit=bool(opts.sets))
     out = Path(opts.out or f"runs/bench/{datetime.now():%Y-%m-%d_%H-%M-%S-%f}").resolve()
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} is a file; give a directory (new, or empty)")

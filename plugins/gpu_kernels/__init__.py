@@ -23,6 +23,11 @@ PLUGIN = PluginSpec(
         "Node pruning (physical slicing), conv algorithm autotuning (direct/im2col/FFT/"
         "Winograd), numba.cuda tiled Linear, channels_last by measurement."
     ),
+    # With slide, one meaning whatever the list order: slide takes the wide output Linear
+    # first (tiled_linear would otherwise swap it for a TiledLinear SLIDE cannot take), and
+    # pruning then sees SLIDE's layer, which it cannot slice, so the layer feeding it stays
+    # dense (docs/combinations.md, slide + gpu_kernels).
+    after=("slide",),
 )
 
 __all__ = ["PLUGIN", "GpuKernelsConfig", "GpuKernelsPlugin"]

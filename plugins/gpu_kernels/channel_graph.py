@@ -102,7 +102,8 @@ PLUGINS_PACKAGE = "accelopt_plugins."
 
 def foreign_plugin(module: nn.Module) -> str | None:
     """The plugin whose layer ``module`` is, when another plugin put it in before pruning
-    (``+plugins=[slide,gpu_kernels]``: slide's output layer), else ``None``. Such a layer is
+    (slide's output layer: gpu_kernels runs after slide whatever the list order), else
+    ``None``. Such a layer is
     a single opaque call of the trace: tracing into it raised (slide's forward branches on
     its inputs), which refused every layer of the model as "not torch.fx-traceable"."""
     where = type(module).__module__
@@ -296,9 +297,10 @@ class _Planner:
         plugin = foreign_plugin(mod)
         if plugin is not None:
             self._refuse(self._inputs(node), (
-                f"feeds {type(mod).__name__} {where}, a layer plugin '{plugin}' put in before "
-                f"gpu_kernels pruned; list gpu_kernels first (+plugins=[gpu_kernels,{plugin}]) "
-                "to prune the model before that layer replaces its own"))
+                f"feeds {type(mod).__name__} {where}, a layer plugin '{plugin}' put in as the "
+                "job was built, before gpu_kernels prunes (gpu_kernels runs after it whatever "
+                "the order +plugins lists them): pruning cannot slice that layer, so the one "
+                "feeding it stays dense"))
             return None
         return self._opaque(node, type(mod).__name__)
 
