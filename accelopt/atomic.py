@@ -86,13 +86,15 @@ def _create_temp(path: Path) -> tuple[int, Path]:
 
 
 @contextlib.contextmanager
-def atomic_open(path: Path, mode: str = "w", *, durable: bool = True,
+def atomic_open(path: Path, mode: str = "w", *, durable: bool = True, exclusive: bool = False,
                 **kwargs: object) -> Iterator[IO]:
     """Open a temp file next to ``path``; on success it replaces ``path``, on error it is
     deleted; a write the machine refused (a full disk, a directory made read-only: in the
     chain of whatever the writer raised) is :class:`OutputUnwritable`. ``mode`` is ``"w"``
     (text, UTF-8 unless given) or ``"wb"``. ``durable=False`` skips the fsync, for a scratch
-    file that need not survive a crash of the machine."""
+    file that need not survive a crash of the machine. ``exclusive``: ``path`` is created,
+    never replaced (:func:`_put_exclusive`): ``FileExistsError`` where it is there already,
+    the file left as it is (of two processes writing it at once, one wins)."""
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -110,7 +112,10 @@ def atomic_open(path: Path, mode: str = "w", *, durable: bool = True,
             fh.flush()
             if durable:
                 os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        if exclusive:
+            _put_exclusive(tmp, path)
+        else:
+            os.replace(tmp, path)
     except BaseException as exc:
         with contextlib.suppress(OSError):
             tmp.unlink()
@@ -118,6 +123,23 @@ def atomic_open(path: Path, mode: str = "w", *, durable: bool = True,
         if refused is not None:
             raise OutputUnwritable(path, refused) from exc
         raise
+
+
+def _put_exclusive(tmp: Path, path: Path) -> None:
+    """Put the written ``tmp`` at ``path`` unless something is there. Why a link and not a
+    look then a rename: two processes that both looked before either renamed both wrote,
+    the second silently replacing the first. A link is created by one of them only, with
+    the whole content at once; on a filesystem without hard links, ``path`` is taken with
+    ``O_EXCL`` first (equally one winner), then replaced by the content."""
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        raise
+    except OSError:  # no hard links here
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+        os.replace(tmp, path)
+        return
+    tmp.unlink()
 
 
 def refuse_unwritable(target: Path, fix: str) -> None:

@@ -630,21 +630,23 @@ class Attached:
         warnings = self._never_reached() + self._notes + self._never_stepped()
         for line in warnings:
             self.console.print(f"warning: {line}", markup=False, highlight=False)
-        if (self.run_dir / REPORT_FILE).exists():  # another process's, since attach
+        try:  # created, never replaced: another process's report, since attach, is kept
+            with atomic_open(self.run_dir / REPORT_FILE, exclusive=True) as handle:
+                handle.write(json.dumps({
+                    "plugins": list(self.plugins.names),
+                    "job": {"name": self.info.name, "model": self.info.model,
+                            # elements, as a reader counts a model's parameters (the key
+                            # gave the number of tensors); the tensors beside it
+                            "parameters": sum(math.prod(p.shape) for p in self.info.parameters),
+                            "parameter_tensors": len(self.info.parameters)},
+                    **metrics, "plugin_rows": [dataclasses.asdict(r) for r in rows],
+                    "rebuild_requests": self.rebuild_requests, "warnings": warnings},
+                    indent=1, default=str) + "\n")
+        except FileExistsError:
             raise ConfigError(f"{self.run_dir / REPORT_FILE} was written since this attach "
-                              "began (another loop with the same run_dir?); it is kept, and "
-                              "this loop's rows are not written (close() returns them)")
-        with atomic_open(self.run_dir / REPORT_FILE) as handle:
-            handle.write(json.dumps({
-                "plugins": list(self.plugins.names),
-                "job": {"name": self.info.name, "model": self.info.model,
-                        # elements, as a reader counts a model's parameters (the key gave
-                        # the number of tensors); the tensors beside it
-                        "parameters": sum(math.prod(p.shape) for p in self.info.parameters),
-                        "parameter_tensors": len(self.info.parameters)},
-                **metrics, "plugin_rows": [dataclasses.asdict(r) for r in rows],
-                "rebuild_requests": self.rebuild_requests, "warnings": warnings},
-                indent=1, default=str) + "\n")
+                              "began (another loop with the same run_dir: give each process, "
+                              "each torchrun rank, its own run_dir); it is kept, and this "
+                              "loop's rows are not written (close() returns them)") from None
         return rows
 
     LISTENED: ClassVar[dict[str, tuple[str, ...]]] = {

@@ -111,7 +111,7 @@ def test_the_leaders_record_of_a_running_job_carries_its_first_start_and_service
                            service_s=lambda: 0.0)
     driver = ClusterDriver.__new__(ClusterDriver)
     driver.jobs, driver.progress = {"00-j": part}, None
-    driver._ended_jobs, driver._ended_lock = {}, threading.Lock()
+    driver._ended_jobs, driver._ended_lock, driver._service = {}, threading.Lock(), {}
     driver._switched("00-j")
     assert driver._ended_jobs["00-j"]["queueing_s"] is None
     part.job.iteration, part.queueing_s, part.service_s = 1, (lambda: 0.25), (lambda: 0.5)

@@ -413,7 +413,18 @@ def unwritable_line(path: object, reason: object, run_dir: Path) -> str:
 
 def resume_hint(run_dir: Path) -> str:
     """The end of a stopped run's line where it wrote checkpoints: how to go on from them."""
-    return f"; continue it from its checkpoints with: accelopt run run.resume={run_dir}"
+    return f"; continue it from its checkpoints with: {resume_command(run_dir)}"
+
+
+def resume_command(run_dir: Path) -> str:
+    """The command that goes on with the run in ``run_dir``: under torchrun, the same
+    torchrun command given ``run.resume`` (``accelopt run`` would start one process)."""
+    from accelopt.drivers.processes import under_torchrun
+    from accelopt.runtime.run_dir import resume_form
+
+    if under_torchrun():
+        return resume_form(run_dir, shared=True)
+    return f"accelopt run run.resume={run_dir}"
 
 
 def resumable_after(exc: AccelOptError, run_dir: Path) -> bool:
@@ -589,7 +600,7 @@ def stopped_line(error: str, run_dir: Path) -> str:
         kept = f": what they ran is kept in {refs}" if refs.is_dir() else ""
         return (f"{error} during the run.compare={mode} reference runs, before this run's "
                 f"own jobs began{kept}; run it again (the reference runs start over) with: "
-                f"accelopt run run.resume={run_dir}")
+                f"{resume_command(run_dir)}")
     ended = finished(run_dir)
     if ended:
         return _stopped_after_the_jobs(error, run_dir, ended)

@@ -126,7 +126,8 @@ def execute(
         for line in warnings:
             console.print(f"warning: {line}", markup=False, highlight=False, soft_wrap=True)
         compare.refuse_taken_references(run_dir, reference_sets)  # before any write, too
-        claim(run_dir, shared=under_torchrun())  # one run per directory, before any write
+        # one run per directory, before any write (a peer rank's carried checkpoints aside)
+        claim(run_dir, shared=under_torchrun(), resuming=resume_from)
     if not reference_sets:  # none run: its config must not read as a run stopped in them
         cfg = _without_compare(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -545,7 +546,8 @@ def _execute_cluster(cfg: DictConfig, run_dir: Path, registry: Registry, console
         stopped = stopped_outcome(left, record.jobs, settings)
         record.spans, per_iteration = stopped.spans, stopped.per_iteration
         record.metrics.update(stopped.metrics)
-        record.telemetry_note = _stopped_note([r.rank for r in left], settings.world_size)
+        record.telemetry_note = _stopped_note([r.rank for r in left], settings.world_size,
+                                              torchrun=under_torchrun())
         if not under_torchrun() or os.environ.get("RANK") == "0":
             # under torchrun only rank 0 writes, as on success: ranks sharing one
             # hydra.run.dir (for checkpoints) wrote over rank 0's metrics.json with their own
@@ -588,9 +590,15 @@ def _execute_cluster(cfg: DictConfig, run_dir: Path, registry: Registry, console
     return record
 
 
-def _stopped_note(ranks: list[int], world: int) -> str:
+def _stopped_note(ranks: list[int], world: int, *, torchrun: bool = False) -> str:
     """A stopped cluster run's telemetry note: whose timelines its trace holds (a rank
-    killed outright leaves none)."""
+    killed outright leaves none). ``torchrun``: the ranks are torchrun's processes, not
+    this launcher's, so what they ran so far is not collected: the note says that the
+    iterations counted have no losses or timeline kept, lest the outputs read as whole."""
+    if torchrun and not ranks:
+        return ("the cluster run stopped under torchrun: the losses and timelines of the "
+                "iterations its ranks ran are not kept (metrics.json counts those iterations; "
+                "its losses and trace.json do not hold them)")
     if not ranks:
         return ("the cluster run failed: the ranks' timelines ended with their processes and "
                 "are not in trace.json")

@@ -11,11 +11,14 @@ run's, finished or not. A run refused before it started gives its claim back
 
 from __future__ import annotations
 
+import filecmp
 import os
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
 from accelopt.errors import ConfigError
-from accelopt.job.checkpoint import WEIGHTS_DIR, has_checkpoints
+from accelopt.job.checkpoint import CHECKPOINT_DIR, WEIGHTS_DIR, has_checkpoints
 
 CLAIM_FILE = ".accelopt-run"
 """The marker of a run directory taken by a run (its content: the claiming process's id)."""
@@ -32,22 +35,24 @@ _held: set[str] = set()
 """The directories this process claimed (it may give them back: :func:`release`)."""
 
 
-def refuse_taken(run_dir: Path, *, shared: bool = False) -> None:
+def refuse_taken(run_dir: Path, *, shared: bool = False, resuming: Path | None = None) -> None:
     """One line when ``run_dir`` is not free for a new run: it holds a run's results, the
     checkpoints of one that did not finish, another run's claim (one running now, or one
     stopped before it wrote its results), or a file the run would write over. ``shared``:
     the ranks of one torchrun job share the directory (for checkpoint parts), each writing
     its config and Hydra files there: only the results and checkpoints of an earlier run
-    count."""
+    count, and not the checkpoints a peer rank of this same resume (``resuming``, else the
+    ``run.resume`` of the config a rank saved there) has already carried in."""
     run_dir = Path(run_dir)
     if (run_dir / "metrics.json").exists():
         raise ConfigError(f"{run_dir} already holds a run (metrics.json); {_AGAIN}")
-    if has_checkpoints(run_dir):
+    if _unfinished_checkpoints(run_dir, shared, resuming):
         # a run killed outright (SIGKILL, out of memory) writes no metrics.json: its
         # checkpoints are all that is left of it, and the new run's would replace them
         raise ConfigError(f"{run_dir} holds the checkpoints of a run that did not finish; "
-                          f"continue it with run.resume={run_dir}, or give this run another "
-                          "directory (hydra.run.dir / run_dir): results are never overwritten")
+                          f"continue it with {resume_form(run_dir, shared)}, or give this run "
+                          "another directory (hydra.run.dir / run_dir): results are never "
+                          "overwritten")
     if shared:
         return
     if (run_dir / CLAIM_FILE).exists() and str(run_dir.resolve()) not in _held:
@@ -59,15 +64,61 @@ def refuse_taken(run_dir: Path, *, shared: bool = False) -> None:
                           f"write over; {_AGAIN}")
 
 
-def claim(run_dir: Path, *, shared: bool = False) -> None:
+def resume_form(run_dir: Path, shared: bool) -> str:
+    """How to continue the run stopped in ``run_dir``: a torchrun job is resumed by the
+    same torchrun command, not by ``accelopt run`` (which would start one process)."""
+    if shared:
+        return f"the same torchrun command given run.resume={run_dir} (and a new hydra.run.dir)"
+    return f"run.resume={run_dir}"
+
+
+def _unfinished_checkpoints(run_dir: Path, shared: bool, resuming: Path | None) -> bool:
+    """Whether ``run_dir`` holds checkpoints of a run that did not finish. Why the carried
+    ones are told apart: the ranks of a torchrun resume each check the shared directory,
+    and a rank that checks after a peer carried the resumed run's checkpoints in
+    (``carry_checkpoints``: hard links, a copy across filesystems) would take them for an
+    unfinished run's and refuse its own resume."""
+    if not has_checkpoints(run_dir):
+        return False
+    source = resuming if resuming is not None else _saved_resume(run_dir) if shared else None
+    if not shared or source is None:
+        return True
+    own, theirs = Path(run_dir) / CHECKPOINT_DIR, Path(source) / CHECKPOINT_DIR
+    return not all(_same_checkpoint(path, theirs / path.relative_to(own))
+                   for path in own.rglob("*.pt"))
+
+
+def _saved_resume(run_dir: Path) -> Path | None:
+    """The ``run.resume`` of the config a rank of a torchrun job saved in ``run_dir`` before
+    it carried checkpoints in (``None``: none saved, or not a resume)."""
+    try:
+        resume = OmegaConf.select(OmegaConf.load(Path(run_dir) / "config.yaml"), "run.resume")
+    except Exception:  # none there, or one that does not parse: no evidence of a carry
+        return None
+    return Path(str(resume)) if resume else None
+
+
+def _same_checkpoint(path: Path, original: Path) -> bool:
+    """Whether ``path`` is ``original`` carried in: the same file (a hard link), or a copy
+    with the same bytes."""
+    try:
+        return path.samefile(original) or (
+            path.stat().st_size == original.stat().st_size
+            and filecmp.cmp(path, original, shallow=False))
+    except OSError:
+        return False
+
+
+def claim(run_dir: Path, *, shared: bool = False, resuming: Path | None = None) -> None:
     """Take ``run_dir`` for this process's run, or one line saying why not
     (:func:`refuse_taken`; another run that claimed it first included). Idempotent within
     the process that holds it: the command line claims before Hydra writes there, and the
-    run itself (``execute``) confirms it."""
+    run itself (``execute``) confirms it. ``resuming``: the run directory this run resumes
+    (its checkpoints, carried in by a peer rank, are not an unfinished run's)."""
     run_dir = Path(run_dir)
     if str(run_dir.resolve()) in _held:
         return
-    refuse_taken(run_dir, shared=shared)
+    refuse_taken(run_dir, shared=shared, resuming=resuming)
     if shared:  # the ranks of one torchrun job: rank 0 alone writes the results
         return
     run_dir.mkdir(parents=True, exist_ok=True)

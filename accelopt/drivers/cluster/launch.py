@@ -24,7 +24,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -522,22 +522,36 @@ def _run_torchrun(cfg: DictConfig, run_dir: str, registry: Registry | None) -> C
             gathered = run_rank(cfg, settings, rank=rank, world=world, t0_epoch=t0,
                                 init_method=TORCHRUN, run_dir=run_dir, carried=carried,
                                 progress=progress)
-        except (Exception, Terminated) as exc:
-            # no watchdog here: the rank's own one line (a peer's, where it left one); the
-            # ranks that never joined are already named (no peer's line to look for)
+        except KeyboardInterrupt as exc:
+            # torchrun follows a Ctrl-C with SIGTERM to its ranks: ignored, so this rank's
+            # outputs and line say "interrupted (Ctrl-C)" alike, not the later SIGTERM
             _ignore_sigterm()
-            failure = exc if isinstance(exc, NeverJoined) else faults.torchrun_failure(
-                exc, rank=rank, world=world, role=settings.role(rank), at=progress.at)
-            if isinstance(failure, faults.RankFailed):
-                failure.ended = faults.read_ended(work)  # rank 0's: the jobs that had ended
-            # bad input before any iteration (iterations are collective: none ran anywhere)
-            failure.never_started = (  # type: ignore[attr-defined]
-                isinstance(failure, UserError) and progress.at.iteration is None
-                and getattr(failure, "iteration", None) is None
-                and not getattr(failure, "ended", None))
-            if failure is exc:
+            if not isinstance(exc, Terminated):
                 raise
-            raise failure from exc
+            _raise_torchrun_failure(exc, rank, world, settings, progress, work)
+        except Exception as exc:
+            _ignore_sigterm()
+            _raise_torchrun_failure(exc, rank, world, settings, progress, work)
     if rank != 0 or gathered is None:
         return ClusterOutcome(primary=False)
     return build_outcome(gathered, settings)
+
+
+def _raise_torchrun_failure(exc: BaseException, rank: int, world: int,
+                            settings: ClusterSettings,
+                            progress: faults.Progress, work: str) -> NoReturn:
+    """Raise the one line of a torchrun rank whose run stopped on ``exc``. No watchdog
+    here: the rank's own one line (a peer's, where it left one); the ranks that never
+    joined are already named (no peer's line to look for)."""
+    failure = exc if isinstance(exc, NeverJoined) else faults.torchrun_failure(
+        exc, rank=rank, world=world, role=settings.role(rank), at=progress.at)
+    if isinstance(failure, faults.RankFailed):
+        failure.ended = faults.read_ended(work)  # rank 0's: the jobs that had ended
+    # bad input before any iteration (iterations are collective: none ran anywhere)
+    failure.never_started = (  # type: ignore[attr-defined]
+        isinstance(failure, UserError) and progress.at.iteration is None
+        and getattr(failure, "iteration", None) is None
+        and not getattr(failure, "ended", None))
+    if failure is exc:
+        raise exc
+    raise failure from exc
