@@ -219,29 +219,17 @@ def preflight(sets: list[list[str]], common: list[str], per_plugin: dict[str, li
     if not refused:
         return sets
     if not explicit:
-        from accelopt.cli.commands import _refuse_plugin_settings
+        from accelopt.cli.commands import refuse_plugin_settings, say_left_out
 
-        _refuse_plugin_settings(refused, [*common, *settings], registry)
+        refuse_plugin_settings(refused, [*common, *settings], registry)
         kept = [s for s in sets if tuple(s) not in refused]
         if any(kept):
-            _say_left_out(refused, common)
+            say_left_out(refused, " ".join(common) or "the default configuration")
             return kept
     (first, reason), *rest = refused.items()
     others = [_label(list(s)) for s, _ in rest]
     also = f" (also cannot run: {', '.join(others)})" if others else ""
     raise UserError(f"set {_label(list(first))} cannot run: {reason}{also}")
-
-
-def _say_left_out(refused: dict[tuple[str, ...], str], common: list[str]) -> None:
-    """One stderr line per reason naming the sets left out, worded as ``accelopt matrix``
-    words it, so a bench of "every valid combination" says what it does not measure."""
-    setting = " ".join(common) or "the default configuration"
-    by_reason: dict[str, list[str]] = {}
-    for chosen, reason in refused.items():
-        by_reason.setdefault(reason, []).append(_label(list(chosen)))
-    for reason, labels in by_reason.items():
-        print(f"left out {len(labels)} set(s) that {setting} refuses ({listed(labels)}): "
-              f"{reason}", file=sys.stderr)
 
 
 def _label(plugins: list[str]) -> str:

@@ -176,14 +176,21 @@ def _runnable(combos: list[list[str]], overrides: list[str],
         print(f"checking {len(combos)} sets against {setting} (--max-size N checks fewer, "
               "--no-check none) ...", file=sys.stderr)
     refused = refused_sets(cfg, registry, [tuple(c) for c in combos])
-    _refuse_plugin_settings(refused, overrides, registry)
+    refuse_plugin_settings(refused, overrides, registry)
+    say_left_out(refused, setting)
+    return [c for c in combos if tuple(c) not in refused]
+
+
+def say_left_out(refused: dict[tuple[str, ...], str], setting: str) -> None:
+    """One stderr line per reason naming the sets ``setting`` (the overrides, as written)
+    refuses: what ``accelopt matrix`` and ``accelopt bench --plugins`` leave out of "every
+    valid combination", said rather than dropped."""
     by_reason: dict[str, list[str]] = {}
     for combo, reason in refused.items():
         by_reason.setdefault(reason, []).append(f"[{','.join(combo)}]")
     for reason, labels in by_reason.items():
         print(f"left out {len(labels)} set(s) that {setting} refuses ({listed(labels)}): {reason}",
               file=sys.stderr)
-    return [c for c in combos if tuple(c) not in refused]
 
 
 def _plugin_settings(overrides: list[str]) -> list[str]:
@@ -191,7 +198,7 @@ def _plugin_settings(overrides: list[str]) -> list[str]:
     return [o for o in overrides if o.lstrip("+~").startswith("plugins.")]
 
 
-def _refuse_plugin_settings(refused: dict[tuple[str, ...], str], overrides: list[str],
+def refuse_plugin_settings(refused: dict[tuple[str, ...], str], overrides: list[str],
                             registry: Registry) -> None:
     """Raise a :class:`UserError` naming the first reason where a set in ``refused`` is
     accepted once the plugin settings the user gave are taken away: those settings are what
