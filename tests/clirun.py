@@ -29,6 +29,13 @@ def accelopt(*args: str, cwd: Path, timeout: float = 120, **env: str) -> subproc
     )
 
 
+def the_error_line(result: subprocess.CompletedProcess) -> str:
+    """The one ``error:`` line a failed command printed on stderr (a ValueError unpacking it
+    where there is none, or more than one: a user error is one line)."""
+    (line,) = [ln for ln in result.stderr.splitlines() if ln.startswith("error:")]
+    return line
+
+
 def run_files(run_dir: Path) -> dict[str, bytes]:
     """Every file of a run directory and its bytes (to prove nothing rewrote them)."""
     return {str(p.relative_to(run_dir)): p.read_bytes()

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from clirun import accelopt, accelopt_cmd, cli_env
+from clirun import accelopt, accelopt_cmd, cli_env, the_error_line
 
 from accelopt.bench.analysis import SetResult, classify, higher_is_better, summarize
 from accelopt.bench.render import render_markdown
@@ -521,7 +521,7 @@ def test_a_sweep_whose_runs_fail_reports_the_others_and_names_them(tmp_path):
                       str(out), "workload=tiny", cwd=tmp_path,
                       ACCELOPT_PLUGINS="plugins_for_tests:BOOM")
     assert result.returncode == 3, result.stderr
-    (line,) = [ln for ln in result.stderr.splitlines() if ln.startswith("error:")]
+    line = the_error_line(result)
     assert re.match(r"error: 1 measured run\(s\) left out of the report: \[boom\] repeat 0 "
                     r"\(run \d\): the run failed: plugin 'boom' raised in hook "
                     r"accelopt_iteration_end: ValueError: boom", line), line

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from clirun import accelopt
+from clirun import accelopt, the_error_line
 from test_bench import _finished_bench
 
 from accelopt import LayerOffer, PluginSpec, hookimpl
@@ -84,7 +84,7 @@ def test_a_set_refused_while_its_jobs_are_built_is_named_and_exits_3(tmp_path):
                       "--out", str(out), "workload=tiny", cwd=tmp_path, timeout=100,
                       ACCELOPT_PLUGINS="test_bench_fixes:REFUSE_BUILD")
     assert result.returncode == 3, result.stderr
-    (line,) = [ln for ln in result.stderr.splitlines() if ln.startswith("error:")]
+    line = the_error_line(result)
     assert re.fullmatch(r"error: 1 measured run\(s\) left out of the report: \[refuse_build\] "
                         r"repeat 0 \(run 3\): it failed before writing its metrics.json: "
                         r"refuse_build: this job cannot be built \(test\).*", line), line

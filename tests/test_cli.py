@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from clirun import accelopt
+from clirun import accelopt, the_error_line
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -506,7 +506,7 @@ def test_a_failed_run_keeps_its_evidence(tmp_path):
                       ACCELOPT_PLUGINS="plugins_for_tests:BOOM")
     assert result.returncode == 1
     (run_dir,) = _run_dirs(tmp_path)
-    (line,) = [ln for ln in result.stderr.splitlines() if ln.startswith("error:")]
+    line = the_error_line(result)
     assert line.endswith(f"(outputs kept in {run_dir})"), line  # where to look, said
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert "plugin 'boom' raised in hook accelopt_iteration_end" in metrics["summary"]["error"]
@@ -564,7 +564,7 @@ def test_a_run_whose_job_diverged_exits_3(tmp_path):
     result = accelopt("run", *TINY, "run.compare=none", "workload.jobs.0.lr=1.0e+12",
                       "workload.jobs.1.lr=1.0e+12", cwd=tmp_path)
     assert result.returncode == 3, result.stderr
-    (line,) = [ln for ln in result.stderr.splitlines() if ln.startswith("error:")]
+    line = the_error_line(result)
     assert "jobs diverged; tiny-" in line and "(outputs kept in " in line
     (run_dir,) = _run_dirs(tmp_path)
     assert json.loads((run_dir / "metrics.json").read_text())["summary"]["n_diverged"] >= 1
