@@ -174,12 +174,11 @@ def test_a_model_scored_with_its_labels_scores_as_without_them():
     assert (given.value, given.samples) == (plain.value, plain.samples)
 
 
-def test_an_encoder_decoder_is_not_scored_for_its_per_token_logits_not_for_no_labels(
-        monkeypatch):
+def test_an_encoder_decoder_is_scored_by_its_own_held_out_loss(monkeypatch):
     """T5 under ``loss: model`` runs when called with its labels; its logits are per token
-    ``[batch, positions, vocabulary]``, which held-out top-1 does not score (as a causal
-    LM's, GPT-2's): the note names that shape, not the decoder's "You must specify exactly
-    one of input_ids or inputs_embeds" of a call without labels."""
+    ``[batch, positions, vocabulary]``, which top-1 does not score. It was reported "cannot
+    score: ... not [batch, classes]"; it is scored by its own held-out loss, as perplexity:
+    ``exp(model(x, labels=y).loss)`` over its held-out set (one batch)."""
     from accelopt.config import JobConfig
     from accelopt.job import Job
 
@@ -189,7 +188,41 @@ def test_an_encoder_decoder_is_not_scored_for_its_per_token_logits_not_for_no_la
     job = Job(spec, job_id="s2s", device=torch.device("cpu"))
     job.step()
     result = _scored(spec, job)
-    note = result.quality_note
-    assert result.quality is None and note.startswith("cannot score: ValueError: "), note
-    assert f"a tensor of shape (8, {LENGTH}, {VOCAB}), not [batch, classes]" in note, note
-    assert "input_ids or inputs_embeds" not in note, note
+    assert result.quality is not None, result.quality_note
+    assert job.model.training  # the job's train mode is restored
+    held_out = Reversed(8, 1)
+    job.model.eval()
+    with torch.no_grad():
+        loss = job.model(input_ids=held_out.ids, attention_mask=torch.ones_like(held_out.ids),
+                         labels=held_out.labels).loss
+    assert result.quality.metric == "perplexity" and result.quality.samples == 8
+    assert result.quality.value == pytest.approx(math.exp(float(loss)), rel=1e-5)
+    assert "own held-out loss" in result.quality_note, result.quality_note
+
+
+def tiny_gpt2() -> nn.Module:
+    """A causal LM from a config (no download): one layer, width 16."""
+    cfg = transformers.GPT2Config(vocab_size=VOCAB, n_positions=LENGTH, n_embd=16, n_layer=1,
+                                  n_head=2)
+    return transformers.GPT2LMHeadModel(cfg)
+
+
+def test_a_causal_lm_is_weighted_by_the_positions_it_predicts_across_batches():
+    """Over several held-out batches the per-batch mean losses are weighted by the positions
+    each is a mean over (a causal LM predicts all but each row's first labelled token), so
+    the figure is the loss over the whole held-out set, not a mean of batch means."""
+    from accelopt.job.quality import own_loss_perplexity
+
+    torch.manual_seed(0)
+    model = tiny_gpt2()
+    ids = torch.randint(0, VOCAB, (6, LENGTH))
+    labels = ids.clone()
+    labels[:2, 3:] = -100  # the first batch has fewer positions to predict
+    batches = [(ids[:2], labels[:2]), (ids[2:], labels[2:])]
+    quality = own_loss_perplexity(model, batches)
+    model.eval()
+    with torch.no_grad():
+        logits = model(ids).logits[:, :-1].reshape(-1, VOCAB)
+        whole = nn.functional.cross_entropy(logits, labels[:, 1:].reshape(-1))
+    assert quality.metric == "perplexity" and quality.samples == 6
+    assert quality.value == pytest.approx(math.exp(float(whole)), rel=1e-5)

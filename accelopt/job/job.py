@@ -775,12 +775,19 @@ def logits_of(out: Any) -> Any:
     return out if logits is None else logits
 
 
-def model_loss(out: Any, y: torch.Tensor) -> torch.Tensor:
-    """``loss: model``: the loss the model computed (its output's ``loss``)."""
+def own_loss(out: Any) -> torch.Tensor | None:
+    """The loss a model computed itself: its output's ``loss`` (an attribute, as HF
+    ``ModelOutput`` has, or a mapping's key); None when it carries no loss tensor."""
     value = getattr(out, "loss", None)
     if value is None and isinstance(out, Mapping):
         value = out.get("loss")
-    if not isinstance(value, torch.Tensor):
+    return value if isinstance(value, torch.Tensor) else None
+
+
+def model_loss(out: Any, y: torch.Tensor) -> torch.Tensor:
+    """``loss: model``: the loss the model computed (its output's ``loss``)."""
+    value = own_loss(out)
+    if value is None:
         raise UserError(
             f"loss=model, but the model's output ({type(out).__name__}) has no loss tensor; "
             "a model that computes its loss from labels= returns it as .loss (HF "

@@ -6,10 +6,11 @@ dataset's own ``eval_batches``): accuracy for single-label data, precision@1 (P@
 multi-label data (labels ``[B, M]`` padded with -1, the extreme-classification convention).
 A dataset with a metric of its own scores the model itself (``evaluate_model(model)``:
 ``workload=lm``'s held-out perplexity). A model that computes its own loss (``loss: model``)
-is called as its job calls it, ``model(x, labels=y)``, and scored from its output's logits:
-an encoder-decoder (T5, BART) makes its decoder's inputs from the labels and cannot run
-without them; its per-token logits are then not ``[batch, classes]`` and the note says so,
-as for a causal LM's.
+is called as its job calls it, ``model(x, labels=y)``, and scored from its output's logits;
+one whose logits are per token (``[batch, positions, vocabulary]``: a causal LM, an
+encoder-decoder such as T5 or BART, which makes its decoder's inputs from the labels) is
+scored by its own held-out loss instead, as held-out perplexity (``exp`` of the mean loss):
+top-1 over ``[batch, classes]`` does not apply to it.
 Scored after the job's last iteration, in eval mode without gradients, outside its timed
 work (JCT, makespan and iteration times do not include it). A ``-inf`` score is a class not
 scored (a sampled output layer's LSH inference leaves its unretrieved classes so); nan and
@@ -20,6 +21,8 @@ counted, as training skips it; a held-out set with no labelled point is not scor
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -27,7 +30,7 @@ import torch
 
 from accelopt.errors import error_text
 from accelopt.job import inputs
-from accelopt.job.job import logits_of
+from accelopt.job.job import logits_of, loss_convention, own_loss
 from accelopt.records import CANNOT_SCORE, JobResult, Quality
 
 EVAL_BATCH = 1024
@@ -162,6 +165,11 @@ def evaluate(model: torch.nn.Module, dataset: object, device: torch.device | Non
     batches = eval_batches(dataset)
     if batches is None:
         return None
+    if with_labels:
+        first = next(batches, None)
+        batches = itertools.chain([] if first is None else [first], batches)
+        if first is not None and _scores_tokens(model, first, device):
+            return own_loss_perplexity(model, batches, device)
     value, n, multi, p5, width = score(model, batches, device, with_labels)
     if n == 0:
         raise EmptyHeldOut(EMPTY_HELD_OUT)
@@ -175,6 +183,81 @@ def evaluate(model: torch.nn.Module, dataset: object, device: torch.device | Non
                 f"factory?); scored as it is")
     return Quality(metric="p_at_1" if multi else "accuracy", value=value, samples=n,
                    p_at_5=p5 if multi else None, note=note)
+
+
+def _scores_tokens(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor],
+                   device: torch.device | None) -> bool:
+    """Whether a ``loss: model`` model is a sequence model that computes its own loss: its
+    logits per token (three or more dimensions) beside a loss tensor. Such a model is scored
+    by that loss (:func:`own_loss_perplexity`); it was reported "cannot score" before, for
+    logits that are not ``[batch, classes]``."""
+    x, y = batch
+    if device is not None:
+        x, y = inputs.to_device(x, device), y.to(device)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            out = inputs.call(model, x, labels=y)
+    finally:
+        model.train(was_training)
+    logits = logits_of(out)
+    return (isinstance(logits, torch.Tensor) and logits.dim() > 2
+            and own_loss(out) is not None)
+
+
+def own_loss_perplexity(model: torch.nn.Module,
+                        batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+                        device: torch.device | None = None) -> Quality:
+    """Held-out perplexity of a sequence model that computes its own loss: ``exp`` of its
+    loss (``model(x, labels=y).loss``, as its job's step calls it) over the held-out
+    batches, each batch's mean loss weighted by the positions it is a mean over (labels
+    other than :data:`IGNORE_INDEX`, shifted by one for a causal LM: ``loss_convention``;
+    by rows where the convention is not known). One batch (up to :data:`EVAL_BATCH` rows)
+    is the model's loss exactly. A nan or inf loss is refused (no perplexity)."""
+    convention = loss_convention(model)
+    was_training = model.training
+    model.eval()
+    total, positions, rows = 0.0, 0, 0
+    try:
+        with torch.no_grad():
+            for x, y in batches:
+                if device is not None:
+                    x, y = inputs.to_device(x, device), y.to(device)
+                count = _predicted_positions(y, convention)
+                rows += len(y)
+                if count == 0:
+                    continue
+                loss = own_loss(inputs.call(model, x, labels=y))
+                if loss is None or loss.numel() != 1:
+                    raise ValueError("the model's output has no scalar loss for its held-out "
+                                     "batch; a per-token model is scored by its own loss")
+                value = float(loss)
+                if not math.isfinite(value):
+                    raise ValueError(f"the model's held-out loss is {value}: no perplexity")
+                total += value * count
+                positions += count
+    finally:
+        model.train(was_training)
+    if rows and not positions:
+        raise NoneLabelled(NONE_LABELLED)
+    if not positions:
+        raise EmptyHeldOut(EMPTY_HELD_OUT)
+    return Quality(metric="perplexity", value=math.exp(total / positions), samples=rows,
+                   note="a sequence model (per-token logits): scored by its own held-out "
+                        "loss, as perplexity")
+
+
+def _predicted_positions(labels: torch.Tensor, convention: str | None) -> int:
+    """The positions a model's own loss over ``labels`` is a mean over (its weight among
+    batches): labelled ones, shifted by one for a causal LM; a labelled row counts one
+    where the convention is not known (``loss_convention`` None)."""
+    counted = labels != IGNORE_INDEX
+    if convention == "causal" and counted.dim() >= 2:
+        return int(counted[..., 1:].sum())
+    if convention == "labels":
+        return int(counted.sum())
+    return int(counted.reshape(len(labels), -1).any(dim=1).sum())
 
 
 def _check_scores(logits: torch.Tensor) -> None:
