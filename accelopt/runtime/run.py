@@ -42,7 +42,7 @@ from accelopt.drivers.cluster.settings import (
 )
 from accelopt.drivers.lifecycle import Lifecycle
 from accelopt.drivers.local import Executor
-from accelopt.drivers.processes import preloads_dynamo, under_torchrun
+from accelopt.drivers.processes import preloads_dynamo, torchrun_rank, under_torchrun
 from accelopt.drivers.rows import stopped_report, with_placeholders
 from accelopt.drivers.setup import (
     MAX_THREADS,
@@ -118,6 +118,7 @@ def execute(
     console = console or default_console()
     registry = registry or Registry.discover()
     with refusals_said_at_rendezvous(cfg):  # a torchrun rank's peers stop at once with it
+        refuse_torchrun_without_cluster(cfg)  # before anything is read, claimed or written
         cfg, resume_from = _maybe_resume(cfg, run_dir, console, overrides)
         reference_sets = _reference_sets(cfg, console)
         validate(cfg, registry, reference_sets)
@@ -149,6 +150,22 @@ def execute(
             _give_back_if_nothing_ran(run_dir)
         compare.references_kept(exc, run_dir, list(refs))  # its line says where they are
         raise
+
+
+def refuse_torchrun_without_cluster(cfg: DictConfig) -> None:
+    """Refuse ``cluster.mode=none`` in a torchrun launch of several processes. Why: each
+    process then ran every job on its own, all of them into the one run directory, each
+    printing its table, the last writer's files winning, and the command exited 0. One
+    process (WORLD_SIZE=1) is a plain run and stays allowed."""
+    if str(cfg.cluster.mode) != "none" or not under_torchrun():
+        return
+    _, world = torchrun_rank()
+    if world > 1:
+        raise ConfigError(
+            f"cluster.mode=none under torchrun: each of its {world} processes would run "
+            "every job on its own, into the same run directory; set cluster.mode=ps or "
+            "cluster.mode=allreduce (cluster.workers, cluster.servers to match the processes), "
+            "or run without torchrun")
 
 
 def _give_back_if_nothing_ran(run_dir: Path) -> None:
@@ -290,6 +307,7 @@ def _validate_settings(cfg: DictConfig) -> list[str]:
         raise UserError(f"run.checkpoint_every must be >= 0 (0 = off), got "
                         f"{cfg.run.checkpoint_every}")
     check_numbers(cfg.cluster)  # bucket_mb: the buckets a job records, in every mode
+    refuse_torchrun_without_cluster(cfg)  # a sweep's points too, before the first one runs
     if cfg.cluster.mode != "none":
         from accelopt.drivers.cluster.launch import validate as validate_cluster
         from accelopt.drivers.cluster.settings import settings_from
@@ -459,10 +477,11 @@ def _execute_local(cfg: DictConfig, run_dir: Path, registry: Registry, console: 
             writing = True
             _write_and_render(record, run_dir, console, refs, renderer)
     except BaseException as exc:
-        if results is not None and not writing:
+        if results is not None and (not writing or not (run_dir / "metrics.json").is_file()):
             # every job had ended: a Ctrl-C or SIGTERM (or an error) before the outputs
             # were written still writes the jobs' results (it used to leave only
-            # config.yaml, the log and the weights)
+            # config.yaml, the log and the weights), also while they were being made,
+            # before metrics.json was written (the summary and JSON are computed first)
             record.duration_s = record.duration_s or time.perf_counter() - started
             _keep_finished(record, results, executor, hook_calls, run_dir, exc)
         raise
@@ -552,6 +571,7 @@ def _execute_cluster(cfg: DictConfig, run_dir: Path, registry: Registry, console
             # under torchrun only rank 0 writes, as on success: ranks sharing one
             # hydra.run.dir (for checkpoints) wrote over rank 0's metrics.json with their own
             # view of the failure, the last one's winning
+            _stopped_cluster_notes(record, specs, exc)
             _keep_evidence(record, run_dir, exc)
             if per_iteration:
                 with contextlib.suppress(OSError):  # evidence: the run's error matters more
@@ -588,6 +608,22 @@ def _execute_cluster(cfg: DictConfig, run_dir: Path, registry: Registry, console
         if refused is not None:
             raise refused
     return record
+
+
+def _stopped_cluster_notes(record: RunRecord, specs: list[Any], exc: BaseException) -> None:
+    """Why each job of a cluster run stopped by ``exc`` has no score, as one process says
+    it (:func:`_not_scored`): its quality_note was empty. A job the run stopped: "did not
+    finish (the run stopped)"; the job whose own code failed on a rank, or one that had
+    failed: "did not finish (failed)"; a finished job keeps the note it was given."""
+    culprit = exc.job_id if isinstance(exc, RankFailed) else ""
+    for result in record.jobs:
+        if (result.quality is None and not result.quality_note and result.job.job_id != culprit
+                and result.status not in ("done", "failed", "rejected")):
+            result.quality_note = "the job did not finish (the run stopped)"
+    _mark_stopped(record, exc)
+    for spec, result in zip(specs, record.jobs, strict=True):
+        if result.quality is None and not result.quality_note:
+            score_result(result, spec, None, None)  # its reason, without a model
 
 
 def _stopped_note(ranks: list[int], world: int, *, torchrun: bool = False) -> str:
@@ -749,6 +785,19 @@ def _keep_evidence(record: RunRecord, run_dir: Path, exc: BaseException,
     rank's failure), so its evidence is kept whatever the error's class."""
     if isinstance(exc, UserError) and not isinstance(exc, RankFailed) and not started:
         return  # a refusal (bad input found before the work began): nothing to keep
+    _mark_stopped(record, exc)
+    record.metrics["error"] = error_line(exc)
+    try:
+        write_run_outputs(record, run_dir)
+    except Exception:  # noqa: BLE001 - the run's error is the one to report
+        pass
+
+
+def _mark_stopped(record: RunRecord, exc: BaseException) -> None:
+    """Every job of a run stopped by ``exc`` that had not ended is ``failed``, with the
+    run's error (the job whose own code failed on a rank, with that error). Apart from
+    :func:`_keep_evidence`, so a stopped cluster run can say why each failed job has no
+    score before its evidence is written, as one process does."""
     error = error_line(exc)
     culprit, own = "", ""  # a rank failed inside a job's iteration, by that job's own code
     if isinstance(exc, RankFailed) and exc.job_id:
@@ -759,11 +808,6 @@ def _keep_evidence(record: RunRecord, run_dir: Path, exc: BaseException,
             if result.job.job_id == culprit:  # its own error, as in one process
                 result.error = result.error or own
             result.error = result.error or f"the run stopped: {error}"
-    record.metrics["error"] = error
-    try:
-        write_run_outputs(record, run_dir)
-    except Exception:  # noqa: BLE001 - the run's error is the one to report
-        pass
 
 
 def error_line(exc: BaseException) -> str:

@@ -719,12 +719,13 @@ def torchrun_failure(exc: BaseException, *, rank: int, world: int, role: str,
                           job_id=peer.get("culprit") or "")
     if isinstance(exc, Terminated):
         return RankFailed(f"rank {rank} ({role}, pid {pid}) was terminated (SIGTERM) "
-                          f"{where(iteration)}; torchrun stops its ranks so when it was itself interrupted "
-                          "or terminated (Ctrl-C, kill) or when a peer rank failed (that rank's "
-                          "output then says why)",
+                          f"{where(iteration, at.job_name)}; torchrun stops its ranks so "
+                          "when it was itself interrupted or terminated (Ctrl-C, kill) or when "
+                          "a peer rank failed (that rank's output then says why)",
                           rank=rank, pid=pid, iteration=iteration, cause="SIGTERM",
                           exit_code=Terminated.exit_code)
-    return RankFailed(f"rank {rank} ({role}, pid {pid}) lost its peers {where(iteration)} "
+    return RankFailed(f"rank {rank} ({role}, pid {pid}) lost its peers "
+                      f"{where(iteration, at.job_name)} "
                       f"({note['error']}): {PEER_FAILED}", rank=rank, pid=pid,
                       iteration=iteration, cause=note["error"])
 

@@ -527,6 +527,7 @@ def _run_torchrun(cfg: DictConfig, run_dir: str, registry: Registry | None) -> C
             # outputs and line say "interrupted (Ctrl-C)" alike, not the later SIGTERM
             _ignore_sigterm()
             if not isinstance(exc, Terminated):
+                _how_far(exc, progress, work)
                 raise
             _raise_torchrun_failure(exc, rank, world, settings, progress, work)
         except Exception as exc:
@@ -535,6 +536,17 @@ def _run_torchrun(cfg: DictConfig, run_dir: str, registry: Registry | None) -> C
     if rank != 0 or gathered is None:
         return ClusterOutcome(primary=False)
     return build_outcome(gathered, settings)
+
+
+def _how_far(exc: BaseException, progress: faults.Progress, work: str) -> None:
+    """Attach to a Ctrl-C how far this rank's jobs got, as a local launcher does
+    (:func:`run_cluster`) and a SIGTERM's line does (:func:`_raise_torchrun_failure`): the
+    jobs that had ended (rank 0's record) and the iteration reached. Without it the run's
+    evidence failed every job at iteration 0, a job that had finished included."""
+    iteration = progress.at.iteration
+    exc.ended = faults.read_ended(work)  # type: ignore[attr-defined]
+    exc.reached = (  # type: ignore[attr-defined]
+        None if iteration is None or iteration == faults.JOBS_ENDED else iteration)
 
 
 def _raise_torchrun_failure(exc: BaseException, rank: int, world: int,
