@@ -99,7 +99,13 @@ class JobResult:
     quality_note: str = ""
     """Why there is no quality: no held-out set, an inference job, the job did not finish,
     ``evaluate: false``, or the one-line reason scoring failed; with a quality, its
-    :attr:`Quality.note` (a model whose output width is not the class count)."""
+    :attr:`Quality.note` (a model whose output width is not the class count); after either,
+    where some losses were not finite but the job did not diverge, :attr:`nonfinite_note`."""
+    weights_finite: bool | None = None
+    """Whether its trained weights are all finite, checked where it is scored
+    (``job/quality.py`` ``score_result``); ``None``: not known in this process. The truest
+    sign of divergence: a loss of nan from a skipped step or from a batch with nothing to
+    predict leaves the weights finite, a diverged job's weights are not."""
 
     @property
     def jct_s(self) -> float | None:
@@ -122,14 +128,61 @@ class JobResult:
 
     @property
     def diverged_at(self) -> int | None:
-        """The index of the first recorded loss that is not finite (a NaN or inf, ``None``
-        once it went through JSON from a rank), or ``None`` when every loss is finite: a
-        job can train to its last iteration on a diverged loss, and must not be read as
-        done well."""
-        for i, loss in enumerate(self.losses):
-            if loss is None or not math.isfinite(loss):
-                return i
-        return None
+        """Where the job diverged, or ``None`` when it did not: a job can train to its last
+        iteration on a diverged loss, and must not be read as done well.
+
+        Its weights decide where they are known (:attr:`weights_finite`): finite, it did not
+        diverge, whatever its losses (a step a plugin skipped, a batch with no labelled
+        point: a loss of nan, then finite ones); not finite, the index of the first loss of
+        its trailing run of losses that are not finite (a NaN or inf, ``None`` once it went
+        through JSON from a rank), or ``len(losses)`` when every loss is finite (the last
+        step's gradient: :attr:`diverged_where`). Where they are not known, that trailing
+        run alone: the losses are not finite to the end."""
+        trailing = self._trailing_nonfinite()
+        if self.weights_finite is True:
+            return None
+        if self.weights_finite is False:
+            return len(self.losses) if trailing is None else trailing
+        return trailing
+
+    def _trailing_nonfinite(self) -> int | None:
+        """The index of the first loss of the trailing run of losses that are not finite
+        (``None``: the last loss is finite, or there is none)."""
+        start = None
+        for i in range(len(self.losses) - 1, -1, -1):
+            if _finite(self.losses[i]):
+                break
+            start = i
+        return start
+
+    @property
+    def diverged_where(self) -> str:
+        """Where it diverged in words (``""``: it did not): "its loss is not finite from
+        loss 3 of 6", or, where every loss is finite but its weights are not, "its weights
+        are not finite after its last step"."""
+        at = self.diverged_at
+        if at is None:
+            return ""
+        if at >= len(self.losses):
+            return "its weights are not finite after its last step, every loss finite"
+        return f"its loss is not finite from loss {at + 1} of {len(self.losses)}"
+
+    @property
+    def nonfinite_note(self) -> str:
+        """``""``, or, for a job that did not diverge though some of its losses were not
+        finite, how many and the first: a skipped step, or a batch with no labelled point
+        (its loss a mean over nothing), is no divergence, but is worth knowing."""
+        bad = [i for i, loss in enumerate(self.losses) if not _finite(loss)]
+        if not bad or self.diverged_at is not None:
+            return ""
+        after = ("its weights stayed finite" if self.weights_finite
+                 else "the losses after them are finite")
+        return (f"{len(bad)} of {len(self.losses)} losses not finite (first: loss "
+                f"{bad[0] + 1}); {after} (a skipped step, or a batch with no labelled point)")
+
+
+def _finite(loss: float | None) -> bool:
+    return loss is not None and math.isfinite(loss)
 
 
 @dataclass

@@ -117,7 +117,7 @@ def test_a_diverged_job_is_not_scored_by_an_argmax_over_nan(run_tiny):
     out = io.StringIO()
     render_summary(record, Console(file=out, width=200))
     assert "diverged d: its loss is not finite" in out.getvalue()
-    assert "(a learning rate too high, or a plugin's change?)" in out.getvalue()
+    assert "(a learning rate too high, nan or inf in the data, or a plugin's change?)" in out.getvalue()
     assert "Run: 1/1 done (1 diverged), 0 failed" in out.getvalue()
     from accelopt.report import run_metrics
 

@@ -275,23 +275,55 @@ def _shape(out: Any) -> str:
     return f"a {type(out).__name__}"
 
 
+def weights_finite(model: torch.nn.Module) -> bool:
+    """Whether ``model``'s trained weights are finite: every parameter finite, and no buffer
+    (batch norm's running statistics) nan. A job whose weights are not has diverged,
+    whatever its last losses said (a nan gradient in its last step left a finite loss).
+    A buffer may hold ``-inf`` by design (an attention mask added to the scores), so only
+    nan counts there."""
+    def floating(t: torch.Tensor) -> bool:
+        return t.is_floating_point() or t.is_complex()
+
+    return (all(bool(torch.isfinite(p).all()) for p in model.parameters() if floating(p))
+            and not any(bool(torch.isnan(b).any()) for b in model.buffers() if floating(b)))
+
+
 def score_result(result: JobResult, spec: Any, model: torch.nn.Module | None, dataset: object,
                  device: torch.device | None = None) -> None:
     """Set ``result.quality`` (or ``result.quality_note``, saying why not) for a job that
     ran: scored only when it trained to the end, asks for it (``evaluate``), and its data
     has a held-out set. Never raises: a model this cannot score gets a one-line note. A
-    ``loss: model`` job's model is called with the labels, as its step calls it."""
+    ``loss: model`` job's model is called with the labels, as its step calls it.
+
+    A finished training job's weights are checked first (``result.weights_finite``), with or
+    without ``evaluate``: they decide whether it diverged (``JobResult.diverged_at``), so a
+    job whose losses were not finite for a step and then finite again (a skipped step, a
+    batch with no labelled point) is scored, with a note saying so, and one left with nan
+    weights by its last step is not reported done well."""
+    if result.status == "done" and spec.kind == "train" and model is not None:
+        try:
+            result.weights_finite = weights_finite(model)
+        except Exception:  # noqa: BLE001 - a state this cannot read: not known, as before
+            result.weights_finite = None
+    _score(result, spec, model, dataset, device)
+    note = result.nonfinite_note if result.status == "done" else ""
+    if note:
+        result.quality_note = "; ".join(filter(None, (result.quality_note, note)))
+
+
+def _score(result: JobResult, spec: Any, model: torch.nn.Module | None, dataset: object,
+           device: torch.device | None) -> None:
     if not getattr(spec, "evaluate", True):
         result.quality_note = "evaluate: false"
     elif spec.kind != "train":
         result.quality_note = "an inference job (nothing trained)"
     elif result.status != "done":
         result.quality_note = f"the job did not finish ({result.status})"
+    elif result.diverged_at is not None:  # before the weights' absence: the reason that counts
+        what = "loss" if result.diverged_at < len(result.losses) else "job"
+        result.quality_note = f"not scored: the {what} diverged ({result.diverged_where})"
     elif model is None:
         result.quality_note = "its trained weights are not in this process"
-    elif result.diverged_at is not None:
-        result.quality_note = (f"not scored: the loss diverged (not finite from loss "
-                               f"{result.diverged_at + 1} of {len(result.losses)})")
     else:
         try:
             result.quality = evaluate(model, dataset, device,
@@ -306,4 +338,3 @@ def score_result(result: JobResult, spec: Any, model: torch.nn.Module | None, da
             result.quality_note = "its dataset has no held-out set"
         else:
             result.quality_note = result.quality.note
-

@@ -6,6 +6,7 @@ and the file never disagree.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -34,9 +35,13 @@ def _mib(value: float | None, digits: int = 1) -> str:
     return fmt(None if value is None else value / _MIB, digits)
 
 
-def _loss(value: float | None, diverged: bool) -> str:
+def _loss(value: float | None, losses: list[float]) -> str:
+    """The final loss: ``nan`` where the last recorded loss is not finite (it travels as
+    ``None`` in JSON; a job whose last batch had no labelled point has one without having
+    diverged), ``–`` where none was recorded."""
     if value is None:
-        return "nan" if diverged else "–"  # a non-finite loss travels as None in JSON
+        last = losses[-1] if losses else 0.0
+        return "nan" if last is None or not math.isfinite(last) else "–"
     return f"{value:.4g}"
 
 
@@ -63,7 +68,7 @@ def _jobs_table(record: RunRecord) -> Table:
             fmt(m["throughput"], 1),
             _mib(m["persistent_bytes"]),
             _mib(m["ephemeral_bytes"]),
-            _loss(m["final_loss"], result.diverged_at is not None),
+            _loss(m["final_loss"], result.losses),
             quality_text(m),
         )
     return table
@@ -97,9 +102,18 @@ def _errors(record: RunRecord) -> list[str]:
         for r in record.jobs
         if not r.error and r.diverged_at is not None
     ] + [
-        f"[bold yellow]note[/] {escape(r.job.name)}: {escape(r.quality.note)}"
+        # its quality's note, and where some losses were not finite without a divergence
+        # (a skipped step), that too (score_result adds it to quality_note)
+        f"[bold yellow]note[/] {escape(r.job.name)}: {escape(r.quality_note)}"
         for r in record.jobs
-        if r.quality is not None and r.quality.note
+        if r.quality is not None and r.quality_note
+    ] + [
+        # not scored for a reason of its own (evaluate: false, no held-out set): the losses
+        # that were not finite are still said
+        f"[bold yellow]note[/] {escape(r.job.name)}: {escape(r.nonfinite_note)}"
+        for r in record.jobs
+        if r.quality is None and r.status == "done" and r.nonfinite_note
+        and not r.quality_note.startswith(CANNOT_SCORE)
     ] + [
         # a trained job whose held-out score failed: its "–" read like a job with no
         # held-out set, and a plugin that changed its numerics looked like a pure speed-up
@@ -113,15 +127,15 @@ def _errors(record: RunRecord) -> list[str]:
 def diverged_text(result: JobResult) -> str:
     """A diverged job in words, with the likely causes: a first loss that is not finite
     comes before any update, so no learning rate explains it (nan or inf in the data or
-    the initial weights, or a plugin's change); a later one is the usual too-large step,
-    or a plugin."""
+    the initial weights, or a plugin's change); a later one is the usual too-large step, a
+    later batch's nan or inf, or a plugin; weights that are not finite after finite losses
+    are the last step's gradient, for the same reasons."""
     first = result.diverged_at or 0  # an index: loss 1 is the first
-    where = f"{result.job.name}: its loss is not finite from loss {first + 1} of " \
-            f"{len(result.losses)}"
-    if first == 0:
+    where = f"{result.job.name}: {result.diverged_where}"
+    if first == 0 and result.losses:
         return (f"{where} (the first, before any update: nan or inf in the data or the "
                 "initial weights, or a plugin's change)")
-    return f"{where} (a learning rate too high, or a plugin's change?)"
+    return f"{where} (a learning rate too high, nan or inf in the data, or a plugin's change?)"
 
 
 def _run_line(record: RunRecord) -> str:

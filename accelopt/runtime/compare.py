@@ -303,8 +303,10 @@ def describe(base: dict[str, Any], mine: dict[str, Any]) -> str:
 
 
 def _state(result: JobResult) -> str:
-    """A job's status, ``diverged`` for one that ran to the end on a non-finite loss (it is
-    ``done`` but unscored: the runs did not finish the same jobs)."""
+    """A job's status, ``diverged`` for one that ran to the end diverged (its weights, or
+    where they are not known its last losses, not finite: ``JobResult.diverged_at``); it is
+    ``done`` but unscored, so the runs did not finish the same jobs. A loss of nan followed
+    by finite ones with finite weights (a skipped step) is no divergence."""
     return "diverged" if result.status == "done" and result.diverged_at is not None \
         else result.status
 

@@ -455,10 +455,15 @@ def _check_jobs_done(name: str, where: str, record: RunRecord) -> None:
         )
     diverged = [job for job in record.jobs if job.diverged_at is not None]
     if diverged:  # "done", with a loss of nan: what the run's summary flags, the kit too
+        names, first = ", ".join(j.job.name for j in diverged), diverged[0]
+        at = first.diverged_at or 0
+        if at >= len(first.losses):  # every loss finite, its weights not (the last step)
+            raise AssertionError(
+                f"plugin '{name}': under it the weights of {names} ({where}) are not finite "
+                "after the last step, every loss finite (the workload trains without it)")
         raise AssertionError(
-            f"plugin '{name}': under it the loss of {', '.join(j.job.name for j in diverged)} "
-            f"({where}) is not finite from loss {diverged[0].diverged_at + 1} of "
-            f"{len(diverged[0].losses)} on (the workload trains without it)"
+            f"plugin '{name}': under it the loss of {names} ({where}) is not finite from "
+            f"loss {at + 1} of {len(first.losses)} on (the workload trains without it)"
         )
 
 
