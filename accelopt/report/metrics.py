@@ -153,6 +153,12 @@ def quality_means(jobs: list[JobResult]) -> dict[str, float | None]:
             "avg_perplexity": _mean([q.value for q in scored if q.metric == "perplexity"])}
 
 
+def _ran(job: JobResult) -> bool:
+    """Whether ``job`` ran an iteration in the run (see :func:`_makespan`)."""
+    return job.status != "rejected" and (job.first_start_s is not None
+                                         or job.iterations_done > 0)
+
+
 def _makespan(record: RunRecord) -> float | None:
     """The first arrival to the last completion, over the jobs that ran: a job rejected
     (turned away by admission control) stretched it to its rejection time. ``None`` when no
@@ -161,10 +167,18 @@ def _makespan(record: RunRecord) -> float | None:
     that had arrived before the resume at a negative time: ``job/checkpoint.py``
     ``arrive_on_resumed_clock``); only a job resumed from checkpoints that recorded no clock
     completes its carried time after its end here, so the makespan holds every job's
-    arrival plus its JCT."""
-    ran = [j for j in record.jobs if j.status != "rejected"]
-    if "error" in record.metrics and any(j.end_s is None for j in ran):
+    arrival plus its JCT.
+
+    A job ran when it started an iteration (a first start, as its queueing delay counts it)
+    or has iterations done (one resumed from a checkpoint that recorded no first start): a
+    job that failed before its first iteration (while its memory was profiled) has neither,
+    and its arrival stretched the makespan back to a time no job that ran had arrived by.
+    A stopped run's job that had not ended, started or not, still makes it unknown: the
+    stop marks a job that was waiting failed too, and it would have run after the stop."""
+    if "error" in record.metrics and any(
+            j.status != "rejected" and j.end_s is None for j in record.jobs):
         return None
+    ran = [j for j in record.jobs if _ran(j)]
     ended = [j for j in ran if j.end_s is not None]
     if not ended:
         return None
@@ -191,7 +205,7 @@ def run_metrics(record: RunRecord) -> dict[str, Any]:
         "n_jobs": len(jobs),
         "n_done": len(done),
         "n_failed": sum(1 for j in jobs if j.status == "failed"),
-        # done, on a loss that stopped being finite: trained to the end, learned nothing
+        # done, diverged: weights not finite (or, not known, losses not finite to the end)
         "n_diverged": sum(1 for j in done if j.diverged_at is not None),
         "n_rejected": sum(1 for j in jobs if j.status == "rejected"),
         "avg_jct_s": _mean(jcts),

@@ -208,8 +208,9 @@ def status_cmd(args: list[str]) -> int:
         # a job done on a loss of nan read as one done well ("done", quality "–", no error)
         diverged = job.get("diverged") and job["state"] == "done"
         note = job.get("quality_note", "") if diverged else ""
+        done = "?" if job["done"] is None else job["done"]  # a killed service kept no count
         jobs.add_row(job["id"], job["model"], "diverged" if diverged else job["state"],
-                     job["lane"] or "-", f"{job['done']}/{job['iterations']}", jct,
+                     job["lane"] or "-", f"{done}/{job['iterations']}", jct,
                      size(job["persistent"]), size(job["ephemeral"]), quality_text(job),
                      job["error"] or note)
     console.print(jobs)

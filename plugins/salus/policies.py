@@ -175,7 +175,21 @@ def as_policy(cls: object, ref: str) -> Policy:
     except Exception as exc:
         raise ConfigError(f"plugins.salus.policy: {ref!r}() failed: {type(exc).__name__}: "
                           f"{exc}") from None
+    _check_max_lanes(cls, instance)
     return instance if isinstance(instance, Policy) else _Adapted(instance, ref)
+
+
+def _check_max_lanes(cls: type, instance: object) -> None:
+    """Refuse, in one line naming the attribute, a policy whose ``max_lanes`` is no lane
+    count: ``max_lanes = "two"`` reached ``int()`` and stopped the plugin's creation with a
+    bare ``ValueError`` that named neither the policy nor the values it may take."""
+    value = getattr(instance, "max_lanes", 1)
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return
+    where = f"{cls.__module__}:{cls.__qualname__}.max_lanes"
+    raise ConfigError(f"plugins.salus.policy: {where} is {value!r}; it must be a whole number "
+                      ">= 0 (1: one job's iteration at a time, N: up to N lanes, 0: as many "
+                      "lanes as fit)")
 
 
 AUTO = "auto"

@@ -10,7 +10,8 @@ client may exit at once. Each job writes its results to ``<root>/jobs/<job_id>/`
 executor's lock: scoring a model on its held-out set takes a while, and the other jobs'
 iterations must not wait for it. A submit the service refuses (an unknown model, a model that
 raises while profiled, a job whose profile can never fit the capacity) writes nothing and takes
-no number; a job an earlier service on the
+no number; a workload's jobs are all profiled before any is taken, so they arrive together, and
+one refused refuses them all. A job an earlier service on the
 root left unended (killed with it) is marked failed by the next service that starts there.
 
 Protocol: one JSON object per line each way. Requests: ``{"op": "submit", "job": {...}}``
@@ -155,7 +156,7 @@ class Service:
         if op == "ping":
             return {"pid": os.getpid()}
         if op == "submit":
-            return {"submitted": [self._submit(spec) for spec in self._specs(request)]}
+            return {"submitted": self._submit(self._specs(request))}
         if op == "status":
             return self.status()
         if op == "cancel":
@@ -248,28 +249,53 @@ class Service:
         # thread, and only then was this said
         raise UserError(f"{ref} returned {type(made).__name__}, not a job: {ran}")
 
-    def _submit(self, spec: Any) -> str:
+    def _submit(self, specs: list[Any]) -> list[str]:
+        """Take the jobs of one submit (one job, or a workload's), their ids in order.
+
+        Every job is profiled (and checked to fit) first, then all are handed to the
+        executor under its lock, so they arrive together (within microseconds) and none
+        starts before the last arrives: a workload's jobs profiled and submitted one after
+        another arrived up to 1.6 s apart, one ended before the last arrived, and the orders
+        SRTF, FAIR and RR give jobs that wait together never showed. One job refused
+        refuses the submit: the others are not taken either."""
         # under the lock to the end: a refused job (an unknown model, profiling failed)
         # takes no number, so the numbers a user sees have no gaps
         with self._lock:
-            number = self._ids + 1
-            now = self.executor.now()
-            if isinstance(spec, Job):
-                job = spec
-                job.info = dataclasses.replace(job.info, job_id=f"{number:03d}-{job.info.name}",
-                                               arrival_s=now)
-            else:
-                spec = dataclasses.replace(spec, arrival_s=now)
-                job = Job(spec, job_id=f"{number:03d}-{spec.name}", device=self.device)
-            self._refuse_never_fits(job)
-            self.executor.submit(job)  # refused (shutting down, profiling failed): no files
+            number = self._ids
+            taken: list[tuple[Any, Job]] = []
+            for spec in specs:
+                number += 1
+                job = self._numbered_job(spec, number)
+                try:
+                    self._refuse_never_fits(job)
+                except UserError as exc:
+                    if len(specs) == 1:
+                        raise
+                    raise UserError(f"{exc}; no job of this submit was taken") from None
+                taken.append((spec, job))
+            with self.executor.lock:  # no job starts before the last one arrived
+                for _, job in taken:  # refused (shutting down): no files, no numbers
+                    self.executor.submit(job)
             self._ids = number
-        job_dir = self.root / "jobs" / job.info.job_id
-        job_dir.mkdir(parents=True, exist_ok=True)
-        if not isinstance(spec, Job):  # its arrival as job.json has it (after profiling)
-            spec = dataclasses.replace(spec, arrival_s=job.info.arrival_s)
-            (job_dir / "config.json").write_text(json.dumps(dataclasses.asdict(spec), indent=1))
-        return job.info.job_id
+        for spec, job in taken:
+            job_dir = self.root / "jobs" / job.info.job_id
+            job_dir.mkdir(parents=True, exist_ok=True)
+            if not isinstance(spec, Job):  # its arrival as job.json has it (at the submit)
+                spec = dataclasses.replace(spec, arrival_s=job.info.arrival_s)
+                (job_dir / "config.json").write_text(
+                    json.dumps(dataclasses.asdict(spec), indent=1))
+        return [job.info.job_id for _, job in taken]
+
+    def _numbered_job(self, spec: Any, number: int) -> Job:
+        """The job ``spec`` (a JobConfig, or a ``Job`` a factory built) with its id
+        ``NNN-name``; it arrives when the executor takes it (:meth:`Executor.submit`)."""
+        now = self.executor.now()
+        if isinstance(spec, Job):
+            spec.info = dataclasses.replace(spec.info, job_id=f"{number:03d}-{spec.info.name}",
+                                            arrival_s=now)
+            return spec
+        spec = dataclasses.replace(spec, arrival_s=now)
+        return Job(spec, job_id=f"{number:03d}-{spec.name}", device=self.device)
 
     def _refuse_never_fits(self, job: Job) -> None:
         """Profile ``job`` (as :meth:`Executor.submit` would, with the executor's profiler and
@@ -363,8 +389,11 @@ class Service:
             if (job_dir / "job.json").exists():
                 continue
             result = JobResult(_info_from_config(job_dir), status="failed", error=INTERRUPTED)
-            _write_job_json(job_dir, result, "failed")
-            self._interrupted.append(_status_row(result.job, result, busy=False))
+            # the killed service kept no record of the job's progress: its iterations (and
+            # samples) are unknown, not the 0 a fresh result holds (it may have run most)
+            _write_job_json(job_dir, result, "failed", progress_known=False)
+            self._interrupted.append(_status_row(result.job, result, busy=False,
+                                                 progress_known=False))
         return [row["id"] for row in self._interrupted]
 
     def fail_unended(self, exc: BaseException) -> list[str]:
@@ -434,13 +463,15 @@ def _wait_timeout(timeout: Any) -> float:
 
 
 def _write_job_json(job_dir: Path, result: JobResult, status: str,
-                    lanes_note: str | None = None) -> None:
+                    lanes_note: str | None = None, progress_known: bool = True) -> None:
     """A job's ``job.json``: its metrics with the ``status`` ``accelopt status`` shows, its
     losses and (where the service knows them) its lanes. One writer for an ended job, a job
-    the service stopped on, and one a killed service left."""
-    document: dict[str, Any] = {"job": {**job_metrics(result), "status": status,
-                                        "jct_s": _jct(result)},
-                                "losses": result.losses}
+    the service stopped on, and one a killed service left (``progress_known=False``: its
+    ``iterations`` and ``samples`` are ``null``, unknown, not a false 0)."""
+    row = {**job_metrics(result), "status": status, "jct_s": _jct(result)}
+    if not progress_known:
+        row.update(iterations=None, samples=None)
+    document: dict[str, Any] = {"job": row, "losses": result.losses}
     if lanes_note is not None:
         document["lanes_note"] = lanes_note
     with atomic_open(job_dir / "job.json", "w") as fh:  # a diverged loss as null, not NaN
@@ -454,8 +485,10 @@ def _jct(result: JobResult) -> float | None:
     return None if result.iterations_done == 0 else result.jct_s
 
 
-def _status_row(info: JobInfo, result: JobResult, busy: bool) -> dict[str, Any]:
-    """One job as ``status`` lists it."""
+def _status_row(info: JobInfo, result: JobResult, busy: bool,
+                progress_known: bool = True) -> dict[str, Any]:
+    """One job as ``status`` lists it (``progress_known=False``: a job a killed service left,
+    its ``done`` is ``None``, unknown)."""
     state = _ended_state(result)
     if state == "pending":
         state = "running" if busy else ("admitted" if result.lane else "waiting")
@@ -463,7 +496,8 @@ def _status_row(info: JobInfo, result: JobResult, busy: bool) -> dict[str, Any]:
     quality = result.quality
     return {
         "id": info.job_id, "name": info.name, "model": info.model,
-        "state": state, "lane": result.lane, "done": result.iterations_done,
+        "state": state, "lane": result.lane,
+        "done": result.iterations_done if progress_known else None,
         "iterations": info.iterations, "jct_s": _jct(result),
         "persistent": profile.persistent_bytes if profile else None,
         "ephemeral": profile.ephemeral_bytes if profile else None,
