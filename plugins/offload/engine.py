@@ -33,7 +33,11 @@ its backward. Bytes kept on the device are counted once per storage per forward 
 storage's size (a tensor saved twice, or an expanded view of a small buffer, is the memory
 behind it); parameters once per storage per period. Saves of the tracked model outside the
 layers the engine is installed on are counted as resident, so the offloaded share is of the
-whole model's saved tensors.
+whole model's saved tensors. A storage is counted once, as offloaded or as resident: where one
+save keeps it on the device (a ReLU saves its output) and another would offload it (the next
+convolution saves the same tensor as its input), it stays resident, and that save is not
+copied out at all, in either order of the two saves (``kept_shared``): the copy would free
+nothing, since the device memory stays.
 
 A call of an installed layer that runs under the caller's own saved-tensor hooks is left to
 them: ``torch.utils.checkpoint`` (non-reentrant) saves through its hooks and drops the tensors,
@@ -79,6 +83,10 @@ class PassStats:
     forward pass, at its size."""
     resident_tensors: int = 0
     """Distinct storages behind ``resident_bytes``."""
+    kept_shared: int = 0
+    """Saves the policy picked that stayed on the device because another save of the same
+    forward keeps their storage there (a ReLU's output saved by the ReLU and by the next
+    convolution): copying them out would free nothing, so they count as resident, once."""
     param_bytes: int = 0
     """Parameter storages saved (the weight or a view of it), each once: never offloaded."""
     forwards: int = 0
@@ -115,8 +123,8 @@ class _Handle:
     the device copy with the event that says it has arrived; and what the in-place check
     needs (the version saved, the original while it lives, a change seen while it lived)."""
 
-    __slots__ = ("__weakref__", "device", "device_copy", "event", "group", "host", "modified",
-                 "nbytes", "source", "unpacked", "version")
+    __slots__ = ("__weakref__", "device", "device_copy", "event", "group", "host", "kept",
+                 "modified", "nbytes", "source", "unpacked", "version")
 
     def __init__(self, host: torch.Tensor, device: torch.device, group: int, nbytes: int,
                  event: Any) -> None:
@@ -127,6 +135,7 @@ class _Handle:
         self.event = event  # offload finished (CUDA) / None
         self.device_copy: torch.Tensor | None = None
         self.unpacked = False
+        self.kept = False  # another save kept the storage on the device: device_copy is it
         self.version = 0
         self.source: weakref.ReferenceType[torch.Tensor] | None = None
         self.modified: int | None = None  # the version the original was seen at, if changed
@@ -229,6 +238,9 @@ class OffloadEngine:
         self._param_ptrs: set[int] = set()
         self._params_seen: set[int] = set()  # per period
         self._resident_ptrs: set[int] = set()  # per forward pass
+        # storage -> the handles offloaded from it this forward pass: a later resident save
+        # of the same storage keeps it on the device, and those copies then free nothing
+        self._offloaded_ptrs: dict[int, list[weakref.ReferenceType[_Handle]]] = {}
         self._group = 0
         self._conv_depth = 0
         self._groups: dict[int, list[weakref.ReferenceType[_Handle]]] = {}
@@ -337,6 +349,7 @@ class OffloadEngine:
             self.close_pass()
         self._param_ptrs = {p.untyped_storage().data_ptr() for p in module.parameters()}
         self._resident_ptrs.clear()  # an earlier forward's freed storage may be reused
+        self._offloaded_ptrs.clear()
         self._conv_depth = 0
         self.current.forwards += 1
         ctx = None
@@ -418,6 +431,11 @@ class OffloadEngine:
                 or not self._wanted(t, nbytes)):
             self._count_resident(t, ptr, nbytes)
             return _Kept(t)
+        if ptr in self._resident_ptrs:
+            # another save keeps this storage on the device (the ReLU that produced a
+            # convolution's input saves it too): a host copy would free nothing
+            s.kept_shared += 1
+            return _Kept(t)
         key = (ptr, t.storage_offset(), tuple(t.shape), t.stride(), t.dtype, t._version)
         seen = self._dedupe.get(key)
         # the first tensor must still be alive: otherwise its memory may have been reused
@@ -430,6 +448,7 @@ class OffloadEngine:
         handle.source = weakref.ref(t, self._forget)
         self._live[id(handle.source)] = handle
         self._dedupe[key] = handle
+        self._offloaded_ptrs.setdefault(ptr, []).append(weakref.ref(handle))
         if self._group not in self._groups:
             self._groups[self._group] = []
             self._group_ids.append(self._group)  # ascending: groups are numbered in order
@@ -449,6 +468,30 @@ class OffloadEngine:
             self._resident_ptrs.add(ptr)
             s.resident_bytes += t.untyped_storage().nbytes()
             s.resident_tensors += 1
+            self._keep_offloaded(ptr)
+
+    def _keep_offloaded(self, ptr: int) -> None:
+        """A storage saved earlier in this forward and offloaded is now kept on the device by
+        another save (a convolution offloaded its input, then a later op saved the same
+        tensor): the copies free nothing. They are counted as resident (the storage, once,
+        by the save that keeps it) and backward reads the device tensor itself, which is
+        there anyway; the host copy is dropped."""
+        s = self.current
+        for ref in self._offloaded_ptrs.pop(ptr, ()):
+            handle = ref()
+            # the original must be alive: otherwise its address may be a new tensor's
+            src = handle.source() if handle is not None and handle.source is not None else None
+            if handle is None or src is None or _storage_ptr(src) != ptr:
+                continue
+            handle.device_copy = src.detach()
+            handle.kept = True
+            handle.event = None
+            host = handle.host
+            handle.host = torch.empty_strided(host.shape, host.stride(), dtype=host.dtype,
+                                              device="meta")  # shape and dtype, for errors
+            s.offloaded_bytes -= handle.nbytes
+            s.offloaded_tensors -= 1
+            s.kept_shared += 1
 
     def _forget(self, ref: weakref.ReferenceType[torch.Tensor]) -> None:
         self._live.pop(id(ref), None)  # the original died: nothing can modify it any more
@@ -488,7 +531,7 @@ class OffloadEngine:
             out = self._fetch(packed, sync=True)
             packed.device_copy = out
         else:
-            if not packed.unpacked:
+            if not packed.unpacked and not packed.kept:
                 self.current.prefetched += 1
             if packed.event is not None:
                 stream = torch.cuda.current_stream(packed.device)
@@ -575,6 +618,7 @@ class OffloadEngine:
         self.current = PassStats()
         self._params_seen.clear()
         self._resident_ptrs.clear()
+        self._offloaded_ptrs.clear()
         self._group = 0
         self._groups.clear()
         self._group_ids.clear()

@@ -167,6 +167,14 @@ class OffloadPlugin:
             if engine.per_iteration:
                 metrics["iterations"] = n
             metrics |= worker_metrics
+            if s.kept_shared:
+                # the policy picked them, but another save keeps their memory on the device
+                # (a ReLU's output that a convolution saves too): not copied, counted resident
+                metrics["saves_kept_shared"] = s.kept_shared
+                text += (f"; {s.kept_shared / n:g} save(s)/{unit} the policy picked stayed on "
+                         "the device, counted as resident: another save keeps the same memory "
+                         "there (a ReLU's output that the next layer saves too), so copying "
+                         "them out would free nothing")
             if s.left_to_caller:
                 metrics["calls_left_to_checkpoint"] = s.left_to_caller
                 text += (f"; {s.left_to_caller} call(s) of the offloaded layers ran under the "

@@ -16,6 +16,7 @@ SLIDE runs in one process only: its weights are buffers, which neither cluster m
 
 from __future__ import annotations
 
+import weakref
 from types import SimpleNamespace
 from typing import Any
 
@@ -38,6 +39,50 @@ REFUSED_MODES = {
 }
 """Why each cluster mode would train SLIDE's layers wrongly (silently), hence refused.
 Inference jobs do not run in a cluster at all (the core refuses them)."""
+
+
+class LeftDense:
+    """A wide layer SLIDE left dense, as its row names it. The width is read when the row is
+    made, not at build: a plugin that runs after SLIDE's build (gpu_kernels' pruning) may cut
+    the layer, and the row names the width the job trained (5000 read before, for a layer
+    pruned to 2500), with the width SLIDE saw beside it where the two differ. The model and
+    the layer are held weakly (a finished job's model is not kept alive for the row); where
+    neither is still there the width SLIDE saw is all there is."""
+
+    def __init__(self, label: str, why: str, module: nn.Module | None = None,
+                 root: nn.Module | None = None, path: str = "") -> None:
+        self.label = label
+        self.why = why
+        self.path = path
+        self.built = int(getattr(module, "out_features", 0)) if module is not None else 0
+        self._module = weakref.ref(module) if module is not None else None
+        self._root = weakref.ref(root) if root is not None else None
+
+    def width(self) -> int:
+        """The layer's outputs now: the module at its path in the model (another plugin may
+        have swapped it), else the module SLIDE saw, else its width then."""
+        root = self._root() if self._root is not None else None
+        found: list[Any] = []
+        if root is not None:
+            try:
+                found.append(root.get_submodule(self.path) if self.path else root)
+            except AttributeError:
+                pass
+        if self._module is not None:
+            found.append(self._module())
+        for mod in found:
+            out = getattr(mod, "out_features", None)
+            if isinstance(out, int):
+                return out
+        return self.built
+
+    def __str__(self) -> str:
+        if self._module is None:  # not a Linear (the sparse input layer): no width to give
+            return f"{self.label} ({self.why})"
+        now = self.width()
+        outputs = (f"{now} outputs" if now == self.built
+                   else f"{now} outputs as trained, {self.built} when SLIDE saw it")
+        return f"{self.label} ({outputs}, {self.why})"
 
 
 def cluster_mode(run_config: Any) -> str:
@@ -223,7 +268,7 @@ class SlidePlugin:
         """Per job: how its SLIDE layers' rate was chosen, where the row must say it."""
         self.layers: list[tuple[str, str, SlideLinear]] = []
         self.inputs: list[tuple[str, str, SlideSparseInput]] = []
-        self.skipped: list[str] = []
+        self.skipped: list[LeftDense] = []
         self.kinds: dict[str, str] = {}
         """Per job with a replaced layer: its kind (train or infer), for its row."""
         self.schedules: dict[str, SimpleNamespace] = {}
@@ -311,7 +356,8 @@ class SlidePlugin:
         if self.cfg.sparse_input and isinstance(module, SparseInput):
             frozen = frozen_in(module, layer.job.kind)
             if frozen:
-                self.skipped.append(f"{layer.job.name}:{layer.path} (sparse input, {frozen})")
+                self.skipped.append(LeftDense(f"{layer.job.name}:{layer.path}",
+                                              f"sparse input, {frozen}"))
                 return None
             new_in = SlideSparseInput(module.weight, module.bias, self.cfg,
                                       lr=self._lr(layer.job.name, layer.job.kind))
@@ -346,7 +392,7 @@ class SlidePlugin:
             if why is None:
                 why = frozen_in(mod, layer.job.kind)
             if why:
-                self.skipped.append(f"{job}:{path} ({mod.out_features} outputs, {why})")
+                self.skipped.append(LeftDense(f"{job}:{path}", why, mod, model, path))
                 continue
             tied_to = self._tie(model, job, names, mod)
             new = SlideLinear.from_linear(mod, self.cfg, lr=self._lr(job, layer.job.kind),
@@ -371,7 +417,7 @@ class SlidePlugin:
             return None
         why = own_forward(model) or frozen_in(model, layer.job.kind)
         if why:
-            self.skipped.append(f"{job}:{label} ({model.out_features} outputs, {why})")
+            self.skipped.append(LeftDense(f"{job}:{label}", why, model, model, ""))
             return None
         new = SlideLinear.from_linear(model, self.cfg, lr=self._lr(job, layer.job.kind))
         self.layers.append((job, label, new))
@@ -408,8 +454,10 @@ class SlidePlugin:
 
     @hookimpl
     def accelopt_report_rows(self, run: RunInfo) -> list[ReportRow]:
+        # the widths are read now: a plugin after SLIDE's build may have pruned the layers
+        left = ", ".join(map(str, self.skipped))
         if not self.layers:
-            why = (f"no layer replaced; wide layers left dense: {', '.join(self.skipped)}"
+            why = (f"no layer replaced; wide layers left dense: {left}"
                    if self.skipped else f"no output Linear layer has >= {self.cfg.min_width} "
                    "outputs (plugins.slide.min_width)")
             return [ReportRow(plugin="slide", summary=f"nothing to do on this workload: {why}",
@@ -464,7 +512,7 @@ class SlidePlugin:
             ))
         if self.skipped:  # beside replaced layers too: a wide layer left dense is news
             rows.append(ReportRow(plugin="slide",
-                                  summary=f"wide layers left dense: {', '.join(self.skipped)}",
+                                  summary=f"wide layers left dense: {left}",
                                   metrics={"left_dense": len(self.skipped)}))
         return rows
 
