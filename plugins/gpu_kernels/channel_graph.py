@@ -10,7 +10,9 @@ union-find merges the spaces that meet at an elementwise op or pass through a de
 conv. A group (one union-find class) is pruned with one index set for all its producers and
 consumers; it is refused, with the first reason found, as soon as any of its channels reaches
 something that cannot be sliced consistently (the model output, a LayerNorm over channels,
-a view/reshape, an unknown op, a tensor of unknown channels).
+a view/reshape, a reduction over the channels, an unknown op, a tensor of unknown channels).
+A pool, or a mean/sum/amax/amin over dims that leave the channels out (``h.mean((2, 3))``,
+global average pooling), keeps each channel to itself and is sliced through.
 
 Layouts: ``map`` (channels on dim 1: conv feature maps), ``vec`` (channels on the last dim:
 Linear outputs), ``flat`` (a ``map`` flattened from dim 1, so channel c owns a contiguous
@@ -42,6 +44,11 @@ _ACTIVATION_FUNCTIONS: set[Any] = {
 }
 _POOL_FUNCTIONS: set[Any] = {F.max_pool2d, F.avg_pool2d, F.adaptive_avg_pool2d,
                              F.adaptive_max_pool2d}
+_REDUCTION_FUNCTIONS: set[Any] = {torch.mean, torch.sum, torch.amax, torch.amin}
+_REDUCTION_METHODS = {"mean", "sum", "amax", "amin"}
+"""Reductions that act on each channel alone when their dims leave the channel dimension
+out: ``h.mean((2, 3))``, global average pooling written as a reduction, keeps channel c in
+channel c exactly as ``AdaptiveAvgPool2d(1)`` does, so it is sliced through like a pool."""
 _ELEMENTWISE_METHODS = {"relu", "relu_", "sigmoid", "tanh", "contiguous"}
 _BINARY_FUNCTIONS: set[Any] = {operator.add, operator.iadd, operator.sub, operator.isub,
                                operator.mul, operator.imul, torch.add, torch.sub, torch.mul}
@@ -159,6 +166,9 @@ class Group:
 class _Layout:
     segs: tuple[tuple[int, int], ...]  # (space id, size) in channel order
     kind: str  # "map" | "vec" | "flat"
+    ndim: int | None = None
+    """The tensor's rank where known (a Conv2d's map: 4, NCHW), so a reduction's negative
+    dims can be told apart from the channel dimension; ``None``: unknown."""
 
     @property
     def total(self) -> int:
@@ -239,6 +249,9 @@ class _Planner:
             return self._passthrough(node, pool=False)
         if node.op == "call_function" and node.target in _POOL_FUNCTIONS:
             return self._passthrough(node, pool=True)
+        if node.op == "call_function" and node.target in _REDUCTION_FUNCTIONS or (
+                node.op == "call_method" and node.target in _REDUCTION_METHODS):
+            return self._reduce(node)
         if _flatten_start(node) is not None:
             return self._flatten(node, _flatten_start(node))
         return self._opaque(node)
@@ -315,8 +328,9 @@ class _Planner:
         if shared:
             self.spaces[space].refused = (f"module is called {self.calls.get(path, 0)} times "
                                           "(shared weights)")
-        return _Layout(((space, out_channels(mod)),), "map" if isinstance(mod, nn.Conv2d)
-                       else "vec")
+        if isinstance(mod, nn.Conv2d):
+            return _Layout(((space, out_channels(mod)),), "map", 4)
+        return _Layout(((space, out_channels(mod)),), "vec")
 
     def _consume(self, lay: _Layout, node: fx.Node, path: str, mod: nn.Module,
                  shared: bool) -> None:
@@ -393,7 +407,61 @@ class _Planner:
             self._refuse(known, f"concatenated by {self._where(node)} along a dimension other "
                          "than channels or with inputs whose channels are not tracked")
             return None
-        return _Layout(tuple(seg for lay in known for seg in lay.segs), "map")
+        ranks = {lay.ndim for lay in known}
+        return _Layout(tuple(seg for lay in known for seg in lay.segs), "map",
+                       ranks.pop() if len(ranks) == 1 else None)
+
+    def _reduce(self, node: fx.Node) -> _Layout | None:
+        """A mean/sum/amax/amin: passed through like a pool when its dims are known at trace
+        time and leave the channels (and, for a map, the batch) out; the reduced dims go, so
+        ``h.mean((2, 3))`` of an NCHW map is an [N, C] ``vec`` a Linear reads, and with
+        ``keepdim=True`` the map keeps its rank. Refused when the channel dimension is
+        reduced (channels would mix), or the dims are not literal numbers (unknown)."""
+        lay = self._lay(node.args[0]) if node.args else None
+        others = [self.layout.get(n) for n in node.all_input_nodes
+                  if not node.args or n is not node.args[0]]
+        where = self._where(node)
+        self._refuse(others, f"reaches {where} as a non-input argument")
+        if lay is None:
+            return None
+        dims, keepdim = _reduction_dims(node)
+        if dims is None or not isinstance(keepdim, bool):
+            self._refuse([lay], f"reduced by {where} over dims not known when traced")
+            return None
+        if not dims:
+            self._refuse([lay], f"reduced by {where} over every dimension, its channels "
+                         "included")
+            return None
+        if lay.kind == "flat":
+            self._refuse([lay], f"reduced by {where} after a flatten (channels and positions "
+                         "share that dimension)")
+            return None
+        rank = lay.ndim
+        if rank is not None:
+            if any(not -rank <= d < rank for d in dims):
+                self._refuse([lay], f"reduced by {where} over dims {list(dims)} that a "
+                             f"{rank}-D tensor does not have")
+                return None
+            dims = tuple(sorted({d % rank for d in dims}))
+        channel = 1 if lay.kind == "map" else (rank - 1 if rank is not None else -1)
+        if channel in dims:
+            self._refuse([lay], f"reduced by {where} over its channel dimension")
+            return None
+        if lay.kind == "map" and (0 in dims or rank is None and any(d < 0 for d in dims)):
+            self._refuse([lay], f"reduced by {where} over the batch dimension or dims of "
+                         "unknown place (the channels would leave dim 1)")
+            return None
+        if lay.kind == "vec" and rank is None and any(d >= 0 for d in dims):
+            self._refuse([lay], f"reduced by {where} over dims {list(dims)} of a tensor "
+                         "whose rank is unknown (they may hold its channels: count them from "
+                         "the end, e.g. dim=-2)")
+            return None
+        if keepdim:
+            return lay
+        left = rank - len(set(dims)) if rank is not None else None
+        if lay.kind == "map" and left == 2:  # [N, C]: channels are the last dim
+            return _Layout(lay.segs, "vec", 2)
+        return _Layout(lay.segs, lay.kind, left)
 
     def _flatten(self, node: fx.Node, start: int | None) -> _Layout | None:
         lay = self._lay(node.args[0])
@@ -425,6 +493,24 @@ class _Planner:
             groups.append(Group(producers[0], spaces[0].size, producers,
                                 [u for sp in spaces for u in sp.uses], refused))
         return groups
+
+
+def _reduction_dims(node: fx.Node) -> tuple[tuple[int, ...] | None, object]:
+    """(dims, keepdim) of a reduction node as written (``dim=`` or ``axis=``, else the
+    second argument; ``()`` for a reduction over every dimension), ``None`` for dims that
+    are not literal integers (computed in the graph); keepdim as given (False if not)."""
+    args, kwargs = node.args, node.kwargs
+    if "dim" in kwargs or "axis" in kwargs:
+        dim = kwargs.get("dim", kwargs.get("axis"))
+    else:
+        dim = args[1] if len(args) > 1 else None
+    keepdim = kwargs.get("keepdim", args[2] if len(args) > 2 else False)
+    if dim is None:
+        return (), keepdim
+    items = dim if isinstance(dim, (tuple, list)) else (dim,)
+    if not all(isinstance(d, int) and not isinstance(d, bool) for d in items):
+        return None, keepdim
+    return tuple(int(d) for d in items), keepdim
 
 
 def _flatten_start(node: fx.Node) -> int | None:
