@@ -120,7 +120,9 @@ def plugin_sets(opts: argparse.Namespace, registry: Registry) -> list[list[str]]
     if opts.sets:
         sets = parse_sets(opts.sets)
     else:
-        names = [n.strip() for n in opts.plugins.split(",") if n.strip()]
+        from accelopt.cli.commands import plugin_list
+
+        names = plugin_list(opts.plugins, "bench") if opts.plugins else []
         twice = [n for i, n in enumerate(names) if n in names[:i]]
         if twice:  # as `accelopt run +plugins=[a,a]` refuses it (plugin.resolve)
             raise PluginResolutionError(f"plugin '{twice[0]}' is selected twice; list it once")

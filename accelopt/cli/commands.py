@@ -99,7 +99,7 @@ def matrix(args: list[str]) -> int:
         epilog="Give the overrides the runs will get (workload=tiny cluster.mode=ps ...): "
         "each set is checked against that configuration as `accelopt run` checks it before "
         "training, and the sets it would refuse are left out (named on stderr).")
-    parser.add_argument("--plugins", default="", help="comma-separated subset (default: all)")
+    parser.add_argument("--plugins", default=None, help="comma-separated subset (default: all)")
     parser.add_argument("--max-size", type=int, default=None, help="largest combination size")
     parser.add_argument("--format", choices=("json", "hydra"), default="json",
                         help="json: {'include': [...]} for strategy.matrix; hydra: a -m override")
@@ -117,11 +117,15 @@ def matrix(args: list[str]) -> int:
     if chosen:
         raise UserError(f"accelopt matrix chooses the plugin sets itself: drop '{chosen[0]}' "
                         "(--plugins a,b restricts the plugins it combines)")
+    names = plugin_list(opts.plugins, "matrix") if opts.plugins is not None else []
     registry = Registry.discover()
-    names = [n for n in opts.plugins.split(",") if n]
     specs = [registry.get(n) for n in names] if names else registry.all()
-    combos = valid_combinations(_combinable(specs, registry, check=not names), opts.max_size)
-    if not opts.no_check:
+    kept = _combinable(specs, registry, check=not names)
+    combos = valid_combinations(kept, opts.max_size)
+    _say_in_no_set(kept, combos, opts.max_size)
+    if opts.no_check:
+        _check_overrides(combos, opts.overrides, registry)
+    else:
         combos = _runnable(combos, opts.overrides, registry)
     if opts.format == "hydra":
         print("+plugins=" + ",".join(f"[{','.join(c)}]" for c in combos))
@@ -130,6 +134,70 @@ def matrix(args: list[str]) -> int:
                    for c in combos]
         print(json.dumps({"include": include}))
     return 0
+
+
+def plugin_list(text: str, command: str) -> list[str]:
+    """The names of a ``--plugins a,b`` list, or one line saying its format: an empty list
+    (``--plugins ''``) read as "no subset", i.e. every plugin, and an empty item (``a,,b``,
+    ``,a``) was dropped in silence, where a mistyped list should be said, as ``--sets`` says
+    its format. ``command`` is the ``accelopt`` command named in the example."""
+    names = [n.strip() for n in text.split(",")]
+    if not text.strip() or not all(names):
+        what = "is empty" if not text.strip() else "has an empty item"
+        raise UserError(f"--plugins {what} ({text!r}): give comma-separated plugin names, "
+                        f"e.g. accelopt {command} --plugins clip,noop (`accelopt plugins` "
+                        "lists them)")
+    return names
+
+
+def _say_in_no_set(kept: list[PluginSpec], combos: list[list[str]],
+                   max_size: int | None) -> None:
+    """Name on stderr each plugin the matrix combines that is in none of ``combos``: its
+    smallest set (itself with everything it requires, transitively) is larger than
+    ``--max-size``, or cannot resolve (a conflict, a shared slot). It disappeared without a
+    line, where a plugin whose ``requires`` is not among them is named. ``--max-size 0``
+    asks for the baseline alone: no plugin is missed there, nothing is said."""
+    from accelopt.plugin import resolve
+
+    if max_size == 0:
+        return
+    listed_names = {n for c in combos for n in c}
+    pool = {s.name: s for s in kept}
+    for spec in kept:
+        if spec.name in listed_names:
+            continue
+        smallest, absent, todo = [spec.name], [], list(spec.requires)
+        while todo:  # the plugins any set holding it must hold
+            need = todo.pop(0)
+            if need not in pool:
+                absent.append(need)
+            elif need not in smallest:
+                smallest.append(need)
+                todo.extend(pool[need].requires)
+        label = f"[{','.join(smallest)}]"
+        if absent:  # a plugin it requires was left out itself (named above)
+            reason = f"it requires {', '.join(dict.fromkeys(absent))}, which is left out"
+        else:
+            try:
+                resolve(smallest, Registry(loaded=dict(pool)))
+            except PluginResolutionError as exc:
+                reason = f"its smallest set {label} cannot be selected: {exc}"
+            else:
+                reason = (f"its smallest set {label} has {len(smallest)} plugins; give "
+                          f"--max-size {len(smallest)} (or more) to list it"
+                          if max_size is not None and len(smallest) > max_size
+                          else f"it is in no set ({label})")
+        print(f"left out plugin '{spec.name}': {reason}", file=sys.stderr)
+
+
+def _check_overrides(combos: list[list[str]], overrides: list[str],
+                     registry: Registry) -> None:
+    """``--no-check``: the overrides are still parsed and composed once, with every plugin
+    of ``combos`` selected (a typo, an unknown group option or a plugin setting of the wrong
+    type is one line, exit 2, as without it); only configuring each set is skipped."""
+    from accelopt.cli.hydra_run import composed_with_every_plugin
+
+    composed_with_every_plugin(combos, overrides, registry)
 
 
 def _combinable(specs: list[PluginSpec], registry: Registry, *, check: bool) -> list[PluginSpec]:

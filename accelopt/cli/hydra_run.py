@@ -559,7 +559,7 @@ def run_hydra(args: list[str], registry: Registry, debug: bool) -> int:
     try:
         with mode_from_the_command_line(args):
             task()
-        note = sweep_inert_note(inert)
+        note = sweep_inert_note(inert, runs)
         if note:
             print(f"note: {note}", file=sys.stderr)
         closing = sweep_failures(runs, codes)
@@ -607,7 +607,7 @@ def stopped_line(error: str, run_dir: Path) -> str:
     kept = [name for name in (METRICS_JSON, TRACE_JSON) if (run_dir / name).is_file()]
     resumable = has_checkpoints(run_dir)
     if not kept and not resumable:
-        return ""
+        return _weights_only(error, run_dir)
     no_timeline = _timeline_missing(run_dir) if TRACE_JSON in kept else None
     if no_timeline is not None:
         kept.remove(TRACE_JSON)
@@ -618,6 +618,24 @@ def stopped_line(error: str, run_dir: Path) -> str:
     if resumable:
         line += resume_hint(run_dir)
     return line
+
+
+def _weights_only(error: str, run_dir: Path) -> str:
+    """The line of a run stopped where its directory holds the final weights of jobs that
+    had ended and none of its results (no metrics.json, no checkpoints), or '' where it
+    holds no weights either. The window: a one-process run saves a job's weights as the job
+    ends (``Checkpointer.after_finish``), and writes its results after every job ended;
+    once that writing has begun (``runtime/run.py``: ``writing``), a stop is left to it,
+    and a stop before its first file (``metrics.json``, written atomically, after the
+    summary and the JSON document are computed) leaves the weights alone: the line said
+    nothing, as if the run had kept nothing."""
+    weights = sorted((run_dir / WEIGHTS_DIR).glob("*.pt"))
+    if not weights:
+        return ""
+    files = ", ".join(f"{WEIGHTS_DIR}/{path.name}" for path in weights)
+    return (f"{error}: {run_dir} holds the final weights of the job(s) that had ended "
+            f"({files}) and none of the run's results (no {METRICS_JSON}, no checkpoints to "
+            "resume from); run it again for them")
 
 
 def _timeline_missing(run_dir: Path) -> str | None:
@@ -712,12 +730,15 @@ def most_severe(codes: Sequence[int]) -> int:
     return min(failed, key=_severity) if failed else 0
 
 
-def sweep_inert_note(inert: Sequence[Sequence[str]]) -> str:
+def sweep_inert_note(inert: Sequence[Sequence[str]], errors: Sequence[str] = ()) -> str:
     """A sweep's note naming the runs some of whose plugins changed nothing in them (their
     report rows say ``inert``), or ``""`` when none did (or it was one run, whose own report
     said so): a CI smoke sweep over plugin sets counted such a run as the plugin passing,
-    where it exercised nothing of it."""
-    idle = [(k, names) for k, names in enumerate(inert) if names]
+    where it exercised nothing of it. A run that failed (``errors``, each run's error, ``""``
+    when it succeeded) is not named: its plugins' rows describe a run that did not complete,
+    and the sweep's closing line names it as failed (the note called it inert as well)."""
+    idle = [(k, names) for k, names in enumerate(inert)
+            if names and not (k < len(errors) and errors[k])]
     if len(inert) < 2 or not idle:
         return ""
     shown = ", ".join(f"#{k} [{', '.join(names)}]" for k, names in idle[:10])
