@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 TESTS_DIR = Path(__file__).parent
 
@@ -27,6 +28,31 @@ def accelopt(*args: str, cwd: Path, timeout: float = 120, **env: str) -> subproc
         accelopt_cmd(*args), cwd=cwd, env=cli_env(**env), capture_output=True, text=True,
         timeout=timeout,
     )
+
+
+def accelopt_in_process(*args: str, cwd: Path, capfd: Any) -> subprocess.CompletedProcess:
+    """``accelopt ARGS`` in this process (``cli.main.main``), its exit code and output as
+    :func:`accelopt` gives them (``capfd``: pytest's fixture, reading the file descriptors
+    as a subprocess's pipes would). For the many one-line refusals, where an interpreter's
+    start and imports (seconds each) are not what is tested; a few of them stay real
+    commands. The working directory and torch's thread count are restored after."""
+    import torch
+
+    from accelopt.cli.main import main
+
+    threads, here = torch.get_num_threads(), os.getcwd()
+    capfd.readouterr()  # what came before is not the command's
+    code = 0
+    os.chdir(cwd)
+    try:
+        main(list(args))
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+    finally:
+        os.chdir(here)
+        torch.set_num_threads(threads)
+    out, err = capfd.readouterr()
+    return subprocess.CompletedProcess(accelopt_cmd(*args), code, out, err)
 
 
 def the_error_line(result: subprocess.CompletedProcess) -> str:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -210,18 +212,62 @@ SCRIPT_ERRORS = [
 ]
 
 
+def _script_here(script: str, argv: list[str], cwd: Path,
+                 capfd: pytest.CaptureFixture[str]) -> subprocess.CompletedProcess:
+    """``python benchmarks/SCRIPT ARGV`` in this process (run as ``__main__``), its exit code
+    and output as a subprocess gives them: a refusal comes before any work, so an
+    interpreter's start and imports per case (seconds) test nothing more; two cases stay
+    real processes (``test_a_script_refuses_bad_arguments_as_a_real_process``)."""
+    path = str(BENCHMARKS / script)
+    argv_before, here, threads = sys.argv, os.getcwd(), torch.get_num_threads()
+    capfd.readouterr()
+    sys.argv = [path, *argv]
+    os.chdir(cwd)
+    code = 0
+    try:
+        runpy.run_path(path, run_name="__main__")
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+    finally:
+        sys.argv = argv_before
+        os.chdir(here)
+        torch.set_num_threads(threads)
+    out, err = capfd.readouterr()
+    return subprocess.CompletedProcess([sys.executable, path, *argv], code, out, err)
+
+
+def _script_process(script: str, argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(BENCHMARKS / script), *argv], cwd=cwd,
+                          capture_output=True, text=True, timeout=50)
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(("script", "args", "named"), SCRIPT_ERRORS,
                          ids=[f"{s}-{' '.join(a)}" for s, a, _ in SCRIPT_ERRORS])
-def test_a_script_refuses_bad_arguments_in_one_line(script, args, named, tmp_path) -> None:
+def test_a_script_refuses_bad_arguments_in_one_line(script, args, named, tmp_path,
+                                                    capfd) -> None:
+    _refuses_in_one_line(script, args, named, tmp_path,
+                         lambda argv: _script_here(script, argv, tmp_path, capfd))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("script", "args", "named"), [SCRIPT_ERRORS[0], SCRIPT_ERRORS[9]],
+                         ids=["startup-repeats", "combo-out"])
+def test_a_script_refuses_bad_arguments_as_a_real_process(script, args, named,
+                                                          tmp_path) -> None:
+    _refuses_in_one_line(script, args, named, tmp_path,
+                         lambda argv: _script_process(script, argv, tmp_path))
+
+
+def _refuses_in_one_line(script: str, args: list[str], named: str, tmp_path: Path,
+                         run) -> None:
     existing = tmp_path / "results.json"
     existing.write_text("{}")
     argv = [a.format(existing=existing, checkout=BENCHMARKS.parent,
                      existing_png_stem=tmp_path / "curves") for a in args]
     if "{existing_png_stem}" in args:
         (tmp_path / "curves.png").write_text("keep")
-    done = subprocess.run([sys.executable, str(BENCHMARKS / script), *argv], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=50)
+    done = run(argv)
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr
     errors = [ln for ln in done.stderr.splitlines() if "error:" in ln]

@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from clirun import accelopt, the_error_line
+from clirun import accelopt, accelopt_in_process, the_error_line
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -252,13 +252,29 @@ def test_multirun_sweep_gives_every_run_its_metrics(tmp_path):
           "cluster.mode=none"], "model 'byo_models:raises' raised RuntimeError: boom"),
     ],
 )
-def test_user_errors_are_one_line_exit_2(tmp_path, args, needle):
-    result = accelopt("run", *TINY, *args, cwd=tmp_path)
+def test_user_errors_are_one_line_exit_2(tmp_path, capfd, args, needle):
+    """Each refusal in this process (the command's code, without an interpreter's start per
+    case); ``test_user_errors_are_one_line_as_real_commands`` runs some as commands."""
+    result = accelopt_in_process("run", *TINY, *args, cwd=tmp_path, capfd=capfd)
     assert result.returncode == 2, (result.stdout, result.stderr)
     lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("error: ") and needle in lines[0]
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["+plugins=[nosuch]"], "unknown plugin 'nosuch' (available: "),
+    (["workload.jobs.0.model=byo_models:raises", "workload.jobs.0.dataset=digits",
+      "cluster.mode=none"], "model 'byo_models:raises' raised RuntimeError: boom"),
+])
+def test_user_errors_are_one_line_as_real_commands(tmp_path, args, needle):
+    """Two of the refusals above as the command a user types: one line from the real
+    process too (its exit path, what the interpreter prints), no traceback."""
+    result = accelopt("run", *TINY, *args, cwd=tmp_path)
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert [ln for ln in result.stderr.splitlines() if ln.strip()] == [the_error_line(result)]
+    assert needle in the_error_line(result) and "Traceback" not in result.stderr
 
 
 def test_an_output_directory_that_cannot_be_written_is_one_line_before_any_work(tmp_path):
@@ -349,13 +365,14 @@ def test_a_disk_that_fills_up_under_a_run_is_one_line_and_keeps_what_was_written
     ("jobs:\n  - {name: a, model: mlp, colour: red}\n", "Key 'colour' not in 'JobConfig'"),
     ("jobs: [ {name: a\n", "a YAML file does not parse: while parsing a flow mapping in "),
 ])
-def test_a_broken_workload_file_says_why_in_one_line(tmp_path, yaml, needle):
+def test_a_broken_workload_file_says_why_in_one_line(tmp_path, capfd, yaml, needle):
     """The reason used to be cut off after its first line ("... raised while composing
     config:", "while parsing a flow mapping")."""
     (tmp_path / "cfg" / "workload").mkdir(parents=True)
     (tmp_path / "cfg" / "workload" / "mine.yaml").write_text(yaml)
-    result = accelopt("run", f"hydra.searchpath=[file://{tmp_path / 'cfg'}]", "workload=mine",
-                      "cluster.mode=none", cwd=tmp_path)
+    result = accelopt_in_process("run", f"hydra.searchpath=[file://{tmp_path / 'cfg'}]",
+                                 "workload=mine", "cluster.mode=none", cwd=tmp_path,
+                                 capfd=capfd)
     assert result.returncode == 2
     (line,) = [ln for ln in result.stderr.splitlines() if ln.strip()]
     assert needle in line and "Traceback" not in result.stderr
@@ -416,11 +433,13 @@ def test_plugin_raising_names_plugin_and_hook(tmp_path):
     ("async_hook", "plugin 'async_hook': accelopt_iteration_end is async: hooks are called "
                    "synchronously and a coroutine is never awaited"),
 ])
-def test_a_plugin_pluggy_refuses_is_one_line_before_anything_runs(tmp_path, plugin, message):
-    result = accelopt("run", *TINY, f"+plugins=[{plugin}]", cwd=tmp_path,
-                      ACCELOPT_PLUGINS="plugins_for_tests:MISSPELLED,"
-                      "plugins_for_tests:EXTRA_ARGUMENT,plugins_for_tests:DEFAULTED_ARGUMENT,"
-                      "plugins_for_tests:ASYNC_HOOK")
+def test_a_plugin_pluggy_refuses_is_one_line_before_anything_runs(tmp_path, capfd, monkeypatch,
+                                                                plugin, message):
+    monkeypatch.setenv("ACCELOPT_PLUGINS", "plugins_for_tests:MISSPELLED,"
+                       "plugins_for_tests:EXTRA_ARGUMENT,plugins_for_tests:DEFAULTED_ARGUMENT,"
+                       "plugins_for_tests:ASYNC_HOOK")
+    result = accelopt_in_process("run", *TINY, f"+plugins=[{plugin}]", cwd=tmp_path,
+                                 capfd=capfd)
     assert result.returncode == 2, result.stderr
     assert result.stderr.startswith(f"error: {message}"), result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
@@ -688,11 +707,11 @@ def test_hydra_flags_with_values_are_not_overrides(tmp_path):
     (["--config-path=/nonexistent"], "--config-path /nonexistent: no such directory; to add "
      "configs of your own, give --config-dir DIR (accelopt's stay found)"),
 ])
-def test_hydras_config_flags_naming_what_is_not_there_are_one_line_exit_2(tmp_path, flags,
-                                                                          line):
+def test_hydras_config_flags_naming_what_is_not_there_are_one_line_exit_2(tmp_path, capfd,
+                                                                          flags, line):
     """Hydra printed a UserWarning with its own file's path, then a several-line error with
     its config search path, and exited 1."""
-    result = accelopt("run", *flags, *TINY, cwd=tmp_path)
+    result = accelopt_in_process("run", *flags, *TINY, cwd=tmp_path, capfd=capfd)
     assert (result.returncode, result.stderr.strip()) == (2, f"error: {line}")
     assert list(tmp_path.iterdir()) == []
 

@@ -191,14 +191,16 @@ def test_resolution_either_satisfies_every_constraint_or_explains(data):
      "Any: a value of any type would pass unchecked); use int, float, str, bool, Enum, "
      "Optional[...], list[...], dict[str, ...] or nested dataclasses for its fields"),
 ])
-def test_a_plugin_that_cannot_be_built_is_one_line_naming_it(tmp_path, ref, name, code, line):
+def test_a_plugin_that_cannot_be_built_is_one_line_naming_it(tmp_path, capfd, monkeypatch, ref,
+                                                            name, code, line):
     """A raising factory or a config type OmegaConf cannot hold: one line naming the plugin
     (what the conformance suite says), no traceback out of Hydra or omegaconf."""
-    from clirun import accelopt
+    from clirun import accelopt_in_process
 
-    result = accelopt("run", f"+plugins=[{name}]", "workload=tiny", "cluster.mode=none",
-                      "run.compare=none", "run.progress=false", cwd=tmp_path,
-                      ACCELOPT_PLUGINS=f"plugins_for_tests:{ref}")
+    monkeypatch.setenv("ACCELOPT_PLUGINS", f"plugins_for_tests:{ref}")
+    result = accelopt_in_process("run", f"+plugins=[{name}]", "workload=tiny",
+                                 "cluster.mode=none", "run.compare=none", "run.progress=false",
+                                 cwd=tmp_path, capfd=capfd)
     assert result.returncode == code, result.stderr[-2000:]
     assert result.stderr.strip().splitlines() == [line]
 

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from clirun import accelopt, run_files, run_in_process
+from clirun import accelopt, accelopt_in_process, run_files, run_in_process
 from rich.console import Console
 
 from accelopt.config import AccelConfig, JobConfig
@@ -115,14 +115,14 @@ def test_a_resumed_run_reports_the_wait_of_a_job_queued_when_it_stopped(tmp_path
 
 @pytest.mark.parametrize("text", ["foo: 1\n", "", "workload:\n  name: x\n"],
                          ids=["other-keys", "empty", "no-jobs"])
-def test_a_config_yaml_that_is_no_runs_is_refused_in_one_line(tmp_path, text):
+def test_a_config_yaml_that_is_no_runs_is_refused_in_one_line(tmp_path, capfd, text):
     """A config.yaml of other keys ended in the schema merge's traceback after the new
     directory was made; an empty one was taken as a run that then had no jobs."""
     notrun = tmp_path / "notrun"
     notrun.mkdir()
     (notrun / "config.yaml").write_text(text)
-    result = accelopt("run", f"run.resume={notrun}", f"hydra.run.dir={tmp_path / 'new'}",
-                      cwd=tmp_path)
+    result = accelopt_in_process("run", f"run.resume={notrun}",
+                                 f"hydra.run.dir={tmp_path / 'new'}", cwd=tmp_path, capfd=capfd)
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "is not the config of a run that accelopt wrote" in lines[0]

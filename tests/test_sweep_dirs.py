@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from clirun import accelopt, run_files
+from clirun import accelopt, accelopt_in_process, run_files
 
 from accelopt.cli.hydra_run import prepared_configs
 from accelopt.cli.run_dirs import pin_run_dir
@@ -27,14 +27,15 @@ SHARED = ("points #0 and #1 of the sweep both write to {dir} (hydra.sweep.subdir
                                    ["workload.jobs.0.lr=0.01,0.1", "hydra/launcher=salus",
                                     "cluster.mode=none"]],
                          ids=["seeds", "lrs", "salus-launcher"])
-def test_two_points_of_a_sweep_in_one_directory_refuse_the_sweep_before_it_runs(tmp_path,
+def test_two_points_of_a_sweep_in_one_directory_refuse_the_sweep_before_it_runs(tmp_path, capfd,
                                                                                  sweep):
     """``hydra.sweep.subdir=${workload.name}`` in a seed sweep: both points printed the same
     run directory, the second wrote over the first, and the sweep exited 0 (its subdir has a
     ``${``, which was all that was checked; the points run in one process, whose claim on the
     directory the second point took for its own)."""
-    result = accelopt("run", "-m", *TINY, *sweep, "hydra.sweep.subdir=${workload.name}",
-                      "hydra.sweep.dir=sw", cwd=tmp_path)
+    result = accelopt_in_process("run", "-m", *TINY, *sweep,
+                                 "hydra.sweep.subdir=${workload.name}", "hydra.sweep.dir=sw",
+                                 cwd=tmp_path, capfd=capfd)
     assert result.returncode == 2, result.stderr
     assert result.stderr.strip() == f"error: {SHARED.format(dir='sw/tiny')}"
     assert not (tmp_path / "sw").exists()
