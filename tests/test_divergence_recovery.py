@@ -204,8 +204,8 @@ def test_the_kit_names_weights_that_diverged_after_finite_losses():
 
     record = RunRecord(info=RunInfo("r", "cpu", (), (), 0),
                        jobs=[_result([2.0, 1.0], weights=False)])
-    with pytest.raises(AssertionError, match=r"the weights of j \(tiny\) are not finite after "
-                                             r"the last step, every loss finite"):
+    with pytest.raises(AssertionError, match=r"under it j \(tiny\) diverged: its weights are not "
+                                             r"finite after its last step, every loss finite"):
         _check_jobs_done("p", "tiny", record)
 
 

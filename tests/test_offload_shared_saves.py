@@ -87,15 +87,23 @@ def run_with(engine: OffloadEngine, model: nn.Module, x: torch.Tensor):
     return packed, [p.grad.clone() for p in model.parameters()]
 
 
-def test_relu_output_fed_to_a_convolution_is_resident_and_counted_once():
-    torch.manual_seed(0)
-    model, x = ResBlockNet(), torch.randn(32, 3, 8, 8)
+def offloaded_as_plain(model: nn.Module, x: torch.Tensor
+                       ) -> tuple[OffloadEngine, list, dict]:
+    """``model`` run under ``policy=conv`` (the engine, what it packed) and the saved
+    storages of a plain run (their sizes), the gradients of the two checked bitwise equal."""
     plain = copy.deepcopy(model)
     want = saved_storages(copy.deepcopy(model), x)
     engine = OffloadEngine(policy="conv")
     packed, got = run_with(engine, model, x)
     plain(x).sum().backward()
     assert all(torch.equal(g, p.grad) for g, p in zip(got, plain.parameters(), strict=True))
+    return engine, packed, want
+
+
+def test_relu_output_fed_to_a_convolution_is_resident_and_counted_once():
+    torch.manual_seed(0)
+    x = torch.randn(32, 3, 8, 8)
+    engine, packed, want = offloaded_as_plain(ResBlockNet(), x)
     s = engine.current
     # only the network input leaves the device: every other conv input is a ReLU output the
     # ReLU keeps resident
@@ -108,13 +116,7 @@ def test_relu_output_fed_to_a_convolution_is_resident_and_counted_once():
 
 def test_an_offloaded_map_a_later_save_keeps_resident_is_taken_back():
     torch.manual_seed(0)
-    model, x = ConvThenMul(), torch.randn(8, 4, 6, 6)
-    plain = copy.deepcopy(model)
-    want = saved_storages(copy.deepcopy(model), x)
-    engine = OffloadEngine(policy="conv")
-    packed, got = run_with(engine, model, x)
-    plain(x).sum().backward()
-    assert all(torch.equal(g, p.grad) for g, p in zip(got, plain.parameters(), strict=True))
+    engine, packed, want = offloaded_as_plain(ConvThenMul(), torch.randn(8, 4, 6, 6))
     s = engine.current
     assert s.offloaded_bytes == 0 and s.offloaded_tensors == 0 and s.kept_shared == 1
     assert s.resident_bytes == sum(want.values())

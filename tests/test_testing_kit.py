@@ -336,8 +336,8 @@ def test_a_plugin_that_makes_the_loss_diverge_fails_the_run_check(tmp_path: Path
         def accelopt_after_forward(self, context: IterationContext, loss: Any) -> Any:
             return loss * float("nan")
 
-    with pytest.raises(AssertionError, match=r"plugin 'counter': under it the loss of "
-                       r"tiny-mlp, tiny-cnn \(the 'tiny' workload\) is not finite from loss 2 of "):
+    with pytest.raises(AssertionError, match=r"plugin 'counter': under it tiny-mlp, tiny-cnn "
+                       r"\(the 'tiny' workload\) diverged: its loss is not finite from loss 2 of "):
         check_run(make_spec(Poisons), tmp_path)
 
 
