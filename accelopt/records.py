@@ -39,7 +39,9 @@ class TelemetrySample:
 
     t_s: float
     source: Literal["nvml", "process"]
-    utilization_pct: float
+    utilization_pct: float | None
+    """``None``: not measured (the process's first sample: a CPU share needs a previous
+    reading)."""
     memory_bytes: int
 
 

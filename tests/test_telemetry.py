@@ -40,6 +40,9 @@ def test_falls_back_to_process_sampling_without_gpu() -> None:
     assert all(s.source == "process" and s.memory_bytes > 0 for s in samples)
     assert all(s.t_s > 0 for s in samples)
     assert [s.t_s for s in samples] == sorted(s.t_s for s in samples)
+    # the first CPU share has no previous reading: not measured (it read 0.0, an idle process)
+    assert samples[0].utilization_pct is None
+    assert all(isinstance(s.utilization_pct, float) for s in samples[1:])
 
 
 def test_stop_is_prompt_and_idempotent() -> None:

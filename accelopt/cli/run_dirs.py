@@ -17,7 +17,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from accelopt.atomic import RUNS_DIR
 from accelopt.cli.config_errors import HYDRA_PASSTHROUGH_FLAGS
 from accelopt.errors import ConfigError
-from accelopt.runtime.run_dir import claim, refuse_taken, release
+from accelopt.job.checkpoint import has_checkpoints
+from accelopt.runtime.run_dir import CLAIM_FILE, claim, refuse_taken, release
 
 
 def named_dir(overrides: Sequence[str], key: str) -> str | None:
@@ -181,11 +182,14 @@ def remove_if_never_started(run_dir: Path) -> bool:
     leaves no run directory behind. Only what Hydra itself wrote there is removed (its
     ``.hydra/`` and its still empty job log ``accelopt.log``), and the directory only if that
     leaves it empty: never a user's directory with anything else in it, never one that holds
-    a run's outputs."""
+    a run's outputs. Its claim is given back (the command can be run again once fixed)
+    unless the run wrote results or checkpoints: one that started and failed (exit 3: a
+    diverged job) lost its claim, which says the directory is a run's."""
     if not run_dir.is_dir():
         return True
-    release(run_dir)  # its claim: the command can be run again once fixed
-    entries = list(run_dir.iterdir())
+    if not (run_dir / "metrics.json").exists() and not has_checkpoints(run_dir):
+        release(run_dir)
+    entries = [p for p in run_dir.iterdir() if p.name != CLAIM_FILE]
     hydra_own = [p for p in entries if p.name == ".hydra" and p.is_dir()
                  or p.name == "accelopt.log" and p.is_file() and p.stat().st_size == 0]
     if len(hydra_own) != len(entries):

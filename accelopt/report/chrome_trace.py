@@ -155,9 +155,9 @@ def _counter_events(record: RunRecord, pid: int) -> list[dict[str, Any]]:
     for sample in record.telemetry:
         what = "GPU" if sample.source == "nvml" else "process CPU"
         common = {"ph": "C", "pid": pid, "tid": 0, "ts": _us(sample.t_s), "cat": "telemetry"}
-        events.append(
-            {**common, "name": f"{what} utilization %", "args": {"value": sample.utilization_pct}}
-        )
+        if sample.utilization_pct is not None:  # a counter has no "not measured" value
+            events.append({**common, "name": f"{what} utilization %",
+                           "args": {"value": sample.utilization_pct}})
         events.append(
             {
                 **common,

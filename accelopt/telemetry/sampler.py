@@ -52,6 +52,8 @@ class TelemetrySampler:
         self._nvml: Any = None
         self._handle: Any = None
         self._process: psutil.Process | None = None
+        self._cpu_primed = False
+        """psutil's CPU share is over the time since its previous call: the first has none."""
         self._prepared = False
         self._stopped = False
         self.errors = 0
@@ -187,10 +189,13 @@ class TelemetrySampler:
             return TelemetrySample(t_s, "nvml", float(util), int(used))
         assert self._process is not None
         # CPU % since the previous sample; psutil's first call (the start's sample) only
-        # sets the reference point and reads 0.0
-        cpu = self._process.cpu_percent(None)
+        # sets the reference point and reads 0.0, which is no measurement: None (null in
+        # the files, as every figure not measured is; it read as an idle process)
+        cpu: float | None = float(self._process.cpu_percent(None))
+        if not self._cpu_primed:
+            self._cpu_primed, cpu = True, None
         rss = self._process.memory_info().rss
-        return TelemetrySample(t_s, "process", float(cpu), int(rss))
+        return TelemetrySample(t_s, "process", cpu, int(rss))
 
     def _sample(self) -> None:
         """Take one sample (a backend error is counted, not raised)."""
