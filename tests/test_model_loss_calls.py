@@ -226,3 +226,40 @@ def test_a_causal_lm_is_weighted_by_the_positions_it_predicts_across_batches():
         whole = nn.functional.cross_entropy(logits, labels[:, 1:].reshape(-1))
     assert quality.metric == "perplexity" and quality.samples == 6
     assert quality.value == pytest.approx(math.exp(float(whole)), rel=1e-5)
+
+
+class OwnTokenLoss(nn.Module):
+    """A sequence model of one's own computing its loss (no transformers ``loss_type``):
+    cross-entropy over its labels, -100 left out."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, 8)
+        self.out = nn.Linear(8, VOCAB)
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> dict:
+        logits = self.out(self.emb(x))
+        out = {"logits": logits}
+        if labels is not None:
+            out["loss"] = nn.functional.cross_entropy(logits.reshape(-1, VOCAB),
+                                                      labels.reshape(-1))
+        return out
+
+
+def test_a_model_of_ones_own_is_weighted_by_its_labelled_positions_and_says_so():
+    """A model naming no loss convention was weighted by the rows holding a label: with
+    batches of unequal labelled positions its perplexity came out a third of the true one.
+    It is weighted by the labelled positions, as cross-entropy averages, and the note says
+    the convention was not known."""
+    from accelopt.job.quality import own_loss_perplexity
+
+    torch.manual_seed(0)
+    model = OwnTokenLoss()
+    ids = torch.randint(0, VOCAB, (6, LENGTH))
+    labels = ids.clone()
+    labels[:3, 1:] = -100  # the first batch: one labelled position a row
+    quality = own_loss_perplexity(model, [(ids[:3], labels[:3]), (ids[3:], labels[3:])])
+    with torch.no_grad():
+        whole = model(ids, labels=labels)["loss"]
+    assert quality.value == pytest.approx(math.exp(float(whole)), rel=1e-5)
+    assert "no loss convention" in quality.note, quality.note

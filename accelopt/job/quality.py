@@ -218,7 +218,7 @@ def own_loss_perplexity(model: torch.nn.Module,
     convention = loss_convention(model)
     was_training = model.training
     model.eval()
-    total, positions, rows = 0.0, 0, 0
+    total, positions, rows, batches_scored = 0.0, 0, 0, 0
     try:
         with torch.no_grad():
             for x, y in batches:
@@ -237,27 +237,33 @@ def own_loss_perplexity(model: torch.nn.Module,
                     raise ValueError(f"the model's held-out loss is {value}: no perplexity")
                 total += value * count
                 positions += count
+                batches_scored += 1
     finally:
         model.train(was_training)
     if rows and not positions:
         raise NoneLabelled(NONE_LABELLED)
     if not positions:
         raise EmptyHeldOut(EMPTY_HELD_OUT)
+    note = "a sequence model (per-token logits): scored by its own held-out loss, as perplexity"
+    if convention is None and batches_scored > 1:
+        note += (f" (its {batches_scored} batches weighted by their labelled positions: the "
+                 "model names no loss convention, so a loss over shifted labels is weighted "
+                 "as over its labels; a transformers loss_type, e.g. 'ForCausalLM', tells it)")
     return Quality(metric="perplexity", value=math.exp(total / positions), samples=rows,
-                   note="a sequence model (per-token logits): scored by its own held-out "
-                        "loss, as perplexity")
+                   note=note)
 
 
 def _predicted_positions(labels: torch.Tensor, convention: str | None) -> int:
     """The positions a model's own loss over ``labels`` is a mean over (its weight among
-    batches): labelled ones, shifted by one for a causal LM; a labelled row counts one
-    where the convention is not known (``loss_convention`` None)."""
+    batches): labelled ones, shifted by one for a causal LM. Where the convention is not
+    known (``loss_convention`` None: a model of one's own), the labelled positions, as
+    cross-entropy with ``ignore_index`` averages: weighting by the rows that hold a label
+    gave a model of one's own, with batches of unequal labelled positions, a third of its
+    perplexity."""
     counted = labels != IGNORE_INDEX
     if convention == "causal" and counted.dim() >= 2:
         return int(counted[..., 1:].sum())
-    if convention == "labels":
-        return int(counted.sum())
-    return int(counted.reshape(len(labels), -1).any(dim=1).sum())
+    return int(counted.sum())
 
 
 def _check_scores(logits: torch.Tensor) -> None:
