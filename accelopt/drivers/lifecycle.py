@@ -28,6 +28,8 @@ class Lifecycle:
     def __init__(self, plugins: PluginSet, info: RunInfo) -> None:
         self.plugins = plugins
         self.info = info
+        self.resumed_at: dict[str, int] = {}
+        """Per job resumed from a checkpoint: the iteration it resumed at (:meth:`start`)."""
 
     def update(self, jobs: Sequence[Job]) -> None:
         """Refresh the jobs' records in :attr:`info` (parameter tables, profiles)."""
@@ -61,6 +63,7 @@ class Lifecycle:
         ``job_built`` (``job/checkpoint.py``: ``arrive_on_resumed_clock``)."""
         if jobs:
             self.update(jobs)
+        self.resumed_at = {job.info.job_id: job.iteration for job in jobs if job.iteration > 0}
         for host, info in self._hosts():
             host.call("accelopt_run_start", run=info)
         for job in jobs:
@@ -77,8 +80,29 @@ class Lifecycle:
                     if info.job is not None:
                         row = dataclasses.replace(row, metrics={**row.metrics,
                                                                 "job": info.job.name})
-                    rows.append(row)
+                    rows.append(self._since_resume(row, host, info))
         return rows
+
+    def _since_resume(self, row: ReportRow, host: PluginHost, info: RunInfo) -> ReportRow:
+        """``row`` of a resumed run, said to count from the resume where its plugin keeps no
+        state in checkpoints (no ``accelopt_state_save``): its counters started at zero in
+        this process, so its figures (iterations, rebuilds, calls) cover only the iterations
+        after the resume, where the job's row covers the whole job; the two disagreed
+        without a word. A job-scoped row is of its own job; a run-scoped one of every
+        resumed job."""
+        if info.job is not None:
+            at = self.resumed_at.get(info.job.job_id)
+            resumed = [] if at is None else [at]
+        else:
+            resumed = sorted(set(self.resumed_at.values()))
+        if not resumed or "accelopt_state_save" in host.hooks_of(row.plugin):
+            return row
+        where = ", ".join(str(i) for i in resumed)
+        return dataclasses.replace(
+            row, summary=(f"{row.summary} [since the resume (at iteration {where}): "
+                          f"{row.plugin} keeps no state in checkpoints "
+                          "(accelopt_state_save), so its figures cover the resumed part only]"),
+            metrics={**row.metrics, "since_resume_at": resumed[0]})
 
     def merged_rows(self) -> list[ReportRow]:
         """:meth:`rows`, with what several jobs' instances said alike collapsed into one."""
