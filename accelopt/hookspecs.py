@@ -37,6 +37,8 @@ here is called inside a layer's forward pass.
 
 from __future__ import annotations
 
+import math
+import warnings
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -128,7 +130,9 @@ def accelopt_report_rows(run: RunInfo) -> list[ReportRow] | None:
     was inert on this workload. In a cluster run each rank answers for itself; a job-scoped
     plugin's rows are kept from every rank, a run-scoped plugin's from one (the first worker
     that reported, else the first rank): answer ``[]`` on a rank with nothing of its own to
-    say (a follower of the leader's decisions, say).
+    say (a follower of the leader's decisions, say). A metric of nan or inf is kept, but
+    ``metrics.json`` writes it as null (JSON has neither), said once in a warning naming
+    the plugin and the metric; the conformance kit fails such a row.
 
     Called: once per plugin instance, after the last job ended, before ``accelopt_run_end``.
     Ranks: every process: single, and every rank.
@@ -307,7 +311,9 @@ def accelopt_state_save(job: JobInfo) -> dict[str, Any] | None:
     continues exactly (an error-feedback residual, a momentum buffer of its own, a counter).
     Return a dict of tensors and plain values (``torch.save`` writes it), or ``None`` when
     there is nothing to keep. Called for each plugin on its own: the state goes back to the
-    plugin that saved it (``accelopt_state_load``), never to another.
+    plugin that saved it (``accelopt_state_load``), never to another. A plugin implementing
+    this hook without ``accelopt_state_load`` is refused when it is built (selected, or
+    checked by the conformance kit): its checkpoints could never be resumed.
 
     Called: whenever the job's checkpoint is written (every ``run.checkpoint_every``
     iterations and when the job ends), after the iteration it follows.
@@ -320,11 +326,12 @@ def accelopt_state_save(job: JobInfo) -> dict[str, Any] | None:
 def accelopt_state_load(job: JobInfo, state: dict[str, Any]) -> None:
     """Restore what this plugin's ``accelopt_state_save`` returned for ``job`` when the
     checkpoint being resumed was written. A checkpoint holding the state of a plugin that is
-    not active, or that does not implement this hook, is refused in one line (its state
-    would be lost silently). A plugin that changed the model during the run changes the
-    freshly built one the same way here: weights that did not fit the model as built load
-    after every plugin's state is back (the optimizer rebuilt first if the parameters
-    changed).
+    not active, or that does not implement this hook (another version of it), is refused in
+    one line saying which (its state would be lost silently). Implementing this hook without
+    ``accelopt_state_save`` is harmless (no state is ever handed back). A plugin that
+    changed the model during the run changes the freshly built one the same way here:
+    weights that did not fit the model as built load after every plugin's state is back
+    (the optimizer rebuilt first if the parameters changed).
 
     Called: when a resumed run has loaded the job's checkpoint, after
     ``accelopt_run_start`` and before the job's next iteration.
@@ -493,7 +500,28 @@ def _check_report_rows(plugin: str, answer: Any, args: tuple[Any, ...]) -> str |
             if not isinstance(key, str) or not isinstance(value, (int, float, str)):
                 return (f"ReportRow metrics of str keys and int, float or str values; metric "
                         f"{key!r} is a {type(value).__name__} (a tensor's value: .item())")
+            if isinstance(value, float) and not math.isfinite(value):
+                _warn_non_finite(plugin, key, value)
     return None
+
+
+_NON_FINITE_SAID: set[tuple[str, str]] = set()
+"""(plugin, metric) pairs :func:`_warn_non_finite` has warned of in this process."""
+
+
+def _warn_non_finite(plugin: str, metric: str, value: float) -> None:
+    """A nan or inf metric is kept (a plugin may rightly have no value, and the run is not
+    the place to fail it: the conformance kit does) but JSON has no nan or inf, so
+    metrics.json holds null: said once per plugin and metric, naming both, so a null there
+    is never a mystery."""
+    if (plugin, metric) in _NON_FINITE_SAID:
+        return
+    _NON_FINITE_SAID.add((plugin, metric))
+    from accelopt.plugin import PluginWarning
+
+    warnings.warn(f"plugin '{plugin}' reported metric '{metric}' as {value}, which JSON cannot "
+                  "hold: metrics.json records it as null; report a finite number, or leave "
+                  "the metric out when there is none", PluginWarning, stacklevel=2)
 
 
 def _check_cli_commands(plugin: str, answer: Any, args: tuple[Any, ...]) -> str | None:

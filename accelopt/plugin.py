@@ -113,9 +113,12 @@ class PluginSpec:
         """The plugin object, built by ``factory``. A factory that raises is one line naming
         the plugin (a ``UserError`` keeps its class and exit code 2, and its message where it
         names the plugin already; anything else exits 1): a third party's bug must not
-        surface as a traceback out of Hydra that names no plugin."""
+        surface as a traceback out of Hydra that names no plugin. An object saving state
+        it cannot load back is refused here, when the plugin is selected (or listed, or
+        checked by the conformance kit), not at the first resume
+        (:func:`refuse_unpaired_state_hooks`)."""
         try:
-            return self.factory(self.default_config() if config is None else config)
+            instance = self.factory(self.default_config() if config is None else config)
         except UserError as exc:  # refused a setting on purpose: its own class and exit code
             if not re.search(rf"\b{re.escape(self.name)}\b", str(exc)):
                 exc.args = (f"plugin '{self.name}' could not be created: {exc}",)
@@ -123,6 +126,47 @@ class PluginSpec:
         except Exception as exc:
             raise AccelOptError(f"plugin '{self.name}' could not be created: "
                                 f"{type(exc).__name__}: {exc}") from exc
+        refuse_unpaired_state_hooks(self.name, instance)
+        return instance
+
+
+STATE_SAVE = "accelopt_state_save"
+STATE_LOAD = "accelopt_state_load"
+
+
+def implemented_hooks(instance: object) -> frozenset[str]:
+    """The hooks ``instance`` (a plugin object, module or class) implements, by their
+    ``@hookimpl`` marker (``specname`` honoured). Read from the class of an instance, as the
+    host registers it, so the instance's ``__dict__`` is not touched."""
+    import inspect
+
+    from accelopt.hookspecs import PROJECT
+
+    marker = f"{PROJECT}_impl"
+    owner = instance if inspect.ismodule(instance) or inspect.isclass(instance) \
+        else type(instance)
+    found: set[str] = set()
+    for attr in dir(owner):
+        value = inspect.getattr_static(owner, attr, None)
+        value = getattr(value, "__func__", value)  # a staticmethod or classmethod
+        opts = getattr(value, marker, None)
+        if isinstance(opts, dict):
+            found.add(opts.get("specname") or attr)
+    return frozenset(found)
+
+
+def refuse_unpaired_state_hooks(name: str, instance: object) -> None:
+    """A plugin implementing ``accelopt_state_save`` without ``accelopt_state_load`` puts
+    state in every checkpoint that nothing can hand back, so every resume of its runs would
+    be refused: say so where the plugin is built, in one line, before a run spends hours
+    writing checkpoints. (The other way round is harmless: a plugin that loads but never
+    saves is never given any state, so it is not refused.)"""
+    hooks = implemented_hooks(instance)
+    if STATE_SAVE in hooks and STATE_LOAD not in hooks:
+        raise PluginResolutionError(
+            f"plugin '{name}' implements {STATE_SAVE} but not {STATE_LOAD}: its checkpoints "
+            f"could never be resumed; add {STATE_LOAD}(self, job, state) restoring what "
+            f"{STATE_SAVE} returns (or drop {STATE_SAVE})")
 
 
 @dataclass

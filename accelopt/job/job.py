@@ -41,13 +41,13 @@ from accelopt.job.params import buckets_by_bytes, param_table, replaced_paramete
 from accelopt.job.rng import JobRandom
 from accelopt.job.specs import job_info, validate_spec
 from accelopt.job.timeline import NO_TIMER, PhaseTimer
+from accelopt.plugin import STATE_LOAD, STATE_SAVE
 from accelopt.types import BuiltJob, IterationContext, IterationResult, JobProfile
 from accelopt.workloads import build_dataset, build_model, check_compatible, default_dataset_for
 
 log = logging.getLogger(__name__)
 
 DEFAULT_BUCKET_BYTES = 2**20
-STATE_SAVE, STATE_LOAD = "accelopt_state_save", "accelopt_state_load"
 
 
 class Job:
@@ -514,10 +514,7 @@ class Job:
         pending, self.pending_plugin_states = self.pending_plugin_states, {}
         for name, state in pending.items():
             if STATE_LOAD not in self.host.hooks_of(name):
-                raise UserError(
-                    f"job '{self.info.name}': its checkpoint holds the state of plugin "
-                    f"'{name}', which is not active here or cannot load it "
-                    "(accelopt_state_load); resume with the run's own plugins")
+                raise self._unloadable_state(name)
             self.host.call_one(name, STATE_LOAD, job=self.info, state=state)
         weights, self.pending_weights = self.pending_weights, None
         if weights is not None:
@@ -529,6 +526,19 @@ class Job:
                 self._load_weights(state)
             except (RuntimeError, KeyError, ValueError) as exc:
                 raise misfit(source, self.info.name, exc) from None
+
+    def _unloadable_state(self, name: str) -> UserError:
+        """Why the checkpoint's state of plugin ``name`` cannot go back to it, and the fix:
+        a plugin missing from this run is resumed with the run's own plugins; an active one
+        without ``accelopt_state_load`` (a version of it other than the one that saved the
+        state) needs that hook, and resuming without the plugin would not help."""
+        where = f"job '{self.info.name}': its checkpoint holds the state of plugin '{name}'"
+        if name not in self.host.names:
+            return UserError(f"{where}, which is not active in this run; resume with the "
+                             "run's own plugins")
+        return UserError(f"{where}, which is active but does not implement {STATE_LOAD}, so "
+                         f"that state cannot be restored; add {STATE_LOAD} to the plugin "
+                         "(or resume with the version of it that wrote the checkpoint)")
 
     def load_state_dict(self, state: dict[str, Any], source: str = "state") -> None:
         """Load a checkpoint's state (``source`` names it in errors). Weights that do not

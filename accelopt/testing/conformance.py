@@ -37,9 +37,9 @@ from accelopt.config import invalid_schema, register_plugin_configs
 from accelopt.drivers.rows import SILENT_SUMMARY
 from accelopt.errors import AccelOptError, PluginResolutionError
 from accelopt.host import HOOK_DOCS, PluginHost
-from accelopt.plugin import PluginSpec, Registry
+from accelopt.plugin import STATE_LOAD, STATE_SAVE, PluginSpec, Registry
 from accelopt.records import RunRecord
-from accelopt.testing.harness import run_workload
+from accelopt.testing.harness import _fresh_dir, run_workload
 from accelopt.testing.recorder import HookRecorder, hook_names
 
 DECLARATION_FIELDS = ("before", "after", "requires", "conflicts", "slots")
@@ -115,6 +115,8 @@ def check_config(spec: PluginSpec) -> None:
         )
     try:
         spec.instantiate(default)
+    except PluginResolutionError as exc:  # state it saves and could never load back
+        raise AssertionError(str(exc)) from exc
     except Exception as exc:
         cause = exc.__cause__ or exc  # instantiate names the plugin; say what the factory raised
         raise AssertionError(
@@ -155,8 +157,12 @@ def check_declarations(spec: PluginSpec) -> None:
 
 def check_hookimpls(spec: PluginSpec) -> None:
     """Every hook implementation names a real hook, takes arguments the hook passes, in a
-    form the core can pass them; then pluggy itself validates the plugin."""
-    instance = spec.instantiate()
+    form the core can pass them, and state it saves it can load back; then pluggy itself
+    validates the plugin."""
+    try:
+        instance = spec.instantiate()
+    except PluginResolutionError as exc:  # refuse_unpaired_state_hooks
+        raise AssertionError(str(exc)) from exc
     specs = {name: getattr(hookspecs, name) for name in hook_names()}
     impls = list(_hookimpls(spec, instance))
     if not impls:
@@ -278,9 +284,16 @@ def check_run(spec: PluginSpec, tmp_path: Path, workload: str = "tiny", *,
             f"plugin '{spec.name}' requires {', '.join(missing)}, which is not installed; "
             "install it to run the conformance suite"
         )
+    stateful = _implements(spec, STATE_SAVE)
     extra = [*overrides, *([f"cluster.mode={mode}"] if mode != "none" else [])]
+    given = [o.split("=", 1)[1] for o in extra if o.startswith("run.checkpoint_every=")]
+    if stateful and not given:
+        # checkpoint every 2 iterations: the core checks each accelopt_state_save answer
+        extra.append(f"run.checkpoint_every={CHECKPOINT_EVERY}")
+    resumable = stateful and (not given or given[-1].strip() not in ("0", ""))
     where = f"the '{workload}' workload" + (f" in cluster.mode={mode}" if mode != "none" else "")
     recorder = HookRecorder()
+    run_dir = _fresh_dir(Path(tmp_path))  # the directory run_workload makes (to resume it)
     try:
         record = run_workload(
             [*spec.requires, *plugins, probe], extra, tmp_path=tmp_path, workload=workload,
@@ -301,9 +314,60 @@ def check_run(spec: PluginSpec, tmp_path: Path, workload: str = "tiny", *,
         raise AssertionError(f"plugin '{spec.name}': in {where}, {answers[0]}")
     _check_jobs_done(spec.name, where, record)
     _check_reported(spec, mode, record)
+    _check_finite_metrics(spec.name, where, record)
     instances.job_storages = _job_storages(recorder)
     recorder.clear()  # its records hold the jobs' models: no longer needed
+    if resumable:  # (overrides turning checkpoints off: nothing to resume from)
+        _check_resumes(spec, dataclasses.replace(spec, factory=watching), registry,
+                       [*spec.requires, *plugins], extra, workload, where, run_dir, tmp_path)
     return instances
+
+
+CHECKPOINT_EVERY = 2
+"""The run check's checkpoint interval for a plugin with state (``accelopt_state_save``)."""
+
+
+def _check_resumes(spec: PluginSpec, probe: PluginSpec, registry: Registry,
+                   others: Sequence[PluginSpec | str], extra: Sequence[str], workload: str,
+                   where: str, run_dir: Path, tmp_path: Path) -> None:
+    """Resume the checkpointed run from its final checkpoints (``run.resume_finished``):
+    the state each job's checkpoint holds goes back through ``accelopt_state_load``, the
+    path a real resume takes, and must load without an error. (Resuming from a middle
+    checkpoint to the same weights as the uninterrupted run is not checked here.)"""
+    recorder = HookRecorder()  # the first run had one: a resume runs with the same plugins
+    try:
+        record = run_workload(
+            [*others, probe], [*extra, f"run.resume={run_dir}", "run.resume_finished=true"],
+            tmp_path=tmp_path, workload=workload, recorder=recorder, registry=registry)
+    except AccelOptError as exc:
+        raise AssertionError(
+            f"plugin '{spec.name}': resuming {where} from its checkpoints failed: {exc} "
+            f"(the state {STATE_SAVE} returns must load back through {STATE_LOAD})") from exc
+    except Exception as exc:
+        raise AssertionError(
+            f"plugin '{spec.name}': resuming {where} from its checkpoints raised "
+            f"{type(exc).__name__}: {exc}") from exc
+    finally:
+        recorder.clear()
+    _check_jobs_done(spec.name, f"the resume of {where}", record)
+
+
+def _check_finite_metrics(name: str, where: str, record: RunRecord) -> None:
+    """A nan or inf metric in the plugin's own rows: the run keeps it (metrics.json writes
+    null, with a warning), the kit refuses it, because a reader of metrics.json cannot tell
+    a null from a metric that was never measured."""
+    import math
+
+    for row in record.plugin_rows:
+        if row.plugin != name:
+            continue
+        for key, value in row.metrics.items():
+            if isinstance(value, float) and not math.isfinite(value):
+                raise AssertionError(
+                    f"plugin '{name}': in {where} its ReportRow {row.summary[:40]!r} has "
+                    f"metric '{key}' = {value}, which JSON cannot hold (metrics.json writes "
+                    "null); report a finite number, or leave the metric out when there is "
+                    "none")
 
 
 class RunInstances(list):  # type: ignore[type-arg]
@@ -603,6 +667,14 @@ def _find_job_state(obj: Any, path: str, depth: int, seen: set[int]) -> tuple[st
                           "(p.data, p.detach() and model.state_dict() keep the job's weights "
                           "alive; keep a .clone())")
         return None
+    viewed = _viewed_tensor(obj)
+    if viewed is not None:
+        storages = getattr(seen, "storages", None)
+        if storages and _storage_of(viewed) in storages:
+            return path, (f"a {type(obj).__name__} viewing a job's parameter or buffer "
+                          "(p.data.numpy() shares its memory and keeps the job's weights "
+                          "alive; keep a .copy())")
+        return None
     if depth == 0 or isinstance(obj, (str, bytes, int, float, bool, type(None), type,
                                       types.ModuleType)):
         return None  # a class or a module it imported is shared code, not the plugin's state
@@ -610,6 +682,29 @@ def _find_job_state(obj: Any, path: str, depth: int, seen: set[int]) -> tuple[st
         found = _find_job_state(child, f"{path}{key}", depth - 1, seen)
         if found is not None:
             return found
+    return None
+
+
+def _viewed_tensor(obj: Any) -> Any:
+    """The tensor a numpy array (``t.numpy()``, and a slice of it: ``.base`` chains) or a
+    memoryview of one views, or None: such a view shares the tensor's memory and keeps it
+    alive without being a tensor itself. Only the chain of bases is followed (cheap); an
+    array or memoryview of anything else is the plugin's own data and is not walked."""
+    import torch
+
+    if type(obj).__name__ not in ("ndarray", "memoryview"):
+        return None
+    for _ in range(RETENTION_DEPTH):
+        if isinstance(obj, memoryview):
+            obj = obj.obj
+        elif type(obj).__name__ == "ndarray" and type(obj).__module__ == "numpy":
+            obj = getattr(obj, "base", None)
+        else:
+            break
+        if isinstance(obj, torch.Tensor):
+            return obj
+        if obj is None:
+            return None
     return None
 
 
