@@ -213,11 +213,15 @@ def stopped_outcome(left: list[RankSoFar], results: list[JobResult],
                     settings: ClusterSettings) -> StoppedOutcome:
     """The outcome of a stopped run from what its ranks left: the trace, the per-iteration
     rows, each job's losses (set on its result where every worker left its records) and
-    the run's figures so far."""
+    the run's figures so far: each job's, and the run's (several jobs: over every job's, as
+    a finished run's :func:`_aggregate` gives them), from the iterations every worker
+    finished."""
     spans = [s for r in left for part in r.job_spans.values() for s in part]
     spans += [s for r in left for s in r.hook_spans]
     per_iteration: list[dict[str, Any]] = []
     figures: dict[str, dict[str, Any]] = {}
+    measured: list[tuple[list[dict[str, Any]], int, dict[int, float]]] = []
+    timed: list[ClusterOutcome] = []
     # a worker killed outright left no timeline: rows for it from its peers' link spans
     # alone (Pc 0, U = Mc) would be measurements nobody made
     present = [rank for rank in settings.worker_ranks() if rank in {r.rank for r in left}]
@@ -231,21 +235,75 @@ def stopped_outcome(left: list[RankSoFar], results: list[JobResult],
             losses = losses[:result.iterations_done]  # did not finish is not the job's
         if losses:
             result.losses, result.final_loss = losses, losses[-1]
+        one = _job_mode_figures(left, job_id, settings)
         finished = _finished_iterations(left, job_id, settings)
         if finished:  # the cut iteration of each job is not one of them: its U is the stop's
-            summary = cm.summarize([r for r in rows if r["iteration"] in finished],
-                                   list(finished.values()))
-            figures[result.job.name] = {k: v for k, v in summary.items() if v is not None}
+            kept = [r for r in rows if r["iteration"] in finished]
+            summary = cm.summarize(kept, list(finished.values()))
+            skip = int(summary["warmup_iterations"] or 0)
+            starts, ends = _finished_times(left, job_id, settings, finished)
+            window, wall = steady_window(starts, ends, skip)
+            one.update({k: v for k, v in summary.items() if v is not None})
+            if wall is not None:
+                one["wall_iterations_per_s"] = wall
+            measured.append((kept, skip, finished))
+            timed.append(ClusterOutcome(starts=starts, steady=window))
+        figures[result.job.name] = one
     metrics: dict[str, Any] = {}
+    backend = next((r.backend for r in sorted(left, key=lambda r: r.rank) if r.backend), None)
     if len(results) == 1:  # one job's figures are the run's, as in a finished run
         metrics.update(next(iter(figures.values()), {}))
     else:
         for name, one in figures.items():
             metrics.update({f"job.{name}.{key}": one[key] for key in JOB_METRICS if key in one})
+        if measured:
+            metrics.update({k: v for k, v in several_jobs_figures(measured, timed).items()
+                            if v is not None})
+        for key in MODE_METRICS:  # the run's: their median over the jobs, as a finished one
+            values = [float(one[key]) for one in figures.values() if one.get(key) is not None]
+            if values:
+                metrics[key] = _median(values)
     metrics.update({"cluster_mode": settings.mode, "cluster_workers": settings.workers,
                     "cluster_servers": settings.servers})
+    if backend:
+        metrics["cluster_backend"] = backend
     return StoppedOutcome(spans, per_iteration,
                           summary_figures(metrics, [r.job.name for r in results], settings))
+
+
+def _job_mode_figures(left: list[RankSoFar], job_id: str,
+                      settings: ClusterSettings) -> dict[str, Any]:
+    """What a stopped run knows of one job before any iteration: the bytes of its
+    parameters (``param_bytes``, as :func:`held_bytes` counts a finished run's; every rank
+    built the whole model, so any rank's count) and, in ps mode, the bytes an iteration is
+    to move (``expected_bytes_per_iteration``, as :func:`_job_outcome` gives it); nothing
+    where no rank left its count."""
+    param_bytes = next((r.param_bytes[job_id] for r in sorted(left, key=lambda r: r.rank)
+                        if job_id in r.param_bytes), None)
+    if param_bytes is None:
+        return {}
+    out: dict[str, Any] = {"param_bytes": param_bytes}
+    if settings.mode == "ps":
+        out["expected_bytes_per_iteration"] = 2 * param_bytes * settings.workers
+    return out
+
+
+def _finished_times(left: list[RankSoFar], job_id: str, settings: ClusterSettings,
+                    finished: dict[int, float]) -> tuple[list[float], list[float]]:
+    """The starts (the first worker's) and ends (the last worker's) of the iterations of one
+    job that every worker finished in this run, in order, as :func:`_job_outcome` takes
+    them for its wall throughput."""
+    records = workers_records(left, job_id, settings) or []
+    starts: dict[int, float] = {}
+    ends: dict[int, float] = {}
+    for worker in records:
+        for it in worker:
+            i = int(it["iteration"])
+            if i in finished and not it.get("carried"):
+                starts[i] = min(starts.get(i, it["start_s"]), it["start_s"])
+                ends[i] = max(ends.get(i, it["end_s"]), it["end_s"])
+    order = sorted(starts)
+    return [starts[i] for i in order], [ends[i] for i in order]
 
 
 def _finished_iterations(left: list[RankSoFar], job_id: str,
@@ -349,11 +407,7 @@ def _job_outcome(parts: list[JobPart], settings: ClusterSettings,
             for i in range(resumed_at, n_iter)]
     handed = [sum(r.stats.collective_bytes_by_iteration.get(i, 0) for r in parts)
               for i in range(resumed_at, n_iter)]
-    steady = starts[skip:] if len(starts) > skip else starts
-    # 1 / median iteration is no throughput once iterations overlap (an early update sends
-    # the next iteration's parameters inside this one): count iterations over wall time
-    window = (steady[0], ends[-1]) if steady and ends[-1] > steady[0] else None
-    wall = len(steady) / (window[1] - window[0]) if window else None
+    window, wall = steady_window(starts, ends, skip)
     metrics: dict[str, Any] = {
         "wall_iterations_per_s": wall,
         "cluster_mode": settings.mode,
@@ -399,6 +453,18 @@ def _job_outcome(parts: list[JobPart], settings: ClusterSettings,
         metrics={k: v for k, v in metrics.items() if v is not None},
         state=state, per_iteration=per_iter, starts=starts, steady=window,
     )
+
+
+def steady_window(starts: list[float], ends: list[float],
+                  skip: int) -> tuple[tuple[float, float] | None, float | None]:
+    """A job's steady window (its first steady iteration's start to its last iteration's
+    end) and its wall throughput, the iterations that started in it over its length: 1 /
+    median iteration is no throughput once iterations overlap (an early update sends the
+    next iteration's parameters inside this one). ``starts``/``ends``: its measured
+    iterations' in order; a finished and a stopped run count them alike."""
+    steady = starts[skip:] if len(starts) > skip else starts
+    window = (steady[0], ends[-1]) if steady and ends[-1] > steady[0] else None
+    return window, len(steady) / (window[1] - window[0]) if window else None
 
 
 def held_bytes(parts: list[JobPart]) -> int:
@@ -536,18 +602,47 @@ def summary_figures(metrics: dict[str, Any], names: list[str],
     return out
 
 
+def several_jobs_figures(jobs: list[tuple[list[dict[str, Any]], int, dict[int, float]]],
+                         outcomes: list[ClusterOutcome]) -> dict[str, Any]:
+    """The run-level medians of several jobs, one code for a finished run
+    (:func:`_aggregate`) and a stopped one (:func:`stopped_outcome`), so a stopped run's
+    summary gives what a finished one of that shape gives. ``jobs``: each job's
+    per-(worker, iteration) rows, its warm-up iterations and its iterations' lengths (each
+    the slowest worker's, by iteration); ``outcomes``: each job's ``starts`` and ``steady``
+    window, for the wall throughput (:func:`wall_throughput`)."""
+    steady_e: list[float] = []
+    all_e: list[float] = []
+    steady_rows: list[dict[str, Any]] = []
+    iteration_s: list[float] = []
+    for rows, skip, lengths in jobs:
+        for row in rows:
+            if row["iteration"] >= skip:
+                steady_rows.append(row)
+            if row["efficiency_e"] is not None:
+                all_e.append(row["efficiency_e"])
+                if row["iteration"] >= skip:
+                    steady_e.append(row["efficiency_e"])
+        iteration_s.extend(v for i, v in lengths.items() if i >= skip)
+    return {
+        "efficiency_e": _median(steady_e) if steady_e else _median(all_e),
+        "efficiency_e_with_warmup": _median(all_e),
+        "iteration_s": _median(iteration_s),
+        "iterations_per_s": 1.0 / _median(iteration_s) if iteration_s else None,
+        "wall_iterations_per_s": wall_throughput(outcomes),
+        **{key: _median([r[key] for r in steady_rows if r.get(key) is not None])
+           for key in ("mc_s", "pc_s", "iteration_makespan_s", "ratio_a")},
+    }
+
+
 def _aggregate(out: ClusterOutcome, outcomes: dict[str, ClusterOutcome], names: list[str],
                settings: ClusterSettings) -> None:
     """Several jobs on the same processes: run-level figures over every job's."""
     leader = out.ranks[0]
-    steady_e: list[float] = []
-    all_e: list[float] = []
-    steady_rows: list[dict[str, Any]] = []
+    jobs: list[tuple[list[dict[str, Any]], int, dict[int, float]]] = []
     wire: list[float] = []
     by_mode: dict[str, list[float]] = {}
     """The mode's and the network's figures of each job (:data:`MODE_METRICS`): the run's
     is their median over the jobs, as ``bytes_per_iteration``'s is."""
-    iteration_s: list[float] = []
     totals = {"transfers": 0, "transfers_dropped": 0, "transfers_ordered": 0,
               "transfers_held": 0, "transfers_overtaken": 0, "transfers_partitioned": 0,
               "tensors_updated_early": 0}
@@ -556,14 +651,7 @@ def _aggregate(out: ClusterOutcome, outcomes: dict[str, ClusterOutcome], names: 
         parts = [r.parts[job_id] for r in out.ranks]
         out.state[job_id] = one.state
         skip = int(one.metrics.get("warmup_iterations", 0) or 0)
-        for row in one.per_iteration:
-            out.per_iteration.append({"job": job_id, **row})
-            if row["iteration"] >= skip:
-                steady_rows.append(row)
-            if row["efficiency_e"] is not None:
-                all_e.append(row["efficiency_e"])
-                if row["iteration"] >= skip:
-                    steady_e.append(row["efficiency_e"])
+        out.per_iteration += [{"job": job_id, **row} for row in one.per_iteration]
         if one.metrics.get("bytes_per_iteration") is not None:
             wire.append(float(one.metrics["bytes_per_iteration"]))
         for key in MODE_METRICS:
@@ -574,7 +662,7 @@ def _aggregate(out: ClusterOutcome, outcomes: dict[str, ClusterOutcome], names: 
         for it in worker_rows:
             by_iter[it["iteration"]] = max(by_iter.get(it["iteration"], 0.0),
                                            it["end_s"] - it["start_s"])
-        iteration_s.extend(v for i, v in by_iter.items() if i >= skip)
+        jobs.append((one.per_iteration, skip, by_iter))
         for key in totals:
             totals[key] += int(one.metrics.get(key, 0))
         inversions += sum(p.stats.inversions for p in parts)
@@ -588,15 +676,9 @@ def _aggregate(out: ClusterOutcome, outcomes: dict[str, ClusterOutcome], names: 
         "cluster_servers": settings.servers,
         "cluster_backend": leader.backend,
         "cluster_jobs": len(outcomes),
-        "efficiency_e": _median(steady_e) if steady_e else _median(all_e),
-        "efficiency_e_with_warmup": _median(all_e),
-        "iteration_s": _median(iteration_s),
-        "iterations_per_s": 1.0 / _median(iteration_s) if iteration_s else None,
-        "wall_iterations_per_s": wall_throughput(list(outcomes.values())),
+        **several_jobs_figures(jobs, list(outcomes.values())),
         "bytes_per_iteration": _median(wire),
         **{key: _median(values) for key, values in by_mode.items()},
-        **{key: _median([r[key] for r in steady_rows if r.get(key) is not None])
-           for key in ("mc_s", "pc_s", "iteration_makespan_s", "ratio_a")},
         **totals,
         "out_of_order_fraction": inversions / totals["transfers_ordered"]
         if totals["transfers_ordered"] else 0.0,

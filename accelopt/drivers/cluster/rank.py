@@ -308,10 +308,14 @@ class SoFar:
             self._written = True
             try:
                 jobs = list(self.jobs)
+                held = {part.job.info.job_id: model_param_bytes(part.exchange, part.job.model)
+                        for part in jobs}
                 left = RankSoFar(
                     rank, {part.job.info.job_id: part.timeline() for part in jobs},
                     {part.job.info.job_id: list(part.iterations) for part in jobs},
-                    hook_spans(list(self.hook_calls), self.hooks_shift, self.process))
+                    hook_spans(list(self.hook_calls), self.hooks_shift, self.process),
+                    jobs[0].backend if jobs else "",
+                    {job_id: n for job_id, n in held.items() if n is not None})
                 with atomic_open(so_far_path(results_dir, rank), "wb", durable=False) as fh:
                     pickle.dump(left, fh, protocol=pickle.HIGHEST_PROTOCOL)
             except Exception:  # noqa: BLE001, S110 - evidence is best effort
@@ -327,6 +331,27 @@ class RankSoFar:
     job_spans: dict[str, list[Span]]
     iterations: dict[str, list[dict[str, Any]]]
     hook_spans: list[Span]
+    backend: str = ""
+    """The rank's process-group backend ("" unknown): the run's ``cluster_backend``."""
+    param_bytes: dict[str, int] = field(default_factory=dict)
+    """job id -> the bytes of the job's parameters, each tensor once: what a finished run's
+    ``param_bytes`` counts (the servers' shards together, or all-reduce rank 0's whole
+    model), known from the start and alike on every rank, so a stopped ps run gives its
+    ``expected_bytes_per_iteration`` from any rank that left it; absent where the rank's
+    exchange is not one of the cluster's own."""
+
+
+def model_param_bytes(exchange: Any, model: Any) -> int | None:
+    """The bytes of ``model``'s parameters, each tensor once (a tied one once, as
+    ``param_table`` lists it and the servers' shards hold it); ``None`` for an exchange
+    that is not one of the cluster's own (its ``final_state``, which a finished run counts,
+    may hold other tensors) or parameters not materialised (a lazy module)."""
+    if not isinstance(exchange, (PsServer, PsWorker, AllReduce)):
+        return None
+    try:
+        return sum(p.numel() * p.element_size() for p in model.parameters())
+    except Exception:  # noqa: BLE001 - an uninitialised parameter: unknown, not 0
+        return None
 
 
 def so_far_path(results_dir: str | os.PathLike[str], rank: int) -> Path:
