@@ -11,10 +11,9 @@ from typing import Any
 import pytest
 import torch
 from clirun import accelopt, the_error_line
+from test_testing_kit import Counter  # the kit's minimal correct plugin
 
 from accelopt import (
-    IterationContext,
-    IterationResult,
     PluginSpec,
     ReportRow,
     RunInfo,
@@ -36,22 +35,6 @@ UNPAIRED = ("plugin 'saveonly' implements accelopt_state_save but not accelopt_s
             "its checkpoints could never be resumed; add accelopt_state_load(self, job, state) "
             "restoring what accelopt_state_save returns (or drop accelopt_state_save)")
 
-
-class Counter:
-    """A correct minimal plugin; the variants below add state hooks to it."""
-
-    name = "counter"
-
-    def __init__(self, config: Any = None) -> None:
-        self.n = 0
-
-    @hookimpl
-    def accelopt_iteration_end(self, context: IterationContext, result: IterationResult) -> None:
-        self.n += 1
-
-    @hookimpl
-    def accelopt_report_rows(self, run: RunInfo) -> list[ReportRow]:
-        return [ReportRow(plugin=self.name, summary=f"counted {self.n} iterations")]
 
 
 class SaveOnly(Counter):

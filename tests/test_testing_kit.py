@@ -177,9 +177,12 @@ class TestNoopConformance(PluginConformance):
 
 
 class Counter:
-    """A correct minimal plugin the broken variants below start from."""
+    """A correct minimal plugin the broken variants below (and ``test_kit_gaps``'s) start
+    from; ``name`` is the plugin its rows are of."""
 
-    def __init__(self, config: Any) -> None:
+    name = "counter"
+
+    def __init__(self, config: Any = None) -> None:
         self.n = 0
 
     @hookimpl
@@ -188,7 +191,7 @@ class Counter:
 
     @hookimpl
     def accelopt_report_rows(self, run: RunInfo) -> list[ReportRow]:
-        return [ReportRow(plugin="counter", summary=f"counted {self.n} iterations")]
+        return [ReportRow(plugin=self.name, summary=f"counted {self.n} iterations")]
 
 
 def make_spec(factory: Any, **fields: Any) -> PluginSpec:
