@@ -140,9 +140,9 @@ class JobResult:
         through JSON from a rank), or ``len(losses)`` when every loss is finite (the last
         step's gradient: :attr:`diverged_where`). Where they are not known, that trailing
         run alone: the losses are not finite to the end."""
-        trailing = self._trailing_nonfinite()
         if self.weights_finite is True:
             return None
+        trailing = self._trailing_nonfinite()
         if self.weights_finite is False:
             return len(self.losses) if trailing is None else trailing
         return trailing

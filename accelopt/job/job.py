@@ -224,12 +224,9 @@ class Job:
                 self.warnings.append(unknown_convention_line(self.info.name, self.model))
                 log.warning("%s", self.warnings[-1])
             return None
-        counted = ~ignored
-        if self._convention == "causal":
-            if counted.dim() < 2:  # no sequence to shift: not a causal LM's labels
-                return None
-            counted = counted[..., 1:]
-        per_row = counted.reshape(len(y), -1).sum(dim=1)
+        if self._convention == "causal" and y.dim() < 2:
+            return None  # no sequence to shift: not a causal LM's labels
+        per_row = loss_positions(y, self._convention).reshape(len(y), -1).sum(dim=1)
         total = int(per_row.sum())
         return int(per_row[start:stop].sum()) / total if total else None
 
@@ -852,6 +849,18 @@ def loss_convention(model: nn.Module) -> str | None:
     if name.endswith(LABEL_LOSS_TYPES) or name in SEQ2SEQ_LM_CLASSES:
         return "labels"
     return None
+
+
+def loss_positions(labels: torch.Tensor, convention: str | None) -> torch.Tensor:
+    """Which positions of ``labels`` a model's own loss is a mean over (a bool mask): those
+    not :data:`IGNORE_INDEX`, shifted by one for a causal LM (``convention`` ``"causal"``
+    with a sequence dimension: the first position of each row predicts nothing); the
+    labelled ones otherwise. What weighs workers' losses (:meth:`Job._share_of_loss`) and
+    held-out batches (``job/quality.py``)."""
+    counted = labels != IGNORE_INDEX
+    if convention == "causal" and counted.dim() >= 2:
+        return counted[..., 1:]
+    return counted
 
 
 def unknown_convention_line(job: str, model: nn.Module) -> str:

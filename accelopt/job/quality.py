@@ -30,7 +30,7 @@ import torch
 
 from accelopt.errors import error_text
 from accelopt.job import inputs
-from accelopt.job.job import logits_of, loss_convention, own_loss
+from accelopt.job.job import logits_of, loss_convention, loss_positions, own_loss
 from accelopt.records import CANNOT_SCORE, JobResult, Quality
 
 EVAL_BATCH = 1024
@@ -224,7 +224,7 @@ def own_loss_perplexity(model: torch.nn.Module,
             for x, y in batches:
                 if device is not None:
                     x, y = inputs.to_device(x, device), y.to(device)
-                count = _predicted_positions(y, convention)
+                count = int(loss_positions(y, convention).sum())
                 rows += len(y)
                 if count == 0:
                     continue
@@ -251,19 +251,6 @@ def own_loss_perplexity(model: torch.nn.Module,
                  "as over its labels; a transformers loss_type, e.g. 'ForCausalLM', tells it)")
     return Quality(metric="perplexity", value=math.exp(total / positions), samples=rows,
                    note=note)
-
-
-def _predicted_positions(labels: torch.Tensor, convention: str | None) -> int:
-    """The positions a model's own loss over ``labels`` is a mean over (its weight among
-    batches): labelled ones, shifted by one for a causal LM. Where the convention is not
-    known (``loss_convention`` None: a model of one's own), the labelled positions, as
-    cross-entropy with ``ignore_index`` averages: weighting by the rows that hold a label
-    gave a model of one's own, with batches of unequal labelled positions, a third of its
-    perplexity."""
-    counted = labels != IGNORE_INDEX
-    if convention == "causal" and counted.dim() >= 2:
-        return int(counted[..., 1:].sum())
-    return int(counted.sum())
 
 
 def _check_scores(logits: torch.Tensor) -> None:
