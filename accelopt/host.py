@@ -38,7 +38,7 @@ import pluggy
 
 from accelopt import hookspecs
 from accelopt.errors import AccelOptError, PluginHookError, PluginResolutionError
-from accelopt.plugin import PluginSpec
+from accelopt.plugin import PluginSpec, hook_methods
 from accelopt.records import Span
 
 HOOK_LOCK = threading.RLock()
@@ -84,7 +84,7 @@ class PluginHost:
         # reverse to have plugins called in activation (command-line) order.
         for spec, instance in reversed(list(active)):
             _refuse_undecorated(self.pm, spec.name, instance)
-            table = _hook_table(instance, self.pm.project_name)
+            table = _hook_table(instance)
             try:
                 self.pm.register(table, name=spec.name)
             except pluggy.PluginValidationError as exc:  # an argument the hookspec lacks
@@ -486,7 +486,7 @@ class _HookTable:
     attributes (see :func:`_hook_table`)."""
 
 
-def _hook_table(plugin: object, project: str) -> object:
+def _hook_table(plugin: object) -> object:
     """What to register with pluggy for ``plugin``: for an instance, a table of its bound
     hook methods found on its class; a module or a class as it is.
 
@@ -500,15 +500,13 @@ def _hook_table(plugin: object, project: str) -> object:
     a plugin is registered as it is (correct, only slower)."""
     if inspect.ismodule(plugin) or inspect.isclass(plugin):
         return plugin
-    marker = project + "_impl"
     table = _HookTable()
-    for name in dir(type(plugin)):
-        found = inspect.getattr_static(type(plugin), name, None)
-        if isinstance(found, (staticmethod, classmethod)):
-            if hasattr(found, marker) or hasattr(found.__func__, marker):
-                return plugin
-        elif inspect.isfunction(found) and hasattr(found, marker):
-            setattr(table, name, getattr(plugin, name))
+    for method in hook_methods(plugin):
+        if not method.marked:
+            continue
+        if method.wrapped:
+            return plugin
+        setattr(table, method.attribute, getattr(plugin, method.attribute))
     return table
 
 
@@ -526,17 +524,9 @@ def _refuse_undecorated(pm: pluggy.PluginManager, plugin: str, found_on: object)
     module or class registered as it is; a staticmethod or classmethod counts as marked when
     either it or its function carries the marker."""
     project = pm.project_name
-    marker = project + "_impl"
-    owner = found_on if inspect.ismodule(found_on) or inspect.isclass(found_on) \
-        else type(found_on)
-    for name in dir(owner):
-        if not name.startswith(f"{project}_"):
-            continue
-        found = (inspect.getattr_static(owner, name, None) if inspect.isclass(owner)
-                 else getattr(owner, name, None))
-        function = found.__func__ if isinstance(found, (staticmethod, classmethod)) else found
-        if not inspect.isroutine(function) or hasattr(found, marker) \
-                or hasattr(function, marker):
+    for method in hook_methods(found_on):
+        name = method.attribute
+        if method.marked or not name.startswith(f"{project}_"):
             continue
         caller = getattr(pm.hook, name, None)
         where = f"plugin '{plugin}': {name}"

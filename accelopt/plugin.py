@@ -134,25 +134,62 @@ STATE_SAVE = "accelopt_state_save"
 STATE_LOAD = "accelopt_state_load"
 
 
-def implemented_hooks(instance: object) -> frozenset[str]:
-    """The hooks ``instance`` (a plugin object, module or class) implements, by their
-    ``@hookimpl`` marker (``specname`` honoured). Read from the class of an instance, as the
-    host registers it, so the instance's ``__dict__`` is not touched."""
+@dataclass(frozen=True)
+class HookMethod:
+    """One routine of a plugin that implements a hook or is named like one: what the host
+    registers, the conformance kit checks and the unmarked-method refusal reads, found by one
+    scan (:func:`hook_methods`) so all three agree on what a hook implementation is."""
+
+    attribute: str
+    """Its name on the plugin's class (or module)."""
+    hook: str
+    """The hook it implements: its ``@hookimpl(specname=...)``, else its own name."""
+    options: Mapping[str, Any] | None
+    """The ``@hookimpl`` options; ``None`` where the routine carries no marker."""
+    wrapped: bool
+    """Defined as a ``staticmethod`` or ``classmethod`` (its marker may sit on either the
+    wrapper or the function)."""
+
+    @property
+    def marked(self) -> bool:
+        return self.options is not None
+
+
+def hook_methods(plugin: object) -> list[HookMethod]:
+    """Each routine of ``plugin`` (an object, module or class) marked ``@hookimpl`` or named
+    ``accelopt_*``, read statically on the class of an object, never on the object: reading an
+    object's ``__dict__`` makes CPython give it a real dictionary in place of its compact
+    attribute values, and every ``self.x`` in its hooks gets slower (see
+    ``accelopt.host._hook_table``)."""
     import inspect
 
     from accelopt.hookspecs import PROJECT
 
     marker = f"{PROJECT}_impl"
-    owner = instance if inspect.ismodule(instance) or inspect.isclass(instance) \
-        else type(instance)
-    found: set[str] = set()
+    owner = plugin if inspect.ismodule(plugin) or inspect.isclass(plugin) else type(plugin)
+    found: list[HookMethod] = []
     for attr in dir(owner):
         value = inspect.getattr_static(owner, attr, None)
-        value = getattr(value, "__func__", value)  # a staticmethod or classmethod
-        opts = getattr(value, marker, None)
-        if isinstance(opts, dict):
-            found.add(opts.get("specname") or attr)
-    return frozenset(found)
+        wrapped = isinstance(value, (staticmethod, classmethod))
+        function = value.__func__ if wrapped else value
+        if not inspect.isroutine(function):
+            continue
+        options = getattr(value, marker, None)
+        if not isinstance(options, dict):
+            options = getattr(function, marker, None)
+        if not isinstance(options, dict):
+            options = None
+        if options is None and not attr.startswith(f"{PROJECT}_"):
+            continue
+        found.append(HookMethod(attr, (options or {}).get("specname") or attr, options,
+                                wrapped))
+    return found
+
+
+def implemented_hooks(instance: object) -> frozenset[str]:
+    """The hooks ``instance`` (a plugin object, module or class) implements, by their
+    ``@hookimpl`` marker (``specname`` honoured)."""
+    return frozenset(method.hook for method in hook_methods(instance) if method.marked)
 
 
 def refuse_unpaired_state_hooks(name: str, instance: object) -> None:

@@ -37,7 +37,7 @@ from accelopt.config import invalid_schema, register_plugin_configs
 from accelopt.drivers.rows import SILENT_SUMMARY
 from accelopt.errors import AccelOptError, PluginResolutionError
 from accelopt.host import HOOK_DOCS, PluginHost
-from accelopt.plugin import STATE_LOAD, STATE_SAVE, PluginSpec, Registry
+from accelopt.plugin import STATE_LOAD, STATE_SAVE, PluginSpec, Registry, hook_methods
 from accelopt.records import RunRecord
 from accelopt.testing.harness import _fresh_dir, run_workload
 from accelopt.testing.recorder import HookRecorder, hook_names
@@ -188,25 +188,20 @@ def check_hookimpls(spec: PluginSpec) -> None:
 def _hookimpls(spec: PluginSpec, instance: object) -> Iterator[tuple[str, Any, str]]:
     """(attribute, function, hook name) of each implementation; an ``accelopt_*`` method
     without the marker is an error, because pluggy silently ignores it."""
-    for attr in sorted(dir(instance)):
-        if attr.startswith("__"):
-            continue
-        value = getattr(instance, attr, None)
-        opts = getattr(value, IMPL_MARKER, None)
-        if opts is None:
-            if attr.startswith("accelopt_") and callable(value):
-                raise AssertionError(
-                    f"plugin '{spec.name}': {attr} looks like a hook but is not decorated with "
-                    "@accelopt.hookimpl, so it is never called; add the decorator"
-                )
-            continue
-        if not (inspect.ismodule(instance) or inspect.isclass(instance)) and \
-                inspect.getattr_static(type(instance), attr, None) is None:
+    for attr, value in sorted(getattr(instance, "__dict__", {}).items()) \
+            if not (inspect.ismodule(instance) or inspect.isclass(instance)) else ():
+        if isinstance(getattr(value, IMPL_MARKER, None), dict):
             raise AssertionError(
                 f"plugin '{spec.name}': {attr} is set on the instance, not defined on its "
                 "class, so the core never registers it; define it as a method of the class"
             )
-        yield attr, value, opts.get("specname") or attr
+    for method in sorted(hook_methods(instance), key=lambda method: method.attribute):
+        if not method.marked:
+            raise AssertionError(
+                f"plugin '{spec.name}': {method.attribute} looks like a hook but is not "
+                "decorated with @accelopt.hookimpl, so it is never called; add the decorator"
+            )
+        yield method.attribute, getattr(instance, method.attribute), method.hook
 
 
 def _check_signature(plugin: str, attr: str, function: Any, hook: str, hookspec: Any) -> None:
@@ -431,19 +426,19 @@ def _watch_answers(instance: object, noted: list[str]) -> None:
     signature. A module, a class, or an object that takes no attributes is left as it is."""
     if inspect.ismodule(instance) or inspect.isclass(instance):
         return
-    for attr in dir(type(instance)):
-        found = inspect.getattr_static(type(instance), attr, None)
-        opts = getattr(found, IMPL_MARKER, None)
-        if not inspect.isfunction(found) or opts is None or opts.get("wrapper") or \
-                opts.get("hookwrapper") or (opts.get("specname") or attr) not in \
-                ANSWERLESS_HOOKS:
+    for method in hook_methods(instance):
+        options = method.options
+        if options is None or method.wrapped or options.get("wrapper") or \
+                options.get("hookwrapper") or method.hook not in ANSWERLESS_HOOKS:
             continue
+        attr = method.attribute
+        found = inspect.getattr_static(type(instance), attr)
         if inspect.iscoroutinefunction(found) or inspect.isgeneratorfunction(found) or \
                 inspect.isasyncgenfunction(found):
             continue  # refused by the host as it is
         try:
             setattr(instance, attr, _watched(getattr(instance, attr), attr,
-                                             opts.get("specname") or attr, noted))
+                                             method.hook, noted))
         except (AttributeError, TypeError):  # __slots__, a frozen dataclass
             return
 
