@@ -46,8 +46,8 @@ def test_a_blocks_first_iteration_is_not_timed():
 
 
 def test_stays_out_when_the_default_order_is_fastest_or_tied():
-    tuner = WindowTuner((OFF, W0), start=0, block=1, rounds=3)
-    run(tuner, {OFF: 0.10, W0: 0.10}, 8)
+    tuner = WindowTuner((OFF, W0), start=0, block=2, rounds=3)
+    run(tuner, {OFF: 0.10, W0: 0.10}, 14)
     assert tuner.chosen is OFF  # a tie keeps the default
     assert "chose off" in tuner.describe()
 
@@ -55,12 +55,13 @@ def test_stays_out_when_the_default_order_is_fastest_or_tied():
 def test_the_choice_waits_for_the_last_timed_iteration():
     """The server asks for iteration e's order before iteration e-1 has ended: until then
     it keeps the last block's candidate."""
-    tuner = WindowTuner((OFF, W0), start=0, block=1, rounds=1)
-    tuner.record(0, 0.3)
-    assert tuner.candidate(1) == W0
-    assert tuner.candidate(2) == W0 and not tuner.decided  # iteration 1 not in yet
-    tuner.record(1, 0.1)
-    assert tuner.candidate(3) == W0 and tuner.decided
+    tuner = WindowTuner((OFF, W0), start=0, block=2, rounds=1)
+    for i, seconds in enumerate((0.3, 0.3, 0.1)):
+        tuner.record(i, seconds)
+    assert tuner.candidate(3) == W0
+    assert tuner.candidate(4) == W0 and not tuner.decided  # iteration 3 not in yet
+    tuner.record(3, 0.1)
+    assert tuner.candidate(5) == W0 and tuner.decided
 
 
 def test_candidates_from_settings():

@@ -56,5 +56,6 @@ class TictacConfig:
     server's link, twice that on one bus), so what the window holds back waits in the
     priority queue rather than in the kernel's (0: credit returns when sends complete)."""
     tune_block: int = 2
-    """Iterations per candidate in a tuning round (the first of a block is not timed)."""
+    """Iterations per candidate in a tuning round, at least 2 (the first of a block is not
+    timed)."""
     tune_rounds: int = 2

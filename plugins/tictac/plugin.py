@@ -188,8 +188,12 @@ class TictacPlugin:
         if not 0 <= c.pace <= 1:
             raise ConfigError(f"plugins.tictac.pace={c.pace} must be in [0, 1] (a fraction of "
                               "the link's rate; 0: no pacing)")
-        if c.tune_block < 1 or c.tune_rounds < 1:
-            raise ConfigError("plugins.tictac.tune_block and tune_rounds must be >= 1")
+        if c.tune_block < 2:
+            raise ConfigError(f"plugins.tictac.tune_block={c.tune_block} must be >= 2 (a "
+                              "block's first iteration still carries its predecessor's mode "
+                              "and is not timed)")
+        if c.tune_rounds < 1:
+            raise ConfigError(f"plugins.tictac.tune_rounds={c.tune_rounds} must be >= 1")
         # written so that nan fails them too (nan < 0 is false: nan was read as "measure")
         if not 0 <= c.bandwidth_bytes_per_s < math.inf:
             raise ConfigError(f"plugins.tictac.bandwidth_bytes_per_s={c.bandwidth_bytes_per_s} "

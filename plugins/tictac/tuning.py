@@ -14,9 +14,10 @@ executes, so a resumed run tunes as an uninterrupted one does), each candidate i
 ``block`` iterations, the whole sequence ``rounds`` times (interleaved, so drift of the
 machine's speed hits every candidate alike). Only the last iterations of a block are
 timed: a block's first iteration still carries its predecessor's mode (an early update sends
-the next iteration's parameters before that iteration begins). The choice is the candidate
-with the smallest median timed iteration; it is made once every timed iteration has ended,
-so the iteration that starts before the last one has ended keeps the last block's candidate.
+the next iteration's parameters before that iteration begins), so a block is 2 iterations at
+least. The choice is the candidate with the smallest median timed iteration; it is made once
+every timed iteration has ended, so the iteration that starts before the last one has ended
+keeps the last block's candidate.
 """
 
 from __future__ import annotations
@@ -67,7 +68,9 @@ class WindowTuner:
     def __post_init__(self) -> None:
         if not self.candidates:
             raise ValueError("WindowTuner needs at least one candidate")
-        self.block = max(1, self.block)
+        # a block's first iteration is not timed: a block of 1 would time nothing (the
+        # config refuses it: plugins.tictac.tune_block)
+        self.block = max(2, self.block)
         self.rounds = max(1, self.rounds)
         if len(self.candidates) == 1:  # nothing to measure: that one from the start
             self.chosen, self.decided = self.candidates[0], True
@@ -99,7 +102,7 @@ class WindowTuner:
         """(candidate, timed) of a tuning iteration."""
         offset = iteration - self.start
         which = (offset // self.block) % len(self.candidates)
-        return self.candidates[which], self.block == 1 or offset % self.block != 0
+        return self.candidates[which], offset % self.block != 0
 
     def candidate(self, iteration: int) -> Candidate:
         """What iteration ``iteration`` runs with."""
@@ -146,7 +149,7 @@ class WindowTuner:
         window = f"iterations {self.start}-{self.end - 1}"
         if not self.decided:
             return f"tuning over {window} not finished ({', '.join(parts) or 'nothing timed'})"
-        n = self.rounds * max(1, self.block - 1) if self.block > 1 else self.rounds
+        n = self.rounds * (self.block - 1)
         return (f"measured over {window} (median of {n} timed iterations each): "
                 f"{', '.join(parts)}; chose {label(self.chosen)}")
 

@@ -264,7 +264,10 @@ class PsServer(ClusterExchange):
                 for info in infos:
                     self._average(info)
             update([info.name for info in infos])
-            t.stats.updated_early += len(infos)
+            # a tensor without a gradient (frozen, or the loss never reached it) the step
+            # skipped: not an update
+            t.stats.updated_early += sum(self.params[info.name].grad is not None
+                                         for info in infos)
             left -= len(infos)
             if posting:
                 for info in infos:
