@@ -138,6 +138,7 @@ def run_references(cfg: DictConfig, subsets: list[tuple[str, ...]], run_dir: Pat
     """Run every reference set (quietly), return their records by label; every reference's
     directory is checked before the first runs (:func:`refuse_taken_references`)."""
     from accelopt.runtime.run import execute
+    from accelopt.runtime.run_dir import shown_path
 
     mode = compare_mode(cfg)
     refuse_taken_references(run_dir, subsets)
@@ -146,7 +147,7 @@ def run_references(cfg: DictConfig, subsets: list[tuple[str, ...]], run_dir: Pat
         name = label(subset)
         where = reference_dir(run_dir, subset)
         console.print(f"[dim]run.compare={mode}: running the same workload with "
-                      f"{'no plugins' if not subset else name} first ({where})[/dim]")
+                      f"{'no plugins' if not subset else name} first ({shown_path(where)})[/dim]")
         quiet = Console(file=io.StringIO(), width=120)
         try:
             refs[name] = execute(subset_config(cfg, subset), run_dir=where, registry=registry,

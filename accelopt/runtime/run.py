@@ -96,7 +96,7 @@ from accelopt.runtime.resume_target import (
     resume_target,
     run_config,
 )
-from accelopt.runtime.run_dir import OUTPUT_NAMES, claim, release
+from accelopt.runtime.run_dir import OUTPUT_NAMES, claim, release, shown_path
 from accelopt.telemetry import TelemetrySampler
 from accelopt.telemetry.sampler import MIN_INTERVAL_S
 from accelopt.types import RunInfo
@@ -834,7 +834,7 @@ def _write_and_render(record: RunRecord, run_dir: Path, console: Console,
     render_summary(record, console)
     if refs:
         console.print(compare.table(record, refs))
-    console.print(f"[dim]run directory: {run_dir}[/dim]")
+    console.print(f"[dim]run directory: {shown_path(run_dir)}[/dim]")
     if refused is not None:
         raise refused
 

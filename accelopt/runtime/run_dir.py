@@ -147,4 +147,19 @@ def release(run_dir: Path) -> bool:
     return True
 
 
-__all__ = ["CLAIM_FILE", "OUTPUT_NAMES", "claim", "refuse_taken", "release"]
+def shown_path(path: str | os.PathLike[str]) -> str:
+    """``path`` as a line shows it to the user: relative to the working directory when it
+    lies under it (``runs/<date>/<time>``, as the README shows, and what a user copies into
+    the next command run from the same directory), else absolute. Why: the absolute form
+    of the default run directory repeated the user's whole working directory."""
+    try:
+        full, cwd = Path(os.path.abspath(path)), Path.cwd()  # normalised: '..' is not under
+    except OSError:  # the working directory was removed: nothing to be relative to
+        return str(path)
+    try:
+        return str(full.relative_to(cwd))
+    except ValueError:  # elsewhere
+        return str(full)
+
+
+__all__ = ["CLAIM_FILE", "OUTPUT_NAMES", "claim", "refuse_taken", "release", "shown_path"]

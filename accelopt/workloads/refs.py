@@ -40,7 +40,8 @@ def resolve_ref(ref: str, what: str) -> Callable[..., Any]:
     try:
         module = import_module(module_name)
     except ImportError as exc:
-        raise ValueError(f"{what} reference {ref!r}: cannot import {module_name!r} ({exc})") from None
+        raise ValueError(f"{what} reference {ref!r}: cannot import {module_name!r} ({exc})"
+                         f"{_path_hint(exc, module_name)}") from None
     except Exception as exc:  # the user's module is broken: one line, where (--debug: chain)
         raise ValueError(f"{what} reference {ref!r}: importing {module_name!r} raised "
                          f"{import_error(exc)}") from exc
@@ -50,6 +51,19 @@ def resolve_ref(ref: str, what: str) -> Callable[..., Any]:
     if not callable(factory):
         raise ValueError(f"{what} reference {ref!r}: {module_name!r} has no callable {attr!r}")
     return factory  # type: ignore[no-any-return]
+
+
+def _path_hint(exc: ImportError, module_name: str) -> str:
+    """The fix when the reference's own top-level package is not found: the ``accelopt``
+    command does not put the working directory on the import path, so a user's package
+    beside them (``mypkg/nets.py``) was "No module named 'mypkg'" with no word of why. Not
+    when the missing module is a dependency the user's module imports (that one is named)."""
+    top = module_name.partition(".")[0]
+    if not isinstance(exc, ModuleNotFoundError) or exc.name != top:
+        return ""
+    holding = f"{top}/" if "." in module_name else f"{top}.py or {top}/"
+    return (f"; install it, or put its directory on the import path (PYTHONPATH=. accelopt "
+            f"run ... from the directory holding {holding})")
 
 
 def import_error(exc: BaseException) -> str:
