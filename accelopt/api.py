@@ -22,6 +22,7 @@ import contextlib
 import functools
 import io
 import logging
+import os
 import random
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
@@ -51,6 +52,22 @@ def keeps_python_random(fn: _F) -> _F:
 
     return kept  # type: ignore[return-value]
 
+
+def check_run_arguments(call: str, run_dir: Any, registry: Any, console: Any) -> None:
+    """Refuse a wrong type given for ``run_dir``, ``registry`` or ``console`` (shared by
+    ``accelopt.run`` and ``accelopt.attach``) in one line naming it: each was used far from
+    where it was given, and failed there with a raw AttributeError or TypeError (a string
+    console even after the loop had trained, losing its report)."""
+    from rich.console import Console
+
+    expected = (("run_dir", run_dir, (str, os.PathLike), "a path (str or pathlib.Path)"),
+                ("registry", registry, Registry, "an accelopt.plugin.Registry "
+                 "(Registry.discover() for the installed plugins)"),
+                ("console", console, Console, "a rich.console.Console"))
+    for name, value, kinds, takes in expected:
+        if value is not None and not isinstance(value, kinds):
+            raise ConfigError(f"{call}: {name}= takes {takes} or None (the default), got "
+                              f"{type(value).__name__} {value!r:.60}")
 
 
 @keeps_python_random
@@ -88,6 +105,7 @@ def run(overrides: Sequence[str] = (), *, run_dir: str | Path | None = None,
     from accelopt.runtime.run import execute
 
     refuse_inference_mode()  # before anything is composed or written
+    check_run_arguments("accelopt.run", run_dir, registry, console)
     if isinstance(overrides, str):
         raise ConfigError(f"accelopt.run takes a list of overrides, got the string "
                           f"{overrides!r}; write accelopt.run([{overrides!r}])")

@@ -62,7 +62,7 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from accelopt.activation import PluginSet, activate
-from accelopt.api import keeps_python_random
+from accelopt.api import check_run_arguments, keeps_python_random
 from accelopt.atomic import atomic_open, refuse_unwritable
 from accelopt.config import YOUR_LOOP_DATASET, JobConfig
 from accelopt.drivers.cluster.settings import local_info
@@ -133,6 +133,7 @@ def attach(
                           f"{type(overrides).__name__}; write [] for none, or "
                           "['+plugins=[offload]']")
     _check_the_job(example, optimizer, lr, iterations)
+    check_run_arguments("accelopt.attach", run_dir, registry, console)
     args = drop_empty_plugin_selection([str(o) for o in overrides])
     _refuse_settings_of_a_driven_run(args)
     if not any(a.lstrip("+").startswith("cluster.mode=") for a in args):
@@ -511,14 +512,20 @@ class Attached:
         optimizer stepped."""
         _check_optimizer(optimizer, "ao.step(opt)")
         context = self._current("step()")
+        self._repoint_stale(optimizer)
+        named = _named_in(optimizer, self.model)
+        if not named:  # stepped silently: the model never moved, a clip row counted 0 of N
+            raise UserError(
+                "ao.step(opt): the optimizer holds none of the attached model's parameters, so "
+                "no plugin sees its gradients and the model does not train; pass the optimizer "
+                "over ao.model.parameters(), or call opt.step() for another model's optimizer")
         self._called["ao.step(opt)"] += 1
         self._stepped.add(optimizer)
-        self._repoint_stale(optimizer)
         if scaler is not None:
             scaler.unscale_(optimizer)
         stepped = True
         if self.events.before_optimizer_step:
-            grads = Gradients(self.info, _named_in(optimizer, self.model))
+            grads = Gradients(self.info, named)
             self.events.before_optimizer_step(context, grads)
             stepped = grads.skipped is None
         if scaler is not None:
@@ -622,14 +629,22 @@ class Attached:
         metrics = {"iterations": self.iterations,
                    "duration_s": round(time.perf_counter() - self._t0, 6)}
         self.lifecycle.end(metrics)
+        # the rows kept and report.json written before anything prints: a console that
+        # failed to print lost the report, and a second close() returned the rows silently
         self._closed = rows
         _OPEN_RUN_DIRS.pop(self.run_dir.resolve(), None)
+        warnings = self._never_reached() + self._notes + self._never_stepped()
+        self._write_report(rows, metrics, warnings)
         from accelopt.report.summary import plugins_table
 
         self.console.print(plugins_table(rows))
-        warnings = self._never_reached() + self._notes + self._never_stepped()
         for line in warnings:
             self.console.print(f"warning: {line}", markup=False, highlight=False)
+        return rows
+
+    def _write_report(self, rows: list[ReportRow], metrics: dict[str, Any],
+                      warnings: list[str]) -> None:
+        """``report.json``: the rows, the loop's figures and the warnings close() prints."""
         try:  # created, never replaced: another process's report, since attach, is kept
             with atomic_open(self.run_dir / REPORT_FILE, exclusive=True) as handle:
                 handle.write(json.dumps({
@@ -647,7 +662,6 @@ class Attached:
                               "began (another loop with the same run_dir: give each process, "
                               "each torchrun rank, its own run_dir); it is kept, and this "
                               "loop's rows are not written (close() returns them)") from None
-        return rows
 
     LISTENED: ClassVar[dict[str, tuple[str, ...]]] = {
         "ao.backward(loss)": ("accelopt_after_forward",),

@@ -123,6 +123,7 @@ def test_write_outputs_round_trip_and_no_temp_files(tmp_path: Path) -> None:
         "device": "cpu",
         "plugins": ["noop", "swap"],
         "seed": 7,
+        "warnings": [],
     }
     assert [p["plugin"] for p in loaded["plugins"]] == ["noop", "swap"]
     assert len(loaded["telemetry"]["samples"]) == 3

@@ -232,7 +232,9 @@ def to_json_dict(record: RunRecord) -> dict[str, Any]:
                 "device": info.device,
                 "plugins": list(info.plugins),
                 "seed": info.seed,
-                **({"warnings": list(record.warnings)} if record.warnings else {}),
+                # always present (empty on a clean run): a reader of run.warnings, as the
+                # docs name it, got a KeyError where there were none
+                "warnings": list(record.warnings),
             },
             "summary": run_metrics(record),
             # per job: its columns, and its loss curve (one value per iteration it ran)
