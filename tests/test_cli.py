@@ -544,7 +544,7 @@ def test_a_sweep_whose_run_fails_goes_on_and_says_which_at_the_end(tmp_path):
                       ACCELOPT_PLUGINS="plugins_for_tests:BOOM")
     assert result.returncode == 1, result.stderr
     assert result.stderr.strip().splitlines()[-1] == (
-        "error: 1 of 2 runs of the sweep failed: #0 (#0: plugin 'boom' raised in hook "
+        "error: 1 of 2 runs of the sweep failed: #0 (plugin 'boom' raised in hook "
         "accelopt_iteration_end: ValueError: boom)")
     statuses = sorted(json.loads((r / "metrics.json").read_text())["jobs"][0]["status"]
                       for r in _run_dirs(tmp_path))

@@ -683,11 +683,11 @@ def test_threads_per_lane_beyond_the_cores_warn_once_as_run_threads_does(monkeyp
     plugin = _configured(policy="pack", threads=2, capacity="1GiB")
     assert _started(plugin) == []  # one lane of 2 threads fits 2 cores
     (line,) = opened(plugin, 4)
-    assert line.startswith("plugins.salus.threads=2 (accelopt serve --threads) x 2 lane(s) "
+    assert line.startswith("plugins.salus.threads=2 x 2 lane(s) "
                            "is 4 threads, more than the 2 cores this process may use: "
                            "their threads take turns on them")
     assert "plugins.salus.threads=1 or less" in line and line in plugin.summary_line()
     assert opened(_configured(policy="pack", threads=1, capacity="1GiB"), 4) == []
     assert opened(_configured(policy="pack", capacity="1GiB"), 4) == []  # auto
     assert _started(_configured(policy="fifo", threads=4))[0].startswith(
-        "plugins.salus.threads=4 (accelopt serve --threads) x 1 lane(s) is 4 threads")
+        "plugins.salus.threads=4 x 1 lane(s) is 4 threads")

@@ -302,8 +302,7 @@ def test_threads_beyond_the_cores_are_said_when_the_service_starts(tmp_path, mon
     from accelopt.plugin import PluginWarning
 
     monkeypatch.setattr("accelopt_plugins.salus.plugin.usable_cores", lambda: 2)
-    with pytest.warns(PluginWarning, match=r"^plugins.salus.threads=4 \(accelopt serve "
-                      r"--threads\) x 1 lane\(s\) is 4 threads, more than the 2 "
+    with pytest.warns(PluginWarning, match=r"^--threads=4 x 1 lane\(s\) is 4 threads, more than the 2 "
                       r"cores"):
         service = Service(ServeOptions(socket=tmp_path / "s.sock", root=tmp_path / "root",
                                        threads=4, policy="fifo"))

@@ -20,7 +20,8 @@ FAST = ["workload=tiny", "run.progress=false", "run.telemetry_interval_s=5", "ru
         "workload.jobs.0.iterations=2", "workload.jobs.1.iterations=2"]
 """The tiny workload, two iterations a job: each run well under a second on a CPU."""
 
-HINT = "; install it, or put its directory on the import path (PYTHONPATH=. accelopt run ..."
+HINT = ("on the import path (PYTHONPATH=<that directory> accelopt run ...): accelopt run does "
+        "not import from the directory it was started in")
 
 
 def _printed_run(run_dir: Path, overrides: list[str]) -> str:
@@ -90,7 +91,7 @@ def test_a_package_not_on_the_import_path_says_how_to_put_it_there(tmp_path, mon
     line = str(info.value)
     assert line == ("model reference 'shown_paths_pkg_a.nets:make_net': cannot import "
                     "'shown_paths_pkg_a.nets' (No module named 'shown_paths_pkg_a')"
-                    f"{HINT} from the directory holding shown_paths_pkg_a/)")
+                    f"; install it, or put the directory holding shown_paths_pkg_a/ {HINT}")
     with pytest.raises(ValueError, match=r"holding shown_paths_mod_a\.py or shown_paths_mod_a/"):
         resolve_ref("shown_paths_mod_a:make_net", "model")  # a module, not a package
 
@@ -124,5 +125,5 @@ def test_the_command_line_gives_the_hint(tmp_path, capfd):
     assert result.returncode != 0
     line = the_error_line(result)
     assert "cannot import 'shown_paths_pkg_c.nets' (No module named 'shown_paths_pkg_c')" in line
-    assert line.endswith(f"{HINT} from the directory holding shown_paths_pkg_c/)")
+    assert line.endswith(f"holding shown_paths_pkg_c/ {HINT}")
     assert "Traceback" not in result.stderr

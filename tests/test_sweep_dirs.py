@@ -77,7 +77,7 @@ def test_a_point_whose_directory_resolves_only_when_it_runs_is_refused_then(
     assert "seed: 0" in (first / "config.yaml").read_text()
     shared = SHARED.replace("${{workload.name}}", "fixed").format(dir=first)
     assert capsys.readouterr().err.strip().splitlines()[-2:] == [
-        f"error: {shared}", f"error: 1 of 2 runs of the sweep failed: #1 (#1: {shared})"]
+        f"error: {shared}", f"error: 1 of 2 runs of the sweep failed: #1 ({shared})"]
 
 
 def test_a_run_directory_with_an_interpolation_is_checked_where_it_resolves(tmp_path):

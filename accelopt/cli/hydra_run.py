@@ -764,6 +764,8 @@ def sweep_failures(errors: Sequence[str], codes: Sequence[int] = ()) -> str:
     for k in failed:
         by_code.setdefault(codes[k] if k < len(codes) else 0, []).append(k)
     head = f"{len(failed)} of {len(errors)} runs of the sweep failed: {shown}"
+    if len(failed) == 1:  # "#1 (#1: ...)": the one run's label said twice
+        return f"{head} ({errors[failed[0]]})"
     if len(by_code) < 2:
         return f"{head} (#{failed[0]}: {errors[failed[0]]})"
     ranked = sorted(by_code, key=_severity)

@@ -41,7 +41,7 @@ def resolve_ref(ref: str, what: str) -> Callable[..., Any]:
         module = import_module(module_name)
     except ImportError as exc:
         raise ValueError(f"{what} reference {ref!r}: cannot import {module_name!r} ({exc})"
-                         f"{_path_hint(exc, module_name)}") from None
+                         f"{import_path_fix(exc, module_name, 'accelopt run')}") from None
     except Exception as exc:  # the user's module is broken: one line, where (--debug: chain)
         raise ValueError(f"{what} reference {ref!r}: importing {module_name!r} raised "
                          f"{import_error(exc)}") from exc
@@ -53,17 +53,19 @@ def resolve_ref(ref: str, what: str) -> Callable[..., Any]:
     return factory  # type: ignore[no-any-return]
 
 
-def _path_hint(exc: ImportError, module_name: str) -> str:
-    """The fix when the reference's own top-level package is not found: the ``accelopt``
-    command does not put the working directory on the import path, so a user's package
-    beside them (``mypkg/nets.py``) was "No module named 'mypkg'" with no word of why. Not
-    when the missing module is a dependency the user's module imports (that one is named)."""
+def import_path_fix(exc: BaseException, module_name: str, command: str) -> str:
+    """The fix when the reference's own top-level package is not found: ``command`` (a
+    console script: ``accelopt run``, ``accelopt serve``) does not import from the directory
+    it was started in, so a user's package beside them (``mypkg/nets.py``) was "No module
+    named 'mypkg'" with no word of why. ``""`` when the missing module is another (a
+    dependency the user's module imports, a submodule): the error names that one."""
     top = module_name.partition(".")[0]
     if not isinstance(exc, ModuleNotFoundError) or exc.name != top:
         return ""
     holding = f"{top}/" if "." in module_name else f"{top}.py or {top}/"
-    return (f"; install it, or put its directory on the import path (PYTHONPATH=. accelopt "
-            f"run ... from the directory holding {holding})")
+    return (f"; install it, or put the directory holding {holding} on the import path "
+            f"(PYTHONPATH=<that directory> {command} ...): {command} does not import from "
+            "the directory it was started in")
 
 
 def import_error(exc: BaseException) -> str:

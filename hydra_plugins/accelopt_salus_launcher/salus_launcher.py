@@ -16,7 +16,7 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.utils import JobReturn
 from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 
 @dataclass
@@ -60,9 +60,22 @@ class SalusLauncher(Launcher):
 
     def launch(self, job_overrides: Sequence[Sequence[str]],
                initial_job_idx: int) -> Sequence[JobReturn]:
+        from accelopt_plugins.salus.plugin import settings_named
         from accelopt_plugins.salus.sweep import launch
 
-        return launch(self, job_overrides, initial_job_idx)
+        with settings_named(self.setting_names()):
+            return launch(self, job_overrides, initial_job_idx)
+
+    def setting_names(self) -> Any:
+        """What the shared execution's salus calls its threads and lanes settings in its
+        warnings: this launcher's (``hydra.launcher.threads``), unless the runs select salus
+        themselves (``+plugins=[salus]``), whose settings are then the ones used. A packed
+        sweep was told to lower ``plugins.salus.threads``, a key its command line never had."""
+        from accelopt_plugins.salus.plugin import LAUNCHER_SETTINGS, RUN_SETTINGS
+
+        own = self.config is not None and OmegaConf.select(self.config, "plugins.salus",
+                                                           default=None) is not None
+        return RUN_SETTINGS if own else LAUNCHER_SETTINGS
 
     def __repr__(self) -> str:  # Hydra logs the launcher
         return f"SalusLauncher(policy={self.policy!r})"

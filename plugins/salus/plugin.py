@@ -15,12 +15,15 @@ How SALUS maps onto the core (see README.md):
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import threading
 import warnings
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +64,38 @@ CLUSTER_NOTE = ("decided on the leader (rank 0) and broadcast, every rank runnin
                 "accounted with 0 bytes")
 EMA = 0.3
 """Weight of the newest measured iteration time in a job's refined estimate."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SettingNames:
+    """What the user set salus's threads and lanes with, for the warning that tells them to
+    lower one: a packed sweep was told to lower ``plugins.salus.threads``, a key its command
+    line never had (it gave ``hydra.launcher.threads``)."""
+
+    threads: str = "plugins.salus.threads"
+    max_lanes: str = "plugins.salus.max_lanes"
+
+
+RUN_SETTINGS = SettingNames()
+"""``accelopt run +plugins=[salus]`` (the runs' own salus under the launcher too)."""
+SERVE_SETTINGS = SettingNames("--threads", "--max-lanes")
+"""``accelopt serve``: its flags."""
+LAUNCHER_SETTINGS = SettingNames("hydra.launcher.threads", "hydra.launcher.max_lanes")
+"""``hydra/launcher=salus`` without the runs' own salus: the launcher's settings."""
+
+_BUILT_FOR: ContextVar[SettingNames] = ContextVar("salus_setting_names", default=RUN_SETTINGS)
+
+
+@contextmanager
+def settings_named(names: SettingNames) -> Iterator[None]:
+    """Every salus built inside (:attr:`SalusPlugin.setting_names`) names its settings as
+    ``names``: for a builder that does not construct the plugin itself (the launcher's
+    shared execution builds it from the config, in the core)."""
+    token = _BUILT_FOR.set(names)
+    try:
+        yield
+    finally:
+        _BUILT_FOR.reset(token)
 
 
 class SalusPlugin:
@@ -119,6 +154,9 @@ class SalusPlugin:
         self.warnings: list[str] = []
         """Settings that do not act as set (said once, as a warning, and in the report row)."""
         self._threads_warned = False
+        self.setting_names = _BUILT_FOR.get()
+        """The names the user gave the threads and lanes settings by (a builder that is not
+        ``accelopt run`` sets its own: :data:`SERVE_SETTINGS`, :func:`settings_named`)."""
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -208,22 +246,23 @@ class SalusPlugin:
             self._warn(line)
 
     def check_threads(self, lanes: int) -> None:
-        """Warn once when ``plugins.salus.threads`` x the ``lanes`` open is more threads than
-        the cores this process may use, as ``run.threads`` beyond them warns: the lanes'
+        """Warn once when the threads per lane x the ``lanes`` open is more threads than the
+        cores this process may use, as ``run.threads`` beyond them warns: the lanes'
         threads take turns on the cores and every op pays for it. Only a count the user set
         and could lower (auto never gives a lane more than its share); a cluster rank and
-        CUDA lanes do not read it."""
+        CUDA lanes do not read it. The settings are named as the user gave them
+        (:attr:`setting_names`)."""
         threads, cores = int(self.config.threads), usable_cores()
         if (self._threads_warned or self.lanes_take_turns or self.device.startswith("cuda")
                 or threads <= max(1, cores // max(1, lanes))):
             return
         self._threads_warned = True
-        self._warn(f"plugins.salus.threads={threads} (accelopt serve --threads) x {lanes} "
-                   f"lane(s) is {threads * lanes} threads, more than the {cores} cores "
-                   "this process may use: their threads take turns on them, so every op is "
-                   f"slower and the times measure that; plugins.salus.threads="
-                   f"{max(1, cores // max(1, lanes))} or less (0: auto, the cores split "
-                   "between the lanes), or fewer lanes (plugins.salus.max_lanes)")
+        names = self.setting_names
+        self._warn(f"{names.threads}={threads} x {lanes} lane(s) is {threads * lanes} "
+                   f"threads, more than the {cores} cores this process may use: their "
+                   "threads take turns on them, so every op is slower and the times measure "
+                   f"that; {names.threads}={max(1, cores // max(1, lanes))} or less (0: auto, "
+                   f"the cores split between the lanes), or fewer lanes ({names.max_lanes})")
 
     @hookimpl
     def accelopt_report_rows(self, run: RunInfo) -> list[ReportRow]:

@@ -65,6 +65,7 @@ from accelopt.records import JobResult
 from accelopt.report import job_metrics
 from accelopt.report.metrics import finite
 from accelopt.types import AllocationRequest, JobInfo
+from accelopt.workloads.refs import import_path_fix
 
 MAX_REQUEST = 1 << 20
 
@@ -96,6 +97,21 @@ def check_socket_path(path: Path) -> None:
                         "$ACCELOPT_SALUS_SOCKET")
 
 
+def _import_fix(exc: BaseException, module: str) -> str:
+    """How to let the service import a factory's ``module``: its own package on the import
+    path (:func:`import_path_fix`; "start it where it can (its working directory)" sent a
+    user back to where it had failed), or, for a module the user's module imports, that
+    module installed where the service runs. Any other failure (no such attribute, a
+    submodule missing) says itself."""
+    own = import_path_fix(exc, module, "accelopt serve")
+    if own or not isinstance(exc, ModuleNotFoundError) or not exc.name:
+        return own
+    if module == exc.name or module.startswith(f"{exc.name}."):
+        return ""  # the user's own package, found, without that module: the error says it
+    return (f"; {module} imports {exc.name!r}, which is not installed where the service "
+            f"runs (its Python: {sys.executable}): install it there")
+
+
 @dataclasses.dataclass
 class ServeOptions:
     socket: Path
@@ -117,6 +133,7 @@ class Service:
 
     def __init__(self, options: ServeOptions) -> None:
         from accelopt_plugins.salus import PLUGIN, SalusConfig
+        from accelopt_plugins.salus.plugin import SERVE_SETTINGS
 
         self.options = options
         self.root = options.root
@@ -127,6 +144,7 @@ class Service:
         config = SalusConfig(policy=options.policy, capacity=options.capacity,
                              max_lanes=options.max_lanes, threads=options.threads)
         self.plugin = PLUGIN.instantiate(config)
+        self.plugin.setting_names = SERVE_SETTINGS  # its warnings name --threads, --max-lanes
         self.host = PluginHost([(PLUGIN, self.plugin)])
         run_cfg = OmegaConf.structured(AccelConfig)
         run_cfg.run.device = str(self.device)
@@ -217,8 +235,7 @@ class Service:
             # the service imports it, not the client that asked: a module on the client's
             # path only read as the client's own problem
             raise UserError(f"the service (pid {os.getpid()}) cannot import {ref!r}: "
-                            f"{type(exc).__name__}: {exc}; start accelopt serve where it can "
-                            "(its PYTHONPATH and working directory)") from None
+                            f"{type(exc).__name__}: {exc}{_import_fix(exc, module)}") from None
         try:
             made = fn(**args)
         except Exception as exc:  # the user's factory: one line back, its traceback here
