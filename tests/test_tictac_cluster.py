@@ -224,6 +224,17 @@ def test_self_limiting_tac_stays_out_and_says_so(tmp_path, monkeypatch):
     assert order == [r.tensor for r in records]
 
 
+def test_the_row_names_its_schedule_directory_as_the_run_directory_line_does(
+        tmp_path, monkeypatch):
+    """Relative to the working directory when under it (the README's form; the row printed
+    the whole absolute path beside a relative ``run directory:`` line)."""
+    plugin, _ = server_plugin(tmp_path, monkeypatch, heuristic="tac")
+    monkeypatch.chdir(tmp_path.parent)
+    row = plugin.accelopt_report_rows(run=server_run(tmp_path))[0]
+    assert f"predicted schedule in {tmp_path.name}/tictac/" in row.summary, row.summary
+    assert str(tmp_path) not in row.summary
+
+
 def test_random_is_fresh_each_iteration_and_seeded(tmp_path, monkeypatch):
     plugin, records = server_plugin(tmp_path, monkeypatch, heuristic="random")
     orders = set()

@@ -51,6 +51,7 @@ from accelopt import (
 )
 from accelopt.job import inputs as job_inputs
 from accelopt.plugin import PluginWarning
+from accelopt.runtime.run_dir import shown_path
 from accelopt.types import (
     INERT,
     CliCommand,
@@ -641,7 +642,9 @@ class TictacPlugin:
                    if moved else f"its order is the default order ({tensors})")
         summary = (f"{self._who()}: {self.decision}; {differs}; traced by "
                    f"{self.plan.traced_by}; {self._link_words()}; plan in {self.plan_s:.3f} s; "
-                   f"predicted schedule in {self.out_dir}/{self._warned()}")
+                   + (f"predicted schedule in {shown_path(self.out_dir)}/" if self.out_dir
+                      else "predicted schedule not saved (no run directory)")
+                   + self._warned())
         return [ReportRow("tictac", summary, metrics)]
 
     def _who(self) -> str:
