@@ -62,10 +62,27 @@ def _interaction(s: SetSummary) -> str:
     return f"{_num(s.interaction, '.3f')} ({_span(s.interaction_low, s.interaction_high, '.2f')})"
 
 
+def fewer_repeats(summary: Sequence[SetSummary], context: dict[str, Any]) -> str | None:
+    """How many repeats the figures are medians of when that is not the planned count
+    (``context["repeats"]``), e.g. "1 repeat (2 planned; the runs left out are named)";
+    ``None`` when every set measured every repeat. A bench reported with runs missing
+    (stopped, then --reanalyze --force) or left out (failed) measured fewer: stating the
+    plan's count would claim figures it does not have."""
+    planned = context["repeats"]
+    counts = sorted({s.n for s in summary}) or [planned]
+    if counts == [planned]:
+        return None
+    low, high = counts[0], counts[-1]
+    span = f"{low}" if low == high else f"{low}-{high}"
+    return (f"{span} repeat{'' if high == 1 else 's'} ({planned} planned; the runs left out "
+            "are named)")
+
+
 def render_table(summary: Sequence[SetSummary], context: dict[str, Any]) -> Table:
     direction = "higher" if context["higher_is_better"] else "lower"
-    table = Table(title=f"{context['metric']} ({direction} is better), medians of "
-                  f"{context['repeats']} interleaved repeats; gain > 1 = better than baseline",
+    repeats = fewer_repeats(summary, context) or f"{context['repeats']} interleaved repeats"
+    table = Table(title=f"{context['metric']} ({direction} is better), medians of {repeats}; "
+                  "gain > 1 = better than baseline",
                   title_justify="left")
     for column in columns(context):
         # a figure is never cut ("0.01183-0.011…" on a narrow terminal): it wraps instead
@@ -73,22 +90,28 @@ def render_table(summary: Sequence[SetSummary], context: dict[str, Any]) -> Tabl
                          overflow="fold")
     for s in summary:
         table.add_row(*_row(s, context))
-    if context["repeats"] < MIN_REPEATS:
-        table.caption = (f"{context['repeats']} repeat(s): too few for a verdict (the min-max "
-                         f"of fewer than {MIN_REPEATS} runs is noise, not a range); "
-                         f"--repeats {MIN_REPEATS} or more")
+    planned = context["repeats"]
+    most = max((s.n for s in summary), default=planned)
+    if most < MIN_REPEATS:
+        what = (f"{most} repeat(s)" if most == planned
+                else f"{most} repeat(s) measured ({planned} planned)")
+        fix = (f"--repeats {MIN_REPEATS} or more" if planned < MIN_REPEATS
+               else "rerun the bench to measure its planned repeats")
+        table.caption = (f"{what}: too few for a verdict (the min-max of fewer than "
+                         f"{MIN_REPEATS} runs is noise, not a range); {fix}")
         table.caption_justify = "left"
     return table
 
 
 def render_markdown(summary: Sequence[SetSummary], context: dict[str, Any]) -> str:
+    repeats = fewer_repeats(summary, context) or f"{context['repeats']} repeats"
     lines = [
         f"# Ablation: {context['metric']}",
         "",
         f"Command: `{context['command']}`",
         "",
         f"Machine: {context['machine']}, Python {context['python']}. "
-        f"{context['repeats']} repeats, sets interleaved within each repeat.",
+        f"{repeats}, sets interleaved within each repeat.",
         "",
         f"Settings: {context.get('settings', '')}. "
         + ("Sweep: did not finish." if context.get("sweep_s") is None

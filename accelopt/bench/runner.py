@@ -307,20 +307,43 @@ def _bench(opts: argparse.Namespace, args: list[str], out: Path, created: bool,
     try:
         code = _run_sweep(command, out, total, console, metric=opts.metric,
                           baseline=plan.index((-1, [], True)))
-    except UnknownMetric:
-        if created:  # only the first run of a mistyped command: its --out stays free
-            shutil.rmtree(out, ignore_errors=True)
+    except UnknownMetric:  # only the first run of a mistyped command: its --out stays free
+        _remove_what_the_bench_wrote(out, created)
         raise
     except BaseException:
         _say_how_to_report_what_ran(out, plan, opts.metric)
         raise
     context["sweep_s"] = round(time.perf_counter() - started, 1)
-    reported = _report_runs(out, context, plan, console)
+    try:
+        reported = _report_runs(out, context, plan, console)
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM (Terminated) while it wrote the report
+        _say_how_to_report_what_ran(out, plan, opts.metric, reporting=True)
+        raise
     if code != 0 and reported == 0:  # every run measured, yet the sweep says it failed
         print(f"error: the sweep exited {code} though every run of the plan measured "
               f"{opts.metric}; see {out / 'sweep.log'}", file=sys.stderr)
         return JobsUnfinished.exit_code
     return reported
+
+
+BENCH_WRITES = ("bench.json", "sweep.log", "runs")
+"""What a bench writes in its ``--out`` before its report: the plan, the sweep's log and
+the sweep's runs (its :data:`RUNNING` marker is removed however it ends)."""
+
+
+def _remove_what_the_bench_wrote(out: Path, created: bool) -> None:
+    """Leave ``out`` as the bench found it, so that the corrected command can use it (an
+    ``--out`` that is not empty is refused): removed where the bench created it, else (it
+    was empty) emptied of :data:`BENCH_WRITES` only, never of anything else."""
+    if created:
+        shutil.rmtree(out, ignore_errors=True)
+        return
+    for name in BENCH_WRITES:
+        path = out / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
 
 
 def hydra_quoted(path: Path) -> str:
@@ -414,7 +437,7 @@ def _runs_that_measured(runs_dir: Path, plan: list[tuple[int, list[str], bool]],
     done, baseline = 0, False
     for path in _measured(runs_dir, plan):
         try:
-            summary = read_run(path)["summary"]
+            summary = read_run(path, plan[int(path.parent.name)][1])["summary"]
         except UnreadableRun:
             continue
         value = summary.get(metric)
@@ -458,13 +481,20 @@ def _direction(opts: argparse.Namespace) -> bool:
 
 
 def _say_how_to_report_what_ran(out: Path, plan: list[tuple[int, list[str], bool]],
-                                metric: str) -> None:
+                                metric: str, reporting: bool = False) -> None:
     """A stopped bench's line (stderr, before its error): how many measured runs measured
     ``metric``, and the command that reports them; none when no run did (the run that was
-    stopped wrote a metrics.json, with its error, and measured nothing)."""
+    stopped wrote a metrics.json, with its error, and measured nothing). ``reporting``: it
+    stopped after its sweep, while it wrote its report (the table may be printed and
+    bench.json written, the chart and bench.md not): the runs are all kept."""
     done, baseline = _runs_that_measured(out / "runs", plan, metric)
     measured = sum(1 for _, _, warmup in plan if not warmup)
-    if done and baseline:
+    if done and baseline and reporting:
+        print(f"the bench stopped while it wrote its report, after its sweep ({done} of its "
+              f"{measured} measured runs measured {metric}; they are kept in {out / 'runs'}); "
+              f"report them with: accelopt bench --reanalyze --force --out {out}",
+              file=sys.stderr)
+    elif done and baseline:
         print(f"the bench stopped after {done} of its {measured} measured runs; report "
               f"them with: accelopt bench --reanalyze --force --out {out}", file=sys.stderr)
     elif done:
@@ -573,10 +603,10 @@ def unreadable_runs(runs_dir: Path, plan: list[tuple[int, list[str], bool]]) -> 
     out, with that error."""
     problems: dict[int, str] = {}
     failed = sweep_log_errors(runs_dir.parent / "sweep.log")
-    for i, (_, _, warmup) in enumerate(plan):
+    for i, (_, plugins, warmup) in enumerate(plan):
         if not warmup:
             try:
-                read_run(runs_dir / str(i) / "metrics.json")
+                read_run(runs_dir / str(i) / "metrics.json", plugins)
             except UnreadableRun as exc:
                 if not (exc.reason == "missing" and i in failed):
                     problems[i] = f"{exc.path} ({exc.reason})"
@@ -584,16 +614,19 @@ def unreadable_runs(runs_dir: Path, plan: list[tuple[int, list[str], bool]]) -> 
 
 
 class UnreadableRun(UserError):
-    """A run's metrics.json is missing, not JSON, or lacks its summary or plugin set (a run
-    cut short, a disk that filled, a file edited by hand)."""
+    """A run's metrics.json is missing, not JSON, lacks its summary or plugin set, or lists
+    another plugin set than the plan ran there (a run cut short, a disk that filled, a file
+    edited by hand or copied from another run)."""
 
     def __init__(self, path: Path, reason: str) -> None:
         self.path, self.reason = path, reason
         super().__init__(f"cannot read {path} ({reason}); rerun the bench")
 
 
-def read_run(path: Path) -> dict[str, Any]:
-    """A run's metrics.json, checked for what the report reads from it."""
+def read_run(path: Path, planned: list[str] | None = None) -> dict[str, Any]:
+    """A run's metrics.json, checked for what the report reads from it; with ``planned``
+    (the set bench.json planned for the run), checked to be that set's run: one edited or
+    copied from another run's would be counted in the wrong set, in silence."""
     try:
         data = json.loads(path.read_text())
         if not isinstance(data["summary"], dict) or not isinstance(data["run"]["plugins"], list):
@@ -604,6 +637,11 @@ def read_run(path: Path) -> dict[str, Any]:
         raise UnreadableRun(path, f"no {exc} key") from None
     except (OSError, ValueError, TypeError) as exc:
         raise UnreadableRun(path, str(exc)) from None
+    ran = [str(name) for name in data["run"]["plugins"]]
+    if planned is not None and sorted(ran) != sorted(planned):
+        raise UnreadableRun(path, f"its run.plugins is {_label(ran)}, not {_label(planned)}, "
+                            "the set bench.json planned for this run: edited, or copied from "
+                            "another run")
     return data
 
 
@@ -794,12 +832,12 @@ def collect(runs_dir: Path, metric: str, plan: list[tuple[int, list[str], bool]]
         raise UserError(f"no runs found under {runs_dir} (no <n>/metrics.json of a measured "
                         "run); see the sweep's log beside it")
     for path in paths:
-        data = read_run(path)
+        repeat, planned, _ = plan[int(path.parent.name)]
+        data = read_run(path, planned)  # filed under the set the plan ran there
         summary = data["summary"]
         available |= {k for k, v in summary.items() if isinstance(v, (int, float))}
         keys |= set(summary)
-        repeat = plan[int(path.parent.name)][0]
-        key = tuple(data["run"]["plugins"])
+        key = tuple(planned)
         where = f"{_label(list(key))} repeat {repeat} (run {path.parent.name})"
         value = summary.get(metric)
         failure = run_failure(summary)
@@ -899,7 +937,7 @@ def with_quality(results: list[SetResult], runs_dir: Path,
     train language models only, which ``context["quality"]`` then names."""
     scores: dict[str, dict[tuple[str, ...], list[float]]] = defaultdict(lambda: defaultdict(list))
     for path in _measured(runs_dir, plan, skip):
-        plugins = tuple(read_run(path)["run"]["plugins"])
+        plugins = tuple(plan[int(path.parent.name)][1])  # as collect files it
         scored = evaluate_run(path.parent)
         if scored is not None:
             scores[scored[0]][plugins].append(scored[1])
