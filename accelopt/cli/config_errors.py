@@ -379,8 +379,9 @@ def refuse_bad_config_flags(args: Sequence[str]) -> None:
     """``--config-dir``, ``--config-path`` or ``--config-name`` naming what is not there:
     one line naming the flag and the fix, exit 2, before anything is composed (Hydra printed
     a warning with its own file's path, then a several-line error, exit 1). Where Hydra
-    looks: ``--config-dir`` from the working directory, ``--config-path`` (a relative one)
-    from accelopt's own package, and ``--config-name`` in the primary directory and every
+    looks: ``--config-dir`` from the working directory, ``--config-path`` as given (``accelopt
+    run`` has made a relative one absolute from the working directory:
+    ``main.primary_config_flags``), and ``--config-name`` in the primary directory and every
     ``--config-dir``."""
     flags = config_flags(args)
     dirs = flags.get("config-dir", [])
@@ -393,12 +394,10 @@ def refuse_bad_config_flags(args: Sequence[str]) -> None:
     for path in flags.get("config-path", [])[-1:]:
         if path.startswith("pkg://"):
             return  # a package's configs: Hydra's to find
-        primary = os.path.normpath(os.path.join(os.path.dirname(__file__), path))
+        primary = os.path.normpath(os.path.abspath(path))
         if not Path(primary).is_dir():
-            where = "" if os.path.isabs(path) else \
-                " (a relative one is taken from accelopt's package, not from here)"
-            raise ConfigError(f"--config-path {path}: no such directory{where}; to add configs "
-                              "of your own, give --config-dir DIR (accelopt's stay found)")
+            raise ConfigError(f"--config-path {path}: no such directory; to add configs of "
+                              "your own, give --config-dir DIR (accelopt's stay found)")
     for name in flags.get("config-name", [])[-1:]:
         stem = name.removesuffix(".yaml")
         if not any((Path(d).expanduser() / f"{stem}.yaml").is_file() for d in [primary, *dirs]):

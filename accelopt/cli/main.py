@@ -179,6 +179,7 @@ def _run(rest: list[str], debug: bool) -> int:
 def _run_paused(rest: list[str], debug: bool) -> int:
     from accelopt.drivers.processes import rank_server_started_early
 
+    rest = primary_config_flags(rest)  # before anything reads the line: checks, Hydra, -m
     # The default run is a cluster run: start its ranks' forkserver before even Hydra is
     # imported, so the forkserver's imports overlap this process's imports and config
     # composition; stopped at once when the composed config turns out to run locally.
@@ -241,6 +242,106 @@ def modes_before_composing(args: list[str]) -> set[str]:
     if "cluster.mode" in values:
         return {values["cluster.mode"]} - {"none"}
     return set() if "workload" in values else {"ps"}
+
+
+PRIMARY_HYDRA_SETTINGS = ("run.dir", "sweep.dir", "job.name")
+"""accelopt's own ``hydra:`` settings (``configs/config.yaml``) that a primary config of
+one's own without a ``hydra:`` section is given (:func:`primary_config_flags`): without them
+its run wrote into Hydra's ``outputs/<date>/<time>`` and its log into ``hydra_run.log``."""
+
+
+def primary_config_flags(args: list[str]) -> list[str]:
+    """An ``accelopt run`` line with Hydra's config flags as the user meant them, for every
+    step that reads it (the checks composed before Hydra, Hydra itself, ``-m`` sweeps).
+
+    - ``--config-dir D`` (``-cd``) where D holds the primary config (``--config-name``'s,
+      ``config`` unless given), as a run directory holds its ``config.yaml``: Hydra only adds
+      D to its search path, after accelopt's own configs, whose primary config is also named
+      ``config``, so a rerun of a saved run ran the packaged default, exit 0. It becomes
+      ``--config-path D`` (D absolute), which reads D's file. Without that file (D holds
+      config groups: ``workload/NAME.yaml``), or with a ``--config-path`` given, it stays a
+      search-path addition.
+    - ``--config-path P`` relative: Hydra takes it from accelopt's package, not from the
+      working directory; it becomes absolute, from the working directory.
+    - A primary config of one's own with no ``hydra:`` section (a run's saved
+      ``config.yaml``): accelopt's run and sweep directories and job name
+      (:data:`PRIMARY_HYDRA_SETTINGS`) where the line gives none, so its run lands in
+      ``runs/`` with its ``accelopt.log`` as every run does."""
+    from accelopt.cli.config_errors import CONFIG_FLAGS
+
+    found: list[tuple[int, str, str, bool]] = []  # (index, flag's long name, value, "=")
+    i = 0
+    while i < len(args):
+        flag, eq, value = args[i].partition("=")
+        if flag not in CONFIG_FLAGS:
+            i += 1
+            continue
+        if not eq:
+            value = args[i + 1] if i + 1 < len(args) else ""
+        found.append((i, CONFIG_FLAGS[flag], value, bool(eq)))
+        i += 1 if eq else 2
+    names = [value for _, long, value, _ in found if long == "config-name"]
+    stem = (names[-1] if names else "config").removesuffix(".yaml")
+    paths = [f for f in found if f[1] == "config-path"]
+    dirs = [f for f in found if f[1] == "config-dir" and f[2]]
+    replaced: dict[int, tuple[str, str, bool]] = {}
+    primary: str | None = None
+    if paths:
+        for index, _, value, joined in paths:
+            if value and "://" not in value:
+                replaced[index] = ("--config-path", _absolute(value), joined)
+        index, _, value, joined = paths[-1]
+        primary = replaced[index][1] if index in replaced else None
+    elif dirs:
+        index, _, value, joined = dirs[-1]  # Hydra reads the last --config-dir only
+        if os.path.isfile(os.path.join(_absolute(value), f"{stem}.yaml")):
+            replaced[index] = ("--config-path", _absolute(value), joined)
+            primary = _absolute(value)
+    out: list[str] = []
+    for i, arg in enumerate(args):
+        if i in replaced:
+            flag, value, joined = replaced[i]
+            out += [f"{flag}={value}"] if joined else [flag, value]
+        elif not (i - 1 in replaced and not replaced[i - 1][2]):
+            out.append(arg)
+    if primary is not None:
+        out += _accelopt_hydra_settings(os.path.join(primary, f"{stem}.yaml"), out)
+    return out
+
+
+def _absolute(path: str) -> str:
+    """``path`` (``~`` expanded) from the working directory."""
+    return os.path.abspath(os.path.expanduser(path))
+
+
+def _accelopt_hydra_settings(primary: str, args: list[str]) -> list[str]:
+    """The overrides of :data:`PRIMARY_HYDRA_SETTINGS` that a run of the primary config file
+    ``primary`` needs: none where the file has a ``hydra:`` section of its own (or cannot be
+    read: Hydra's error then says why), else accelopt's, each one the line does not set
+    (``hydra.run.dir`` for a single run, ``hydra.sweep.dir`` for ``-m``)."""
+    from omegaconf import DictConfig, OmegaConf
+
+    from accelopt.cli.config_errors import config_dir
+
+    try:
+        own = OmegaConf.load(primary)
+    except Exception:  # noqa: BLE001 - Hydra reads it next and names the problem
+        return []
+    if not isinstance(own, DictConfig) or "hydra" in own:
+        return []
+    ours = OmegaConf.to_container(OmegaConf.load(os.path.join(config_dir(), "config.yaml")),
+                                  resolve=False)
+    multirun = "-m" in args or "--multirun" in args
+    given = {a.lstrip("+").split("=", 1)[0] for a in args if not a.startswith("-")}
+    settings = []
+    for key in PRIMARY_HYDRA_SETTINGS:
+        if key == ("run.dir" if multirun else "sweep.dir") or f"hydra.{key}" in given:
+            continue
+        value: object = ours["hydra"]  # type: ignore[index,call-overload]
+        for part in key.split("."):
+            value = value[part]  # type: ignore[index]
+        settings.append(f"hydra.{key}={value}")
+    return settings
 
 
 FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name",
