@@ -582,11 +582,14 @@ class Watchdog:
                 msg, rank=c.rank, pid=c.pid, iteration=iteration, cause=note["error"],
                 exit_code=int(note.get("exit_code", 1)),
                 job_id="" if kind == COMMUNICATION else job_id)
-        msg = (f"rank {c.rank} ({c.role}, pid {c.pid}) exited with code {code} {where_}"
-               f"{' (its output above says why)' if code and code > 0 else ''}; "
-               "the cluster run was stopped")
+        # no note: the rank raised no Python error (os._exit, native code's exit()), so no
+        # traceback above says why; its job did not finish, as a killed rank's: exit code 3
+        msg = (f"rank {c.rank} ({c.role}, pid {c.pid}) exited with code {code} {where_} "
+               "without reporting a Python error (os._exit, or native code's exit(); what it "
+               "wrote to stderr, if anything, is above); the cluster run was stopped")
         return (EXIT, 0.0), RankFailed(msg, rank=c.rank, pid=c.pid, iteration=iteration,
-                                       cause=f"exit {code}", job_id=job_id)
+                                       cause=f"exit {code}", job_id=job_id,
+                                       exit_code=JobsUnfinished.exit_code)
 
     def _dead_forkserver(self) -> RankFailed | None:
         """The ranks' forkserver (their parent) died, and the ranks with it (parent-death
@@ -598,14 +601,18 @@ class Watchdog:
         pid = _forkserver_pid(self.children)
         if pid is None or not process_gone(pid, wait_s=GRACE_S):
             return None
-        at = [i for c in self.children if (i := Progress.read(self.workdir, c.rank)) is not None]
-        iteration = max(at) if at else None
+        seen = [a for c in self.children
+                if (a := Progress.read_at(self.workdir, c.rank)).iteration is not None]
+        # the furthest rank's iteration, and its job: named as a rank's own death names it
+        at = max(seen, key=lambda a: a.iteration or 0) if seen else At(None)
         first = self.children[0]
+        # every rank died (its jobs unfinished), as a killed rank's do: the same exit code 3
         return RankFailed(
-            f"the ranks' forkserver (their parent process, pid {pid}) died {where(iteration)}, "
-            "and every rank with it (killed? the OOM killer can pick it too); the cluster run "
-            "was stopped", rank=first.rank, pid=pid, iteration=iteration,
-            cause="forkserver died")
+            f"the ranks' forkserver (their parent process, pid {pid}) died "
+            f"{where(at.iteration, at.job_name)}, and every rank with it (killed? the OOM "
+            "killer can pick it too); the cluster run was stopped", rank=first.rank, pid=pid,
+            iteration=at.iteration, cause="forkserver died",
+            exit_code=JobsUnfinished.exit_code)
 
     def _note(self, rank: int) -> dict[str, Any] | None:
         path = self.workdir / f"failure-{rank}.json"
