@@ -645,15 +645,17 @@ class Attached:
     def _write_report(self, rows: list[ReportRow], metrics: dict[str, Any],
                       warnings: list[str]) -> None:
         """``report.json``: the rows, the loop's figures and the warnings close() prints."""
+        table = param_table(self.model)
         try:  # created, never replaced: another process's report, since attach, is kept
             with atomic_open(self.run_dir / REPORT_FILE, exclusive=True) as handle:
                 handle.write(json.dumps({
                     "plugins": list(self.plugins.names),
                     "job": {"name": self.info.name, "model": self.info.model,
                             # elements, as a reader counts a model's parameters (the key
-                            # gave the number of tensors); the tensors beside it
-                            "parameters": sum(math.prod(p.shape) for p in self.info.parameters),
-                            "parameter_tensors": len(self.info.parameters)},
+                            # gave the number of tensors), the tensors beside it; of the
+                            # model at close (a late prune changed it after attach)
+                            "parameters": sum(math.prod(p.shape) for p in table),
+                            "parameter_tensors": len(table)},
                     **metrics, "plugin_rows": [dataclasses.asdict(r) for r in rows],
                     "rebuild_requests": self.rebuild_requests, "warnings": warnings},
                     indent=1, default=str) + "\n")

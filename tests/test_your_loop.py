@@ -342,6 +342,29 @@ def test_a_plugin_listening_where_the_loop_never_calls_accelopt_is_said(tmp_path
     assert report["job"]["parameter_tensors"] == 4
 
 
+def test_report_counts_the_parameters_of_the_model_at_close_after_a_late_prune(tmp_path):
+    """Pruned after 2 iterations: report.json counted the dense model's parameters (those at
+    attach), beside a row saying it pruned."""
+    import json
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 3))
+    x, y = torch.randn(16, 8), torch.randint(3, (16,))
+    ao = accelopt.attach(model, ["+plugins=[gpu_kernels]", "plugins.gpu_kernels.prune_amount=0.5",
+                                 "plugins.gpu_kernels.prune_at_iteration=2"], example=(x, y),
+                         iterations=4, lr=0.1, run_dir=tmp_path / "r")
+    opt = torch.optim.SGD(ao.model.parameters(), lr=0.1)
+    for _ in ao.loop(range(4)):
+        loss = torch.nn.functional.cross_entropy(ao.model(x), y)
+        opt.zero_grad()
+        ao.backward(loss)
+        ao.step(opt)
+    ao.close()
+    report = json.loads((tmp_path / "r" / "report.json").read_text())
+    pruned = sum(p.numel() for p in ao.model.parameters())
+    assert pruned < 387  # the dense model's
+    assert report["job"]["parameters"] == pruned
+
+
 def test_slide_in_a_loop_without_a_learning_rate_is_refused(tmp_path):
     """Without lr= slide's layer trained at rate 0, its row saying it trained."""
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(),
