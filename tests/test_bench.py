@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from clirun import accelopt, accelopt_cmd, cli_env, the_error_line
+from clirun import accelopt_cmd, accelopt_in_process, cli_env, the_error_line
 
 from accelopt.bench.analysis import SetResult, classify, higher_is_better, summarize
 from accelopt.bench.render import render_markdown
@@ -192,13 +192,15 @@ def test_a_set_that_cannot_run_is_named_in_one_line_before_the_sweep(tmp_path):
 
 
 @pytest.mark.timeout(240)
-def test_bench_runs_an_interleaved_sweep(tmp_path):
+def test_bench_runs_an_interleaved_sweep(tmp_path, capfd):
     # every valid set of noop and gpu_kernels; gpu_kernels' setting must reach only its sets
-    # (a plain Hydra sweep would fail to compose it for the baseline and noop)
+    # (a plain Hydra sweep would fail to compose it for the baseline and noop). The bench in
+    # this process (its sweep is a process of its own either way)
     out = tmp_path / "bench"
-    result = accelopt("bench", "--plugins", "noop,gpu_kernels", "--repeats", "1",
-                      "--metric", "avg_jct_s", "--out", str(out), "workload=tiny",
-                      "plugins.gpu_kernels.prune_amount=0.5", cwd=tmp_path, timeout=200)
+    result = accelopt_in_process("bench", "--plugins", "noop,gpu_kernels", "--repeats", "1",
+                                 "--metric", "avg_jct_s", "--out", str(out), "workload=tiny",
+                                 "plugins.gpu_kernels.prune_amount=0.5", cwd=tmp_path,
+                                 capfd=capfd)
     assert result.returncode == 0, result.stderr
     report = json.loads((out / "bench.json").read_text())
     by = {s["label"]: s for s in report["sets"]}
@@ -226,9 +228,10 @@ def test_bench_runs_an_interleaved_sweep(tmp_path):
     assert (out / "bench.md").read_text() == md
 
 
-def test_bench_unknown_metric_is_one_line(tmp_path):
-    result = accelopt("bench", "--plugins", "noop", "--repeats", "1", "--metric", "avg_jct",
-                      "--out", str(tmp_path / "b"), "workload=tiny", cwd=tmp_path)
+def test_bench_unknown_metric_is_one_line(tmp_path, capfd):
+    result = accelopt_in_process("bench", "--plugins", "noop", "--repeats", "1", "--metric",
+                                 "avg_jct", "--out", str(tmp_path / "b"), "workload=tiny",
+                                 cwd=tmp_path, capfd=capfd)
     assert result.returncode == 2
     assert "metric 'avg_jct' is not in" in result.stderr and "avg_jct_s" in result.stderr
     assert "did you mean 'avg_jct_s'?" in result.stderr
@@ -237,12 +240,13 @@ def test_bench_unknown_metric_is_one_line(tmp_path):
     assert not (tmp_path / "b").exists()
 
 
-def test_a_metric_the_workload_does_not_measure_is_refused_after_the_first_run(tmp_path):
+def test_a_metric_the_workload_does_not_measure_is_refused_after_the_first_run(tmp_path,
+                                                                               capfd):
     """A summary key whose value is null (avg_perplexity of classification jobs) passed the
     first run's check; every run ran, then the report refused, the runs left unreportable."""
-    result = accelopt("bench", "--plugins", "noop", "--repeats", "1", "--metric",
-                      "avg_perplexity", "--out", str(tmp_path / "b"), "workload=tiny",
-                      cwd=tmp_path)
+    result = accelopt_in_process("bench", "--plugins", "noop", "--repeats", "1", "--metric",
+                                 "avg_perplexity", "--out", str(tmp_path / "b"),
+                                 "workload=tiny", cwd=tmp_path, capfd=capfd)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1].startswith(
         "error: metric 'avg_perplexity' has no value in the baseline run's metrics.json "
@@ -250,12 +254,12 @@ def test_a_metric_the_workload_does_not_measure_is_refused_after_the_first_run(t
     assert not (tmp_path / "b").exists()
 
 
-def test_an_out_directory_with_results_is_refused_before_anything_runs(tmp_path):
+def test_an_out_directory_with_results_is_refused_before_anything_runs(tmp_path, capfd):
     out = tmp_path / "b"
     out.mkdir()
     (out / "bench.md").write_text("an earlier bench")
-    result = accelopt("bench", "--plugins", "noop", "--repeats", "1", "--out", str(out),
-                      "workload=tiny", cwd=tmp_path)
+    result = accelopt_in_process("bench", "--plugins", "noop", "--repeats", "1", "--out",
+                                 str(out), "workload=tiny", cwd=tmp_path, capfd=capfd)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert f"--out {out} is not empty" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
@@ -511,15 +515,19 @@ def test_overrides_may_come_between_the_options(capsys):
     assert capsys.readouterr().out.strip() == "+plugins=[],[noop]"
 
 
-def test_a_sweep_whose_runs_fail_reports_the_others_and_names_them(tmp_path):
+def test_a_sweep_whose_runs_fail_reports_the_others_and_names_them(tmp_path, capfd,
+                                                                   monkeypatch):
     """A failed run's figures (its duration: the time to the crash) were reported as a
     measurement by --reanalyze, a set that crashed reading as a 36x gain; the bench itself
     stopped, saying it had (the sweep goes on past a failed run). The report is written
-    from the runs that measured, names the others, and the bench exits 3."""
+    from the runs that measured, names the others, and the bench exits 3. Both commands in
+    this process (the sweep is a process of its own, finding the plugin by the environment
+    it inherits)."""
+    monkeypatch.setenv("PYTHONPATH", cli_env()["PYTHONPATH"])  # tests/: plugins_for_tests
+    monkeypatch.setenv("ACCELOPT_PLUGINS", "plugins_for_tests:BOOM")
     out = tmp_path / "b"
-    result = accelopt("bench", "--plugins", "boom", "--repeats", "1", "--no-eval", "--out",
-                      str(out), "workload=tiny", cwd=tmp_path,
-                      ACCELOPT_PLUGINS="plugins_for_tests:BOOM")
+    result = accelopt_in_process("bench", "--plugins", "boom", "--repeats", "1", "--no-eval",
+                                 "--out", str(out), "workload=tiny", cwd=tmp_path, capfd=capfd)
     assert result.returncode == 3, result.stderr
     line = the_error_line(result)
     assert re.match(r"error: 1 measured run\(s\) left out of the report: \[boom\] repeat 0 "
@@ -529,7 +537,9 @@ def test_a_sweep_whose_runs_fail_reports_the_others_and_names_them(tmp_path):
     saved = json.loads((out / "bench.json").read_text())
     assert [s["label"] for s in saved["sets"]] == ["baseline"]  # boom measured nothing
     assert "**Runs left out of this report**" in (out / "bench.md").read_text()
-    again = accelopt("bench", "--reanalyze", "--out", str(out), cwd=tmp_path)
+    monkeypatch.delenv("ACCELOPT_PLUGINS")  # --reanalyze runs nothing: it needs no plugin
+    again = accelopt_in_process("bench", "--reanalyze", "--out", str(out), cwd=tmp_path,
+                                capfd=capfd)
     assert again.returncode == 3 and "left out of the report" in again.stderr
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from clirun import accelopt, the_error_line
+from clirun import accelopt_in_process, cli_env, the_error_line
 from test_bench import _finished_bench
 
 from accelopt import LayerOffer, PluginSpec, hookimpl
@@ -77,12 +77,17 @@ def test_runs_that_wrote_no_metrics_are_left_out_with_their_error(tmp_path, caps
 
 
 @pytest.mark.timeout(120)
-def test_a_set_refused_while_its_jobs_are_built_is_named_and_exits_3(tmp_path):
-    """The end-to-end case: the bench exited 0 with the baseline alone in its report."""
+def test_a_set_refused_while_its_jobs_are_built_is_named_and_exits_3(tmp_path, capfd,
+                                                                     monkeypatch):
+    """The end-to-end case: the bench exited 0 with the baseline alone in its report. The
+    bench in this process; its sweep, a process of its own, finds the plugin by the
+    environment it inherits."""
+    monkeypatch.setenv("PYTHONPATH", cli_env()["PYTHONPATH"])  # tests/: this module
+    monkeypatch.setenv("ACCELOPT_PLUGINS", "test_bench_fixes:REFUSE_BUILD")
     out = tmp_path / "b"
-    result = accelopt("bench", "--sets", "[],[refuse_build]", "--repeats", "1", "--no-eval",
-                      "--out", str(out), "workload=tiny", cwd=tmp_path, timeout=100,
-                      ACCELOPT_PLUGINS="test_bench_fixes:REFUSE_BUILD")
+    result = accelopt_in_process("bench", "--sets", "[],[refuse_build]", "--repeats", "1",
+                                 "--no-eval", "--out", str(out), "workload=tiny", cwd=tmp_path,
+                                 capfd=capfd)
     assert result.returncode == 3, result.stderr
     line = the_error_line(result)
     assert re.fullmatch(r"error: 1 measured run\(s\) left out of the report: \[refuse_build\] "

@@ -10,7 +10,15 @@ import time
 
 import pytest
 import torch
-from clirun import accelopt, accelopt_cmd, cli_env, run_files, run_in_process, saved_weights
+from clirun import (
+    accelopt,
+    accelopt_cmd,
+    accelopt_in_process,
+    cli_env,
+    run_files,
+    run_in_process,
+    saved_weights,
+)
 
 from accelopt.job.checkpoint import atomic_torch_save
 
@@ -100,24 +108,30 @@ def test_sigkill_then_resume_reaches_the_samesaved_weights(tmp_path, model):
 
 
 @pytest.mark.timeout(120)
-def test_resume_of_a_finished_run_is_refused_unless_asked_and_never_rewrites_it(tmp_path):
+def test_resume_of_a_finished_run_is_refused_unless_asked_and_never_rewrites_it(tmp_path,
+                                                                              capfd):
+    """Every command in this process (``cli.main.main``: its exit codes, lines and the files
+    it leaves are what is checked; an interpreter's start per command is not)."""
     job = ["workload=single", "workload.jobs.0.iterations=20", "workload.jobs.0.width=16",
            "run.progress=false", "run.checkpoint_every=5"]
     first = tmp_path / "first"
     run_in_process(*job, run_dir=first)
     before = run_files(first)
-    refused = accelopt("run", f"run.resume={first}", f"hydra.run.dir={tmp_path / 'again'}",
-                       cwd=tmp_path)
+
+    def accelopt_run(*args: str):
+        return accelopt_in_process("run", *args, cwd=tmp_path, capfd=capfd)
+
+    refused = accelopt_run(f"run.resume={first}", f"hydra.run.dir={tmp_path / 'again'}")
     assert refused.returncode == 2
     assert "already finished (all 1 job(s) done)" in refused.stderr
     assert "Traceback" not in refused.stderr
     assert not (tmp_path / "again" / "metrics.json").exists()
-    same_dir = accelopt("run", f"run.resume={first}", f"hydra.run.dir={first}",
-                        "run.resume_finished=true", cwd=tmp_path)
+    same_dir = accelopt_run(f"run.resume={first}", f"hydra.run.dir={first}",
+                            "run.resume_finished=true")
     assert same_dir.returncode == 2 and "writes into a new directory" in same_dir.stderr
     again = tmp_path / "reported"
-    asked = accelopt("run", f"run.resume={first}", "run.resume_finished=true",
-                     f"hydra.run.dir={again}", "run.progress=false", cwd=tmp_path)
+    asked = accelopt_run(f"run.resume={first}", "run.resume_finished=true",
+                         f"hydra.run.dir={again}", "run.progress=false")
     assert asked.returncode == 0, asked.stderr
     assert "resuming" in asked.stdout
     assert run_files(first) == before
@@ -126,15 +140,15 @@ def test_resume_of_a_finished_run_is_refused_unless_asked_and_never_rewrites_it(
     assert new["status"] == "done" and new["iterations"] == 20
     assert new["jct_s"] == pytest.approx(old["jct_s"]) and new["final_loss"] == old["final_loss"]
     # a resume runs the old run's configuration: overrides it would drop are refused
-    changed = accelopt("run", f"run.resume={first}", "run.resume_finished=true",
-                       "workload=tiny", "+plugins=[noop]", cwd=tmp_path)
+    changed = accelopt_run(f"run.resume={first}", "run.resume_finished=true",
+                           "workload=tiny", "+plugins=[noop]")
     assert changed.returncode == 2 and changed.stderr.strip().splitlines() == [
         f"error: run.resume continues {first} with the configuration it ran with, so "
         "workload=tiny, +plugins=[noop] would be ignored; drop them (a new run takes them)"]
     # a plugin's option alone: the same refusal, not composing's "add +plugins=[noop]"
     # (which the resume would then refuse)
-    option = accelopt("run", f"run.resume={first}", "run.resume_finished=true",
-                      "plugins.noop.record=false", cwd=tmp_path)
+    option = accelopt_run(f"run.resume={first}", "run.resume_finished=true",
+                          "plugins.noop.record=false")
     assert option.returncode == 2 and "plugins.noop.record=false would be ignored; drop it" \
         in option.stderr, option.stderr
     assert run_files(first) == before

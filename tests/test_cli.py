@@ -21,6 +21,16 @@ def _run_dirs(root: Path) -> list[Path]:
     return sorted(p.parent for p in root.glob("runs/**/metrics.json"))
 
 
+def _here(capfd, monkeypatch, *args: str, cwd: Path, **env: str):
+    """``accelopt ARGS`` in this process with ``env`` set (:func:`accelopt_in_process`): for
+    the tests that read a command's exit code, lines and files, not its process (an
+    interpreter's start and imports are seconds a command; ``test_run_writes_every_output``
+    and the refusals of ``test_user_errors_are_one_line_as_real_commands`` stay commands)."""
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return accelopt_in_process(*args, cwd=cwd, capfd=capfd)
+
+
 def test_run_writes_every_output(tmp_path):
     result = accelopt("run", *TINY, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
@@ -37,12 +47,13 @@ def test_run_writes_every_output(tmp_path):
                      r"RSS|GPU \d+ .+: sampling utilization and memory via NVML", result.stdout)
 
 
-def test_a_reference_set_that_cannot_run_is_refused_before_anything_trains(tmp_path):
+def test_a_reference_set_that_cannot_run_is_refused_before_anything_trains(tmp_path, capfd,
+                                                                            monkeypatch):
     """run.compare=each runs the baseline, then each plugin alone, then the selection: a
     plugin that cannot run alone is found by the up-front validation, so nothing trains."""
-    result = accelopt("run", "+plugins=[partnered,noop]", "run.compare=each", *TINY,
-                      f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path,
-                      ACCELOPT_PLUGINS="plugins_for_tests:PARTNERED")
+    result = _here(capfd, monkeypatch, "run", "+plugins=[partnered,noop]", "run.compare=each",
+                   *TINY, f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path,
+                   ACCELOPT_PLUGINS="plugins_for_tests:PARTNERED")
     assert result.returncode == 2, result.stderr
     errors = [ln for ln in result.stderr.splitlines() if ln.startswith("error:")]
     assert errors == ["error: plugins.partnered: needs the noop plugin; select "
@@ -50,15 +61,15 @@ def test_a_reference_set_that_cannot_run_is_refused_before_anything_trains(tmp_p
     assert "Traceback" not in result.stderr
     assert not list(tmp_path.rglob("metrics.json"))  # no reference run, no run: nothing trained
     assert not (tmp_path / "run" / "compare").exists()
-    ok = accelopt("run", "+plugins=[partnered,noop]", *TINY, cwd=tmp_path,
-                  ACCELOPT_PLUGINS="plugins_for_tests:PARTNERED")
+    ok = _here(capfd, monkeypatch, "run", "+plugins=[partnered,noop]", *TINY, cwd=tmp_path,
+               ACCELOPT_PLUGINS="plugins_for_tests:PARTNERED")
     assert ok.returncode == 0, ok.stderr  # the selection itself is fine
 
 
-def test_a_refused_run_leaves_nothing_in_the_working_directory(tmp_path):
+def test_a_refused_run_leaves_nothing_in_the_working_directory(tmp_path, capfd, monkeypatch):
     """A refusal found once Hydra had made runs/<date>/<time> removed that directory but
     left an empty runs/<date>/ behind."""
-    result = accelopt("run", *TINY, "run.compare=bogus", cwd=tmp_path)
+    result = _here(capfd, monkeypatch, "run", *TINY, "run.compare=bogus", cwd=tmp_path)
     assert result.returncode == 2 and "run.compare: 'bogus' is not one of" in result.stderr
     assert list(tmp_path.iterdir()) == []
 
@@ -90,8 +101,8 @@ def test_a_plugins_warning_in_a_rank_process_is_one_line_as_the_commands_are(tmp
     assert "PluginWarning" not in result.stderr
 
 
-def test_plugin_summary_line(tmp_path):
-    result = accelopt("run", "+plugins=[noop]", *TINY, cwd=tmp_path)
+def test_plugin_summary_line(tmp_path, capfd, monkeypatch):
+    result = _here(capfd, monkeypatch, "run", "+plugins=[noop]", *TINY, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "noop" in result.stdout and "hook calls" in result.stdout
 
@@ -173,8 +184,11 @@ def test_a_directory_holding_a_file_the_run_would_write_is_refused(tmp_path):
     assert refused.returncode == 2 and not (tmp_path / "new").exists()  # its claim given back
 
 
-def test_multirun_sweep_gives_every_run_its_metrics(tmp_path):
-    result = accelopt("run", "-m", "+plugins=[],[noop]", *TINY, cwd=tmp_path)
+def test_multirun_sweep_gives_every_run_its_metrics(tmp_path, capfd):
+    """Both sweeps in this process (what each writes and prints is checked; CI's sweeps and
+    ``accelopt bench`` run ``run -m`` as a command)."""
+    result = accelopt_in_process("run", "-m", "+plugins=[],[noop]", *TINY, cwd=tmp_path,
+                                 capfd=capfd)
     assert result.returncode == 0, result.stderr
     runs = _run_dirs(tmp_path)
     assert len(runs) == 2
@@ -184,7 +198,8 @@ def test_multirun_sweep_gives_every_run_its_metrics(tmp_path):
                      for r in runs)
     assert plugins == [(), ("noop",)]
     # run.compare asked for, not run in a sweep: the line says so (it went missing silently)
-    asked = accelopt("run", "-m", "+plugins=[noop]", "run.compare=each", *TINY, cwd=tmp_path)
+    asked = accelopt_in_process("run", "-m", "+plugins=[noop]", "run.compare=each", *TINY,
+                                cwd=tmp_path, capfd=capfd)
     assert asked.returncode == 0, asked.stderr
     assert "run.compare=each: no reference runs here: a sweep (-m) compares its own " \
         "points" in " ".join(asked.stdout.split())
@@ -295,29 +310,33 @@ def test_an_output_directory_that_cannot_be_written_is_one_line_before_any_work(
     assert blocker.read_text() == "not a directory" and sorted(tmp_path.iterdir()) == [blocker]
 
 
-def test_a_sweep_never_writes_over_an_earlier_sweep_nor_trains_before_a_bad_point(tmp_path):
+def test_a_sweep_never_writes_over_an_earlier_sweep_nor_trains_before_a_bad_point(tmp_path,
+                                                                                  capfd):
     """A second sweep into the same hydra.sweep.dir wrote its runs 0, 1, ... over the first
     one's; a point with a value out of range failed only when its turn came, after the
-    points before it had trained."""
+    points before it had trained. Every command runs in this process (exit codes, lines and
+    files are what is checked, not an interpreter's start)."""
     from clirun import run_files
 
-    first = accelopt("run", "-m", *TINY, "hydra.sweep.dir=sweep", "run.seed=1,2", cwd=tmp_path)
+    first = accelopt_in_process("run", "-m", *TINY, "hydra.sweep.dir=sweep", "run.seed=1,2",
+                                cwd=tmp_path, capfd=capfd)
     assert first.returncode == 0, first.stderr
     before = run_files(tmp_path / "sweep")
-    again = accelopt("run", "-m", *TINY, "hydra.sweep.dir=sweep", "run.seed=3,4", cwd=tmp_path)
+    again = accelopt_in_process("run", "-m", *TINY, "hydra.sweep.dir=sweep", "run.seed=3,4",
+                                cwd=tmp_path, capfd=capfd)
     assert again.returncode == 2
     assert again.stderr.strip() == (
         "error: hydra.sweep.dir sweep already holds files (an earlier sweep's runs?); give this "
         "sweep another directory, or remove that one: results are never overwritten")
     assert run_files(tmp_path / "sweep") == before
-    bad = accelopt("run", "-m", *TINY, "hydra.sweep.dir=other",
-                   "workload.jobs.0.iterations=2,-1", cwd=tmp_path)
+    bad = accelopt_in_process("run", "-m", *TINY, "hydra.sweep.dir=other",
+                              "workload.jobs.0.iterations=2,-1", cwd=tmp_path, capfd=capfd)
     assert bad.returncode == 2
     assert bad.stderr.strip() == "error: job 'tiny-mlp': iterations must be >= 1, got -1"
     assert not (tmp_path / "other").exists()
     # a fixed subdir: every point in one directory, each over the one before, exit 0
-    fixed = accelopt("run", "-m", *TINY, "hydra.sweep.dir=third", "run.seed=1,2",
-                     "hydra.sweep.subdir=fixed", cwd=tmp_path)
+    fixed = accelopt_in_process("run", "-m", *TINY, "hydra.sweep.dir=third", "run.seed=1,2",
+                                "hydra.sweep.subdir=fixed", cwd=tmp_path, capfd=capfd)
     assert fixed.returncode == 2
     assert fixed.stderr.strip() == (
         "error: points #0 and #1 of the sweep both write to third/fixed (hydra.sweep.subdir="
@@ -326,10 +345,10 @@ def test_a_sweep_never_writes_over_an_earlier_sweep_nor_trains_before_a_bad_poin
     assert not (tmp_path / "third").exists()
 
 
-def test_an_empty_sweep_is_refused_not_passed(tmp_path):
+def test_an_empty_sweep_is_refused_not_passed(tmp_path, capfd, monkeypatch):
     """``-m key=range(0)`` ran nothing and exited 0: a CI step that tested nothing."""
-    result = accelopt("run", *TINY, "-m", "workload.jobs.0.iterations=range(0)", "run.seed=1,2",
-                      cwd=tmp_path)
+    result = _here(capfd, monkeypatch, "run", *TINY, "-m", "workload.jobs.0.iterations=range(0)",
+                   "run.seed=1,2", cwd=tmp_path)
     assert result.returncode == 2
     assert result.stderr.strip() == (
         "error: the sweep has no points (workload.jobs.0.iterations=range(0) sweeps over no "
@@ -392,8 +411,8 @@ def test_a_workload_of_ones_own_from_config_dir(tmp_path):
         "mine"]
 
 
-def test_a_job_index_past_the_workloads_jobs_names_the_fix(tmp_path):
-    result = accelopt("run", *TINY, "workload.jobs.5.lr=0.1", cwd=tmp_path)
+def test_a_job_index_past_the_workloads_jobs_names_the_fix(tmp_path, capfd, monkeypatch):
+    result = _here(capfd, monkeypatch, "run", *TINY, "workload.jobs.5.lr=0.1", cwd=tmp_path)
     assert result.returncode == 2
     assert result.stderr.strip() == (
         "error: workload.jobs.5 is not a job of this workload (it has fewer); set a key of "
@@ -401,21 +420,24 @@ def test_a_job_index_past_the_workloads_jobs_names_the_fix(tmp_path):
         "workload.jobs=[{name: a, model: mlp},{name: b, model: cnn}]")
 
 
-def test_conflicting_plugins_one_line(tmp_path):
-    result = accelopt("run", *TINY, "+plugins=[lifo,other_sched]", cwd=tmp_path,
-                      ACCELOPT_PLUGINS="plugins_for_tests:LIFO,plugins_for_tests:OTHER_SCHEDULER")
+def test_conflicting_plugins_one_line(tmp_path, capfd, monkeypatch):
+    result = _here(capfd, monkeypatch, "run", *TINY, "+plugins=[lifo,other_sched]", cwd=tmp_path,
+                   ACCELOPT_PLUGINS="plugins_for_tests:LIFO,plugins_for_tests:OTHER_SCHEDULER")
     assert result.returncode == 2
     assert "'lifo' and 'other_sched' both fill the exclusive slot 'scheduler'" in result.stderr
 
 
-def test_plugin_raising_names_plugin_and_hook(tmp_path):
-    result = accelopt("run", *TINY, "+plugins=[boom]", cwd=tmp_path,
-                      ACCELOPT_PLUGINS="plugins_for_tests:BOOM")
+def test_plugin_raising_names_plugin_and_hook(tmp_path, capfd, monkeypatch):
+    """Both commands in this process: the line and the --debug traceback are what
+    ``cli.main.main`` prints on stderr, read through the file descriptor as from a command."""
+    monkeypatch.setenv("ACCELOPT_PLUGINS", "plugins_for_tests:BOOM")
+    result = accelopt_in_process("run", *TINY, "+plugins=[boom]", cwd=tmp_path, capfd=capfd)
     assert result.returncode == 1
     assert "plugin 'boom' raised in hook accelopt_iteration_end: ValueError: boom" in result.stderr
     assert "Traceback" not in result.stderr
-    debug = accelopt("run", *TINY, "+plugins=[boom]", "--debug", cwd=tmp_path,
-                     ACCELOPT_PLUGINS="plugins_for_tests:BOOM")
+    debug = accelopt_in_process("run", *TINY, "+plugins=[boom]", "--debug", cwd=tmp_path,
+                                capfd=capfd)
+    assert debug.returncode == 1
     assert "Traceback" in debug.stderr
 
 
@@ -537,11 +559,12 @@ def test_a_failed_run_keeps_its_evidence(tmp_path):
     assert "error: " in log and "boom" in log
 
 
-def test_a_sweep_whose_run_fails_goes_on_and_says_which_at_the_end(tmp_path):
+def test_a_sweep_whose_run_fails_goes_on_and_says_which_at_the_end(tmp_path, capfd,
+                                                                    monkeypatch):
     """A failed point's error scrolled away under the next points' tables: the sweep's last
     line names every run that failed, and the exit code is non-zero."""
-    result = accelopt("run", "-m", *TINY, "+plugins=[boom],[]", cwd=tmp_path, timeout=170,
-                      ACCELOPT_PLUGINS="plugins_for_tests:BOOM")
+    result = _here(capfd, monkeypatch, "run", "-m", *TINY, "+plugins=[boom],[]", cwd=tmp_path,
+                   ACCELOPT_PLUGINS="plugins_for_tests:BOOM")
     assert result.returncode == 1, result.stderr
     assert result.stderr.strip().splitlines()[-1] == (
         "error: 1 of 2 runs of the sweep failed: #0 (plugin 'boom' raised in hook "
@@ -552,14 +575,14 @@ def test_a_sweep_whose_run_fails_goes_on_and_says_which_at_the_end(tmp_path):
 
 
 def test_a_sweep_over_plugin_sets_takes_a_plugins_setting_for_the_sets_that_select_it(
-        tmp_path):
+        tmp_path, capfd, monkeypatch):
     """The CI recipe (a matrix of sets, the same overrides for every run) failed as soon as
     it set a plugin's option: the point without the plugin could not compose it (exit 2)."""
     import yaml
 
     env = {"ACCELOPT_PLUGINS": "plugins_for_tests:WRAP"}
-    result = accelopt("run", "-m", *TINY, "+plugins=[],[wrap]", "plugins.wrap.paths=[net.0]",
-                      "run.profile=false", cwd=tmp_path, timeout=170, **env)
+    result = _here(capfd, monkeypatch, "run", "-m", *TINY, "+plugins=[],[wrap]",
+                   "plugins.wrap.paths=[net.0]", "run.profile=false", cwd=tmp_path, **env)
     assert result.returncode == 0, result.stderr
     plugins = sorted(((json.loads((r / "metrics.json").read_text())["run"]["plugins"],
                        yaml.safe_load((r / "config.yaml").read_text()).get("plugins") or {})
@@ -568,20 +591,20 @@ def test_a_sweep_over_plugin_sets_takes_a_plugins_setting_for_the_sets_that_sele
     # still type-checked where it applies, and refused where no point selects the plugin
     (tmp_path / "bad").mkdir()
     (tmp_path / "nobody").mkdir()
-    bad = accelopt("run", "-m", *TINY, "+plugins=[],[wrap]", "plugins.wrap.paths=7",
-                   cwd=tmp_path / "bad", timeout=120, **env)
+    bad = _here(capfd, monkeypatch, "run", "-m", *TINY, "+plugins=[],[wrap]",
+                "plugins.wrap.paths=7", cwd=tmp_path / "bad", **env)
     assert bad.returncode == 2 and "plugins.wrap.paths" in bad.stderr, bad.stderr
-    nobody = accelopt("run", "-m", *TINY, "+plugins=[],[noop]", "plugins.wrap.paths=[a]",
-                      cwd=tmp_path / "nobody", timeout=120, **env)
+    nobody = _here(capfd, monkeypatch, "run", "-m", *TINY, "+plugins=[],[noop]",
+                   "plugins.wrap.paths=[a]", cwd=tmp_path / "nobody", **env)
     assert nobody.returncode == 2, nobody.stderr
     assert "sets an option of plugin 'wrap', which this run does not select" in nobody.stderr
 
 
-def test_a_run_whose_job_diverged_exits_3(tmp_path):
+def test_a_run_whose_job_diverged_exits_3(tmp_path, capfd, monkeypatch):
     """A job trained to "done" on a loss of nan exited 0: a CI step passed a plugin that
     broke the numerics (the summary's line is not what a pipeline reads)."""
-    result = accelopt("run", *TINY, "run.compare=none", "workload.jobs.0.lr=1.0e+12",
-                      "workload.jobs.1.lr=1.0e+12", cwd=tmp_path)
+    result = _here(capfd, monkeypatch, "run", *TINY, "run.compare=none",
+                   "workload.jobs.0.lr=1.0e+12", "workload.jobs.1.lr=1.0e+12", cwd=tmp_path)
     assert result.returncode == 3, result.stderr
     line = the_error_line(result)
     assert "jobs diverged; tiny-" in line and "(outputs kept in " in line
@@ -589,8 +612,8 @@ def test_a_run_whose_job_diverged_exits_3(tmp_path):
     assert json.loads((run_dir / "metrics.json").read_text())["summary"]["n_diverged"] >= 1
 
 
-def test_impossible_memory_budget_exits_nonzero_keeping_outputs(tmp_path):
-    result = accelopt("run", *TINY, "run.memory_capacity=1KiB", cwd=tmp_path)
+def test_impossible_memory_budget_exits_nonzero_keeping_outputs(tmp_path, capfd, monkeypatch):
+    result = _here(capfd, monkeypatch, "run", *TINY, "run.memory_capacity=1KiB", cwd=tmp_path)
     assert result.returncode == 3
     assert "too much" in result.stderr and "memory_capacity" in result.stderr
     assert _run_dirs(tmp_path)  # nothing already written is lost
@@ -629,39 +652,46 @@ def test_matrix_leaves_out_plugins_it_cannot_combine_and_says_so(tmp_path):
                ln.endswith("which is not installed") for ln in lines), lines
 
 
-def test_matrix_json_and_hydra(tmp_path):
-    env = {"ACCELOPT_PLUGINS": "plugins_for_tests:LIFO,plugins_for_tests:OTHER_SCHEDULER"}
+def test_matrix_json_and_hydra(tmp_path, capfd, monkeypatch):
+    monkeypatch.setenv("ACCELOPT_PLUGINS",
+                       "plugins_for_tests:LIFO,plugins_for_tests:OTHER_SCHEDULER")
     # pairs at most: every set of the default (1,024 with these) took a minute to check,
-    # and past the subprocess's timeout under load; CI's smoke sweep runs the whole matrix
-    result = accelopt("matrix", "--max-size", "2", cwd=tmp_path, **env)
+    # and past the subprocess's timeout under load; CI's smoke sweep runs the whole matrix.
+    # Both commands in this process: their output is what is checked
+    result = accelopt_in_process("matrix", "--max-size", "2", cwd=tmp_path, capfd=capfd)
     assert result.returncode == 0, result.stderr
     include = json.loads(result.stdout)["include"]
     sets = [entry["plugins"] for entry in include]
     assert "[]" in sets and "[noop]" in sets and "[lifo,noop]" in sets
     assert "[lifo,other_sched]" not in sets  # one scheduler slot
-    hydra = accelopt("matrix", "--format", "hydra", "--plugins", "noop", cwd=tmp_path)
+    monkeypatch.delenv("ACCELOPT_PLUGINS")
+    hydra = accelopt_in_process("matrix", "--format", "hydra", "--plugins", "noop",
+                                cwd=tmp_path, capfd=capfd)
     assert hydra.stdout.strip() == "+plugins=[],[noop]"
 
 
-def test_matrix_leaves_out_the_sets_the_runs_configuration_refuses(tmp_path):
+def test_matrix_leaves_out_the_sets_the_runs_configuration_refuses(tmp_path, capfd):
     """The default workload is a parameter-server cluster, where slide refuses to run: the
-    matrix for it must not hand CI a job that exits 2; for a one-process workload it must."""
-    default = accelopt("matrix", "--format", "hydra", "--plugins", "slide,noop", cwd=tmp_path)
+    matrix for it must not hand CI a job that exits 2; for a one-process workload it must.
+    Every command in this process (their lines and exit codes are what is checked)."""
+
+    def matrix(*args: str):
+        return accelopt_in_process("matrix", *args, cwd=tmp_path, capfd=capfd)
+
+    default = matrix("--format", "hydra", "--plugins", "slide,noop")
     assert default.returncode == 0, default.stderr
     assert default.stdout.strip() == "+plugins=[],[noop]"
     (line,) = default.stderr.splitlines()
     assert line.startswith("left out 2 set(s) that the default configuration refuses "
                            "([slide], [noop,slide]): plugins.slide: cluster.mode=ps"), line
-    local = accelopt("matrix", "--format", "hydra", "--plugins", "slide,noop", "workload=tiny",
-                     cwd=tmp_path)
+    local = matrix("--format", "hydra", "--plugins", "slide,noop", "workload=tiny")
     assert local.stdout.strip() == "+plugins=[],[noop],[slide],[noop,slide]", local.stderr
     assert local.stderr == ""
-    unchecked = accelopt("matrix", "--format", "hydra", "--plugins", "slide", "--no-check",
-                         cwd=tmp_path)
+    unchecked = matrix("--format", "hydra", "--plugins", "slide", "--no-check")
     assert unchecked.stdout.strip() == "+plugins=[],[slide]"
     for bad, says in [("+plugins=[noop]", "chooses the plugin sets itself"),
                       ("workload=nosuch", "no workload 'nosuch'")]:
-        refused = accelopt("matrix", bad, cwd=tmp_path)
+        refused = matrix(bad)
         assert refused.returncode == 2 and says in refused.stderr, refused.stderr
         assert len(refused.stderr.strip().splitlines()) == 1 and not refused.stdout
 

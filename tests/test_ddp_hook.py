@@ -392,10 +392,11 @@ def test_a_transfer_hook_or_an_order_keeps_buckets_off_the_direct_path(monkeypat
         assert t.allreduce_direct(_bucket(), torch.ones(10)) is None
 
 
-def _mismatched_worker(rank: int, init: str, out_dir: str) -> None:
+def _mismatched(rank: int) -> dict[str, str]:
+    """Hooks made with another density on each rank, then with a nan on both: each
+    refusal's text."""
     from accelopt_plugins.gradcomm import comm_hook as gradcomm_hook
 
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
     try:
         gradcomm_hook(_model(), sparsify="topk", density=0.1 if rank == 0 else 0.2)
         message = "accepted"
@@ -406,24 +407,19 @@ def _mismatched_worker(rank: int, init: str, out_dir: str) -> None:
         nan = "accepted"
     except ConfigError as exc:
         nan = str(exc)
-    with open(os.path.join(out_dir, f"rank{rank}.txt"), "w") as fh:
-        fh.write(message)
-    with open(os.path.join(out_dir, f"nan{rank}.txt"), "w") as fh:
-        fh.write(nan)
-    dist.destroy_process_group()
+    return {"mismatch": message, "nan": nan}
 
 
 @pytest.mark.timeout(120)
-def test_ranks_given_different_codec_settings_are_one_line_at_once(tmp_path):
+def test_ranks_given_different_codec_settings_are_one_line_at_once(user_runs):
     """With another density on one rank the all-reduces no longer matched and the script
-    waited for the process group's timeout (30 minutes by default), then 'Connection closed'."""
-    mp.spawn(_mismatched_worker, args=(f"file://{tmp_path / 'rendezvous'}", str(tmp_path)),
-             nprocs=2)
-    for rank in (0, 1):
-        assert (tmp_path / f"rank{rank}.txt").read_text() == (
+    waited for the process group's timeout (30 minutes by default), then 'Connection closed'.
+    (The ranks' refusals are the last thing :func:`_user_results` does.)"""
+    for rank in user_runs:
+        assert rank["mismatched"]["mismatch"] == (
             "gradcomm.comm_hook: rank 1 was given other settings than rank 0 (density); every "
             "rank must encode its buckets the same way: pass the same options on every rank")
-        assert (tmp_path / f"nan{rank}.txt").read_text() == (
+        assert rank["mismatched"]["nan"] == (
             "bucket_mb must be a finite number > 0 (MiB per bucket), got nan")
 
 
@@ -486,26 +482,30 @@ def _misuse(rank: int) -> dict[str, str]:
 
 
 def _user_results(rank: int, what: str) -> dict:
-    if what == "misuse":
-        return _misuse(rank)
+    """The resume, the misuse and the mismatched settings in one pair of ranks (each makes
+    its own DDP models and hooks; the mismatch, refused on both ranks, last): two processes
+    to start, not six."""
     gen = torch.Generator().manual_seed(20 + rank)
     batches = [torch.randn(8, 16, generator=gen) for _ in range(4)]
     half = _resumable(rank, batches[:2], None)
-    return {"whole": _resumable(rank, batches, None),
-            "resumed": _resumable(rank, batches[2:], half),
-            "forgot": _resumable(rank, batches[2:], half, restore_hook=False)}
+    return {"resume": {"whole": _resumable(rank, batches, None),
+                       "resumed": _resumable(rank, batches[2:], half),
+                       "forgot": _resumable(rank, batches[2:], half, restore_hook=False)},
+            "misuse": _misuse(rank), "mismatched": _mismatched(rank)}
 
 
-def _spawn_user(tmp_path, what: str) -> list[dict]:
-    return two_ranks(tmp_path, what, _user_results)
+@pytest.fixture(scope="module")
+def user_runs(tmp_path_factory) -> list[dict]:
+    """Each rank's results, read by the three tests that use them."""
+    return two_ranks(tmp_path_factory.mktemp("user"), "user", _user_results)
 
 
 @pytest.mark.timeout(120)
-def test_a_resumed_script_with_the_hooks_state_ends_as_the_uninterrupted_one(tmp_path):
+def test_a_resumed_script_with_the_hooks_state_ends_as_the_uninterrupted_one(user_runs):
     """The hook keeps gradcomm's residuals, DGC velocities and last sent sum per rank; a
     user's script had no way to save them, so a resumed DGC run dropped what was held back
     and applied the optimizer's restored momentum on top of the uncancelled sum."""
-    for rank in _spawn_user(tmp_path, "resume"):
+    for rank in (r["resume"] for r in user_runs):
         whole, resumed = rank["whole"], rank["resumed"]
         for name, value in whole["model"].items():
             assert torch.equal(resumed["model"][name], value), name
@@ -515,10 +515,10 @@ def test_a_resumed_script_with_the_hooks_state_ends_as_the_uninterrupted_one(tmp
 
 
 @pytest.mark.timeout(120)
-def test_a_hook_made_for_another_model_or_plugins_is_one_line(tmp_path):
+def test_a_hook_made_for_another_model_or_plugins_is_one_line(user_runs):
     """A hook made for another model (or registered on a second DDP) said "was the model
     changed after it was wrapped?"; a saved state the hook cannot load is not dropped."""
-    for misuse in _spawn_user(tmp_path, "misuse"):
+    for misuse in (r["misuse"] for r in user_runs):
         assert misuse["other_model"] == (
             "DDP holds a parameter that this hook was not made for: pass comm_hook the very "
             "module this DDP wraps (ddp.module), make one (state, hook) per DDP model, and do "

@@ -87,22 +87,25 @@ def _resume_elsewhere(rank: int) -> dict[str, str]:
 
 
 def _compute(rank: int, what: str) -> dict:
-    if what == "static":
-        return {how: _static(rank, how) for how in ("ddp", "accelopt", "gradcomm")}
-    return _resume_elsewhere(rank)
+    """Both checks in one pair of ranks (each makes its own DDP and hooks): two processes to
+    start, not four."""
+    return {"static": {how: _static(rank, how) for how in ("ddp", "accelopt", "gradcomm")},
+            "resume": _resume_elsewhere(rank)}
 
 
-def _spawn(tmp_path, what: str) -> list[dict]:
-    return two_ranks(tmp_path, what, _compute)
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory) -> list[dict]:
+    """Each rank's results, read by both tests below."""
+    return two_ranks(tmp_path_factory.mktemp("guards"), "guards", _compute)
 
 
 @pytest.mark.timeout(120)
-def test_static_graph_with_two_dtypes_trains_as_ddp(tmp_path):
+def test_static_graph_with_two_dtypes_trains_as_ddp(ranks):
     """Each bucket of index 0 was read as a new iteration: the first iteration was finished
     with its second bucket still to come, and backward failed after the order timeout with
     "only 1 of 2 planned transfers ... were issued". gradcomm's hook also takes
     ``timeout_s`` now (it refused it as an unknown option)."""
-    for rank in _spawn(tmp_path, "static"):
+    for rank in (r["static"] for r in ranks):
         ddp = rank["ddp"]
         for how in ("accelopt", "gradcomm"):
             assert isinstance(rank[how], dict), rank[how]
@@ -111,11 +114,11 @@ def test_static_graph_with_two_dtypes_trains_as_ddp(tmp_path):
 
 
 @pytest.mark.timeout(120)
-def test_a_state_saved_with_other_options_is_refused_at_load(tmp_path):
+def test_a_state_saved_with_other_options_is_refused_at_load(ranks):
     """The codec's state was loaded unchecked: another bucket size failed at the first
     backward with torch's tensor size mismatch inside the encoder; a top-k state went into
     an fp16 codec silently."""
-    for rank in _spawn(tmp_path, "resume"):
+    for rank in (r["resume"] for r in ranks):
         assert rank["same"] == "accepted"
         assert rank["bucket"].startswith("gradcomm: the saved state was made with bucket_mb=25;"
                                          " this hook has bucket_mb=0.0001;"), rank["bucket"]

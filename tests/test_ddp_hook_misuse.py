@@ -72,14 +72,22 @@ def _loads(rank: int) -> dict[str, str]:
 
 
 def _compute(rank: int, what: str) -> dict[str, str]:
-    return _after_close(rank) if what == "close" else _loads(rank)
+    """Both misuses in one pair of ranks (each starts its own DDP and hook; the loads first,
+    the training after close() last): two processes to start, not four."""
+    return {**_loads(rank), **_after_close(rank)}
+
+
+@pytest.fixture(scope="module")
+def misused(tmp_path_factory) -> list[dict[str, str]]:
+    """Each rank's messages, read by both tests below."""
+    return two_ranks(tmp_path_factory.mktemp("misuse"), "misuse", _compute)
 
 
 @pytest.mark.timeout(60)
-def test_training_after_close_is_refused_in_one_line(tmp_path):
+def test_training_after_close_is_refused_in_one_line(misused):
     """close() stopped the transport's completion thread and the hook went on posting
     buckets whose futures never completed: backward hung forever, even with timeout_s=5."""
-    for rank in two_ranks(tmp_path, "close", _compute):
+    for rank in misused:
         text = rank["closed"]
         assert "this DDP communication hook was closed (state.close())" in text, text
         assert "do not train after close(); to train on, make a new (state, hook)" in text
@@ -87,11 +95,11 @@ def test_training_after_close_is_refused_in_one_line(tmp_path):
 
 
 @pytest.mark.timeout(60)
-def test_a_load_of_what_is_not_the_hooks_state_is_refused(tmp_path):
+def test_a_load_of_what_is_not_the_hooks_state_is_refused(misused):
     """load_state_dict read state.get("plugins") or {} and state.get("iteration", -1): the
     whole checkpoint (or {"x": 1}) loaded as nothing, the residuals dropped and the
     iteration count reset, and the resume diverged without an error."""
-    for rank in two_ranks(tmp_path, "load", _compute):
+    for rank in misused:
         assert rank["right"] == "accepted at iteration 1"
         assert rank["whole"] == (
             "load_state_dict was given a dict with keys 'model', 'opt', 'hook', 'step', not a "
@@ -105,8 +113,8 @@ def test_a_load_of_what_is_not_the_hooks_state_is_refused(tmp_path):
         assert rank["no_gradcomm"].startswith(
             "the saved hook state holds no state of plugin 'gradcomm' (it holds none)"), \
             rank["no_gradcomm"]
-        for text in rank.values():
-            assert "\n" not in text
+        for name in ("right", "whole", "garbage", "list", "iteration", "no_gradcomm"):
+            assert "\n" not in rank[name]
 
 
 @pytest.mark.parametrize("options, message", [

@@ -597,10 +597,12 @@ def test_tiled_linear_is_linear_off_gpu() -> None:
 @pytest.mark.timeout(240)
 def test_cuda_kernels_on_the_simulator_in_a_subprocess() -> None:
     """NUMBA_ENABLE_CUDASIM is read when numba's config is imported, so the simulator runs
-    in its own interpreter and cannot leak into other tests."""
+    in its own interpreter and cannot leak into other tests. ``-n 0``: in that one
+    interpreter, not in xdist workers of its own (the project's addopts say ``-n auto``:
+    more interpreters to start, each importing numba and torch, for one short file)."""
     env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1"}
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0",
          str(REPO / "tests" / "test_gpu_kernels_cudasim.py")],
         env=env, capture_output=True, text=True, timeout=230, cwd=REPO,
     )
