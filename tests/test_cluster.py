@@ -16,6 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
+from cluster_models import watchdog_verdict
 from omegaconf import OmegaConf
 
 from accelopt.config import AccelConfig, JobConfig
@@ -686,32 +687,6 @@ def test_a_rank_that_stops_responding_is_named_not_only_the_peer_that_timed_out(
     assert no_children_left()
 
 
-class _Ended:
-    """A rank process as the watchdog sees it: its pid and exit code (None: still running)."""
-
-    def __init__(self, pid: int, exitcode: int | None) -> None:
-        self.pid, self.exitcode = pid, exitcode
-
-
-def _diagnosis(workdir: Path, codes: list[int | None], raised: dict[int, BaseException],
-               iteration: int | None = 19, job: tuple[str, str] = ("", "")) -> RankFailed:
-    """The watchdog's verdict on a PS run whose rank r ended with ``codes[r]``, ranks in
-    ``raised`` having reported that exception, every rank having reached ``iteration`` of
-    ``job`` (its id and name)."""
-    from accelopt.drivers.cluster import faults
-
-    children = [faults.Child(r, "server" if r == 0 else "worker", _Ended(100 + r, code))
-                for r, code in enumerate(codes)]
-    for c in children:
-        progress = faults.Progress(workdir, c.rank)
-        if iteration is not None:
-            progress.set(iteration, *job)
-    for rank, exc in raised.items():
-        faults.write_failure(workdir, rank, children[rank].role,
-                             faults.At(iteration, *job), exc)
-    return faults.Watchdog(children, workdir)._diagnose()
-
-
 def test_a_ranks_progress_record_says_which_jobs_iteration_it_was_in(tmp_path):
     """The record is rewritten whole each time: a job of a shorter name after a longer one
     leaves nothing of the longer behind; a name with quotes and spaces survives."""
@@ -728,20 +703,20 @@ def test_a_ranks_progress_record_says_which_jobs_iteration_it_was_in(tmp_path):
     assert faults.Progress.read(tmp_path, 3) == 7 and progress.iteration == 7
     progress.jobs_ended()
     assert faults.where(faults.Progress.read(tmp_path, 3), "b") == "after its jobs ended"
-    error = _diagnosis(tmp_path, [1, 1, 1], {2: RuntimeError("boom")}, iteration=5,
+    error = watchdog_verdict(tmp_path, [1, 1, 1], {2: RuntimeError("boom")}, iteration=5,
                        job=("01-b", "b"))
     assert str(error) == ("rank 2 (worker, pid 102) raised RuntimeError: boom at iteration 5 "
                           "of job 'b'; the cluster run was stopped")
     assert error.job_id == "01-b"  # the job's own code raised: that job failed
     assert error.exit_code == 3  # as one process exits when a job fails alone
     hooked = PluginHookError("slow", "accelopt_iteration_end", RuntimeError("boom"))
-    error = _diagnosis(tmp_path, [1, 1, 1], {2: hooked}, iteration=5, job=("01-b", "b"))
+    error = watchdog_verdict(tmp_path, [1, 1, 1], {2: hooked}, iteration=5, job=("01-b", "b"))
     assert "in hook accelopt_iteration_end: RuntimeError: boom at iteration 5 of job 'b'" \
         in str(error)
     assert error.job_id == ""  # a plugin's error stops the run, whichever job's iteration
     assert error.exit_code == 1  # a plugin raised
     misfit = UserError("the model's output (a dict with keys scores) has no logits ...")
-    error = _diagnosis(tmp_path, [1, 1, 1], {2: misfit}, iteration=0, job=("01-b", "b"))
+    error = watchdog_verdict(tmp_path, [1, 1, 1], {2: misfit}, iteration=0, job=("01-b", "b"))
     # the job's own output: its error, and the exit code of a job that failed (one process
     # ends the same job's failure with 3, the run going on without it)
     assert error.job_id == "01-b" and error.exit_code == 3
@@ -751,7 +726,7 @@ def test_a_ranks_progress_record_says_which_jobs_iteration_it_was_in(tmp_path):
                           "(rank 2, worker, at iteration 0 of job 'b'; the cluster run was "
                           "stopped)")
     named = UserError("job 'b': w got no gradient in iteration 0; freeze it")
-    error = _diagnosis(tmp_path, [1, 1, 1], {2: named}, iteration=0, job=("01-b", "b"))
+    error = watchdog_verdict(tmp_path, [1, 1, 1], {2: named}, iteration=0, job=("01-b", "b"))
     assert str(error) == ("job 'b': w got no gradient in iteration 0; freeze it (rank 2, "
                           "worker, at iteration 0; the cluster run was stopped)")
 
@@ -765,7 +740,7 @@ def test_a_rank_that_exits_without_an_exception_is_named_before_its_peers_resets
                                "[../gloo/transport/tcp/pair.cc:537] Read error: Connection "
                                "reset by peer")
     closed = RuntimeError("[../gloo/transport/tcp/pair.cc:534] Connection closed by peer")
-    error = _diagnosis(tmp_path, [1, 1, 7], {0: reset, 1: closed})
+    error = watchdog_verdict(tmp_path, [1, 1, 7], {0: reset, 1: closed})
     assert str(error).startswith("rank 2 (worker, pid 102) exited with code 7 at iteration 19")
     assert error.rank == 2
 
@@ -780,7 +755,7 @@ def test_a_rank_stuck_before_its_first_iteration_is_named_after_gloos_plain_time
     monkeypatch.setattr(faults, "GRACE_S", 0.05)
     timeout = RuntimeError("[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:129] "
                            "Timed out waiting 10000ms for send operation to complete")
-    error = _diagnosis(tmp_path, [1, 1, None], {0: timeout, 1: timeout}, iteration=None)
+    error = watchdog_verdict(tmp_path, [1, 1, None], {0: timeout, 1: timeout}, iteration=None)
     assert ("rank 2 (worker, pid 102) had not exited when its peers gave up, before its first "
             "iteration") in str(error)
     assert error.rank == 2
@@ -796,7 +771,7 @@ def test_a_killed_forkserver_is_named_not_rank_0_exiting_with_255(tmp_path, monk
     ended = subprocess.Popen(["true"])
     ended.wait()  # reaped: its pid is gone, as a killed forkserver's is
     monkeypatch.setattr(faults, "_forkserver_pid", lambda children: ended.pid)
-    error = _diagnosis(tmp_path, [255, 255, 255], {})
+    error = watchdog_verdict(tmp_path, [255, 255, 255], {})
     assert str(error).startswith(f"the ranks' forkserver (their parent process, pid "
                                  f"{ended.pid}) died at iteration 19")
     assert "code 255" not in str(error)
@@ -855,7 +830,7 @@ def test_a_rank_stuck_in_a_plugin_hook_is_named_in_the_runs_line(tmp_path):
         "rank 0 (server): plugin 'hang' has been in accelopt_transfer_done for 2.0 s (thread "
         "recv 1, /x/hang.py:12); a hook that blocks stalls the work it runs in")
     timeout = CommunicationError("rank 1: receiving from rank 0 at iteration 3: timed out")
-    error = _diagnosis(tmp_path, [None, 1], {1: timeout}, iteration=3)
+    error = watchdog_verdict(tmp_path, [None, 1], {1: timeout}, iteration=3)
     line = str(error)
     assert line.startswith("rank 0 (server, pid 100) was stuck in a plugin hook at iteration "
                            "3: plugin 'hang' has been in accelopt_transfer_done for 2.0 s "

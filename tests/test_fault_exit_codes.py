@@ -14,31 +14,17 @@ from pathlib import Path
 import pytest
 import torch
 from clirun import accelopt_in_process, the_error_line
+from cluster_models import watchdog_verdict
 from torch import nn
 
 from accelopt.errors import JobsUnfinished, RankFailed
-
-
-class _Ended:
-    """A rank process as the watchdog sees it: its pid and exit code."""
-
-    def __init__(self, pid: int, exitcode: int | None) -> None:
-        self.pid, self.exitcode = pid, exitcode
 
 
 def _verdict(workdir: Path, codes: list[int], iteration: int | None,
              job: tuple[str, str]) -> RankFailed:
     """The watchdog's verdict on a PS run whose rank r ended with ``codes[r]`` and no
     failure note (it raised nothing), each rank last at ``iteration`` of ``job``."""
-    from accelopt.drivers.cluster import faults
-
-    children = [faults.Child(r, "server" if r == 0 else "worker", _Ended(100 + r, code))
-                for r, code in enumerate(codes)]
-    for c in children:
-        progress = faults.Progress(workdir, c.rank)
-        if iteration is not None:
-            progress.set(iteration, *job)
-    return faults.Watchdog(children, workdir)._diagnose()
+    return watchdog_verdict(workdir, codes, iteration=iteration, job=job)
 
 
 def test_a_rank_that_exits_non_zero_without_raising_exits_3_and_does_not_claim_output(

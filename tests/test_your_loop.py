@@ -11,6 +11,7 @@ import difflib
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -314,11 +315,9 @@ def test_a_loop_with_a_grad_scaler_shows_the_plugins_the_true_loss_and_gradients
     assert seen.norms == pytest.approx(hand_norms)  # unscaled before the plugins see them
 
 
-def test_a_plugin_listening_where_the_loop_never_calls_accelopt_is_said(tmp_path):
-    """A loop stepping with opt.step() never fires the step hooks: gpu_kernels' pruning
-    after N iterations never ran, and its row said the job had stopped first."""
-    import json
-
+def _pruned_after_2_of_4(tmp_path: Path, through_accelopt: bool) -> tuple[torch.nn.Module, Any]:
+    """A 4-iteration loop with gpu_kernels pruning half of an MLP after iteration 2, stepping
+    through ``ao.backward``/``ao.step`` or (``through_accelopt=False``) past them."""
     model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 3))
     x, y = torch.randn(16, 8), torch.randint(3, (16,))
     ao = accelopt.attach(model, ["+plugins=[gpu_kernels]", "plugins.gpu_kernels.prune_amount=0.5",
@@ -328,8 +327,21 @@ def test_a_plugin_listening_where_the_loop_never_calls_accelopt_is_said(tmp_path
     for _ in ao.loop(range(4)):
         loss = torch.nn.functional.cross_entropy(ao.model(x), y)
         opt.zero_grad()
-        loss.backward()
-        opt.step()
+        if through_accelopt:
+            ao.backward(loss)
+            ao.step(opt)
+        else:
+            loss.backward()
+            opt.step()
+    return model, ao
+
+
+def test_a_plugin_listening_where_the_loop_never_calls_accelopt_is_said(tmp_path):
+    """A loop stepping with opt.step() never fires the step hooks: gpu_kernels' pruning
+    after N iterations never ran, and its row said the job had stopped first."""
+    import json
+
+    model, ao = _pruned_after_2_of_4(tmp_path, through_accelopt=False)
     (row,) = ao.close()
     assert "accelopt_after_step never ran, where it prunes (a loop of your own: step with " \
         "ao.step(opt))" in row.summary
@@ -347,17 +359,7 @@ def test_report_counts_the_parameters_of_the_model_at_close_after_a_late_prune(t
     attach), beside a row saying it pruned."""
     import json
 
-    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 3))
-    x, y = torch.randn(16, 8), torch.randint(3, (16,))
-    ao = accelopt.attach(model, ["+plugins=[gpu_kernels]", "plugins.gpu_kernels.prune_amount=0.5",
-                                 "plugins.gpu_kernels.prune_at_iteration=2"], example=(x, y),
-                         iterations=4, lr=0.1, run_dir=tmp_path / "r")
-    opt = torch.optim.SGD(ao.model.parameters(), lr=0.1)
-    for _ in ao.loop(range(4)):
-        loss = torch.nn.functional.cross_entropy(ao.model(x), y)
-        opt.zero_grad()
-        ao.backward(loss)
-        ao.step(opt)
+    _, ao = _pruned_after_2_of_4(tmp_path, through_accelopt=True)
     ao.close()
     report = json.loads((tmp_path / "r" / "report.json").read_text())
     pruned = sum(p.numel() for p in ao.model.parameters())
