@@ -128,6 +128,30 @@ def test_a_sigterm_leaves_its_closing_line_in_the_log(tmp_path, monkeypatch, cap
     assert json.loads((run_dir / "metrics.json").read_text())["jobs"]
 
 
+def test_a_stopped_run_keeps_its_plugins_rows(tmp_path, monkeypatch, capsys):
+    """SIGTERM after 2 iterations: metrics.json listed no plugin ("plugins": []), though the
+    plugin had acted on every iteration that ran."""
+    import accelopt.job.checkpoint as checkpoint
+    from accelopt.drivers.rows import SILENT_SUMMARY
+    from accelopt.errors import Terminated
+
+    real = checkpoint.Checkpointer.after_iteration
+
+    def stop_at_iteration_2(self, job, result):  # type: ignore[no-untyped-def]
+        real(self, job, result)
+        if job.iteration >= 2:
+            raise Terminated()
+
+    monkeypatch.setattr(checkpoint.Checkpointer, "after_iteration", stop_at_iteration_2)
+    run_dir = tmp_path / "t"
+    code, _ = _run([*TINY, "+plugins=[noop]", f"hydra.run.dir={run_dir}"], capsys)
+    assert code == 143
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["summary"]["error"] == "terminated (SIGTERM)"
+    assert [row["plugin"] for row in metrics["plugins"]] == ["noop"]
+    assert metrics["plugins"][0]["summary"] != SILENT_SUMMARY, metrics["plugins"]  # its own
+
+
 class BrokenRecords:
     """A map-style dataset whose records past 100 cannot be read (a corrupt shard)."""
 

@@ -99,7 +99,7 @@ from accelopt.runtime.resume_target import (
 from accelopt.runtime.run_dir import OUTPUT_NAMES, claim, release, shown_path
 from accelopt.telemetry import TelemetrySampler
 from accelopt.telemetry.sampler import MIN_INTERVAL_S
-from accelopt.types import RunInfo
+from accelopt.types import ReportRow, RunInfo
 from accelopt.watchdog import watching
 
 
@@ -445,6 +445,8 @@ def _execute_local(cfg: DictConfig, run_dir: Path, registry: Registry, console: 
                 record.spans = _local_spans(executor, hook_calls)
                 # a hook's refusal mid-run, or any error once the clock ran: jobs had started
                 jobs_started = raised_by_hook(exc) or executor.clock_started is not None
+                if jobs_started:
+                    record.plugin_rows = _rows_so_far(lifecycle, plugins.names)
                 _keep_evidence(record, run_dir, exc, started=jobs_started)
                 raise
             record.telemetry = sampler.stop()
@@ -486,6 +488,18 @@ def _execute_local(cfg: DictConfig, run_dir: Path, registry: Registry, console: 
             _keep_finished(record, results, executor, hook_calls, run_dir, exc)
         raise
     return record
+
+
+def _rows_so_far(lifecycle: Lifecycle, names: Sequence[str]) -> list[ReportRow]:
+    """The plugins' rows of a run stopped after its jobs started (Ctrl-C, SIGTERM, an
+    error): what each did on the iterations that ran. A stopped run's ``metrics.json``
+    listed no plugin, though every one had acted until the stop. Best effort: where the
+    rows cannot be made (a plugin failing on its state cut short, a second Ctrl-C), each
+    plugin gets the core's placeholder, and the run's own error is the one reported."""
+    try:
+        return with_placeholders(lifecycle.merged_rows(), names)
+    except BaseException:  # noqa: BLE001 - the stop's evidence is written whatever happens
+        return with_placeholders([], names)
 
 
 def _not_scored(results: list[JobResult], jobs: list[Job], exc: BaseException) -> None:
