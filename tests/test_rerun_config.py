@@ -8,9 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from clirun import accelopt_in_process
 
 from accelopt.cli.main import hydra_overrides, primary_config_flags
-from tests.clirun import accelopt_in_process
 
 RUN_DIR = "hydra.run.dir=runs/${now:%Y-%m-%d}/${now:%H-%M-%S-%f}"
 SWEEP_DIR = "hydra.sweep.dir=runs/multirun/${now:%Y-%m-%d}/${now:%H-%M-%S-%f}"
