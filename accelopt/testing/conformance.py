@@ -188,8 +188,11 @@ def check_hookimpls(spec: PluginSpec) -> None:
 def _hookimpls(spec: PluginSpec, instance: object) -> Iterator[tuple[str, Any, str]]:
     """(attribute, function, hook name) of each implementation; an ``accelopt_*`` method
     without the marker is an error, because pluggy silently ignores it."""
-    for attr, value in sorted(getattr(instance, "__dict__", {}).items()) \
-            if not (inspect.ismodule(instance) or inspect.isclass(instance)) else ():
+    # a marked function set on an object (not its class) is never registered; a module's
+    # or class's own attributes are its hooks, as the scan below finds them
+    on_object = {} if inspect.ismodule(instance) or inspect.isclass(instance) \
+        else getattr(instance, "__dict__", {})
+    for attr, value in sorted(on_object.items()):
         if isinstance(getattr(value, IMPL_MARKER, None), dict):
             raise AssertionError(
                 f"plugin '{spec.name}': {attr} is set on the instance, not defined on its "
