@@ -515,3 +515,44 @@ def test_an_iteration_refused_while_nothing_runs_fails_the_job_without_a_hang(ru
         "reason: 'waiting for memory'): it would wait forever; grant an iteration when no "
         "other runs, or answer None for it"}
     assert all(j.iterations_done == 0 for j in record.jobs)
+
+
+def test_a_signal_taken_by_a_lane_thread_is_handled_while_the_job_runs():
+    """The kernel may deliver a process's signal to any thread; its Python handler then runs
+    only when the main thread next runs bytecode. The thread in run() waited on its condition
+    without a timeout, so a second Ctrl-C to `accelopt serve` that landed on the lane's
+    thread went unhandled until the job ended: the service hung (10^7 iterations)."""
+    import signal
+    import threading
+
+    from accelopt.config import JobConfig
+    from accelopt.drivers.local import Executor
+    from accelopt.host import PluginHost
+    from accelopt.job import build_jobs
+
+    host = PluginHost()
+    handled = threading.Event()
+    executor: Executor
+
+    def stop_now(signum, frame):  # as accelopt serve's second Ctrl-C does
+        executor.close(stop_now=KeyboardInterrupt())
+        handled.set()
+
+    def on_iteration(job, result):  # on the lane's thread: the signal lands there
+        if job.iteration == 2:
+            signal.pthread_kill(threading.get_ident(), signal.SIGUSR1)
+            assert handled.wait(timeout=20), "the main thread never ran the signal handler"
+
+    executor = Executor(host, [], capacity_bytes=None, device="cpu", keep_open=True,
+                        on_iteration=on_iteration)
+    (job,) = build_jobs([JobConfig(name="long", width=8, iterations=1000)],
+                        torch.device("cpu"), host)
+    executor.submit(job)
+    previous = signal.signal(signal.SIGUSR1, stop_now)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            executor.run()  # on the main thread, as accelopt serve runs it
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    (result,) = [r for _, r, _ in executor.snapshot()]
+    assert handled.is_set() and result.iterations_done < 100

@@ -61,6 +61,11 @@ CANCELLED = "cancelled by user"
 ENDED = ("done", "failed", "rejected")
 EXCLUSIVE = AllocationDecision(granted=True, lane=DEFAULT_LANE, reason="exclusive (default)")
 """The default decision when no plugin answers (immutable, so one object serves)."""
+SIGNAL_CHECK_S = 0.25
+"""The longest the thread in :meth:`Executor.run` waits without running Python. A signal
+the kernel delivers to another thread (a lane's, busy on the CPU) runs its Python handler
+only when the main thread next runs bytecode: with an unbounded wait there, a second Ctrl-C
+to ``accelopt serve`` went unhandled until the running job ended (10^7 iterations: never)."""
 
 
 def _number(job_id: str) -> int | None:
@@ -234,8 +239,8 @@ class Executor:
         # every lane ends after its current iteration once the run is stopping: nothing trains
         # (or writes a checkpoint) after run() has returned or raised
         for thread in list(self._lanes.values()):
-            if thread is not threading.current_thread():  # an inline lane that raised
-                thread.join()
+            while thread is not threading.current_thread() and thread.is_alive():
+                thread.join(SIGNAL_CHECK_S)  # (not an inline lane that raised) see SIGNAL_CHECK_S
         if self._fatal is not None:
             raise self._fatal
         return [e.result for e in self._entries.values()]
@@ -261,7 +266,7 @@ class Executor:
                             return
                     timeout = self._due(arrivals[0]) - self.now() if arrivals else None
                     if timeout is None or timeout > 0:
-                        self._cv.wait(timeout)
+                        self._cv.wait(min(timeout or SIGNAL_CHECK_S, SIGNAL_CHECK_S))
             if inline is not None:
                 self._lane_loop(inline)  # until the job ends (or the run stops)
 
