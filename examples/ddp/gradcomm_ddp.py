@@ -1,9 +1,10 @@
 """gradcomm's codecs in a plain PyTorch DDP script (no accelopt run): two gloo processes on
 this machine train the same MLP with DDP's own all-reduce and with gradcomm's hook.
 
-    python examples/ddp/gradcomm_ddp.py [--codec fp16|bf16|topk|threshold] [--iterations 50]
+    python examples/ddp/gradcomm_ddp.py [--codec fp16|bf16|topk|threshold ...] [--iterations 50]
 
-Each process prints nothing; rank 0 prints the final loss of both runs and gradcomm's row.
+Each process prints nothing; rank 0 prints the final loss of DDP's run and of each codec's,
+and gradcomm's row for each.
 """
 
 from __future__ import annotations
@@ -59,15 +60,17 @@ def train(rank: int, world: int, options: dict | None, iterations: int) -> tuple
     return float(loss.detach()), rows
 
 
-def worker(rank: int, world: int, init: str, codec: str, iterations: int) -> None:
+def worker(rank: int, world: int, init: str, codecs: list[str], iterations: int) -> None:
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     plain, _ = train(rank, world, None, iterations)
-    coded, rows = train(rank, world, CODECS[codec], iterations)
     if rank == 0:
         print(f"DDP all-reduce: final loss {plain:.4f}")
-        print(f"gradcomm {codec}: final loss {coded:.4f}")
-        for row in rows:
-            print(f"  {row.plugin}: {row.summary}")
+    for codec in codecs:
+        coded, rows = train(rank, world, CODECS[codec], iterations)
+        if rank == 0:
+            print(f"gradcomm {codec}: final loss {coded:.4f}")
+            for row in rows:
+                print(f"  {row.plugin}: {row.summary}")
     # The DDP wrappers above are garbage in reference cycles; left to the interpreter's
     # exit, their process group's gloo threads may free a finished work's tensors while
     # Python shuts down, which aborts the process (plain DDP does it too, ~5% of exits
@@ -78,7 +81,8 @@ def worker(rank: int, world: int, init: str, codec: str, iterations: int) -> Non
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--codec", choices=sorted(CODECS), default="fp16")
+    parser.add_argument("--codec", choices=sorted(CODECS), nargs="+", default=["fp16"],
+                        help="one or more codecs, each trained beside DDP's own all-reduce")
     parser.add_argument("--iterations", type=int, default=50)
     opts = parser.parse_args()
     torch.set_num_threads(1)
