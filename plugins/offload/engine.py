@@ -15,7 +15,9 @@ come back just before they are needed. Two things distinguish vDNN from PyTorch'
   the end of forward the last layers are prefetched at once (backward starts with them).
 
 Parameters are never offloaded: a saved tensor whose storage is a parameter's storage (the
-weight itself or a view such as ``weight.t()``) stays on the device. Tensors whose layout cannot
+weight itself or a view such as ``weight.t()``) stays on the device, and so does autocast's
+cast of a parameter that requires grad (``weight.to(bf16)``, or a view of it), recognised by
+its autograd node and counted with the parameters. Tensors whose layout cannot
 be reproduced exactly (overlapping or non-dense strides) stay resident, so the values and
 strides backward sees are exactly those of the run without offloading and the gradients are
 bitwise identical.
@@ -88,7 +90,9 @@ class PassStats:
     forward keeps their storage there (a ReLU's output saved by the ReLU and by the next
     convolution): copying them out would free nothing, so they count as resident, once."""
     param_bytes: int = 0
-    """Parameter storages saved (the weight or a view of it), each once: never offloaded."""
+    """Parameter storages saved (the weight or a view of it), each once: never offloaded.
+    Under autocast, a parameter's cast copy saved instead is counted here, at the copy's
+    size, once per parameter and dtype."""
     forwards: int = 0
     """Grad-enabled forward passes of the tracked model."""
     deduplicated: int = 0
@@ -236,7 +240,8 @@ class OffloadEngine:
         """Counting periods are iterations (set by :meth:`begin_iteration`)."""
         self._root: weakref.ReferenceType[nn.Module] | None = None
         self._param_ptrs: set[int] = set()
-        self._params_seen: set[int] = set()  # per period
+        # per period: parameter storages, and (storage, dtype) of their autocast copies
+        self._params_seen: set[int | tuple[int, torch.dtype]] = set()
         self._resident_ptrs: set[int] = set()  # per forward pass
         # storage -> the handles offloaded from it this forward pass: a later resident save
         # of the same storage keeps it on the device, and those copies then free nothing
@@ -427,6 +432,13 @@ class OffloadEngine:
                 self._params_seen.add(ptr)
                 s.param_bytes += t.untyped_storage().nbytes()
             return _Kept(t)
+        cast_of = self._cast_of_param(t)
+        if cast_of is not None:  # autocast's copy of a weight: a weight, not a feature map
+            key = (cast_of, t.dtype)
+            if key not in self._params_seen:
+                self._params_seen.add(key)
+                s.param_bytes += t.untyped_storage().nbytes()
+            return _Kept(t)
         if (not may_offload or ptr is None or t.device.type == "meta"
                 or not self._wanted(t, nbytes)):
             self._count_resident(t, ptr, nbytes)
@@ -456,6 +468,30 @@ class OffloadEngine:
         s.offloaded_bytes += nbytes
         s.offloaded_tensors += 1
         return handle
+
+    def _cast_of_param(self, t: torch.Tensor) -> int | None:
+        """The storage of the parameter that ``t`` is a cast of (or a view of one), else None.
+
+        Why: under mixed precision autocast hands an op ``weight.to(bf16)``, a new tensor
+        whose storage is not the parameter's, so the storage test misses it and the weights
+        would be copied to the host and back every step as if they were feature maps (and,
+        during forward, autocast's cache holds the copy, so the device memory stays). The
+        cast is recognised by its autograd node: ``_to_copy``'s backward whose one input is
+        the AccumulateGrad of a parameter of the model. A view (``weight.t()`` saved by
+        ``addmm``) is looked at through its base. A parameter that does not require grad
+        has no such node, and its cast is not recognised (README: "Mixed precision")."""
+        base = t._base if t._base is not None else t
+        fn = base.grad_fn
+        if fn is None or type(fn).__name__ != "ToCopyBackward0":
+            return None
+        nexts = fn.next_functions
+        if len(nexts) != 1 or nexts[0][0] is None:
+            return None
+        source = getattr(nexts[0][0], "variable", None)  # AccumulateGrad's leaf only
+        if not isinstance(source, torch.Tensor):
+            return None
+        ptr = _storage_ptr(source)
+        return ptr if ptr is not None and ptr in self._param_ptrs else None
 
     def _count_resident(self, t: torch.Tensor, ptr: int | None, nbytes: int) -> None:
         """The memory behind a kept tensor, once per storage per forward pass: a tensor
