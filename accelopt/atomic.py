@@ -12,7 +12,9 @@ import contextlib
 import errno
 import os
 import secrets
+import signal
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
@@ -71,6 +73,67 @@ def write_failure(exc: BaseException) -> OSError | None:
     return None
 
 
+DEFERRED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+"""The signals whose Python handlers wait for an atomic write to end (Ctrl-C's
+``KeyboardInterrupt``, SIGTERM's :class:`~accelopt.errors.Terminated`)."""
+
+_deferring: list[bool] = []
+"""Non-empty while :func:`interrupts_deferred` holds the handlers (nested writes do not
+install them twice)."""
+
+
+@contextlib.contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """Hold Ctrl-C and SIGTERM until the block ends, then run the handlers they would have
+    run (raising there). Why: an interrupt raised inside ``torch.save`` left its zip writer
+    half done, and the writer's own clean-up then failed (``RuntimeError: [enforce fail at
+    inline_container.cc] unexpected pos``) while handling it: a traceback and exit 1, where
+    a stop anywhere else is one line with the resume command, and no checkpoint at all. A
+    write is short and bounded, so the stop waits for it, and the checkpoint it was writing
+    is there to resume from. Only Python handlers are held (a signal whose handler is the
+    system's default or ignored acts as before), only on the main thread (the only one
+    Python runs handlers on, and the only one that may install them)."""
+    if threading.current_thread() is not threading.main_thread() or _deferring:
+        yield
+        return
+    pending: list[tuple[int, object]] = []
+
+    def hold(signum: int, frame: object) -> None:
+        pending.append((signum, frame))
+
+    previous: dict[int, object] = {}
+    _deferring.append(True)
+    try:
+        for signum in DEFERRED_SIGNALS:
+            handler = signal.getsignal(signum)
+            if callable(handler):
+                previous[signum] = signal.signal(signum, hold)
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)  # type: ignore[arg-type]
+        _deferring.clear()
+        ran: set[int] = set()
+        for signum, frame in pending:  # each signal's handler once, in the order they came
+            if signum not in ran:
+                ran.add(signum)
+                previous[signum](signum, frame)  # type: ignore[operator]
+
+
+def _interrupt_behind(exc: BaseException) -> KeyboardInterrupt | None:
+    """The interrupt (Ctrl-C, :class:`~accelopt.errors.Terminated`) that ``exc`` was raised
+    while handling, if any: torch's writer raises its own ``RuntimeError`` when an interrupt
+    stops it mid-file, and the user asked for the stop, not for that error."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, KeyboardInterrupt):
+            return current
+        current = current.__cause__ or current.__context__
+    return None
+
+
 def _create_temp(path: Path) -> tuple[int, Path]:
     """Create a hidden, unique temp file next to ``path``.
 
@@ -94,7 +157,21 @@ def atomic_open(path: Path, mode: str = "w", *, durable: bool = True, exclusive:
     (text, UTF-8 unless given) or ``"wb"``. ``durable=False`` skips the fsync, for a scratch
     file that need not survive a crash of the machine. ``exclusive``: ``path`` is created,
     never replaced (:func:`_put_exclusive`): ``FileExistsError`` where it is there already,
-    the file left as it is (of two processes writing it at once, one wins)."""
+    the file left as it is (of two processes writing it at once, one wins).
+
+    Ctrl-C and SIGTERM wait for the write to end (:func:`interrupts_deferred`), so a stop
+    leaves the new file complete, then stops as anywhere else. An interrupt that still
+    lands inside (a handler not held) deletes the temp file and is raised itself, never an
+    error the writer raised while handling it."""
+    with interrupts_deferred():
+        with _atomic_open(path, mode, durable=durable, exclusive=exclusive,
+                          **kwargs) as handle:
+            yield handle
+
+
+@contextlib.contextmanager
+def _atomic_open(path: Path, mode: str, *, durable: bool, exclusive: bool,
+                 **kwargs: object) -> Iterator[IO]:
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -119,6 +196,9 @@ def atomic_open(path: Path, mode: str = "w", *, durable: bool = True, exclusive:
     except BaseException as exc:
         with contextlib.suppress(OSError):
             tmp.unlink()
+        interrupt = _interrupt_behind(exc)
+        if interrupt is not None and interrupt is not exc:
+            raise interrupt from None
         refused = None if isinstance(exc, OutputUnwritable) else write_failure(exc)
         if refused is not None:
             raise OutputUnwritable(path, refused) from exc

@@ -40,7 +40,9 @@ def has_checkpoints(run_dir: Path) -> bool:
 
 
 def atomic_torch_save(obj: Any, path: Path) -> None:
-    """``torch.save`` through :func:`accelopt.atomic.atomic_open` (temp file + rename)."""
+    """``torch.save`` through :func:`accelopt.atomic.atomic_open` (temp file + rename): a
+    Ctrl-C or SIGTERM during the write stops the run once the file is complete, so a stop
+    at any instant leaves a checkpoint to resume from and the one line that says how."""
     with atomic_open(path, "wb") as handle:
         torch.save(obj, handle)
 

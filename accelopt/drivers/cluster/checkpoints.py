@@ -17,11 +17,12 @@ each rank keeps its last two generations, and a resume takes the newest iteratio
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from accelopt.errors import UserError
+from accelopt.errors import UserError, listed
 from accelopt.job.checkpoint import (
     CHECKPOINT_DIR,
     PLUGIN_SETTINGS,
@@ -107,7 +108,9 @@ def refuse_other_ranks(directory: Path, generations: dict[int, list[int]], world
 
 def refuse_unresumable(resume_dir: str | Path, job_id: str, spec: Any, world: int) -> None:
     """What :func:`restore_part` refuses, checked before a resumed run writes anything: the
-    job's checkpoints written by another number of ranks, or for another job spec."""
+    job's checkpoints written by another number of ranks, or for another job spec. A job
+    whose files share no iteration is not refused but said (:func:`restart_note`), on
+    stderr as the refusals are, once per job (each rank's restore finds the same)."""
     directory = job_dir(resume_dir, job_id)
     generations = _generations(directory)
     if not generations:
@@ -115,6 +118,29 @@ def refuse_unresumable(resume_dir: str | Path, job_id: str, spec: Any, world: in
     refuse_other_ranks(directory, generations, world)
     rank, iterations = min(generations.items())
     refuse_other_spec(directory / f"rank{rank}.it{max(iterations):08d}.pt", spec)
+    note = restart_note(directory, job_id)
+    if note:
+        print(note, file=sys.stderr, flush=True)
+
+
+def restart_note(directory: Path, job_id: str) -> str:
+    """``note: ...`` where the job's checkpoints in ``directory`` exist but no iteration has
+    a file of every rank (one rank's file of the newest common one deleted, say): the job
+    restarts from scratch (:func:`restore_part`) and its iterations run again, which the
+    resume's "resuming ... from its checkpoints" line alone hid. '' where there is an
+    iteration to resume from, or no checkpoint at all (the resume says that already)."""
+    generations = _generations(directory)
+    if not generations or _common(generations):
+        return ""
+    has = [f"rank {rank} has {', '.join(str(i) for i in sorted(its))}"
+           for rank, its in sorted(generations.items())]
+    return (f"note: job {job_id}: no iteration every rank has a checkpoint of in {directory} "
+            f"({listed(has, sep='; ')}); it restarts from scratch (its iterations run again)")
+
+
+def _common(generations: dict[int, list[int]]) -> set[int]:
+    """The iterations every rank in ``generations`` has a checkpoint of."""
+    return set.intersection(*(set(v) for v in generations.values())) if generations else set()
 
 
 def unreadable_hint(path: Path) -> str:
@@ -126,7 +152,7 @@ def unreadable_hint(path: Path) -> str:
     if match and generations:
         rank, iteration = int(match.group(1)), int(match.group(2))
         generations[rank] = [i for i in generations[rank] if i != iteration]
-        common = set.intersection(*(set(v) for v in generations.values()))
+        common = _common(generations)
         then = (f"its job resumes from iteration {max(common)}, the newest every rank still "
                 "has" if common else "its job restarts from scratch")
     else:
@@ -158,7 +184,7 @@ def restore_part(resume_dir: str | Path, part: RankJob, rank: int, world: int) -
     generations = _generations(directory)
     if generations:
         refuse_other_ranks(directory, generations, world)
-    common = set.intersection(*(set(v) for v in generations.values())) if generations else set()
+    common = _common(generations)
     if not common:
         return False
     state = load_into(directory / f"rank{rank}.it{max(common):08d}.pt", job)
