@@ -16,16 +16,18 @@ SLIDE runs in one process only: its weights are buffers, which neither cluster m
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from types import SimpleNamespace
 from typing import Any
 
+import numba
 from accelopt_plugins.slide.config import SlideConfig, as_config, validate
 from accelopt_plugins.slide.layer import SlideLinear, SlideSparseInput, unshareable
 from accelopt_plugins.slide.xcmodel import SparseInput
 from torch import fx, nn
 
-from accelopt import ConfigError, LayerOffer, ReportRow, RunInfo, UserError, hookimpl
+from accelopt import ConfigError, JobInfo, LayerOffer, ReportRow, RunInfo, UserError, hookimpl
 from accelopt.config import YOUR_LOOP_DATASET
 from accelopt.job.optim import lr_factor, schedules
 from accelopt.types import INERT, IterationContext
@@ -159,6 +161,31 @@ LSH_HELD_OUT_KEY = "heldout_lsh_inference"
 """The metrics key (1) of a training row whose held-out figure was scored with LSH."""
 
 
+def thread_note(threads: int) -> str:
+    """What the row says about ``plugins.slide.threads`` (nothing at 0, numba's default): the
+    count the layers ran with, and that it was reduced where numba allows fewer
+    (``NUMBA_NUM_THREADS``, the cores numba saw at import): ``threads=1000`` ran on that
+    many, and a row saying nothing read as if 1000 had."""
+    if not threads:
+        return ""
+    most = int(numba.config.NUMBA_NUM_THREADS)
+    if threads <= most:
+        return f"; {threads} numba thread{'s' * (threads > 1)} (plugins.slide.threads)"
+    return (f"; {most} numba threads: plugins.slide.threads={threads} reduced to numba's "
+            f"maximum here (NUMBA_NUM_THREADS={most})")
+
+
+RESUMED = ("resumed at iteration {at}: the LSH tables and hash functions, the sparse Adam "
+           "moments and step counts, and the rebuild schedule came back with the model (they "
+           "are its buffers, in the checkpoint); this row's counters (active fraction, rows "
+           "per batch, time shares, rebuilds) are this process's, so they cover only the "
+           "iterations after the resume")
+"""What a resumed job's SLIDE row says about its checkpoint: the core's generic note for a
+plugin without ``accelopt_state_save`` ("keeps no state in checkpoints") read as if the
+tables were lost, when every piece of the layers' state is a buffer and a resumed run
+matches an uninterrupted one exactly; only the row's statistics restart."""
+
+
 class _LeafTracer(fx.Tracer):
     """Every module without children is one call (SLIDE's own layers, a user's custom
     layers): only the path from the layers to the model's output matters here."""
@@ -284,6 +311,11 @@ class SlidePlugin:
         self.ties: dict[tuple[str, str], str] = {}
         """(job, path) of a replaced layer whose weight another module shared (GPT-2's tied
         embedding) -> what became of the tie, for its report row."""
+        self.done: dict[str, int] = {}
+        """Per job: the iterations it has started (the last index + 1), kept in its
+        checkpoint (:meth:`accelopt_state_save`) so a resumed row can say where it resumed."""
+        self.resumed: dict[str, int] = {}
+        """Per job resumed from a checkpoint: the iteration it resumed at."""
 
     @hookimpl
     def accelopt_configure(self, config: Any, run_config: Any) -> None:
@@ -316,6 +348,7 @@ class SlidePlugin:
         in backward, before the core sets the optimizer's rate for the step (after
         backward), so they compute the same factor of the same iteration themselves; with
         the rate fixed at build, a warm-up left the output layer at full rate from step 0."""
+        self.done[context.job.name] = context.iteration + 1
         schedule = self.schedules.get(context.job.name)
         if schedule is None:
             return
@@ -323,6 +356,20 @@ class SlidePlugin:
         for job, _, lay in (*self.layers, *self.inputs):
             if job == context.job.name:
                 lay.lr_scale = scale
+
+    @hookimpl
+    def accelopt_state_save(self, job: JobInfo) -> dict[str, Any] | None:
+        """The iterations the job has run, and nothing else: the layers' whole state (tables,
+        hash functions, Adam moments, schedule) is buffers of the model, which the checkpoint
+        holds already. Implemented so the resumed row can say so itself (:data:`RESUMED`)."""
+        if not any(j == job.name for j, _, _ in (*self.layers, *self.inputs)):
+            return None
+        return {"iterations": self.done.get(job.name, 0)}
+
+    @hookimpl
+    def accelopt_state_load(self, job: JobInfo, state: dict[str, Any]) -> None:
+        self.resumed[job.name] = int(state.get("iterations", 0))
+        self.done[job.name] = self.resumed[job.name]
 
     def _lr(self, job_name: str, kind: str = "train") -> float:
         if self.cfg.lr is not None:
@@ -467,6 +514,9 @@ class SlidePlugin:
             s = lay.summary()
             notes = "".join(f"; {d[(job, path)]}" for d in (self.aliases, self.ties)
                             if (job, path) in d)
+            notes += thread_note(self.cfg.threads)
+            if job in self.resumed:
+                notes += f"; {RESUMED.format(at=self.resumed[job])}"
             if self.kinds.get(job) == "infer":
                 rows.append(self._inference_row(job, path, lay, notes))
                 continue
@@ -510,6 +560,10 @@ class SlidePlugin:
                 ),
                 metrics={**{k: round(float(v), 6) for k, v in s.items()}, **lsh},
             ))
+        for i, (job, _, _) in enumerate(self.layers):  # one row per layer, in order
+            if job in self.resumed:  # the key the core gives a row that counts from a resume
+                rows[i] = dataclasses.replace(rows[i], metrics={
+                    **rows[i].metrics, "since_resume_at": self.resumed[job]})
         if self.skipped:  # beside replaced layers too: a wide layer left dense is news
             rows.append(ReportRow(plugin="slide",
                                   summary=f"wide layers left dense: {left}",

@@ -28,6 +28,7 @@ from accelopt_plugins.slide.xcmodel import xc_softmax_loss
 from numba import njit
 
 MAX_FEATURES = 1 << 24  # feature ids travel as float32 in x
+MAX_LABELS = 1 << 31  # label ids are stored as int32 (XCData.labels)
 
 log = logging.getLogger(__name__)
 
@@ -203,7 +204,12 @@ def read_xc(path: str | Path) -> XCData:
     A point's labels are a set: a label listed twice in a line is kept once (every loss
     counts it once), and one log line says how many points had such repeats. A feature id
     of 2**24 or more is refused: ``x`` carries feature ids as float32, which holds integers
-    exactly only up to there (16777217 arrived as 16777216, another feature's weights)."""
+    exactly only up to there (16777217 arrived as 16777216, another feature's weights).
+    A header label count ``L`` above 2**31 is refused too: label ids (below ``L``) are stored
+    as int32, and a larger one failed later with numpy's OverflowError naming no file. A
+    feature listed twice in a line is refused naming both values: unlike a repeated label
+    (the same fact twice), a repeated feature has two values and no one reading of them
+    (the dense layer summed them, a "last one wins" reader would not)."""
     indptr, indices, values, label_ptr, labels = [0], [], [], [0], []
     with_repeats = 0
     with open(path, encoding="ascii", errors="replace") as fh:
@@ -212,6 +218,11 @@ def read_xc(path: str | Path) -> XCData:
             raise ValueError(f"{path}:1: expected header 'N D L' (three integers), got "
                              f"{' '.join(header)!r}")
         n, nf, nl = (int(t) for t in header)
+        if nl > MAX_LABELS:
+            raise ValueError(f"{path}:1: the header's label count {nl} is above the limit "
+                             f"{MAX_LABELS} (2**31): label ids are stored as int32, so every "
+                             f"id must be below it; renumber the labels to ids below "
+                             f"{MAX_LABELS} and give their count in the header")
         count = 0
         for lineno, line in enumerate(fh, start=2):
             if not line.strip():
@@ -231,6 +242,7 @@ def read_xc(path: str | Path) -> XCData:
                 row[int(t)] = None
             with_repeats += len(row) < len(toks)
             labels.extend(row)
+            seen: dict[int, float] = {}
             for t in feat_toks:
                 f, sep, v = t.partition(":")
                 try:
@@ -245,6 +257,12 @@ def read_xc(path: str | Path) -> XCData:
                                      f"{MAX_FEATURES} (2**24): feature ids travel as float32, "
                                      f"exact only below it, so it would merge with another "
                                      f"feature; renumber the features to ids below {MAX_FEATURES}")
+                if fid in seen:
+                    raise ValueError(f"{path}:{lineno}: feature {fid} is listed twice in this "
+                                     f"point (values {seen[fid]:g} and {val:g}); give each "
+                                     f"feature once per line (the sum of its values, if that "
+                                     f"is what was meant)")
+                seen[fid] = val
                 indices.append(fid)
                 values.append(val)
             indptr.append(len(indices))
