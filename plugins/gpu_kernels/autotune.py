@@ -14,7 +14,11 @@ Otherwise the layer stays on ``direct``: a layer is never switched on a coin fli
 Decisions are cached per (device, dtype, mode, shapes, conv hyper-parameters) in a JSON
 file written atomically (``accelopt.atomic.atomic_open``: a reader never sees half a file).
 A cache that does not parse or has the wrong structure is reported with a warning and
-rebuilt; an entry naming an algorithm that is not valid for its layer is dropped.
+rebuilt (``DecisionCache.problem`` says why, for the plugin's report row); an entry naming
+an algorithm that is not valid for its layer is dropped. A cache that cannot be written
+(any ``OSError``: a full disk, a read-only directory, a directory where the file should be)
+never fails the layer being tuned: the decisions stay in memory and
+``DecisionCache.unsaved`` says why they were not saved.
 """
 
 from __future__ import annotations
@@ -93,6 +97,13 @@ class DecisionCache:
     path: Path | None
     entries: dict[str, dict[str, Any]] = field(default_factory=dict)
     rebuilt: bool = False
+    problem: str | None = None
+    """Why the file was unreadable when loaded (it is rebuilt), for a report; ``None`` if
+    it read fine or did not exist. A warning alone reached stderr only, never the run's
+    outputs."""
+    unsaved: str | None = None
+    """Why the latest write of the file failed (``None`` once one succeeds): a cache is an
+    optimisation, so a write refused by the machine must not fail the training job."""
 
     @classmethod
     def load(cls, path: str | Path | None) -> DecisionCache:
@@ -105,9 +116,9 @@ class DecisionCache:
 
     def _read(self) -> dict[str, dict[str, Any]]:
         assert self.path is not None
-        if not self.path.exists():
-            return {}
         try:
+            if not self.path.exists():
+                return {}
             data = json.loads(self.path.read_text(encoding="utf-8"))
             if not isinstance(data, dict) or data.get("version") != CACHE_VERSION:
                 raise ValueError("not an accelopt gpu_kernels cache of version 1")
@@ -119,8 +130,10 @@ class DecisionCache:
                 raise ValueError("malformed entries")
             return entries
         except (ValueError, KeyError, OSError, UnicodeDecodeError) as exc:
+            why = _one_line(exc)
+            self.problem = why
             warnings.warn(
-                f"gpu_kernels: autotuning cache {self.path} is corrupted ({exc}); "
+                f"gpu_kernels: autotuning cache {self.path} is corrupted ({why}); "
                 "ignoring it and rebuilding it from fresh measurements",
                 CacheCorruptedWarning,
                 stacklevel=3,
@@ -147,14 +160,50 @@ class DecisionCache:
         # merge with what other processes wrote meanwhile (unless the file is corrupted)
         merged: dict[str, dict[str, Any]] = {}
         if not self.rebuilt:
+            problem = self.problem
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", CacheCorruptedWarning)
                 merged = self._read()
+            self.problem = problem  # a re-read is a merge, not what the load found
         merged.update(self.entries)
         self.entries = merged
-        with atomic_open(self.path) as fh:
-            json.dump({"version": CACHE_VERSION, "entries": merged}, fh, indent=1, sort_keys=True)
+        try:
+            with atomic_open(self.path) as fh:
+                json.dump({"version": CACHE_VERSION, "entries": merged}, fh, indent=1,
+                          sort_keys=True)
+        except OSError as exc:  # the decisions stay in memory; the report says so
+            self.unsaved = _one_line(exc)
+            return
+        self.unsaved = None
         self.rebuilt = False
+
+    def notes(self) -> list[str]:
+        """One short phrase per problem with the file, for a report row: read unreadable
+        (rebuilt), or the decisions not saved."""
+        out = []
+        if self.problem is not None:
+            out.append(f"conv cache {self.path} was unreadable ({self.problem}): rebuilt")
+        if self.unsaved is not None:
+            out.append(f"conv decisions not saved to {self.path} ({self.unsaved}); "
+                       "they were used in this run only")
+        return out
+
+
+def _one_line(exc: BaseException) -> str:
+    """``exc`` as a short single line: its OS reason for an ``OSError`` (the file is the
+    cache's, named beside it; a write's own file is a hidden temp name), else its message
+    with newlines folded, so a report row stays one line."""
+    if isinstance(exc, OSError) and exc.strerror:
+        text = exc.strerror
+    elif isinstance(exc, json.JSONDecodeError):
+        text = f"not valid JSON: {exc}"
+    elif isinstance(exc, UnicodeDecodeError):
+        text = "not UTF-8 text"
+    elif isinstance(exc, KeyError):
+        text = f"no {exc} key"
+    else:
+        text = str(exc) or type(exc).__name__
+    return " ".join(text.split())[:200]
 
 
 def _sync(device: torch.device) -> None:

@@ -6,13 +6,38 @@ the report, so a user switches on exactly the tricks they want to measure.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 from accelopt.errors import ConfigError
 
 CRITERIA = ("l1", "l2", "taylor")
 TILED_MODES = ("off", "tiled", "register_blocked")
 LAYOUT_MODES = ("off", "on", "auto")
+CONV_CACHE_AUTO = "auto"
+"""``conv_cache`` default: the user's cache directory (:func:`default_conv_cache`)."""
+
+
+def default_conv_cache() -> Path:
+    """``$XDG_CACHE_HOME/accelopt/gpu_kernels_conv.json``, or under ``~/.cache`` when the
+    variable is unset, empty or relative (the XDG base directory spec ignores a relative
+    one). Why not a fixed ``~/.cache``: a user (or a test, or a CI job) that points
+    ``XDG_CACHE_HOME`` elsewhere expects every tool's cache to follow it."""
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    root = Path(base) if base and os.path.isabs(base) else Path("~/.cache").expanduser()
+    return root / "accelopt" / "gpu_kernels_conv.json"
+
+
+def conv_cache_path(value: str | None) -> Path | None:
+    """The file ``conv_cache=value`` names: ``None`` for ``""`` (decisions in memory only),
+    :func:`default_conv_cache` for ``auto``, else the path with ``~`` expanded."""
+    value = "" if value is None else str(value)
+    if not value:
+        return None
+    if value == CONV_CACHE_AUTO:
+        return default_conv_cache()
+    return Path(value).expanduser()
 
 
 @dataclass
@@ -36,8 +61,10 @@ class GpuKernelsConfig:
     Single-process runs only (``cluster.mode=none``)."""
     conv_autotune: bool = False
     """Replace every Conv2d by an autotuned one (direct / im2col / FFT / Winograd)."""
-    conv_cache: str = "~/.cache/accelopt/gpu_kernels_conv.json"
-    """JSON file of autotuning decisions per (device, dtype, shape); ``""`` disables it."""
+    conv_cache: str = CONV_CACHE_AUTO
+    """JSON file of autotuning decisions per (device, dtype, shape); ``""`` disables it;
+    ``auto``: ``$XDG_CACHE_HOME/accelopt/gpu_kernels_conv.json`` (``~/.cache`` when
+    ``XDG_CACHE_HOME`` is unset)."""
     autotune_reps: int = 7
     """Timed repetitions per algorithm (median compared)."""
     autotune_min_gain: float = 0.05

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import stat
 import statistics
 import warnings
 from dataclasses import dataclass, field
@@ -44,7 +45,7 @@ from accelopt_plugins.gpu_kernels.autotune import (
     time_callables,
     verify_model,
 )
-from accelopt_plugins.gpu_kernels.config import GpuKernelsConfig
+from accelopt_plugins.gpu_kernels.config import GpuKernelsConfig, conv_cache_path
 from accelopt_plugins.gpu_kernels.layout import ChannelsLast
 from accelopt_plugins.gpu_kernels.pruning import (
     Lineage,
@@ -258,17 +259,19 @@ class GpuKernelsPlugin:
                 f"plugins.gpu_kernels.prune_at_iteration={config.prune_at_iteration} needs a "
                 f"single-process run (cluster.mode={mode}: ranks would disagree on the "
                 "parameters); use cluster.mode=none or prune_at_iteration=0")
-        if config.conv_autotune and config.conv_cache:
+        path = conv_cache_path(config.conv_cache) if config.conv_autotune else None
+        if path is not None:
+            _refuse_unusable_cache(str(config.conv_cache), path)
             # an unwritable cache failed the first conv job's profiling step, the line
             # blaming the model's inputs
-            refuse_unwritable(Path(str(config.conv_cache)).expanduser().parent,
+            refuse_unwritable(path.parent,
                               "give plugins.gpu_kernels.conv_cache a path you can write, or "
                               "conv_cache='' to keep the decisions in memory")
 
     def _tuner(self) -> ConvAutotuner:
         if self.tuner is None:
             self.tuner = ConvAutotuner(
-                DecisionCache.load(self.config.conv_cache or None),
+                DecisionCache.load(conv_cache_path(self.config.conv_cache)),
                 reps=int(self.config.autotune_reps),
                 min_gain=float(self.config.autotune_min_gain),
             )
@@ -459,6 +462,8 @@ class GpuKernelsPlugin:
                 parts.append(
                     f"node-pruned {len(p.pruned)} layers at build time (fresh weights, trained "
                     f"at the pruned size), params {p.params_before}->{p.params_after}")
+            elif p.unremoved:  # layers to prune, but the amount rounds to 0 units of each
+                parts.append(f"node pruning: {p.unremoved_note(float(self.config.prune_amount))}")
             else:
                 parts.append("node pruning: no prunable layer (the model stays dense)")
             if p.floored:
@@ -481,6 +486,15 @@ class GpuKernelsPlugin:
             metrics.update({f"conv_{a}": n for a, n in chosen.items()})
         elif self.config.conv_autotune:
             parts.append("conv autotune: the model has no Conv2d")
+        if rec.convs and self.tuner is not None:
+            # a corrupt or unwritable cache was a warning on stderr only (or failed the
+            # job): the row, and so metrics.json, says what became of the decisions
+            cache = self.tuner.cache
+            parts += cache.notes()
+            if cache.problem is not None:
+                metrics["conv_cache_rebuilt"] = 1
+            if cache.unsaved is not None:
+                metrics["conv_cache_unsaved"] = 1
         if self.config.tiled_linear != "off":
             paths = {t.last_path for t in rec.tiled}
             if not rec.tiled:
@@ -537,6 +551,26 @@ class GpuKernelsPlugin:
             for algo in conv._chosen.values():  # type: ignore[attr-defined]
                 counts[algo] = counts.get(algo, 0) + 1
         return counts
+
+
+def _refuse_unusable_cache(value: str, path: Path) -> None:
+    """One line before the run, unless ``path`` is a regular file or absent. Why: a
+    directory there was warned about as a "corrupted" cache, then its write failed the
+    job with ``IsADirectoryError``; a device or FIFO would be replaced by the write."""
+    key = f"plugins.gpu_kernels.conv_cache={value}"
+    fix = "or conv_cache='' to keep the decisions in memory"
+    try:
+        mode = path.stat().st_mode
+    except (FileNotFoundError, NotADirectoryError):  # created at the first decision; a
+        return  # path through a file is refuse_unwritable's to say
+    except OSError as exc:
+        raise UserError(f"{key}: cannot read {path} ({exc.strerror or exc}); give a file "
+                        f"you can read and write, {fix}") from None
+    if stat.S_ISDIR(mode):
+        raise UserError(f"{key}: {path} is a directory, not a file; give a file path such as "
+                        f"{path / 'gpu_kernels_conv.json'}, {fix}")
+    if not stat.S_ISREG(mode):
+        raise UserError(f"{key}: {path} is not a regular file; give a file path, {fix}")
 
 
 def _untuned_note(at: int) -> str:

@@ -84,6 +84,9 @@ class PruneReport:
     round: ``prune_channels(dense_copy, report.kept)`` repeats the pruning exactly."""
     floored: dict[str, int] = field(default_factory=dict)
     """Groups (key -> units) the amount would have emptied: one unit kept instead."""
+    unremoved: dict[str, int] = field(default_factory=dict)
+    """Prunable groups (key -> units) left whole because their amount rounds down to no
+    unit (``amount * units < 1``): why an amount of 0.05 pruned nothing."""
 
     def summary(self) -> str:
         layers = ", ".join(f"{p or '<root>'} {a}->{b}" for p, (a, b) in self.pruned.items())
@@ -94,6 +97,17 @@ class PruneReport:
             f"groups ({coupled} coupled); params {self.params_before} -> {self.params_after}; "
             f"refused {len(self.refused)}{floored}"
         )
+
+    def unremoved_note(self, amount: float) -> str:
+        """One line on why nothing was pruned when every prunable group's amount rounded to
+        no unit, with the smallest amount that removes one unit of the widest group."""
+        sizes = sorted(set(self.unremoved.values()))
+        shown = ", ".join(map(str, sizes[:4])) + (", ..." if len(sizes) > 4 else "")
+        widest = sizes[-1]
+        return (f"prune_amount={amount:g} removes no unit of any of the {len(self.unremoved)} "
+                f"prunable layers: it rounds to 0 of {shown} units (amount x units, rounded "
+                f"down; the model stays dense); an amount >= {1 / widest:.4g} removes one "
+                f"unit of the widest ({widest})")
 
     def floored_note(self) -> str:
         """One line on the groups the amount would have emptied."""
@@ -603,6 +617,8 @@ def node_prune(
                 1, round(n0 * (1.0 - share) ** (r / rounds)))
             if r == rounds and _raw_keep(n0, share) < 1:
                 report.floored[g.key] = n0
+            if r == rounds and share > 0 and _raw_keep(n0, share) >= n0:
+                report.unremoved[g.key] = n0
             if min(target, n) < n:
                 scores = _group_scores(g, modules, criterion, taylor)
                 keep[g.key] = scores.topk(min(target, n)).indices.sort().values
@@ -618,6 +634,8 @@ def node_prune(
             fine_tune(model, r)
     for path in report.pruned:
         report.refused.pop(path, None)
+    for key in report.kept:  # an earlier round (rounding to nearest) may have pruned it
+        report.unremoved.pop(key, None)
     report.params_after = count_params(model)
     return report
 
