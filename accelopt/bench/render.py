@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -103,12 +104,21 @@ def render_table(summary: Sequence[SetSummary], context: dict[str, Any]) -> Tabl
     return table
 
 
+def code_span(text: str) -> str:
+    """``text`` as one Markdown code span, shown as is: fenced by one backtick more than the
+    longest run of them in it (a shell-quoted ``'a`b'`` argument ended a one-backtick span
+    early), padded with a space where it starts or ends with one."""
+    fence = "`" * (max((len(run) for run in re.findall("`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
 def render_markdown(summary: Sequence[SetSummary], context: dict[str, Any]) -> str:
     repeats = fewer_repeats(summary, context) or f"{context['repeats']} repeats"
     lines = [
         f"# Ablation: {context['metric']}",
         "",
-        f"Command: `{context['command']}`",
+        f"Command: {code_span(context['command'])}",
         "",
         f"Machine: {context['machine']}, Python {context['python']}. "
         f"{repeats}, sets interleaved within each repeat.",

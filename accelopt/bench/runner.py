@@ -24,6 +24,7 @@ import math
 import os
 import platform
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -270,6 +271,14 @@ def bench_command(args: list[str]) -> int:
         marker.unlink(missing_ok=True)
 
 
+def command_line(args: list[str]) -> str:
+    """The bench's command as the report shows it (bench.md's ``Command:``, bench.json's
+    ``context.command``): each argument shell-quoted, so the line pastes back into a shell
+    and runs the same bench (joined with spaces, ``--out "bench out"`` read back as two
+    arguments)."""
+    return shlex.join(["accelopt", "bench", *args])
+
+
 def _bench(opts: argparse.Namespace, args: list[str], out: Path, created: bool,
            sets: list[list[str]], common: list[str], per_plugin: dict[str, list[str]]) -> int:
     """The bench in ``out`` (checked, created, marked running): the sweep, then its report."""
@@ -287,7 +296,7 @@ def _bench(opts: argparse.Namespace, args: list[str], out: Path, created: bool,
     ]
     total = len(plan)
     context = {
-        "command": "accelopt bench " + " ".join(args),
+        "command": command_line(args),
         "metric": opts.metric,
         "higher_is_better": _direction(opts),
         "repeats": opts.repeats,

@@ -198,8 +198,29 @@ EMPTY_SELECTIONS = ("+plugins=[]", "plugins=[]", "++plugins=[]")
 def drop_empty_plugin_selection(args: list[str]) -> list[str]:
     """``+plugins=[]`` in a single run means no plugins, which is the default: drop it
     (Hydra cannot select an empty list of config-group options outside a sweep, which
-    ``accelopt matrix`` and ``-m '+plugins=[],[noop]'`` write)."""
-    return [a for a in args if a.replace(" ", "") not in EMPTY_SELECTIONS]
+    ``accelopt matrix`` and ``-m '+plugins=[],[noop]'`` write). Not on a resume's line: a
+    resume runs the old run's plugins, so it is refused there as ``+plugins=[salus]`` is
+    (:func:`refuse_bad_resume`); dropped, the resume went on with the old plugins in
+    silence, and the new run's ``.hydra/overrides.yaml`` did not show it was given. Unless
+    the resumed run was started with it too (a sweep's ``+plugins=[]`` point): it changes
+    nothing, and is dropped as on a new run's line."""
+    resumed = _resumed(args)
+    own = _overrides_of_the_run(Path(resumed).expanduser()) if resumed is not None else []
+    return [a for a in args if a.replace(" ", "") not in EMPTY_SELECTIONS
+            or (resumed is not None and not any(_same_override(a, k) for k in own))]
+
+
+NO_RESUME = ("null", "none", "''", '""')
+
+
+def _resumed(overrides: Sequence[str]) -> str | None:
+    """The directory ``run.resume`` names on the line (its last value), or None where it
+    names none (absent, or null)."""
+    values = [o.split("=", 1)[1].strip() for o in overrides
+              if "=" in o and o.lstrip("+").split("=", 1)[0].strip() == "run.resume"]
+    if not values or not values[-1] or values[-1].lower() in NO_RESUME:
+        return None
+    return values[-1]
 
 
 def expand_sweeps(overrides: list[str]) -> list[list[str]]:
@@ -347,13 +368,44 @@ def refuse_bad_resume(overrides: list[str]) -> None:
     if resume and out and Path(resume).expanduser().resolve() == Path(out).expanduser().resolve():
         raise ConfigError(f"run.resume: {resume} is also this run's output directory; a resumed "
                           "run writes into a new directory (drop hydra.run.dir)")
-    if resume and resume.lower() not in ("null", "none", "''", '""'):
-        ignored = [o for o in overrides if not _kept_by_resume(o)]
+    if resume and resume.lower() not in NO_RESUME:
+        own = _overrides_of_the_run(Path(resume).expanduser())
+        ignored = [o for o in overrides
+                   if not _kept_by_resume(o) and not any(_same_override(o, k) for k in own)]
         if ignored:
             raise ConfigError(
                 f"run.resume continues {resume} with the configuration it ran with, so "
                 f"{', '.join(ignored)} would be ignored; drop "
                 f"{'it' if len(ignored) == 1 else 'them'} (a new run takes them)")
+
+
+def _overrides_of_the_run(run_dir: Path) -> list[str]:
+    """The overrides the run in ``run_dir`` was started with (its ``.hydra/overrides.yaml``;
+    none where it has no such file, e.g. a run of ``accelopt.run``). A resume's line may
+    repeat them: each changes nothing of the configuration the resume runs, so it is not
+    refused as one that would be ignored (that line told a user who pasted the run's own
+    command line, plus ``run.resume``, that the run's own plugins would not run)."""
+    try:
+        own = OmegaConf.load(run_dir / ".hydra" / "overrides.yaml")
+    except Exception:  # noqa: BLE001 - none, or not Hydra's: nothing the run is known to have
+        return []
+    return [str(o) for o in own] if OmegaConf.is_list(own) else []
+
+
+def _same_override(given: str, own: str) -> bool:
+    """Whether override ``given`` sets what ``own`` set (as Hydra parses both: ``+plugins=
+    [a, b]`` is ``+plugins=[a,b]``; ``run.progress=false`` is Hydra's saved
+    ``run.progress=False``)."""
+    if given.replace(" ", "") == own.replace(" ", ""):
+        return True
+    try:
+        a, b = OverridesParser.create().parse_overrides([given, own])
+    except Exception:  # noqa: BLE001 - not one Hydra reads: it is not the run's own
+        return False
+    if a.is_sweep_override() or b.is_sweep_override() or a.is_delete() or b.is_delete():
+        return False
+    return ((a.key_or_group, a.package, a.type) == (b.key_or_group, b.package, b.type)
+            and a.value() == b.value())
 
 
 RESUME_KEEPS = ("run.resume", "run.resume_finished", *HONOURED, "hydra.")

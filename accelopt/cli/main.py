@@ -15,7 +15,7 @@ import sys
 import threading
 import warnings
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from accelopt.errors import (
     AccelOptError,
@@ -58,6 +58,9 @@ def main(argv: list[str] | None = None) -> None:
     warnings.formatwarning = one_line_for_plugins(warnings.formatwarning)
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, raise_terminated)  # stop as on Ctrl-C, evidence kept
+    guard = StdoutGuard(sys.stdout) if sys.stdout is not None else None  # None: pythonw
+    if guard is not None:
+        sys.stdout = guard
     try:
         code = dispatch(args, debug)
     except AccelOptError as exc:
@@ -77,7 +80,60 @@ def main(argv: list[str] | None = None) -> None:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         code = 0
+    finally:
+        if guard is not None and sys.stdout is guard:  # in-process callers get theirs back
+            sys.stdout = guard.original
     sys.exit(code)
+
+
+class StdoutGuard:
+    """``sys.stdout`` while a command runs: a reader that leaves (``accelopt run ... | head
+    -1``) must not stop the run. Without it the first print after the reader left raised
+    ``BrokenPipeError`` inside the run (or a sweep's first point), which ended with exit 1,
+    nothing on stderr, the later points never run and ``accelopt.log`` cut short. At the
+    first broken pipe the rest of stdout goes nowhere: file descriptor 1 is pointed at
+    ``os.devnull`` (so the interpreter's last flush and anything writing the descriptor
+    itself fail no more), and so are this stream's later writes. What reads the stream's
+    attributes (``isatty``, ``encoding``, rich's console) sees the original one."""
+
+    def __init__(self, original: Any) -> None:
+        self.original = original
+        self._target = original
+        self.broken = False
+
+    def write(self, text: str) -> int:
+        try:
+            return self._target.write(text)
+        except BrokenPipeError:
+            self._reader_left()
+            return len(text)
+
+    def writelines(self, lines: Any) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        try:
+            self._target.flush()
+        except BrokenPipeError:
+            self._reader_left()
+
+    def _reader_left(self) -> None:
+        if self.broken:
+            return
+        self.broken = True
+        try:
+            fd = self.original.fileno()
+        except (AttributeError, OSError, ValueError):  # not a file: nothing else to point
+            fd = None
+        if fd is not None:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, fd)
+            os.close(devnull)
+        self._target = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 - process-long
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.original, name)
 
 
 def console() -> None:
