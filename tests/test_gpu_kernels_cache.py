@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
 from accelopt_plugins.gpu_kernels import autotune as at
 from accelopt_plugins.gpu_kernels.config import GpuKernelsConfig
 from accelopt_plugins.gpu_kernels.plugin import GpuKernelsPlugin
 from clirun import accelopt_in_process, the_error_line
+from test_gpu_kernels_edges import gpu_kernels_row
 from torch import nn
 
 import accelopt
@@ -34,19 +34,10 @@ def _conv_row(tmp_path: Path, cache: Path) -> accelopt.ReportRow:
     x, y = torch.randn(4, 3, 6, 6), torch.randint(3, (4,))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        ao = accelopt.attach(_cnn(), ["+plugins=[gpu_kernels]",
-                                      "plugins.gpu_kernels.conv_autotune=true",
-                                      "plugins.gpu_kernels.autotune_reps=3",
-                                      f"plugins.gpu_kernels.conv_cache={cache}"],
-                             example=(x, y), lr=0.1, iterations=2, run_dir=tmp_path / "r")
-        opt = torch.optim.SGD(ao.model.parameters(), lr=0.1)
-        for _ in ao.loop(range(2)):
-            loss = F.cross_entropy(ao.model(x), y)
-            opt.zero_grad()
-            ao.backward(loss)
-            ao.step(opt)
-        (row,) = [r for r in ao.close() if r.plugin == "gpu_kernels"]
-    return row
+        return gpu_kernels_row(_cnn(), x, y, ["plugins.gpu_kernels.conv_autotune=true",
+                                              "plugins.gpu_kernels.autotune_reps=3",
+                                              f"plugins.gpu_kernels.conv_cache={cache}"],
+                               2, tmp_path / "r")
 
 
 def test_a_directory_as_the_cache_is_refused_in_one_line(tmp_path: Path, capfd) -> None:

@@ -101,13 +101,13 @@ def _mlp() -> nn.Sequential:
                          nn.Linear(32, 4))
 
 
-def _late_prune_row(tmp_path: Path, at: int, iterations: int) -> accelopt.ReportRow:
-    torch.manual_seed(0)
-    x, y = torch.randn(32, 16), torch.randint(4, (32,))
-    ao = accelopt.attach(_mlp(), ["+plugins=[gpu_kernels]", "plugins.gpu_kernels.prune_amount=0.5",
-                                  f"plugins.gpu_kernels.prune_at_iteration={at}"],
-                         example=(x, y), lr=0.1, iterations=iterations, run_dir=tmp_path / "r")
-    opt = torch.optim.SGD(ao.model.parameters(), lr=0.1, momentum=0.9)
+def gpu_kernels_row(model: nn.Module, x: torch.Tensor, y: torch.Tensor, settings: list[str],
+                    iterations: int, run_dir: Path, momentum: float = 0.0) -> accelopt.ReportRow:
+    """gpu_kernels' row after ``iterations`` of a loop of one's own (``accelopt.attach``)
+    training ``model`` on one batch under ``settings``."""
+    ao = accelopt.attach(model, ["+plugins=[gpu_kernels]", *settings], example=(x, y),
+                         lr=0.1, iterations=iterations, run_dir=run_dir)
+    opt = torch.optim.SGD(ao.model.parameters(), lr=0.1, momentum=momentum)
     for _ in ao.loop(range(iterations)):
         loss = F.cross_entropy(ao.model(x), y)
         opt.zero_grad()
@@ -115,6 +115,14 @@ def _late_prune_row(tmp_path: Path, at: int, iterations: int) -> accelopt.Report
         ao.step(opt)
     (row,) = [r for r in ao.close() if r.plugin == "gpu_kernels"]
     return row
+
+
+def _late_prune_row(tmp_path: Path, at: int, iterations: int) -> accelopt.ReportRow:
+    torch.manual_seed(0)
+    x, y = torch.randn(32, 16), torch.randint(4, (32,))
+    return gpu_kernels_row(_mlp(), x, y, ["plugins.gpu_kernels.prune_amount=0.5",
+                                          f"plugins.gpu_kernels.prune_at_iteration={at}"],
+                           iterations, tmp_path / "r", momentum=0.9)
 
 
 def test_pruning_at_the_last_iteration_says_nothing_was_fine_tuned(tmp_path: Path) -> None:

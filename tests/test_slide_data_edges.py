@@ -16,7 +16,7 @@ from accelopt_plugins.slide.plugin import SlidePlugin
 from accelopt_plugins.slide.xcdata import MAX_FEATURES, from_files, read_xc
 from accelopt_plugins.slide.xcmodel import xc_softmax_loss
 
-from accelopt import LayerOffer
+from accelopt import LayerOffer, ReportRow
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("one_numba_thread")]
 
@@ -111,7 +111,7 @@ def test_a_feature_id_past_float32s_exact_integers_is_refused_naming_file_line_a
     assert int(x[0, 0, 0]) == last_exact
 
 
-class _Net(torch.nn.Module):
+class Wide400(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.out = torch.nn.Linear(16, 400)
@@ -120,21 +120,28 @@ class _Net(torch.nn.Module):
         return self.out(x)
 
 
-@pytest.mark.parametrize("inference", ["lsh", "dense"])
-def test_a_training_row_says_when_held_out_was_scored_with_lsh(inference: str) -> None:
-    """Under inference=lsh the core's held-out scoring (eval mode) gets LSH logits: P@1 0.757
-    for weights that score 0.900 densely, in a row that read like a dense-scored run's."""
-    net = _Net()
+def slide_row_after_one_batch(**settings: object) -> ReportRow:
+    """The SLIDE row of a 400-output layer after one training batch, under ``settings``
+    (``SlideConfig`` fields beside a small fixed layer's)."""
+    net = Wide400()
     plugin = SlidePlugin(SlideConfig(min_width=350, lr=1e-2, l=4, bucket_size=16,
-                                     inference=inference))
+                                     **settings))
     plugin.accelopt_layer_build(LayerOffer(
         job=SimpleNamespace(name="j", kind="train"), path="", index=0, module=net,
-        module_type="_Net", in_features=None, out_features=None))
+        module_type="Wide400", in_features=None, out_features=None))
     assert isinstance(net.out, SlideLinear)
     net.train()
     torch.manual_seed(0)
     net(torch.randn(8, 16)).loss_against(torch.randint(0, 400, (8, 2))).backward()
     (row,) = plugin.accelopt_report_rows(None)
+    return row
+
+
+@pytest.mark.parametrize("inference", ["lsh", "dense"])
+def test_a_training_row_says_when_held_out_was_scored_with_lsh(inference: str) -> None:
+    """Under inference=lsh the core's held-out scoring (eval mode) gets LSH logits: P@1 0.757
+    for weights that score 0.900 densely, in a row that read like a dense-scored run's."""
+    row = slide_row_after_one_batch(inference=inference)
     assert row.summary.startswith("j:out 400 outputs trained with")
     said = "the held-out column was scored with LSH inference" in row.summary
     assert said == (inference == "lsh")

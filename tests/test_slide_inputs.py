@@ -11,12 +11,11 @@ from types import SimpleNamespace
 
 import numba
 import pytest
-import torch
 from accelopt_plugins.slide.config import SlideConfig
-from accelopt_plugins.slide.layer import SlideLinear
 from accelopt_plugins.slide.plugin import SlidePlugin
 from accelopt_plugins.slide.xcdata import XCSpec, generate, read_xc, write_xc
 from clirun import accelopt_in_process, run_in_process, the_error_line
+from test_slide_data_edges import Wide400, slide_row_after_one_batch
 
 from accelopt import LayerOffer
 
@@ -64,28 +63,8 @@ def test_a_feature_listed_twice_in_a_point_is_refused_naming_file_line_and_value
     assert "0.5" in msg and "0.7" in msg and "once per line" in msg
 
 
-class _Net(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.out = torch.nn.Linear(16, 400)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.out(x)
-
-
 def _row_after_one_batch(threads: int) -> str:
-    net = _Net()
-    plugin = SlidePlugin(SlideConfig(min_width=350, lr=1e-2, l=4, bucket_size=16,
-                                     threads=threads))
-    plugin.accelopt_layer_build(LayerOffer(
-        job=SimpleNamespace(name="j", kind="train"), path="", index=0, module=net,
-        module_type="_Net", in_features=None, out_features=None))
-    assert isinstance(net.out, SlideLinear)
-    net.train()
-    torch.manual_seed(0)
-    net(torch.randn(8, 16)).loss_against(torch.randint(0, 400, (8, 2))).backward()
-    (row,) = plugin.accelopt_report_rows(None)
-    return row.summary
+    return slide_row_after_one_batch(threads=threads).summary
 
 
 def test_a_thread_count_above_numbas_maximum_is_named_as_reduced_in_the_row() -> None:
@@ -129,7 +108,7 @@ def test_the_state_kept_is_the_iteration_count_only_and_only_for_jobs_with_slide
     job = SimpleNamespace(name="j", kind="train")
     assert plugin.accelopt_state_save(job) is None  # nothing replaced: nothing to say
     plugin.accelopt_layer_build(LayerOffer(
-        job=job, path="", index=0, module=_Net(), module_type="_Net", in_features=None,
+        job=job, path="", index=0, module=Wide400(), module_type="Wide400", in_features=None,
         out_features=None))
     plugin.accelopt_iteration_start(SimpleNamespace(job=job, iteration=6))
     assert plugin.accelopt_state_save(job) == {"iterations": 7}
