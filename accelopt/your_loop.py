@@ -74,6 +74,7 @@ from accelopt.host import PluginHost
 from accelopt.job import inputs
 from accelopt.job.events import StepEvents, rebuilds
 from accelopt.job.gradients import Gradients
+from accelopt.job.job import TRAINS_ITSELF
 from accelopt.job.layers import offer_layers
 from accelopt.job.params import buckets_by_bytes, param_table
 from accelopt.job.specs import OPTIMIZERS, job_id_for, job_info
@@ -390,6 +391,16 @@ class Attached:
         plugin's ``accelopt_optimizer_build`` returned at a rebuild)."""
         self._context: IterationContext | None = None
         self._loss: float | None = None
+        self._trains_itself = [(name, module) for name, module in self.model.named_modules()
+                               if getattr(module, TRAINS_ITSELF, False)]
+        """The layers a plugin swapped in that update their own weights inside backward
+        (:data:`~accelopt.job.job.TRAINS_ITSELF`): they get the gradient backward computes,
+        so neither a ``GradScaler`` (they would step on the scaled gradient, even on a step
+        the scaler skips) nor several backwards per step (one update per micro-batch) can
+        be honoured for them: :meth:`_refuse_for_layers_training_themselves`."""
+        self._unstepped = 0
+        """``ao.backward`` calls since the last ``ao.step`` (or attach)."""
+        self._last_backward_iteration: int | None = None
         self._called = {"ao.backward(loss)": 0, "ao.step(opt)": 0}
         """How often the loop called each: a plugin listening where one never fired did
         nothing, which ``close()`` says."""
@@ -486,7 +497,9 @@ class Attached:
     def backward(self, loss: torch.Tensor, scaler: torch.amp.GradScaler | None = None) -> None:
         """``loss.backward()`` after ``accelopt_after_forward`` (which may replace it). With
         mixed precision pass the loop's ``GradScaler`` and the loss itself (not
-        ``scaler.scale(loss)``): the plugins see the loss and the scaled one is backpropagated."""
+        ``scaler.scale(loss)``): the plugins see the loss and the scaled one is backpropagated.
+        A layer a plugin swapped in that updates itself inside backward refuses the scaler and
+        a second backward before ``ao.step`` (:meth:`_refuse_for_layers_training_themselves`)."""
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
             got = (f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor)
                    else type(loss).__name__)
@@ -494,13 +507,45 @@ class Attached:
                             f"(a one-element tensor), got {got}; reduce it first "
                             "(loss.mean() or loss.sum())")
         context = self._current("backward()")
+        self._refuse_for_layers_training_themselves(context, scaler)
         self._called["ao.backward(loss)"] += 1
+        self._unstepped += 1
+        self._last_backward_iteration = context.iteration
         self._loss = float(loss.detach())
         if self.events.after_forward:
             replaced = self.events.after_forward(context, loss)
             if replaced is not None:
                 loss = replaced
         (loss if scaler is None else scaler.scale(loss)).backward()
+
+    def _layer_training_itself(self) -> tuple[str, str]:
+        """The first such layer, as a refusal names it: the plugin (the attribute's value
+        when it is the plugin's name), the layer's path and class."""
+        name, module = self._trains_itself[0]
+        owner = getattr(module, TRAINS_ITSELF)
+        plugin = f"plugin '{owner}'" if isinstance(owner, str) else "the plugin"
+        layer = f"layer '{name or '<root>'}' ({type(module).__name__})"
+        return f"{plugin.replace('the ', 'a ', 1)} replaced {layer}", plugin
+
+    def _refuse_for_layers_training_themselves(self, context: IterationContext,
+                                               scaler: torch.amp.GradScaler | None) -> None:
+        """A layer that updates its own weights inside backward gets exactly what backward
+        computes: under a ``GradScaler`` the gradient times the scale (its optimizer moments
+        went to inf at a large scale, while ``ao.step`` returned True), and with several
+        backwards per step one update per micro-batch. Both were silent; each is refused in
+        one line at the first backward that would do it (a second one in the same iteration
+        with no ``ao.step`` between; across iterations, :meth:`step` sees it)."""
+        if not self._trains_itself:
+            return
+        layer, plugin = self._layer_training_itself()
+        if scaler is not None:
+            raise UserError(
+                f"accelopt.attach: ao.backward(loss, scaler): {layer}, which updates its own "
+                "weights inside backward, where it would get the gradients times the scaler's "
+                "scale (and update even on a step the scaler skips); train without the "
+                f"GradScaler (bf16 autocast needs none: ao.backward(loss)), or without {plugin}")
+        if self._unstepped and self._last_backward_iteration == context.iteration:
+            raise UserError(_accumulation_refusal(layer, plugin))
 
     def step(self, optimizer: torch.optim.Optimizer,
              scaler: torch.amp.GradScaler | None = None) -> bool:
@@ -519,6 +564,9 @@ class Attached:
                 "ao.step(opt): the optimizer holds none of the attached model's parameters, so "
                 "no plugin sees its gradients and the model does not train; pass the optimizer "
                 "over ao.model.parameters(), or call opt.step() for another model's optimizer")
+        if self._trains_itself and self._unstepped > 1:  # accumulated across iterations
+            raise UserError(_accumulation_refusal(*self._layer_training_itself()))
+        self._unstepped = 0
         self._called["ao.step(opt)"] += 1
         self._stepped.add(optimizer)
         if scaler is not None:
@@ -717,6 +765,13 @@ STALE_OPTIMIZER_FIX = (
     "which points it at the current ones")
 """Why an optimizer made before ``attach`` is stale once a plugin replaced parameters, and
 the fix."""
+
+
+def _accumulation_refusal(layer: str, plugin: str) -> str:
+    return (f"accelopt.attach: several ao.backward calls before one ao.step (gradient "
+            f"accumulation): {layer}, which updates its own weights inside each backward, "
+            "one step per micro-batch, not per ao.step; call ao.step(opt) after each "
+            f"ao.backward (a larger batch instead of accumulating), or train without {plugin}")
 
 
 def _stale_optimizer_note(replaced: int, total: int) -> str:

@@ -627,8 +627,9 @@ def refuse_sparse_gradients(model: nn.Module, job: str) -> None:
 
 
 TRAINS_ITSELF = "trains_itself"
-"""A module attribute (true) that a plugin's layer sets when it updates its own weights, in
-backward, outside the job's optimizer (SLIDE's layers: buffers trained by a sparse Adam)."""
+"""A module attribute (true, or the plugin's name, which ``accelopt.attach``'s refusals
+name) that a plugin's layer sets when it updates its own weights, in backward, outside the
+job's optimizer (SLIDE's layers: buffers trained by a sparse Adam)."""
 
 
 def refuse_untrainable(model: nn.Module, job: str) -> None:

@@ -351,9 +351,11 @@ for _dunder, _symbol in (("__neg__", "-"), ("__lt__", "<"), ("__le__", "<="),
 class SlideLinear(nn.Module):
     """A wide Linear(in_features -> out_features) trained the SLIDE way (see module doc)."""
 
-    trains_itself: ClassVar[bool] = True
+    trains_itself: ClassVar[str] = "slide"
     """Its weights update in backward (sparse Adam), outside the job's optimizer: a job
-    whose only trainable layer this is still trains (``accelopt.job.job.TRAINS_ITSELF``)."""
+    whose only trainable layer this is still trains (``accelopt.job.job.TRAINS_ITSELF``). The
+    value names the plugin, so that ``accelopt.attach`` can name it when it refuses what
+    such a layer cannot honour (a ``GradScaler``, accumulation over several backwards)."""
 
     def __init__(
         self,
@@ -979,8 +981,9 @@ class SlideSparseInput(nn.Module):
     out = bias + sum_p v_p W[f_p]. Weight rows get sparse Adam on the batch's features only;
     the (narrow) bias stays an ordinary parameter for the job's optimizer."""
 
-    trains_itself: ClassVar[bool] = True
-    """Its weight rows update in backward (``accelopt.job.job.TRAINS_ITSELF``)."""
+    trains_itself: ClassVar[str] = "slide"
+    """Its weight rows update in backward (``accelopt.job.job.TRAINS_ITSELF``; the value
+    names the plugin for ``accelopt.attach``'s refusals, as :class:`SlideLinear`'s)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor, cfg: SlideConfig, *,
                  lr: float) -> None:
