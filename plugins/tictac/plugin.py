@@ -155,6 +155,12 @@ class TictacPlugin:
         self.warnings: list[str] = []
         self.sent: set[str] = set()
         """The tensors this sender's order hook was asked about: its shard of the model."""
+        self.shard: set[str] | None = None
+        """A server's shard of the job's tensors, as the transport places them (None: not a
+        server of several). Empty: more servers than tensors left it none, so no order hook
+        is ever called on it and ``sent`` alone cannot tell it from a rank that never ran."""
+        self.model_tensors = 0
+        """The job's parameter tensors, over all servers."""
         self.unplanned = ""
         """Why no plan could be made for the job ('' : none refused)."""
         self.iterations = 1
@@ -234,9 +240,12 @@ class TictacPlugin:
     def accelopt_job_built(self, run: RunInfo, job: BuiltJob) -> None:
         self._place(run)
         self.iterations = int(job.job.iterations)
+        self.shard = _shard_of(self.rank, self.role, self.cluster, job.job.parameters)
+        self.model_tensors = len(job.job.parameters)
         if self.mode == "ps" and self.config.heuristic == "priority":
             refuse_too_many_chunks(self.config, self.tuner.candidates, job.job.parameters)
-        if self.mode == "ps" and self.role == "server" and self.config.heuristic != "off":
+        if (self.mode == "ps" and self.role == "server" and self.config.heuristic != "off"
+                and self.shard != set()):  # a server holding no tensor has nothing to order
             # Plan before the clock: a cluster rank builds every job and then announces it,
             # before the barrier that starts training, so the fx trace and the time oracle
             # never land inside a job's first iteration. Only the parameter senders (servers)
@@ -462,9 +471,12 @@ class TictacPlugin:
         self.replanned = True
         samples = [s for it in sorted(self.samples) for s in self.samples[it]]
         shaped = self._shaped_rate()
-        fit = oracle.fit_link(samples, shaped) if samples else None
+        fit = oracle.fit_link_or_why(samples, shaped) if samples else None
         if fit is None:
             self.link_source += "; " + unmeasured_link(len(samples), self.cluster.servers)
+            return
+        if isinstance(fit, str):
+            self.link_source += "; " + refused_link(len(samples), self.cluster.servers, fit)
             return
         t0 = time.perf_counter()
         self.link = fit
@@ -602,6 +614,8 @@ class TictacPlugin:
     def accelopt_report_rows(self, run: RunInfo) -> list[ReportRow]:
         if self.mode != "ps":
             return [ReportRow("tictac", nothing_to_order(self.mode), {INERT: 1})]
+        if self.role == "server" and self.shard == set() and self.config.heuristic != "off":
+            return [self._idle_row()]
         if self.config.heuristic == "priority":
             return self._priority_rows()
         if self.role == "worker":
@@ -646,6 +660,22 @@ class TictacPlugin:
                       else "predicted schedule not saved (no run directory)")
                    + self._warned())
         return [ReportRow("tictac", summary, metrics)]
+
+    def _idle_row(self) -> ReportRow:
+        """A server the transport gave no tensor of the job (more servers than tensors): it
+        sent nothing, so nothing was ordered. Without this its row compared the whole
+        model's order (sharded rows need the tensors it sent: none) and read "enforced tic:
+        its order is the default order (3 tensors)", or "no iteration ran" under priority,
+        where every iteration ran."""
+        metrics: dict[str, float | int | str] = {
+            "heuristic": self.config.heuristic, "enforced": 0, "calls": self.calls,
+            "tensors": 0, "moved_vs_default": 0, "rank": self.rank,
+            "warnings": len(self.warnings), INERT: 1}
+        summary = (f"{self._who()}: held no tensors of this job ({self.cluster.servers} "
+                   f"servers for its {self.model_tensors} parameter tensors): it sent no "
+                   "parameters and ordered nothing; the transport's default order is what "
+                   "the other servers' rows describe" + self._warned())
+        return ReportRow("tictac", summary, metrics)
 
     def _who(self) -> str:
         """Which rank a row speaks for: several servers (and workers) each report a job."""
@@ -761,9 +791,13 @@ class TictacPlugin:
                 "tensors")
 
     def _sharded(self) -> bool:
-        """Whether this server sends a shard of the model (several servers) and has said
-        which tensors it holds (its transfers, seen by the order hook)."""
-        return self.cluster.servers > 1 and bool(self.sent)
+        """Whether this server sends a shard of the model (several servers) and knows which
+        tensors it holds (its transfers, seen by the order hook, else its placement)."""
+        return self.cluster.servers > 1 and bool(self._held())
+
+    def _held(self) -> set[str]:
+        """The tensors this server sends: those its order hook saw, else its shard."""
+        return self.sent or self.shard or set()
 
     def _moved_vs_default(self) -> tuple[int, int]:
         """(tensors whose position differs from the transport's default order, tensors)."""
@@ -771,9 +805,9 @@ class TictacPlugin:
         mine = plan.order_for(ORDERED_BY.get(h, h), random.Random(self.config.seed))
         default = plan.order_for("named")
         if self._sharded():  # each server orders its own shard: compare those tensors only
-            names = plan.dag.recv_names
-            mine = [r for r in mine if names[r] in self.sent]
-            default = [r for r in default if names[r] in self.sent]
+            names, held = plan.dag.recv_names, self._held()
+            mine = [r for r in mine if names[r] in held]
+            default = [r for r in default if names[r] in held]
         return sum(a != b for a, b in zip(mine, default, strict=True)), len(default)
 
     @hookimpl
@@ -825,6 +859,27 @@ def unmeasured_link(arrivals: int, servers: int) -> str:
     where = "this server's shard" if servers > 1 else "this server's links"
     return (f"nothing measured: {arrivals} arrival{'' if arrivals == 1 else 's'} on {where} "
             "in the warm-up, too few or too close together to fit a rate")
+
+
+def refused_link(arrivals: int, servers: int, why: str) -> str:
+    """Why the warm-up's fit was not used (its row keeps the assumed rate): the arrivals
+    gave a line, but not a link (:func:`oracle.fit_link_or_why`)."""
+    where = "this server's shard" if servers > 1 else "this server's links"
+    return (f"nothing measured: the fit over {arrivals} arrival{'' if arrivals == 1 else 's'} "
+            f"on {where} in the warm-up was refused ({why})")
+
+
+def _shard_of(rank: int, role: str, cluster: ClusterInfo,
+              parameters: Sequence[Any]) -> set[str] | None:
+    """The tensor names a server of several sends, placed as the transport places them
+    (servers are ranks 0..servers-1, each rank's shard by ``shard_by_bytes``); None for any
+    other rank."""
+    if role != "server" or cluster.mode != "ps" or cluster.servers <= 1:
+        return None
+    from accelopt.job.params import shard_by_bytes
+
+    shards = shard_by_bytes(list(parameters), cluster.servers)
+    return {p.name for p in shards[rank]} if 0 <= rank < len(shards) else None
 
 
 def _unwindowed_chunks(window: Any) -> str:
