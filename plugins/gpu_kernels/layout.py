@@ -165,6 +165,12 @@ class ChannelsLast:
         return with_image(args, kwargs, image,
                           image.contiguous(memory_format=torch.channels_last))
 
+    def release(self) -> None:
+        """Take the hook off the model (the run ended): a model already converted stays in
+        channels_last, which takes inputs in either layout; its later inputs are no longer
+        converted."""
+        self._handle.remove()
+
     def reapply(self, model: nn.Module) -> None:
         """Convert ``model`` again after its parameters were replaced (pruning after N
         iterations slices a layer into new, default-layout tensors): the decision already

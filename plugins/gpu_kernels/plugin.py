@@ -55,6 +55,7 @@ from accelopt_plugins.gpu_kernels.pruning import (
     prune_channels,
     record_lineage,
     slice_like,
+    uncompiled,
 )
 from accelopt_plugins.gpu_kernels.tiled import TiledLinear
 from torch import nn
@@ -95,6 +96,10 @@ class _JobRecord:
     steps_seen: int = 0
     """``accelopt_after_step`` calls for the job: none means the loop never reached the
     point where pruning happens (a loop of your own stepping without ``ao.step``)."""
+    hooked: list[Any] = field(default_factory=list)
+    """Every object that put a hook on the model (probe, conv guard, layout), each with a
+    ``release()``: taken off at the run's end, so a loop's own model (``accelopt.attach``)
+    carries none of them past ``close()``."""
 
 
 @dataclass
@@ -112,18 +117,66 @@ class _LatePrune:
     flops: tuple[int, int] | None = None
     flops_rows: int | None = None
     """The rows of the batch ``flops`` were counted on (:func:`batch_rows`)."""
+    calls: _ChildCalls | None = None
+    watchers: list[Any] = field(default_factory=list)
 
     def capture(self, _m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         self.example = (args, kwargs)
 
+    def watch(self, model: nn.Module) -> None:
+        """Until the pruning, note every direct child the loop calls on its own (a GAN's
+        ``model.D(real)``). Why: pruning follows the root forward, ``D(G(z))``, which cut
+        the G -> D boundary from 4 features to 2, and the loop's call of D on real data
+        failed with a shape error; the interfaces of the children noted here keep their
+        widths (:func:`node_prune`'s ``interfaces``)."""
+        self.calls = calls = _ChildCalls(model)
+        self.watchers += [model.register_forward_pre_hook(calls.enter),
+                          model.register_forward_hook(calls.leave, always_call=True)]
+        self.watchers += [child.register_forward_pre_hook(calls.called)
+                          for child in uncompiled(model).children()]
+
+    @property
+    def alone(self) -> list[str]:
+        """The direct children seen called on their own, by path."""
+        return sorted(self.calls.alone) if self.calls is not None else []
+
     def release(self) -> None:
-        """Let go of the model and its last input, and take :meth:`capture` off the model:
-        at the pruning, and at the run's end when the pruning was never reached (the hook
-        stayed on a loop's own model after ``close()``, keeping its latest input alive)."""
+        """Let go of the model and its last input, and take :meth:`capture` and the
+        watchers off the model: at the pruning, and at the run's end when the pruning was
+        never reached (the hook stayed on a loop's own model after ``close()``, keeping its
+        latest input alive)."""
         self.model = self.example = None
         if self.hook is not None:
             self.hook.remove()
             self.hook = None
+        for handle in self.watchers:
+            handle.remove()
+        self.watchers.clear()
+
+
+class _ChildCalls:
+    """Which direct children of a model run outside its root forward. The children are
+    known by identity: a deep copy of the model (a trial or measuring forward) carries
+    copies of these hooks, and its children's calls must not count as the loop's."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.root = id(model)
+        self.children = {id(c): name for name, c in uncompiled(model).named_children()}
+        self.inside = 0
+        self.alone: set[str] = set()
+
+    def enter(self, module: nn.Module, _args: tuple[Any, ...]) -> None:
+        if id(module) == self.root:
+            self.inside += 1
+
+    def leave(self, module: nn.Module, _args: tuple[Any, ...], _out: Any) -> None:
+        if id(module) == self.root:
+            self.inside = max(0, self.inside - 1)
+
+    def called(self, module: nn.Module, _args: tuple[Any, ...]) -> None:
+        name = self.children.get(id(module))
+        if name is not None and not self.inside:
+            self.alone.add(name)
 
 
 PROBE_REPS = 7
@@ -139,6 +192,15 @@ class _PruneProbe:
         self.dense, self.pruned, self.record = dense, copy.deepcopy(model), record
         self.armed = True
         self.handle = model.register_forward_pre_hook(self._pre, with_kwargs=True)
+        record.hooked.append(self)
+
+    def release(self) -> None:
+        """Disarm, take the hook off and let go of both copies. Why: at the run's end a probe
+        that never ran (a loop of one's own closed before its first forward) stayed on the
+        model, holding a dense and a pruned copy, and ran on the loop's next forward."""
+        self.armed = False
+        self.handle.remove()
+        self.dense = self.pruned = None  # type: ignore[assignment]
 
     def _pre(self, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if not self.armed:
@@ -210,6 +272,12 @@ class _ConvGuard:
         self.reps, self.min_gain, self.record = reps, min_gain, record
         self.armed = True
         self.handle = model.register_forward_hook(self._post, with_kwargs=True)
+        record.hooked.append(self)
+
+    def release(self) -> None:
+        """Disarm and take the hook off (the run ended before the model's first forward)."""
+        self.armed = False
+        self.handle.remove()
 
     def _post(self, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
               _out: Any) -> None:
@@ -287,6 +355,7 @@ class GpuKernelsPlugin:
         if c.prune_amount > 0 and int(c.prune_at_iteration) > 0:
             late = _LatePrune(model, int(c.prune_at_iteration))
             late.hook = model.register_forward_pre_hook(late.capture, with_kwargs=True)
+            late.watch(model)
             record.late = late
         elif c.prune_amount > 0:
             dense = copy.deepcopy(model)
@@ -309,6 +378,7 @@ class GpuKernelsPlugin:
         if c.channels_last != "off":
             record.layout = ChannelsLast(model, c.channels_last, reps=int(c.autotune_reps),
                                          min_gain=float(c.autotune_min_gain))
+            record.hooked.append(record.layout)
         return model
 
     @hookimpl
@@ -344,7 +414,8 @@ class GpuKernelsPlugin:
         lineage for the optimizer state."""
         c, model = self.config, late.model
         assert model is not None
-        prune = {"criterion": c.prune_criterion}
+        prune: dict[str, Any] = {"criterion": c.prune_criterion,
+                                 "interfaces": late.alone}
         try:
             with isolated_rng():
                 trial = _copy_with_gradients(model)
@@ -538,10 +609,15 @@ class GpuKernelsPlugin:
 
     @hookimpl
     def accelopt_run_end(self, run: RunInfo, metrics: dict[str, Any]) -> None:
-        for rec in self.jobs.values():  # drop any model reference and hook still held
+        """Drop every model reference and take off every hook still held: the run's rows are
+        written, and a loop's own model (``accelopt.attach``) lives on after ``close()``."""
+        for rec in self.jobs.values():
             if rec.late is not None:
                 rec.late.release()
                 rec.late.lineage = {}
+            for owner in rec.hooked:
+                owner.release()
+            rec.hooked.clear()
 
     @staticmethod
     def _conv_choices(rec: _JobRecord) -> dict[str, int]:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -125,7 +125,10 @@ class _Analysis:
     owner: dict[str, str]  # producer path (or rule key) -> group key
 
 
-def _analyse(model: nn.Module) -> _Analysis:
+def _analyse(model: nn.Module, interfaces: Collection[str] = ()) -> _Analysis:
+    """The groups, rule blocks and refused layers of ``model``. ``interfaces``: paths of
+    sub-modules called on their own (outside the root module's forward), whose input and
+    output widths must stay: a group crossing one's boundary is refused."""
     rules, refused = module_rules(model)
     rule_map = {r.key: r for r in rules}
     covered = {m for r in rules for m in r.members}
@@ -152,7 +155,8 @@ def _analyse(model: nn.Module) -> _Analysis:
     holders = _holders(model)
     for g in [*groups, *rules]:
         g.refused = (g.refused or _tied_reason(model, g.members, holders)
-                     or _frozen_reason(model, g.members))
+                     or _frozen_reason(model, g.members)
+                     or _interface_reason(g.members, interfaces))
     graph = {g.key: g for g in groups}
     owner = {p: g.key for g in groups for p in g.producers}
     owner.update({k: k for k in rule_map})
@@ -231,10 +235,25 @@ def _frozen_reason(model: nn.Module, members: list[str]) -> str | None:
     return None
 
 
-def plan_model(model: nn.Module) -> list[_Plan]:
+def _interface_reason(members: list[str], interfaces: Collection[str]) -> str | None:
+    """Why a group whose modules lie both inside and outside a sub-module called on its own
+    stays dense. Why: the channels are traced through the root module's forward only, so a
+    GAN container whose forward is ``D(G(z))`` had G's 4 outputs and D's 4 inputs cut to 2,
+    and the loop's own ``model.D(real)`` on 4-feature data failed with a shape error."""
+    for sub in interfaces:
+        inside = [m for m in members if m == sub or m.startswith(f"{sub}.")]
+        if inside and len(inside) < len(members):
+            return (f"its channels cross the boundary of {sub}, which the loop calls on its "
+                    f"own (outside the model's forward): {sub} keeps its input and output "
+                    "widths")
+    return None
+
+
+def plan_model(model: nn.Module, interfaces: Collection[str] = ()) -> list[_Plan]:
     """Every prunable unit owner of ``model`` (graph producers, rule blocks) and every
-    refused layer, each with its group key and, if refused, why."""
-    a = _analyse(model)
+    refused layer, each with its group key and, if refused, why (``interfaces``: as
+    :func:`node_prune`'s)."""
+    a = _analyse(model, interfaces)
     plans = [_Plan(p, g.channels, g.uses, g.refused, g.key)
              for g in a.graph.values() for p in g.producers]
     plans += [_Plan(r.key, r.units, [], r.refused, r.key, r.unit) for r in a.rules.values()]
@@ -571,6 +590,7 @@ def node_prune(
     calibration: tuple[torch.Tensor, torch.Tensor] | None = None,
     fine_tune: Callable[[nn.Module, int], None] | None = None,
     loss_fn: Callable[[Any, torch.Tensor], torch.Tensor] | None = None,
+    interfaces: Collection[str] = (),
 ) -> PruneReport:
     """Prune ``amount`` of the units of every prunable group (or per-layer amounts by path;
     a group takes the amount of the first of its members named), by importance, in
@@ -581,7 +601,9 @@ def node_prune(
     (inputs, targets) the activation form (recomputed every round on the current model,
     ``loss_fn`` default cross-entropy), else the weight form from the gradients the model
     already holds. A ``torch.compile``d model is pruned through the module it compiles
-    (:func:`uncompiled`).
+    (:func:`uncompiled`). ``interfaces``: paths of sub-modules called on their own, not only
+    through the model's forward (a GAN's discriminator fed real data): every group crossing
+    one's boundary is refused, so each keeps its input and output widths.
     """
     model = uncompiled(model)
     if rounds < 1:
@@ -600,7 +622,7 @@ def node_prune(
     report = PruneReport(params_before=count_params(model))
     original: dict[str, int] = {}
     for r in range(1, rounds + 1):
-        a = _analyse(model)
+        a = _analyse(model, interfaces)
         _record_refusals(a, report)
         groups: list[Group | RuleGroup] = [*a.graph.values(), *a.rules.values()]
         live = [g for g in groups if not g.refused]
