@@ -337,6 +337,25 @@ def test_a_policy_that_chooses_a_job_that_is_not_ready_is_named_in_one_line(run)
     assert "\n" not in str(info.value)
 
 
+def test_a_policy_that_returns_the_job_state_is_told_to_return_its_id(run):
+    """``return ready[-1]`` (the state, not its id) made a line of 1.5 KB: the state's repr."""
+    from accelopt_plugins.salus.policies import Policy, register_policy
+
+    @register_policy("state")
+    class State(Policy):
+        def select(self, lane, ready, now_s):
+            return ready[-1]
+
+    try:
+        with pytest.raises(UserError) as info:
+            run(PLUGIN, overrides=["plugins.salus.policy=state", CAP], workload=MIX)
+    finally:
+        POLICIES.unregister("state")
+    message = str(info.value)
+    assert "chose a JobState (return its .job.job_id, '0" in message
+    assert "\n" not in message and len(message) < 300, message
+
+
 def test_a_policy_name_is_taken_once():
     """A class under a built-in's name is refused where that name is selected, told to
     rename (never the built-in); a second class under a name taken in code, at once."""

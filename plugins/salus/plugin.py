@@ -375,7 +375,7 @@ class SalusPlugin:
         if admitted is None:
             raise UserError(
                 f"salus policy {self.policy.name or type(self.policy).__name__!r} chose "
-                f"{chosen!r}, which is not ready in "
+                f"{_what_was_chosen(chosen)}, which is not ready in "
                 f"lane {lane}; its select() must return one of the ready job ids: "
                 + ", ".join(s.job.job_id for s in ready))
         self._decisions += 1
@@ -648,3 +648,15 @@ def capacity_setting(config: Any, run: Any) -> str:
         return "run.memory_capacity"
     return ("it is the device's memory: set plugins.salus.capacity or run.memory_capacity; "
             "accelopt serve --capacity")
+
+
+def _what_was_chosen(chosen: object) -> str:
+    """A policy's answer as its refusal names it: a string as it is, anything else by its
+    type, with the id to return for a ``JobState`` (the likeliest slip: returning
+    ``ready[i]``, whose whole repr made a line of 1.5 KB)."""
+    if isinstance(chosen, str):
+        return repr(chosen)
+    if isinstance(chosen, JobState):
+        return f"a JobState (return its .job.job_id, {chosen.job.job_id!r})"
+    return f"a {type(chosen).__name__}"
+
