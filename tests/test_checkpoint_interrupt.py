@@ -118,7 +118,7 @@ def test_accelopt_run_stopped_during_a_checkpoint_write_keeps_it_and_says_how_to
     run_dir = tmp_path / "run"
     try:
         result = accelopt_in_process(
-            "run", "workload=xc", "+plugins=[slide]", "run.device=cpu", "run.profile=false",
+            "run", "workload=single", "run.device=cpu", "run.profile=false",
             "run.progress=false", "workload.jobs.0.iterations=4", "run.checkpoint_every=2",
             f"hydra.run.dir={run_dir}", cwd=tmp_path, capfd=capfd)
     finally:

@@ -134,9 +134,9 @@ def test_a_named_directory_without_an_interpolation_is_composed_once(tmp_path):
     seen: list[int | None] = []
     real = hydra_run.compose_point
 
-    def spy(overrides, job_num=None, clock=None):
+    def spy(overrides, job_num=None, *rest):
         seen.append(job_num)
-        return real(overrides, job_num, clock)
+        return real(overrides, job_num, *rest)
 
     hydra_run.compose_point = spy
     try:
