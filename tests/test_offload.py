@@ -72,19 +72,25 @@ def test_gradients_are_bitwise_identical_on_zoo_models(name, policy):
         assert s.offloaded_bytes == 0 and s.resident_bytes > 0
 
 
-def test_parameters_are_never_offloaded():
-    model, x, y = zoo_model("mlp")
-    engine = OffloadEngine(policy="all")
-    install_on(model, engine)
-    handles = []
+def spy_pack(engine: OffloadEngine) -> list[tuple[torch.Tensor, object]]:
+    """Every (saved tensor, what the engine's pack hook made of it), as the engine packs."""
+    saves: list[tuple[torch.Tensor, object]] = []
     pack = engine.pack
 
     def spy(t):
         out = pack(t)
-        handles.append((t, out))
+        saves.append((t, out))
         return out
 
     engine.pack = spy  # type: ignore[method-assign]
+    return saves
+
+
+def test_parameters_are_never_offloaded():
+    model, x, y = zoo_model("mlp")
+    engine = OffloadEngine(policy="all")
+    install_on(model, engine)
+    handles = spy_pack(engine)
     nn.functional.cross_entropy(model(x), y).backward()
     param_ptrs = {p.untyped_storage().data_ptr() for p in model.parameters()}
     saved_params = [out for t, out in handles if t.untyped_storage().data_ptr() in param_ptrs]

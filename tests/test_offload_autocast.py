@@ -7,6 +7,7 @@ import pytest
 import torch
 from accelopt_plugins.offload.engine import OffloadEngine, _Handle, install_on
 from clirun import run_in_process
+from test_offload import spy_pack
 from torch import nn
 
 pytestmark = pytest.mark.timeout(120)
@@ -40,19 +41,6 @@ def test_a_bf16_job_keeps_the_weights_autocast_casts_on_the_device(tmp_path):
     # the bf16 copies are counted with the parameters: half the fp32 weights' bytes
     assert bf16.metrics["param_bytes_per_iteration"] >= fp32.metrics[
         "param_bytes_per_iteration"] // 2 > weights, bf16.summary
-
-
-def spy_pack(engine: OffloadEngine) -> list[tuple[torch.Tensor, object]]:
-    saves: list[tuple[torch.Tensor, object]] = []
-    pack = engine.pack
-
-    def spy(t):
-        out = pack(t)
-        saves.append((t, out))
-        return out
-
-    engine.pack = spy  # type: ignore[method-assign]
-    return saves
 
 
 def test_autocast_copies_of_parameters_are_never_offloaded_and_counted_once():

@@ -323,17 +323,25 @@ def _pruned_after_2_of_4(tmp_path: Path, through_accelopt: bool) -> tuple[torch.
     ao = accelopt.attach(model, ["+plugins=[gpu_kernels]", "plugins.gpu_kernels.prune_amount=0.5",
                                  "plugins.gpu_kernels.prune_at_iteration=2"], example=(x, y),
                          iterations=4, lr=0.1, run_dir=tmp_path / "r")
-    opt = torch.optim.SGD(ao.model.parameters(), lr=0.1)
-    for _ in ao.loop(range(4)):
+    _train_on_one_batch(ao, torch.optim.SGD(ao.model.parameters(), lr=0.1), x, y, 4,
+                        through_ao=through_accelopt)
+    return model, ao
+
+
+def _train_on_one_batch(ao: Any, opt: torch.optim.Optimizer, x: torch.Tensor,
+                        y: torch.Tensor, iterations: int, *, through_ao: bool) -> torch.Tensor:
+    """``iterations`` of ``ao.loop`` on one batch, stepping through ``ao.backward``/``ao.step``
+    or past them (``loss.backward()``/``opt.step()``); the last loss."""
+    for _ in ao.loop(range(iterations)):
         loss = torch.nn.functional.cross_entropy(ao.model(x), y)
         opt.zero_grad()
-        if through_accelopt:
+        if through_ao:
             ao.backward(loss)
             ao.step(opt)
         else:
             loss.backward()
             opt.step()
-    return model, ao
+    return loss.detach()
 
 
 def test_a_plugin_listening_where_the_loop_never_calls_accelopt_is_said(tmp_path):
@@ -610,16 +618,7 @@ def _pruned_mlp_loop(tmp_path: Path, overrides: list[str], *, through_ao: bool,
                                      "plugins.gpu_kernels.prune_amount=0.5", *overrides],
                              example=(x, y), optimizer="sgd", lr=0.1, run_dir=tmp_path / "r")
     before = {n: p.detach().clone() for n, p in ao.model.named_parameters()}
-    for _ in ao.loop(range(iterations)):
-        loss = torch.nn.functional.cross_entropy(ao.model(x), y)
-        opt.zero_grad()
-        if through_ao:
-            ao.backward(loss)
-            ao.step(opt)
-        else:
-            loss.backward()
-            opt.step()
-    return ao, opt, before, loss.detach()
+    return ao, opt, before, _train_on_one_batch(ao, opt, x, y, iterations, through_ao=through_ao)
 
 
 def test_an_optimizer_made_before_attach_is_repointed_by_ao_step(tmp_path):

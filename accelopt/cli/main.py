@@ -76,9 +76,9 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         code = 130
-    except BrokenPipeError:  # `accelopt plugins | head`: the reader left; no traceback
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+    except BrokenPipeError:  # written past the guard (to the descriptor): the reader left
+        if guard is not None:
+            guard.reader_left()
         code = 0
     finally:
         if guard is not None and sys.stdout is guard:  # in-process callers get theirs back
@@ -105,7 +105,7 @@ class StdoutGuard:
         try:
             return self._target.write(text)
         except BrokenPipeError:
-            self._reader_left()
+            self.reader_left()
             return len(text)
 
     def writelines(self, lines: Any) -> None:
@@ -116,9 +116,9 @@ class StdoutGuard:
         try:
             self._target.flush()
         except BrokenPipeError:
-            self._reader_left()
+            self.reader_left()
 
-    def _reader_left(self) -> None:
+    def reader_left(self) -> None:
         if self.broken:
             return
         self.broken = True
