@@ -83,3 +83,16 @@ def test_a_real_pipe_closed_early(tmp_path):
     for name in OUTPUTS:
         assert (tmp_path / "r" / name).is_file(), name
     _log_ends_cleanly(tmp_path / "r")
+
+
+def test_piped_tables_and_the_log_have_no_trailing_spaces(tmp_path, capfd):
+    """rich pads a table's centred title and a wrapped paragraph's lines with spaces to the
+    console's width: in a pipe, a file or ``accelopt.log`` those lines end in spaces, which
+    diffs and ``grep 'done$'`` trip over."""
+    result = accelopt_in_process("run", *TINY, "hydra.run.dir=r", cwd=tmp_path, capfd=capfd)
+    assert result.returncode == 0, result.stderr
+    log = (tmp_path / "r" / "accelopt.log").read_text(encoding="utf-8")
+    for name, text in (("stdout", result.stdout), ("accelopt.log", log)):
+        assert "Jobs\n" in text, (name, text[:200])  # the table's title, once padded
+        padded = [line for line in text.splitlines() if line != line.rstrip()]
+        assert not padded, (name, padded[:3])

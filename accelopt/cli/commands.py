@@ -6,7 +6,6 @@ import argparse
 import json
 import sys
 
-from rich.console import Console
 from rich.table import Table
 
 from accelopt.errors import PluginResolutionError, UserError, listed
@@ -17,6 +16,7 @@ from accelopt.plugin import (
     is_builtin,
     valid_combinations,
 )
+from accelopt.report.console import default_console
 
 
 def list_plugins(args: list[str]) -> int:
@@ -36,7 +36,7 @@ def list_plugins(args: list[str]) -> int:
                   for name, reason in sorted(registry.broken.items())]
         print(json.dumps([{**d, "broken": None} for d in described] + broken, indent=2))
         return 0
-    console = Console()
+    console = default_console()
     if fmt == "plain":
         for d in described:
             print(f"{d['name']}: {d['description']}")

@@ -72,7 +72,7 @@ from accelopt.errors import (
 )
 from accelopt.job.checkpoint import WEIGHTS_DIR, has_checkpoints
 from accelopt.plugin import Registry, resolve
-from accelopt.report.console import default_console
+from accelopt.report.console import default_console, trimmed
 from accelopt.report.summary import diverged_text
 from accelopt.report.writer import METRICS_CSV, METRICS_JSON, TIMELINE_PNG, TRACE_JSON
 from accelopt.runtime.compare import inert_plugins
@@ -517,7 +517,7 @@ def write_log(run_dir: Path, console: Any, error: str) -> None:
     made for the run; a run refused before that leaves none)."""
     if not run_dir.is_dir():
         return
-    text = console.export_text(clear=True)
+    text = trimmed(console.export_text(clear=True))
     if error:
         text += error + "\n"
     if text:
