@@ -112,6 +112,11 @@ def test_a_sweep_stopped_midway_says_which_points_ended_and_which_never_ran(
         f"interrupted (Ctrl-C); the sweep stopped at point #1: point #0 ended before it (kept "
         f"in {sweep}), and the points after it did not run: run them with a new "
         "hydra.sweep.dir (a directory holding a sweep's runs is not written into again)"), last
+    summary = json.loads((sweep / "sweep.json").read_text())  # the points that ran, said so
+    assert (summary["complete"], summary["exit_code"], summary["points_run"]) == (False, 130, 2)
+    assert [(p["point"], p["status"], p["exit_code"]) for p in summary["points"]] == [
+        (0, "failed", 3), (1, "interrupted", 130)]
+    assert summary["points"][0]["error"] == "1 of 2 jobs diverged"
 
 
 def test_a_sweep_names_the_runs_whose_plugins_changed_nothing(tmp_path: Path, monkeypatch,

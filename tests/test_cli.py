@@ -572,6 +572,16 @@ def test_a_sweep_whose_run_fails_goes_on_and_says_which_at_the_end(tmp_path, cap
     statuses = sorted(json.loads((r / "metrics.json").read_text())["jobs"][0]["status"]
                       for r in _run_dirs(tmp_path))
     assert statuses == ["done", "failed"]  # the other point ran to its end
+    # the same in sweep.json, for a CI step to read instead of the prose on stderr
+    summary_line = result.stdout.strip().splitlines()[-1]
+    assert summary_line.startswith("sweep summary: ") and summary_line.endswith("sweep.json")
+    summary = json.loads((tmp_path / summary_line.removeprefix("sweep summary: ")).read_text())
+    assert (summary["complete"], summary["exit_code"], summary["failed"]) == (True, 1, [0])
+    points = summary["points"]
+    assert [(p["point"], p["status"], p["exit_code"], p["run_dir"]) for p in points] == [
+        (0, "failed", 1, "0"), (1, "done", 0, "1")]
+    assert "+plugins=[boom]" in points[0]["overrides"] and "boom" in points[0]["error"]
+    assert points[1]["error"] is None
 
 
 def test_a_sweep_over_plugin_sets_takes_a_plugins_setting_for_the_sets_that_select_it(

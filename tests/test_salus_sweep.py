@@ -159,3 +159,9 @@ def test_a_sweep_whose_jobs_fail_exits_non_zero_with_either_launcher(tmp_path, c
                                   "jobs did not complete; 'tiny-mlp' failed: a step measuring "
                                   "its memory, before training, raised RuntimeError: boom"), \
             (name, closing)
+        summary = json.loads((_out / "sweep.json").read_text())  # alike in sweep.json too
+        assert (summary["complete"], summary["exit_code"], summary["failed"]) == (True, 3, [0, 1])
+        assert [(p["point"], p["run_dir"], p["status"]) for p in summary["points"]] == [
+            (0, "0", "failed"), (1, "1", "failed")], name
+        assert "raised RuntimeError: boom" in summary["points"][0]["error"], name
+        assert summary["launcher"] == ("salus" if name == "packed" else "basic")

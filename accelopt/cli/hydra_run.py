@@ -56,6 +56,7 @@ from accelopt.cli.run_dirs import (
     shared_directory_line,
 )
 from accelopt.cli.sweep_settings import drop_unselected, selection_from_task_overrides
+from accelopt.cli.sweep_summary import SWEEP_JSON, SweepPoint, point_status, write_sweep_summary
 from accelopt.config import (
     register_plugin_configs,
     register_schema,
@@ -544,6 +545,10 @@ def run_hydra(args: list[str], registry: Registry, debug: bool) -> int:
     """Each run's plugins that changed nothing in it, for a sweep's closing note."""
     written: dict[str, int] = {}
     """A sweep's directories so far, each with the number of the run that wrote it."""
+    points: list[SweepPoint] = []
+    """A sweep's points so far, for its ``sweep.json``."""
+    sweep_dir: list[Path] = []
+    """The sweep's directory, once a point of a sweep began (none for a single run)."""
     scratch = secondary_rank_dir(args)
     if scratch is not None:
         args = [*args, f"hydra.run.dir={scratch}"]
@@ -559,7 +564,9 @@ def run_hydra(args: list[str], registry: Registry, debug: bool) -> int:
         inert.append([])
 
         run_dir = Path(HydraConfig.get().runtime.output_dir)
-        if HydraConfig.get().mode.name == "MULTIRUN":  # sweep_settings.py
+        sweeping = HydraConfig.get().mode.name == "MULTIRUN"
+        if sweeping:  # sweep_settings.py
+            sweep_dir[:] = [Path(HydraConfig.get().sweep.dir)]
             earlier = written.setdefault(str(run_dir), len(runs) - 1)
             if earlier != len(runs) - 1:  # its directory resolved only now: refused now
                 runs[-1] = shared_directory_line(earlier, len(runs) - 1, str(run_dir), str(
@@ -567,11 +574,12 @@ def run_hydra(args: list[str], registry: Registry, debug: bool) -> int:
                 print(f"error: {runs[-1]}", file=sys.stderr)
                 codes[-1] = ConfigError.exit_code
                 exit_code = most_severe(codes)
+                note_point(None, interrupted=False)
                 return  # the earlier run's outputs, log and claim stay as they are
             drop_unselected(cfg, selection_from_task_overrides(
                 list(HydraConfig.get().overrides.task)) or [])
         console = default_console(record=True)
-        error = ""
+        error, stopped = "", False
         try:
             record = execute(cfg, run_dir=run_dir, registry=registry, console=console)
             inert[-1] = inert_plugins(record.info.plugins, record.plugin_rows)
@@ -601,6 +609,7 @@ def run_hydra(args: list[str], registry: Registry, debug: bool) -> int:
         except OSError as exc:
             if exc.errno not in WRITE_FAILURES:
                 error = f"error: {error_line(exc)}"
+                codes[-1], runs[-1] = 1, error_line(exc)
                 raise
             # a disk that filled up (or went read-only) under a run: one line, not a traceback
             error = unwritable_line(exc.filename or "the run outputs", exc.strerror, run_dir)
@@ -611,6 +620,9 @@ def run_hydra(args: list[str], registry: Registry, debug: bool) -> int:
             if not HydraConfig.get().mode.name == "MULTIRUN":
                 raise SystemExit(1) from None
         except BaseException as exc:
+            stopped = isinstance(exc, KeyboardInterrupt)
+            codes[-1] = getattr(exc, "exit_code", 130) if stopped else 1
+            runs[-1] = error_line(exc)
             error = f"error: {error_line(exc)}"  # "interrupted (Ctrl-C)", not "KeyboardInterrupt: "
             line = stopped_line(error_line(exc), run_dir) \
                 if isinstance(exc, KeyboardInterrupt) else ""
@@ -626,12 +638,41 @@ def run_hydra(args: list[str], registry: Registry, debug: bool) -> int:
             raise
         finally:
             write_log(run_dir, console, error)
+            if sweeping:
+                note_point(run_dir, interrupted=stopped)
+
+    def note_point(run_dir: Path | None, *, interrupted: bool) -> None:
+        """Add the point that just ended to the sweep's ``sweep.json`` (rewritten whole)."""
+        from hydra.core.hydra_config import HydraConfig
+
+        where = None
+        if run_dir is not None and run_dir.is_dir():
+            base, here = sweep_dir[0].resolve(), run_dir.resolve()
+            where = str(here.relative_to(base) if here.is_relative_to(base) else run_dir)
+        points.append(SweepPoint(
+            point=int(HydraConfig.get().job.num), overrides=list(HydraConfig.get().overrides.task),
+            run_dir=where, status=point_status(codes[-1], runs[-1], interrupted),
+            exit_code=codes[-1], error=runs[-1] or None, inert_plugins=list(inert[-1])))
+        summarised(complete=False)
+
+    def summarised(complete: bool) -> Path | None:
+        if not sweep_dir or not sweep_dir[0].is_dir():
+            return None
+        try:
+            return write_sweep_summary(sweep_dir[0], points, complete=complete,
+                                       launcher="basic", exit_code=most_severe(codes))
+        except OSError as exc:  # a full disk: the runs' own outputs and lines say the rest
+            print(f"note: {sweep_dir[0] / SWEEP_JSON} not written ({exc})", file=sys.stderr)
+            return None
 
     saved = sys.argv
     sys.argv = ["accelopt run", *args]
     try:
         with mode_from_the_command_line(args):
             task()
+        summary = summarised(complete=True) if points else None
+        if summary is not None:
+            print(f"sweep summary: {summary}")
         note = sweep_inert_note(inert, runs)
         if note:
             print(f"note: {note}", file=sys.stderr)

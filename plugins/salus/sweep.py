@@ -472,6 +472,38 @@ class ValidatedConfigs:
         return self.compose(master_config=master_config, sweep_overrides=list(overrides))
 
 
+def _summarise(sweep_dir: Path, runs: Sequence[SweepRun], parts: Sequence[Any],
+               errors: Sequence[str]) -> None:
+    """The packed sweep's ``sweep.json``, as the basic launcher writes it
+    (``accelopt.cli.sweep_summary``), and its line."""
+    from accelopt.cli.sweep_summary import (
+        SWEEP_JSON,
+        SweepPoint,
+        point_status,
+        write_sweep_summary,
+    )
+    from accelopt.errors import JobsUnfinished
+    from accelopt.runtime.compare import inert_plugins
+
+    points = []
+    for run, part, error in zip(runs, parts, errors, strict=True):
+        code = JobsUnfinished.exit_code if error else 0
+        info = getattr(part, "info", None)
+        inert = inert_plugins(info.plugins, part.plugin_rows) if info is not None else []
+        points.append(SweepPoint(
+            point=run.index, overrides=run.overrides,
+            run_dir=str(run.out_dir.relative_to(sweep_dir)) if run.out_dir.is_dir() else None,
+            status=point_status(code, error, False), exit_code=code, error=error or None,
+            inert_plugins=list(inert)))
+    try:
+        path = write_sweep_summary(sweep_dir, points, complete=True, launcher="salus",
+                                   exit_code=max((p.exit_code for p in points), default=0))
+    except OSError as exc:  # a full disk: each run's own outputs and lines say the rest
+        print(f"note: {sweep_dir / SWEEP_JSON} not written ({exc})", file=sys.stderr)
+        return
+    print(f"sweep summary: {path}")
+
+
 def launch(launcher: Any, job_overrides: Sequence[Sequence[str]],
            initial_job_idx: int) -> list[Any]:
     """The launcher's work (``SalusLauncher.launch``): compose every run as the basic
@@ -517,6 +549,7 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]],
         ret.return_value = part
         returns.append(ret)
         errors.append(unfinished_jobs(part, run.out_dir))
+    _summarise(sweep_dir, runs, parts, errors)
     if any(errors):  # as the basic launcher ends such a sweep: each run's line, which
         # failed, a non-zero exit (a CI sweep whose jobs failed read as passing)
         for line in filter(None, errors):

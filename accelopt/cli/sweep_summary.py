@@ -1,0 +1,68 @@
+"""``sweep.json``: a sweep's points in one machine-readable file, in its sweep directory.
+
+A CI step that sweeps plugin sets (``accelopt run -m ...``) needs to know which points
+failed and why, and where each point's results are. The sweep's stderr says so in prose
+(each run's error line and a closing line), and each run directory holds its own
+``metrics.json``; without this file a step had to parse the prose or walk the directories
+and guess which points never ran. It is rewritten (atomically) after every point, so a
+sweep that was stopped leaves the points that ran, ``"complete": false``."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from accelopt.atomic import atomic_open
+
+SWEEP_JSON = "sweep.json"
+
+DONE, FAILED, INTERRUPTED = "done", "failed", "interrupted"
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """One point of a sweep as it ended."""
+
+    point: int
+    """Its number: the run directory's name under the sweep directory (Hydra's job number)."""
+    overrides: list[str]
+    """The sweep's overrides that make this point (Hydra's ``overrides.task``)."""
+    run_dir: str | None
+    """Its run directory, relative to the sweep directory; ``None`` where the point was
+    refused before it wrote anything (no directory was left)."""
+    status: str
+    """``done``, ``failed`` (``error`` says why) or ``interrupted`` (Ctrl-C, SIGTERM)."""
+    exit_code: int
+    """What ``accelopt run`` would have exited with for this point alone."""
+    error: str | None = None
+    """The point's error line, without its ``error:`` prefix."""
+    inert_plugins: list[str] = field(default_factory=list)
+    """Its plugins whose every report row said they changed nothing."""
+
+
+def point_status(exit_code: int, error: str, interrupted: bool) -> str:
+    if interrupted:
+        return INTERRUPTED
+    return FAILED if exit_code or error else DONE
+
+
+def write_sweep_summary(sweep_dir: Path, points: Sequence[SweepPoint], *,
+                        complete: bool, launcher: str, exit_code: int) -> Path:
+    """Write ``sweep.json`` (replacing the one of this sweep's earlier points) and return
+    its path. ``complete``: every point of the sweep ran (or was refused); ``False`` while
+    it runs and where it was stopped. ``exit_code``: the sweep's, as its command exits."""
+    summary = {
+        "complete": complete,
+        "launcher": launcher,
+        "exit_code": exit_code,
+        "points_run": len(points),
+        "failed": [p.point for p in points if p.status != DONE],
+        "points": [asdict(p) for p in points],
+    }
+    path = Path(sweep_dir) / SWEEP_JSON
+    with atomic_open(path, encoding="utf-8") as handle:
+        json.dump(summary, handle, indent=2)
+        handle.write("\n")
+    return path
