@@ -256,7 +256,7 @@ def test_factory_job_and_cancel(server):
     number = str(int(long.split("-")[0]))  # "3" for 003-forever: as a person types it
     message = ask(sock, {"op": "cancel", "id": number})["message"]
     assert message.startswith(f"{long} ")
-    assert ask(sock, {"op": "wait", "id": long})["status"] == "failed"
+    assert ask(sock, {"op": "wait", "id": long})["status"] == "cancelled"
     status = ask(sock, {"op": "status"})
     row = next(j for j in status["jobs"] if j["id"] == long)
     assert row["state"] == "cancelled" and row["done"] < 10**7
@@ -614,7 +614,7 @@ def test_a_huge_wait_timeout_waits_instead_of_overflowing(tmp_path):
                 service.executor.lock.wait(0)
             service.executor.cancel(job_id)
         waiter.join(30)
-        assert answers == [{"status": "failed"}]
+        assert answers == [{"status": "cancelled"}]
         assert asked == [threading.TIMEOUT_MAX]
         assert Executor.wait(service.executor, job_id, 1e308) == "failed"
     finally:

@@ -248,16 +248,25 @@ def spec_warnings(spec: JobConfig) -> list[str]:
     return lines
 
 
+JOB_NAME_MAX_BYTES = 200
+"""The longest job name in UTF-8 bytes: a file name holds 255 bytes, and the name gets an id
+prefix (``013-``) and suffixes (``.pt``, a checkpoint's) around it. 100 characters alone let
+90 CJK characters (270 bytes) through, and the service's job directory failed with a raw
+``File name too long``."""
+
+
 def check_job_name(name: Any) -> None:
     """A job's name becomes part of its files' names (``weights/<id>.pt``, a checkpoint, a
-    service's ``jobs/<id>/``): one that is empty, starts with a dot, or holds a path
-    separator or a control character would write somewhere else, or over another job's
-    files, so it is refused."""
+    service's ``jobs/<id>/``): one that is empty, starts with a dot, holds a path separator
+    or a control character, or is too long for a file name would write somewhere else, over
+    another job's files, or nowhere, so it is refused."""
     if (not isinstance(name, str) or not name or name.startswith(".") or len(name) > 100
+            or len(name.encode("utf-8", "surrogatepass")) > JOB_NAME_MAX_BYTES
             or any(c in name for c in "/\\") or any(ord(c) < 32 for c in name)):
         raise ConfigError(
-            f"job name {name!r} cannot name the job's files: use up to 100 characters, no "
-            "'/' or '\\', no control characters, not starting with '.' (e.g. name=mlp-a)")
+            f"job name {name!r} cannot name the job's files: use up to 100 characters and "
+            f"{JOB_NAME_MAX_BYTES} bytes in UTF-8, no '/' or '\\', no control characters, not "
+            "starting with '.' (e.g. name=mlp-a)")
 
 
 def _check_names(spec: JobConfig, where: str) -> None:

@@ -42,9 +42,11 @@ def _path(opts: argparse.Namespace) -> Path:
 
 
 def _ask(opts: argparse.Namespace, message: dict[str, Any]) -> dict[str, Any]:
-    from accelopt_plugins.salus.service import request
+    from accelopt_plugins.salus.service import SUBMIT_TIMEOUT_S, request
 
-    reply = request(_path(opts), message)
+    # a submit is answered once its jobs are profiled, which takes longer under load
+    timeout = SUBMIT_TIMEOUT_S if message.get("op") == "submit" else 30.0
+    reply = request(_path(opts), message, timeout)
     if not reply.get("ok"):
         raise UserError(str(reply.get("error", "the service refused the request")))
     return reply

@@ -19,7 +19,7 @@ Protocol: one JSON object per line each way. Requests: ``{"op": "submit", "job":
 "module:function", "args": {...}}`` (the function returns a JobConfig, a dict of its keys
 naming ``model``, or a ``Job``), ``{"op": "status"}``, ``{"op": "cancel", "id": "..."}``,
 ``{"op": "ping"}``, ``{"op": "wait", "id": "...", "timeout_s": 60}`` (block until the job
-ended and its files are written), ``{"op": "shutdown"}`` (stop accepting, let the jobs
+ended and its files are written; answers the state ``status`` shows), ``{"op": "shutdown"}`` (stop accepting, let the jobs
 finish, exit). Replies carry ``"ok": true`` or ``"ok": false, "error": "one line"``; a
 malformed request gets an error reply and the service keeps running.
 """
@@ -188,7 +188,7 @@ class Service:
                 raise UserError('wait needs "id": a job id string')
             timeout = _wait_timeout(request.get("timeout_s", 60.0))
             deadline = time.monotonic() + timeout
-            status = self.executor.wait(job_id, timeout)
+            status = self._wait_state(job_id, self.executor.wait(job_id, timeout))
             written = self._written.get(job_id)
             if written is not None:
                 try:
@@ -201,6 +201,17 @@ class Service:
             return {"message": "stopping: no new jobs; running jobs finish first"}
         raise UserError(f"unknown op {op!r}; use submit, status, cancel, wait, ping or shutdown")
 
+    def _wait_state(self, job_id: str, status: str) -> str:
+        """The state ``wait`` answers, as ``status`` and ``job.json`` say it
+        (:func:`_ended_state`): the executor's bare status answered "failed" for a job a user
+        cancelled, which ``status`` listed as cancelled."""
+        for info, result, _ in self.executor.snapshot():
+            if result.status == status and (info.job_id == job_id or (
+                    job_id.isdigit() and info.job_id.partition("-")[0].isdigit()
+                    and int(info.job_id.partition("-")[0]) == int(job_id))):
+                return _ended_state(result)
+        return status
+
     def _specs(self, request: dict[str, Any]) -> list[Any]:
         given = [key for key in ("job", "workload", "factory") if key in request]
         if len(given) > 1:  # one was taken and the others dropped without a word
@@ -212,9 +223,12 @@ class Service:
         if "workload" in request:
             name = str(request["workload"])
             path = Path(import_module("accelopt.configs").__file__).parent / "workload"
-            if not (path / f"{name}.yaml").is_file():
-                known = ", ".join(sorted(p.stem for p in path.glob("*.yaml")))
-                raise UserError(f"unknown workload {name!r}; built-in workloads: {known}")
+            known = sorted(p.stem for p in path.glob("*.yaml") if p.is_file())
+            # a name, never a path: "../config" loaded the run's own config as a workload
+            # (a raw multi-line ConfigKeyError and a traceback in the service's output)
+            if name not in known:
+                raise UserError(f"unknown workload {name!r}; built-in workloads: "
+                                f"{', '.join(known)} (a built-in name, not a path)")
             cfg = OmegaConf.structured(AccelConfig)
             loaded = OmegaConf.load(path / f"{name}.yaml")
             if "workload" in loaded:  # a `@package _global_` workload (the embedded default)
@@ -222,12 +236,18 @@ class Service:
             cfg.workload = OmegaConf.merge(cfg.workload, loaded)
             return job_specs(cfg)
         if "factory" in request:
-            return [self._from_factory(str(request["factory"]), request.get("args") or {})]
+            args = request.get("args")
+            return [self._from_factory(str(request["factory"]), {} if args is None else args)]
         if "job" in request:
             return [_job_config(request["job"])]
         raise UserError('submit needs "job", "workload" or "factory"')
 
-    def _from_factory(self, ref: str, args: dict[str, Any]) -> Any:
+    def _from_factory(self, ref: str, args: Any) -> Any:
+        # the request's mistake, said as one: "args": [1] was blamed on the factory
+        # ("raised TypeError", with a traceback in the service's output)
+        if not isinstance(args, dict) or not all(isinstance(key, str) for key in args):
+            raise UserError(f'submit: "args" are the factory\'s keyword arguments, an object '
+                            f'of name: value, got {type(args).__name__} {args!r:.80}')
         module, _, attr = ref.partition(":")
         try:
             fn = getattr(import_module(module), attr or "make_job")
@@ -290,18 +310,48 @@ class Service:
                         raise
                     raise UserError(f"{exc}; no job of this submit was taken") from None
                 taken.append((spec, job))
-            with self.executor.lock:  # no job starts before the last one arrived
-                for _, job in taken:  # refused (shutting down): no files, no numbers
-                    self.executor.submit(job)
+            # each job's directory is made before the executor takes any job: a directory
+            # that cannot be made (a name too long for the file system) refused the submit
+            # after the job was taken, and it ran with nowhere to write its results
+            made = self._make_job_dirs([job for _, job in taken])
+            try:
+                with self.executor.lock:  # no job starts before the last one arrived
+                    for _, job in taken:  # refused (shutting down): no files, no numbers
+                        self.executor.submit(job)
+            except BaseException:
+                for job_dir in made:
+                    with contextlib.suppress(OSError):
+                        job_dir.rmdir()
+                raise
             self._ids = number
         for spec, job in taken:
             job_dir = self.root / "jobs" / job.info.job_id
-            job_dir.mkdir(parents=True, exist_ok=True)
             if not isinstance(spec, Job):  # its arrival as job.json has it (at the submit)
                 spec = dataclasses.replace(spec, arrival_s=job.info.arrival_s)
                 (job_dir / "config.json").write_text(
                     json.dumps(dataclasses.asdict(spec), indent=1))
         return [job.info.job_id for _, job in taken]
+
+    def _make_job_dirs(self, jobs: list[Job]) -> list[Path]:
+        """Make ``jobs``' directories, all or none: one that cannot be made removes those
+        made and refuses the submit in one line. Returns what was made, to remove in that
+        order if the executor refuses the jobs (the root and ``jobs/`` too where this made
+        them: a refused submit leaves no files)."""
+        made: list[Path] = []
+        parents = [p for p in (self.root / "jobs", self.root) if not p.exists()]
+        for job in jobs:
+            job_dir = self.root / "jobs" / job.info.job_id
+            try:
+                job_dir.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                for done in made + parents:
+                    with contextlib.suppress(OSError):
+                        done.rmdir()
+                raise UserError(f"job {job.info.name!r} refused: its directory {job_dir} "
+                                f"cannot be made ({exc.strerror or exc}); no job of this "
+                                "submit was taken") from None
+            made.append(job_dir)
+        return made + parents
 
     def _numbered_job(self, spec: Any, number: int) -> Job:
         """The job ``spec`` (a JobConfig, or a ``Job`` a factory built) with its id
@@ -839,6 +889,11 @@ BUSY_RETRY_S = 5.0
 """How long :func:`request` retries a connect the service's full backlog refused."""
 
 
+SUBMIT_TIMEOUT_S = 600.0
+"""How long ``accelopt submit`` waits for its answer: the service profiles the jobs in the
+request's thread before it answers, which under load outlasted the 30 s other requests get."""
+
+
 def request(path: Path, message: dict[str, Any], timeout_s: float = 30.0) -> dict[str, Any]:
     """Send one request, return the reply; a one-line UserError if no service answers."""
     sock = _connect(path, timeout_s)
@@ -852,6 +907,9 @@ def request(path: Path, message: dict[str, Any], timeout_s: float = 30.0) -> dic
                     break
                 data += chunk
     except TimeoutError:
+        if message.get("op") == "submit":  # sent: the service may have taken it meanwhile
+            raise UserError(_unanswered_submit(path, f"did not answer within {timeout_s:g} s")
+                            ) from None
         raise UserError(f"the service on {path} did not answer within {timeout_s:g} s") from None
     except ConnectionError as exc:
         raise UserError(f"the service on {path} dropped the connection ({exc.strerror or exc})"
@@ -859,6 +917,15 @@ def request(path: Path, message: dict[str, Any], timeout_s: float = 30.0) -> dic
     if not data:
         raise UserError(f"the service on {path} closed the connection without answering")
     return json.loads(data)
+
+
+def _unanswered_submit(path: Path, what: str) -> str:
+    """The line for a submit sent and never answered: its jobs may still have been taken (the
+    service goes on profiling and takes them after the client stopped waiting), so a plain
+    "did not answer" read as a failure, and the submit made again ran the job twice."""
+    return (f"the service on {path} {what}; the submit may still have been taken (the "
+            "service goes on with it): check `accelopt status` for the job before submitting "
+            "it again")
 
 
 def _connect(path: Path, timeout_s: float) -> socket.socket:
