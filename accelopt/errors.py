@@ -18,11 +18,26 @@ def listed(items: Sequence[str], shown: int = 3, sep: str = ", ") -> str:
     return sep.join(items[:shown]) + more
 
 
+CUT = (":", ",", "(", "[", "{")
+"""A line ending so goes on in the next one (``Validation error for field 'vocab_size':``)."""
+
+
+def one_line(text: str) -> str:
+    """``text``'s non-blank lines, stripped, joined by spaces: a multi-line message (torch's,
+    a library's validation error) inside one of accelopt's lines."""
+    return " ".join(ln.strip() for ln in text.splitlines() if ln.strip())
+
+
 def first_line(exc: BaseException) -> str:
     """The first line of ``exc``'s message (``""`` when it has none): an error inside a
-    one-line message."""
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else ""
+    one-line message. A first line that is cut (it ends with ``:`` or an open bracket) takes
+    the lines after it up to one that is not, joined: kept alone, the message ended at
+    "Validation error for field 'vocab_size':", its reason left off."""
+    lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
+    end = 1
+    while end < len(lines) and lines[end - 1].rstrip().endswith(CUT):
+        end += 1
+    return one_line("\n".join(lines[:end]))
 
 
 def error_text(exc: BaseException) -> str:

@@ -15,7 +15,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from accelopt.errors import ConfigError, did_you_mean, first_line
+from accelopt.errors import ConfigError, did_you_mean, first_line, one_line
 from accelopt.plugin import Registry
 
 HYDRA_PASSTHROUGH_FLAGS = ("--help", "-h", "--hydra-help", "--info", "-i", "--cfg", "-c",
@@ -55,7 +55,7 @@ def describe_config_error(exc: BaseException, overrides: Sequence[str] = ()) -> 
         cause = cause.__cause__
     key = getattr(cause, "full_key", None)
     message = first_line_of(cause if cause is not exc else exc)
-    if message.endswith("raised while composing config:"):  # the reason is on the next lines
+    if "raised while composing config:" in message:  # the reason is on the next lines
         return _joined(str(exc))
     if getattr(cause, "problem_mark", None) is not None:  # YAML: the file, line and problem
         return f"a YAML file does not parse: {_joined(str(cause))}"
@@ -329,9 +329,8 @@ def _schema_fields(path: str) -> list[str]:
 def _joined(text: str) -> str:
     """A several-line Hydra/OmegaConf/YAML message as one line: its lines joined, without
     OmegaConf's ``reference_type=``/``object_type=`` lines."""
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()
-             and not ln.strip().startswith(("reference_type=", "object_type="))]
-    return " ".join(lines)
+    return one_line("\n".join(ln for ln in text.splitlines() if not ln.strip().startswith(
+        ("reference_type=", "object_type="))))
 
 
 def refuse_added_setting_of_a_selected_plugin(overrides: Sequence[str],

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from accelopt.config import JobConfig
-from accelopt.errors import ConfigError, UserError, error_text, first_line
+from accelopt.errors import ConfigError, UserError, error_text, first_line, one_line
 from accelopt.host import PluginHost
 from accelopt.job import inputs
 from accelopt.job.events import SILENT, Event, StepEvents, rebuilds
@@ -79,8 +79,8 @@ class Job:
             check_rows(self.dataset, spec)
             self._one_tensor = check_batch(self.dataset, spec)
             """Batches hold one input tensor (else a tuple or mapping of them)."""
-        except ValueError as exc:
-            raise ConfigError(f"job '{spec.name}': {exc}") from None
+        except ValueError as exc:  # the chain kept: --debug shows where a factory raised
+            raise ConfigError(f"job '{spec.name}': {exc}") from exc
         info = job_info(spec, job_id)
         # Weights come from the job's own seed, not from whatever the global RNG holds, so
         # a job built next to others starts from the same weights as when built alone.
@@ -95,8 +95,8 @@ class Job:
                     width=spec.width,
                     kwargs=spec.model_kwargs,
                 )
-            except ValueError as exc:
-                raise ConfigError(f"job '{spec.name}': {exc}") from None
+            except ValueError as exc:  # as above: the chain is --debug's
+                raise ConfigError(f"job '{spec.name}': {exc}") from exc
             refuse_sparse_gradients(model, spec.name)
             model = offer_layers(model, info, self.host)
         if spec.kind == "train":
@@ -580,7 +580,7 @@ def settings_read_every_gradient(spec: JobConfig) -> str:
 
 def misfit(source: str, job_name: str, exc: BaseException) -> UserError:
     """One line for checkpoint state that does not fit the job as this run builds it."""
-    detail = " ".join(ln.strip() for ln in str(exc).splitlines() if ln.strip())
+    detail = one_line(str(exc))
     detail = (detail[:300] + "...") if len(detail) > 300 else detail or type(exc).__name__
     return UserError(f"checkpoint {source} does not fit job '{job_name}' as this run builds "
                      f"it ({detail}); delete the checkpoint to restart that job")

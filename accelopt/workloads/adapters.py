@@ -133,8 +133,10 @@ def check_labels(y: torch.Tensor, num_classes: Any, where: str, first_row: int =
         fix = (f"class labels are indices 0..{top - 1}" if top is not None
                else "class labels are indices from 0") + " (or -100: a row left out of the loss)"
     else:
+        # The largest label, not this one: a hint from the first bad label fails again on
+        # the next larger one, once for each.
         fix = (f"the dataset has {top} classes: fix that label, or give the dataset "
-               f"num_classes={value + 1} (a model as wide)")
+               f"num_classes={hi + 1} (a model as wide)")
     raise ValueError(f"{where}: label {value} at row {row} is not a class index; {fix}")
 
 

@@ -46,9 +46,11 @@ def stdlib_files(max_files: int) -> list[Path]:
 
 
 @lru_cache(maxsize=4)
-def _corpus(max_files: int, vocab: int, seq_len: int) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """(training chunks ``[N, seq_len]``, held-out chunks, vocabulary size), memoised per
-    process (a pure function of its arguments and the Python version)."""
+def _corpus(max_files: int, vocab: int,
+            seq_len: int) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+    """(training chunks ``[N, seq_len]``, held-out chunks, vocabulary size, training tokens),
+    memoised per process (a pure function of its arguments and the Python version). The
+    training tokens are the longest ``seq_len`` that still makes one training chunk."""
     files = stdlib_files(max_files)
     if len(files) < 10:
         raise ValueError(f"workload=lm: found only {len(files)} standard-library files under "
@@ -70,7 +72,7 @@ def _corpus(max_files: int, vocab: int, seq_len: int) -> tuple[torch.Tensor, tor
         n = len(ids) // seq_len
         return ids[: n * seq_len].view(n, seq_len)
 
-    return chunks(streams[0]), chunks(streams[1]), len(common) + 1
+    return chunks(streams[0]), chunks(streams[1]), len(common) + 1, len(streams[0])
 
 
 class StdlibText:
@@ -83,7 +85,12 @@ class StdlibText:
     def __init__(self, *, seed: int, max_files: int, vocab: int, seq_len: int,
                  eval_chunks: int) -> None:
         self.seed = seed
-        self._train, self._held_out, self.vocab_size = _corpus(max_files, vocab, seq_len)
+        self._train, self._held_out, self.vocab_size, fits = _corpus(max_files, vocab,
+                                                                     seq_len)
+        if len(self._train) == 0:  # batch 0 divided by zero rows (a ZeroDivisionError)
+            raise ValueError(f"stdlib_text: seq_len={seq_len} is longer than the training text "
+                             f"of {max_files} files ({fits} tokens): no training sequence; "
+                             f"set seq_len={fits} or less (or raise max_files)")
         self._held_out = self._held_out[:eval_chunks]
         self.num_classes = self.vocab_size
         self.n_train = len(self._train)
@@ -100,7 +107,14 @@ class StdlibText:
 
     def evaluate_model(self, model: torch.nn.Module) -> Quality:
         """Held-out perplexity: exp of the mean next-token cross-entropy over the held-out
-        chunks (``model(x, labels=x).loss`` per batch, weighted by its predicted tokens)."""
+        chunks (``model(x, labels=x).loss`` per batch, weighted by its predicted tokens). A
+        held-out text shorter than one ``seq_len`` has no chunk: not scored, with the note of
+        any empty held-out set (it divided by zero tokens, "cannot score")."""
+        # late: accelopt.job imports the workloads
+        from accelopt.job.quality import EMPTY_HELD_OUT, EmptyHeldOut
+
+        if len(self._held_out) == 0:
+            raise EmptyHeldOut(EMPTY_HELD_OUT)
         total, tokens = 0.0, 0
         was_training = model.training
         model.eval()
@@ -128,10 +142,15 @@ def stdlib_text(*, seed: int, max_files: int = 600, vocab: int = 30000, seq_len:
                       seq_len=int(seq_len), eval_chunks=int(eval_chunks))
 
 
-def gpt2(*, vocab_size: int, input_shape: tuple[int, ...], n_embd: int = 64, n_layer: int = 2,
-         n_head: int = 2, dropout: float = 0.0) -> Any:
+def gpt2(*, vocab_size: int | None, input_shape: tuple[int, ...], n_embd: int = 64,
+         n_layer: int = 2, n_head: int = 2, dropout: float = 0.0) -> Any:
     """Factory for ``model: accelopt.workloads.lm:gpt2``: ``GPT2LMHeadModel`` from a small
     config, random weights, positions for the dataset's sequence length."""
+    if vocab_size is None:  # token data without one: transformers said only "Validation
+        # error for field 'vocab_size':", its reason on a line of its own
+        raise ValueError("gpt2 embeds token ids and needs the vocabulary size, got None: give "
+                         "the dataset a vocab_size attribute (its largest token id + 1), or "
+                         "the model vocab_size=N in the job's model_kwargs")
     try:
         from transformers import GPT2Config, GPT2LMHeadModel
     except ImportError:
