@@ -283,6 +283,15 @@ def compare(reference: nn.Module, x: torch.Tensor, y: torch.Tensor,
     return results
 
 
+def change(fraction: float, signed: bool = True) -> str:
+    """A relative change as a whole percentage (with its sign unless ``signed`` is false);
+    one that rounds to zero is ``+0%`` (``0%``), never ``-0%``: the baseline's change
+    against itself is -0.0 (``-(1 - 1)``), and a tiny negative change rounds to ``-0%``,
+    which reads as a cut."""
+    text = f"{fraction:+.0%}" if signed else f"{fraction:.0%}"
+    return text.replace("-0%", "+0%" if signed else "0%") if text.lstrip("+-") == "0%" else text
+
+
 def _device(text: str) -> str:
     """``cpu`` or a CUDA device this machine has (``cuda``, ``cuda:1``): a usage error
     otherwise (``cuda`` without one was torch's AssertionError, after the model was built)."""
@@ -348,8 +357,8 @@ def main() -> None:
         cut = 1 - r["resident"] / base["resident"] if base["resident"] else 0.0
         peak = "-" if r["peak"] is None else f"{r['peak'] / MiB:.1f}"
         slow = r["step_s"] / base["step_s"] - 1
-        print(f"{r['name']:<16}{r['resident'] / MiB:>13.2f}{-cut:>+9.0%}{r['copied'] / MiB:>12.2f}"
-              f"{peak:>10}{r['step_s'] * 1e3:>9.1f}{slow:>+9.0%}  "
+        print(f"{r['name']:<16}{r['resident'] / MiB:>13.2f}{change(-cut):>9}"
+              f"{r['copied'] / MiB:>12.2f}{peak:>10}{r['step_s'] * 1e3:>9.1f}{change(slow):>9}  "
               f"{verdict}")
     off = results[1]
     floor = 2 * off["copied"] / bandwidth
@@ -364,8 +373,9 @@ def main() -> None:
         off = results[1]
         cut = 1 - off["peak"] / base["peak"]
         slow = off["step_s"] / base["step_s"] - 1
-        print(f"vDNN goal: >= 80% less activation memory ({cut:.0%}) with <= 20% slowdown "
-              f"({slow:+.0%}): {'PASS' if cut >= 0.8 and slow <= 0.2 else 'FAIL'}")
+        print(f"vDNN goal: >= 80% less activation memory ({change(cut, signed=False)}) with "
+              f"<= 20% slowdown ({change(slow)}): "
+              f"{'PASS' if cut >= 0.8 and slow <= 0.2 else 'FAIL'}")
 
 
 if __name__ == "__main__":

@@ -30,7 +30,9 @@ from omegaconf import OmegaConf
 
 from accelopt.config import AccelConfig, JobConfig
 from accelopt.drivers.cluster import run_cluster
+from accelopt.drivers.cluster.metrics import WARMUP_ITERATIONS
 from accelopt.drivers.cluster.settings import ClusterSettings, parse_rate, settings_from
+from accelopt.errors import UserError
 from accelopt.workloads.models import MODEL_NAMES
 
 
@@ -78,6 +80,44 @@ def wire_bound_s(settings: ClusterSettings, param_bytes: int) -> float:
     return worst
 
 
+BELOW_BOUND = "below the wire bound: not a steady-state measurement"
+"""Said of a period shorter than its wire bound: the links cannot move an iteration's bytes
+that fast, so the run timed something other than its steady iterations."""
+
+
+def check_iterations(iterations: int) -> None:
+    """Refuse a run too short for a steady window: the period is the iterations after the
+    :data:`~accelopt.drivers.cluster.metrics.WARMUP_ITERATIONS` warm-up over their wall
+    time, and a run of no more iterations than that times its warm-up instead (a PS period
+    below its own wire bound)."""
+    if iterations <= WARMUP_ITERATIONS:
+        raise UserError(f"--iterations {iterations} leaves no steady iterations after the "
+                        f"{WARMUP_ITERATIONS} warm-up ones, so no steady-state period; give "
+                        f"at least {WARMUP_ITERATIONS + 1}")
+
+
+def repeat_line(mode: str, straggler: bool, rep: int, period_s: float, bound_s: float) -> str:
+    """One repeat's progress line; a period below its wire bound is marked as not a
+    measurement."""
+    mark = f" ({BELOW_BOUND})" if period_s < bound_s else ""
+    return (f"  {mode} {'straggler' if straggler else 'equal'} repeat {rep + 1}: "
+            f"{period_s * 1e3:.1f} ms/iteration{mark}")
+
+
+def table_row(mode: str, straggler: bool, times: list[float], bound_s: float,
+              equal_times: list[float], equal_bound_s: float) -> str:
+    """One row of the table. A median period below its wire bound is not printed as a result
+    (the links cannot carry an iteration that fast), nor is a slowdown computed from one."""
+    med, equal = statistics.median(times), statistics.median(equal_times)
+    below = med < bound_s
+    slowdown = "-" if below or equal < equal_bound_s else f"{med / equal:.2f}"
+    iteration = "-" if below else f"{med * 1e3:.1f}"
+    return (f"{mode:<10}{'straggler' if straggler else 'equal':<11}{iteration:>13}"
+            f"{min(times) * 1e3:>8.1f}{max(times) * 1e3:>8.1f}{len(times):>3}"
+            f"{bound_s * 1e3:>15.1f}{slowdown:>10}{bound_s / equal_bound_s:>16.2f}"
+            + (f"  {BELOW_BOUND}" if below else ""))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=_cli.summary(__doc__))
     ap.add_argument("--bandwidth", type=_cli.rate, default="100mbit")
@@ -91,6 +131,7 @@ def main() -> None:
     ap.add_argument("--servers", type=_cli.positive_int, default=1)
     ap.add_argument("--repeats", type=_cli.positive_int, default=3)
     args = ap.parse_args()
+    check_iterations(args.iterations)
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
           f"python {platform.python_version()}, gloo, 1 thread per rank; load average "
           f"{os.getloadavg()[0]:.2f}")
@@ -115,17 +156,10 @@ def main() -> None:
                     times[straggler].append(1.0 / float(out.metrics["wall_iterations_per_s"]))
                     bounds[straggler] = wire_bound_s(settings_from(cfg.cluster),
                                                      int(out.metrics["param_bytes"]))
-                    print(f"  {mode} {'straggler' if straggler else 'equal'} repeat {rep + 1}: "
-                          f"{times[straggler][-1] * 1e3:.1f} ms/iteration", flush=True)
-            equal = statistics.median(times[False])
-            for straggler in (False, True):
-                t = times[straggler]
-                med = statistics.median(t)
-                rows.append(
-                    f"{mode:<10}{'straggler' if straggler else 'equal':<11}{med * 1e3:>13.1f}"
-                    f"{min(t) * 1e3:>8.1f}{max(t) * 1e3:>8.1f}{len(t):>3}"
-                    f"{bounds[straggler] * 1e3:>15.1f}{med / equal:>10.2f}"
-                    f"{bounds[straggler] / bounds[False]:>16.2f}")
+                    print(repeat_line(mode, straggler, rep, times[straggler][-1],
+                                      bounds[straggler]), flush=True)
+            rows += [table_row(mode, straggler, times[straggler], bounds[straggler],
+                               times[False], bounds[False]) for straggler in (False, True)]
     print(header)
     print("-" * len(header))
     print("\n".join(rows))
@@ -133,7 +167,7 @@ def main() -> None:
           "the iterations after the warm-up over their number). wire bound: the "
           "busiest link's time at its rate (a PS worker's push then pull, in sequence; "
           "otherwise one direction; headers excluded). slowdown: "
-          "over the equal links of the same mode.")
+          f"over the equal links of the same mode. '-': a median period {BELOW_BOUND}.")
 
 
 if __name__ == "__main__":
