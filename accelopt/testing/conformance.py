@@ -314,6 +314,7 @@ def check_run(spec: PluginSpec, tmp_path: Path, workload: str = "tiny", *,
     _check_reported(spec, mode, record)
     _check_finite_metrics(spec.name, where, record)
     instances.job_storages = _job_storages(recorder)
+    instances.grad_storages = _job_storages(recorder, grads=True)
     recorder.clear()  # its records hold the jobs' models: no longer needed
     if resumable:  # (overrides turning checkpoints off: nothing to resume from)
         _check_resumes(spec, dataclasses.replace(spec, factory=watching), registry,
@@ -370,21 +371,27 @@ def _check_finite_metrics(name: str, where: str, record: RunRecord) -> None:
 
 class RunInstances(list):  # type: ignore[type-arg]
     """The plugin objects :func:`check_run` built, and weak references to the storages of
-    the run's job tensors (parameters and buffers, by storage), which
+    the run's job tensors (parameters and buffers, by storage; gradients apart), which
     :func:`check_no_retained_job_state` looks for in them: a plugin keeping ``p.data``,
     ``p.detach()`` or ``model.state_dict()`` holds plain tensors that keep the job's
-    weights alive."""
+    weights alive, and one keeping ``gradients[name]`` (a parameter's ``.grad``, a plain
+    tensor too) keeps the job's gradient buffer alive."""
 
     job_storages: dict[int, Any]
+    grad_storages: dict[int, Any]
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self.job_storages = {}
+        self.grad_storages = {}
 
 
-def _job_storages(recorder: HookRecorder) -> dict[int, Any]:
+def _job_storages(recorder: HookRecorder, *, grads: bool = False) -> dict[int, Any]:
     """Storage -> a weak reference to it (which keeps its address from being reused), for
-    every parameter and buffer of the models the run built (as they are at its end)."""
+    every parameter and buffer of the models the run built (as they are at its end), or
+    with ``grads`` every gradient of their parameters. A one-process run zeroes the
+    gradients in place (``set_to_none=False``), so the buffers at the end are the ones every
+    iteration's ``gradients`` view handed out."""
     import torch
     from torch.multiprocessing.reductions import StorageWeakRef
 
@@ -393,7 +400,11 @@ def _job_storages(recorder: HookRecorder) -> dict[int, Any]:
         model = getattr(call.get("job"), "model", None)
         if not isinstance(model, torch.nn.Module):
             continue  # a cluster rank's, described (Shipped)
-        for tensor in [*model.parameters(), *model.buffers()]:
+        if grads:
+            tensors = [p.grad for p in model.parameters() if p.grad is not None]
+        else:
+            tensors = [*model.parameters(), *model.buffers()]
+        for tensor in tensors:
             ref = StorageWeakRef(tensor.untyped_storage())
             refs.setdefault(ref.cdata, ref)
     return refs
@@ -568,16 +579,18 @@ def _no_report_summary() -> str:
 
 
 def check_no_retained_job_state(spec: PluginSpec, instances: list[object]) -> None:
-    """After a run, the plugin object must not keep the jobs' models, parameters or
-    optimizers alive: that would hold device memory across runs (plugins are built per
-    run, but a user's notebook or a sweep may keep the object). Plain tensors a plugin
-    owns (e.g. error-feedback residuals) are allowed; one sharing its storage with a job's
-    parameter or buffer (``p.data``, ``p.detach()``, ``model.state_dict()``) is not, where
+    """After a run, the plugin object must not keep the jobs' models, parameters,
+    gradients or optimizers alive: that would hold device memory across runs (plugins are
+    built per run, but a user's notebook or a sweep may keep the object). Plain tensors a
+    plugin owns (e.g. error-feedback residuals, a gradient's ``.clone()``) are allowed; one
+    sharing its storage with a job's parameter, buffer or gradient (``p.data``,
+    ``p.detach()``, ``model.state_dict()``, ``gradients[name]``, ``p.grad``) is not, where
     ``instances`` is what :func:`check_run` returned (it knows the jobs' storages)."""
     gc.collect()
     storages = getattr(instances, "job_storages", None) or {}
+    grads = getattr(instances, "grad_storages", None) or {}
     for instance in instances:
-        seen = _Walk(storages)
+        seen = _Walk(storages, grads)
         if isinstance(instance, types.ModuleType):  # a module of hooks: its globals
             found = next(filter(None, (
                 _find_job_state(value, f"{instance.__name__}.{key}", RETENTION_DEPTH - 1, seen)
@@ -639,11 +652,20 @@ RETENTION_NODES = 200_000
 
 class _Walk(set):  # type: ignore[type-arg]
     """The ids the retention check has visited, and the storages of the run's job tensors
-    (:attr:`RunInstances.job_storages`) a plain tensor must not share."""
+    (:attr:`RunInstances.job_storages`, :attr:`RunInstances.grad_storages`) a plain tensor
+    must not share."""
 
-    def __init__(self, storages: dict[int, Any] | None = None) -> None:
+    def __init__(self, storages: dict[int, Any] | None = None,
+                 grads: dict[int, Any] | None = None) -> None:
         super().__init__()
         self.storages = storages or {}
+        self.grads = grads or {}
+
+
+GRADIENT_KEPT = ("a job's gradient tensor (gradients[name] and p.grad are the job's live "
+                 "gradient buffers, reused every iteration; keep a .clone() or a number such "
+                 "as its norm)")
+"""What the retention check says of a kept tensor sharing a job's gradient's storage."""
 
 
 def _find_job_state(obj: Any, path: str, depth: int, seen: set[int]) -> tuple[str, str] | None:
@@ -664,6 +686,9 @@ def _find_job_state(obj: Any, path: str, depth: int, seen: set[int]) -> tuple[st
             return path, ("a tensor sharing its storage with a job's parameter or buffer "
                           "(p.data, p.detach() and model.state_dict() keep the job's weights "
                           "alive; keep a .clone())")
+        grads = getattr(seen, "grads", None)
+        if grads and _storage_of(obj) in grads:
+            return path, GRADIENT_KEPT
         return None
     viewed = _viewed_tensor(obj)
     if viewed is not None:
@@ -672,6 +697,10 @@ def _find_job_state(obj: Any, path: str, depth: int, seen: set[int]) -> tuple[st
             return path, (f"a {type(obj).__name__} viewing a job's parameter or buffer "
                           "(p.data.numpy() shares its memory and keeps the job's weights "
                           "alive; keep a .copy())")
+        grads = getattr(seen, "grads", None)
+        if grads and _storage_of(viewed) in grads:
+            return path, (f"a {type(obj).__name__} viewing a job's gradient (p.grad.numpy() "
+                          "shares the live gradient buffer's memory; keep a .copy())")
         return None
     if depth == 0 or isinstance(obj, (str, bytes, int, float, bool, type(None), type,
                                       types.ModuleType)):

@@ -6,7 +6,7 @@ Being a plugin rather than a pluggy call monitor means it also sees the calls th
 outside pluggy's dispatch (``accelopt_configure`` through ``call_one``, ``accelopt_layer_build``
 through ``chain``), and it needs nothing from ``execute()``.
 
-Four things a test author should know:
+Five things a test author should know:
 
 * ``tryfirst`` puts it ahead of every other implementation, so it sees ``firstresult``
   hooks (allocate, select_next, transfer_order) even when another plugin answers them.
@@ -26,6 +26,13 @@ Four things a test author should know:
   rebuilds each finished job's model to score it. Tensors arrive as copies, a
   mapping of tensors (the gradients view) as a dict of copies, and values that cannot cross
   a process boundary (a live model) as a :class:`Shipped` description.
+* A one-process run (``cluster.mode=none``) tags the run's calls rank 0 and the up-front
+  validation's calls :data:`LAUNCHER`, as a cluster run does: the validation configures
+  plugin objects of its own and drops them before anything runs, so its
+  ``accelopt_configure`` is not the run's. ``count(hook, rank=0)`` therefore counts the
+  same calls in every mode (``count("configure", rank=0) == 1``). The validation's calls
+  are told apart by the recorder plugin object that made them (:attr:`HookCall.source`)
+  when :func:`~accelopt.testing.run_workload` collects the run's calls.
 """
 
 from __future__ import annotations
@@ -60,8 +67,10 @@ from accelopt.types import (
 )
 
 LAUNCHER = -1
-"""The ``rank`` of calls made by the process that launched a cluster run's ranks (validation
-before they start, scoring after they end), so that they never count as rank 0's."""
+"""The ``rank`` of calls made outside the run by the process that started it: the up-front
+validation in every mode (``accelopt_configure`` of plugin objects dropped before the run),
+and in a cluster run the launcher's scoring after the ranks end; so that they never count as
+rank 0's, in a one-process run either."""
 
 RECORDER_NAME = "hook_recorder"
 """The plugin name the recorder runs under (it appears in ``RunInfo.plugins``)."""
@@ -90,13 +99,18 @@ def normalize_hook(name: str) -> str:
 class HookCall:
     """One recorded call: the hook's full name, the keyword arguments it was given, the
     rank of the process that made it (0 in a one-process run; :data:`LAUNCHER` for the
-    launching process of a cluster run) and the run it belongs to (0 for the first run the
-    recorder was passed to, 1 for the next: :meth:`HookRecorder.runs`)."""
+    up-front validation in every mode and the launching process of a cluster run) and the
+    run it belongs to (0 for the first run the recorder was passed to, 1 for the next:
+    :meth:`HookRecorder.runs`)."""
 
     hook: str
     kwargs: dict[str, Any]
     rank: int = 0
     run: int = 0
+    source: int = 0
+    """Which recorder plugin object of its process made the call (1, 2, ...: every
+    activation of the plugin selection builds one, the validation's and the run's apart;
+    0 for a call given to :meth:`HookRecorder.record`)."""
 
 
 @dataclass(frozen=True)
@@ -136,6 +150,8 @@ class HookRecorder:
         self.token = uuid.uuid4().hex
         self._run = -1
         """The run calls are recorded into (-1: none begun; calls made then are run 0's)."""
+        self._sources = 0
+        """How many recorder plugin objects this recorder has fed (:attr:`HookCall.source`)."""
         _RECORDERS[self.token] = self
 
     # -- recording -----------------------------------------------------------------------
@@ -143,7 +159,17 @@ class HookRecorder:
     def record(self, hook: str, **kwargs: Any) -> None:
         """Append one call (the core calls a process's hooks one at a time, so no two
         threads append at once)."""
-        self.records.append(HookCall(hook, kwargs, run=max(self._run, 0)))
+        self._append(hook, kwargs, 0)
+
+    def _append(self, hook: str, kwargs: dict[str, Any], source: int) -> None:
+        """Append one call made by recorder plugin object ``source`` (0: none), which
+        :meth:`collect` needs to tell the validation's calls from the run's."""
+        self.records.append(HookCall(hook, kwargs, run=max(self._run, 0), source=source))
+
+    def new_source(self) -> int:
+        """A number for the next recorder plugin object (:attr:`HookCall.source`)."""
+        self._sources += 1
+        return self._sources
 
     def begin_run(self) -> int:
         """Record the calls that follow as a new run's, and return its number (what
@@ -167,14 +193,19 @@ class HookRecorder:
 
     def collect(self, run_dir: str | Path, run_began_at: int | None = None) -> int:
         """Read the calls the ranks of a cluster run wrote into ``run_dir`` (what
-        :func:`run_workload` does after such a run); returns how many ranks reported.
+        :func:`run_workload` does after every run); returns how many ranks reported.
         ``run_began_at``: how many calls were recorded before the run; when ranks reported,
-        the calls this process recorded since are the launcher's (:data:`LAUNCHER`)."""
+        the calls this process recorded since are the launcher's (:data:`LAUNCHER`); when
+        none did (a one-process run), those of the recorder plugin objects that never saw
+        ``accelopt_run_start`` are (the up-front validation's)."""
         folder = Path(run_dir) / DUMP_DIR / self.token
         files = sorted(folder.glob("rank-*.pkl"), key=lambda p: int(p.stem.split("-")[1]))
-        if files and run_began_at is not None:
-            self.records[run_began_at:] = [dataclasses.replace(c, rank=LAUNCHER)
-                                           for c in self.records[run_began_at:]]
+        if run_began_at is not None:
+            since = self.records[run_began_at:]
+            in_run = {c.source for c in since if c.hook == "accelopt_run_start"}
+            self.records[run_began_at:] = [
+                dataclasses.replace(c, rank=LAUNCHER)
+                if files or (in_run and c.source not in in_run) else c for c in since]
         run = max(self._run, 0)
         for path in files:
             with open(path, "rb") as fh:
@@ -273,7 +304,7 @@ class RecorderFactory:
     def __call__(self, _config: Any) -> RecorderPlugin:
         recorder = _RECORDERS.get(self.token)
         if recorder is not None:
-            return RecorderPlugin(recorder)
+            return RecorderPlugin(recorder, source=recorder.new_source())
         return RecorderPlugin(HookRecorder(), dump_token=self.token)
 
 
@@ -326,9 +357,11 @@ class RecorderPlugin:
     fails if a hookspec is added without a method here.
     """
 
-    def __init__(self, recorder: HookRecorder, dump_token: str | None = None) -> None:
+    def __init__(self, recorder: HookRecorder, dump_token: str | None = None,
+                 source: int = 1) -> None:
         self.recorder = recorder
         self.dump_token = dump_token
+        self.source = source
         self.rank = 0
         self.run_dir: str | None = None
 
@@ -338,128 +371,133 @@ class RecorderPlugin:
             return
         folder = Path(self.run_dir) / DUMP_DIR / self.dump_token
         folder.mkdir(parents=True, exist_ok=True)
-        calls = [HookCall(c.hook, _portable(c.kwargs), self.rank) for c in self.recorder.records]
+        calls = [HookCall(c.hook, _portable(c.kwargs), self.rank, source=c.source)
+                 for c in self.recorder.records]
         tmp = folder / f".rank-{self.rank}.tmp"
         with open(tmp, "wb") as fh:
             pickle.dump(calls, fh)
         tmp.replace(folder / f"rank-{self.rank}.pkl")
 
+    def _record(self, hook: str, **kwargs: Any) -> None:
+        """Record one call as this plugin object's (:attr:`HookCall.source`)."""
+        self.recorder._append(hook, kwargs, self.source)
+
     @hookimpl(tryfirst=True)
     def accelopt_configure(self, config: Any, run_config: Any) -> None:
-        self.recorder.record("accelopt_configure", config=config, run_config=run_config)
+        self._record("accelopt_configure", config=config, run_config=run_config)
 
     @hookimpl(tryfirst=True)
     def accelopt_job_built(self, run: RunInfo, job: BuiltJob) -> None:
-        self.recorder.record("accelopt_job_built", run=run, job=job)
+        self._record("accelopt_job_built", run=run, job=job)
 
     @hookimpl(tryfirst=True)
     def accelopt_run_start(self, run: RunInfo) -> None:
         self.rank, self.run_dir = run.rank, run.run_dir
-        self.recorder.record("accelopt_run_start", run=run)
+        self._record("accelopt_run_start", run=run)
 
     @hookimpl(tryfirst=True)
     def accelopt_run_end(self, run: RunInfo, metrics: dict[str, Any]) -> None:
-        self.recorder.record("accelopt_run_end", run=run, metrics=metrics)
+        self._record("accelopt_run_end", run=run, metrics=metrics)
         self._dump()
 
     @hookimpl(tryfirst=True)
     def accelopt_report_rows(self, run: RunInfo) -> list[ReportRow]:
-        self.recorder.record("accelopt_report_rows", run=run)
+        self._record("accelopt_report_rows", run=run)
         summary = f"recorded {len(self.recorder)} hook calls (accelopt.testing)"
         return [ReportRow(plugin=RECORDER_NAME, summary=summary)]
 
     @hookimpl(tryfirst=True)
     def accelopt_cli_commands(self) -> Sequence[CliCommand] | None:
-        self.recorder.record("accelopt_cli_commands")
+        self._record("accelopt_cli_commands")
         return None
 
     @hookimpl(tryfirst=True)
     def accelopt_allocate(self, request: AllocationRequest) -> AllocationDecision | None:
-        self.recorder.record("accelopt_allocate", request=request)
+        self._record("accelopt_allocate", request=request)
         return None
 
     @hookimpl(tryfirst=True)
     def accelopt_release(self, job: JobInfo, lane: str, status: str) -> None:
-        self.recorder.record("accelopt_release", job=job, lane=lane, status=status)
+        self._record("accelopt_release", job=job, lane=lane, status=status)
 
     @hookimpl(tryfirst=True)
     def accelopt_select_next(
         self, lane: str, ready: Sequence[JobState], now_s: float
     ) -> str | None:
-        self.recorder.record("accelopt_select_next", lane=lane, ready=ready, now_s=now_s)
+        self._record("accelopt_select_next", lane=lane, ready=ready, now_s=now_s)
         return None
 
     @hookimpl(tryfirst=True)
     def accelopt_iteration_start(self, context: IterationContext) -> None:
-        self.recorder.record("accelopt_iteration_start", context=context)
+        self._record("accelopt_iteration_start", context=context)
 
     @hookimpl(tryfirst=True)
     def accelopt_after_forward(self, context: IterationContext, loss: Any) -> Any | None:
-        self.recorder.record("accelopt_after_forward", context=context, loss=loss)
+        self._record("accelopt_after_forward", context=context, loss=loss)
         return None
 
     @hookimpl(tryfirst=True)
     def accelopt_before_optimizer_step(self, context: IterationContext, gradients: Any) -> None:
-        self.recorder.record("accelopt_before_optimizer_step", context=context,
+        self._record("accelopt_before_optimizer_step", context=context,
                              gradients=gradients)
 
     @hookimpl(tryfirst=True)
     def accelopt_after_step(self, context: IterationContext,
                             stepped: bool) -> OptimizerRebuild | None:
-        self.recorder.record("accelopt_after_step", context=context, stepped=stepped)
+        self._record("accelopt_after_step", context=context, stepped=stepped)
         return None
 
     @hookimpl(tryfirst=True)
     def accelopt_iteration_end(self, context: IterationContext, result: IterationResult) -> None:
-        self.recorder.record("accelopt_iteration_end", context=context, result=result)
+        self._record("accelopt_iteration_end", context=context, result=result)
 
     @hookimpl(tryfirst=True)
     def accelopt_optimizer_build(self, job: JobInfo, optimizer: Any, parameters: Any,
                                  previous: Any) -> Any | None:
-        self.recorder.record("accelopt_optimizer_build", job=job, optimizer=optimizer,
+        self._record("accelopt_optimizer_build", job=job, optimizer=optimizer,
                              parameters=parameters, previous=previous)
         return None
 
     @hookimpl(tryfirst=True)
     def accelopt_state_save(self, job: JobInfo) -> dict[str, Any] | None:
-        self.recorder.record("accelopt_state_save", job=job)
+        self._record("accelopt_state_save", job=job)
         return {"recorded_calls": len(self.recorder.records)}  # a marker: exercises the load
 
     @hookimpl(tryfirst=True)
     def accelopt_state_load(self, job: JobInfo, state: dict[str, Any]) -> None:
-        self.recorder.record("accelopt_state_load", job=job, state=state)
+        self._record("accelopt_state_load", job=job, state=state)
 
     @hookimpl(tryfirst=True)
     def accelopt_transfer_order(
         self, transfers: Sequence[TransferRecord], destination: int
     ) -> Sequence[str] | None:
-        self.recorder.record(
+        self._record(
             "accelopt_transfer_order", transfers=transfers, destination=destination
         )
         return None
 
     @hookimpl(tryfirst=True)
     def accelopt_transfer_encode(self, record: TransferRecord, payload: Any) -> Any | None:
-        self.recorder.record("accelopt_transfer_encode", record=record, payload=payload)
+        self._record("accelopt_transfer_encode", record=record, payload=payload)
         return None
 
     @hookimpl(tryfirst=True)
     def accelopt_transfer_decode(self, record: TransferRecord, payload: Any) -> Any | None:
-        self.recorder.record("accelopt_transfer_decode", record=record, payload=payload)
+        self._record("accelopt_transfer_decode", record=record, payload=payload)
         return None
 
     @hookimpl(tryfirst=True)
     def accelopt_transfer_filter(self, record: TransferRecord) -> bool | None:
-        self.recorder.record("accelopt_transfer_filter", record=record)
+        self._record("accelopt_transfer_filter", record=record)
         return None
 
     @hookimpl(tryfirst=True)
     def accelopt_transfer_done(self, record: TransferRecord, start_s: float, end_s: float) -> None:
-        self.recorder.record(
+        self._record(
             "accelopt_transfer_done", record=record, start_s=start_s, end_s=end_s
         )
 
     @hookimpl(tryfirst=True)
     def accelopt_layer_build(self, layer: LayerOffer) -> Any | None:
-        self.recorder.record("accelopt_layer_build", layer=layer)
+        self._record("accelopt_layer_build", layer=layer)
         return None

@@ -489,9 +489,11 @@ class GpuKernelsPlugin:
     @hookimpl
     def accelopt_report_rows(self, run: RunInfo) -> list[ReportRow]:
         if not self.enabled:
+            # example values, each one the config accepts (tiled_linear and channels_last
+            # are modes, not switches: "true" is refused)
             return [ReportRow("gpu_kernels", "nothing enabled: set plugins.gpu_kernels."
-                              "prune_amount, conv_autotune, tiled_linear or channels_last",
-                              {INERT: 1})]
+                              "prune_amount=0.5, conv_autotune=true, tiled_linear=tiled or "
+                              "channels_last=on", {INERT: 1})]
         if not self.jobs:
             return [ReportRow("gpu_kernels", "no model was offered (no job was built)",
                               {INERT: 1})]
