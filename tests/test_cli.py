@@ -332,7 +332,8 @@ def test_a_sweep_never_writes_over_an_earlier_sweep_nor_trains_before_a_bad_poin
     bad = accelopt_in_process("run", "-m", *TINY, "hydra.sweep.dir=other",
                               "workload.jobs.0.iterations=2,-1", cwd=tmp_path, capfd=capfd)
     assert bad.returncode == 2
-    assert bad.stderr.strip() == "error: job 'tiny-mlp': iterations must be >= 1, got -1"
+    assert bad.stderr.strip() == ("error: sweep point #1 (workload.jobs.0.iterations=-1): job "
+                                  "'tiny-mlp': iterations must be >= 1, got -1")
     assert not (tmp_path / "other").exists()
     # a fixed subdir: every point in one directory, each over the one before, exit 0
     fixed = accelopt_in_process("run", "-m", *TINY, "hydra.sweep.dir=third", "run.seed=1,2",

@@ -5,6 +5,7 @@ bench spent half a minute before its first run."""
 from __future__ import annotations
 
 import pytest
+from clirun import accelopt_in_process
 
 from accelopt.cli import hydra_run
 from accelopt.plugin import Registry
@@ -30,3 +31,22 @@ def test_repeated_points_are_composed_once_and_each_gets_its_own_directory(tmp_p
     assert configs[0] == configs[2] and configs[0] is not configs[2]
     configs[0].run.seed = 99  # each point's config is its own
     assert configs[2].run.seed != 99 and "hydra" not in configs[2]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("sweep", "line"), [
+    (["+plugins=[],[salus]", "plugins.salus.max_lanes=-7"],
+     "sweep point #1 (+plugins=[salus]): plugins.salus.max_lanes must be -1"),
+    (["+plugins=[salus]", "plugins.salus.max_lanes=2,-7"],
+     "sweep point #1 (plugins.salus.max_lanes=-7): plugins.salus.max_lanes must be -1"),
+])
+def test_a_refused_point_is_named_and_checked_as_it_will_run(tmp_path, sweep, line, capfd):
+    """Checked before the sweep runs, a point's refusal did not say which point (of a 12-set
+    sweep, the user had to work out which sets select the plugin), and a point that does not
+    select a plugin was checked with that plugin's setting, which it will not run with."""
+    result = accelopt_in_process("run", "-m", *sweep, "workload=tiny", "cluster.mode=none",
+                                 "run.progress=false", f"hydra.sweep.dir={tmp_path / 'sweep'}",
+                                 cwd=tmp_path, capfd=capfd)
+    err = result.stderr.strip()
+    assert result.returncode == 2 and err.startswith(f"error: {line}"), result
+    assert len(err.splitlines()) == 1 and not (tmp_path / "sweep").exists()

@@ -311,7 +311,10 @@ def prepared_points(overrides: list[str], registry: Registry, multirun: bool = F
         if multirun and not repeat:  # every point's values now, not when its turn comes
             from accelopt.runtime.run import validate
 
-            validate(out[-1], registry)
+            point = copy.deepcopy(out[-1])  # as the point will run: sweep_settings.py
+            drop_unselected(point, selection_from_task_overrides(combo) or [])
+            with point_named(index, combo, overrides, len(combos)):
+                validate(point, registry)
         # the fixed part of the directory (before a ${now:...}): an unwritable one is one line
         # now, not an OSError traceback from Hydra's first write or after the run trained
         written = str(run_dir) if run_dir is not None else (named or RUNS_DIR)
@@ -321,28 +324,21 @@ def prepared_points(overrides: list[str], registry: Registry, multirun: bool = F
     return out, where
 
 
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
+@contextlib.contextmanager
+def point_named(index: int, combo: list[str], overrides: list[str],
+                points: int) -> Iterator[None]:
+    """A sweep point's refusal, checked before the sweep runs, names the point (its number,
+    the run directory's name, and its swept values): of a 12-point sweep over plugin sets,
+    ``plugins.slide: cluster.mode=ps would train SLIDE's layers wrongly`` left the user to
+    work out which points select slide. One point (or a single run): the line as it was."""
+    try:
+        yield
+    except UserError as exc:
+        if points > 1 and exc.args:
+            swept = [o for o in combo if o not in overrides]
+            exc.args = (f"sweep point #{index} ({' '.join(swept) or 'its overrides'}): "
+                        f"{exc.args[0]}", *exc.args[1:])
+        raise
 
 
 def composed_with_every_plugin(sets: list[list[str]], overrides: list[str],
