@@ -107,7 +107,9 @@ def test_a_sweep_stopped_midway_says_which_points_ended_and_which_never_ran(
     except SystemExit as stop:
         code = stop.code
     assert code == 130
-    last = capsys.readouterr().err.strip().splitlines()[-1]
+    said = capsys.readouterr()
+    assert said.out.strip().splitlines()[-1] == f"sweep summary: {sweep / 'sweep.json'}"
+    last = said.err.strip().splitlines()[-1]
     assert last.endswith(
         f"interrupted (Ctrl-C); the sweep stopped at point #1: point #0 ended before it (kept "
         f"in {sweep}), and the points after it did not run: run them with a new "

@@ -6,11 +6,10 @@ cancelled job, and a factory's ``args`` that are no keyword arguments. In-proces
 from __future__ import annotations
 
 import socket
-from pathlib import Path
 
 import pytest
 from accelopt_plugins.salus import cli, service
-from accelopt_plugins.salus.service import ServeOptions, Service
+from test_salus_service_edges import _run_to_end, _service
 
 from accelopt import UserError
 from accelopt.errors import ConfigError
@@ -19,18 +18,6 @@ from accelopt.job.specs import check_job_name
 pytestmark = pytest.mark.timeout(120)
 TINY = {"model": "mlp", "iterations": 3, "width": 16, "batch_size": 8, "seed": 3}
 LONG_NAME = "模" * 90  # 90 characters, 270 bytes in UTF-8: over a file name's 255
-
-
-def _service(tmp_path: Path) -> Service:
-    return Service(ServeOptions(socket=tmp_path / "s.sock", root=tmp_path / "root",
-                                capacity="256MiB", threads=1))
-
-
-def _close(svc: Service) -> None:
-    """Run the jobs taken so far to their end and write their files."""
-    svc.executor.close()
-    svc.executor.run()
-    svc.finish_outputs()
 
 
 def test_a_name_over_a_file_names_bytes_is_refused_in_bytes():
@@ -50,7 +37,7 @@ def test_a_job_named_over_the_byte_limit_is_refused_and_never_runs(tmp_path):
         assert "\n" not in str(info.value)
         assert svc.executor.snapshot() == []
     finally:
-        _close(svc)
+        _run_to_end(svc)
 
 
 def test_a_job_whose_directory_cannot_be_made_is_not_taken(tmp_path):
@@ -67,7 +54,7 @@ def test_a_job_whose_directory_cannot_be_made_is_not_taken(tmp_path):
         (job_id,) = svc.handle({"op": "submit", "job": {**TINY, "name": "a"}})["submitted"]
         assert job_id == "001-a"
     finally:
-        _close(svc)
+        _run_to_end(svc)
 
 
 def test_a_submit_left_unanswered_says_it_may_have_been_taken(tmp_path):
@@ -111,7 +98,7 @@ def test_a_workload_is_a_built_in_name_never_a_path(tmp_path, name):
         assert "\n" not in str(info.value)
         assert svc.executor.snapshot() == []
     finally:
-        _close(svc)
+        _run_to_end(svc)
 
 
 def test_wait_on_a_cancelled_job_says_cancelled(tmp_path):
@@ -125,7 +112,7 @@ def test_wait_on_a_cancelled_job_says_cancelled(tmp_path):
         (row,) = svc.status()["jobs"]
         assert row["state"] == "cancelled"
     finally:
-        _close(svc)
+        _run_to_end(svc)
 
 
 @pytest.mark.parametrize("args", [[1], "x", 3, {1: 2}])
@@ -141,4 +128,4 @@ def test_factory_args_that_are_no_keyword_arguments_are_the_requests_mistake(tmp
         assert "Traceback" not in capsys.readouterr().err
         assert svc.executor.snapshot() == []
     finally:
-        _close(svc)
+        _run_to_end(svc)

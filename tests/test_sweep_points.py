@@ -39,6 +39,12 @@ def test_repeated_points_are_composed_once_and_each_gets_its_own_directory(tmp_p
      "sweep point #1 (+plugins=[salus]): plugins.salus.max_lanes must be -1"),
     (["+plugins=[salus]", "plugins.salus.max_lanes=2,-7"],
      "sweep point #1 (plugins.salus.max_lanes=-7): plugins.salus.max_lanes must be -1"),
+    (["+plugins=[],[salus]", "plugins.salus.max_lanes=2,-7"],  # no "++" of its rewrite
+     "sweep point #3 (+plugins=[salus] plugins.salus.max_lanes=-7): plugins.salus.max_lanes"),
+    (["workload.jobs.0.lr=abc,0.1"],  # the first point, refused alone: a type, composing
+     "sweep point #0 (workload.jobs.0.lr=abc): workload.jobs[0].lr: Value 'abc'"),
+    (["run.seed=1,2", "workload.jobs.0.lr=-1"],  # every point's setting: no point named
+     "job 'tiny-mlp': lr must be a finite number > 0"),
 ])
 def test_a_refused_point_is_named_and_checked_as_it_will_run(tmp_path, sweep, line, capfd):
     """Checked before the sweep runs, a point's refusal did not say which point (of a 12-set

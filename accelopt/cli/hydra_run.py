@@ -55,8 +55,17 @@ from accelopt.cli.run_dirs import (
     secondary_rank_dir,
     shared_directory_line,
 )
-from accelopt.cli.sweep_settings import drop_unselected, selection_from_task_overrides
-from accelopt.cli.sweep_summary import SWEEP_JSON, SweepPoint, point_status, write_sweep_summary
+from accelopt.cli.sweep_settings import (
+    PLUGIN_SETTING,
+    drop_unselected,
+    selection_from_task_overrides,
+)
+from accelopt.cli.sweep_summary import (
+    SWEEP_JSON,
+    SweepPoint,
+    point_status,
+    write_sweep_summary,
+)
 from accelopt.config import (
     register_plugin_configs,
     register_schema,
@@ -297,7 +306,8 @@ def prepared_points(overrides: list[str], registry: Registry, multirun: bool = F
         named = named_dir(combo, key)
         resolve_dirs = run_dir is None and (multirun or "$" in (named or ""))
         repeat = tuple(combo) in composed
-        cfg, dirs = compose_point(combo, index if resolve_dirs else None, clock, composed)
+        with point_named(index, combos, overrides, registry):
+            cfg, dirs = compose_point(combo, index if resolve_dirs else None, clock, composed)
         out.append(cfg)
         where.append(dirs)
         if dirs is not None and named is not None:  # the directory Hydra will write into
@@ -311,10 +321,8 @@ def prepared_points(overrides: list[str], registry: Registry, multirun: bool = F
         if multirun and not repeat:  # every point's values now, not when its turn comes
             from accelopt.runtime.run import validate
 
-            point = copy.deepcopy(out[-1])  # as the point will run: sweep_settings.py
-            drop_unselected(point, selection_from_task_overrides(combo) or [])
-            with point_named(index, combo, overrides, len(combos)):
-                validate(point, registry)
+            with point_named(index, combos, overrides, registry):
+                validate(as_the_point_runs(out[-1], combo), registry)
         # the fixed part of the directory (before a ${now:...}): an unwritable one is one line
         # now, not an OSError traceback from Hydra's first write or after the run trained
         written = str(run_dir) if run_dir is not None else (named or RUNS_DIR)
@@ -324,21 +332,50 @@ def prepared_points(overrides: list[str], registry: Registry, multirun: bool = F
     return out, where
 
 
+def as_the_point_runs(cfg: DictConfig, combo: list[str]) -> DictConfig:
+    """A copy of a sweep point's composed ``cfg`` as the point will run: without the settings
+    of plugins it does not select (``sweep_settings.py``)."""
+    point = copy.deepcopy(cfg)
+    drop_unselected(point, selection_from_task_overrides(combo) or [])
+    return point
+
+
 @contextlib.contextmanager
-def point_named(index: int, combo: list[str], overrides: list[str],
-                points: int) -> Iterator[None]:
+def point_named(index: int, combos: list[list[str]], overrides: list[str],
+                registry: Registry) -> Iterator[None]:
     """A sweep point's refusal, checked before the sweep runs, names the point (its number,
     the run directory's name, and its swept values): of a 12-point sweep over plugin sets,
     ``plugins.slide: cluster.mode=ps would train SLIDE's layers wrongly`` left the user to
-    work out which points select slide. One point (or a single run): the line as it was."""
+    work out which points select slide. The points are checked in order, so a later one is
+    refused for what it sweeps; the first one only where another point is not refused alike
+    (a setting every point has is no point's). One point (or a single run): the line as it
+    was."""
     try:
         yield
     except UserError as exc:
-        if points > 1 and exc.args:
-            swept = [o for o in combo if o not in overrides]
+        if len(combos) > 1 and exc.args and (index > 0 or not _refused_alike(
+                exc, next((c for c in combos if c != combos[0]), None), registry)):
+            swept = [o.removeprefix("++") if o.startswith(f"++{PLUGIN_SETTING}") else o
+                     for o in combos[index] if o not in overrides]
             exc.args = (f"sweep point #{index} ({' '.join(swept) or 'its overrides'}): "
                         f"{exc.args[0]}", *exc.args[1:])
         raise
+
+
+def _refused_alike(exc: UserError, combo: list[str] | None, registry: Registry) -> bool:
+    """Whether the sweep point ``combo`` (None: there is none other) is refused with ``exc``'s
+    line too: composed and checked alone, on the path of an error only."""
+    if combo is None:
+        return True
+    from accelopt.runtime.run import validate
+
+    try:
+        validate(as_the_point_runs(compose_point(combo)[0], combo), registry)
+    except UserError as other:
+        return str(other) == str(exc)
+    except Exception:  # noqa: BLE001 - not the same refusal, whatever it is
+        return False
+    return False
 
 
 def composed_with_every_plugin(sets: list[list[str]], overrides: list[str],
@@ -649,23 +686,34 @@ def run_hydra(args: list[str], registry: Registry, debug: bool) -> int:
             point=int(HydraConfig.get().job.num), overrides=list(HydraConfig.get().overrides.task),
             run_dir=where, status=point_status(codes[-1], runs[-1], interrupted),
             exit_code=codes[-1], error=runs[-1] or None, inert_plugins=list(inert[-1])))
-        summarised(complete=False)
+        summary = summarised(complete=False)
+        if interrupted and summary is not None:  # the sweep ends here: say where it is
+            print(f"sweep summary: {summary}")
 
-    def summarised(complete: bool) -> Path | None:
+    def summarised(complete: bool, code: int | None = None) -> Path | None:
         if not sweep_dir or not sweep_dir[0].is_dir():
             return None
         try:
-            return write_sweep_summary(sweep_dir[0], points, complete=complete,
-                                       launcher="basic", exit_code=most_severe(codes))
+            return write_sweep_summary(
+                sweep_dir[0], points, complete=complete, launcher="basic",
+                exit_code=most_severe(codes) if code is None else code)
         except OSError as exc:  # a full disk: the runs' own outputs and lines say the rest
-            print(f"note: {sweep_dir[0] / SWEEP_JSON} not written ({exc})", file=sys.stderr)
+            print(f"note: {sweep_dir[0] / SWEEP_JSON} not written ({exc.strerror or exc})",
+                  file=sys.stderr)
             return None
 
     saved = sys.argv
     sys.argv = ["accelopt run", *args]
     try:
-        with mode_from_the_command_line(args):
-            task()
+        try:
+            with mode_from_the_command_line(args), hydra_writes_in_one_line():
+                task()
+        except HydraOutputUnwritable as unwritable:  # before a point's task could begin
+            print(unwritable, file=sys.stderr)
+            summary = summarised(complete=False, code=1) if points else None
+            if summary is not None:
+                print(f"sweep summary: {summary}")
+            raise SystemExit(1) from None
         summary = summarised(complete=True) if points else None
         if summary is not None:
             print(f"sweep summary: {summary}")
@@ -683,6 +731,38 @@ def run_hydra(args: list[str], registry: Registry, debug: bool) -> int:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
     return exit_code
+
+
+class HydraOutputUnwritable(BaseException):
+    """A file Hydra writes for a run before accelopt's task begins (``.hydra/config.yaml``)
+    that the machine refused, carrying its one line. Not an ``Exception``: Hydra's reporter
+    (``run_and_report``) would print it with a traceback and its ``HYDRA_FULL_ERROR`` hint;
+    :func:`run_hydra` says it instead."""
+
+
+@contextlib.contextmanager
+def hydra_writes_in_one_line() -> Iterator[None]:
+    """A disk that fills up between two points of a sweep failed Hydra's own first write of
+    the next point (``_save_config``) with a traceback, before this command could say a
+    word: it is said in the one line of any output the machine refused."""
+    from hydra.core import utils
+
+    original = utils._save_config
+
+    def save_config(cfg: Any, filename: str, output_dir: Path) -> None:
+        try:
+            original(cfg, filename, output_dir)
+        except OSError as exc:
+            if exc.errno not in WRITE_FAILURES:
+                raise
+            raise HydraOutputUnwritable(unwritable_line(
+                Path(output_dir) / filename, exc.strerror, Path(output_dir).parent)) from None
+
+    utils._save_config = save_config
+    try:
+        yield
+    finally:
+        utils._save_config = original
 
 
 def interrupted_sweep_note(point: int, sweep_dir: Path) -> str:

@@ -42,6 +42,16 @@ class SweepPoint:
     """Its plugins whose every report row said they changed nothing."""
 
 
+def points_written(sweep_dir: Path) -> list[SweepPoint]:
+    """The points ``sweep_dir``'s ``sweep.json`` holds already (none where there is none):
+    a launcher that is given a sweep in batches adds each batch's points to them."""
+    try:
+        written = json.loads((Path(sweep_dir) / SWEEP_JSON).read_text(encoding="utf-8"))
+        return [SweepPoint(**point) for point in written["points"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+
+
 def point_status(exit_code: int, error: str, interrupted: bool) -> str:
     if interrupted:
         return INTERRUPTED

@@ -20,6 +20,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -147,7 +148,8 @@ def run_references(cfg: DictConfig, subsets: list[tuple[str, ...]], run_dir: Pat
         name = label(subset)
         where = reference_dir(run_dir, subset)
         console.print(f"[dim]run.compare={mode}: running the same workload with "
-                      f"{'no plugins' if not subset else name} first ({shown_path(where)})[/dim]")
+                      f"{'no plugins' if not subset else name} first ({escape(str(shown_path(where)))})"
+                      "[/dim]")
         quiet = Console(file=io.StringIO(), width=120)
         try:
             refs[name] = execute(subset_config(cfg, subset), run_dir=where, registry=registry,

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
+from rich.markup import escape
 
 from accelopt.activation import PluginSet, activate, selected_plugins
 from accelopt.atomic import OutputUnwritable, atomic_open
@@ -848,7 +849,9 @@ def _write_and_render(record: RunRecord, run_dir: Path, console: Console,
     render_summary(record, console)
     if refs:
         console.print(compare.table(record, refs))
-    console.print(f"[dim]run directory: {shown_path(run_dir)}[/dim]")
+    # escaped: a directory named with brackets (``out-[clip]``, a sweep's override_dirname)
+    # lost them to rich's markup
+    console.print(f"[dim]run directory: {escape(str(shown_path(run_dir)))}[/dim]")
     if refused is not None:
         raise refused
 

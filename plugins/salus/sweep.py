@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
+from rich.markup import escape
 
 from accelopt import ConfigError
 from accelopt.atomic import atomic_open
@@ -375,7 +376,7 @@ def execute_packed(runs: Sequence[SweepRun], launcher: Any, sweep_dir: Path,
               file=sys.stderr)
         raise SystemExit(getattr(exc, "exit_code", 130)) from None
     seconds = time.perf_counter() - started
-    console.print(f"[dim]{packed_line(runs, len(record.jobs), seconds, shared)}[/dim]")
+    console.print(f"[dim]{escape(packed_line(runs, len(record.jobs), seconds, shared))}[/dim]")
     return parts
 
 
@@ -472,34 +473,47 @@ class ValidatedConfigs:
         return self.compose(master_config=master_config, sweep_overrides=list(overrides))
 
 
-def _summarise(sweep_dir: Path, runs: Sequence[SweepRun], parts: Sequence[Any],
-               errors: Sequence[str]) -> None:
+def _summarise(sweep_dir: Path, runs: Sequence[SweepRun], parts: Sequence[Any] | None,
+               errors: Sequence[str], code: Any = None) -> None:
     """The packed sweep's ``sweep.json``, as the basic launcher writes it
-    (``accelopt.cli.sweep_summary``), and its line."""
+    (``accelopt.cli.sweep_summary``), and its line. ``parts``: each run's record, where the
+    packed execution ended; None where it failed (``code``: its exit code; each run's error
+    is the execution's) or was stopped (``errors`` empty: each run interrupted). The points
+    of the sweep's earlier batches (a sweeper launching in batches) stay in the file."""
+    from accelopt.cli.hydra_run import most_severe
     from accelopt.cli.sweep_summary import (
         SWEEP_JSON,
         SweepPoint,
         point_status,
+        points_written,
         write_sweep_summary,
     )
     from accelopt.errors import JobsUnfinished
     from accelopt.runtime.compare import inert_plugins
 
-    points = []
-    for run, part, error in zip(runs, parts, errors, strict=True):
-        code = JobsUnfinished.exit_code if error else 0
+    ended = parts is not None
+    stopped = not ended and not any(errors)
+    points = [p for p in points_written(sweep_dir) if p.point not in {r.index for r in runs}]
+    for position, (run, error) in enumerate(zip(runs, errors, strict=True)):
+        part = parts[position] if parts is not None else None
+        exit_code = (JobsUnfinished.exit_code if error else 0) if ended else int(code or 1)
         info = getattr(part, "info", None)
         inert = inert_plugins(info.plugins, part.plugin_rows) if info is not None else []
+        out = run.out_dir.resolve()
+        where = str(out.relative_to(sweep_dir.resolve())
+                    if out.is_relative_to(sweep_dir.resolve()) else run.out_dir)
         points.append(SweepPoint(
-            point=run.index, overrides=run.overrides,
-            run_dir=str(run.out_dir.relative_to(sweep_dir)) if run.out_dir.is_dir() else None,
-            status=point_status(code, error, False), exit_code=code, error=error or None,
-            inert_plugins=list(inert)))
+            point=run.index, overrides=list(run.overrides),
+            run_dir=where if run.out_dir.is_dir() else None,
+            status=point_status(exit_code, error, stopped), exit_code=exit_code,
+            error=error or None, inert_plugins=list(inert)))
+    points.sort(key=lambda p: p.point)
     try:
-        path = write_sweep_summary(sweep_dir, points, complete=True, launcher="salus",
-                                   exit_code=max((p.exit_code for p in points), default=0))
+        path = write_sweep_summary(sweep_dir, points, complete=ended, launcher="salus",
+                                   exit_code=most_severe([p.exit_code for p in points]))
     except OSError as exc:  # a full disk: each run's own outputs and lines say the rest
-        print(f"note: {sweep_dir / SWEEP_JSON} not written ({exc})", file=sys.stderr)
+        print(f"note: {sweep_dir / SWEEP_JSON} not written ({exc.strerror or exc})",
+              file=sys.stderr)
         return
     print(f"sweep summary: {path}")
 
@@ -540,7 +554,12 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]],
     except AccelOptError as exc:
         print(f"error: {exc}", file=sys.stderr)
         discard_unstarted_sweep_dir(sweep_dir)
+        if sweep_dir.is_dir():  # it ran, and failed: each of its runs said so in sweep.json
+            _summarise(sweep_dir, runs, None, [str(exc)] * len(runs), code=exc.exit_code)
         raise SystemExit(exc.exit_code) from None
+    except SystemExit as stop:  # Ctrl-C or SIGTERM (execute_packed said where things are)
+        _summarise(sweep_dir, runs, None, [""] * len(runs), code=stop.code)
+        raise
     returns, errors = [], []
     for run, part in zip(runs, parts, strict=True):
         ret = JobReturn(overrides=run.overrides, cfg=run.task, hydra_cfg=run.config,
