@@ -140,8 +140,13 @@ def run_logged(run_dir: Path, console: Any) -> Iterator[None]:
     ``console`` (its tables and ``warning:`` lines) and its error line. Only where the run
     kept its directory (its ``config.yaml``): a run refused before it started leaves none,
     as on the command line. A caller's console records the run's output for it and is left
-    recording (or not) as it was, with what it had recorded before."""
-    from accelopt.cli.hydra_run import write_log
+    recording (or not) as it was, with what it had recorded before.
+
+    A run stopped by Ctrl-C or SIGTERM raises its ``KeyboardInterrupt`` (``Terminated``)
+    with the command's line as its message: where what ran is kept and how to continue it.
+    Bare, it told a notebook's user nothing of the run directory (a default one named by the
+    time), while the command printed that line."""
+    from accelopt.cli.hydra_run import stopped_line, write_log
     from accelopt.drivers.cluster.launch import LOG_FORMAT
     from accelopt.runtime.resume_target import CONFIG_FILE
     from accelopt.runtime.run import error_line
@@ -162,6 +167,15 @@ def run_logged(run_dir: Path, console: Any) -> Iterator[None]:
         yield
     except BaseException as exc:
         error = f"error: {error_line(exc)}"
+        line = stopped_line(error_line(exc), run_dir) \
+            if isinstance(exc, KeyboardInterrupt) and run_dir.is_dir() else ""
+        if line:
+            error = line  # the log ends with the line, as the command's does
+            note = getattr(exc, "add_note", None)  # Python 3.11 on
+            if not exc.args:  # as Ctrl-C and SIGTERM raise it
+                exc.args = (line,)
+            elif note is not None:
+                note(line)
         raise
     finally:
         for each in handlers:

@@ -252,6 +252,42 @@ def refuse_unguarded_main(caller: str = "accelopt.run") -> None:
             "the call under `if __name__ == \"__main__\":`")
 
 
+def not_found_in_ranks(obj: object) -> str:
+    """Why ``obj``, a class or function that pickle sends to a rank by its module and name,
+    is not found there by them, as a clause naming the fix; '' where it is (or is not
+    ``__main__``'s). A rank's ``__main__`` is the script imported again (``__mp_main__``),
+    so a class defined in an interactive session (``python -c``, ``python -i``, a notebook),
+    in a package's ``__main__.py`` (``python -m``, not imported again) or under the script's
+    ``if __name__ == "__main__":`` (imported, not run) pickles, then fails in every rank with
+    "Can't get attribute", and the launcher saw only ranks that exited before their first
+    iteration."""
+    if getattr(obj, "__module__", None) != "__main__":
+        return ""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    elsewhere = "; define it in a module file and import it"
+    if main is None or not path:
+        return ("is defined in an interactive session (python -c, python -i, a notebook), "
+                f"which they cannot import{elsewhere}")
+    name = getattr(getattr(main, "__spec__", None), "name", None) or ""
+    if name == "__main__" or name.endswith(".__main__"):
+        return f"is defined in {path}, run by `python -m`, which they do not import{elsewhere}"
+    if not os.path.isfile(path):
+        return f"is defined in a script read from {path}, which they cannot import{elsewhere}"
+    import inspect
+
+    try:
+        lines, first = inspect.findsource(obj)  # type: ignore[arg-type]
+        tree = ast.parse("".join(lines))
+    except (OSError, TypeError, SyntaxError, ValueError):
+        return ""  # no source to tell by: the rank's own error will say it
+    if _under_main_guard(tree.body, first + 1):
+        return (f"is defined under `if __name__ == \"__main__\":` in {path} (line "
+                f"{first + 1}), which they do not run; define it at module level of the script "
+                "(above the guard), or in a module file that it imports")
+    return ""
+
+
 def _under_main_guard(body: list[ast.stmt], line: int) -> bool | None:
     """Whether the statement holding ``line`` lies inside ``if __name__ == "__main__":``,
     however deep (in a ``try:``, a ``with``, a function called at the top level...);
