@@ -97,23 +97,32 @@ class Checkpointer:
         self.clock_offset = 0.0
         """A resumed run: the clock of the run it resumed (:func:`resumed_clock`), so the
         ``clock_s`` its own checkpoints record goes on from there across resumes."""
+        self.finished: dict[str, dict[str, Any]] = {}
+        """A resumed run: the saved job state (``state["job"]``) of each job restored as
+        finished (:func:`restore`), by job id, until :meth:`after_finish` writes its files
+        from it. Why: those files are written before the run starts, and a plugin that
+        changed the model (gpu_kernels' pruning after N iterations) changes the job built
+        dense again only when it gets its state back, once the run has started: written
+        from the job, the weights were the dense model as built (untrained, of the
+        unpruned shapes) and the checkpoint held no plugin state."""
 
     def after_iteration(self, job: Job, result: JobResult) -> None:
         if self.every and job.iteration % self.every == 0 and not job.done:
             self.save(job, result)
 
-    def save(self, job: Job, result: JobResult) -> None:
-        """Write ``job``'s checkpoint. ``elapsed_s`` is the time since its arrival (its JCT
-        once done); in a resumed run its arrival is on this run's clock
-        (:func:`arrive_on_resumed_clock`), so that is the time since its arrival in the
-        first run, however many resumes ago."""
+    def save(self, job: Job, result: JobResult, job_state: dict[str, Any] | None = None
+             ) -> None:
+        """Write ``job``'s checkpoint (its state: ``job_state``, else ``job.state_dict()``).
+        ``elapsed_s`` is the time since its arrival (its JCT once done); in a resumed run
+        its arrival is on this run's clock (:func:`arrive_on_resumed_clock`), so that is the
+        time since its arrival in the first run, however many resumes ago."""
         if result.status == "done" and result.jct_s is not None:
             elapsed = result.jct_s
         else:
             now = self.clock() if self.clock is not None else job.info.arrival_s
             elapsed = max(0.0, now - job.info.arrival_s) + result.carried_s
         state = {
-            "job": job.state_dict(),
+            "job": job.state_dict() if job_state is None else job_state,
             "result": {k: getattr(result, k) for k in _RESULT_FIELDS},
             "timing": {"elapsed_s": elapsed, "queueing_s": result.queueing_s,
                        "clock_s": self.clock_offset + (self.clock() if self.clock else 0.0)},
@@ -124,10 +133,16 @@ class Checkpointer:
         self.written += 1
 
     def after_finish(self, job: Job, result: JobResult) -> None:
+        """Write a finished job's checkpoint and weights; a job restored as finished
+        (:attr:`finished`) gets them from the state it was restored from, as its run left
+        it (the weights bitwise those it trained), whatever its model is until the
+        plugins have their states back."""
+        restored = self.finished.pop(job.info.job_id, None)
         if self.every:
-            self.save(job, result)
+            self.save(job, result, restored)
         if self.save_weights and result.status == "done":
-            atomic_torch_save(job.model.state_dict(), self.weights_dir / f"{job.info.job_id}.pt")
+            weights = job.model.state_dict() if restored is None else restored["model"]
+            atomic_torch_save(weights, self.weights_dir / f"{job.info.job_id}.pt")
 
 
 def clock_of(state: Any) -> float | None:
@@ -374,7 +389,9 @@ def restore(run_dir: Path, jobs: list[Job],
     so a job that had arrived is there from the start, with or without a checkpoint; one
     without a checkpoint starts from scratch. A checkpoint whose job spec differs from the
     job being resumed is refused (it would silently train something else).
-    ``checkpointer`` (the resumed run's) goes on with the old run's clock.
+    ``checkpointer`` (the resumed run's) goes on with the old run's clock, and keeps the
+    saved state of each job that had finished (:attr:`Checkpointer.finished`) to write its
+    files from.
     """
     results: dict[str, JobResult] = {}
     clock = resumed_clock(run_dir)
@@ -394,6 +411,8 @@ def restore(run_dir: Path, jobs: list[Job],
         result.carried_queueing_s = timing.get("queueing_s")
         if result.status == "done":
             finished_before_the_resume(result)
+            if checkpointer is not None:
+                checkpointer.finished[job.info.job_id] = state["job"]
         else:
             started_before_the_resume(result)
             if result.status not in ("failed", "rejected"):

@@ -119,6 +119,10 @@ class _LatePrune:
     """The rows of the batch ``flops`` were counted on (:func:`batch_rows`)."""
     calls: _ChildCalls | None = None
     watchers: list[Any] = field(default_factory=list)
+    uncounted: bool = False
+    """Restored from a checkpoint that does not record the job's latest iteration (one
+    written before the state kept it): how many iterations fine-tuned the pruned model before
+    the resume is not known."""
 
     def capture(self, _m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         self.example = (args, kwargs)
@@ -460,13 +464,16 @@ class GpuKernelsPlugin:
     def accelopt_state_save(self, job: JobInfo) -> dict[str, Any] | None:
         """Once a job is pruned after N iterations, its checkpoints hold pruned shapes: keep
         the units each group kept, so a resume (which builds the job dense) prunes the same
-        units before the core loads the weights."""
+        units before the core loads the weights; and the job's latest iteration, so the row of
+        a job restored finished (no iteration runs after the resume) says how many iterations
+        fine-tuned the pruned model, where it said 0 and warned it was pruned at its last."""
         rec = self.jobs.get(job.job_id)
         late = rec.late if rec is not None else None
         if late is None or late.pruned_at is None or rec.prune is None:  # type: ignore[union-attr]
             return None
         return {"pruned_at": late.pruned_at, "prune": dataclasses.asdict(rec.prune),  # type: ignore[union-attr]
-                "flops": late.flops, "flops_rows": late.flops_rows, "carried": late.carried}
+                "flops": late.flops, "flops_rows": late.flops_rows, "carried": late.carried,
+                "last_iteration": rec.last_iteration}  # type: ignore[union-attr]
 
     @hookimpl
     def accelopt_state_load(self, job: JobInfo, state: dict[str, Any]) -> None:
@@ -484,6 +491,8 @@ class GpuKernelsPlugin:
         late.pruned_at, late.flops, late.carried = (
             int(state["pruned_at"]), state["flops"], int(state["carried"]))
         late.flops_rows = state.get("flops_rows")  # absent from older checkpoints
+        late.uncounted = "last_iteration" not in state  # so is this
+        rec.last_iteration = max(rec.last_iteration, int(state.get("last_iteration", 0)))
         late.release()
 
     @hookimpl
@@ -521,12 +530,17 @@ class GpuKernelsPlugin:
                     f"{late.carried} sliced params carried), params "
                     f"{p.params_before}->{p.params_after}")
                 tuned = max(0, rec.last_iteration - at)
-                parts.append(f"fine-tuned {tuned} iteration{'s' if tuned != 1 else ''} after "
-                             "pruning")
-                if not tuned:
-                    parts.append(f"warning: {_untuned_note(at)}")
+                if late.uncounted and not tuned:  # no iteration ran after the resume
+                    parts.append("restored from a checkpoint that does not record how many "
+                                 "iterations fine-tuned the pruned model before the resume "
+                                 "(written by an older version), and none ran after it")
+                else:
+                    parts.append(f"fine-tuned {tuned} iteration{'s' if tuned != 1 else ''} "
+                                 "after pruning")
+                    if not tuned:
+                        parts.append(f"warning: {_untuned_note(at)}")
+                    metrics["fine_tuned_iterations"] = tuned
                 metrics["pruned_at_iteration"] = at
-                metrics["fine_tuned_iterations"] = tuned
                 if late.flops is not None:
                     metrics.update(flops_before=late.flops[0], flops_after=late.flops[1])
                     parts.append(_flops_part(late.flops[0], late.flops[1], late.flops_rows,
