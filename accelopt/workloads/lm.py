@@ -39,10 +39,16 @@ EVAL_BATCH = 32
 
 def stdlib_files(max_files: int) -> list[Path]:
     """The standard library's own ``.py`` files (no tests, no site-packages), sorted."""
+    return list(_stdlib_sources()[:max_files])
+
+
+@lru_cache(maxsize=1)
+def _stdlib_sources() -> tuple[Path, ...]:
+    """Every one of them, found once per process: walking the standard library takes
+    seconds, and each corpus size (``max_files``, ``seq_len``) walked it again."""
     root = Path(sysconfig.get_paths()["stdlib"])
-    files = sorted(p for p in root.rglob("*.py")
-                   if not {"test", "tests", "site-packages", "idle_test"} & set(p.parts))
-    return files[:max_files]
+    return tuple(sorted(p for p in root.rglob("*.py")
+                        if not {"test", "tests", "site-packages", "idle_test"} & set(p.parts)))
 
 
 @lru_cache(maxsize=4)
