@@ -85,22 +85,11 @@ def test_a_slide_job_finished_before_the_resume_keeps_its_plugin_state(tmp_path)
     """Any plugin's state of a job restored finished: its checkpoint in the resumed run was
     written from the job before the plugins had their states back, so slide's said the job
     had run 0 iterations (a further resume's row said it resumed at 0)."""
-    from accelopt_plugins.slide.xcdata import XCSpec, generate, write_xc
+    from test_slide_inputs import tiny_xc_run
 
-    train, test = generate(XCSpec(n_labels=300, n_features=64, n_train=48, n_test=16,
-                                  cluster_size=10, pool_per_cluster=20, signature=6,
-                                  noise_words=3.0))
-    write_xc(tmp_path / "train.txt", train)
-    write_xc(tmp_path / "test.txt", test)
     first = tmp_path / "first"
-    run_in_process(
-        "workload=xc", "run.device=cpu", "+plugins=[slide]", "plugins.slide.threads=1",
-        "plugins.slide.min_width=200", "plugins.slide.l=4", "run.profile=false",
-        "run.progress=false", "run.compare=none", "workload.jobs.0.batch_size=8",
-        "workload.jobs.0.dataset=accelopt_plugins.slide.xcdata:from_files",
-        f"workload.jobs.0.dataset_kwargs={{train_path: {tmp_path / 'train.txt'}, "
-        f"test_path: {tmp_path / 'test.txt'}}}", "workload.jobs.0.iterations=4",
-        "run.checkpoint_every=2", run_dir=first)
+    run_in_process(*tiny_xc_run(tmp_path, "workload.jobs.0.iterations=4",
+                                "run.checkpoint_every=2"), run_dir=first)
     (first / "metrics.json").unlink()
     new = tmp_path / "resumed"
     run_in_process(f"run.resume={first}", "run.progress=false", run_dir=new)

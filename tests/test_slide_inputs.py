@@ -34,6 +34,16 @@ def _xc_run(train: Path, test: Path, *extra: str) -> list[str]:
             *extra]
 
 
+def tiny_xc_run(folder: Path, *extra: str) -> list[str]:
+    """:func:`_xc_run` on a small synthetic XC problem written into ``folder``."""
+    train, test = generate(XCSpec(n_labels=300, n_features=64, n_train=48, n_test=16,
+                                  cluster_size=10, pool_per_cluster=20, signature=6,
+                                  noise_words=3.0))
+    write_xc(folder / "train.txt", train)
+    write_xc(folder / "test.txt", test)
+    return _xc_run(folder / "train.txt", folder / "test.txt", *extra)
+
+
 def test_a_label_count_past_int32_is_refused_in_one_line_naming_file_line_and_limit(
         tmp_path, capfd) -> None:
     """Label ids are stored as int32: 99999999998 failed with numpy's OverflowError, naming
@@ -83,14 +93,9 @@ def test_a_resumed_row_says_the_tables_came_back_and_only_its_counters_restart(
     """The core's note for a plugin without accelopt_state_save ("keeps no state in
     checkpoints") read as if the LSH tables were lost; they are buffers of the model and
     come back with it. The row now says what came back and what restarted."""
-    tr, te = generate(XCSpec(n_labels=300, n_features=64, n_train=48, n_test=16,
-                             cluster_size=10, pool_per_cluster=20, signature=6,
-                             noise_words=3.0))
-    write_xc(tmp_path / "train.txt", tr)
-    write_xc(tmp_path / "test.txt", te)
     first = tmp_path / "first"
-    run_in_process(*_xc_run(tmp_path / "train.txt", tmp_path / "test.txt",
-                            "workload.jobs.0.iterations=4", "run.checkpoint_every=2"),
+    run_in_process(*tiny_xc_run(tmp_path, "workload.jobs.0.iterations=4",
+                                "run.checkpoint_every=2"),
                    run_dir=first)
     resumed = run_in_process(f"run.resume={first}", "run.resume_finished=true",
                              "run.progress=false", run_dir=tmp_path / "resumed")
