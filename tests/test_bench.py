@@ -455,6 +455,10 @@ def test_bench_options_it_would_ignore_are_refused():
         parse_args(["--plugins", "clip", "--sets", "[],[noop]"])
     with pytest.raises(UserError, match="--metric needs a name"):
         parse_args(["--plugins", "noop", "--metric", ""])
+    # the name left out: the next override was taken as the metric, and lost to the runs
+    with pytest.raises(UserError, match=r"^--metric takes a key .*, got the override "
+                                        r"'workload=tiny'; give the metric's name"):
+        parse_args(["--plugins", "noop", "--metric", "workload=tiny"])
 
 
 def test_a_bench_stopped_midway_can_be_reported_from_the_runs_it_finished(tmp_path, capsys):

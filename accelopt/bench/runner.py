@@ -98,6 +98,11 @@ def parse_args(args: list[str]) -> argparse.Namespace:
     opts = parser.parse_intermixed_args(args)
     if opts.metric is not None and not opts.metric.strip():
         raise UserError("--metric needs a name (a key of metrics.json's summary), got ''")
+    if opts.metric is not None and "=" in opts.metric:  # `--metric workload=tiny`: the name
+        # left out, argparse took the next override as it (and the runs lost that override)
+        raise UserError(f"--metric takes a key of metrics.json's summary (e.g. --metric "
+                        f"avg_jct_s), got the override {opts.metric!r}; give the metric's "
+                        "name after --metric")
     opts.metric_given, opts.metric = opts.metric is not None, opts.metric or "duration_s"
     if opts.plugins and opts.sets:  # --plugins was ignored in silence beside --sets
         raise UserError("give --plugins (its valid combinations) or --sets (exactly these "
