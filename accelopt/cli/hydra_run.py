@@ -64,6 +64,7 @@ from accelopt.cli.sweep_summary import (
     SWEEP_JSON,
     SweepPoint,
     point_status,
+    run_dir_shown,
     write_sweep_summary,
 )
 from accelopt.config import (
@@ -678,10 +679,7 @@ def run_hydra(args: list[str], registry: Registry, debug: bool) -> int:
         """Add the point that just ended to the sweep's ``sweep.json`` (rewritten whole)."""
         from hydra.core.hydra_config import HydraConfig
 
-        where = None
-        if run_dir is not None and run_dir.is_dir():
-            base, here = sweep_dir[0].resolve(), run_dir.resolve()
-            where = str(here.relative_to(base) if here.is_relative_to(base) else run_dir)
+        where = run_dir_shown(sweep_dir[0], run_dir) if run_dir is not None else None
         points.append(SweepPoint(
             point=int(HydraConfig.get().job.num), overrides=list(HydraConfig.get().overrides.task),
             run_dir=where, status=point_status(codes[-1], runs[-1], interrupted),

@@ -42,6 +42,15 @@ class SweepPoint:
     """Its plugins whose every report row said they changed nothing."""
 
 
+def run_dir_shown(sweep_dir: Path, run_dir: Path) -> str | None:
+    """A point's ``run_dir`` field: relative to the sweep directory where it lies inside it,
+    else as given; ``None`` where the point left no directory."""
+    if not run_dir.is_dir():
+        return None
+    base, here = Path(sweep_dir).resolve(), run_dir.resolve()
+    return str(here.relative_to(base) if here.is_relative_to(base) else run_dir)
+
+
 def points_written(sweep_dir: Path) -> list[SweepPoint]:
     """The points ``sweep_dir``'s ``sweep.json`` holds already (none where there is none):
     a launcher that is given a sweep in batches adds each batch's points to them."""

@@ -486,6 +486,7 @@ def _summarise(sweep_dir: Path, runs: Sequence[SweepRun], parts: Sequence[Any] |
         SweepPoint,
         point_status,
         points_written,
+        run_dir_shown,
         write_sweep_summary,
     )
     from accelopt.errors import JobsUnfinished
@@ -499,12 +500,9 @@ def _summarise(sweep_dir: Path, runs: Sequence[SweepRun], parts: Sequence[Any] |
         exit_code = (JobsUnfinished.exit_code if error else 0) if ended else int(code or 1)
         info = getattr(part, "info", None)
         inert = inert_plugins(info.plugins, part.plugin_rows) if info is not None else []
-        out = run.out_dir.resolve()
-        where = str(out.relative_to(sweep_dir.resolve())
-                    if out.is_relative_to(sweep_dir.resolve()) else run.out_dir)
         points.append(SweepPoint(
             point=run.index, overrides=list(run.overrides),
-            run_dir=where if run.out_dir.is_dir() else None,
+            run_dir=run_dir_shown(sweep_dir, run.out_dir),
             status=point_status(exit_code, error, stopped), exit_code=exit_code,
             error=error or None, inert_plugins=list(inert)))
     points.sort(key=lambda p: p.point)
