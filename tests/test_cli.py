@@ -982,3 +982,31 @@ def test_sigterm_in_the_reference_runs_ends_with_the_command_that_resumes(tmp_pa
     from accelopt.runtime.resume_target import resume_target
 
     assert resume_target(str(out)) == out  # accepted: it holds the config the run needs
+
+
+def test_a_line_on_stderr_is_one_write_so_ranks_sharing_it_do_not_run_together():
+    """torchrun's ranks share stderr; Python wrote a printed line and its newline apart, so
+    two ranks' refusals came out as ``...run without torchrunerror: cluster.mode=...``."""
+    import io
+
+    from accelopt.cli.main import whole_lines_on_stderr
+
+    class Descriptor(io.RawIOBase):
+        def __init__(self) -> None:
+            self.writes: list[bytes] = []
+
+        def writable(self) -> bool:
+            return True
+
+        def write(self, data) -> int:
+            self.writes.append(bytes(data))
+            return len(data)
+
+    descriptor = Descriptor()
+    stderr = io.TextIOWrapper(descriptor, encoding="utf-8",  # type: ignore[arg-type]
+                              write_through=True)  # each write reaches the descriptor
+    whole_lines_on_stderr(stderr)
+    print("error: one", file=stderr)
+    print("progress 50%", end="\r", file=stderr)
+    print("error: two", file=stderr)
+    assert descriptor.writes == [b"error: one\n", b"progress 50%\r", b"error: two\n"]

@@ -30,3 +30,28 @@ def test_a_run_refused_at_build_can_be_run_again_in_its_directory(tmp_path) -> N
         assert not (out / "config.yaml").exists() and not (out / CLAIM_FILE).exists()
     record = accelopt.run(TINY, run_dir=out)  # fixed: it runs where the refused one did
     assert record.jobs[0].status == "done" and (out / "metrics.json").exists()
+
+
+def test_a_refused_directory_another_process_removes_meanwhile_is_gone_not_an_error(
+        tmp_path, monkeypatch) -> None:
+    """The two ranks of one torchrun launch refused alike share their run directory, and
+    each removes it: the rank that came second raised FileNotFoundError through Hydra (a
+    traceback, exit 1) instead of its one line."""
+    import shutil
+    from pathlib import Path
+
+    from accelopt.cli import run_dirs
+
+    run_dir = tmp_path / "run"
+    (run_dir / ".hydra").mkdir(parents=True)
+    (run_dir / ".hydra" / "config.yaml").write_text("{}\n")
+    (run_dir / "accelopt.log").touch()
+    real_unlink = Path.unlink
+
+    def the_peer_removed_it_all_first(self: Path, missing_ok: bool = False) -> None:
+        shutil.rmtree(run_dir, ignore_errors=True)  # the other rank, a moment earlier
+        real_unlink(self, missing_ok=missing_ok)
+
+    monkeypatch.setattr(Path, "unlink", the_peer_removed_it_all_first)
+    assert run_dirs.remove_if_never_started(run_dir)
+    assert not run_dir.exists()

@@ -148,6 +148,7 @@ def console() -> None:
     (:func:`~accelopt.drivers.processes.release_before_exit`). An exception other than an
     exit (a bug: its traceback) takes the normal path. Code calling :func:`main` in-process
     (tests, notebooks) is not affected."""
+    whole_lines_on_stderr()
     try:
         main()
         code: object = 0
@@ -170,6 +171,20 @@ def console() -> None:
 
     release_before_exit()
     os._exit(code)
+
+
+def whole_lines_on_stderr(stream: Any = None) -> None:
+    """Make each line printed to the process's stderr one write to its descriptor. Python
+    writes stderr through, so ``print(line, file=sys.stderr)`` is two writes (the line, then
+    its newline), and the ranks of one torchrun launch, which share the descriptor, printed
+    their refusals run together: ``...or run without torchrunerror: cluster.mode=none...``.
+    Line buffering flushes each line with its newline, so nothing waits longer than its line
+    (and a carriage return flushes as well, for progress on the same line)."""
+    stream = sys.stderr if stream is None else stream
+    reconfigure = getattr(stream, "reconfigure", None)
+    if reconfigure is not None and getattr(stream, "write_through", False):
+        with contextlib.suppress(ValueError, OSError):  # a closed or detached stream
+            reconfigure(write_through=False, line_buffering=True)
 
 
 def dispatch(args: list[str], debug: bool) -> int:

@@ -184,23 +184,30 @@ def remove_if_never_started(run_dir: Path) -> bool:
     leaves it empty: never a user's directory with anything else in it, never one that holds
     a run's outputs. Its claim is given back (the command can be run again once fixed)
     unless the run wrote results or checkpoints: one that started and failed (exit 3: a
-    diverged job) lost its claim, which says the directory is a run's."""
+    diverged job) lost its claim, which says the directory is a run's. Every file may go
+    while this looks: the ranks of one torchrun launch refused alike share the directory and
+    each removes it (a missing file is one removed already, not a failure of this one)."""
     if not run_dir.is_dir():
         return True
     if not (run_dir / "metrics.json").exists() and not has_checkpoints(run_dir):
         release(run_dir)
-    entries = [p for p in run_dir.iterdir() if p.name != CLAIM_FILE]
-    hydra_own = [p for p in entries if p.name == ".hydra" and p.is_dir()
-                 or p.name == "accelopt.log" and p.is_file() and p.stat().st_size == 0]
+    try:
+        entries = [p for p in run_dir.iterdir() if p.name != CLAIM_FILE]
+        hydra_own = [p for p in entries if p.name == ".hydra" and p.is_dir()
+                     or p.name == "accelopt.log" and p.is_file() and p.stat().st_size == 0]
+    except FileNotFoundError:  # removed by another process meanwhile
+        return not run_dir.exists()
     if len(hydra_own) != len(entries):
         return False
     for path in hydra_own:
         if path.is_dir():
             shutil.rmtree(path, ignore_errors=True)
         else:
-            path.unlink()
+            path.unlink(missing_ok=True)
     try:
         run_dir.rmdir()
+    except FileNotFoundError:
+        pass
     except OSError:
         return False
     _remove_empty_default_parents(run_dir)
