@@ -665,7 +665,7 @@ def test_an_undefined_gain_is_null_in_json_and_n_a_on_screen(tmp_path):
     assert "nan" not in shown.lower().replace("n/a", "")
     assert re.search(r"baseline\s*│\s*0 │\s*0-0 │ 1\.000x │", shown), shown
     assert re.search(r"noop\s*│\s*0 │\s*0-1 │\s*n/a │", shown), shown
-    assert "| baseline | 0 | 0-0 | 1.000x | n/a |" in (tmp_path / "bench.md").read_text()
+    assert "| baseline | 0 | 0-0 | 1.000x | – |" in (tmp_path / "bench.md").read_text()
 
 
 def test_a_set_that_changed_nothing_is_flagged_not_credited(tmp_path):

@@ -66,8 +66,12 @@ class SetSummary:
     high: float
     n: int
     gain: float
-    gain_low: float
-    gain_high: float
+    gain_low: float | None
+    gain_high: float | None
+    """The gain range: min-max over the repeats of the set's gain within each repeat (that
+    repeat's baseline run against the set's run: paired, the repeats being interleaved);
+    without repeat labels, the baseline's median against each of the set's values. ``None``
+    for the baseline (a range against itself says nothing)."""
     expected_gain: float | None
     interaction: float | None
     verdict: str
@@ -135,10 +139,25 @@ def summarize(
                 n = min(len(x.values) for x in (r, *members, by_set[()]))
             verdict = classify(interaction, low, high, n)
         quality = statistics.median(r.quality) if r.quality else None
+        gain_low, gain_high = gain_span(r, by_set[()], gains, higher)
         out.append(SetSummary(r.label, r.plugins, r.median, min(r.values), max(r.values),
-                              len(r.values), g, gains[0], gains[-1], expected, interaction,
+                              len(r.values), g, gain_low, gain_high, expected, interaction,
                               inert_verdict(r, verdict), quality, low, high, r.inert))
     return out
+
+
+def gain_span(result: SetResult, base: SetResult, unpaired: Sequence[float],
+              higher: bool) -> tuple[float | None, float | None]:
+    """The gain range column (:attr:`SetSummary.gain_low`): paired within the repeats that
+    measured both the set and the baseline, else ``unpaired`` (the set's sorted gains against
+    the baseline's median); none for the baseline itself."""
+    if not result.plugins:
+        return None, None
+    mine, theirs = _by_repeat(result), _by_repeat(base)
+    if mine is not None and theirs is not None and set(mine) & set(theirs):
+        low, high, _, _ = gain_range(result, base, higher)
+        return low, high
+    return unpaired[0], unpaired[-1]
 
 
 def inert_verdict(result: SetResult, verdict: str) -> str:
@@ -185,8 +204,8 @@ def alone_verdict(bounds: tuple[float, float, int, bool]) -> str:
     """A set of one plugin: 'alone' when its gain is measured (enough repeats, and a range
     that excludes 1), else why the gain column is not a finding. The range it quotes is
     named for what it is (paired within repeats, or every value against every baseline
-    value), because the table's "gain range" column, against the baseline's median, shows
-    other numbers beside it."""
+    value), as the table's "gain range" column is (without repeat labels it is against the
+    baseline's median, other numbers)."""
     low, high, n, paired = bounds
     if n < MIN_REPEATS:
         return f"alone; {too_few(n)}"

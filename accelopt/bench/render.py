@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from rich.markup import escape
 from rich.table import Table
 
 from accelopt.atomic import atomic_open
@@ -51,6 +52,8 @@ def _num(x: float | None, spec: str, unit: str = "") -> str:
 
 
 def _span(low: float | None, high: float | None, spec: str) -> str:
+    if low is None and high is None:  # none (the baseline's gain range): one '–'
+        return "–"
     low_text, high_text = _num(low, spec), _num(high, spec)
     return low_text if low_text == high_text == "n/a" else f"{low_text}-{high_text}"
 
@@ -79,18 +82,31 @@ def fewer_repeats(summary: Sequence[SetSummary], context: dict[str, Any]) -> str
             "are named)")
 
 
+def repeats_text(summary: Sequence[SetSummary], context: dict[str, Any]) -> str:
+    """What the figures are medians of, worded alike in the table's title and bench.md
+    ("medians of 1 interleaved repeat", not "1 repeats")."""
+    planned = context["repeats"]
+    return (fewer_repeats(summary, context)
+            or f"{planned} interleaved repeat{'' if planned == 1 else 's'}")
+
+
+def direction(context: dict[str, Any]) -> str:
+    """"higher is better" or "lower is better": the metric's direction, as the gain reads it
+    (stated in every report, not only in the table's title)."""
+    return f"{'higher' if context['higher_is_better'] else 'lower'} is better"
+
+
 def render_table(summary: Sequence[SetSummary], context: dict[str, Any]) -> Table:
-    direction = "higher" if context["higher_is_better"] else "lower"
-    repeats = fewer_repeats(summary, context) or f"{context['repeats']} interleaved repeats"
-    table = Table(title=f"{context['metric']} ({direction} is better), medians of {repeats}; "
-                  "gain > 1 = better than baseline",
+    # user text (a metric's name, plugin names in verdicts) is shown as is, not as markup
+    table = Table(title=f"{escape(context['metric'])} ({direction(context)}), medians of "
+                  f"{repeats_text(summary, context)}; gain > 1 = better than baseline",
                   title_justify="left")
     for column in columns(context):
         # a figure is never cut ("0.01183-0.011…" on a narrow terminal): it wraps instead
         table.add_column(column, justify="left" if column in ("set", "verdict") else "right",
                          overflow="fold")
     for s in summary:
-        table.add_row(*_row(s, context))
+        table.add_row(*(escape(cell) for cell in _row(s, context)))
     planned = context["repeats"]
     most = max((s.n for s in summary), default=planned)
     if most < MIN_REPEATS:
@@ -114,14 +130,16 @@ def code_span(text: str) -> str:
 
 
 def render_markdown(summary: Sequence[SetSummary], context: dict[str, Any]) -> str:
-    repeats = fewer_repeats(summary, context) or f"{context['repeats']} repeats"
+    repeats = fewer_repeats(summary, context) or (
+        f"{context['repeats']} repeat{'' if context['repeats'] == 1 else 's'}")
     lines = [
-        f"# Ablation: {context['metric']}",
+        f"# Ablation: {context['metric']} ({direction(context)})",
         "",
         f"Command: {code_span(context['command'])}",
         "",
         f"Machine: {context['machine']}, Python {context['python']}. "
-        f"{repeats}, sets interleaved within each repeat.",
+        f"Medians of {repeats}, sets interleaved within each repeat; {context['metric']}: "
+        f"{direction(context)}, gain > 1 = better than the baseline.",
         "",
         f"Settings: {context.get('settings', '')}. "
         + ("Sweep: did not finish." if context.get("sweep_s") is None
@@ -142,6 +160,9 @@ def render_markdown(summary: Sequence[SetSummary], context: dict[str, Any]) -> s
     lines += [
         "",
         "Gain: baseline / value when lower is better, value / baseline when higher is better. "
+        "Gain range: min-max over the repeats of the set's gain within each repeat (that "
+        "repeat's baseline run against the set's run, paired; without repeat labels, the "
+        "baseline's median against each of the set's values); none for the baseline. "
         "Expected: the product of the members' gains alone. Interaction: computed within "
         "each repeat against that repeat's own baseline run (paired), median and in brackets "
         "min-max over the repeats (gain / expected when runs carry no repeat). "
@@ -167,18 +188,28 @@ def render_png(summary: Sequence[SetSummary], context: dict[str, Any], path: Pat
     ax = fig.add_subplot()
     labels = [s.label for s in summary]
     gains = [s.gain for s in summary]
-    errors = [[s.gain - s.gain_low for s in summary], [s.gain_high - s.gain for s in summary]]
+    # a paired range need not contain the gain of the medians: no negative bar there
+    errors = [[_below(s.gain, s.gain_low) for s in summary],
+              [_below(s.gain_high, s.gain) for s in summary]]
     ax.bar(labels, gains, yerr=errors, capsize=4, color="#4c72b0")
     ax.axhline(1.0, color="black", linewidth=0.8)
     for i, s in enumerate(summary):
         if s.expected_gain is not None:
             ax.plot([i - 0.4, i + 0.4], [s.expected_gain] * 2, color="#dd8452", linewidth=2)
-    ax.set_ylabel(f"gain over baseline ({context['metric']})")
+    ax.set_ylabel(f"gain over baseline ({context['metric']}, {direction(context)})")
     # two short lines: one long title was clipped on charts of a few sets
-    ax.set_title("bars: measured gain (min-max)\norange: product of the members' gains",
-                 fontsize=9)
+    ax.set_title(f"{context['metric']}: {direction(context)}; bars: measured gain (min-max)\n"
+                 "orange: product of the members' gains", fontsize=9)
     ax.tick_params(axis="x", rotation=30)
     fig.tight_layout()
     with atomic_open(path, "wb") as handle:
         fig.savefig(handle, format="png", dpi=110)
     return path
+
+
+def _below(high: float | None, low: float | None) -> float:
+    """An error bar's length, ``high - low``, 0 where either end is missing, undefined or
+    on the wrong side (matplotlib refuses negative error bars)."""
+    if high is None or low is None or math.isnan(high) or math.isnan(low):
+        return 0.0
+    return max(0.0, high - low)

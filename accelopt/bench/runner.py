@@ -26,6 +26,7 @@ import platform
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -51,6 +52,7 @@ from accelopt.bench.render import render_markdown, render_png, render_table
 from accelopt.errors import (
     JobsUnfinished,
     PluginResolutionError,
+    Terminated,
     UserError,
     first_line,
     listed,
@@ -77,7 +79,10 @@ def parse_args(args: list[str]) -> argparse.Namespace:
     parser.add_argument("--higher-is-better", choices=("auto", "yes", "no"), default="auto",
                         help="the metric's direction; auto: higher for names with "
                         + ", ".join(HIGHER_IS_BETTER_HINTS)
-                        + ", lower for every other (times, bytes, perplexity)")
+                        + ", lower for every other (times, bytes, perplexity); with "
+                        "--reanalyze, auto keeps the direction bench.json records for the "
+                        "bench's own metric, and yes/no that reverses it says so on stderr "
+                        "(the report goes beside the bench's own)")
     parser.add_argument("--out", default="", help="output directory (default: runs/bench/<time>)")
     parser.add_argument("--eval", action=argparse.BooleanOptionalAction, default=True,
                         help="the quality column, on unless --no-eval: each run's held-out "
@@ -388,8 +393,12 @@ def _what_out_holds(out: Path) -> str:
     try:
         saved = json.loads((out / "bench.json").read_text())
         plan = saved_plan(saved)
-        finished = bool(saved["sets"]) and not (out / RUNNING).exists()
-        metric = str(saved.get("context", {}).get("metric") or "duration_s")
+        context = saved.get("context", {})
+        # its sweep_s stays null unless the sweep ended: a stopped bench's report written by
+        # --reanalyze --force (its 'sets') is still one of an interrupted bench
+        stopped = "sweep_s" in context and context["sweep_s"] is None
+        finished = bool(saved["sets"]) and not (out / RUNNING).exists() and not stopped
+        metric = str(context.get("metric") or "duration_s")
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return ("is not empty and holds no finished bench (a bench's results are never "
                 "overwritten); give another --out, or delete that directory")
@@ -398,10 +407,12 @@ def _what_out_holds(out: Path) -> str:
                 "overwritten); give another --out, or --reanalyze to report it again")
     done, baseline = _runs_that_measured(out / "runs", plan, metric)
     measured = sum(1 for _, _, warmup in plan if not warmup)
-    some = (f"; or report those with --reanalyze --force --out {out}" if baseline else "")
+    some = (f"; or report those with --reanalyze --force: accelopt bench --reanalyze --force "
+            f"--out {out}" if baseline else "")
+    forced = ", and its report is from --reanalyze --force" if saved["sets"] else ""
     return (f"holds a bench that did not finish ({done} of its {measured} measured runs "
-            f"measured {metric}; see {out / 'sweep.log'}); give another --out, or delete that "
-            f"directory{some}")
+            f"measured {metric}; it was interrupted before its sweep ended{forced}; see "
+            f"{out / 'sweep.log'}); give another --out, or delete that directory{some}")
 
 
 RUNNING = "bench.running"
@@ -546,7 +557,7 @@ def reanalyze(opts: argparse.Namespace) -> int:
         # the runs measured more than the bench reported: another metric (or direction),
         # reported beside the bench's own report, which stays as it is
         metric = opts.metric if opts.metric_given else context["metric"]
-        direction = _direction(opts)
+        direction = _reanalyzed_direction(opts, metric, context)
         if (metric, direction) != (context["metric"], context["higher_is_better"]):
             name = f"bench-{metric}" + ("" if direction == higher_is_better(metric) else
                                         f"-{'higher' if direction else 'lower'}")
@@ -567,6 +578,28 @@ def reanalyze(opts: argparse.Namespace) -> int:
                 "--force to report the other runs and name these in the report)")
         context["missing_runs"] = named
     return _report_runs(out, context, plan, default_console(), set(problems), name)
+
+
+def _reanalyzed_direction(opts: argparse.Namespace, metric: str, context: dict[str, Any]) -> bool:
+    """Whether higher is better for ``metric`` in a reanalysis: for the bench's own metric,
+    the direction its bench.json records (``--higher-is-better yes`` given to the bench was
+    lost to the name's guess, and the gain was reported inverted), unless one is given; a
+    given one that reverses the recorded one is said in one line on stderr. Another metric:
+    :func:`_direction`."""
+    recorded = context["higher_is_better"]
+    if metric != context["metric"]:
+        return _direction(opts)
+    if opts.higher_is_better == "auto":
+        return bool(recorded)
+    given = opts.higher_is_better == "yes"
+    if given != recorded:
+        def word(higher: bool) -> str:
+            return "higher" if higher else "lower"
+
+        print(f"note: --higher-is-better {opts.higher_is_better} reports {metric} as "
+              f"{word(given)} is better, but the bench recorded {word(recorded)} is better "
+              "(bench.json); its own report is left as it is", file=sys.stderr)
+    return given
 
 
 def saved_plan(saved: Any) -> list[tuple[int, list[str], bool]]:
@@ -666,7 +699,8 @@ def report(results: list[SetResult], context: dict[str, Any],
     the bench's own report; another metric's beside it)."""
     summary = summarize(results, context["metric"], context["higher_is_better"])
     console.print(render_table(summary, context))
-    console.print(f"machine: {context['machine']}; {context['settings']}; {sweep_took(context)}")
+    console.print(f"machine: {context['machine']}; {context['settings']}; {sweep_took(context)}",
+                  markup=False)  # an override's [..] ('hydra.searchpath=[file://..]') is no markup
     if context.get("missing_runs"):
         console.print(f"reported without {len(context['missing_runs'])} run(s) of the plan "
                       f"(--force): {listed(context['missing_runs'], sep='; ')}",
@@ -717,8 +751,8 @@ def _run_sweep(command: list[str], out: Path, total: int, console: Console,
                     proc.wait(timeout=0.5)
                 except subprocess.TimeoutExpired:
                     continue
-        except BaseException:  # a refusal, SIGTERM (Terminated), Ctrl-C: the sweep ends too
-            _stop(proc)
+        except BaseException as exc:  # a refusal, SIGTERM (Terminated), Ctrl-C: the sweep
+            _stop(proc, exc)  # ends too
             raise
         finally:
             log.close()
@@ -736,12 +770,32 @@ HYDRA_HINT = "Set the environment variable HYDRA_FULL_ERROR=1"
 """The line Hydra ends a failure with, after the one that says what failed."""
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    """End the sweep: asked first (SIGTERM: a cluster run stops its ranks and removes its
-    network namespaces), killed if still there 10 s later; reaped."""
-    proc.terminate()
+CTRL_C_GRACE_S = 5.0
+"""How long a bench stopped by Ctrl-C lets its sweep end on its own before it forwards the
+SIGINT: a terminal's Ctrl-C (and ``timeout -s INT``) reaches the sweep too, being in the
+bench's process group, and a second signal inside the sweep's clean-up cut it short."""
+STOP_WAIT_S = 10.0
+"""How long the sweep has to end once asked, before it is killed."""
+
+
+def _stop(proc: subprocess.Popen[bytes], why: BaseException | None = None) -> None:
+    """End the sweep, as the bench was stopped (``why``): asked first (a cluster run stops
+    its ranks and removes its network namespaces), killed if still there
+    :data:`STOP_WAIT_S` later; reaped. Ctrl-C is passed on as SIGINT, after
+    :data:`CTRL_C_GRACE_S` for the sweep to end on the one it got itself, so that the sweep
+    records its stopped run as "interrupted (Ctrl-C)", 130, as the bench says (a SIGTERM
+    made it "terminated (SIGTERM)", 143); the bench's own SIGTERM (:class:`Terminated`), or
+    a refusal, is passed on as SIGTERM."""
+    if isinstance(why, KeyboardInterrupt) and not isinstance(why, Terminated):
+        try:
+            proc.wait(timeout=CTRL_C_GRACE_S)
+            return
+        except (subprocess.TimeoutExpired, KeyboardInterrupt):  # a second Ctrl-C: at once
+            proc.send_signal(signal.SIGINT)
+    else:
+        proc.terminate()
     try:
-        proc.wait(timeout=10)
+        proc.wait(timeout=STOP_WAIT_S)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
