@@ -154,6 +154,30 @@ def test_an_installed_or_reserved_plugin_name_is_refused(
     assert not list(tmp_path.iterdir())
 
 
+def test_a_name_a_plugin_loaded_from_accelopt_plugins_has_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plugin the guide's way loads without installing (``ACCELOPT_PLUGINS``) holds its
+    name as an installed one does: the scaffold of the same name was created, and the two
+    clashed once it was installed."""
+    elsewhere = tmp_path / "path"
+    elsewhere.mkdir()
+    (elsewhere / "mine_by_reference.py").write_text(
+        "from accelopt import PluginSpec\n\n"
+        "class Plugin:\n    pass\n\n"
+        "PLUGIN = PluginSpec(name='byref', factory=lambda config: Plugin())\n")
+    monkeypatch.syspath_prepend(str(elsewhere))
+    monkeypatch.setenv("ACCELOPT_PLUGINS", "mine_by_reference:PLUGIN")
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as info:
+        main(["new-plugin", "byref", "--dir", str(out)])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "already loaded from ACCELOPT_PLUGINS " \
+        "(mine_by_reference:PLUGIN)" in err
+    assert not out.exists()
+
+
 def test_a_name_whose_module_exists_already_is_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -104,11 +104,17 @@ def check_name(name: str) -> None:
     if name == RECORDER_NAME:  # the generated tests would fail to add the plugin beside it
         raise UserError(f"plugin name '{name}' is reserved for accelopt.testing's HookRecorder; "
                         "choose another NAME")
-    installed = Registry.discover(autoload=True).entry_points.get(name)
+    registry = Registry.discover(autoload=True)
+    installed = registry.entry_points.get(name)
     if installed is not None:
         raise UserError(
             f"a plugin named '{name}' is already installed ({installed.value}); "
             "choose another NAME"
+        )
+    if name in registry.named:  # loaded by reference: the two would clash once this installs
+        raise UserError(
+            f"a plugin named '{name}' is already loaded from ACCELOPT_PLUGINS "
+            f"({registry.named[name]}); choose another NAME"
         )
     module = f"accelopt_{name}"
     existing = existing_module(module)
