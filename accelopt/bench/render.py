@@ -82,12 +82,13 @@ def fewer_repeats(summary: Sequence[SetSummary], context: dict[str, Any]) -> str
             "are named)")
 
 
-def repeats_text(summary: Sequence[SetSummary], context: dict[str, Any]) -> str:
+def repeats_text(summary: Sequence[SetSummary], context: dict[str, Any],
+                 kind: str = "interleaved ") -> str:
     """What the figures are medians of, worded alike in the table's title and bench.md
     ("medians of 1 interleaved repeat", not "1 repeats")."""
     planned = context["repeats"]
     return (fewer_repeats(summary, context)
-            or f"{planned} interleaved repeat{'' if planned == 1 else 's'}")
+            or f"{planned} {kind}repeat{'' if planned == 1 else 's'}")
 
 
 def direction(context: dict[str, Any]) -> str:
@@ -130,8 +131,7 @@ def code_span(text: str) -> str:
 
 
 def render_markdown(summary: Sequence[SetSummary], context: dict[str, Any]) -> str:
-    repeats = fewer_repeats(summary, context) or (
-        f"{context['repeats']} repeat{'' if context['repeats'] == 1 else 's'}")
+    repeats = repeats_text(summary, context, kind="")  # "interleaved" follows
     lines = [
         f"# Ablation: {context['metric']} ({direction(context)})",
         "",
