@@ -9,7 +9,7 @@ from typing import Any
 
 from accelopt.drivers.cluster import metrics as cm
 from accelopt.drivers.cluster.driver import on_training_clock
-from accelopt.drivers.cluster.rank import JobPart, RankResult, RankSoFar
+from accelopt.drivers.cluster.rank import JobPart, RankResult, RankSoFar, trainable_bytes
 from accelopt.drivers.cluster.settings import ClusterSettings
 from accelopt.drivers.rows import merge_rows, of_plugins, representative_rows
 from accelopt.job.checkpoint import finished_before_the_resume, started_before_the_resume
@@ -284,7 +284,10 @@ def _job_mode_figures(left: list[RankSoFar], job_id: str,
         return {}
     out: dict[str, Any] = {"param_bytes": param_bytes}
     if settings.mode == "ps":
-        out["expected_bytes_per_iteration"] = 2 * param_bytes * settings.workers
+        trainable = next((r.trainable_bytes[job_id] for r in sorted(left, key=lambda r: r.rank)
+                          if job_id in r.trainable_bytes), None)
+        out["expected_bytes_per_iteration"] = ps_bytes_per_iteration(
+            param_bytes, trainable, settings.workers)
     return out
 
 
@@ -429,7 +432,8 @@ def _job_outcome(parts: list[JobPart], settings: ClusterSettings,
         sum(r.stats.inversions for r in parts) / ordered if ordered else 0.0
     )
     if settings.mode == "ps":
-        metrics["expected_bytes_per_iteration"] = 2 * param_bytes * settings.workers
+        metrics["expected_bytes_per_iteration"] = ps_bytes_per_iteration(
+            param_bytes, trainable_bytes(parts[0].job), settings.workers)
     elif any(handed):  # beside what went on the wire: what the ranks handed gloo / NCCL
         metrics["collective_bytes_per_iteration"] = (_median(handed[skip:]) if handed[skip:]
                                                      else _median(handed))
@@ -465,6 +469,14 @@ def steady_window(starts: list[float], ends: list[float],
     steady = starts[skip:] if len(starts) > skip else starts
     window = (steady[0], ends[-1]) if steady and ends[-1] > steady[0] else None
     return window, len(steady) / (window[1] - window[0]) if window else None
+
+
+def ps_bytes_per_iteration(param_bytes: int, trainable: int | None, workers: int) -> int:
+    """What one ps iteration is to move: each worker pulls every parameter and pushes the
+    gradients of the trainable ones (``trainable`` bytes; ``None``: unknown, taken as all).
+    A frozen parameter's gradient never goes (a header says it has none), so counting every
+    parameter twice put the bound of a partly frozen model above what its iterations move."""
+    return (param_bytes + (param_bytes if trainable is None else trainable)) * workers
 
 
 def held_bytes(parts: list[JobPart]) -> int:

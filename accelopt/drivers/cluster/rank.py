@@ -315,7 +315,9 @@ class SoFar:
                     {part.job.info.job_id: list(part.iterations) for part in jobs},
                     hook_spans(list(self.hook_calls), self.hooks_shift, self.process),
                     jobs[0].backend if jobs else "",
-                    {job_id: n for job_id, n in held.items() if n is not None})
+                    {job_id: n for job_id, n in held.items() if n is not None},
+                    {part.job.info.job_id: n for part in jobs
+                     if (n := trainable_bytes(part.job.info)) is not None})
                 with atomic_open(so_far_path(results_dir, rank), "wb", durable=False) as fh:
                     pickle.dump(left, fh, protocol=pickle.HIGHEST_PROTOCOL)
             except Exception:  # noqa: BLE001, S110 - evidence is best effort
@@ -339,6 +341,9 @@ class RankSoFar:
     model), known from the start and alike on every rank, so a stopped ps run gives its
     ``expected_bytes_per_iteration`` from any rank that left it; absent where the rank's
     exchange is not one of the cluster's own."""
+    trainable_bytes: dict[str, int] = field(default_factory=dict)
+    """job id -> the bytes of its parameters that require grad (the gradients a ps worker
+    pushes), for the same figure."""
 
 
 def model_param_bytes(exchange: Any, model: Any) -> int | None:
@@ -352,6 +357,14 @@ def model_param_bytes(exchange: Any, model: Any) -> int | None:
         return sum(p.numel() * p.element_size() for p in model.parameters())
     except Exception:  # noqa: BLE001 - an uninitialised parameter: unknown, not 0
         return None
+
+
+def trainable_bytes(job: JobInfo) -> int | None:
+    """The bytes of the parameters of ``job`` that required grad when it was built (its
+    gradient buckets, each tensor once); ``None`` where its parameter table is not filled."""
+    if not job.parameters:
+        return None
+    return sum(job.parameters[i].nbytes for bucket in job.buckets for i in bucket)
 
 
 def so_far_path(results_dir: str | os.PathLike[str], rank: int) -> Path:
