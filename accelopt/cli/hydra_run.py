@@ -61,11 +61,10 @@ from accelopt.cli.sweep_settings import (
     selection_from_task_overrides,
 )
 from accelopt.cli.sweep_summary import (
-    SWEEP_JSON,
     SweepPoint,
     point_status,
     run_dir_shown,
-    write_sweep_summary,
+    write_and_say,
 )
 from accelopt.config import (
     register_plugin_configs,
@@ -684,21 +683,13 @@ def run_hydra(args: list[str], registry: Registry, debug: bool) -> int:
             point=int(HydraConfig.get().job.num), overrides=list(HydraConfig.get().overrides.task),
             run_dir=where, status=point_status(codes[-1], runs[-1], interrupted),
             exit_code=codes[-1], error=runs[-1] or None, inert_plugins=list(inert[-1])))
-        summary = summarised(complete=False)
-        if interrupted and summary is not None:  # the sweep ends here: say where it is
-            print(f"sweep summary: {summary}")
+        summarised(complete=False, say_where=interrupted)  # stopped: the sweep ends here
 
-    def summarised(complete: bool, code: int | None = None) -> Path | None:
-        if not sweep_dir or not sweep_dir[0].is_dir():
-            return None
-        try:
-            return write_sweep_summary(
-                sweep_dir[0], points, complete=complete, launcher="basic",
-                exit_code=most_severe(codes) if code is None else code)
-        except OSError as exc:  # a full disk: the runs' own outputs and lines say the rest
-            print(f"note: {sweep_dir[0] / SWEEP_JSON} not written ({exc.strerror or exc})",
-                  file=sys.stderr)
-            return None
+    def summarised(complete: bool, code: int | None = None, say_where: bool = True) -> None:
+        if points and sweep_dir and sweep_dir[0].is_dir():
+            write_and_say(sweep_dir[0], points, complete=complete, launcher="basic",
+                          exit_code=most_severe(codes) if code is None else code,
+                          say_where=say_where)
 
     saved = sys.argv
     sys.argv = ["accelopt run", *args]
@@ -708,13 +699,9 @@ def run_hydra(args: list[str], registry: Registry, debug: bool) -> int:
                 task()
         except HydraOutputUnwritable as unwritable:  # before a point's task could begin
             print(unwritable, file=sys.stderr)
-            summary = summarised(complete=False, code=1) if points else None
-            if summary is not None:
-                print(f"sweep summary: {summary}")
+            summarised(complete=False, code=1)
             raise SystemExit(1) from None
-        summary = summarised(complete=True) if points else None
-        if summary is not None:
-            print(f"sweep summary: {summary}")
+        summarised(complete=True)
         note = sweep_inert_note(inert, runs)
         if note:
             print(f"note: {note}", file=sys.stderr)

@@ -10,6 +10,7 @@ sweep that was stopped leaves the points that ran, ``"complete": false``."""
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -84,4 +85,22 @@ def write_sweep_summary(sweep_dir: Path, points: Sequence[SweepPoint], *,
     with atomic_open(path, encoding="utf-8") as handle:
         json.dump(summary, handle, indent=2)
         handle.write("\n")
+    return path
+
+
+def write_and_say(sweep_dir: Path, points: Sequence[SweepPoint], *, complete: bool,
+                  launcher: str, exit_code: int, say_where: bool) -> Path | None:
+    """:func:`write_sweep_summary` as both launchers write it: a write the machine refused (a
+    full disk) is one ``note:`` line on stderr (the runs' own outputs and lines say the
+    rest), and with ``say_where`` (the sweep ends here) the file's path is the ``sweep
+    summary: PATH`` line a CI step reads last on stdout."""
+    try:
+        path = write_sweep_summary(sweep_dir, points, complete=complete, launcher=launcher,
+                                   exit_code=exit_code)
+    except OSError as exc:
+        print(f"note: {Path(sweep_dir) / SWEEP_JSON} not written ({exc.strerror or exc})",
+              file=sys.stderr)
+        return None
+    if say_where:
+        print(f"sweep summary: {path}")
     return path

@@ -482,12 +482,11 @@ def _summarise(sweep_dir: Path, runs: Sequence[SweepRun], parts: Sequence[Any] |
     of the sweep's earlier batches (a sweeper launching in batches) stay in the file."""
     from accelopt.cli.hydra_run import most_severe
     from accelopt.cli.sweep_summary import (
-        SWEEP_JSON,
         SweepPoint,
         point_status,
         points_written,
         run_dir_shown,
-        write_sweep_summary,
+        write_and_say,
     )
     from accelopt.errors import JobsUnfinished
     from accelopt.runtime.compare import inert_plugins
@@ -506,14 +505,8 @@ def _summarise(sweep_dir: Path, runs: Sequence[SweepRun], parts: Sequence[Any] |
             status=point_status(exit_code, error, stopped), exit_code=exit_code,
             error=error or None, inert_plugins=list(inert)))
     points.sort(key=lambda p: p.point)
-    try:
-        path = write_sweep_summary(sweep_dir, points, complete=ended, launcher="salus",
-                                   exit_code=most_severe([p.exit_code for p in points]))
-    except OSError as exc:  # a full disk: each run's own outputs and lines say the rest
-        print(f"note: {sweep_dir / SWEEP_JSON} not written ({exc.strerror or exc})",
-              file=sys.stderr)
-        return
-    print(f"sweep summary: {path}")
+    write_and_say(sweep_dir, points, complete=ended, launcher="salus",
+                  exit_code=most_severe([p.exit_code for p in points]), say_where=True)
 
 
 def launch(launcher: Any, job_overrides: Sequence[Sequence[str]],

@@ -39,34 +39,33 @@ class Carried:
 
     def check(self) -> None:
         for name, spec in self.plugins.items():
-            try:
-                missing = _missing_in_ranks(spec)
-            except Exception as exc:
-                raise UserError(
-                    f"plugin '{name}' was added in code and cannot be sent to the cluster's rank "
-                    f"processes ({type(exc).__name__}: {exc}); define its factory and config at "
-                    "module level of an importable module, or install it") from None
-            if missing:
-                raise UserError(f"plugin '{name}' was added in code and cannot be sent to the "
-                                f"cluster's rank processes: {missing}")
+            _refuse_unsendable(spec, f"plugin '{name}' was added in code",
+                               "define its factory and config")
         for group, objects in self.extensions.items():
             for name, obj in objects.items():
-                try:
-                    missing = _missing_in_ranks(obj)
-                except Exception as exc:
-                    raise UserError(
-                        f"{group}: '{name}' was registered in code and cannot be sent to the "
-                        f"cluster's rank processes ({type(exc).__name__}: {exc}); define it at "
-                        "module level of an importable module, or install it") from None
-                if missing:
-                    raise UserError(f"{group}: '{name}' was registered in code and cannot be "
-                                    f"sent to the cluster's rank processes: {missing}")
+                _refuse_unsendable(obj, f"{group}: '{name}' was registered in code",
+                                   "define it")
 
     def apply(self, registry: Registry) -> None:
         """In a rank: make the parent's additions known to this process."""
         restore_code_extensions(self.extensions)
         for spec in self.plugins.values():
             registry.add(spec)
+
+
+def _refuse_unsendable(obj: Any, what: str, define: str) -> None:
+    """Refuse, in one line saying ``what`` it is, an object a rank could not receive: one that
+    does not pickle (``define``: what to put at module level), or one naming a class or
+    function of ``__main__`` the ranks would not find."""
+    try:
+        missing = _missing_in_ranks(obj)
+    except Exception as exc:
+        raise UserError(
+            f"{what} and cannot be sent to the cluster's rank processes "
+            f"({type(exc).__name__}: {exc}); {define} at module level of an importable "
+            "module, or install it") from None
+    if missing:
+        raise UserError(f"{what} and cannot be sent to the cluster's rank processes: {missing}")
 
 
 def _missing_in_ranks(obj: Any) -> str:
